@@ -1,0 +1,172 @@
+#include "common/yaml_config.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+namespace ft {
+
+namespace {
+
+std::string Location(const std::string& file, const YAML::Mark& mark) {
+  if (mark.is_null()) return file;
+  return file + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+}
+
+std::string Scalar(const YAML::Node& node) {
+  return node.IsScalar() ? node.Scalar() : std::string("<") + (node.IsMap() ? "mapping" : "sequence") + ">";
+}
+
+}  // namespace
+
+StatusOr<YamlMap> YamlMap::Parse(std::string_view text, std::string file) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(text));
+  } catch (const YAML::Exception& e) {
+    return Status::InvalidArgument(Location(file, e.mark) + ": YAML syntax error: " + e.msg);
+  }
+  if (!root.IsMap()) {
+    return Status::InvalidArgument(file + ": expected a mapping of keys at the top level");
+  }
+  return YamlMap(root, std::move(file), "");
+}
+
+StatusOr<YamlMap> YamlMap::LoadFile(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return Status::NotFound(file + ": cannot open file");
+  std::stringstream buf;
+  buf << in.rdbuf();
+  if (in.bad()) return Status::IOError(file + ": read failed");
+  return Parse(buf.str(), file);
+}
+
+std::optional<YAML::Node> YamlMap::Lookup(std::string_view key) const {
+  for (auto it = node_.begin(); it != node_.end(); ++it) {
+    if (it->first.IsScalar() && it->first.Scalar() == key) {
+      if (it->second.IsNull()) return std::nullopt;
+      return it->second;
+    }
+  }
+  return std::nullopt;
+}
+
+bool YamlMap::Has(std::string_view key) const { return Lookup(key).has_value(); }
+
+std::string YamlMap::KeyPath(std::string_view key) const {
+  if (path_.empty()) return std::string(key);
+  if (key.empty()) return path_;
+  return path_ + "." + std::string(key);
+}
+
+std::string YamlMap::Where(std::string_view key) const {
+  if (!key.empty()) {
+    if (auto v = Lookup(key)) return Location(file_, v->Mark());
+  }
+  return Location(file_, node_.Mark());
+}
+
+Status YamlMap::TypeError(std::string_view key, std::string_view expected) const {
+  auto v = Lookup(key);
+  return Status::InvalidArgument(Where(key) + ": " + KeyPath(key) + ": expected " + std::string(expected) +
+                                 ", got '" + (v ? Scalar(*v) : "") + "'");
+}
+
+#define FT_YAML_GET_(key, out, required, expected, check)                                                    \
+  auto v = Lookup(key);                                                                                      \
+  if (!v) {                                                                                                  \
+    if (required) return Status::InvalidArgument(Where() + ": missing required key '" + KeyPath(key) + "'"); \
+    return Status::OK();                                                                                     \
+  }                                                                                                          \
+  if (!(check)) return TypeError(key, expected);                                                             \
+  try {                                                                                                      \
+    *out = v->as<std::remove_pointer_t<decltype(out)>>();                                                    \
+  } catch (const YAML::Exception&) {                                                                         \
+    return TypeError(key, expected);                                                                         \
+  }                                                                                                          \
+  return Status::OK()
+
+Status YamlMap::Get(std::string_view key, std::string* out, bool required) const {
+  FT_YAML_GET_(key, out, required, "a string", v->IsScalar());
+}
+Status YamlMap::Get(std::string_view key, int64_t* out, bool required) const {
+  FT_YAML_GET_(key, out, required, "an integer", v->IsScalar());
+}
+Status YamlMap::Get(std::string_view key, double* out, bool required) const {
+  FT_YAML_GET_(key, out, required, "a number", v->IsScalar());
+}
+Status YamlMap::Get(std::string_view key, bool* out, bool required) const {
+  FT_YAML_GET_(key, out, required, "true or false", v->IsScalar());
+}
+Status YamlMap::Get(std::string_view key, std::vector<std::string>* out, bool required) const {
+  FT_YAML_GET_(key, out, required, "a list of strings", v->IsSequence());
+}
+#undef FT_YAML_GET_
+
+Status YamlMap::GetEnum(std::string_view key, const std::vector<std::string>& allowed,
+                        std::string* out) const {
+  std::string value = *out;
+  FT_RETURN_IF_ERROR(Get(key, &value));
+  if (std::find(allowed.begin(), allowed.end(), value) == allowed.end()) {
+    std::string list;
+    for (const auto& a : allowed) list += (list.empty() ? "" : " | ") + a;
+    std::string hint = ClosestMatch(value, allowed);
+    return Status::InvalidArgument(Where(key) + ": " + KeyPath(key) + ": '" + value + "' is not one of " +
+                                   list + (hint.empty() ? "" : " (did you mean '" + hint + "'?)"));
+  }
+  *out = value;
+  return Status::OK();
+}
+
+StatusOr<YamlMap> YamlMap::Child(std::string_view key) const {
+  auto v = Lookup(key);
+  if (!v) return Status::NotFound(Where() + ": no '" + KeyPath(key) + "' section");
+  if (!v->IsMap()) return TypeError(key, "a mapping of keys");
+  return YamlMap(*v, file_, KeyPath(key));
+}
+
+Status YamlMap::CheckKnownKeys(const std::vector<std::string>& known) const {
+  for (auto it = node_.begin(); it != node_.end(); ++it) {
+    const std::string key = it->first.IsScalar() ? it->first.Scalar() : "<non-scalar key>";
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    std::string hint = ClosestMatch(key, known);
+    std::string where = Location(file_, it->first.Mark());
+    std::string section = path_.empty() ? "the top level" : path_;
+    return Status::InvalidArgument(where + ": unknown key '" + key + "' in " + section +
+                                   (hint.empty() ? "" : " (did you mean '" + hint + "'?)"));
+  }
+  return Status::OK();
+}
+
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string ClosestMatch(std::string_view word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = static_cast<size_t>(-1);
+  for (const auto& c : candidates) {
+    size_t d = EditDistance(word, c);
+    // Substring matches ("learning_rate" vs "lr" is not one; "max_step" vs "max_steps" is).
+    if (c.find(word) != std::string::npos || std::string(word).find(c) != std::string::npos)
+      d = std::min<size_t>(d, 1);
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  size_t limit = std::max<size_t>(2, word.size() / 2);
+  return best_d <= limit ? best : std::string();
+}
+
+}  // namespace ft

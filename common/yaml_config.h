@@ -1,0 +1,80 @@
+// YAML configuration files with errors that point at the line.
+//
+// Loads a YAML file with yaml-cpp and reads typed fields from it. Every error
+// names the file, the line and column (1-based), the dotted key path, and what
+// to do about it, e.g.
+//   job.yaml:7:9: train.lr: expected a number, got 'fast'
+//   job.yaml:12:3: unknown key 'learning_rate' in train (did you mean 'lr'?)
+// No yaml-cpp exception escapes this module.
+//
+// Thread safety: a YamlMap is a read-only view; concurrent reads are safe.
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace ft {
+
+// A mapping node in a YAML file, with the file name and key path kept for
+// error messages. `path` is "" for the document root.
+class YamlMap {
+ public:
+  YamlMap(YAML::Node node, std::string file, std::string path)
+      : node_(std::move(node)), file_(std::move(file)), path_(std::move(path)) {}
+
+  // Parses `text` (named `file` in messages); the root must be a mapping.
+  static StatusOr<YamlMap> Parse(std::string_view text, std::string file);
+  // Reads and parses a file. NotFound/IOError when unreadable.
+  static StatusOr<YamlMap> LoadFile(const std::string& file);
+
+  bool Has(std::string_view key) const;
+
+  // Typed getters. A missing or null key leaves *out untouched and returns OK
+  // (so defaults set by the caller stay), unless `required` is set, in which
+  // case it is InvalidArgument naming the key. A value of the wrong type is
+  // InvalidArgument with file:line:col.
+  Status Get(std::string_view key, std::string* out, bool required = false) const;
+  Status Get(std::string_view key, int64_t* out, bool required = false) const;
+  Status Get(std::string_view key, double* out, bool required = false) const;
+  Status Get(std::string_view key, bool* out, bool required = false) const;
+  Status Get(std::string_view key, std::vector<std::string>* out, bool required = false) const;
+  // Like Get(string) but the value must be one of `allowed`.
+  Status GetEnum(std::string_view key, const std::vector<std::string>& allowed, std::string* out) const;
+
+  // The mapping under `key`; NotFound when absent or null, InvalidArgument when not a mapping.
+  StatusOr<YamlMap> Child(std::string_view key) const;
+
+  // InvalidArgument for the first key not in `known`, with its location and
+  // the closest known key as a suggestion.
+  Status CheckKnownKeys(const std::vector<std::string>& known) const;
+
+  // "file:line:col" of the value under `key`, or of this mapping when key is empty or absent.
+  std::string Where(std::string_view key = {}) const;
+  // Dotted path of `key` under this mapping, e.g. "train.lr".
+  std::string KeyPath(std::string_view key) const;
+
+  const std::string& file() const { return file_; }
+  const YAML::Node& node() const { return node_; }
+
+ private:
+  std::optional<YAML::Node> Lookup(std::string_view key) const;
+  Status TypeError(std::string_view key, std::string_view expected) const;
+
+  YAML::Node node_;
+  std::string file_;
+  std::string path_;
+};
+
+// Levenshtein distance, for "did you mean" suggestions.
+size_t EditDistance(std::string_view a, std::string_view b);
+// The closest candidate to `word`, or "" when none is reasonably close.
+std::string ClosestMatch(std::string_view word, const std::vector<std::string>& candidates);
+
+}  // namespace ft

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Installs every build and test dependency of ftune from Debian's packages.
+#
+# Idempotent: checks each package with dpkg first, runs `apt-get update` only
+# when something is missing (and only once), and does nothing when all is
+# present. Needs root (or sudo) only when it has something to install.
+#
+# Usage: deploy/install-deps.sh [--with-reference]
+#   --with-reference  also install PyTorch (python3-torch), used only to
+#                     regenerate tests/golden values and by bench/ peers.
+set -euo pipefail
+
+packages=(
+  # toolchain
+  build-essential cmake ninja-build pkg-config git
+  # wire protocol
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  # state, HTTP, config, logging, CLI
+  libsqlite3-dev sqlite3 libboost-dev libboost-system-dev libspdlog-dev libfmt-dev
+  libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
+  # engine
+  libopenblas-dev libgloo-dev libpcre2-dev
+  # tests and checks
+  libgtest-dev libgmock-dev clang-format python3
+)
+
+for arg in "$@"; do
+  case "$arg" in
+    --with-reference) packages+=(python3-torch python3-numpy) ;;
+    *) echo "install-deps.sh: unknown option '$arg' (known: --with-reference)" >&2; exit 2 ;;
+  esac
+done
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+# Update the package lists only when an install fails for want of them (or they
+# were never fetched), so a machine with fresh lists does no network round trip.
+if [ -z "$(ls -A /var/lib/apt/lists 2>/dev/null | grep -v -e lock -e partial)" ] ||
+   ! $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"; then
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+echo "install-deps: done"
