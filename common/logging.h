@@ -56,13 +56,20 @@ class Message {
   std::ostringstream stream_;
 };
 
+// Turns the stream expression into void so both ?: branches agree.
+struct Voidify {
+  void operator&(std::ostream&) {}
+};
+
 }  // namespace ft::log
 
 #define FT_LOG_LEVEL_DEBUG ::ft::log::Level::kDebug
 #define FT_LOG_LEVEL_INFO ::ft::log::Level::kInfo
 #define FT_LOG_LEVEL_WARN ::ft::log::Level::kWarn
 #define FT_LOG_LEVEL_ERROR ::ft::log::Level::kError
-#define FT_LOG(severity)                              \
-  if (!::ft::log::Enabled(FT_LOG_LEVEL_##severity)) { \
-  } else                                              \
-    ::ft::log::Message(FT_LOG_LEVEL_##severity).stream()
+// A single expression (safe inside an unbraced if/else); the stream operands
+// are evaluated only when the level is enabled.
+#define FT_LOG(severity)                       \
+  !::ft::log::Enabled(FT_LOG_LEVEL_##severity) \
+      ? (void)0                                \
+      : ::ft::log::Voidify() & ::ft::log::Message(FT_LOG_LEVEL_##severity).stream()

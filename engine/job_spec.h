@@ -1,0 +1,93 @@
+// job.yaml: the user-facing description of a fine-tuning job (the contract in
+// shared/DESIGN.md), parsed and validated.
+//
+// Unknown keys are rejected with file:line and a suggestion; values of the
+// wrong type or out of range name file:line:col and the key. Relative paths
+// (model.path, adapter.init, data.*, output.dir) are resolved against the
+// folder that holds the job file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace ft {
+
+struct JobSpec {
+  std::string file;  // where it was read from ("" when parsed from text)
+  std::string name;
+
+  struct Model {
+    std::string path;
+    std::string quantization = "none";  // none | nf4
+    bool double_quant = true;
+    std::string dtype = "bf16";  // fp32 | bf16 | fp16
+  } model;
+
+  struct Adapter {
+    std::string type = "lora";  // lora | full
+    int64_t r = 16;
+    double alpha = 32;
+    double dropout = 0.0;
+    bool rslora = false;
+    std::vector<std::string> target_modules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                               "gate_proj", "up_proj", "down_proj"};
+    std::string init;  // PEFT adapter directory, or ""
+  } adapter;
+
+  struct Data {
+    std::string train;
+    std::string format = "text";  // text | alpaca | chat | tokens
+    int64_t seq_len = 2048;
+    bool packing = true;
+    bool shuffle = true;
+    std::string eval;
+  } data;
+
+  struct Train {
+    int64_t max_steps = 0;  // 0 when epochs is used
+    int64_t epochs = 0;
+    int64_t global_batch_size = 64;
+    int64_t micro_batch_size = 0;       // 0 = auto
+    int64_t gradient_accumulation = 0;  // 0 = auto
+    double lr = 2e-4;
+    std::string lr_schedule = "cosine";  // cosine | linear | constant
+    int64_t warmup_steps = 0;
+    double weight_decay = 0.0;
+    double max_grad_norm = 1.0;  // <= 0 disables clipping
+    double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
+    std::string optimizer = "adamw";  // adamw | paged_adamw
+    int64_t seed = 42;
+    std::string activation_checkpointing = "true";  // false | true | offload
+    bool cpu_offload = false;
+    std::string attention = "flash";  // flash | naive
+  } train;
+
+  struct Checkpoint {
+    int64_t every_steps = 50;
+    double every_minutes = 10;
+    int64_t keep = 3;
+  } checkpoint;
+
+  struct Resources {
+    int64_t gpus = 1;
+    std::string device = "auto";  // auto | cuda | cpu
+    int64_t priority = 0;
+    int64_t max_failures = 3;
+  } resources;
+
+  struct Output {
+    std::string dir;
+    bool merge = false;
+  } output;
+};
+
+// Parses and validates job.yaml text. `file` names it in messages and anchors
+// relative paths (its parent folder).
+StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& file);
+// Reads and parses a job file.
+StatusOr<JobSpec> LoadJobSpec(const std::string& file);
+
+}  // namespace ft

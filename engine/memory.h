@@ -1,0 +1,74 @@
+// Tracked memory: every engine allocation goes through a MemoryTracker, so
+// current and peak bytes are known per category (and, later, checked against
+// what the planner predicted).
+//
+// A Buffer owns one 64-byte-aligned float array and returns its bytes to the
+// tracker when destroyed. Buffers are move-only.
+//
+// Thread safety: MemoryTracker counters are atomic; a Buffer is not shared.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace ft {
+
+enum class MemCategory { kWeights = 0, kAdapter, kGradients, kOptimizer, kActivations, kWorkspace, kCount };
+const char* MemCategoryName(MemCategory c);
+
+class MemoryTracker {
+ public:
+  void Add(MemCategory c, int64_t bytes);
+  void Sub(MemCategory c, int64_t bytes);
+  int64_t current(MemCategory c) const { return current_[Index(c)].load(); }
+  int64_t peak(MemCategory c) const { return peak_[Index(c)].load(); }
+  int64_t current_total() const { return total_.load(); }
+  int64_t peak_total() const { return peak_total_.load(); }
+  // Forgets peaks (current stays), e.g. to measure one phase.
+  void ResetPeaks();
+
+ private:
+  static size_t Index(MemCategory c) { return static_cast<size_t>(c); }
+  static void RaiseTo(std::atomic<int64_t>& peak, int64_t value);
+
+  std::array<std::atomic<int64_t>, static_cast<size_t>(MemCategory::kCount)> current_{};
+  std::array<std::atomic<int64_t>, static_cast<size_t>(MemCategory::kCount)> peak_{};
+  std::atomic<int64_t> total_{0};
+  std::atomic<int64_t> peak_total_{0};
+};
+
+// The tracker used by the engine in this process.
+MemoryTracker& GlobalMemoryTracker();
+
+class Buffer {
+ public:
+  Buffer() = default;
+  // Zero-initialised array of n floats, counted under `category`.
+  Buffer(int64_t n, MemCategory category, MemoryTracker* tracker = &GlobalMemoryTracker());
+  ~Buffer();
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  float* data() { return data_; }
+  const float* data() const { return data_; }
+  int64_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  float& operator[](int64_t i) { return data_[i]; }
+  float operator[](int64_t i) const { return data_[i]; }
+  void Zero();
+
+ private:
+  void Release();
+
+  float* data_ = nullptr;
+  int64_t n_ = 0;
+  MemCategory category_ = MemCategory::kWorkspace;
+  MemoryTracker* tracker_ = nullptr;
+};
+
+}  // namespace ft

@@ -1,0 +1,187 @@
+// The Llama-family decoder with LoRA, with an explicit forward and backward
+// per layer (no autograd framework).
+//
+// The model owns its weights, adapters, gradients and activation arenas, all
+// through the tracking allocator. Math follows HF transformers (RMSNorm,
+// rotate_half RoPE, causal GQA attention, SwiGLU MLP) and PEFT (LoRA
+// y = xWᵀ + b + s·(drop(x)Aᵀ)Bᵀ, s = alpha/r or alpha/√r).
+//
+// Usage: construct from a ModelConfig, fill weights (LoadHfModel or random),
+// EnableLora or EnableFullTraining, then for each micro-batch call
+// ForwardBackward(); gradients accumulate until ZeroGrads().
+//
+// Thread safety: a Model is used by one thread at a time; the kernels it calls
+// parallelise internally.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/memory.h"
+#include "engine/model_config.h"
+
+namespace ft {
+
+// The seven linear modules of a decoder layer, in HF order.
+enum class ModuleKind { kQ = 0, kK, kV, kO, kGate, kUp, kDown };
+constexpr int kNumModules = 7;
+const char* ModuleName(ModuleKind m);  // "q_proj", ...
+// "self_attn.q_proj", "mlp.down_proj", ...
+std::string ModulePath(ModuleKind m);
+StatusOr<ModuleKind> ParseModuleName(const std::string& name);
+
+enum class ComputeDType { kF32, kBF16 };
+
+struct LoraSpec {
+  int64_t r = 16;
+  double alpha = 32;
+  bool rslora = false;
+  double dropout = 0.0;
+  std::vector<std::string> target_modules;  // names accepted by ParseModuleName
+  uint64_t seed = 42;                       // for A's init and dropout masks
+  float Scale() const;                      // alpha/r or alpha/sqrt(r)
+};
+
+struct LoraWeights {
+  int64_t r = 0, in = 0, out = 0;
+  float scale = 1;
+  Buffer a;   // (r, in)   trainable, fp32 master
+  Buffer b;   // (out, r)  trainable, zero at init
+  Buffer da;  // (r, in)
+  Buffer db;  // (out, r)
+};
+
+struct Linear {
+  int64_t in = 0, out = 0;
+  Buffer w;      // (out, in)
+  Buffer bias;   // (out) or empty
+  Buffer dw;     // (out, in) full fine-tune only
+  Buffer dbias;  // (out) full fine-tune only
+  std::unique_ptr<LoraWeights> lora;
+};
+
+struct DecoderLayer {
+  Buffer attn_norm;   // (D)
+  Buffer mlp_norm;    // (D)
+  Buffer dattn_norm;  // (D) full fine-tune only
+  Buffer dmlp_norm;   // (D) full fine-tune only
+  Linear proj[kNumModules];
+  Linear& operator[](ModuleKind m) { return proj[static_cast<int>(m)]; }
+  const Linear& operator[](ModuleKind m) const { return proj[static_cast<int>(m)]; }
+};
+
+// A named weight tensor of the base model, in HF naming.
+struct NamedTensor {
+  std::string name;  // e.g. "model.layers.0.self_attn.q_proj.weight"
+  std::vector<int64_t> shape;
+  float* data = nullptr;
+};
+
+// A trainable tensor with its gradient.
+struct TrainableParam {
+  std::string name;  // PEFT key for LoRA, HF name for full fine-tune
+  std::vector<int64_t> shape;
+  float* data = nullptr;
+  float* grad = nullptr;
+  int64_t numel = 0;
+  bool weight_decay = true;  // HF Trainer: no decay for biases and norm weights
+};
+
+// One micro-batch: `batch` rows of `seq` tokens, right-padded.
+struct MicroBatch {
+  int64_t batch = 0, seq = 0;
+  std::vector<int32_t> ids;        // [batch*seq]
+  std::vector<int32_t> targets;    // [batch*seq], -100 = no loss at this position
+  std::vector<int32_t> positions;  // [batch*seq]
+  std::vector<int32_t> segments;   // [batch*seq] or empty (packing: attention stays within a segment)
+  int64_t rows() const { return batch * seq; }
+};
+
+struct ModelOptions {
+  ComputeDType dtype = ComputeDType::kF32;
+  bool activation_checkpointing = false;  // keep layer inputs only; recompute in backward
+  bool naive_attention = false;           // reference attention (materialises scores)
+  int64_t loss_chunk_rows = 0;            // rows per cross-entropy chunk; 0 = auto (bounded memory)
+};
+
+struct LossResult {
+  double loss_sum = 0;  // Σ token cross-entropies
+  int64_t tokens = 0;   // tokens with a target
+};
+
+class Model {
+ public:
+  // Allocates zeroed weights for `config` (which must be valid).
+  Model(ModelConfig config, ModelOptions options);
+  ~Model();
+
+  const ModelConfig& config() const { return config_; }
+  const ModelOptions& options() const { return options_; }
+  void set_options(const ModelOptions& options) { options_ = options; }
+
+  // Every base weight in HF naming (lm_head absent when tied).
+  std::vector<NamedTensor> NamedWeights();
+
+  // Adds LoRA adapters to the targeted modules of every layer: A uniform in
+  // ±1/√in (PEFT's kaiming_uniform(a=√5)), B zero. InvalidArgument for an
+  // unknown module name or r ≤ 0.
+  Status EnableLora(const LoraSpec& spec);
+  // Makes every weight trainable (allocates gradients).
+  void EnableFullTraining();
+  bool full_training() const { return full_training_; }
+  const LoraSpec* lora_spec() const { return lora_enabled_ ? &lora_spec_ : nullptr; }
+
+  // Trainable tensors in a fixed order (the order grads are reduced in).
+  std::vector<TrainableParam> TrainableParams();
+  void ZeroGrads();
+
+  // Key for this micro-batch's dropout masks (e.g. the global micro-batch index).
+  void set_dropout_key(uint64_t key) { dropout_key_ = key; }
+
+  // Forward and backward of one micro-batch; gradients of
+  // grad_scale · Σ token losses are added to the trainable params' grads.
+  LossResult ForwardBackward(const MicroBatch& mb, float grad_scale);
+  // Forward only: loss and, when logits != nullptr, logits [rows, vocab].
+  LossResult Forward(const MicroBatch& mb, std::vector<float>* logits);
+
+  // Folds every adapter into its base weight (W += s·B·A) and drops the adapters.
+  void MergeLora();
+
+ private:
+  struct Activations;
+  struct LayerActs;
+
+  void EnsureActivations(int64_t rows, int64_t batch);
+  void EnsureRope(int64_t max_pos);
+  void EmbedForward(const MicroBatch& mb, float* x);
+  void LayerForward(int l, const MicroBatch& mb, const float* x_in, LayerActs& a, float* x_out);
+  void LayerBackward(int l, const MicroBatch& mb, const float* x_in, LayerActs& a, float* dx);
+  LossResult HeadForwardBackward(const MicroBatch& mb, const float* x_last, float grad_scale, bool backward,
+                                 std::vector<float>* logits);
+  void LinearForward(int l, ModuleKind m, const float* x, int64_t rows, float* y, float* xa);
+  void LinearBackward(int l, ModuleKind m, const float* x, const float* xa, const float* dy, int64_t rows,
+                      float* dx, bool accumulate_dx);
+  const float* DropoutInput(int l, ModuleKind m, const float* x, int64_t rows, int64_t in, float* buf);
+  void Round(float* x, int64_t n) const;
+  const float* HeadWeight() const;
+  float* HeadGrad();
+
+  ModelConfig config_;
+  ModelOptions options_;
+  Buffer embed_;                            // (V, D)
+  Buffer final_norm_;                       // (D)
+  Buffer lm_head_;                          // (V, D) or empty when tied
+  Buffer dembed_, dfinal_norm_, dlm_head_;  // full fine-tune only
+  std::vector<DecoderLayer> layers_;
+  bool lora_enabled_ = false;
+  bool full_training_ = false;
+  LoraSpec lora_spec_;
+  uint64_t dropout_key_ = 0;
+
+  Buffer rope_cos_, rope_sin_;  // (rope_len_, hd/2)
+  int64_t rope_len_ = 0;
+  std::unique_ptr<Activations> acts_;
+};
+
+}  // namespace ft

@@ -1,0 +1,55 @@
+// The shape of a Llama-family model (Llama 2/3/3.1, Qwen2/2.5, Mistral,
+// TinyLlama, SmolLM), as read from a Hugging Face config.json.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace ft {
+
+struct RopeScaling {
+  std::string type;  // "" (none), "linear" or "llama3"
+  double factor = 1.0;
+  double low_freq_factor = 1.0;                     // llama3
+  double high_freq_factor = 4.0;                    // llama3
+  int64_t original_max_position_embeddings = 8192;  // llama3
+};
+
+struct ModelConfig {
+  std::string model_type = "llama";  // llama | qwen2 | mistral
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;        // D
+  int64_t intermediate_size = 0;  // I
+  int64_t num_layers = 0;         // L
+  int64_t num_heads = 0;          // Hq
+  int64_t num_kv_heads = 0;       // Hkv
+  int64_t head_dim = 0;           // hd
+  int64_t max_position_embeddings = 2048;
+  int64_t sliding_window = 0;  // 0 = none (Mistral may set one)
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;  // q/k/v biases (Qwen2)
+  std::string torch_dtype = "float32";
+  int64_t bos_token_id = -1;
+  int64_t eos_token_id = -1;
+
+  int64_t q_dim() const { return num_heads * head_dim; }
+  int64_t kv_dim() const { return num_kv_heads * head_dim; }
+  // InvalidArgument naming the field when the shape is inconsistent.
+  Status Validate(const std::string& file) const;
+};
+
+// RoPE inverse frequencies [head_dim/2], with rope_scaling applied as HF does.
+std::vector<double> RopeInverseFrequencies(const ModelConfig& c);
+
+// A named small configuration for tests and demos: "tiny-llama" (GQA,
+// rope llama3), "tiny-qwen2" (q/k/v bias), "tiny-tied" (tied embeddings),
+// "bench" (4 layers, hidden 256). NotFound for unknown names (listing them).
+StatusOr<ModelConfig> PresetModelConfig(const std::string& name);
+
+}  // namespace ft

@@ -1,0 +1,118 @@
+// The CPU reference ops: readable, deterministic, templated on the scalar type.
+//
+// Every op exists for T = float (what the engine runs) and T = double (what the
+// finite-difference gradient checks run). Each is the definition the CUDA
+// backend is checked against. Layout conventions, row-major throughout:
+//   activations  [rows, D] with rows = batch * seq (token-major)
+//   q            [rows, Hq * hd], k and v [rows, Hkv * hd] (head-major inside a row)
+//   lse          [batch, Hq, seq] (natural-log sum of exp of the scaled scores)
+// Determinism: every reduction runs in a fixed order independent of thread
+// count; results are bit-identical from run to run.
+// Errors: shapes are preconditions checked with FT_CHECK (a mismatch is a bug
+// in the caller, never user input).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ft::cpu {
+
+// C[M,N] = alpha * op(A) * op(B) + beta * C, op(X) = X or Xᵀ. A is [M,K] (or
+// [K,M] when trans_a), B is [K,N] (or [N,K] when trans_b); ld* are row strides.
+// float/double go through BLAS (OpenBLAS) when built with it, else a blocked loop.
+template <typename T>
+void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+          const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
+
+// y = x * rsqrt(mean(x²) + eps) * w, per row of x[rows, D]; saves rstd[rows].
+template <typename T>
+void RmsNormForward(const T* x, const T* w, int64_t rows, int64_t D, T eps, T* y, T* rstd);
+// dx = gradient w.r.t. x (overwritten); dw += gradient w.r.t. w when dw != nullptr.
+template <typename T>
+void RmsNormBackward(const T* x, const T* w, const T* rstd, const T* dy, int64_t rows, int64_t D, T* dx,
+                     T* dw);
+
+// Rotary embedding in place on x[rows, heads * hd], HF rotate_half pairing
+// (i, i + hd/2): x1' = x1*cos - x2*sin, x2' = x2*cos + x1*sin, with
+// cos/sin[pos, hd/2] looked up at positions[row]. `inverse` applies the
+// transposed rotation (angle -θ), which is the backward of the forward.
+template <typename T>
+void RopeApply(T* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions, const T* cos_table,
+               const T* sin_table, bool inverse);
+
+// Causal attention for batch sequences of length seq, GQA (Hq % Hkv == 0, query
+// head h uses kv head h / (Hq/Hkv)). `segments` (nullable, [batch*seq]) confines
+// attention to keys with the same segment id (packing). out[rows, Hq*hd];
+// lse[batch, Hq, seq]. Rows whose query sees no key (impossible when causal) are zero.
+struct AttentionShape {
+  int64_t batch = 0, seq = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
+  double scale = 0;  // usually 1/sqrt(head_dim)
+};
+// The "flash" form: tiles of keys, online softmax, O(seq) extra memory.
+template <typename T>
+void AttentionForward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
+                      T* out, T* lse);
+// Reference: materialises the [seq, seq] score matrix per head.
+template <typename T>
+void AttentionForwardNaive(const AttentionShape& s, const T* q, const T* k, const T* v,
+                           const int32_t* segments, T* out, T* lse);
+// Backward from saved out and lse (recomputes probabilities tile by tile).
+// dq, dk, dv are overwritten.
+template <typename T>
+void AttentionBackward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
+                       const T* out, const T* lse, const T* dout, T* dq, T* dk, T* dv);
+
+// h = silu(gate) * up, elementwise over n.
+template <typename T>
+void SwiGluForward(const T* gate, const T* up, int64_t n, T* h);
+// dgate, dup overwritten (may alias gate/up only if the caller no longer needs them).
+template <typename T>
+void SwiGluBackward(const T* gate, const T* up, const T* dh, int64_t n, T* dgate, T* dup);
+
+// Cross-entropy over logits[rows, V] with targets[rows] (-100 = ignored).
+// Returns the SUM of -log softmax(logits)[target] over non-ignored rows (in
+// double, fixed order). When dlogits != nullptr writes
+// dlogits = grad_scale * (softmax - onehot) for counted rows and 0 for ignored
+// ones; dlogits may alias logits.
+template <typename T>
+double CrossEntropy(const T* logits, const int32_t* targets, int64_t rows, int64_t V, T grad_scale, T* dlogits);
+
+// out[rows, D] = table[ids[r], :].
+template <typename T>
+void EmbeddingForward(const T* table, const int32_t* ids, int64_t rows, int64_t D, T* out);
+// dtable[ids[r], :] += dout[r, :] (rows in order: deterministic).
+template <typename T>
+void EmbeddingBackward(const T* dout, const int32_t* ids, int64_t rows, int64_t D, T* dtable);
+
+// Σ x² in double, fixed order (for global grad norms).
+template <typename T>
+double SumSquares(const T* x, int64_t n);
+
+// y += alpha * x; x *= alpha.
+template <typename T>
+void Axpy(int64_t n, T alpha, const T* x, T* y);
+template <typename T>
+void Scale(int64_t n, T alpha, T* x);
+
+// One AdamW update with PyTorch's semantics (torch.optim.AdamW, foreach=False):
+//   p -= lr*wd*p; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g²;
+//   p -= (lr / (1-b1^step)) * m / (sqrt(v)/sqrt(1-b2^step) + eps)
+// step counts from 1.
+struct AdamWParams {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  int64_t step = 1;
+};
+template <typename T>
+void AdamW(const AdamWParams& hp, int64_t n, T* param, const T* grad, T* m, T* v);
+
+// bf16 emulation: rounds each float to the nearest bf16 (round-to-nearest-even,
+// NaN kept) and stores it back as float. This is how the CPU backend runs the
+// bf16 compute path: bf16 values, fp32 arithmetic.
+void RoundToBf16(float* x, int64_t n);
+uint16_t FloatToBf16(float f);
+float Bf16ToFloat(uint16_t b);
+// IEEE half conversions (for F16 safetensors and fp16 compute).
+uint16_t FloatToHalf(float f);
+float HalfToFloat(uint16_t h);
+
+}  // namespace ft::cpu

@@ -1,0 +1,699 @@
+#!/usr/bin/python3
+"""Golden reference values for ftune (LoRA / full fine-tuning of Llama & Qwen2).
+
+What it makes
+-------------
+One folder per case under tests/golden/ (llama_gqa, qwen2_bias, tied_rslora,
+llama_full), each holding a tiny random Hugging Face style model, a token data
+set, a job.yaml for ftune, the initial PEFT adapter (LoRA cases), and the
+expected results computed here in float64 with plain PyTorch:
+
+    <case>/model/config.json               HF config
+    <case>/model/model.safetensors         (or two shards + model.safetensors.index.json)
+    <case>/data.jsonl                      {"input_ids": [...]} per line
+    <case>/job.yaml                        ftune job, paths relative to its folder
+    <case>/init_adapter/adapter_config.json, adapter_model.safetensors   (LoRA cases)
+    <case>/expected/metrics.json           loss / lr / grad_norm / tokens per step
+    <case>/expected/grads_step1.safetensors  grads of the FIRST optimizer step (s = 0)
+    <case>/expected/final.safetensors      trainable tensors after the last step
+    <case>/expected/logits_seq0.safetensors  logits of data sequence 0 before training
+
+See tests/golden/README.md for the exact semantics.
+
+How to rerun
+------------
+    /usr/bin/python3 tests/golden/make_golden.py
+
+(`--probe` instead trains every case without clipping and only prints the
+grad norms; that is how the fixed max_grad_norm values in CASES were chosen.)
+
+Needs only torch (tested with Debian's torch 1.13) and the Python standard
+library.  Everything is seeded; a rerun rewrites the same files byte for byte.
+The script also asserts a number of self-consistency checks (finite-difference
+gradient check, padding invariance, llama3 RoPE regimes, clipping on some but
+not all steps) and fails loudly if one does not hold.
+
+The model code below is written from the Hugging Face definitions
+(LlamaForCausalLM / Qwen2ForCausalLM, PEFT LoRA, HF Trainer's AdamW + cosine
+schedule + clip_grad_norm_) but is an independent re-implementation.
+"""
+
+import json
+import math
+import os
+import struct
+import sys
+
+import torch
+import torch.nn.functional as F
+
+torch.set_num_threads(1)  # deterministic reductions, and be gentle with the CPU
+torch.use_deterministic_algorithms(True)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+F64 = torch.float64
+
+# ----------------------------------------------------------------------------
+# safetensors writing (the format is simple enough to write by hand)
+# ----------------------------------------------------------------------------
+
+ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def tensor_bytes(t, st_dtype):
+    """Raw little-endian bytes of `t` rounded to `st_dtype` (round-to-nearest-even)."""
+    t = t.detach().to(ST_DTYPES[st_dtype]).contiguous()
+    if st_dtype == "F32":
+        return t.numpy().astype("<f4").tobytes()
+    if st_dtype == "F16":
+        return t.numpy().astype("<f2").tobytes()
+    # numpy has no bfloat16: reinterpret the 16-bit pattern as int16.
+    return t.view(torch.int16).numpy().astype("<i2").tobytes()
+
+
+def write_safetensors(path, tensors, st_dtype):
+    """tensors: {name: tensor}. Names are written sorted, data in the same order."""
+    header = {}
+    blobs = []
+    offset = 0
+    for name in sorted(tensors):
+        b = tensor_bytes(tensors[name], st_dtype)
+        header[name] = {
+            "dtype": st_dtype,
+            "shape": list(tensors[name].shape),
+            "data_offsets": [offset, offset + len(b)],
+        }
+        blobs.append(b)
+        offset += len(b)
+    header["__metadata__"] = {"format": "pt"}
+    hjson = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    hjson += b" " * ((8 - len(hjson) % 8) % 8)  # pad header to a multiple of 8
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hjson)))
+        f.write(hjson)
+        for b in blobs:
+            f.write(b)
+    return offset  # number of data bytes
+
+
+def write_json(path, obj):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(json.dumps(obj, indent=2) + "\n")
+
+
+def write_text(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+# ----------------------------------------------------------------------------
+# Case definitions
+# ----------------------------------------------------------------------------
+
+ALL_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+LLAMA_GQA_MODEL = dict(
+    model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128,
+    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=500000.0,
+    # NOTE: original_max_position_embeddings is 48, not 16.  With head_dim 16 the
+    # shortest RoPE wavelength is 2*pi ~ 6.28; with orig 16 / high_freq_factor 4
+    # the high-frequency cut-off would be 4 < 6.28 and *every* frequency would be
+    # changed.  With 48: cut-offs are 12 (high) and 48 (low) -> wavelengths
+    # 6.28 (kept), 32.4 (smoothed), 167+ (divided by factor): all three regimes.
+    rope_scaling={"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                  "original_max_position_embeddings": 48, "rope_type": "llama3"},
+    tie_word_embeddings=False, attention_bias=False, st_dtype="F32", shards=1,
+)
+
+CASES = [
+    dict(name="llama_gqa", seed=1001, model=LLAMA_GQA_MODEL,
+         adapter=dict(type="lora", r=4, alpha=8, rslora=False, targets=ALL_LINEARS),
+         steps=6, lr=1e-2, max_grad_norm=1.5),
+    dict(name="qwen2_bias", seed=2002,
+         model=dict(model_type="qwen2", vocab_size=256, hidden_size=64, intermediate_size=96,
+                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                    max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                    rope_scaling=None, tie_word_embeddings=False, attention_bias=True,
+                    st_dtype="BF16", shards=2),
+         adapter=dict(type="lora", r=8, alpha=16, rslora=False, targets=["q_proj", "v_proj"]),
+         steps=6, lr=1e-2, max_grad_norm=1.25),
+    dict(name="tied_rslora", seed=3003,
+         model=dict(model_type="llama", vocab_size=192, hidden_size=48, intermediate_size=112,
+                    num_hidden_layers=3, num_attention_heads=3, num_key_value_heads=1,
+                    max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0,
+                    rope_scaling=None, tie_word_embeddings=True, attention_bias=False,
+                    st_dtype="F16", shards=1),
+         adapter=dict(type="lora", r=4, alpha=8, rslora=True, targets=ALL_LINEARS),
+         steps=6, lr=1e-2, max_grad_norm=2.5),
+    # Same seed as llama_gqa: identical base weights and identical data.
+    dict(name="llama_full", seed=1001, model=LLAMA_GQA_MODEL,
+         adapter=dict(type="full"),
+         steps=3, lr=1e-3, max_grad_norm=3.5),
+]
+
+# Training settings shared by all cases.
+SEQ_LEN = 32
+N_SEQS = 24
+MIN_LEN, MAX_LEN = 5, 32
+GLOBAL_BATCH = 4
+MICRO_BATCH = 2
+WARMUP = 2
+WEIGHT_DECAY = 0.1
+BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+
+
+def head_dim(m):
+    return m["hidden_size"] // m["num_attention_heads"]
+
+
+# ----------------------------------------------------------------------------
+# Random weights, adapter init and data
+# ----------------------------------------------------------------------------
+
+def module_shapes(m):
+    """(HF name, shape) of every linear in layer order: q,k,v,o,gate,up,down."""
+    H, I, hd = m["hidden_size"], m["intermediate_size"], head_dim(m)
+    q_out = m["num_attention_heads"] * hd
+    kv_out = m["num_key_value_heads"] * hd
+    return [("self_attn.q_proj", (q_out, H)), ("self_attn.k_proj", (kv_out, H)),
+            ("self_attn.v_proj", (kv_out, H)), ("self_attn.o_proj", (H, q_out)),
+            ("mlp.gate_proj", (I, H)), ("mlp.up_proj", (I, H)), ("mlp.down_proj", (H, I))]
+
+
+def make_base_weights(m, gen):
+    """HF-named float32 tensors, generated in a fixed order."""
+    def normal(shape, std):
+        return torch.randn(shape, generator=gen, dtype=torch.float32) * std
+
+    H, V = m["hidden_size"], m["vocab_size"]
+    w = {"model.embed_tokens.weight": normal((V, H), 0.05)}
+    for i in range(m["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = 1.0 + normal((H,), 0.1)
+        for mod, shape in module_shapes(m):
+            w[p + mod + ".weight"] = normal(shape, 0.05)
+            if m["attention_bias"] and mod in ("self_attn.q_proj", "self_attn.k_proj",
+                                               "self_attn.v_proj"):
+                w[p + mod + ".bias"] = normal((shape[0],), 0.05)
+        w[p + "post_attention_layernorm.weight"] = 1.0 + normal((H,), 0.1)
+    w["model.norm.weight"] = 1.0 + normal((H,), 0.1)
+    if not m["tie_word_embeddings"]:
+        w["lm_head.weight"] = normal((V, H), 0.05)
+    return w
+
+
+def round_to_storage(w, st_dtype):
+    """The values the C++ engine will read from disk, as float64."""
+    return {k: v.to(ST_DTYPES[st_dtype]).to(F64) for k, v in w.items()}
+
+
+def lora_key(hf_module, which):
+    # PEFT's saved names: base_model.model.<HF module path>.lora_A.weight
+    return f"base_model.model.{hf_module}.lora_{which}.weight"
+
+
+def make_init_adapter(m, ad, gen):
+    """PEFT-named float32 LoRA tensors, A ~ U(-0.2, 0.2), B ~ N(0, 0.05)."""
+    r = ad["r"]
+    out = {}
+    for i in range(m["num_hidden_layers"]):
+        for mod, (o, n) in module_shapes(m):
+            if mod.split(".")[1] not in ad["targets"]:
+                continue
+            hf = f"model.layers.{i}.{mod}"
+            out[lora_key(hf, "A")] = torch.rand((r, n), generator=gen, dtype=torch.float32) * 0.4 - 0.2
+            out[lora_key(hf, "B")] = torch.randn((o, r), generator=gen, dtype=torch.float32) * 0.05
+    return out
+
+
+def make_data(vocab, gen):
+    """N_SEQS random sequences, lengths uniform in [MIN_LEN, MAX_LEN], ids in 1..vocab-1.
+
+    Purely uniform ids cannot be learned (loss stays at ~ln(vocab)), so the ids
+    are skewed to make the loss visibly fall: each token is, with probability
+    3/4, one of 16 "frequent" ids (a fixed random subset), otherwise uniform
+    over 1..vocab-1.
+    """
+    frequent = (torch.randperm(vocab - 1, generator=gen)[:16] + 1).tolist()
+    lens = torch.randint(MIN_LEN, MAX_LEN + 1, (N_SEQS,), generator=gen).tolist()
+    data = []
+    for n in lens:
+        pick = torch.rand(n, generator=gen, dtype=F64) < 0.75
+        freq_ids = torch.randint(0, len(frequent), (n,), generator=gen).tolist()
+        any_ids = torch.randint(1, vocab, (n,), generator=gen).tolist()
+        data.append([frequent[f] if p else a for p, f, a in zip(pick.tolist(), freq_ids, any_ids)])
+    return data
+
+
+# ----------------------------------------------------------------------------
+# The model (float64)
+# ----------------------------------------------------------------------------
+
+def rope_inv_freq(m):
+    """HF default RoPE frequencies, optionally rescaled with the llama3 rule."""
+    hd = head_dim(m)
+    inv_freq = 1.0 / (m["rope_theta"] ** (torch.arange(0, hd, 2, dtype=F64) / hd))
+    rs = m["rope_scaling"]
+    if rs is None:
+        return inv_freq
+    assert rs["rope_type"] == "llama3"
+    factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+    orig = rs["original_max_position_embeddings"]
+    low_freq_wavelen = orig / low
+    high_freq_wavelen = orig / high
+    out = []
+    for f in inv_freq.tolist():
+        wavelen = 2 * math.pi / f
+        if wavelen < high_freq_wavelen:          # high frequency: unchanged
+            out.append(f)
+        elif wavelen > low_freq_wavelen:         # low frequency: divided by factor
+            out.append(f / factor)
+        else:                                    # in between: smooth interpolation
+            smooth = (orig / wavelen - low) / (high - low)
+            out.append((1 - smooth) * f / factor + smooth * f)
+    return torch.tensor(out, dtype=F64)
+
+
+def rope_cos_sin(m, T):
+    inv_freq = rope_inv_freq(m)
+    pos = torch.arange(T, dtype=F64)
+    freqs = pos[:, None] * inv_freq[None, :]        # [T, hd/2]
+    emb = torch.cat([freqs, freqs], dim=-1)         # [T, hd]
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def rms_norm(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def linear(P, ctx, hf_module, x):
+    """Base linear (+ bias) plus the PEFT LoRA branch if the module is targeted."""
+    y = x @ P[hf_module + ".weight"].T
+    if hf_module + ".bias" in P:
+        y = y + P[hf_module + ".bias"]
+    a = lora_key(hf_module, "A")
+    if a in P:
+        y = y + ctx["lora_scale"] * ((x @ P[a].T) @ P[lora_key(hf_module, "B")].T)
+    return y
+
+
+def forward(P, ctx, ids):
+    """ids: LongTensor [B, T] -> logits [B, T, V].  Causal only, no padding mask:
+    with right padding, real positions never attend to (later) pad positions."""
+    m = ctx["model"]
+    B, T = ids.shape
+    nH, nKV, hd = m["num_attention_heads"], m["num_key_value_heads"], head_dim(m)
+    eps = m["rms_norm_eps"]
+    cos, sin = rope_cos_sin(m, T)                   # position ids 0..T-1 per row
+    causal = torch.ones(T, T, dtype=torch.bool).triu(1)
+
+    x = P["model.embed_tokens.weight"][ids]
+    for i in range(m["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        n = rms_norm(x, P[p + "input_layernorm.weight"], eps)
+        q = linear(P, ctx, p + "self_attn.q_proj", n).view(B, T, nH, hd).transpose(1, 2)
+        k = linear(P, ctx, p + "self_attn.k_proj", n).view(B, T, nKV, hd).transpose(1, 2)
+        v = linear(P, ctx, p + "self_attn.v_proj", n).view(B, T, nKV, hd).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        # GQA: query head h uses kv head h // (nH / nKV).
+        k = k.repeat_interleave(nH // nKV, dim=1)
+        v = v.repeat_interleave(nH // nKV, dim=1)
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+        s = s.masked_fill(causal, float("-inf"))
+        a = torch.softmax(s, dim=-1) @ v            # [B, nH, T, hd]
+        a = a.transpose(1, 2).reshape(B, T, nH * hd)
+        h = x + linear(P, ctx, p + "self_attn.o_proj", a)
+        n = rms_norm(h, P[p + "post_attention_layernorm.weight"], eps)
+        g = linear(P, ctx, p + "mlp.gate_proj", n)
+        u = linear(P, ctx, p + "mlp.up_proj", n)
+        x = h + linear(P, ctx, p + "mlp.down_proj", F.silu(g) * u)
+    x = rms_norm(x, P["model.norm.weight"], eps)
+    head = P["model.embed_tokens.weight"] if m["tie_word_embeddings"] else P["lm_head.weight"]
+    return x @ head.T
+
+
+def make_micro_batch(seqs):
+    """Right-pad with id 0; targets are the next token, -100 on padding / last token."""
+    T = max(len(s) for s in seqs)
+    ids = torch.zeros(len(seqs), T, dtype=torch.long)
+    tgt = torch.full((len(seqs), T), -100, dtype=torch.long)
+    for b, s in enumerate(seqs):
+        ids[b, :len(s)] = torch.tensor(s)
+        tgt[b, :len(s) - 1] = torch.tensor(s[1:])
+    return ids, tgt
+
+
+def loss_sum(P, ctx, seqs):
+    ids, tgt = make_micro_batch(seqs)
+    logits = forward(P, ctx, ids)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1),
+                           ignore_index=-100, reduction="sum")
+
+
+# ----------------------------------------------------------------------------
+# Training (HF Trainer semantics)
+# ----------------------------------------------------------------------------
+
+def lr_mult(s, total):
+    """transformers.get_cosine_schedule_with_warmup, num_cycles = 0.5."""
+    if s < WARMUP:
+        return s / max(1, WARMUP)
+    progress = (s - WARMUP) / max(1, total - WARMUP)
+    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * 2.0 * 0.5 * progress)))
+
+
+def train(P, ctx, trainable, data, steps, lr, max_grad_norm):
+    """trainable: {name: leaf tensor in P}.  Returns metrics and step-0 grads."""
+    names = list(trainable)
+    if ctx["full"]:
+        # HF Trainer: no weight decay for biases and (any) norm weights.
+        def no_decay(n):
+            return n.endswith(".bias") or "norm" in n
+        groups = [
+            {"params": [trainable[n] for n in names if not no_decay(n)], "weight_decay": WEIGHT_DECAY},
+            {"params": [trainable[n] for n in names if no_decay(n)], "weight_decay": 0.0},
+        ]
+    else:
+        groups = [{"params": [trainable[n] for n in names], "weight_decay": WEIGHT_DECAY}]
+    opt = torch.optim.AdamW(groups, lr=lr, betas=BETAS, eps=ADAM_EPS, weight_decay=WEIGHT_DECAY)
+    params = [trainable[n] for n in names]
+
+    metrics = {"loss": [], "lr": [], "grad_norm": [], "tokens": []}
+    grads0 = None
+    for s in range(steps):
+        batch = data[s * GLOBAL_BATCH:(s + 1) * GLOBAL_BATCH]
+        n_tok = sum(len(x) - 1 for x in batch)
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for mb in range(0, GLOBAL_BATCH, MICRO_BATCH):
+            ls = loss_sum(P, ctx, batch[mb:mb + MICRO_BATCH])
+            (ls / n_tok).backward()               # normalised by the GLOBAL token count
+            total += ls.item()
+        if s == 0:
+            grads0 = {n: trainable[n].grad.detach().clone() for n in names}
+        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm).item()  # pre-clip norm
+        step_lr = lr * lr_mult(s, steps)
+        for g in opt.param_groups:
+            g["lr"] = step_lr
+        opt.step()
+        metrics["loss"].append(total / n_tok)
+        metrics["lr"].append(step_lr)
+        metrics["grad_norm"].append(norm)
+        metrics["tokens"].append(n_tok)
+    return metrics, grads0
+
+
+# ----------------------------------------------------------------------------
+# Output files
+# ----------------------------------------------------------------------------
+
+def hf_config(m):
+    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[m["model_type"]]
+    cfg = {
+        "architectures": [arch],
+        "model_type": m["model_type"],
+        "vocab_size": m["vocab_size"],
+        "hidden_size": m["hidden_size"],
+        "intermediate_size": m["intermediate_size"],
+        "num_hidden_layers": m["num_hidden_layers"],
+        "num_attention_heads": m["num_attention_heads"],
+        "num_key_value_heads": m["num_key_value_heads"],
+        "head_dim": head_dim(m),
+        "max_position_embeddings": m["max_position_embeddings"],
+        "rms_norm_eps": m["rms_norm_eps"],
+        "rope_theta": m["rope_theta"],
+        "rope_scaling": m["rope_scaling"],
+        "tie_word_embeddings": m["tie_word_embeddings"],
+        "torch_dtype": {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}[m["st_dtype"]],
+        "hidden_act": "silu",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    if m["model_type"] == "llama":
+        cfg["attention_bias"] = False   # Qwen2's config has no such key: q/k/v bias is implied
+        cfg["mlp_bias"] = False
+    else:
+        cfg["use_sliding_window"] = False
+    return cfg
+
+
+def write_model(folder, m, weights32):
+    write_json(os.path.join(folder, "config.json"), hf_config(m))
+    st = m["st_dtype"]
+    if m["shards"] == 1:
+        write_safetensors(os.path.join(folder, "model.safetensors"), weights32, st)
+        return
+    # Two shards: embeddings + layer 0 in the first, the rest in the second.
+    first = {k: v for k, v in weights32.items()
+             if k.startswith("model.embed_tokens.") or k.startswith("model.layers.0.")}
+    second = {k: v for k, v in weights32.items() if k not in first}
+    weight_map = {}
+    total = 0
+    for idx, part in enumerate([first, second], start=1):
+        fname = f"model-{idx:05d}-of-00002.safetensors"
+        total += write_safetensors(os.path.join(folder, fname), part, st)
+        for k in part:
+            weight_map[k] = fname
+    write_json(os.path.join(folder, "model.safetensors.index.json"),
+               {"metadata": {"total_size": total},
+                "weight_map": {k: weight_map[k] for k in sorted(weight_map)}})
+
+
+def adapter_config(ad):
+    return {
+        "alpha_pattern": {},
+        "base_model_name_or_path": "model",
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "init_lora_weights": True,
+        "layers_pattern": None,
+        "layers_to_transform": None,
+        "lora_alpha": ad["alpha"],
+        "lora_dropout": 0.0,
+        "modules_to_save": None,
+        "peft_type": "LORA",
+        "r": ad["r"],
+        "rank_pattern": {},
+        "revision": None,
+        "target_modules": list(ad["targets"]),
+        "task_type": "CAUSAL_LM",
+        "use_rslora": ad["rslora"],
+    }
+
+
+def job_yaml(case):
+    ad = case["adapter"]
+    lines = [
+        f"name: golden-{case['name']}",
+        "model:",
+        "  path: model",
+        "  quantization: none",
+        "  dtype: fp32",
+        "adapter:",
+        f"  type: {ad['type']}",
+    ]
+    if ad["type"] == "lora":
+        lines += [
+            f"  r: {ad['r']}",
+            f"  alpha: {ad['alpha']}",
+            "  dropout: 0.0",
+            f"  rslora: {'true' if ad['rslora'] else 'false'}",
+            f"  target_modules: [{', '.join(ad['targets'])}]",
+            "  init: init_adapter",
+        ]
+    lines += [
+        "data:",
+        "  train: data.jsonl",
+        "  format: tokens",
+        f"  seq_len: {SEQ_LEN}",
+        "  packing: false",
+        "  shuffle: false",
+        "train:",
+        f"  max_steps: {case['steps']}",
+        f"  global_batch_size: {GLOBAL_BATCH}",
+        f"  micro_batch_size: {MICRO_BATCH}",
+        f"  gradient_accumulation: {GLOBAL_BATCH // MICRO_BATCH}",
+        f"  lr: {case['lr']}",
+        "  lr_schedule: cosine",
+        f"  warmup_steps: {WARMUP}",
+        f"  weight_decay: {WEIGHT_DECAY}",
+        f"  max_grad_norm: {case['max_grad_norm']}",
+        "  optimizer: adamw",
+        "  seed: 42",
+        "  activation_checkpointing: false",
+        "  attention: flash",
+        "checkpoint:",
+        "  every_steps: 1000",
+        "  keep: 1",
+        "resources:",
+        "  device: cpu",
+        "output:",
+        "  dir: out",
+        "  merge: false",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def f32(d):
+    return {k: v.detach().to(torch.float32) for k, v in d.items()}
+
+
+# ----------------------------------------------------------------------------
+# Self-checks
+# ----------------------------------------------------------------------------
+
+def check_llama3_regimes(m):
+    base = 1.0 / (m["rope_theta"] ** (torch.arange(0, head_dim(m), 2, dtype=F64) / head_dim(m)))
+    scaled = rope_inv_freq(m)
+    f = m["rope_scaling"]["factor"]
+    same = int((scaled == base).sum())
+    divided = int(torch.isclose(scaled, base / f, rtol=1e-12, atol=0).sum())
+    smoothed = len(base) - same - divided
+    assert same >= 1 and divided >= 1 and smoothed >= 1, (same, smoothed, divided)
+    return same, smoothed, divided
+
+
+def check_padding_invariance(P, ctx, data):
+    """Sequence 0 alone must give the same logits as inside a padded micro-batch."""
+    with torch.no_grad():
+        alone = forward(P, ctx, torch.tensor([data[0]]))[0]
+        ids, _ = make_micro_batch(data[:MICRO_BATCH])
+        batched = forward(P, ctx, ids)[0, :len(data[0])]
+    assert torch.allclose(alone, batched, rtol=1e-10, atol=1e-12)
+
+
+def check_finite_difference(P, ctx, trainable, grads0, data):
+    """Central differences on a few entries of the step-0 loss vs autograd."""
+    batch = data[:GLOBAL_BATCH]
+    n_tok = sum(len(x) - 1 for x in batch)
+
+    def loss():
+        with torch.no_grad():
+            return sum(loss_sum(P, ctx, batch[i:i + MICRO_BATCH]).item()
+                       for i in range(0, GLOBAL_BATCH, MICRO_BATCH)) / n_tok
+
+    names = sorted(trainable)
+    picks = [names[0], names[len(names) // 2], names[-1]]
+    h = 1e-6
+    for n in picks:
+        t = trainable[n]
+        # the entry with the largest gradient of this tensor
+        idx = tuple(_unravel(int(grads0[n].abs().flatten().argmax()), t.shape))
+        with torch.no_grad():
+            old = t[idx].item()
+            t[idx] = old + h
+            lp = loss()
+            t[idx] = old - h
+            lm = loss()
+            t[idx] = old
+        fd = (lp - lm) / (2 * h)
+        ad = grads0[n][idx].item()
+        assert abs(fd - ad) <= 1e-6 * max(1.0, abs(ad)), (n, fd, ad)
+
+
+def _unravel(flat, shape):
+    out = []
+    for d in reversed(shape):
+        out.append(flat % d)
+        flat //= d
+    return list(reversed(out))
+
+
+# ----------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------
+
+def run_case(case):
+    m, ad = case["model"], case["adapter"]
+    out = os.path.join(HERE, case["name"])
+    gen = torch.Generator().manual_seed(case["seed"])
+
+    # Base weights: generate in f32, round to the storage dtype, compute on those.
+    w32 = make_base_weights(m, gen)
+    write_model(os.path.join(out, "model"), m, w32)
+    P = round_to_storage(w32, m["st_dtype"])
+
+    data = make_data(m["vocab_size"], torch.Generator().manual_seed(case["seed"] + 7))
+    with open(os.path.join(out, "data.jsonl"), "w") as f:
+        for s in data:
+            f.write(json.dumps({"input_ids": s}) + "\n")
+    assert all(MIN_LEN <= len(s) <= min(MAX_LEN, SEQ_LEN) for s in data)
+
+    ctx = {"model": m, "full": ad["type"] == "full", "lora_scale": 0.0}
+    if ad["type"] == "lora":
+        init = make_init_adapter(m, ad, gen)
+        write_json(os.path.join(out, "init_adapter", "adapter_config.json"), adapter_config(ad))
+        write_safetensors(os.path.join(out, "init_adapter", "adapter_model.safetensors"), init, "F32")
+        ctx["lora_scale"] = ad["alpha"] / (math.sqrt(ad["r"]) if ad["rslora"] else ad["r"])
+        trainable = {k: v.to(F64).requires_grad_(True) for k, v in init.items()}
+        P.update(trainable)
+    else:
+        trainable = {k: v.requires_grad_(True) for k, v in P.items()}
+    write_text(os.path.join(out, "job.yaml"), job_yaml(case))
+
+    if m["rope_scaling"] is not None:
+        regimes = check_llama3_regimes(m)
+        print(f"  llama3 inv_freq: {regimes[0]} unchanged, {regimes[1]} smoothed, {regimes[2]} divided")
+    check_padding_invariance(P, ctx, data)
+
+    with torch.no_grad():
+        logits0 = forward(P, ctx, torch.tensor([data[0]]))[0]
+    write_safetensors(os.path.join(out, "expected", "logits_seq0.safetensors"),
+                      {"logits": logits0}, "F32")
+
+    if PROBE:
+        # Unclipped run, only to help choose max_grad_norm; writes no expected/ files.
+        metrics, _ = train(P, ctx, trainable, data, case["steps"], case["lr"], float("inf"))
+        print(f"  unclipped grad_norm {metrics['grad_norm']}")
+        print(f"  unclipped loss      {metrics['loss']}")
+        return
+    metrics, grads0 = train(P, ctx, trainable, data, case["steps"], case["lr"], case["max_grad_norm"])
+    assert all(torch.count_nonzero(g) > 0 for g in grads0.values())
+
+    # Clipping must act on some steps but not all.
+    clipped = [case["max_grad_norm"] / (n + 1e-6) < 1.0 for n in metrics["grad_norm"]]
+    assert any(clipped) and not all(clipped), (case["name"], metrics["grad_norm"])
+
+    metrics["max_grad_norm"] = case["max_grad_norm"]
+    write_json(os.path.join(out, "expected", "metrics.json"), metrics)
+    write_safetensors(os.path.join(out, "expected", "grads_step1.safetensors"), f32(grads0), "F32")
+    write_safetensors(os.path.join(out, "expected", "final.safetensors"), f32(trainable), "F32")
+
+    # Finite-difference check of the step-0 gradients on the initial parameters.
+    P0 = round_to_storage(w32, m["st_dtype"])
+    t0 = {k: v.to(F64) for k, v in init.items()} if ad["type"] == "lora" else P0
+    P0.update(t0)
+    check_finite_difference(P0, ctx, t0, grads0, data)
+
+    print(f"  loss      {[round(x, 6) for x in metrics['loss']]}")
+    print(f"  grad_norm {[round(x, 6) for x in metrics['grad_norm']]}  (max {case['max_grad_norm']},"
+          f" clipped {clipped})")
+    print(f"  lr        {metrics['lr']}")
+    print(f"  tokens    {metrics['tokens']}")
+
+
+PROBE = False
+
+
+def main():
+    global PROBE
+    PROBE = "--probe" in sys.argv[1:]
+    for case in CASES:
+        print(case["name"])
+        run_case(case)
+
+
+if __name__ == "__main__":
+    main()
