@@ -232,6 +232,9 @@ void RandomInitModel(Model* model, uint64_t seed) {
     int64_t n = 1;
     for (int64_t d : t.shape) n *= d;
     const bool is_norm = t.name.find("norm") != std::string::npos;
+    // Fan-in scaling keeps activations and logits O(1) at any width, so a
+    // frozen random head still lets a tiny model learn (0.02 would not at width 64).
+    const double stddev = 1.0 / std::sqrt(static_cast<double>(t.shape.back()));
     const bool is_bias = t.name.size() > 5 && t.name.compare(t.name.size() - 5, 5, ".bias") == 0;
     for (int64_t i = 0; i < n; ++i) {
       if (is_norm) {
@@ -244,7 +247,7 @@ void RandomInitModel(Model* model, uint64_t seed) {
             (static_cast<double>(HashKeys(seed, tensor_index, i, 1) >> 11) + 1.0) / 9007199254740993.0;
         const double u2 = static_cast<double>(HashKeys(seed, tensor_index, i, 2) >> 11) / 9007199254740992.0;
         t.data[i] =
-            static_cast<float>(0.02 * std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * std::numbers::pi * u2));
+            static_cast<float>(stddev * std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * std::numbers::pi * u2));
       }
     }
     ++tensor_index;

@@ -32,8 +32,8 @@ Status LoadHfWeights(const std::string& dir, Model* model);
 // `dtype`: F32, BF16 or F16). Creates `dir` if needed.
 Status SaveHfModel(const std::string& dir, Model& model, DType dtype);
 
-// Random weights (seeded, deterministic): linears and embeddings N(0, 0.02),
-// norms 1, biases 0.
+// Random weights (seeded, deterministic): linears and embeddings
+// N(0, 1/fan_in) (fan_in = the last dimension), norms 1, biases 0.
 void RandomInitModel(Model* model, uint64_t seed);
 
 }  // namespace ft

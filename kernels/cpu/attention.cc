@@ -1,21 +1,23 @@
 // Causal (optionally segment-masked) GQA attention.
 //
-// AttentionForward is the FlashAttention form: for a tile of queries it walks
-// tiles of keys keeping, per query, a running max m, a running sum l of
-// exp(s - m) and an unnormalised output acc; when a tile raises the max, l and
-// acc are rescaled by exp(m_old - m_new). Extra memory is O(seq * head_dim)
-// per (batch, head): a transposed copy of the keys, never a [seq, seq] matrix.
-// AttentionBackward is FlashAttention-2's: probabilities are recomputed from
-// the saved lse, p_ij = exp(s_ij - lse_i), and with D_i = dout_i · out_i
-//   ds_ij = p_ij (dout_i · v_j - D_i),  dq_i = scale Σ_j ds_ij k_j,
-//   dk_j = scale Σ_i ds_ij q_i,         dv_j = Σ_i p_ij dout_i.
+// AttentionForward is the FlashAttention form. For a tile of queries it walks
+// tiles of keys; per query it keeps a running max m, a running sum l of
+// exp(s - m) and an unnormalised output acc. A tile's scores S = scale Q Kᵀ
+// raise m to m' = max(m, rowmax S); l and acc are rescaled by exp(m - m'),
+// then P = exp(S - m') adds l += rowsum P and acc += P V. At the end
+// out = acc / l and lse = m + log l. Extra memory is O(tile * head_dim) per
+// (batch, head), never a [seq, seq] matrix.
 //
-// Inner loops run over contiguous memory without cross-lane reductions: a
-// score row q·k_j for a tile of keys is Σ_d q[d] * kt[d, j] with kt the keys
-// transposed, so every element still sums d = 0, 1, ... in order.
-// Parallelism: forward over (batch, query head); backward over (batch, kv
-// head) with the kv head's query heads looped in order inside, so dk and dv
-// accumulate in a fixed order. Nothing depends on the thread count.
+// AttentionBackward is FlashAttention-2's. Per tile it recomputes
+// P = exp(S - lse) from the saved lse and, with D_i = dout_i · out_i,
+//   dS = P ∘ (dout Vᵀ - D),  dQ += scale dS K,  dK += scale dSᵀ Q,  dV += Pᵀ dout.
+//
+// The tile products are Gemm calls on strided views of the [rows, heads * hd]
+// tensors (no copies). Parallelism: the forward over (batch, query head), the
+// backward over (batch, kv head) with that kv head's query heads looped in
+// order inside, so dK and dV accumulate in a fixed order. Each task runs the
+// same sequence of operations whichever thread takes it, so nothing depends
+// on the thread count.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -27,141 +29,120 @@
 namespace ft::cpu {
 namespace {
 
-constexpr int64_t kQueryTile = 16;
+// Small enough that each tile product stays single-threaded inside BLAS.
+constexpr int64_t kQueryTile = 32;
 constexpr int64_t kKeyTile = 64;
+
+template <typename T>
+constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 
 void CheckShape(const AttentionShape& s) {
   FT_CHECK(s.batch >= 0 && s.seq >= 0 && s.head_dim > 0);
   FT_CHECK(s.q_heads > 0 && s.kv_heads > 0 && s.q_heads % s.kv_heads == 0);
 }
 
-// The rows of one (batch element, head) inside a [batch * seq, heads * hd] tensor.
+// One (batch element, head) of a [batch * seq, heads * hd] tensor: row i of
+// the head starts at ptr + i * ld.
 template <typename P>
-struct HeadRows {
-  P* base;
-  int64_t stride;
-  P* operator[](int64_t i) const { return base + i * stride; }
+struct HeadView {
+  P* ptr;
+  int64_t ld;
+  P* Row(int64_t i) const { return ptr + i * ld; }
 };
 template <typename P>
-HeadRows<P> Rows(P* x, const AttentionShape& s, int64_t heads, int64_t b, int64_t h) {
+HeadView<P> Head(P* x, const AttentionShape& s, int64_t heads, int64_t b, int64_t h) {
   return {x + (b * s.seq * heads + h) * s.head_dim, heads * s.head_dim};
 }
 
-// xt[d, j] = x_j[d]: one kv head of one batch element transposed to [hd, seq].
-template <typename T>
-void PackTransposed(HeadRows<const T> x, int64_t seq, int64_t hd, std::vector<T>& xt) {
-  xt.resize(hd * seq);
-  for (int64_t j = 0; j < seq; ++j) {
-    for (int64_t d = 0; d < hd; ++d) xt[d * seq + j] = x[j][d];
-  }
-}
-
-// out[j - j0] = x · y_j for j in [j0, j1), from yt = y transposed ([hd, seq]).
-template <typename T>
-void DotsTransposed(const T* x, const T* yt, int64_t seq, int64_t hd, int64_t j0, int64_t j1, T* out) {
-  const int64_t n = j1 - j0;
-  std::fill(out, out + n, T(0));
-  for (int64_t d = 0; d < hd; ++d) {
-    const T xd = x[d];
-    const T* y = yt + d * seq + j0;
-    for (int64_t j = 0; j < n; ++j) out[j] += xd * y[j];
-  }
-}
-
-// Scores of query i against keys [j0, j1) (all j <= i): scale * q·k_j, or
-// -inf (probability exactly 0) for a key in another segment.
-template <typename T>
-void ScoreRow(const T* q, const T* kt, int64_t seq, int64_t hd, T scale, const int32_t* seg, int64_t i,
-              int64_t j0, int64_t j1, T* sc) {
-  DotsTransposed(q, kt, seq, hd, j0, j1, sc);
-  for (int64_t j = j0; j < j1; ++j) {
-    const bool visible = seg == nullptr || seg[j] == seg[i];
-    sc[j - j0] = visible ? scale * sc[j - j0] : -std::numeric_limits<T>::infinity();
-  }
-}
-
-// Running softmax state of one tile of queries.
-template <typename T>
-struct OnlineSoftmax {
-  std::vector<T> m, l, acc;  // [tile], [tile], [tile * hd]
-  void Reset(int64_t tile, int64_t hd) {
-    m.assign(tile, -std::numeric_limits<T>::infinity());
-    l.assign(tile, T(0));
-    acc.assign(tile * hd, T(0));
-  }
+// A tile: queries [i0, i0 + rows) against keys [j0, j0 + cols).
+struct Tile {
+  int64_t i0, rows, j0, cols;
 };
 
-// Folds the scores sc[0, n) of keys j0... into query r's state.
+// S[rows, cols] = scale * Q_tile K_tileᵀ, with -inf where key j is not visible
+// to query i (j > i, or another segment).
 template <typename T>
-void OnlineUpdate(const T* sc, int64_t n, HeadRows<const T> v, int64_t j0, int64_t hd, T& m, T& l, T* acc) {
-  T tile_max = -std::numeric_limits<T>::infinity();
-  for (int64_t j = 0; j < n; ++j) tile_max = std::max(tile_max, sc[j]);
-  if (tile_max == -std::numeric_limits<T>::infinity()) return;  // no visible key here
-  const T new_m = std::max(m, tile_max);
+void TileScores(const Tile& t, HeadView<const T> q, HeadView<const T> k, int64_t hd, T scale,
+                const int32_t* seg, T* S) {
+  Gemm<T>(false, true, t.rows, t.cols, hd, scale, q.Row(t.i0), q.ld, k.Row(t.j0), k.ld, T(0), S, t.cols);
+  for (int64_t r = 0; r < t.rows; ++r) {
+    const int64_t i = t.i0 + r;
+    for (int64_t c = 0; c < t.cols; ++c) {
+      const int64_t j = t.j0 + c;
+      if (j > i || (seg != nullptr && seg[j] != seg[i])) S[r * t.cols + c] = kNegInf<T>;
+    }
+  }
+}
+
+// Online softmax for one query row: folds scores s[0, n) into (m, l, acc[hd])
+// and turns s into the probabilities exp(s - m_new) that acc must still add.
+template <typename T>
+void OnlineSoftmaxRow(T* s, int64_t n, int64_t hd, T& m, T& l, T* acc) {
+  const T new_m = std::max(m, *std::max_element(s, s + n));
+  if (new_m == kNegInf<T>) {  // no visible key so far: nothing to add
+    std::fill(s, s + n, T(0));
+    return;
+  }
   if (new_m != m) {
     const T correction = std::exp(m - new_m);  // 0 on the first visible tile (m = -inf)
     l *= correction;
     for (int64_t d = 0; d < hd; ++d) acc[d] *= correction;
     m = new_m;
   }
-  for (int64_t j = 0; j < n; ++j) {
-    const T p = std::exp(sc[j] - m);
-    if (p == T(0)) continue;  // masked (or underflowed) key
-    l += p;
-    const T* vj = v[j0 + j];
-    for (int64_t d = 0; d < hd; ++d) acc[d] += p * vj[d];
+  for (int64_t c = 0; c < n; ++c) {
+    s[c] = std::exp(s[c] - m);  // masked: exp(-inf) = 0
+    l += s[c];
   }
 }
 
 template <typename T>
-void FlashForwardHead(const AttentionShape& s, HeadRows<const T> q, const T* kt, HeadRows<const T> v,
-                      const int32_t* seg, HeadRows<T> out, T* lse) {
-  const int64_t seq = s.seq, hd = s.head_dim;
-  const T scale = static_cast<T>(s.scale);
-  OnlineSoftmax<T> st;
-  std::vector<T> sc(kKeyTile);
-  for (int64_t i0 = 0; i0 < seq; i0 += kQueryTile) {
-    const int64_t i1 = std::min(seq, i0 + kQueryTile);
-    st.Reset(i1 - i0, hd);
-    // Causal: keys beyond the tile's last query are never visible.
-    for (int64_t j0 = 0; j0 < i1; j0 += kKeyTile) {
-      for (int64_t i = std::max(i0, j0); i < i1; ++i) {
-        const int64_t j1 = std::min({j0 + kKeyTile, i + 1, seq});
-        const int64_t r = i - i0;
-        ScoreRow(q[i], kt, seq, hd, scale, seg, i, j0, j1, sc.data());
-        OnlineUpdate(sc.data(), j1 - j0, v, j0, hd, st.m[r], st.l[r], &st.acc[r * hd]);
-      }
+void FlashForwardHead(const AttentionShape& s, HeadView<const T> q, HeadView<const T> k, HeadView<const T> v,
+                      const int32_t* seg, HeadView<T> out, T* lse) {
+  const int64_t hd = s.head_dim;
+  std::vector<T> m, l, acc, S(kQueryTile * kKeyTile);
+  for (int64_t i0 = 0; i0 < s.seq; i0 += kQueryTile) {
+    const int64_t rows = std::min(kQueryTile, s.seq - i0);
+    m.assign(rows, kNegInf<T>);
+    l.assign(rows, T(0));
+    acc.assign(rows * hd, T(0));
+    // Causal: keys past the tile's last query are never visible.
+    for (int64_t j0 = 0; j0 < i0 + rows; j0 += kKeyTile) {
+      const Tile t{i0, rows, j0, std::min(kKeyTile, i0 + rows - j0)};
+      TileScores(t, q, k, hd, static_cast<T>(s.scale), seg, S.data());
+      for (int64_t r = 0; r < rows; ++r)
+        OnlineSoftmaxRow(&S[r * t.cols], t.cols, hd, m[r], l[r], &acc[r * hd]);
+      Gemm<T>(false, false, rows, hd, t.cols, T(1), S.data(), t.cols, v.Row(j0), v.ld, T(1), acc.data(), hd);
     }
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t r = i - i0;
-      const bool any = st.l[r] > T(0);
-      for (int64_t d = 0; d < hd; ++d) out[i][d] = any ? st.acc[r * hd + d] / st.l[r] : T(0);
-      lse[i] = any ? st.m[r] + std::log(st.l[r]) : -std::numeric_limits<T>::infinity();
+    for (int64_t r = 0; r < rows; ++r) {
+      const bool any = l[r] > T(0);
+      T* o = out.Row(i0 + r);
+      for (int64_t d = 0; d < hd; ++d) o[d] = any ? acc[r * hd + d] / l[r] : T(0);
+      lse[i0 + r] = any ? m[r] + std::log(l[r]) : kNegInf<T>;
     }
   }
 }
 
 template <typename T>
-void NaiveForwardHead(const AttentionShape& s, HeadRows<const T> q, HeadRows<const T> k, HeadRows<const T> v,
-                      const int32_t* seg, HeadRows<T> out, T* lse) {
+void NaiveForwardHead(const AttentionShape& s, HeadView<const T> q, HeadView<const T> k, HeadView<const T> v,
+                      const int32_t* seg, HeadView<T> out, T* lse) {
   const int64_t seq = s.seq, hd = s.head_dim;
   const T scale = static_cast<T>(s.scale);
-  const T neg_inf = -std::numeric_limits<T>::infinity();
-  std::vector<T> scores(seq * seq, neg_inf);  // [query, key]; -inf = not visible
+  std::vector<T> scores(seq * seq, kNegInf<T>);  // [query, key]; -inf = not visible
   for (int64_t i = 0; i < seq; ++i) {
     for (int64_t j = 0; j <= i; ++j) {
       if (seg != nullptr && seg[j] != seg[i]) continue;
       T dot = 0;
-      for (int64_t d = 0; d < hd; ++d) dot += q[i][d] * k[j][d];
+      for (int64_t d = 0; d < hd; ++d) dot += q.Row(i)[d] * k.Row(j)[d];
       scores[i * seq + j] = scale * dot;
     }
   }
   for (int64_t i = 0; i < seq; ++i) {
     T* row = &scores[i * seq];
+    T* o = out.Row(i);
     const T mx = *std::max_element(row, row + seq);
-    std::fill(out[i], out[i] + hd, T(0));
-    if (mx == neg_inf) {
-      lse[i] = neg_inf;
+    std::fill(o, o + hd, T(0));
+    if (mx == kNegInf<T>) {
+      lse[i] = kNegInf<T>;
       continue;
     }
     T sum = 0;
@@ -171,52 +152,71 @@ void NaiveForwardHead(const AttentionShape& s, HeadRows<const T> q, HeadRows<con
     }
     for (int64_t j = 0; j < seq; ++j) {
       const T p = row[j] / sum;  // softmax, then P · V
-      for (int64_t d = 0; d < hd; ++d) out[i][d] += p * v[j][d];
+      for (int64_t d = 0; d < hd; ++d) o[d] += p * v.Row(j)[d];
     }
     lse[i] = mx + std::log(sum);
   }
 }
 
-// Gradients of one query head; dq is overwritten, dk and dv accumulate.
+// Inputs and gradients of one query head and of the kv head it reads.
 template <typename T>
-void FlashBackwardHead(const AttentionShape& s, HeadRows<const T> q, HeadRows<const T> k, const T* kt,
-                       const T* vt, const int32_t* seg, HeadRows<const T> out, const T* lse,
-                       HeadRows<const T> dout, HeadRows<T> dq, HeadRows<T> dk, HeadRows<T> dv) {
-  const int64_t seq = s.seq, hd = s.head_dim;
-  const T scale = static_cast<T>(s.scale);
-  std::vector<T> delta(seq);  // D_i = dout_i · out_i
-  for (int64_t i = 0; i < seq; ++i) {
-    T sum = 0;
-    for (int64_t d = 0; d < hd; ++d) sum += dout[i][d] * out[i][d];
-    delta[i] = sum;
-    std::fill(dq[i], dq[i] + hd, T(0));
-  }
-  std::vector<T> p(kKeyTile), dp(kKeyTile);
-  for (int64_t i0 = 0; i0 < seq; i0 += kQueryTile) {
-    const int64_t i1 = std::min(seq, i0 + kQueryTile);
-    for (int64_t j0 = 0; j0 < i1; j0 += kKeyTile) {
-      for (int64_t i = std::max(i0, j0); i < i1; ++i) {
-        if (lse[i] == -std::numeric_limits<T>::infinity()) continue;  // row saw no key
-        const int64_t j1 = std::min({j0 + kKeyTile, i + 1, seq});
-        const int64_t n = j1 - j0;
-        ScoreRow(q[i], kt, seq, hd, scale, seg, i, j0, j1, p.data());
-        for (int64_t j = 0; j < n; ++j) p[j] = std::exp(p[j] - lse[i]);  // -inf -> 0
-        DotsTransposed(dout[i], vt, seq, hd, j0, j1, dp.data());
-        for (int64_t j = 0; j < n; ++j) {
-          if (p[j] == T(0)) continue;
-          const T ds = scale * p[j] * (dp[j] - delta[i]);  // carries dq's and dk's scale
-          const T* kj = k[j0 + j];
-          T* dkj = dk[j0 + j];
-          T* dvj = dv[j0 + j];
-          for (int64_t d = 0; d < hd; ++d) {
-            dq[i][d] += ds * kj[d];
-            dkj[d] += ds * q[i][d];
-            dvj[d] += p[j] * dout[i][d];
-          }
-        }
-      }
+struct BackwardHead {
+  HeadView<const T> q, k, v, out, dout;
+  const T* lse;
+  const int32_t* seg;
+  HeadView<T> dq, dk, dv;
+};
+
+// Turns the tile's scores S into P = exp(S - lse) and dP = dout Vᵀ into
+// dS = scale * P ∘ (dP - D) (scale carried for dQ and dK).
+template <typename T>
+void TileProbabilitiesAndScoreGrad(const Tile& t, const T* lse, const T* delta, T scale, T* P, T* dS) {
+  for (int64_t r = 0; r < t.rows; ++r) {
+    const int64_t i = t.i0 + r;
+    for (int64_t c = 0; c < t.cols; ++c) {
+      T& p = P[r * t.cols + c];
+      // A row that saw no key has lse = -inf; its scores are all -inf too.
+      p = lse[i] == kNegInf<T> ? T(0) : std::exp(p - lse[i]);
+      dS[r * t.cols + c] = scale * p * (dS[r * t.cols + c] - delta[i]);
     }
   }
+}
+
+// Gradients of one query head; dq is overwritten, dk and dv accumulate.
+template <typename T>
+void FlashBackwardHead(const AttentionShape& s, const BackwardHead<T>& h) {
+  const int64_t hd = s.head_dim;
+  const T scale = static_cast<T>(s.scale);
+  std::vector<T> delta(s.seq);  // D_i = dout_i · out_i
+  for (int64_t i = 0; i < s.seq; ++i) {
+    T sum = 0;
+    for (int64_t d = 0; d < hd; ++d) sum += h.dout.Row(i)[d] * h.out.Row(i)[d];
+    delta[i] = sum;
+    std::fill(h.dq.Row(i), h.dq.Row(i) + hd, T(0));
+  }
+  std::vector<T> P(kQueryTile * kKeyTile), dS(kQueryTile * kKeyTile);
+  for (int64_t i0 = 0; i0 < s.seq; i0 += kQueryTile) {
+    const int64_t rows = std::min(kQueryTile, s.seq - i0);
+    for (int64_t j0 = 0; j0 < i0 + rows; j0 += kKeyTile) {
+      const Tile t{i0, rows, j0, std::min(kKeyTile, i0 + rows - j0)};
+      TileScores(t, h.q, h.k, hd, scale, h.seg, P.data());
+      Gemm<T>(false, true, rows, t.cols, hd, T(1), h.dout.Row(i0), h.dout.ld, h.v.Row(j0), h.v.ld, T(0),
+              dS.data(),
+              t.cols);  // dP
+      TileProbabilitiesAndScoreGrad(t, h.lse, delta.data(), scale, P.data(), dS.data());
+      // dQ_tile += dS K_tile;  dK_tile += dSᵀ Q_tile;  dV_tile += Pᵀ dout_tile.
+      Gemm<T>(false, false, rows, hd, t.cols, T(1), dS.data(), t.cols, h.k.Row(j0), h.k.ld, T(1),
+              h.dq.Row(i0), h.dq.ld);
+      Gemm<T>(true, false, t.cols, hd, rows, T(1), dS.data(), t.cols, h.q.Row(i0), h.q.ld, T(1), h.dk.Row(j0),
+              h.dk.ld);
+      Gemm<T>(true, false, t.cols, hd, rows, T(1), P.data(), t.cols, h.dout.Row(i0), h.dout.ld, T(1),
+              h.dv.Row(j0), h.dv.ld);
+    }
+  }
+}
+
+const int32_t* BatchSegments(const int32_t* segments, const AttentionShape& s, int64_t b) {
+  return segments == nullptr ? nullptr : segments + b * s.seq;
 }
 
 }  // namespace
@@ -229,11 +229,9 @@ void AttentionForward(const AttentionShape& s, const T* q, const T* k, const T* 
 #pragma omp parallel for schedule(dynamic)
   for (int64_t bh = 0; bh < s.batch * s.q_heads; ++bh) {
     const int64_t b = bh / s.q_heads, h = bh % s.q_heads, kvh = h / group;
-    std::vector<T> kt;
-    PackTransposed(Rows(k, s, s.kv_heads, b, kvh), s.seq, s.head_dim, kt);
-    FlashForwardHead(s, Rows(q, s, s.q_heads, b, h), kt.data(), Rows(v, s, s.kv_heads, b, kvh),
-                     segments == nullptr ? nullptr : segments + b * s.seq, Rows(out, s, s.q_heads, b, h),
-                     lse + bh * s.seq);
+    FlashForwardHead(s, Head(q, s, s.q_heads, b, h), Head(k, s, s.kv_heads, b, kvh),
+                     Head(v, s, s.kv_heads, b, kvh), BatchSegments(segments, s, b),
+                     Head(out, s, s.q_heads, b, h), lse + bh * s.seq);
   }
 }
 
@@ -245,9 +243,9 @@ void AttentionForwardNaive(const AttentionShape& s, const T* q, const T* k, cons
 #pragma omp parallel for schedule(dynamic)
   for (int64_t bh = 0; bh < s.batch * s.q_heads; ++bh) {
     const int64_t b = bh / s.q_heads, h = bh % s.q_heads, kvh = h / group;
-    NaiveForwardHead(s, Rows(q, s, s.q_heads, b, h), Rows(k, s, s.kv_heads, b, kvh),
-                     Rows(v, s, s.kv_heads, b, kvh), segments == nullptr ? nullptr : segments + b * s.seq,
-                     Rows(out, s, s.q_heads, b, h), lse + bh * s.seq);
+    NaiveForwardHead(s, Head(q, s, s.q_heads, b, h), Head(k, s, s.kv_heads, b, kvh),
+                     Head(v, s, s.kv_heads, b, kvh), BatchSegments(segments, s, b),
+                     Head(out, s, s.q_heads, b, h), lse + bh * s.seq);
   }
 }
 
@@ -255,25 +253,27 @@ template <typename T>
 void AttentionBackward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
                        const T* out, const T* lse, const T* dout, T* dq, T* dk, T* dv) {
   CheckShape(s);
-  const int64_t group = s.q_heads / s.kv_heads, hd = s.head_dim;
+  const int64_t group = s.q_heads / s.kv_heads;
 #pragma omp parallel for schedule(dynamic)
   for (int64_t bk = 0; bk < s.batch * s.kv_heads; ++bk) {
     const int64_t b = bk / s.kv_heads, kvh = bk % s.kv_heads;
-    const HeadRows<const T> kr = Rows(k, s, s.kv_heads, b, kvh), vr = Rows(v, s, s.kv_heads, b, kvh);
-    const HeadRows<T> dkr = Rows(dk, s, s.kv_heads, b, kvh), dvr = Rows(dv, s, s.kv_heads, b, kvh);
+    BackwardHead<T> h{.k = Head(k, s, s.kv_heads, b, kvh),
+                      .v = Head(v, s, s.kv_heads, b, kvh),
+                      .seg = BatchSegments(segments, s, b),
+                      .dk = Head(dk, s, s.kv_heads, b, kvh),
+                      .dv = Head(dv, s, s.kv_heads, b, kvh)};
     for (int64_t j = 0; j < s.seq; ++j) {
-      std::fill(dkr[j], dkr[j] + hd, T(0));
-      std::fill(dvr[j], dvr[j] + hd, T(0));
+      std::fill(h.dk.Row(j), h.dk.Row(j) + s.head_dim, T(0));
+      std::fill(h.dv.Row(j), h.dv.Row(j) + s.head_dim, T(0));
     }
-    std::vector<T> kt, vt;
-    PackTransposed(kr, s.seq, hd, kt);
-    PackTransposed(vr, s.seq, hd, vt);
-    // The kv head's query heads in increasing order: dk and dv sum over them deterministically.
-    for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-      FlashBackwardHead(s, Rows(q, s, s.q_heads, b, h), kr, kt.data(), vt.data(),
-                        segments == nullptr ? nullptr : segments + b * s.seq, Rows(out, s, s.q_heads, b, h),
-                        lse + (b * s.q_heads + h) * s.seq, Rows(dout, s, s.q_heads, b, h),
-                        Rows(dq, s, s.q_heads, b, h), dkr, dvr);
+    // The kv head's query heads in increasing order: dK and dV sum over them deterministically.
+    for (int64_t qh = kvh * group; qh < (kvh + 1) * group; ++qh) {
+      h.q = Head(q, s, s.q_heads, b, qh);
+      h.out = Head(out, s, s.q_heads, b, qh);
+      h.dout = Head(dout, s, s.q_heads, b, qh);
+      h.dq = Head(dq, s, s.q_heads, b, qh);
+      h.lse = lse + (b * s.q_heads + qh) * s.seq;
+      FlashBackwardHead(s, h);
     }
   }
 }

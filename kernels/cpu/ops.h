@@ -20,6 +20,10 @@ namespace ft::cpu {
 // C[M,N] = alpha * op(A) * op(B) + beta * C, op(X) = X or Xᵀ. A is [M,K] (or
 // [K,M] when trans_a), B is [K,N] (or [N,K] when trans_b); ld* are row strides.
 // float/double go through BLAS (OpenBLAS) when built with it, else a blocked loop.
+// Threads: OpenMP over blocks of C whose sizes depend only on the shape, each
+// block one single-threaded BLAS call; the first call sets OpenBLAS to one
+// thread for the whole process (its own threading changes results with its
+// thread count).
 template <typename T>
 void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
           const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
@@ -75,7 +79,8 @@ void SwiGluBackward(const T* gate, const T* up, const T* dh, int64_t n, T* dgate
 // dlogits = grad_scale * (softmax - onehot) for counted rows and 0 for ignored
 // ones; dlogits may alias logits.
 template <typename T>
-double CrossEntropy(const T* logits, const int32_t* targets, int64_t rows, int64_t V, T grad_scale, T* dlogits);
+double CrossEntropy(const T* logits, const int32_t* targets, int64_t rows, int64_t V, T grad_scale,
+                    T* dlogits);
 
 // out[rows, D] = table[ids[r], :].
 template <typename T>
