@@ -10,6 +10,8 @@
 #   FT_BENCH_STEPS     steps per side; the median is over steps 3..N (default 12)
 #   FT_BENCH_KEEP=1    keep the scratch folder (model, data, job, metrics)
 #   PYTHON             interpreter for the PyTorch side (default /usr/bin/python3)
+#   OMP_WAIT_POLICY    passed through to both sides unchanged (it matters a lot
+#                      here: see bench/README.md); the report shows its value
 #
 # See bench/README.md.
 set -euo pipefail
@@ -47,7 +49,11 @@ fi
 export OMP_NUM_THREADS="$THREADS" OPENBLAS_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS"
 
 # ---- ftune -----------------------------------------------------------------
-"$FT" --log-level warn make-model --preset bench --out "$WORK/model" --seed 1 >/dev/null
+if ! "$FT" --log-level warn make-model --preset bench --out "$WORK/model" --seed 1 >"$WORK/make-model.log" 2>&1; then
+  echo "error: ft-train make-model failed; its output:" >&2
+  cat "$WORK/make-model.log" >&2
+  exit 1
+fi
 
 # 48 sequences of exactly SEQ ids in [0, 2048), fixed seed.
 "$PY" - "$WORK/data.jsonl" "$SEQ" <<'EOF'
@@ -94,12 +100,12 @@ TORCH_JSON="$("$PY" "$HERE/torch_lora_step.py" --threads "$THREADS" --steps "$ST
   --skip "$SKIP" --seq "$SEQ" --batch "$BATCH")"
 
 # ---- report ------------------------------------------------------------------
-"$PY" - "$FT_JSON" "$TORCH_JSON" "$THREADS" <<'EOF'
+"$PY" - "$FT_JSON" "$TORCH_JSON" "$THREADS" "${OMP_WAIT_POLICY:-unset}" <<'EOF'
 import json, sys
-ft, pt, threads = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+ft, pt, threads, wait = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
 print(f"config: bench preset (4 layers, hidden 256, intermediate 688, 8 heads / 4 kv, "
       f"vocab 2048), seq 256, batch 4, LoRA r=16 alpha=32 all linears, fp32, AdamW, "
-      f"{threads} threads")
+      f"{threads} threads (OMP_WAIT_POLICY={wait})")
 print(f"torch attention: {pt['attention']}")
 print(f"ftune    median step {ft['median_step_s']:.3f} s  ({ft['tokens_per_s']:.0f} tok/s)"
       f"  [min {ft['min_step_s']:.3f} s over {ft['steps_measured']} steps]")

@@ -82,6 +82,11 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
   }
   FT_ASSIGN_OR_RETURN(tr->plan_, ChooseBatchPlan(spec));
   FT_ASSIGN_OR_RETURN(ModelConfig config, ReadHfConfig(spec.model.path));
+  if (config.sliding_window > 0 && spec.data.seq_len > config.sliding_window) {
+    return Status::Unimplemented(f + ": data.seq_len " + std::to_string(spec.data.seq_len) +
+                                 " exceeds the model's sliding_window " + std::to_string(config.sliding_window) +
+                                 " (sliding-window attention is not implemented); use seq_len <= sliding_window");
+  }
   ModelOptions options;
   options.dtype = spec.model.dtype == "bf16" ? ComputeDType::kBF16 : ComputeDType::kF32;
   options.activation_checkpointing = spec.train.activation_checkpointing != "false";
