@@ -10,8 +10,9 @@
 #   FT_BENCH_STEPS     steps per side; the median is over steps 3..N (default 12)
 #   FT_BENCH_KEEP=1    keep the scratch folder (model, data, job, metrics)
 #   PYTHON             interpreter for the PyTorch side (default /usr/bin/python3)
-#   OMP_WAIT_POLICY    passed through to both sides unchanged (it matters a lot
-#                      here: see bench/README.md); the report shows its value
+#   FT_BENCH_OMP_WAIT_POLICY  OMP_WAIT_POLICY for both sides (default passive;
+#                      "default" leaves it unset, i.e. libgomp's spin-then-sleep).
+#                      It matters a lot on a busy machine: see bench/README.md.
 #
 # See bench/README.md.
 set -euo pipefail
@@ -47,6 +48,16 @@ fi
 # Same thread count for every runtime on both sides: OpenMP, OpenBLAS (the
 # pthreads build is what both ft-train and Debian's torch link), MKL if any.
 export OMP_NUM_THREADS="$THREADS" OPENBLAS_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS"
+# Both sides use libgomp plus OpenBLAS's own pthreads. With libgomp's default
+# (spinning) wait policy, idle OpenMP threads burn the cores the BLAS threads
+# need, and on a loaded machine either side can become 3-10x slower at random;
+# passive waiting makes both sides stable. Same policy for both sides.
+WAIT_POLICY="${FT_BENCH_OMP_WAIT_POLICY:-passive}"
+if [[ "$WAIT_POLICY" == default ]]; then
+  unset OMP_WAIT_POLICY
+else
+  export OMP_WAIT_POLICY="$WAIT_POLICY"
+fi
 
 # ---- ftune -----------------------------------------------------------------
 if ! "$FT" --log-level warn make-model --preset bench --out "$WORK/model" --seed 1 >"$WORK/make-model.log" 2>&1; then
@@ -100,7 +111,7 @@ TORCH_JSON="$("$PY" "$HERE/torch_lora_step.py" --threads "$THREADS" --steps "$ST
   --skip "$SKIP" --seq "$SEQ" --batch "$BATCH")"
 
 # ---- report ------------------------------------------------------------------
-"$PY" - "$FT_JSON" "$TORCH_JSON" "$THREADS" "${OMP_WAIT_POLICY:-unset}" <<'EOF'
+"$PY" - "$FT_JSON" "$TORCH_JSON" "$THREADS" "${OMP_WAIT_POLICY:-unset (libgomp default)}" <<'EOF'
 import json, sys
 ft, pt, threads, wait = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
 print(f"config: bench preset (4 layers, hidden 256, intermediate 688, 8 heads / 4 kv, "

@@ -16,7 +16,7 @@ packages=(
   # wire protocol
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   # state, HTTP, config, logging, CLI
-  libsqlite3-dev sqlite3 libboost-dev libboost-system-dev libspdlog-dev libfmt-dev
+  libssl-dev libsqlite3-dev sqlite3 libboost-dev libboost-system-dev libspdlog-dev libfmt-dev
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
   # engine
   libopenblas-dev libgloo-dev libpcre2-dev

@@ -5,27 +5,23 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "engine/file_util.h"
 #include "engine/safetensors.h"
 
 namespace ft {
 
 namespace fs = std::filesystem;
 
-Status SavePeftAdapter(const std::string& dir, Model& model, const std::string& base_model) {
-  const LoraSpec* spec = model.lora_spec();
-  if (!spec) return Status::FailedPrecondition("model has no LoRA adapters to save");
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return Status::IOError(dir + ": cannot create directory: " + ec.message());
+std::string PeftAdapterConfigJson(const LoraSpec& spec, const std::string& base_model) {
   nlohmann::ordered_json cfg = {
       {"peft_type", "LORA"},
       {"task_type", "CAUSAL_LM"},
       {"base_model_name_or_path", base_model},
-      {"r", spec->r},
-      {"lora_alpha", spec->alpha},
-      {"lora_dropout", spec->dropout},
-      {"target_modules", spec->target_modules},
-      {"use_rslora", spec->rslora},
+      {"r", spec.r},
+      {"lora_alpha", spec.alpha},
+      {"lora_dropout", spec.dropout},
+      {"target_modules", spec.target_modules},
+      {"use_rslora", spec.rslora},
       {"bias", "none"},
       {"fan_in_fan_out", false},
       {"inference_mode", true},
@@ -35,16 +31,19 @@ Status SavePeftAdapter(const std::string& dir, Model& model, const std::string& 
       {"layers_pattern", nullptr},
       {"revision", nullptr},
   };
-  const std::string cfg_path = (fs::path(dir) / "adapter_config.json").string();
-  {
-    std::ofstream out(cfg_path, std::ios::binary | std::ios::trunc);
-    out << cfg.dump(2) << "\n";
-    out.flush();
-    if (!out) return Status::IOError(cfg_path + ": write failed");
-  }
+  return cfg.dump(2) + "\n";
+}
+
+Status SavePeftAdapter(const std::string& dir, Model& model, const std::string& base_model) {
+  const LoraSpec* spec = model.lora_spec();
+  if (!spec) return Status::FailedPrecondition("model has no LoRA adapters to save");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return Status::IOError(dir + ": cannot create directory: " + ec.message());
+  FT_RETURN_IF_ERROR(
+      WriteFileDurably((fs::path(dir) / "adapter_config.json").string(), PeftAdapterConfigJson(*spec, base_model)));
   std::vector<TensorToWrite> tensors;
-  for (const TrainableParam& p : model.TrainableParams())
-    tensors.push_back({p.name, p.shape, p.data, DType::kF32});
+  for (const TrainableParam& p : model.TrainableParams()) tensors.push_back({p.name, p.shape, p.data, DType::kF32});
   return WriteSafetensors((fs::path(dir) / "adapter_model.safetensors").string(), std::move(tensors),
                           {{"format", "pt"}}, /*sync=*/true);
 }

@@ -15,6 +15,9 @@ namespace ft {
 // `base_model` is recorded as base_model_name_or_path.
 Status SavePeftAdapter(const std::string& dir, Model& model, const std::string& base_model);
 
+// adapter_config.json text for `spec` (PEFT's LoraConfig fields).
+std::string PeftAdapterConfigJson(const LoraSpec& spec, const std::string& base_model);
+
 // Reads adapter_config.json of `dir` into a LoraSpec (r, lora_alpha,
 // lora_dropout, use_rslora, target_modules).
 StatusOr<LoraSpec> ReadPeftAdapterConfig(const std::string& dir);

@@ -6,8 +6,13 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
+#include <unistd.h>
+#include <cstring>
+#include <algorithm>
 
 #include "common/logging.h"
+#include "engine/file_util.h"
 #include "engine/hf_model.h"
 #include "engine/peft_adapter.h"
 #include "kernels/cpu/ops.h"
@@ -123,7 +128,8 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
   return tr;
 }
 
-Status Trainer::Step(StepMetrics* m) {
+Status Trainer::Step(StepMetrics* m, bool* interrupted) {
+  if (interrupted) *interrupted = false;
   const auto start = std::chrono::steady_clock::now();
   const int64_t global = spec_.train.global_batch_size;
   const bool shuffle = spec_.data.shuffle;
@@ -134,10 +140,25 @@ Status Trainer::Step(StepMetrics* m) {
   double loss_sum = 0;
   const float grad_scale = static_cast<float>(1.0 / static_cast<double>(tokens));
   for (int64_t a = 0; a < plan_.accumulation; ++a) {
+    if (a > 0 && control_ && interrupted) {
+      // A stop request mid-accumulation: finish the step only if the deadline allows.
+      if (auto req = control_->Pending(); req && req->stop) {
+        const double left = std::chrono::duration<double>(req->deadline - std::chrono::steady_clock::now()).count();
+        const double need = static_cast<double>(plan_.accumulation - a) * micro_seconds_ +
+                            (writer_ ? writer_->last_seconds() : 0.0);
+        if (need > left) {
+          *interrupted = true;  // nothing was applied: the state is still at the last step boundary
+          return Status::OK();
+        }
+      }
+    }
+    const auto micro_start = std::chrono::steady_clock::now();
     const int64_t first = cursor_ + a * plan_.micro_batch;
     model_->set_dropout_key(static_cast<uint64_t>(first));
     MicroBatch mb = data_->MakeBatch(first, plan_.micro_batch, shuffle, seed);
     loss_sum += model_->ForwardBackward(mb, grad_scale).loss_sum;
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - micro_start).count();
+    micro_seconds_ = micro_seconds_ == 0 ? t : 0.8 * micro_seconds_ + 0.2 * t;
   }
   const int64_t update = optimizer_->step();
   if (grad_hook_) grad_hook_(update + 1);
@@ -146,6 +167,7 @@ Status Trainer::Step(StepMetrics* m) {
   const double norm = optimizer_->GradNorm();
   optimizer_->ClipAndStep(norm, lr);
   cursor_ += global;
+  tokens_seen_ += tokens;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   *m = StepMetrics{update + 1, loss_sum / static_cast<double>(tokens),
                    lr,         norm,
@@ -154,18 +176,215 @@ Status Trainer::Step(StepMetrics* m) {
   return Status::OK();
 }
 
-Status Trainer::Run() {
+std::map<std::string, std::string> JobMathKeys(const JobSpec& spec) {
+  auto num = [](double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.17g", v);
+    return std::string(buf);
+  };
+  std::string targets;
+  std::vector<std::string> sorted = spec.adapter.target_modules;
+  std::sort(sorted.begin(), sorted.end());
+  for (const auto& t : sorted) targets += (targets.empty() ? "" : ",") + t;
+  std::error_code ec;
+  const auto data_bytes = fs::file_size(spec.data.train, ec);
+  const bool lora = spec.adapter.type == "lora";
+  std::map<std::string, std::string> m = {
+      {"model.path", spec.model.path},
+      {"model.quantization", spec.model.quantization},
+      {"model.dtype", spec.model.dtype},
+      {"adapter.type", spec.adapter.type},
+      {"data.train", spec.data.train},
+      {"data.train (size in bytes)", ec ? "?" : std::to_string(data_bytes)},
+      {"data.format", spec.data.format},
+      {"data.seq_len", std::to_string(spec.data.seq_len)},
+      {"data.packing", spec.data.packing ? "true" : "false"},
+      {"data.shuffle", spec.data.shuffle ? "true" : "false"},
+      {"train.global_batch_size", std::to_string(spec.train.global_batch_size)},
+      {"train.lr", num(spec.train.lr)},
+      {"train.lr_schedule", spec.train.lr_schedule},
+      {"train.warmup_steps", std::to_string(spec.train.warmup_steps)},
+      {"train.weight_decay", num(spec.train.weight_decay)},
+      {"train.max_grad_norm", num(spec.train.max_grad_norm)},
+      {"train.adam_beta1", num(spec.train.adam_beta1)},
+      {"train.adam_beta2", num(spec.train.adam_beta2)},
+      {"train.adam_eps", num(spec.train.adam_eps)},
+      {"train.seed", std::to_string(spec.train.seed)},
+      {"train.attention", spec.train.attention},
+  };
+  if (spec.model.quantization == "nf4") m["model.double_quant"] = spec.model.double_quant ? "true" : "false";
+  if (lora) {
+    m["adapter.r"] = std::to_string(spec.adapter.r);
+    m["adapter.alpha"] = num(spec.adapter.alpha);
+    m["adapter.dropout"] = num(spec.adapter.dropout);
+    m["adapter.rslora"] = spec.adapter.rslora ? "true" : "false";
+    m["adapter.target_modules"] = targets;
+    m["adapter.init"] = spec.adapter.init;
+  }
+  return m;
+}
+
+std::string Trainer::checkpoint_root() const { return (fs::path(spec_.output.dir) / "checkpoints").string(); }
+
+CheckpointContents Trainer::Capture(const std::string& reason) {
+  CheckpointContents c;
+  TrainerState& st = c.state;
+  st.step = optimizer_->step();
+  st.cursor = cursor_;
+  st.tokens_seen = tokens_seen_;
+  st.micro_batch = plan_.micro_batch;
+  st.accumulation = plan_.accumulation;
+  st.world = plan_.world;
+  st.job_math = JobMathKeys(spec_);
+  std::string canonical;
+  for (const auto& [k, v] : st.job_math) canonical += k + "=" + v + "\n";
+  st.job_hash = Sha256Hex(canonical);
+  st.last_checkpoint_seconds = writer_ ? writer_->last_seconds() : 0.0;
+  st.reason = reason;
+  const auto& params = optimizer_->params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const TrainableParam& p = params[i];
+    c.model.push_back({p.name, p.shape, std::vector<float>(p.data, p.data + p.numel)});
+    const float* m = optimizer_->exp_avg()[i].data();
+    const float* v = optimizer_->exp_avg_sq()[i].data();
+    c.optimizer.push_back({p.name + ".exp_avg", p.shape, std::vector<float>(m, m + p.numel)});
+    c.optimizer.push_back({p.name + ".exp_avg_sq", p.shape, std::vector<float>(v, v + p.numel)});
+  }
+  if (model_->full_training()) {
+    c.model_config_json = HfConfigJson(model_->config());
+  } else {
+    c.adapter_config_json = PeftAdapterConfigJson(*model_->lora_spec(), spec_.model.path);
+  }
+  return c;
+}
+
+Status Trainer::Restore(const CheckpointContents& c, const std::string& from) {
+  const std::map<std::string, std::string> now = JobMathKeys(spec_);
+  for (const auto& [key, saved] : c.state.job_math) {
+    auto it = now.find(key);
+    const std::string current = it == now.end() ? "(unset)" : it->second;
+    if (current != saved) {
+      return Status::InvalidArgument(spec_.file + ": " + key + " is '" + current + "' but checkpoint " + from +
+                                     " was trained with '" + saved +
+                                     "'; changing it would change the training math. Restore the old value, or "
+                                     "start a new run with another output.dir");
+    }
+  }
+  const auto& params = optimizer_->params();
+  std::map<std::string, const HostTensor*> by_name;
+  for (const HostTensor& t : c.model) by_name[t.name] = &t;
+  for (const HostTensor& t : c.optimizer) by_name[t.name] = &t;
+  auto copy_into = [&](const std::string& name, const std::vector<int64_t>& shape, float* dst, int64_t n) -> Status {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) return Status::Corruption(from + ": tensor '" + name + "' missing");
+    if (it->second->shape != shape) return Status::Corruption(from + ": tensor '" + name + "' has the wrong shape");
+    std::memcpy(dst, it->second->data.data(), sizeof(float) * static_cast<size_t>(n));
+    return Status::OK();
+  };
+  for (size_t i = 0; i < params.size(); ++i) {
+    const TrainableParam& p = params[i];
+    FT_RETURN_IF_ERROR(copy_into(p.name, p.shape, p.data, p.numel));
+    FT_RETURN_IF_ERROR(copy_into(p.name + ".exp_avg", p.shape, optimizer_->exp_avg()[i].data(), p.numel));
+    FT_RETURN_IF_ERROR(copy_into(p.name + ".exp_avg_sq", p.shape, optimizer_->exp_avg_sq()[i].data(), p.numel));
+  }
+  optimizer_->set_step(c.state.step);
+  cursor_ = c.state.cursor;
+  tokens_seen_ = c.state.tokens_seen;
+  if (c.state.micro_batch != plan_.micro_batch || c.state.accumulation != plan_.accumulation) {
+    FT_LOG(INFO) << "batch plan changed from micro-batch " << c.state.micro_batch << " x " << c.state.accumulation
+                 << " to " << plan_.micro_batch << " x " << plan_.accumulation << " (same global batch: same math)";
+  }
+  return Status::OK();
+}
+
+Status Trainer::ResumeIfPossible(const std::string& resume_dir) {
+  std::string dir = resume_dir;
+  if (dir.empty()) {
+    std::vector<std::string> skipped;
+    auto newest = FindNewestValidCheckpoint(checkpoint_root(), &skipped);
+    for (const std::string& why : skipped) {
+      FT_LOG(ERROR) << "DAMAGED CHECKPOINT, falling back to an older one: " << why;
+      std::fprintf(stderr, "ft-train: WARNING: damaged checkpoint skipped: %s\n", why.c_str());
+    }
+    if (!newest.ok()) {
+      if (!skipped.empty()) {
+        std::fprintf(stderr, "ft-train: WARNING: no valid checkpoint left; starting from step 0\n");
+      }
+      return Status::OK();
+    }
+    dir = newest->dir;
+  }
+  FT_ASSIGN_OR_RETURN(CheckpointContents c, ReadCheckpoint(dir));
+  FT_RETURN_IF_ERROR(Restore(c, dir));
+  FT_LOG(INFO) << "resumed from " << dir << " (step " << c.state.step << ", " << c.state.cursor
+               << " sequences consumed)";
+  std::fprintf(stderr, "ft-train: resumed from %s at step %lld\n", dir.c_str(),
+               static_cast<long long>(c.state.step));
+  return Status::OK();
+}
+
+Status Trainer::OpenMetrics() {
+  // Keep the lines of steps the restored state includes; drop what a killed run logged past it.
+  const std::string path = (fs::path(spec_.output.dir) / "metrics.jsonl").string();
+  std::string kept;
+  if (auto old = ReadFileToString(path); old.ok()) {
+    std::istringstream in(*old);
+    for (std::string line; std::getline(in, line);) {
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.value("step", int64_t{-1}) <= steps_done()) kept += line + "\n";
+    }
+  }
+  FT_RETURN_IF_ERROR(WriteFileDurably(path, kept));
+  metrics_.open(path, std::ios::app);
+  if (!metrics_) return Status::IOError(path + ": cannot write metrics");
+  return Status::OK();
+}
+
+Status Trainer::CheckpointNow(const std::string& reason, bool wait) {
+  if (!writer_) writer_ = std::make_unique<CheckpointWriter>(checkpoint_root());
+  FT_RETURN_IF_ERROR(writer_->Submit(Capture(reason), spec_.checkpoint.keep));
+  if (!wait) return Status::OK();
+  FT_RETURN_IF_ERROR(writer_->Wait());
+  nlohmann::json j = {{"event", "checkpoint"},
+                      {"step", steps_done()},
+                      {"reason", reason},
+                      {"checkpoint_seconds", writer_->last_seconds()}};
+  metrics_ << j.dump() << "\n";
+  metrics_.flush();
+  return Status::OK();
+}
+
+StatusOr<RunOutcome> Trainer::Run(const std::string& resume_dir) {
   std::error_code ec;
   fs::create_directories(spec_.output.dir, ec);
   if (ec) return Status::IOError(spec_.output.dir + ": cannot create output.dir: " + ec.message());
-  const std::string metrics_path = (fs::path(spec_.output.dir) / "metrics.jsonl").string();
-  std::ofstream metrics(metrics_path, std::ios::trunc);
-  if (!metrics) return Status::IOError(metrics_path + ": cannot write metrics");
-  FT_LOG(INFO) << "training " << spec_.model.path << ": " << total_steps_ << " steps, micro-batch "
-               << plan_.micro_batch << " x accumulation " << plan_.accumulation << " x world " << plan_.world;
+  FT_RETURN_IF_ERROR(ResumeIfPossible(resume_dir));
+  FT_RETURN_IF_ERROR(OpenMetrics());
+  FT_LOG(INFO) << "training " << spec_.model.path << ": steps " << steps_done() + 1 << ".." << total_steps_
+               << ", micro-batch " << plan_.micro_batch << " x accumulation " << plan_.accumulation << " x world "
+               << plan_.world;
+  auto last_checkpoint = std::chrono::steady_clock::now();
   while (steps_done() < total_steps_) {
+    if (control_) {
+      if (auto req = control_->Pending()) {
+        FT_RETURN_IF_ERROR(CheckpointNow(req->reason, /*wait=*/true));
+        last_checkpoint = std::chrono::steady_clock::now();
+        control_->Clear();
+        if (req->stop) {
+          nlohmann::json j = {{"event", "preempted"}, {"step", steps_done()}, {"reason", req->reason}};
+          metrics_ << j.dump() << "\n";
+          metrics_.flush();
+          std::fprintf(stderr, "ft-train: stopped after checkpoint at step %lld (%s)\n",
+                       static_cast<long long>(steps_done()), req->reason.c_str());
+          return RunOutcome::kPreempted;
+        }
+        continue;
+      }
+    }
     StepMetrics m;
-    FT_RETURN_IF_ERROR(Step(&m));
+    bool interrupted = false;
+    FT_RETURN_IF_ERROR(Step(&m, &interrupted));
+    if (interrupted) continue;  // the stop request is handled at the top of the loop
     nlohmann::json j = {{"step", m.step},
                         {"loss", m.loss},
                         {"lr", m.lr},
@@ -174,26 +393,53 @@ Status Trainer::Run() {
                         {"tokens_per_s", m.tokens_per_s},
                         {"step_seconds", m.step_seconds},
                         {"peak_bytes", m.peak_bytes}};
-    metrics << j.dump() << "\n";
-    metrics.flush();
-    if (!metrics) return Status::IOError(metrics_path + ": write failed");
+    if (writer_ && writer_->last_seconds() > 0) j["checkpoint_seconds"] = writer_->last_seconds();
+    metrics_ << j.dump() << "\n";
+    metrics_.flush();
+    if (!metrics_) return Status::IOError(spec_.output.dir + "/metrics.jsonl: write failed");
     std::fprintf(stderr,
-                 "step %" PRId64 "/%" PRId64
-                 "  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tok/s  peak %.1f MiB\n",
+                 "step %" PRId64 "/%" PRId64 "  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tok/s  peak %.1f MiB\n",
                  m.step, total_steps_, m.loss, m.lr, m.grad_norm, m.tokens_per_s,
                  static_cast<double>(m.peak_bytes) / (1 << 20));
+    const bool by_steps = spec_.checkpoint.every_steps > 0 && m.step % spec_.checkpoint.every_steps == 0;
+    const double minutes =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - last_checkpoint).count() / 60.0;
+    const bool by_time = spec_.checkpoint.every_minutes > 0 && minutes >= spec_.checkpoint.every_minutes;
+    if ((by_steps || by_time) && m.step < total_steps_) {
+      FT_RETURN_IF_ERROR(CheckpointNow(by_steps ? "every_steps" : "every_minutes", /*wait=*/false));
+      last_checkpoint = std::chrono::steady_clock::now();
+    }
   }
-  return WriteOutputs();
+  if (ListCheckpoints(checkpoint_root()).empty() || ListCheckpoints(checkpoint_root()).front().step < steps_done()) {
+    FT_RETURN_IF_ERROR(CheckpointNow("final", /*wait=*/true));
+  } else if (writer_) {
+    FT_RETURN_IF_ERROR(writer_->Wait());
+  }
+  FT_RETURN_IF_ERROR(WriteOutputs());
+  return RunOutcome::kFinished;
 }
+
+namespace {
+// Writes into <final>.tmp.<pid> with `write`, then swaps it into place.
+Status WriteDirAtomically(const fs::path& final_dir, const std::function<Status(const std::string&)>& write) {
+  std::error_code ec;
+  const fs::path tmp = final_dir.string() + ".tmp." + std::to_string(::getpid());
+  fs::remove_all(tmp, ec);
+  FT_RETURN_IF_ERROR(write(tmp.string()));
+  FT_RETURN_IF_ERROR(SyncDirectory(tmp.string()));
+  fs::remove_all(final_dir, ec);
+  return RenameDurably(tmp.string(), final_dir.string());
+}
+}  // namespace
 
 Status Trainer::WriteOutputs() {
   const fs::path out(spec_.output.dir);
   if (model_->full_training()) {
     DType dtype = model_->config().torch_dtype == "bfloat16" ? DType::kBF16 : DType::kF32;
-    FT_RETURN_IF_ERROR(SaveHfModel((out / "model").string(), *model_, dtype));
-    return Status::OK();
+    return WriteDirAtomically(out / "model", [&](const std::string& d) { return SaveHfModel(d, *model_, dtype); });
   }
-  FT_RETURN_IF_ERROR(SavePeftAdapter((out / "adapter").string(), *model_, spec_.model.path));
+  FT_RETURN_IF_ERROR(WriteDirAtomically(
+      out / "adapter", [&](const std::string& d) { return SavePeftAdapter(d, *model_, spec_.model.path); }));
   if (spec_.output.merge) {
     // Merge into a copy so the training model keeps its adapters.
     Model merged(model_->config(), model_->options());
@@ -201,7 +447,8 @@ Status Trainer::WriteOutputs() {
     FT_RETURN_IF_ERROR(merged.EnableLora(*model_->lora_spec()));
     FT_RETURN_IF_ERROR(LoadPeftAdapter((out / "adapter").string(), &merged));
     merged.MergeLora();
-    FT_RETURN_IF_ERROR(SaveHfModel((out / "merged").string(), merged, DType::kF32));
+    FT_RETURN_IF_ERROR(WriteDirAtomically(out / "merged",
+                                          [&](const std::string& d) { return SaveHfModel(d, merged, DType::kF32); }));
   }
   return Status::OK();
 }

@@ -7,15 +7,19 @@
 #pragma once
 
 #include <cstdint>
+#include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
 #include "common/status.h"
+#include "engine/checkpoint.h"
 #include "engine/job_spec.h"
 #include "engine/model.h"
 #include "engine/optimizer.h"
 #include "engine/token_data.h"
+#include "engine/train_control.h"
 
 namespace ft {
 
@@ -36,20 +40,46 @@ struct BatchPlan {
   int64_t world = 1;
 };
 
+// How Run() ended (besides failing).
+enum class RunOutcome {
+  kFinished,   // all steps done, outputs written
+  kPreempted,  // a stop request: state checkpointed, process should exit "preempted"
+};
+
+// ft-train's exit codes, read by the worker.
+constexpr int kExitFinished = 0;
+constexpr int kExitFailed = 1;
+constexpr int kExitBadInput = 2;
+constexpr int kExitPreempted = 3;
+
 class Trainer {
  public:
   // Loads the model, data and optional init adapter named by `spec`.
   // Every error names the file and field at fault.
   static StatusOr<std::unique_ptr<Trainer>> Create(const JobSpec& spec);
 
-  // Runs one optimizer step.
-  Status Step(StepMetrics* metrics);
-  // Runs all remaining steps, writing <output.dir>/metrics.jsonl and a
-  // progress line per step on stderr, then the final outputs (adapter/,
-  // model/ for full fine-tunes, merged/ when output.merge).
-  Status Run();
-  // Writes the final outputs only.
+  // Runs one optimizer step. When `control` has a stop request whose deadline
+  // does not leave time to finish this step's accumulation, the step is
+  // abandoned (nothing changes) and *interrupted is set.
+  Status Step(StepMetrics* metrics, bool* interrupted = nullptr);
+  // Resumes from the newest valid checkpoint under <output.dir>/checkpoints
+  // (or `resume_dir` when set), runs the remaining steps with checkpoints at
+  // the job's cadence and on requests, writes <output.dir>/metrics.jsonl and a
+  // progress line per step on stderr, then a final checkpoint and the outputs
+  // (adapter/, model/ for full fine-tunes, merged/ when output.merge).
+  StatusOr<RunOutcome> Run(const std::string& resume_dir = "");
+  // Writes the final outputs only (each directory atomically).
   Status WriteOutputs();
+
+  // Checkpoint state: host copies of everything resume needs, and back.
+  CheckpointContents Capture(const std::string& reason);
+  // Restores a checkpoint. InvalidArgument naming the job key when the
+  // checkpoint was made with different training math.
+  Status Restore(const CheckpointContents& c, const std::string& from);
+
+  // Where stop/checkpoint requests come from (not owned; may be null).
+  void set_control(TrainControl* control) { control_ = control; }
+  std::string checkpoint_root() const;
 
   // Called in Step() after the gradients of the global batch are complete and
   // before clipping and the update (tests compare gradients with a reference).
@@ -70,12 +100,25 @@ class Trainer {
   std::unique_ptr<TokenDataset> data_;
   BatchPlan plan_;
   int64_t total_steps_ = 0;
-  int64_t cursor_ = 0;  // sequences consumed
+  Status ResumeIfPossible(const std::string& resume_dir);
+  Status CheckpointNow(const std::string& reason, bool wait);
+  Status OpenMetrics();
+
+  int64_t cursor_ = 0;       // sequences consumed
+  int64_t tokens_seen_ = 0;  // target tokens trained on
+  double micro_seconds_ = 0; // measured time of one micro-batch (moving average)
   std::function<void(int64_t)> grad_hook_;
+  TrainControl* control_ = nullptr;
+  std::unique_ptr<CheckpointWriter> writer_;
+  std::ofstream metrics_;
 };
 
 // Chooses micro-batch and accumulation for `spec` (micro × accumulation ×
 // world = global_batch_size exactly). InvalidArgument when impossible.
 StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec);
+
+// The job keys that define the training math, with their values; a resume
+// refuses a checkpoint whose values differ (naming the key).
+std::map<std::string, std::string> JobMathKeys(const JobSpec& spec);
 
 }  // namespace ft

@@ -1,7 +1,6 @@
 // SwiGLU as in HF's LlamaMLP: h = silu(gate) * up, silu(g) = g * sigmoid(g).
-#include <cmath>
-
 #include "common/status.h"
+#include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/ops.h"
 
 namespace ft::cpu {
@@ -10,9 +9,10 @@ namespace {
 // Below this many elements a thread team costs more than it saves.
 [[maybe_unused]] constexpr int64_t kParallelMin = 1 << 15;
 
+// FastExp so the loops vectorise; exp overflow gives exactly 0, no NaN.
 template <typename T>
 T Sigmoid(T x) {
-  return T(1) / (T(1) + std::exp(-x));  // exp overflow gives exactly 0, no NaN
+  return T(1) / (T(1) + internal::FastExp(-x));
 }
 
 }  // namespace

@@ -13,23 +13,27 @@
 //   dS = P ∘ (dout Vᵀ - D),  dQ += scale dS K,  dK += scale dSᵀ Q,  dV += Pᵀ dout.
 //
 // The tile products are Gemm calls on strided views of the [rows, heads * hd]
-// tensors (no copies). Parallelism: the forward over (batch, query head), the
-// backward over (batch, kv head) with that kv head's query heads looped in
-// order inside, so dK and dV accumulate in a fixed order. Each task runs the
-// same sequence of operations whichever thread takes it, so nothing depends
-// on the thread count.
+// tensors (no copies); exp is internal::FastExp (fast_math.h), which
+// vectorises. AttentionForwardNaive, the reference, uses std::exp.
+//
+// Parallelism: the forward over (batch, query head), the backward over (batch,
+// kv head) with that kv head's query heads looped in order inside, so dK and
+// dV accumulate in a fixed order. Each task runs the same operations whichever
+// thread takes it, so nothing depends on the thread count.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "common/status.h"
+#include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/ops.h"
 
 namespace ft::cpu {
 namespace {
 
-// Small enough that each tile product stays single-threaded inside BLAS.
+// Tiles of 32 queries x 64 keys: products big enough for BLAS to run well,
+// scores small enough (8 KiB of floats) to stay in L1.
 constexpr int64_t kQueryTile = 32;
 constexpr int64_t kKeyTile = 64;
 
@@ -67,9 +71,12 @@ void TileScores(const Tile& t, HeadView<const T> q, HeadView<const T> k, int64_t
   Gemm<T>(false, true, t.rows, t.cols, hd, scale, q.Row(t.i0), q.ld, k.Row(t.j0), k.ld, T(0), S, t.cols);
   for (int64_t r = 0; r < t.rows; ++r) {
     const int64_t i = t.i0 + r;
-    for (int64_t c = 0; c < t.cols; ++c) {
-      const int64_t j = t.j0 + c;
-      if (j > i || (seg != nullptr && seg[j] != seg[i])) S[r * t.cols + c] = kNegInf<T>;
+    T* row = S + r * t.cols;
+    const int64_t causal_end = std::clamp<int64_t>(i - t.j0 + 1, 0, t.cols);  // keys j <= i
+    std::fill(row + causal_end, row + t.cols, kNegInf<T>);
+    if (seg == nullptr) continue;
+    for (int64_t c = 0; c < causal_end; ++c) {
+      if (seg[t.j0 + c] != seg[i]) row[c] = kNegInf<T>;
     }
   }
 }
@@ -78,21 +85,19 @@ void TileScores(const Tile& t, HeadView<const T> q, HeadView<const T> k, int64_t
 // and turns s into the probabilities exp(s - m_new) that acc must still add.
 template <typename T>
 void OnlineSoftmaxRow(T* s, int64_t n, int64_t hd, T& m, T& l, T* acc) {
-  const T new_m = std::max(m, *std::max_element(s, s + n));
+  const T new_m = std::max(m, internal::Max(s, n));
   if (new_m == kNegInf<T>) {  // no visible key so far: nothing to add
     std::fill(s, s + n, T(0));
     return;
   }
   if (new_m != m) {
-    const T correction = std::exp(m - new_m);  // 0 on the first visible tile (m = -inf)
+    const T correction = internal::FastExp(m - new_m);  // 0 on the first visible tile (m = -inf)
     l *= correction;
     for (int64_t d = 0; d < hd; ++d) acc[d] *= correction;
     m = new_m;
   }
-  for (int64_t c = 0; c < n; ++c) {
-    s[c] = std::exp(s[c] - m);  // masked: exp(-inf) = 0
-    l += s[c];
-  }
+  internal::ExpShiftedInPlace(s, n, m);  // masked: exp(-inf) = 0
+  l += internal::LaneSum<T>(s, n);
 }
 
 template <typename T>
@@ -109,8 +114,9 @@ void FlashForwardHead(const AttentionShape& s, HeadView<const T> q, HeadView<con
     for (int64_t j0 = 0; j0 < i0 + rows; j0 += kKeyTile) {
       const Tile t{i0, rows, j0, std::min(kKeyTile, i0 + rows - j0)};
       TileScores(t, q, k, hd, static_cast<T>(s.scale), seg, S.data());
-      for (int64_t r = 0; r < rows; ++r)
+      for (int64_t r = 0; r < rows; ++r) {
         OnlineSoftmaxRow(&S[r * t.cols], t.cols, hd, m[r], l[r], &acc[r * hd]);
+      }
       Gemm<T>(false, false, rows, hd, t.cols, T(1), S.data(), t.cols, v.Row(j0), v.ld, T(1), acc.data(), hd);
     }
     for (int64_t r = 0; r < rows; ++r) {
@@ -173,12 +179,14 @@ template <typename T>
 void TileProbabilitiesAndScoreGrad(const Tile& t, const T* lse, const T* delta, T scale, T* P, T* dS) {
   for (int64_t r = 0; r < t.rows; ++r) {
     const int64_t i = t.i0 + r;
-    for (int64_t c = 0; c < t.cols; ++c) {
-      T& p = P[r * t.cols + c];
-      // A row that saw no key has lse = -inf; its scores are all -inf too.
-      p = lse[i] == kNegInf<T> ? T(0) : std::exp(p - lse[i]);
-      dS[r * t.cols + c] = scale * p * (dS[r * t.cols + c] - delta[i]);
+    T* p = &P[r * t.cols];
+    T* ds = &dS[r * t.cols];
+    if (lse[i] == kNegInf<T>) {
+      std::fill(p, p + t.cols, T(0));  // the row saw no key (its scores are all -inf)
+    } else {
+      internal::ExpShiftedInPlace(p, t.cols, lse[i]);
     }
+    for (int64_t c = 0; c < t.cols; ++c) ds[c] = scale * p[c] * (ds[c] - delta[i]);
   }
 }
 
@@ -200,9 +208,9 @@ void FlashBackwardHead(const AttentionShape& s, const BackwardHead<T>& h) {
     for (int64_t j0 = 0; j0 < i0 + rows; j0 += kKeyTile) {
       const Tile t{i0, rows, j0, std::min(kKeyTile, i0 + rows - j0)};
       TileScores(t, h.q, h.k, hd, scale, h.seg, P.data());
+      // dP = dout_tile V_tileᵀ, into dS's buffer.
       Gemm<T>(false, true, rows, t.cols, hd, T(1), h.dout.Row(i0), h.dout.ld, h.v.Row(j0), h.v.ld, T(0),
-              dS.data(),
-              t.cols);  // dP
+              dS.data(), t.cols);
       TileProbabilitiesAndScoreGrad(t, h.lse, delta.data(), scale, P.data(), dS.data());
       // dQ_tile += dS K_tile;  dK_tile += dSᵀ Q_tile;  dV_tile += Pᵀ dout_tile.
       Gemm<T>(false, false, rows, hd, t.cols, T(1), dS.data(), t.cols, h.k.Row(j0), h.k.ld, T(1),

@@ -2,14 +2,14 @@
 # Configures, builds and tests an engine-only, CPU-only tree (-DFT_ENGINE_ONLY=ON
 # -DFT_CUDA=OFF) with every package outside the engine's needs hidden from
 # CMake: no gRPC, protobuf, SQLite, Boost, CLI11, spdlog, yaml-cpp, nlohmann-json,
-# OpenBLAS, and GoogleTest only from its source tree. This is what a GPU
+# OpenBLAS, OpenSSL, and GoogleTest only from its source tree. This is what a GPU
 # machine without our Debian libraries does (docs/BUILDING.md).
 # Usage: engine-only.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
 src=$1
 build=$2
 hide=()
-for pkg in gRPC Protobuf SQLite3 Boost CLI11 spdlog yaml-cpp nlohmann_json BLAS GTest; do
+for pkg in gRPC Protobuf SQLite3 Boost CLI11 spdlog yaml-cpp nlohmann_json BLAS OpenSSL GTest; do
   hide+=("-DCMAKE_DISABLE_FIND_PACKAGE_${pkg}=ON")
 done
 cmake -S "$src" -B "$build" -G Ninja -DFT_ENGINE_ONLY=ON -DFT_CUDA=OFF \

@@ -66,8 +66,15 @@ TEST_F(FtTrainCliTest, TrainsWithFallingLossAndWritesPeftAdapterAndMergedModel) 
   // metrics.jsonl: one object per optimizer step with the promised fields.
   std::ifstream metrics(dir_ + "/out/metrics.jsonl");
   std::vector<nlohmann::json> steps;
-  for (std::string line; std::getline(metrics, line);) steps.push_back(nlohmann::json::parse(line));
+  std::vector<nlohmann::json> events;
+  for (std::string line; std::getline(metrics, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    (j.contains("event") ? events : steps).push_back(j);
+  }
   ASSERT_EQ(steps.size(), 30u);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0]["event"], "checkpoint");
+  EXPECT_EQ(events[0]["reason"], "final");
   for (size_t i = 0; i < steps.size(); ++i) {
     EXPECT_EQ(steps[i]["step"].get<int64_t>(), static_cast<int64_t>(i + 1));
     for (const char* key : {"loss", "lr", "grad_norm", "tokens_per_s", "peak_bytes"}) {

@@ -32,7 +32,8 @@ struct Outputs {
 
 template <typename T>
 void RunDense(Outputs<T>& o) {
-  const int64_t M = 150, N = 300, K = 170, rows = 96, D = 600;
+  // Several blocks of C in each direction (Gemm splits C into fixed blocks).
+  const int64_t M = 600, N = 1100, K = 130, rows = 96, D = 600;
   const auto A = Random<T>(M * K, 1), B = Random<T>(K * N, 2);
   std::vector<T> C(M * N);
   Gemm<T>(false, true, M, N, K, T(1), A.data(), K, B.data(), K, T(0), C.data(), N);  // B read as [N, K]

@@ -68,8 +68,11 @@ TYPED_TEST_SUITE(CpuGemm, ScalarTypes);
 TYPED_TEST(CpuGemm, AllTransposesMatchTripleLoop) {
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
-      for (auto [M, N, K] :
-           {std::tuple<int64_t, int64_t, int64_t>{5, 7, 3}, {1, 9, 4}, {37, 70, 129}, {65, 131, 260}}) {
+      for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{5, 7, 3},
+                             {1, 9, 4},
+                             {37, 70, 129},
+                             {65, 131, 260},
+                             {300, 530, 17}}) {  // several BLAS blocks of C
         for (auto [alpha, beta] :
              {std::pair<double, double>{1.0, 0.0}, {1.0, 1.0}, {0.5, 0.0}, {-2.0, 1.0}}) {
           CheckGemm<TypeParam>({ta, tb, M, N, K, alpha, beta}, this->kTol);

@@ -1,0 +1,119 @@
+// Checkpoints: the unit of resumability (shared/DESIGN.md "Checkpoints").
+//
+// A checkpoint is <root>/step-00001234/ holding
+//   adapter_model.safetensors + adapter_config.json   (LoRA; loadable by PEFT)
+//   model.safetensors + config.json                   (full fine-tunes)
+//   optimizer.safetensors                             (Adam moments, "<param>.exp_avg[_sq]")
+//   trainer_state.json                                (step, cursor, tokens, plan, job math, ...)
+//   MANIFEST.json                                     (size + SHA-256 of every file; written last)
+// It is written under a temporary name (.tmp-step-…), every file and the
+// directory fsynced, then renamed into place; only a directory whose manifest
+// verifies counts. Writing happens from host copies (CheckpointContents), so a
+// background thread can write while training continues.
+//
+// Thread safety: the free functions are thread-compatible; CheckpointWriter
+// is used from one trainer thread (its worker thread is internal).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+
+namespace ft {
+
+struct HostTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+
+// The non-tensor state of a run (trainer_state.json).
+struct TrainerState {
+  int64_t step = 0;         // optimizer steps completed
+  int64_t cursor = 0;       // sequences consumed: the data position
+  int64_t tokens_seen = 0;  // target tokens trained on
+  int64_t micro_batch = 0;  // the plan that produced this state (informative)
+  int64_t accumulation = 0;
+  int64_t world = 1;
+  double loss_scale = 1.0;  // dynamic loss scale (fp16); 1 otherwise
+  std::string job_hash;     // SHA-256 of the job's math keys
+  std::map<std::string, std::string> job_math;  // key -> value of every key that defines the math
+  double last_checkpoint_seconds = 0;            // measured write time of the previous checkpoint
+  std::string reason;                            // "every_steps", "every_minutes", "signal", "final", ...
+};
+
+struct CheckpointContents {
+  TrainerState state;
+  std::vector<HostTensor> model;      // adapter (PEFT keys) or full weights (HF names)
+  std::vector<HostTensor> optimizer;  // "<param>.exp_avg", "<param>.exp_avg_sq"
+  std::string adapter_config_json;    // LoRA: adapter_config.json text
+  std::string model_config_json;      // full: config.json text
+};
+
+// "step-00001234".
+std::string CheckpointName(int64_t step);
+
+// Writes `c` as <root>/step-N atomically (see above). Replaces an existing
+// step-N only after the new one is complete. `seconds` (optional) receives the
+// wall time of the write.
+Status WriteCheckpoint(const std::string& root, const CheckpointContents& c, double* seconds = nullptr);
+
+// OK when <dir>/MANIFEST.json exists and every file it lists has its size
+// and SHA-256; Corruption naming the file otherwise.
+Status VerifyCheckpoint(const std::string& dir);
+
+// Reads a verified checkpoint back into host copies.
+StatusOr<CheckpointContents> ReadCheckpoint(const std::string& dir);
+
+struct CheckpointEntry {
+  int64_t step = 0;
+  std::string dir;
+};
+// step-* directories under root, newest first (temporary ones ignored).
+std::vector<CheckpointEntry> ListCheckpoints(const std::string& root);
+
+// The newest checkpoint that verifies, or NotFound. Each damaged one skipped
+// on the way is described in *skipped (file and reason).
+StatusOr<CheckpointEntry> FindNewestValidCheckpoint(const std::string& root, std::vector<std::string>* skipped);
+
+// Deletes all but the `keep` newest checkpoints, never `protect` (the one a
+// resume would use), and stale temporary directories.
+Status PruneCheckpoints(const std::string& root, int64_t keep, const std::string& protect);
+
+// Writes checkpoints on a background thread, one at a time.
+class CheckpointWriter {
+ public:
+  explicit CheckpointWriter(std::string root);
+  ~CheckpointWriter();  // waits for a write in flight
+
+  // Waits for the previous write, then starts writing `c`. The previous
+  // write's status is returned (OK for the first).
+  Status Submit(CheckpointContents c, int64_t keep);
+  // Waits for the write in flight; returns its status.
+  Status Wait();
+  // Seconds the last finished write took (0 before the first).
+  double last_seconds();
+
+ private:
+  void Loop();
+
+  std::string root_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool busy_ = false;                // GUARDED_BY(mu_)
+  bool has_job_ = false;             // GUARDED_BY(mu_)
+  bool quit_ = false;                // GUARDED_BY(mu_)
+  CheckpointContents job_;           // GUARDED_BY(mu_)
+  int64_t keep_ = 1;                 // GUARDED_BY(mu_)
+  Status last_status_;               // GUARDED_BY(mu_)
+  double last_seconds_ = 0;          // GUARDED_BY(mu_)
+  std::thread thread_;
+};
+
+}  // namespace ft
