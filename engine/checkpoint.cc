@@ -43,8 +43,9 @@ StatusOr<TrainerState> StateFromJson(const std::string& text, const std::string&
     return Status::Corruption(file + ": not an ftune trainer_state.json");
   }
   if (j.value("version", 0) != kFormatVersion) {
-    return Status::InvalidArgument(file + ": checkpoint format version " + std::to_string(j.value("version", 0)) +
-                                   " is not supported (this build reads " + std::to_string(kFormatVersion) + ")");
+    return Status::InvalidArgument(
+        file + ": checkpoint format version " + std::to_string(j.value("version", 0)) +
+        " is not supported (this build reads " + std::to_string(kFormatVersion) + ")");
   }
   TrainerState s;
   try {
@@ -113,12 +114,14 @@ Status WriteCheckpoint(const std::string& root, const CheckpointContents& c, dou
     files = {"config.json", "model.safetensors"};
   }
   FT_RETURN_IF_ERROR(WriteTensors((tmp / "optimizer.safetensors").string(), c.optimizer));
-  FT_RETURN_IF_ERROR(WriteFileDurably((tmp / "trainer_state.json").string(), StateToJson(c.state).dump(2) + "\n"));
+  FT_RETURN_IF_ERROR(
+      WriteFileDurably((tmp / "trainer_state.json").string(), StateToJson(c.state).dump(2) + "\n"));
   files.push_back("optimizer.safetensors");
   files.push_back("trainer_state.json");
 
   // The manifest is written last: its presence (verified) is what makes the directory a checkpoint.
-  json manifest = {{"format", "ftune-checkpoint-manifest"}, {"version", kFormatVersion}, {"step", c.state.step}};
+  json manifest = {
+      {"format", "ftune-checkpoint-manifest"}, {"version", kFormatVersion}, {"step", c.state.step}};
   for (const std::string& f : files) {
     uint64_t size = 0;
     FT_ASSIGN_OR_RETURN(std::string sha, Sha256File((tmp / f).string(), &size));
@@ -158,7 +161,8 @@ Status VerifyCheckpoint(const std::string& dir) {
       return Status::Corruption(path + ": " + std::to_string(size) + " bytes, manifest says " +
                                 std::to_string(want_size) + " (truncated?)");
     }
-    if (*sha != it->value("sha256", "")) return Status::Corruption(path + ": SHA-256 differs from the manifest");
+    if (*sha != it->value("sha256", ""))
+      return Status::Corruption(path + ": SHA-256 differs from the manifest");
   }
   return Status::OK();
 }
@@ -195,7 +199,8 @@ std::vector<CheckpointEntry> ListCheckpoints(const std::string& root) {
   return out;
 }
 
-StatusOr<CheckpointEntry> FindNewestValidCheckpoint(const std::string& root, std::vector<std::string>* skipped) {
+StatusOr<CheckpointEntry> FindNewestValidCheckpoint(const std::string& root,
+                                                    std::vector<std::string>* skipped) {
   for (const CheckpointEntry& e : ListCheckpoints(root)) {
     Status s = VerifyCheckpoint(e.dir);
     if (s.ok()) return e;
@@ -220,7 +225,8 @@ Status PruneCheckpoints(const std::string& root, int64_t keep, const std::string
     const std::string name = e.path().filename().string();
     const std::string mine = "." + std::to_string(::getpid());
     const bool temp = name.rfind(".tmp-", 0) == 0 || name.rfind(".old-", 0) == 0;
-    if (temp && (name.size() < mine.size() || name.compare(name.size() - mine.size(), mine.size(), mine) != 0)) {
+    if (temp &&
+        (name.size() < mine.size() || name.compare(name.size() - mine.size(), mine.size(), mine) != 0)) {
       fs::remove_all(e.path(), ec);  // left by a killed process
     }
   }

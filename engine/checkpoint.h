@@ -41,11 +41,11 @@ struct TrainerState {
   int64_t micro_batch = 0;  // the plan that produced this state (informative)
   int64_t accumulation = 0;
   int64_t world = 1;
-  double loss_scale = 1.0;  // dynamic loss scale (fp16); 1 otherwise
-  std::string job_hash;     // SHA-256 of the job's math keys
+  double loss_scale = 1.0;                      // dynamic loss scale (fp16); 1 otherwise
+  std::string job_hash;                         // SHA-256 of the job's math keys
   std::map<std::string, std::string> job_math;  // key -> value of every key that defines the math
-  double last_checkpoint_seconds = 0;            // measured write time of the previous checkpoint
-  std::string reason;                            // "every_steps", "every_minutes", "signal", "final", ...
+  double last_checkpoint_seconds = 0;           // measured write time of the previous checkpoint
+  std::string reason;                           // "every_steps", "every_minutes", "signal", "final", ...
 };
 
 struct CheckpointContents {
@@ -80,7 +80,8 @@ std::vector<CheckpointEntry> ListCheckpoints(const std::string& root);
 
 // The newest checkpoint that verifies, or NotFound. Each damaged one skipped
 // on the way is described in *skipped (file and reason).
-StatusOr<CheckpointEntry> FindNewestValidCheckpoint(const std::string& root, std::vector<std::string>* skipped);
+StatusOr<CheckpointEntry> FindNewestValidCheckpoint(const std::string& root,
+                                                    std::vector<std::string>* skipped);
 
 // Deletes all but the `keep` newest checkpoints, never `protect` (the one a
 // resume would use), and stale temporary directories.
@@ -106,13 +107,13 @@ class CheckpointWriter {
   std::string root_;
   std::mutex mu_;
   std::condition_variable cv_;
-  bool busy_ = false;                // GUARDED_BY(mu_)
-  bool has_job_ = false;             // GUARDED_BY(mu_)
-  bool quit_ = false;                // GUARDED_BY(mu_)
-  CheckpointContents job_;           // GUARDED_BY(mu_)
-  int64_t keep_ = 1;                 // GUARDED_BY(mu_)
-  Status last_status_;               // GUARDED_BY(mu_)
-  double last_seconds_ = 0;          // GUARDED_BY(mu_)
+  bool busy_ = false;        // GUARDED_BY(mu_)
+  bool has_job_ = false;     // GUARDED_BY(mu_)
+  bool quit_ = false;        // GUARDED_BY(mu_)
+  CheckpointContents job_;   // GUARDED_BY(mu_)
+  int64_t keep_ = 1;         // GUARDED_BY(mu_)
+  Status last_status_;       // GUARDED_BY(mu_)
+  double last_seconds_ = 0;  // GUARDED_BY(mu_)
   std::thread thread_;
 };
 

@@ -10,8 +10,8 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <vector>
 #include <sstream>
+#include <vector>
 
 namespace ft {
 
@@ -60,6 +60,12 @@ Status WriteFileDurably(const std::string& path, const std::string& data) {
   return Status::OK();
 }
 
+Status ReplaceFileAtomically(const std::string& path, const std::string& data) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  FT_RETURN_IF_ERROR(WriteFileDurably(tmp, data));
+  return RenameDurably(tmp, path);
+}
+
 StatusOr<std::string> ReadFileToString(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::NotFound(path + ": cannot open file");
@@ -88,7 +94,8 @@ StatusOr<std::string> Sha256File(const std::string& path, uint64_t* size) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::NotFound(path + ": cannot open file");
   EvpCtx ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) return Status::Internal("EVP sha256 init failed");
+  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1)
+    return Status::Internal("EVP sha256 init failed");
   std::vector<char> buf(1 << 20);
   uint64_t total = 0;
   while (in) {

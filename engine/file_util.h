@@ -12,6 +12,9 @@ namespace ft {
 
 // Writes `data` to `path` (truncating) and fsyncs it.
 Status WriteFileDurably(const std::string& path, const std::string& data);
+// Replaces `path` with `data` atomically: a crash leaves the old or the new
+// contents, never a mix or an empty file (temp file, fsync, rename, dir fsync).
+Status ReplaceFileAtomically(const std::string& path, const std::string& data);
 // Reads a whole file.
 StatusOr<std::string> ReadFileToString(const std::string& path);
 // fsyncs a directory, so renames and creations inside it are durable.

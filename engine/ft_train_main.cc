@@ -84,12 +84,16 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "debug | info | warn | error");
   app.add_flag("--log-json", log_json, "log one JSON object per line");
 
-  auto* run = app.add_subcommand("run", "train a job.yaml locally (resuming from its newest valid checkpoint)");
+  auto* run =
+      app.add_subcommand("run", "train a job.yaml locally (resuming from its newest valid checkpoint)");
   RunFlags flags;
   run->add_option("job", flags.job_file, "job.yaml")->required();
-  run->add_option("--resume", flags.resume_dir, "resume from this checkpoint directory instead of the newest");
-  run->add_option("--control-fd", flags.control_fd, "read JSON-line control commands from this file descriptor");
-  run->add_option("--stop-grace", flags.stop_grace, "seconds a stop signal allows to finish the current step");
+  run->add_option("--resume", flags.resume_dir,
+                  "resume from this checkpoint directory instead of the newest");
+  run->add_option("--control-fd", flags.control_fd,
+                  "read JSON-line control commands from this file descriptor");
+  run->add_option("--stop-grace", flags.stop_grace,
+                  "seconds a stop signal allows to finish the current step");
 
   auto* make = app.add_subcommand("make-model", "write a random-initialised HF model directory");
   std::string preset = "tiny-llama", out, dtype = "f32";

@@ -301,11 +301,17 @@ void Model::EmbedForward(const MicroBatch& mb, float* x) {
 const float* Model::DropoutInput(int l, ModuleKind m, const float* x, int64_t rows, int64_t in, float* buf) {
   const double p = lora_spec_.dropout;
   if (p <= 0) return x;
+  const MicroBatch& mb = *current_batch_;
   const uint64_t module_key = static_cast<uint64_t>(l) * kNumModules + static_cast<uint64_t>(m);
   const float keep_scale = static_cast<float>(1.0 / (1.0 - p));
-  for (int64_t i = 0; i < rows * in; ++i) {
-    const bool keep = UniformFloat(HashKeys(lora_spec_.seed, dropout_key_, module_key, i)) >= p;
-    buf[i] = keep ? x[i] * keep_scale : 0.0f;
+  for (int64_t r = 0; r < rows; ++r) {
+    // Keyed by (sequence, position, module, feature): independent of the batch plan.
+    const uint64_t row_key = HashKeys(lora_spec_.seed, static_cast<uint64_t>(mb.first_sequence + r / mb.seq),
+                                      static_cast<uint64_t>(r % mb.seq), module_key);
+    for (int64_t c = 0; c < in; ++c) {
+      const bool keep = UniformFloat(Mix64(row_key ^ static_cast<uint64_t>(c))) >= p;
+      buf[r * in + c] = keep ? x[r * in + c] * keep_scale : 0.0f;
+    }
   }
   return buf;
 }
@@ -487,6 +493,7 @@ LossResult Model::HeadForwardBackward(const MicroBatch& mb, const float* x_last,
 }
 
 LossResult Model::Forward(const MicroBatch& mb, std::vector<float>* logits) {
+  current_batch_ = &mb;
   EnsureActivations(mb.rows(), mb.batch);
   EnsureRope(*std::max_element(mb.positions.begin(), mb.positions.end()) + 1);
   Activations& w = *acts_;
@@ -499,6 +506,7 @@ LossResult Model::Forward(const MicroBatch& mb, std::vector<float>* logits) {
 }
 
 LossResult Model::ForwardBackward(const MicroBatch& mb, float grad_scale) {
+  current_batch_ = &mb;
   EnsureActivations(mb.rows(), mb.batch);
   EnsureRope(*std::max_element(mb.positions.begin(), mb.positions.end()) + 1);
   Activations& w = *acts_;

@@ -95,6 +95,10 @@ struct MicroBatch {
   std::vector<int32_t> targets;    // [batch*seq], -100 = no loss at this position
   std::vector<int32_t> positions;  // [batch*seq]
   std::vector<int32_t> segments;   // [batch*seq] or empty (packing: attention stays within a segment)
+  // Data position (cursor) of row 0's sequence; row b holds sequence
+  // first_sequence + b. Dropout masks are keyed by (sequence, position), so
+  // they do not depend on how sequences are grouped into micro-batches.
+  int64_t first_sequence = 0;
   int64_t rows() const { return batch * seq; }
 };
 
@@ -136,9 +140,6 @@ class Model {
   std::vector<TrainableParam> TrainableParams();
   void ZeroGrads();
 
-  // Key for this micro-batch's dropout masks (e.g. the global micro-batch index).
-  void set_dropout_key(uint64_t key) { dropout_key_ = key; }
-
   // Forward and backward of one micro-batch; gradients of
   // grad_scale · Σ token losses are added to the trainable params' grads.
   LossResult ForwardBackward(const MicroBatch& mb, float grad_scale);
@@ -163,6 +164,7 @@ class Model {
   void LinearBackward(int l, ModuleKind m, const float* x, const float* xa, const float* dy, int64_t rows,
                       float* dx, bool accumulate_dx);
   const float* DropoutInput(int l, ModuleKind m, const float* x, int64_t rows, int64_t in, float* buf);
+  const MicroBatch* current_batch_ = nullptr;  // the micro-batch being processed (for dropout keys)
   void Round(float* x, int64_t n) const;
   const float* HeadWeight() const;
   float* HeadGrad();
@@ -177,7 +179,6 @@ class Model {
   bool lora_enabled_ = false;
   bool full_training_ = false;
   LoraSpec lora_spec_;
-  uint64_t dropout_key_ = 0;
 
   Buffer rope_cos_, rope_sin_;  // (rope_len_, hd/2)
   int64_t rope_len_ = 0;

@@ -40,10 +40,11 @@ Status SavePeftAdapter(const std::string& dir, Model& model, const std::string& 
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return Status::IOError(dir + ": cannot create directory: " + ec.message());
-  FT_RETURN_IF_ERROR(
-      WriteFileDurably((fs::path(dir) / "adapter_config.json").string(), PeftAdapterConfigJson(*spec, base_model)));
+  FT_RETURN_IF_ERROR(WriteFileDurably((fs::path(dir) / "adapter_config.json").string(),
+                                      PeftAdapterConfigJson(*spec, base_model)));
   std::vector<TensorToWrite> tensors;
-  for (const TrainableParam& p : model.TrainableParams()) tensors.push_back({p.name, p.shape, p.data, DType::kF32});
+  for (const TrainableParam& p : model.TrainableParams())
+    tensors.push_back({p.name, p.shape, p.data, DType::kF32});
   return WriteSafetensors((fs::path(dir) / "adapter_model.safetensors").string(), std::move(tensors),
                           {{"format", "pt"}}, /*sync=*/true);
 }

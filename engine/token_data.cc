@@ -89,6 +89,7 @@ int64_t TokenDataset::IndexAt(int64_t cursor, bool shuffle, uint64_t seed) const
 MicroBatch TokenDataset::MakeBatch(int64_t first, int64_t count, bool shuffle, uint64_t seed) const {
   MicroBatch mb;
   mb.batch = count;
+  mb.first_sequence = first;
   for (int64_t i = 0; i < count; ++i) {
     mb.seq = std::max<int64_t>(mb.seq, at(IndexAt(first + i, shuffle, seed)).ids.size());
   }

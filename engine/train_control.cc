@@ -64,7 +64,8 @@ void TrainControl::ReadLoop(int fd) {
       r.deadline = std::chrono::steady_clock::now() +
                    std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                        std::chrono::duration<double>(j.value("deadline_s", grace_seconds_)));
-      r.reason = j.value("reason", r.stop ? std::string("stop requested") : std::string("checkpoint requested"));
+      r.reason =
+          j.value("reason", r.stop ? std::string("stop requested") : std::string("checkpoint requested"));
       Post(r);
     }
   }
@@ -86,9 +87,9 @@ std::optional<ControlRequest> TrainControl::Pending() {
     g_signal = 0;
     ControlRequest r;
     r.stop = true;
-    r.deadline = std::chrono::steady_clock::now() +
-                 std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                     std::chrono::duration<double>(grace_seconds_));
+    r.deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                               std::chrono::duration<double>(grace_seconds_));
     r.reason = SignalName(signo);
     Post(r);
   }

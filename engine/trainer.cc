@@ -1,15 +1,16 @@
 #include "engine/trainer.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <unistd.h>
-#include <cstring>
-#include <algorithm>
 
 #include "common/logging.h"
 #include "engine/file_util.h"
@@ -88,9 +89,10 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
   FT_ASSIGN_OR_RETURN(tr->plan_, ChooseBatchPlan(spec));
   FT_ASSIGN_OR_RETURN(ModelConfig config, ReadHfConfig(spec.model.path));
   if (config.sliding_window > 0 && spec.data.seq_len > config.sliding_window) {
-    return Status::Unimplemented(f + ": data.seq_len " + std::to_string(spec.data.seq_len) +
-                                 " exceeds the model's sliding_window " + std::to_string(config.sliding_window) +
-                                 " (sliding-window attention is not implemented); use seq_len <= sliding_window");
+    return Status::Unimplemented(
+        f + ": data.seq_len " + std::to_string(spec.data.seq_len) + " exceeds the model's sliding_window " +
+        std::to_string(config.sliding_window) +
+        " (sliding-window attention is not implemented); use seq_len <= sliding_window");
   }
   ModelOptions options;
   options.dtype = spec.model.dtype == "bf16" ? ComputeDType::kBF16 : ComputeDType::kF32;
@@ -143,7 +145,8 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
     if (a > 0 && control_ && interrupted) {
       // A stop request mid-accumulation: finish the step only if the deadline allows.
       if (auto req = control_->Pending(); req && req->stop) {
-        const double left = std::chrono::duration<double>(req->deadline - std::chrono::steady_clock::now()).count();
+        const double left =
+            std::chrono::duration<double>(req->deadline - std::chrono::steady_clock::now()).count();
         const double need = static_cast<double>(plan_.accumulation - a) * micro_seconds_ +
                             (writer_ ? writer_->last_seconds() : 0.0);
         if (need > left) {
@@ -154,7 +157,6 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
     }
     const auto micro_start = std::chrono::steady_clock::now();
     const int64_t first = cursor_ + a * plan_.micro_batch;
-    model_->set_dropout_key(static_cast<uint64_t>(first));
     MicroBatch mb = data_->MakeBatch(first, plan_.micro_batch, shuffle, seed);
     loss_sum += model_->ForwardBackward(mb, grad_scale).loss_sum;
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - micro_start).count();
@@ -264,20 +266,23 @@ Status Trainer::Restore(const CheckpointContents& c, const std::string& from) {
     auto it = now.find(key);
     const std::string current = it == now.end() ? "(unset)" : it->second;
     if (current != saved) {
-      return Status::InvalidArgument(spec_.file + ": " + key + " is '" + current + "' but checkpoint " + from +
-                                     " was trained with '" + saved +
-                                     "'; changing it would change the training math. Restore the old value, or "
-                                     "start a new run with another output.dir");
+      return Status::InvalidArgument(
+          spec_.file + ": " + key + " is '" + current + "' but checkpoint " + from + " was trained with '" +
+          saved +
+          "'; changing it would change the training math. Restore the old value, or "
+          "start a new run with another output.dir");
     }
   }
   const auto& params = optimizer_->params();
   std::map<std::string, const HostTensor*> by_name;
   for (const HostTensor& t : c.model) by_name[t.name] = &t;
   for (const HostTensor& t : c.optimizer) by_name[t.name] = &t;
-  auto copy_into = [&](const std::string& name, const std::vector<int64_t>& shape, float* dst, int64_t n) -> Status {
+  auto copy_into = [&](const std::string& name, const std::vector<int64_t>& shape, float* dst,
+                       int64_t n) -> Status {
     auto it = by_name.find(name);
     if (it == by_name.end()) return Status::Corruption(from + ": tensor '" + name + "' missing");
-    if (it->second->shape != shape) return Status::Corruption(from + ": tensor '" + name + "' has the wrong shape");
+    if (it->second->shape != shape)
+      return Status::Corruption(from + ": tensor '" + name + "' has the wrong shape");
     std::memcpy(dst, it->second->data.data(), sizeof(float) * static_cast<size_t>(n));
     return Status::OK();
   };
@@ -285,14 +290,16 @@ Status Trainer::Restore(const CheckpointContents& c, const std::string& from) {
     const TrainableParam& p = params[i];
     FT_RETURN_IF_ERROR(copy_into(p.name, p.shape, p.data, p.numel));
     FT_RETURN_IF_ERROR(copy_into(p.name + ".exp_avg", p.shape, optimizer_->exp_avg()[i].data(), p.numel));
-    FT_RETURN_IF_ERROR(copy_into(p.name + ".exp_avg_sq", p.shape, optimizer_->exp_avg_sq()[i].data(), p.numel));
+    FT_RETURN_IF_ERROR(
+        copy_into(p.name + ".exp_avg_sq", p.shape, optimizer_->exp_avg_sq()[i].data(), p.numel));
   }
   optimizer_->set_step(c.state.step);
   cursor_ = c.state.cursor;
   tokens_seen_ = c.state.tokens_seen;
   if (c.state.micro_batch != plan_.micro_batch || c.state.accumulation != plan_.accumulation) {
-    FT_LOG(INFO) << "batch plan changed from micro-batch " << c.state.micro_batch << " x " << c.state.accumulation
-                 << " to " << plan_.micro_batch << " x " << plan_.accumulation << " (same global batch: same math)";
+    FT_LOG(INFO) << "batch plan changed from micro-batch " << c.state.micro_batch << " x "
+                 << c.state.accumulation << " to " << plan_.micro_batch << " x " << plan_.accumulation
+                 << " (same global batch: same math)";
   }
   return Status::OK();
 }
@@ -334,7 +341,7 @@ Status Trainer::OpenMetrics() {
       if (j.is_object() && j.value("step", int64_t{-1}) <= steps_done()) kept += line + "\n";
     }
   }
-  FT_RETURN_IF_ERROR(WriteFileDurably(path, kept));
+  FT_RETURN_IF_ERROR(ReplaceFileAtomically(path, kept));  // a kill here must not lose the kept lines
   metrics_.open(path, std::ios::app);
   if (!metrics_) return Status::IOError(path + ": cannot write metrics");
   return Status::OK();
@@ -355,14 +362,25 @@ Status Trainer::CheckpointNow(const std::string& reason, bool wait) {
 }
 
 StatusOr<RunOutcome> Trainer::Run(const std::string& resume_dir) {
+  StatusOr<RunOutcome> outcome = RunSteps(resume_dir);
+  if (!outcome.ok() && metrics_.is_open()) {
+    // The worker and the dashboard read why a run failed from the metrics too.
+    nlohmann::json j = {{"event", "failed"}, {"step", steps_done()}, {"reason", outcome.status().ToString()}};
+    metrics_ << j.dump() << "\n";
+    metrics_.flush();
+  }
+  return outcome;
+}
+
+StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
   std::error_code ec;
   fs::create_directories(spec_.output.dir, ec);
   if (ec) return Status::IOError(spec_.output.dir + ": cannot create output.dir: " + ec.message());
   FT_RETURN_IF_ERROR(ResumeIfPossible(resume_dir));
   FT_RETURN_IF_ERROR(OpenMetrics());
   FT_LOG(INFO) << "training " << spec_.model.path << ": steps " << steps_done() + 1 << ".." << total_steps_
-               << ", micro-batch " << plan_.micro_batch << " x accumulation " << plan_.accumulation << " x world "
-               << plan_.world;
+               << ", micro-batch " << plan_.micro_batch << " x accumulation " << plan_.accumulation
+               << " x world " << plan_.world;
   auto last_checkpoint = std::chrono::steady_clock::now();
   while (steps_done() < total_steps_) {
     if (control_) {
@@ -398,7 +416,8 @@ StatusOr<RunOutcome> Trainer::Run(const std::string& resume_dir) {
     metrics_.flush();
     if (!metrics_) return Status::IOError(spec_.output.dir + "/metrics.jsonl: write failed");
     std::fprintf(stderr,
-                 "step %" PRId64 "/%" PRId64 "  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tok/s  peak %.1f MiB\n",
+                 "step %" PRId64 "/%" PRId64
+                 "  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tok/s  peak %.1f MiB\n",
                  m.step, total_steps_, m.loss, m.lr, m.grad_norm, m.tokens_per_s,
                  static_cast<double>(m.peak_bytes) / (1 << 20));
     const bool by_steps = spec_.checkpoint.every_steps > 0 && m.step % spec_.checkpoint.every_steps == 0;
@@ -410,7 +429,8 @@ StatusOr<RunOutcome> Trainer::Run(const std::string& resume_dir) {
       last_checkpoint = std::chrono::steady_clock::now();
     }
   }
-  if (ListCheckpoints(checkpoint_root()).empty() || ListCheckpoints(checkpoint_root()).front().step < steps_done()) {
+  if (ListCheckpoints(checkpoint_root()).empty() ||
+      ListCheckpoints(checkpoint_root()).front().step < steps_done()) {
     FT_RETURN_IF_ERROR(CheckpointNow("final", /*wait=*/true));
   } else if (writer_) {
     FT_RETURN_IF_ERROR(writer_->Wait());
@@ -436,7 +456,8 @@ Status Trainer::WriteOutputs() {
   const fs::path out(spec_.output.dir);
   if (model_->full_training()) {
     DType dtype = model_->config().torch_dtype == "bfloat16" ? DType::kBF16 : DType::kF32;
-    return WriteDirAtomically(out / "model", [&](const std::string& d) { return SaveHfModel(d, *model_, dtype); });
+    return WriteDirAtomically(out / "model",
+                              [&](const std::string& d) { return SaveHfModel(d, *model_, dtype); });
   }
   FT_RETURN_IF_ERROR(WriteDirAtomically(
       out / "adapter", [&](const std::string& d) { return SavePeftAdapter(d, *model_, spec_.model.path); }));
@@ -447,8 +468,8 @@ Status Trainer::WriteOutputs() {
     FT_RETURN_IF_ERROR(merged.EnableLora(*model_->lora_spec()));
     FT_RETURN_IF_ERROR(LoadPeftAdapter((out / "adapter").string(), &merged));
     merged.MergeLora();
-    FT_RETURN_IF_ERROR(WriteDirAtomically(out / "merged",
-                                          [&](const std::string& d) { return SaveHfModel(d, merged, DType::kF32); }));
+    FT_RETURN_IF_ERROR(WriteDirAtomically(
+        out / "merged", [&](const std::string& d) { return SaveHfModel(d, merged, DType::kF32); }));
   }
   return Status::OK();
 }

@@ -100,13 +100,14 @@ class Trainer {
   std::unique_ptr<TokenDataset> data_;
   BatchPlan plan_;
   int64_t total_steps_ = 0;
+  StatusOr<RunOutcome> RunSteps(const std::string& resume_dir);
   Status ResumeIfPossible(const std::string& resume_dir);
   Status CheckpointNow(const std::string& reason, bool wait);
   Status OpenMetrics();
 
-  int64_t cursor_ = 0;       // sequences consumed
-  int64_t tokens_seen_ = 0;  // target tokens trained on
-  double micro_seconds_ = 0; // measured time of one micro-batch (moving average)
+  int64_t cursor_ = 0;        // sequences consumed
+  int64_t tokens_seen_ = 0;   // target tokens trained on
+  double micro_seconds_ = 0;  // measured time of one micro-batch (moving average)
   std::function<void(int64_t)> grad_hook_;
   TrainControl* control_ = nullptr;
   std::unique_ptr<CheckpointWriter> writer_;
