@@ -3,6 +3,8 @@
 //   ft-train run JOB.yaml [--resume DIR] [--control-fd N] [--stop-grace S]
 //                                              train locally, no daemon; resumes from
 //                                              the newest valid checkpoint
+//   ft-train plan JOB.yaml --device-memory 24GiB [--device cpu|cuda] [--world N]
+//                                              memory breakdown and batch plan (config.json only)
 //   ft-train make-model --preset tiny-llama --out DIR [--dtype f32|bf16] [--seed N]
 //
 // Exit codes (engine/trainer.h): 0 finished; 1 failed (reason on stderr);
@@ -17,6 +19,7 @@
 #include "common/logging.h"
 #include "engine/hf_model.h"
 #include "engine/job_spec.h"
+#include "engine/planner.h"
 #include "engine/trainer.h"
 
 namespace {
@@ -61,6 +64,42 @@ void PreferPassiveOpenMpThreads(char** argv) {
   execv("/proc/self/exe", argv);  // only returns on failure: carry on as we are
 }
 
+int Plan(const std::string& job_file, const std::string& device_memory, const std::string& device,
+         int64_t world) {
+  auto spec = ft::LoadJobSpec(job_file);
+  if (!spec.ok()) return Fail(spec.status());
+  auto config = ft::ReadHfConfig(spec->model.path);
+  if (!config.ok()) return Fail(config.status());
+  int64_t bytes = 0;
+  if (device_memory.empty()) {
+    auto host = ft::HostAvailableBytes();
+    if (!host.ok()) return Fail(host.status());
+    bytes = *host;
+  } else {
+    auto parsed = ft::ParseBytes(device_memory);
+    if (!parsed.ok()) return Fail(parsed.status().WithContext("--device-memory"));
+    bytes = *parsed;
+  }
+  ft::PlanRequest request = ft::PlanRequestFromJob(*spec, *config, device, world);
+  if (spec->train.micro_batch_size > 0) {
+    // A fixed micro-batch: report its memory and whether it fits.
+    ft::BatchPlanChoice fixed{spec->train.micro_batch_size,
+                              spec->train.global_batch_size / (spec->train.micro_batch_size * world), world,
+                              ft::PredictMemory(request, spec->train.micro_batch_size), bytes};
+    std::printf("%s", ft::FormatPlan(request, fixed).c_str());
+    if (fixed.memory.total() > bytes) {
+      std::printf("does NOT fit: micro_batch_size %lld needs %s\n", static_cast<long long>(fixed.micro_batch),
+                  ft::FormatBytes(fixed.memory.total()).c_str());
+      return ft::kExitFailed;
+    }
+    return ft::kExitFinished;
+  }
+  auto choice = ft::ChooseMicroBatch(request, bytes);
+  if (!choice.ok()) return Fail(choice.status());
+  std::printf("%s", ft::FormatPlan(request, *choice).c_str());
+  return ft::kExitFinished;
+}
+
 int MakeModel(const std::string& preset, const std::string& out, const std::string& dtype, uint64_t seed,
               int64_t vocab) {
   auto config = ft::PresetModelConfig(preset);
@@ -95,6 +134,15 @@ int main(int argc, char** argv) {
   run->add_option("--stop-grace", flags.stop_grace,
                   "seconds a stop signal allows to finish the current step");
 
+  auto* plan = app.add_subcommand("plan", "print the memory breakdown and batch plan of a job");
+  std::string plan_job, device_memory, plan_device = "cpu";
+  int64_t plan_world = 1;
+  plan->add_option("job", plan_job, "job.yaml")->required();
+  plan->add_option("--device-memory", device_memory,
+                   "memory of one device, e.g. 24GiB (default: this host's)");
+  plan->add_option("--device", plan_device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  plan->add_option("--world", plan_world, "number of ranks")->check(CLI::PositiveNumber);
+
   auto* make = app.add_subcommand("make-model", "write a random-initialised HF model directory");
   std::string preset = "tiny-llama", out, dtype = "f32";
   uint64_t seed = 1234;
@@ -111,6 +159,7 @@ int main(int argc, char** argv) {
   if (!level.ok()) return Fail(level.status());
   ft::log::Configure({*level, log_json, "ft-train"});
   if (*run) return RunJob(flags);
+  if (*plan) return Plan(plan_job, device_memory, plan_device, plan_world);
   if (*make) return MakeModel(preset, out, dtype, seed, vocab);
   return 2;
 }

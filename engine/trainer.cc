@@ -16,18 +16,14 @@
 #include "engine/file_util.h"
 #include "engine/hf_model.h"
 #include "engine/peft_adapter.h"
+#include "engine/planner.h"
 #include "kernels/cpu/ops.h"
 
 namespace ft {
 
 namespace fs = std::filesystem;
 
-namespace {
-// Until the memory planner lands, "auto" keeps a micro-batch at or under this many tokens.
-constexpr int64_t kAutoMicroBatchTokens = 8192;
-}  // namespace
-
-StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec) {
+StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec, const ModelConfig& model, int64_t device_bytes) {
   const auto& t = spec.train;
   BatchPlan plan;
   plan.world = 1;
@@ -37,21 +33,18 @@ StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec) {
   if (t.micro_batch_size > 0) {
     plan.micro_batch = t.micro_batch_size;
   } else if (t.gradient_accumulation > 0) {
-    if (t.global_batch_size % t.gradient_accumulation != 0) {
+    if (t.global_batch_size % (t.gradient_accumulation * plan.world) != 0) {
       return Status::InvalidArgument(
           spec.file + ": train.gradient_accumulation (" + std::to_string(t.gradient_accumulation) +
           ") must divide global_batch_size (" + std::to_string(t.global_batch_size) + ")");
     }
-    plan.micro_batch = t.global_batch_size / t.gradient_accumulation;
+    plan.micro_batch = t.global_batch_size / (t.gradient_accumulation * plan.world);
   } else {
-    // Largest divisor of the global batch within the token budget.
-    plan.micro_batch = 1;
-    for (int64_t m = t.global_batch_size; m >= 1; --m) {
-      if (t.global_batch_size % m == 0 && m * spec.data.seq_len <= kAutoMicroBatchTokens) {
-        plan.micro_batch = m;
-        break;
-      }
-    }
+    // micro_batch_size: auto: the planner picks the largest that fits the device.
+    PlanRequest request = PlanRequestFromJob(spec, model, "cpu", plan.world);
+    auto choice = ChooseMicroBatch(request, device_bytes);
+    if (!choice.ok()) return choice.status().WithContext(spec.file + ": train.micro_batch_size: auto");
+    plan.micro_batch = choice->micro_batch;
   }
   plan.accumulation = t.global_batch_size / (plan.micro_batch * plan.world);
   if (plan.micro_batch * plan.accumulation * plan.world != t.global_batch_size) {
@@ -86,8 +79,9 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
   if (spec.data.packing) {
     FT_LOG(INFO) << f << ": data.packing is not implemented yet; sequences are padded instead";
   }
-  FT_ASSIGN_OR_RETURN(tr->plan_, ChooseBatchPlan(spec));
   FT_ASSIGN_OR_RETURN(ModelConfig config, ReadHfConfig(spec.model.path));
+  FT_ASSIGN_OR_RETURN(int64_t device_bytes, HostAvailableBytes());
+  FT_ASSIGN_OR_RETURN(tr->plan_, ChooseBatchPlan(spec, config, device_bytes));
   if (config.sliding_window > 0 && spec.data.seq_len > config.sliding_window) {
     return Status::Unimplemented(
         f + ": data.seq_len " + std::to_string(spec.data.seq_len) + " exceeds the model's sliding_window " +
@@ -175,6 +169,10 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
                    lr,         norm,
                    tokens,     static_cast<double>(tokens) / std::max(secs, 1e-9),
                    secs,       GlobalMemoryTracker().peak_total()};
+  for (int c = 0; c < static_cast<int>(MemCategory::kCount); ++c) {
+    m->peak_by_category[MemCategoryName(static_cast<MemCategory>(c))] =
+        GlobalMemoryTracker().peak(static_cast<MemCategory>(c));
+  }
   return Status::OK();
 }
 
@@ -410,7 +408,8 @@ StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
                         {"tokens", m.tokens},
                         {"tokens_per_s", m.tokens_per_s},
                         {"step_seconds", m.step_seconds},
-                        {"peak_bytes", m.peak_bytes}};
+                        {"peak_bytes", m.peak_bytes},
+                        {"peak_bytes_by_category", m.peak_by_category}};
     if (writer_ && writer_->last_seconds() > 0) j["checkpoint_seconds"] = writer_->last_seconds();
     metrics_ << j.dump() << "\n";
     metrics_.flush();

@@ -32,6 +32,8 @@ struct StepMetrics {
   double tokens_per_s = 0;
   double step_seconds = 0;
   int64_t peak_bytes = 0;  // tracked peak since start
+  std::map<std::string, int64_t>
+      peak_by_category;  // weights, adapter, gradients, optimizer, activations, workspace
 };
 
 struct BatchPlan {
@@ -115,8 +117,10 @@ class Trainer {
 };
 
 // Chooses micro-batch and accumulation for `spec` (micro × accumulation ×
-// world = global_batch_size exactly). InvalidArgument when impossible.
-StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec);
+// world = global_batch_size exactly): the job's numbers when given, else the
+// planner's choice for `device_bytes`. InvalidArgument when impossible,
+// ResourceExhausted when nothing fits.
+StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec, const ModelConfig& model, int64_t device_bytes);
 
 // The job keys that define the training math, with their values; a resume
 // refuses a checkpoint whose values differ (naming the key).
