@@ -197,7 +197,14 @@ Status LoadHfWeights(const std::string& dir, Model* model) {
     auto file_it = opened.find(it->second);
     if (file_it == opened.end())
       return Status::NotFound(index.string() + ": shard '" + it->second + "' not loaded");
-    FT_RETURN_IF_ERROR(file_it->second->ReadFloat(t.name, t.shape, t.data));
+    if (t.nf4_linear) {
+      // Stage one tensor in floats, then keep only its NF4 codes.
+      Buffer staging(t.shape[0] * t.shape[1], MemCategory::kWorkspace);
+      FT_RETURN_IF_ERROR(file_it->second->ReadFloat(t.name, t.shape, staging.data()));
+      model->SetNf4Weight(t.nf4_linear, staging.data());
+    } else {
+      FT_RETURN_IF_ERROR(file_it->second->ReadFloat(t.name, t.shape, t.data));
+    }
     used.insert(t.name);
   }
   for (const auto& [name, file] : where) {
@@ -231,6 +238,11 @@ void RandomInitModel(Model* model, uint64_t seed) {
   for (NamedTensor& t : model->NamedWeights()) {
     int64_t n = 1;
     for (int64_t d : t.shape) n *= d;
+    Buffer staging;
+    if (t.nf4_linear) {
+      staging = Buffer(n, MemCategory::kWorkspace);
+      t.data = staging.data();
+    }
     const bool is_norm = t.name.find("norm") != std::string::npos;
     // Fan-in scaling keeps activations and logits O(1) at any width, so a
     // frozen random head still lets a tiny model learn (0.02 would not at width 64).
@@ -250,6 +262,7 @@ void RandomInitModel(Model* model, uint64_t seed) {
             static_cast<float>(stddev * std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * std::numbers::pi * u2));
       }
     }
+    if (t.nf4_linear) model->SetNf4Weight(t.nf4_linear, t.data);
     ++tensor_index;
   }
 }

@@ -71,4 +71,28 @@ class Buffer {
   MemoryTracker* tracker_ = nullptr;
 };
 
+// Counts `bytes` of memory held elsewhere (e.g. a std::vector of packed NF4
+// codes) under `category` for as long as it lives. Move-only.
+class TrackedBytes {
+ public:
+  TrackedBytes() = default;
+  TrackedBytes(int64_t bytes, MemCategory category, MemoryTracker* tracker = &GlobalMemoryTracker())
+      : bytes_(bytes), category_(category), tracker_(tracker) {
+    tracker_->Add(category_, bytes_);
+  }
+  ~TrackedBytes() {
+    if (tracker_) tracker_->Sub(category_, bytes_);
+  }
+  TrackedBytes(TrackedBytes&& o) noexcept : bytes_(o.bytes_), category_(o.category_), tracker_(o.tracker_) {
+    o.tracker_ = nullptr;
+  }
+  TrackedBytes& operator=(TrackedBytes&&) = delete;
+  TrackedBytes(const TrackedBytes&) = delete;
+
+ private:
+  int64_t bytes_ = 0;
+  MemCategory category_ = MemCategory::kWeights;
+  MemoryTracker* tracker_ = nullptr;
+};
+
 }  // namespace ft

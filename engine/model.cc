@@ -85,10 +85,15 @@ Model::Model(ModelConfig config, ModelOptions options) : config_(std::move(confi
       Linear& lin = layer.proj[m];
       lin.in = dims[m][0];
       lin.out = dims[m][1];
-      lin.w = Buffer(lin.in * lin.out, MemCategory::kWeights);
+      if (!options_.nf4) lin.w = Buffer(lin.in * lin.out, MemCategory::kWeights);
       if (c.attention_bias && m <= static_cast<int>(ModuleKind::kV))
         lin.bias = Buffer(lin.out, MemCategory::kWeights);
     }
+  }
+  if (options_.nf4) {
+    int64_t largest = 0;
+    for (const auto& lin : layers_[0].proj) largest = std::max(largest, lin.in * lin.out);
+    dequant_ = Buffer(largest, MemCategory::kWorkspace);
   }
 }
 
@@ -106,7 +111,10 @@ std::vector<NamedTensor> Model::NamedWeights() {
     for (int m = 0; m < kNumModules; ++m) {
       Linear& lin = layer.proj[m];
       const std::string name = p + ModulePath(static_cast<ModuleKind>(m));
-      out.push_back({name + ".weight", {lin.out, lin.in}, lin.w.data()});
+      out.push_back({name + ".weight",
+                     {lin.out, lin.in},
+                     options_.nf4 ? nullptr : lin.w.data(),
+                     options_.nf4 ? &lin : nullptr});
       if (!lin.bias.empty()) out.push_back({name + ".bias", {lin.out}, lin.bias.data()});
     }
   }
@@ -152,7 +160,9 @@ Status Model::EnableLora(const LoraSpec& spec) {
   return Status::OK();
 }
 
-void Model::EnableFullTraining() {
+Status Model::EnableFullTraining() {
+  if (options_.nf4)
+    return Status::FailedPrecondition("NF4 base weights cannot be fully fine-tuned; use LoRA");
   full_training_ = true;
   dembed_ = Buffer(embed_.size(), MemCategory::kGradients);
   dfinal_norm_ = Buffer(final_norm_.size(), MemCategory::kGradients);
@@ -165,6 +175,20 @@ void Model::EnableFullTraining() {
       if (!lin.bias.empty()) lin.dbias = Buffer(lin.bias.size(), MemCategory::kGradients);
     }
   }
+  return Status::OK();
+}
+
+void Model::SetNf4Weight(Linear* lin, const float* values) {
+  cpu::Nf4Tensor q = cpu::QuantizeNf4(values, lin->in * lin->out, options_.nf4_config);
+  const int64_t bytes = q.StorageBytes();
+  lin->nf4 = std::make_unique<Nf4Weight>(Nf4Weight{std::move(q), TrackedBytes(bytes, MemCategory::kWeights)});
+}
+
+const float* Model::LinearWeight(Linear& lin) {
+  if (!lin.nf4) return lin.w.data();
+  cpu::DequantizeNf4(lin.nf4->q, dequant_.data());
+  Round(dequant_.data(), lin.in * lin.out);
+  return dequant_.data();
 }
 
 std::vector<TrainableParam> Model::TrainableParams() {
@@ -318,7 +342,7 @@ const float* Model::DropoutInput(int l, ModuleKind m, const float* x, int64_t ro
 
 void Model::LinearForward(int l, ModuleKind m, const float* x, int64_t rows, float* y, float* xa) {
   Linear& lin = layers_[l][m];
-  cpu::Gemm<float>(false, true, rows, lin.out, lin.in, 1.0f, x, lin.in, lin.w.data(), lin.in, 0.0f, y,
+  cpu::Gemm<float>(false, true, rows, lin.out, lin.in, 1.0f, x, lin.in, LinearWeight(lin), lin.in, 0.0f, y,
                    lin.out);
   if (!lin.bias.empty()) AddBias(y, lin.bias.data(), rows, lin.out);
   if (lin.lora) {
@@ -334,7 +358,7 @@ void Model::LinearForward(int l, ModuleKind m, const float* x, int64_t rows, flo
 void Model::LinearBackward(int l, ModuleKind m, const float* x, const float* xa, const float* dy,
                            int64_t rows, float* dx, bool accumulate_dx) {
   Linear& lin = layers_[l][m];
-  cpu::Gemm<float>(false, false, rows, lin.in, lin.out, 1.0f, dy, lin.out, lin.w.data(), lin.in,
+  cpu::Gemm<float>(false, false, rows, lin.in, lin.out, 1.0f, dy, lin.out, LinearWeight(lin), lin.in,
                    accumulate_dx ? 1.0f : 0.0f, dx, lin.in);
   if (full_training_) {
     cpu::Gemm<float>(true, false, lin.out, lin.in, rows, 1.0f, dy, lin.out, x, lin.in, 1.0f, lin.dw.data(),
@@ -536,6 +560,11 @@ void Model::MergeLora() {
   for (auto& layer : layers_) {
     for (auto& lin : layer.proj) {
       if (!lin.lora) continue;
+      if (lin.nf4) {  // merge into the dequantized weight: the one the adapter was trained against
+        lin.w = Buffer(lin.in * lin.out, MemCategory::kWeights);
+        cpu::DequantizeNf4(lin.nf4->q, lin.w.data());
+        lin.nf4.reset();
+      }
       LoraWeights& lw = *lin.lora;
       cpu::Gemm<float>(false, false, lw.out, lw.in, lw.r, lw.scale, lw.b.data(), lw.r, lw.a.data(), lw.in,
                        1.0f, lin.w.data(), lin.in);

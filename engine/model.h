@@ -20,6 +20,7 @@
 
 #include "engine/memory.h"
 #include "engine/model_config.h"
+#include "kernels/cpu/nf4.h"
 
 namespace ft {
 
@@ -52,9 +53,16 @@ struct LoraWeights {
   Buffer db;  // (out, r)
 };
 
+// A frozen base weight kept in NF4 (QLoRA), with its bytes tracked as weights.
+struct Nf4Weight {
+  cpu::Nf4Tensor q;  // (out, in) row-major, quantized as one vector
+  TrackedBytes tracked;
+};
+
 struct Linear {
   int64_t in = 0, out = 0;
-  Buffer w;      // (out, in)
+  Buffer w;  // (out, in); empty when the weight is held in NF4
+  std::unique_ptr<Nf4Weight> nf4;
   Buffer bias;   // (out) or empty
   Buffer dw;     // (out, in) full fine-tune only
   Buffer dbias;  // (out) full fine-tune only
@@ -75,7 +83,8 @@ struct DecoderLayer {
 struct NamedTensor {
   std::string name;  // e.g. "model.layers.0.self_attn.q_proj.weight"
   std::vector<int64_t> shape;
-  float* data = nullptr;
+  float* data = nullptr;         // nullptr for an NF4 linear: give its values to Model::SetNf4Weight
+  Linear* nf4_linear = nullptr;  // the NF4 linear this tensor fills
 };
 
 // A trainable tensor with its gradient.
@@ -104,6 +113,11 @@ struct MicroBatch {
 
 struct ModelOptions {
   ComputeDType dtype = ComputeDType::kF32;
+  // QLoRA: keep every linear base weight frozen in NF4 (bitsandbytes layout),
+  // dequantized just in time for its GEMMs. Embeddings, norms and the head
+  // stay in the compute dtype. Incompatible with full fine-tuning.
+  bool nf4 = false;
+  cpu::Nf4Config nf4_config;
   bool activation_checkpointing = false;  // keep layer inputs only; recompute in backward
   bool naive_attention = false;           // reference attention (materialises scores)
   int64_t loss_chunk_rows = 0;            // rows per cross-entropy chunk; 0 = auto (bounded memory)
@@ -131,8 +145,13 @@ class Model {
   // ±1/√in (PEFT's kaiming_uniform(a=√5)), B zero. InvalidArgument for an
   // unknown module name or r ≤ 0.
   Status EnableLora(const LoraSpec& spec);
-  // Makes every weight trainable (allocates gradients).
-  void EnableFullTraining();
+  // Makes every weight trainable (allocates gradients). FailedPrecondition
+  // for an NF4 model (a quantized weight cannot be trained).
+  Status EnableFullTraining();
+  // With options.nf4, linear base weights have no float buffer: loaders pass
+  // each one's values here and it is quantized and kept in NF4.
+  void SetNf4Weight(Linear* lin, const float* values);
+  bool nf4() const { return options_.nf4; }
   bool full_training() const { return full_training_; }
   const LoraSpec* lora_spec() const { return lora_enabled_ ? &lora_spec_ : nullptr; }
 
@@ -146,7 +165,8 @@ class Model {
   // Forward only: loss and, when logits != nullptr, logits [rows, vocab].
   LossResult Forward(const MicroBatch& mb, std::vector<float>* logits);
 
-  // Folds every adapter into its base weight (W += s·B·A) and drops the adapters.
+  // Folds every adapter into its base weight (W += s·B·A) and drops the
+  // adapters; an NF4 weight is dequantized first (what the adapter trained on).
   void MergeLora();
 
  private:
@@ -167,6 +187,8 @@ class Model {
   const MicroBatch* current_batch_ = nullptr;  // the micro-batch being processed (for dropout keys)
   void Round(float* x, int64_t n) const;
   const float* HeadWeight() const;
+  // The float weight of a linear: its own buffer, or its NF4 codes dequantized into scratch.
+  const float* LinearWeight(Linear& lin);
   float* HeadGrad();
 
   ModelConfig config_;
@@ -178,6 +200,7 @@ class Model {
   std::vector<DecoderLayer> layers_;
   bool lora_enabled_ = false;
   bool full_training_ = false;
+  Buffer dequant_;  // scratch for one dequantized linear weight (NF4 only)
   LoraSpec lora_spec_;
 
   Buffer rope_cos_, rope_sin_;  // (rope_len_, hd/2)

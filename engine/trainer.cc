@@ -59,9 +59,10 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
   std::unique_ptr<Trainer> tr(new Trainer());
   tr->spec_ = spec;
   const std::string& f = spec.file;
-  if (spec.model.quantization != "none") {
-    return Status::Unimplemented(f +
-                                 ": model.quantization: nf4 is not available in this build yet; use none");
+  if (spec.model.quantization == "nf4" && spec.adapter.type == "full") {
+    return Status::InvalidArgument(f +
+                                   ": model.quantization: nf4 freezes the base weights, so it needs "
+                                   "adapter.type: lora (QLoRA); use quantization: none for a full fine-tune");
   }
   if (spec.model.dtype == "fp16") {
     return Status::Unimplemented(f +
@@ -92,17 +93,20 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
   options.dtype = spec.model.dtype == "bf16" ? ComputeDType::kBF16 : ComputeDType::kF32;
   options.activation_checkpointing = spec.train.activation_checkpointing != "false";
   options.naive_attention = spec.train.attention == "naive";
+  options.nf4 = spec.model.quantization == "nf4";
+  options.nf4_config = {64, spec.model.double_quant, 256};
   tr->model_ = std::make_unique<Model>(config, options);
   FT_RETURN_IF_ERROR(LoadHfWeights(spec.model.path, tr->model_.get()));
   if (options.dtype == ComputeDType::kBF16) {
     for (NamedTensor& t : tr->model_->NamedWeights()) {
+      if (!t.data) continue;  // NF4 weights are rounded when dequantized
       int64_t n = 1;
       for (int64_t d : t.shape) n *= d;
       cpu::RoundToBf16(t.data, n);
     }
   }
   if (spec.adapter.type == "full") {
-    tr->model_->EnableFullTraining();
+    FT_RETURN_IF_ERROR(tr->model_->EnableFullTraining());
   } else {
     LoraSpec lora{spec.adapter.r,       spec.adapter.alpha,          spec.adapter.rslora,
                   spec.adapter.dropout, spec.adapter.target_modules, static_cast<uint64_t>(spec.train.seed)};

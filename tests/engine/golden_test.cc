@@ -108,7 +108,8 @@ TEST_P(GoldenTest, LogitsLossesGradientsAndFinalAdapterMatchPyTorch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GoldenTest,
-                         testing::Values("llama_gqa", "qwen2_bias", "tied_rslora", "llama_full"));
+                         testing::Values("llama_gqa", "qwen2_bias", "tied_rslora", "llama_full",
+                                         "llama_qlora"));
 
 // Runs `spec` to the end and returns the per-step losses.
 std::vector<double> Losses(const JobSpec& spec, Trainer** keep = nullptr) {

@@ -51,6 +51,7 @@ struct MemCase {
   bool checkpointing = false;
   int64_t loss_chunk_rows = 0;  // 0 = default chunking
   bool full = false;
+  bool nf4 = false;
 };
 
 // Builds a model for `s`, runs one forward/backward and optimizer step, and
@@ -64,10 +65,11 @@ Measured Measure(const MemCase& s) {
     ModelOptions o;
     o.activation_checkpointing = s.checkpointing;
     o.loss_chunk_rows = s.loss_chunk_rows;
+    o.nf4 = s.nf4;
     Model model(SmallLlama(), o);
     RandomInitModel(&model, 3);
     if (s.full) {
-      model.EnableFullTraining();
+      EXPECT_TRUE(model.EnableFullTraining().ok());
     } else {
       LoraSpec lora;
       lora.r = s.r;
@@ -104,6 +106,7 @@ PlanRequest RequestFor(const MemCase& s) {
   r.activation_checkpointing = s.checkpointing;
   r.loss_chunk_rows = s.loss_chunk_rows;
   r.global_batch = s.micro;
+  r.nf4 = s.nf4;
   return r;
 }
 
@@ -148,6 +151,18 @@ TEST(MemoryTechniquesTest, ChunkedCrossEntropyMatchesAndLowersThePeak) {
   EXPECT_LT(b.peak, a.peak);
 }
 
+TEST(MemoryTechniquesTest, Nf4WeightsLowerThePeakOfTheWeights) {
+  MemCase plain, quantized;
+  quantized.nf4 = true;
+  Measured a = Measure(plain), b = Measure(quantized);
+  const int64_t wa = a.by_category[MemCategory::kWeights], wb = b.by_category[MemCategory::kWeights];
+  std::printf("peak: fp32 weights %s (total %s), NF4 + double quant %s (total %s)\n", FormatBytes(wa).c_str(),
+              FormatBytes(a.peak).c_str(), FormatBytes(wb).c_str(), FormatBytes(b.peak).c_str());
+  EXPECT_LT(wb, wa / 2) << "the linears dominate and shrink ~7.8x; embeddings and head stay fp32";
+  EXPECT_LT(b.peak, a.peak);
+  EXPECT_NE(a.loss, b.loss) << "quantization changes the weights";
+}
+
 TEST(PlannerTest, PredictsTheMeasuredPeakWithinTenPercentOverAGrid) {
   int cases = 0;
   double worst = 0;
@@ -155,9 +170,10 @@ TEST(PlannerTest, PredictsTheMeasuredPeakWithinTenPercentOverAGrid) {
     for (int64_t micro : {1, 4}) {
       for (int64_t r : {4, 32}) {
         for (bool ckpt : {false, true}) {
-          for (bool full : {false, true}) {
+          for (int variant = 0; variant < 3; ++variant) {  // LoRA, QLoRA (NF4), full fine-tune
+            const bool full = variant == 2, nf4 = variant == 1;
             if (full && r != 4) continue;
-            MemCase s{micro, seq, r, ckpt, 0, full};
+            MemCase s{micro, seq, r, ckpt, 0, full, nf4};
             const int64_t measured = Measure(s).peak;
             const int64_t predicted = PredictMemory(RequestFor(s), micro).total();
             const double err =

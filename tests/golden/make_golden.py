@@ -4,9 +4,9 @@
 What it makes
 -------------
 One folder per case under tests/golden/ (llama_gqa, qwen2_bias, tied_rslora,
-llama_full), each holding a tiny random Hugging Face style model, a token data
-set, a job.yaml for ftune, the initial PEFT adapter (LoRA cases), and the
-expected results computed here in float64 with plain PyTorch:
+llama_full, llama_qlora), each holding a tiny random Hugging Face style model,
+a token data set, a job.yaml for ftune, the initial PEFT adapter (LoRA cases),
+and the expected results computed here in float64 with plain PyTorch:
 
     <case>/model/config.json               HF config
     <case>/model/model.safetensors         (or two shards + model.safetensors.index.json)
@@ -17,6 +17,12 @@ expected results computed here in float64 with plain PyTorch:
     <case>/expected/grads_step1.safetensors  grads of the FIRST optimizer step (s = 0)
     <case>/expected/final.safetensors      trainable tensors after the last step
     <case>/expected/logits_seq0.safetensors  logits of data sequence 0 before training
+    llama_qlora/expected/nf4_base.safetensors  its NF4-dequantized base linears (F32, HF names)
+
+llama_qlora reuses llama_gqa's model/ and init_adapter/ (its job.yaml points
+at ../llama_gqa/...) and trains on NF4-quantized base linears: the reference
+replaces every q/k/v/o/gate/up/down weight by its NF4 + double-quant round
+trip as computed by make_nf4_golden.py (bitsandbytes' algorithm).
 
 See tests/golden/README.md for the exact semantics.
 
@@ -27,8 +33,9 @@ How to rerun
 (`--probe` instead trains every case without clipping and only prints the
 grad norms; that is how the fixed max_grad_norm values in CASES were chosen.)
 
-Needs only torch (tested with Debian's torch 1.13) and the Python standard
-library.  Everything is seeded; a rerun rewrites the same files byte for byte.
+Needs only torch (tested with Debian's torch 1.13), numpy and the Python
+standard library.  Everything is seeded; a rerun rewrites the same files byte
+for byte.
 The script also asserts a number of self-consistency checks (finite-difference
 gradient check, padding invariance, llama3 RoPE regimes, clipping on some but
 not all steps) and fails loudly if one does not hold.
@@ -46,6 +53,9 @@ import sys
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_nf4_golden import nf4_roundtrip  # noqa: E402  (bitsandbytes' NF4, re-implemented)
 
 torch.set_num_threads(1)  # deterministic reductions, and be gentle with the CPU
 torch.use_deterministic_algorithms(True)
@@ -153,6 +163,13 @@ CASES = [
     dict(name="llama_full", seed=1001, model=LLAMA_GQA_MODEL,
          adapter=dict(type="full"),
          steps=3, lr=1e-3, max_grad_norm=3.5),
+    # QLoRA: llama_gqa's model, data and initial adapter (same seed; its model/
+    # and init_adapter/ folders are reused, not copied), base linears NF4 with
+    # double quantization (block 64, second-level block 256).
+    dict(name="llama_qlora", seed=1001, model=LLAMA_GQA_MODEL, reuse="llama_gqa",
+         quant=dict(type="nf4", block=64, double_quant=True, dq_block=256),
+         adapter=dict(type="lora", r=4, alpha=8, rslora=False, targets=ALL_LINEARS),
+         steps=6, lr=1e-2, max_grad_norm=1.6),
 ]
 
 # Training settings shared by all cases.
@@ -210,6 +227,29 @@ def make_base_weights(m, gen):
 def round_to_storage(w, st_dtype):
     """The values the C++ engine will read from disk, as float64."""
     return {k: v.to(ST_DTYPES[st_dtype]).to(F64) for k, v in w.items()}
+
+
+def is_base_linear(name):
+    """q/k/v/o/gate/up/down weights of every layer (not embeddings, norms, lm_head)."""
+    return name.startswith("model.layers.") and name.endswith("_proj.weight")
+
+
+def base_params(case, w32):
+    """The float64 base weights the reference computes with: the stored values,
+    and for an NF4 case the base linears replaced by their NF4 round trip
+    (each weight flattened row-major and quantized as one vector)."""
+    m = case["model"]
+    P = round_to_storage(w32, m["st_dtype"])
+    q = case.get("quant")
+    if q is None:
+        return P
+    assert q["type"] == "nf4"
+    for k in P:
+        if is_base_linear(k):
+            stored = w32[k].to(ST_DTYPES[m["st_dtype"]]).to(torch.float32)
+            deq = nf4_roundtrip(stored.reshape(-1).numpy(), q["block"], q["double_quant"], q["dq_block"])
+            P[k] = torch.from_numpy(deq).reshape(stored.shape).to(F64)
+    return P
 
 
 def lora_key(hf_module, which):
@@ -495,11 +535,20 @@ def adapter_config(ad):
 
 def job_yaml(case):
     ad = case["adapter"]
+    shared = f"../{case['reuse']}/" if "reuse" in case else ""   # model/ and init_adapter/ of another case
     lines = [
         f"name: golden-{case['name']}",
         "model:",
-        "  path: model",
-        "  quantization: none",
+        f"  path: {shared}model",
+    ]
+    if "quant" in case:
+        lines += [
+            f"  quantization: {case['quant']['type']}",
+            f"  double_quant: {'true' if case['quant']['double_quant'] else 'false'}",
+        ]
+    else:
+        lines += ["  quantization: none"]
+    lines += [
         "  dtype: fp32",
         "adapter:",
         f"  type: {ad['type']}",
@@ -511,7 +560,7 @@ def job_yaml(case):
             "  dropout: 0.0",
             f"  rslora: {'true' if ad['rslora'] else 'false'}",
             f"  target_modules: [{', '.join(ad['targets'])}]",
-            "  init: init_adapter",
+            f"  init: {shared}init_adapter",
         ]
     lines += [
         "data:",
@@ -620,12 +669,21 @@ def run_case(case):
     out = os.path.join(HERE, case["name"])
     gen = torch.Generator().manual_seed(case["seed"])
 
-    # Base weights: generate in f32, round to the storage dtype, compute on those.
+    # Base weights: generate in f32, round to the storage dtype, compute on those
+    # (NF4 cases: on their NF4 round trip).
     w32 = make_base_weights(m, gen)
-    write_model(os.path.join(out, "model"), m, w32)
-    P = round_to_storage(w32, m["st_dtype"])
+    reuse = case.get("reuse")
+    if reuse is None:
+        write_model(os.path.join(out, "model"), m, w32)
+    else:  # same seed as the reused case: the files on disk hold exactly these weights
+        assert all(torch.equal(w32[k], GENERATED[reuse]["w32"][k]) for k in w32)
+    GENERATED[case["name"]] = {"w32": w32}
+    P = base_params(case, w32)
+    if "quant" in case:
+        report_quantization(w32, P)
 
     data = make_data(m["vocab_size"], torch.Generator().manual_seed(case["seed"] + 7))
+    os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "data.jsonl"), "w") as f:
         for s in data:
             f.write(json.dumps({"input_ids": s}) + "\n")
@@ -634,8 +692,13 @@ def run_case(case):
     ctx = {"model": m, "full": ad["type"] == "full", "lora_scale": 0.0}
     if ad["type"] == "lora":
         init = make_init_adapter(m, ad, gen)
-        write_json(os.path.join(out, "init_adapter", "adapter_config.json"), adapter_config(ad))
-        write_safetensors(os.path.join(out, "init_adapter", "adapter_model.safetensors"), init, "F32")
+        GENERATED[case["name"]]["init"] = init
+        if reuse is None:
+            write_json(os.path.join(out, "init_adapter", "adapter_config.json"), adapter_config(ad))
+            write_safetensors(os.path.join(out, "init_adapter", "adapter_model.safetensors"), init, "F32")
+        else:
+            assert adapter_config(ad) == adapter_config(REUSED_ADAPTERS[reuse])
+            assert all(torch.equal(init[k], GENERATED[reuse]["init"][k]) for k in init)
         ctx["lora_scale"] = ad["alpha"] / (math.sqrt(ad["r"]) if ad["rslora"] else ad["r"])
         trainable = {k: v.to(F64).requires_grad_(True) for k, v in init.items()}
         P.update(trainable)
@@ -670,9 +733,12 @@ def run_case(case):
     write_json(os.path.join(out, "expected", "metrics.json"), metrics)
     write_safetensors(os.path.join(out, "expected", "grads_step1.safetensors"), f32(grads0), "F32")
     write_safetensors(os.path.join(out, "expected", "final.safetensors"), f32(trainable), "F32")
+    if "quant" in case:  # the dequantized base linears the reference computed with
+        write_safetensors(os.path.join(out, "expected", "nf4_base.safetensors"),
+                          f32({k: v for k, v in P.items() if is_base_linear(k)}), "F32")
 
     # Finite-difference check of the step-0 gradients on the initial parameters.
-    P0 = round_to_storage(w32, m["st_dtype"])
+    P0 = base_params(case, w32)
     t0 = {k: v.to(F64) for k, v in init.items()} if ad["type"] == "lora" else P0
     P0.update(t0)
     check_finite_difference(P0, ctx, t0, grads0, data)
@@ -684,7 +750,26 @@ def run_case(case):
     print(f"  tokens    {metrics['tokens']}")
 
 
+def report_quantization(w32, P):
+    """Prints the NF4 round-trip error of the base linears (and checks it is sane)."""
+    err2 = ref2 = 0.0
+    count = 0
+    for k in w32:
+        if is_base_linear(k):
+            w = w32[k].to(F64)
+            err2 += float(((P[k] - w) ** 2).sum())
+            ref2 += float((w ** 2).sum())
+            count += 1
+        else:
+            assert torch.equal(P[k], w32[k].to(F64))   # everything else unquantized
+    rel = math.sqrt(err2 / ref2)
+    assert count > 0 and 0.05 < rel < 0.12, rel
+    print(f"  NF4 base linears: {count} tensors, relative RMS round-trip error {rel:.4f}")
+
+
 PROBE = False
+GENERATED = {}  # case name -> {"w32", "init"}: what a case with `reuse` must equal
+REUSED_ADAPTERS = {c["name"]: c["adapter"] for c in CASES}
 
 
 def main():
