@@ -72,6 +72,7 @@ Status ParseData(const YamlMap& m, JobSpec::Data* s) {
   FT_RETURN_IF_ERROR(Require(s->seq_len >= 2, m, "seq_len", "must be at least 2"));
   FT_RETURN_IF_ERROR(m.Get("packing", &s->packing));
   FT_RETURN_IF_ERROR(m.Get("shuffle", &s->shuffle));
+  FT_RETURN_IF_ERROR(m.Get("skip_bad_lines", &s->skip_bad_lines));
   return m.Get("eval", &s->eval);
 }
 
@@ -173,7 +174,8 @@ StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& 
   FT_RETURN_IF_ERROR(Section(root, "adapter",
                              {"type", "r", "alpha", "dropout", "rslora", "target_modules", "init"},
                              [&](const YamlMap& m) { return ParseAdapter(m, &spec.adapter); }));
-  FT_RETURN_IF_ERROR(Section(root, "data", {"train", "format", "seq_len", "packing", "shuffle", "eval"},
+  FT_RETURN_IF_ERROR(Section(root, "data",
+                             {"train", "format", "seq_len", "packing", "shuffle", "skip_bad_lines", "eval"},
                              [&](const YamlMap& m) { return ParseData(m, &spec.data); }));
   FT_RETURN_IF_ERROR(
       Section(root, "train",

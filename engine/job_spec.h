@@ -43,6 +43,7 @@ struct JobSpec {
     int64_t seq_len = 2048;
     bool packing = true;
     bool shuffle = true;
+    bool skip_bad_lines = false;  // skip and count unparsable lines instead of failing
     std::string eval;
   } data;
 

@@ -77,9 +77,6 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
     return Status::Unimplemented(f + ": data.format: '" + spec.data.format +
                                  "' arrives with the tokenizer; use tokens ({\"input_ids\": [...]}) for now");
   }
-  if (spec.data.packing) {
-    FT_LOG(INFO) << f << ": data.packing is not implemented yet; sequences are padded instead";
-  }
   FT_ASSIGN_OR_RETURN(ModelConfig config, ReadHfConfig(spec.model.path));
   FT_ASSIGN_OR_RETURN(int64_t device_bytes, HostAvailableBytes());
   FT_ASSIGN_OR_RETURN(tr->plan_, ChooseBatchPlan(spec, config, device_bytes));
@@ -116,9 +113,17 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
           LoadPeftAdapter(spec.adapter.init, tr->model_.get()).WithContext(f + ": adapter.init"));
     }
   }
-  FT_ASSIGN_OR_RETURN(TokenDataset data,
-                      TokenDataset::Load(spec.data.train, config.vocab_size, spec.data.seq_len));
-  tr->data_ = std::make_unique<TokenDataset>(std::move(data));
+  DatasetOptions data_options;
+  data_options.path = spec.data.train;
+  data_options.seq_len = spec.data.seq_len;
+  data_options.packing = spec.data.packing;
+  data_options.skip_bad_lines = spec.data.skip_bad_lines;
+  data_options.cache_key = "format=" + spec.data.format + ";vocab=" + std::to_string(config.vocab_size);
+  const int64_t vocab = config.vocab_size;
+  FT_ASSIGN_OR_RETURN(tr->data_,
+                      Dataset::Open(data_options, [vocab](const std::string& line, const std::string& where) {
+                        return ParseTokensRecord(line, where, vocab);
+                      }));
   const int64_t steps_per_epoch =
       (tr->data_->size() + spec.train.global_batch_size - 1) / spec.train.global_batch_size;
   tr->total_steps_ = spec.train.max_steps > 0 ? spec.train.max_steps : spec.train.epochs * steps_per_epoch;
@@ -155,7 +160,7 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
     }
     const auto micro_start = std::chrono::steady_clock::now();
     const int64_t first = cursor_ + a * plan_.micro_batch;
-    MicroBatch mb = data_->MakeBatch(first, plan_.micro_batch, shuffle, seed);
+    FT_ASSIGN_OR_RETURN(MicroBatch mb, data_->MakeBatch(first, plan_.micro_batch, shuffle, seed));
     loss_sum += model_->ForwardBackward(mb, grad_scale).loss_sum;
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - micro_start).count();
     micro_seconds_ = micro_seconds_ == 0 ? t : 0.8 * micro_seconds_ + 0.2 * t;
@@ -204,6 +209,7 @@ std::map<std::string, std::string> JobMathKeys(const JobSpec& spec) {
       {"data.seq_len", std::to_string(spec.data.seq_len)},
       {"data.packing", spec.data.packing ? "true" : "false"},
       {"data.shuffle", spec.data.shuffle ? "true" : "false"},
+      {"data.skip_bad_lines", spec.data.skip_bad_lines ? "true" : "false"},
       {"train.global_batch_size", std::to_string(spec.train.global_batch_size)},
       {"train.lr", num(spec.train.lr)},
       {"train.lr_schedule", spec.train.lr_schedule},

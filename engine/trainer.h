@@ -15,10 +15,10 @@
 
 #include "common/status.h"
 #include "engine/checkpoint.h"
+#include "engine/dataset.h"
 #include "engine/job_spec.h"
 #include "engine/model.h"
 #include "engine/optimizer.h"
-#include "engine/token_data.h"
 #include "engine/train_control.h"
 
 namespace ft {
@@ -88,6 +88,7 @@ class Trainer {
   void set_grad_hook(std::function<void(int64_t step)> hook) { grad_hook_ = std::move(hook); }
 
   Model& model() { return *model_; }
+  const Dataset& data() const { return *data_; }
   AdamWOptimizer& optimizer() { return *optimizer_; }
   const BatchPlan& plan() const { return plan_; }
   int64_t total_steps() const { return total_steps_; }
@@ -99,7 +100,7 @@ class Trainer {
   JobSpec spec_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<AdamWOptimizer> optimizer_;
-  std::unique_ptr<TokenDataset> data_;
+  std::unique_ptr<Dataset> data_;
   BatchPlan plan_;
   int64_t total_steps_ = 0;
   StatusOr<RunOutcome> RunSteps(const std::string& resume_dir);

@@ -6,11 +6,11 @@
 #include <filesystem>
 #include <fstream>
 
+#include "engine/dataset.h"
 #include "engine/hf_model.h"
 #include "engine/job_spec.h"
 #include "engine/peft_adapter.h"
 #include "engine/safetensors.h"
-#include "engine/token_data.h"
 
 namespace ft {
 namespace {
@@ -216,17 +216,36 @@ output: {dir: o}
   EXPECT_THAT(no_path.status().message(), HasSubstr("missing required key 'model.path'"));
 }
 
+StatusOr<std::unique_ptr<Dataset>> OpenTokens(const std::string& path, bool skip_bad_lines = false) {
+  return Dataset::Open(
+      {path, 32, false, skip_bad_lines, "", false},
+      [](const std::string& line, const std::string& where) { return ParseTokensRecord(line, where, 256); });
+}
+
 TEST(TokenDataBadInputTest, BadLinesNameFileAndLine) {
   std::string dir = TempDir("data");
   WriteFile(dir + "/d.jsonl", "{\"input_ids\": [1, 2, 3]}\n{\"input_ids\": [1, 999]}\n");
-  auto ds = TokenDataset::Load(dir + "/d.jsonl", 256, 32);
-  EXPECT_THAT(ds.status().message(), HasSubstr(dir + "/d.jsonl:2: input_ids value 999 is outside [0, 256)"));
+  EXPECT_THAT(OpenTokens(dir + "/d.jsonl").status().message(),
+              HasSubstr(dir + "/d.jsonl:2: input_ids value 999 is outside [0, 256)"));
   WriteFile(dir + "/e.jsonl", "{\"input_ids\": [1, 2]}\n\n{\"text\": \"hi\"}\n");
-  EXPECT_THAT(TokenDataset::Load(dir + "/e.jsonl", 256, 32).status().message(),
-              HasSubstr("e.jsonl:3: missing 'input_ids'"));
+  EXPECT_THAT(OpenTokens(dir + "/e.jsonl").status().message(), HasSubstr("e.jsonl:3: missing 'input_ids'"));
   WriteFile(dir + "/f.jsonl", "{\"input_ids\": [1, 2}\n");
-  EXPECT_THAT(TokenDataset::Load(dir + "/f.jsonl", 256, 32).status().message(),
-              HasSubstr("f.jsonl:1: not a JSON object"));
+  EXPECT_THAT(OpenTokens(dir + "/f.jsonl").status().message(), HasSubstr("f.jsonl:1: not a JSON object"));
+  EXPECT_THAT(OpenTokens(dir + "/f.jsonl").status().message(), HasSubstr("data.skip_bad_lines"));
+  EXPECT_TRUE(OpenTokens(dir + "/missing.jsonl").status().IsNotFound());
+}
+
+TEST(TokenDataBadInputTest, SkipBadLinesCountsThemAndKeepsTheRest) {
+  std::string dir = TempDir("skip");
+  WriteFile(dir + "/d.jsonl",
+            "{\"input_ids\": [1, 2, 3]}\nnot json\n{\"input_ids\": [4, 5]}\n{\"input_ids\": [7]}\n");
+  auto ds = OpenTokens(dir + "/d.jsonl", true);
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  EXPECT_EQ((*ds)->examples(), 2);
+  EXPECT_EQ((*ds)->skipped_lines(), 2);  // bad JSON and a 1-token example
+  auto mb = (*ds)->MakeBatch(1, 1, false, 0);
+  ASSERT_TRUE(mb.ok());
+  EXPECT_EQ(mb->ids, (std::vector<int32_t>{4, 5}));
 }
 
 TEST(PeftBadInputTest, MismatchedAdapterConfigIsNamed) {

@@ -9,10 +9,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "engine/dataset.h"
 #include "engine/hf_model.h"
 #include "engine/peft_adapter.h"
 #include "engine/safetensors.h"
-#include "engine/token_data.h"
 
 namespace ft {
 namespace {
@@ -110,9 +110,15 @@ TEST_F(FtTrainCliTest, TrainsWithFallingLossAndWritesPeftAdapterAndMergedModel) 
   EXPECT_EQ(qa->dtype, DType::kF32);
 
   // Merged weights reload and give the same logits as base + adapter.
-  auto data = TokenDataset::Load(dir_ + "/data.jsonl", mc.vocab_size, 64);
+  const int64_t vocab = mc.vocab_size;
+  auto data = Dataset::Open({dir_ + "/data.jsonl", 64, false, false, "", false},
+                            [vocab](const std::string& line, const std::string& where) {
+                              return ParseTokensRecord(line, where, vocab);
+                            });
   ASSERT_TRUE(data.ok());
-  MicroBatch mb = data->MakeBatch(0, 2, false, 0);
+  auto batch = (*data)->MakeBatch(0, 2, false, 0);
+  ASSERT_TRUE(batch.ok());
+  const MicroBatch& mb = *batch;
   Model base(mc, {});
   ASSERT_TRUE(LoadHfWeights(dir_ + "/model", &base).ok());
   auto spec = ReadPeftAdapterConfig(dir_ + "/out/adapter");

@@ -73,9 +73,15 @@ TEST_P(GoldenTest, LogitsLossesGradientsAndFinalAdapterMatchPyTorch) {
 
   // Forward of the first sequence alone through base + init adapter.
   {
-    auto data = TokenDataset::Load(spec.data.train, tr.model().config().vocab_size, spec.data.seq_len);
+    const int64_t vocab = tr.model().config().vocab_size;
+    auto data = Dataset::Open({spec.data.train, spec.data.seq_len, false, false, "", /*use_cache=*/false},
+                              [vocab](const std::string& line, const std::string& where) {
+                                return ParseTokensRecord(line, where, vocab);
+                              });
     ASSERT_TRUE(data.ok());
-    MicroBatch mb = data->MakeBatch(0, 1, false, 0);
+    auto batch = (*data)->MakeBatch(0, 1, false, 0);
+    ASSERT_TRUE(batch.ok());
+    const MicroBatch& mb = *batch;
     std::vector<float> logits;
     tr.model().Forward(mb, &logits);
     auto ref = SafetensorsFile::Open(kGolden + c + "/expected/logits_seq0.safetensors");
