@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -379,6 +380,86 @@ TEST(CheckpointResumeTest, IncompatibleJobChangeIsRefusedNamingTheKey) {
   std::ofstream(job) << text;
   EXPECT_EQ(RunToEnd(dir, job), kExitFinished) << Slurp(dir + "/stderr.txt");
   EXPECT_EQ(StepLines(dir + "/out").size(), 14u);
+}
+
+}  // namespace
+}  // namespace ft
+
+namespace ft {
+namespace {
+
+TEST(CheckpointControlTest, ControlChannelCheckpointThenStopWithReason) {
+  std::string dir = FreshDir("control");
+  std::string job = WriteJob(dir, "", 1000, 2000);  // long run, no periodic checkpoints
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[1]);
+    dup2(fds[0], 3);
+    int fd = open((dir + "/stderr.txt").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    dup2(fd, 2);
+    execl(FT_TRAIN_BIN, FT_TRAIN_BIN, "run", job.c_str(), "--control-fd", "3", nullptr);
+    _exit(127);
+  }
+  close(fds[0]);
+  for (int i = 0; i < 2000 && StepLines(dir + "/out").size() < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  const std::string checkpoint = "{\"cmd\": \"checkpoint\", \"deadline_s\": 30}\n";
+  ASSERT_EQ(write(fds[1], checkpoint.data(), checkpoint.size()), static_cast<ssize_t>(checkpoint.size()));
+  for (int i = 0; i < 2000 && ListCheckpoints(dir + "/out/checkpoints").empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_FALSE(ListCheckpoints(dir + "/out/checkpoints").empty()) << "checkpoint request ignored";
+  const std::string stop = "{\"cmd\": \"stop\", \"deadline_s\": 30, \"reason\": \"slot end\"}\n";
+  ASSERT_EQ(write(fds[1], stop.data(), stop.size()), static_cast<ssize_t>(stop.size()));
+  EXPECT_EQ(WaitExit(pid), kExitPreempted) << Slurp(dir + "/stderr.txt");
+  close(fds[1]);
+  auto all = ListCheckpoints(dir + "/out/checkpoints");
+  ASSERT_EQ(all.size(), 2u);
+  auto last = ReadCheckpoint(all[0].dir);
+  ASSERT_TRUE(last.ok());
+  EXPECT_EQ(last->state.reason, "slot end");
+  EXPECT_EQ(last->state.step, StepLines(dir + "/out").back()["step"].get<int64_t>());
+}
+
+TEST(CheckpointResumeTest, FullFineTuneCheckpointHoldsTheWeightsAndResumesExactly) {
+  auto spec = LoadJobSpec(std::string(FT_SOURCE_DIR) + "/tests/golden/llama_full/job.yaml");
+  ASSERT_TRUE(spec.ok());
+  spec->output.dir = FreshDir("full") + "/out";
+  auto a = Trainer::Create(*spec);
+  ASSERT_TRUE(a.ok());
+  std::vector<double> want;
+  for (int s = 0; s < 3; ++s) {
+    StepMetrics m;
+    ASSERT_TRUE((*a)->Step(&m).ok());
+    want.push_back(m.loss);
+  }
+  auto b = Trainer::Create(*spec);
+  StepMetrics m;
+  ASSERT_TRUE((*b)->Step(&m).ok());
+  const std::string root = spec->output.dir + "/checkpoints";
+  ASSERT_TRUE(WriteCheckpoint(root, (*b)->Capture("test")).ok());
+  auto saved = ReadCheckpoint(root + "/" + CheckpointName(1));
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  EXPECT_FALSE(saved->model_config_json.empty()) << "a full fine-tune stores config.json";
+  EXPECT_NE(std::find_if(saved->model.begin(), saved->model.end(),
+                         [](const HostTensor& t) { return t.name == "model.embed_tokens.weight"; }),
+            saved->model.end())
+      << "and every weight";
+  auto c = Trainer::Create(*spec);
+  ASSERT_TRUE((*c)->Restore(*saved, root).ok());
+  std::vector<double> got = {m.loss};
+  for (int s = 1; s < 3; ++s) {
+    ASSERT_TRUE((*c)->Step(&m).ok());
+    got.push_back(m.loss);
+  }
+  EXPECT_EQ(got, want);
+  const auto pa = (*a)->model().TrainableParams(), pc = (*c)->model().TrainableParams();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_EQ(0, std::memcmp(pa[i].data, pc[i].data, sizeof(float) * pa[i].numel)) << pa[i].name;
+  }
 }
 
 }  // namespace
