@@ -263,6 +263,13 @@ Status CheckpointWriter::Wait() {
   return last_status_;
 }
 
+std::vector<CheckpointWriter::Completed> CheckpointWriter::TakeCompleted() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Completed> out;
+  out.swap(completed_);
+  return out;
+}
+
 double CheckpointWriter::last_seconds() {
   std::lock_guard<std::mutex> lock(mu_);
   return last_seconds_;
@@ -288,7 +295,11 @@ void CheckpointWriter::Loop() {
     }
     lock.lock();
     last_status_ = s;
-    if (s.ok()) last_seconds_ = seconds;
+    if (s.ok()) {
+      last_seconds_ = seconds;
+      completed_.push_back({job.state.step, seconds, job.state.reason,
+                            (fs::path(root_) / CheckpointName(job.state.step)).string()});
+    }
     busy_ = false;
     cv_.notify_all();
   }

@@ -101,19 +101,29 @@ class CheckpointWriter {
   // Seconds the last finished write took (0 before the first).
   double last_seconds();
 
+  struct Completed {
+    int64_t step = 0;
+    double seconds = 0;
+    std::string reason;
+    std::string dir;
+  };
+  // Checkpoints made durable since the last call, oldest first.
+  std::vector<Completed> TakeCompleted();
+
  private:
   void Loop();
 
   std::string root_;
   std::mutex mu_;
   std::condition_variable cv_;
-  bool busy_ = false;        // GUARDED_BY(mu_)
-  bool has_job_ = false;     // GUARDED_BY(mu_)
-  bool quit_ = false;        // GUARDED_BY(mu_)
-  CheckpointContents job_;   // GUARDED_BY(mu_)
-  int64_t keep_ = 1;         // GUARDED_BY(mu_)
-  Status last_status_;       // GUARDED_BY(mu_)
-  double last_seconds_ = 0;  // GUARDED_BY(mu_)
+  bool busy_ = false;                 // GUARDED_BY(mu_)
+  bool has_job_ = false;              // GUARDED_BY(mu_)
+  bool quit_ = false;                 // GUARDED_BY(mu_)
+  CheckpointContents job_;            // GUARDED_BY(mu_)
+  int64_t keep_ = 1;                  // GUARDED_BY(mu_)
+  Status last_status_;                // GUARDED_BY(mu_)
+  double last_seconds_ = 0;           // GUARDED_BY(mu_)
+  std::vector<Completed> completed_;  // GUARDED_BY(mu_)
   std::thread thread_;
 };
 

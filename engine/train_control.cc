@@ -97,6 +97,14 @@ std::optional<ControlRequest> TrainControl::Pending() {
   return pending_;
 }
 
+std::optional<ControlRequest> TrainControl::Take() {
+  Pending();  // folds a caught signal into the pending request
+  std::lock_guard<std::mutex> lock(mu_);
+  std::optional<ControlRequest> r = pending_;
+  pending_.reset();
+  return r;
+}
+
 void TrainControl::Clear() {
   std::lock_guard<std::mutex> lock(mu_);
   pending_.reset();

@@ -39,6 +39,8 @@ class TrainControl {
   // The pending request (a stop wins over a checkpoint; the earliest deadline wins).
   std::optional<ControlRequest> Pending();
   void Clear();
+  // The pending request, removed atomically (a request posted meanwhile stays pending).
+  std::optional<ControlRequest> Take();
 
  private:
   void ReadLoop(int fd);

@@ -358,15 +358,23 @@ Status Trainer::OpenMetrics() {
 Status Trainer::CheckpointNow(const std::string& reason, bool wait) {
   if (!writer_) writer_ = std::make_unique<CheckpointWriter>(checkpoint_root());
   FT_RETURN_IF_ERROR(writer_->Submit(Capture(reason), spec_.checkpoint.keep));
-  if (!wait) return Status::OK();
-  FT_RETURN_IF_ERROR(writer_->Wait());
-  nlohmann::json j = {{"event", "checkpoint"},
-                      {"step", steps_done()},
-                      {"reason", reason},
-                      {"checkpoint_seconds", writer_->last_seconds()}};
-  metrics_ << j.dump() << "\n";
-  metrics_.flush();
+  if (wait) FT_RETURN_IF_ERROR(writer_->Wait());
+  LogCompletedCheckpoints();
   return Status::OK();
+}
+
+void Trainer::LogCompletedCheckpoints() {
+  // One event line per durable checkpoint: the worker reports these as committed.
+  if (!writer_) return;
+  for (const CheckpointWriter::Completed& c : writer_->TakeCompleted()) {
+    nlohmann::json j = {{"event", "checkpoint"},
+                        {"step", c.step},
+                        {"reason", c.reason},
+                        {"dir", c.dir},
+                        {"checkpoint_seconds", c.seconds}};
+    metrics_ << j.dump() << "\n";
+  }
+  metrics_.flush();
 }
 
 StatusOr<RunOutcome> Trainer::Run(const std::string& resume_dir) {
@@ -392,10 +400,9 @@ StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
   auto last_checkpoint = std::chrono::steady_clock::now();
   while (steps_done() < total_steps_) {
     if (control_) {
-      if (auto req = control_->Pending()) {
+      if (auto req = control_->Take()) {
         FT_RETURN_IF_ERROR(CheckpointNow(req->reason, /*wait=*/true));
         last_checkpoint = std::chrono::steady_clock::now();
-        control_->Clear();
         if (req->stop) {
           nlohmann::json j = {{"event", "preempted"}, {"step", steps_done()}, {"reason", req->reason}};
           metrics_ << j.dump() << "\n";
@@ -433,6 +440,7 @@ StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
     const double minutes =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - last_checkpoint).count() / 60.0;
     const bool by_time = spec_.checkpoint.every_minutes > 0 && minutes >= spec_.checkpoint.every_minutes;
+    LogCompletedCheckpoints();
     if ((by_steps || by_time) && m.step < total_steps_) {
       FT_RETURN_IF_ERROR(CheckpointNow(by_steps ? "every_steps" : "every_minutes", /*wait=*/false));
       last_checkpoint = std::chrono::steady_clock::now();
@@ -443,6 +451,7 @@ StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
     FT_RETURN_IF_ERROR(CheckpointNow("final", /*wait=*/true));
   } else if (writer_) {
     FT_RETURN_IF_ERROR(writer_->Wait());
+    LogCompletedCheckpoints();
   }
   FT_RETURN_IF_ERROR(WriteOutputs());
   return RunOutcome::kFinished;

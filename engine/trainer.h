@@ -106,6 +106,7 @@ class Trainer {
   StatusOr<RunOutcome> RunSteps(const std::string& resume_dir);
   Status ResumeIfPossible(const std::string& resume_dir);
   Status CheckpointNow(const std::string& reason, bool wait);
+  void LogCompletedCheckpoints();
   Status OpenMetrics();
 
   int64_t cursor_ = 0;        // sequences consumed

@@ -1,0 +1,234 @@
+// The daemon's durable state in SQLite: jobs, attempts (with their epoch, the
+// fencing token), workers and their devices, committed checkpoints, events
+// and metrics.
+//
+// The database runs in WAL mode with synchronous=FULL: every method that
+// changes state commits (fsynced) before it returns OK, so an acknowledged
+// submit or state transition survives a crash. The schema is versioned
+// (PRAGMA user_version) and migrated forward on Open. After a failed write
+// the store is "sticky-failed": every later write returns the same IOError
+// (leveldb's rule: never carry on half-broken). Only SQLite failures are
+// sticky (they are IOErrors naming the database path and the operation);
+// NotFound and InvalidArgument answers roll back and leave the store usable.
+// Reads keep working on a sticky-failed store.
+//
+// Thread safety: all methods are safe to call from any thread (one internal
+// mutex serialises them; SQLite is opened in serialized mode).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+
+struct sqlite3;
+struct sqlite3_stmt;
+
+namespace ft {
+
+namespace store_internal {
+class Query;  // a cached prepared statement in use (store.cc)
+}  // namespace store_internal
+
+// States as stored (and as in proto JobState / AttemptOutcome).
+enum class JobStateCode {
+  kQueued = 1,
+  kRunning = 2,
+  kPreempted = 3,
+  kSucceeded = 4,
+  kFailed = 5,
+  kCancelled = 6
+};
+enum class AttemptOutcomeCode { kRunning = 1, kFinished = 2, kPreempted = 3, kFailed = 4, kCancelled = 5 };
+
+struct JobRow {
+  std::string id;  // "j-000001"
+  std::string name;
+  JobStateCode state = JobStateCode::kQueued;
+  std::string reason;
+  int64_t priority = 0;
+  std::string spec_yaml;  // as submitted
+  std::string spec_dir;   // where relative paths resolve
+  std::string client_request_id;
+  int64_t created_ms = 0;
+  int64_t updated_ms = 0;
+  int64_t total_steps = 0;
+  int64_t steps_done = 0;
+  double last_loss = 0;
+  double tokens_per_s = 0;
+  int64_t preemptions = 0;
+  int64_t failures = 0;
+  int64_t max_failures = 3;
+  std::string output_dir;
+  int64_t not_before_ms = 0;  // requeue backoff: not placed before this time
+  int64_t gpus = 1;
+  std::string device;  // "auto" | "cuda" | "cpu"
+};
+
+struct AttemptRow {
+  std::string job_id;
+  int64_t number = 0;
+  int64_t epoch = 0;
+  std::string worker_id;
+  AttemptOutcomeCode outcome = AttemptOutcomeCode::kRunning;
+  std::string reason;
+  int64_t started_ms = 0;
+  int64_t ended_ms = 0;
+  int64_t start_step = 0;
+  int64_t end_step = 0;
+  int64_t steps_lost = 0;
+  int64_t micro_batch = 0, accumulation = 0, world = 1;
+};
+
+struct DeviceRow {
+  int32_t index = 0;
+  std::string kind;  // cuda | cpu
+  std::string name;
+  int64_t total_bytes = 0, free_bytes = 0, used_bytes = 0;
+};
+
+struct WorkerRow {
+  std::string id;
+  std::string hostname;
+  std::string version;
+  int64_t last_seen_ms = 0;  // wall clock, for display (leases use the daemon's monotonic clock)
+  int64_t slot_end_ms = 0;
+  bool alive = false;
+  std::vector<DeviceRow> devices;
+};
+
+struct CheckpointRow {
+  std::string job_id;
+  int64_t epoch = 0;
+  int64_t step = 0;
+  std::string dir;
+  std::string manifest_sha256;
+  double write_seconds = 0;
+  int64_t committed_ms = 0;
+};
+
+struct EventRow {
+  int64_t seq = 0;  // assigned by the store, increasing
+  int64_t time_ms = 0;
+  std::string job_id;
+  std::string worker_id;
+  std::string kind;
+  std::string message;
+  int64_t step = 0;
+};
+
+struct MetricRow {
+  std::string job_id;
+  int64_t epoch = 0;
+  int64_t step = 0;
+  double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0;
+  int64_t peak_bytes = 0;
+  int64_t time_ms = 0;
+};
+
+class Store {
+ public:
+  // Opens (creating and migrating) the database at `path`. IOError naming
+  // the path when it cannot be opened or migrated; FailedPrecondition when
+  // the file has a newer schema than this build knows.
+  static StatusOr<std::unique_ptr<Store>> Open(const std::string& path);
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  int schema_version() const;
+
+  // ---- jobs
+  // Inserts a job with a new id (state QUEUED) and an event "queued" in one
+  // transaction. created_ms/updated_ms default to the wall clock when 0. When
+  // `job.client_request_id` is non-empty and already known, returns the
+  // existing job and sets *duplicate (nothing is inserted). `duplicate` may
+  // be null.
+  StatusOr<JobRow> CreateJob(JobRow job, bool* duplicate);
+  StatusOr<JobRow> GetJob(const std::string& id);  // NotFound
+  // All jobs in these states (empty = all), oldest first (created_ms, then
+  // submission order). limit 0 = no limit.
+  StatusOr<std::vector<JobRow>> ListJobs(const std::vector<JobStateCode>& states, int64_t limit = 0);
+  // Writes every mutable field of `job` (state, reason, counters, progress, not_before_ms ...):
+  // all but id, client_request_id, created_ms, spec_yaml and spec_dir. NotFound for an unknown id.
+  Status UpdateJob(const JobRow& job);
+
+  // ---- attempts
+  // Starts attempt number n+1 with epoch = (the job's highest epoch) + 1; returns it
+  // (outcome RUNNING, end_step = start_step). NotFound for an unknown job.
+  StatusOr<AttemptRow> StartAttempt(const std::string& job_id, const std::string& worker_id,
+                                    int64_t start_step, int64_t micro_batch, int64_t accumulation,
+                                    int64_t world, int64_t now_ms);
+  // NotFound when the job has no attempt with this epoch.
+  Status EndAttempt(const std::string& job_id, int64_t epoch, AttemptOutcomeCode outcome,
+                    const std::string& reason, int64_t end_step, int64_t steps_lost, int64_t now_ms);
+  StatusOr<std::vector<AttemptRow>> ListAttempts(const std::string& job_id);
+  // Attempts with outcome RUNNING (any job), e.g. to reattach after a restart.
+  StatusOr<std::vector<AttemptRow>> RunningAttempts();
+  // Records the newest step reported by an attempt (end_step), cheaply.
+  Status UpdateAttemptProgress(const std::string& job_id, int64_t epoch, int64_t step);
+
+  // ---- checkpoints
+  // Idempotent: committing the same (job, epoch, step) again replaces the row. NotFound for an unknown job.
+  Status AddCheckpoint(const CheckpointRow& c);
+  // Newest committed checkpoint of a job (highest step), or NotFound.
+  StatusOr<CheckpointRow> LatestCheckpoint(const std::string& job_id);
+
+  // ---- workers
+  // Replaces its device list. InvalidArgument when two devices share an index.
+  Status UpsertWorker(const WorkerRow& w);
+  Status SetWorkerAlive(const std::string& id, bool alive, int64_t last_seen_ms);  // NotFound
+  StatusOr<std::vector<WorkerRow>> ListWorkers();                                  // by id, devices by index
+
+  // ---- events and metrics
+  StatusOr<int64_t> AddEvent(EventRow e);  // returns the assigned seq
+  // Events with seq > after_seq in seq order; job_id "" = every job's; limit 0 = no limit.
+  StatusOr<std::vector<EventRow>> ListEvents(const std::string& job_id, int64_t after_seq, int64_t limit);
+  // One transaction. A row is keyed by (job, epoch, step): sending it again replaces it.
+  Status AddMetrics(const std::vector<MetricRow>& rows);
+  // Rows with step > after_step ordered by (step, epoch): steps an earlier attempt lost
+  // appear once per epoch that reported them. limit 0 = no limit.
+  StatusOr<std::vector<MetricRow>> ListMetrics(const std::string& job_id, int64_t after_step, int64_t limit);
+
+ private:
+  using Query = store_internal::Query;
+
+  explicit Store(std::string path) : path_(std::move(path)) {}
+  Status Init();     // opens, sets the pragmas, migrates
+  Status Migrate();  // applies the missing migrations, one transaction each
+  // The first column of the first row of `sql` as text ("" when no row).
+  StatusOr<std::string> QueryText(const std::string& sql, const std::string& op);
+
+  // IOError "<path>: <op>: <sqlite message>" for the connection's last error.
+  Status Error(const std::string& op) const;
+  // The cached prepared statement for `sql` (prepared on first use).
+  // A Query resets its statement when destroyed: one must not outlive the
+  // transaction it reads in (COMMIT fails while a statement is mid-way).
+  StatusOr<Query> Prepare(const std::string& sql, const std::string& op);
+  Status Exec(const std::string& sql, const std::string& op);  // cached; no parameters, rows ignored
+  // Runs body() between BEGIN IMMEDIATE and COMMIT (ROLLBACK on error). A
+  // sticky-failed store returns its error; an IOError makes it sticky.
+  template <typename Body>
+  Status Write(const std::string& op, Body&& body);
+
+  // Helpers that run inside Write().
+  StatusOr<std::optional<JobRow>> FindJob(const std::string& column, const std::string& value,
+                                          const std::string& op);
+  Status RequireJob(const std::string& job_id, const std::string& op);  // NotFound
+  StatusOr<int64_t> InsertEvent(const EventRow& e, const std::string& op);
+
+  const std::string path_;
+  int schema_version_ = 0;  // set by Open
+  std::mutex mu_;
+  sqlite3* db_ = nullptr;                                 // GUARDED_BY(mu_)
+  std::unordered_map<std::string, sqlite3_stmt*> stmts_;  // GUARDED_BY(mu_); by SQL text
+  Status sticky_;                                         // GUARDED_BY(mu_)
+};
+
+}  // namespace ft
