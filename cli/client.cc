@@ -1,0 +1,104 @@
+#include "cli/client.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+
+#include "common/yaml_config.h"
+#include "daemon/grpc_status.h"
+
+namespace ft {
+
+namespace pb = ftune::v1;
+
+ClientOptions ResolveClientOptions(ClientOptions o) {
+  if (o.address.empty() && std::getenv("FTUNE_ADDR")) o.address = std::getenv("FTUNE_ADDR");
+  if (o.token.empty() && std::getenv("FTUNE_TOKEN")) o.token = std::getenv("FTUNE_TOKEN");
+  const char* home = std::getenv("HOME");
+  if ((o.address.empty() || o.token.empty()) && home) {
+    auto cfg = YamlMap::LoadFile((std::filesystem::path(home) / ".config/ftune/client.yaml").string());
+    if (cfg.ok()) {
+      if (o.address.empty()) (void)cfg->Get("address", &o.address);
+      if (o.token.empty()) (void)cfg->Get("token", &o.token);
+    }
+  }
+  if (o.address.empty()) o.address = "127.0.0.1:7070";
+  return o;
+}
+
+JobsClient::JobsClient(const ClientOptions& options)
+    : options_(options),
+      stub_(pb::Jobs::NewStub(grpc::CreateChannel(options.address, grpc::InsecureChannelCredentials()))) {}
+
+void JobsClient::Prepare(grpc::ClientContext* ctx, bool deadline) const {
+  if (!options_.token.empty()) ctx->AddMetadata("authorization", "Bearer " + options_.token);
+  if (deadline) {
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(options_.timeout_ms));
+  }
+}
+
+#define FT_UNARY_(method, Req, Reply, build)                                         \
+  Req req_;                                                                          \
+  build;                                                                             \
+  Reply reply_;                                                                      \
+  grpc::ClientContext ctx_;                                                          \
+  Prepare(&ctx_);                                                                    \
+  grpc::Status s_ = stub_->method(&ctx_, req_, &reply_);                             \
+  if (!s_.ok()) return FromGrpcStatus(s_).WithContext("ftd at " + options_.address); \
+  return reply_
+
+StatusOr<pb::SubmitReply> JobsClient::Submit(const pb::SubmitRequest& req) {
+  FT_UNARY_(Submit, pb::SubmitRequest, pb::SubmitReply, req_ = req);
+}
+StatusOr<pb::Job> JobsClient::Get(const std::string& id) {
+  FT_UNARY_(Get, pb::GetJobRequest, pb::Job, req_.set_id(id));
+}
+StatusOr<pb::ListJobsReply> JobsClient::List(const pb::ListJobsRequest& req) {
+  FT_UNARY_(List, pb::ListJobsRequest, pb::ListJobsReply, req_ = req);
+}
+StatusOr<pb::Job> JobsClient::Cancel(const std::string& id) {
+  FT_UNARY_(Cancel, pb::CancelRequest, pb::Job, req_.set_id(id));
+}
+StatusOr<pb::ListWorkersReply> JobsClient::Workers() {
+  FT_UNARY_(ListWorkers, pb::ListWorkersRequest, pb::ListWorkersReply, (void)0);
+}
+StatusOr<pb::ListEventsReply> JobsClient::Events(const std::string& job_id, int64_t after_seq) {
+  FT_UNARY_(ListEvents, pb::ListEventsRequest, pb::ListEventsReply,
+            (req_.set_job_id(job_id), req_.set_after_seq(after_seq)));
+}
+#undef FT_UNARY_
+
+Status JobsClient::Watch(const std::string& job_id, int64_t after_seq,
+                         const std::function<bool(const pb::JobUpdate&)>& fn) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, /*deadline=*/false);
+  pb::WatchRequest req;
+  req.set_job_id(job_id);
+  req.set_after_seq(after_seq);
+  auto reader = stub_->Watch(&ctx, req);
+  pb::JobUpdate update;
+  while (reader->Read(&update)) {
+    if (!fn(update)) {
+      ctx.TryCancel();
+      break;
+    }
+  }
+  grpc::Status s = reader->Finish();
+  if (!s.ok() && s.error_code() != grpc::StatusCode::CANCELLED) return FromGrpcStatus(s);
+  return Status::OK();
+}
+
+Status JobsClient::Logs(const std::string& job_id, bool follow,
+                        const std::function<void(const std::string&)>& fn) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, /*deadline=*/!follow);
+  pb::LogsRequest req;
+  req.set_job_id(job_id);
+  req.set_follow(follow);
+  auto reader = stub_->Logs(&ctx, req);
+  pb::LogChunk chunk;
+  while (reader->Read(&chunk)) fn(chunk.text());
+  return FromGrpcStatus(reader->Finish());
+}
+
+}  // namespace ft

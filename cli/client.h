@@ -1,0 +1,47 @@
+// A small client for ftd's Jobs API, shared by ftctl and the end-to-end tests:
+// address and token from flags, the environment (FTUNE_ADDR, FTUNE_TOKEN) or
+// ~/.config/ftune/client.yaml; every call returns an ft::Status.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "proto/ftune.grpc.pb.h"
+
+namespace ft {
+
+struct ClientOptions {
+  std::string address;  // host:port
+  std::string token;
+  int64_t timeout_ms = 10'000;
+};
+
+// Fills what `o` leaves empty from the environment, then the config file, then defaults.
+ClientOptions ResolveClientOptions(ClientOptions o);
+
+class JobsClient {
+ public:
+  explicit JobsClient(const ClientOptions& options);
+
+  StatusOr<ftune::v1::SubmitReply> Submit(const ftune::v1::SubmitRequest& req);
+  StatusOr<ftune::v1::Job> Get(const std::string& id);
+  StatusOr<ftune::v1::ListJobsReply> List(const ftune::v1::ListJobsRequest& req);
+  StatusOr<ftune::v1::Job> Cancel(const std::string& id);
+  StatusOr<ftune::v1::ListWorkersReply> Workers();
+  StatusOr<ftune::v1::ListEventsReply> Events(const std::string& job_id, int64_t after_seq);
+  // Streams updates to `fn` until it returns false or the stream ends.
+  Status Watch(const std::string& job_id, int64_t after_seq,
+               const std::function<bool(const ftune::v1::JobUpdate&)>& fn);
+  Status Logs(const std::string& job_id, bool follow, const std::function<void(const std::string&)>& fn);
+
+ private:
+  void Prepare(grpc::ClientContext* ctx, bool deadline = true) const;
+
+  ClientOptions options_;
+  std::unique_ptr<ftune::v1::Jobs::Stub> stub_;
+};
+
+}  // namespace ft

@@ -1,0 +1,323 @@
+// ftctl: the command line users drive ftune with.
+//
+//   ftctl submit job.yaml [--follow]     validate locally (file:line errors), queue, optionally follow
+//   ftctl ls | status ID | logs ID [-f] | cancel ID | workers | events [ID]
+//   ftctl up                             embedded mode: ftd + one local worker, state under the data dir
+//
+// Address and token: --addr/--token, else FTUNE_ADDR/FTUNE_TOKEN, else
+// ~/.config/ftune/client.yaml, else 127.0.0.1:7070. `--json` prints the raw
+// API objects. Exit codes: 0 ok; 1 the daemon failed or is unreachable; 2 bad
+// input; 3 a followed job ended FAILED or CANCELLED.
+#include <google/protobuf/util/json_util.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "cli/client.h"
+#include "engine/job_spec.h"
+#include "engine/planner.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace pb = ftune::v1;
+
+constexpr int kOk = 0, kFailed = 1, kBadInput = 2, kJobNotSucceeded = 3;
+
+int Fail(const ft::Status& s) {
+  std::fprintf(stderr, "ftctl: %s\n", s.ToString().c_str());
+  return s.IsInvalidArgument() ? kBadInput : kFailed;
+}
+
+std::string Json(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.add_whitespace = true;
+  o.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  return out;
+}
+
+const char* StateName(pb::JobState s) {
+  switch (s) {
+    case pb::QUEUED: return "queued";
+    case pb::RUNNING: return "running";
+    case pb::PREEMPTED: return "preempted";
+    case pb::SUCCEEDED: return "succeeded";
+    case pb::FAILED: return "failed";
+    case pb::CANCELLED: return "cancelled";
+    default: return "?";
+  }
+}
+
+const char* OutcomeName(pb::AttemptOutcome o) {
+  switch (o) {
+    case pb::ATTEMPT_RUNNING: return "running";
+    case pb::ATTEMPT_FINISHED: return "finished";
+    case pb::ATTEMPT_PREEMPTED: return "preempted";
+    case pb::ATTEMPT_FAILED: return "failed";
+    case pb::ATTEMPT_CANCELLED: return "cancelled";
+    default: return "?";
+  }
+}
+
+bool Ended(pb::JobState s) { return s == pb::SUCCEEDED || s == pb::FAILED || s == pb::CANCELLED; }
+
+std::string RandomId() {
+  std::random_device rd;
+  char buf[33];
+  std::snprintf(buf, sizeof(buf), "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+  return buf;
+}
+
+void PrintProgress(const pb::Job& j, double tokens_per_s, bool tty) {
+  const int width = 30;
+  const double frac = j.total_steps() > 0 ? static_cast<double>(j.steps_done()) / j.total_steps() : 0;
+  const int filled = static_cast<int>(frac * width);
+  std::string bar(filled, '#');
+  bar += std::string(width - filled, '.');
+  double eta = tokens_per_s > 0 && j.steps_done() > 0 ? 0 : -1;
+  (void)eta;
+  std::printf("%s%s [%s] step %lld/%lld  loss %.4f  %.0f tok/s  %s", tty ? "\r" : "", j.id().c_str(),
+              bar.c_str(), static_cast<long long>(j.steps_done()), static_cast<long long>(j.total_steps()),
+              j.last_loss(), tokens_per_s, StateName(j.state()));
+  if (!tty) std::printf("\n");
+  std::fflush(stdout);
+}
+
+int Follow(ft::JobsClient& client, const std::string& id) {
+  const bool tty = isatty(1);
+  pb::JobState final_state = pb::JOB_STATE_UNSPECIFIED;
+  double tps = 0;
+  ft::Status s = client.Watch(id, 0, [&](const pb::JobUpdate& u) {
+    if (u.has_event()) {
+      std::printf("%s[%s] %s\n", tty ? "\r\033[K" : "", u.event().kind().c_str(),
+                  u.event().message().c_str());
+    } else if (u.has_metric()) {
+      tps = u.metric().tokens_per_s();
+    } else if (u.has_job()) {
+      PrintProgress(u.job(), tps > 0 ? tps : u.job().tokens_per_s(), tty);
+      if (Ended(u.job().state())) {
+        final_state = u.job().state();
+        return false;
+      }
+    }
+    return true;
+  });
+  if (tty) std::printf("\n");
+  if (!s.ok()) return Fail(s);
+  auto job = client.Get(id);
+  if (job.ok()) {
+    std::printf("%s %s; outputs in %s\n", id.c_str(), StateName(job->state()), job->output_dir().c_str());
+    final_state = job->state();
+  }
+  return final_state == pb::SUCCEEDED ? kOk : kJobNotSucceeded;
+}
+
+int Submit(ft::JobsClient& client, const std::string& file, bool follow, std::string request_id, bool json) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return Fail(ft::Status::NotFound(file + ": cannot open job file"));
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string abs = fs::absolute(file).lexically_normal().string();
+  auto spec = ft::ParseJobSpec(text.str(), abs);  // file:line errors before anything is sent
+  if (!spec.ok()) return Fail(spec.status());
+  pb::SubmitRequest req;
+  req.set_spec_yaml(text.str());
+  req.set_spec_dir(fs::path(abs).parent_path().string());
+  req.set_client_request_id(request_id.empty() ? RandomId() : request_id);
+  auto reply = client.Submit(req);
+  if (!reply.ok()) return Fail(reply.status());
+  if (json) {
+    std::printf("%s\n", Json(*reply).c_str());
+  } else {
+    std::printf("%s%s\n", reply->job().id().c_str(), reply->duplicate() ? " (already submitted)" : "");
+  }
+  return follow ? Follow(client, reply->job().id()) : kOk;
+}
+
+int Status(ft::JobsClient& client, const std::string& id, bool json) {
+  auto j = client.Get(id);
+  if (!j.ok()) return Fail(j.status());
+  if (json) {
+    std::printf("%s\n", Json(*j).c_str());
+    return kOk;
+  }
+  std::printf("%s %s  %s\nstate     %s%s\nprogress  step %lld/%lld (committed %lld), loss %.4f\n",
+              j->id().c_str(), j->name().c_str(), j->output_dir().c_str(), StateName(j->state()),
+              j->reason().empty() ? "" : ("  (" + j->reason() + ")").c_str(),
+              static_cast<long long>(j->steps_done()), static_cast<long long>(j->total_steps()),
+              static_cast<long long>(j->committed_step()), j->last_loss());
+  std::printf("attempts  %d, preemptions %lld, failures %lld\n", j->attempts_size(),
+              static_cast<long long>(j->preemptions()), static_cast<long long>(j->failures()));
+  for (const pb::Attempt& a : j->attempts()) {
+    std::printf("  #%lld epoch %lld on %-12s %-10s steps %lld..%lld lost %lld  %s\n",
+                static_cast<long long>(a.number()), static_cast<long long>(a.epoch()), a.worker_id().c_str(),
+                OutcomeName(a.outcome()), static_cast<long long>(a.start_step()),
+                static_cast<long long>(a.end_step()), static_cast<long long>(a.steps_lost()),
+                a.reason().c_str());
+  }
+  return kOk;
+}
+
+int List(ft::JobsClient& client, bool json) {
+  auto r = client.List({});
+  if (!r.ok()) return Fail(r.status());
+  if (json) {
+    std::printf("%s\n", Json(*r).c_str());
+    return kOk;
+  }
+  std::printf("%-10s %-10s %8s %6s %10s  %s\n", "ID", "STATE", "PRIORITY", "STEP", "LOSS", "NAME / REASON");
+  for (const pb::Job& j : r->jobs()) {
+    std::printf("%-10s %-10s %8lld %6lld %10.4f  %s%s\n", j.id().c_str(), StateName(j.state()),
+                static_cast<long long>(j.priority()), static_cast<long long>(j.steps_done()), j.last_loss(),
+                j.name().c_str(), j.reason().empty() ? "" : (" — " + j.reason()).c_str());
+  }
+  return kOk;
+}
+
+int Workers(ft::JobsClient& client, bool json) {
+  auto r = client.Workers();
+  if (!r.ok()) return Fail(r.status());
+  if (json) {
+    std::printf("%s\n", Json(*r).c_str());
+    return kOk;
+  }
+  for (const pb::WorkerInfo& w : r->workers()) {
+    std::printf("%-16s %-5s job %-10s slot %s\n", w.id().c_str(), w.alive() ? "alive" : "LOST",
+                w.running_job_id().empty() ? "-" : w.running_job_id().c_str(),
+                w.slot_end_ms() ? (std::to_string(w.slot_end_ms()) + " ms").c_str() : "-");
+    for (const pb::Device& d : w.devices()) {
+      const double used =
+          d.total_bytes() > 0 ? 1.0 - static_cast<double>(d.free_bytes()) / d.total_bytes() : 0;
+      const int filled = static_cast<int>(used * 20);
+      std::printf("   %s:%d %-30s [%s%s] %s free of %s\n", d.kind().c_str(), d.index(), d.name().c_str(),
+                  std::string(filled, '#').c_str(), std::string(20 - filled, '.').c_str(),
+                  ft::FormatBytes(d.free_bytes()).c_str(), ft::FormatBytes(d.total_bytes()).c_str());
+    }
+  }
+  return kOk;
+}
+
+int Events(ft::JobsClient& client, const std::string& id, bool json) {
+  auto r = client.Events(id, 0);
+  if (!r.ok()) return Fail(r.status());
+  if (json) {
+    std::printf("%s\n", Json(*r).c_str());
+    return kOk;
+  }
+  for (const pb::Event& e : r->events()) {
+    std::printf("%6lld %-10s %-14s %s\n", static_cast<long long>(e.seq()), e.job_id().c_str(),
+                e.kind().c_str(), e.message().c_str());
+  }
+  return kOk;
+}
+
+// Embedded single-node mode: ftd and one local worker as children.
+int Up(const std::string& data_dir, const std::string& listen, const std::string& cpu_memory) {
+  const fs::path self = fs::canonical("/proc/self/exe");
+  const fs::path root = self.parent_path().parent_path();
+  const std::string ftd = (root / "daemon/ftd").string(), worker = (root / "worker/ft-worker").string();
+  fs::create_directories(data_dir);
+  pid_t daemon_pid = fork();
+  if (daemon_pid == 0) {
+    execl(ftd.c_str(), ftd.c_str(), "--listen", listen.c_str(), "--data-dir", data_dir.c_str(), nullptr);
+    _exit(127);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  std::vector<std::string> args = {worker, "--daemon", listen, "--id", "local"};
+  if (!cpu_memory.empty()) {
+    args.push_back("--cpu-memory");
+    args.push_back(cpu_memory);
+  }
+  pid_t worker_pid = fork();
+  if (worker_pid == 0) {
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(worker.c_str(), argv.data());
+    _exit(127);
+  }
+  std::printf("ftune is up: ftd on %s (state in %s), worker 'local'. Ctrl-C stops both.\n", listen.c_str(),
+              data_dir.c_str());
+  std::fflush(stdout);
+  int status = 0;
+  waitpid(-1, &status, 0);
+  kill(worker_pid, SIGTERM);
+  kill(daemon_pid, SIGTERM);
+  waitpid(worker_pid, nullptr, 0);
+  waitpid(daemon_pid, nullptr, 0);
+  return kOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ftctl: submit and watch ftune jobs"};
+  app.require_subcommand(1);
+  ft::ClientOptions options;
+  bool json = false;
+  app.add_option("--addr", options.address, "ftd address host:port (env FTUNE_ADDR)");
+  app.add_option("--token", options.token, "bearer token (env FTUNE_TOKEN)");
+  app.add_flag("--json", json, "print API objects as JSON");
+
+  auto* submit = app.add_subcommand("submit", "validate and queue a job");
+  std::string job_file, request_id;
+  bool follow = false;
+  submit->add_option("job", job_file, "job.yaml")->required();
+  submit->add_flag("--follow,-f", follow, "show live progress until the job ends");
+  submit->add_option("--request-id", request_id, "idempotency key (default: random)");
+  auto* ls = app.add_subcommand("ls", "list jobs");
+  auto* status = app.add_subcommand("status", "a job's state and attempt history");
+  std::string id;
+  status->add_option("id", id)->required();
+  auto* logs = app.add_subcommand("logs", "a job's trainer output");
+  bool logs_follow = false;
+  logs->add_option("id", id)->required();
+  logs->add_flag("-f,--follow", logs_follow, "keep following");
+  auto* cancel = app.add_subcommand("cancel", "cancel a job (checkpointing first)");
+  cancel->add_option("id", id)->required();
+  auto* workers = app.add_subcommand("workers", "workers, devices and memory");
+  auto* events = app.add_subcommand("events", "the event log");
+  events->add_option("id", id, "only this job");
+  auto* watch = app.add_subcommand("watch", "follow a job until it ends");
+  watch->add_option("id", id)->required();
+  auto* up = app.add_subcommand("up", "embedded mode: ftd and a local worker");
+  std::string data_dir =
+      std::string(std::getenv("HOME") ? std::getenv("HOME") : "/tmp") + "/.local/share/ftune";
+  std::string listen = "127.0.0.1:7070", cpu_memory;
+  up->add_option("--data-dir", data_dir, "where ftd keeps its database and logs");
+  up->add_option("--listen", listen, "address for ftd");
+  up->add_option("--cpu-memory", cpu_memory, "memory the local worker offers");
+  CLI11_PARSE(app, argc, argv);
+
+  if (*up) return Up(data_dir, listen, cpu_memory);
+  ft::JobsClient client(ft::ResolveClientOptions(options));
+  if (*submit) return Submit(client, job_file, follow, request_id, json);
+  if (*ls) return List(client, json);
+  if (*status) return Status(client, id, json);
+  if (*watch) return Follow(client, id);
+  if (*logs) {
+    ft::Status s = client.Logs(id, logs_follow,
+                               [](const std::string& t) { std::fwrite(t.data(), 1, t.size(), stdout); });
+    return s.ok() ? kOk : Fail(s);
+  }
+  if (*cancel) {
+    auto j = client.Cancel(id);
+    if (!j.ok()) return Fail(j.status());
+    std::printf("%s %s\n", j->id().c_str(), StateName(j->state()));
+    return kOk;
+  }
+  if (*workers) return Workers(client, json);
+  if (*events) return Events(client, id, json);
+  return kBadInput;
+}

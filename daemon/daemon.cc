@@ -1,0 +1,707 @@
+#include "daemon/daemon.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "common/logging.h"
+#include "engine/file_util.h"
+#include "engine/hf_model.h"
+#include "engine/job_spec.h"
+
+namespace ft {
+
+namespace fs = std::filesystem;
+namespace pb = ftune::v1;
+
+namespace {
+
+pb::JobState ToProtoState(JobStateCode s) { return static_cast<pb::JobState>(static_cast<int>(s)); }
+pb::AttemptOutcome ToProtoOutcome(AttemptOutcomeCode o) {
+  return static_cast<pb::AttemptOutcome>(static_cast<int>(o));
+}
+
+// The job's YAML with every path absolute and the batch plan fixed, for the worker.
+std::string ResolvedSpec(const JobSpec& spec, const std::string& yaml, const BatchPlanChoice& plan) {
+  YAML::Node root = YAML::Load(yaml);
+  root["model"]["path"] = spec.model.path;
+  root["data"]["train"] = spec.data.train;
+  if (!spec.data.eval.empty()) root["data"]["eval"] = spec.data.eval;
+  if (!spec.adapter.init.empty()) root["adapter"]["init"] = spec.adapter.init;
+  root["output"]["dir"] = spec.output.dir;
+  root["train"]["micro_batch_size"] = plan.micro_batch;
+  root["train"]["gradient_accumulation"] = plan.accumulation;
+  YAML::Emitter out;
+  out << root;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace
+
+Daemon::Daemon(std::unique_ptr<Store> store, const Clock* clock, DaemonOptions options)
+    : store_(std::move(store)), clock_(clock), options_(std::move(options)) {
+  // Attempts that were running when ftd stopped: their workers get one lease to reconnect.
+  auto running = store_->RunningAttempts();
+  if (running.ok()) {
+    for (const AttemptRow& a : *running) {
+      Session& s = sessions_[a.worker_id];
+      s.alive = true;
+      s.last_message_mono = clock_->MonotonicMs();
+      s.running_job = a.job_id;
+      s.running_epoch = a.epoch;
+    }
+  }
+  if (!options_.data_dir.empty()) fs::create_directories(fs::path(options_.data_dir) / "logs");
+}
+
+void Daemon::Check(const Status& s, const char* what) {
+  if (!s.ok()) FT_LOG(ERROR) << "store: " << what << ": " << s.ToString();
+}
+
+std::string Daemon::LogPath(const std::string& job_id) const {
+  return (fs::path(options_.data_dir) / "logs" / (job_id + ".log")).string();
+}
+
+// ------------------------------------------------------------------ client API
+
+StatusOr<pb::SubmitReply> Daemon::Submit(const pb::SubmitRequest& req) {
+  const std::string file = (fs::path(req.spec_dir().empty() ? "." : req.spec_dir()) / "job.yaml").string();
+  FT_ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(req.spec_yaml(), file));
+  FT_ASSIGN_OR_RETURN(ModelConfig model, ReadHfConfig(spec.model.path));
+  if (spec.train.max_steps <= 0) {
+    return Status::InvalidArgument(file +
+                                   ": train.max_steps: ftd needs max_steps (epochs are not planned yet)");
+  }
+  JobRow row;
+  row.name = spec.name;
+  row.priority = spec.resources.priority;
+  row.spec_yaml = req.spec_yaml();
+  row.spec_dir = req.spec_dir();
+  row.client_request_id = req.client_request_id();
+  row.created_ms = row.updated_ms = clock_->WallMs();
+  row.total_steps = spec.train.max_steps;
+  row.max_failures = spec.resources.max_failures;
+  row.output_dir = spec.output.dir;
+  row.gpus = spec.resources.gpus;
+  row.device = spec.resources.device;
+  bool duplicate = false;
+  std::vector<pb::JobUpdate> updates;
+  pb::SubmitReply reply;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    FT_ASSIGN_OR_RETURN(JobRow created, store_->CreateJob(row, &duplicate));
+    JobView view;
+    view.id = created.id;
+    view.priority = created.priority;
+    view.created_ms = created.created_ms;
+    view.gpus = spec.resources.gpus;
+    view.device = spec.resources.device;
+    view.plan = PlanRequestFromJob(spec, model, "cpu", spec.resources.gpus);
+    plan_inputs_[created.id] = view;
+    FT_ASSIGN_OR_RETURN(*reply.mutable_job(), ToProto(created));
+    reply.set_duplicate(duplicate);
+    if (!duplicate) PublishJob(created.id);
+    updates.swap(pending_updates_);
+  }
+  for (const auto& u : updates) Publish(u.job_id(), u);
+  return reply;
+}
+
+StatusOr<pb::Job> Daemon::ToProto(const JobRow& j) {
+  pb::Job out;
+  out.set_id(j.id);
+  out.set_name(j.name);
+  out.set_state(ToProtoState(j.state));
+  out.set_reason(j.reason);
+  out.set_priority(j.priority);
+  out.set_spec_yaml(j.spec_yaml);
+  out.set_created_ms(j.created_ms);
+  out.set_updated_ms(j.updated_ms);
+  out.set_steps_done(j.steps_done);
+  out.set_total_steps(j.total_steps);
+  out.set_last_loss(j.last_loss);
+  out.set_tokens_per_s(j.tokens_per_s);
+  out.set_preemptions(j.preemptions);
+  out.set_failures(j.failures);
+  out.set_output_dir(j.output_dir);
+  auto ckpt = store_->LatestCheckpoint(j.id);
+  if (ckpt.ok()) out.set_committed_step(ckpt->step);
+  FT_ASSIGN_OR_RETURN(auto attempts, store_->ListAttempts(j.id));
+  for (const AttemptRow& a : attempts) {
+    pb::Attempt* p = out.add_attempts();
+    p->set_number(a.number);
+    p->set_epoch(a.epoch);
+    p->set_worker_id(a.worker_id);
+    p->set_outcome(ToProtoOutcome(a.outcome));
+    p->set_reason(a.reason);
+    p->set_started_ms(a.started_ms);
+    p->set_ended_ms(a.ended_ms);
+    p->set_start_step(a.start_step);
+    p->set_end_step(a.end_step);
+    p->set_steps_lost(a.steps_lost);
+    out.mutable_plan()->set_micro_batch(a.micro_batch);
+    out.mutable_plan()->set_accumulation(a.accumulation);
+    out.mutable_plan()->set_world(a.world);
+    if (a.outcome == AttemptOutcomeCode::kRunning) out.set_worker_id(a.worker_id);
+  }
+  return out;
+}
+
+StatusOr<pb::Job> Daemon::GetJob(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  FT_ASSIGN_OR_RETURN(JobRow j, store_->GetJob(id));
+  return ToProto(j);
+}
+
+StatusOr<pb::ListJobsReply> Daemon::ListJobs(const pb::ListJobsRequest& req) {
+  std::vector<JobStateCode> states;
+  for (int s : req.states()) states.push_back(static_cast<JobStateCode>(s));
+  std::lock_guard<std::mutex> lock(mu_);
+  FT_ASSIGN_OR_RETURN(auto jobs, store_->ListJobs(states, req.limit()));
+  pb::ListJobsReply reply;
+  for (const JobRow& j : jobs) {
+    FT_ASSIGN_OR_RETURN(*reply.add_jobs(), ToProto(j));
+  }
+  return reply;
+}
+
+StatusOr<pb::Job> Daemon::Cancel(const std::string& id) {
+  std::vector<pb::JobUpdate> updates;
+  pb::Job out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    FT_ASSIGN_OR_RETURN(JobRow j, store_->GetJob(id));
+    if (j.state == JobStateCode::kSucceeded || j.state == JobStateCode::kFailed ||
+        j.state == JobStateCode::kCancelled) {
+      return Status::FailedPrecondition("job " + id + " has already ended");
+    }
+    if (j.state == JobStateCode::kRunning) {
+      for (auto& [wid, s] : sessions_) {
+        if (s.running_job != id || !s.sink) continue;
+        pb::DaemonCommand cmd;
+        auto* c = cmd.mutable_checkpoint_now();
+        c->set_job_id(id);
+        c->set_epoch(s.running_epoch);
+        c->set_deadline_ms(30'000);
+        c->set_stop(true);
+        c->set_reason("cancelled");
+        s.sink->Send(cmd);
+      }
+    }
+    j.state = JobStateCode::kCancelled;
+    j.reason = "cancelled by the user";
+    j.updated_ms = clock_->WallMs();
+    FT_RETURN_IF_ERROR(store_->UpdateJob(j));
+    Event(id, "", "cancelled", "cancelled by the user", j.steps_done);
+    PublishJob(id);
+    FT_ASSIGN_OR_RETURN(out, ToProto(j));
+    updates.swap(pending_updates_);
+  }
+  for (const auto& u : updates) Publish(u.job_id(), u);
+  return out;
+}
+
+StatusOr<pb::ListWorkersReply> Daemon::ListWorkers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  FT_ASSIGN_OR_RETURN(auto workers, store_->ListWorkers());
+  pb::ListWorkersReply reply;
+  for (const WorkerRow& w : workers) {
+    pb::WorkerInfo* info = reply.add_workers();
+    info->set_id(w.id);
+    info->set_hostname(w.hostname);
+    info->set_version(w.version);
+    info->set_last_heartbeat_ms(w.last_seen_ms);
+    info->set_slot_end_ms(w.slot_end_ms);
+    auto it = sessions_.find(w.id);
+    info->set_alive(it != sessions_.end() && it->second.alive);
+    if (it != sessions_.end()) info->set_running_job_id(it->second.running_job);
+    for (const DeviceRow& d : w.devices) {
+      pb::Device* p = info->add_devices();
+      p->set_index(d.index);
+      p->set_kind(d.kind);
+      p->set_name(d.name);
+      p->set_total_bytes(d.total_bytes);
+      p->set_free_bytes(d.free_bytes);
+      p->set_used_bytes(d.used_bytes);
+    }
+  }
+  return reply;
+}
+
+StatusOr<pb::ListEventsReply> Daemon::ListEvents(const pb::ListEventsRequest& req) {
+  FT_ASSIGN_OR_RETURN(auto events, store_->ListEvents(req.job_id(), req.after_seq(), req.limit()));
+  pb::ListEventsReply reply;
+  for (const EventRow& e : events) {
+    pb::Event* p = reply.add_events();
+    p->set_seq(e.seq);
+    p->set_time_ms(e.time_ms);
+    p->set_job_id(e.job_id);
+    p->set_worker_id(e.worker_id);
+    p->set_kind(e.kind);
+    p->set_message(e.message);
+    p->set_step(e.step);
+  }
+  return reply;
+}
+
+// ------------------------------------------------------------------ subscriptions
+
+int64_t Daemon::Subscribe(const std::string& job_id, std::function<void(const pb::JobUpdate&)> fn) {
+  std::lock_guard<std::mutex> lock(subs_mu_);
+  const int64_t id = next_subscriber_++;
+  subscribers_[id] = {job_id, std::move(fn)};
+  return id;
+}
+
+void Daemon::Unsubscribe(int64_t id) {
+  std::lock_guard<std::mutex> lock(subs_mu_);
+  subscribers_.erase(id);
+}
+
+void Daemon::Publish(const std::string& job_id, const pb::JobUpdate& update) {
+  std::lock_guard<std::mutex> lock(subs_mu_);
+  for (auto& [id, s] : subscribers_) {
+    if (s.job_id.empty() || s.job_id == job_id) s.fn(update);
+  }
+}
+
+void Daemon::PublishJob(const std::string& job_id) {
+  auto j = store_->GetJob(job_id);
+  if (!j.ok()) return;
+  auto p = ToProto(*j);
+  if (!p.ok()) return;
+  pb::JobUpdate u;
+  u.set_job_id(job_id);
+  *u.mutable_job() = *p;
+  pending_updates_.push_back(u);
+}
+
+void Daemon::Event(const std::string& job_id, const std::string& worker_id, const std::string& kind,
+                   const std::string& message, int64_t step) {
+  EventRow e{0, clock_->WallMs(), job_id, worker_id, kind, message, step};
+  auto seq = store_->AddEvent(e);
+  Check(seq.status(), "add event");
+  FT_LOG(INFO) << "event " << kind << (job_id.empty() ? "" : " job " + job_id)
+               << (worker_id.empty() ? "" : " worker " + worker_id) << ": " << message;
+  pb::JobUpdate u;
+  u.set_job_id(job_id);
+  pb::Event* p = u.mutable_event();
+  p->set_seq(seq.ok() ? *seq : 0);
+  p->set_time_ms(e.time_ms);
+  p->set_job_id(job_id);
+  p->set_worker_id(worker_id);
+  p->set_kind(kind);
+  p->set_message(message);
+  p->set_step(step);
+  pending_updates_.push_back(u);
+}
+
+// ------------------------------------------------------------------ worker sessions
+
+void Daemon::Refuse(WorkerSink* sink, const std::string& job_id, int64_t epoch, const std::string& why) {
+  if (!sink) return;
+  pb::DaemonCommand cmd;
+  cmd.mutable_refused()->set_job_id(job_id);
+  cmd.mutable_refused()->set_epoch(epoch);
+  cmd.mutable_refused()->set_reason(why);
+  sink->Send(cmd);
+}
+
+bool Daemon::IsCurrent(const std::string& job_id, int64_t epoch) {
+  auto running = store_->RunningAttempts();
+  if (!running.ok()) return false;
+  for (const AttemptRow& a : *running) {
+    if (a.job_id == job_id) return a.epoch == epoch;
+  }
+  return false;
+}
+
+Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
+  if (reg.worker_id().empty()) return Status::InvalidArgument("register: worker_id is empty");
+  std::vector<pb::JobUpdate> updates;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Session& s = sessions_[reg.worker_id()];
+    const bool was_alive = s.alive;
+    s.sink = sink;
+    s.alive = true;
+    s.draining = false;
+    s.stop_sent = false;
+    s.last_message_mono = clock_->MonotonicMs();
+    s.slot_end_ms = reg.slot_end_ms();
+    s.devices.clear();
+    WorkerRow row;
+    row.id = reg.worker_id();
+    row.hostname = reg.hostname();
+    row.version = reg.version();
+    row.last_seen_ms = clock_->WallMs();
+    row.slot_end_ms = reg.slot_end_ms();
+    row.alive = true;
+    for (const pb::Device& d : reg.devices()) {
+      s.devices.push_back({d.kind(), d.total_bytes(), d.free_bytes()});
+      row.devices.push_back({d.index(), d.kind(), d.name(), d.total_bytes(), d.free_bytes(), d.used_bytes()});
+    }
+    Check(store_->UpsertWorker(row), "upsert worker");
+    if (!was_alive)
+      Event("", reg.worker_id(), "worker_joined", "worker " + reg.worker_id() + " registered", 0);
+    // Reattach what the worker still runs; refuse what was superseded.
+    std::set<std::string> reported;
+    for (const pb::RunningAttempt& a : reg.running()) {
+      if (IsCurrent(a.job_id(), a.epoch())) {
+        s.running_job = a.job_id();
+        s.running_epoch = a.epoch();
+        reported.insert(a.job_id());
+        Event(a.job_id(), reg.worker_id(), "reattached",
+              "attempt epoch " + std::to_string(a.epoch()) + " reattached after reconnect", a.step());
+      } else {
+        Refuse(sink, a.job_id(), a.epoch(), "epoch " + std::to_string(a.epoch()) + " is superseded");
+      }
+    }
+    // What the store thinks runs here but the worker no longer has is lost.
+    auto running = store_->RunningAttempts();
+    if (running.ok()) {
+      for (const AttemptRow& a : *running) {
+        if (a.worker_id == reg.worker_id() && !reported.count(a.job_id)) {
+          EndRunning(a.job_id, a.epoch, AttemptOutcomeCode::kPreempted,
+                     "worker restarted without the attempt", a.end_step);
+        }
+      }
+    }
+    if (s.running_job.empty() || !reported.count(s.running_job)) {
+      s.running_job.clear();
+      s.running_epoch = 0;
+    }
+    pb::DaemonCommand cmd;
+    cmd.mutable_registered()->set_lease_ms(options_.lease_ms);
+    cmd.mutable_registered()->set_heartbeat_ms(options_.heartbeat_ms);
+    sink->Send(cmd);
+    updates.swap(pending_updates_);
+  }
+  for (const auto& u : updates) Publish(u.job_id(), u);
+  return Status::OK();
+}
+
+void Daemon::OnDisconnect(const std::string& worker_id, WorkerSink* sink) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find(worker_id);
+  if (it != sessions_.end() && it->second.sink == sink) it->second.sink = nullptr;
+}
+
+void Daemon::OnWorkerMessage(const std::string& worker_id, WorkerSink* sink, const pb::WorkerMessage& msg) {
+  std::vector<pb::JobUpdate> updates;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sessions_.find(worker_id);
+    if (it == sessions_.end() || it->second.sink != sink) return;  // a stale session
+    Session& s = it->second;
+    if (!s.alive) {
+      // Its lease expired: everything it reports about earlier attempts is refused below.
+      s.alive = true;
+      Event("", worker_id, "worker_joined", "worker " + worker_id + " is back", 0);
+    }
+    s.last_message_mono = clock_->MonotonicMs();
+    switch (msg.msg_case()) {
+      case pb::WorkerMessage::kHeartbeat: OnHeartbeat(worker_id, s, msg.heartbeat()); break;
+      case pb::WorkerMessage::kCheckpoint: OnCheckpoint(worker_id, s, msg.checkpoint()); break;
+      case pb::WorkerMessage::kExited: OnExited(worker_id, s, msg.exited()); break;
+      case pb::WorkerMessage::kMetrics: OnMetrics(sink, msg.metrics()); break;
+      case pb::WorkerMessage::kLog: OnLog(sink, msg.log()); break;
+      default: break;
+    }
+    updates.swap(pending_updates_);
+  }
+  for (const auto& u : updates) Publish(u.job_id(), u);
+}
+
+void Daemon::OnHeartbeat(const std::string& worker_id, Session& s, const pb::Heartbeat& hb) {
+  if (hb.devices_size() > 0) {
+    s.devices.clear();
+    for (const pb::Device& d : hb.devices()) s.devices.push_back({d.kind(), d.total_bytes(), d.free_bytes()});
+  }
+  if (hb.slot_end_ms() > 0) s.slot_end_ms = hb.slot_end_ms();
+  Check(store_->SetWorkerAlive(worker_id, true, clock_->WallMs()), "worker alive");
+  for (const pb::Progress& p : hb.progress()) {
+    if (!IsCurrent(p.job_id(), p.epoch())) {
+      Refuse(s.sink, p.job_id(), p.epoch(), "epoch " + std::to_string(p.epoch()) + " is superseded");
+      continue;
+    }
+    auto j = store_->GetJob(p.job_id());
+    if (!j.ok()) continue;
+    j->steps_done = p.step();
+    j->last_loss = p.loss();
+    j->tokens_per_s = p.tokens_per_s();
+    if (p.total_steps() > 0) j->total_steps = p.total_steps();
+    j->updated_ms = clock_->WallMs();
+    Check(store_->UpdateJob(*j), "progress");
+    Check(store_->UpdateAttemptProgress(p.job_id(), p.epoch(), p.step()), "attempt progress");
+  }
+}
+
+void Daemon::OnCheckpoint(const std::string& worker_id, Session& s, const pb::CheckpointCommitted& c) {
+  if (!IsCurrent(c.job_id(), c.epoch())) {
+    Refuse(s.sink, c.job_id(), c.epoch(),
+           "checkpoint from superseded epoch " + std::to_string(c.epoch()) + " refused");
+    Event(
+        c.job_id(), worker_id, "refused",
+        "checkpoint step " + std::to_string(c.step()) + " from superseded epoch " + std::to_string(c.epoch()),
+        c.step());
+    return;
+  }
+  // The manifest on the shared filesystem must be the one the worker saw.
+  auto sha = Sha256File((fs::path(c.dir()) / "MANIFEST.json").string());
+  if (!sha.ok() || *sha != c.manifest_sha256()) {
+    Event(c.job_id(), worker_id, "refused", "checkpoint " + c.dir() + " does not verify", c.step());
+    return;
+  }
+  CheckpointRow row{c.job_id(),          c.epoch(),         c.step(),        c.dir(),
+                    c.manifest_sha256(), c.write_seconds(), clock_->WallMs()};
+  Check(store_->AddCheckpoint(row), "add checkpoint");
+  s.checkpoint_seconds = c.write_seconds();
+  Event(c.job_id(), worker_id, "checkpoint", "checkpoint committed at step " + std::to_string(c.step()),
+        c.step());
+  PublishJob(c.job_id());
+}
+
+void Daemon::OnExited(const std::string& worker_id, Session& s, const pb::AttemptExited& e) {
+  if (!IsCurrent(e.job_id(), e.epoch())) {
+    Event(e.job_id(), worker_id, "refused", "exit report of superseded epoch " + std::to_string(e.epoch()),
+          e.step());
+    return;
+  }
+  AttemptOutcomeCode outcome = AttemptOutcomeCode::kFailed;
+  if (e.outcome() == pb::ATTEMPT_FINISHED) outcome = AttemptOutcomeCode::kFinished;
+  if (e.outcome() == pb::ATTEMPT_PREEMPTED) outcome = AttemptOutcomeCode::kPreempted;
+  EndRunning(e.job_id(), e.epoch(), outcome, e.reason(), e.step());
+  if (s.running_job == e.job_id()) {
+    s.running_job.clear();
+    s.running_epoch = 0;
+  }
+}
+
+void Daemon::OnMetrics(WorkerSink* sink, const pb::MetricsReport& m) {
+  if (!IsCurrent(m.job_id(), m.epoch())) {
+    Refuse(sink, m.job_id(), m.epoch(), "metrics from superseded epoch");
+    return;
+  }
+  std::vector<MetricRow> rows;
+  for (const pb::MetricPoint& p : m.points()) {
+    rows.push_back({m.job_id(), m.epoch(), p.step(), p.loss(), p.lr(), p.grad_norm(), p.tokens_per_s(),
+                    p.peak_bytes(), p.time_ms() ? p.time_ms() : clock_->WallMs()});
+    pb::JobUpdate u;
+    u.set_job_id(m.job_id());
+    *u.mutable_metric() = p;
+    u.mutable_metric()->set_epoch(m.epoch());
+    pending_updates_.push_back(u);
+  }
+  Check(store_->AddMetrics(rows), "add metrics");
+}
+
+void Daemon::OnLog(WorkerSink* sink, const pb::LogReport& l) {
+  if (!IsCurrent(l.job_id(), l.epoch())) {
+    Refuse(sink, l.job_id(), l.epoch(), "logs from superseded epoch");
+    return;
+  }
+  if (options_.data_dir.empty()) return;
+  std::ofstream(LogPath(l.job_id()), std::ios::app) << l.text();
+}
+
+void Daemon::EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcomeCode outcome,
+                        const std::string& reason, int64_t exit_step) {
+  auto j = store_->GetJob(job_id);
+  if (!j.ok()) return;
+  auto ckpt = store_->LatestCheckpoint(job_id);
+  const int64_t committed = ckpt.ok() ? ckpt->step : 0;
+  const int64_t lost = std::max<int64_t>(0, exit_step - committed);
+  Check(store_->EndAttempt(job_id, epoch, outcome, reason, exit_step,
+                           outcome == AttemptOutcomeCode::kFinished ? 0 : lost, clock_->WallMs()),
+        "end attempt");
+  const int64_t now = clock_->WallMs();
+  j->updated_ms = now;
+  if (j->state == JobStateCode::kCancelled) {
+    Event(job_id, "", "stopped", "cancelled attempt stopped at step " + std::to_string(exit_step), exit_step);
+  } else if (outcome == AttemptOutcomeCode::kFinished) {
+    j->state = JobStateCode::kSucceeded;
+    j->reason = "";
+    j->steps_done = exit_step;
+    Event(job_id, "", "succeeded", "finished " + std::to_string(exit_step) + " steps", exit_step);
+  } else if (outcome == AttemptOutcomeCode::kPreempted) {
+    j->state = JobStateCode::kQueued;
+    j->preemptions += 1;
+    j->reason = "preempted: " + reason + "; resumes from step " + std::to_string(committed);
+    j->not_before_ms = now + options_.requeue_backoff_ms;
+    Event(job_id, "", "preempted",
+          reason + " (resumes from step " + std::to_string(committed) + ", " + std::to_string(lost) +
+              " steps lost)",
+          exit_step);
+  } else {
+    j->failures += 1;
+    if (j->failures > j->max_failures) {
+      j->state = JobStateCode::kFailed;
+      j->reason = "failed " + std::to_string(j->failures) + " times; last: " + reason;
+      Event(job_id, "", "failed", j->reason, exit_step);
+    } else {
+      j->state = JobStateCode::kQueued;
+      j->reason = "attempt failed (" + reason + "); retrying";
+      j->not_before_ms =
+          now + options_.requeue_backoff_ms * (int64_t{1} << std::min<int64_t>(j->failures, 6));
+      Event(job_id, "", "attempt_failed", reason, exit_step);
+    }
+  }
+  Check(store_->UpdateJob(*j), "update job");
+  PublishJob(job_id);
+}
+
+// ------------------------------------------------------------------ the tick
+
+void Daemon::Tick() {
+  std::vector<pb::JobUpdate> updates;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ExpireLeases();
+    StopForSlotEnds();
+    ScheduleQueued();
+    updates.swap(pending_updates_);
+  }
+  for (const auto& u : updates) Publish(u.job_id(), u);
+}
+
+void Daemon::ExpireLeases() {
+  const int64_t now = clock_->MonotonicMs();
+  for (auto& [id, s] : sessions_) {
+    if (!s.alive || now - s.last_message_mono <= options_.lease_ms) continue;
+    s.alive = false;
+    Check(store_->SetWorkerAlive(id, false, clock_->WallMs()), "worker lost");
+    Event(
+        "", id, "worker_lost",
+        "no message from worker " + id + " for " + std::to_string((now - s.last_message_mono) / 1000) + " s",
+        0);
+    if (!s.running_job.empty()) {
+      auto a = store_->ListAttempts(s.running_job);
+      int64_t step = 0;
+      if (a.ok() && !a->empty()) step = a->back().end_step;
+      EndRunning(s.running_job, s.running_epoch, AttemptOutcomeCode::kPreempted,
+                 "worker " + id + " lost (lease expired)", step);
+      s.running_job.clear();
+      s.running_epoch = 0;
+    }
+  }
+}
+
+void Daemon::StopForSlotEnds() {
+  const int64_t now = clock_->WallMs();
+  for (auto& [id, s] : sessions_) {
+    if (!s.alive || !s.sink || s.slot_end_ms <= 0 || s.running_job.empty() || s.stop_sent) continue;
+    const int64_t ckpt_ms =
+        static_cast<int64_t>(1.5 * (s.checkpoint_seconds > 0 ? s.checkpoint_seconds : 10.0) * 1000);
+    if (now < s.slot_end_ms - ckpt_ms - options_.checkpoint_margin_ms) continue;
+    pb::DaemonCommand cmd;
+    auto* c = cmd.mutable_checkpoint_now();
+    c->set_job_id(s.running_job);
+    c->set_epoch(s.running_epoch);
+    c->set_deadline_ms(std::max<int64_t>(1000, s.slot_end_ms - now));
+    c->set_stop(true);
+    c->set_reason("slot end");
+    s.sink->Send(cmd);
+    s.stop_sent = true;
+    s.draining = true;
+    Event(s.running_job, id, "slot_end", "worker " + id + "'s slot ends: checkpoint and stop", 0);
+  }
+}
+
+Status Daemon::EnsurePlanInput(const JobRow& job) {
+  if (plan_inputs_.count(job.id)) return Status::OK();
+  const std::string file = (fs::path(job.spec_dir.empty() ? "." : job.spec_dir) / "job.yaml").string();
+  FT_ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(job.spec_yaml, file));
+  FT_ASSIGN_OR_RETURN(ModelConfig model, ReadHfConfig(spec.model.path));
+  JobView view;
+  view.id = job.id;
+  view.priority = job.priority;
+  view.created_ms = job.created_ms;
+  view.gpus = spec.resources.gpus;
+  view.device = spec.resources.device;
+  view.plan = PlanRequestFromJob(spec, model, "cpu", spec.resources.gpus);
+  plan_inputs_[job.id] = view;
+  return Status::OK();
+}
+
+void Daemon::ScheduleQueued() {
+  auto queued = store_->ListJobs({JobStateCode::kQueued}, 0);
+  if (!queued.ok() || queued->empty()) return;
+  std::map<std::string, JobRow> by_id;
+  std::vector<JobView> jobs;
+  for (JobRow& j : *queued) {
+    Status s = EnsurePlanInput(j);
+    if (!s.ok()) {
+      j.state = JobStateCode::kFailed;
+      j.reason = "cannot plan: " + s.message();
+      Check(store_->UpdateJob(j), "fail unplannable job");
+      Event(j.id, "", "failed", j.reason, 0);
+      continue;
+    }
+    JobView v = plan_inputs_[j.id];
+    v.not_before_ms = j.not_before_ms;
+    jobs.push_back(v);
+    by_id[j.id] = j;
+  }
+  std::vector<WorkerView> workers;
+  for (const auto& [id, s] : sessions_) {
+    workers.push_back(
+        {id, s.alive && s.sink != nullptr, !s.running_job.empty(), s.draining, s.slot_end_ms, s.devices});
+  }
+  ScheduleResult result = Schedule(jobs, workers, clock_->WallMs(), {options_.min_slot_ms});
+  for (const Placement& p : result.placements) StartOn(by_id[p.job_id], p);
+  for (const auto& [job_id, why] : result.waiting) {
+    if (waiting_[job_id] == why) continue;
+    waiting_[job_id] = why;
+    JobRow j = by_id[job_id];
+    j.reason = why;
+    Check(store_->UpdateJob(j), "waiting reason");
+    PublishJob(job_id);
+  }
+}
+
+void Daemon::StartOn(const JobRow& job, const Placement& p) {
+  Session& s = sessions_[p.worker_id];
+  const std::string file = (fs::path(job.spec_dir.empty() ? "." : job.spec_dir) / "job.yaml").string();
+  auto spec = ParseJobSpec(job.spec_yaml, file);
+  if (!spec.ok()) return;
+  auto ckpt = store_->LatestCheckpoint(job.id);
+  const int64_t start_step = ckpt.ok() ? ckpt->step : 0;
+  auto attempt = store_->StartAttempt(job.id, p.worker_id, start_step, p.plan.micro_batch,
+                                      p.plan.accumulation, p.plan.world, clock_->WallMs());
+  if (!attempt.ok()) {
+    Check(attempt.status(), "start attempt");
+    return;
+  }
+  JobRow j = job;
+  j.state = JobStateCode::kRunning;
+  j.reason = "";
+  j.updated_ms = clock_->WallMs();
+  Check(store_->UpdateJob(j), "job running");
+  waiting_.erase(job.id);
+  s.running_job = job.id;
+  s.running_epoch = attempt->epoch;
+  s.stop_sent = false;
+  pb::DaemonCommand cmd;
+  pb::StartAttempt* start = cmd.mutable_start();
+  start->set_job_id(job.id);
+  start->set_epoch(attempt->epoch);
+  start->set_spec_yaml(ResolvedSpec(*spec, job.spec_yaml, p.plan));
+  start->mutable_plan()->set_micro_batch(p.plan.micro_batch);
+  start->mutable_plan()->set_accumulation(p.plan.accumulation);
+  start->mutable_plan()->set_world(p.plan.world);
+  if (ckpt.ok()) start->set_resume_checkpoint(ckpt->dir);
+  start->set_output_dir(spec->output.dir);
+  start->set_total_steps(job.total_steps);
+  s.sink->Send(cmd);
+  Event(job.id, p.worker_id, attempt->number == 1 ? "started" : "resumed",
+        (attempt->number == 1 ? "started" : "resumed from step " + std::to_string(start_step)) + " on " +
+            p.worker_id + " (" + p.device_kind + ", micro-batch " + std::to_string(p.plan.micro_batch) +
+            " x " + std::to_string(p.plan.accumulation) + ", epoch " + std::to_string(attempt->epoch) + ")",
+        start_step);
+  PublishJob(job.id);
+}
+
+}  // namespace ft

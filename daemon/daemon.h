@@ -1,0 +1,141 @@
+// The control daemon's core: jobs, workers, leases with fencing, and the
+// scheduler tick, independent of gRPC (daemon/grpc_service.h adapts it).
+//
+// State lives in the Store (SQLite); the Daemon keeps only what is live: the
+// connected worker sessions, their lease clocks (monotonic) and the jobs'
+// planning inputs. Every state transition is committed to the Store before it
+// is acted on, so ftd can be killed at any moment and restarted: running
+// attempts are reattached when their workers reconnect (no duplicates), and
+// those whose workers do not come back within the lease are requeued from
+// their newest committed checkpoint.
+//
+// Fencing: each attempt has an epoch. A message about (job, epoch) that is not
+// the job's current running attempt is refused (the worker is told to stop
+// it) and never changes the job.
+//
+// Thread safety: every public method is thread-safe (one mutex). Commands to
+// workers go through WorkerSink::Send, which must not block or call back.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "daemon/clock.h"
+#include "daemon/scheduler.h"
+#include "daemon/store.h"
+#include "proto/ftune.pb.h"
+
+namespace ft {
+
+struct DaemonOptions {
+  int64_t lease_ms = 10'000;             // no message for this long → the worker is lost
+  int64_t heartbeat_ms = 1'000;          // what workers are told to use
+  int64_t min_slot_ms = 60'000;          // no start on a worker whose slot ends sooner
+  int64_t checkpoint_margin_ms = 5'000;  // slot end: stop at end − (1.5 × checkpoint time + margin)
+  int64_t requeue_backoff_ms = 1'000;    // after a preemption; doubled per failure
+  std::string data_dir;                  // logs/<job>.log live here
+};
+
+// Where the daemon sends commands for one connected worker.
+class WorkerSink {
+ public:
+  virtual ~WorkerSink() = default;
+  virtual void Send(const ftune::v1::DaemonCommand& cmd) = 0;
+};
+
+class Daemon {
+ public:
+  Daemon(std::unique_ptr<Store> store, const Clock* clock, DaemonOptions options);
+
+  // ---- client API (InvalidArgument/NotFound/FailedPrecondition map to gRPC codes)
+  StatusOr<ftune::v1::SubmitReply> Submit(const ftune::v1::SubmitRequest& req);
+  StatusOr<ftune::v1::Job> GetJob(const std::string& id);
+  StatusOr<ftune::v1::ListJobsReply> ListJobs(const ftune::v1::ListJobsRequest& req);
+  StatusOr<ftune::v1::Job> Cancel(const std::string& id);
+  StatusOr<ftune::v1::ListWorkersReply> ListWorkers();
+  StatusOr<ftune::v1::ListEventsReply> ListEvents(const ftune::v1::ListEventsRequest& req);
+  std::string LogPath(const std::string& job_id) const;
+
+  // Live updates: `fn` is called (from any thread, with no daemon lock held)
+  // for every event, metric point and job summary change of `job_id` ("" = all).
+  int64_t Subscribe(const std::string& job_id, std::function<void(const ftune::v1::JobUpdate&)> fn);
+  void Unsubscribe(int64_t id);
+
+  // ---- worker sessions
+  // The first message of a session. Reattaches running attempts the worker
+  // reports, refuses superseded ones, requeues ones the worker lost.
+  Status OnRegister(const ftune::v1::Register& reg, WorkerSink* sink);
+  // Any later message. Messages for a superseded epoch are refused.
+  void OnWorkerMessage(const std::string& worker_id, WorkerSink* sink, const ftune::v1::WorkerMessage& msg);
+  // The session ended (the lease keeps running: a quick reconnect loses nothing).
+  void OnDisconnect(const std::string& worker_id, WorkerSink* sink);
+
+  // ---- the periodic duties: leases, slot ends, then one scheduling pass.
+  void Tick();
+
+  const DaemonOptions& options() const { return options_; }
+  Store& store() { return *store_; }
+
+ private:
+  struct Session {
+    WorkerSink* sink = nullptr;  // nullptr while disconnected
+    int64_t last_message_mono = 0;
+    bool alive = false;
+    bool draining = false;
+    int64_t slot_end_ms = 0;
+    std::vector<DeviceView> devices;
+    std::string running_job;  // at most one attempt per worker
+    int64_t running_epoch = 0;
+    double checkpoint_seconds = 0;  // last measured write time
+    bool stop_sent = false;
+  };
+
+  // REQUIRES: mu_ held (for all below).
+  Status EnsurePlanInput(const JobRow& job);
+  void ExpireLeases();
+  void StopForSlotEnds();
+  void ScheduleQueued();
+  void StartOn(const JobRow& job, const Placement& p);
+  void EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcomeCode outcome,
+                  const std::string& reason, int64_t exit_step);
+  bool IsCurrent(const std::string& job_id, int64_t epoch);
+  void Refuse(WorkerSink* sink, const std::string& job_id, int64_t epoch, const std::string& why);
+  void Event(const std::string& job_id, const std::string& worker_id, const std::string& kind,
+             const std::string& message, int64_t step);
+  void PublishJob(const std::string& job_id);
+  void Publish(const std::string& job_id, const ftune::v1::JobUpdate& update);
+  StatusOr<ftune::v1::Job> ToProto(const JobRow& job);
+  void OnHeartbeat(const std::string& worker_id, Session& s, const ftune::v1::Heartbeat& hb);
+  void OnCheckpoint(const std::string& worker_id, Session& s, const ftune::v1::CheckpointCommitted& c);
+  void OnExited(const std::string& worker_id, Session& s, const ftune::v1::AttemptExited& e);
+  void OnMetrics(WorkerSink* sink, const ftune::v1::MetricsReport& m);
+  void OnLog(WorkerSink* sink, const ftune::v1::LogReport& l);
+  // Reports an internal store failure loudly (the store is sticky-failed after one).
+  void Check(const Status& s, const char* what);
+
+  std::unique_ptr<Store> store_;
+  const Clock* clock_;
+  DaemonOptions options_;
+
+  std::mutex mu_;
+  std::map<std::string, Session> sessions_;     // GUARDED_BY(mu_) worker id →
+  std::map<std::string, JobView> plan_inputs_;  // GUARDED_BY(mu_) job id → planning input
+  std::map<std::string, std::string> waiting_;  // GUARDED_BY(mu_) job id → last reason published
+  struct Subscriber {
+    std::string job_id;
+    std::function<void(const ftune::v1::JobUpdate&)> fn;
+  };
+  std::mutex subs_mu_;
+  std::map<int64_t, Subscriber> subscribers_;          // GUARDED_BY(subs_mu_)
+  int64_t next_subscriber_ = 1;                        // GUARDED_BY(subs_mu_)
+  std::vector<ftune::v1::JobUpdate> pending_updates_;  // GUARDED_BY(mu_) delivered after mu_ is released
+};
+
+}  // namespace ft

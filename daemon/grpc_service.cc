@@ -1,0 +1,326 @@
+#include "daemon/grpc_service.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "daemon/grpc_status.h"
+
+namespace ft {
+
+namespace pb = ftune::v1;
+
+namespace {
+
+bool Authorised(const grpc::CallbackServerContext* ctx, const std::string& token) {
+  if (token.empty()) return true;
+  auto it = ctx->client_metadata().find("authorization");
+  return it != ctx->client_metadata().end() &&
+         std::string(it->second.data(), it->second.size()) == "Bearer " + token;
+}
+
+const grpc::Status kUnauthenticated(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong bearer token");
+
+// One worker's session: reads its messages into the daemon, writes the daemon's commands.
+class SessionReactor : public grpc::ServerBidiReactor<pb::WorkerMessage, pb::DaemonCommand>,
+                       public WorkerSink {
+ public:
+  SessionReactor(Daemon* daemon, grpc::CallbackServerContext* ctx, const AuthOptions& auth)
+      : daemon_(daemon) {
+    if (!Authorised(ctx, auth.worker_token)) {
+      Finish(kUnauthenticated);
+      return;
+    }
+    StartRead(&in_);
+  }
+
+  void Send(const pb::DaemonCommand& cmd) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    out_.push_back(cmd);
+    if (!writing_) {
+      writing_ = true;
+      StartWrite(&out_.front());
+    }
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Close(grpc::Status::OK);
+      return;
+    }
+    if (worker_id_.empty()) {
+      if (in_.msg_case() != pb::WorkerMessage::kRegister) {
+        Close(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the first message must be register"));
+        return;
+      }
+      worker_id_ = in_.register_().worker_id();
+      Status s = daemon_->OnRegister(in_.register_(), this);
+      if (!s.ok()) {
+        Close(ToGrpcStatus(s));
+        return;
+      }
+    } else {
+      daemon_->OnWorkerMessage(worker_id_, this, in_);
+    }
+    StartRead(&in_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    out_.pop_front();
+    if (ok && !out_.empty() && !finished_) {
+      StartWrite(&out_.front());
+    } else {
+      writing_ = false;
+    }
+  }
+
+  void OnDone() override {
+    if (!worker_id_.empty()) daemon_->OnDisconnect(worker_id_, this);
+    delete this;
+  }
+
+ private:
+  void Close(const grpc::Status& status) {
+    if (!worker_id_.empty()) daemon_->OnDisconnect(worker_id_, this);  // no Send after this returns
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    finished_ = true;
+    Finish(status);
+  }
+
+  Daemon* daemon_;
+  std::string worker_id_;
+  pb::WorkerMessage in_;
+  std::mutex mu_;
+  std::deque<pb::DaemonCommand> out_;  // GUARDED_BY(mu_); front is being written while writing_
+  bool writing_ = false;               // GUARDED_BY(mu_)
+  bool finished_ = false;              // GUARDED_BY(mu_)
+};
+
+// Watch: replays events after `after_seq`, then streams live updates until the client leaves.
+class WatchReactor : public grpc::ServerWriteReactor<pb::JobUpdate> {
+ public:
+  WatchReactor(Daemon* daemon, const pb::WatchRequest& req) : daemon_(daemon) {
+    subscription_ = daemon_->Subscribe(req.job_id(), [this](const pb::JobUpdate& u) { Enqueue(u); });
+    pb::ListEventsRequest past;
+    past.set_job_id(req.job_id());
+    past.set_after_seq(req.after_seq());
+    auto events = daemon_->ListEvents(past);
+    if (events.ok()) {
+      for (const pb::Event& e : events->events()) {
+        pb::JobUpdate u;
+        u.set_job_id(e.job_id());
+        *u.mutable_event() = e;
+        Enqueue(u);
+      }
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    out_.pop_front();
+    if (!ok) {
+      writing_ = false;
+      return;
+    }
+    if (!out_.empty()) {
+      StartWrite(&out_.front());
+    } else {
+      writing_ = false;
+    }
+  }
+  void OnCancel() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!finished_) {
+      finished_ = true;
+      Finish(grpc::Status::OK);
+    }
+  }
+  void OnDone() override {
+    daemon_->Unsubscribe(subscription_);
+    delete this;
+  }
+
+ private:
+  void Enqueue(const pb::JobUpdate& u) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_ || out_.size() > 10'000)
+      return;  // a stalled client drops live updates, never blocks the daemon
+    out_.push_back(u);
+    if (!writing_) {
+      writing_ = true;
+      StartWrite(&out_.front());
+    }
+  }
+
+  Daemon* daemon_;
+  int64_t subscription_ = 0;
+  std::mutex mu_;
+  std::deque<pb::JobUpdate> out_;  // GUARDED_BY(mu_)
+  bool writing_ = false;           // GUARDED_BY(mu_)
+  bool finished_ = false;          // GUARDED_BY(mu_)
+};
+
+// Logs: the job's log file, then (follow) new lines until the client leaves or the job ends.
+class LogsReactor : public grpc::ServerWriteReactor<pb::LogChunk> {
+ public:
+  LogsReactor(Daemon* daemon, const pb::LogsRequest& req) : daemon_(daemon), req_(req) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    write_ok_ = ok;
+    writing_ = false;
+    cv_.notify_all();
+  }
+  void OnCancel() override { cancelled_ = true; }
+  void OnDone() override {
+    cancelled_ = true;
+    // OnDone may run inline on the thread that called Finish: never join oneself.
+    if (thread_.get_id() == std::this_thread::get_id()) {
+      thread_.detach();
+    } else {
+      thread_.join();
+    }
+    delete this;
+  }
+
+ private:
+  void Run() {
+    const std::string path = daemon_->LogPath(req_.job_id());
+    std::streamoff pos = 0;
+    while (!cancelled_) {
+      std::ifstream in(path, std::ios::binary);
+      if (in) {
+        in.seekg(pos);
+        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        pos += static_cast<std::streamoff>(text.size());
+        if (!text.empty() && !Write(text)) break;
+      }
+      if (!req_.follow() || JobEnded()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    Finish(grpc::Status::OK);
+  }
+  bool JobEnded() {
+    auto j = daemon_->GetJob(req_.job_id());
+    if (!j.ok()) return true;
+    return j->state() == pb::SUCCEEDED || j->state() == pb::FAILED || j->state() == pb::CANCELLED;
+  }
+  bool Write(const std::string& text) {
+    std::unique_lock<std::mutex> lock(mu_);
+    chunk_.set_text(text);
+    writing_ = true;
+    StartWrite(&chunk_);
+    cv_.wait(lock, [&] { return !writing_; });
+    return write_ok_;
+  }
+
+  Daemon* daemon_;
+  pb::LogsRequest req_;
+  std::thread thread_;
+  std::atomic<bool> cancelled_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  pb::LogChunk chunk_;
+  bool writing_ = false;  // GUARDED_BY(mu_)
+  bool write_ok_ = true;  // GUARDED_BY(mu_)
+};
+
+class JobsService : public pb::Jobs::CallbackService {
+ public:
+  JobsService(Daemon* daemon, AuthOptions auth) : daemon_(daemon), auth_(std::move(auth)) {}
+
+  template <typename Reply, typename Fn>
+  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, Reply* reply, Fn fn) {
+    auto* reactor = ctx->DefaultReactor();
+    if (!Authorised(ctx, auth_.client_token)) {
+      reactor->Finish(kUnauthenticated);
+      return reactor;
+    }
+    auto result = fn();
+    if (result.ok()) *reply = std::move(result).value();
+    reactor->Finish(ToGrpcStatus(result.status()));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* ctx, const pb::SubmitRequest* req,
+                                   pb::SubmitReply* reply) override {
+    return Unary(ctx, reply, [&] { return daemon_->Submit(*req); });
+  }
+  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* ctx, const pb::GetJobRequest* req,
+                                pb::Job* reply) override {
+    return Unary(ctx, reply, [&] { return daemon_->GetJob(req->id()); });
+  }
+  grpc::ServerUnaryReactor* List(grpc::CallbackServerContext* ctx, const pb::ListJobsRequest* req,
+                                 pb::ListJobsReply* reply) override {
+    return Unary(ctx, reply, [&] { return daemon_->ListJobs(*req); });
+  }
+  grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* ctx, const pb::CancelRequest* req,
+                                   pb::Job* reply) override {
+    return Unary(ctx, reply, [&] { return daemon_->Cancel(req->id()); });
+  }
+  grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx, const pb::ListWorkersRequest*,
+                                        pb::ListWorkersReply* reply) override {
+    return Unary(ctx, reply, [&] { return daemon_->ListWorkers(); });
+  }
+  grpc::ServerUnaryReactor* ListEvents(grpc::CallbackServerContext* ctx, const pb::ListEventsRequest* req,
+                                       pb::ListEventsReply* reply) override {
+    return Unary(ctx, reply, [&] { return daemon_->ListEvents(*req); });
+  }
+  grpc::ServerWriteReactor<pb::JobUpdate>* Watch(grpc::CallbackServerContext* ctx,
+                                                 const pb::WatchRequest* req) override {
+    if (!Authorised(ctx, auth_.client_token)) return Refuse<pb::JobUpdate>();
+    return new WatchReactor(daemon_, *req);
+  }
+  grpc::ServerWriteReactor<pb::LogChunk>* Logs(grpc::CallbackServerContext* ctx,
+                                               const pb::LogsRequest* req) override {
+    if (!Authorised(ctx, auth_.client_token)) return Refuse<pb::LogChunk>();
+    return new LogsReactor(daemon_, *req);
+  }
+
+ private:
+  template <typename T>
+  static grpc::ServerWriteReactor<T>* Refuse() {
+    class Refuser : public grpc::ServerWriteReactor<T> {
+     public:
+      Refuser() { this->Finish(kUnauthenticated); }
+      void OnDone() override { delete this; }
+    };
+    return new Refuser();
+  }
+
+  Daemon* daemon_;
+  AuthOptions auth_;
+};
+
+class WorkersService : public pb::Workers::CallbackService {
+ public:
+  WorkersService(Daemon* daemon, AuthOptions auth) : daemon_(daemon), auth_(std::move(auth)) {}
+  grpc::ServerBidiReactor<pb::WorkerMessage, pb::DaemonCommand>* Session(
+      grpc::CallbackServerContext* ctx) override {
+    return new SessionReactor(daemon_, ctx, auth_);
+  }
+
+ private:
+  Daemon* daemon_;
+  AuthOptions auth_;
+};
+
+}  // namespace
+
+std::unique_ptr<pb::Jobs::CallbackService> MakeJobsService(Daemon* daemon, AuthOptions auth) {
+  return std::make_unique<JobsService>(daemon, std::move(auth));
+}
+
+std::unique_ptr<pb::Workers::CallbackService> MakeWorkersService(Daemon* daemon, AuthOptions auth) {
+  return std::make_unique<WorkersService>(daemon, std::move(auth));
+}
+
+}  // namespace ft

@@ -1,0 +1,21 @@
+// gRPC front of the Daemon: the Jobs and Workers services (callback API; the
+// worker session and Watch are reactors), with bearer-token checks.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "daemon/daemon.h"
+#include "proto/ftune.grpc.pb.h"
+
+namespace ft {
+
+struct AuthOptions {
+  std::string client_token;  // required from Jobs callers when non-empty
+  std::string worker_token;  // required from workers when non-empty
+};
+
+std::unique_ptr<ftune::v1::Jobs::CallbackService> MakeJobsService(Daemon* daemon, AuthOptions auth);
+std::unique_ptr<ftune::v1::Workers::CallbackService> MakeWorkersService(Daemon* daemon, AuthOptions auth);
+
+}  // namespace ft

@@ -1,0 +1,88 @@
+#include "daemon/scheduler.h"
+
+#include <algorithm>
+
+namespace ft {
+
+namespace {
+
+// The device kind a job may use on `w`, or "" when none.
+std::string UsableKind(const JobView& job, const WorkerView& w) {
+  auto count = [&](const std::string& kind) {
+    return std::count_if(w.devices.begin(), w.devices.end(),
+                         [&](const DeviceView& d) { return d.kind == kind; });
+  };
+  if (job.device != "cpu" && count("cuda") >= job.gpus) return "cuda";
+  if (job.device != "cuda" && count("cpu") >= 1 && job.gpus == 1) return "cpu";
+  return "";
+}
+
+// The smallest free memory among the devices the job would use.
+int64_t FreeForGang(const WorkerView& w, const std::string& kind, int64_t gpus) {
+  std::vector<int64_t> free;
+  for (const DeviceView& d : w.devices) {
+    if (d.kind == kind) free.push_back(d.free_bytes);
+  }
+  std::sort(free.rbegin(), free.rend());
+  return free.size() >= static_cast<size_t>(gpus) ? free[gpus - 1] : 0;
+}
+
+}  // namespace
+
+ScheduleResult Schedule(std::vector<JobView> jobs, std::vector<WorkerView> workers, int64_t now_wall_ms,
+                        const SchedulerOptions& options) {
+  std::stable_sort(jobs.begin(), jobs.end(), [](const JobView& a, const JobView& b) {
+    if (a.priority != b.priority) return a.priority > b.priority;
+    return a.created_ms < b.created_ms;
+  });
+  ScheduleResult result;
+  std::vector<bool> taken(workers.size(), false);
+  for (const JobView& job : jobs) {
+    if (job.not_before_ms > now_wall_ms) {
+      result.waiting[job.id] = "waits: backing off after the last attempt (" +
+                               std::to_string((job.not_before_ms - now_wall_ms + 999) / 1000) + " s)";
+      continue;
+    }
+    std::string why = "waits: no live worker";
+    int64_t best_free = 0;
+    int64_t needs = 0;
+    bool placed = false;
+    for (size_t i = 0; i < workers.size() && !placed; ++i) {
+      const WorkerView& w = workers[i];
+      if (!w.alive || taken[i] || w.busy || w.draining) {
+        if (w.alive && why == "waits: no live worker") why = "waits: every worker is busy";
+        continue;
+      }
+      if (w.slot_end_ms > 0 && w.slot_end_ms - now_wall_ms < options.min_slot_ms) {
+        why = "waits: worker " + w.id + "'s slot ends in less than " +
+              std::to_string(options.min_slot_ms / 1000) + " s";
+        continue;
+      }
+      const std::string kind = UsableKind(job, w);
+      if (kind.empty()) {
+        why = "waits: no worker has " + std::to_string(job.gpus) + " " +
+              (job.device == "auto" ? "" : job.device + " ") + "device(s)";
+        continue;
+      }
+      PlanRequest request = job.plan;
+      request.device = kind;
+      request.world = job.gpus;
+      const int64_t free = FreeForGang(w, kind, job.gpus);
+      auto choice = ChooseMicroBatch(request, free);
+      if (!choice.ok()) {
+        best_free = std::max(best_free, free);
+        needs = PredictMemory(request, 1).total();
+        why = "waits: does not fit: needs " + FormatBytes(needs) +
+              " per device at micro-batch 1, the largest free is " + FormatBytes(best_free);
+        continue;
+      }
+      result.placements.push_back({job.id, w.id, *choice, kind});
+      taken[i] = true;
+      placed = true;
+    }
+    if (!placed) result.waiting[job.id] = why;
+  }
+  return result;
+}
+
+}  // namespace ft

@@ -1,0 +1,820 @@
+#include "daemon/store.h"
+
+#include <sqlite3.h>
+
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <iterator>
+#include <limits>
+#include <set>
+
+namespace ft {
+
+namespace {
+
+// The schema, as an ordered list of migrations: kMigrations[i] takes the
+// database from user_version i to i + 1, in one transaction. Never edit an
+// entry that has shipped; append a new one.
+//
+// REAL columns are nullable on purpose: SQLite stores a NaN (a diverged
+// loss) as NULL, and reads give NULL back as NaN.
+constexpr const char* kMigrations[] = {
+    // 1: the initial schema.
+    R"sql(
+CREATE TABLE counters (
+  name  TEXT PRIMARY KEY,
+  value INTEGER NOT NULL
+) WITHOUT ROWID;
+INSERT INTO counters (name, value) VALUES ('job', 0);
+
+CREATE TABLE jobs (
+  num               INTEGER PRIMARY KEY,  -- from counters 'job': never reused
+  id                TEXT NOT NULL UNIQUE, -- 'j-000001'
+  name              TEXT NOT NULL,
+  state             INTEGER NOT NULL,     -- JobStateCode
+  reason            TEXT NOT NULL,
+  priority          INTEGER NOT NULL,
+  spec_yaml         TEXT NOT NULL,
+  spec_dir          TEXT NOT NULL,
+  client_request_id TEXT NOT NULL,        -- '' when none
+  created_ms        INTEGER NOT NULL,
+  updated_ms        INTEGER NOT NULL,
+  total_steps       INTEGER NOT NULL,
+  steps_done        INTEGER NOT NULL,
+  last_loss         REAL,
+  tokens_per_s      REAL,
+  preemptions       INTEGER NOT NULL,
+  failures          INTEGER NOT NULL,
+  max_failures      INTEGER NOT NULL,
+  output_dir        TEXT NOT NULL,
+  not_before_ms     INTEGER NOT NULL,
+  gpus              INTEGER NOT NULL,
+  device            TEXT NOT NULL
+);
+CREATE UNIQUE INDEX jobs_by_request ON jobs (client_request_id) WHERE client_request_id != '';
+CREATE INDEX jobs_by_state ON jobs (state, priority DESC, created_ms, num);
+CREATE INDEX jobs_by_created ON jobs (created_ms, num);
+
+CREATE TABLE attempts (
+  job_id       TEXT NOT NULL REFERENCES jobs (id),
+  number       INTEGER NOT NULL,
+  epoch        INTEGER NOT NULL,
+  worker_id    TEXT NOT NULL,
+  outcome      INTEGER NOT NULL,          -- AttemptOutcomeCode
+  reason       TEXT NOT NULL,
+  started_ms   INTEGER NOT NULL,
+  ended_ms     INTEGER NOT NULL,
+  start_step   INTEGER NOT NULL,
+  end_step     INTEGER NOT NULL,
+  steps_lost   INTEGER NOT NULL,
+  micro_batch  INTEGER NOT NULL,
+  accumulation INTEGER NOT NULL,
+  world        INTEGER NOT NULL,
+  PRIMARY KEY (job_id, number),
+  UNIQUE (job_id, epoch)
+) WITHOUT ROWID;
+CREATE INDEX attempts_running ON attempts (job_id, number) WHERE outcome = 1;
+
+CREATE TABLE workers (
+  id           TEXT PRIMARY KEY,
+  hostname     TEXT NOT NULL,
+  version      TEXT NOT NULL,
+  last_seen_ms INTEGER NOT NULL,
+  slot_end_ms  INTEGER NOT NULL,
+  alive        INTEGER NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE devices (
+  worker_id   TEXT NOT NULL REFERENCES workers (id),
+  idx         INTEGER NOT NULL,
+  kind        TEXT NOT NULL,
+  name        TEXT NOT NULL,
+  total_bytes INTEGER NOT NULL,
+  free_bytes  INTEGER NOT NULL,
+  used_bytes  INTEGER NOT NULL,
+  PRIMARY KEY (worker_id, idx)
+) WITHOUT ROWID;
+
+CREATE TABLE checkpoints (
+  job_id          TEXT NOT NULL REFERENCES jobs (id),
+  epoch           INTEGER NOT NULL,
+  step            INTEGER NOT NULL,
+  dir             TEXT NOT NULL,
+  manifest_sha256 TEXT NOT NULL,
+  write_seconds   REAL,
+  committed_ms    INTEGER NOT NULL,
+  PRIMARY KEY (job_id, step, epoch)
+) WITHOUT ROWID;
+
+CREATE TABLE events (
+  seq       INTEGER PRIMARY KEY AUTOINCREMENT,
+  time_ms   INTEGER NOT NULL,
+  job_id    TEXT NOT NULL,                -- '' for events of no job
+  worker_id TEXT NOT NULL,
+  kind      TEXT NOT NULL,
+  message   TEXT NOT NULL,
+  step      INTEGER NOT NULL
+);
+CREATE INDEX events_by_job ON events (job_id, seq);
+
+-- No foreign key: metrics are a log, written in bulk.
+CREATE TABLE metrics (
+  job_id       TEXT NOT NULL,
+  epoch        INTEGER NOT NULL,
+  step         INTEGER NOT NULL,
+  loss         REAL,
+  lr           REAL,
+  grad_norm    REAL,
+  tokens_per_s REAL,
+  peak_bytes   INTEGER NOT NULL,
+  time_ms      INTEGER NOT NULL,
+  PRIMARY KEY (job_id, step, epoch)
+) WITHOUT ROWID;
+)sql",
+};
+
+constexpr int kLatestVersion = static_cast<int>(std::size(kMigrations));
+constexpr int kBusyTimeoutMs = 10000;
+
+constexpr char kJobColumns[] =
+    "id, name, state, reason, priority, spec_yaml, spec_dir, client_request_id, created_ms, updated_ms, "
+    "total_steps, steps_done, last_loss, tokens_per_s, preemptions, failures, max_failures, output_dir, "
+    "not_before_ms, gpus, device";
+constexpr char kAttemptColumns[] =
+    "job_id, number, epoch, worker_id, outcome, reason, started_ms, ended_ms, start_step, end_step, "
+    "steps_lost, micro_batch, accumulation, world";
+constexpr char kCheckpointColumns[] =
+    "job_id, epoch, step, dir, manifest_sha256, write_seconds, committed_ms";
+constexpr char kEventColumns[] = "seq, time_ms, job_id, worker_id, kind, message, step";
+constexpr char kMetricColumns[] =
+    "job_id, epoch, step, loss, lr, grad_norm, tokens_per_s, peak_bytes, time_ms";
+
+// "?, ?, ?" with n placeholders.
+std::string Placeholders(int n) {
+  std::string out;
+  for (int i = 0; i < n; ++i) out += i == 0 ? "?" : ", ?";
+  return out;
+}
+
+std::string JobId(int64_t num) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "j-%06" PRId64, num);
+  return buf;
+}
+
+int64_t WallClockMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// SQLite's LIMIT: a negative value means none.
+int64_t SqlLimit(int64_t limit) { return limit > 0 ? limit : -1; }
+
+}  // namespace
+
+namespace store_internal {
+
+// A cached statement in use: binds parameters, steps, reads columns, and
+// resets itself when it goes out of scope so the cache can hand it out again.
+class Query {
+ public:
+  Query(sqlite3* db, sqlite3_stmt* stmt, const std::string& path, const std::string& op)
+      : db_(db), stmt_(stmt), path_(path), op_(op) {}
+  Query(Query&& other) noexcept
+      : db_(other.db_), stmt_(std::exchange(other.stmt_, nullptr)), path_(other.path_), op_(other.op_) {}
+  Query& operator=(Query&&) = delete;
+  ~Query() {
+    if (stmt_ == nullptr) return;
+    sqlite3_reset(stmt_);
+    sqlite3_clear_bindings(stmt_);
+  }
+
+  // Binds the arguments to the next parameters (1, 2, ... over all calls).
+  template <typename... Args>
+  Query& Bind(const Args&... args) {
+    (BindOne(next_param_++, args), ...);
+    return *this;
+  }
+
+  // Steps once: *row says whether a row is available.
+  Status Next(bool* row) {
+    *row = false;
+    if (bind_rc_ != SQLITE_OK) return Fail(sqlite3_errstr(bind_rc_));
+    int rc = sqlite3_step(stmt_);
+    if (rc == SQLITE_ROW) *row = true;
+    if (rc == SQLITE_ROW || rc == SQLITE_DONE) return Status::OK();
+    return Fail(sqlite3_errmsg(db_));
+  }
+
+  // Runs the statement to completion, ignoring rows.
+  Status Run() {
+    bool row = true;
+    while (row) FT_RETURN_IF_ERROR(Next(&row));
+    return Status::OK();
+  }
+
+  // Rows changed by the last INSERT/UPDATE/DELETE that ran to completion.
+  int64_t Changes() const { return sqlite3_changes64(db_); }
+
+  bool IsNull(int col) const { return sqlite3_column_type(stmt_, col) == SQLITE_NULL; }
+  int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
+  double Real(int col) const {
+    return IsNull(col) ? std::numeric_limits<double>::quiet_NaN() : sqlite3_column_double(stmt_, col);
+  }
+  std::string Text(int col) const {
+    const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(stmt_, col));
+    return p == nullptr ? std::string() : std::string(p, sqlite3_column_bytes(stmt_, col));
+  }
+
+ private:
+  Status Fail(const char* message) const { return Status::IOError(path_ + ": " + op_ + ": " + message); }
+
+  // Bind errors (misuse, too big) are kept and reported by the next step.
+  void Check(int rc) {
+    if (bind_rc_ == SQLITE_OK) bind_rc_ = rc;
+  }
+  void BindOne(int i, int64_t v) { Check(sqlite3_bind_int64(stmt_, i, v)); }
+  void BindOne(int i, int v) { Check(sqlite3_bind_int64(stmt_, i, v)); }
+  void BindOne(int i, double v) { Check(sqlite3_bind_double(stmt_, i, v)); }
+  void BindOne(int i, const std::string& v) {
+    Check(sqlite3_bind_text64(stmt_, i, v.data(), v.size(), SQLITE_TRANSIENT, SQLITE_UTF8));
+  }
+
+  sqlite3* db_;
+  sqlite3_stmt* stmt_;
+  const std::string& path_;
+  std::string op_;  // a copy: callers pass temporaries
+  int next_param_ = 1;
+  int bind_rc_ = SQLITE_OK;
+};
+
+}  // namespace store_internal
+
+namespace {
+
+using store_internal::Query;
+
+int64_t Code(JobStateCode s) { return static_cast<int64_t>(s); }
+int64_t Code(AttemptOutcomeCode o) { return static_cast<int64_t>(o); }
+
+JobRow ReadJob(const Query& q) {
+  JobRow j;
+  int c = 0;
+  j.id = q.Text(c++);
+  j.name = q.Text(c++);
+  j.state = static_cast<JobStateCode>(q.Int(c++));
+  j.reason = q.Text(c++);
+  j.priority = q.Int(c++);
+  j.spec_yaml = q.Text(c++);
+  j.spec_dir = q.Text(c++);
+  j.client_request_id = q.Text(c++);
+  j.created_ms = q.Int(c++);
+  j.updated_ms = q.Int(c++);
+  j.total_steps = q.Int(c++);
+  j.steps_done = q.Int(c++);
+  j.last_loss = q.Real(c++);
+  j.tokens_per_s = q.Real(c++);
+  j.preemptions = q.Int(c++);
+  j.failures = q.Int(c++);
+  j.max_failures = q.Int(c++);
+  j.output_dir = q.Text(c++);
+  j.not_before_ms = q.Int(c++);
+  j.gpus = q.Int(c++);
+  j.device = q.Text(c++);
+  return j;
+}
+
+AttemptRow ReadAttempt(const Query& q) {
+  AttemptRow a;
+  int c = 0;
+  a.job_id = q.Text(c++);
+  a.number = q.Int(c++);
+  a.epoch = q.Int(c++);
+  a.worker_id = q.Text(c++);
+  a.outcome = static_cast<AttemptOutcomeCode>(q.Int(c++));
+  a.reason = q.Text(c++);
+  a.started_ms = q.Int(c++);
+  a.ended_ms = q.Int(c++);
+  a.start_step = q.Int(c++);
+  a.end_step = q.Int(c++);
+  a.steps_lost = q.Int(c++);
+  a.micro_batch = q.Int(c++);
+  a.accumulation = q.Int(c++);
+  a.world = q.Int(c++);
+  return a;
+}
+
+CheckpointRow ReadCheckpoint(const Query& q) {
+  CheckpointRow r;
+  r.job_id = q.Text(0);
+  r.epoch = q.Int(1);
+  r.step = q.Int(2);
+  r.dir = q.Text(3);
+  r.manifest_sha256 = q.Text(4);
+  r.write_seconds = q.Real(5);
+  r.committed_ms = q.Int(6);
+  return r;
+}
+
+EventRow ReadEvent(const Query& q) {
+  EventRow e;
+  e.seq = q.Int(0);
+  e.time_ms = q.Int(1);
+  e.job_id = q.Text(2);
+  e.worker_id = q.Text(3);
+  e.kind = q.Text(4);
+  e.message = q.Text(5);
+  e.step = q.Int(6);
+  return e;
+}
+
+MetricRow ReadMetric(const Query& q) {
+  MetricRow m;
+  m.job_id = q.Text(0);
+  m.epoch = q.Int(1);
+  m.step = q.Int(2);
+  m.loss = q.Real(3);
+  m.lr = q.Real(4);
+  m.grad_norm = q.Real(5);
+  m.tokens_per_s = q.Real(6);
+  m.peak_bytes = q.Int(7);
+  m.time_ms = q.Int(8);
+  return m;
+}
+
+// Every row of `q`, converted by read(q).
+template <typename Read>
+auto Collect(Query& q, Read read) -> StatusOr<std::vector<decltype(read(q))>> {
+  std::vector<decltype(read(q))> rows;
+  for (;;) {
+    bool row = false;
+    FT_RETURN_IF_ERROR(q.Next(&row));
+    if (!row) return rows;
+    rows.push_back(read(q));
+  }
+}
+
+}  // namespace
+
+// ---- plumbing
+
+StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
+  std::unique_ptr<Store> store(new Store(path));
+  std::lock_guard<std::mutex> lock(store->mu_);
+  FT_RETURN_IF_ERROR(store->Init());
+  return store;
+}
+
+Store::~Store() {
+  for (auto& [sql, stmt] : stmts_) sqlite3_finalize(stmt);
+  sqlite3_close(db_);  // checkpoints the WAL; a no-op on nullptr
+}
+
+int Store::schema_version() const { return schema_version_; }
+
+Status Store::Init() {
+  int rc = sqlite3_open_v2(path_.c_str(), &db_,
+                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
+  if (rc != SQLITE_OK) {
+    return db_ != nullptr ? Error("open") : Status::IOError(path_ + ": open: " + sqlite3_errstr(rc));
+  }
+  sqlite3_extended_result_codes(db_, 1);
+  sqlite3_busy_timeout(db_, kBusyTimeoutMs);
+  // journal_mode answers with the mode in force: WAL needs shared memory,
+  // which some network filesystems lack.
+  FT_ASSIGN_OR_RETURN(std::string mode, QueryText("PRAGMA journal_mode=WAL", "enable WAL"));
+  if (mode != "wal") {
+    return Status::IOError(path_ + ": enable WAL: journal mode is '" + mode + "' (local disk?)");
+  }
+  // FULL fsyncs the WAL at every commit: an acknowledged write survives power loss.
+  FT_RETURN_IF_ERROR(Exec("PRAGMA synchronous=FULL", "set synchronous=FULL"));
+  FT_RETURN_IF_ERROR(Exec("PRAGMA foreign_keys=ON", "enable foreign keys"));
+  return Migrate();
+}
+
+Status Store::Migrate() {
+  FT_ASSIGN_OR_RETURN(std::string version, QueryText("PRAGMA user_version", "read schema version"));
+  schema_version_ = static_cast<int>(std::strtol(version.c_str(), nullptr, 10));
+  if (schema_version_ > kLatestVersion) {
+    return Status::FailedPrecondition(path_ + ": schema version " + std::to_string(schema_version_) +
+                                      " is newer than this ftd's (" + std::to_string(kLatestVersion) +
+                                      "); run a newer ftd");
+  }
+  while (schema_version_ < kLatestVersion) {
+    const int next = schema_version_ + 1;
+    const std::string op = "migrate to schema version " + std::to_string(next);
+    FT_RETURN_IF_ERROR(Write(op, [&]() -> Status {
+      // Multi-statement text: sqlite3_exec, not the statement cache.
+      char* err = nullptr;
+      if (sqlite3_exec(db_, kMigrations[next - 1], nullptr, nullptr, &err) != SQLITE_OK) {
+        Status s = Status::IOError(path_ + ": " + op + ": " + (err ? err : "unknown error"));
+        sqlite3_free(err);
+        return s;
+      }
+      // user_version lives in the database header: it commits with the migration.
+      return Exec("PRAGMA user_version = " + std::to_string(next), op);
+    }));
+    schema_version_ = next;
+  }
+  return Status::OK();
+}
+
+StatusOr<std::string> Store::QueryText(const std::string& sql, const std::string& op) {
+  FT_ASSIGN_OR_RETURN(Query q, Prepare(sql, op));
+  bool row = false;
+  FT_RETURN_IF_ERROR(q.Next(&row));
+  return row ? q.Text(0) : std::string();
+}
+
+Status Store::Error(const std::string& op) const {
+  return Status::IOError(path_ + ": " + op + ": " + sqlite3_errmsg(db_));
+}
+
+StatusOr<Store::Query> Store::Prepare(const std::string& sql, const std::string& op) {
+  auto it = stmts_.find(sql);
+  if (it == stmts_.end()) {
+    sqlite3_stmt* stmt = nullptr;
+    if (sqlite3_prepare_v3(db_, sql.c_str(), -1, SQLITE_PREPARE_PERSISTENT, &stmt, nullptr) != SQLITE_OK) {
+      return Error(op);
+    }
+    it = stmts_.emplace(sql, stmt).first;
+  }
+  return Query(db_, it->second, path_, op);
+}
+
+Status Store::Exec(const std::string& sql, const std::string& op) {
+  FT_ASSIGN_OR_RETURN(Query q, Prepare(sql, op));
+  return q.Run();
+}
+
+template <typename Body>
+Status Store::Write(const std::string& op, Body&& body) {
+  if (!sticky_.ok()) return sticky_;
+  // IMMEDIATE takes the write lock now, so the transaction cannot fail
+  // later with SQLITE_BUSY when another connection wrote in between.
+  Status s = Exec("BEGIN IMMEDIATE", op);
+  if (s.ok()) s = body();
+  if (s.ok()) s = Exec("COMMIT", op);
+  if (!s.ok()) {
+    // SQLite may already have rolled back (e.g. after an I/O error).
+    if (!sqlite3_get_autocommit(db_)) {
+      Status r = Exec("ROLLBACK", op);
+      if (!r.ok() && !s.IsIOError()) s = r;
+    }
+    if (s.IsIOError()) sticky_ = s;
+  }
+  return s;
+}
+
+StatusOr<std::optional<JobRow>> Store::FindJob(const std::string& column, const std::string& value,
+                                               const std::string& op) {
+  FT_ASSIGN_OR_RETURN(Query q,
+                      Prepare(std::string("SELECT ") + kJobColumns + " FROM jobs WHERE " + column + " = ?" +
+                                  (column == "client_request_id" ? " AND " + column + " != ''" : ""),
+                              op));
+  q.Bind(value);
+  bool row = false;
+  FT_RETURN_IF_ERROR(q.Next(&row));
+  if (!row) return std::optional<JobRow>();
+  return std::optional<JobRow>(ReadJob(q));
+}
+
+Status Store::RequireJob(const std::string& job_id, const std::string& op) {
+  FT_ASSIGN_OR_RETURN(Query q, Prepare("SELECT 1 FROM jobs WHERE id = ?", op));
+  q.Bind(job_id);
+  bool row = false;
+  FT_RETURN_IF_ERROR(q.Next(&row));
+  return row ? Status::OK() : Status::NotFound("no job " + job_id);
+}
+
+StatusOr<int64_t> Store::InsertEvent(const EventRow& e, const std::string& op) {
+  FT_ASSIGN_OR_RETURN(Query q, Prepare("INSERT INTO events (time_ms, job_id, worker_id, kind, message, step) "
+                                       "VALUES (?, ?, ?, ?, ?, ?)",
+                                       op));
+  q.Bind(e.time_ms, e.job_id, e.worker_id, e.kind, e.message, e.step);
+  FT_RETURN_IF_ERROR(q.Run());
+  return static_cast<int64_t>(sqlite3_last_insert_rowid(db_));
+}
+
+// ---- jobs
+
+StatusOr<JobRow> Store::CreateJob(JobRow job, bool* duplicate) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string op = "create job";
+  bool dup = false;
+  FT_RETURN_IF_ERROR(Write(op, [&]() -> Status {
+    if (!job.client_request_id.empty()) {
+      FT_ASSIGN_OR_RETURN(std::optional<JobRow> existing,
+                          FindJob("client_request_id", job.client_request_id, op));
+      if (existing) {
+        job = std::move(*existing);
+        dup = true;
+        return Status::OK();
+      }
+    }
+    // The counter lives in the database, so ids are never reused.
+    FT_ASSIGN_OR_RETURN(
+        Query next, Prepare("UPDATE counters SET value = value + 1 WHERE name = 'job' RETURNING value", op));
+    bool row = false;
+    FT_RETURN_IF_ERROR(next.Next(&row));
+    if (!row) return Status::IOError(path_ + ": " + op + ": the job counter is missing");
+    const int64_t num = next.Int(0);
+    FT_RETURN_IF_ERROR(next.Run());
+    job.id = JobId(num);
+    job.state = JobStateCode::kQueued;
+    if (job.created_ms == 0) job.created_ms = WallClockMs();
+    if (job.updated_ms == 0) job.updated_ms = job.created_ms;
+    FT_ASSIGN_OR_RETURN(Query q, Prepare(std::string("INSERT INTO jobs (num, ") + kJobColumns + ") VALUES (" +
+                                             Placeholders(22) + ")",
+                                         op));
+    const JobRow& j = job;
+    q.Bind(num, j.id, j.name, Code(j.state), j.reason, j.priority, j.spec_yaml, j.spec_dir,
+           j.client_request_id, j.created_ms, j.updated_ms, j.total_steps, j.steps_done, j.last_loss,
+           j.tokens_per_s, j.preemptions, j.failures, j.max_failures, j.output_dir, j.not_before_ms, j.gpus,
+           j.device);
+    FT_RETURN_IF_ERROR(q.Run());
+    EventRow e{.time_ms = j.created_ms, .job_id = j.id, .kind = "queued", .message = "submitted"};
+    return InsertEvent(e, op).status();
+  }));
+  if (duplicate != nullptr) *duplicate = dup;
+  return job;
+}
+
+StatusOr<JobRow> Store::GetJob(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  FT_ASSIGN_OR_RETURN(std::optional<JobRow> job, FindJob("id", id, "get job " + id));
+  if (!job) return Status::NotFound("no job " + id);
+  return std::move(*job);
+}
+
+StatusOr<std::vector<JobRow>> Store::ListJobs(const std::vector<JobStateCode>& states, int64_t limit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // One cached statement per number of distinct states (at most six).
+  const std::set<JobStateCode> distinct(states.begin(), states.end());
+  std::string sql = std::string("SELECT ") + kJobColumns + " FROM jobs";
+  if (!distinct.empty()) sql += " WHERE state IN (" + Placeholders(static_cast<int>(distinct.size())) + ")";
+  sql += " ORDER BY created_ms, num LIMIT ?";
+  FT_ASSIGN_OR_RETURN(Query q, Prepare(sql, "list jobs"));
+  for (JobStateCode s : distinct) q.Bind(Code(s));
+  q.Bind(SqlLimit(limit));
+  return Collect(q, ReadJob);
+}
+
+Status Store::UpdateJob(const JobRow& j) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string op = "update job " + j.id;
+  return Write(op, [&]() -> Status {
+    FT_ASSIGN_OR_RETURN(Query q,
+                        Prepare("UPDATE jobs SET name = ?, state = ?, reason = ?, priority = ?, "
+                                "updated_ms = ?, total_steps = ?, steps_done = ?, last_loss = ?, "
+                                "tokens_per_s = ?, preemptions = ?, failures = ?, max_failures = ?, "
+                                "output_dir = ?, not_before_ms = ?, gpus = ?, device = ? WHERE id = ?",
+                                op));
+    q.Bind(j.name, Code(j.state), j.reason, j.priority, j.updated_ms, j.total_steps, j.steps_done,
+           j.last_loss, j.tokens_per_s, j.preemptions, j.failures, j.max_failures, j.output_dir,
+           j.not_before_ms, j.gpus, j.device, j.id);
+    FT_RETURN_IF_ERROR(q.Run());
+    return q.Changes() == 1 ? Status::OK() : Status::NotFound("no job " + j.id);
+  });
+}
+
+// ---- attempts
+
+StatusOr<AttemptRow> Store::StartAttempt(const std::string& job_id, const std::string& worker_id,
+                                         int64_t start_step, int64_t micro_batch, int64_t accumulation,
+                                         int64_t world, int64_t now_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string op = "start attempt of " + job_id;
+  AttemptRow a{.job_id = job_id,
+               .worker_id = worker_id,
+               .outcome = AttemptOutcomeCode::kRunning,
+               .started_ms = now_ms,
+               .start_step = start_step,
+               .end_step = start_step,
+               .micro_batch = micro_batch,
+               .accumulation = accumulation,
+               .world = world};
+  FT_RETURN_IF_ERROR(Write(op, [&]() -> Status {
+    FT_RETURN_IF_ERROR(RequireJob(job_id, op));
+    FT_ASSIGN_OR_RETURN(
+        Query last,
+        Prepare("SELECT COALESCE(MAX(number), 0), COALESCE(MAX(epoch), 0) FROM attempts WHERE job_id = ?",
+                op));
+    bool row = false;
+    FT_RETURN_IF_ERROR(last.Bind(job_id).Next(&row));
+    a.number = last.Int(0) + 1;
+    a.epoch = last.Int(1) + 1;
+    FT_ASSIGN_OR_RETURN(Query q, Prepare(std::string("INSERT INTO attempts (") + kAttemptColumns +
+                                             ") VALUES (" + Placeholders(14) + ")",
+                                         op));
+    q.Bind(a.job_id, a.number, a.epoch, a.worker_id, Code(a.outcome), a.reason, a.started_ms, a.ended_ms,
+           a.start_step, a.end_step, a.steps_lost, a.micro_batch, a.accumulation, a.world);
+    return q.Run();
+  }));
+  return a;
+}
+
+Status Store::EndAttempt(const std::string& job_id, int64_t epoch, AttemptOutcomeCode outcome,
+                         const std::string& reason, int64_t end_step, int64_t steps_lost, int64_t now_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string op = "end attempt " + std::to_string(epoch) + " of " + job_id;
+  return Write(op, [&]() -> Status {
+    FT_ASSIGN_OR_RETURN(Query q, Prepare("UPDATE attempts SET outcome = ?, reason = ?, end_step = ?, "
+                                         "steps_lost = ?, ended_ms = ? WHERE job_id = ? AND epoch = ?",
+                                         op));
+    FT_RETURN_IF_ERROR(q.Bind(Code(outcome), reason, end_step, steps_lost, now_ms, job_id, epoch).Run());
+    if (q.Changes() == 1) return Status::OK();
+    return Status::NotFound("job " + job_id + " has no attempt with epoch " + std::to_string(epoch));
+  });
+}
+
+StatusOr<std::vector<AttemptRow>> Store::ListAttempts(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  FT_ASSIGN_OR_RETURN(Query q, Prepare(std::string("SELECT ") + kAttemptColumns +
+                                           " FROM attempts WHERE job_id = ? ORDER BY number",
+                                       "list attempts of " + job_id));
+  return Collect(q.Bind(job_id), ReadAttempt);
+}
+
+StatusOr<std::vector<AttemptRow>> Store::RunningAttempts() {
+  std::lock_guard<std::mutex> lock(mu_);
+  // "outcome = 1" literally, so that the partial index attempts_running applies.
+  static_assert(static_cast<int>(AttemptOutcomeCode::kRunning) == 1);
+  FT_ASSIGN_OR_RETURN(Query q, Prepare(std::string("SELECT ") + kAttemptColumns +
+                                           " FROM attempts WHERE outcome = 1 ORDER BY job_id, number",
+                                       "list running attempts"));
+  return Collect(q, ReadAttempt);
+}
+
+Status Store::UpdateAttemptProgress(const std::string& job_id, int64_t epoch, int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string op = "update progress of attempt " + std::to_string(epoch) + " of " + job_id;
+  return Write(op, [&]() -> Status {
+    FT_ASSIGN_OR_RETURN(Query q,
+                        Prepare("UPDATE attempts SET end_step = ? WHERE job_id = ? AND epoch = ?", op));
+    FT_RETURN_IF_ERROR(q.Bind(step, job_id, epoch).Run());
+    if (q.Changes() == 1) return Status::OK();
+    return Status::NotFound("job " + job_id + " has no attempt with epoch " + std::to_string(epoch));
+  });
+}
+
+// ---- checkpoints
+
+Status Store::AddCheckpoint(const CheckpointRow& c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string op = "add checkpoint of " + c.job_id + " at step " + std::to_string(c.step);
+  return Write(op, [&]() -> Status {
+    FT_RETURN_IF_ERROR(RequireJob(c.job_id, op));
+    FT_ASSIGN_OR_RETURN(Query q, Prepare(std::string("INSERT OR REPLACE INTO checkpoints (") +
+                                             kCheckpointColumns + ") VALUES (" + Placeholders(7) + ")",
+                                         op));
+    return q.Bind(c.job_id, c.epoch, c.step, c.dir, c.manifest_sha256, c.write_seconds, c.committed_ms).Run();
+  });
+}
+
+StatusOr<CheckpointRow> Store::LatestCheckpoint(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  FT_ASSIGN_OR_RETURN(Query q,
+                      Prepare(std::string("SELECT ") + kCheckpointColumns +
+                                  " FROM checkpoints WHERE job_id = ? ORDER BY step DESC, epoch DESC "
+                                  "LIMIT 1",
+                              "latest checkpoint of " + job_id));
+  bool row = false;
+  FT_RETURN_IF_ERROR(q.Bind(job_id).Next(&row));
+  if (!row) return Status::NotFound("job " + job_id + " has no committed checkpoint");
+  return ReadCheckpoint(q);
+}
+
+// ---- workers
+
+Status Store::UpsertWorker(const WorkerRow& w) {
+  std::set<int32_t> indexes;
+  for (const DeviceRow& d : w.devices) {
+    if (!indexes.insert(d.index).second) {
+      return Status::InvalidArgument("worker " + w.id + " reports device index " + std::to_string(d.index) +
+                                     " twice");
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string op = "upsert worker " + w.id;
+  return Write(op, [&]() -> Status {
+    FT_ASSIGN_OR_RETURN(Query q,
+                        Prepare("INSERT INTO workers (id, hostname, version, last_seen_ms, slot_end_ms, "
+                                "alive) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+                                "hostname = excluded.hostname, version = excluded.version, "
+                                "last_seen_ms = excluded.last_seen_ms, slot_end_ms = "
+                                "excluded.slot_end_ms, alive = excluded.alive",
+                                op));
+    FT_RETURN_IF_ERROR(
+        q.Bind(w.id, w.hostname, w.version, w.last_seen_ms, w.slot_end_ms, int{w.alive}).Run());
+    FT_ASSIGN_OR_RETURN(Query del, Prepare("DELETE FROM devices WHERE worker_id = ?", op));
+    FT_RETURN_IF_ERROR(del.Bind(w.id).Run());
+    for (const DeviceRow& d : w.devices) {
+      FT_ASSIGN_OR_RETURN(Query ins, Prepare("INSERT INTO devices (worker_id, idx, kind, name, total_bytes, "
+                                             "free_bytes, used_bytes) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                             op));
+      FT_RETURN_IF_ERROR(
+          ins.Bind(w.id, d.index, d.kind, d.name, d.total_bytes, d.free_bytes, d.used_bytes).Run());
+    }
+    return Status::OK();
+  });
+}
+
+Status Store::SetWorkerAlive(const std::string& id, bool alive, int64_t last_seen_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string op = "set worker " + id + (alive ? " alive" : " dead");
+  return Write(op, [&]() -> Status {
+    FT_ASSIGN_OR_RETURN(Query q, Prepare("UPDATE workers SET alive = ?, last_seen_ms = ? WHERE id = ?", op));
+    FT_RETURN_IF_ERROR(q.Bind(int{alive}, last_seen_ms, id).Run());
+    return q.Changes() == 1 ? Status::OK() : Status::NotFound("no worker " + id);
+  });
+}
+
+StatusOr<std::vector<WorkerRow>> Store::ListWorkers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  // One statement, so workers and devices come from one snapshot.
+  FT_ASSIGN_OR_RETURN(Query q,
+                      Prepare("SELECT w.id, w.hostname, w.version, w.last_seen_ms, w.slot_end_ms, "
+                              "w.alive, d.idx, d.kind, d.name, d.total_bytes, d.free_bytes, "
+                              "d.used_bytes FROM workers w LEFT JOIN devices d ON d.worker_id = w.id "
+                              "ORDER BY w.id, d.idx",
+                              "list workers"));
+  std::vector<WorkerRow> workers;
+  for (;;) {
+    bool row = false;
+    FT_RETURN_IF_ERROR(q.Next(&row));
+    if (!row) return workers;
+    if (workers.empty() || workers.back().id != q.Text(0)) {
+      workers.push_back(WorkerRow{.id = q.Text(0),
+                                  .hostname = q.Text(1),
+                                  .version = q.Text(2),
+                                  .last_seen_ms = q.Int(3),
+                                  .slot_end_ms = q.Int(4),
+                                  .alive = q.Int(5) != 0});
+    }
+    if (q.IsNull(6)) continue;  // a worker without devices
+    workers.back().devices.push_back(DeviceRow{.index = static_cast<int32_t>(q.Int(6)),
+                                               .kind = q.Text(7),
+                                               .name = q.Text(8),
+                                               .total_bytes = q.Int(9),
+                                               .free_bytes = q.Int(10),
+                                               .used_bytes = q.Int(11)});
+  }
+}
+
+// ---- events and metrics
+
+StatusOr<int64_t> Store::AddEvent(EventRow e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string op = "add event " + e.kind + (e.job_id.empty() ? "" : " of " + e.job_id);
+  FT_RETURN_IF_ERROR(Write(op, [&]() -> Status {
+    FT_ASSIGN_OR_RETURN(e.seq, InsertEvent(e, op));
+    return Status::OK();
+  }));
+  return e.seq;
+}
+
+StatusOr<std::vector<EventRow>> Store::ListEvents(const std::string& job_id, int64_t after_seq,
+                                                  int64_t limit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string select = std::string("SELECT ") + kEventColumns + " FROM events WHERE ";
+  if (job_id.empty()) {
+    FT_ASSIGN_OR_RETURN(Query q, Prepare(select + "seq > ? ORDER BY seq LIMIT ?", "list events"));
+    return Collect(q.Bind(after_seq, SqlLimit(limit)), ReadEvent);
+  }
+  FT_ASSIGN_OR_RETURN(
+      Query q, Prepare(select + "job_id = ? AND seq > ? ORDER BY seq LIMIT ?", "list events of " + job_id));
+  return Collect(q.Bind(job_id, after_seq, SqlLimit(limit)), ReadEvent);
+}
+
+Status Store::AddMetrics(const std::vector<MetricRow>& rows) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string op = "add " + std::to_string(rows.size()) + " metric rows";
+  return Write(op, [&]() -> Status {
+    for (const MetricRow& m : rows) {
+      FT_ASSIGN_OR_RETURN(Query q, Prepare(std::string("INSERT OR REPLACE INTO metrics (") + kMetricColumns +
+                                               ") VALUES (" + Placeholders(9) + ")",
+                                           op));
+      FT_RETURN_IF_ERROR(q.Bind(m.job_id, m.epoch, m.step, m.loss, m.lr, m.grad_norm, m.tokens_per_s,
+                                m.peak_bytes, m.time_ms)
+                             .Run());
+    }
+    return Status::OK();
+  });
+}
+
+StatusOr<std::vector<MetricRow>> Store::ListMetrics(const std::string& job_id, int64_t after_step,
+                                                    int64_t limit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  FT_ASSIGN_OR_RETURN(Query q, Prepare(std::string("SELECT ") + kMetricColumns +
+                                           " FROM metrics WHERE job_id = ? AND step > ? ORDER BY step, epoch "
+                                           "LIMIT ?",
+                                       "list metrics of " + job_id));
+  return Collect(q.Bind(job_id, after_step, SqlLimit(limit)), ReadMetric);
+}
+
+}  // namespace ft

@@ -1,0 +1,287 @@
+// The daemon's core on simulated time: placement, leases, fencing, slot ends,
+// priorities and restart, with fake worker sessions (no gRPC, no processes).
+#include "daemon/daemon.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "engine/hf_model.h"
+
+namespace ft {
+namespace {
+
+namespace fs = std::filesystem;
+namespace pb = ftune::v1;
+using ::testing::HasSubstr;
+
+class FakeSink : public WorkerSink {
+ public:
+  void Send(const pb::DaemonCommand& cmd) override { commands.push_back(cmd); }
+  std::vector<pb::DaemonCommand> commands;
+  int Count(pb::DaemonCommand::CmdCase c) const {
+    return static_cast<int>(
+        std::count_if(commands.begin(), commands.end(), [&](auto& x) { return x.cmd_case() == c; }));
+  }
+  const pb::DaemonCommand* Last(pb::DaemonCommand::CmdCase c) const {
+    for (auto it = commands.rbegin(); it != commands.rend(); ++it) {
+      if (it->cmd_case() == c) return &*it;
+    }
+    return nullptr;
+  }
+};
+
+class DaemonTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = (fs::path(testing::TempDir()) /
+            ("daemon-" + std::string(testing::UnitTest::GetInstance()->current_test_info()->name())))
+               .string();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ + "/job");
+    Model model(*PresetModelConfig("tiny-llama"), {});
+    RandomInitModel(&model, 1);
+    ASSERT_TRUE(SaveHfModel(dir_ + "/job/model", model, DType::kF32).ok());
+    std::ofstream(dir_ + "/job/data.jsonl") << "{\"input_ids\": [1, 2, 3]}\n";
+    Reopen();
+  }
+  void Reopen() {
+    daemon_.reset();
+    auto store = Store::Open(dir_ + "/ftd.sqlite");
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    DaemonOptions o;
+    o.data_dir = dir_ + "/data";
+    o.requeue_backoff_ms = 1000;
+    daemon_ = std::make_unique<Daemon>(std::move(*store), &clock_, o);
+  }
+  std::string Submit(int priority = 0, const std::string& extra = "") {
+    pb::SubmitRequest req;
+    req.set_spec_yaml(
+        "name: t\nmodel: {path: model, dtype: fp32}\nadapter: {type: lora, r: 4, alpha: 8}\n"
+        "data: {train: data.jsonl, format: tokens, seq_len: 64}\n"
+        "train: {max_steps: 10, global_batch_size: 4}\nresources: {priority: " +
+        std::to_string(priority) + "}\noutput: {dir: out}\n" + extra);
+    req.set_spec_dir(dir_ + "/job");
+    auto r = daemon_->Submit(req);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r->job().id();
+  }
+  void Register(const std::string& id, FakeSink* sink, int64_t memory = int64_t{8} << 30,
+                int64_t slot_end = 0, std::vector<std::pair<std::string, int64_t>> running = {}) {
+    pb::Register reg;
+    reg.set_worker_id(id);
+    reg.set_slot_end_ms(slot_end);
+    pb::Device* d = reg.add_devices();
+    d->set_kind("cpu");
+    d->set_total_bytes(memory);
+    d->set_free_bytes(memory);
+    for (auto& [job, epoch] : running) {
+      auto* a = reg.add_running();
+      a->set_job_id(job);
+      a->set_epoch(epoch);
+    }
+    ASSERT_TRUE(daemon_->OnRegister(reg, sink).ok());
+  }
+  void Heartbeat(const std::string& worker, FakeSink* sink, const std::string& job, int64_t epoch,
+                 int64_t step) {
+    pb::WorkerMessage m;
+    auto* p = m.mutable_heartbeat()->add_progress();
+    p->set_job_id(job);
+    p->set_epoch(epoch);
+    p->set_step(step);
+    daemon_->OnWorkerMessage(worker, sink, m);
+  }
+  void Exit(const std::string& worker, FakeSink* sink, const std::string& job, int64_t epoch,
+            pb::AttemptOutcome o, int64_t step) {
+    pb::WorkerMessage m;
+    auto* e = m.mutable_exited();
+    e->set_job_id(job);
+    e->set_epoch(epoch);
+    e->set_outcome(o);
+    e->set_step(step);
+    e->set_reason("test");
+    daemon_->OnWorkerMessage(worker, sink, m);
+  }
+  pb::Job Job(const std::string& id) { return *daemon_->GetJob(id); }
+
+  std::string dir_;
+  FakeClock clock_;
+  std::unique_ptr<Daemon> daemon_;
+};
+
+TEST_F(DaemonTest, SubmittedJobStartsOnARegisteredWorkerWithAPlan) {
+  std::string id = Submit();
+  daemon_->Tick();
+  EXPECT_EQ(Job(id).state(), pb::QUEUED);
+  EXPECT_THAT(Job(id).reason(), HasSubstr("no live worker"));
+  FakeSink w1;
+  Register("w1", &w1);
+  daemon_->Tick();
+  ASSERT_EQ(w1.Count(pb::DaemonCommand::kStart), 1);
+  const pb::StartAttempt& s = w1.Last(pb::DaemonCommand::kStart)->start();
+  EXPECT_EQ(s.job_id(), id);
+  EXPECT_EQ(s.epoch(), 1);
+  EXPECT_EQ(s.plan().micro_batch() * s.plan().accumulation(), 4);
+  EXPECT_THAT(s.spec_yaml(), HasSubstr("micro_batch_size: " + std::to_string(s.plan().micro_batch())));
+  EXPECT_THAT(s.spec_yaml(), HasSubstr(dir_ + "/job/model"));
+  EXPECT_EQ(Job(id).state(), pb::RUNNING);
+  Exit("w1", &w1, id, 1, pb::ATTEMPT_FINISHED, 10);
+  EXPECT_EQ(Job(id).state(), pb::SUCCEEDED);
+}
+
+TEST_F(DaemonTest, LostLeaseRequeuesAndTheOldEpochIsFencedOff) {
+  std::string id = Submit();
+  FakeSink w1, w2;
+  Register("w1", &w1);
+  daemon_->Tick();
+  Heartbeat("w1", &w1, id, 1, 4);
+  clock_.Advance(10'001);  // the default lease is 10 s
+  Register("w2", &w2);
+  daemon_->Tick();
+  pb::Job j = Job(id);
+  EXPECT_EQ(j.state(), pb::QUEUED);
+  EXPECT_EQ(j.preemptions(), 1);
+  EXPECT_EQ(j.failures(), 0);
+  ASSERT_EQ(j.attempts_size(), 1);
+  EXPECT_EQ(j.attempts(0).outcome(), pb::ATTEMPT_PREEMPTED);
+  EXPECT_THAT(j.attempts(0).reason(), HasSubstr("lease expired"));
+  EXPECT_EQ(w2.Count(pb::DaemonCommand::kStart), 0) << "requeue backoff";
+  clock_.Advance(1'001);
+  daemon_->Tick();
+  ASSERT_EQ(w2.Count(pb::DaemonCommand::kStart), 1);
+  EXPECT_EQ(w2.Last(pb::DaemonCommand::kStart)->start().epoch(), 2);
+  // w1 thaws: its progress, checkpoint and exit for epoch 1 are refused and change nothing.
+  Heartbeat("w1", &w1, id, 1, 9);
+  EXPECT_EQ(w1.Count(pb::DaemonCommand::kRefused), 1);
+  pb::WorkerMessage ckpt;
+  ckpt.mutable_checkpoint()->set_job_id(id);
+  ckpt.mutable_checkpoint()->set_epoch(1);
+  ckpt.mutable_checkpoint()->set_step(9);
+  daemon_->OnWorkerMessage("w1", &w1, ckpt);
+  Exit("w1", &w1, id, 1, pb::ATTEMPT_FINISHED, 10);
+  j = Job(id);
+  EXPECT_EQ(j.state(), pb::RUNNING);
+  EXPECT_EQ(j.committed_step(), 0);
+  EXPECT_EQ(j.worker_id(), "w2");
+}
+
+TEST_F(DaemonTest, HigherPriorityStartsFirstAndAJobThatDoesNotFitSaysWhy) {
+  std::string low = Submit(0), high = Submit(5);
+  FakeSink small, big;
+  Register("small", &small, 1 << 20);  // 1 MiB: nothing fits
+  daemon_->Tick();
+  EXPECT_EQ(small.Count(pb::DaemonCommand::kStart), 0);
+  EXPECT_THAT(Job(high).reason(), HasSubstr("does not fit: needs"));
+  Register("big", &big);
+  daemon_->Tick();
+  ASSERT_EQ(big.Count(pb::DaemonCommand::kStart), 1);
+  EXPECT_EQ(big.Last(pb::DaemonCommand::kStart)->start().job_id(), high);
+  EXPECT_EQ(Job(low).state(), pb::QUEUED);
+  EXPECT_THAT(Job(low).reason(), HasSubstr("waits"));
+}
+
+TEST_F(DaemonTest, FailuresHaveABudgetButPreemptionsDoNot) {
+  std::string id = Submit(0, "");
+  FakeSink w;
+  Register("w", &w);
+  for (int i = 0; i < 6; ++i) {  // preemptions: unlimited
+    daemon_->Tick();
+    const int64_t epoch = w.Last(pb::DaemonCommand::kStart)->start().epoch();
+    Exit("w", &w, id, epoch, pb::ATTEMPT_PREEMPTED, 1);
+    clock_.Advance(2'000);
+  }
+  EXPECT_EQ(Job(id).preemptions(), 6);
+  EXPECT_EQ(Job(id).state(), pb::QUEUED);
+  for (int i = 0; i < 4; ++i) {  // max_failures 3: the fourth failure ends it
+    clock_.Advance(120'000);
+    Heartbeat("w", &w, "", 0, 0);  // keeps the lease
+    daemon_->Tick();
+    const int64_t epoch = w.Last(pb::DaemonCommand::kStart)->start().epoch();
+    Exit("w", &w, id, epoch, pb::ATTEMPT_FAILED, 1);
+  }
+  EXPECT_EQ(Job(id).state(), pb::FAILED);
+  EXPECT_EQ(Job(id).failures(), 4);
+}
+
+TEST_F(DaemonTest, SlotEndStopsWithACheckpointAndShortSlotsGetNoWork) {
+  std::string id = Submit();
+  FakeSink w;
+  Register("w", &w, int64_t{8} << 30, clock_.WallMs() + 30'000);  // slot shorter than min_slot (60 s)
+  daemon_->Tick();
+  EXPECT_EQ(w.Count(pb::DaemonCommand::kStart), 0);
+  EXPECT_THAT(Job(id).reason(), HasSubstr("slot ends"));
+  FakeSink v;
+  Register("v", &v, int64_t{8} << 30, clock_.WallMs() + 120'000);
+  daemon_->Tick();
+  ASSERT_EQ(v.Count(pb::DaemonCommand::kStart), 1) << Job(id).reason();
+  clock_.Advance(90'000);  // 30 s left < 1.5 × 10 s (no measurement yet) + 5 s margin? not yet: 20 s
+  Heartbeat("v", &v, id, 1, 3);
+  daemon_->Tick();
+  EXPECT_EQ(v.Count(pb::DaemonCommand::kCheckpointNow), 0);
+  clock_.Advance(10'001);
+  Heartbeat("v", &v, id, 1, 4);
+  daemon_->Tick();
+  ASSERT_EQ(v.Count(pb::DaemonCommand::kCheckpointNow), 1);
+  const pb::CheckpointNow& c = v.Last(pb::DaemonCommand::kCheckpointNow)->checkpoint_now();
+  EXPECT_TRUE(c.stop());
+  EXPECT_EQ(c.reason(), "slot end");
+}
+
+TEST_F(DaemonTest, RestartReattachesRunningAttemptsWithoutDuplicates) {
+  std::string id = Submit();
+  FakeSink w;
+  Register("w", &w);
+  daemon_->Tick();
+  ASSERT_EQ(w.Count(pb::DaemonCommand::kStart), 1);
+  Reopen();  // ftd killed and restarted: the store is all that survives
+  FakeSink w_again;
+  Register("w", &w_again, int64_t{8} << 30, 0, {{id, 1}});
+  daemon_->Tick();
+  EXPECT_EQ(w_again.Count(pb::DaemonCommand::kStart), 0) << "no duplicate attempt";
+  pb::Job j = Job(id);
+  EXPECT_EQ(j.state(), pb::RUNNING);
+  EXPECT_EQ(j.attempts_size(), 1);
+  Exit("w", &w_again, id, 1, pb::ATTEMPT_FINISHED, 10);
+  EXPECT_EQ(Job(id).state(), pb::SUCCEEDED);
+}
+
+TEST_F(DaemonTest, RestartRequeuesAttemptsWhoseWorkerNeverReturns) {
+  std::string id = Submit();
+  FakeSink w;
+  Register("w", &w);
+  daemon_->Tick();
+  Reopen();
+  clock_.Advance(10'001);
+  daemon_->Tick();
+  EXPECT_EQ(Job(id).state(), pb::QUEUED);
+  EXPECT_EQ(Job(id).preemptions(), 1);
+}
+
+TEST_F(DaemonTest, BadSpecIsRejectedWithLineAndNothingIsQueued) {
+  pb::SubmitRequest req;
+  req.set_spec_yaml(
+      "model: {path: model}\ndata: {train: data.jsonl}\ntrain: {max_steps: 1, lr: fast}\noutput: {dir: o}\n");
+  req.set_spec_dir(dir_ + "/job");
+  auto r = daemon_->Submit(req);
+  ASSERT_TRUE(r.status().IsInvalidArgument());
+  EXPECT_THAT(r.status().message(), HasSubstr("job.yaml:3:"));
+  EXPECT_EQ(daemon_->ListJobs({})->jobs_size(), 0);
+}
+
+TEST_F(DaemonTest, SubmitIsIdempotentByRequestId) {
+  pb::SubmitRequest req;
+  req.set_spec_yaml(
+      "model: {path: model}\ndata: {train: data.jsonl, format: tokens}\ntrain: {max_steps: 1, "
+      "global_batch_size: 1}\noutput: {dir: o}\n");
+  req.set_spec_dir(dir_ + "/job");
+  req.set_client_request_id("abc");
+  auto a = daemon_->Submit(req), b = daemon_->Submit(req);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->job().id(), b->job().id());
+  EXPECT_TRUE(b->duplicate());
+}
+
+}  // namespace
+}  // namespace ft

@@ -1,0 +1,749 @@
+// The daemon's SQLite store: every query, durability across close/reopen and
+// SIGKILL, schema migration, sticky I/O errors (through a failing VFS), and
+// submit throughput.
+#include "daemon/store.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+#include <sstream>
+#include <thread>
+
+namespace ft {
+namespace {
+
+namespace fs = std::filesystem;
+
+#define ASSERT_OK(expr)                                       \
+  do {                                                        \
+    const ::ft::Status st_ = (expr);                          \
+    ASSERT_TRUE(st_.ok()) << #expr << ": " << st_.ToString(); \
+  } while (0)
+#define ASSERT_OK_AND_ASSIGN(lhs, expr) ASSERT_OK_AND_ASSIGN_IMPL_(FT_CONCAT_(so_, __LINE__), lhs, expr)
+#define ASSERT_OK_AND_ASSIGN_IMPL_(tmp, lhs, expr)                   \
+  auto tmp = (expr);                                                 \
+  ASSERT_TRUE(tmp.ok()) << #expr << ": " << tmp.status().ToString(); \
+  lhs = std::move(tmp).value()
+
+std::unique_ptr<Store> OpenStore(const std::string& path) {
+  auto store = Store::Open(path);
+  if (!store.ok()) {
+    ADD_FAILURE() << store.status().ToString();
+    return nullptr;
+  }
+  return std::move(store).value();
+}
+
+JobRow NewJob(const std::string& name, int64_t created_ms = 0, const std::string& request_id = "") {
+  JobRow j;
+  j.name = name;
+  j.spec_yaml = "model: {path: /m}\n";
+  j.spec_dir = "/specs";
+  j.client_request_id = request_id;
+  j.created_ms = created_ms;
+  j.device = "auto";
+  return j;
+}
+
+std::vector<std::string> Ids(const std::vector<JobRow>& jobs) {
+  std::vector<std::string> ids;
+  for (const JobRow& j : jobs) ids.push_back(j.id);
+  return ids;
+}
+
+// Each test gets a fresh directory and a store on "ftd.db" in it.
+class StoreTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = (fs::path(testing::TempDir()) / ("store_test-" + std::to_string(getpid())) /
+            testing::UnitTest::GetInstance()->current_test_info()->name())
+               .string();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    path_ = dir_ + "/ftd.db";
+    store_ = OpenStore(path_);
+    ASSERT_NE(store_, nullptr);
+  }
+  void TearDown() override {
+    store_.reset();
+    fs::remove_all(dir_);
+    std::error_code ignored;
+    fs::remove(fs::path(dir_).parent_path(), ignored);  // once empty
+  }
+  void Reopen() {
+    store_.reset();
+    store_ = OpenStore(path_);
+    ASSERT_NE(store_, nullptr);
+  }
+
+  std::string dir_, path_;
+  std::unique_ptr<Store> store_;
+};
+
+TEST_F(StoreTest, CreateGetListWithStateFiltersAndOrdering) {
+  // Created out of time order: listing is by created_ms, not by id.
+  ASSERT_OK_AND_ASSIGN(JobRow a, store_->CreateJob(NewJob("a", 3000), nullptr));
+  ASSERT_OK_AND_ASSIGN(JobRow b, store_->CreateJob(NewJob("b", 1000), nullptr));
+  ASSERT_OK_AND_ASSIGN(JobRow c, store_->CreateJob(NewJob("c", 2000), nullptr));
+  EXPECT_EQ(a.id, "j-000001");
+  EXPECT_EQ(b.id, "j-000002");
+  EXPECT_EQ(c.id, "j-000003");
+  EXPECT_EQ(a.state, JobStateCode::kQueued);
+  EXPECT_EQ(a.updated_ms, 3000);
+
+  ASSERT_OK_AND_ASSIGN(JobRow got, store_->GetJob(b.id));
+  EXPECT_EQ(got.name, "b");
+  EXPECT_EQ(got.spec_yaml, "model: {path: /m}\n");
+  EXPECT_EQ(got.spec_dir, "/specs");
+  EXPECT_EQ(got.device, "auto");
+  EXPECT_EQ(got.max_failures, 3);
+  EXPECT_TRUE(store_->GetJob("j-999999").status().IsNotFound());
+
+  // Every mutable field round-trips; a NaN loss too (SQLite stores it as NULL).
+  c.state = JobStateCode::kRunning;
+  c.reason = "placed on w1";
+  c.priority = 7;
+  c.updated_ms = 5000;
+  c.total_steps = 100;
+  c.steps_done = 42;
+  c.last_loss = std::nan("");
+  c.tokens_per_s = 1234.5;
+  c.preemptions = 2;
+  c.failures = 1;
+  c.max_failures = 5;
+  c.output_dir = "/out/c";
+  c.not_before_ms = 6000;
+  c.gpus = 2;
+  c.device = "cuda";
+  ASSERT_OK(store_->UpdateJob(c));
+  ASSERT_OK_AND_ASSIGN(got, store_->GetJob(c.id));
+  EXPECT_EQ(got.state, JobStateCode::kRunning);
+  EXPECT_EQ(got.reason, "placed on w1");
+  EXPECT_EQ(got.priority, 7);
+  EXPECT_EQ(got.created_ms, 2000);
+  EXPECT_EQ(got.updated_ms, 5000);
+  EXPECT_EQ(got.total_steps, 100);
+  EXPECT_EQ(got.steps_done, 42);
+  EXPECT_TRUE(std::isnan(got.last_loss));
+  EXPECT_EQ(got.tokens_per_s, 1234.5);
+  EXPECT_EQ(got.preemptions, 2);
+  EXPECT_EQ(got.failures, 1);
+  EXPECT_EQ(got.max_failures, 5);
+  EXPECT_EQ(got.output_dir, "/out/c");
+  EXPECT_EQ(got.not_before_ms, 6000);
+  EXPECT_EQ(got.gpus, 2);
+  EXPECT_EQ(got.device, "cuda");
+  a.state = JobStateCode::kSucceeded;
+  ASSERT_OK(store_->UpdateJob(a));
+
+  JobRow ghost = NewJob("ghost");
+  ghost.id = "j-000404";
+  EXPECT_TRUE(store_->UpdateJob(ghost).IsNotFound());
+
+  using S = JobStateCode;
+  auto list = [&](std::vector<S> states, int64_t limit = 0) {
+    auto jobs = store_->ListJobs(states, limit);
+    EXPECT_TRUE(jobs.ok()) << jobs.status().ToString();
+    return jobs.ok() ? Ids(*jobs) : std::vector<std::string>{};
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(list({}), (V{b.id, c.id, a.id}));
+  EXPECT_EQ(list({}, 2), (V{b.id, c.id}));
+  EXPECT_EQ(list({S::kQueued}), (V{b.id}));
+  EXPECT_EQ(list({S::kRunning, S::kSucceeded}), (V{c.id, a.id}));
+  EXPECT_EQ(list({S::kSucceeded, S::kRunning, S::kSucceeded}), (V{c.id, a.id}));
+  EXPECT_EQ(list({S::kFailed}), V{});
+  // Equal created_ms: submission order breaks the tie.
+  ASSERT_OK_AND_ASSIGN(JobRow d, store_->CreateJob(NewJob("d", 1000), nullptr));
+  EXPECT_EQ(list({S::kQueued}), (V{b.id, d.id}));
+}
+
+TEST_F(StoreTest, IdempotentSubmitByClientRequestId) {
+  bool duplicate = true;
+  ASSERT_OK_AND_ASSIGN(JobRow first, store_->CreateJob(NewJob("x", 1000, "req-1"), &duplicate));
+  EXPECT_FALSE(duplicate);
+  // A retry, even with a different body, returns the original job.
+  ASSERT_OK_AND_ASSIGN(JobRow again, store_->CreateJob(NewJob("x-retry", 2000, "req-1"), &duplicate));
+  EXPECT_TRUE(duplicate);
+  EXPECT_EQ(again.id, first.id);
+  EXPECT_EQ(again.name, "x");
+  EXPECT_EQ(again.created_ms, 1000);
+  ASSERT_OK_AND_ASSIGN(JobRow other, store_->CreateJob(NewJob("y", 3000, "req-2"), &duplicate));
+  EXPECT_FALSE(duplicate);
+  EXPECT_NE(other.id, first.id);
+  // No request id: never a duplicate.
+  ASSERT_OK_AND_ASSIGN(JobRow n1, store_->CreateJob(NewJob("n"), &duplicate));
+  EXPECT_FALSE(duplicate);
+  ASSERT_OK_AND_ASSIGN(JobRow n2, store_->CreateJob(NewJob("n"), &duplicate));
+  EXPECT_FALSE(duplicate);
+  EXPECT_NE(n1.id, n2.id);
+  EXPECT_GT(n1.created_ms, 0);  // defaulted to the wall clock
+
+  ASSERT_OK_AND_ASSIGN(auto jobs, store_->ListJobs({}));
+  EXPECT_EQ(jobs.size(), 4u);
+  // Exactly one "queued" event for the job submitted twice.
+  ASSERT_OK_AND_ASSIGN(auto events, store_->ListEvents(first.id, 0, 0));
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, "queued");
+  EXPECT_EQ(events[0].time_ms, 1000);
+}
+
+TEST_F(StoreTest, EpochsIncreasePerJobAndAttemptsListInOrder) {
+  ASSERT_OK_AND_ASSIGN(JobRow a, store_->CreateJob(NewJob("a"), nullptr));
+  ASSERT_OK_AND_ASSIGN(JobRow b, store_->CreateJob(NewJob("b"), nullptr));
+  ASSERT_OK_AND_ASSIGN(AttemptRow a1, store_->StartAttempt(a.id, "w1", 0, 2, 4, 1, 100));
+  ASSERT_OK_AND_ASSIGN(AttemptRow b1, store_->StartAttempt(b.id, "w2", 0, 1, 8, 1, 110));
+  ASSERT_OK(store_->EndAttempt(a.id, a1.epoch, AttemptOutcomeCode::kPreempted, "spot reclaim", 30, 5, 200));
+  ASSERT_OK_AND_ASSIGN(AttemptRow a2, store_->StartAttempt(a.id, "w3", 25, 4, 2, 2, 300));
+  EXPECT_EQ(a1.number, 1);
+  EXPECT_EQ(a1.epoch, 1);
+  EXPECT_EQ(b1.number, 1);
+  EXPECT_EQ(b1.epoch, 1);  // epochs are per job
+  EXPECT_EQ(a2.number, 2);
+  EXPECT_EQ(a2.epoch, 2);
+  EXPECT_EQ(a2.outcome, AttemptOutcomeCode::kRunning);
+  EXPECT_EQ(a2.start_step, 25);
+  EXPECT_EQ(a2.end_step, 25);
+
+  ASSERT_OK_AND_ASSIGN(auto attempts, store_->ListAttempts(a.id));
+  ASSERT_EQ(attempts.size(), 2u);
+  EXPECT_EQ(attempts[0].epoch, 1);
+  EXPECT_EQ(attempts[0].worker_id, "w1");
+  EXPECT_EQ(attempts[0].micro_batch, 2);
+  EXPECT_EQ(attempts[0].accumulation, 4);
+  EXPECT_EQ(attempts[0].started_ms, 100);
+  EXPECT_EQ(attempts[1].epoch, 2);
+  EXPECT_EQ(attempts[1].worker_id, "w3");
+  EXPECT_EQ(attempts[1].world, 2);
+  EXPECT_EQ(attempts[1].started_ms, 300);
+
+  ASSERT_OK_AND_ASSIGN(auto running, store_->RunningAttempts());
+  ASSERT_EQ(running.size(), 2u);
+  EXPECT_EQ(running[0].job_id, a.id);
+  EXPECT_EQ(running[0].epoch, 2);
+  EXPECT_EQ(running[1].job_id, b.id);
+
+  // An unknown job is NotFound, and that is not a sticky failure.
+  EXPECT_TRUE(store_->StartAttempt("j-000404", "w1", 0, 1, 1, 1, 0).status().IsNotFound());
+  ASSERT_OK(store_->CreateJob(NewJob("c"), nullptr).status());
+}
+
+TEST_F(StoreTest, EndAttemptUpdatesOutcomeReasonAndStepsLost) {
+  ASSERT_OK_AND_ASSIGN(JobRow a, store_->CreateJob(NewJob("a"), nullptr));
+  ASSERT_OK_AND_ASSIGN(AttemptRow a1, store_->StartAttempt(a.id, "w1", 10, 2, 4, 1, 100));
+  ASSERT_OK(store_->UpdateAttemptProgress(a.id, a1.epoch, 17));
+  ASSERT_OK_AND_ASSIGN(auto attempts, store_->ListAttempts(a.id));
+  ASSERT_EQ(attempts.size(), 1u);
+  EXPECT_EQ(attempts[0].end_step, 17);
+  EXPECT_EQ(attempts[0].outcome, AttemptOutcomeCode::kRunning);
+
+  ASSERT_OK(store_->EndAttempt(a.id, a1.epoch, AttemptOutcomeCode::kFailed, "CUDA OOM", 19, 4, 500));
+  ASSERT_OK_AND_ASSIGN(attempts, store_->ListAttempts(a.id));
+  ASSERT_EQ(attempts.size(), 1u);
+  EXPECT_EQ(attempts[0].outcome, AttemptOutcomeCode::kFailed);
+  EXPECT_EQ(attempts[0].reason, "CUDA OOM");
+  EXPECT_EQ(attempts[0].end_step, 19);
+  EXPECT_EQ(attempts[0].steps_lost, 4);
+  EXPECT_EQ(attempts[0].ended_ms, 500);
+  EXPECT_EQ(attempts[0].start_step, 10);
+  ASSERT_OK_AND_ASSIGN(auto running, store_->RunningAttempts());
+  EXPECT_TRUE(running.empty());
+
+  EXPECT_TRUE(store_->EndAttempt(a.id, 9, AttemptOutcomeCode::kFinished, "", 0, 0, 0).IsNotFound());
+  EXPECT_TRUE(store_->UpdateAttemptProgress(a.id, 9, 1).IsNotFound());
+  ASSERT_OK(store_->UpdateAttemptProgress(a.id, a1.epoch, 20));  // still writable
+}
+
+TEST_F(StoreTest, LatestCheckpointPicksTheHighestStep) {
+  ASSERT_OK_AND_ASSIGN(JobRow a, store_->CreateJob(NewJob("a"), nullptr));
+  ASSERT_OK_AND_ASSIGN(JobRow b, store_->CreateJob(NewJob("b"), nullptr));
+  EXPECT_TRUE(store_->LatestCheckpoint(a.id).status().IsNotFound());
+  auto ckpt = [](const std::string& job, int64_t epoch, int64_t step) {
+    return CheckpointRow{.job_id = job,
+                         .epoch = epoch,
+                         .step = step,
+                         .dir = "/ck/" + job + "/" + std::to_string(step),
+                         .manifest_sha256 = "sha" + std::to_string(step),
+                         .write_seconds = 0.25,
+                         .committed_ms = step * 10};
+  };
+  ASSERT_OK(store_->AddCheckpoint(ckpt(a.id, 1, 10)));
+  ASSERT_OK(store_->AddCheckpoint(ckpt(a.id, 1, 30)));
+  ASSERT_OK(store_->AddCheckpoint(ckpt(a.id, 2, 20)));  // a later epoch, but an earlier step
+  ASSERT_OK(store_->AddCheckpoint(ckpt(a.id, 1, 30)));  // a retried commit: idempotent
+  ASSERT_OK(store_->AddCheckpoint(ckpt(b.id, 1, 99)));
+  ASSERT_OK_AND_ASSIGN(CheckpointRow latest, store_->LatestCheckpoint(a.id));
+  EXPECT_EQ(latest.step, 30);
+  EXPECT_EQ(latest.epoch, 1);
+  EXPECT_EQ(latest.dir, "/ck/" + a.id + "/30");
+  EXPECT_EQ(latest.manifest_sha256, "sha30");
+  EXPECT_EQ(latest.write_seconds, 0.25);
+  EXPECT_EQ(latest.committed_ms, 300);
+  // The same step from a later epoch wins.
+  ASSERT_OK(store_->AddCheckpoint(ckpt(a.id, 3, 30)));
+  ASSERT_OK_AND_ASSIGN(latest, store_->LatestCheckpoint(a.id));
+  EXPECT_EQ(latest.epoch, 3);
+  EXPECT_TRUE(store_->AddCheckpoint(ckpt("j-000404", 1, 1)).IsNotFound());
+  ASSERT_OK(store_->AddCheckpoint(ckpt(b.id, 1, 100)));  // not sticky
+}
+
+TEST_F(StoreTest, WorkerUpsertReplacesDevices) {
+  WorkerRow w{.id = "w1",
+              .hostname = "gpu-1",
+              .version = "0.1",
+              .last_seen_ms = 10,
+              .slot_end_ms = 99,
+              .alive = true};
+  w.devices = {
+      {.index = 1, .kind = "cuda", .name = "H100", .total_bytes = 80, .free_bytes = 70, .used_bytes = 10},
+      {.index = 0, .kind = "cuda", .name = "H100", .total_bytes = 80, .free_bytes = 60, .used_bytes = 20}};
+  ASSERT_OK(store_->UpsertWorker(w));
+  ASSERT_OK(store_->UpsertWorker(WorkerRow{.id = "w0", .hostname = "cpu-box", .version = "0.1"}));
+  ASSERT_OK_AND_ASSIGN(auto workers, store_->ListWorkers());
+  ASSERT_EQ(workers.size(), 2u);
+  EXPECT_EQ(workers[0].id, "w0");
+  EXPECT_TRUE(workers[0].devices.empty());
+  EXPECT_FALSE(workers[0].alive);
+  EXPECT_EQ(workers[1].hostname, "gpu-1");
+  EXPECT_TRUE(workers[1].alive);
+  EXPECT_EQ(workers[1].slot_end_ms, 99);
+  ASSERT_EQ(workers[1].devices.size(), 2u);
+  EXPECT_EQ(workers[1].devices[0].index, 0);
+  EXPECT_EQ(workers[1].devices[0].free_bytes, 60);
+  EXPECT_EQ(workers[1].devices[1].index, 1);
+
+  // A re-registration with one device replaces both.
+  w.version = "0.2";
+  w.devices = {{.index = 3, .kind = "cpu", .name = "Xeon", .total_bytes = 512}};
+  ASSERT_OK(store_->UpsertWorker(w));
+  ASSERT_OK(store_->SetWorkerAlive("w1", false, 77));
+  ASSERT_OK_AND_ASSIGN(workers, store_->ListWorkers());
+  ASSERT_EQ(workers.size(), 2u);
+  EXPECT_EQ(workers[1].version, "0.2");
+  EXPECT_FALSE(workers[1].alive);
+  EXPECT_EQ(workers[1].last_seen_ms, 77);
+  ASSERT_EQ(workers[1].devices.size(), 1u);
+  EXPECT_EQ(workers[1].devices[0].index, 3);
+  EXPECT_EQ(workers[1].devices[0].name, "Xeon");
+  EXPECT_EQ(workers[1].devices[0].total_bytes, 512);
+
+  EXPECT_TRUE(store_->SetWorkerAlive("w9", true, 1).IsNotFound());
+  w.devices = {{.index = 0}, {.index = 0}};
+  EXPECT_TRUE(store_->UpsertWorker(w).IsInvalidArgument());
+  ASSERT_OK(store_->SetWorkerAlive("w1", true, 78));  // not sticky
+}
+
+TEST_F(StoreTest, EventsGetIncreasingSeqAndListByJobAndAfterSeq) {
+  ASSERT_OK_AND_ASSIGN(JobRow a, store_->CreateJob(NewJob("a", 1), nullptr));  // event "queued"
+  ASSERT_OK_AND_ASSIGN(JobRow b, store_->CreateJob(NewJob("b", 2), nullptr));  // event "queued"
+  std::vector<int64_t> seqs;
+  for (int i = 0; i < 6; ++i) {
+    const std::string& job = i % 2 == 0 ? a.id : b.id;
+    ASSERT_OK_AND_ASSIGN(int64_t seq, store_->AddEvent(EventRow{.time_ms = 10 + i,
+                                                                .job_id = job,
+                                                                .worker_id = "w1",
+                                                                .kind = "progress",
+                                                                .message = "m" + std::to_string(i),
+                                                                .step = i}));
+    if (!seqs.empty()) {
+      EXPECT_GT(seq, seqs.back());
+    }
+    seqs.push_back(seq);
+  }
+  ASSERT_OK_AND_ASSIGN(int64_t global, store_->AddEvent(EventRow{.time_ms = 99, .kind = "worker_joined"}));
+  EXPECT_GT(global, seqs.back());
+
+  ASSERT_OK_AND_ASSIGN(auto events, store_->ListEvents(a.id, 0, 0));
+  ASSERT_EQ(events.size(), 4u);  // queued + 3 progress
+  EXPECT_EQ(events[0].kind, "queued");
+  EXPECT_EQ(events[1].seq, seqs[0]);
+  EXPECT_EQ(events[1].message, "m0");
+  EXPECT_EQ(events[1].worker_id, "w1");
+  EXPECT_EQ(events[1].time_ms, 10);
+  EXPECT_EQ(events[3].seq, seqs[4]);
+  EXPECT_EQ(events[3].step, 4);
+
+  ASSERT_OK_AND_ASSIGN(events, store_->ListEvents(a.id, seqs[0], 0));
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].seq, seqs[2]);
+  ASSERT_OK_AND_ASSIGN(events, store_->ListEvents(a.id, seqs[0], 1));
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].seq, seqs[2]);
+
+  // Every job's, in seq order.
+  ASSERT_OK_AND_ASSIGN(events, store_->ListEvents("", 0, 0));
+  ASSERT_EQ(events.size(), 9u);
+  for (size_t i = 1; i < events.size(); ++i) EXPECT_GT(events[i].seq, events[i - 1].seq);
+  EXPECT_EQ(events.back().kind, "worker_joined");
+  EXPECT_EQ(events.back().job_id, "");
+  ASSERT_OK_AND_ASSIGN(events, store_->ListEvents("", seqs[5], 0));
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].seq, global);
+}
+
+TEST_F(StoreTest, MetricsBatchInsertAndQuery) {
+  std::vector<MetricRow> rows;
+  for (int64_t step = 1; step <= 200; ++step) {
+    rows.push_back(MetricRow{.job_id = "j-000001",
+                             .epoch = 1,
+                             .step = step,
+                             .loss = 10.0 / step,
+                             .lr = 1e-4,
+                             .grad_norm = 0.5,
+                             .tokens_per_s = 900,
+                             .peak_bytes = 1 << 20,
+                             .time_ms = 1000 + step});
+  }
+  rows.push_back(MetricRow{.job_id = "j-000002", .epoch = 1, .step = 5, .loss = std::nan("")});
+  ASSERT_OK(store_->AddMetrics(rows));
+  ASSERT_OK(store_->AddMetrics({}));
+
+  ASSERT_OK_AND_ASSIGN(auto got, store_->ListMetrics("j-000001", 0, 0));
+  ASSERT_EQ(got.size(), 200u);
+  EXPECT_EQ(got[0].step, 1);
+  EXPECT_EQ(got[0].loss, 10.0);
+  EXPECT_EQ(got[199].step, 200);
+  EXPECT_EQ(got[199].time_ms, 1200);
+  EXPECT_EQ(got[199].peak_bytes, 1 << 20);
+  ASSERT_OK_AND_ASSIGN(got, store_->ListMetrics("j-000001", 150, 10));
+  ASSERT_EQ(got.size(), 10u);
+  EXPECT_EQ(got[0].step, 151);
+  EXPECT_EQ(got[9].step, 160);
+  ASSERT_OK_AND_ASSIGN(got, store_->ListMetrics("j-000002", 0, 0));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_TRUE(std::isnan(got[0].loss));
+
+  // A resumed attempt re-reports steps 199..201: one row per (step, epoch),
+  // and a resent row replaces its twin.
+  std::vector<MetricRow> resumed;
+  for (int64_t step = 199; step <= 201; ++step) {
+    resumed.push_back(MetricRow{.job_id = "j-000001", .epoch = 2, .step = step, .loss = 1.0});
+  }
+  ASSERT_OK(store_->AddMetrics(resumed));
+  ASSERT_OK(store_->AddMetrics(resumed));
+  ASSERT_OK_AND_ASSIGN(got, store_->ListMetrics("j-000001", 198, 0));
+  ASSERT_EQ(got.size(), 5u);
+  EXPECT_EQ(got[0].step, 199);
+  EXPECT_EQ(got[0].epoch, 1);
+  EXPECT_EQ(got[1].step, 199);
+  EXPECT_EQ(got[1].epoch, 2);
+  EXPECT_EQ(got[4].step, 201);
+}
+
+TEST_F(StoreTest, CloseAndReopenKeepsEverything) {
+  ASSERT_OK_AND_ASSIGN(JobRow a, store_->CreateJob(NewJob("a", 1, "req-a"), nullptr));
+  ASSERT_OK_AND_ASSIGN(JobRow b, store_->CreateJob(NewJob("b", 2), nullptr));
+  b.state = JobStateCode::kPreempted;
+  b.steps_done = 12;
+  ASSERT_OK(store_->UpdateJob(b));
+  ASSERT_OK_AND_ASSIGN(AttemptRow at, store_->StartAttempt(a.id, "w1", 0, 1, 1, 1, 5));
+  ASSERT_OK(store_->AddCheckpoint(CheckpointRow{.job_id = a.id, .epoch = at.epoch, .step = 8, .dir = "/ck"}));
+  ASSERT_OK(store_->UpsertWorker(WorkerRow{.id = "w1", .devices = {{.index = 0, .name = "H100"}}}));
+  ASSERT_OK(store_->AddEvent(EventRow{.job_id = a.id, .kind = "placed"}).status());
+  ASSERT_OK(store_->AddMetrics({MetricRow{.job_id = a.id, .epoch = 1, .step = 1, .loss = 2.5}}));
+
+  Reopen();
+  EXPECT_EQ(store_->schema_version(), 1);
+  ASSERT_OK_AND_ASSIGN(auto jobs, store_->ListJobs({}));
+  EXPECT_EQ(Ids(jobs), (std::vector<std::string>{a.id, b.id}));
+  ASSERT_OK_AND_ASSIGN(JobRow got_b, store_->GetJob(b.id));
+  EXPECT_EQ(got_b.state, JobStateCode::kPreempted);
+  EXPECT_EQ(got_b.steps_done, 12);
+  ASSERT_OK_AND_ASSIGN(auto running, store_->RunningAttempts());
+  ASSERT_EQ(running.size(), 1u);
+  EXPECT_EQ(running[0].epoch, at.epoch);
+  ASSERT_OK_AND_ASSIGN(CheckpointRow ck, store_->LatestCheckpoint(a.id));
+  EXPECT_EQ(ck.step, 8);
+  ASSERT_OK_AND_ASSIGN(auto workers, store_->ListWorkers());
+  ASSERT_EQ(workers.size(), 1u);
+  ASSERT_EQ(workers[0].devices.size(), 1u);
+  EXPECT_EQ(workers[0].devices[0].name, "H100");
+  ASSERT_OK_AND_ASSIGN(auto events, store_->ListEvents(a.id, 0, 0));
+  EXPECT_EQ(events.size(), 2u);
+  ASSERT_OK_AND_ASSIGN(auto metrics, store_->ListMetrics(a.id, 0, 0));
+  ASSERT_EQ(metrics.size(), 1u);
+  EXPECT_EQ(metrics[0].loss, 2.5);
+
+  // The id counter and the idempotency key survive too.
+  bool duplicate = false;
+  ASSERT_OK_AND_ASSIGN(JobRow again, store_->CreateJob(NewJob("a", 1, "req-a"), &duplicate));
+  EXPECT_TRUE(duplicate);
+  EXPECT_EQ(again.id, a.id);
+  ASSERT_OK_AND_ASSIGN(JobRow c, store_->CreateJob(NewJob("c"), nullptr));
+  EXPECT_EQ(c.id, "j-000003");
+}
+
+// Reads lines ("j-000001\n") from `fd` until EOF or `want` lines.
+void ReadIds(int fd, size_t want, std::string* buf, std::vector<std::string>* ids) {
+  char chunk[4096];
+  while (ids->size() < want) {
+    ssize_t n = read(fd, chunk, sizeof(chunk));
+    if (n <= 0) return;
+    buf->append(chunk, n);
+    size_t nl;
+    while ((nl = buf->find('\n')) != std::string::npos) {
+      ids->push_back(buf->substr(0, nl));
+      buf->erase(0, nl + 1);
+    }
+  }
+}
+
+TEST_F(StoreTest, SigkillMidwayKeepsEveryAcknowledgedJob) {
+  store_.reset();  // the child owns the database
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // Child: submit forever, reporting each id once CreateJob returned OK.
+    close(fds[0]);
+    auto store = Store::Open(path_);
+    if (!store.ok()) _exit(2);
+    for (int i = 0;; ++i) {
+      auto job =
+          (*store)->CreateJob(NewJob("crash-" + std::to_string(i), 0, "req-" + std::to_string(i)), nullptr);
+      if (!job.ok()) _exit(3);
+      std::string line = job->id + "\n";
+      if (write(fds[1], line.data(), line.size()) != static_cast<ssize_t>(line.size())) _exit(4);
+    }
+  }
+  close(fds[1]);
+  std::string buf;
+  std::vector<std::string> acked;
+  ReadIds(fds[0], 60, &buf, &acked);
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  ReadIds(fds[0], SIZE_MAX, &buf, &acked);  // what it acknowledged before dying
+  close(fds[0]);
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(wstatus)) << "child exited with " << WEXITSTATUS(wstatus);
+  ASSERT_GE(acked.size(), 60u);
+
+  Reopen();
+  for (const std::string& id : acked) {
+    ASSERT_OK(store_->GetJob(id).status());
+    ASSERT_OK_AND_ASSIGN(auto events, store_->ListEvents(id, 0, 0));
+    EXPECT_EQ(events.size(), 1u) << id;
+  }
+  // At most one more: committed, then killed before it was reported.
+  ASSERT_OK_AND_ASSIGN(auto jobs, store_->ListJobs({}));
+  EXPECT_GE(jobs.size(), acked.size());
+  EXPECT_LE(jobs.size(), acked.size() + 1);
+  std::printf("child acknowledged %zu jobs before SIGKILL; %zu on reopen\n", acked.size(), jobs.size());
+}
+
+// Opens `path` with plain SQLite and returns PRAGMA `name` (-1 on error).
+std::string RawPragma(const std::string& path, const std::string& name) {
+  sqlite3* db = nullptr;
+  std::string value = "error";
+  if (sqlite3_open(path.c_str(), &db) == SQLITE_OK) {
+    sqlite3_stmt* stmt = nullptr;
+    if (sqlite3_prepare_v2(db, ("PRAGMA " + name).c_str(), -1, &stmt, nullptr) == SQLITE_OK &&
+        sqlite3_step(stmt) == SQLITE_ROW) {
+      value = reinterpret_cast<const char*>(sqlite3_column_text(stmt, 0));
+    }
+    sqlite3_finalize(stmt);
+  }
+  sqlite3_close(db);
+  return value;
+}
+
+bool RawExec(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  bool ok = sqlite3_open(path.c_str(), &db) == SQLITE_OK &&
+            sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr) == SQLITE_OK;
+  sqlite3_close(db);
+  return ok;
+}
+
+TEST_F(StoreTest, VersionZeroDatabaseIsMigratedToTheLatest) {
+  // A database that exists at user_version 0 with none of our tables.
+  const std::string old_path = dir_ + "/old.db";
+  ASSERT_TRUE(RawExec(old_path, "CREATE TABLE unrelated (x); INSERT INTO unrelated VALUES (1);"));
+  ASSERT_EQ(RawPragma(old_path, "user_version"), "0");
+  {
+    auto store = OpenStore(old_path);
+    ASSERT_NE(store, nullptr);
+    EXPECT_EQ(store->schema_version(), 1);
+    ASSERT_OK_AND_ASSIGN(JobRow j, store->CreateJob(NewJob("x"), nullptr));
+    EXPECT_EQ(j.id, "j-000001");
+  }
+  EXPECT_EQ(RawPragma(old_path, "user_version"), "1");
+  EXPECT_EQ(RawPragma(old_path, "journal_mode"), "wal");
+  EXPECT_EQ(RawPragma(old_path, "integrity_check"), "ok");
+
+  // Reopening at the latest version runs no migration (it would fail: tables exist).
+  auto again = OpenStore(old_path);
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(again->schema_version(), 1);
+  again.reset();
+
+  // A database from a newer ftd is refused, naming the path.
+  const std::string new_path = dir_ + "/new.db";
+  ASSERT_TRUE(RawExec(new_path, "PRAGMA user_version = 1000;"));
+  auto newer = Store::Open(new_path);
+  ASSERT_FALSE(newer.ok());
+  EXPECT_EQ(newer.status().code(), Status::Code::kFailedPrecondition);
+  EXPECT_NE(newer.status().message().find(new_path), std::string::npos) << newer.status().ToString();
+
+  // Not a database, or an unreachable path: IOError naming the path.
+  const std::string junk = dir_ + "/junk.db";
+  std::FILE* f = std::fopen(junk.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs("this is not an SQLite database, not at all, not even a little bit\n", f);
+  std::fclose(f);
+  auto bad = Store::Open(junk);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(bad.status().IsIOError()) << bad.status().ToString();
+  EXPECT_NE(bad.status().message().find(junk), std::string::npos) << bad.status().ToString();
+  auto missing = Store::Open(dir_ + "/no/such/dir/ftd.db");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_TRUE(missing.status().IsIOError()) << missing.status().ToString();
+}
+
+// ---- a VFS that fails writes on demand
+//
+// It is the default VFS with xWrite and xSync swapped for versions that fail
+// while g_fail_writes is set: a real I/O error surfacing through SQLite, as
+// a full or dying disk would give (root ignores permission bits, so chmod
+// cannot provoke one).
+std::atomic<bool> g_fail_writes{false};
+sqlite3_vfs* g_real_vfs = nullptr;
+sqlite3_vfs g_faulty_vfs;
+
+// The unix VFS gives the database and its WAL different io_methods tables:
+// each real table gets a faulty twin.
+struct MethodsPair {
+  const sqlite3_io_methods* real = nullptr;
+  sqlite3_io_methods faulty;
+};
+MethodsPair g_methods[8];
+
+const sqlite3_io_methods* RealMethods(const sqlite3_file* f) {
+  for (const MethodsPair& p : g_methods) {
+    if (&p.faulty == f->pMethods) return p.real;
+  }
+  std::abort();
+}
+
+int FaultyWrite(sqlite3_file* f, const void* data, int n, sqlite3_int64 offset) {
+  return g_fail_writes ? SQLITE_IOERR_WRITE : RealMethods(f)->xWrite(f, data, n, offset);
+}
+
+int FaultySync(sqlite3_file* f, int flags) {
+  return g_fail_writes ? SQLITE_IOERR_FSYNC : RealMethods(f)->xSync(f, flags);
+}
+
+// Opens with the real VFS into the same sqlite3_file, then swaps its methods.
+int FaultyOpen(sqlite3_vfs*, const char* name, sqlite3_file* file, int flags, int* out_flags) {
+  int rc = g_real_vfs->xOpen(g_real_vfs, name, file, flags, out_flags);
+  if (file->pMethods == nullptr) return rc;
+  for (MethodsPair& p : g_methods) {
+    if (p.real == nullptr) {
+      p.real = file->pMethods;
+      p.faulty = *file->pMethods;
+      p.faulty.xWrite = FaultyWrite;
+      p.faulty.xSync = FaultySync;
+    }
+    if (p.real == file->pMethods) {
+      file->pMethods = &p.faulty;
+      return rc;
+    }
+  }
+  std::abort();  // more kinds of files than g_methods has room for
+}
+
+// Opens `path` through the faulty VFS (the default VFS while Store::Open runs).
+std::unique_ptr<Store> OpenFaulty(const std::string& path) {
+  if (g_real_vfs == nullptr) {
+    g_real_vfs = sqlite3_vfs_find(nullptr);
+    g_faulty_vfs = *g_real_vfs;
+    g_faulty_vfs.zName = "ft_faulty";
+    g_faulty_vfs.pNext = nullptr;
+    g_faulty_vfs.xOpen = FaultyOpen;
+  }
+  sqlite3_vfs_register(&g_faulty_vfs, /*makeDflt=*/1);
+  auto store = OpenStore(path);
+  sqlite3_vfs_register(g_real_vfs, /*makeDflt=*/1);
+  return store;
+}
+
+TEST_F(StoreTest, FailedWriteMakesTheStoreStickyFailed) {
+  store_.reset();
+  store_ = OpenFaulty(path_);
+  ASSERT_NE(store_, nullptr);
+  ASSERT_OK_AND_ASSIGN(JobRow a, store_->CreateJob(NewJob("a"), nullptr));
+
+  g_fail_writes = true;
+  auto failed = store_->CreateJob(NewJob("b"), nullptr);
+  g_fail_writes = false;
+  ASSERT_FALSE(failed.ok());
+  const Status error = failed.status();
+  EXPECT_TRUE(error.IsIOError()) << error.ToString();
+  EXPECT_EQ(error.message().rfind(path_ + ": create job: ", 0), 0u) << error.ToString();
+  std::printf("injected failure: %s\n", error.ToString().c_str());
+
+  // The disk is healthy again, but every later write returns the same error.
+  EXPECT_EQ(store_->CreateJob(NewJob("c"), nullptr).status(), error);
+  EXPECT_EQ(store_->UpdateJob(a), error);
+  EXPECT_EQ(store_->AddEvent(EventRow{.kind = "x"}).status(), error);
+  EXPECT_EQ(store_->AddMetrics({MetricRow{.job_id = a.id}}), error);
+  EXPECT_EQ(store_->StartAttempt(a.id, "w", 0, 1, 1, 1, 0).status(), error);
+  EXPECT_EQ(store_->UpsertWorker(WorkerRow{.id = "w"}), error);
+  // Reads still work.
+  ASSERT_OK_AND_ASSIGN(JobRow got, store_->GetJob(a.id));
+  EXPECT_EQ(got.name, "a");
+  ASSERT_OK_AND_ASSIGN(auto jobs, store_->ListJobs({}));
+  EXPECT_EQ(jobs.size(), 1u);
+
+  // A fresh Store (ftd restarting) works again; the failed submit never happened.
+  Reopen();
+  ASSERT_OK_AND_ASSIGN(jobs, store_->ListJobs({}));
+  EXPECT_EQ(Ids(jobs), std::vector<std::string>{a.id});
+  ASSERT_OK_AND_ASSIGN(JobRow d, store_->CreateJob(NewJob("d"), nullptr));
+  EXPECT_EQ(d.id, "j-000002");
+}
+
+TEST_F(StoreTest, ConcurrentSubmitsGetDistinctIds) {
+  constexpr int kThreads = 4, kPerThread = 25;
+  std::vector<std::vector<std::string>> ids(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        auto job = store_->CreateJob(NewJob("t"), nullptr);
+        if (job.ok()) ids[t].push_back(job->id);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  std::set<std::string> all;
+  for (const auto& v : ids) all.insert(v.begin(), v.end());
+  EXPECT_EQ(all.size(), static_cast<size_t>(kThreads * kPerThread));
+  ASSERT_OK_AND_ASSIGN(auto jobs, store_->ListJobs({}));
+  EXPECT_EQ(jobs.size(), all.size());
+}
+
+TEST_F(StoreTest, SubmitThroughputBenchmark) {
+  constexpr int kJobs = 500;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kJobs; ++i) {
+    ASSERT_OK(store_->CreateJob(NewJob("bench", 0, "bench-" + std::to_string(i)), nullptr).status());
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("[ BENCH    ] %d sequential durable CreateJob in %.3f s: %.0f jobs/s (%s)\n", kJobs, seconds,
+              kJobs / seconds, dir_.c_str());
+}
+
+}  // namespace
+}  // namespace ft
