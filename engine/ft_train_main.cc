@@ -6,6 +6,8 @@
 //   ft-train plan JOB.yaml --device-memory 24GiB [--device cpu|cuda] [--world N]
 //                                              memory breakdown and batch plan (config.json only)
 //   ft-train make-model --preset tiny-llama --out DIR [--dtype f32|bf16] [--seed N]
+//   ft-train tokenize --model DIR|tokenizer.json [--add-special-tokens] [--decode]
+//                                              JSON strings in on stdin, id arrays out (or back)
 //
 // Exit codes (engine/trainer.h): 0 finished; 1 failed (reason on stderr);
 // 2 bad input or usage; 3 preempted: stopped after a checkpoint on SIGTERM,
@@ -20,6 +22,7 @@
 #include "engine/hf_model.h"
 #include "engine/job_spec.h"
 #include "engine/planner.h"
+#include "engine/tokenize_command.h"
 #include "engine/trainer.h"
 
 namespace {
@@ -154,11 +157,19 @@ int main(int argc, char** argv) {
   make->add_option("--vocab", vocab, "override vocab_size");
 
   PreferPassiveOpenMpThreads(argv);
+  auto* tokenize = app.add_subcommand("tokenize", "tokenize JSON strings from stdin (one per line)");
+  std::string tokenizer_path;
+  bool add_special = false, decode = false;
+  tokenize->add_option("--model", tokenizer_path, "model directory or tokenizer.json")->required();
+  tokenize->add_flag("--add-special-tokens", add_special, "apply the post-processor (e.g. BOS)");
+  tokenize->add_flag("--decode", decode, "read id arrays and print strings instead");
+
   CLI11_PARSE(app, argc, argv);
   auto level = ft::log::ParseLevel(log_level);
   if (!level.ok()) return Fail(level.status());
   ft::log::Configure({*level, log_json, "ft-train"});
   if (*run) return RunJob(flags);
+  if (*tokenize) return ft::RunTokenizeCommand(tokenizer_path, add_special, decode);
   if (*plan) return Plan(plan_job, device_memory, plan_device, plan_world);
   if (*make) return MakeModel(preset, out, dtype, seed, vocab);
   return 2;

@@ -73,6 +73,18 @@ Status ParseData(const YamlMap& m, JobSpec::Data* s) {
   FT_RETURN_IF_ERROR(m.Get("packing", &s->packing));
   FT_RETURN_IF_ERROR(m.Get("shuffle", &s->shuffle));
   FT_RETURN_IF_ERROR(m.Get("skip_bad_lines", &s->skip_bad_lines));
+  FT_RETURN_IF_ERROR(m.Get("chat_template", &s->chat_template));
+  if (m.Has("chat_template_vars")) {
+    FT_ASSIGN_OR_RETURN(YamlMap vars, m.Child("chat_template_vars"));
+    for (auto it = vars.node().begin(); it != vars.node().end(); ++it) {
+      if (!it->second.IsScalar()) {
+        return Status::InvalidArgument(vars.Where(it->first.Scalar()) + ": data.chat_template_vars." +
+                                       it->first.Scalar() +
+                                       ": expected a scalar (string, number, true/false)");
+      }
+      s->chat_template_vars[it->first.Scalar()] = it->second.Scalar();
+    }
+  }
   return m.Get("eval", &s->eval);
 }
 
@@ -175,7 +187,8 @@ StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& 
                              {"type", "r", "alpha", "dropout", "rslora", "target_modules", "init"},
                              [&](const YamlMap& m) { return ParseAdapter(m, &spec.adapter); }));
   FT_RETURN_IF_ERROR(Section(root, "data",
-                             {"train", "format", "seq_len", "packing", "shuffle", "skip_bad_lines", "eval"},
+                             {"train", "format", "seq_len", "packing", "shuffle", "skip_bad_lines",
+                              "chat_template", "chat_template_vars", "eval"},
                              [&](const YamlMap& m) { return ParseData(m, &spec.data); }));
   FT_RETURN_IF_ERROR(
       Section(root, "train",
@@ -197,6 +210,7 @@ StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& 
   spec.adapter.init = Resolve(base, spec.adapter.init);
   spec.data.train = Resolve(base, spec.data.train);
   spec.data.eval = Resolve(base, spec.data.eval);
+  spec.data.chat_template = Resolve(base, spec.data.chat_template);
   spec.output.dir = Resolve(base, spec.output.dir);
   return spec;
 }

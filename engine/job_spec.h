@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,8 @@ struct JobSpec {
     bool packing = true;
     bool shuffle = true;
     bool skip_bad_lines = false;  // skip and count unparsable lines instead of failing
+    std::string chat_template;    // a .jinja file replacing the tokenizer's chat template ("" = the model's)
+    std::map<std::string, std::string> chat_template_vars;  // extra template variables (YAML scalars)
     std::string eval;
   } data;
 

@@ -43,7 +43,13 @@ class Tokenizer {
   // Same, with byte offsets of each token in `text` (for label masks).
   virtual std::vector<TokenSpan> EncodeWithOffsets(std::string_view text, bool add_special_tokens) const = 0;
   // Text of `ids`, as HF's decode(ids, skip_special_tokens=...).
+  // clean_up_tokenization_spaces comes from tokenizer_config.json (false when absent).
   virtual std::string Decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const = 0;
+  // Same with HF's clean_up_tokenization_spaces given explicitly. With false,
+  // byte-level BPE round-trips: Decode(Encode(x, false), false, false) == x
+  // (NFC(x) under Qwen's NFC normalizer).
+  virtual std::string Decode(const std::vector<int32_t>& ids, bool skip_special_tokens,
+                             bool clean_up_tokenization_spaces) const = 0;
 
   virtual std::optional<int32_t> TokenToId(std::string_view token) const = 0;
   virtual int64_t vocab_size() const = 0;  // largest id + 1, added tokens included

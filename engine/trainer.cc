@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "common/logging.h"
+#include "engine/data_format.h"
 #include "engine/file_util.h"
 #include "engine/hf_model.h"
 #include "engine/peft_adapter.h"
@@ -55,6 +56,55 @@ StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec, const ModelConfig& mode
   return plan;
 }
 
+namespace {
+
+// YAML scalars of data.chat_template_vars as JSON values (true/false, numbers, strings).
+nlohmann::ordered_json ChatVarsJson(const std::map<std::string, std::string>& vars) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : vars) {
+    if (v == "true" || v == "false") {
+      out[k] = v == "true";
+      continue;
+    }
+    nlohmann::json number = nlohmann::json::parse(v, nullptr, false);
+    out[k] = number.is_number() ? nlohmann::ordered_json(number) : nlohmann::ordered_json(v);
+  }
+  return out;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Dataset>> OpenTrainingData(const JobSpec& spec, const ModelConfig& config,
+                                                    std::unique_ptr<Tokenizer>* tokenizer) {
+  const std::string& f = spec.file;
+  FT_ASSIGN_OR_RETURN(DataFormat format, ParseDataFormat(spec.data.format));
+  DatasetOptions options;
+  options.path = spec.data.train;
+  options.seq_len = spec.data.seq_len;
+  options.packing = spec.data.packing;
+  options.skip_bad_lines = spec.data.skip_bad_lines;
+  options.cache_key = "format=" + spec.data.format + ";vocab=" + std::to_string(config.vocab_size);
+  ChatOptions chat;
+  if (format != DataFormat::kTokens) {
+    auto loaded = Tokenizer::Load(spec.model.path);
+    if (!loaded.ok())
+      return loaded.status().WithContext(f + ": data.format " + spec.data.format + " needs the tokenizer");
+    *tokenizer = std::move(*loaded);
+    auto tok_sha = Sha256File((fs::path(spec.model.path) / "tokenizer.json").string());
+    options.cache_key += ";tokenizer=" + (tok_sha.ok() ? *tok_sha : std::string("?"));
+    if (!spec.data.chat_template.empty()) {
+      auto text = ReadFileToString(spec.data.chat_template);
+      if (!text.ok()) return text.status().WithContext(f + ": data.chat_template");
+      chat.chat_template = *text;
+    }
+    chat.extra_vars = ChatVarsJson(spec.data.chat_template_vars);
+    options.cache_key += ";template=" + Sha256Hex(chat.chat_template) + ";vars=" + chat.extra_vars.dump();
+  }
+  FT_ASSIGN_OR_RETURN(RecordEncoder encode,
+                      MakeRecordEncoder(format, tokenizer->get(), config.vocab_size, chat));
+  return Dataset::Open(options, std::move(encode));
+}
+
 StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
   std::unique_ptr<Trainer> tr(new Trainer());
   tr->spec_ = spec;
@@ -72,10 +122,6 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
   if (spec.resources.device == "cuda") {
     return Status::Unimplemented(
         f + ": resources.device: the CUDA engine is not built into ft-train yet; use cpu");
-  }
-  if (spec.data.format != "tokens") {
-    return Status::Unimplemented(f + ": data.format: '" + spec.data.format +
-                                 "' arrives with the tokenizer; use tokens ({\"input_ids\": [...]}) for now");
   }
   FT_ASSIGN_OR_RETURN(ModelConfig config, ReadHfConfig(spec.model.path));
   FT_ASSIGN_OR_RETURN(int64_t device_bytes, HostAvailableBytes());
@@ -113,17 +159,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
           LoadPeftAdapter(spec.adapter.init, tr->model_.get()).WithContext(f + ": adapter.init"));
     }
   }
-  DatasetOptions data_options;
-  data_options.path = spec.data.train;
-  data_options.seq_len = spec.data.seq_len;
-  data_options.packing = spec.data.packing;
-  data_options.skip_bad_lines = spec.data.skip_bad_lines;
-  data_options.cache_key = "format=" + spec.data.format + ";vocab=" + std::to_string(config.vocab_size);
-  const int64_t vocab = config.vocab_size;
-  FT_ASSIGN_OR_RETURN(tr->data_,
-                      Dataset::Open(data_options, [vocab](const std::string& line, const std::string& where) {
-                        return ParseTokensRecord(line, where, vocab);
-                      }));
+  FT_ASSIGN_OR_RETURN(tr->data_, OpenTrainingData(spec, config, &tr->tokenizer_));
   const int64_t steps_per_epoch =
       (tr->data_->size() + spec.train.global_batch_size - 1) / spec.train.global_batch_size;
   tr->total_steps_ = spec.train.max_steps > 0 ? spec.train.max_steps : spec.train.epochs * steps_per_epoch;
@@ -210,6 +246,7 @@ std::map<std::string, std::string> JobMathKeys(const JobSpec& spec) {
       {"data.packing", spec.data.packing ? "true" : "false"},
       {"data.shuffle", spec.data.shuffle ? "true" : "false"},
       {"data.skip_bad_lines", spec.data.skip_bad_lines ? "true" : "false"},
+      {"data.chat_template", spec.data.chat_template},
       {"train.global_batch_size", std::to_string(spec.train.global_batch_size)},
       {"train.lr", num(spec.train.lr)},
       {"train.lr_schedule", spec.train.lr_schedule},

@@ -19,6 +19,7 @@
 #include "engine/job_spec.h"
 #include "engine/model.h"
 #include "engine/optimizer.h"
+#include "engine/tokenizer.h"
 #include "engine/train_control.h"
 
 namespace ft {
@@ -100,6 +101,7 @@ class Trainer {
   JobSpec spec_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<AdamWOptimizer> optimizer_;
+  std::unique_ptr<Tokenizer> tokenizer_;  // text, alpaca and chat formats; outlives data_
   std::unique_ptr<Dataset> data_;
   BatchPlan plan_;
   int64_t total_steps_ = 0;
@@ -123,6 +125,11 @@ class Trainer {
 // planner's choice for `device_bytes`. InvalidArgument when impossible,
 // ResourceExhausted when nothing fits.
 StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec, const ModelConfig& model, int64_t device_bytes);
+
+// The job's training data, encoded in its format (loading the model's
+// tokenizer into *tokenizer for text, alpaca and chat).
+StatusOr<std::unique_ptr<Dataset>> OpenTrainingData(const JobSpec& spec, const ModelConfig& config,
+                                                    std::unique_ptr<Tokenizer>* tokenizer);
 
 // The job keys that define the training math, with their values; a resume
 // refuses a checkpoint whose values differ (naming the key).

@@ -226,7 +226,7 @@ TEST(TokenDataBadInputTest, BadLinesNameFileAndLine) {
   std::string dir = TempDir("data");
   WriteFile(dir + "/d.jsonl", "{\"input_ids\": [1, 2, 3]}\n{\"input_ids\": [1, 999]}\n");
   EXPECT_THAT(OpenTokens(dir + "/d.jsonl").status().message(),
-              HasSubstr(dir + "/d.jsonl:2: input_ids value 999 is outside [0, 256)"));
+              HasSubstr(dir + "/d.jsonl:2: 'input_ids'[1] = 999 is outside [0, 256)"));
   WriteFile(dir + "/e.jsonl", "{\"input_ids\": [1, 2]}\n\n{\"text\": \"hi\"}\n");
   EXPECT_THAT(OpenTokens(dir + "/e.jsonl").status().message(), HasSubstr("e.jsonl:3: missing 'input_ids'"));
   WriteFile(dir + "/f.jsonl", "{\"input_ids\": [1, 2}\n");

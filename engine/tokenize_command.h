@@ -1,0 +1,19 @@
+// `ft-train tokenize`: the tokenizer as a line-oriented filter, for checking
+// ids against another implementation and for scripts.
+//
+//   encode (default): each stdin line is a JSON string; prints one JSON array
+//                     of ids per line.
+//   decode:           each stdin line is a JSON array of ids; prints one JSON
+//                     string per line (skip_special_tokens = false).
+#pragma once
+
+#include <string>
+
+namespace ft {
+
+// `model_or_file`: a tokenizer.json or a model directory. Returns the process
+// exit code: 0, or 2 (kExitBadInput) when the tokenizer does not load or a
+// line is not the expected JSON (the message names the line number).
+int RunTokenizeCommand(const std::string& model_or_file, bool add_special_tokens, bool decode);
+
+}  // namespace ft

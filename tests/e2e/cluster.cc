@@ -1,0 +1,169 @@
+#include "tests/e2e/cluster.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "engine/hf_model.h"
+
+namespace ft::e2e {
+
+namespace fs = std::filesystem;
+namespace pb = ftune::v1;
+
+bool Proc::Alive() const { return pid > 0 && waitpid(pid, nullptr, WNOHANG) == 0; }
+void Proc::Signal(int sig) const {
+  if (pid > 0) kill(pid, sig);
+}
+int Proc::Wait() {
+  int status = 0;
+  if (pid <= 0) return -1;
+  waitpid(pid, &status, 0);
+  pid = -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+Proc Spawn(const std::vector<std::string>& argv, const std::string& log,
+           const std::vector<std::string>& env) {
+  Proc p;
+  p.log = log;
+  p.pid = fork();
+  if (p.pid == 0) {
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return p;
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+Cluster::Cluster(const std::string& name, int64_t lease_ms) : lease_ms_(lease_ms) {
+  dir_ = (fs::path(::testing::TempDir()) / ("e2e-" + name)).lexically_normal().string();
+  fs::remove_all(dir_);
+  fs::create_directories(dir_ + "/job");
+  StartDaemon();
+}
+
+Cluster::~Cluster() {
+  for (auto& [id, w] : workers_) {
+    w.Signal(SIGKILL);
+    w.Wait();
+  }
+  daemon_.Signal(SIGKILL);
+  daemon_.Wait();
+  // ft-train children run in their own process groups: make sure none outlives the test.
+  std::system(("pkill -9 -f '" + dir_ + "[/]' >/dev/null 2>&1").c_str());
+}
+
+void Cluster::StartDaemon() {
+  const std::string log = dir_ + "/ftd.log";
+  const size_t before = Slurp(log).size();
+  const std::string listen = port_ ? "127.0.0.1:" + std::to_string(port_) : "127.0.0.1:0";
+  daemon_ = Spawn(
+      {FTD_BIN, "--listen", listen, "--data-dir", dir_ + "/ftd", "--lease-ms", std::to_string(lease_ms_),
+       "--heartbeat-ms", "300", "--tick-ms", "100", "--requeue-backoff-ms", "200", "--min-slot-ms", "10000"},
+      log);
+  std::regex re("ftd: listening on 127\\.0\\.0\\.1:([0-9]+)");
+  for (int i = 0; i < 200; ++i) {
+    std::smatch m;
+    const std::string text = Slurp(log).substr(before);
+    if (std::regex_search(text, m, re)) {
+      port_ = std::stoi(m[1]);
+      address_ = "127.0.0.1:" + std::to_string(port_);
+      client_ = std::make_unique<JobsClient>(ClientOptions{address_, "", 10'000});
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  throw std::runtime_error("ftd did not start: " + Slurp(log));
+}
+
+Proc& Cluster::StartWorker(const std::string& id, const std::vector<std::string>& extra) {
+  std::vector<std::string> argv = {WORKER_BIN,   "--daemon",   address_,     "--id",           id,
+                                   "--ft-train", FT_TRAIN_BIN, "--work-dir", dir_ + "/w-" + id};
+  if (std::find(extra.begin(), extra.end(), "--cpu-memory") == extra.end()) {
+    argv.insert(argv.end(), {"--cpu-memory", "4GiB"});  // a known size, whatever the host has
+  }
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  workers_[id] = Spawn(argv, dir_ + "/worker-" + id + ".log");
+  return workers_[id];
+}
+
+std::string Cluster::WriteJob(const std::string& name, int64_t steps, int64_t every_steps,
+                              const std::string& extra) {
+  const std::string job = dir_ + "/job";
+  if (!fs::exists(job + "/model/config.json")) {
+    Model model(*PresetModelConfig("tiny-llama"), {});
+    RandomInitModel(&model, 5);
+    if (!SaveHfModel(job + "/model", model, DType::kF32).ok()) throw std::runtime_error("make model");
+    fs::copy_file(std::string(FT_SOURCE_DIR) + "/examples/tiny-lora/data.jsonl", job + "/data.jsonl");
+  }
+  std::ofstream(job + "/" + name + ".yaml")
+      << "name: " << name << "\nmodel: {path: model, dtype: fp32}\nadapter: {type: lora, r: 8, alpha: 16}\n"
+      << "data: {train: data.jsonl, format: tokens, seq_len: 64, packing: false, shuffle: true}\n"
+      << "train: {max_steps: " << steps
+      << ", global_batch_size: 8, micro_batch_size: 2, lr: 1.0e-2, warmup_steps: 3}\n"
+      << "checkpoint: {every_steps: " << every_steps << ", every_minutes: 0, keep: 3}\n"
+      << "output: {dir: out-" << name << "}\n"
+      << extra;
+  return job + "/" + name + ".yaml";
+}
+
+std::string Cluster::RunReference(const std::string& job_yaml) {
+  std::string text = Slurp(job_yaml);
+  const std::string ref = job_yaml.substr(0, job_yaml.size() - 5) + "-reference.yaml";
+  text = std::regex_replace(text, std::regex("output: \\{dir: ([^}]*)\\}"), "output: {dir: $1-reference}");
+  std::ofstream(ref) << text;
+  Proc p = Spawn({FT_TRAIN_BIN, "run", ref}, dir_ + "/reference.log");
+  if (p.Wait() != 0) throw std::runtime_error("reference run failed: " + Slurp(dir_ + "/reference.log"));
+  std::smatch m;
+  std::regex_search(text, m, std::regex("output: \\{dir: ([^}]*)\\}"));
+  return dir_ + "/job/" + m[1].str();
+}
+
+std::string Cluster::Submit(const std::string& job_yaml) {
+  pb::SubmitRequest req;
+  req.set_spec_yaml(Slurp(job_yaml));
+  req.set_spec_dir(fs::path(job_yaml).parent_path().string());
+  auto r = client_->Submit(req);
+  if (!r.ok()) throw std::runtime_error(r.status().ToString());
+  return r->job().id();
+}
+
+pb::Job Cluster::WaitFor(const std::string& id, const std::function<bool(const pb::Job&)>& pred,
+                         int64_t timeout_ms) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  pb::Job last;
+  while (std::chrono::steady_clock::now() < end) {
+    auto j = client_->Get(id);
+    if (j.ok()) {
+      last = *j;
+      if (pred(last)) return last;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return last;
+}
+
+}  // namespace ft::e2e

@@ -1,0 +1,69 @@
+// End-to-end test harness: real ftd, ft-worker and ft-train processes on
+// loopback with ephemeral ports and temporary directories.
+#pragma once
+
+#include <signal.h>
+#include <sys/types.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/client.h"
+
+namespace ft::e2e {
+
+// A child process with its stdout+stderr in a file.
+struct Proc {
+  pid_t pid = -1;
+  std::string log;
+  bool Alive() const;
+  void Signal(int sig) const;
+  int Wait();  // exit code, or 128 + signal
+};
+
+Proc Spawn(const std::vector<std::string>& argv, const std::string& log,
+           const std::vector<std::string>& env = {});
+std::string Slurp(const std::string& path);
+
+class Cluster {
+ public:
+  explicit Cluster(const std::string& name, int64_t lease_ms = 3000);
+  ~Cluster();  // kills every process it started
+
+  // Starts (or restarts) ftd on the same data dir; waits until it listens.
+  void StartDaemon();
+  Proc& daemon() { return daemon_; }
+  // Starts a worker; extra flags appended (e.g. {"--slot-end", "+20s"}).
+  Proc& StartWorker(const std::string& id, const std::vector<std::string>& extra = {});
+  Proc& worker(const std::string& id) { return workers_.at(id); }
+
+  // A tiny model and data under dir()/job, and a job.yaml with these train keys.
+  std::string WriteJob(const std::string& name, int64_t steps, int64_t every_steps,
+                       const std::string& extra = "");
+  // ft-train run of the same job into another output dir (the uninterrupted reference).
+  std::string RunReference(const std::string& job_yaml);
+
+  JobsClient& client() { return *client_; }
+  const std::string& dir() const { return dir_; }
+  const std::string& address() const { return address_; }
+  int64_t lease_ms() const { return lease_ms_; }
+
+  // Polls Get(id) until `pred` holds or `timeout_ms` passes; returns the last job seen.
+  ftune::v1::Job WaitFor(const std::string& id, const std::function<bool(const ftune::v1::Job&)>& pred,
+                         int64_t timeout_ms);
+  std::string Submit(const std::string& job_yaml);
+
+ private:
+  std::string dir_;
+  std::string address_;
+  int port_ = 0;
+  int64_t lease_ms_;
+  Proc daemon_;
+  std::map<std::string, Proc> workers_;
+  std::unique_ptr<JobsClient> client_;
+};
+
+}  // namespace ft::e2e

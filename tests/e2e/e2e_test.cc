@@ -1,0 +1,288 @@
+// The whole system on loopback: ftd, ft-workers and ft-train as real
+// processes. Each scenario is a failure users meet on preemptible machines.
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "tests/e2e/cluster.h"
+
+namespace ft::e2e {
+namespace {
+
+namespace pb = ftune::v1;
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+std::string Adapter(const std::string& out) { return Slurp(out + "/adapter/adapter_model.safetensors"); }
+
+bool Done(const pb::Job& j) {
+  return j.state() == pb::SUCCEEDED || j.state() == pb::FAILED || j.state() == pb::CANCELLED;
+}
+
+// Kills a worker and every trainer it started: what a node loss looks like.
+void KillNode(Cluster& c, const std::string& id, int sig = SIGKILL) {
+  c.worker(id).Signal(sig);
+  // "[/]" matches "/" but not itself, so pkill spares the shell that runs it.
+  std::system(
+      ("pkill -" + std::to_string(sig) + " -f '" + c.dir() + "[/]w-" + id + "/' >/dev/null 2>&1").c_str());
+}
+
+TEST(E2E, SubmitRunSucceedsBitIdenticalToFtTrainRun) {
+  Cluster c("basic");
+  const std::string job = c.WriteJob("basic", 30, 10);
+  c.StartWorker("w1");
+  const std::string id = c.Submit(job);
+  pb::Job j = c.WaitFor(id, Done, 60'000);
+  ASSERT_EQ(j.state(), pb::SUCCEEDED) << j.reason() << "\n" << Slurp(c.dir() + "/worker-w1.log");
+  EXPECT_EQ(j.attempts_size(), 1);
+  EXPECT_EQ(j.steps_done(), 30);
+  const std::string ref = c.RunReference(job);
+  EXPECT_EQ(Adapter(j.output_dir()), Adapter(ref)) << "adapter differs from ft-train run of the same job";
+  auto events = c.client().Events(id, 0);
+  ASSERT_TRUE(events.ok());
+  std::vector<std::string> kinds;
+  for (const auto& e : events->events()) kinds.push_back(e.kind());
+  EXPECT_THAT(kinds, ::testing::Contains("started"));
+  EXPECT_THAT(kinds, ::testing::Contains("checkpoint"));
+  EXPECT_THAT(kinds, ::testing::Contains("succeeded"));
+}
+
+TEST(E2E, KilledWorkerIsReplacedWithinLeaseAndTheResultIsBitIdentical) {
+  Cluster c("failover");
+  const std::string job = c.WriteJob("failover", 400, 10);
+  c.StartWorker("w1");
+  c.StartWorker("w2");
+  const std::string id = c.Submit(job);
+  pb::Job j = c.WaitFor(
+      id, [](const pb::Job& j) { return j.steps_done() >= 40; }, 60'000);
+  ASSERT_EQ(j.state(), pb::RUNNING);
+  const std::string first = j.worker_id(), other = first == "w1" ? "w2" : "w1";
+  const auto killed = Clock::now();
+  KillNode(c, first);
+  j = c.WaitFor(
+      id, [&](const pb::Job& j) { return j.attempts_size() == 2 && j.worker_id() == other; },
+      c.lease_ms() + 10'000);
+  const double seconds = std::chrono::duration<double>(Clock::now() - killed).count();
+  std::printf("worker lost -> running again on %s after %.2f s (lease %.1f s)\n", other.c_str(), seconds,
+              c.lease_ms() / 1000.0);
+  ASSERT_EQ(j.worker_id(), other);
+  EXPECT_LE(seconds, c.lease_ms() / 1000.0 + 5);
+  j = c.WaitFor(id, Done, 120'000);
+  ASSERT_EQ(j.state(), pb::SUCCEEDED) << j.reason();
+  EXPECT_EQ(j.attempts_size(), 2);
+  EXPECT_EQ(j.preemptions(), 1);
+  EXPECT_EQ(j.failures(), 0);
+  EXPECT_EQ(j.attempts(0).outcome(), pb::ATTEMPT_PREEMPTED);
+  EXPECT_LE(j.attempts(0).steps_lost(), 10) << "at most one checkpoint interval";
+  EXPECT_EQ(Adapter(j.output_dir()), Adapter(c.RunReference(job)));
+}
+
+TEST(E2E, DaemonKilledMidRunRestartsWithoutDuplicatesAndKeepsHistory) {
+  Cluster c("restart");
+  const std::string job = c.WriteJob("restart", 400, 10);
+  c.StartWorker("w1");
+  const std::string id = c.Submit(job);
+  pb::Job j = c.WaitFor(
+      id, [](const pb::Job& j) { return j.steps_done() >= 30; }, 60'000);
+  ASSERT_EQ(j.state(), pb::RUNNING);
+  c.daemon().Signal(SIGKILL);
+  c.daemon().Wait();
+  c.StartDaemon();
+  j = c.WaitFor(id, Done, 120'000);
+  ASSERT_EQ(j.state(), pb::SUCCEEDED) << j.reason();
+  EXPECT_EQ(j.attempts_size(), 1) << "the running attempt was reattached, not duplicated";
+  auto events = c.client().Events(id, 0);
+  ASSERT_TRUE(events.ok());
+  std::vector<std::string> kinds;
+  for (const auto& e : events->events()) kinds.push_back(e.kind());
+  EXPECT_EQ(kinds.front(), "queued") << "history from before the restart is intact";
+  EXPECT_THAT(kinds, ::testing::Contains("reattached"));
+  EXPECT_EQ(Adapter(j.output_dir()), Adapter(c.RunReference(job)));
+}
+
+TEST(E2E, FrozenWorkerPastItsLeaseIsFencedOffAndTheResultIsUnaffected) {
+  Cluster c("frozen");
+  const std::string job = c.WriteJob("frozen", 400, 10);
+  c.StartWorker("w1");
+  const std::string id = c.Submit(job);
+  pb::Job j = c.WaitFor(
+      id, [](const pb::Job& j) { return j.steps_done() >= 30; }, 60'000);
+  ASSERT_EQ(j.worker_id(), "w1");
+  KillNode(c, "w1", SIGSTOP);  // the whole node freezes
+  c.StartWorker("w2");
+  j = c.WaitFor(
+      id, [](const pb::Job& j) { return j.worker_id() == "w2"; }, c.lease_ms() + 10'000);
+  ASSERT_EQ(j.worker_id(), "w2");
+  KillNode(c, "w1", SIGCONT);  // thaws: its reports are for a superseded epoch
+  j = c.WaitFor(id, Done, 120'000);
+  ASSERT_EQ(j.state(), pb::SUCCEEDED) << j.reason();
+  auto events = c.client().Events(id, 0);
+  bool refused = false;
+  for (const auto& e : events->events()) refused |= e.kind() == "refused";
+  EXPECT_TRUE(refused || Slurp(c.dir() + "/worker-w1.log").find("superseded") != std::string::npos)
+      << "the thawed worker's stale reports were not refused";
+  EXPECT_EQ(Adapter(j.output_dir()), Adapter(c.RunReference(job)));
+}
+
+TEST(E2E, JobThatDoesNotFitWaitsWithAReasonAndHigherPriorityStartsFirst) {
+  Cluster c("placement");
+  const std::string low = c.Submit(c.WriteJob("low", 10, 100, "resources: {priority: 0}\n"));
+  const std::string high = c.Submit(c.WriteJob("high", 10, 100, "resources: {priority: 9}\n"));
+  c.StartWorker("tiny", {"--cpu-memory", "1MiB"});
+  pb::Job j = c.WaitFor(
+      high, [](const pb::Job& j) { return j.reason().find("does not fit") != std::string::npos; }, 10'000);
+  EXPECT_THAT(j.reason(), HasSubstr("does not fit: needs"));
+  EXPECT_EQ(j.state(), pb::QUEUED);
+  c.StartWorker("big");
+  pb::Job h = c.WaitFor(high, Done, 60'000), l = c.WaitFor(low, Done, 60'000);
+  ASSERT_EQ(h.state(), pb::SUCCEEDED);
+  ASSERT_EQ(l.state(), pb::SUCCEEDED);
+  EXPECT_EQ(h.attempts(0).worker_id(), "big");
+  EXPECT_LT(h.attempts(0).started_ms(), l.attempts(0).started_ms()) << "the higher priority job starts first";
+}
+
+TEST(E2E, MalformedJobGetsFileAndLineFromFtctlAndTheDaemonIsUnaffected) {
+  Cluster c("malformed");
+  const std::string job = c.WriteJob("bad", 10, 100, "trian: {lr: 1}\n");
+  Proc p = Spawn({FTCTL_BIN, "--addr", c.address(), "submit", job}, c.dir() + "/ftctl.log");
+  EXPECT_EQ(p.Wait(), 2);
+  EXPECT_THAT(Slurp(c.dir() + "/ftctl.log"), HasSubstr(job + ":8:1: unknown key 'trian'"));
+  auto jobs = c.client().List({});
+  ASSERT_TRUE(jobs.ok()) << "the daemon is still serving";
+  EXPECT_EQ(jobs->jobs_size(), 0);
+}
+
+// A fake cloud metadata server: 404 until `notice` is set, then the notice.
+class FakeMetadata {
+ public:
+  FakeMetadata() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    socklen_t len = sizeof(a);
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    listen(fd_, 16);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~FakeMetadata() {
+    stop_ = true;
+    shutdown(fd_, SHUT_RDWR);
+    close(fd_);
+    thread_.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  std::atomic<bool> notice{false};
+
+ private:
+  void Serve() {
+    while (!stop_) {
+      int c = accept(fd_, nullptr, nullptr);
+      if (c < 0) continue;
+      char buf[4096];
+      ssize_t n = read(c, buf, sizeof(buf) - 1);
+      std::string req(buf, n > 0 ? static_cast<size_t>(n) : 0);
+      std::string body, status = "404 Not Found";
+      if (notice && req.find("/latest/meta-data/spot/instance-action") != std::string::npos) {
+        status = "200 OK";
+        body = R"({"action": "terminate", "time": "2026-11-21T10:00:00Z"})";
+      } else if (req.find("/computeMetadata/v1/instance/preempted") != std::string::npos &&
+                 req.find("Metadata-Flavor: Google") != std::string::npos) {
+        status = "200 OK";
+        body = notice ? "TRUE" : "FALSE";
+      }
+      std::string resp = "HTTP/1.1 " + status + "\r\nContent-Length: " + std::to_string(body.size()) +
+                         "\r\nConnection: close\r\n\r\n" + body;
+      (void)write(c, resp.data(), resp.size());
+      close(c);
+    }
+  }
+  int fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// SIGTERM or a cloud notice: checkpoint now, report "preempted", lose no step.
+void ExpectGracefulPreemption(const std::string& name, const std::vector<std::string>& flags,
+                              const std::function<void(Cluster&)>& trigger, const std::string& reason) {
+  Cluster c(name);
+  const std::string job = c.WriteJob(name, 400, 1000);  // no periodic checkpoint: only the notice makes one
+  c.StartWorker("w1", flags);
+  const std::string id = c.Submit(job);
+  pb::Job j = c.WaitFor(
+      id, [](const pb::Job& j) { return j.steps_done() >= 30; }, 60'000);
+  ASSERT_EQ(j.worker_id(), "w1");
+  trigger(c);
+  j = c.WaitFor(
+      id, [](const pb::Job& j) { return j.preemptions() >= 1; }, 30'000);
+  ASSERT_EQ(j.preemptions(), 1) << Slurp(c.dir() + "/worker-w1.log");
+  EXPECT_EQ(j.failures(), 0);
+  ASSERT_GE(j.attempts_size(), 1);
+  EXPECT_EQ(j.attempts(0).outcome(), pb::ATTEMPT_PREEMPTED);
+  EXPECT_THAT(j.attempts(0).reason(), HasSubstr(reason));
+  EXPECT_EQ(j.attempts(0).steps_lost(), 0) << "a checkpoint on notice loses nothing";
+  EXPECT_EQ(j.committed_step(), j.attempts(0).end_step());
+  c.StartWorker("w2");
+  j = c.WaitFor(id, Done, 120'000);
+  ASSERT_EQ(j.state(), pb::SUCCEEDED);
+  EXPECT_EQ(Adapter(j.output_dir()), Adapter(c.RunReference(job)));
+}
+
+TEST(E2E, SigtermToTheWorkerCheckpointsAndLosesNoStep) {
+  ExpectGracefulPreemption(
+      "sigterm", {}, [](Cluster& c) { c.worker("w1").Signal(SIGTERM); }, "SIGTERM");
+}
+
+TEST(E2E, AwsSpotNoticeCheckpointsAndLosesNoStep) {
+  FakeMetadata aws;
+  ExpectGracefulPreemption(
+      "aws", {"--aws-metadata-url", aws.url(), "--notice-poll-ms", "200"},
+      [&](Cluster&) { aws.notice = true; }, "AWS");
+}
+
+TEST(E2E, GcpPreemptionNoticeCheckpointsAndLosesNoStep) {
+  FakeMetadata gcp;
+  ExpectGracefulPreemption(
+      "gcp", {"--gcp-metadata-url", gcp.url(), "--notice-poll-ms", "200"},
+      [&](Cluster&) { gcp.notice = true; }, "GCP");
+}
+
+TEST(E2E, SlotEndingSoonYieldsWithACheckpointAndTheJobMovesOn) {
+  Cluster c("slot");
+  const std::string job = c.WriteJob("slot", 3000, 1000);
+  c.StartWorker("short", {"--slot-end", "+20s"});
+  const std::string id = c.Submit(job);
+  pb::Job j = c.WaitFor(
+      id, [](const pb::Job& j) { return j.state() == pb::RUNNING; }, 30'000);
+  ASSERT_EQ(j.worker_id(), "short");
+  c.StartWorker("next");
+  j = c.WaitFor(
+      id, [](const pb::Job& j) { return j.preemptions() >= 1; }, 40'000);
+  ASSERT_EQ(j.preemptions(), 1);
+  EXPECT_THAT(j.attempts(0).reason(), HasSubstr("slot"));
+  EXPECT_EQ(j.attempts(0).steps_lost(), 0);
+  j = c.WaitFor(
+      id, [](const pb::Job& j) { return j.worker_id() == "next"; }, 20'000);
+  EXPECT_EQ(j.worker_id(), "next");
+  // Cancel so the test does not wait for 3000 steps; cancellation is itself a scenario.
+  auto cancelled = c.client().Cancel(id);
+  ASSERT_TRUE(cancelled.ok());
+  j = c.WaitFor(
+      id, [](const pb::Job& j) { return j.state() == pb::CANCELLED; }, 10'000);
+  EXPECT_EQ(j.state(), pb::CANCELLED);
+}
+
+}  // namespace
+}  // namespace ft::e2e

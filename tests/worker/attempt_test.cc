@@ -1,0 +1,223 @@
+// An Attempt runs a real ft-train on a tiny CPU job: stop over the control
+// channel (checkpoint, then PREEMPTED), resume to the end (FINISHED, only new
+// steps reported), failures with the trainer's reason, and Kill/Abort.
+#include "worker/attempt.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+namespace ft::worker {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
+
+// Records every callback, in order.
+class Recorder : public AttemptListener {
+ public:
+  void OnMetrics(const AttemptSpec&, const std::vector<MetricsLine>& steps, int64_t time_ms) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    EXPECT_GT(time_ms, 0);
+    for (const MetricsLine& m : steps) steps_.push_back(m.step);
+    events_.push_back("metrics");
+    cv_.notify_all();
+  }
+  void OnLog(const AttemptSpec&, const std::string& text) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    EXPECT_EQ(text.back(), '\n');
+    log_ += text;
+  }
+  void OnCheckpoint(const AttemptSpec&, const CommittedCheckpoint& c) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    checkpoints_.push_back(c);
+    events_.push_back("checkpoint");
+    cv_.notify_all();
+  }
+  void OnExit(const AttemptSpec&, const AttemptExit& e) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    exit_ = e;
+    exits_++;
+    events_.push_back("exit");
+    cv_.notify_all();
+  }
+
+  bool WaitForStep(int64_t step, std::chrono::seconds timeout = std::chrono::seconds(120)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout,
+                        [&] { return (!steps_.empty() && steps_.back() >= step) || exits_ > 0; });
+  }
+  bool WaitForExit(std::chrono::seconds timeout = std::chrono::seconds(120)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return exits_ > 0; });
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int64_t> steps_;
+  std::vector<CommittedCheckpoint> checkpoints_;
+  std::vector<std::string> events_;
+  std::string log_;
+  AttemptExit exit_;
+  int exits_ = 0;
+};
+
+class AttemptTest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = (fs::path(testing::TempDir()) / "worker-attempt").lexically_normal().string();
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+    fs::copy_file(std::string(FT_SOURCE_DIR) + "/examples/tiny-lora/data.jsonl", root_ + "/data.jsonl");
+    const std::string cmd = std::string(FT_TRAIN_BIN) + " make-model --preset tiny-llama --out " + root_ +
+                            "/model 2> " + root_ + "/make-model.txt";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << "ft-train make-model failed";
+  }
+
+  // A job with absolute paths, as the daemon sends it.
+  AttemptSpec Job(const std::string& name, int64_t steps, const std::string& data = "") {
+    const std::string out = root_ + "/" + name + "-out";
+    const std::string file = root_ + "/" + name + ".yaml";
+    std::ofstream(file) << "model: {path: " << root_ << "/model, dtype: fp32}\n"
+                        << "adapter: {type: lora, r: 8, alpha: 16}\n"
+                        << "data: {train: " << (data.empty() ? root_ + "/data.jsonl" : data)
+                        << ", format: tokens, seq_len: 64, packing: false}\n"
+                        << "train: {max_steps: " << steps << ", global_batch_size: 8, lr: 1.0e-2}\n"
+                        << "checkpoint: {every_steps: 2, keep: 3}\n"
+                        << "output: {dir: " << out << "}\n";
+    AttemptSpec spec;
+    spec.job_id = name;
+    spec.epoch = 1;
+    spec.ft_train = FT_TRAIN_BIN;
+    spec.job_file = file;
+    spec.output_dir = out;
+    spec.total_steps = steps;
+    spec.stop_grace_s = 30;
+    spec.poll_interval = std::chrono::milliseconds(50);
+    return spec;
+  }
+
+  static std::string root_;
+};
+
+std::string AttemptTest::root_;
+
+TEST_F(AttemptTest, StopOnTheControlChannelCheckpointsThenPreemptsAndResumeFinishes) {
+  AttemptSpec spec = Job("stop-resume", 20);
+  Recorder first;
+  {
+    auto attempt = Attempt::Start(spec, &first);
+    ASSERT_TRUE(attempt.ok()) << attempt.status().ToString();
+    ASSERT_TRUE(first.WaitForStep(1));
+    ASSERT_TRUE((*attempt)->Control("stop", 30, "test stop").ok());
+    ASSERT_TRUE(first.WaitForExit()) << first.log_;
+    EXPECT_EQ((*attempt)->progress().step, first.exit_.step);
+    EXPECT_TRUE((*attempt)->progress().stop_sent);
+  }
+  std::lock_guard<std::mutex> lock(first.mu_);
+  ASSERT_EQ(first.exit_.outcome, AttemptOutcome::kPreempted) << first.exit_.reason << "\n" << first.log_;
+  EXPECT_EQ(first.exit_.exit_code, 3);
+  EXPECT_EQ(first.exit_.reason, "test stop");
+  const int64_t stopped_at = first.exit_.step;
+  ASSERT_GE(stopped_at, 1);
+  ASSERT_LT(stopped_at, 20) << "the job finished before the stop arrived";
+  EXPECT_EQ(first.events_.back(), "exit");
+  ASSERT_FALSE(first.checkpoints_.empty());
+  const CommittedCheckpoint& last = first.checkpoints_.back();
+  EXPECT_EQ(last.step, stopped_at);  // the stop's own checkpoint
+  EXPECT_TRUE(fs::path(last.dir).is_absolute()) << last.dir;
+  EXPECT_TRUE(fs::exists(last.dir + "/MANIFEST.json"));
+  EXPECT_THAT(last.manifest_sha256, MatchesRegex("[0-9a-f]{64}"));
+  EXPECT_GE(last.write_seconds, 0.0);
+  EXPECT_THAT(first.log_, HasSubstr("stopped after checkpoint"));
+  for (size_t i = 0; i < first.steps_.size(); ++i) EXPECT_EQ(first.steps_[i], static_cast<int64_t>(i + 1));
+
+  // Epoch 2 resumes from the newest checkpoint; only its own steps are reported.
+  spec.epoch = 2;
+  Recorder second;
+  auto attempt = Attempt::Start(spec, &second);
+  ASSERT_TRUE(attempt.ok()) << attempt.status().ToString();
+  ASSERT_TRUE(second.WaitForExit()) << second.log_;
+  std::lock_guard<std::mutex> lock2(second.mu_);
+  ASSERT_EQ(second.exit_.outcome, AttemptOutcome::kFinished) << second.exit_.reason << "\n" << second.log_;
+  EXPECT_EQ(second.exit_.exit_code, 0);
+  EXPECT_EQ(second.exit_.step, 20);
+  ASSERT_FALSE(second.steps_.empty());
+  EXPECT_EQ(second.steps_.front(), stopped_at + 1);
+  EXPECT_EQ(second.steps_.back(), 20);
+  EXPECT_EQ(static_cast<int64_t>(second.steps_.size()), 20 - stopped_at);
+  ASSERT_FALSE(second.checkpoints_.empty());
+  EXPECT_EQ(second.checkpoints_.back().step, 20);  // the final checkpoint
+  EXPECT_THAT(second.log_, HasSubstr("resumed from"));
+  EXPECT_EQ((*attempt)->progress().step, 20);
+  EXPECT_EQ((*attempt)->progress().total_steps, 20);
+}
+
+TEST_F(AttemptTest, FailureCarriesTheTrainersErrorLine) {
+  AttemptSpec spec = Job("bad-data", 20, root_ + "/no-such-data.jsonl");
+  Recorder r;
+  auto attempt = Attempt::Start(spec, &r);
+  ASSERT_TRUE(attempt.ok()) << attempt.status().ToString();
+  ASSERT_TRUE(r.WaitForExit());
+  std::lock_guard<std::mutex> lock(r.mu_);
+  EXPECT_EQ(r.exit_.outcome, AttemptOutcome::kFailed);
+  EXPECT_EQ(r.exit_.exit_code, 2);  // bad input
+  EXPECT_THAT(r.exit_.reason, HasSubstr("no-such-data.jsonl"));
+  EXPECT_THAT(r.exit_.reason, ::testing::Not(HasSubstr("ft-train: ")));
+}
+
+TEST_F(AttemptTest, KillReportsNothingMore) {
+  AttemptSpec spec = Job("kill", 100000);
+  Recorder r;
+  auto attempt = Attempt::Start(spec, &r);
+  ASSERT_TRUE(attempt.ok()) << attempt.status().ToString();
+  ASSERT_TRUE(r.WaitForStep(1));
+  (*attempt)->Kill();
+  size_t events = 0;
+  {
+    std::lock_guard<std::mutex> lock(r.mu_);
+    events = r.events_.size();
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!(*attempt)->done() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE((*attempt)->done());
+  std::lock_guard<std::mutex> lock(r.mu_);
+  EXPECT_EQ(r.events_.size(), events);
+  EXPECT_EQ(r.exits_, 0);
+  EXPECT_FALSE((*attempt)->Control("stop", 1, "too late").ok());
+}
+
+TEST_F(AttemptTest, AbortReportsPreemptedWithTheReason) {
+  AttemptSpec spec = Job("abort", 100000);
+  Recorder r;
+  auto attempt = Attempt::Start(spec, &r);
+  ASSERT_TRUE(attempt.ok()) << attempt.status().ToString();
+  ASSERT_TRUE(r.WaitForStep(1));
+  (*attempt)->Abort("SIGTERM: no checkpoint in time");
+  ASSERT_TRUE(r.WaitForExit());
+  std::lock_guard<std::mutex> lock(r.mu_);
+  EXPECT_EQ(r.exit_.outcome, AttemptOutcome::kPreempted);
+  EXPECT_EQ(r.exit_.exit_code, 128 + 9);
+  EXPECT_EQ(r.exit_.reason, "SIGTERM: no checkpoint in time");
+  EXPECT_GE(r.exit_.step, 1);
+}
+
+TEST_F(AttemptTest, MissingBinaryIsNotFound) {
+  AttemptSpec spec = Job("missing", 20);
+  spec.ft_train = root_ + "/no-ft-train";
+  Recorder r;
+  auto attempt = Attempt::Start(spec, &r);
+  EXPECT_TRUE(attempt.status().IsNotFound()) << attempt.status().ToString();
+  EXPECT_EQ(r.exits_, 0);
+}
+
+}  // namespace
+}  // namespace ft::worker

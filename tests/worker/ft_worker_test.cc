@@ -1,0 +1,259 @@
+// The ft-worker binary against a fake daemon (and a fake metadata server):
+// flags, Register, a real ft-train attempt stopped by SIGTERM, an AWS notice,
+// and the slot end (refusing starts, stopping a running attempt).
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "tests/worker/fake_daemon.h"
+#include "tests/worker/fake_http_server.h"
+
+extern char** environ;
+
+namespace ft::worker {
+namespace {
+
+namespace fs = std::filesystem;
+namespace pb = ftune::v1;
+using testing_util::Count;
+using testing_util::FakeDaemon;
+using testing_util::FakeDaemonServer;
+using testing_util::FakeHttpServer;
+using Messages = std::vector<pb::WorkerMessage>;
+using ::testing::HasSubstr;
+
+int RunStatus(const std::string& args) {
+  const std::string cmd = std::string(FT_WORKER_BIN) + " " + args + " >/dev/null 2>&1";
+  const int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+// One ft-worker process, stderr to a file.
+class WorkerProcess {
+ public:
+  WorkerProcess(const std::vector<std::string>& args, const std::string& log,
+                std::vector<std::string> env = {}) {
+    std::vector<std::string> argv = {FT_WORKER_BIN};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<char*> cargv;
+    for (auto& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
+    std::vector<char*> cenv;
+    for (auto& e : env) cenv.push_back(e.data());
+    cenv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    log_ = log;
+    EXPECT_EQ(posix_spawn(&pid_, FT_WORKER_BIN, &actions, nullptr, cargv.data(), cenv.data()), 0);
+    posix_spawn_file_actions_destroy(&actions);
+  }
+  ~WorkerProcess() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  void Signal(int signo) { kill(pid_, signo); }
+  // The exit code, or -1 when it did not exit in time (or was killed).
+  int Wait(std::chrono::seconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return -1;
+  }
+  bool Running() {
+    int status = 0;
+    return waitpid(pid_, &status, WNOHANG) == 0;
+  }
+  std::string Log() const {
+    std::ifstream in(log_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+ private:
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  std::string log_;
+};
+
+bool HasRegister(const Messages& ms) {
+  return Count(ms, [](const pb::WorkerMessage& m) { return m.has_register_(); }) > 0;
+}
+
+const pb::AttemptExited* FindExit(const Messages& ms, const std::string& job) {
+  for (const auto& m : ms)
+    if (m.has_exited() && m.exited().job_id() == job) return &m.exited();
+  return nullptr;
+}
+
+class FtWorkerTest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = (fs::path(testing::TempDir()) / "ft-worker-bin").lexically_normal().string();
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+    fs::copy_file(std::string(FT_SOURCE_DIR) + "/examples/tiny-lora/data.jsonl", root_ + "/data.jsonl");
+    const std::string cmd = std::string(FT_TRAIN_BIN) + " make-model --preset tiny-llama --out " + root_ +
+                            "/model 2> " + root_ + "/make-model.txt";
+    ASSERT_EQ(std::system(cmd.c_str()), 0);
+  }
+
+  std::vector<std::string> Args(const FakeDaemonServer& server, const std::string& name) {
+    return {"--daemon",     server.address(), "--token",     "tok",        "--id",
+            "w-" + name,    "--ft-train",     FT_TRAIN_BIN,  "--work-dir", root_ + "/" + name + "-work",
+            "--cpu-memory", "8GiB",           "--log-level", "debug"};
+  }
+
+  pb::DaemonCommand Start(const std::string& job, int64_t epoch, int64_t steps) {
+    const std::string out = root_ + "/" + job + "-out";
+    std::ostringstream yaml;
+    yaml << "model: {path: " << root_ << "/model, dtype: fp32}\n"
+         << "adapter: {type: lora, r: 8, alpha: 16}\n"
+         << "data: {train: " << root_ << "/data.jsonl, format: tokens, seq_len: 64, packing: false}\n"
+         << "train: {max_steps: " << steps << ", global_batch_size: 8, lr: 1.0e-2}\n"
+         << "checkpoint: {every_steps: 5, keep: 2}\n"
+         << "output: {dir: " << out << "}\n";
+    pb::DaemonCommand c;
+    pb::StartAttempt* s = c.mutable_start();
+    s->set_job_id(job);
+    s->set_epoch(epoch);
+    s->set_spec_yaml(yaml.str());
+    s->set_output_dir(out);
+    s->set_total_steps(steps);
+    return c;
+  }
+
+  static std::string root_;
+};
+
+std::string FtWorkerTest::root_;
+
+TEST_F(FtWorkerTest, BadFlagsExitTwo) {
+  EXPECT_EQ(RunStatus(""), 2);  // --daemon is required
+  EXPECT_EQ(RunStatus("--daemon no-port"), 2);
+  EXPECT_EQ(RunStatus("--daemon 127.0.0.1:1 --cpu-memory lots"), 2);
+  EXPECT_EQ(RunStatus("--daemon 127.0.0.1:1 --slot-end soon"), 2);
+  EXPECT_EQ(RunStatus("--daemon 127.0.0.1:1 --ft-train /no/such/ft-train"), 2);
+  EXPECT_EQ(RunStatus("--daemon 127.0.0.1:1 --no-such-flag"), 2);
+  EXPECT_EQ(RunStatus("--help"), 0);
+}
+
+TEST_F(FtWorkerTest, SigtermStopsTheAttemptAfterACheckpointReportsAndExitsZero) {
+  FakeDaemon daemon(/*heartbeat_ms=*/100);
+  FakeDaemonServer server(&daemon);
+  WorkerProcess worker(Args(server, "sigterm"), root_ + "/sigterm.log");
+  ASSERT_TRUE(daemon.WaitFor(HasRegister)) << worker.Log();
+  const pb::Register reg = daemon.messages()[0].register_();
+  EXPECT_EQ(reg.worker_id(), "w-sigterm");
+  EXPECT_FALSE(reg.version().empty());
+  EXPECT_EQ(daemon.authorization(), "Bearer tok");
+  ASSERT_EQ(reg.devices_size(), 1);
+  EXPECT_EQ(reg.devices(0).kind(), "cpu");
+  EXPECT_EQ(reg.devices(0).total_bytes(), int64_t{8} << 30);
+
+  daemon.Push(Start("j-sig", 3, 100000));
+  ASSERT_TRUE(daemon.WaitFor(
+      [](const Messages& ms) {
+        return Count(ms, [](const pb::WorkerMessage& m) {
+                 return m.has_heartbeat() && m.heartbeat().progress_size() == 1 &&
+                        m.heartbeat().progress(0).step() > 0;
+               }) > 0;
+      },
+      std::chrono::seconds(120)))
+      << worker.Log();
+  EXPECT_TRUE(fs::exists(root_ + "/sigterm-work/j-sig-e3.yaml"));
+  worker.Signal(SIGTERM);
+  EXPECT_EQ(worker.Wait(std::chrono::seconds(90)), 0) << worker.Log();
+
+  const Messages ms = daemon.messages();
+  const pb::AttemptExited* exit = FindExit(ms, "j-sig");
+  ASSERT_NE(exit, nullptr) << worker.Log();
+  EXPECT_EQ(exit->epoch(), 3);
+  EXPECT_EQ(exit->outcome(), pb::ATTEMPT_PREEMPTED) << exit->reason();
+  EXPECT_EQ(exit->reason(), "SIGTERM");
+  EXPECT_EQ(exit->exit_code(), 3);
+  EXPECT_GT(exit->step(), 0);
+  const pb::CheckpointCommitted* last = nullptr;
+  for (const auto& m : ms)
+    if (m.has_checkpoint()) last = &m.checkpoint();
+  ASSERT_NE(last, nullptr);
+  EXPECT_EQ(last->step(), exit->step());
+  EXPECT_EQ(last->manifest_sha256().size(), 64u);
+  EXPECT_GT(Count(ms, [](const pb::WorkerMessage& m) { return m.has_metrics(); }), 0);
+  EXPECT_GT(Count(ms, [](const pb::WorkerMessage& m) { return m.has_log(); }), 0);
+}
+
+TEST_F(FtWorkerTest, AwsNoticeStopsTheWorker) {
+  std::atomic<int> polls{0};
+  FakeHttpServer aws([&](const FakeHttpServer::Request&) -> std::pair<int, std::string> {
+    return ++polls < 4
+               ? std::pair<int, std::string>{404, ""}
+               : std::pair<int, std::string>{200, R"({"action":"terminate","time":"2099-01-01T00:00:00Z"})"};
+  });
+  FakeDaemon daemon;
+  FakeDaemonServer server(&daemon);
+  std::vector<std::string> args = Args(server, "aws");
+  args.insert(args.end(), {"--aws-metadata-url", aws.url(), "--notice-poll-ms", "50", "--gcp-metadata-url",
+                           "http://127.0.0.1:1"});  // unreachable: logged, never fatal
+  WorkerProcess worker(args, root_ + "/aws.log");
+  EXPECT_EQ(worker.Wait(std::chrono::seconds(30)), 0) << worker.Log();
+  EXPECT_GE(polls.load(), 4);
+  EXPECT_THAT(worker.Log(), HasSubstr("AWS spot interruption"));
+}
+
+TEST_F(FtWorkerTest, SlotEndStopsTheRunningAttemptAndRefusesNewOnes) {
+  FakeDaemon daemon(/*heartbeat_ms=*/100);
+  FakeDaemonServer server(&daemon);
+  const int64_t now_s =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  const int64_t end_s = now_s + 16;
+  WorkerProcess worker(Args(server, "slot"), root_ + "/slot.log",
+                       {"SLURM_JOB_END_TIME=" + std::to_string(end_s)});
+  ASSERT_TRUE(daemon.WaitFor(HasRegister)) << worker.Log();
+  EXPECT_EQ(daemon.messages()[0].register_().slot_end_ms(), end_s * 1000);
+  daemon.Push(Start("j-slot", 1, 100000));
+  // Stopped ~10 s before the end (less once a checkpoint was measured), after a checkpoint.
+  ASSERT_TRUE(daemon.WaitFor([](const Messages& ms) { return FindExit(ms, "j-slot") != nullptr; },
+                             std::chrono::seconds(60)))
+      << worker.Log();
+  const pb::AttemptExited exit = *FindExit(daemon.messages(), "j-slot");
+  EXPECT_EQ(exit.outcome(), pb::ATTEMPT_PREEMPTED);
+  EXPECT_EQ(exit.reason(), "slot end");
+  EXPECT_GT(exit.step(), 0);
+
+  // The worker stays, but starts nothing more.
+  daemon.Push(Start("j-late", 1, 10));
+  ASSERT_TRUE(daemon.WaitFor([](const Messages& ms) { return FindExit(ms, "j-late") != nullptr; }))
+      << worker.Log();
+  const pb::AttemptExited late = *FindExit(daemon.messages(), "j-late");
+  EXPECT_EQ(late.outcome(), pb::ATTEMPT_PREEMPTED);
+  EXPECT_EQ(late.reason(), "slot ends too soon");
+  EXPECT_TRUE(worker.Running());
+  worker.Signal(SIGTERM);
+  EXPECT_EQ(worker.Wait(std::chrono::seconds(30)), 0) << worker.Log();
+}
+
+}  // namespace
+}  // namespace ft::worker

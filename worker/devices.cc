@@ -1,0 +1,123 @@
+#include "worker/devices.h"
+
+#include <fstream>
+#include <string>
+
+#include "common/logging.h"
+
+#ifdef FT_WORKER_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/device_info.h"
+#endif
+
+namespace ft::worker {
+
+namespace {
+
+// GPUs are re-queried at most this often (each query creates CUDA contexts).
+constexpr auto kGpuRefreshInterval = std::chrono::seconds(30);
+
+std::string Trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t");
+  const size_t e = s.find_last_not_of(" \t\r\n");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+std::string ReadCpuModelName() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon != std::string::npos) return Trim(line.substr(colon + 1));
+  }
+  return "cpu";
+}
+
+const std::string& CpuModelName() {
+  static const std::string name = ReadCpuModelName();  // /proc/cpuinfo is large on big hosts
+  return name;
+}
+
+// MemTotal and MemAvailable in bytes.
+Status ReadMemInfo(int64_t* total, int64_t* available) {
+  std::ifstream in("/proc/meminfo");
+  if (!in) return Status::Unavailable("/proc/meminfo: cannot open");
+  *total = *available = -1;
+  for (std::string line; std::getline(in, line);) {
+    long long kb = 0;
+    if (std::sscanf(line.c_str(), "MemTotal: %lld kB", &kb) == 1) *total = kb * 1024;
+    if (std::sscanf(line.c_str(), "MemAvailable: %lld kB", &kb) == 1) *available = kb * 1024;
+  }
+  if (*total < 0 || *available < 0) return Status::Unavailable("/proc/meminfo: no MemTotal/MemAvailable");
+  return Status::OK();
+}
+
+#ifdef FT_WORKER_HAVE_CUDA
+// Every visible GPU; empty when there is none. Releases the contexts the query created.
+StatusOr<std::vector<Device>> CudaDevices() {
+  std::string reason;
+  auto infos = ft::cuda::QueryDevices(&reason);
+  std::vector<Device> out;
+  if (infos.ok()) {
+    for (const ft::cuda::DeviceInfo& d : *infos) {
+      const auto total = static_cast<int64_t>(d.total_bytes), free = static_cast<int64_t>(d.free_bytes);
+      out.push_back({d.index, "cuda", d.name, total, free, total - free});
+      if (cudaSetDevice(d.index) == cudaSuccess) cudaDeviceReset();
+    }
+  }
+  if (!infos.ok()) return infos.status();
+  if (out.empty()) FT_LOG(DEBUG) << "no CUDA device: " << reason;
+  return out;
+}
+#endif
+
+}  // namespace
+
+StatusOr<Device> CpuDevice(const DeviceOptions& options) {
+  Device d;
+  d.kind = "cpu";
+  d.name = CpuModelName();
+  if (options.cpu_memory_bytes > 0) {
+    d.total_bytes = d.free_bytes = options.cpu_memory_bytes;
+    return d;
+  }
+  FT_RETURN_IF_ERROR(ReadMemInfo(&d.total_bytes, &d.free_bytes));
+  d.used_bytes = d.total_bytes - d.free_bytes;
+  return d;
+}
+
+StatusOr<std::vector<Device>> DiscoverDevices(const DeviceOptions& options) {
+#ifdef FT_WORKER_HAVE_CUDA
+  if (options.allow_cuda) {
+    FT_ASSIGN_OR_RETURN(std::vector<Device> gpus, CudaDevices());
+    if (!gpus.empty()) return gpus;
+  }
+#endif
+  FT_ASSIGN_OR_RETURN(Device cpu, CpuDevice(options));
+  return std::vector<Device>{cpu};
+}
+
+Status DeviceMonitor::Init() {
+  FT_ASSIGN_OR_RETURN(devices_, DiscoverDevices(options_));
+  last_gpu_query_ = std::chrono::steady_clock::now();
+  return Status::OK();
+}
+
+const std::vector<Device>& DeviceMonitor::Current(bool busy) {
+  const bool cpu = !devices_.empty() && devices_[0].kind == "cpu";
+  if (cpu) {
+    auto fresh = CpuDevice(options_);
+    if (fresh.ok()) devices_ = {*fresh};
+    return devices_;
+  }
+  const auto now = std::chrono::steady_clock::now();
+  if (busy || now - last_gpu_query_ < kGpuRefreshInterval) return devices_;
+  last_gpu_query_ = now;
+  auto fresh = DiscoverDevices(options_);
+  if (fresh.ok() && !fresh->empty()) devices_ = *fresh;
+  if (!fresh.ok()) FT_LOG(WARN) << "device refresh: " << fresh.status().ToString();
+  return devices_;
+}
+
+}  // namespace ft::worker

@@ -1,0 +1,64 @@
+// The devices this node offers the daemon, with their memory.
+//
+// With the CUDA backend compiled in and a GPU visible, one device per GPU
+// (kind "cuda"); otherwise one CPU device (kind "cpu") named after
+// /proc/cpuinfo's "model name", with MemTotal as total and MemAvailable as
+// free memory, or the configured override for both.
+//
+// A CUDA query creates a context on every GPU (hundreds of MiB each), so the
+// monitor releases the contexts right away and re-queries GPUs only while no
+// trainer runs; while one does, GPU numbers are those of the last idle query.
+//
+// Thread safety: DeviceMonitor is not thread-safe; the functions are.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace ft::worker {
+
+struct Device {
+  int index = 0;
+  std::string kind;  // "cuda" | "cpu"
+  std::string name;
+  int64_t total_bytes = 0;
+  int64_t free_bytes = 0;
+  int64_t used_bytes = 0;
+};
+
+struct DeviceOptions {
+  int64_t cpu_memory_bytes = 0;  // > 0: the CPU device's total and free memory (--cpu-memory)
+  bool allow_cuda = true;        // false: report the CPU even when GPUs are visible
+};
+
+// One discovery. Unavailable when /proc/meminfo cannot be read (CPU device,
+// no override) or a GPU query fails after GPUs were found.
+StatusOr<std::vector<Device>> DiscoverDevices(const DeviceOptions& options);
+
+// The CPU device alone (index 0). Errors as DiscoverDevices.
+StatusOr<Device> CpuDevice(const DeviceOptions& options);
+
+// Keeps the device list and refreshes its free memory.
+class DeviceMonitor {
+ public:
+  explicit DeviceMonitor(DeviceOptions options) : options_(options) {}
+
+  // The first discovery; must succeed before Current() is used.
+  Status Init();
+
+  // The devices with fresh free memory where it is safe to measure (see the
+  // file comment). `busy`: a trainer is running. Keeps the last numbers when
+  // a refresh fails.
+  const std::vector<Device>& Current(bool busy);
+
+ private:
+  DeviceOptions options_;
+  std::vector<Device> devices_;
+  std::chrono::steady_clock::time_point last_gpu_query_;
+};
+
+}  // namespace ft::worker

@@ -1,0 +1,38 @@
+// One line of ft-train's <output.dir>/metrics.jsonl, parsed (engine/trainer.cc
+// writes them): a step line {"step","loss","lr","grad_norm","tokens",
+// "tokens_per_s","step_seconds","peak_bytes", optional "checkpoint_seconds"},
+// or an event line {"event":"checkpoint"|"preempted"|"failed", "step", ...}.
+//
+// Thread safety: a pure function.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace ft::worker {
+
+struct MetricsLine {
+  enum class Kind { kStep, kCheckpoint, kPreempted, kFailed, kOtherEvent };
+  Kind kind = Kind::kOtherEvent;
+  int64_t step = 0;  // every kind
+  // kStep
+  double loss = 0;
+  double lr = 0;
+  double grad_norm = 0;
+  int64_t tokens = 0;
+  double tokens_per_s = 0;
+  int64_t peak_bytes = 0;
+  double checkpoint_seconds = 0;  // kStep (newest measured, 0 = none yet) and kCheckpoint
+  // kCheckpoint: the checkpoint directory, as the trainer wrote it
+  std::string dir;
+  // kCheckpoint (why it was taken), kPreempted (why it stopped), kFailed (the error)
+  std::string reason;
+};
+
+// InvalidArgument when the line is not a JSON object with an integer "step".
+StatusOr<MetricsLine> ParseMetricsLine(std::string_view line);
+
+}  // namespace ft::worker

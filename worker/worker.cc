@@ -1,0 +1,438 @@
+#include "worker/worker.h"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <thread>
+
+#include "common/logging.h"
+#include "engine/file_util.h"
+#include "engine/job_spec.h"
+#include "worker/slot_end.h"
+
+namespace ft::worker {
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace pb = ftune::v1;
+
+constexpr auto kSupersedeWait = std::chrono::seconds(10);  // for a killed older epoch to exit
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// A job id made safe for a file name.
+std::string FileSafe(const std::string& id) {
+  std::string out = id;
+  for (char& c : out) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') c = '_';
+  }
+  return out.empty() ? "job" : out;
+}
+
+pb::AttemptOutcome ToProto(AttemptOutcome o) {
+  switch (o) {
+    case AttemptOutcome::kFinished: return pb::ATTEMPT_FINISHED;
+    case AttemptOutcome::kPreempted: return pb::ATTEMPT_PREEMPTED;
+    case AttemptOutcome::kFailed: return pb::ATTEMPT_FAILED;
+  }
+  return pb::ATTEMPT_FAILED;
+}
+
+void AddDevices(const std::vector<Device>& devices, google::protobuf::RepeatedPtrField<pb::Device>* out) {
+  for (const Device& d : devices) {
+    pb::Device* p = out->Add();
+    p->set_index(d.index);
+    p->set_kind(d.kind);
+    p->set_name(d.name);
+    p->set_total_bytes(d.total_bytes);
+    p->set_free_bytes(d.free_bytes);
+    p->set_used_bytes(d.used_bytes);
+  }
+}
+
+}  // namespace
+
+Worker::Worker(WorkerOptions options) : options_(std::move(options)), devices_(options_.devices) {}
+
+Worker::~Worker() {
+  std::map<Key, Entry> attempts;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    attempts.swap(attempts_);
+  }
+  for (auto& [key, entry] : attempts) entry.attempt->Kill();
+  // The attempts' destructors join their threads.
+}
+
+Status Worker::Init() {
+  std::error_code ec;
+  fs::create_directories(options_.work_dir, ec);
+  if (ec) return Status::IOError(options_.work_dir + ": cannot create the work dir: " + ec.message());
+  std::lock_guard<std::mutex> lock(devices_mu_);
+  FT_RETURN_IF_ERROR(devices_.Init());
+  for (const Device& d : devices_.Current(false)) {
+    FT_LOG(INFO) << "device " << d.kind << ":" << d.index << " " << d.name << ", "
+                 << d.total_bytes / (1 << 20) << " MiB total, " << d.free_bytes / (1 << 20) << " MiB free";
+  }
+  return Status::OK();
+}
+
+void Worker::Send(pb::WorkerMessage m) {
+  if (sink_ != nullptr) sink_->Send(std::move(m));
+}
+
+std::vector<std::shared_ptr<Attempt>> Worker::Running() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<Attempt>> out;
+  for (const auto& [key, entry] : attempts_)
+    if (!entry.exited) out.push_back(entry.attempt);
+  return out;
+}
+
+size_t Worker::running() const { return Running().size(); }
+
+// ---------------------------------------------------------------- session delegate
+
+pb::Register Worker::MakeRegister() {
+  pb::Register r;
+  r.set_worker_id(options_.id);
+  r.set_hostname(options_.hostname);
+  r.set_version(options_.version);
+  r.set_slot_end_ms(options_.slot_end_ms);
+  const std::vector<std::shared_ptr<Attempt>> running = Running();
+  {
+    std::lock_guard<std::mutex> lock(devices_mu_);
+    AddDevices(devices_.Current(!running.empty()), r.mutable_devices());
+  }
+  for (const auto& a : running) {
+    pb::RunningAttempt* ra = r.add_running();
+    ra->set_job_id(a->spec().job_id);
+    ra->set_epoch(a->spec().epoch);
+    ra->set_step(a->progress().step);
+  }
+  return r;
+}
+
+pb::Heartbeat Worker::MakeHeartbeat() {
+  pb::Heartbeat h;
+  h.set_slot_end_ms(options_.slot_end_ms);
+  const std::vector<std::shared_ptr<Attempt>> running = Running();
+  {
+    std::lock_guard<std::mutex> lock(devices_mu_);
+    AddDevices(devices_.Current(!running.empty()), h.mutable_devices());
+  }
+  for (const auto& a : running) {
+    const AttemptProgress p = a->progress();
+    pb::Progress* out = h.add_progress();
+    out->set_job_id(a->spec().job_id);
+    out->set_epoch(a->spec().epoch);
+    out->set_step(p.step);
+    out->set_total_steps(p.total_steps);
+    out->set_loss(p.loss);
+    out->set_tokens_per_s(p.tokens_per_s);
+  }
+  return h;
+}
+
+void Worker::OnCommand(const pb::DaemonCommand& command) {
+  switch (command.cmd_case()) {
+    case pb::DaemonCommand::kStart: HandleStart(command.start()); break;
+    case pb::DaemonCommand::kCheckpointNow: HandleCheckpointNow(command.checkpoint_now()); break;
+    case pb::DaemonCommand::kRefused: HandleRefused(command.refused()); break;
+    default: FT_LOG(DEBUG) << "ignoring daemon command " << command.cmd_case(); break;
+  }
+}
+
+// ---------------------------------------------------------------- commands
+
+std::string Worker::StartRefusal(int64_t now_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return "worker is stopping (" + stop_reason_ + ")";
+  if (slot_closed_ || SlotEndReached(now_ms, options_.slot_end_ms, max_checkpoint_seconds_)) {
+    slot_closed_ = true;
+    return "slot ends too soon";
+  }
+  return "";
+}
+
+void Worker::Reject(const std::string& job_id, int64_t epoch, const std::string& reason) {
+  FT_LOG(WARN) << "not starting " << job_id << " e" << epoch << ": " << reason;
+  pb::WorkerMessage m;
+  pb::AttemptExited* e = m.mutable_exited();
+  e->set_job_id(job_id);
+  e->set_epoch(epoch);
+  e->set_outcome(pb::ATTEMPT_PREEMPTED);
+  e->set_reason(reason);
+  Send(std::move(m));
+}
+
+void Worker::SupersedeOlder(const std::string& job_id, int64_t epoch) {
+  std::vector<std::pair<Key, std::shared_ptr<Attempt>>> older;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = attempts_.begin(); it != attempts_.end();) {
+      if (it->first.first == job_id && it->first.second < epoch) {
+        older.emplace_back(it->first, it->second.attempt);
+        retired_.push_back(it->second.attempt);
+        it = attempts_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& [key, attempt] : older) {
+    FT_LOG(WARN) << "attempt " << key.first << " e" << key.second << " superseded by e" << epoch
+                 << ": killing it";
+    attempt->Kill();
+    if (sink_ != nullptr) sink_->DropQueued(key.first, key.second);
+  }
+  idle_cv_.notify_all();
+  const auto deadline = std::chrono::steady_clock::now() + kSupersedeWait;
+  for (auto& [key, attempt] : older) {
+    while (!attempt->done() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+}
+
+StatusOr<AttemptSpec> Worker::PrepareAttempt(const pb::StartAttempt& s) {
+  AttemptSpec spec;
+  spec.job_id = s.job_id();
+  spec.epoch = s.epoch();
+  spec.ft_train = options_.ft_train;
+  spec.job_file =
+      (fs::path(options_.work_dir) / (FileSafe(s.job_id()) + "-e" + std::to_string(s.epoch()) + ".yaml"))
+          .string();
+  spec.output_dir = s.output_dir();
+  spec.resume_checkpoint = s.resume_checkpoint();
+  spec.stop_grace_s = options_.stop_grace_s;
+  spec.total_steps = s.total_steps();
+  spec.poll_interval = options_.poll_interval;
+  FT_RETURN_IF_ERROR(WriteFileDurably(spec.job_file, s.spec_yaml()));
+  if (spec.output_dir.empty() || spec.total_steps <= 0) {
+    // Older daemons: read them from the spec itself.
+    FT_ASSIGN_OR_RETURN(JobSpec job, ParseJobSpec(s.spec_yaml(), spec.job_file));
+    if (spec.output_dir.empty()) spec.output_dir = job.output.dir;
+    if (spec.total_steps <= 0) spec.total_steps = job.train.max_steps;
+  }
+  return spec;
+}
+
+void Worker::HandleStart(const pb::StartAttempt& s) {
+  Reap();
+  std::lock_guard<std::mutex> start_lock(start_mu_);
+  if (std::string why = StartRefusal(NowMs()); !why.empty()) return Reject(s.job_id(), s.epoch(), why);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [key, entry] : attempts_) {
+      if (key.first != s.job_id() || key.second < s.epoch()) continue;
+      FT_LOG(INFO) << "StartAttempt " << s.job_id() << " e" << s.epoch() << " ignored: e" << key.second
+                   << " is already here";
+      return;
+    }
+  }
+  SupersedeOlder(s.job_id(), s.epoch());
+  auto spec = PrepareAttempt(s);
+  StatusOr<std::unique_ptr<Attempt>> attempt = spec.ok() ? Attempt::Start(*spec, this) : spec.status();
+  if (!attempt.ok()) {
+    FT_LOG(ERROR) << "cannot start " << s.job_id() << " e" << s.epoch() << ": "
+                  << attempt.status().ToString();
+    pb::WorkerMessage m;
+    pb::AttemptExited* e = m.mutable_exited();
+    e->set_job_id(s.job_id());
+    e->set_epoch(s.epoch());
+    e->set_outcome(pb::ATTEMPT_FAILED);
+    e->set_exit_code(-1);
+    e->set_reason("cannot start ft-train: " + attempt.status().ToString());
+    return Send(std::move(m));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  attempts_[{s.job_id(), s.epoch()}].attempt = std::move(*attempt);
+}
+
+void Worker::HandleCheckpointNow(const pb::CheckpointNow& c) {
+  std::shared_ptr<Attempt> attempt;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = attempts_.find({c.job_id(), c.epoch()});
+    if (it != attempts_.end() && !it->second.exited) attempt = it->second.attempt;
+  }
+  if (!attempt) {
+    FT_LOG(WARN) << "CheckpointNow for " << c.job_id() << " e" << c.epoch() << ", which is not running here";
+    return;
+  }
+  const double deadline_s =
+      c.deadline_ms() > 0 ? static_cast<double>(c.deadline_ms()) / 1000.0 : options_.stop_grace_s;
+  const std::string cmd = c.stop() ? "stop" : "checkpoint";
+  const std::string reason = c.reason().empty() ? "requested by the daemon" : c.reason();
+  FT_LOG(INFO) << cmd << " " << c.job_id() << " e" << c.epoch() << " within " << deadline_s
+               << " s: " << reason;
+  if (Status s = attempt->Control(cmd, deadline_s, reason); !s.ok()) FT_LOG(WARN) << s.ToString();
+}
+
+void Worker::HandleRefused(const pb::Refused& r) {
+  std::shared_ptr<Attempt> attempt;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = attempts_.find({r.job_id(), r.epoch()});
+    if (it != attempts_.end()) {
+      attempt = it->second.attempt;
+      retired_.push_back(attempt);
+      attempts_.erase(it);
+    }
+  }
+  if (sink_ != nullptr) sink_->DropQueued(r.job_id(), r.epoch());
+  if (!attempt) return;
+  FT_LOG(WARN) << "attempt " << r.job_id() << " e" << r.epoch() << " refused by the daemon (" << r.reason()
+               << "): killing it";
+  attempt->Kill();
+  idle_cv_.notify_all();
+}
+
+// ---------------------------------------------------------------- attempt reports
+
+void Worker::OnMetrics(const AttemptSpec& a, const std::vector<MetricsLine>& steps, int64_t time_ms) {
+  pb::WorkerMessage m;
+  pb::MetricsReport* r = m.mutable_metrics();
+  r->set_job_id(a.job_id);
+  r->set_epoch(a.epoch);
+  for (const MetricsLine& s : steps) {
+    pb::MetricPoint* p = r->add_points();
+    p->set_step(s.step);
+    p->set_loss(s.loss);
+    p->set_lr(s.lr);
+    p->set_grad_norm(s.grad_norm);
+    p->set_tokens_per_s(s.tokens_per_s);
+    p->set_peak_bytes(s.peak_bytes);
+    p->set_time_ms(time_ms);
+    p->set_epoch(a.epoch);
+  }
+  Send(std::move(m));
+}
+
+void Worker::OnLog(const AttemptSpec& a, const std::string& text) {
+  pb::WorkerMessage m;
+  m.mutable_log()->set_job_id(a.job_id);
+  m.mutable_log()->set_epoch(a.epoch);
+  m.mutable_log()->set_text(text);
+  Send(std::move(m));
+}
+
+void Worker::OnCheckpoint(const AttemptSpec& a, const CommittedCheckpoint& c) {
+  FT_LOG(INFO) << "attempt " << a.job_id << " e" << a.epoch << ": checkpoint at step " << c.step << " in "
+               << c.dir << " (" << c.write_seconds << " s)";
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    max_checkpoint_seconds_ = std::max(max_checkpoint_seconds_, c.write_seconds);
+  }
+  pb::WorkerMessage m;
+  pb::CheckpointCommitted* r = m.mutable_checkpoint();
+  r->set_job_id(a.job_id);
+  r->set_epoch(a.epoch);
+  r->set_step(c.step);
+  r->set_dir(c.dir);
+  r->set_manifest_sha256(c.manifest_sha256);
+  r->set_write_seconds(c.write_seconds);
+  Send(std::move(m));
+}
+
+void Worker::OnExit(const AttemptSpec& a, const AttemptExit& e) {
+  pb::WorkerMessage m;
+  pb::AttemptExited* r = m.mutable_exited();
+  r->set_job_id(a.job_id);
+  r->set_epoch(a.epoch);
+  r->set_outcome(ToProto(e.outcome));
+  r->set_exit_code(e.exit_code);
+  r->set_reason(e.reason);
+  r->set_step(e.step);
+  Send(std::move(m));  // before it leaves Register's running list: the daemon sees the exit either way
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = attempts_.find({a.job_id, a.epoch});
+    if (it != attempts_.end()) it->second.exited = true;
+  }
+  idle_cv_.notify_all();
+}
+
+// ---------------------------------------------------------------- stopping
+
+void Worker::StopAll(const std::string& reason, double deadline_s) {
+  std::lock_guard<std::mutex> start_lock(start_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    stop_reason_ = reason;
+  }
+  for (const auto& a : Running()) {
+    FT_LOG(WARN) << "stopping " << a->spec().job_id << " e" << a->spec().epoch << " within " << deadline_s
+                 << " s: " << reason;
+    if (Status s = a->Control("stop", deadline_s, reason); !s.ok()) FT_LOG(WARN) << s.ToString();
+  }
+}
+
+void Worker::CheckSlotEnd(int64_t now_ms) {
+  if (options_.slot_end_ms <= 0) return;
+  std::lock_guard<std::mutex> start_lock(start_mu_);
+  const double left_s = std::max(1.0, static_cast<double>(options_.slot_end_ms - now_ms) / 1000.0);
+  for (const auto& a : Running()) {
+    const AttemptProgress p = a->progress();
+    if (p.stop_sent || !SlotEndReached(now_ms, options_.slot_end_ms, p.checkpoint_seconds)) continue;
+    FT_LOG(WARN) << "slot ends in " << left_s << " s: stopping " << a->spec().job_id << " e"
+                 << a->spec().epoch;
+    if (Status s = a->Control("stop", left_s, "slot end"); !s.ok()) FT_LOG(WARN) << s.ToString();
+    std::lock_guard<std::mutex> lock(mu_);
+    slot_closed_ = true;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!slot_closed_ && SlotEndReached(now_ms, options_.slot_end_ms, max_checkpoint_seconds_)) {
+    FT_LOG(WARN) << "slot ends in " << left_s << " s: no new attempts";
+    slot_closed_ = true;
+  }
+}
+
+bool Worker::WaitIdle(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return idle_cv_.wait_for(lock, timeout, [this] {
+    for (const auto& [key, entry] : attempts_)
+      if (!entry.exited) return false;
+    return true;
+  });
+}
+
+void Worker::KillRemaining(const std::string& reason) {
+  for (const auto& a : Running()) {
+    FT_LOG(ERROR) << "attempt " << a->spec().job_id << " e" << a->spec().epoch << ": " << reason;
+    a->Abort(reason);
+  }
+}
+
+void Worker::Reap() {
+  std::vector<std::shared_ptr<Attempt>> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = attempts_.begin(); it != attempts_.end();) {
+      if (it->second.exited && it->second.attempt->done()) {
+        done.push_back(it->second.attempt);
+        it = attempts_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto it = retired_.begin(); it != retired_.end();) {
+      if ((*it)->done()) {
+        done.push_back(*it);
+        it = retired_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  // `done` is destroyed here, outside the lock: the destructors join the attempts' threads.
+}
+
+}  // namespace ft::worker

@@ -1,0 +1,128 @@
+// The worker's core: what ft-worker does with the daemon's commands and with
+// its trainers' reports. It is the session's delegate (Register, Heartbeat,
+// commands) and every attempt's listener (reports become WorkerMessages sent
+// through a ReportSink).
+//
+//   StartAttempt   writes <work_dir>/<job_id>-e<epoch>.yaml and starts an
+//                  Attempt (one per job; a newer epoch of a running job
+//                  supersedes the older one). Refused at once, as AttemptExited
+//                  PREEMPTED, while the worker stops or when the slot ends too
+//                  soon ("slot ends too soon").
+//   CheckpointNow  {"cmd": "checkpoint"|"stop"} on that attempt's control channel.
+//   Refused        that attempt is superseded: killed, nothing more reported.
+//
+// Preemption (signals, cloud notices) calls StopAll, then WaitIdle and, for
+// trainers that miss the deadline, KillRemaining. Slot end is CheckSlotEnd,
+// called periodically.
+//
+// Thread safety: every public method is thread-safe. The worker's lock is
+// never held while calling an attempt's Kill/Abort/Control or the sink, so
+// listener callbacks (which arrive holding the attempt's report lock) cannot
+// deadlock with commands.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "worker/attempt.h"
+#include "worker/devices.h"
+#include "worker/session.h"
+
+namespace ft::worker {
+
+struct WorkerOptions {
+  std::string id;
+  std::string hostname;
+  std::string version;
+  std::string ft_train;  // path of the ft-train binary
+  std::string work_dir;  // job files are written here
+  double stop_grace_s = 30;
+  int64_t slot_end_ms = 0;  // 0 = no known end
+  DeviceOptions devices;
+  std::chrono::milliseconds poll_interval{200};  // each attempt's metrics/exit polling
+};
+
+class Worker : public SessionDelegate, public AttemptListener {
+ public:
+  explicit Worker(WorkerOptions options);
+  ~Worker() override;  // kills attempts still running (without reports)
+
+  // Creates work_dir and discovers the devices. IOError or Unavailable.
+  Status Init();
+  // Where reports go; set before the session starts.
+  void set_sink(ReportSink* sink) { sink_ = sink; }
+
+  // SessionDelegate
+  ftune::v1::Register MakeRegister() override;
+  ftune::v1::Heartbeat MakeHeartbeat() override;
+  void OnCommand(const ftune::v1::DaemonCommand& command) override;
+
+  // AttemptListener
+  void OnMetrics(const AttemptSpec& a, const std::vector<MetricsLine>& steps, int64_t time_ms) override;
+  void OnLog(const AttemptSpec& a, const std::string& text) override;
+  void OnCheckpoint(const AttemptSpec& a, const CommittedCheckpoint& c) override;
+  void OnExit(const AttemptSpec& a, const AttemptExit& e) override;
+
+  // Tells every running attempt to checkpoint and stop within deadline_s
+  // (reason is reported with their exits); refuses new attempts from now on.
+  void StopAll(const std::string& reason, double deadline_s);
+  // Stops each attempt whose slot-end stop point (slot_end.h) has come, and
+  // refuses new attempts once the slot's end is that near.
+  void CheckSlotEnd(int64_t now_ms);
+  // Waits until no attempt runs. False at timeout.
+  bool WaitIdle(std::chrono::milliseconds timeout);
+  // SIGKILLs attempts still running; their exits report PREEMPTED with `reason`.
+  void KillRemaining(const std::string& reason);
+  // Frees attempts that are done (joins their threads); not from a listener callback.
+  void Reap();
+  // Attempts running (not yet exited).
+  size_t running() const;
+
+ private:
+  using Key = std::pair<std::string, int64_t>;  // job id, epoch
+  struct Entry {
+    std::shared_ptr<Attempt> attempt;
+    bool exited = false;  // OnExit was delivered
+  };
+
+  void HandleStart(const ftune::v1::StartAttempt& s);
+  void HandleCheckpointNow(const ftune::v1::CheckpointNow& c);
+  void HandleRefused(const ftune::v1::Refused& r);
+  // Empty when the attempt may start, else why not (the slot or a stop).
+  std::string StartRefusal(int64_t now_ms);
+  // Kills running attempts of `job_id` with an epoch below `epoch` (superseded)
+  // and waits (bounded) until they are gone, so two trainers never share an output dir.
+  void SupersedeOlder(const std::string& job_id, int64_t epoch);
+  StatusOr<AttemptSpec> PrepareAttempt(const ftune::v1::StartAttempt& s);
+  void Reject(const std::string& job_id, int64_t epoch, const std::string& reason);
+  // Running attempts (shared pointers, so callers need no lock).
+  std::vector<std::shared_ptr<Attempt>> Running() const;
+  void Send(ftune::v1::WorkerMessage m);
+
+  const WorkerOptions options_;
+  ReportSink* sink_ = nullptr;
+
+  std::mutex devices_mu_;
+  DeviceMonitor devices_;  // GUARDED_BY(devices_mu_)
+
+  std::mutex start_mu_;  // serialises starts with StopAll/CheckSlotEnd
+
+  mutable std::mutex mu_;
+  std::condition_variable idle_cv_;
+  std::map<Key, Entry> attempts_;                  // GUARDED_BY(mu_)
+  std::vector<std::shared_ptr<Attempt>> retired_;  // GUARDED_BY(mu_): killed, waiting to be freed
+  bool stopping_ = false;                          // GUARDED_BY(mu_)
+  std::string stop_reason_;                        // GUARDED_BY(mu_)
+  bool slot_closed_ = false;                       // GUARDED_BY(mu_)
+  double max_checkpoint_seconds_ = 0;              // GUARDED_BY(mu_): newest measurements' max
+};
+
+}  // namespace ft::worker
