@@ -20,11 +20,9 @@ build: configure
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-# Makes a tiny random Llama and fine-tunes a LoRA on toy data, on the CPU.
+# The end-to-end demo: ftd + two workers, a job, a worker killed mid-run, the job resuming elsewhere.
 demo: build
-	$(BUILD)/engine/ft-train make-model --preset tiny-llama --out runs/demo/model
-	$(BUILD)/engine/ft-train run examples/tiny-lora/job.yaml
-	@echo "demo: adapter in runs/demo/out/adapter, merged model in runs/demo/out/merged, metrics in runs/demo/out/metrics.jsonl"
+	bash examples/demo.sh $(BUILD)
 
 format:
 	find common kernels engine daemon worker cli proto bench tests -type f \

@@ -234,7 +234,8 @@ int Up(const std::string& data_dir, const std::string& listen, const std::string
     _exit(127);
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  std::vector<std::string> args = {worker, "--daemon", listen, "--id", "local"};
+  std::vector<std::string> args = {
+      worker, "--daemon", listen, "--id", "local", "--ft-train", (root / "engine/ft-train").string()};
   if (!cpu_memory.empty()) {
     args.push_back("--cpu-memory");
     args.push_back(cpu_memory);
