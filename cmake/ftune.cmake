@@ -38,3 +38,20 @@ function(ft_add_test name)
     set_tests_properties(${name} PROPERTIES SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
   endif()
 endfunction()
+
+# ft_npm_fixture(NAME GOLDEN_DIR): a ctest fixture (NAME_npm) that installs the
+# npm packages pinned by GOLDEN_DIR/package-lock.json into
+# ${CMAKE_BINARY_DIR}/npm-NAME (npm ci; skipped while the lock file is
+# unchanged since the last successful install). Sets FT_NPM_MODULES_NAME to its
+# node_modules directory in the caller's scope.
+function(ft_npm_fixture name golden_dir)
+  set(dest ${CMAKE_BINARY_DIR}/npm-${name})
+  add_test(NAME ${name}_npm_install
+           COMMAND sh -c "set -e; mkdir -p '${dest}'; cd '${dest}'; \
+if cmp -s '${golden_dir}/package-lock.json' package-lock.json && [ -f node_modules/.installed ]; then \
+echo 'npm-${name}: up to date'; exit 0; fi; \
+cp '${golden_dir}/package.json' '${golden_dir}/package-lock.json' .; \
+npm ci --no-audit --no-fund; touch node_modules/.installed")
+  set_tests_properties(${name}_npm_install PROPERTIES FIXTURES_SETUP ${name}_npm TIMEOUT 900 LABELS npm)
+  set(FT_NPM_MODULES_${name} ${dest}/node_modules PARENT_SCOPE)
+endfunction()

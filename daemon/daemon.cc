@@ -48,6 +48,19 @@ int64_t FixedMicroBatch(const JobSpec& spec) {
   return 0;
 }
 
+// What the scheduler needs to place a job.
+JobView MakeJobView(const JobRow& job, const JobSpec& spec, const ModelConfig& model) {
+  JobView view;
+  view.id = job.id;
+  view.priority = job.priority;
+  view.created_ms = job.created_ms;
+  view.gpus = spec.resources.gpus;
+  view.device = spec.resources.device;
+  view.plan = PlanRequestFromJob(spec, model, "cpu", spec.resources.gpus);
+  view.fixed_micro_batch = FixedMicroBatch(spec);
+  return view;
+}
+
 }  // namespace
 
 Daemon::Daemon(std::unique_ptr<Store> store, const Clock* clock, DaemonOptions options)
@@ -102,15 +115,7 @@ StatusOr<pb::SubmitReply> Daemon::Submit(const pb::SubmitRequest& req) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     FT_ASSIGN_OR_RETURN(JobRow created, store_->CreateJob(row, &duplicate));
-    JobView view;
-    view.id = created.id;
-    view.priority = created.priority;
-    view.created_ms = created.created_ms;
-    view.gpus = spec.resources.gpus;
-    view.device = spec.resources.device;
-    view.plan = PlanRequestFromJob(spec, model, "cpu", spec.resources.gpus);
-    view.fixed_micro_batch = FixedMicroBatch(spec);
-    plan_inputs_[created.id] = view;
+    plan_inputs_[created.id] = MakeJobView(created, spec, model);
     FT_ASSIGN_OR_RETURN(*reply.mutable_job(), ToProto(created));
     reply.set_duplicate(duplicate);
     if (!duplicate) PublishJob(created.id);
@@ -626,15 +631,7 @@ Status Daemon::EnsurePlanInput(const JobRow& job) {
   const std::string file = (fs::path(job.spec_dir.empty() ? "." : job.spec_dir) / "job.yaml").string();
   FT_ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(job.spec_yaml, file));
   FT_ASSIGN_OR_RETURN(ModelConfig model, ReadHfConfig(spec.model.path));
-  JobView view;
-  view.id = job.id;
-  view.priority = job.priority;
-  view.created_ms = job.created_ms;
-  view.gpus = spec.resources.gpus;
-  view.device = spec.resources.device;
-  view.plan = PlanRequestFromJob(spec, model, "cpu", spec.resources.gpus);
-  view.fixed_micro_batch = FixedMicroBatch(spec);
-  plan_inputs_[job.id] = view;
+  plan_inputs_[job.id] = MakeJobView(job, spec, model);
   return Status::OK();
 }
 

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "engine/unicode_text.h"
+
 namespace ft::jinja {
 
 uint32_t DecodeCodePoint(std::string_view s, size_t* pos) {
@@ -47,20 +49,8 @@ uint32_t DecodeCodePoint(std::string_view s, size_t* pos) {
 void AppendUtf8(uint32_t cp, std::string* out) {
   if (cp >= 0xDC80 && cp <= 0xDCFF) {  // an invalid byte carried through
     out->push_back(static_cast<char>(cp - 0xDC00));
-  } else if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
   } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    ft::text::AppendUtf8(cp, out);
   }
 }
 
