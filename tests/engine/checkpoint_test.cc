@@ -16,6 +16,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -143,10 +144,19 @@ void ExpectSameFinalState(const std::string& out) {
   }
 }
 
-bool HasTempDir(const std::string& root) {
+std::set<std::string> TempDirs(const std::string& root) {
+  std::set<std::string> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(root, ec)) {
-    if (e.path().filename().string().rfind(".tmp-", 0) == 0) return true;
+    if (e.path().filename().string().rfind(".tmp-", 0) == 0) out.insert(e.path().filename().string());
+  }
+  return out;
+}
+
+// A temporary checkpoint directory that was not there before: a write in progress (or cut short).
+bool HasNewTempDir(const std::string& root, const std::set<std::string>& before) {
+  for (const std::string& name : TempDirs(root)) {
+    if (!before.count(name)) return true;
   }
   return false;
 }
@@ -158,14 +168,18 @@ TEST(CheckpointChaosTest, TwentyFiveKillNineRestartsEndBitIdentical) {
   std::mt19937 rng(20261121);
   int kills = 0, during_write = 0;
   for (int attempt = 0; attempt < 200; ++attempt) {
+    const std::set<std::string> stale = TempDirs(dir + "/out/checkpoints");
     pid_t pid = Spawn(dir, {"run", job});
     if (kills < 25) {
-      const auto until = std::chrono::steady_clock::now() +
-                         std::chrono::milliseconds(std::uniform_int_distribution<int>(10, 120)(rng));
-      // Every third kill aims at a checkpoint write: it fires as soon as a temporary directory appears.
+      // Every third kill aims at a checkpoint write: it fires as soon as a temporary
+      // directory appears (waiting up to 5 s, so a slow start on a loaded machine
+      // still gets there); the others land at a random moment.
       const bool aim_at_write = kills % 3 == 0;
+      const auto until =
+          std::chrono::steady_clock::now() +
+          std::chrono::milliseconds(aim_at_write ? 5000 : std::uniform_int_distribution<int>(10, 150)(rng));
       while (std::chrono::steady_clock::now() < until) {
-        if (aim_at_write && HasTempDir(dir + "/out/checkpoints")) break;
+        if (aim_at_write && HasNewTempDir(dir + "/out/checkpoints", stale)) break;
         std::this_thread::sleep_for(std::chrono::microseconds(aim_at_write ? 100 : 2000));
       }
       if (kill(pid, SIGKILL) == 0) {
@@ -173,7 +187,7 @@ TEST(CheckpointChaosTest, TwentyFiveKillNineRestartsEndBitIdentical) {
         if (code == 128 + SIGKILL) {
           ++kills;
           // A temporary directory left behind means the kill landed inside a checkpoint write.
-          if (HasTempDir(dir + "/out/checkpoints")) ++during_write;
+          if (HasNewTempDir(dir + "/out/checkpoints", stale)) ++during_write;
           continue;
         }
         if (code == kExitFinished) break;
@@ -412,6 +426,11 @@ TEST(CheckpointControlTest, ControlChannelCheckpointThenStopWithReason) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   ASSERT_FALSE(ListCheckpoints(dir + "/out/checkpoints").empty()) << "checkpoint request ignored";
+  // Let at least one more step finish, so the stop makes a second checkpoint.
+  const size_t steps_at_first = StepLines(dir + "/out").size();
+  for (int i = 0; i < 5000 && StepLines(dir + "/out").size() <= steps_at_first + 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
   const std::string stop = "{\"cmd\": \"stop\", \"deadline_s\": 30, \"reason\": \"slot end\"}\n";
   ASSERT_EQ(write(fds[1], stop.data(), stop.size()), static_cast<ssize_t>(stop.size()));
   EXPECT_EQ(WaitExit(pid), kExitPreempted) << Slurp(dir + "/stderr.txt");
