@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 
@@ -130,7 +131,8 @@ StatusOr<pb::Job> Daemon::ToProto(const JobRow& j) {
   out.set_id(j.id);
   out.set_name(j.name);
   out.set_state(ToProtoState(j.state));
-  out.set_reason(j.reason);
+  auto waiting = waiting_.find(j.id);
+  out.set_reason(j.state == JobStateCode::kQueued && waiting != waiting_.end() ? waiting->second : j.reason);
   out.set_priority(j.priority);
   out.set_spec_yaml(j.spec_yaml);
   out.set_created_ms(j.created_ms);
@@ -284,6 +286,10 @@ void Daemon::Publish(const std::string& job_id, const pb::JobUpdate& update) {
 }
 
 void Daemon::PublishJob(const std::string& job_id) {
+  {
+    std::lock_guard<std::mutex> lock(subs_mu_);
+    if (subscribers_.empty()) return;  // nobody watches: skip building the summary
+  }
   auto j = store_->GetJob(job_id);
   if (!j.ok()) return;
   auto p = ToProto(*j);
@@ -406,6 +412,7 @@ void Daemon::OnDisconnect(const std::string& worker_id, WorkerSink* sink) {
 }
 
 void Daemon::OnWorkerMessage(const std::string& worker_id, WorkerSink* sink, const pb::WorkerMessage& msg) {
+  const auto start = std::chrono::steady_clock::now();
   std::vector<pb::JobUpdate> updates;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -429,6 +436,7 @@ void Daemon::OnWorkerMessage(const std::string& worker_id, WorkerSink* sink, con
     updates.swap(pending_updates_);
   }
   for (const auto& u : updates) Publish(u.job_id(), u);
+  message_latency_.Record(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
 void Daemon::OnHeartbeat(const std::string& worker_id, Session& s, const pb::Heartbeat& hb) {
@@ -572,6 +580,7 @@ void Daemon::EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcome
 // ------------------------------------------------------------------ the tick
 
 void Daemon::Tick() {
+  const auto start = std::chrono::steady_clock::now();
   std::vector<pb::JobUpdate> updates;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -581,6 +590,7 @@ void Daemon::Tick() {
     updates.swap(pending_updates_);
   }
   for (const auto& u : updates) Publish(u.job_id(), u);
+  tick_latency_.Record(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
 void Daemon::ExpireLeases() {
@@ -662,11 +672,9 @@ void Daemon::ScheduleQueued() {
   ScheduleResult result = Schedule(jobs, workers, clock_->WallMs(), {options_.min_slot_ms});
   for (const Placement& p : result.placements) StartOn(by_id[p.job_id], p);
   for (const auto& [job_id, why] : result.waiting) {
+    // Why a job waits is recomputed every tick: kept in memory, not fsynced.
     if (waiting_[job_id] == why) continue;
     waiting_[job_id] = why;
-    JobRow j = by_id[job_id];
-    j.reason = why;
-    Check(store_->UpdateJob(j), "waiting reason");
     PublishJob(job_id);
   }
 }

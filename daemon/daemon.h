@@ -28,6 +28,7 @@
 
 #include "common/status.h"
 #include "daemon/clock.h"
+#include "daemon/latency.h"
 #include "daemon/scheduler.h"
 #include "daemon/store.h"
 #include "proto/ftune.pb.h"
@@ -81,6 +82,9 @@ class Daemon {
   void Tick();
 
   const DaemonOptions& options() const { return options_; }
+  // Time spent handling each worker message, and each Tick().
+  const LatencyHistogram& message_latency() const { return message_latency_; }
+  const LatencyHistogram& tick_latency() const { return tick_latency_; }
   Store& store() { return *store_; }
 
  private:
@@ -122,6 +126,8 @@ class Daemon {
 
   std::unique_ptr<Store> store_;
   const Clock* clock_;
+  LatencyHistogram message_latency_;
+  LatencyHistogram tick_latency_;
   DaemonOptions options_;
 
   std::mutex mu_;

@@ -37,7 +37,32 @@ ScheduleResult Schedule(std::vector<JobView> jobs, std::vector<WorkerView> worke
   });
   ScheduleResult result;
   std::vector<bool> taken(workers.size(), false);
+  // The most free memory any available worker offers per device kind: a job
+  // that needs more at micro-batch 1 waits without a walk over the workers.
+  std::map<std::string, int64_t> best_free;
+  for (const WorkerView& w : workers) {
+    if (!w.alive || w.busy || w.draining) continue;
+    for (const DeviceView& d : w.devices) best_free[d.kind] = std::max(best_free[d.kind], d.free_bytes);
+  }
   for (const JobView& job : jobs) {
+    if (job.not_before_ms <= now_wall_ms && !best_free.empty()) {
+      bool may_fit = false;
+      int64_t needs = 0, offered = 0;
+      for (const auto& [kind, free] : best_free) {
+        if ((job.device == "cpu" && kind != "cpu") || (job.device == "cuda" && kind != "cuda")) continue;
+        PlanRequest request = job.plan;
+        request.device = kind;
+        request.world = job.gpus;
+        needs = PredictMemory(request, job.fixed_micro_batch > 0 ? job.fixed_micro_batch : 1).total();
+        offered = std::max(offered, free);
+        may_fit |= needs <= free;
+      }
+      if (!may_fit && offered > 0) {
+        result.waiting[job.id] = "waits: does not fit: needs " + FormatBytes(needs) +
+                                 " per device at micro-batch 1, the largest free is " + FormatBytes(offered);
+        continue;
+      }
+    }
     if (job.not_before_ms > now_wall_ms) {
       result.waiting[job.id] = "waits: backing off after the last attempt (" +
                                std::to_string((job.not_before_ms - now_wall_ms + 999) / 1000) + " s)";

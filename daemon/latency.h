@@ -1,0 +1,49 @@
+// A lock-free latency histogram (log-spaced buckets from 1 µs to ~100 s) for
+// the daemon's own measurements: heartbeat handling, scheduler ticks. Good to
+// a few percent per bucket, which is what percentiles on a dashboard need.
+// Thread safety: Record and the readers may run concurrently.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+
+namespace ft {
+
+class LatencyHistogram {
+ public:
+  static constexpr int kBuckets = 160;  // 20 per decade over 8 decades
+
+  void Record(double seconds) {
+    const double us = seconds * 1e6;
+    int b = us <= 1 ? 0 : static_cast<int>(std::log10(us) * 20.0);
+    if (b >= kBuckets) b = kBuckets - 1;
+    counts_[b].fetch_add(1, std::memory_order_relaxed);
+    total_.fetch_add(1, std::memory_order_relaxed);
+    double seen = max_.load(std::memory_order_relaxed);
+    while (seconds > seen && !max_.compare_exchange_weak(seen, seconds)) {
+    }
+  }
+  int64_t count() const { return total_.load(); }
+  double max_seconds() const { return max_.load(); }
+  // Upper edge of the bucket holding the q-quantile (0 < q <= 1), in seconds.
+  double Quantile(double q) const {
+    const int64_t n = total_.load();
+    if (n == 0) return 0;
+    const int64_t rank = static_cast<int64_t>(std::ceil(q * static_cast<double>(n)));
+    int64_t seen = 0;
+    for (int b = 0; b < kBuckets; ++b) {
+      seen += counts_[b].load();
+      if (seen >= rank) return std::pow(10.0, (b + 1) / 20.0) * 1e-6;
+    }
+    return max_seconds();
+  }
+
+ private:
+  std::array<std::atomic<int64_t>, kBuckets> counts_{};
+  std::atomic<int64_t> total_{0};
+  std::atomic<double> max_{0};
+};
+
+}  // namespace ft
