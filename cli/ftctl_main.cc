@@ -14,7 +14,9 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -79,17 +81,47 @@ std::string RandomId() {
   return buf;
 }
 
-void PrintProgress(const pb::Job& j, double tokens_per_s, bool tty) {
+std::string FormatEta(double seconds) {
+  if (seconds < 0 || !std::isfinite(seconds)) return "ETA -";
+  const long long s = static_cast<long long>(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600) {
+    std::snprintf(buf, sizeof(buf), "ETA %lldh%02lldm", s / 3600, (s % 3600) / 60);
+  } else {
+    std::snprintf(buf, sizeof(buf), "ETA %lldm%02llds", s / 60, s % 60);
+  }
+  return buf;
+}
+
+// Steps per second from the metric points seen, smoothed.
+struct Rate {
+  int64_t last_step = -1;
+  std::chrono::steady_clock::time_point last_time;
+  double steps_per_s = 0;
+  void Observe(int64_t step) {
+    const auto now = std::chrono::steady_clock::now();
+    if (last_step >= 0 && step > last_step) {
+      const double dt = std::chrono::duration<double>(now - last_time).count();
+      const double r = dt > 0 ? static_cast<double>(step - last_step) / dt : 0;
+      steps_per_s = steps_per_s == 0 ? r : 0.8 * steps_per_s + 0.2 * r;
+    }
+    last_step = step;
+    last_time = now;
+  }
+};
+
+void PrintProgress(const pb::Job& j, int64_t step, double loss, double tokens_per_s, double steps_per_s,
+                   bool tty) {
   const int width = 30;
-  const double frac = j.total_steps() > 0 ? static_cast<double>(j.steps_done()) / j.total_steps() : 0;
+  const int64_t total = j.total_steps();
+  const double frac = total > 0 ? std::min(1.0, static_cast<double>(step) / static_cast<double>(total)) : 0;
   const int filled = static_cast<int>(frac * width);
   std::string bar(filled, '#');
   bar += std::string(width - filled, '.');
-  double eta = tokens_per_s > 0 && j.steps_done() > 0 ? 0 : -1;
-  (void)eta;
-  std::printf("%s%s [%s] step %lld/%lld  loss %.4f  %.0f tok/s  %s", tty ? "\r" : "", j.id().c_str(),
-              bar.c_str(), static_cast<long long>(j.steps_done()), static_cast<long long>(j.total_steps()),
-              j.last_loss(), tokens_per_s, StateName(j.state()));
+  const double eta = steps_per_s > 0 ? static_cast<double>(total - step) / steps_per_s : -1;
+  std::printf("%s%s [%s] step %lld/%lld  loss %.4f  %.0f tok/s  %s  %s", tty ? "\r\033[K" : "",
+              j.id().c_str(), bar.c_str(), static_cast<long long>(step), static_cast<long long>(total), loss,
+              tokens_per_s, FormatEta(eta).c_str(), StateName(j.state()));
   if (!tty) std::printf("\n");
   std::fflush(stdout);
 }
@@ -97,28 +129,46 @@ void PrintProgress(const pb::Job& j, double tokens_per_s, bool tty) {
 int Follow(ft::JobsClient& client, const std::string& id) {
   const bool tty = isatty(1);
   pb::JobState final_state = pb::JOB_STATE_UNSPECIFIED;
-  double tps = 0;
+  pb::Job job;
+  auto first = client.Get(id);
+  if (first.ok()) job = *first;
+  Rate rate;
+  int64_t step = job.steps_done();
+  double loss = job.last_loss(), tps = job.tokens_per_s();
+  auto last_print = std::chrono::steady_clock::now() - std::chrono::seconds(1);
   ft::Status s = client.Watch(id, 0, [&](const pb::JobUpdate& u) {
     if (u.has_event()) {
       std::printf("%s[%s] %s\n", tty ? "\r\033[K" : "", u.event().kind().c_str(),
                   u.event().message().c_str());
     } else if (u.has_metric()) {
+      step = u.metric().step();
+      loss = u.metric().loss();
       tps = u.metric().tokens_per_s();
+      rate.Observe(step);
+      // At most a few redraws a second (and one line per 10% when not on a terminal).
+      const auto now = std::chrono::steady_clock::now();
+      if (tty && now - last_print > std::chrono::milliseconds(200)) {
+        PrintProgress(job, step, loss, tps, rate.steps_per_s, tty);
+        last_print = now;
+      }
+      return true;
     } else if (u.has_job()) {
-      PrintProgress(u.job(), tps > 0 ? tps : u.job().tokens_per_s(), tty);
-      if (Ended(u.job().state())) {
-        final_state = u.job().state();
+      job = u.job();
+      if (Ended(job.state())) {
+        PrintProgress(job, std::max(step, job.steps_done()), loss, tps, 0, tty);
+        final_state = job.state();
         return false;
       }
     }
+    PrintProgress(job, step, loss, tps, rate.steps_per_s, tty);
     return true;
   });
   if (tty) std::printf("\n");
   if (!s.ok()) return Fail(s);
-  auto job = client.Get(id);
-  if (job.ok()) {
-    std::printf("%s %s; outputs in %s\n", id.c_str(), StateName(job->state()), job->output_dir().c_str());
-    final_state = job->state();
+  auto done = client.Get(id);
+  if (done.ok()) {
+    std::printf("%s %s; outputs in %s\n", id.c_str(), StateName(done->state()), done->output_dir().c_str());
+    final_state = done->state();
   }
   return final_state == pb::SUCCEEDED ? kOk : kJobNotSucceeded;
 }
