@@ -39,16 +39,6 @@ std::string ResolvedSpec(const JobSpec& spec, const std::string& yaml, const Bat
   return std::string(out.c_str()) + "\n";
 }
 
-// The micro-batch the job fixes itself (micro_batch_size, or implied by
-// gradient_accumulation), or 0 when the planner chooses.
-int64_t FixedMicroBatch(const JobSpec& spec) {
-  const auto& t = spec.train;
-  if (t.micro_batch_size > 0) return t.micro_batch_size;
-  if (t.gradient_accumulation > 0)
-    return t.global_batch_size / (t.gradient_accumulation * spec.resources.gpus);
-  return 0;
-}
-
 // What the scheduler needs to place a job.
 JobView MakeJobView(const JobRow& job, const JobSpec& spec, const ModelConfig& model) {
   JobView view;
@@ -58,7 +48,7 @@ JobView MakeJobView(const JobRow& job, const JobSpec& spec, const ModelConfig& m
   view.gpus = spec.resources.gpus;
   view.device = spec.resources.device;
   view.plan = PlanRequestFromJob(spec, model, "cpu", spec.resources.gpus);
-  view.fixed_micro_batch = FixedMicroBatch(spec);
+  view.fixed_micro_batch = FixedMicroBatch(spec, spec.resources.gpus);
   return view;
 }
 
@@ -198,14 +188,7 @@ StatusOr<pb::Job> Daemon::Cancel(const std::string& id) {
     if (j.state == JobStateCode::kRunning) {
       for (auto& [wid, s] : sessions_) {
         if (s.running_job != id || !s.sink) continue;
-        pb::DaemonCommand cmd;
-        auto* c = cmd.mutable_checkpoint_now();
-        c->set_job_id(id);
-        c->set_epoch(s.running_epoch);
-        c->set_deadline_ms(30'000);
-        c->set_stop(true);
-        c->set_reason("cancelled");
-        s.sink->Send(cmd);
+        SendStop(s, 30'000, "cancelled");
       }
     }
     j.state = JobStateCode::kCancelled;
@@ -321,6 +304,17 @@ void Daemon::Event(const std::string& job_id, const std::string& worker_id, cons
 }
 
 // ------------------------------------------------------------------ worker sessions
+
+void Daemon::SendStop(Session& s, int64_t deadline_ms, const std::string& reason) {
+  pb::DaemonCommand cmd;
+  pb::CheckpointNow* c = cmd.mutable_checkpoint_now();
+  c->set_job_id(s.running_job);
+  c->set_epoch(s.running_epoch);
+  c->set_deadline_ms(deadline_ms);
+  c->set_stop(true);
+  c->set_reason(reason);
+  s.sink->Send(cmd);
+}
 
 void Daemon::Refuse(WorkerSink* sink, const std::string& job_id, int64_t epoch, const std::string& why) {
   if (!sink) return;
@@ -622,14 +616,7 @@ void Daemon::StopForSlotEnds() {
     const int64_t ckpt_ms =
         static_cast<int64_t>(1.5 * (s.checkpoint_seconds > 0 ? s.checkpoint_seconds : 10.0) * 1000);
     if (now < s.slot_end_ms - ckpt_ms - options_.checkpoint_margin_ms) continue;
-    pb::DaemonCommand cmd;
-    auto* c = cmd.mutable_checkpoint_now();
-    c->set_job_id(s.running_job);
-    c->set_epoch(s.running_epoch);
-    c->set_deadline_ms(std::max<int64_t>(1000, s.slot_end_ms - now));
-    c->set_stop(true);
-    c->set_reason("slot end");
-    s.sink->Send(cmd);
+    SendStop(s, std::max<int64_t>(1000, s.slot_end_ms - now), "slot end");
     s.stop_sent = true;
     s.draining = true;
     Event(s.running_job, id, "slot_end", "worker " + id + "'s slot ends: checkpoint and stop", 0);

@@ -110,6 +110,8 @@ class Daemon {
   void EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcomeCode outcome,
                   const std::string& reason, int64_t exit_step);
   bool IsCurrent(const std::string& job_id, int64_t epoch);
+  // Asks the session's running attempt to checkpoint and stop. REQUIRES: s.sink.
+  void SendStop(Session& s, int64_t deadline_ms, const std::string& reason);
   void Refuse(WorkerSink* sink, const std::string& job_id, int64_t epoch, const std::string& why);
   void Event(const std::string& job_id, const std::string& worker_id, const std::string& kind,
              const std::string& message, int64_t step);

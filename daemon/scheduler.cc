@@ -27,6 +27,11 @@ int64_t FreeForGang(const WorkerView& w, const std::string& kind, int64_t gpus) 
   return free.size() >= static_cast<size_t>(gpus) ? free[gpus - 1] : 0;
 }
 
+std::string DoesNotFit(int64_t needs, int64_t largest_free) {
+  return "waits: does not fit: needs " + FormatBytes(needs) +
+         " per device at micro-batch 1, the largest free is " + FormatBytes(largest_free);
+}
+
 }  // namespace
 
 ScheduleResult Schedule(std::vector<JobView> jobs, std::vector<WorkerView> workers, int64_t now_wall_ms,
@@ -58,8 +63,7 @@ ScheduleResult Schedule(std::vector<JobView> jobs, std::vector<WorkerView> worke
         may_fit |= needs <= free;
       }
       if (!may_fit && offered > 0) {
-        result.waiting[job.id] = "waits: does not fit: needs " + FormatBytes(needs) +
-                                 " per device at micro-batch 1, the largest free is " + FormatBytes(offered);
+        result.waiting[job.id] = DoesNotFit(needs, offered);
         continue;
       }
     }
@@ -108,8 +112,7 @@ ScheduleResult Schedule(std::vector<JobView> jobs, std::vector<WorkerView> worke
       if (!choice.ok()) {
         best_free = std::max(best_free, free);
         needs = PredictMemory(request, 1).total();
-        why = "waits: does not fit: needs " + FormatBytes(needs) +
-              " per device at micro-batch 1, the largest free is " + FormatBytes(best_free);
+        why = DoesNotFit(needs, best_free);
         continue;
       }
       result.placements.push_back({job.id, w.id, *choice, kind});

@@ -194,9 +194,8 @@ int64_t Dataset::RowAt(int64_t cursor, bool shuffle, uint64_t seed) const {
   return perm_[pos];
 }
 
-StatusOr<TokenSequence> Dataset::ReadExample(int64_t example) const {
+StatusOr<TokenSequence> Dataset::ReadExample(std::istream& in, int64_t example) const {
   const Line& l = lines_[example_line_[example]];
-  std::ifstream in(options_.path, std::ios::binary);
   std::string text(l.bytes, '\0');
   in.seekg(static_cast<std::streamoff>(l.offset));
   in.read(text.data(), l.bytes);
@@ -222,11 +221,13 @@ StatusOr<MicroBatch> Dataset::MakeBatch(int64_t first, int64_t count, bool shuff
   MicroBatch mb;
   mb.batch = count;
   mb.first_sequence = first;
+  std::ifstream in(options_.path, std::ios::binary);
+  if (!in) return Status::IOError(options_.path + ": cannot open training data");
   for (int64_t b = 0; b < count; ++b) {
     const int64_t r = RowAt(first + b, shuffle, seed);
     Row& row = rows[b];
     for (int64_t e = row_first_[r]; e < row_first_[r + 1]; ++e) {
-      FT_ASSIGN_OR_RETURN(TokenSequence seq, ReadExample(e));
+      FT_ASSIGN_OR_RETURN(TokenSequence seq, ReadExample(in, e));
       const std::vector<int32_t>& labels = seq.labels.empty() ? seq.ids : seq.labels;
       const int64_t n = static_cast<int64_t>(seq.ids.size());
       for (int64_t t = 0; t < n; ++t) {

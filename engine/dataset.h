@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <istream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -88,7 +89,8 @@ class Dataset {
   Status LoadCache(const std::string& sha);
   void SaveCache(const std::string& sha) const;
   void PlanRows();
-  StatusOr<TokenSequence> ReadExample(int64_t example) const;
+  // Re-reads and encodes one example from `in` (the data file, opened once per batch).
+  StatusOr<TokenSequence> ReadExample(std::istream& in, int64_t example) const;
 
   DatasetOptions options_;
   RecordEncoder encode_;

@@ -35,21 +35,26 @@ std::string Hex(const unsigned char* digest, unsigned int n) {
 using EvpCtx = std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)>;
 }  // namespace
 
+Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return Errno(path, "write failed");
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return Status::OK();
+}
+
 Status WriteFileDurably(const std::string& path, const std::string& data) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Errno(path, "cannot create");
-  const char* p = data.data();
-  size_t left = data.size();
-  while (left > 0) {
-    ssize_t w = ::write(fd, p, left);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) {
-      Status s = Errno(path, "write failed");
-      ::close(fd);
-      return s;
-    }
-    p += w;
-    left -= static_cast<size_t>(w);
+  if (Status s = WriteAll(fd, data.data(), data.size(), path); !s.ok()) {
+    ::close(fd);
+    return s;
   }
   if (::fsync(fd) != 0) {
     Status s = Errno(path, "fsync failed");

@@ -10,6 +10,9 @@
 
 namespace ft {
 
+// Writes all n bytes to an open descriptor (retrying short writes and EINTR);
+// IOError names `path`.
+Status WriteAll(int fd, const void* data, size_t n, const std::string& path);
 // Writes `data` to `path` (truncating) and fsyncs it.
 Status WriteFileDurably(const std::string& path, const std::string& data);
 // Replaces `path` with `data` atomically: a crash leaves the old or the new

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "common/logging.h"
+#include "engine/file_util.h"
 #include "engine/rng.h"
 
 namespace ft {
@@ -18,14 +19,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-StatusOr<std::string> ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::NotFound(path + ": cannot open file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // Reads key as T into *out; missing keeps *out unless required.
 template <typename T>
@@ -114,7 +107,7 @@ StatusOr<ModelConfig> ParseHfConfig(const std::string& text, const std::string& 
 
 StatusOr<ModelConfig> ReadHfConfig(const std::string& dir) {
   const std::string file = (fs::path(dir) / "config.json").string();
-  FT_ASSIGN_OR_RETURN(std::string text, ReadText(file));
+  FT_ASSIGN_OR_RETURN(std::string text, ReadFileToString(file));
   return ParseHfConfig(text, file);
 }
 
@@ -162,7 +155,7 @@ Status LoadHfWeights(const std::string& dir, Model* model) {
   std::vector<std::string> files;
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   if (fs::exists(index)) {
-    FT_ASSIGN_OR_RETURN(std::string text, ReadText(index.string()));
+    FT_ASSIGN_OR_RETURN(std::string text, ReadFileToString(index.string()));
     json j = json::parse(text, nullptr, false);
     if (j.is_discarded() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
       return Status::InvalidArgument(index.string() + ": needs a 'weight_map' object {tensor: shard file}");

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "common/yaml_config.h"
+#include "engine/file_util.h"
 
 namespace ft {
 
@@ -216,11 +217,8 @@ StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& 
 }
 
 StatusOr<JobSpec> LoadJobSpec(const std::string& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return Status::NotFound(file + ": cannot open job file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseJobSpec(ss.str(), file);
+  FT_ASSIGN_OR_RETURN(std::string text, ReadFileToString(file));
+  return ParseJobSpec(text, file);
 }
 
 }  // namespace ft

@@ -51,11 +51,8 @@ Status SavePeftAdapter(const std::string& dir, Model& model, const std::string& 
 
 StatusOr<LoraSpec> ReadPeftAdapterConfig(const std::string& dir) {
   const std::string path = (fs::path(dir) / "adapter_config.json").string();
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::NotFound(path + ": cannot open adapter config");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+  FT_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return Status::InvalidArgument(path + ": not a JSON object");
   if (j.value("peft_type", "") != "LORA")
     return Status::InvalidArgument(path + ": peft_type must be \"LORA\"");

@@ -122,6 +122,13 @@ StatusOr<BatchPlanChoice> ChooseMicroBatch(const PlanRequest& r, int64_t device_
       FormatBytes(device_bytes) + "; try activation_checkpointing, quantization: nf4 or a shorter seq_len");
 }
 
+int64_t FixedMicroBatch(const JobSpec& spec, int64_t world) {
+  const auto& t = spec.train;
+  if (t.micro_batch_size > 0) return t.micro_batch_size;
+  if (t.gradient_accumulation > 0) return t.global_batch_size / (t.gradient_accumulation * world);
+  return 0;
+}
+
 PlanRequest PlanRequestFromJob(const JobSpec& spec, const ModelConfig& model, const std::string& device,
                                int64_t world) {
   PlanRequest r;

@@ -71,6 +71,10 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro_batch);
 // not divide the global batch.
 StatusOr<BatchPlanChoice> ChooseMicroBatch(const PlanRequest& r, int64_t device_bytes);
 
+// The micro-batch a job fixes itself for `world` ranks: micro_batch_size, or
+// the one gradient_accumulation implies; 0 when both are auto (the planner picks).
+int64_t FixedMicroBatch(const JobSpec& spec, int64_t world);
+
 // Builds a request from a job and the model's config.
 PlanRequest PlanRequestFromJob(const JobSpec& spec, const ModelConfig& model, const std::string& device,
                                int64_t world);

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "engine/file_util.h"
 #include "kernels/cpu/ops.h"
 
 namespace ft {
@@ -203,20 +204,6 @@ Status SafetensorsFile::ReadFloat(const std::string& name, const std::vector<int
 }
 
 namespace {
-
-Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return Status::IOError(path + ": write failed: " + std::strerror(errno));
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return Status::OK();
-}
 
 std::vector<uint8_t> Encode(const TensorToWrite& t, int64_t n) {
   std::vector<uint8_t> bytes(static_cast<size_t>(n) * DTypeSize(t.dtype));

@@ -31,16 +31,14 @@ StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec, const ModelConfig& mode
   if (spec.resources.gpus != 1 && spec.resources.device == "cpu") {
     return Status::InvalidArgument(spec.file + ": resources.gpus: CPU jobs run one rank; set gpus: 1");
   }
-  if (t.micro_batch_size > 0) {
-    plan.micro_batch = t.micro_batch_size;
-  } else if (t.gradient_accumulation > 0) {
-    if (t.global_batch_size % (t.gradient_accumulation * plan.world) != 0) {
-      return Status::InvalidArgument(
-          spec.file + ": train.gradient_accumulation (" + std::to_string(t.gradient_accumulation) +
-          ") must divide global_batch_size (" + std::to_string(t.global_batch_size) + ")");
-    }
-    plan.micro_batch = t.global_batch_size / (t.gradient_accumulation * plan.world);
-  } else {
+  if (t.micro_batch_size == 0 && t.gradient_accumulation > 0 &&
+      t.global_batch_size % (t.gradient_accumulation * plan.world) != 0) {
+    return Status::InvalidArgument(
+        spec.file + ": train.gradient_accumulation (" + std::to_string(t.gradient_accumulation) +
+        ") must divide global_batch_size (" + std::to_string(t.global_batch_size) + ")");
+  }
+  plan.micro_batch = FixedMicroBatch(spec, plan.world);
+  if (plan.micro_batch == 0) {
     // micro_batch_size: auto: the planner picks the largest that fits the device.
     PlanRequest request = PlanRequestFromJob(spec, model, "cpu", plan.world);
     auto choice = ChooseMicroBatch(request, device_bytes);

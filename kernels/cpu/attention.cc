@@ -229,32 +229,31 @@ const int32_t* BatchSegments(const int32_t* segments, const AttentionShape& s, i
 
 }  // namespace
 
-template <typename T>
-void AttentionForward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
-                      T* out, T* lse) {
+// Runs `head_fn` (the flash or the naive form) on every (batch, query head),
+// in parallel: the outputs of different heads are disjoint.
+template <typename T, typename HeadFn>
+void ForwardEachHead(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
+                     T* out, T* lse, HeadFn head_fn) {
   CheckShape(s);
   const int64_t group = s.q_heads / s.kv_heads;
 #pragma omp parallel for schedule(dynamic)
   for (int64_t bh = 0; bh < s.batch * s.q_heads; ++bh) {
     const int64_t b = bh / s.q_heads, h = bh % s.q_heads, kvh = h / group;
-    FlashForwardHead(s, Head(q, s, s.q_heads, b, h), Head(k, s, s.kv_heads, b, kvh),
-                     Head(v, s, s.kv_heads, b, kvh), BatchSegments(segments, s, b),
-                     Head(out, s, s.q_heads, b, h), lse + bh * s.seq);
+    head_fn(s, Head(q, s, s.q_heads, b, h), Head(k, s, s.kv_heads, b, kvh), Head(v, s, s.kv_heads, b, kvh),
+            BatchSegments(segments, s, b), Head(out, s, s.q_heads, b, h), lse + bh * s.seq);
   }
+}
+
+template <typename T>
+void AttentionForward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
+                      T* out, T* lse) {
+  ForwardEachHead(s, q, k, v, segments, out, lse, [](auto&&... args) { FlashForwardHead(args...); });
 }
 
 template <typename T>
 void AttentionForwardNaive(const AttentionShape& s, const T* q, const T* k, const T* v,
                            const int32_t* segments, T* out, T* lse) {
-  CheckShape(s);
-  const int64_t group = s.q_heads / s.kv_heads;
-#pragma omp parallel for schedule(dynamic)
-  for (int64_t bh = 0; bh < s.batch * s.q_heads; ++bh) {
-    const int64_t b = bh / s.q_heads, h = bh % s.q_heads, kvh = h / group;
-    NaiveForwardHead(s, Head(q, s, s.q_heads, b, h), Head(k, s, s.kv_heads, b, kvh),
-                     Head(v, s, s.kv_heads, b, kvh), BatchSegments(segments, s, b),
-                     Head(out, s, s.q_heads, b, h), lse + bh * s.seq);
-  }
+  ForwardEachHead(s, q, k, v, segments, out, lse, [](auto&&... args) { NaiveForwardHead(args...); });
 }
 
 template <typename T>
