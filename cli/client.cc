@@ -6,29 +6,35 @@
 
 #include "common/yaml_config.h"
 #include "daemon/grpc_status.h"
+#include "proto/credentials.h"
 
 namespace ft {
 
 namespace pb = ftune::v1;
 
-ClientOptions ResolveClientOptions(ClientOptions o) {
+StatusOr<ClientOptions> ResolveClientOptions(ClientOptions o) {
   if (o.address.empty() && std::getenv("FTUNE_ADDR")) o.address = std::getenv("FTUNE_ADDR");
   if (o.token.empty() && std::getenv("FTUNE_TOKEN")) o.token = std::getenv("FTUNE_TOKEN");
+  if (o.tls_ca.empty() && std::getenv("FTUNE_TLS_CA")) o.tls_ca = std::getenv("FTUNE_TLS_CA");
   const char* home = std::getenv("HOME");
-  if ((o.address.empty() || o.token.empty()) && home) {
+  if ((o.address.empty() || o.token.empty() || o.tls_ca.empty()) && home) {
     auto cfg = YamlMap::LoadFile((std::filesystem::path(home) / ".config/ftune/client.yaml").string());
     if (cfg.ok()) {
       if (o.address.empty()) (void)cfg->Get("address", &o.address);
       if (o.token.empty()) (void)cfg->Get("token", &o.token);
+      if (o.tls_ca.empty()) (void)cfg->Get("tls_ca", &o.tls_ca);
     }
   }
   if (o.address.empty()) o.address = "127.0.0.1:7070";
+  FT_ASSIGN_OR_RETURN(o.credentials, MakeChannelCredentials(o.tls_ca));
   return o;
 }
 
 JobsClient::JobsClient(const ClientOptions& options)
     : options_(options),
-      stub_(pb::Jobs::NewStub(grpc::CreateChannel(options.address, grpc::InsecureChannelCredentials()))) {}
+      stub_(pb::Jobs::NewStub(grpc::CreateChannel(
+          options.address, options.credentials ? options.credentials : grpc::InsecureChannelCredentials()))) {
+}
 
 void JobsClient::Prepare(grpc::ClientContext* ctx, bool deadline) const {
   if (!options_.token.empty()) ctx->AddMetadata("authorization", "Bearer " + options_.token);

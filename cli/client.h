@@ -17,10 +17,14 @@ struct ClientOptions {
   std::string address;  // host:port
   std::string token;
   int64_t timeout_ms = 10'000;
+  std::string tls_ca;  // "" = plaintext, "system", or a PEM CA bundle (proto/credentials.h)
+  std::shared_ptr<grpc::ChannelCredentials> credentials;  // made from tls_ca by ResolveClientOptions
 };
 
-// Fills what `o` leaves empty from the environment, then the config file, then defaults.
-ClientOptions ResolveClientOptions(ClientOptions o);
+// Fills what `o` leaves empty from the environment (FTUNE_ADDR, FTUNE_TOKEN,
+// FTUNE_TLS_CA), then the config file, then defaults, and makes the channel
+// credentials. InvalidArgument naming the file when the CA bundle is unusable.
+StatusOr<ClientOptions> ResolveClientOptions(ClientOptions o);
 
 class JobsClient {
  public:

@@ -25,8 +25,10 @@
 #include <thread>
 
 #include "cli/client.h"
+#include "cli/embedded.h"
 #include "engine/job_spec.h"
 #include "engine/planner.h"
+#include "proto/names.h"
 
 namespace {
 
@@ -47,29 +49,6 @@ std::string Json(const google::protobuf::Message& m) {
   o.preserve_proto_field_names = true;
   (void)google::protobuf::util::MessageToJsonString(m, &out, o);
   return out;
-}
-
-const char* StateName(pb::JobState s) {
-  switch (s) {
-    case pb::QUEUED: return "queued";
-    case pb::RUNNING: return "running";
-    case pb::PREEMPTED: return "preempted";
-    case pb::SUCCEEDED: return "succeeded";
-    case pb::FAILED: return "failed";
-    case pb::CANCELLED: return "cancelled";
-    default: return "?";
-  }
-}
-
-const char* OutcomeName(pb::AttemptOutcome o) {
-  switch (o) {
-    case pb::ATTEMPT_RUNNING: return "running";
-    case pb::ATTEMPT_FINISHED: return "finished";
-    case pb::ATTEMPT_PREEMPTED: return "preempted";
-    case pb::ATTEMPT_FAILED: return "failed";
-    case pb::ATTEMPT_CANCELLED: return "cancelled";
-    default: return "?";
-  }
 }
 
 bool Ended(pb::JobState s) { return s == pb::SUCCEEDED || s == pb::FAILED || s == pb::CANCELLED; }
@@ -121,7 +100,7 @@ void PrintProgress(const pb::Job& j, int64_t step, double loss, double tokens_pe
   const double eta = steps_per_s > 0 ? static_cast<double>(total - step) / steps_per_s : -1;
   std::printf("%s%s [%s] step %lld/%lld  loss %.4f  %.0f tok/s  %s  %s", tty ? "\r\033[K" : "",
               j.id().c_str(), bar.c_str(), static_cast<long long>(step), static_cast<long long>(total), loss,
-              tokens_per_s, FormatEta(eta).c_str(), StateName(j.state()));
+              tokens_per_s, FormatEta(eta).c_str(), ft::JobStateName(j.state()).c_str());
   if (!tty) std::printf("\n");
   std::fflush(stdout);
 }
@@ -167,7 +146,8 @@ int Follow(ft::JobsClient& client, const std::string& id) {
   if (!s.ok()) return Fail(s);
   auto done = client.Get(id);
   if (done.ok()) {
-    std::printf("%s %s; outputs in %s\n", id.c_str(), StateName(done->state()), done->output_dir().c_str());
+    std::printf("%s %s; outputs in %s\n", id.c_str(), ft::JobStateName(done->state()).c_str(),
+                done->output_dir().c_str());
     final_state = done->state();
   }
   return final_state == pb::SUCCEEDED ? kOk : kJobNotSucceeded;
@@ -202,17 +182,17 @@ int Status(ft::JobsClient& client, const std::string& id, bool json) {
     std::printf("%s\n", Json(*j).c_str());
     return kOk;
   }
-  std::printf("%s %s  %s\nstate     %s%s\nprogress  step %lld/%lld (committed %lld), loss %.4f\n",
-              j->id().c_str(), j->name().c_str(), j->output_dir().c_str(), StateName(j->state()),
-              j->reason().empty() ? "" : ("  (" + j->reason() + ")").c_str(),
-              static_cast<long long>(j->steps_done()), static_cast<long long>(j->total_steps()),
-              static_cast<long long>(j->committed_step()), j->last_loss());
+  std::printf(
+      "%s %s  %s\nstate     %s%s\nprogress  step %lld/%lld (committed %lld), loss %.4f\n", j->id().c_str(),
+      j->name().c_str(), j->output_dir().c_str(), ft::JobStateName(j->state()).c_str(),
+      j->reason().empty() ? "" : ("  (" + j->reason() + ")").c_str(), static_cast<long long>(j->steps_done()),
+      static_cast<long long>(j->total_steps()), static_cast<long long>(j->committed_step()), j->last_loss());
   std::printf("attempts  %d, preemptions %lld, failures %lld\n", j->attempts_size(),
               static_cast<long long>(j->preemptions()), static_cast<long long>(j->failures()));
   for (const pb::Attempt& a : j->attempts()) {
     std::printf("  #%lld epoch %lld on %-12s %-10s steps %lld..%lld lost %lld  %s\n",
                 static_cast<long long>(a.number()), static_cast<long long>(a.epoch()), a.worker_id().c_str(),
-                OutcomeName(a.outcome()), static_cast<long long>(a.start_step()),
+                ft::AttemptOutcomeName(a.outcome()).c_str(), static_cast<long long>(a.start_step()),
                 static_cast<long long>(a.end_step()), static_cast<long long>(a.steps_lost()),
                 a.reason().c_str());
   }
@@ -228,7 +208,7 @@ int List(ft::JobsClient& client, bool json) {
   }
   std::printf("%-10s %-10s %8s %6s %10s  %s\n", "ID", "STATE", "PRIORITY", "STEP", "LOSS", "NAME / REASON");
   for (const pb::Job& j : r->jobs()) {
-    std::printf("%-10s %-10s %8lld %6lld %10.4f  %s%s\n", j.id().c_str(), StateName(j.state()),
+    std::printf("%-10s %-10s %8lld %6lld %10.4f  %s%s\n", j.id().c_str(), ft::JobStateName(j.state()).c_str(),
                 static_cast<long long>(j.priority()), static_cast<long long>(j.steps_done()), j.last_loss(),
                 j.name().c_str(), j.reason().empty() ? "" : (" — " + j.reason()).c_str());
   }
@@ -272,44 +252,6 @@ int Events(ft::JobsClient& client, const std::string& id, bool json) {
   return kOk;
 }
 
-// Embedded single-node mode: ftd and one local worker as children.
-int Up(const std::string& data_dir, const std::string& listen, const std::string& cpu_memory) {
-  const fs::path self = fs::canonical("/proc/self/exe");
-  const fs::path root = self.parent_path().parent_path();
-  const std::string ftd = (root / "daemon/ftd").string(), worker = (root / "worker/ft-worker").string();
-  fs::create_directories(data_dir);
-  pid_t daemon_pid = fork();
-  if (daemon_pid == 0) {
-    execl(ftd.c_str(), ftd.c_str(), "--listen", listen.c_str(), "--data-dir", data_dir.c_str(), nullptr);
-    _exit(127);
-  }
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  std::vector<std::string> args = {
-      worker, "--daemon", listen, "--id", "local", "--ft-train", (root / "engine/ft-train").string()};
-  if (!cpu_memory.empty()) {
-    args.push_back("--cpu-memory");
-    args.push_back(cpu_memory);
-  }
-  pid_t worker_pid = fork();
-  if (worker_pid == 0) {
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(worker.c_str(), argv.data());
-    _exit(127);
-  }
-  std::printf("ftune is up: ftd on %s (state in %s), worker 'local'. Ctrl-C stops both.\n", listen.c_str(),
-              data_dir.c_str());
-  std::fflush(stdout);
-  int status = 0;
-  waitpid(-1, &status, 0);
-  kill(worker_pid, SIGTERM);
-  kill(daemon_pid, SIGTERM);
-  waitpid(worker_pid, nullptr, 0);
-  waitpid(daemon_pid, nullptr, 0);
-  return kOk;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -319,6 +261,8 @@ int main(int argc, char** argv) {
   bool json = false;
   app.add_option("--addr", options.address, "ftd address host:port (env FTUNE_ADDR)");
   app.add_option("--token", options.token, "bearer token (env FTUNE_TOKEN)");
+  app.add_option("--tls-ca", options.tls_ca,
+                 "use TLS, trusting this PEM CA bundle ('system': the system's roots; env FTUNE_TLS_CA)");
   app.add_flag("--json", json, "print API objects as JSON");
 
   auto* submit = app.add_subcommand("submit", "validate and queue a job");
@@ -345,14 +289,17 @@ int main(int argc, char** argv) {
   auto* up = app.add_subcommand("up", "embedded mode: ftd and a local worker");
   std::string data_dir =
       std::string(std::getenv("HOME") ? std::getenv("HOME") : "/tmp") + "/.local/share/ftune";
-  std::string listen = "127.0.0.1:7070", cpu_memory;
+  std::string listen = "127.0.0.1:7070", http = "127.0.0.1:7071", cpu_memory;
   up->add_option("--data-dir", data_dir, "where ftd keeps its database and logs");
-  up->add_option("--listen", listen, "address for ftd");
+  up->add_option("--listen", listen, "gRPC address for ftd (port 0 = any free port)");
+  up->add_option("--http", http, "dashboard address (port 0 = any free port; \"\" = off)");
   up->add_option("--cpu-memory", cpu_memory, "memory the local worker offers");
   CLI11_PARSE(app, argc, argv);
 
-  if (*up) return Up(data_dir, listen, cpu_memory);
-  ft::JobsClient client(ft::ResolveClientOptions(options));
+  if (*up) return ft::RunEmbedded({data_dir, listen, http, cpu_memory});
+  auto resolved = ft::ResolveClientOptions(options);
+  if (!resolved.ok()) return Fail(resolved.status());
+  ft::JobsClient client(*resolved);
   if (*submit) return Submit(client, job_file, follow, request_id, json);
   if (*ls) return List(client, json);
   if (*status) return Status(client, id, json);
@@ -365,7 +312,7 @@ int main(int argc, char** argv) {
   if (*cancel) {
     auto j = client.Cancel(id);
     if (!j.ok()) return Fail(j.status());
-    std::printf("%s %s\n", j->id().c_str(), StateName(j->state()));
+    std::printf("%s %s\n", j->id().c_str(), ft::JobStateName(j->state()).c_str());
     return kOk;
   }
   if (*workers) return Workers(client, json);

@@ -39,6 +39,36 @@ std::string ResolvedSpec(const JobSpec& spec, const std::string& yaml, const Bat
   return std::string(out.c_str()) + "\n";
 }
 
+// OK when every path of `spec` lies under one of `roots` (none = anywhere);
+// else InvalidArgument naming the file, the field and the roots. Symlinks and
+// ".." are resolved first, so neither can leave a root.
+Status CheckPathRoots(const JobSpec& spec, const std::vector<std::string>& roots, const std::string& file) {
+  if (roots.empty()) return Status::OK();
+  auto under = [&](const std::string& path) {
+    std::error_code ec;
+    const fs::path p = fs::weakly_canonical(path, ec);
+    for (const std::string& root : roots) {
+      const fs::path r = fs::weakly_canonical(root, ec);
+      auto [ri, pi] = std::mismatch(r.begin(), r.end(), p.begin(), p.end());
+      if (ri == r.end() || (std::next(ri) == r.end() && ri->empty())) return true;
+    }
+    return false;
+  };
+  const std::pair<const char*, std::string> fields[] = {
+      {"model.path", spec.model.path},     {"data.train", spec.data.train},
+      {"data.eval", spec.data.eval},       {"data.chat_template", spec.data.chat_template},
+      {"adapter.init", spec.adapter.init}, {"output.dir", spec.output.dir}};
+  for (const auto& [field, path] : fields) {
+    if (path.empty() || under(path)) continue;
+    std::string list;
+    for (const std::string& r : roots) list += (list.empty() ? "" : ", ") + r;
+    return Status::InvalidArgument(file + ": " + field + ": '" + path +
+                                   "' is outside the directories this ftd allows (" + list +
+                                   "); move it under one of them or ask the operator to add --allowed-root");
+  }
+  return Status::OK();
+}
+
 // What the scheduler needs to place a job.
 JobView MakeJobView(const JobRow& job, const JobSpec& spec, const ModelConfig& model) {
   JobView view;
@@ -49,6 +79,9 @@ JobView MakeJobView(const JobRow& job, const JobSpec& spec, const ModelConfig& m
   view.device = spec.resources.device;
   view.plan = PlanRequestFromJob(spec, model, "cpu", spec.resources.gpus);
   view.fixed_micro_batch = FixedMicroBatch(spec, spec.resources.gpus);
+  view.not_before_ms = job.not_before_ms;
+  view.min_bytes_cpu = MinBytesPerDevice(view, "cpu");
+  view.min_bytes_cuda = MinBytesPerDevice(view, "cuda");
   return view;
 }
 
@@ -65,9 +98,36 @@ Daemon::Daemon(std::unique_ptr<Store> store, const Clock* clock, DaemonOptions o
       s.last_message_mono = clock_->MonotonicMs();
       s.running_job = a.job_id;
       s.running_epoch = a.epoch;
+      running_epoch_[a.job_id] = a.epoch;
     }
   }
+  auto queued = store_->ListJobs({JobStateCode::kQueued}, 0);
+  if (queued.ok()) {
+    for (const JobRow& j : *queued) TrackState(j);
+  }
   if (!options_.data_dir.empty()) fs::create_directories(fs::path(options_.data_dir) / "logs");
+}
+
+void Daemon::TrackState(const JobRow& job) {
+  if (job.state != JobStateCode::kQueued) {
+    queued_.erase(job.id);
+    waiting_.erase(job.id);
+    if (job.state != JobStateCode::kRunning) plan_inputs_.erase(job.id);
+    return;
+  }
+  Status s = EnsurePlanInput(job);
+  if (!s.ok()) {
+    // Its spec or model no longer loads (e.g. after a restart): it can never be placed.
+    JobRow failed = job;
+    failed.state = JobStateCode::kFailed;
+    failed.reason = "cannot plan: " + s.message();
+    Check(store_->UpdateJob(failed), "fail unplannable job");
+    Event(job.id, "", "failed", failed.reason, 0);
+    queued_.erase(job.id);
+    return;
+  }
+  plan_inputs_[job.id].not_before_ms = job.not_before_ms;
+  queued_.insert(job.id);
 }
 
 void Daemon::Check(const Status& s, const char* what) {
@@ -83,6 +143,7 @@ std::string Daemon::LogPath(const std::string& job_id) const {
 StatusOr<pb::SubmitReply> Daemon::Submit(const pb::SubmitRequest& req) {
   const std::string file = (fs::path(req.spec_dir().empty() ? "." : req.spec_dir()) / "job.yaml").string();
   FT_ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(req.spec_yaml(), file));
+  FT_RETURN_IF_ERROR(CheckPathRoots(spec, options_.allowed_roots, file));
   FT_ASSIGN_OR_RETURN(ModelConfig model, ReadHfConfig(spec.model.path));
   if (spec.train.max_steps <= 0) {
     return Status::InvalidArgument(file +
@@ -100,20 +161,56 @@ StatusOr<pb::SubmitReply> Daemon::Submit(const pb::SubmitRequest& req) {
   row.output_dir = spec.output.dir;
   row.gpus = spec.resources.gpus;
   row.device = spec.resources.device;
-  bool duplicate = false;
+  PendingSubmit me{row, MakeJobView(row, spec, model)};
+  std::unique_lock<std::mutex> lock(submit_mu_);
+  submit_queue_.push_back(&me);
+  submit_cv_.wait(lock, [&] { return me.done || submit_queue_.front() == &me; });
+  if (!me.done) {
+    // First in line: commit everyone queued behind, in one transaction.
+    std::vector<PendingSubmit*> batch(submit_queue_.begin(), submit_queue_.end());
+    lock.unlock();
+    CommitSubmits(batch);
+    lock.lock();
+    for (size_t i = 0; i < batch.size(); ++i) submit_queue_.pop_front();
+    for (PendingSubmit* p : batch) p->done = true;
+    submit_cv_.notify_all();
+  }
+  if (!me.status.ok()) return me.status;
+  return me.reply;
+}
+
+void Daemon::CommitSubmits(const std::vector<PendingSubmit*>& batch) {
+  std::vector<JobRow> rows;
+  for (PendingSubmit* p : batch) rows.push_back(p->row);
   std::vector<pb::JobUpdate> updates;
-  pb::SubmitReply reply;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    FT_ASSIGN_OR_RETURN(JobRow created, store_->CreateJob(row, &duplicate));
-    plan_inputs_[created.id] = MakeJobView(created, spec, model);
-    FT_ASSIGN_OR_RETURN(*reply.mutable_job(), ToProto(created));
-    reply.set_duplicate(duplicate);
-    if (!duplicate) PublishJob(created.id);
+    std::vector<bool> duplicate;
+    auto created = store_->CreateJobs(std::move(rows), &duplicate);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      PendingSubmit& p = *batch[i];
+      if (!created.ok()) {
+        p.status = created.status();
+        continue;
+      }
+      const JobRow& job = (*created)[i];
+      if (!duplicate[i]) {
+        p.view.id = job.id;
+        plan_inputs_[job.id] = p.view;
+        TrackState(job);
+        PublishJob(job.id);
+      }
+      auto proto = ToProto(job);
+      if (!proto.ok()) {
+        p.status = proto.status();
+        continue;
+      }
+      *p.reply.mutable_job() = std::move(*proto);
+      p.reply.set_duplicate(duplicate[i]);
+    }
     updates.swap(pending_updates_);
   }
   for (const auto& u : updates) Publish(u.job_id(), u);
-  return reply;
 }
 
 StatusOr<pb::Job> Daemon::ToProto(const JobRow& j) {
@@ -195,6 +292,7 @@ StatusOr<pb::Job> Daemon::Cancel(const std::string& id) {
     j.reason = "cancelled by the user";
     j.updated_ms = clock_->WallMs();
     FT_RETURN_IF_ERROR(store_->UpdateJob(j));
+    TrackState(j);
     Event(id, "", "cancelled", "cancelled by the user", j.steps_done);
     PublishJob(id);
     FT_ASSIGN_OR_RETURN(out, ToProto(j));
@@ -326,12 +424,8 @@ void Daemon::Refuse(WorkerSink* sink, const std::string& job_id, int64_t epoch, 
 }
 
 bool Daemon::IsCurrent(const std::string& job_id, int64_t epoch) {
-  auto running = store_->RunningAttempts();
-  if (!running.ok()) return false;
-  for (const AttemptRow& a : *running) {
-    if (a.job_id == job_id) return a.epoch == epoch;
-  }
-  return false;
+  auto it = running_epoch_.find(job_id);
+  return it != running_epoch_.end() && it->second == epoch;
 }
 
 Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
@@ -439,22 +533,43 @@ void Daemon::OnHeartbeat(const std::string& worker_id, Session& s, const pb::Hea
     for (const pb::Device& d : hb.devices()) s.devices.push_back({d.kind(), d.total_bytes(), d.free_bytes()});
   }
   if (hb.slot_end_ms() > 0) s.slot_end_ms = hb.slot_end_ms();
-  Check(store_->SetWorkerAlive(worker_id, true, clock_->WallMs()), "worker alive");
+  Check(store_->TouchWorker(worker_id, clock_->WallMs()), "worker alive");
+  RecordDeviceMemory(worker_id, s, hb);
   for (const pb::Progress& p : hb.progress()) {
     if (!IsCurrent(p.job_id(), p.epoch())) {
       Refuse(s.sink, p.job_id(), p.epoch(), "epoch " + std::to_string(p.epoch()) + " is superseded");
       continue;
     }
-    auto j = store_->GetJob(p.job_id());
-    if (!j.ok()) continue;
-    j->steps_done = p.step();
-    j->last_loss = p.loss();
-    j->tokens_per_s = p.tokens_per_s();
-    if (p.total_steps() > 0) j->total_steps = p.total_steps();
-    j->updated_ms = clock_->WallMs();
-    Check(store_->UpdateJob(*j), "progress");
-    Check(store_->UpdateAttemptProgress(p.job_id(), p.epoch(), p.step()), "attempt progress");
+    Check(store_->RecordProgress({p.job_id(), p.epoch(), p.step(), p.total_steps(), p.loss(),
+                                  p.tokens_per_s(), clock_->WallMs()}),
+          "progress");
   }
+}
+
+void Daemon::RecordDeviceMemory(const std::string& worker_id, Session& s, const pb::Heartbeat& hb) {
+  const int64_t now = clock_->MonotonicMs();
+  if (hb.devices_size() == 0 || now - s.last_memory_sample_mono < options_.memory_sample_ms) return;
+  s.last_memory_sample_mono = now;
+  std::vector<DeviceRow> devices;
+  for (const pb::Device& d : hb.devices()) {
+    devices.push_back({d.index(), d.kind(), d.name(), d.total_bytes(), d.free_bytes(), d.used_bytes()});
+  }
+  Check(store_->RecordDeviceMemory(worker_id, s.running_job, clock_->WallMs(), devices), "device memory");
+}
+
+StatusOr<int64_t> Daemon::PredictedBytes(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  FT_ASSIGN_OR_RETURN(JobRow job, store_->GetJob(job_id));
+  FT_ASSIGN_OR_RETURN(auto attempts, store_->ListAttempts(job_id));
+  if (attempts.empty() || attempts.back().micro_batch <= 0) return int64_t{0};
+  FT_RETURN_IF_ERROR(EnsurePlanInput(job));
+  PlanRequest plan = plan_inputs_[job_id].plan;
+  auto session = sessions_.find(attempts.back().worker_id);
+  if (session != sessions_.end() && !session->second.devices.empty()) {
+    plan.device = session->second.devices.front().kind;
+  }
+  plan.world = std::max<int64_t>(1, attempts.back().world);
+  return PredictMemory(plan, attempts.back().micro_batch).total();
 }
 
 void Daemon::OnCheckpoint(const std::string& worker_id, Session& s, const pb::CheckpointCommitted& c) {
@@ -477,6 +592,7 @@ void Daemon::OnCheckpoint(const std::string& worker_id, Session& s, const pb::Ch
                     c.manifest_sha256(), c.write_seconds(), clock_->WallMs()};
   Check(store_->AddCheckpoint(row), "add checkpoint");
   s.checkpoint_seconds = c.write_seconds();
+  checkpoint_seconds_.Record(c.write_seconds());
   Event(c.job_id(), worker_id, "checkpoint", "checkpoint committed at step " + std::to_string(c.step()),
         c.step());
   PublishJob(c.job_id());
@@ -535,6 +651,9 @@ void Daemon::EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcome
   Check(store_->EndAttempt(job_id, epoch, outcome, reason, exit_step,
                            outcome == AttemptOutcomeCode::kFinished ? 0 : lost, clock_->WallMs()),
         "end attempt");
+  if (auto it = running_epoch_.find(job_id); it != running_epoch_.end() && it->second == epoch) {
+    running_epoch_.erase(it);
+  }
   const int64_t now = clock_->WallMs();
   j->updated_ms = now;
   if (j->state == JobStateCode::kCancelled) {
@@ -549,6 +668,7 @@ void Daemon::EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcome
     j->preemptions += 1;
     j->reason = "preempted: " + reason + "; resumes from step " + std::to_string(committed);
     j->not_before_ms = now + options_.requeue_backoff_ms;
+    interrupted_mono_[job_id] = clock_->MonotonicMs();
     Event(job_id, "", "preempted",
           reason + " (resumes from step " + std::to_string(committed) + ", " + std::to_string(lost) +
               " steps lost)",
@@ -568,6 +688,7 @@ void Daemon::EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcome
     }
   }
   Check(store_->UpdateJob(*j), "update job");
+  TrackState(*j);
   PublishJob(job_id);
 }
 
@@ -613,14 +734,27 @@ void Daemon::StopForSlotEnds() {
   const int64_t now = clock_->WallMs();
   for (auto& [id, s] : sessions_) {
     if (!s.alive || !s.sink || s.slot_end_ms <= 0 || s.running_job.empty() || s.stop_sent) continue;
-    const int64_t ckpt_ms =
-        static_cast<int64_t>(1.5 * (s.checkpoint_seconds > 0 ? s.checkpoint_seconds : 10.0) * 1000);
+    const double ckpt_s =
+        s.checkpoint_seconds > 0 ? s.checkpoint_seconds : EstimateCheckpointSeconds(s.running_job);
+    const int64_t ckpt_ms = static_cast<int64_t>(1.5 * ckpt_s * 1000);
     if (now < s.slot_end_ms - ckpt_ms - options_.checkpoint_margin_ms) continue;
     SendStop(s, std::max<int64_t>(1000, s.slot_end_ms - now), "slot end");
     s.stop_sent = true;
     s.draining = true;
     Event(s.running_job, id, "slot_end", "worker " + id + "'s slot ends: checkpoint and stop", 0);
   }
+}
+
+double Daemon::EstimateCheckpointSeconds(const std::string& job_id) {
+  auto last = store_->LatestCheckpoint(job_id);
+  if (last.ok() && last->write_seconds > 0) return last->write_seconds;
+  auto view = plan_inputs_.find(job_id);
+  if (view == plan_inputs_.end()) return 10.0;
+  // What a checkpoint writes: the trainable weights and their Adam moments
+  // (all weights in a full fine-tune), at a conservative 100 MB/s, plus 1 s.
+  const MemoryBreakdown m = PredictMemory(view->second.plan, 1);
+  const int64_t bytes = m.adapter + m.optimizer + (view->second.plan.full ? m.weights : 0);
+  return 1.0 + static_cast<double>(bytes) / 100e6;
 }
 
 Status Daemon::EnsurePlanInput(const JobRow& job) {
@@ -633,31 +767,21 @@ Status Daemon::EnsurePlanInput(const JobRow& job) {
 }
 
 void Daemon::ScheduleQueued() {
-  auto queued = store_->ListJobs({JobStateCode::kQueued}, 0);
-  if (!queued.ok() || queued->empty()) return;
-  std::map<std::string, JobRow> by_id;
-  std::vector<JobView> jobs;
-  for (JobRow& j : *queued) {
-    Status s = EnsurePlanInput(j);
-    if (!s.ok()) {
-      j.state = JobStateCode::kFailed;
-      j.reason = "cannot plan: " + s.message();
-      Check(store_->UpdateJob(j), "fail unplannable job");
-      Event(j.id, "", "failed", j.reason, 0);
-      continue;
-    }
-    JobView v = plan_inputs_[j.id];
-    v.not_before_ms = j.not_before_ms;
-    jobs.push_back(v);
-    by_id[j.id] = j;
-  }
+  if (queued_.empty()) return;
+  std::vector<const JobView*> jobs;
+  jobs.reserve(queued_.size());
+  for (const std::string& id : queued_) jobs.push_back(&plan_inputs_.at(id));
   std::vector<WorkerView> workers;
   for (const auto& [id, s] : sessions_) {
     workers.push_back(
         {id, s.alive && s.sink != nullptr, !s.running_job.empty(), s.draining, s.slot_end_ms, s.devices});
   }
   ScheduleResult result = Schedule(jobs, workers, clock_->WallMs(), {options_.min_slot_ms});
-  for (const Placement& p : result.placements) StartOn(by_id[p.job_id], p);
+  for (const Placement& p : result.placements) {
+    auto job = store_->GetJob(p.job_id);
+    if (job.ok()) StartOn(*job, p);
+    Check(job.status(), "load job to start");
+  }
   for (const auto& [job_id, why] : result.waiting) {
     // Why a job waits is recomputed every tick: kept in memory, not fsynced.
     if (waiting_[job_id] == why) continue;
@@ -684,7 +808,13 @@ void Daemon::StartOn(const JobRow& job, const Placement& p) {
   j.reason = "";
   j.updated_ms = clock_->WallMs();
   Check(store_->UpdateJob(j), "job running");
+  TrackState(j);
+  running_epoch_[job.id] = attempt->epoch;
   waiting_.erase(job.id);
+  if (auto it = interrupted_mono_.find(job.id); it != interrupted_mono_.end()) {
+    recovery_seconds_.Record(static_cast<double>(clock_->MonotonicMs() - it->second) / 1000.0);
+    interrupted_mono_.erase(it);
+  }
   s.running_job = job.id;
   s.running_epoch = attempt->epoch;
   s.stop_sent = false;

@@ -17,7 +17,9 @@
 // workers go through WorkerSink::Send, which must not block or call back.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -42,6 +44,11 @@ struct DaemonOptions {
   int64_t checkpoint_margin_ms = 5'000;  // slot end: stop at end − (1.5 × checkpoint time + margin)
   int64_t requeue_backoff_ms = 1'000;    // after a preemption; doubled per failure
   std::string data_dir;                  // logs/<job>.log live here
+  // When non-empty, a job's paths (model, data, adapter init, output, chat
+  // template) must lie under one of these directories (after resolving
+  // symlinks and ".."); Submit refuses others with InvalidArgument.
+  std::vector<std::string> allowed_roots;
+  int64_t memory_sample_ms = 2'000;  // device memory of a running job's worker is stored this often
 };
 
 // Where the daemon sends commands for one connected worker.
@@ -85,7 +92,19 @@ class Daemon {
   // Time spent handling each worker message, and each Tick().
   const LatencyHistogram& message_latency() const { return message_latency_; }
   const LatencyHistogram& tick_latency() const { return tick_latency_; }
+  // Measured checkpoint write times (as committed), and the time from a job's
+  // preemption or worker loss to its next attempt starting.
+  const LatencyHistogram& checkpoint_seconds() const { return checkpoint_seconds_; }
+  const LatencyHistogram& recovery_seconds() const { return recovery_seconds_; }
   Store& store() { return *store_; }
+
+  // The planner's predicted device bytes for the job's newest attempt's plan
+  // (micro-batch and device kind of that attempt); 0 before any attempt.
+  // NotFound for an unknown job; the planning error when its spec or model
+  // no longer loads.
+  StatusOr<int64_t> PredictedBytes(const std::string& job_id);
+  // OK while the store accepts writes; its sticky error otherwise.
+  Status Ready() { return store_->sticky_error(); }
 
  private:
   struct Session {
@@ -99,14 +118,20 @@ class Daemon {
     int64_t running_epoch = 0;
     double checkpoint_seconds = 0;  // last measured write time
     bool stop_sent = false;
+    int64_t last_memory_sample_mono = 0;  // when device memory was last stored
   };
 
   // REQUIRES: mu_ held (for all below).
   Status EnsurePlanInput(const JobRow& job);
+  // How long a checkpoint of the job should take before one was measured on
+  // its worker: the job's last measured write, else an estimate from its size.
+  double EstimateCheckpointSeconds(const std::string& job_id);
   void ExpireLeases();
   void StopForSlotEnds();
   void ScheduleQueued();
   void StartOn(const JobRow& job, const Placement& p);
+  // Keeps queued_ and the job's plan input in step with `job` as just stored.
+  void TrackState(const JobRow& job);
   void EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcomeCode outcome,
                   const std::string& reason, int64_t exit_step);
   bool IsCurrent(const std::string& job_id, int64_t epoch);
@@ -119,6 +144,8 @@ class Daemon {
   void Publish(const std::string& job_id, const ftune::v1::JobUpdate& update);
   StatusOr<ftune::v1::Job> ToProto(const JobRow& job);
   void OnHeartbeat(const std::string& worker_id, Session& s, const ftune::v1::Heartbeat& hb);
+  // Stores the heartbeat's device memory (throttled to options_.memory_sample_ms per worker).
+  void RecordDeviceMemory(const std::string& worker_id, Session& s, const ftune::v1::Heartbeat& hb);
   void OnCheckpoint(const std::string& worker_id, Session& s, const ftune::v1::CheckpointCommitted& c);
   void OnExited(const std::string& worker_id, Session& s, const ftune::v1::AttemptExited& e);
   void OnMetrics(WorkerSink* sink, const ftune::v1::MetricsReport& m);
@@ -130,12 +157,15 @@ class Daemon {
   const Clock* clock_;
   LatencyHistogram message_latency_;
   LatencyHistogram tick_latency_;
+  LatencyHistogram checkpoint_seconds_;
+  LatencyHistogram recovery_seconds_;
   DaemonOptions options_;
 
   std::mutex mu_;
-  std::map<std::string, Session> sessions_;     // GUARDED_BY(mu_) worker id →
-  std::map<std::string, JobView> plan_inputs_;  // GUARDED_BY(mu_) job id → planning input
-  std::map<std::string, std::string> waiting_;  // GUARDED_BY(mu_) job id → last reason published
+  std::map<std::string, Session> sessions_;          // GUARDED_BY(mu_) worker id →
+  std::map<std::string, JobView> plan_inputs_;       // GUARDED_BY(mu_) job id → planning input
+  std::map<std::string, std::string> waiting_;       // GUARDED_BY(mu_) job id → last reason published
+  std::map<std::string, int64_t> interrupted_mono_;  // GUARDED_BY(mu_) job id → when it was preempted
   struct Subscriber {
     std::string job_id;
     std::function<void(const ftune::v1::JobUpdate&)> fn;
@@ -144,6 +174,26 @@ class Daemon {
   std::map<int64_t, Subscriber> subscribers_;          // GUARDED_BY(subs_mu_)
   int64_t next_subscriber_ = 1;                        // GUARDED_BY(subs_mu_)
   std::vector<ftune::v1::JobUpdate> pending_updates_;  // GUARDED_BY(mu_) delivered after mu_ is released
+  // The scheduler's input, kept in step with the store so a tick reads no
+  // rows: the ids of QUEUED jobs (plan_inputs_ holds their views) and the
+  // epoch of each job's running attempt (fencing without a query).
+  std::set<std::string> queued_;                  // GUARDED_BY(mu_)
+  std::map<std::string, int64_t> running_epoch_;  // GUARDED_BY(mu_) job id → epoch
+
+  // Group commit: concurrent submits are written in one transaction (one
+  // fsync) by whichever is first in the queue (LevelDB's writer queue).
+  struct PendingSubmit {
+    JobRow row;
+    JobView view;
+    bool done = false;
+    Status status;
+    ftune::v1::SubmitReply reply;
+  };
+  // Writes `batch` to the store and fills in each one's result. REQUIRES: not mu_.
+  void CommitSubmits(const std::vector<PendingSubmit*>& batch);
+  std::mutex submit_mu_;
+  std::condition_variable submit_cv_;
+  std::deque<PendingSubmit*> submit_queue_;  // GUARDED_BY(submit_mu_)
 };
 
 }  // namespace ft

@@ -3,10 +3,14 @@
 // scheduler tick (leases, slot ends, placements).
 //
 //   ftd --listen 127.0.0.1:7070 --data-dir ~/.local/share/ftune [--client-token T] [--worker-token W]
+//       [--http 127.0.0.1:7071] [--web-dir DIR] [--http-view-token V]
 //
 // Prints "ftd: listening on HOST:PORT" on stdout once serving (port 0 picks a
-// free one). SIGTERM/SIGINT shut it down cleanly; kill -9 loses nothing
-// acknowledged.
+// free one), then "ftd: dashboard at http://HOST:PORT/" for the HTTP side
+// (dashboard, JSON API, SSE, /metrics; --http "" turns it off). The dashboard's
+// files come from --web-dir, else the source tree's web/ (FT_WEB_DIR, fixed at
+// build time) when it exists, else <exe dir>/../share/ftune/web.
+// SIGTERM/SIGINT shut it down cleanly; kill -9 loses nothing acknowledged.
 #include <grpcpp/grpcpp.h>
 
 #include <CLI/CLI.hpp>
@@ -20,10 +24,27 @@
 #include "common/logging.h"
 #include "daemon/daemon.h"
 #include "daemon/grpc_service.h"
+#include "daemon/http_api.h"
+#include "daemon/http_server.h"
+#include "proto/credentials.h"
 
 namespace {
 std::atomic<bool> g_stop{false};
 extern "C" void OnSignal(int) { g_stop = true; }
+
+// The dashboard's directory: --web-dir, else the source tree's, else the installed one ("" = none).
+std::string FindWebDir(const std::string& flag, const char* argv0) {
+  namespace fs = std::filesystem;
+  if (!flag.empty()) return flag;
+  std::error_code ec;
+  if (fs::is_directory(FT_WEB_DIR, ec)) return FT_WEB_DIR;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) exe = fs::weakly_canonical(fs::path(argv0), ec);
+  exe = exe.parent_path();
+  const fs::path installed = exe / ".." / "share" / "ftune" / "web";
+  if (fs::is_directory(installed, ec)) return fs::weakly_canonical(installed, ec).string();
+  return "";
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -33,6 +54,7 @@ int main(int argc, char** argv) {
   ft::DaemonOptions options;
   int64_t tick_ms = 200;
   bool log_json = false;
+  std::string http = "127.0.0.1:7071", web_dir_flag, http_view_token;
   auth.client_token = std::getenv("FTUNE_TOKEN") ? std::getenv("FTUNE_TOKEN") : "";
   auth.worker_token = std::getenv("FTUNE_WORKER_TOKEN") ? std::getenv("FTUNE_WORKER_TOKEN") : "";
   app.add_option("--listen", listen, "address to serve gRPC on (port 0 = any free port)");
@@ -48,8 +70,21 @@ int main(int argc, char** argv) {
   app.add_option("--requeue-backoff-ms", options.requeue_backoff_ms,
                  "delay before a preempted job is placed again");
   app.add_option("--tick-ms", tick_ms, "scheduler tick period");
+  ft::ServerTls tls;
+  app.add_option("--tls-cert", tls.cert_file, "serve gRPC over TLS with this PEM certificate chain");
+  app.add_option("--tls-key", tls.key_file, "the PEM private key of --tls-cert");
+  app.add_option("--allowed-root", options.allowed_roots,
+                 "directories job paths (model, data, adapter init, output) must lie under; repeatable "
+                 "(default: anywhere)");
   app.add_option("--log-level", log_level, "debug | info | warn | error");
   app.add_flag("--log-json", log_json, "log one JSON object per line");
+  app.add_option("--http", http,
+                 "address for the dashboard, JSON API and /metrics (port 0 = any free port; \"\" = off)");
+  app.add_option("--web-dir", web_dir_flag,
+                 "dashboard files (default: the source tree's web/, else <exe dir>/../share/ftune/web)");
+  app.add_option(
+      "--http-view-token", http_view_token,
+      "token needed to view the dashboard and read /api (default: open; actions need --client-token)");
   CLI11_PARSE(app, argc, argv);
   auto level = ft::log::ParseLevel(log_level);
   if (!level.ok()) {
@@ -71,7 +106,12 @@ int main(int argc, char** argv) {
   auto workers = ft::MakeWorkersService(&daemon, auth);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  auto credentials = ft::MakeServerCredentials(tls);
+  if (!credentials.ok()) {
+    std::fprintf(stderr, "ftd: %s\n", credentials.status().ToString().c_str());
+    return 2;
+  }
+  builder.AddListeningPort(listen, *credentials, &port);
   builder.RegisterService(jobs.get());
   builder.RegisterService(workers.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -82,6 +122,31 @@ int main(int argc, char** argv) {
   const std::string host = listen.substr(0, listen.rfind(':'));
   std::printf("ftd: listening on %s:%d\n", host.c_str(), port);
   std::fflush(stdout);
+  std::unique_ptr<ft::HttpApi> http_api;
+  std::unique_ptr<ft::HttpServer> http_server;
+  if (!http.empty()) {
+    const std::string web_dir = FindWebDir(web_dir_flag, argv[0]);
+    if (!web_dir_flag.empty() && !std::filesystem::is_directory(web_dir_flag)) {
+      std::fprintf(stderr, "ftd: --web-dir %s is not a directory\n", web_dir_flag.c_str());
+      return 2;
+    }
+    if (web_dir.empty())
+      FT_LOG(WARN) << "ftd: no dashboard files found (pass --web-dir); the API still serves";
+    http_api = std::make_unique<ft::HttpApi>(&daemon,
+                                             ft::HttpApiOptions{auth.client_token, http_view_token, web_dir});
+    ft::HttpServerOptions http_options;
+    http_options.address = http;
+    auto started = ft::HttpServer::Start(&daemon, http_api.get(), http_options);
+    if (!started.ok()) {
+      std::fprintf(stderr, "ftd: %s\n", started.status().ToString().c_str());
+      return 1;
+    }
+    http_server = std::move(*started);
+    const std::string& h = http_server->host();
+    const std::string url_host = h.find(':') == std::string::npos ? h : "[" + h + "]";  // IPv6
+    std::printf("ftd: dashboard at http://%s:%d/\n", url_host.c_str(), http_server->port());
+    std::fflush(stdout);
+  }
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
   // The daemon's periodic duties live in one visible tick.
@@ -91,6 +156,7 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_until(start + std::chrono::milliseconds(tick_ms));
   }
   FT_LOG(INFO) << "ftd: shutting down";
+  if (http_server) http_server->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;
 }

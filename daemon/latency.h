@@ -21,12 +21,20 @@ class LatencyHistogram {
     if (b >= kBuckets) b = kBuckets - 1;
     counts_[b].fetch_add(1, std::memory_order_relaxed);
     total_.fetch_add(1, std::memory_order_relaxed);
+    double sum = sum_.load(std::memory_order_relaxed);
+    while (!sum_.compare_exchange_weak(sum, sum + seconds)) {
+    }
     double seen = max_.load(std::memory_order_relaxed);
     while (seconds > seen && !max_.compare_exchange_weak(seen, seconds)) {
     }
   }
   int64_t count() const { return total_.load(); }
   double max_seconds() const { return max_.load(); }
+  double sum_seconds() const { return sum_.load(); }
+  // Records in bucket b (0 <= b < kBuckets), which holds values up to UpperEdge(b).
+  int64_t bucket_count(int b) const { return counts_[b].load(); }
+  // Upper edge of bucket b in seconds (the last bucket also holds everything above).
+  static double UpperEdge(int b) { return std::pow(10.0, (b + 1) / 20.0) * 1e-6; }
   // Upper edge of the bucket holding the q-quantile (0 < q <= 1), in seconds.
   double Quantile(double q) const {
     const int64_t n = total_.load();
@@ -44,6 +52,7 @@ class LatencyHistogram {
   std::array<std::atomic<int64_t>, kBuckets> counts_{};
   std::atomic<int64_t> total_{0};
   std::atomic<double> max_{0};
+  std::atomic<double> sum_{0};
 };
 
 }  // namespace ft

@@ -34,11 +34,21 @@ std::string DoesNotFit(int64_t needs, int64_t largest_free) {
 
 }  // namespace
 
-ScheduleResult Schedule(std::vector<JobView> jobs, std::vector<WorkerView> workers, int64_t now_wall_ms,
-                        const SchedulerOptions& options) {
-  std::stable_sort(jobs.begin(), jobs.end(), [](const JobView& a, const JobView& b) {
-    if (a.priority != b.priority) return a.priority > b.priority;
-    return a.created_ms < b.created_ms;
+int64_t MinBytesPerDevice(const JobView& job, const std::string& kind) {
+  const int64_t cached = kind == "cuda" ? job.min_bytes_cuda : job.min_bytes_cpu;
+  if (cached > 0) return cached;
+  PlanRequest request = job.plan;
+  request.device = kind;
+  request.world = job.gpus;
+  return PredictMemory(request, job.fixed_micro_batch > 0 ? job.fixed_micro_batch : 1).total();
+}
+
+ScheduleResult Schedule(const std::vector<const JobView*>& queued, const std::vector<WorkerView>& workers,
+                        int64_t now_wall_ms, const SchedulerOptions& options) {
+  std::vector<const JobView*> jobs = queued;
+  std::stable_sort(jobs.begin(), jobs.end(), [](const JobView* a, const JobView* b) {
+    if (a->priority != b->priority) return a->priority > b->priority;
+    return a->created_ms < b->created_ms;
   });
   ScheduleResult result;
   std::vector<bool> taken(workers.size(), false);
@@ -49,16 +59,14 @@ ScheduleResult Schedule(std::vector<JobView> jobs, std::vector<WorkerView> worke
     if (!w.alive || w.busy || w.draining) continue;
     for (const DeviceView& d : w.devices) best_free[d.kind] = std::max(best_free[d.kind], d.free_bytes);
   }
-  for (const JobView& job : jobs) {
+  for (const JobView* job_ptr : jobs) {
+    const JobView& job = *job_ptr;
     if (job.not_before_ms <= now_wall_ms && !best_free.empty()) {
       bool may_fit = false;
       int64_t needs = 0, offered = 0;
       for (const auto& [kind, free] : best_free) {
         if ((job.device == "cpu" && kind != "cpu") || (job.device == "cuda" && kind != "cuda")) continue;
-        PlanRequest request = job.plan;
-        request.device = kind;
-        request.world = job.gpus;
-        needs = PredictMemory(request, job.fixed_micro_batch > 0 ? job.fixed_micro_batch : 1).total();
+        needs = MinBytesPerDevice(job, kind);
         offered = std::max(offered, free);
         may_fit |= needs <= free;
       }

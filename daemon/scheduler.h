@@ -42,7 +42,16 @@ struct JobView {
   std::string device = "auto";    // auto | cuda | cpu
   int64_t fixed_micro_batch = 0;  // the job's own micro_batch_size (0 = auto: the planner picks)
   PlanRequest plan;               // model shape and job settings for the planner
+  // The least memory the job needs per device of each kind (its smallest
+  // plan), cached by whoever builds the view (MakeJobView); 0 = not known,
+  // the pass computes it. Lets a pass skip a job that fits nowhere cheaply.
+  int64_t min_bytes_cpu = 0;
+  int64_t min_bytes_cuda = 0;
 };
+
+// The least memory `job` needs per device of `kind` ("cpu" | "cuda"): the
+// planner's prediction at its fixed micro-batch, or at micro-batch 1.
+int64_t MinBytesPerDevice(const JobView& job, const std::string& kind);
 
 struct Placement {
   std::string job_id;
@@ -60,8 +69,9 @@ struct SchedulerOptions {
   int64_t min_slot_ms = 60'000;  // don't start on a worker whose slot ends sooner
 };
 
-// `jobs` in any order; `now_wall_ms` for slot ends and backoff.
-ScheduleResult Schedule(std::vector<JobView> jobs, std::vector<WorkerView> workers, int64_t now_wall_ms,
-                        const SchedulerOptions& options);
+// `jobs` in any order (not copied: a pass over 10,000 queued jobs only sorts
+// pointers); `now_wall_ms` for slot ends and backoff.
+ScheduleResult Schedule(const std::vector<const JobView*>& jobs, const std::vector<WorkerView>& workers,
+                        int64_t now_wall_ms, const SchedulerOptions& options);
 
 }  // namespace ft

@@ -134,6 +134,19 @@ CREATE TABLE metrics (
   PRIMARY KEY (job_id, step, epoch)
 ) WITHOUT ROWID;
 )sql",
+    // 2: device memory over time of the devices a job ran on, sampled from the
+    // heartbeats of the worker running it (the dashboard's memory chart).
+    R"sql(
+CREATE TABLE device_memory (
+  job_id      TEXT NOT NULL,
+  time_ms     INTEGER NOT NULL,
+  worker_id   TEXT NOT NULL,
+  device      INTEGER NOT NULL,
+  used_bytes  INTEGER NOT NULL,
+  total_bytes INTEGER NOT NULL,
+  PRIMARY KEY (job_id, time_ms, worker_id, device)
+) WITHOUT ROWID;
+)sql",
 };
 
 constexpr int kLatestVersion = static_cast<int>(std::size(kMigrations));
@@ -452,13 +465,21 @@ Status Store::Exec(const std::string& sql, const std::string& op) {
 }
 
 template <typename Body>
-Status Store::Write(const std::string& op, Body&& body) {
+Status Store::Write(const std::string& op, Body&& body, Durability durability) {
   if (!sticky_.ok()) return sticky_;
+  // synchronous=NORMAL in WAL mode: the commit is atomic and ordered but not
+  // fsynced; the next FULL commit (or a checkpoint) makes it durable too.
+  const bool relaxed = durability == Durability::kRelaxed;
+  Status s = relaxed ? Exec("PRAGMA synchronous=NORMAL", op) : Status::OK();
   // IMMEDIATE takes the write lock now, so the transaction cannot fail
   // later with SQLITE_BUSY when another connection wrote in between.
-  Status s = Exec("BEGIN IMMEDIATE", op);
+  if (s.ok()) s = Exec("BEGIN IMMEDIATE", op);
   if (s.ok()) s = body();
   if (s.ok()) s = Exec("COMMIT", op);
+  if (relaxed) {
+    Status full = Exec("PRAGMA synchronous=FULL", op);
+    if (s.ok()) s = full;
+  }
   if (!s.ok()) {
     // SQLite may already have rolled back (e.g. after an I/O error).
     if (!sqlite3_get_autocommit(db_)) {
@@ -503,45 +524,60 @@ StatusOr<int64_t> Store::InsertEvent(const EventRow& e, const std::string& op) {
 // ---- jobs
 
 StatusOr<JobRow> Store::CreateJob(JobRow job, bool* duplicate) {
+  std::vector<bool> dup;
+  FT_ASSIGN_OR_RETURN(std::vector<JobRow> created, CreateJobs({std::move(job)}, &dup));
+  if (duplicate != nullptr) *duplicate = dup[0];
+  return std::move(created[0]);
+}
+
+StatusOr<std::vector<JobRow>> Store::CreateJobs(std::vector<JobRow> jobs, std::vector<bool>* duplicates) {
   std::lock_guard<std::mutex> lock(mu_);
-  const std::string op = "create job";
-  bool dup = false;
+  const std::string op = jobs.size() == 1 ? "create job" : "create " + std::to_string(jobs.size()) + " jobs";
+  std::vector<bool> dup(jobs.size(), false);
   FT_RETURN_IF_ERROR(Write(op, [&]() -> Status {
-    if (!job.client_request_id.empty()) {
-      FT_ASSIGN_OR_RETURN(std::optional<JobRow> existing,
-                          FindJob("client_request_id", job.client_request_id, op));
-      if (existing) {
-        job = std::move(*existing);
-        dup = true;
-        return Status::OK();
-      }
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      bool d = false;
+      FT_RETURN_IF_ERROR(InsertJob(jobs[i], &d, op));
+      dup[i] = d;
     }
-    // The counter lives in the database, so ids are never reused.
-    FT_ASSIGN_OR_RETURN(
-        Query next, Prepare("UPDATE counters SET value = value + 1 WHERE name = 'job' RETURNING value", op));
-    bool row = false;
-    FT_RETURN_IF_ERROR(next.Next(&row));
-    if (!row) return Status::IOError(path_ + ": " + op + ": the job counter is missing");
-    const int64_t num = next.Int(0);
-    FT_RETURN_IF_ERROR(next.Run());
-    job.id = JobId(num);
-    job.state = JobStateCode::kQueued;
-    if (job.created_ms == 0) job.created_ms = WallClockMs();
-    if (job.updated_ms == 0) job.updated_ms = job.created_ms;
-    FT_ASSIGN_OR_RETURN(Query q, Prepare(std::string("INSERT INTO jobs (num, ") + kJobColumns + ") VALUES (" +
-                                             Placeholders(22) + ")",
-                                         op));
-    const JobRow& j = job;
-    q.Bind(num, j.id, j.name, Code(j.state), j.reason, j.priority, j.spec_yaml, j.spec_dir,
-           j.client_request_id, j.created_ms, j.updated_ms, j.total_steps, j.steps_done, j.last_loss,
-           j.tokens_per_s, j.preemptions, j.failures, j.max_failures, j.output_dir, j.not_before_ms, j.gpus,
-           j.device);
-    FT_RETURN_IF_ERROR(q.Run());
-    EventRow e{.time_ms = j.created_ms, .job_id = j.id, .kind = "queued", .message = "submitted"};
-    return InsertEvent(e, op).status();
+    return Status::OK();
   }));
-  if (duplicate != nullptr) *duplicate = dup;
-  return job;
+  if (duplicates != nullptr) *duplicates = std::move(dup);
+  return jobs;
+}
+
+Status Store::InsertJob(JobRow& job, bool* dup, const std::string& op) {
+  if (!job.client_request_id.empty()) {
+    FT_ASSIGN_OR_RETURN(std::optional<JobRow> existing,
+                        FindJob("client_request_id", job.client_request_id, op));
+    if (existing) {
+      job = std::move(*existing);
+      *dup = true;
+      return Status::OK();
+    }
+  }
+  // The counter lives in the database, so ids are never reused.
+  FT_ASSIGN_OR_RETURN(
+      Query next, Prepare("UPDATE counters SET value = value + 1 WHERE name = 'job' RETURNING value", op));
+  bool row = false;
+  FT_RETURN_IF_ERROR(next.Next(&row));
+  if (!row) return Status::IOError(path_ + ": " + op + ": the job counter is missing");
+  const int64_t num = next.Int(0);
+  FT_RETURN_IF_ERROR(next.Run());
+  job.id = JobId(num);
+  job.state = JobStateCode::kQueued;
+  if (job.created_ms == 0) job.created_ms = WallClockMs();
+  if (job.updated_ms == 0) job.updated_ms = job.created_ms;
+  FT_ASSIGN_OR_RETURN(Query q, Prepare(std::string("INSERT INTO jobs (num, ") + kJobColumns + ") VALUES (" +
+                                           Placeholders(22) + ")",
+                                       op));
+  const JobRow& j = job;
+  q.Bind(num, j.id, j.name, Code(j.state), j.reason, j.priority, j.spec_yaml, j.spec_dir, j.client_request_id,
+         j.created_ms, j.updated_ms, j.total_steps, j.steps_done, j.last_loss, j.tokens_per_s, j.preemptions,
+         j.failures, j.max_failures, j.output_dir, j.not_before_ms, j.gpus, j.device);
+  FT_RETURN_IF_ERROR(q.Run());
+  EventRow e{.time_ms = j.created_ms, .job_id = j.id, .kind = "queued", .message = "submitted"};
+  return InsertEvent(e, op).status();
 }
 
 StatusOr<JobRow> Store::GetJob(const std::string& id) {
@@ -734,6 +770,44 @@ Status Store::SetWorkerAlive(const std::string& id, bool alive, int64_t last_see
   });
 }
 
+Status Store::TouchWorker(const std::string& id, int64_t last_seen_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string op = "heartbeat of worker " + id;
+  return Write(
+      op,
+      [&]() -> Status {
+        FT_ASSIGN_OR_RETURN(Query q,
+                            Prepare("UPDATE workers SET alive = 1, last_seen_ms = ? WHERE id = ?", op));
+        FT_RETURN_IF_ERROR(q.Bind(last_seen_ms, id).Run());
+        return q.Changes() == 1 ? Status::OK() : Status::NotFound("no worker " + id);
+      },
+      Durability::kRelaxed);
+}
+
+Status Store::RecordProgress(const ProgressRow& p) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string op = "progress of " + p.job_id + " epoch " + std::to_string(p.epoch);
+  return Write(
+      op,
+      [&]() -> Status {
+        FT_ASSIGN_OR_RETURN(Query job,
+                            Prepare("UPDATE jobs SET steps_done = ?, last_loss = ?, tokens_per_s = ?, "
+                                    "total_steps = CASE WHEN ? > 0 THEN ? ELSE total_steps END, "
+                                    "updated_ms = ? WHERE id = ?",
+                                    op));
+        FT_RETURN_IF_ERROR(
+            job.Bind(p.step, p.loss, p.tokens_per_s, p.total_steps, p.total_steps, p.time_ms, p.job_id)
+                .Run());
+        if (job.Changes() != 1) return Status::NotFound("no job " + p.job_id);
+        FT_ASSIGN_OR_RETURN(Query attempt,
+                            Prepare("UPDATE attempts SET end_step = ? WHERE job_id = ? AND epoch = ?", op));
+        FT_RETURN_IF_ERROR(attempt.Bind(p.step, p.job_id, p.epoch).Run());
+        if (attempt.Changes() == 1) return Status::OK();
+        return Status::NotFound("job " + p.job_id + " has no attempt with epoch " + std::to_string(p.epoch));
+      },
+      Durability::kRelaxed);
+}
+
 StatusOr<std::vector<WorkerRow>> Store::ListWorkers() {
   std::lock_guard<std::mutex> lock(mu_);
   // One statement, so workers and devices come from one snapshot.
@@ -815,6 +889,119 @@ StatusOr<std::vector<MetricRow>> Store::ListMetrics(const std::string& job_id, i
                                            "LIMIT ?",
                                        "list metrics of " + job_id));
   return Collect(q.Bind(job_id, after_step, SqlLimit(limit)), ReadMetric);
+}
+
+StatusOr<std::unordered_map<std::string, std::vector<double>>> Store::LossSparklines(
+    const std::vector<std::string>& job_ids, int buckets) {
+  if (buckets < 1) return Status::InvalidArgument("loss sparklines: buckets must be >= 1");
+  std::string ids = "[";  // a JSON array of the ids, read back by json_each: one query for every job
+  for (const std::string& id : job_ids) {
+    if (ids.size() > 1) ids += ",";
+    ids += "\"";
+    for (char c : id) {
+      if (c == '"' || c == '\\') ids += '\\';
+      ids += c;
+    }
+    ids += "\"";
+  }
+  ids += "]";
+  std::lock_guard<std::mutex> lock(mu_);
+  FT_ASSIGN_OR_RETURN(
+      Query q,
+      Prepare("SELECT m.job_id, MIN(?1 - 1, MAX(0, (m.step - 1) * ?1 / MAX(j.total_steps, 1))) AS b, "
+              "AVG(m.loss) FROM metrics m JOIN jobs j ON j.id = m.job_id "
+              "WHERE m.job_id IN (SELECT value FROM json_each(?2)) "
+              "GROUP BY m.job_id, b ORDER BY m.job_id, b",
+              "loss sparklines"));
+  q.Bind(int64_t{buckets}, ids);
+  std::unordered_map<std::string, std::vector<double>> out;
+  for (;;) {
+    bool row = false;
+    FT_RETURN_IF_ERROR(q.Next(&row));
+    if (!row) return out;
+    out[q.Text(0)].push_back(q.Real(2));
+  }
+}
+
+// ---- device memory
+
+Status Store::RecordDeviceMemory(const std::string& worker_id, const std::string& job_id, int64_t time_ms,
+                                 const std::vector<DeviceRow>& devices) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string op = "record device memory of worker " + worker_id;
+  auto record = [&]() -> Status {
+    FT_ASSIGN_OR_RETURN(Query known, Prepare("SELECT 1 FROM workers WHERE id = ?", op));
+    bool row = false;
+    FT_RETURN_IF_ERROR(known.Bind(worker_id).Next(&row));
+    if (!row) return Status::NotFound("no worker " + worker_id);
+    for (const DeviceRow& d : devices) {
+      FT_ASSIGN_OR_RETURN(Query upd,
+                          Prepare("UPDATE devices SET total_bytes = ?, free_bytes = ?, used_bytes = ? "
+                                  "WHERE worker_id = ? AND idx = ?",
+                                  op));
+      FT_RETURN_IF_ERROR(upd.Bind(d.total_bytes, d.free_bytes, d.used_bytes, worker_id, d.index).Run());
+      if (job_id.empty()) continue;
+      FT_ASSIGN_OR_RETURN(Query ins,
+                          Prepare("INSERT OR REPLACE INTO device_memory (job_id, time_ms, worker_id, "
+                                  "device, used_bytes, total_bytes) VALUES (?, ?, ?, ?, ?, ?)",
+                                  op));
+      FT_RETURN_IF_ERROR(ins.Bind(job_id, time_ms, worker_id, d.index, d.used_bytes, d.total_bytes).Run());
+    }
+    return Status::OK();
+  };
+  // Heartbeat-rate: atomic, made durable by the next synced commit.
+  return Write(op, record, Durability::kRelaxed);
+}
+
+StatusOr<std::vector<DeviceMemoryRow>> Store::ListDeviceMemory(const std::string& job_id, int64_t after_ms,
+                                                               int64_t limit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  FT_ASSIGN_OR_RETURN(Query q, Prepare("SELECT job_id, time_ms, worker_id, device, used_bytes, total_bytes "
+                                       "FROM device_memory WHERE job_id = ? AND time_ms > ? "
+                                       "ORDER BY time_ms, worker_id, device LIMIT ?",
+                                       "list device memory of " + job_id));
+  return Collect(q.Bind(job_id, after_ms, SqlLimit(limit)), [](const Query& r) {
+    return DeviceMemoryRow{.job_id = r.Text(0),
+                           .time_ms = r.Int(1),
+                           .worker_id = r.Text(2),
+                           .device = static_cast<int32_t>(r.Int(3)),
+                           .used_bytes = r.Int(4),
+                           .total_bytes = r.Int(5)};
+  });
+}
+
+// ---- monitoring
+
+StatusOr<StoreTotals> Store::Totals() {
+  std::lock_guard<std::mutex> lock(mu_);
+  StoreTotals t;
+  for (int s = static_cast<int>(JobStateCode::kQueued); s <= static_cast<int>(JobStateCode::kCancelled);
+       ++s) {
+    t.jobs_by_state[static_cast<JobStateCode>(s)] = 0;
+  }
+  {
+    FT_ASSIGN_OR_RETURN(Query q, Prepare("SELECT state, COUNT(*), SUM(preemptions), SUM(failures) FROM jobs "
+                                         "GROUP BY state",
+                                         "count jobs"));
+    for (;;) {
+      bool row = false;
+      FT_RETURN_IF_ERROR(q.Next(&row));
+      if (!row) break;
+      t.jobs_by_state[static_cast<JobStateCode>(q.Int(0))] = q.Int(1);
+      t.preemptions += q.Int(2);
+      t.failures += q.Int(3);
+    }
+  }
+  FT_ASSIGN_OR_RETURN(Query q, Prepare("SELECT COUNT(*) FROM attempts", "count attempts"));
+  bool row = false;
+  FT_RETURN_IF_ERROR(q.Next(&row));
+  t.attempts = row ? q.Int(0) : 0;
+  return t;
+}
+
+Status Store::sticky_error() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sticky_;
 }
 
 }  // namespace ft

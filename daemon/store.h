@@ -4,7 +4,9 @@
 //
 // The database runs in WAL mode with synchronous=FULL: every method that
 // changes state commits (fsynced) before it returns OK, so an acknowledged
-// submit or state transition survives a crash. The schema is versioned
+// submit or state transition survives a crash. The exceptions are the
+// heartbeat-rate writes (TouchWorker, RecordProgress, device memory samples):
+// atomic but not fsynced, made durable by the next synced commit. The schema is versioned
 // (PRAGMA user_version) and migrated forward on Open. After a failed write
 // the store is "sticky-failed": every later write returns the same IOError
 // (leveldb's rule: never carry on half-broken). Only SQLite failures are
@@ -17,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -123,6 +126,33 @@ struct EventRow {
   int64_t step = 0;
 };
 
+// One device's memory at one time, while `job_id` ran on it.
+struct DeviceMemoryRow {
+  std::string job_id;
+  int64_t time_ms = 0;
+  std::string worker_id;
+  int32_t device = 0;  // the device's index on its worker
+  int64_t used_bytes = 0, total_bytes = 0;
+};
+
+// Whole-store counts for monitoring (Prometheus).
+struct StoreTotals {
+  std::map<JobStateCode, int64_t> jobs_by_state;  // every state present, also with 0
+  int64_t attempts = 0;                           // attempts ever started
+  int64_t preemptions = 0;                        // sum over jobs
+  int64_t failures = 0;                           // sum over jobs
+};
+
+// A running attempt's progress, from a heartbeat.
+struct ProgressRow {
+  std::string job_id;
+  int64_t epoch = 0;
+  int64_t step = 0;
+  int64_t total_steps = 0;  // 0 = unchanged
+  double loss = 0, tokens_per_s = 0;
+  int64_t time_ms = 0;
+};
+
 struct MetricRow {
   std::string job_id;
   int64_t epoch = 0;
@@ -151,6 +181,10 @@ class Store {
   // existing job and sets *duplicate (nothing is inserted). `duplicate` may
   // be null.
   StatusOr<JobRow> CreateJob(JobRow job, bool* duplicate);
+  // CreateJob for many jobs in one transaction (one fsync: the daemon's group
+  // commit of concurrent submits). All or nothing; (*duplicates)[i] tells
+  // whether jobs[i] was already known by its client_request_id (may be null).
+  StatusOr<std::vector<JobRow>> CreateJobs(std::vector<JobRow> jobs, std::vector<bool>* duplicates);
   StatusOr<JobRow> GetJob(const std::string& id);  // NotFound
   // All jobs in these states (empty = all), oldest first (created_ms, then
   // submission order). limit 0 = no limit.
@@ -184,7 +218,15 @@ class Store {
   // Replaces its device list. InvalidArgument when two devices share an index.
   Status UpsertWorker(const WorkerRow& w);
   Status SetWorkerAlive(const std::string& id, bool alive, int64_t last_seen_ms);  // NotFound
-  StatusOr<std::vector<WorkerRow>> ListWorkers();                                  // by id, devices by index
+  // A heartbeat: alive, last seen now. Committed atomically but not fsynced
+  // (it is display-only; leases run on the daemon's clock): heartbeats from
+  // 1,000 workers must not cost 1,000 fsyncs a second. NotFound.
+  Status TouchWorker(const std::string& id, int64_t last_seen_ms);
+  // The job's steps_done/last_loss/tokens_per_s/total_steps and the attempt's
+  // end_step, in one transaction, not fsynced (progress is advisory: the
+  // resume point is the committed checkpoint). NotFound for an unknown job or epoch.
+  Status RecordProgress(const ProgressRow& p);
+  StatusOr<std::vector<WorkerRow>> ListWorkers();  // by id, devices by index
 
   // ---- events and metrics
   StatusOr<int64_t> AddEvent(EventRow e);  // returns the assigned seq
@@ -195,6 +237,29 @@ class Store {
   // Rows with step > after_step ordered by (step, epoch): steps an earlier attempt lost
   // appear once per epoch that reported them. limit 0 = no limit.
   StatusOr<std::vector<MetricRow>> ListMetrics(const std::string& job_id, int64_t after_step, int64_t limit);
+  // Each job's loss downsampled to at most `buckets` points in one query: the
+  // steps 1..total_steps are cut into `buckets` equal ranges and each range's
+  // mean loss is one point (ranges without metrics are left out; a range whose
+  // losses are all NaN gives NaN). Jobs without metrics are absent.
+  StatusOr<std::unordered_map<std::string, std::vector<double>>> LossSparklines(
+      const std::vector<std::string>& job_ids, int buckets);
+
+  // ---- device memory
+  // From a heartbeat of `worker_id`: updates its devices' used/free/total
+  // bytes and, when `job_id` is non-empty, appends one sample per device for
+  // that job at `time_ms` (one transaction; heartbeat-rate, so not fsynced:
+  // see the class comment). Devices the worker never registered are ignored;
+  // NotFound for an unknown worker.
+  Status RecordDeviceMemory(const std::string& worker_id, const std::string& job_id, int64_t time_ms,
+                            const std::vector<DeviceRow>& devices);
+  // A job's samples with time_ms > after_ms, oldest first; limit 0 = no limit.
+  StatusOr<std::vector<DeviceMemoryRow>> ListDeviceMemory(const std::string& job_id, int64_t after_ms,
+                                                          int64_t limit);
+
+  // ---- monitoring
+  StatusOr<StoreTotals> Totals();
+  // OK, or the sticky error that makes every write fail (see the class comment).
+  Status sticky_error();
 
  private:
   using Query = store_internal::Query;
@@ -214,14 +279,20 @@ class Store {
   Status Exec(const std::string& sql, const std::string& op);  // cached; no parameters, rows ignored
   // Runs body() between BEGIN IMMEDIATE and COMMIT (ROLLBACK on error). A
   // sticky-failed store returns its error; an IOError makes it sticky.
+  // kSynced: fsynced before returning (state transitions). kRelaxed: atomic
+  // but not fsynced (heartbeat-rate data whose loss in a crash is harmless).
+  enum class Durability { kSynced, kRelaxed };
   template <typename Body>
-  Status Write(const std::string& op, Body&& body);
+  Status Write(const std::string& op, Body&& body, Durability durability = Durability::kSynced);
 
   // Helpers that run inside Write().
   StatusOr<std::optional<JobRow>> FindJob(const std::string& column, const std::string& value,
                                           const std::string& op);
   Status RequireJob(const std::string& job_id, const std::string& op);  // NotFound
   StatusOr<int64_t> InsertEvent(const EventRow& e, const std::string& op);
+  // Inserts `job` (new id, QUEUED, a "queued" event), or loads the job its
+  // client_request_id names and sets *dup.
+  Status InsertJob(JobRow& job, bool* dup, const std::string& op);
 
   const std::string path_;
   int schema_version_ = 0;  // set by Open

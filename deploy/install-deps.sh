@@ -22,6 +22,10 @@ packages=(
   libopenblas-dev libgloo-dev libpcre2-dev libicu-dev
   # tests and checks
   libgtest-dev libgmock-dev clang-format python3
+  # promtool: tests/daemon/http_api_test checks ftd's /metrics with `promtool check metrics`
+  prometheus
+  # the dashboard's browser tests (tests/web: playwright-core drives this Chromium headless)
+  chromium
 )
 
 for arg in "$@"; do

@@ -31,6 +31,7 @@
 
 #include "common/logging.h"
 #include "engine/planner.h"
+#include "proto/credentials.h"
 #include "worker/notices.h"
 #include "worker/session.h"
 #include "worker/slot_end.h"
@@ -52,6 +53,7 @@ constexpr double kMaxStopDeadlineS = 3600;  // a notice's far-away action time i
 struct Flags {
   std::string daemon;
   std::string token;
+  std::string tls_ca;
   std::string id;
   std::string ft_train;
   std::string work_dir;
@@ -193,12 +195,18 @@ bool MakeOptions(const Flags& f, ft::worker::WorkerOptions* w, ft::worker::Sessi
   w->slot_end_ms = ft::worker::EarlierSlotEnd(flag_end, *slurm_end);
   s->target = f.daemon;
   s->token = f.token;
+  auto credentials = ft::MakeChannelCredentials(f.tls_ca);
+  if (!credentials.ok()) return bad(credentials.status().message());
+  s->credentials = *credentials;
   return true;
 }
 
 void AddFlags(CLI::App* app, Flags* f) {
   app->add_option("--daemon", f->daemon, "ftd's worker endpoint, HOST:PORT")->required();
   app->add_option("--token", f->token, "bearer token for the daemon")->envname("FTUNE_WORKER_TOKEN");
+  app->add_option("--tls-ca", f->tls_ca,
+                  "use TLS, trusting this PEM CA bundle ('system': the system's roots)")
+      ->envname("FTUNE_TLS_CA");
   app->add_option("--id", f->id, "worker id (default: the hostname)");
   app->add_option("--ft-train", f->ft_train, "ft-train binary (default: next to ft-worker)");
   app->add_option("--work-dir", f->work_dir, "scratch directory (default: /tmp/ft-worker-<id>)");

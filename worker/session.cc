@@ -46,7 +46,9 @@ Session::Session(SessionOptions options, SessionDelegate* delegate)
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(options_.backoff_max.count()));
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMs);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
-  channel_ = grpc::CreateCustomChannel(options_.target, grpc::InsecureChannelCredentials(), args);
+  channel_ = grpc::CreateCustomChannel(
+      options_.target, options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials(),
+      args);
   stub_ = ftune::v1::Workers::NewStub(channel_);
 }
 

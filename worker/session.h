@@ -20,6 +20,8 @@
 // call Send.
 #pragma once
 
+#include <grpcpp/security/credentials.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -37,6 +39,8 @@ namespace ft::worker {
 struct SessionOptions {
   std::string target;  // the daemon, "host:port"
   std::string token;   // sent as "authorization: Bearer <token>"; "" = none
+  // TLS or plaintext (proto/credentials.h); null = plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
   std::chrono::milliseconds backoff_initial{100};
   std::chrono::milliseconds backoff_max{5000};
   std::chrono::milliseconds register_timeout{10000};  // Registered must come this soon

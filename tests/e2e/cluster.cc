@@ -58,7 +58,10 @@ std::string Slurp(const std::string& path) {
   return ss.str();
 }
 
-Cluster::Cluster(const std::string& name, int64_t lease_ms) : lease_ms_(lease_ms) {
+Cluster::Cluster(const std::string& name, int64_t lease_ms)
+    : Cluster(name, ClusterOptions{lease_ms, {}, ""}) {}
+
+Cluster::Cluster(const std::string& name, ClusterOptions options) : options_(std::move(options)) {
   dir_ = (fs::path(::testing::TempDir()) / ("e2e-" + name)).lexically_normal().string();
   fs::remove_all(dir_);
   fs::create_directories(dir_ + "/job");
@@ -80,10 +83,23 @@ void Cluster::StartDaemon() {
   const std::string log = dir_ + "/ftd.log";
   const size_t before = Slurp(log).size();
   const std::string listen = port_ ? "127.0.0.1:" + std::to_string(port_) : "127.0.0.1:0";
-  daemon_ = Spawn(
-      {FTD_BIN, "--listen", listen, "--data-dir", dir_ + "/ftd", "--lease-ms", std::to_string(lease_ms_),
-       "--heartbeat-ms", "300", "--tick-ms", "100", "--requeue-backoff-ms", "200", "--min-slot-ms", "10000"},
-      log);
+  std::vector<std::string> argv = {FTD_BIN,
+                                   "--listen",
+                                   listen,
+                                   "--data-dir",
+                                   dir_ + "/ftd",
+                                   "--lease-ms",
+                                   std::to_string(options_.lease_ms),
+                                   "--heartbeat-ms",
+                                   "300",
+                                   "--tick-ms",
+                                   "100",
+                                   "--requeue-backoff-ms",
+                                   "200",
+                                   "--min-slot-ms",
+                                   "10000"};
+  argv.insert(argv.end(), options_.daemon_args.begin(), options_.daemon_args.end());
+  daemon_ = Spawn(argv, log);
   std::regex re("ftd: listening on 127\\.0\\.0\\.1:([0-9]+)");
   for (int i = 0; i < 200; ++i) {
     std::smatch m;
@@ -91,7 +107,10 @@ void Cluster::StartDaemon() {
     if (std::regex_search(text, m, re)) {
       port_ = std::stoi(m[1]);
       address_ = "127.0.0.1:" + std::to_string(port_);
-      client_ = std::make_unique<JobsClient>(ClientOptions{address_, "", 10'000});
+      ClientOptions client{address_, "", 10'000, options_.tls_ca, nullptr};
+      auto resolved = ResolveClientOptions(client);
+      if (!resolved.ok()) throw std::runtime_error(resolved.status().ToString());
+      client_ = std::make_unique<JobsClient>(*resolved);
       return;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(25));

@@ -28,9 +28,16 @@ Proc Spawn(const std::vector<std::string>& argv, const std::string& log,
            const std::vector<std::string>& env = {});
 std::string Slurp(const std::string& path);
 
+struct ClusterOptions {
+  int64_t lease_ms = 3000;
+  std::vector<std::string> daemon_args;  // extra ftd flags (e.g. --tls-cert/--tls-key)
+  std::string tls_ca;                    // the client's CA bundle ("" = plaintext)
+};
+
 class Cluster {
  public:
   explicit Cluster(const std::string& name, int64_t lease_ms = 3000);
+  Cluster(const std::string& name, ClusterOptions options);
   ~Cluster();  // kills every process it started
 
   // Starts (or restarts) ftd on the same data dir; waits until it listens.
@@ -49,7 +56,7 @@ class Cluster {
   JobsClient& client() { return *client_; }
   const std::string& dir() const { return dir_; }
   const std::string& address() const { return address_; }
-  int64_t lease_ms() const { return lease_ms_; }
+  int64_t lease_ms() const { return options_.lease_ms; }
 
   // Polls Get(id) until `pred` holds or `timeout_ms` passes; returns the last job seen.
   ftune::v1::Job WaitFor(const std::string& id, const std::function<bool(const ftune::v1::Job&)>& pred,
@@ -60,7 +67,7 @@ class Cluster {
   std::string dir_;
   std::string address_;
   int port_ = 0;
-  int64_t lease_ms_;
+  ClusterOptions options_;
   Proc daemon_;
   std::map<std::string, Proc> workers_;
   std::unique_ptr<JobsClient> client_;

@@ -9,6 +9,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <regex>
 #include <thread>
 
 #include "tests/e2e/cluster.h"
@@ -19,6 +21,12 @@ namespace {
 namespace pb = ftune::v1;
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
+
+int64_t WallMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 
 std::string Adapter(const std::string& out) { return Slurp(out + "/adapter/adapter_model.safetensors"); }
 
@@ -159,6 +167,60 @@ TEST(E2E, MalformedJobGetsFileAndLineFromFtctlAndTheDaemonIsUnaffected) {
   EXPECT_EQ(jobs->jobs_size(), 0);
 }
 
+TEST(E2E, TlsWhenConfiguredAndPlaintextClientsAreRefused) {
+  const std::string certs = ::testing::TempDir() + "/e2e-tls-certs";
+  std::filesystem::remove_all(certs);
+  std::filesystem::create_directories(certs);
+  const std::string cert = certs + "/cert.pem", key = certs + "/key.pem";
+  ASSERT_EQ(std::system(("openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=localhost "
+                         "-addext subjectAltName=IP:127.0.0.1,DNS:localhost -keyout " +
+                         key + " -out " + cert + " >" + certs + "/openssl.log 2>&1")
+                            .c_str()),
+            0)
+      << Slurp(certs + "/openssl.log");
+  Cluster c("tls", ClusterOptions{3000, {"--tls-cert", cert, "--tls-key", key}, cert});
+  c.StartWorker("w", {"--tls-ca", cert});
+  const std::string id = c.Submit(c.WriteJob("tls", 12, 6));
+  pb::Job j = c.WaitFor(id, Done, 120'000);
+  EXPECT_EQ(j.state(), pb::SUCCEEDED) << j.reason();
+  // ftctl with the CA works; a plaintext client gets a clear failure, not a hang.
+  Proc ok = Spawn({FTCTL_BIN, "--addr", c.address(), "--tls-ca", cert, "status", id}, c.dir() + "/ok.log");
+  EXPECT_EQ(ok.Wait(), 0) << Slurp(c.dir() + "/ok.log");
+  JobsClient plain(ClientOptions{c.address(), "", 3'000});
+  auto r = plain.Get(id);
+  EXPECT_FALSE(r.ok());
+  // A bad CA file is bad input naming the flag.
+  Proc bad = Spawn({FTCTL_BIN, "--addr", c.address(), "--tls-ca", c.dir() + "/nope.pem", "ls"},
+                   c.dir() + "/bad.log");
+  EXPECT_EQ(bad.Wait(), 2);
+  EXPECT_THAT(Slurp(c.dir() + "/bad.log"), HasSubstr("--tls-ca"));
+}
+
+TEST(E2E, EmbeddedModeRunsAJobAndStopsBothProcessesOnSigterm) {
+  Cluster c("up-jobdir");  // only for the tiny model, data and job file
+  const std::string job = c.WriteJob("embedded", 12, 6);
+  const std::string data = c.dir() + "/up-data";
+  Proc up = Spawn({FTCTL_BIN, "up", "--data-dir", data, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
+                   "--cpu-memory", "4GiB"},
+                  c.dir() + "/up.log");
+  std::smatch m;
+  std::string text;
+  const std::regex re("ftune is up: ftd on ([0-9.:]+), dashboard at (http://[0-9.:]+/)");
+  for (int i = 0; i < 400 && !std::regex_search(text, m, re); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    text = Slurp(c.dir() + "/up.log");
+  }
+  ASSERT_TRUE(std::regex_search(text, m, re)) << text;
+  const std::string address = m[1];
+  Proc submit = Spawn({FTCTL_BIN, "--addr", address, "submit", "--follow", job}, c.dir() + "/submit.log");
+  EXPECT_EQ(submit.Wait(), 0) << Slurp(c.dir() + "/submit.log");
+  EXPECT_TRUE(std::filesystem::exists(data + "/ftd.sqlite"));
+  up.Signal(SIGTERM);
+  EXPECT_EQ(up.Wait(), 0) << Slurp(c.dir() + "/up.log");
+  // Neither child outlives it.
+  EXPECT_NE(std::system(("pgrep -f '" + data + "([ /]|$)' >/dev/null").c_str()), 0);
+}
+
 // A fake cloud metadata server: 404 until `notice` is set, then the notice.
 class FakeMetadata {
  public:
@@ -262,6 +324,7 @@ TEST(E2E, GcpPreemptionNoticeCheckpointsAndLosesNoStep) {
 TEST(E2E, SlotEndingSoonYieldsWithACheckpointAndTheJobMovesOn) {
   Cluster c("slot");
   const std::string job = c.WriteJob("slot", 3000, 1000);
+  const int64_t before_ms = WallMs();
   c.StartWorker("short", {"--slot-end", "+20s"});
   const std::string id = c.Submit(job);
   pb::Job j = c.WaitFor(
@@ -273,6 +336,11 @@ TEST(E2E, SlotEndingSoonYieldsWithACheckpointAndTheJobMovesOn) {
   ASSERT_EQ(j.preemptions(), 1);
   EXPECT_THAT(j.attempts(0).reason(), HasSubstr("slot"));
   EXPECT_EQ(j.attempts(0).steps_lost(), 0);
+  // It used its slot (the stop comes at end - 1.5 x checkpoint time - margin,
+  // not at once) and yielded before the end.
+  EXPECT_GT(j.attempts(0).end_step(), 0);
+  EXPECT_GT(j.attempts(0).ended_ms() - j.attempts(0).started_ms(), 5'000);
+  EXPECT_LT(j.attempts(0).ended_ms(), before_ms + 20'000);
   j = c.WaitFor(
       id, [](const pb::Job& j) { return j.worker_id() == "next"; }, 20'000);
   EXPECT_EQ(j.worker_id(), "next");

@@ -1,0 +1,637 @@
+#include "daemon/http_api.h"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+
+#include "common/logging.h"
+#include "daemon/json_views.h"
+#include "daemon/prometheus.h"
+
+namespace ft {
+
+namespace fs = std::filesystem;
+namespace pb = ftune::v1;
+using nlohmann::json;
+
+struct HttpApi::Params {
+  const HttpRequest* req = nullptr;
+  std::map<std::string, std::string> query;  // decoded
+  std::string id;                            // the {id} segment
+  std::string file;                          // the {file} segment
+};
+
+namespace {
+
+constexpr int64_t kDefaultLogTail = 65'536;
+constexpr int64_t kMaxLogTail = int64_t{16} << 20;
+constexpr char kTokenCookie[] = "ftune_token";
+
+HttpResponse Error(int status, const std::string& message) {
+  HttpResponse r;
+  r.status = status;
+  r.body = json{{"error", message}}.dump(-1, ' ', false, json::error_handler_t::replace);
+  return r;
+}
+
+HttpResponse Json(const json& body) {
+  HttpResponse r;
+  r.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
+  return r;
+}
+
+// The HTTP status for a Status from the daemon or store.
+HttpResponse FromStatus(const Status& s) {
+  switch (s.code()) {
+    case Status::Code::kNotFound: return Error(404, s.message());
+    case Status::Code::kInvalidArgument: return Error(400, s.message());
+    case Status::Code::kFailedPrecondition: return Error(409, s.message());
+    case Status::Code::kUnavailable: return Error(503, s.message());
+    default: return Error(500, s.ToString());
+  }
+}
+
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// %XX-decodes `in` ('+' is a space in query strings). False on a bad escape or a NUL.
+bool PercentDecode(std::string_view in, bool plus_is_space, std::string* out) {
+  out->clear();
+  for (size_t i = 0; i < in.size(); ++i) {
+    char c = in[i];
+    if (c == '%') {
+      if (i + 2 >= in.size()) return false;
+      const int hi = HexValue(in[i + 1]), lo = HexValue(in[i + 2]);
+      if (hi < 0 || lo < 0) return false;
+      c = static_cast<char>(hi * 16 + lo);
+      i += 2;
+    } else if (c == '+' && plus_is_space) {
+      c = ' ';
+    }
+    if (c == '\0') return false;
+    out->push_back(c);
+  }
+  return true;
+}
+
+std::vector<std::string> Split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (;;) {
+    const size_t end = s.find(sep, start);
+    out.push_back(s.substr(start, end == std::string::npos ? std::string::npos : end - start));
+    if (end == std::string::npos) return out;
+    start = end + 1;
+  }
+}
+
+// A query parameter that must be an integer in [0, max]; `fallback` when absent.
+StatusOr<int64_t> IntParam(const std::map<std::string, std::string>& query, const std::string& name,
+                           int64_t fallback, int64_t max) {
+  auto it = query.find(name);
+  if (it == query.end()) return fallback;
+  const std::string& v = it->second;
+  const std::string hint =
+      "query parameter '" + name + "' must be an integer from 0 to " + std::to_string(max);
+  if (v.empty() || v.size() > 18 ||
+      !std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return Status::InvalidArgument(hint + ", not '" + v + "'");
+  }
+  const int64_t n = std::stoll(v);
+  if (n > max) return Status::InvalidArgument(hint + "; " + v + " is too large");
+  return n;
+}
+
+// "j-" followed by digits.
+bool ValidJobId(const std::string& id) {
+  return id.size() > 2 && id.compare(0, 2, "j-") == 0 &&
+         std::all_of(id.begin() + 2, id.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+HttpResponse BadJobId(const std::string& id) {
+  return Error(400, "malformed job id '" + id + "': job ids look like j-000001 (see GET /api/jobs)");
+}
+
+std::string ContentType(const std::string& file) {
+  static const std::map<std::string, std::string> kTypes = {{".html", "text/html; charset=utf-8"},
+                                                            {".js", "text/javascript; charset=utf-8"},
+                                                            {".mjs", "text/javascript; charset=utf-8"},
+                                                            {".css", "text/css; charset=utf-8"},
+                                                            {".json", "application/json"},
+                                                            {".map", "application/json"},
+                                                            {".svg", "image/svg+xml"},
+                                                            {".png", "image/png"},
+                                                            {".ico", "image/x-icon"},
+                                                            {".txt", "text/plain; charset=utf-8"},
+                                                            {".woff2", "font/woff2"}};
+  auto it = kTypes.find(fs::path(file).extension().string());
+  return it == kTypes.end() ? "application/octet-stream" : it->second;
+}
+
+// The value of cookie `name` in a Cookie header ("" when absent).
+std::string CookieValue(const std::string& header, const std::string& name) {
+  for (std::string part : Split(header, ';')) {
+    part.erase(0, part.find_first_not_of(' '));
+    if (part.compare(0, name.size() + 1, name + "=") == 0) return part.substr(name.size() + 1);
+  }
+  return "";
+}
+
+bool ContainsFolded(const std::string& haystack, const std::string& needle) {
+  auto it = std::search(haystack.begin(), haystack.end(), needle.begin(), needle.end(), [](char a, char b) {
+    return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
+  });
+  return it != haystack.end();
+}
+
+}  // namespace
+
+HttpApi::HttpApi(Daemon* daemon, HttpApiOptions options) : daemon_(daemon), options_(std::move(options)) {
+  auto bind = [this](HttpResponse (HttpApi::*fn)(const Params&)) {
+    return [this, fn](const Params& p) { return (this->*fn)(p); };
+  };
+  endpoints_ = {
+      {"GET", "/api/endpoints", "this table", false, Access::kView, {}, bind(&HttpApi::EndpointList)},
+      {"GET",
+       "/api/jobs",
+       "jobs, newest first, with counts per state; ?state=a,b&q=substring&limit=N",
+       false,
+       Access::kView,
+       {"state", "q", "limit"},
+       bind(&HttpApi::ListJobs)},
+      {"GET",
+       "/api/jobs/{id}",
+       "one job: summary, attempts, plan, spec, predicted memory",
+       false,
+       Access::kView,
+       {},
+       bind(&HttpApi::GetJob)},
+      {"GET",
+       "/api/jobs/{id}/metrics",
+       "training metrics in step order; ?after_step=N&limit=N",
+       false,
+       Access::kView,
+       {"after_step", "limit"},
+       bind(&HttpApi::JobMetrics)},
+      {"GET",
+       "/api/jobs/{id}/memory",
+       "device memory samples and the planner's prediction; ?after_ms=N&limit=N",
+       false,
+       Access::kView,
+       {"after_ms", "limit"},
+       bind(&HttpApi::JobMemory)},
+      {"GET",
+       "/api/jobs/{id}/events",
+       "the job's events; ?after_seq=N&limit=N",
+       false,
+       Access::kView,
+       {"after_seq", "limit"},
+       bind(&HttpApi::JobEvents)},
+      {"GET",
+       "/api/jobs/{id}/log",
+       "the tail of the job's log (text); ?tail_bytes=N",
+       false,
+       Access::kView,
+       {"tail_bytes"},
+       bind(&HttpApi::JobLog)},
+      {"POST",
+       "/api/jobs/{id}/cancel",
+       "cancel the job (checkpoint and stop if running)",
+       true,
+       Access::kAction,
+       {},
+       bind(&HttpApi::CancelJob)},
+      {"GET",
+       "/api/workers",
+       "workers with their devices",
+       false,
+       Access::kView,
+       {},
+       bind(&HttpApi::ListWorkers)},
+      {"GET",
+       "/api/events",
+       "events of every job (or ?job=ID); ?after_seq=N&limit=N",
+       false,
+       Access::kView,
+       {"job", "after_seq", "limit"},
+       bind(&HttpApi::ListEvents)},
+      {"GET",
+       "/api/stream",
+       "server-sent events: job, event, metric, workers; ?job=ID&after_seq=N",
+       false,
+       Access::kView,
+       {"job", "after_seq"},
+       bind(&HttpApi::Stream)},
+      {"GET",
+       "/metrics",
+       "Prometheus metrics (text format 0.0.4)",
+       false,
+       Access::kOpen,
+       {},
+       bind(&HttpApi::Metrics)},
+      {"GET",
+       "/healthz",
+       "200 while the process serves",
+       false,
+       Access::kOpen,
+       {},
+       [](const Params&) {
+         HttpResponse r;
+         r.content_type = "text/plain; charset=utf-8";
+         r.body = "ok\n";
+         return r;
+       }},
+      {"GET",
+       "/ready",
+       "200 while the store accepts writes, else 503 with the reason",
+       false,
+       Access::kOpen,
+       {},
+       bind(&HttpApi::Ready)},
+      {"GET",
+       "/",
+       "the dashboard",
+       false,
+       Access::kView,
+       {},
+       [this](const Params&) { return StaticFile(options_.web_dir, "index.html"); }},
+      {"GET",
+       "/vendor/{file}",
+       "the chart library's files",
+       false,
+       Access::kView,
+       {},
+       [this](const Params& p) {
+         return StaticFile((fs::path(options_.web_dir) / "node_modules" / "uplot" / "dist").string(), p.file);
+       }},
+      {"GET",
+       "/{file}",
+       "the dashboard's files",
+       false,
+       Access::kView,
+       {},
+       [this](const Params& p) { return StaticFile(options_.web_dir, p.file); }},
+  };
+}
+
+bool HttpApi::HasToken(const HttpRequest& req, const std::map<std::string, std::string>& query,
+                       const std::string& token, bool allow_cookie) {
+  if (req.authorization == "Bearer " + token) return true;
+  auto it = query.find("token");
+  if (it != query.end() && it->second == token) return true;
+  return allow_cookie && CookieValue(req.cookie, kTokenCookie) == token;
+}
+
+HttpResponse HttpApi::Handle(const HttpRequest& req) {
+  const size_t qmark = req.target.find('?');
+  std::string path;
+  if (!PercentDecode(std::string_view(req.target).substr(0, qmark), false, &path) || path.empty() ||
+      path[0] != '/') {
+    return Error(400, "bad request path '" + req.target + "': use an absolute path with valid %XX escapes");
+  }
+  Params p;
+  p.req = &req;
+  if (qmark != std::string::npos) {
+    for (const std::string& pair : Split(req.target.substr(qmark + 1), '&')) {
+      if (pair.empty()) continue;
+      const size_t eq = pair.find('=');
+      std::string key, value;
+      if (!PercentDecode(pair.substr(0, eq), true, &key) ||
+          !PercentDecode(eq == std::string::npos ? "" : pair.substr(eq + 1), true, &value)) {
+        return Error(400, "bad query string in '" + req.target + "': invalid %XX escape");
+      }
+      p.query[key] = value;
+    }
+  }
+  std::vector<std::string> segments = Split(path.substr(1), '/');
+  if (segments.size() == 1 && segments[0].empty()) segments.clear();  // "/"
+  for (const std::string& s : segments) {
+    if (s == ".." || s == ".") return Error(400, "bad path '" + path + "': '.' and '..' are not allowed");
+  }
+
+  const Endpoint* found = nullptr;
+  std::vector<std::string> allowed;
+  Params captures;
+  for (const Endpoint& e : endpoints_) {
+    std::vector<std::string> pattern = Split(e.path.substr(1), '/');
+    if (pattern.size() == 1 && pattern[0].empty()) pattern.clear();
+    if (pattern.size() != segments.size()) continue;
+    Params c;
+    bool match = true;
+    for (size_t i = 0; i < pattern.size() && match; ++i) {
+      if (pattern[i] == "{id}") {
+        c.id = segments[i];
+      } else if (pattern[i] == "{file}") {
+        c.file = segments[i];
+      } else {
+        match = pattern[i] == segments[i];
+      }
+    }
+    if (!match) continue;
+    if (e.method == req.method) {
+      if (found == nullptr) {
+        found = &e;
+        captures = c;
+      }
+    } else if (std::find(allowed.begin(), allowed.end(), e.method) == allowed.end()) {
+      allowed.push_back(e.method);
+    }
+  }
+  if (found == nullptr && !allowed.empty()) {
+    std::string allow;
+    for (const std::string& m : allowed) allow += (allow.empty() ? "" : ", ") + m;
+    HttpResponse r = Error(405, req.method + " is not allowed on " + path + "; use " + allow);
+    r.headers.emplace_back("Allow", allow);
+    return r;
+  }
+  if (found == nullptr) {
+    return Error(404, "no endpoint " + req.method + " " + path + "; GET /api/endpoints lists them");
+  }
+  p.id = captures.id;
+  p.file = captures.file;
+
+  // Authorisation: actions need the client token, reads the view (or client) token.
+  const bool is_page = found->path.rfind("/api/", 0) != 0;
+  if (found->access == Access::kAction && !options_.client_token.empty() &&
+      !HasToken(req, p.query, options_.client_token, false)) {
+    return Error(401,
+                 "this action needs the client token: send 'Authorization: Bearer <token>' or "
+                 "?token=<token> (ftd --client-token / FTUNE_TOKEN)");
+  }
+  bool token_from_query = false;
+  if (found->access == Access::kView && !options_.view_token.empty()) {
+    const bool view = HasToken(req, p.query, options_.view_token, true);
+    const bool client = !options_.client_token.empty() && HasToken(req, p.query, options_.client_token, true);
+    if (!view && !client) {
+      return Error(401,
+                   "viewing needs the view token: send 'Authorization: Bearer <token>', ?token=<token> "
+                   "or open the dashboard as /?token=<token> (ftd --http-view-token)");
+    }
+    token_from_query = p.query.count("token") > 0;
+  }
+  for (const auto& [key, value] : p.query) {
+    if (key == "token" || std::find(found->params.begin(), found->params.end(), key) != found->params.end()) {
+      continue;
+    }
+    std::string takes;
+    for (const std::string& a : found->params) takes += (takes.empty() ? "" : ", ") + a;
+    return Error(400, "unknown query parameter '" + key + "' for " + found->method + " " + found->path +
+                          (takes.empty() ? "; it takes none" : "; it takes: " + takes));
+  }
+  HttpResponse r = found->handler(p);
+  if (is_page && token_from_query && r.status == 200) {
+    // The page's scripts and styles load without a token in their URLs.
+    r.headers.emplace_back("Set-Cookie", std::string(kTokenCookie) + "=" + p.query.at("token") +
+                                             "; Path=/; HttpOnly; SameSite=Strict");
+  }
+  return r;
+}
+
+// ------------------------------------------------------------------ helpers for the stream
+
+StatusOr<json> HttpApi::JobSummary(const pb::Job& job) {
+  FT_ASSIGN_OR_RETURN(auto sparks, daemon_->store().LossSparklines({job.id()}, kSparkPoints));
+  auto it = sparks.find(job.id());
+  return JobSummaryJson(job, it == sparks.end() ? std::vector<double>() : it->second);
+}
+
+StatusOr<json> HttpApi::JobSummary(const std::string& job_id) {
+  FT_ASSIGN_OR_RETURN(pb::Job job, daemon_->GetJob(job_id));
+  return JobSummary(job);
+}
+
+StatusOr<json> HttpApi::Workers() {
+  FT_ASSIGN_OR_RETURN(pb::ListWorkersReply reply, daemon_->ListWorkers());
+  json workers = json::array();
+  for (const pb::WorkerInfo& w : reply.workers()) workers.push_back(WorkerJson(w));
+  return json{{"workers", std::move(workers)}};
+}
+
+// ------------------------------------------------------------------ handlers
+
+HttpResponse HttpApi::EndpointList(const Params&) {
+  json list = json::array();
+  for (const Endpoint& e : endpoints_) {
+    list.push_back(
+        {{"method", e.method}, {"path", e.path}, {"help", e.help}, {"changes_state", e.changes_state}});
+  }
+  return Json({{"endpoints", std::move(list)}});
+}
+
+HttpResponse HttpApi::ListJobs(const Params& p) {
+  pb::ListJobsRequest req;
+  if (auto it = p.query.find("state"); it != p.query.end()) {
+    for (const std::string& name : Split(it->second, ',')) {
+      pb::JobState state;
+      if (!ParseJobStateName(name, &state)) {
+        return Error(400, "query parameter 'state': unknown state '" + name +
+                              "'; use a comma-separated list of queued, running, preempted, succeeded, "
+                              "failed, cancelled");
+      }
+      req.add_states(state);
+    }
+  }
+  auto limit = IntParam(p.query, "limit", kMaxLimit, kMaxLimit);
+  if (!limit.ok()) return Error(400, limit.status().message());
+  const std::string q = p.query.count("q") ? p.query.at("q") : "";
+  auto jobs = daemon_->ListJobs(req);
+  if (!jobs.ok()) return FromStatus(jobs.status());
+  auto totals = daemon_->store().Totals();
+  if (!totals.ok()) return FromStatus(totals.status());
+  std::vector<const pb::Job*> page;  // newest first
+  for (int i = jobs->jobs_size() - 1;
+       i >= 0 && static_cast<int64_t>(page.size()) < (*limit ? *limit : kMaxLimit); --i) {
+    const pb::Job& j = jobs->jobs(i);
+    if (q.empty() || ContainsFolded(j.id(), q) || ContainsFolded(j.name(), q)) page.push_back(&j);
+  }
+  std::vector<std::string> ids;
+  for (const pb::Job* j : page) ids.push_back(j->id());
+  auto sparks = daemon_->store().LossSparklines(ids, kSparkPoints);
+  if (!sparks.ok()) return FromStatus(sparks.status());
+  json list = json::array();
+  for (const pb::Job* j : page) {
+    auto it = sparks->find(j->id());
+    list.push_back(JobSummaryJson(*j, it == sparks->end() ? std::vector<double>() : it->second));
+  }
+  json counts = json::object();
+  for (const auto& [state, n] : totals->jobs_by_state) {
+    counts[JobStateName(static_cast<pb::JobState>(static_cast<int>(state)))] = n;
+  }
+  return Json({{"jobs", std::move(list)}, {"counts", std::move(counts)}});
+}
+
+HttpResponse HttpApi::GetJob(const Params& p) {
+  if (!ValidJobId(p.id)) return BadJobId(p.id);
+  auto job = daemon_->GetJob(p.id);
+  if (!job.ok()) return FromStatus(job.status());
+  auto attempts = daemon_->store().ListAttempts(p.id);
+  if (!attempts.ok()) return FromStatus(attempts.status());
+  auto sparks = daemon_->store().LossSparklines({p.id}, kSparkPoints);
+  if (!sparks.ok()) return FromStatus(sparks.status());
+  auto predicted = daemon_->PredictedBytes(p.id);
+  if (!predicted.ok())
+    FT_LOG(DEBUG) << "predicted bytes of " << p.id << ": " << predicted.status().ToString();
+  auto it = sparks->find(p.id);
+  return Json(JobDetailJson(*job, *attempts, it == sparks->end() ? std::vector<double>() : it->second,
+                            predicted.ok() ? *predicted : 0));
+}
+
+HttpResponse HttpApi::JobMetrics(const Params& p) {
+  if (!ValidJobId(p.id)) return BadJobId(p.id);
+  auto after = IntParam(p.query, "after_step", 0, INT64_MAX / 2);
+  if (!after.ok()) return Error(400, after.status().message());
+  auto limit = IntParam(p.query, "limit", kMaxLimit, kMaxLimit);
+  if (!limit.ok()) return Error(400, limit.status().message());
+  if (auto j = daemon_->store().GetJob(p.id); !j.ok()) return FromStatus(j.status());
+  auto rows = daemon_->store().ListMetrics(p.id, *after, *limit ? *limit : kMaxLimit);
+  if (!rows.ok()) return FromStatus(rows.status());
+  json points = json::array();
+  for (const MetricRow& m : *rows) points.push_back(MetricJson(m));
+  return Json({{"points", std::move(points)}});
+}
+
+HttpResponse HttpApi::JobMemory(const Params& p) {
+  if (!ValidJobId(p.id)) return BadJobId(p.id);
+  auto after = IntParam(p.query, "after_ms", 0, INT64_MAX / 2);
+  if (!after.ok()) return Error(400, after.status().message());
+  auto limit = IntParam(p.query, "limit", kMaxLimit, kMaxLimit);
+  if (!limit.ok()) return Error(400, limit.status().message());
+  if (auto j = daemon_->store().GetJob(p.id); !j.ok()) return FromStatus(j.status());
+  auto rows = daemon_->store().ListDeviceMemory(p.id, *after, *limit ? *limit : kMaxLimit);
+  if (!rows.ok()) return FromStatus(rows.status());
+  auto predicted = daemon_->PredictedBytes(p.id);
+  json samples = json::array();
+  for (const DeviceMemoryRow& d : *rows) samples.push_back(DeviceMemoryJson(d));
+  return Json({{"predicted_bytes", predicted.ok() ? *predicted : 0}, {"samples", std::move(samples)}});
+}
+
+HttpResponse HttpApi::JobEvents(const Params& p) {
+  if (!ValidJobId(p.id)) return BadJobId(p.id);
+  if (auto j = daemon_->store().GetJob(p.id); !j.ok()) return FromStatus(j.status());
+  Params all = p;
+  all.query["job"] = p.id;
+  return ListEvents(all);
+}
+
+HttpResponse HttpApi::ListEvents(const Params& p) {
+  auto after = IntParam(p.query, "after_seq", 0, INT64_MAX / 2);
+  if (!after.ok()) return Error(400, after.status().message());
+  auto limit = IntParam(p.query, "limit", kMaxLimit, kMaxLimit);
+  if (!limit.ok()) return Error(400, limit.status().message());
+  pb::ListEventsRequest req;
+  if (auto it = p.query.find("job"); it != p.query.end() && !it->second.empty()) {
+    if (!ValidJobId(it->second)) return BadJobId(it->second);
+    if (auto j = daemon_->store().GetJob(it->second); !j.ok()) return FromStatus(j.status());
+    req.set_job_id(it->second);
+  }
+  req.set_after_seq(*after);
+  req.set_limit(*limit ? *limit : kMaxLimit);
+  auto reply = daemon_->ListEvents(req);
+  if (!reply.ok()) return FromStatus(reply.status());
+  json events = json::array();
+  for (const pb::Event& e : reply->events()) events.push_back(EventJson(e));
+  return Json({{"events", std::move(events)}});
+}
+
+HttpResponse HttpApi::JobLog(const Params& p) {
+  if (!ValidJobId(p.id)) return BadJobId(p.id);
+  auto tail = IntParam(p.query, "tail_bytes", kDefaultLogTail, kMaxLogTail);
+  if (!tail.ok()) return Error(400, tail.status().message());
+  if (auto j = daemon_->store().GetJob(p.id); !j.ok()) return FromStatus(j.status());
+  HttpResponse r;
+  r.content_type = "text/plain; charset=utf-8";
+  std::ifstream in(daemon_->LogPath(p.id), std::ios::binary | std::ios::ate);
+  if (!in) return r;  // no log yet
+  const std::streamoff size = in.tellg();
+  const std::streamoff start = std::max<std::streamoff>(0, size - *tail);
+  in.seekg(start);
+  r.body.resize(static_cast<size_t>(size - start));
+  in.read(r.body.data(), size - start);
+  r.body.resize(static_cast<size_t>(in.gcount()));
+  return r;
+}
+
+HttpResponse HttpApi::CancelJob(const Params& p) {
+  if (!ValidJobId(p.id)) return BadJobId(p.id);
+  auto job = daemon_->Cancel(p.id);
+  if (!job.ok()) return FromStatus(job.status());
+  FT_LOG(INFO) << "http: job " << p.id << " cancelled";
+  return GetJob(p);
+}
+
+HttpResponse HttpApi::ListWorkers(const Params&) {
+  auto workers = Workers();
+  if (!workers.ok()) return FromStatus(workers.status());
+  return Json(*workers);
+}
+
+HttpResponse HttpApi::Stream(const Params& p) {
+  HttpResponse r;
+  if (auto it = p.query.find("job"); it != p.query.end() && !it->second.empty()) {
+    if (!ValidJobId(it->second)) return BadJobId(it->second);
+    if (auto j = daemon_->store().GetJob(it->second); !j.ok()) return FromStatus(j.status());
+    r.stream_job = it->second;
+  }
+  auto after = IntParam(p.query, "after_seq", -1, INT64_MAX / 2);
+  if (!after.ok()) return Error(400, after.status().message());
+  r.stream_after_seq = *after;
+  if (!p.req->last_event_id.empty()) {
+    std::map<std::string, std::string> header = {{"Last-Event-ID", p.req->last_event_id}};
+    auto last = IntParam(header, "Last-Event-ID", -1, INT64_MAX / 2);
+    if (!last.ok()) {
+      return Error(400, "header Last-Event-ID must be an event seq (a non-negative integer), not '" +
+                            p.req->last_event_id + "'");
+    }
+    r.stream_after_seq = std::max(r.stream_after_seq, *last);
+  }
+  r.stream = true;
+  r.content_type = "text/event-stream";
+  return r;
+}
+
+HttpResponse HttpApi::Metrics(const Params&) {
+  auto text = RenderPrometheus(*daemon_);
+  if (!text.ok()) return FromStatus(text.status());
+  HttpResponse r;
+  r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+  r.body = std::move(*text);
+  return r;
+}
+
+HttpResponse HttpApi::Ready(const Params&) {
+  Status s = daemon_->Ready();
+  if (!s.ok()) return Error(503, "not ready: the store refuses writes after an I/O error: " + s.ToString());
+  HttpResponse r;
+  r.content_type = "text/plain; charset=utf-8";
+  r.body = "ready\n";
+  return r;
+}
+
+HttpResponse HttpApi::StaticFile(const std::string& dir, const std::string& file) {
+  if (options_.web_dir.empty()) {
+    return Error(404, "no dashboard: ftd found no web directory (pass --web-dir DIR)");
+  }
+  if (file.empty() || file[0] == '.' || file.find('/') != std::string::npos ||
+      file.find('\\') != std::string::npos) {
+    return Error(400, "bad file name '" + file + "'");
+  }
+  const fs::path path = fs::path(dir) / file;
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) {
+    return Error(404, "no file " + file + " in the dashboard (" + dir + ")");
+  }
+  std::ifstream in(path, std::ios::binary);
+  HttpResponse r;
+  r.body.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  if (!in.good() && !in.eof()) return Error(500, "cannot read " + path.string());
+  r.content_type = ContentType(file);
+  r.headers.emplace_back("Cache-Control", "no-cache");
+  return r;
+}
+
+}  // namespace ft

@@ -1,0 +1,114 @@
+// The HTTP API of ftd (docs/HTTP_API.md): one endpoint table (method, path
+// pattern, help, whether it changes state, allowed query parameters) and the
+// handlers behind it, over ft::Daemon and its Store. Independent of the
+// transport: daemon/http_server.h parses requests into HttpRequest and writes
+// HttpResponse back (and runs the SSE stream for the endpoint marked so).
+//
+// Handle() never fails and never throws: every answer is a response. Errors
+// are JSON `{"error": "..."}` naming what was wrong and how to fix it: 400 bad
+// query parameter / malformed job id / bad path, 401 missing or wrong token,
+// 404 unknown path or job, 405 wrong method (with Allow), 409 cancel of a
+// finished job, 500 store errors, 503 /ready while the store is sticky-failed.
+//
+// Tokens: "Authorization: Bearer T", `?token=T`, or the `ftune_token` cookie
+// (set when a page is fetched with a good ?token, so the page's own scripts
+// and styles load). Actions (changes_state) need the client token when one is
+// configured; reads under /api and the pages need the view token (or the
+// client token) when one is configured; /metrics, /healthz and /ready are open.
+//
+// Thread safety: Handle() may run concurrently on any threads.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "daemon/daemon.h"
+
+namespace ft {
+
+struct HttpRequest {
+  std::string method;         // "GET", "POST", ...
+  std::string target;         // as received: "/api/jobs?state=running"
+  std::string authorization;  // the Authorization header ("" when absent)
+  std::string cookie;         // the Cookie header
+  std::string last_event_id;  // the Last-Event-ID header (SSE reconnects)
+};
+
+struct HttpResponse {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;  // extra headers (Allow, Set-Cookie ...)
+  // Set by GET /api/stream: the server answers with an SSE stream of this job's
+  // updates ("" = every job), first replaying events with seq > after_seq
+  // (-1 = no replay).
+  bool stream = false;
+  std::string stream_job;
+  int64_t stream_after_seq = -1;
+};
+
+struct HttpApiOptions {
+  std::string client_token;  // actions need it ("" = open)
+  std::string view_token;    // reads under /api and pages need it ("" = open)
+  std::string web_dir;       // static files; "" = no dashboard pages (404)
+};
+
+class HttpApi {
+ public:
+  enum class Access { kOpen, kView, kAction };
+  struct Params;  // a request's parsed path captures and query parameters (http_api.cc)
+  struct Endpoint {
+    std::string method;
+    std::string path;  // segments; "{id}" matches a job id, "{file}" one file name
+    std::string help;
+    bool changes_state = false;
+    Access access = Access::kView;
+    std::vector<std::string> params;  // allowed query parameters (besides "token")
+    std::function<HttpResponse(const Params&)> handler;
+  };
+
+  HttpApi(Daemon* daemon, HttpApiOptions options);
+
+  HttpResponse Handle(const HttpRequest& req);
+  const std::vector<Endpoint>& endpoints() const { return endpoints_; }
+
+  // The JobSummary JSON of one job (with its loss sparkline), as /api/jobs
+  // lists it; for the SSE stream. NotFound for an unknown job.
+  StatusOr<nlohmann::json> JobSummary(const std::string& job_id);
+  StatusOr<nlohmann::json> JobSummary(const ftune::v1::Job& job);
+  // {"workers": [...]} as GET /api/workers answers it.
+  StatusOr<nlohmann::json> Workers();
+
+  static constexpr int kSparkPoints = 32;
+  static constexpr int64_t kMaxLimit = 10'000;
+
+ private:
+  HttpResponse ListJobs(const Params& p);
+  HttpResponse GetJob(const Params& p);
+  HttpResponse JobMetrics(const Params& p);
+  HttpResponse JobMemory(const Params& p);
+  HttpResponse JobEvents(const Params& p);
+  HttpResponse JobLog(const Params& p);
+  HttpResponse CancelJob(const Params& p);
+  HttpResponse ListWorkers(const Params& p);
+  HttpResponse ListEvents(const Params& p);
+  HttpResponse Stream(const Params& p);
+  HttpResponse Metrics(const Params& p);
+  HttpResponse Ready(const Params& p);
+  HttpResponse EndpointList(const Params& p);
+  HttpResponse StaticFile(const std::string& dir, const std::string& file);
+
+  // Whether the request carries `token` (header, query or cookie).
+  static bool HasToken(const HttpRequest& req, const std::map<std::string, std::string>& query,
+                       const std::string& token, bool allow_cookie);
+
+  Daemon* daemon_;
+  HttpApiOptions options_;
+  std::vector<Endpoint> endpoints_;
+};
+
+}  // namespace ft

@@ -1,0 +1,67 @@
+// ftd's HTTP server (Boost.Beast over one Asio io_context with a small fixed
+// thread pool): keep-alive HTTP/1.1 connections whose requests go to
+// HttpApi::Handle, and Server-Sent Events streams for GET /api/stream.
+//
+// SSE: each stream subscribes to the daemon's live updates (Daemon::Subscribe)
+// and writes
+//   event: job      a JobSummary, when the daemon publishes one, and at most once
+//                   per stream period for jobs whose progress moved (metrics arrived)
+//   event: event    an Event, with "id: <seq>" (Last-Event-ID replays after it)
+//   event: metric   {"job_id", step, loss, ...}
+//   event: workers  {"workers": [...]}, at most once per period, when they changed
+//                   (streams of every job only)
+//   ": keepalive"   a comment after keepalive_ms without other output.
+// The daemon's callback only posts to the stream's strand; a stream whose
+// queue grows past its limits (a slow or stalled client) is closed, so a
+// client can never block the daemon.
+//
+// Start() fails (InvalidArgument for a malformed address, Unavailable when it
+// cannot bind) before anything is served. Stop() (also run by the destructor)
+// ends every subscription, closes the connections and joins the threads.
+//
+// Thread safety: Start/Stop from one thread; port() from any.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "daemon/daemon.h"
+#include "daemon/http_api.h"
+
+namespace ft {
+
+struct HttpServerOptions {
+  std::string address = "127.0.0.1:7071";  // HOST:PORT; port 0 picks a free port
+  int threads = 2;                         // io threads (the machine may have only 2 cores)
+  int64_t idle_timeout_ms = 60'000;        // a keep-alive connection silent this long is closed
+  int64_t keepalive_ms = 15'000;           // SSE comment when a stream has been quiet this long
+  int64_t stream_period_ms = 1'000;        // SSE: progress summaries and workers at most this often
+  int64_t stream_max_pending = 4'096;      // SSE: updates waiting for the strand before the client is dropped
+  int64_t stream_max_bytes = int64_t{8}
+                             << 20;  // SSE: bytes waiting for the socket before the client is dropped
+};
+
+class HttpServer {
+ public:
+  // `daemon` and `api` must outlive the server.
+  static StatusOr<std::unique_ptr<HttpServer>> Start(Daemon* daemon, HttpApi* api, HttpServerOptions options);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  void Stop();
+  const std::string& host() const;  // as given in the address ("127.0.0.1")
+  int port() const;                 // the bound port
+  int64_t open_streams() const;     // SSE streams currently subscribed
+
+  struct Impl;
+
+ private:
+  explicit HttpServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ft

@@ -1,0 +1,154 @@
+#include "daemon/json_views.h"
+
+#include <cmath>
+
+namespace ft {
+
+namespace pb = ftune::v1;
+using nlohmann::json;
+
+namespace {
+
+// NaN and infinities are not JSON: null.
+json Number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
+json Spark(const std::vector<double>& points) {
+  json out = json::array();
+  for (double v : points) out.push_back(Number(v));
+  return out;
+}
+
+// Seconds left at the running attempt's observed step rate, or null.
+json Eta(const pb::Job& job) {
+  if (job.state() != pb::RUNNING || job.total_steps() <= 0) return nullptr;
+  for (const pb::Attempt& a : job.attempts()) {
+    if (a.outcome() != pb::ATTEMPT_RUNNING) continue;
+    const int64_t steps = job.steps_done() - a.start_step();
+    const int64_t elapsed_ms = job.updated_ms() - a.started_ms();
+    if (steps <= 0 || elapsed_ms <= 0) return nullptr;
+    const double per_step_s = static_cast<double>(elapsed_ms) / 1000.0 / static_cast<double>(steps);
+    return std::max<int64_t>(0, job.total_steps() - job.steps_done()) * per_step_s;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+json JobSummaryJson(const pb::Job& job, const std::vector<double>& loss_spark) {
+  return {
+      {"id", job.id()},
+      {"name", job.name()},
+      {"state", JobStateName(job.state())},
+      {"reason", job.reason()},
+      {"priority", job.priority()},
+      {"created_ms", job.created_ms()},
+      {"updated_ms", job.updated_ms()},
+      {"steps_done", job.steps_done()},
+      {"total_steps", job.total_steps()},
+      {"last_loss", Number(job.last_loss())},
+      {"tokens_per_s", Number(job.tokens_per_s())},
+      {"committed_step", job.committed_step()},
+      {"preemptions", job.preemptions()},
+      {"failures", job.failures()},
+      {"attempts", job.attempts_size()},
+      {"worker_id", job.worker_id()},
+      {"eta_s", Eta(job)},
+      {"loss_spark", Spark(loss_spark)},
+  };
+}
+
+json JobDetailJson(const pb::Job& job, const std::vector<AttemptRow>& attempts,
+                   const std::vector<double>& loss_spark, int64_t predicted_bytes) {
+  json out = JobSummaryJson(job, loss_spark);
+  json list = json::array();
+  for (const AttemptRow& a : attempts) {
+    list.push_back({
+        {"number", a.number},
+        {"epoch", a.epoch},
+        {"worker_id", a.worker_id},
+        {"outcome", AttemptOutcomeName(static_cast<pb::AttemptOutcome>(static_cast<int>(a.outcome)))},
+        {"reason", a.reason},
+        {"started_ms", a.started_ms},
+        {"ended_ms", a.ended_ms},
+        {"start_step", a.start_step},
+        {"end_step", a.end_step},
+        {"steps_lost", a.steps_lost},
+        {"micro_batch", a.micro_batch},
+        {"accumulation", a.accumulation},
+        {"world", a.world},
+    });
+  }
+  out["attempts_list"] = std::move(list);
+  out["spec_yaml"] = job.spec_yaml();
+  out["output_dir"] = job.output_dir();
+  out["plan"] = attempts.empty() ? json(nullptr)
+                                 : json{{"micro_batch", attempts.back().micro_batch},
+                                        {"accumulation", attempts.back().accumulation},
+                                        {"world", attempts.back().world}};
+  out["predicted_bytes"] = predicted_bytes;
+  return out;
+}
+
+json EventJson(const pb::Event& e) {
+  return {{"seq", e.seq()},   {"time_ms", e.time_ms()}, {"job_id", e.job_id()}, {"worker_id", e.worker_id()},
+          {"kind", e.kind()}, {"message", e.message()}, {"step", e.step()}};
+}
+
+json EventJson(const EventRow& e) {
+  return {{"seq", e.seq},   {"time_ms", e.time_ms}, {"job_id", e.job_id}, {"worker_id", e.worker_id},
+          {"kind", e.kind}, {"message", e.message}, {"step", e.step}};
+}
+
+json MetricJson(const pb::MetricPoint& p, const std::string& job_id) {
+  json out = {{"step", p.step()},
+              {"epoch", p.epoch()},
+              {"time_ms", p.time_ms()},
+              {"loss", Number(p.loss())},
+              {"lr", Number(p.lr())},
+              {"grad_norm", Number(p.grad_norm())},
+              {"tokens_per_s", Number(p.tokens_per_s())},
+              {"peak_bytes", p.peak_bytes()}};
+  if (!job_id.empty()) out["job_id"] = job_id;
+  return out;
+}
+
+json MetricJson(const MetricRow& m) {
+  return {{"step", m.step},
+          {"epoch", m.epoch},
+          {"time_ms", m.time_ms},
+          {"loss", Number(m.loss)},
+          {"lr", Number(m.lr)},
+          {"grad_norm", Number(m.grad_norm)},
+          {"tokens_per_s", Number(m.tokens_per_s)},
+          {"peak_bytes", m.peak_bytes}};
+}
+
+json DeviceMemoryJson(const DeviceMemoryRow& d) {
+  return {{"time_ms", d.time_ms},
+          {"worker_id", d.worker_id},
+          {"device", d.device},
+          {"used_bytes", d.used_bytes},
+          {"total_bytes", d.total_bytes}};
+}
+
+json WorkerJson(const pb::WorkerInfo& w) {
+  json devices = json::array();
+  for (const pb::Device& d : w.devices()) {
+    devices.push_back({{"index", d.index()},
+                       {"kind", d.kind()},
+                       {"name", d.name()},
+                       {"total_bytes", d.total_bytes()},
+                       {"free_bytes", d.free_bytes()},
+                       {"used_bytes", d.used_bytes()}});
+  }
+  return {{"id", w.id()},
+          {"hostname", w.hostname()},
+          {"version", w.version()},
+          {"alive", w.alive()},
+          {"last_heartbeat_ms", w.last_heartbeat_ms()},
+          {"slot_end_ms", w.slot_end_ms()},
+          {"running_job_id", w.running_job_id()},
+          {"devices", std::move(devices)}};
+}
+
+}  // namespace ft

@@ -1,0 +1,42 @@
+// JSON shapes of the HTTP API (docs/HTTP_API.md), built from the daemon's
+// protobuf messages and store rows. Shared by the JSON handlers
+// (daemon/http_api.h) and the SSE stream (daemon/http_server.h) so that a
+// job reads the same in a list, a detail page and a live update.
+//
+// Pure conversions: no I/O, no locks, never fail. NaN numbers (a diverged or
+// not yet reported loss) become JSON null.
+//
+// Thread safety: free functions over values; safe from any thread.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "daemon/store.h"
+#include "proto/ftune.pb.h"
+#include "proto/names.h"
+
+namespace ft {
+
+// A JobSummary: the row of the jobs list. `loss_spark` is the downsampled loss
+// (Store::LossSparklines). eta_s comes from the running attempt's step rate
+// (steps since its start over the time to the newest progress report); null
+// when the job is not running or has made no progress yet.
+nlohmann::json JobSummaryJson(const ftune::v1::Job& job, const std::vector<double>& loss_spark);
+
+// A job's detail: the summary plus attempts_list (from the store's rows, which
+// carry each attempt's plan), spec_yaml, output_dir, plan (the newest
+// attempt's; null before any) and predicted_bytes.
+nlohmann::json JobDetailJson(const ftune::v1::Job& job, const std::vector<AttemptRow>& attempts,
+                             const std::vector<double>& loss_spark, int64_t predicted_bytes);
+
+nlohmann::json EventJson(const ftune::v1::Event& e);
+nlohmann::json EventJson(const EventRow& e);
+// A metric point; with `job_id` non-empty it also carries "job_id" (the SSE form).
+nlohmann::json MetricJson(const ftune::v1::MetricPoint& p, const std::string& job_id);
+nlohmann::json MetricJson(const MetricRow& m);
+nlohmann::json DeviceMemoryJson(const DeviceMemoryRow& d);
+nlohmann::json WorkerJson(const ftune::v1::WorkerInfo& w);
+
+}  // namespace ft

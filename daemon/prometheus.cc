@@ -1,0 +1,108 @@
+#include "daemon/prometheus.h"
+
+#include <cstdio>
+
+#include "daemon/json_views.h"
+
+namespace ft {
+
+namespace {
+
+namespace pb = ftune::v1;
+
+// A number as Prometheus reads it (shortest exact form; no locale).
+std::string Num(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
+}
+
+void Family(std::string* out, const std::string& name, const std::string& type, const std::string& help) {
+  *out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+}
+
+}  // namespace
+
+std::string PrometheusLabelValue(const std::string& value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '"') {
+      out += "\\\"";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string PrometheusHistogram(const std::string& name, const std::string& help, const LatencyHistogram& h,
+                                double min_le, double max_le) {
+  std::string out;
+  Family(&out, name, "histogram", help);
+  int64_t cumulative = 0;
+  // Every 10th edge: half-decades (1, 3.16, 10, 31.6 ... of a unit), exact bucket boundaries.
+  for (int b = 0; b < LatencyHistogram::kBuckets - 1; ++b) {
+    cumulative += h.bucket_count(b);
+    const double le = LatencyHistogram::UpperEdge(b);
+    if ((b + 1) % 10 != 0 || le < min_le * 0.999 || le > max_le * 1.001) continue;
+    out += name + "_bucket{le=\"" + Num(le) + "\"} " + std::to_string(cumulative) + "\n";
+  }
+  const int64_t count = h.count();
+  out += name + "_bucket{le=\"+Inf\"} " + std::to_string(count) + "\n";
+  out += name + "_sum " + Num(h.sum_seconds()) + "\n";
+  out += name + "_count " + std::to_string(count) + "\n";
+  return out;
+}
+
+StatusOr<std::string> RenderPrometheus(Daemon& daemon) {
+  FT_ASSIGN_OR_RETURN(StoreTotals totals, daemon.store().Totals());
+  FT_ASSIGN_OR_RETURN(pb::ListWorkersReply workers, daemon.ListWorkers());
+  std::string out;
+  Family(&out, "ftune_jobs", "gauge", "Jobs by state.");
+  for (const auto& [state, n] : totals.jobs_by_state) {
+    out += "ftune_jobs{state=\"" + JobStateName(static_cast<pb::JobState>(static_cast<int>(state))) + "\"} " +
+           std::to_string(n) + "\n";
+  }
+  Family(&out, "ftune_attempts_total", "counter", "Attempts started, over all jobs.");
+  out += "ftune_attempts_total " + std::to_string(totals.attempts) + "\n";
+  Family(&out, "ftune_preemptions_total", "counter",
+         "Attempts preempted (signal, notice, slot end, lost worker), over all jobs.");
+  out += "ftune_preemptions_total " + std::to_string(totals.preemptions) + "\n";
+  Family(&out, "ftune_failures_total", "counter", "Attempts failed (counted against max_failures).");
+  out += "ftune_failures_total " + std::to_string(totals.failures) + "\n";
+
+  int64_t alive = 0, lost = 0;
+  std::string memory;
+  for (const pb::WorkerInfo& w : workers.workers()) {
+    (w.alive() ? alive : lost) += 1;
+    const std::string worker = PrometheusLabelValue(w.id());
+    for (const pb::Device& d : w.devices()) {
+      const std::string labels =
+          "{worker=\"" + worker + "\",device=\"" + std::to_string(d.index()) + "\",kind=\"";
+      memory += "ftune_device_memory_bytes" + labels + "used\"} " + std::to_string(d.used_bytes()) + "\n";
+      memory += "ftune_device_memory_bytes" + labels + "total\"} " + std::to_string(d.total_bytes()) + "\n";
+    }
+  }
+  Family(&out, "ftune_workers", "gauge", "Known workers, alive or lost (lease expired).");
+  out += "ftune_workers{state=\"alive\"} " + std::to_string(alive) + "\n";
+  out += "ftune_workers{state=\"lost\"} " + std::to_string(lost) + "\n";
+  Family(&out, "ftune_device_memory_bytes", "gauge", "Device memory as the newest heartbeat reported it.");
+  out += memory;
+
+  out += PrometheusHistogram("ftune_checkpoint_duration_seconds", "Checkpoint write time, as committed.",
+                             daemon.checkpoint_seconds(), 0.01, 1000);
+  out += PrometheusHistogram("ftune_recovery_seconds",
+                             "Time from a worker loss or preemption to the job running again.",
+                             daemon.recovery_seconds(), 0.1, 1000);
+  out += PrometheusHistogram("ftune_scheduler_tick_seconds", "Time of one scheduler tick.",
+                             daemon.tick_latency(), 1e-5, 10);
+  out += PrometheusHistogram("ftune_worker_message_seconds", "Time to handle one worker message.",
+                             daemon.message_latency(), 1e-5, 10);
+  return out;
+}
+
+}  // namespace ft

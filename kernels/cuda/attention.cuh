@@ -1,0 +1,48 @@
+// Internal to kernels/cuda: what the flash-attention forward and backward
+// kernels share (tile sizes, tile loads, the visibility rule).
+//
+// Tiling: a block of kWarps = 4 warps works on tiles of kTile = 32 queries
+// and 32 keys of one (batch, head); each warp owns kRowsPerWarp = 8 of the
+// block's 32 rows (queries in the forward and dQ kernels, keys in the dK/dV
+// kernel) and lane l of the warp stands for column l of the 32 (a key, or a
+// query in the dK/dV kernel). Tiles are staged in shared memory as fp32.
+// A tile read by lane l along its own row is padded to HD + 1 floats per row,
+// so the 32 lanes' addresses l * (HD + 1) + d fall in 32 different banks;
+// tiles read with one address per warp (broadcast) or along d are unpadded.
+//
+// Index arithmetic of the [batch * seq, heads * HD] tensors: element d of
+// head h of token i of sequence b is at ((b * seq + i) * heads + h) * HD + d.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/device_math.cuh"
+
+namespace ft::cuda::internal {
+
+constexpr int kTile = 32;
+constexpr int kWarps = 4;
+constexpr int kAttentionThreads = kWarps * 32;
+constexpr int kRowsPerWarp = kTile / kWarps;
+
+__device__ __forceinline__ float NegInf() { return -__int_as_float(0x7f800000); }
+
+// Rows [row0, row0 + kTile) of head `head` into dst[kTile][LD] (fp32); rows
+// past the sequence are zero.
+template <int HD, int LD, typename T>
+__device__ void LoadTile(float* dst, const T* src, int64_t b, int64_t row0, int64_t seq, int64_t heads,
+                         int64_t head) {
+  for (int idx = threadIdx.x; idx < kTile * HD; idx += blockDim.x) {
+    const int r = idx / HD, d = idx % HD;
+    const int64_t i = row0 + r;
+    dst[r * LD + d] = i < seq ? Load(src[((b * seq + i) * heads + head) * HD + d]) : 0.0f;
+  }
+}
+
+// Key j is visible to query i: causal, inside the sequence, same document.
+__device__ __forceinline__ bool Visible(int64_t i, int64_t j, int64_t seq, int32_t seg_i, int32_t seg_j,
+                                        bool segmented) {
+  return i < seq && j <= i && (!segmented || seg_i == seg_j);
+}
+
+}  // namespace ft::cuda::internal

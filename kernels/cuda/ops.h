@@ -1,0 +1,236 @@
+// The CUDA ops: the GPU twin of kernels/cpu/ops.h (the reference every op here
+// is checked against by tests/kernels/cuda/ops_test.cc).
+//
+// Conventions (the same as the CPU backend unless said otherwise):
+//   - Pointers are device pointers; every op is enqueued on `stream` and
+//     returns without synchronising. Row-major throughout: activations
+//     [rows, D] with rows = batch * seq; q [rows, Hq*hd]; k, v [rows, Hkv*hd];
+//     lse [batch, Hq, seq] (natural log).
+//   - Storage types: T = float or bf16 (__nv_bfloat16) for every op; the GEMM
+//     and the loss-scaling ops also take fp16 (__half). Arithmetic is fp32
+//     inside every kernel (fp64 where the CPU reference accumulates in double:
+//     AdamW, sums of squares, loss sums). Side outputs (rstd, lse, row losses)
+//     and weight gradients of norms/embeddings are fp32 whatever T is.
+//   - Return value: OK means the work was enqueued. A Status::InvalidArgument
+//     names an unsupported shape that a model config can cause (e.g. a head
+//     dim other than 64/128); a Status::Internal names a failed CUDA launch or
+//     library call (with the CUDA error string). Errors raised while a kernel
+//     runs surface at the next synchronisation, as everywhere in CUDA.
+//     Negative sizes are caller bugs (FT_CHECK, as in the CPU backend).
+//   - Workspaces are passed in by the caller (sizes from the *Workspace*
+//     functions), so every byte comes from the engine's planned arenas; no op
+//     allocates device memory except BlasLt::Create.
+//   - Determinism: no op uses floating-point atomics; every reduction runs in
+//     an order fixed by the shape alone, so repeated runs are bit-identical.
+//
+// Thread safety: the free functions are thread-safe. A BlasLt is not: use
+// one per host thread.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "common/status.h"
+#include "kernels/cpu/nf4.h"
+#include "kernels/cpu/ops.h"
+
+namespace ft::cuda {
+
+using bf16 = __nv_bfloat16;
+using fp16 = __half;
+using AttentionShape = cpu::AttentionShape;
+using AdamWParams = cpu::AdamWParams;
+
+// ---- GEMM (cuBLASLt) ---------------------------------------------------------
+
+// A cuBLASLt handle, its workspace and a cache of chosen algorithms.
+class BlasLt {
+ public:
+  static constexpr size_t kDefaultWorkspaceBytes = size_t{32} << 20;
+
+  // Creates the handle and allocates `workspace_bytes` of device memory on the
+  // current device. Internal when cuBLASLt or cudaMalloc fails.
+  static StatusOr<std::unique_ptr<BlasLt>> Create(size_t workspace_bytes = kDefaultWorkspaceBytes);
+  ~BlasLt();
+  BlasLt(const BlasLt&) = delete;
+  BlasLt& operator=(const BlasLt&) = delete;
+
+  // C[M,N] = alpha * op(A) op(B) + beta * C, exactly cpu::Gemm's convention
+  // (row-major, A [M,K] or [K,M] when trans_a, B [K,N] or [N,K] when trans_b,
+  // ld* = row strides). Accumulates in fp32 (CUBLAS_COMPUTE_32F: true fp32
+  // for float inputs, never TF32). (TIn, TOut) is one of (float, float),
+  // (bf16, bf16), (bf16, float), (fp16, fp16), (fp16, float). With beta = 0
+  // C is not read (it may hold NaN). M, N or K = 0 is InvalidArgument;
+  // Unimplemented when cuBLASLt has no algorithm for the shape/alignment.
+  template <typename TIn, typename TOut>
+  Status Gemm(cudaStream_t stream, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+              const TIn* A, int64_t lda, const TIn* B, int64_t ldb, float beta, TOut* C, int64_t ldc);
+
+ private:
+  struct Impl;
+  explicit BlasLt(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- NF4 -----------------------------------------------------------------------
+
+// A cpu::Nf4Tensor whose arrays live on the device (same layout, same meaning).
+struct Nf4DeviceTensor {
+  int64_t n = 0;
+  cpu::Nf4Config config;
+  const uint8_t* packed = nullptr;    // (n+1)/2 bytes, element 2i in the HIGH nibble
+  const float* absmax = nullptr;      // [num_blocks], without double quant
+  const uint8_t* absmax_q = nullptr;  // [num_blocks], with double quant
+  const float* absmax2 = nullptr;     // [ceil(num_blocks / dq_block)], with double quant
+  float offset = 0;                   // with double quant
+};
+
+// out[q.n] = cpu::DequantizeNf4 bit for bit (T = float), or that value rounded
+// to bf16 (round-to-nearest-even). InvalidArgument for an odd or non-positive
+// block size.
+template <typename T>
+Status DequantizeNf4(const Nf4DeviceTensor& q, T* out, cudaStream_t stream);
+
+// ---- RMSNorm ---------------------------------------------------------------------
+
+// y = w * (x * rstd), rstd = 1/sqrt(mean(x²) + eps), per row of x[rows, D];
+// writes rstd[rows] (fp32).
+template <typename T>
+Status RmsNormForward(const T* x, const T* w, int64_t rows, int64_t D, float eps, T* y, float* rstd,
+                      cudaStream_t stream);
+// Floats of workspace RmsNormBackward needs for dw (0 when dw is not wanted).
+int64_t RmsNormBackwardWorkspaceFloats(int64_t rows, int64_t D);
+// dx overwritten; dw[D] (fp32, nullable) += Σ_rows dy * x * rstd, summed in a
+// fixed order through `workspace`.
+template <typename T>
+Status RmsNormBackward(const T* x, const T* w, const float* rstd, const T* dy, int64_t rows, int64_t D, T* dx,
+                       float* dw, float* workspace, cudaStream_t stream);
+
+// ---- RoPE ------------------------------------------------------------------------
+
+// In place on x[rows, heads*hd], HF rotate_half pairing (i, i + hd/2), cos/sin
+// tables [max_pos, hd/2] read at positions[row]; `inverse` rotates by -θ (the
+// backward). InvalidArgument for an odd hd.
+template <typename T>
+Status RopeApply(T* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions, const T* cos_table,
+                 const T* sin_table, bool inverse, cudaStream_t stream);
+
+// ---- SwiGLU ----------------------------------------------------------------------
+
+// h = silu(gate) * up over n elements.
+template <typename T>
+Status SwiGluForward(const T* gate, const T* up, int64_t n, T* h, cudaStream_t stream);
+// dgate, dup overwritten (may alias gate/up).
+template <typename T>
+Status SwiGluBackward(const T* gate, const T* up, const T* dh, int64_t n, T* dgate, T* dup,
+                      cudaStream_t stream);
+
+// ---- Embedding -------------------------------------------------------------------
+
+// out[rows, D] = table[ids[r], :]. ids must be valid rows of the table.
+template <typename T>
+Status EmbeddingForward(const T* table, const int32_t* ids, int64_t rows, int64_t D, T* out,
+                        cudaStream_t stream);
+// dtable[ids[r], :] += dout[r, :] in fp32, rows in increasing order (one
+// thread per column walks the rows: deterministic, no atomics; only full
+// fine-tunes need it).
+template <typename T>
+Status EmbeddingBackward(const T* dout, const int32_t* ids, int64_t rows, int64_t D, float* dtable,
+                         cudaStream_t stream);
+
+// ---- Cross-entropy (one chunk of rows of the loss head) ---------------------------
+
+// Per row of logits[rows, V] with target t (-100 = ignored):
+//   row_loss[r] = -log softmax(logits[r])[t]   (0 for ignored rows)
+// dlogits (nullable, may alias logits) = grad_scale * (softmax - onehot), 0
+// for ignored rows. loss_sum (nullable device double) += Σ row_loss in a
+// fixed order, so calling this per chunk of rows accumulates the loss of the
+// whole batch deterministically without a [tokens, V] buffer. A target
+// outside [0, V) other than -100 gives a NaN row loss and NaN gradients.
+template <typename T>
+Status CrossEntropy(const T* logits, const int32_t* targets, int64_t rows, int64_t V, float grad_scale,
+                    T* dlogits, float* row_loss, double* loss_sum, cudaStream_t stream);
+
+// ---- Optimizer -------------------------------------------------------------------
+
+// One AdamW step, cpu::AdamW's formula in fp64 per element, on the fp32
+// master param/m/v, with the gradient multiplied by *grad_multiplier first
+// when that device scalar is given (loss-scale unscaling times the clipping
+// coefficient). When `skip` (device int, nullable) is nonzero nothing is
+// written (fp16 overflow step). param_copy (nullable) receives the updated
+// param in the compute dtype TCopy (float, bf16 or fp16).
+template <typename TCopy>
+Status AdamW(const AdamWParams& hp, int64_t n, float* param, const float* grad, float* m, float* v,
+             TCopy* param_copy, const float* grad_multiplier, const int* skip, cudaStream_t stream);
+
+// ---- Reductions and elementwise ----------------------------------------------------
+
+// Doubles of workspace SumSquares needs (a constant).
+int64_t SumSquaresWorkspaceDoubles();
+// *out = Σ x² (or *out += Σ x² when accumulate) in fp64, two passes over a
+// grid fixed by n: bit-identical run to run. For the global grad norm call it
+// per tensor with accumulate = true, then sqrt on the host or in ClipMultiplier.
+template <typename T>
+Status SumSquares(const T* x, int64_t n, double* workspace, double* out, bool accumulate,
+                  cudaStream_t stream);
+// *multiplier = (inv_loss_scale ? *inv_loss_scale : 1) * min(1, max_norm / (norm + 1e-6))
+// with norm = sqrt(*sum_squares) of the UNSCALED gradient, i.e.
+// sqrt(*sum_squares) * inv_loss_scale (torch's clip_grad_norm_; max_norm <= 0
+// disables clipping). Feeds AdamW's grad_multiplier.
+Status ClipMultiplier(const double* sum_squares, float max_norm, const float* inv_loss_scale,
+                      float* multiplier, cudaStream_t stream);
+// y += alpha * x; x *= alpha (cpu::Axpy, cpu::Scale).
+template <typename T>
+Status Axpy(int64_t n, float alpha, const T* x, T* y, cudaStream_t stream);
+template <typename T>
+Status Scale(int64_t n, float alpha, T* x, cudaStream_t stream);
+// out[i] = x[i] converted with round-to-nearest-even (e.g. fp32 master ->
+// bf16 compute copy). TIn, TOut in {float, bf16, fp16}.
+template <typename TIn, typename TOut>
+Status Convert(const TIn* x, int64_t n, TOut* out, cudaStream_t stream);
+
+// ---- Dynamic loss scaling (fp16) ---------------------------------------------------
+
+// torch.cuda.amp.GradScaler's defaults.
+struct LossScalerParams {
+  float growth_factor = 2.0f;
+  float backoff_factor = 0.5f;
+  int growth_interval = 2000;
+};
+// grad *= *inv_scale; sets *found_inf = 1 when any element (before scaling)
+// is inf or NaN, leaves it alone otherwise (torch's
+// _amp_foreach_non_finite_check_and_unscale_). Zero *found_inf before the
+// first tensor of a step.
+template <typename T>
+Status UnscaleAndCheckFinite(T* grad, int64_t n, const float* inv_scale, int* found_inf, cudaStream_t stream);
+// torch's _amp_update_scale_: on found_inf, scale *= backoff and tracker = 0;
+// else ++tracker and, when it reaches growth_interval, scale *= growth (kept
+// only if finite) and tracker = 0. Also writes *inv_scale = 1 / *scale.
+Status UpdateLossScale(const LossScalerParams& p, const int* found_inf, float* scale, float* inv_scale,
+                       int* growth_tracker, cudaStream_t stream);
+
+// ---- Flash attention ---------------------------------------------------------------
+
+// Causal GQA attention, cpu::AttentionForward's definition: query head h
+// reads kv head h / (Hq/Hkv); key j is visible to query i iff j <= i and (no
+// segments, or segments[b*seq + j] == segments[b*seq + i]). out[rows, Hq*hd]
+// in T, lse[batch, Hq, seq] in fp32 (-inf and out = 0 for a query that sees
+// no key). head_dim must be 64 or 128 (InvalidArgument otherwise).
+template <typename T>
+Status AttentionForward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
+                        T* out, float* lse, cudaStream_t stream);
+// Floats of workspace AttentionBackward needs (D_i = dout_i · out_i per query).
+int64_t AttentionBackwardWorkspaceFloats(const AttentionShape& s);
+// dq, dk, dv overwritten, FlashAttention-2's gradients recomputed from lse.
+// dK/dV and dQ are computed by separate kernels, so no atomics are needed.
+template <typename T>
+Status AttentionBackward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
+                         const T* out, const float* lse, const T* dout, T* dq, T* dk, T* dv, float* workspace,
+                         cudaStream_t stream);
+
+}  // namespace ft::cuda

@@ -1,0 +1,661 @@
+// ftd's HTTP side end to end: a real server on an ephemeral port, a real
+// daemon (one job running on a fake worker session, one queued), and a real
+// HTTP client. Every JSON endpoint with good input, malformed and unknown job
+// ids, bad query parameters, wrong methods, tokens, static files and path
+// traversal, SSE live updates and Last-Event-ID replay, a slow SSE client being
+// dropped, /metrics through promtool, and /ready on a sticky-failed store.
+#include "daemon/http_api.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "daemon/daemon.h"
+#include "daemon/http_server.h"
+#include "engine/hf_model.h"
+#include "tests/daemon/http_test_util.h"
+
+namespace ft {
+namespace {
+
+namespace fs = std::filesystem;
+namespace pb = ftune::v1;
+using http_test::Fetch;
+using http_test::Reply;
+using http_test::SseReader;
+using nlohmann::json;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+class FakeSink : public WorkerSink {
+ public:
+  void Send(const pb::DaemonCommand& cmd) override { commands.push_back(cmd); }
+  std::vector<pb::DaemonCommand> commands;
+};
+
+class HttpApiTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = (fs::path(testing::TempDir()) /
+            ("http-" + std::string(testing::UnitTest::GetInstance()->current_test_info()->name())))
+               .string();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ + "/job");
+    fs::create_directories(dir_ + "/web/node_modules/uplot/dist");
+    Model model(*PresetModelConfig("tiny-llama"), {});
+    RandomInitModel(&model, 1);
+    ASSERT_TRUE(SaveHfModel(dir_ + "/job/model", model, DType::kF32).ok());
+    std::ofstream(dir_ + "/job/data.jsonl") << "{\"input_ids\": [1, 2, 3]}\n";
+    std::ofstream(dir_ + "/web/index.html") << "<!doctype html><title>ftune</title>";
+    std::ofstream(dir_ + "/web/app.js") << "console.log('app');";
+    std::ofstream(dir_ + "/web/.hidden") << "hidden";
+    std::ofstream(dir_ + "/web/node_modules/uplot/dist/uPlot.min.css") << ".uplot{}";
+    std::ofstream(dir_ + "/secret.txt") << "TOP-SECRET";
+
+    auto store = Store::Open(dir_ + "/ftd.sqlite");
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    DaemonOptions o;
+    o.data_dir = dir_ + "/data";
+    o.memory_sample_ms = 0;  // store every heartbeat's device memory
+    daemon_ = std::make_unique<Daemon>(std::move(*store), &clock_, o);
+
+    running_ = Submit("alpha");
+    queued_ = Submit("beta");
+    pb::Register reg;
+    reg.set_worker_id("w1");
+    reg.set_hostname("node-1");
+    pb::Device* d = reg.add_devices();
+    d->set_kind("cpu");
+    d->set_name("host");
+    d->set_total_bytes(int64_t{8} << 30);
+    d->set_free_bytes(int64_t{8} << 30);
+    ASSERT_TRUE(daemon_->OnRegister(reg, &sink_).ok());
+    daemon_->Tick();  // places the older job on w1; the other one waits (one job per worker)
+    for (const auto& c : sink_.commands) {
+      if (c.has_start()) epoch_ = c.start().epoch();
+    }
+    ASSERT_GT(epoch_, 0);
+    SendMetrics(1, 4);
+    Heartbeat(4, int64_t{3} << 30);
+    std::ofstream(daemon_->LogPath(running_)) << "step 1\nstep 2\nstep 3\nstep 4 loss 2.5\n";
+  }
+
+  void TearDown() override {
+    server_.reset();
+    api_.reset();
+  }
+
+  void Serve(HttpApiOptions options = {}, HttpServerOptions server_options = {}) {
+    server_.reset();
+    if (options.web_dir.empty()) options.web_dir = dir_ + "/web";
+    api_ = std::make_unique<HttpApi>(daemon_.get(), options);
+    server_options.address = "127.0.0.1:0";
+    auto s = HttpServer::Start(daemon_.get(), api_.get(), server_options);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    server_ = std::move(*s);
+    port_ = server_->port();
+  }
+
+  std::string Submit(const std::string& name) {
+    pb::SubmitRequest req;
+    req.set_spec_yaml("name: " + name +
+                      "\nmodel: {path: model, dtype: fp32}\nadapter: {type: lora, r: 4, alpha: 8}\n"
+                      "data: {train: data.jsonl, format: tokens, seq_len: 64}\n"
+                      "train: {max_steps: 10, global_batch_size: 4}\noutput: {dir: out-" +
+                      name + "}\n");
+    req.set_spec_dir(dir_ + "/job");
+    auto r = daemon_->Submit(req);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? r->job().id() : "";
+  }
+
+  void SendMetrics(int64_t from, int64_t to) {
+    pb::WorkerMessage m;
+    m.mutable_metrics()->set_job_id(running_);
+    m.mutable_metrics()->set_epoch(epoch_);
+    for (int64_t s = from; s <= to; ++s) {
+      pb::MetricPoint* p = m.mutable_metrics()->add_points();
+      p->set_step(s);
+      p->set_loss(3.0 - 0.1 * static_cast<double>(s));
+      p->set_lr(1e-4);
+      p->set_time_ms(1'700'000'000'000 + s * 1000);
+    }
+    daemon_->OnWorkerMessage("w1", &sink_, m);
+  }
+
+  void Heartbeat(int64_t step, int64_t used) {
+    // Samples are keyed by their millisecond: keep two heartbeats apart.
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    pb::WorkerMessage m;
+    pb::Device* d = m.mutable_heartbeat()->add_devices();
+    d->set_kind("cpu");
+    d->set_name("host");
+    d->set_total_bytes(int64_t{8} << 30);
+    d->set_used_bytes(used);
+    d->set_free_bytes((int64_t{8} << 30) - used);
+    pb::Progress* p = m.mutable_heartbeat()->add_progress();
+    p->set_job_id(running_);
+    p->set_epoch(epoch_);
+    p->set_step(step);
+    p->set_total_steps(10);
+    p->set_loss(2.6);
+    daemon_->OnWorkerMessage("w1", &sink_, m);
+  }
+
+  Reply Get(const std::string& target, std::vector<std::pair<std::string, std::string>> headers = {}) {
+    return Fetch(port_, "GET", target, headers);
+  }
+  json GetJson(const std::string& target) {
+    Reply r = Get(target);
+    EXPECT_EQ(r.status, 200) << target << ": " << r.body;
+    return json::parse(r.body, nullptr, false);
+  }
+  // Expects a 400 whose error names `what`.
+  void ExpectBad(const std::string& target, const std::string& what) {
+    Reply r = Get(target);
+    EXPECT_EQ(r.status, 400) << target << ": " << r.body;
+    EXPECT_THAT(r.body, HasSubstr(what)) << target;
+    EXPECT_TRUE(json::parse(r.body, nullptr, false).contains("error")) << target << ": " << r.body;
+  }
+
+  std::string dir_;
+  SystemClock clock_;
+  std::unique_ptr<Daemon> daemon_;
+  FakeSink sink_;
+  std::string running_, queued_;
+  int64_t epoch_ = 0;
+  std::unique_ptr<HttpApi> api_;
+  std::unique_ptr<HttpServer> server_;
+  int port_ = 0;
+};
+
+TEST_F(HttpApiTest, EndpointTableListsEveryRouteWithHelp) {
+  Serve();
+  json e = GetJson("/api/endpoints");
+  ASSERT_TRUE(e["endpoints"].is_array());
+  std::map<std::string, json> by_path;
+  for (const json& x : e["endpoints"]) {
+    EXPECT_FALSE(x["help"].get<std::string>().empty());
+    by_path[x["method"].get<std::string>() + " " + x["path"].get<std::string>()] = x;
+  }
+  for (const char* p : {"GET /api/jobs", "GET /api/jobs/{id}", "GET /api/jobs/{id}/metrics",
+                        "GET /api/jobs/{id}/memory", "GET /api/jobs/{id}/events", "GET /api/jobs/{id}/log",
+                        "POST /api/jobs/{id}/cancel", "GET /api/workers", "GET /api/events",
+                        "GET /api/stream", "GET /metrics", "GET /healthz", "GET /ready"}) {
+    ASSERT_TRUE(by_path.count(p)) << p;
+  }
+  EXPECT_TRUE(by_path["POST /api/jobs/{id}/cancel"]["changes_state"].get<bool>());
+  EXPECT_FALSE(by_path["GET /api/jobs"]["changes_state"].get<bool>());
+}
+
+TEST_F(HttpApiTest, JobsListIsNewestFirstWithCountsSparklinesAndFilters) {
+  Serve();
+  json all = GetJson("/api/jobs");
+  ASSERT_EQ(all["jobs"].size(), 2u);
+  EXPECT_EQ(all["jobs"][0]["id"], queued_);  // newest first
+  EXPECT_EQ(all["jobs"][1]["id"], running_);
+  EXPECT_EQ(all["counts"]["running"], 1);
+  EXPECT_EQ(all["counts"]["queued"], 1);
+  EXPECT_EQ(all["counts"]["succeeded"], 0);
+  const json& r = all["jobs"][1];
+  EXPECT_EQ(r["name"], "alpha");
+  EXPECT_EQ(r["state"], "running");
+  EXPECT_EQ(r["worker_id"], "w1");
+  EXPECT_EQ(r["attempts"], 1);
+  EXPECT_EQ(r["steps_done"], 4);
+  EXPECT_EQ(r["total_steps"], 10);
+  EXPECT_DOUBLE_EQ(r["last_loss"].get<double>(), 2.6);
+  ASSERT_EQ(r["loss_spark"].size(), 4u);  // 4 steps of 10: one per bucket
+  EXPECT_NEAR(r["loss_spark"][0].get<double>(), 2.9, 1e-9);
+  EXPECT_NEAR(r["loss_spark"][3].get<double>(), 2.6, 1e-9);
+  for (const char* key : {"reason", "priority", "created_ms", "updated_ms", "tokens_per_s", "committed_step",
+                          "preemptions", "failures", "eta_s"}) {
+    EXPECT_TRUE(r.contains(key)) << key;
+  }
+  EXPECT_TRUE(all["jobs"][0]["eta_s"].is_null());  // queued: unknown
+  EXPECT_TRUE(all["jobs"][0]["loss_spark"].empty());
+
+  json running = GetJson("/api/jobs?state=running");
+  ASSERT_EQ(running["jobs"].size(), 1u);
+  EXPECT_EQ(running["jobs"][0]["id"], running_);
+  EXPECT_EQ(GetJson("/api/jobs?state=queued,running")["jobs"].size(), 2u);
+  EXPECT_EQ(GetJson("/api/jobs?state=failed")["jobs"].size(), 0u);
+  json q = GetJson("/api/jobs?q=BET");
+  ASSERT_EQ(q["jobs"].size(), 1u);
+  EXPECT_EQ(q["jobs"][0]["name"], "beta");
+  EXPECT_EQ(GetJson("/api/jobs?q=" + running_)["jobs"].size(), 1u);
+  EXPECT_EQ(GetJson("/api/jobs?limit=1")["jobs"][0]["id"], queued_);
+
+  ExpectBad("/api/jobs?state=runing", "state");
+  ExpectBad("/api/jobs?limit=-1", "limit");
+  ExpectBad("/api/jobs?limit=ten", "limit");
+  ExpectBad("/api/jobs?limit=10001", "limit");
+  ExpectBad("/api/jobs?lmit=5", "lmit");
+}
+
+TEST_F(HttpApiTest, JobDetailHasAttemptsPlanSpecAndPrediction) {
+  Serve();
+  json j = GetJson("/api/jobs/" + running_);
+  EXPECT_EQ(j["id"], running_);
+  EXPECT_EQ(j["state"], "running");
+  ASSERT_EQ(j["attempts_list"].size(), 1u);
+  const json& a = j["attempts_list"][0];
+  EXPECT_EQ(a["number"], 1);
+  EXPECT_EQ(a["epoch"], epoch_);
+  EXPECT_EQ(a["worker_id"], "w1");
+  EXPECT_EQ(a["outcome"], "running");
+  EXPECT_EQ(a["end_step"], 4);
+  EXPECT_GE(a["micro_batch"].get<int64_t>(), 1);
+  EXPECT_EQ(a["micro_batch"].get<int64_t>() * a["accumulation"].get<int64_t>(), 4);
+  EXPECT_EQ(j["plan"]["micro_batch"], a["micro_batch"]);
+  EXPECT_EQ(j["plan"]["world"], 1);
+  EXPECT_GT(j["predicted_bytes"].get<int64_t>(), 0);
+  EXPECT_THAT(j["spec_yaml"].get<std::string>(), HasSubstr("max_steps: 10"));
+  EXPECT_THAT(j["output_dir"].get<std::string>(), HasSubstr("out-alpha"));
+
+  json q = GetJson("/api/jobs/" + queued_);
+  EXPECT_TRUE(q["plan"].is_null());
+  EXPECT_EQ(q["predicted_bytes"], 0);
+  EXPECT_TRUE(q["attempts_list"].empty());
+
+  for (const char* bad : {"x", "j-", "j-12a", "J-000001", "j-000001x"})
+    ExpectBad(std::string("/api/jobs/") + bad, bad);
+  Reply missing = Get("/api/jobs/j-999999");
+  EXPECT_EQ(missing.status, 404) << missing.body;
+  EXPECT_THAT(missing.body, HasSubstr("j-999999"));
+  ExpectBad("/api/jobs/" + running_ + "?verbose=1", "verbose");
+}
+
+TEST_F(HttpApiTest, MetricsAreInStepOrderAndPageByAfterStep) {
+  Serve();
+  SendMetrics(5, 7);
+  json m = GetJson("/api/jobs/" + running_ + "/metrics");
+  ASSERT_EQ(m["points"].size(), 7u);
+  for (size_t i = 0; i < 7; ++i) EXPECT_EQ(m["points"][i]["step"], static_cast<int64_t>(i + 1));
+  const json& p = m["points"][0];
+  for (const char* key :
+       {"step", "epoch", "time_ms", "loss", "lr", "grad_norm", "tokens_per_s", "peak_bytes"}) {
+    EXPECT_TRUE(p.contains(key)) << key;
+  }
+  EXPECT_EQ(p["epoch"], epoch_);
+  json after = GetJson("/api/jobs/" + running_ + "/metrics?after_step=5&limit=1");
+  ASSERT_EQ(after["points"].size(), 1u);
+  EXPECT_EQ(after["points"][0]["step"], 6);
+  ExpectBad("/api/jobs/" + running_ + "/metrics?after_step=-3", "after_step");
+  ExpectBad("/api/jobs/" + running_ + "/metrics?limit=1e3", "limit");
+  ExpectBad("/api/jobs/nope/metrics", "nope");
+  EXPECT_EQ(Get("/api/jobs/j-424242/metrics").status, 404);
+}
+
+TEST_F(HttpApiTest, MemoryHasHeartbeatSamplesAndThePrediction) {
+  Serve();
+  Heartbeat(5, int64_t{4} << 30);
+  json m = GetJson("/api/jobs/" + running_ + "/memory");
+  ASSERT_EQ(m["samples"].size(), 2u);
+  EXPECT_EQ(m["samples"][0]["used_bytes"], int64_t{3} << 30);
+  EXPECT_EQ(m["samples"][1]["used_bytes"], int64_t{4} << 30);
+  EXPECT_EQ(m["samples"][1]["total_bytes"], int64_t{8} << 30);
+  EXPECT_EQ(m["samples"][1]["worker_id"], "w1");
+  EXPECT_EQ(m["samples"][1]["device"], 0);
+  EXPECT_GT(m["predicted_bytes"].get<int64_t>(), 0);
+  const int64_t first = m["samples"][0]["time_ms"];
+  EXPECT_LE(GetJson("/api/jobs/" + running_ + "/memory?after_ms=" + std::to_string(first))["samples"].size(),
+            1u);
+  EXPECT_TRUE(GetJson("/api/jobs/" + queued_ + "/memory")["samples"].empty());
+  ExpectBad("/api/jobs/" + running_ + "/memory?after_ms=yesterday", "after_ms");
+  EXPECT_EQ(Get("/api/jobs/j-424242/memory").status, 404);
+}
+
+TEST_F(HttpApiTest, EventsOfOneJobAndOfAll) {
+  Serve();
+  json e = GetJson("/api/jobs/" + running_ + "/events");
+  ASSERT_GE(e["events"].size(), 2u);
+  EXPECT_EQ(e["events"][0]["kind"], "queued");
+  EXPECT_EQ(e["events"][1]["kind"], "started");
+  EXPECT_EQ(e["events"][1]["worker_id"], "w1");
+  for (const json& x : e["events"]) EXPECT_EQ(x["job_id"], running_);
+  const int64_t first = e["events"][0]["seq"];
+  json after = GetJson("/api/jobs/" + running_ + "/events?after_seq=" + std::to_string(first));
+  EXPECT_EQ(after["events"].size(), e["events"].size() - 1);
+
+  json all = GetJson("/api/events");
+  std::set<std::string> kinds;
+  for (const json& x : all["events"]) kinds.insert(x["kind"]);
+  EXPECT_TRUE(kinds.count("worker_joined"));
+  EXPECT_EQ(GetJson("/api/events?limit=2")["events"].size(), 2u);
+  json one = GetJson("/api/events?job=" + queued_);
+  ASSERT_FALSE(one["events"].empty());
+  for (const json& x : one["events"]) EXPECT_EQ(x["job_id"], queued_);
+
+  ExpectBad("/api/events?after_seq=x", "after_seq");
+  ExpectBad("/api/events?job=oops", "oops");
+  ExpectBad("/api/jobs/" + running_ + "/events?limit=99999", "limit");
+  EXPECT_EQ(Get("/api/events?job=j-424242").status, 404);
+  EXPECT_EQ(Get("/api/jobs/j-424242/events").status, 404);
+}
+
+TEST_F(HttpApiTest, LogTailIsPlainTextOfTheLastBytes) {
+  Serve();
+  Reply all = Get("/api/jobs/" + running_ + "/log");
+  EXPECT_EQ(all.status, 200);
+  EXPECT_THAT(all.headers["Content-Type"], HasSubstr("text/plain"));
+  EXPECT_EQ(all.body, "step 1\nstep 2\nstep 3\nstep 4 loss 2.5\n");
+  EXPECT_EQ(Get("/api/jobs/" + running_ + "/log?tail_bytes=4").body, "2.5\n");
+  Reply none = Get("/api/jobs/" + queued_ + "/log");
+  EXPECT_EQ(none.status, 200);
+  EXPECT_EQ(none.body, "");
+  ExpectBad("/api/jobs/" + running_ + "/log?tail_bytes=-1", "tail_bytes");
+  ExpectBad("/api/jobs/" + running_ + "/log?tail_bytes=999999999999", "tail_bytes");
+  EXPECT_EQ(Get("/api/jobs/j-424242/log").status, 404);
+}
+
+TEST_F(HttpApiTest, CancelChangesStateOnceAndNeedsPost) {
+  Serve();
+  Reply r = Fetch(port_, "POST", "/api/jobs/" + queued_ + "/cancel");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  EXPECT_EQ(j["state"], "cancelled");
+  EXPECT_TRUE(j.contains("attempts_list"));
+  EXPECT_EQ(GetJson("/api/jobs/" + queued_)["state"], "cancelled");
+  Reply again = Fetch(port_, "POST", "/api/jobs/" + queued_ + "/cancel");
+  EXPECT_EQ(again.status, 409) << again.body;
+  EXPECT_THAT(again.body, HasSubstr("already ended"));
+  Reply get = Get("/api/jobs/" + running_ + "/cancel");
+  EXPECT_EQ(get.status, 405);
+  EXPECT_EQ(get.headers["Allow"], "POST");
+  EXPECT_EQ(Fetch(port_, "POST", "/api/jobs/j-424242/cancel").status, 404);
+  EXPECT_EQ(Fetch(port_, "POST", "/api/jobs/bad/cancel").status, 400);
+}
+
+TEST_F(HttpApiTest, WrongMethodIs405AndUnknownPathIs404) {
+  Serve();
+  for (const char* method : {"POST", "PUT", "DELETE"}) {
+    Reply r = Fetch(port_, method, "/api/jobs");
+    EXPECT_EQ(r.status, 405) << method;
+    EXPECT_EQ(r.headers["Allow"], "GET") << method;
+    EXPECT_THAT(r.body, HasSubstr("error"));
+  }
+  EXPECT_EQ(Fetch(port_, "DELETE", "/api/jobs/" + running_).status, 405);
+  Reply unknown = Get("/api/nothing/here");
+  EXPECT_EQ(unknown.status, 404);
+  EXPECT_THAT(unknown.body, HasSubstr("/api/endpoints"));
+}
+
+TEST_F(HttpApiTest, WorkersShowDevicesAndTheRunningJob) {
+  Serve();
+  json w = GetJson("/api/workers");
+  ASSERT_EQ(w["workers"].size(), 1u);
+  const json& x = w["workers"][0];
+  EXPECT_EQ(x["id"], "w1");
+  EXPECT_EQ(x["hostname"], "node-1");
+  EXPECT_TRUE(x["alive"].get<bool>());
+  EXPECT_EQ(x["running_job_id"], running_);
+  EXPECT_GT(x["last_heartbeat_ms"].get<int64_t>(), 0);
+  ASSERT_EQ(x["devices"].size(), 1u);
+  EXPECT_EQ(x["devices"][0]["used_bytes"], int64_t{3} << 30);  // from the heartbeat, not the registration
+  EXPECT_EQ(x["devices"][0]["kind"], "cpu");
+  ExpectBad("/api/workers?all=1", "all");
+}
+
+TEST_F(HttpApiTest, TokensGuardActionsAndOptionallyViewing) {
+  Serve({.client_token = "act", .view_token = "look"});
+  EXPECT_EQ(Get("/api/jobs").status, 401);
+  EXPECT_EQ(Get("/api/jobs", {{"Authorization", "Bearer wrong"}}).status, 401);
+  EXPECT_EQ(Get("/api/jobs", {{"Authorization", "Bearer look"}}).status, 200);
+  EXPECT_EQ(Get("/api/jobs?token=look").status, 200);
+  EXPECT_EQ(Get("/api/jobs?token=act").status, 200);  // the client token may view too
+  EXPECT_EQ(Get("/").status, 401);
+  EXPECT_EQ(Get("/healthz").status, 200);
+  EXPECT_EQ(Get("/metrics").status, 200);
+  // A page opened with ?token sets a cookie so that its own files load.
+  Reply page = Get("/?token=look");
+  ASSERT_EQ(page.status, 200);
+  EXPECT_THAT(page.headers["Set-Cookie"], HasSubstr("ftune_token=look"));
+  EXPECT_EQ(Get("/app.js", {{"Cookie", "ftune_token=look"}}).status, 200);
+  // Actions need the client token, by header or query, never the view token or a cookie.
+  const std::string cancel = "/api/jobs/" + queued_ + "/cancel";
+  Reply denied = Fetch(port_, "POST", cancel, {{"Authorization", "Bearer look"}});
+  EXPECT_EQ(denied.status, 401);
+  EXPECT_THAT(denied.body, HasSubstr("client token"));
+  EXPECT_EQ(Fetch(port_, "POST", cancel, {{"Cookie", "ftune_token=act"}}).status, 401);
+  EXPECT_EQ(GetJson("/api/jobs/" + queued_ + "?token=look")["state"], "queued");
+  EXPECT_EQ(Fetch(port_, "POST", cancel, {{"Authorization", "Bearer act"}}).status, 200);
+  EXPECT_EQ(Fetch(port_, "POST", "/api/jobs/" + running_ + "/cancel?token=act").status, 200);
+
+  // With only a client token, viewing is open and actions are not.
+  Serve({.client_token = "act"});
+  EXPECT_EQ(Get("/api/jobs").status, 200);
+  EXPECT_EQ(Fetch(port_, "POST", "/api/jobs/" + running_ + "/cancel").status, 401);
+}
+
+TEST_F(HttpApiTest, StaticFilesAndNoWayOutOfTheWebDir) {
+  Serve();
+  Reply index = Get("/");
+  EXPECT_EQ(index.status, 200);
+  EXPECT_THAT(index.headers["Content-Type"], HasSubstr("text/html"));
+  EXPECT_THAT(index.body, HasSubstr("<title>ftune</title>"));
+  Reply js = Get("/app.js");
+  EXPECT_EQ(js.status, 200);
+  EXPECT_THAT(js.headers["Content-Type"], HasSubstr("javascript"));
+  Reply css = Get("/vendor/uPlot.min.css");
+  EXPECT_EQ(css.status, 200);
+  EXPECT_THAT(css.headers["Content-Type"], HasSubstr("text/css"));
+  EXPECT_EQ(css.body, ".uplot{}");
+  EXPECT_EQ(Get("/missing.js").status, 404);
+  EXPECT_EQ(Get("/vendor/missing.js").status, 404);
+  EXPECT_EQ(Get("/.hidden").status, 400);
+  EXPECT_EQ(Get("/node_modules").status, 404);  // a directory is not a file
+  for (const char* attack :
+       {"/../secret.txt", "/%2e%2e/secret.txt", "/%2E%2E%2Fsecret.txt", "/..%2fsecret.txt",
+        "/vendor/../../../../secret.txt", "/vendor/..%2f..%2f..%2f..%2fsecret.txt",
+        "/vendor/%2e%2e/%2e%2e/%2e%2e/%2e%2e/secret.txt", "/%2fetc%2fpasswd", "/a%00.js", "/%zz"}) {
+    Reply r = Get(attack);
+    EXPECT_GE(r.status, 400) << attack;
+    EXPECT_LT(r.status, 500) << attack;
+    EXPECT_THAT(r.body, Not(HasSubstr("TOP-SECRET"))) << attack;
+    EXPECT_THAT(r.body, Not(HasSubstr("root:"))) << attack;
+  }
+}
+
+TEST_F(HttpApiTest, HealthzAndReady) {
+  Serve();
+  Reply h = Get("/healthz");
+  EXPECT_EQ(h.status, 200);
+  EXPECT_EQ(h.body, "ok\n");
+  EXPECT_EQ(Get("/ready").status, 200);
+}
+
+TEST_F(HttpApiTest, ReadyIs503OnceTheStoreIsStickyFailed) {
+  Serve();
+  // Make the next database write fail: no file may grow past its current size (EFBIG).
+  signal(SIGXFSZ, SIG_IGN);
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  const auto wal = fs::file_size(dir_ + "/ftd.sqlite-wal");
+  rlimit tight = old;
+  tight.rlim_cur = static_cast<rlim_t>(wal);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &tight), 0);
+  for (int i = 0; i < 20 && daemon_->Ready().ok(); ++i) SendMetrics(100 + i * 50, 149 + i * 50);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old), 0);
+  ASSERT_FALSE(daemon_->Ready().ok()) << "could not provoke a write failure";
+  Reply r = Get("/ready");
+  EXPECT_EQ(r.status, 503);
+  EXPECT_THAT(r.body, HasSubstr("not ready"));
+  EXPECT_EQ(Get("/healthz").status, 200);
+  EXPECT_EQ(Get("/api/jobs").status, 200);  // reads keep working
+}
+
+// Waits until `pred` or 5 s.
+template <typename Pred>
+bool Eventually(Pred pred) {
+  for (int i = 0; i < 500; ++i) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return pred();
+}
+
+TEST_F(HttpApiTest, StreamDeliversLiveJobEventMetricAndWorkerUpdates) {
+  Serve();
+  SseReader sse(port_);
+  ASSERT_TRUE(sse.connected());
+  ASSERT_TRUE(sse.Get("/api/stream"));
+  ASSERT_TRUE(sse.ReadUntil("retry:", std::chrono::seconds(5))) << sse.text();
+  EXPECT_THAT(sse.text(), HasSubstr("Content-Type: text/event-stream"));
+  ASSERT_TRUE(Eventually([&] { return server_->open_streams() == 1; }));
+  // Workers come within a period.
+  ASSERT_TRUE(sse.ReadUntil("event: workers\ndata: {\"workers\":[{", std::chrono::seconds(5))) << sse.text();
+  // A live change: the queued job is cancelled.
+  ASSERT_TRUE(daemon_->Cancel(queued_).ok());
+  ASSERT_TRUE(sse.ReadUntil("\"kind\":\"cancelled\"", std::chrono::seconds(5))) << sse.text();
+  ASSERT_TRUE(sse.ReadUntil("\"state\":\"cancelled\"", std::chrono::seconds(5))) << sse.text();
+  EXPECT_THAT(sse.text(), HasSubstr("event: job\ndata: {"));
+  EXPECT_THAT(sse.text(), HasSubstr("event: event\ndata: {"));
+  // A metric point, then (within a period) the job's summary with the new progress.
+  SendMetrics(8, 8);
+  Heartbeat(8, int64_t{3} << 30);
+  ASSERT_TRUE(sse.ReadUntil("event: metric\ndata: {", std::chrono::seconds(5))) << sse.text();
+  ASSERT_TRUE(sse.ReadUntil("\"job_id\":\"" + running_ + "\"", std::chrono::seconds(5)));
+  ASSERT_TRUE(sse.ReadUntil("\"steps_done\":8", std::chrono::seconds(5))) << sse.text();
+  // The stream of one job sees only that job.
+  SseReader one(port_);
+  ASSERT_TRUE(one.Get("/api/stream?job=" + running_));
+  ASSERT_TRUE(one.ReadUntil("retry:", std::chrono::seconds(5)));
+  ASSERT_TRUE(Eventually([&] { return server_->open_streams() == 2; }));
+  SendMetrics(9, 9);
+  ASSERT_TRUE(one.ReadUntil("\"step\":9", std::chrono::seconds(5))) << one.text();
+  EXPECT_THAT(one.text(), Not(HasSubstr(queued_)));
+  EXPECT_THAT(one.text(), Not(HasSubstr("event: workers")));
+  // Closing the client ends the subscription.
+  sse.socket().close();
+  one.socket().close();
+  EXPECT_TRUE(Eventually([&] { return server_->open_streams() == 0; }));
+}
+
+TEST_F(HttpApiTest, StreamKeepsAliveWhenQuiet) {
+  Serve({}, {.keepalive_ms = 200, .stream_period_ms = 100});
+  SseReader sse(port_);
+  ASSERT_TRUE(sse.Get("/api/stream?job=" + queued_));
+  EXPECT_TRUE(sse.ReadUntil(": keepalive\n\n", std::chrono::seconds(5))) << sse.text();
+}
+
+TEST_F(HttpApiTest, StreamReplaysEventsAfterLastEventId) {
+  Serve();
+  json events = GetJson("/api/events");
+  ASSERT_GE(events["events"].size(), 3u);
+  const int64_t first = events["events"][0]["seq"];
+  const int64_t last = events["events"].back()["seq"];
+  SseReader sse(port_);
+  ASSERT_TRUE(sse.Get("/api/stream", {"Last-Event-ID: " + std::to_string(first)}));
+  ASSERT_TRUE(sse.ReadUntil("id: " + std::to_string(last) + "\n", std::chrono::seconds(5))) << sse.text();
+  EXPECT_THAT(sse.text(), Not(HasSubstr("id: " + std::to_string(first) + "\n")));
+  EXPECT_THAT(sse.text(), HasSubstr("id: " + std::to_string(first + 1) + "\n"));
+  // Events after the replay come once, in order.
+  ASSERT_TRUE(daemon_->Cancel(queued_).ok());
+  ASSERT_TRUE(sse.ReadUntil("\"kind\":\"cancelled\"", std::chrono::seconds(5)));
+  const std::string& t = sse.text();
+  EXPECT_EQ(t.find("id: " + std::to_string(last) + "\n"), t.rfind("id: " + std::to_string(last) + "\n"));
+  // ?after_seq does the same for a first connection; a bad Last-Event-ID is a 400.
+  SseReader again(port_);
+  ASSERT_TRUE(again.Get("/api/stream?job=" + running_ + "&after_seq=0"));
+  ASSERT_TRUE(again.ReadUntil("\"kind\":\"started\"", std::chrono::seconds(5))) << again.text();
+  Reply bad = Get("/api/stream", {{"Last-Event-ID", "abc"}});
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_THAT(bad.body, HasSubstr("Last-Event-ID"));
+  ExpectBad("/api/stream?job=x1", "x1");
+  ExpectBad("/api/stream?after_seq=-2", "after_seq");
+  EXPECT_EQ(Get("/api/stream?job=j-424242").status, 404);
+}
+
+TEST_F(HttpApiTest, SlowStreamClientIsDroppedWithoutBlockingTheDaemon) {
+  Serve({}, {.stream_max_bytes = 256 << 10});
+  SseReader slow(port_);
+  int small = 4096;
+  setsockopt(slow.socket().native_handle(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  ASSERT_TRUE(slow.Get("/api/stream"));
+  ASSERT_TRUE(slow.ReadUntil("retry:", std::chrono::seconds(5)));
+  ASSERT_TRUE(Eventually([&] { return server_->open_streams() == 1; }));
+  // Never read again; the daemon keeps publishing at full speed.
+  const auto start = std::chrono::steady_clock::now();
+  for (int batch = 0; batch < 40 && server_->open_streams() > 0; ++batch) {
+    SendMetrics(1000 + batch * 1000, 1999 + batch * 1000);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_TRUE(Eventually([&] { return server_->open_streams() == 0; }))
+      << "the slow client was never dropped";
+  EXPECT_LT(seconds, 60.0);
+  EXPECT_EQ(Get("/healthz").status, 200);  // the server still serves others
+}
+
+TEST_F(HttpApiTest, PrometheusMetricsPassPromtool) {
+  Serve();
+  Reply m = Get("/metrics");
+  ASSERT_EQ(m.status, 200);
+  EXPECT_THAT(m.headers["Content-Type"], HasSubstr("version=0.0.4"));
+  for (const char* line :
+       {"ftune_jobs{state=\"running\"} 1", "ftune_jobs{state=\"queued\"} 1", "ftune_attempts_total 1",
+        "ftune_preemptions_total 0", "ftune_failures_total 0", "ftune_workers{state=\"alive\"} 1",
+        "ftune_workers{state=\"lost\"} 0",
+        "ftune_device_memory_bytes{worker=\"w1\",device=\"0\",kind=\"used\"} 3221225472",
+        "ftune_device_memory_bytes{worker=\"w1\",device=\"0\",kind=\"total\"} 8589934592",
+        "# TYPE ftune_checkpoint_duration_seconds histogram", "# TYPE ftune_recovery_seconds histogram",
+        "ftune_scheduler_tick_seconds_count 1", "# TYPE ftune_worker_message_seconds histogram"}) {
+    EXPECT_THAT(m.body, HasSubstr(line));
+  }
+  const std::string file = dir_ + "/metrics.txt";
+  std::ofstream(file) << m.body;
+  // promtool comes with Debian's prometheus package (deploy/install-deps.sh): missing is a failure.
+  ASSERT_EQ(std::system("command -v promtool >/dev/null"), 0)
+      << "promtool is missing: run deploy/install-deps.sh (Debian package 'prometheus')";
+  const std::string out = dir_ + "/promtool.txt";
+  const int rc = std::system(("promtool check metrics < '" + file + "' > '" + out + "' 2>&1").c_str());
+  std::ifstream in(out);
+  const std::string report((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(rc, 0) << report << "\n" << m.body;
+}
+
+TEST_F(HttpApiTest, KeepAliveServesManyRequestsOnOneConnection) {
+  Serve();
+  namespace beast = boost::beast;
+  namespace http = beast::http;
+  boost::asio::io_context ioc;
+  beast::tcp_stream stream(ioc);
+  stream.connect({boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port_)});
+  beast::flat_buffer buffer;
+  for (int i = 0; i < 5; ++i) {
+    http::request<http::empty_body> req(http::verb::get, i % 2 ? "/api/workers" : "/api/jobs/nope", 11);
+    req.set(http::field::host, "127.0.0.1");
+    http::write(stream, req);
+    http::response<http::string_body> res;
+    http::read(stream, buffer, res);
+    EXPECT_EQ(res.result_int(), i % 2 ? 200u : 400u);
+    EXPECT_TRUE(res.keep_alive());
+  }
+}
+
+TEST_F(HttpApiTest, MalformedHttpGetsA400NotACrash) {
+  Serve();
+  SseReader raw(port_);
+  const std::string junk = "GARBAGE / HTTP/9.9\r\n\x01\x02\r\n\r\n";
+  boost::asio::write(raw.socket(), boost::asio::buffer(junk));
+  EXPECT_TRUE(raw.ReadUntil("400", std::chrono::seconds(5))) << raw.text();
+  EXPECT_EQ(Get("/healthz").status, 200);
+}
+
+TEST(HttpServerStart, RejectsBadAddresses) {
+  for (const char* address : {"nohost", "127.0.0.1:", "127.0.0.1:99999", ":80", "127.0.0.1:http"}) {
+    auto s = HttpServer::Start(nullptr, nullptr, {.address = address});
+    ASSERT_FALSE(s.ok()) << address;
+    EXPECT_THAT(s.status().message(), HasSubstr("HOST:PORT")) << address;
+  }
+}
+
+}  // namespace
+}  // namespace ft

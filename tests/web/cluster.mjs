@@ -1,0 +1,208 @@
+// A real ftune cluster on loopback for the browser tests: ftd (gRPC and HTTP on
+// ephemeral ports), ft-worker processes, a tiny model made by ft-train, jobs
+// submitted with ftctl. Every process it starts is killed by stop(), by pid
+// (and, for workers, their ft-train descendants).
+//
+// Failure: start() and the helpers throw an Error naming what did not happen
+// and where its log is.
+
+import { spawn, execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+
+export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+// Reads --name value pairs from argv into an object.
+export function parseArgs(argv, required) {
+  const args = {};
+  for (let i = 0; i < argv.length; i++) {
+    if (!argv[i].startsWith('--')) throw new Error(`unexpected argument '${argv[i]}'`);
+    args[argv[i].slice(2)] = argv[++i];
+  }
+  const missing = required.filter((k) => !args[k]);
+  if (missing.length) throw new Error(`missing --${missing.join(', --')} (CMake passes these; see tests/web/CMakeLists.txt)`);
+  return args;
+}
+
+// playwright-core from the npm fixture, and Debian's Chromium (never a download).
+export async function launchChromium(nodeModules) {
+  const executablePath = process.env.FT_CHROMIUM || '/usr/bin/chromium';
+  if (!fs.existsSync(executablePath)) {
+    throw new Error(`Chromium not found at ${executablePath}: run deploy/install-deps.sh (it installs Debian's ` +
+      "'chromium'), or point FT_CHROMIUM at a Chromium binary");
+  }
+  const entry = path.join(nodeModules, 'playwright-core', 'index.mjs');
+  if (!fs.existsSync(entry)) {
+    throw new Error(`playwright-core not found at ${entry}: the web_npm_install test (npm ci in tests/web) must run ` +
+      'first; run ctest with -R web so the fixture runs');
+  }
+  const { chromium } = await import(entry);
+  return chromium.launch({ executablePath, headless: true, args: ['--no-sandbox'] });
+}
+
+// Descendants of pid (children, grandchildren, ...) from /proc.
+function descendants(pid) {
+  const parent = new Map();
+  for (const entry of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const stat = fs.readFileSync(`/proc/${entry}/stat`, 'utf8');
+      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+      parent.set(Number(entry), ppid);
+    } catch {
+      // The process ended while we looked.
+    }
+  }
+  const found = [];
+  let frontier = [pid];
+  while (frontier.length) {
+    const next = [];
+    for (const [child, ppid] of parent) if (frontier.includes(ppid)) next.push(child);
+    found.push(...next);
+    frontier = next;
+  }
+  return found;
+}
+
+export class Cluster {
+  // bins: {ftd, worker, ftctl, train}; dir: a scratch directory (emptied).
+  constructor(bins, dir, { lease_ms = 3000, client_token = '' } = {}) {
+    this.bins = bins;
+    this.dir = dir;
+    this.lease_ms = lease_ms;
+    this.token = client_token;
+    this.procs = new Map();  // name → ChildProcess
+    fs.rmSync(dir, { recursive: true, force: true });
+    fs.mkdirSync(path.join(dir, 'job'), { recursive: true });
+  }
+
+  spawnLogged(name, argv, onLine) {
+    const log = fs.createWriteStream(path.join(this.dir, `${name}.log`));
+    const child = spawn(argv[0], argv.slice(1), { stdio: ['pipe', 'pipe', 'pipe'] });
+    let pendingText = '';
+    const take = (chunk) => {
+      log.write(chunk);
+      if (!onLine) return;
+      pendingText += chunk.toString();
+      const lines = pendingText.split('\n');
+      pendingText = lines.pop();
+      lines.forEach(onLine);
+    };
+    child.stdout.on('data', take);
+    child.stderr.on('data', take);
+    child.exited = new Promise((resolve) => child.on('exit', (code, signal) => resolve(code ?? 128)));
+    this.procs.set(name, child);
+    return child;
+  }
+
+  logOf(name) {
+    try {
+      return fs.readFileSync(path.join(this.dir, `${name}.log`), 'utf8');
+    } catch {
+      return '';
+    }
+  }
+
+  // Starts ftd; resolves once it printed both its gRPC and dashboard addresses.
+  async startDaemon(extra = []) {
+    const argv = [this.bins.ftd, '--listen', '127.0.0.1:0', '--http', '127.0.0.1:0', '--data-dir',
+      path.join(this.dir, 'ftd'), '--lease-ms', String(this.lease_ms), '--heartbeat-ms', '300', '--tick-ms', '100',
+      '--requeue-backoff-ms', '200', '--min-slot-ms', '10000', ...extra];
+    if (this.bins.source) argv.push('--web-dir', path.join(this.bins.source, 'web'));
+    if (this.token) argv.push('--client-token', this.token);
+    await new Promise((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(
+        `ftd did not print 'ftd: listening on' and 'ftd: dashboard at' within 20 s; log:\n${this.logOf('ftd')}`)), 20000);
+      const child = this.spawnLogged('ftd', argv, (line) => {
+        let m = line.match(/ftd: listening on (\S+)/);
+        if (m) this.address = m[1];
+        m = line.match(/ftd: dashboard at (http:\/\/\S+?)\/?$/);
+        if (m) this.url = `${m[1]}/`;
+        if (this.address && this.url) {
+          clearTimeout(timer);
+          resolve();
+        }
+      });
+      child.exited.then((code) => reject(new Error(`ftd exited with ${code}; log:\n${this.logOf('ftd')}`)));
+    });
+  }
+
+  // Without --cpu-memory the worker reports the host's real memory (total and used).
+  startWorker(id, extra = []) {
+    return this.spawnLogged(`worker-${id}`, [this.bins.worker, '--daemon', this.address, '--id', id, '--ft-train',
+      this.bins.train, '--work-dir', path.join(this.dir, `w-${id}`), ...extra]);
+  }
+
+  // SIGKILL a worker and every process under it (its trainers): a node lost without notice.
+  killWorker(id) {
+    const child = this.procs.get(`worker-${id}`);
+    const victims = [child.pid, ...descendants(child.pid)];
+    for (const pid of victims) {
+      try {
+        process.kill(pid, 'SIGKILL');
+      } catch {
+        // Already gone.
+      }
+    }
+    return victims;
+  }
+
+  // A tiny Llama and token data under dir/job, and a job.yaml; returns its path.
+  writeJob(name, { steps, every_steps, extra = '' }) {
+    const job = path.join(this.dir, 'job');
+    if (!fs.existsSync(path.join(job, 'model', 'config.json'))) {
+      execFileSync(this.bins.train, ['make-model', '--preset', 'tiny-llama', '--out', path.join(job, 'model')],
+        { stdio: 'pipe' });
+      fs.copyFileSync(path.join(this.bins.source, 'examples', 'tiny-lora', 'data.jsonl'), path.join(job, 'data.jsonl'));
+    }
+    const file = path.join(job, `${name}.yaml`);
+    fs.writeFileSync(file, `name: ${name}
+model: {path: model, dtype: fp32}
+adapter: {type: lora, r: 8, alpha: 16}
+data: {train: data.jsonl, format: tokens, seq_len: 64, packing: false, shuffle: true}
+train: {max_steps: ${steps}, global_batch_size: 8, micro_batch_size: 2, lr: 1.0e-2, warmup_steps: 3}
+checkpoint: {every_steps: ${every_steps}, every_minutes: 0, keep: 3}
+output: {dir: out-${name}}
+${extra}`);
+    return file;
+  }
+
+  ftctl(...args) {
+    const argv = ['--addr', this.address, ...(this.token ? ['--token', this.token] : []), ...args];
+    return execFileSync(this.bins.ftctl, argv, { encoding: 'utf8' }).trim();
+  }
+
+  // GET a JSON resource from ftd's HTTP API (the test's own view of the truth).
+  async api(pathAndQuery) {
+    const res = await fetch(new URL(pathAndQuery, this.url));
+    if (!res.ok) throw new Error(`GET ${pathAndQuery}: HTTP ${res.status} ${await res.text()}`);
+    return res.json();
+  }
+
+  // Polls fn() until it returns a truthy value; throws `what` after timeout_ms.
+  async waitFor(what, fn, timeout_ms) {
+    const end = Date.now() + timeout_ms;
+    let last;
+    while (Date.now() < end) {
+      last = await fn();
+      if (last) return last;
+      await sleep(100);
+    }
+    throw new Error(`timed out after ${timeout_ms} ms waiting for ${what}`);
+  }
+
+  async stop() {
+    for (const [name, child] of this.procs) {
+      if (child.exitCode !== null || child.signalCode !== null) continue;
+      const victims = name.startsWith('worker-') ? [child.pid, ...descendants(child.pid)] : [child.pid];
+      for (const pid of victims) {
+        try {
+          process.kill(pid, 'SIGKILL');
+        } catch {
+          // Already gone.
+        }
+      }
+      await child.exited;
+    }
+  }
+}

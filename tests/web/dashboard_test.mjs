@@ -1,0 +1,192 @@
+// Browser test of ftd's dashboard (issue #8, acceptance 1): a real ftd, two
+// real ft-workers and a real CPU LoRA job; Debian's Chromium (headless,
+// driven by playwright-core) checks that
+//   1. the jobs list shows the job,
+//   2. a live update arrives without a reload (the step count grows while the
+//      page stays the same document),
+//   3. the loss chart has points,
+//   4. the memory chart shows used vs predicted vs total,
+//   5. killing the running worker (SIGKILL, trainer too) puts a preemption
+//      marker on the loss chart's timeline and the job resumes on the other
+//      worker,
+//   6. cancel from the page works (it asks for the client token on 401) and
+//      the job ends cancelled.
+// Screenshots of every stage are written under --out and their paths printed.
+//
+//   node dashboard_test.mjs --ftd BIN --worker BIN --ftctl BIN --train BIN
+//        --source SRC_DIR --node-modules DIR --out DIR
+// Exit status 0 when every check passed, 1 otherwise (the reason and the
+// daemon's log tail on stderr).
+
+import path from 'node:path';
+import { Cluster, launchChromium, parseArgs } from './cluster.mjs';
+
+const args = parseArgs(process.argv.slice(2), ['ftd', 'worker', 'ftctl', 'train', 'source', 'node-modules', 'out']);
+const TOKEN = 'web-test-token';
+const shots = [];
+let cluster;
+let browser;
+
+function check(condition, message) {
+  if (!condition) throw new Error(`check failed: ${message}`);
+  console.log(`ok: ${message}`);
+}
+
+async function shot(page, name) {
+  const file = path.join(args.out, `${name}.png`);
+  await page.screenshot({ path: file, fullPage: true });
+  shots.push(file);
+}
+
+// Reads a value from the page until pred(value) holds (page state, not the API).
+async function pageWaitFor(page, what, fn, pred, timeout_ms) {
+  return cluster.waitFor(what, async () => {
+    const value = await page.evaluate(fn);
+    return pred(value) ? value : null;
+  }, timeout_ms);
+}
+
+async function main() {
+  cluster = new Cluster({ ftd: args.ftd, worker: args.worker, ftctl: args.ftctl, train: args.train, source: args.source },
+    path.join(args.out, 'cluster'), { lease_ms: 3000, client_token: TOKEN });
+  browser = await launchChromium(args['node-modules']);
+  await cluster.startDaemon();
+  console.log(`ftd: gRPC ${cluster.address}, dashboard ${cluster.url}`);
+  cluster.startWorker('w1');
+  cluster.startWorker('w2');
+  const id = cluster.ftctl('submit', cluster.writeJob('web', { steps: 20000, every_steps: 200 })).split(/\s/)[0];
+  check(/^j-\d+$/.test(id), `ftctl submitted job ${id}`);
+
+  const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
+  const pageErrors = [];
+  page.on('pageerror', (err) => pageErrors.push(err.message));
+  page.on('console', (msg) => {
+    if (msg.type() === 'error') console.log(`browser console: ${msg.text()}`);
+  });
+
+  // 1. The jobs list shows the job.
+  await page.goto(`${cluster.url}#/jobs`);
+  const row = `tr[data-job-id="${id}"]`;
+  await page.waitForSelector(row, { timeout: 15000 });
+  check((await page.textContent(`${row} .name`)) === 'web', 'the jobs list shows the job by name');
+
+  // 2. A live update without reload: a marker set on this document survives while the step count grows.
+  await page.evaluate(() => {
+    window.__sameDocument = true;
+  });
+  const stepsOf = async () => Number(((await page.textContent(`${row} .steps`)) || '0/0').split('/')[0]);
+  const firstSteps = await stepsOf();
+  await cluster.waitFor('the running job to progress in the open jobs page', async () => (await stepsOf()) >= firstSteps + 5,
+    60000);
+  check(await page.evaluate(() => window.__sameDocument === true),
+    `live update without reload: steps ${firstSteps} -> ${await stepsOf()} on the same document`);
+  check((await page.textContent(`${row} .badge`)) === 'running', 'the row shows the job running');
+  await shot(page, '1-jobs-live');
+
+  // 3. The job page's loss chart has points.
+  await page.click(`${row} a.name`);
+  await page.waitForSelector('body[data-rendered="job"]', { timeout: 15000 });
+  const lossPoints = await pageWaitFor(page, 'loss points in the loss chart',
+    () => window.ftune.charts.loss.data[1].filter(Number.isFinite).length, (n) => n >= 3, 30000);
+  check(lossPoints >= 3, `the loss chart has ${lossPoints} points`);
+  check(await page.evaluate(() => window.__sameDocument === true), 'opening the job did not reload the page');
+
+  // 4. Memory: used vs predicted vs total on one chart.
+  const memory = await pageWaitFor(page, 'device memory samples in the memory chart', () => {
+    const chart = window.ftune.charts.memory;
+    if (!chart) return null;
+    const series = chart.series.map((s, i) => ({ label: s.label, values: chart.data[i].filter(Number.isFinite) }));
+    return series.slice(1);
+  }, (s) => s && s.length >= 3 && s.every((x) => x.values.length > 0), 30000);
+  const labels = memory.map((s) => s.label);
+  const used = memory.find((s) => s.label.startsWith('used '));
+  const total = memory.find((s) => s.label.startsWith('total '));
+  const predicted = memory.find((s) => s.label === 'predicted');
+  check(used && total && predicted, `the memory chart has used, predicted and total series (${labels.join(', ')})`);
+  check(predicted.values[0] > 0, `the planner's prediction is drawn (${predicted.values[0]} bytes)`);
+  const workers = (await cluster.api('api/workers')).workers;
+  const hostTotal = workers[0].devices[0].total_bytes;
+  check(hostTotal > 0 && total.values.every((v) => v === hostTotal),
+    `the device total is the ${hostTotal} bytes the worker reports`);
+  check(used.values.every((v) => v > 0 && v <= hostTotal), 'used memory lies between 0 and the total');
+  await shot(page, '2-job-running');
+
+  // 5. Kill the running worker: a preemption marker on the timeline, the job resumes on the other worker.
+  const before = await cluster.api(`api/jobs/${id}`);
+  check(before.state === 'running' && before.worker_id, `the job runs on ${before.worker_id}`);
+  const victim = before.worker_id;
+  const other = victim === 'w1' ? 'w2' : 'w1';
+  const killed = cluster.killWorker(victim);
+  console.log(`killed ${victim} (pids ${killed.join(' ')}) at step ${before.steps_done}`);
+  const markers = await pageWaitFor(page, 'a preempted/lost marker on the loss chart',
+    () => window.ftune.charts.loss.ftMarkers || [], (m) => m.some((x) => x.kind === 'preempted' || x.kind === 'lost'),
+    cluster.lease_ms + 15000);
+  check(true, `the timeline shows ${markers.filter((m) => m.kind !== 'checkpoint').map((m) => m.label).join(', ')}`);
+  await pageWaitFor(page, `the page to show the job running on ${other}`,
+    () => document.querySelector('[data-field="worker"]')?.textContent, (w) => w === other, cluster.lease_ms + 15000);
+  await pageWaitFor(page, 'a resumed marker after the preemption',
+    () => (window.ftune.charts.loss.ftMarkers || []).map((m) => m.kind),
+    (kinds) => kinds.includes('resumed'), 15000);
+  const after = await cluster.api(`api/jobs/${id}`);
+  check(after.worker_id === other && after.attempts >= 2 && after.preemptions >= 1,
+    `the job resumed on ${other} (attempts ${after.attempts}, preemptions ${after.preemptions})`);
+  check(await page.evaluate(() => document.querySelectorAll('#main tr.k-preempted, #main tr.k-lost').length > 0),
+    'the event list shows the preemption');
+  await page.waitForTimeout(1000);  // one more redraw so the screenshot has the resumed run
+  await shot(page, '3-job-preempted-resumed');
+
+  // 6. Cancel from the page; ftd wants the client token, the page asks for it once and keeps it.
+  const dialogs = [];
+  page.on('dialog', async (dialog) => {
+    dialogs.push(dialog.type());
+    if (dialog.type() === 'prompt') await dialog.accept(TOKEN);
+    else await dialog.accept();
+  });
+  await page.click('#cancel');
+  await page.waitForSelector('.job-head .badge.s-cancelled', { timeout: 15000 });
+  check(dialogs.includes('prompt'), `the page asked for the token after a 401 (dialogs: ${dialogs.join(', ')})`);
+  check(await page.evaluate((t) => localStorage.getItem('ftune.token') === t, TOKEN), 'the token is kept in localStorage');
+  const final = await cluster.waitFor('the job to end cancelled', async () => {
+    const job = await cluster.api(`api/jobs/${id}`);
+    return job.state === 'cancelled' ? job : null;
+  }, 15000);
+  check(final.state === 'cancelled', `ftd reports ${id} cancelled`);
+  check(cluster.ftctl('status', id).includes('cancelled'), 'ftctl status agrees');
+  await pageWaitFor(page, 'the cancelled marker on the timeline',
+    () => (window.ftune.charts.loss.ftMarkers || []).map((m) => m.kind), (k) => k.includes('cancelled'), 10000);
+  check(await page.isDisabled('#cancel'), 'the cancel button is disabled once the job ended');
+  await shot(page, '4-job-cancelled');
+
+  // The workers page: both workers, the killed one greyed out as lost.
+  await page.goto(`${cluster.url}#/workers`);
+  await page.waitForSelector('body[data-rendered="workers"]', { timeout: 15000 });
+  await page.waitForSelector(`tr[data-worker-id="${victim}"].lost`, { timeout: cluster.lease_ms + 10000 });
+  check(!(await page.$(`tr[data-worker-id="${other}"].lost`)), `${victim} is greyed as lost, ${other} is not`);
+  check((await page.$$(`tr[data-worker-id="${other}"] .device .bar`)).length === 1, `${other} shows its device's memory bar`);
+  await shot(page, '5-workers');
+
+  check(pageErrors.length === 0, `no JavaScript errors in the page${pageErrors.length ? `: ${pageErrors.join('; ')}` : ''}`);
+}
+
+let status = 0;
+try {
+  await main();
+  console.log('PASS: dashboard browser test');
+} catch (err) {
+  status = 1;
+  console.error(`FAIL: ${err.stack || err.message}`);
+  if (browser) {
+    try {
+      const pages = browser.contexts().flatMap((c) => c.pages());
+      if (pages.length) await shot(pages[0], 'failure');
+    } catch {
+      // The browser itself may be what failed.
+    }
+  }
+  if (cluster) console.error(`--- ftd log (tail) ---\n${cluster.logOf('ftd').slice(-4000)}`);
+} finally {
+  if (browser) await browser.close().catch(() => {});
+  if (cluster) await cluster.stop();
+  for (const file of shots) console.log(`screenshot: ${file}`);
+}
+process.exit(status);

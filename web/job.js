@@ -1,0 +1,399 @@
+// The job page (#/jobs/ID): loss and learning-rate curves with the event
+// timeline drawn on their time axis, tokens/s, device memory (used, the
+// planner's prediction and the device total on one chart), the plan, attempts,
+// the event list, the job's YAML, a live log tail and a cancel button.
+//
+// Live: the stream's job/event/metric messages for this job update the stores
+// below (deduplicated, so replays and the initial load may overlap); memory
+// samples and the log are polled every two seconds while the job is not
+// finished. Redraws are batched to at most three a second.
+
+import { ApiError, getJSON, postJSON, openStream } from './api.js';
+import { axisFormats, eventMarkers, timeChart } from './charts.js';
+import { el, setText, FINISHED, ago, bytes, clock, duration, number } from './format.js';
+
+const REDRAW_MS = 300;
+const POLL_MS = 2000;
+const PAGE = 10000;
+
+export function mountJob(root, id, app) {
+  const store = {
+    job: null,
+    metrics: new Map(),  // "epoch:step" → point
+    events: new Map(),  // seq → event
+    memory: new Map(),  // "time:worker:device" → sample
+    predicted: 0,
+    log: '',
+  };
+  const dirty = new Set();
+  let redrawTimer = null;
+  let pollTimer = null;
+  let closeStream = null;
+  let disposed = false;
+  let loaded = false;  // initial load done: later lifecycle events refetch the job
+  let detailInFlight = false;
+  let detailAgain = false;
+
+  const ui = buildPage(root, id);
+  app.charts = {};
+  const markers = eventMarkers(() => sortedEvents());
+  const charts = {
+    loss: timeChart(ui.lossChart, {
+      series: [
+        { label: 'loss', scale: 'loss', stroke: '#1a73e8', width: 2 },
+        { label: 'lr', scale: 'lr', stroke: '#e37400', dash: [6, 4] },
+      ],
+      axes: [
+        { scale: 'loss', label: 'loss', size: 60, values: axisFormats.number },
+        { scale: 'lr', label: 'learning rate', side: 1, size: 70, grid: { show: false }, values: axisFormats.number },
+      ],
+      plugins: [markers],
+      xRange: (min, max) => eventRange(min, max),
+    }),
+    tokens: timeChart(ui.tokensChart, {
+      series: [{ label: 'tokens/s', stroke: '#188038', scale: 'tps' }],
+      axes: [{ scale: 'tps', size: 70, values: axisFormats.number }],
+      plugins: [eventMarkers(() => sortedEvents().filter((e) => e.kind !== 'checkpoint'))],
+      xRange: (min, max) => eventRange(min, max),
+      height: 160,
+    }),
+    memory: null,  // built once the devices are known (one used/total pair per device)
+  };
+  app.charts = charts;
+  app.job = store;
+
+  // ---- data → charts and tables ---------------------------------------------------------
+
+  function sortedEvents() {
+    return [...store.events.values()].sort((a, b) => a.seq - b.seq);
+  }
+
+  // The charts' time axis spans the metrics and the events from the first
+  // start on, so markers before the first step (started) are visible too; the
+  // time spent queued before that is left to the event list.
+  function eventRange(min, max) {
+    let lo = Number.isFinite(min) ? min : Infinity;
+    let hi = Number.isFinite(max) ? max : -Infinity;
+    const events = sortedEvents();
+    const first = events.findIndex((e) => e.kind === 'started');
+    for (const event of first >= 0 ? events.slice(first) : events) {
+      lo = Math.min(lo, event.time_ms / 1000);
+      hi = Math.max(hi, event.time_ms / 1000);
+    }
+    if (!Number.isFinite(lo)) lo = hi = Date.now() / 1000;
+    if (hi - lo < 10) hi = lo + 10;
+    const pad = (hi - lo) * 0.02;
+    return [lo - pad, hi + pad];
+  }
+
+  function drawMetrics() {
+    const points = [...store.metrics.values()].sort((a, b) => a.time_ms - b.time_ms || a.step - b.step);
+    const t = points.map((p) => p.time_ms / 1000);
+    charts.loss.setData([t, points.map((p) => finite(p.loss)), points.map((p) => finite(p.lr))]);
+    charts.tokens.setData([t, points.map((p) => finite(p.tokens_per_s))]);
+  }
+
+  function drawMemory() {
+    const samples = [...store.memory.values()].sort((a, b) => a.time_ms - b.time_ms);
+    const devices = [...new Set(samples.map((s) => `${s.worker_id}/${s.device}`))];
+    const key = devices.join('|');
+    if (!charts.memory || charts.memory.ftDevices !== key) {
+      if (charts.memory) charts.memory.ftDispose();
+      ui.memoryChart.replaceChildren();
+      const palette = ['#1a73e8', '#e37400', '#7b1fa2', '#188038', '#d93025', '#00838f'];
+      const series = [{ label: 'predicted', scale: 'bytes', stroke: '#d93025', dash: [8, 4], width: 2 }];
+      devices.forEach((device, i) => {
+        const colour = palette[i % palette.length];
+        series.push({ label: `used ${device}`, scale: 'bytes', stroke: colour, width: 2, fill: `${colour}22` });
+        series.push({ label: `total ${device}`, scale: 'bytes', stroke: colour, dash: [2, 3] });
+      });
+      charts.memory = timeChart(ui.memoryChart, {
+        series,
+        scales: { bytes: { range: (u, min, max) => [0, Math.max(max || 0, store.predicted) * 1.05 || 1] } },
+        axes: [{ scale: 'bytes', values: axisFormats.bytes, size: 70 }],
+        plugins: [eventMarkers(() => sortedEvents().filter((e) => e.kind !== 'checkpoint'))],
+        xRange: (min, max) => eventRange(min, max),
+      });
+      charts.memory.ftDevices = key;
+    }
+    const times = [...new Set(samples.map((s) => s.time_ms))];
+    const index = new Map(times.map((t, i) => [t, i]));
+    const data = [times.map((t) => t / 1000), times.map(() => store.predicted || null)];
+    for (const device of devices) {
+      const used = new Array(times.length).fill(null);
+      const total = new Array(times.length).fill(null);
+      for (const s of samples) {
+        if (`${s.worker_id}/${s.device}` !== device) continue;
+        used[index.get(s.time_ms)] = s.used_bytes;
+        total[index.get(s.time_ms)] = s.total_bytes;
+      }
+      data.push(used, total);
+    }
+    charts.memory.setData(data);
+    setText(ui.memoryNote, samples.length
+      ? `${samples.length} samples from ${devices.length} device(s); predicted ${bytes(store.predicted)}`
+      : `No device samples yet; predicted ${store.predicted ? bytes(store.predicted) : 'unknown'}`);
+  }
+
+  function drawEvents() {
+    const events = sortedEvents().reverse();
+    ui.events.replaceChildren(...events.map((e) =>
+      el('tr', { class: `k-${e.kind}` },
+        el('td', { class: 'num' }, clock(e.time_ms)),
+        el('td', {}, el('span', { class: `badge k-${e.kind}` }, e.kind)),
+        el('td', {}, e.worker_id || ''),
+        el('td', { class: 'num' }, e.step || ''),
+        el('td', {}, e.message || ''))));
+    charts.loss.redraw(false, false);
+  }
+
+  function drawJob() {
+    const job = store.job;
+    if (!job) return;
+    setText(ui.title, job.name || job.id);
+    setText(ui.state, job.state);
+    ui.state.className = `badge s-${job.state}`;
+    setText(ui.reason, job.reason || '');
+    const total = job.total_steps || 0;
+    ui.bar.style.width = `${total ? Math.min(100, (100 * job.steps_done) / total).toFixed(1) : 0}%`;
+    setText(ui.steps, `step ${job.steps_done} / ${total || '?'}` +
+      (job.state === 'running' && job.eta_s != null ? ` · ETA ${duration(job.eta_s)}` : ''));
+    ui.cancel.disabled = FINISHED.has(job.state);
+    const plan = job.plan;
+    const rows = [
+      ['last loss', number(job.last_loss)],
+      ['tokens/s', number(job.tokens_per_s)],
+      ['committed step', job.committed_step],
+      ['plan', plan ? `${plan.micro_batch} micro × ${plan.accumulation} accumulation × ${plan.world} world` : 'not planned yet'],
+      ['predicted memory', store.predicted ? bytes(store.predicted) : 'unknown'],
+      ['priority', job.priority],
+      ['attempts', `${job.attempts} (${job.preemptions} preempted, ${job.failures} failed)`],
+      ['worker', job.worker_id || '–'],
+      ['created', clock(job.created_ms)],
+      ['updated', `${clock(job.updated_ms)} (${ago(job.updated_ms)})`],
+      ['output', job.output_dir || '–'],
+    ];
+    ui.summary.replaceChildren(...rows.flatMap(([k, v]) =>
+      [el('dt', {}, k), el('dd', { 'data-field': k.replace(/ /g, '-') }, String(v))]));
+    if (job.attempts_list) {
+      ui.attempts.replaceChildren(...job.attempts_list.slice().reverse().map((a) =>
+        el('tr', { class: `o-${a.outcome}` },
+          el('td', { class: 'num' }, a.number),
+          el('td', { class: 'num' }, a.epoch),
+          el('td', {}, a.worker_id),
+          el('td', {}, el('span', { class: `badge o-${a.outcome}` }, a.outcome)),
+          el('td', {}, a.reason || ''),
+          el('td', { class: 'num' }, clock(a.started_ms)),
+          el('td', { class: 'num' }, a.ended_ms ? clock(a.ended_ms) : '–'),
+          el('td', { class: 'num' }, `${a.start_step} → ${a.end_step}`),
+          el('td', { class: 'num' }, a.steps_lost),
+          el('td', { class: 'num' }, a.micro_batch ? `${a.micro_batch}×${a.accumulation}×${a.world}` : '–'))));
+    }
+    if (job.spec_yaml !== undefined) setText(ui.yaml, job.spec_yaml);
+  }
+
+  function drawLog() {
+    const atBottom = ui.log.scrollTop + ui.log.clientHeight >= ui.log.scrollHeight - 4;
+    setText(ui.log, store.log || '(no log yet)');
+    if (atBottom) ui.log.scrollTop = ui.log.scrollHeight;
+  }
+
+  const drawers = { metrics: drawMetrics, memory: drawMemory, events: drawEvents, job: drawJob, log: drawLog };
+
+  function changed(what) {
+    dirty.add(what);
+    if (!redrawTimer) redrawTimer = setTimeout(redraw, REDRAW_MS);
+  }
+
+  function redraw() {
+    redrawTimer = null;
+    if (disposed) return;
+    for (const what of dirty) drawers[what]();
+    dirty.clear();
+  }
+
+  // ---- loading ---------------------------------------------------------------------------
+
+  function finite(x) {
+    return Number.isFinite(x) ? x : null;
+  }
+
+  function addMetric(point) {
+    store.metrics.set(`${point.epoch}:${point.step}`, point);
+  }
+
+  function addEvent(event) {
+    if (store.events.has(event.seq)) return;
+    store.events.set(event.seq, event);
+    // Attempts, plan and the YAML come only with the full job: refetch on lifecycle events.
+    if (loaded && event.kind !== 'checkpoint') refreshDetail();
+  }
+
+  // The full job (attempts, plan, YAML); a request made while one is in flight
+  // runs once more after it, so the newest state always lands.
+  async function loadDetail() {
+    if (detailInFlight) {
+      detailAgain = true;
+      return;
+    }
+    detailInFlight = true;
+    try {
+      do {
+        detailAgain = false;
+        const job = await getJSON(`api/jobs/${id}`);
+        store.job = job;
+        store.predicted = job.predicted_bytes || 0;
+        changed('job');
+        changed('memory');
+      } while (detailAgain && !disposed);
+    } finally {
+      detailInFlight = false;
+    }
+  }
+
+  function refreshDetail() {
+    loadDetail().catch((err) => console.warn(`ftune: reloading ${id} failed`, err));
+  }
+
+  async function loadMetrics() {
+    for (let after = -1; ;) {
+      const q = after >= 0 ? `after_step=${after}&` : '';
+      const { points } = await getJSON(`api/jobs/${id}/metrics?${q}limit=${PAGE}`);
+      points.forEach(addMetric);
+      if (points.length < PAGE) break;
+      after = points[points.length - 1].step;
+    }
+    changed('metrics');
+  }
+
+  async function loadEvents() {
+    const { events } = await getJSON(`api/jobs/${id}/events?limit=${PAGE}`);
+    events.forEach(addEvent);
+    changed('events');
+  }
+
+  let memoryAfter = 0;
+  async function loadMemory() {
+    const { predicted_bytes: predicted, samples } = await getJSON(`api/jobs/${id}/memory?after_ms=${memoryAfter}`);
+    if (predicted) store.predicted = predicted;
+    for (const s of samples) {
+      store.memory.set(`${s.time_ms}:${s.worker_id}:${s.device}`, s);
+      memoryAfter = Math.max(memoryAfter, s.time_ms);
+    }
+    changed('memory');
+  }
+
+  async function loadLog() {
+    const text = await getJSON(`api/jobs/${id}/log?tail_bytes=65536`);
+    if (text !== store.log) {
+      store.log = text;
+      changed('log');
+    }
+  }
+
+  async function poll() {
+    pollTimer = null;
+    if (disposed) return;
+    try {
+      await Promise.all([loadMemory(), loadLog()]);
+    } catch (err) {
+      console.warn('ftune: poll failed', err);
+    }
+    if (!disposed && !(store.job && FINISHED.has(store.job.state))) pollTimer = setTimeout(poll, POLL_MS);
+  }
+
+  ui.cancel.addEventListener('click', async () => {
+    if (!window.confirm(`Cancel ${id}? Its newest checkpoint is kept.`)) return;
+    setText(ui.message, 'Cancelling…');
+    try {
+      store.job = await postJSON(`api/jobs/${id}/cancel`, 'cancel jobs');
+      setText(ui.message, `Cancelled ${id}.`);
+      changed('job');
+    } catch (err) {
+      setText(ui.message, err.status === 409 ? `Not cancelled: ${err.message}` : `Cancel failed: ${err.message}`);
+    }
+  });
+
+  (async () => {
+    try {
+      await loadDetail();
+      if (disposed) return;
+      closeStream = openStream(id, {
+        job: (summary) => {
+          if (summary.id !== id) return;
+          const attemptsChanged = !store.job || summary.attempts !== store.job.attempts || summary.state !== store.job.state;
+          store.job = { ...store.job, ...summary };
+          changed('job');
+          if (attemptsChanged) refreshDetail();
+          if (!FINISHED.has(summary.state) && !pollTimer) poll();
+        },
+        event: (event) => {
+          if (event.job_id !== id) return;
+          addEvent(event);
+          changed('events');
+        },
+        metric: (point) => {
+          if (point.job_id !== id) return;
+          addMetric(point);
+          changed('metrics');
+        },
+      });
+      await Promise.all([loadMetrics(), loadEvents(), loadMemory(), loadLog()]);
+      loaded = true;
+      redraw();
+      app.rendered('job', store.metrics.size);
+      if (!FINISHED.has(store.job.state)) pollTimer = setTimeout(poll, POLL_MS);
+    } catch (err) {
+      const text = err instanceof ApiError && err.status === 404
+        ? `No job ${id}: it may have been mistyped; see the jobs list.` : `Could not load ${id}: ${err.message}`;
+      root.replaceChildren(el('p', { class: 'status error' }, text, ' ', el('a', { href: '#/jobs' }, 'All jobs')));
+    }
+  })();
+
+  return () => {
+    disposed = true;
+    clearTimeout(redrawTimer);
+    clearTimeout(pollTimer);
+    if (closeStream) closeStream();
+    for (const chart of Object.values(charts)) if (chart) chart.ftDispose();
+  };
+}
+
+function buildPage(root, id) {
+  const ui = {
+    title: el('h1', {}, id),
+    state: el('span', { class: 'badge' }),
+    reason: el('span', { class: 'reason' }),
+    cancel: el('button', { type: 'button', class: 'danger', id: 'cancel' }, 'Cancel job'),
+    message: el('span', { class: 'message', role: 'status' }),
+    bar: el('div', { class: 'bar-fill' }),
+    steps: el('span', { class: 'steps' }),
+    summary: el('dl', { class: 'summary' }),
+    lossChart: el('div', { class: 'chart', id: 'chart-loss' }),
+    tokensChart: el('div', { class: 'chart', id: 'chart-tokens' }),
+    memoryChart: el('div', { class: 'chart', id: 'chart-memory' }),
+    memoryNote: el('p', { class: 'note' }),
+    events: el('tbody'),
+    attempts: el('tbody'),
+    log: el('pre', { class: 'log', id: 'log' }),
+    yaml: el('pre', { class: 'yaml' }),
+  };
+  const panel = (title, ...children) => el('section', { class: 'panel' }, el('h2', {}, title), ...children);
+  const table = (heads, body) =>
+    el('table', { class: 'grid' }, el('thead', {}, el('tr', {}, ...heads.map((h) => el('th', {}, h)))), body);
+  root.replaceChildren(el('div', { class: 'job' },
+    el('p', { class: 'crumbs' }, el('a', { href: '#/jobs' }, 'Jobs'), ` / ${id}`),
+    el('div', { class: 'job-head' }, ui.title, ui.state, ui.reason, el('span', { class: 'spacer' }), ui.message, ui.cancel),
+    el('div', { class: 'progress-line' }, el('div', { class: 'bar wide' }, ui.bar), ui.steps),
+    el('div', { class: 'panels' },
+      panel('Summary', ui.summary),
+      panel('Loss and learning rate (markers: events)', ui.lossChart),
+      panel('Tokens per second', ui.tokensChart),
+      panel('Device memory: used, predicted, total', ui.memoryChart, ui.memoryNote),
+      panel('Events', el('div', { class: 'scroll' }, table(['time', 'event', 'worker', 'step', 'message'], ui.events))),
+      panel('Attempts', el('div', { class: 'scroll' },
+        table(['#', 'epoch', 'worker', 'outcome', 'reason', 'started', 'ended', 'steps', 'lost', 'plan'], ui.attempts))),
+      panel('Log (tail)', ui.log),
+      panel('job.yaml', ui.yaml))));
+  return ui;
+}

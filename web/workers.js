@@ -1,0 +1,120 @@
+// The workers page (#/workers): each worker with its devices (memory bars),
+// current job, slot time left and last heartbeat; lost workers are greyed.
+// Loads /api/workers once, then applies the stream's `workers` messages row by
+// row; a one-second timer keeps "ago" and "left" texts current.
+
+import { getJSON, openStream } from './api.js';
+import { el, setText, ago, bytes, duration } from './format.js';
+
+export function mountWorkers(root, _query, app) {
+  const rows = new Map();  // worker id → {worker, tr, cells}
+  const tbody = el('tbody');
+  const summary = el('p', { class: 'status' }, 'Loading workers…');
+  const empty = el('p', { class: 'empty', hidden: true },
+    'No workers have registered. Start one with: ft-worker --daemon HOST:PORT');
+  let closeStream = null;
+  let disposed = false;
+  root.replaceChildren(
+    el('section', { class: 'workers' },
+      summary,
+      el('table', { class: 'grid workers-table' },
+        el('thead', {}, el('tr', {},
+          ...['Worker', 'Devices', 'Job', 'Slot left', 'Last heartbeat'].map((h) => el('th', {}, h)))),
+        tbody),
+      empty));
+
+  function deviceCell(device) {
+    const used = device.used_bytes ?? device.total_bytes - device.free_bytes;
+    const pct = device.total_bytes ? Math.min(100, (100 * used) / device.total_bytes) : 0;
+    return el('div', { class: 'device', title: `${device.kind}:${device.index} ${device.name}` },
+      el('span', { class: 'dev-name' }, `${device.kind}:${device.index} ${device.name || ''}`),
+      el('div', { class: `bar mem${pct > 90 ? ' hot' : ''}` },
+        el('div', { class: 'bar-fill', style: `width:${pct.toFixed(1)}%` })),
+      el('span', { class: 'dev-mem' }, `${bytes(used)} / ${bytes(device.total_bytes)}`));
+  }
+
+  function fillRow(row, worker) {
+    const c = row.cells;
+    const previous = row.worker;
+    row.worker = worker;
+    row.tr.classList.toggle('lost', !worker.alive);
+    setText(c.id, worker.id);
+    setText(c.host, [worker.hostname, worker.version].filter(Boolean).join(' · '));
+    setText(c.alive, worker.alive ? '' : 'lost');
+    const devicesKey = JSON.stringify(worker.devices);
+    if (!previous || JSON.stringify(previous.devices) !== devicesKey) {
+      c.devices.replaceChildren(...worker.devices.map(deviceCell));
+    }
+    if (!previous || previous.running_job_id !== worker.running_job_id) {
+      c.job.replaceChildren(worker.running_job_id
+        ? el('a', { href: `#/jobs/${worker.running_job_id}` }, worker.running_job_id) : 'idle');
+    }
+    tick(row, Date.now());
+  }
+
+  function tick(row, now) {
+    const w = row.worker;
+    setText(row.cells.slot, w.slot_end_ms ? duration((w.slot_end_ms - now) / 1000) : 'no limit');
+    setText(row.cells.heartbeat, ago(w.last_heartbeat_ms, now));
+  }
+
+  function buildRow(worker) {
+    const cells = {
+      id: el('span', { class: 'name' }),
+      alive: el('span', { class: 'badge s-failed lost-badge' }),
+      host: el('div', { class: 'reason' }),
+      devices: el('td', { class: 'c-devices' }),
+      job: el('td', { class: 'c-job' }),
+      slot: el('td', { class: 'c-slot num' }),
+      heartbeat: el('td', { class: 'c-heartbeat num' }),
+    };
+    const tr = el('tr', { 'data-worker-id': worker.id },
+      el('td', { class: 'c-worker' }, cells.id, ' ', cells.alive, cells.host),
+      cells.devices, cells.job, cells.slot, cells.heartbeat);
+    const row = { worker: null, tr, cells };
+    fillRow(row, worker);
+    return row;
+  }
+
+  function apply(workers) {
+    const fragment = document.createDocumentFragment();
+    for (const worker of workers) {
+      const row = rows.get(worker.id);
+      if (row) {
+        fillRow(row, worker);
+      } else {
+        const fresh = buildRow(worker);
+        rows.set(worker.id, fresh);
+        fragment.append(fresh.tr);
+      }
+    }
+    tbody.append(fragment);
+    const alive = [...rows.values()].filter((r) => r.worker.alive).length;
+    setText(summary, `${rows.size} workers, ${alive} alive, ${rows.size - alive} lost`);
+    empty.hidden = rows.size > 0;
+  }
+
+  const timer = setInterval(() => {
+    const now = Date.now();
+    for (const row of rows.values()) tick(row, now);
+  }, 1000);
+
+  (async () => {
+    try {
+      const list = await getJSON('api/workers');
+      if (disposed) return;
+      apply(list.workers);
+      closeStream = openStream('', { workers: (msg) => apply(msg.workers) });
+      app.rendered('workers', rows.size);
+    } catch (err) {
+      summary.textContent = `Could not load workers: ${err.message}`;
+      summary.classList.add('error');
+    }
+  })();
+
+  return () => {
+    disposed = true;
+    clearInterval(timer);
+    if (closeStream) closeStream();
+  };
+}
