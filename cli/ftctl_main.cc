@@ -115,6 +115,17 @@ int Follow(ft::JobsClient& client, const std::string& id) {
   int64_t step = job.steps_done();
   double loss = job.last_loss(), tps = job.tokens_per_s();
   auto last_print = std::chrono::steady_clock::now() - std::chrono::seconds(1);
+  // Off a terminal (logs, pipes): one progress line per tenth of the run.
+  int64_t last_tenth = -1;
+  auto print_if_due = [&] {
+    const int64_t tenth = job.total_steps() > 0 ? step * 10 / job.total_steps() : 0;
+    const auto now = std::chrono::steady_clock::now();
+    if (tty ? now - last_print > std::chrono::milliseconds(200) : tenth != last_tenth) {
+      PrintProgress(job, step, loss, tps, rate.steps_per_s, tty);
+      last_print = now;
+      last_tenth = tenth;
+    }
+  };
   ft::Status s = client.Watch(id, 0, [&](const pb::JobUpdate& u) {
     if (u.has_event()) {
       std::printf("%s[%s] %s\n", tty ? "\r\033[K" : "", u.event().kind().c_str(),
@@ -124,12 +135,7 @@ int Follow(ft::JobsClient& client, const std::string& id) {
       loss = u.metric().loss();
       tps = u.metric().tokens_per_s();
       rate.Observe(step);
-      // At most a few redraws a second (and one line per 10% when not on a terminal).
-      const auto now = std::chrono::steady_clock::now();
-      if (tty && now - last_print > std::chrono::milliseconds(200)) {
-        PrintProgress(job, step, loss, tps, rate.steps_per_s, tty);
-        last_print = now;
-      }
+      print_if_due();  // at most a few redraws a second
       return true;
     } else if (u.has_job()) {
       job = u.job();
@@ -139,7 +145,7 @@ int Follow(ft::JobsClient& client, const std::string& id) {
         return false;
       }
     }
-    PrintProgress(job, step, loss, tps, rate.steps_per_s, tty);
+    if (tty) PrintProgress(job, step, loss, tps, rate.steps_per_s, tty);  // redraw below the event line
     return true;
   });
   if (tty) std::printf("\n");

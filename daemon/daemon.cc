@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -621,15 +622,32 @@ void Daemon::OnMetrics(WorkerSink* sink, const pb::MetricsReport& m) {
   }
   std::vector<MetricRow> rows;
   for (const pb::MetricPoint& p : m.points()) {
-    rows.push_back({m.job_id(), m.epoch(), p.step(), p.loss(), p.lr(), p.grad_norm(), p.tokens_per_s(),
-                    p.peak_bytes(), p.time_ms() ? p.time_ms() : clock_->WallMs()});
+    MetricRow row{m.job_id(), m.epoch(), p.step(), p.loss(), p.lr(), p.grad_norm(), p.tokens_per_s(),
+                  p.peak_bytes(), p.time_ms() ? p.time_ms() : clock_->WallMs()};
+    if (p.has_eval_loss()) row.eval_loss = p.eval_loss();
+    row.eval_only = p.eval_only();
+    rows.push_back(row);
+  }
+  std::vector<MetricRow> stored;
+  const Status added = store_->AddMetrics(rows, &stored);
+  Check(added, "add metrics");
+  if (!added.ok()) return;
+  // Watchers get each step's point as stored: an evaluation arrives merged into its step.
+  for (const MetricRow& r : stored) {
     pb::JobUpdate u;
     u.set_job_id(m.job_id());
-    *u.mutable_metric() = p;
-    u.mutable_metric()->set_epoch(m.epoch());
-    pending_updates_.push_back(u);
+    pb::MetricPoint* p = u.mutable_metric();
+    p->set_step(r.step);
+    p->set_loss(r.loss);
+    p->set_lr(r.lr);
+    p->set_grad_norm(r.grad_norm);
+    p->set_tokens_per_s(r.tokens_per_s);
+    p->set_peak_bytes(r.peak_bytes);
+    p->set_time_ms(r.time_ms);
+    p->set_epoch(r.epoch);
+    if (!std::isnan(r.eval_loss)) p->set_eval_loss(r.eval_loss);
+    pending_updates_.push_back(std::move(u));
   }
-  Check(store_->AddMetrics(rows), "add metrics");
 }
 
 void Daemon::OnLog(WorkerSink* sink, const pb::LogReport& l) {

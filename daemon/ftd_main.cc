@@ -7,7 +7,8 @@
 //
 // Prints "ftd: listening on HOST:PORT" on stdout once serving (port 0 picks a
 // free one), then "ftd: dashboard at http://HOST:PORT/" for the HTTP side
-// (dashboard, JSON API, SSE, /metrics; --http "" turns it off). The dashboard's
+// (dashboard, JSON API, SSE, /metrics; --http "" turns it off), https:// when
+// --tls-cert/--tls-key are given: both sides serve the same certificate. The dashboard's
 // files come from --web-dir, else the source tree's web/ (FT_WEB_DIR, fixed at
 // build time) when it exists, else <exe dir>/../share/ftune/web.
 // SIGTERM/SIGINT shut it down cleanly; kill -9 loses nothing acknowledged.
@@ -71,7 +72,8 @@ int main(int argc, char** argv) {
                  "delay before a preempted job is placed again");
   app.add_option("--tick-ms", tick_ms, "scheduler tick period");
   ft::ServerTls tls;
-  app.add_option("--tls-cert", tls.cert_file, "serve gRPC over TLS with this PEM certificate chain");
+  app.add_option("--tls-cert", tls.cert_file,
+                 "serve gRPC and the dashboard (HTTPS) over TLS with this PEM certificate chain");
   app.add_option("--tls-key", tls.key_file, "the PEM private key of --tls-cert");
   app.add_option("--allowed-root", options.allowed_roots,
                  "directories job paths (model, data, adapter init, output) must lie under; repeatable "
@@ -136,6 +138,8 @@ int main(int argc, char** argv) {
                                              ft::HttpApiOptions{auth.client_token, http_view_token, web_dir});
     ft::HttpServerOptions http_options;
     http_options.address = http;
+    http_options.tls_cert_file = tls.cert_file;
+    http_options.tls_key_file = tls.key_file;
     auto started = ft::HttpServer::Start(&daemon, http_api.get(), http_options);
     if (!started.ok()) {
       std::fprintf(stderr, "ftd: %s\n", started.status().ToString().c_str());
@@ -144,7 +148,8 @@ int main(int argc, char** argv) {
     http_server = std::move(*started);
     const std::string& h = http_server->host();
     const std::string url_host = h.find(':') == std::string::npos ? h : "[" + h + "]";  // IPv6
-    std::printf("ftd: dashboard at http://%s:%d/\n", url_host.c_str(), http_server->port());
+    std::printf("ftd: dashboard at %s://%s:%d/\n", http_server->tls() ? "https" : "http", url_host.c_str(),
+                http_server->port());
     std::fflush(stdout);
   }
   std::signal(SIGTERM, OnSignal);

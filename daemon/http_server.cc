@@ -5,16 +5,20 @@
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
+#include <boost/beast/core/detect_ssl.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 #include <chrono>
 #include <deque>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "common/logging.h"
+#include "daemon/http_tls.h"
 #include "daemon/json_views.h"
 
 namespace ft {
@@ -25,10 +29,16 @@ namespace net = boost::asio;
 namespace pb = ftune::v1;
 using tcp = net::ip::tcp;
 using nlohmann::json;
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 
 namespace {
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// Connections and streams are written once for both transports: Stream is
+// beast::tcp_stream (plaintext) or TlsStream; timeouts and closing act on the TCP layer.
+template <class Stream>
+constexpr bool kIsTls = std::is_same_v<Stream, TlsStream>;
 
 // Live subscriptions, so Stop() can end them all before the io_context goes away.
 class StreamRegistry {
@@ -68,6 +78,7 @@ struct Shared {
   HttpApi* api;
   HttpServerOptions options;
   StreamRegistry registry;
+  std::shared_ptr<net::ssl::context> tls;  // null = plaintext
 };
 
 // Updates posted by the daemon's callback and not yet handled on the strand.
@@ -77,9 +88,11 @@ struct Inbox {
 };
 
 // One SSE stream. Everything but the subscription callback runs on the connection's strand.
-class SseStream : public std::enable_shared_from_this<SseStream> {
+template <class Stream>
+class SseStream : public std::enable_shared_from_this<SseStream<Stream>> {
  public:
-  SseStream(beast::tcp_stream stream, Shared* shared, std::string job, int64_t after_seq)
+  using std::enable_shared_from_this<SseStream<Stream>>::shared_from_this;
+  SseStream(Stream stream, Shared* shared, std::string job, int64_t after_seq)
       : stream_(std::move(stream)),
         shared_(shared),
         job_(std::move(job)),
@@ -90,7 +103,7 @@ class SseStream : public std::enable_shared_from_this<SseStream> {
   }
 
   void Start() {
-    stream_.expires_never();
+    beast::get_lowest_layer(stream_).expires_never();
     Send(
         "HTTP/1.1 200 OK\r\nServer: ftd\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
         "X-Accel-Buffering: no\r\nConnection: close\r\n\r\nretry: 2000\n\n");
@@ -198,7 +211,8 @@ class SseStream : public std::enable_shared_from_this<SseStream> {
     });
   }
 
-  // SSE clients send nothing: a finished read means the client went away.
+  // SSE clients send nothing: a finished read means the client went away. (Under TLS one
+  // read and one write may be outstanding together on the strand, as Asio's ssl::stream allows.)
   void ReadUntilClosed() {
     stream_.async_read_some(net::buffer(discard_), [self = shared_from_this()](beast::error_code ec, size_t) {
       if (ec) {
@@ -250,12 +264,14 @@ class SseStream : public std::enable_shared_from_this<SseStream> {
       subscribed_ = false;
     }
     timer_.cancel();
+    // Under TLS without close_notify: the stream never ends on its own, and a
+    // client that went away would not answer one.
     beast::error_code ec;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
-    stream_.close();
+    beast::get_lowest_layer(stream_).socket().shutdown(tcp::socket::shutdown_both, ec);
+    beast::get_lowest_layer(stream_).close();
   }
 
-  beast::tcp_stream stream_;
+  Stream stream_;
   Shared* shared_;
   const std::string job_;
   const int64_t after_seq_;
@@ -274,29 +290,69 @@ class SseStream : public std::enable_shared_from_this<SseStream> {
   std::array<char, 512> discard_{};
 };
 
-// One keep-alive HTTP connection, on its own strand.
-class Connection : public std::enable_shared_from_this<Connection> {
+// One keep-alive HTTP connection, on its own strand. `buffer` holds bytes already
+// read from the client (by the TLS detector). With `refuse_plaintext` (a
+// plaintext client on the HTTPS port) it answers the first request with 400
+// saying to use https://, then closes.
+template <class Stream>
+class Connection : public std::enable_shared_from_this<Connection<Stream>> {
  public:
-  Connection(tcp::socket socket, Shared* shared) : stream_(std::move(socket)), shared_(shared) {}
+  using std::enable_shared_from_this<Connection<Stream>>::shared_from_this;
+  Connection(Stream stream, Shared* shared, beast::flat_buffer buffer = {}, bool refuse_plaintext = false)
+      : stream_(std::move(stream)),
+        shared_(shared),
+        buffer_(std::move(buffer)),
+        refuse_plaintext_(refuse_plaintext) {}
 
   void Start() {
-    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->Read(); });
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
+      if constexpr (kIsTls<Stream>) {
+        self->Handshake();
+      } else {
+        self->Read();
+      }
+    });
   }
 
  private:
+  void Handshake() {
+    beast::get_lowest_layer(stream_).expires_after(
+        std::chrono::milliseconds(shared_->options.tls_handshake_timeout_ms));
+    stream_.async_handshake(net::ssl::stream_base::server, buffer_.data(),
+                            [self = shared_from_this()](beast::error_code ec, size_t used) {
+                              if (ec) {  // an untrusting client or a scanner: nothing to answer
+                                FT_LOG(DEBUG) << "http: TLS handshake failed: " << ec.message();
+                                beast::get_lowest_layer(self->stream_).close();
+                                return;
+                              }
+                              self->buffer_.consume(used);
+                              self->Read();
+                            });
+  }
+
   void Read() {
     parser_.emplace();
     parser_->header_limit(16 * 1024);
     parser_->body_limit(64 * 1024);
-    stream_.expires_after(std::chrono::milliseconds(shared_->options.idle_timeout_ms));
+    beast::get_lowest_layer(stream_).expires_after(
+        std::chrono::milliseconds(shared_->options.idle_timeout_ms));
     http::async_read(stream_, buffer_, *parser_,
                      [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
   }
 
   void OnRead(beast::error_code ec) {
     if (ec == http::error::end_of_stream || ec == beast::error::timeout || ec == net::error::eof ||
-        ec == net::error::connection_reset || ec == net::error::operation_aborted) {
+        ec == net::error::connection_reset || ec == net::error::operation_aborted ||
+        ec == net::ssl::error::stream_truncated) {
       Shutdown();
+      return;
+    }
+    if (refuse_plaintext_) {
+      Respond(400,
+              Dump(json{{"error",
+                         "this port serves HTTPS (ftd runs with --tls-cert): use https:// "
+                         "and trust ftd's certificate"}}),
+              "application/json", {}, false);
       return;
     }
     if (ec) {  // a malformed request: answer once, then close
@@ -320,7 +376,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       out.body = Dump(json{{"error", std::string("internal error: ") + e.what()}});
     }
     if (out.stream) {
-      std::make_shared<SseStream>(std::move(stream_), shared_, out.stream_job, out.stream_after_seq)->Start();
+      std::make_shared<SseStream<Stream>>(std::move(stream_), shared_, out.stream_job, out.stream_after_seq)
+          ->Start();
       return;
     }
     Respond(out.status, std::move(out.body), out.content_type, out.headers, req.keep_alive());
@@ -347,26 +404,76 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void Shutdown() {
-    beast::error_code ec;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    if constexpr (kIsTls<Stream>) {  // close_notify, bounded by the handshake timeout
+      beast::get_lowest_layer(stream_).expires_after(
+          std::chrono::milliseconds(shared_->options.tls_handshake_timeout_ms));
+      stream_.async_shutdown(
+          [self = shared_from_this()](beast::error_code) { beast::get_lowest_layer(self->stream_).close(); });
+    } else {
+      beast::error_code ec;
+      stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    }
+  }
+
+  Stream stream_;
+  Shared* shared_;
+  beast::flat_buffer buffer_;
+  const bool refuse_plaintext_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  http::response<http::string_body> res_;
+};
+
+// The HTTPS port's first step: peek at the client's first bytes. A TLS
+// ClientHello goes on to a TLS connection (the bytes read are handed over to
+// its handshake); anything else is a plaintext client, answered 400.
+class TlsDetector : public std::enable_shared_from_this<TlsDetector> {
+ public:
+  TlsDetector(tcp::socket socket, Shared* shared) : stream_(std::move(socket)), shared_(shared) {}
+
+  void Start() {
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
+      self->stream_.expires_after(std::chrono::milliseconds(self->shared_->options.tls_handshake_timeout_ms));
+      beast::async_detect_ssl(self->stream_, self->buffer_,
+                              [self](beast::error_code ec, bool tls) { self->OnDetect(ec, tls); });
+    });
+  }
+
+ private:
+  void OnDetect(beast::error_code ec, bool tls) {
+    if (ec) {  // closed or silent before saying anything
+      stream_.close();
+      return;
+    }
+    if (tls) {
+      std::make_shared<Connection<TlsStream>>(TlsStream(std::move(stream_), *shared_->tls), shared_,
+                                              std::move(buffer_))
+          ->Start();
+    } else {
+      std::make_shared<Connection<beast::tcp_stream>>(std::move(stream_), shared_, std::move(buffer_),
+                                                      /*refuse_plaintext=*/true)
+          ->Start();
+    }
   }
 
   beast::tcp_stream stream_;
   Shared* shared_;
   beast::flat_buffer buffer_;
-  std::optional<http::request_parser<http::string_body>> parser_;
-  http::response<http::string_body> res_;
 };
 
 }  // namespace
 
 struct HttpServer::Impl {
   Impl(Daemon* daemon, HttpApi* api, HttpServerOptions options)
-      : shared{daemon, api, options, StreamRegistry(daemon)}, ioc(options.threads), acceptor(ioc) {}
+      : shared{daemon, api, options, StreamRegistry(daemon), nullptr}, ioc(options.threads), acceptor(ioc) {}
 
   void Accept() {
     acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
-      if (!ec) std::make_shared<Connection>(std::move(socket), &shared)->Start();
+      if (!ec && shared.tls) {
+        std::make_shared<TlsDetector>(std::move(socket), &shared)->Start();
+      } else if (!ec) {
+        std::make_shared<Connection<beast::tcp_stream>>(beast::tcp_stream(std::move(socket)), &shared)
+            ->Start();
+      }
       if (acceptor.is_open()) Accept();
     });
   }
@@ -395,6 +502,9 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Daemon* daemon, HttpApi*
   if (options.threads < 1) return Status::InvalidArgument("http server: threads must be >= 1");
   auto impl = std::make_unique<Impl>(daemon, api, options);
   impl->host = host;
+  if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
+    FT_ASSIGN_OR_RETURN(impl->shared.tls, MakeHttpTlsContext({options.tls_cert_file, options.tls_key_file}));
+  }
   beast::error_code ec;
   tcp::resolver resolver(impl->ioc);
   auto results = resolver.resolve(host, port, tcp::resolver::passive, ec);
@@ -436,5 +546,6 @@ void HttpServer::Stop() {
 const std::string& HttpServer::host() const { return impl_->host; }
 int HttpServer::port() const { return impl_->port; }
 int64_t HttpServer::open_streams() const { return impl_->shared.registry.size(); }
+bool HttpServer::tls() const { return impl_->shared.tls != nullptr; }
 
 }  // namespace ft

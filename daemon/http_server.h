@@ -15,9 +15,14 @@
 // queue grows past its limits (a slow or stalled client) is closed, so a
 // client can never block the daemon.
 //
-// Start() fails (InvalidArgument for a malformed address, Unavailable when it
-// cannot bind) before anything is served. Stop() (also run by the destructor)
-// ends every subscription, closes the connections and joins the threads.
+// HTTPS: with tls_cert_file and tls_key_file (ftd's --tls-cert/--tls-key) every
+// connection is TLS 1.2+ (SSE streams too); a plaintext request to that port is
+// answered 400 "this port serves HTTPS" and closed, and a failed handshake just
+// closes its connection. Without them the server speaks plaintext HTTP.
+//
+// Start() fails (InvalidArgument for a malformed address or an unusable
+// certificate/key, Unavailable when it cannot bind) before anything is served. Stop() (also run by the
+// destructor) ends every subscription, closes the connections and joins the threads.
 //
 // Thread safety: Start/Stop from one thread; port() from any.
 #pragma once
@@ -42,6 +47,10 @@ struct HttpServerOptions {
   int64_t stream_max_pending = 4'096;      // SSE: updates waiting for the strand before the client is dropped
   int64_t stream_max_bytes = int64_t{8}
                              << 20;  // SSE: bytes waiting for the socket before the client is dropped
+  std::string tls_cert_file;         // PEM certificate chain: serve HTTPS ("" = plaintext)
+  std::string tls_key_file;          // its PEM private key
+  int64_t tls_handshake_timeout_ms =
+      10'000;  // a client that has not finished TLS setup (or shutdown) by then is closed
 };
 
 class HttpServer {
@@ -56,6 +65,7 @@ class HttpServer {
   const std::string& host() const;  // as given in the address ("127.0.0.1")
   int port() const;                 // the bound port
   int64_t open_streams() const;     // SSE streams currently subscribed
+  bool tls() const;                 // whether it serves HTTPS
 
   struct Impl;
 

@@ -107,7 +107,8 @@ json MetricJson(const pb::MetricPoint& p, const std::string& job_id) {
               {"lr", Number(p.lr())},
               {"grad_norm", Number(p.grad_norm())},
               {"tokens_per_s", Number(p.tokens_per_s())},
-              {"peak_bytes", p.peak_bytes()}};
+              {"peak_bytes", p.peak_bytes()},
+              {"eval_loss", p.has_eval_loss() ? Number(p.eval_loss()) : json(nullptr)}};
   if (!job_id.empty()) out["job_id"] = job_id;
   return out;
 }
@@ -120,7 +121,8 @@ json MetricJson(const MetricRow& m) {
           {"lr", Number(m.lr)},
           {"grad_norm", Number(m.grad_norm)},
           {"tokens_per_s", Number(m.tokens_per_s)},
-          {"peak_bytes", m.peak_bytes}};
+          {"peak_bytes", m.peak_bytes},
+          {"eval_loss", Number(m.eval_loss)}};
 }
 
 json DeviceMemoryJson(const DeviceMemoryRow& d) {

@@ -33,7 +33,8 @@ nlohmann::json JobDetailJson(const ftune::v1::Job& job, const std::vector<Attemp
 
 nlohmann::json EventJson(const ftune::v1::Event& e);
 nlohmann::json EventJson(const EventRow& e);
-// A metric point; with `job_id` non-empty it also carries "job_id" (the SSE form).
+// A metric point; with `job_id` non-empty it also carries "job_id" (the SSE
+// form). "eval_loss" is the data.eval loss at that step, null when none.
 nlohmann::json MetricJson(const ftune::v1::MetricPoint& p, const std::string& job_id);
 nlohmann::json MetricJson(const MetricRow& m);
 nlohmann::json DeviceMemoryJson(const DeviceMemoryRow& d);

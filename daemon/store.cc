@@ -147,6 +147,10 @@ CREATE TABLE device_memory (
   PRIMARY KEY (job_id, time_ms, worker_id, device)
 ) WITHOUT ROWID;
 )sql",
+    // 3: the evaluation loss on data.eval at a step (NULL = no evaluation there).
+    R"sql(
+ALTER TABLE metrics ADD COLUMN eval_loss REAL;
+)sql",
 };
 
 constexpr int kLatestVersion = static_cast<int>(std::size(kMigrations));
@@ -163,7 +167,7 @@ constexpr char kCheckpointColumns[] =
     "job_id, epoch, step, dir, manifest_sha256, write_seconds, committed_ms";
 constexpr char kEventColumns[] = "seq, time_ms, job_id, worker_id, kind, message, step";
 constexpr char kMetricColumns[] =
-    "job_id, epoch, step, loss, lr, grad_norm, tokens_per_s, peak_bytes, time_ms";
+    "job_id, epoch, step, loss, lr, grad_norm, tokens_per_s, peak_bytes, time_ms, eval_loss";
 
 // "?, ?, ?" with n placeholders.
 std::string Placeholders(int n) {
@@ -356,6 +360,7 @@ MetricRow ReadMetric(const Query& q) {
   m.tokens_per_s = q.Real(6);
   m.peak_bytes = q.Int(7);
   m.time_ms = q.Int(8);
+  m.eval_loss = q.Real(9);
   return m;
 }
 
@@ -865,17 +870,38 @@ StatusOr<std::vector<EventRow>> Store::ListEvents(const std::string& job_id, int
   return Collect(q.Bind(job_id, after_seq, SqlLimit(limit)), ReadEvent);
 }
 
-Status Store::AddMetrics(const std::vector<MetricRow>& rows) {
+Status Store::AddMetrics(const std::vector<MetricRow>& rows, std::vector<MetricRow>* stored) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::string op = "add " + std::to_string(rows.size()) + " metric rows";
+  // A training point replaces the step's training fields; an eval-only point sets eval_loss.
+  // Either keeps what the other one wrote (a NaN binds as NULL: none).
+  const std::string insert = std::string("INSERT INTO metrics (") + kMetricColumns + ") VALUES (" +
+                             Placeholders(10) + ") ON CONFLICT (job_id, step, epoch) DO UPDATE SET ";
+  const std::string returning = std::string(" RETURNING ") + kMetricColumns;
+  if (stored) stored->clear();
   return Write(op, [&]() -> Status {
     for (const MetricRow& m : rows) {
-      FT_ASSIGN_OR_RETURN(Query q, Prepare(std::string("INSERT OR REPLACE INTO metrics (") + kMetricColumns +
-                                               ") VALUES (" + Placeholders(9) + ")",
-                                           op));
-      FT_RETURN_IF_ERROR(q.Bind(m.job_id, m.epoch, m.step, m.loss, m.lr, m.grad_norm, m.tokens_per_s,
-                                m.peak_bytes, m.time_ms)
-                             .Run());
+      FT_ASSIGN_OR_RETURN(
+          Query q, Prepare(insert +
+                               (m.eval_only ? "eval_loss = excluded.eval_loss"
+                                            : "loss = excluded.loss, lr = excluded.lr, grad_norm = "
+                                              "excluded.grad_norm, tokens_per_s = excluded.tokens_per_s, "
+                                              "peak_bytes = excluded.peak_bytes, time_ms = excluded.time_ms, "
+                                              "eval_loss = COALESCE(excluded.eval_loss, eval_loss)") +
+                               returning,
+                           op));
+      const double none = std::numeric_limits<double>::quiet_NaN();
+      q.Bind(m.job_id, m.epoch, m.step);
+      if (m.eval_only) {
+        q.Bind(none, none, none, none, int64_t{0});
+      } else {
+        q.Bind(m.loss, m.lr, m.grad_norm, m.tokens_per_s, m.peak_bytes);
+      }
+      q.Bind(m.time_ms, m.eval_loss);
+      bool row = false;
+      FT_RETURN_IF_ERROR(q.Next(&row));
+      if (row && stored) stored->push_back(ReadMetric(q));
+      FT_RETURN_IF_ERROR(q.Run());
     }
     return Status::OK();
   });

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -160,6 +161,10 @@ struct MetricRow {
   double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0;
   int64_t peak_bytes = 0;
   int64_t time_ms = 0;
+  // Mean token cross-entropy on data.eval at this step; NaN = none (NULL).
+  double eval_loss = std::numeric_limits<double>::quiet_NaN();
+  // Carries only eval_loss: merged into the step's row, whose training fields stay.
+  bool eval_only = false;
 };
 
 class Store {
@@ -232,8 +237,12 @@ class Store {
   StatusOr<int64_t> AddEvent(EventRow e);  // returns the assigned seq
   // Events with seq > after_seq in seq order; job_id "" = every job's; limit 0 = no limit.
   StatusOr<std::vector<EventRow>> ListEvents(const std::string& job_id, int64_t after_seq, int64_t limit);
-  // One transaction. A row is keyed by (job, epoch, step): sending it again replaces it.
-  Status AddMetrics(const std::vector<MetricRow>& rows);
+  // One transaction. A row is keyed by (job, epoch, step): sending it again
+  // replaces its training fields, keeping an eval_loss already there; an
+  // eval_only row sets eval_loss only (a step whose training point has not
+  // arrived reads NaN training fields until it does). When `stored` is set it
+  // receives each row as stored after the merge, in order.
+  Status AddMetrics(const std::vector<MetricRow>& rows, std::vector<MetricRow>* stored = nullptr);
   // Rows with step > after_step ordered by (step, epoch): steps an earlier attempt lost
   // appear once per epoch that reported them. limit 0 = no limit.
   StatusOr<std::vector<MetricRow>> ListMetrics(const std::string& job_id, int64_t after_step, int64_t limit);

@@ -103,6 +103,16 @@ Status GetAutoInt(const YamlMap& m, const std::string& key, int64_t* out) {
   return Require(!m.Has(key) || *out > 0, m, key, "must be 'auto' or a positive integer");
 }
 
+// The keys of the train section.
+// clang-format off
+const std::vector<std::string> kTrainKeys = {
+    "max_steps", "epochs", "global_batch_size", "micro_batch_size", "gradient_accumulation",
+    "lr", "lr_schedule", "warmup_steps", "weight_decay", "max_grad_norm",
+    "adam_beta1", "adam_beta2", "adam_eps", "optimizer", "seed",
+    "activation_checkpointing", "cpu_offload", "attention",
+    "eval_every_steps", "eval_max_batches"};
+// clang-format on
+
 Status ParseTrain(const YamlMap& m, JobSpec::Train* s) {
   FT_RETURN_IF_ERROR(m.Get("max_steps", &s->max_steps));
   FT_RETURN_IF_ERROR(m.Get("epochs", &s->epochs));
@@ -129,7 +139,29 @@ Status ParseTrain(const YamlMap& m, JobSpec::Train* s) {
   FT_RETURN_IF_ERROR(
       m.GetEnum("activation_checkpointing", {"false", "true", "offload"}, &s->activation_checkpointing));
   FT_RETURN_IF_ERROR(m.Get("cpu_offload", &s->cpu_offload));
+  FT_RETURN_IF_ERROR(m.Get("eval_every_steps", &s->eval_every_steps));
+  FT_RETURN_IF_ERROR(Require(s->eval_every_steps >= 0, m, "eval_every_steps", "must be >= 0"));
+  FT_RETURN_IF_ERROR(m.Get("eval_max_batches", &s->eval_max_batches));
+  FT_RETURN_IF_ERROR(Require(s->eval_max_batches >= 0, m, "eval_max_batches", "must be >= 0 (0 = all)"));
   return m.GetEnum("attention", {"flash", "naive"}, &s->attention);
+}
+
+// The evaluation keys need data.eval; eval_every_steps defaults to checkpoint.every_steps.
+Status ResolveEval(const YamlMap& root, JobSpec* spec) {
+  FT_ASSIGN_OR_RETURN(YamlMap train, root.Child("train"));
+  for (const char* key : {"eval_every_steps", "eval_max_batches"}) {
+    if (spec->data.eval.empty() && train.Has(key)) {
+      return Status::InvalidArgument(train.Where(key) + ": train." + key +
+                                     ": needs data.eval (a held-out file in the data.format of data.train); "
+                                     "set data.eval or remove the key");
+    }
+  }
+  if (spec->data.eval.empty()) {
+    spec->train.eval_every_steps = 0;
+  } else if (!train.Has("eval_every_steps")) {
+    spec->train.eval_every_steps = std::max<int64_t>(0, spec->checkpoint.every_steps);
+  }
+  return Status::OK();
 }
 
 Status ParseCheckpoint(const YamlMap& m, JobSpec::Checkpoint* s) {
@@ -192,11 +224,7 @@ StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& 
                               "chat_template", "chat_template_vars", "eval"},
                              [&](const YamlMap& m) { return ParseData(m, &spec.data); }));
   FT_RETURN_IF_ERROR(
-      Section(root, "train",
-              {"max_steps", "epochs", "global_batch_size", "micro_batch_size", "gradient_accumulation", "lr",
-               "lr_schedule", "warmup_steps", "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2",
-               "adam_eps", "optimizer", "seed", "activation_checkpointing", "cpu_offload", "attention"},
-              [&](const YamlMap& m) { return ParseTrain(m, &spec.train); }));
+      Section(root, "train", kTrainKeys, [&](const YamlMap& m) { return ParseTrain(m, &spec.train); }));
   FT_RETURN_IF_ERROR(Section(root, "checkpoint", {"every_steps", "every_minutes", "keep"},
                              [&](const YamlMap& m) { return ParseCheckpoint(m, &spec.checkpoint); }));
   FT_RETURN_IF_ERROR(Section(root, "resources", {"gpus", "device", "priority", "max_failures"},
@@ -206,6 +234,7 @@ StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& 
     return m.Get("merge", &spec.output.merge);
   }));
   FT_RETURN_IF_ERROR(CheckBatchPlan(*root.Child("train"), spec));
+  FT_RETURN_IF_ERROR(ResolveEval(root, &spec));
   const std::string base = fs::path(file).parent_path().string();
   spec.model.path = Resolve(base, spec.model.path);
   spec.adapter.init = Resolve(base, spec.adapter.init);

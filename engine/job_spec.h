@@ -67,6 +67,12 @@ struct JobSpec {
     std::string activation_checkpointing = "true";  // false | true | offload
     bool cpu_offload = false;
     std::string attention = "flash";  // flash | naive
+    // Evaluation on data.eval (mean token cross-entropy, no gradient, no dropout): every
+    // eval_every_steps steps and at the last step. Unset in the file: checkpoint.every_steps when
+    // data.eval is set (after parsing it is always resolved); 0 = only at the last step, or never
+    // without data.eval.
+    int64_t eval_every_steps = 0;
+    int64_t eval_max_batches = 0;  // micro-batches of the eval set per evaluation; 0 = all
   } train;
 
   struct Checkpoint {

@@ -324,7 +324,7 @@ void Model::EmbedForward(const MicroBatch& mb, float* x) {
 
 const float* Model::DropoutInput(int l, ModuleKind m, const float* x, int64_t rows, int64_t in, float* buf) {
   const double p = lora_spec_.dropout;
-  if (p <= 0) return x;
+  if (p <= 0 || eval_mode_) return x;
   const MicroBatch& mb = *current_batch_;
   const uint64_t module_key = static_cast<uint64_t>(l) * kNumModules + static_cast<uint64_t>(m);
   const float keep_scale = static_cast<float>(1.0 / (1.0 - p));
@@ -527,6 +527,13 @@ LossResult Model::Forward(const MicroBatch& mb, std::vector<float>* logits) {
     LayerForward(l, mb, w.layer_in[l].data(), a, w.layer_in[l + 1].data());
   }
   return HeadForwardBackward(mb, w.layer_in[config_.num_layers].data(), 0.0f, false, logits);
+}
+
+LossResult Model::EvalForward(const MicroBatch& mb) {
+  eval_mode_ = true;
+  LossResult result = Forward(mb, nullptr);
+  eval_mode_ = false;
+  return result;
 }
 
 LossResult Model::ForwardBackward(const MicroBatch& mb, float grad_scale) {

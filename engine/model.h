@@ -164,6 +164,9 @@ class Model {
   LossResult ForwardBackward(const MicroBatch& mb, float grad_scale);
   // Forward only: loss and, when logits != nullptr, logits [rows, vocab].
   LossResult Forward(const MicroBatch& mb, std::vector<float>* logits);
+  // Forward in evaluation mode (HF's model.eval()): as Forward but without
+  // LoRA dropout. Changes no weight, gradient or random state.
+  LossResult EvalForward(const MicroBatch& mb);
 
   // Folds every adapter into its base weight (W += s·B·A) and drops the
   // adapters; an NF4 weight is dequantized first (what the adapter trained on).
@@ -185,6 +188,7 @@ class Model {
                       float* dx, bool accumulate_dx);
   const float* DropoutInput(int l, ModuleKind m, const float* x, int64_t rows, int64_t in, float* buf);
   const MicroBatch* current_batch_ = nullptr;  // the micro-batch being processed (for dropout keys)
+  bool eval_mode_ = false;                     // EvalForward in progress: no dropout
   void Round(float* x, int64_t n) const;
   const float* HeadWeight() const;
   // The float weight of a linear: its own buffer, or its NF4 codes dequantized into scratch.

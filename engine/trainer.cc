@@ -72,22 +72,25 @@ nlohmann::ordered_json ChatVarsJson(const std::map<std::string, std::string>& va
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Dataset>> OpenTrainingData(const JobSpec& spec, const ModelConfig& config,
-                                                    std::unique_ptr<Tokenizer>* tokenizer) {
+StatusOr<std::unique_ptr<Dataset>> OpenJobData(const JobSpec& spec, const ModelConfig& config,
+                                               const std::string& path,
+                                               std::unique_ptr<Tokenizer>* tokenizer) {
   const std::string& f = spec.file;
   FT_ASSIGN_OR_RETURN(DataFormat format, ParseDataFormat(spec.data.format));
   DatasetOptions options;
-  options.path = spec.data.train;
+  options.path = path;
   options.seq_len = spec.data.seq_len;
   options.packing = spec.data.packing;
   options.skip_bad_lines = spec.data.skip_bad_lines;
   options.cache_key = "format=" + spec.data.format + ";vocab=" + std::to_string(config.vocab_size);
   ChatOptions chat;
   if (format != DataFormat::kTokens) {
-    auto loaded = Tokenizer::Load(spec.model.path);
-    if (!loaded.ok())
-      return loaded.status().WithContext(f + ": data.format " + spec.data.format + " needs the tokenizer");
-    *tokenizer = std::move(*loaded);
+    if (!*tokenizer) {
+      auto loaded = Tokenizer::Load(spec.model.path);
+      if (!loaded.ok())
+        return loaded.status().WithContext(f + ": data.format " + spec.data.format + " needs the tokenizer");
+      *tokenizer = std::move(*loaded);
+    }
     auto tok_sha = Sha256File((fs::path(spec.model.path) / "tokenizer.json").string());
     options.cache_key += ";tokenizer=" + (tok_sha.ok() ? *tok_sha : std::string("?"));
     if (!spec.data.chat_template.empty()) {
@@ -157,7 +160,19 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
           LoadPeftAdapter(spec.adapter.init, tr->model_.get()).WithContext(f + ": adapter.init"));
     }
   }
-  FT_ASSIGN_OR_RETURN(tr->data_, OpenTrainingData(spec, config, &tr->tokenizer_));
+  FT_ASSIGN_OR_RETURN(tr->data_, OpenJobData(spec, config, spec.data.train, &tr->tokenizer_));
+  if (!spec.data.eval.empty()) {
+    auto eval = OpenJobData(spec, config, spec.data.eval, &tr->tokenizer_);
+    if (!eval.ok()) return eval.status().WithContext(f + ": data.eval");
+    tr->eval_data_ = std::move(*eval);
+    int64_t rows = tr->eval_data_->size();
+    if (spec.train.eval_max_batches > 0)
+      rows = std::min(rows, spec.train.eval_max_batches * tr->plan_.micro_batch);
+    if (tr->eval_data_->CountTargets(0, rows, false, 0) == 0) {
+      return Status::InvalidArgument(f + ": data.eval: the evaluated rows of " + spec.data.eval +
+                                     " have no target tokens (see train.eval_max_batches)");
+    }
+  }
   const int64_t steps_per_epoch =
       (tr->data_->size() + spec.train.global_batch_size - 1) / spec.train.global_batch_size;
   tr->total_steps_ = spec.train.max_steps > 0 ? spec.train.max_steps : spec.train.epochs * steps_per_epoch;
@@ -216,6 +231,36 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
     m->peak_by_category[MemCategoryName(static_cast<MemCategory>(c))] =
         GlobalMemoryTracker().peak(static_cast<MemCategory>(c));
   }
+  return Status::OK();
+}
+
+Status Trainer::Evaluate(EvalMetrics* m, bool* interrupted) {
+  if (interrupted) *interrupted = false;
+  if (!eval_data_) return Status::FailedPrecondition(spec_.file + ": data.eval is not set");
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t rows = eval_data_->size(), micro = plan_.micro_batch;
+  int64_t batches = (rows + micro - 1) / micro;
+  if (spec_.train.eval_max_batches > 0) batches = std::min(batches, spec_.train.eval_max_batches);
+  double loss_sum = 0;
+  int64_t tokens = 0;
+  for (int64_t b = 0; b < batches; ++b) {
+    if (b > 0 && control_ && interrupted) {
+      if (auto req = control_->Pending(); req && req->stop) {
+        *interrupted = true;  // a stop needs the time more than an evaluation does
+        return Status::OK();
+      }
+    }
+    const int64_t first = b * micro;
+    FT_ASSIGN_OR_RETURN(MicroBatch mb, eval_data_->MakeBatch(first, std::min(micro, rows - first),
+                                                             /*shuffle=*/false, /*seed=*/0));
+    const LossResult r = model_->EvalForward(mb);
+    loss_sum += r.loss_sum;
+    tokens += r.tokens;
+  }
+  if (tokens == 0)
+    return Status::InvalidArgument(spec_.data.eval + ": the evaluated rows have no target tokens");
+  *m = EvalMetrics{optimizer_->step(), loss_sum / static_cast<double>(tokens), tokens, batches,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
   return Status::OK();
 }
 
@@ -412,6 +457,26 @@ void Trainer::LogCompletedCheckpoints() {
   metrics_.flush();
 }
 
+Status Trainer::EvaluateIfDue(int64_t step) {
+  const int64_t every = spec_.train.eval_every_steps;
+  if (!eval_data_ || !(step == total_steps_ || (every > 0 && step % every == 0))) return Status::OK();
+  EvalMetrics e;
+  bool interrupted = false;
+  FT_RETURN_IF_ERROR(Evaluate(&e, &interrupted));
+  if (interrupted) {
+    FT_LOG(WARN) << "evaluation at step " << step << " abandoned for a stop request";
+    return Status::OK();
+  }
+  nlohmann::json j = {
+      {"step", e.step}, {"eval_loss", e.loss}, {"eval_tokens", e.tokens}, {"eval_seconds", e.seconds}};
+  metrics_ << j.dump() << "\n";
+  metrics_.flush();
+  if (!metrics_) return Status::IOError(spec_.output.dir + "/metrics.jsonl: write failed");
+  std::fprintf(stderr, "eval at step %" PRId64 ": loss %.4f over %" PRId64 " tokens (%.2f s)\n", e.step,
+               e.loss, e.tokens, e.seconds);
+  return Status::OK();
+}
+
 StatusOr<RunOutcome> Trainer::Run(const std::string& resume_dir) {
   StatusOr<RunOutcome> outcome = RunSteps(resume_dir);
   if (!outcome.ok() && metrics_.is_open()) {
@@ -471,6 +536,7 @@ StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
                  "  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tok/s  peak %.1f MiB\n",
                  m.step, total_steps_, m.loss, m.lr, m.grad_norm, m.tokens_per_s,
                  static_cast<double>(m.peak_bytes) / (1 << 20));
+    FT_RETURN_IF_ERROR(EvaluateIfDue(m.step));
     const bool by_steps = spec_.checkpoint.every_steps > 0 && m.step % spec_.checkpoint.every_steps == 0;
     const double minutes =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - last_checkpoint).count() / 60.0;

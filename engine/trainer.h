@@ -37,6 +37,16 @@ struct StepMetrics {
       peak_by_category;  // weights, adapter, gradients, optimizer, activations, workspace
 };
 
+// One evaluation on data.eval (a metrics.jsonl line of its own:
+// {"step", "eval_loss", "eval_tokens", "eval_seconds"}).
+struct EvalMetrics {
+  int64_t step = 0;     // optimizer steps applied to the evaluated weights
+  double loss = 0;      // Σ token cross-entropies over the evaluated rows ÷ their target tokens
+  int64_t tokens = 0;   // target tokens evaluated
+  int64_t batches = 0;  // micro-batches evaluated
+  double seconds = 0;
+};
+
 struct BatchPlan {
   int64_t micro_batch = 0;
   int64_t accumulation = 0;
@@ -65,11 +75,21 @@ class Trainer {
   // does not leave time to finish this step's accumulation, the step is
   // abandoned (nothing changes) and *interrupted is set.
   Status Step(StepMetrics* metrics, bool* interrupted = nullptr);
+  // Evaluates the current weights on data.eval: the rows in file order (no
+  // shuffle) in micro-batches of the plan's size, at most
+  // train.eval_max_batches of them (0 = all), forward only without dropout.
+  // Changes no weight, optimizer, data cursor or random state, so training is
+  // bit-identical with and without evaluation. When `control` has a pending
+  // stop, the evaluation is abandoned between micro-batches and *interrupted
+  // is set. FailedPrecondition when the job has no data.eval.
+  Status Evaluate(EvalMetrics* metrics, bool* interrupted = nullptr);
   // Resumes from the newest valid checkpoint under <output.dir>/checkpoints
   // (or `resume_dir` when set), runs the remaining steps with checkpoints at
   // the job's cadence and on requests, writes <output.dir>/metrics.jsonl and a
   // progress line per step on stderr, then a final checkpoint and the outputs
   // (adapter/, model/ for full fine-tunes, merged/ when output.merge).
+  // With data.eval, an evaluation line follows the step line of every
+  // train.eval_every_steps-th step and of the last step.
   StatusOr<RunOutcome> Run(const std::string& resume_dir = "");
   // Writes the final outputs only (each directory atomically).
   Status WriteOutputs();
@@ -90,6 +110,7 @@ class Trainer {
 
   Model& model() { return *model_; }
   const Dataset& data() const { return *data_; }
+  const Dataset* eval_data() const { return eval_data_.get(); }  // null without data.eval
   AdamWOptimizer& optimizer() { return *optimizer_; }
   const BatchPlan& plan() const { return plan_; }
   int64_t total_steps() const { return total_steps_; }
@@ -103,6 +124,7 @@ class Trainer {
   std::unique_ptr<AdamWOptimizer> optimizer_;
   std::unique_ptr<Tokenizer> tokenizer_;  // text, alpaca and chat formats; outlives data_
   std::unique_ptr<Dataset> data_;
+  std::unique_ptr<Dataset> eval_data_;  // data.eval, or null
   BatchPlan plan_;
   int64_t total_steps_ = 0;
   StatusOr<RunOutcome> RunSteps(const std::string& resume_dir);
@@ -110,6 +132,8 @@ class Trainer {
   Status CheckpointNow(const std::string& reason, bool wait);
   void LogCompletedCheckpoints();
   Status OpenMetrics();
+  // Evaluates when `step` is due (every eval_every_steps, and the last) and logs the line.
+  Status EvaluateIfDue(int64_t step);
 
   int64_t cursor_ = 0;        // sequences consumed
   int64_t tokens_seen_ = 0;   // target tokens trained on
@@ -126,10 +150,13 @@ class Trainer {
 // ResourceExhausted when nothing fits.
 StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec, const ModelConfig& model, int64_t device_bytes);
 
-// The job's training data, encoded in its format (loading the model's
-// tokenizer into *tokenizer for text, alpaca and chat).
-StatusOr<std::unique_ptr<Dataset>> OpenTrainingData(const JobSpec& spec, const ModelConfig& config,
-                                                    std::unique_ptr<Tokenizer>* tokenizer);
+// A data file of the job (data.train or data.eval) through the job's
+// pipeline: format, seq_len, packing, skip_bad_lines, chat template. For
+// text, alpaca and chat the model's tokenizer is loaded into *tokenizer
+// unless it already holds one. Errors name the file (and line) at fault.
+StatusOr<std::unique_ptr<Dataset>> OpenJobData(const JobSpec& spec, const ModelConfig& config,
+                                               const std::string& path,
+                                               std::unique_ptr<Tokenizer>* tokenizer);
 
 // The job keys that define the training math, with their values; a resume
 // refuses a checkpoint whose values differ (naming the key).

@@ -229,7 +229,8 @@ void Attempt::PollMetrics() {
       }
     }
     switch (m->kind) {
-      case MetricsLine::Kind::kStep: steps.push_back(*m); break;
+      case MetricsLine::Kind::kStep:
+      case MetricsLine::Kind::kEval: steps.push_back(*m); break;
       case MetricsLine::Kind::kCheckpoint:
         flush_steps();
         HandleCheckpoint(*m);

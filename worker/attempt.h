@@ -5,7 +5,7 @@
 //
 // runs in its own process group. Its stdout+stderr lines are relayed in
 // batches (OnLog) and the last ones kept for the failure reason; its
-// <output_dir>/metrics.jsonl is followed from the current end (step lines →
+// <output_dir>/metrics.jsonl is followed from the current end (step and eval lines →
 // OnMetrics in batches and progress(); checkpoint events → OnCheckpoint with
 // the SHA-256 of the checkpoint's MANIFEST.json); when it exits, OnExit says
 // how: exit 0 FINISHED, 3 PREEMPTED (stopped after a checkpoint), anything
@@ -19,6 +19,8 @@
 // attempt's report lock is held during listener calls, so a listener must
 // not call Kill() or destroy the attempt from inside a callback.
 #pragma once
+
+#include <sys/types.h>
 
 #include <atomic>
 #include <chrono>
@@ -79,7 +81,7 @@ struct AttemptExit {
 class AttemptListener {
  public:
   virtual ~AttemptListener() = default;
-  // Step lines read in one poll, oldest first; time_ms: when they were read (Unix ms).
+  // Step and evaluation lines read in one poll, oldest first; time_ms: when they were read (Unix ms).
   virtual void OnMetrics(const AttemptSpec& a, const std::vector<MetricsLine>& steps, int64_t time_ms) = 0;
   // Complete output lines, each ending in '\n'.
   virtual void OnLog(const AttemptSpec& a, const std::string& text) = 0;
@@ -99,6 +101,8 @@ class Attempt {
   Attempt& operator=(const Attempt&) = delete;
 
   const AttemptSpec& spec() const { return spec_; }
+  // The ft-train process (also its process group's id).
+  pid_t pid() const { return child_->pid(); }
 
   // Sends {"cmd": cmd, "deadline_s": deadline_s, "reason": reason} on the
   // control channel; cmd is "checkpoint" or "stop". IOError when the trainer

@@ -1,9 +1,11 @@
 #include "worker/devices.h"
 
+#include <algorithm>
 #include <fstream>
 #include <string>
 
 #include "common/logging.h"
+#include "worker/process_memory.h"
 
 #ifdef FT_WORKER_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -74,12 +76,14 @@ StatusOr<std::vector<Device>> CudaDevices() {
 
 }  // namespace
 
-StatusOr<Device> CpuDevice(const DeviceOptions& options) {
+StatusOr<Device> CpuDevice(const DeviceOptions& options, int64_t trainers_resident_bytes) {
   Device d;
   d.kind = "cpu";
   d.name = CpuModelName();
   if (options.cpu_memory_bytes > 0) {
-    d.total_bytes = d.free_bytes = options.cpu_memory_bytes;
+    d.total_bytes = options.cpu_memory_bytes;
+    d.used_bytes = std::max<int64_t>(0, trainers_resident_bytes);  // may exceed the budget: say so
+    d.free_bytes = std::max<int64_t>(0, d.total_bytes - d.used_bytes);
     return d;
   }
   FT_RETURN_IF_ERROR(ReadMemInfo(&d.total_bytes, &d.free_bytes));
@@ -104,10 +108,20 @@ Status DeviceMonitor::Init() {
   return Status::OK();
 }
 
-const std::vector<Device>& DeviceMonitor::Current(bool busy) {
+const std::vector<Device>& DeviceMonitor::Current(const std::vector<pid_t>& trainers) {
+  const bool busy = !trainers.empty();
   const bool cpu = !devices_.empty() && devices_[0].kind == "cpu";
   if (cpu) {
-    auto fresh = CpuDevice(options_);
+    int64_t resident = 0;
+    if (options_.cpu_memory_bytes > 0 && busy) {
+      auto bytes = ProcessTreesResidentBytes(trainers);
+      if (!bytes.ok()) {
+        FT_LOG(WARN) << "device refresh: " << bytes.status().ToString();
+        return devices_;  // keep the last numbers
+      }
+      resident = *bytes;
+    }
+    auto fresh = CpuDevice(options_, resident);
     if (fresh.ok()) devices_ = {*fresh};
     return devices_;
   }

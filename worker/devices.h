@@ -3,7 +3,10 @@
 // With the CUDA backend compiled in and a GPU visible, one device per GPU
 // (kind "cuda"); otherwise one CPU device (kind "cpu") named after
 // /proc/cpuinfo's "model name", with MemTotal as total and MemAvailable as
-// free memory, or the configured override for both.
+// free memory (used = total - free: the host's own numbers). With a fixed
+// --cpu-memory the device is a budget, not the host: total is the budget,
+// used is the resident memory of the running trainers' process trees (0 when
+// idle; see process_memory.h) and free = total - used (never below 0).
 //
 // A CUDA query creates a context on every GPU (hundreds of MiB each), so the
 // monitor releases the contexts right away and re-queries GPUs only while no
@@ -11,6 +14,8 @@
 //
 // Thread safety: DeviceMonitor is not thread-safe; the functions are.
 #pragma once
+
+#include <sys/types.h>
 
 #include <chrono>
 #include <cstdint>
@@ -39,8 +44,10 @@ struct DeviceOptions {
 // no override) or a GPU query fails after GPUs were found.
 StatusOr<std::vector<Device>> DiscoverDevices(const DeviceOptions& options);
 
-// The CPU device alone (index 0). Errors as DiscoverDevices.
-StatusOr<Device> CpuDevice(const DeviceOptions& options);
+// The CPU device alone (index 0). `trainers_resident_bytes`: the running
+// trainers' resident memory, used only with cpu_memory_bytes. Errors as
+// DiscoverDevices.
+StatusOr<Device> CpuDevice(const DeviceOptions& options, int64_t trainers_resident_bytes = 0);
 
 // Keeps the device list and refreshes its free memory.
 class DeviceMonitor {
@@ -51,9 +58,10 @@ class DeviceMonitor {
   Status Init();
 
   // The devices with fresh free memory where it is safe to measure (see the
-  // file comment). `busy`: a trainer is running. Keeps the last numbers when
-  // a refresh fails.
-  const std::vector<Device>& Current(bool busy);
+  // file comment). `trainers`: pids of the running ft-train processes (empty =
+  // idle); with --cpu-memory their trees' resident memory is the CPU's used.
+  // Keeps the last numbers when a refresh fails.
+  const std::vector<Device>& Current(const std::vector<pid_t>& trainers);
 
  private:
   DeviceOptions options_;

@@ -1,5 +1,6 @@
 #include "worker/metrics_line.h"
 
+#include <limits>
 #include <nlohmann/json.hpp>
 
 namespace ft::worker {
@@ -39,6 +40,12 @@ StatusOr<MetricsLine> ParseMetricsLine(std::string_view line) {
     m.dir = Text(j, "dir");
     m.reason = Text(j, "reason");
     m.checkpoint_seconds = Number(j, "checkpoint_seconds");
+    return m;
+  }
+  if (auto eval = j.find("eval_loss"); eval != j.end()) {
+    m.kind = MetricsLine::Kind::kEval;
+    m.eval_loss = eval->is_number() ? eval->get<double>() : std::numeric_limits<double>::quiet_NaN();
+    m.eval_tokens = static_cast<int64_t>(Number(j, "eval_tokens"));
     return m;
   }
   m.kind = MetricsLine::Kind::kStep;

@@ -1,7 +1,9 @@
 // One line of ft-train's <output.dir>/metrics.jsonl, parsed (engine/trainer.cc
 // writes them): a step line {"step","loss","lr","grad_norm","tokens",
 // "tokens_per_s","step_seconds","peak_bytes", optional "checkpoint_seconds"},
-// or an event line {"event":"checkpoint"|"preempted"|"failed", "step", ...}.
+// an evaluation line {"step","eval_loss","eval_tokens","eval_seconds"} (after
+// the step line of the same step, when the job has data.eval), or an event
+// line {"event":"checkpoint"|"preempted"|"failed", "step", ...}.
 //
 // Thread safety: a pure function.
 #pragma once
@@ -15,7 +17,7 @@
 namespace ft::worker {
 
 struct MetricsLine {
-  enum class Kind { kStep, kCheckpoint, kPreempted, kFailed, kOtherEvent };
+  enum class Kind { kStep, kEval, kCheckpoint, kPreempted, kFailed, kOtherEvent };
   Kind kind = Kind::kOtherEvent;
   int64_t step = 0;  // every kind
   // kStep
@@ -26,6 +28,9 @@ struct MetricsLine {
   double tokens_per_s = 0;
   int64_t peak_bytes = 0;
   double checkpoint_seconds = 0;  // kStep (newest measured, 0 = none yet) and kCheckpoint
+  // kEval: mean token cross-entropy on data.eval (NaN when the trainer wrote null: it diverged)
+  double eval_loss = 0;
+  int64_t eval_tokens = 0;
   // kCheckpoint: the checkpoint directory, as the trainer wrote it
   std::string dir;
   // kCheckpoint (why it was taken), kPreempted (why it stopped), kFailed (the error)

@@ -55,6 +55,13 @@ void AddDevices(const std::vector<Device>& devices, google::protobuf::RepeatedPt
   }
 }
 
+// The ft-train pids of running attempts: the CPU device's used memory is theirs.
+std::vector<pid_t> TrainerPids(const std::vector<std::shared_ptr<Attempt>>& running) {
+  std::vector<pid_t> pids;
+  for (const auto& a : running) pids.push_back(a->pid());
+  return pids;
+}
+
 }  // namespace
 
 Worker::Worker(WorkerOptions options) : options_(std::move(options)), devices_(options_.devices) {}
@@ -75,7 +82,7 @@ Status Worker::Init() {
   if (ec) return Status::IOError(options_.work_dir + ": cannot create the work dir: " + ec.message());
   std::lock_guard<std::mutex> lock(devices_mu_);
   FT_RETURN_IF_ERROR(devices_.Init());
-  for (const Device& d : devices_.Current(false)) {
+  for (const Device& d : devices_.Current({})) {
     FT_LOG(INFO) << "device " << d.kind << ":" << d.index << " " << d.name << ", "
                  << d.total_bytes / (1 << 20) << " MiB total, " << d.free_bytes / (1 << 20) << " MiB free";
   }
@@ -107,7 +114,7 @@ pb::Register Worker::MakeRegister() {
   const std::vector<std::shared_ptr<Attempt>> running = Running();
   {
     std::lock_guard<std::mutex> lock(devices_mu_);
-    AddDevices(devices_.Current(!running.empty()), r.mutable_devices());
+    AddDevices(devices_.Current(TrainerPids(running)), r.mutable_devices());
   }
   for (const auto& a : running) {
     pb::RunningAttempt* ra = r.add_running();
@@ -124,7 +131,7 @@ pb::Heartbeat Worker::MakeHeartbeat() {
   const std::vector<std::shared_ptr<Attempt>> running = Running();
   {
     std::lock_guard<std::mutex> lock(devices_mu_);
-    AddDevices(devices_.Current(!running.empty()), h.mutable_devices());
+    AddDevices(devices_.Current(TrainerPids(running)), h.mutable_devices());
   }
   for (const auto& a : running) {
     const AttemptProgress p = a->progress();
@@ -304,13 +311,18 @@ void Worker::OnMetrics(const AttemptSpec& a, const std::vector<MetricsLine>& ste
   for (const MetricsLine& s : steps) {
     pb::MetricPoint* p = r->add_points();
     p->set_step(s.step);
+    p->set_time_ms(time_ms);
+    p->set_epoch(a.epoch);
+    if (s.kind == MetricsLine::Kind::kEval) {  // the daemon merges it into the step's point
+      p->set_eval_loss(s.eval_loss);
+      p->set_eval_only(true);
+      continue;
+    }
     p->set_loss(s.loss);
     p->set_lr(s.lr);
     p->set_grad_norm(s.grad_norm);
     p->set_tokens_per_s(s.tokens_per_s);
     p->set_peak_bytes(s.peak_bytes);
-    p->set_time_ms(time_ms);
-    p->set_epoch(a.epoch);
   }
   Send(std::move(m));
 }

@@ -3,7 +3,8 @@
 // HTTP client. Every JSON endpoint with good input, malformed and unknown job
 // ids, bad query parameters, wrong methods, tokens, static files and path
 // traversal, SSE live updates and Last-Event-ID replay, a slow SSE client being
-// dropped, /metrics through promtool, and /ready on a sticky-failed store.
+// dropped, /metrics through promtool, and /ready on a sticky-failed store; the
+// same over HTTPS (HttpsTest), with plaintext and untrusting clients refused.
 #include "daemon/http_api.h"
 
 #include <gmock/gmock.h>
@@ -12,6 +13,7 @@
 #include <sys/resource.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -647,6 +649,117 @@ TEST_F(HttpApiTest, MalformedHttpGetsA400NotACrash) {
   boost::asio::write(raw.socket(), boost::asio::buffer(junk));
   EXPECT_TRUE(raw.ReadUntil("400", std::chrono::seconds(5))) << raw.text();
   EXPECT_EQ(Get("/healthz").status, 200);
+}
+
+// HTTPS: the same server with ftd's --tls-cert/--tls-key, a self-signed
+// certificate made by the openssl CLI for 127.0.0.1, and clients that trust
+// only that certificate.
+class HttpsTest : public HttpApiTest {
+ protected:
+  void SetUp() override {
+    HttpApiTest::SetUp();
+    if (HasFatalFailure()) return;
+    cert_ = MakeCertificate("tls");
+    key_ = dir_ + "/tls/key.pem";
+  }
+
+  // A self-signed certificate for 127.0.0.1 in dir_/<name>/{cert,key}.pem; returns the cert's path.
+  std::string MakeCertificate(const std::string& name) {
+    const std::string d = dir_ + "/" + name;
+    fs::create_directories(d);
+    const std::string cmd =
+        "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 "
+        "-subj /CN=localhost -addext subjectAltName=IP:127.0.0.1,DNS:localhost -keyout " +
+        d + "/key.pem -out " + d + "/cert.pem >" + d + "/openssl.log 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    return d + "/cert.pem";
+  }
+
+  void ServeTls() {
+    HttpServerOptions o;
+    o.tls_cert_file = cert_;
+    o.tls_key_file = key_;
+    Serve({}, o);
+  }
+
+  std::string cert_, key_;
+};
+
+TEST_F(HttpsTest, JobsAndEventStreamOverTls) {
+  ServeTls();
+  ASSERT_TRUE(server_->tls());
+  Reply r = http_test::FetchTls(port_, cert_, "GET", "/api/jobs");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json jobs = json::parse(r.body, nullptr, false);
+  ASSERT_TRUE(jobs["jobs"].is_array()) << r.body;
+  EXPECT_EQ(jobs["jobs"].size(), 2u);
+  EXPECT_THAT(r.body, HasSubstr(running_));
+  // Keep-alive works over TLS too: several requests, and the server still answers afterwards.
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(http_test::FetchTls(port_, cert_, "GET", "/healthz").status, 200);
+
+  // SSE over TLS: the replay after seq 0, then a live metric and the job's summary.
+  http_test::TlsSseReader sse(port_, cert_);
+  ASSERT_TRUE(sse.connected());
+  ASSERT_TRUE(sse.Get("/api/stream?job=" + running_ + "&after_seq=0"));
+  ASSERT_TRUE(sse.ReadUntil("retry: 2000", std::chrono::seconds(5))) << sse.text();
+  EXPECT_THAT(sse.text(), HasSubstr("Content-Type: text/event-stream"));
+  ASSERT_TRUE(sse.ReadUntil("event: event\ndata: {", std::chrono::seconds(5))) << sse.text();
+  ASSERT_TRUE(Eventually([&] { return server_->open_streams() == 1; }));
+  SendMetrics(7, 7);
+  ASSERT_TRUE(sse.ReadUntil("event: metric\ndata: {", std::chrono::seconds(5))) << sse.text();
+  ASSERT_TRUE(sse.ReadUntil("\"step\":7", std::chrono::seconds(5))) << sse.text();
+  ASSERT_TRUE(sse.ReadUntil("\"steps_done\":7", std::chrono::seconds(5))) << sse.text();
+}
+
+TEST_F(HttpsTest, PlaintextAndUntrustingClientsFailCleanlyAndTheServerKeepsServing) {
+  ServeTls();
+  // Plain HTTP to the HTTPS port: a clear 400, not a hang or a reset.
+  Reply plain = Fetch(port_, "GET", "/api/jobs");
+  EXPECT_EQ(plain.status, 400) << plain.body;
+  EXPECT_THAT(plain.body, HasSubstr("serves HTTPS"));
+  EXPECT_THAT(plain.body, Not(HasSubstr(running_)));
+  // A client that does not trust the certificate (system roots only) fails its handshake.
+  Reply untrusting = http_test::FetchTls(port_, "", "GET", "/api/jobs");
+  EXPECT_EQ(untrusting.status, -1);
+  EXPECT_THAT(untrusting.body, HasSubstr("handshake"));
+  // A client that trusts another certificate fails too.
+  const std::string other = MakeCertificate("other");
+  EXPECT_EQ(http_test::FetchTls(port_, other, "GET", "/api/jobs").status, -1);
+  // A ClientHello-looking start followed by junk, and a client that connects and says nothing.
+  {
+    SseReader junk(port_);
+    static const char kHello[] = "\x16\x03\x01\x00\x05\x01junkjunkjunk";  // record + client_hello type
+    boost::asio::write(junk.socket(), boost::asio::buffer(kHello, sizeof(kHello) - 1));
+    EXPECT_TRUE(junk.WaitClosed(std::chrono::seconds(5)));
+    SseReader silent(port_);
+    ASSERT_TRUE(silent.connected());
+  }
+  // None of that disturbed the server.
+  EXPECT_EQ(http_test::FetchTls(port_, cert_, "GET", "/healthz").status, 200);
+  EXPECT_EQ(http_test::FetchTls(port_, cert_, "GET", "/api/jobs/" + running_).status, 200);
+}
+
+TEST_F(HttpsTest, UnusableCertificateOrKeyFailsStartNamingTheFlag) {
+  HttpApi api(daemon_.get(), {});
+  auto start = [&](const std::string& cert, const std::string& key) {
+    return HttpServer::Start(daemon_.get(), &api,
+                             {.address = "127.0.0.1:0", .tls_cert_file = cert, .tls_key_file = key});
+  };
+  auto missing = start(dir_ + "/nope.pem", key_);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(missing.status().message(), HasSubstr("--tls-cert"));
+  auto no_key = start(cert_, "");
+  ASSERT_FALSE(no_key.ok());
+  EXPECT_THAT(no_key.status().message(), HasSubstr("--tls-key is missing"));
+  auto not_pem = start(cert_, dir_ + "/secret.txt");
+  ASSERT_FALSE(not_pem.ok());
+  EXPECT_THAT(not_pem.status().message(), HasSubstr("--tls-key"));
+  // The key of another certificate.
+  MakeCertificate("other");
+  auto mismatched = start(cert_, dir_ + "/other/key.pem");
+  ASSERT_FALSE(mismatched.ok());
+  EXPECT_THAT(mismatched.status().message(), HasSubstr("--tls-key"));
+  EXPECT_TRUE(start(cert_, key_).ok());
 }
 
 TEST(HttpServerStart, RejectsBadAddresses) {

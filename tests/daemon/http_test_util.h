@@ -1,17 +1,22 @@
 // Test helpers for ftd's HTTP side: a real HTTP client (Boost.Beast, one
-// connection per request) and a raw SSE reader with a deadline.
+// connection per request) and a raw SSE reader with a deadline, each over
+// plaintext or TLS (FetchTls, TlsSseReader: trusting only `ca_file` and
+// checking that the server's certificate names 127.0.0.1).
 //
-// Fetch() returns status -1 and the error in `body` when the connection or
-// the exchange fails. SseReader::ReadUntil returns whether the text it read
-// so far contains `needle` before the deadline.
+// Fetch()/FetchTls() return status -1 and the error in `body` when the
+// connection, the TLS handshake or the exchange fails. ReadUntil returns
+// whether the text read so far contains `needle` before the deadline.
 #pragma once
 
 #include <sys/socket.h>
 #include <sys/time.h>
 
+#include <array>
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 #include <cerrno>
 #include <chrono>
 #include <map>
@@ -27,20 +32,14 @@ struct Reply {
   std::string body;
 };
 
-inline Reply Fetch(int port, const std::string& method, const std::string& target,
-                   const std::vector<std::pair<std::string, std::string>>& headers = {}) {
+// One request and its response on a connected (and, for TLS, handshaken) stream.
+template <class Stream>
+Reply Exchange(Stream& stream, const std::string& method, const std::string& target,
+               const std::vector<std::pair<std::string, std::string>>& headers) {
   namespace beast = boost::beast;
   namespace http = beast::http;
-  namespace net = boost::asio;
   Reply out;
-  net::io_context ioc;
-  beast::tcp_stream stream(ioc);
   beast::error_code ec;
-  stream.socket().connect({net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)}, ec);
-  if (ec) {
-    out.body = "connect: " + ec.message();
-    return out;
-  }
   http::request<http::string_body> req(http::string_to_verb(method), target, 11);
   if (req.method() == http::verb::unknown) req.method_string(method);
   req.set(http::field::host, "127.0.0.1");
@@ -60,6 +59,55 @@ inline Reply Fetch(int port, const std::string& method, const std::string& targe
   return out;
 }
 
+inline Reply Fetch(int port, const std::string& method, const std::string& target,
+                   const std::vector<std::pair<std::string, std::string>>& headers = {}) {
+  namespace net = boost::asio;
+  net::io_context ioc;
+  boost::beast::tcp_stream stream(ioc);
+  boost::beast::error_code ec;
+  stream.socket().connect({net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)}, ec);
+  if (ec) return Reply{-1, {}, "connect: " + ec.message()};
+  return Exchange(stream, method, target, headers);
+}
+
+// A TLS client context trusting only `ca_file` ("" = the system's roots).
+inline boost::asio::ssl::context TlsClientContext(const std::string& ca_file) {
+  namespace ssl = boost::asio::ssl;
+  ssl::context ctx(ssl::context::tls_client);
+  boost::system::error_code ec;
+  if (ca_file.empty()) {
+    ctx.set_default_verify_paths(ec);
+  } else {
+    ctx.load_verify_file(ca_file, ec);
+  }
+  ctx.set_verify_mode(ssl::verify_peer);
+  return ctx;
+}
+
+inline Reply FetchTls(int port, const std::string& ca_file, const std::string& method,
+                      const std::string& target,
+                      const std::vector<std::pair<std::string, std::string>>& headers = {}) {
+  namespace net = boost::asio;
+  net::io_context ioc;
+  net::ssl::context ctx = TlsClientContext(ca_file);
+  boost::beast::ssl_stream<boost::beast::tcp_stream> stream(ioc, ctx);
+  stream.set_verify_callback(net::ssl::host_name_verification("127.0.0.1"));
+  boost::beast::error_code ec;
+  boost::beast::get_lowest_layer(stream).socket().connect(
+      {net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)}, ec);
+  if (ec) return Reply{-1, {}, "connect: " + ec.message()};
+  stream.handshake(net::ssl::stream_base::client, ec);
+  if (ec) return Reply{-1, {}, "TLS handshake: " + ec.message()};
+  return Exchange(stream, method, target, headers);
+}
+
+// The request line and headers an SSE client sends.
+inline std::string SseRequest(const std::string& target, const std::vector<std::string>& header_lines) {
+  std::string req = "GET " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n";
+  for (const std::string& h : header_lines) req += h + "\r\n";
+  return req + "\r\n";
+}
+
 // Reads an SSE stream through a raw socket (the stream never ends by itself).
 class SseReader {
  public:
@@ -71,11 +119,8 @@ class SseReader {
   bool connected() const { return connected_; }
   // Sends a GET with the extra header lines ("Name: value").
   bool Get(const std::string& target, const std::vector<std::string>& header_lines = {}) {
-    std::string req = "GET " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n";
-    for (const std::string& h : header_lines) req += h + "\r\n";
-    req += "\r\n";
     boost::system::error_code ec;
-    boost::asio::write(socket_, boost::asio::buffer(req), ec);
+    boost::asio::write(socket_, boost::asio::buffer(SseRequest(target, header_lines)), ec);
     return !ec;
   }
   // Reads until the text so far contains `needle` (true) or `timeout` passes (false).
@@ -112,6 +157,56 @@ class SseReader {
   boost::asio::ip::tcp::socket socket_;
   bool connected_ = false;
   bool closed_ = false;
+  std::string text_;
+};
+
+// Reads an SSE stream over TLS (asynchronous reads run for at most the deadline).
+class TlsSseReader {
+ public:
+  TlsSseReader(int port, const std::string& ca_file) : ctx_(TlsClientContext(ca_file)), stream_(ioc_, ctx_) {
+    namespace net = boost::asio;
+    stream_.set_verify_callback(net::ssl::host_name_verification("127.0.0.1"));
+    boost::system::error_code ec;
+    stream_.next_layer().connect({net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)}, ec);
+    if (!ec) stream_.handshake(net::ssl::stream_base::client, ec);
+    connected_ = !ec;
+  }
+  bool connected() const { return connected_; }
+  bool Get(const std::string& target, const std::vector<std::string>& header_lines = {}) {
+    boost::system::error_code ec;
+    boost::asio::write(stream_, boost::asio::buffer(SseRequest(target, header_lines)), ec);
+    return !ec;
+  }
+  bool ReadUntil(const std::string& needle, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (text_.find(needle) == std::string::npos) {
+      if (closed_ || std::chrono::steady_clock::now() > deadline) return false;
+      if (!reading_) {
+        reading_ = true;
+        stream_.async_read_some(boost::asio::buffer(buf_), [this](boost::system::error_code ec, size_t n) {
+          reading_ = false;
+          if (ec) {
+            closed_ = true;
+          } else {
+            text_.append(buf_.data(), n);
+          }
+        });
+      }
+      ioc_.restart();
+      ioc_.run_for(std::chrono::milliseconds(50));
+    }
+    return true;
+  }
+  const std::string& text() const { return text_; }
+
+ private:
+  boost::asio::io_context ioc_;
+  boost::asio::ssl::context ctx_;
+  boost::asio::ssl::stream<boost::asio::ip::tcp::socket> stream_;
+  bool connected_ = false;
+  bool reading_ = false;
+  bool closed_ = false;
+  std::array<char, 4096> buf_{};
   std::string text_;
 };
 

@@ -1,10 +1,91 @@
-// Device discovery: the CPU device, with and without --cpu-memory.
+// Device discovery: the CPU device, with and without --cpu-memory; with it,
+// "used" is the resident memory of the running trainers' process trees,
+// measured on real processes that allocate and touch known amounts.
 #include "worker/devices.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "worker/process_memory.h"
 
 namespace ft::worker {
 namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+// Acks once when ready, then reads one byte per command from `cmd`; each one
+// allocates and touches `bytes` more, then acks one byte on `ack`. Exits at EOF.
+[[noreturn]] void AllocateOnCommand(int cmd, int ack, size_t bytes) {
+  char c = 'r';
+  if (write(ack, &c, 1) != 1) _exit(4);
+  while (read(cmd, &c, 1) == 1) {
+    auto* p = static_cast<char*>(std::malloc(bytes));
+    if (p == nullptr) _exit(3);
+    std::memset(p, 1, bytes);  // resident, not the shared zero page
+    if (write(ack, &c, 1) != 1) _exit(4);
+  }
+  _exit(0);
+}
+
+// A stand-in for ft-train: a process leading its own group (as ChildProcess
+// makes it) with a child of its own. The leader allocates 200 MiB and the
+// grandchild 64 MiB when told to. Both are forked before anything is
+// allocated, so no page is shared copy-on-write between them.
+class AllocatingTree {
+ public:
+  AllocatingTree() {
+    if (pipe(leader_cmd_) != 0 || pipe(grandchild_cmd_) != 0 || pipe(ack_) != 0) std::abort();
+    pid_ = fork();
+    if (pid_ == 0) {
+      setpgid(0, 0);
+      close(ack_[0]);
+      if (fork() == 0) {
+        close(leader_cmd_[0]);
+        AllocateOnCommand(grandchild_cmd_[0], ack_[1], 64 * kMiB);
+      }
+      close(grandchild_cmd_[0]);
+      AllocateOnCommand(leader_cmd_[0], ack_[1], 200 * kMiB);
+    }
+    close(leader_cmd_[0]);
+    close(grandchild_cmd_[0]);
+    close(ack_[1]);
+    char ready = 0;
+    ready_ = pid_ > 0 && read(ack_[0], &ready, 1) == 1 && read(ack_[0], &ready, 1) == 1;  // both exist
+  }
+  ~AllocatingTree() {
+    close(leader_cmd_[1]);
+    close(grandchild_cmd_[1]);
+    close(ack_[0]);
+    if (pid_ <= 0) return;
+    kill(-pid_, SIGKILL);  // the group: leader and grandchild
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  pid_t pid() const { return ready_ ? pid_ : -1; }
+  // Tells the leader (or the grandchild) to allocate; true once it has.
+  bool Allocate(bool grandchild) {
+    const char c = 'a';
+    if (write(grandchild ? grandchild_cmd_[1] : leader_cmd_[1], &c, 1) != 1) return false;
+    char ack = 0;
+    return read(ack_[0], &ack, 1) == 1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  bool ready_ = false;
+  int leader_cmd_[2]{}, grandchild_cmd_[2]{}, ack_[2]{};
+};
+
+int64_t TreeBytes(pid_t pid) {
+  auto bytes = ProcessTreeResidentBytes(pid);
+  EXPECT_TRUE(bytes.ok()) << bytes.status().ToString();
+  return bytes.ok() ? *bytes : -1;
+}
 
 TEST(DevicesTest, CpuDeviceWithOverriddenMemory) {
   DeviceOptions options;
@@ -48,10 +129,72 @@ TEST(DevicesTest, MonitorRefreshesCpuMemory) {
   options.allow_cuda = false;
   DeviceMonitor monitor(options);
   ASSERT_TRUE(monitor.Init().ok());
-  const std::vector<Device>& now = monitor.Current(/*busy=*/true);
+  const std::vector<Device>& now = monitor.Current({getpid()});
   ASSERT_EQ(now.size(), 1u);
   EXPECT_EQ(now[0].kind, "cpu");
   EXPECT_GT(now[0].free_bytes, 0);
+  // Without --cpu-memory the host's numbers stand, trainers or not.
+  EXPECT_EQ(now[0].used_bytes, now[0].total_bytes - now[0].free_bytes);
+}
+
+TEST(ProcessMemoryTest, TreeResidentBytesFollowTheLeaderAndItsDescendants) {
+  AllocatingTree tree;
+  ASSERT_GT(tree.pid(), 0);
+  // Before anything is allocated: both processes exist, small.
+  const int64_t before = TreeBytes(tree.pid());
+  ASSERT_GT(before, 0);
+  ASSERT_TRUE(tree.Allocate(/*grandchild=*/false));
+  const int64_t leader = TreeBytes(tree.pid());
+  EXPECT_NEAR(static_cast<double>(leader - before), 200.0 * kMiB, 8.0 * kMiB);
+  ASSERT_TRUE(tree.Allocate(/*grandchild=*/true));
+  const int64_t both = TreeBytes(tree.pid());
+  EXPECT_NEAR(static_cast<double>(both - leader), 64.0 * kMiB, 8.0 * kMiB);
+  // Several roots: each process once.
+  auto twice = ProcessTreesResidentBytes({tree.pid(), tree.pid()});
+  ASSERT_TRUE(twice.ok());
+  EXPECT_NEAR(static_cast<double>(*twice), static_cast<double>(both), 4.0 * kMiB);
+}
+
+TEST(ProcessMemoryTest, GoneProcessHasNoResidentMemory) {
+  pid_t pid = fork();
+  if (pid == 0) _exit(0);
+  ASSERT_GT(pid, 0);
+  waitpid(pid, nullptr, 0);
+  EXPECT_EQ(TreeBytes(pid), 0);
+  auto none = ProcessTreesResidentBytes({});
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*none, 0);
+}
+
+TEST(DevicesTest, FixedCpuMemoryReportsTheTrainersResidentMemoryAsUsed) {
+  DeviceOptions options;
+  options.cpu_memory_bytes = int64_t{8} << 30;
+  options.allow_cuda = false;
+  DeviceMonitor monitor(options);
+  ASSERT_TRUE(monitor.Init().ok());
+  // Idle: nothing used, the whole budget free.
+  std::vector<Device> idle = monitor.Current({});
+  ASSERT_EQ(idle.size(), 1u);
+  EXPECT_EQ(idle[0].used_bytes, 0);
+  EXPECT_EQ(idle[0].free_bytes, options.cpu_memory_bytes);
+  EXPECT_EQ(idle[0].total_bytes, options.cpu_memory_bytes);
+
+  AllocatingTree tree;
+  ASSERT_GT(tree.pid(), 0);
+  const int64_t before = TreeBytes(tree.pid());
+  ASSERT_TRUE(tree.Allocate(/*grandchild=*/false));
+  std::vector<Device> busy = monitor.Current({tree.pid()});
+  ASSERT_EQ(busy.size(), 1u);
+  EXPECT_NEAR(static_cast<double>(busy[0].used_bytes), static_cast<double>(before + 200 * kMiB), 8.0 * kMiB);
+  EXPECT_GE(busy[0].used_bytes, 200 * kMiB);
+  EXPECT_EQ(busy[0].free_bytes, busy[0].total_bytes - busy[0].used_bytes);
+  EXPECT_EQ(busy[0].total_bytes, options.cpu_memory_bytes);
+
+  // A budget smaller than what the trainer holds: used says so, free is 0.
+  auto over = CpuDevice({.cpu_memory_bytes = 100 * kMiB, .allow_cuda = false}, busy[0].used_bytes);
+  ASSERT_TRUE(over.ok());
+  EXPECT_EQ(over->used_bytes, busy[0].used_bytes);
+  EXPECT_EQ(over->free_bytes, 0);
 }
 
 }  // namespace
