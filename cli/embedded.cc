@@ -19,6 +19,9 @@ namespace {
 namespace fs = std::filesystem;
 
 volatile sig_atomic_t g_stop = 0;
+// How long each child gets after SIGTERM: the worker must let its trainer
+// checkpoint (ft-worker gives it --stop-grace, 30 s by default, plus slack).
+constexpr std::chrono::seconds kWorkerGrace{90}, kDaemonGrace{10};
 extern "C" void OnStopSignal(int) { g_stop = 1; }
 
 // `name` next to this binary (installed), else at `build_rel` from the build tree's root.
@@ -32,6 +35,9 @@ std::string FindSibling(const std::string& name, const std::string& build_rel) {
 pid_t Start(const std::vector<std::string>& args, const std::string& log) {
   const pid_t pid = fork();
   if (pid != 0) return pid;
+  // Its own process group: a Ctrl-C at the terminal reaches only ftctl, which
+  // then stops the worker first (so its trainer checkpoints) and ftd last.
+  setpgid(0, 0);
   const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
   if (fd >= 0) {
     dup2(fd, STDOUT_FILENO);
@@ -48,17 +54,27 @@ pid_t Start(const std::vector<std::string>& args, const std::string& log) {
 std::string Slurp(const std::string& path, size_t from) {
   FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) return "";
+  std::fseek(f, static_cast<long>(from), SEEK_SET);
   std::string text;
   char buf[4096];
   for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) text.append(buf, n);
   std::fclose(f);
-  return from < text.size() ? text.substr(from) : "";
+  return text;
 }
 
-void Stop(pid_t pid) {
+// SIGTERM, then SIGKILL if it has not exited after `grace`.
+void Stop(pid_t pid, std::chrono::seconds grace) {
   if (pid <= 0) return;
   kill(pid, SIGTERM);
-  waitpid(pid, nullptr, 0);
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  while (waitpid(pid, nullptr, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 }  // namespace
@@ -105,7 +121,7 @@ int RunEmbedded(const EmbeddedOptions& o) {
   }
   if (address.empty()) {
     std::fprintf(stderr, "ftctl up: ftd did not start serving within 10 s; see %s\n", ftd_log.c_str());
-    Stop(daemon);
+    Stop(daemon, kDaemonGrace);
     return 1;
   }
   std::vector<std::string> args = {worker,   "--daemon",   address,
@@ -124,14 +140,18 @@ int RunEmbedded(const EmbeddedOptions& o) {
       if (waitpid(pid, nullptr, WNOHANG) == pid) {
         std::fprintf(stderr, "ftctl up: %s exited on its own; see its log in %s\n",
                      pid == daemon ? "ftd" : "the worker", o.data_dir.c_str());
-        Stop(pid == daemon ? local : daemon);
+        if (pid == daemon) {
+          Stop(local, kWorkerGrace);
+        } else {
+          Stop(daemon, kDaemonGrace);
+        }
         return 1;
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  Stop(local);  // first, so its trainer checkpoints while ftd still listens
-  Stop(daemon);
+  Stop(local, kWorkerGrace);  // first, so its trainer checkpoints while ftd still listens
+  Stop(daemon, kDaemonGrace);
   return code;
 }
 

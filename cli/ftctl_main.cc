@@ -131,6 +131,7 @@ int Follow(ft::JobsClient& client, const std::string& id) {
       std::printf("%s[%s] %s\n", tty ? "\r\033[K" : "", u.event().kind().c_str(),
                   u.event().message().c_str());
     } else if (u.has_metric()) {
+      if (u.metric().eval_only()) return true;  // an evaluation of a step already shown
       step = u.metric().step();
       loss = u.metric().loss();
       tps = u.metric().tokens_per_s();

@@ -3,8 +3,8 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -48,8 +48,10 @@ Status CheckPathRoots(const JobSpec& spec, const std::vector<std::string>& roots
   auto under = [&](const std::string& path) {
     std::error_code ec;
     const fs::path p = fs::weakly_canonical(path, ec);
+    if (ec || p.empty()) return false;  // cannot tell where it leads: refuse
     for (const std::string& root : roots) {
       const fs::path r = fs::weakly_canonical(root, ec);
+      if (ec || r.empty() || !r.is_absolute()) continue;  // ftd checks its roots at startup
       auto [ri, pi] = std::mismatch(r.begin(), r.end(), p.begin(), p.end());
       if (ri == r.end() || (std::next(ri) == r.end() && ri->empty())) return true;
     }
@@ -68,6 +70,18 @@ Status CheckPathRoots(const JobSpec& spec, const std::vector<std::string>& roots
                                    "); move it under one of them or ask the operator to add --allowed-root");
   }
   return Status::OK();
+}
+
+pb::Event ToProtoEvent(const EventRow& e) {
+  pb::Event p;
+  p.set_seq(e.seq);
+  p.set_time_ms(e.time_ms);
+  p.set_job_id(e.job_id);
+  p.set_worker_id(e.worker_id);
+  p.set_kind(e.kind);
+  p.set_message(e.message);
+  p.set_step(e.step);
+  return p;
 }
 
 // What the scheduler needs to place a job.
@@ -92,20 +106,27 @@ Daemon::Daemon(std::unique_ptr<Store> store, const Clock* clock, DaemonOptions o
     : store_(std::move(store)), clock_(clock), options_(std::move(options)) {
   // Attempts that were running when ftd stopped: their workers get one lease to reconnect.
   auto running = store_->RunningAttempts();
-  if (running.ok()) {
-    for (const AttemptRow& a : *running) {
-      Session& s = sessions_[a.worker_id];
-      s.alive = true;
-      s.last_message_mono = clock_->MonotonicMs();
-      s.running_job = a.job_id;
-      s.running_epoch = a.epoch;
-      running_epoch_[a.job_id] = a.epoch;
-    }
+  if (!running.ok()) {
+    startup_ = running.status();
+    return;
+  }
+  for (const AttemptRow& a : *running) {
+    Session& s = sessions_[a.worker_id];
+    s.alive = true;
+    s.last_message_mono = clock_->MonotonicMs();
+    s.running_job = a.job_id;
+    s.running_epoch = a.epoch;
+    int64_t& current = running_epoch_[a.job_id];
+    current = std::max(current, a.epoch);  // a crash may have left an older one marked running
+    // Its planning input (slot-end checkpoint estimates, predicted memory).
+    if (auto job = store_->GetJob(a.job_id); job.ok()) (void)EnsurePlanInput(*job);
   }
   auto queued = store_->ListJobs({JobStateCode::kQueued}, 0);
-  if (queued.ok()) {
-    for (const JobRow& j : *queued) TrackState(j);
+  if (!queued.ok()) {
+    startup_ = queued.status();
+    return;
   }
+  for (const JobRow& j : *queued) TrackState(j);
   if (!options_.data_dir.empty()) fs::create_directories(fs::path(options_.data_dir) / "logs");
 }
 
@@ -113,6 +134,7 @@ void Daemon::TrackState(const JobRow& job) {
   if (job.state != JobStateCode::kQueued) {
     queued_.erase(job.id);
     waiting_.erase(job.id);
+    if (job.state != JobStateCode::kRunning) interrupted_mono_.erase(job.id);
     if (job.state != JobStateCode::kRunning) plan_inputs_.erase(job.id);
     return;
   }
@@ -183,9 +205,8 @@ StatusOr<pb::SubmitReply> Daemon::Submit(const pb::SubmitRequest& req) {
 void Daemon::CommitSubmits(const std::vector<PendingSubmit*>& batch) {
   std::vector<JobRow> rows;
   for (PendingSubmit* p : batch) rows.push_back(p->row);
-  std::vector<pb::JobUpdate> updates;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     std::vector<bool> duplicate;
     auto created = store_->CreateJobs(std::move(rows), &duplicate);
     for (size_t i = 0; i < batch.size(); ++i) {
@@ -199,6 +220,7 @@ void Daemon::CommitSubmits(const std::vector<PendingSubmit*>& batch) {
         p.view.id = job.id;
         plan_inputs_[job.id] = p.view;
         TrackState(job);
+        PublishStoredEvents(job.id);  // "queued", written with the job
         PublishJob(job.id);
       }
       auto proto = ToProto(job);
@@ -209,9 +231,8 @@ void Daemon::CommitSubmits(const std::vector<PendingSubmit*>& batch) {
       *p.reply.mutable_job() = std::move(*proto);
       p.reply.set_duplicate(duplicate[i]);
     }
-    updates.swap(pending_updates_);
+    ReleaseAndPublish(lock);
   }
-  for (const auto& u : updates) Publish(u.job_id(), u);
 }
 
 StatusOr<pb::Job> Daemon::ToProto(const JobRow& j) {
@@ -274,10 +295,9 @@ StatusOr<pb::ListJobsReply> Daemon::ListJobs(const pb::ListJobsRequest& req) {
 }
 
 StatusOr<pb::Job> Daemon::Cancel(const std::string& id) {
-  std::vector<pb::JobUpdate> updates;
   pb::Job out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     FT_ASSIGN_OR_RETURN(JobRow j, store_->GetJob(id));
     if (j.state == JobStateCode::kSucceeded || j.state == JobStateCode::kFailed ||
         j.state == JobStateCode::kCancelled) {
@@ -297,9 +317,8 @@ StatusOr<pb::Job> Daemon::Cancel(const std::string& id) {
     Event(id, "", "cancelled", "cancelled by the user", j.steps_done);
     PublishJob(id);
     FT_ASSIGN_OR_RETURN(out, ToProto(j));
-    updates.swap(pending_updates_);
+    ReleaseAndPublish(lock);
   }
-  for (const auto& u : updates) Publish(u.job_id(), u);
   return out;
 }
 
@@ -333,20 +352,21 @@ StatusOr<pb::ListWorkersReply> Daemon::ListWorkers() {
 StatusOr<pb::ListEventsReply> Daemon::ListEvents(const pb::ListEventsRequest& req) {
   FT_ASSIGN_OR_RETURN(auto events, store_->ListEvents(req.job_id(), req.after_seq(), req.limit()));
   pb::ListEventsReply reply;
-  for (const EventRow& e : events) {
-    pb::Event* p = reply.add_events();
-    p->set_seq(e.seq);
-    p->set_time_ms(e.time_ms);
-    p->set_job_id(e.job_id);
-    p->set_worker_id(e.worker_id);
-    p->set_kind(e.kind);
-    p->set_message(e.message);
-    p->set_step(e.step);
-  }
+  for (const EventRow& e : events) *reply.add_events() = ToProtoEvent(e);
   return reply;
 }
 
 // ------------------------------------------------------------------ subscriptions
+
+void Daemon::ReleaseAndPublish(std::unique_lock<std::mutex>& lock) {
+  std::vector<pb::JobUpdate> updates;
+  updates.swap(pending_updates_);
+  // Taken before mu_ is released: updates made under mu_ by two threads reach
+  // subscribers in the order they were made (event seqs never go backwards).
+  std::lock_guard<std::mutex> publishing(publish_mu_);
+  lock.unlock();
+  for (const auto& u : updates) Publish(u.job_id(), u);
+}
 
 int64_t Daemon::Subscribe(const std::string& job_id, std::function<void(const pb::JobUpdate&)> fn) {
   std::lock_guard<std::mutex> lock(subs_mu_);
@@ -389,17 +409,26 @@ void Daemon::Event(const std::string& job_id, const std::string& worker_id, cons
   Check(seq.status(), "add event");
   FT_LOG(INFO) << "event " << kind << (job_id.empty() ? "" : " job " + job_id)
                << (worker_id.empty() ? "" : " worker " + worker_id) << ": " << message;
+  e.seq = seq.ok() ? *seq : 0;
   pb::JobUpdate u;
   u.set_job_id(job_id);
-  pb::Event* p = u.mutable_event();
-  p->set_seq(seq.ok() ? *seq : 0);
-  p->set_time_ms(e.time_ms);
-  p->set_job_id(job_id);
-  p->set_worker_id(worker_id);
-  p->set_kind(kind);
-  p->set_message(message);
-  p->set_step(step);
+  *u.mutable_event() = ToProtoEvent(e);
   pending_updates_.push_back(u);
+}
+
+void Daemon::PublishStoredEvents(const std::string& job_id) {
+  {
+    std::lock_guard<std::mutex> lock(subs_mu_);
+    if (subscribers_.empty()) return;
+  }
+  auto events = store_->ListEvents(job_id, 0, 0);
+  if (!events.ok()) return;
+  for (const EventRow& e : *events) {
+    pb::JobUpdate u;
+    u.set_job_id(job_id);
+    *u.mutable_event() = ToProtoEvent(e);
+    pending_updates_.push_back(u);
+  }
 }
 
 // ------------------------------------------------------------------ worker sessions
@@ -431,9 +460,8 @@ bool Daemon::IsCurrent(const std::string& job_id, int64_t epoch) {
 
 Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
   if (reg.worker_id().empty()) return Status::InvalidArgument("register: worker_id is empty");
-  std::vector<pb::JobUpdate> updates;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     Session& s = sessions_[reg.worker_id()];
     const bool was_alive = s.alive;
     s.sink = sink;
@@ -454,7 +482,12 @@ Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
       s.devices.push_back({d.kind(), d.total_bytes(), d.free_bytes()});
       row.devices.push_back({d.index(), d.kind(), d.name(), d.total_bytes(), d.free_bytes(), d.used_bytes()});
     }
-    Check(store_->UpsertWorker(row), "upsert worker");
+    if (Status upserted = store_->UpsertWorker(row); !upserted.ok()) {
+      // E.g. two devices with one index: the worker must fix what it reports.
+      s.sink = nullptr;
+      s.alive = was_alive;
+      return upserted;
+    }
     if (!was_alive)
       Event("", reg.worker_id(), "worker_joined", "worker " + reg.worker_id() + " registered", 0);
     // Reattach what the worker still runs; refuse what was superseded.
@@ -466,6 +499,12 @@ Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
         reported.insert(a.job_id());
         Event(a.job_id(), reg.worker_id(), "reattached",
               "attempt epoch " + std::to_string(a.epoch()) + " reattached after reconnect", a.step());
+        // A cancel (or slot-end stop) sent while the worker was away never reached it.
+        auto job = store_->GetJob(a.job_id());
+        if (job.ok() && job->state == JobStateCode::kCancelled) {
+          SendStop(s, 30'000, "cancelled");
+          s.stop_sent = true;
+        }
       } else {
         Refuse(sink, a.job_id(), a.epoch(), "epoch " + std::to_string(a.epoch()) + " is superseded");
       }
@@ -488,9 +527,8 @@ Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
     cmd.mutable_registered()->set_lease_ms(options_.lease_ms);
     cmd.mutable_registered()->set_heartbeat_ms(options_.heartbeat_ms);
     sink->Send(cmd);
-    updates.swap(pending_updates_);
+    ReleaseAndPublish(lock);
   }
-  for (const auto& u : updates) Publish(u.job_id(), u);
   return Status::OK();
 }
 
@@ -502,9 +540,8 @@ void Daemon::OnDisconnect(const std::string& worker_id, WorkerSink* sink) {
 
 void Daemon::OnWorkerMessage(const std::string& worker_id, WorkerSink* sink, const pb::WorkerMessage& msg) {
   const auto start = std::chrono::steady_clock::now();
-  std::vector<pb::JobUpdate> updates;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     auto it = sessions_.find(worker_id);
     if (it == sessions_.end() || it->second.sink != sink) return;  // a stale session
     Session& s = it->second;
@@ -522,9 +559,8 @@ void Daemon::OnWorkerMessage(const std::string& worker_id, WorkerSink* sink, con
       case pb::WorkerMessage::kLog: OnLog(sink, msg.log()); break;
       default: break;
     }
-    updates.swap(pending_updates_);
+    ReleaseAndPublish(lock);
   }
-  for (const auto& u : updates) Publish(u.job_id(), u);
   message_latency_.Record(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
@@ -622,8 +658,9 @@ void Daemon::OnMetrics(WorkerSink* sink, const pb::MetricsReport& m) {
   }
   std::vector<MetricRow> rows;
   for (const pb::MetricPoint& p : m.points()) {
-    MetricRow row{m.job_id(), m.epoch(), p.step(), p.loss(), p.lr(), p.grad_norm(), p.tokens_per_s(),
-                  p.peak_bytes(), p.time_ms() ? p.time_ms() : clock_->WallMs()};
+    MetricRow row{m.job_id(),       m.epoch(),      p.step(),
+                  p.loss(),         p.lr(),         p.grad_norm(),
+                  p.tokens_per_s(), p.peak_bytes(), p.time_ms() ? p.time_ms() : clock_->WallMs()};
     if (p.has_eval_loss()) row.eval_loss = p.eval_loss();
     row.eval_only = p.eval_only();
     rows.push_back(row);
@@ -669,9 +706,13 @@ void Daemon::EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcome
   Check(store_->EndAttempt(job_id, epoch, outcome, reason, exit_step,
                            outcome == AttemptOutcomeCode::kFinished ? 0 : lost, clock_->WallMs()),
         "end attempt");
-  if (auto it = running_epoch_.find(job_id); it != running_epoch_.end() && it->second == epoch) {
-    running_epoch_.erase(it);
+  auto current = running_epoch_.find(job_id);
+  if (current == running_epoch_.end() || current->second != epoch) {
+    // A superseded attempt (e.g. one left marked running by a crash between
+    // its start and the job's update): end its row, leave the job alone.
+    return;
   }
+  running_epoch_.erase(current);
   const int64_t now = clock_->WallMs();
   j->updated_ms = now;
   if (j->state == JobStateCode::kCancelled) {
@@ -714,15 +755,13 @@ void Daemon::EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcome
 
 void Daemon::Tick() {
   const auto start = std::chrono::steady_clock::now();
-  std::vector<pb::JobUpdate> updates;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     ExpireLeases();
     StopForSlotEnds();
     ScheduleQueued();
-    updates.swap(pending_updates_);
+    ReleaseAndPublish(lock);
   }
-  for (const auto& u : updates) Publish(u.job_id(), u);
   tick_latency_.Record(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
@@ -836,6 +875,7 @@ void Daemon::StartOn(const JobRow& job, const Placement& p) {
   s.running_job = job.id;
   s.running_epoch = attempt->epoch;
   s.stop_sent = false;
+  s.checkpoint_seconds = 0;  // measured anew for this job
   pb::DaemonCommand cmd;
   pb::StartAttempt* start = cmd.mutable_start();
   start->set_job_id(job.id);

@@ -61,6 +61,9 @@ class WorkerSink {
 class Daemon {
  public:
   Daemon(std::unique_ptr<Store> store, const Clock* clock, DaemonOptions options);
+  // OK when the state was loaded from the store; otherwise the daemon must not
+  // serve (it would refuse every running attempt and never place a queued job).
+  const Status& startup_status() const { return startup_; }
 
   // ---- client API (InvalidArgument/NotFound/FailedPrecondition map to gRPC codes)
   StatusOr<ftune::v1::SubmitReply> Submit(const ftune::v1::SubmitRequest& req);
@@ -141,7 +144,11 @@ class Daemon {
   void Event(const std::string& job_id, const std::string& worker_id, const std::string& kind,
              const std::string& message, int64_t step);
   void PublishJob(const std::string& job_id);
+  // Publishes the events the store wrote itself for a job (the "queued" of a new job).
+  void PublishStoredEvents(const std::string& job_id);
   void Publish(const std::string& job_id, const ftune::v1::JobUpdate& update);
+  // Releases `lock` (on mu_) and delivers pending_updates_, in order across threads.
+  void ReleaseAndPublish(std::unique_lock<std::mutex>& lock);
   StatusOr<ftune::v1::Job> ToProto(const JobRow& job);
   void OnHeartbeat(const std::string& worker_id, Session& s, const ftune::v1::Heartbeat& hb);
   // Stores the heartbeat's device memory (throttled to options_.memory_sample_ms per worker).
@@ -155,6 +162,7 @@ class Daemon {
 
   std::unique_ptr<Store> store_;
   const Clock* clock_;
+  Status startup_;
   LatencyHistogram message_latency_;
   LatencyHistogram tick_latency_;
   LatencyHistogram checkpoint_seconds_;
@@ -170,6 +178,7 @@ class Daemon {
     std::string job_id;
     std::function<void(const ftune::v1::JobUpdate&)> fn;
   };
+  std::mutex publish_mu_;  // lock order: mu_ → publish_mu_ → subs_mu_
   std::mutex subs_mu_;
   std::map<int64_t, Subscriber> subscribers_;          // GUARDED_BY(subs_mu_)
   int64_t next_subscriber_ = 1;                        // GUARDED_BY(subs_mu_)

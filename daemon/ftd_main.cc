@@ -103,7 +103,22 @@ int main(int argc, char** argv) {
     return 1;
   }
   ft::SystemClock clock;
+  for (std::string& root : options.allowed_roots) {
+    std::error_code ec;
+    const std::filesystem::path canonical = std::filesystem::canonical(root, ec);
+    if (ec || !std::filesystem::is_directory(canonical)) {
+      std::fprintf(stderr, "ftd: --allowed-root '%s': not an existing directory%s\n", root.c_str(),
+                   ec ? (" (" + ec.message() + ")").c_str() : "");
+      return 2;
+    }
+    root = canonical.string();
+  }
   ft::Daemon daemon(std::move(*store), &clock, options);
+  if (!daemon.startup_status().ok()) {
+    std::fprintf(stderr, "ftd: cannot load state from %s: %s\n", db.c_str(),
+                 daemon.startup_status().ToString().c_str());
+    return 1;
+  }
   auto jobs = ft::MakeJobsService(&daemon, auth);
   auto workers = ft::MakeWorkersService(&daemon, auth);
   grpc::ServerBuilder builder;
@@ -134,8 +149,8 @@ int main(int argc, char** argv) {
     }
     if (web_dir.empty())
       FT_LOG(WARN) << "ftd: no dashboard files found (pass --web-dir); the API still serves";
-    http_api = std::make_unique<ft::HttpApi>(&daemon,
-                                             ft::HttpApiOptions{auth.client_token, http_view_token, web_dir});
+    http_api = std::make_unique<ft::HttpApi>(
+        &daemon, ft::HttpApiOptions{auth.client_token, http_view_token, web_dir, !tls.cert_file.empty()});
     ft::HttpServerOptions http_options;
     http_options.address = http;
     http_options.tls_cert_file = tls.cert_file;

@@ -355,15 +355,28 @@ HttpResponse HttpApi::Handle(const HttpRequest& req) {
   p.id = captures.id;
   p.file = captures.file;
 
-  // Authorisation: actions need the client token, reads the view (or client) token.
+  // Authorisation: actions need the client token (the view token when only
+  // that one is set), never from the cookie; reads need the view (or client) token.
   const bool is_page = found->path.rfind("/api/", 0) != 0;
-  if (found->access == Access::kAction && !options_.client_token.empty() &&
-      !HasToken(req, p.query, options_.client_token, false)) {
-    return Error(401,
-                 "this action needs the client token: send 'Authorization: Bearer <token>' or "
-                 "?token=<token> (ftd --client-token / FTUNE_TOKEN)");
+  if (found->access == Access::kAction) {
+    // A browser on another site may POST here without any preflight: refuse
+    // cross-site requests outright (curl and ftctl send neither header).
+    const bool cross_site =
+        req.sec_fetch_site == "cross-site" || req.sec_fetch_site == "same-site" ||
+        (!req.origin.empty() && req.origin != "http://" + req.host && req.origin != "https://" + req.host);
+    if (cross_site) {
+      return Error(403,
+                   "cross-site request refused: actions must come from the dashboard's own origin or a "
+                   "non-browser client");
+    }
+    const std::string& needed = !options_.client_token.empty() ? options_.client_token : options_.view_token;
+    if (!needed.empty() && !HasToken(req, p.query, needed, false)) {
+      return Error(401,
+                   "this action needs the client token: send 'Authorization: Bearer <token>' or "
+                   "?token=<token> (ftd --client-token / FTUNE_TOKEN)");
+    }
   }
-  bool token_from_query = false;
+  const std::string* cookie_token = nullptr;  // the configured token a ?token= matched
   if (found->access == Access::kView && !options_.view_token.empty()) {
     const bool view = HasToken(req, p.query, options_.view_token, true);
     const bool client = !options_.client_token.empty() && HasToken(req, p.query, options_.client_token, true);
@@ -372,7 +385,13 @@ HttpResponse HttpApi::Handle(const HttpRequest& req) {
                    "viewing needs the view token: send 'Authorization: Bearer <token>', ?token=<token> "
                    "or open the dashboard as /?token=<token> (ftd --http-view-token)");
     }
-    token_from_query = p.query.count("token") > 0;
+    auto query_token = p.query.find("token");
+    if (query_token != p.query.end()) {
+      if (query_token->second == options_.view_token) cookie_token = &options_.view_token;
+      if (!options_.client_token.empty() && query_token->second == options_.client_token) {
+        cookie_token = &options_.client_token;
+      }
+    }
   }
   for (const auto& [key, value] : p.query) {
     if (key == "token" || std::find(found->params.begin(), found->params.end(), key) != found->params.end()) {
@@ -384,10 +403,12 @@ HttpResponse HttpApi::Handle(const HttpRequest& req) {
                           (takes.empty() ? "; it takes none" : "; it takes: " + takes));
   }
   HttpResponse r = found->handler(p);
-  if (is_page && token_from_query && r.status == 200) {
-    // The page's scripts and styles load without a token in their URLs.
-    r.headers.emplace_back("Set-Cookie", std::string(kTokenCookie) + "=" + p.query.at("token") +
-                                             "; Path=/; HttpOnly; SameSite=Strict");
+  if (is_page && cookie_token != nullptr && r.status == 200) {
+    // The page's scripts and styles load without a token in their URLs. The
+    // value is the configured token (never the request's bytes: no header injection).
+    r.headers.emplace_back("Set-Cookie", std::string(kTokenCookie) + "=" + *cookie_token +
+                                             "; Path=/; HttpOnly; SameSite=Strict" +
+                                             (options_.tls ? "; Secure" : ""));
   }
   return r;
 }

@@ -36,6 +36,10 @@ struct HttpRequest {
   std::string authorization;  // the Authorization header ("" when absent)
   std::string cookie;         // the Cookie header
   std::string last_event_id;  // the Last-Event-ID header (SSE reconnects)
+  // For refusing cross-site actions (a page on another site POSTing to ftd):
+  std::string origin;          // the Origin header ("" when absent)
+  std::string host;            // the Host header
+  std::string sec_fetch_site;  // the Sec-Fetch-Site header a browser sends
 };
 
 struct HttpResponse {
@@ -55,6 +59,7 @@ struct HttpApiOptions {
   std::string client_token;  // actions need it ("" = open)
   std::string view_token;    // reads under /api and pages need it ("" = open)
   std::string web_dir;       // static files; "" = no dashboard pages (404)
+  bool tls = false;          // served over HTTPS (the token cookie is then Secure)
 };
 
 class HttpApi {

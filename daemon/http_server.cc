@@ -366,6 +366,9 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
     r.authorization = std::string(req[http::field::authorization]);
     r.cookie = std::string(req[http::field::cookie]);
     r.last_event_id = std::string(req["Last-Event-ID"]);
+    r.origin = std::string(req[http::field::origin]);
+    r.host = std::string(req[http::field::host]);
+    r.sec_fetch_site = std::string(req["Sec-Fetch-Site"]);
     HttpResponse out;
     try {
       out = shared_->api->Handle(r);

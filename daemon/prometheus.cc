@@ -44,14 +44,22 @@ std::string PrometheusHistogram(const std::string& name, const std::string& help
   std::string out;
   Family(&out, name, "histogram", help);
   int64_t cumulative = 0;
-  // Every 10th edge: half-decades (1, 3.16, 10, 31.6 ... of a unit), exact bucket boundaries.
-  for (int b = 0; b < LatencyHistogram::kBuckets - 1; ++b) {
+  // Every 10th edge: half-decades (1, 3.162, 10, 31.62 ... of a unit), exact
+  // bucket boundaries, printed rounded so the `le` labels are stable strings.
+  for (int b = 0; b < LatencyHistogram::kBuckets; ++b) {
     cumulative += h.bucket_count(b);
     const double le = LatencyHistogram::UpperEdge(b);
-    if ((b + 1) % 10 != 0 || le < min_le * 0.999 || le > max_le * 1.001) continue;
-    out += name + "_bucket{le=\"" + Num(le) + "\"} " + std::to_string(cumulative) + "\n";
+    if (b == LatencyHistogram::kBuckets - 1 || (b + 1) % 10 != 0 || le < min_le * 0.999 ||
+        le > max_le * 1.001) {
+      continue;
+    }
+    char label[32];
+    std::snprintf(label, sizeof(label), "%.4g", le);
+    out += name + "_bucket{le=\"" + label + "\"} " + std::to_string(cumulative) + "\n";
   }
-  const int64_t count = h.count();
+  // +Inf and _count from the same bucket reads, so buckets stay monotonic
+  // while Record runs concurrently.
+  const int64_t count = cumulative;
   out += name + "_bucket{le=\"+Inf\"} " + std::to_string(count) + "\n";
   out += name + "_sum " + Num(h.sum_seconds()) + "\n";
   out += name + "_count " + std::to_string(count) + "\n";

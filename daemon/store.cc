@@ -481,10 +481,6 @@ Status Store::Write(const std::string& op, Body&& body, Durability durability) {
   if (s.ok()) s = Exec("BEGIN IMMEDIATE", op);
   if (s.ok()) s = body();
   if (s.ok()) s = Exec("COMMIT", op);
-  if (relaxed) {
-    Status full = Exec("PRAGMA synchronous=FULL", op);
-    if (s.ok()) s = full;
-  }
   if (!s.ok()) {
     // SQLite may already have rolled back (e.g. after an I/O error).
     if (!sqlite3_get_autocommit(db_)) {
@@ -492,6 +488,16 @@ Status Store::Write(const std::string& op, Body&& body, Durability durability) {
       if (!r.ok() && !s.IsIOError()) s = r;
     }
     if (s.IsIOError()) sticky_ = s;
+  }
+  if (relaxed) {
+    // Outside any transaction now (SQLite refuses the change inside one). A
+    // connection left at NORMAL would silently stop fsyncing acknowledged
+    // writes, so failing to restore FULL fails the store.
+    Status full = Exec("PRAGMA synchronous=FULL", op);
+    if (!full.ok()) {
+      sticky_ = Status::IOError(path_ + ": " + op + ": cannot restore synchronous=FULL: " + full.message());
+      if (s.ok()) s = sticky_;
+    }
   }
   return s;
 }
@@ -1028,6 +1034,12 @@ StatusOr<StoreTotals> Store::Totals() {
 Status Store::sticky_error() {
   std::lock_guard<std::mutex> lock(mu_);
   return sticky_;
+}
+
+StatusOr<int> Store::SynchronousLevel() {
+  std::lock_guard<std::mutex> lock(mu_);
+  FT_ASSIGN_OR_RETURN(std::string level, QueryText("PRAGMA synchronous", "read synchronous"));
+  return static_cast<int>(std::strtol(level.c_str(), nullptr, 10));
 }
 
 }  // namespace ft

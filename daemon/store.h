@@ -269,6 +269,9 @@ class Store {
   StatusOr<StoreTotals> Totals();
   // OK, or the sticky error that makes every write fail (see the class comment).
   Status sticky_error();
+  // The connection's PRAGMA synchronous (2 = FULL, what every synced write
+  // relies on); for health checks and tests.
+  StatusOr<int> SynchronousLevel();
 
  private:
   using Query = store_internal::Query;

@@ -5,9 +5,11 @@
 # when something is missing (and only once), and does nothing when all is
 # present. Needs root (or sudo) only when it has something to install.
 #
-# Usage: deploy/install-deps.sh [--with-reference]
-#   --with-reference  also install PyTorch (python3-torch), used only to
-#                     regenerate tests/golden values and by bench/ peers.
+# Usage: deploy/install-deps.sh [--with-reference] [--build-only]
+#   --with-reference    also install PyTorch (python3-torch), used only to
+#                       regenerate tests/golden values and by bench/ peers.
+#   --build-only        leave out what only tests use (Chromium, Prometheus's
+#                       promtool, systemd-analyze): a build machine or container image.
 set -euo pipefail
 
 packages=(
@@ -26,14 +28,25 @@ packages=(
   prometheus
   # the dashboard's browser tests (tests/web: playwright-core drives this Chromium headless)
   chromium
+  # tests/deploy: `systemd-analyze verify` on deploy/systemd's units; the k8s manifests parsed by PyYAML
+  systemd python3-yaml
 )
 
 for arg in "$@"; do
   case "$arg" in
     --with-reference) packages+=(python3-torch python3-numpy) ;;
-    *) echo "install-deps.sh: unknown option '$arg' (known: --with-reference)" >&2; exit 2 ;;
+    --build-only) build_only=1 ;;
+    *) echo "install-deps.sh: unknown option '$arg' (known: --with-reference, --build-only)" >&2; exit 2 ;;
   esac
 done
+
+if [ -n "${build_only:-}" ]; then
+  kept=()
+  for p in "${packages[@]}"; do
+    case "$p" in chromium | prometheus | systemd | python3-yaml) ;; *) kept+=("$p") ;; esac
+  done
+  packages=("${kept[@]}")
+fi
 
 # Node.js + npm fetch the real tokenizer files and chat templates at test-setup
 # time. Any install providing both works (NodeSource bundles npm; Debian splits it).

@@ -1,7 +1,8 @@
-// The job page (#/jobs/ID): loss and learning-rate curves with the event
-// timeline drawn on their time axis, tokens/s, device memory (used, the
-// planner's prediction and the device total on one chart), the plan, attempts,
-// the event list, the job's YAML, a live log tail and a cancel button.
+// The job page (#/jobs/ID): loss and learning-rate curves (the data.eval loss
+// as points when the job has one) with the event timeline drawn on their time
+// axis, tokens/s, device memory (used, the planner's prediction and the device
+// total on one chart), the plan, attempts, the event list, the job's YAML, a
+// live log tail and a cancel button.
 //
 // Live: the stream's job/event/metric messages for this job update the stores
 // below (deduplicated, so replays and the initial load may overlap); memory
@@ -42,6 +43,8 @@ export function mountJob(root, id, app) {
       series: [
         { label: 'loss', scale: 'loss', stroke: '#1a73e8', width: 2 },
         { label: 'lr', scale: 'lr', stroke: '#e37400', dash: [6, 4] },
+        // data.eval loss: points only, at the steps that were evaluated (null elsewhere).
+        { label: 'eval loss', scale: 'loss', stroke: '#d93025', paths: () => null, points: { show: true, size: 7, fill: '#d93025' } },
       ],
       axes: [
         { scale: 'loss', label: 'loss', size: 60, values: axisFormats.number },
@@ -89,7 +92,8 @@ export function mountJob(root, id, app) {
   function drawMetrics() {
     const points = [...store.metrics.values()].sort((a, b) => a.time_ms - b.time_ms || a.step - b.step);
     const t = points.map((p) => p.time_ms / 1000);
-    charts.loss.setData([t, points.map((p) => finite(p.loss)), points.map((p) => finite(p.lr))]);
+    charts.loss.setData([t, points.map((p) => finite(p.loss)), points.map((p) => finite(p.lr)),
+      points.map((p) => finite(p.eval_loss))]);
     charts.tokens.setData([t, points.map((p) => finite(p.tokens_per_s))]);
   }
 
@@ -387,7 +391,7 @@ function buildPage(root, id) {
     el('div', { class: 'progress-line' }, el('div', { class: 'bar wide' }, ui.bar), ui.steps),
     el('div', { class: 'panels' },
       panel('Summary', ui.summary),
-      panel('Loss and learning rate (markers: events)', ui.lossChart),
+      panel('Loss, eval loss and learning rate (markers: events)', ui.lossChart),
       panel('Tokens per second', ui.tokensChart),
       panel('Device memory: used, predicted, total', ui.memoryChart, ui.memoryNote),
       panel('Events', el('div', { class: 'scroll' }, table(['time', 'event', 'worker', 'step', 'message'], ui.events))),

@@ -104,7 +104,14 @@ class StopRequest {
   double deadline_s_ = 0;
 };
 
-// The signals that stop the worker; blocked in every thread, taken by SignalWatcher.
+// A stop signal caught by a thread that does not block it: threads that
+// libraries start before main() (OpenBLAS's pool) have every signal unblocked,
+// and without a handler the default action would end ft-worker on the spot,
+// with no checkpoint. The handler records it; SignalWatcher picks it up.
+std::atomic<int> g_caught_signal{0};
+extern "C" void OnStopSignal(int signo) { g_caught_signal.store(signo); }
+
+// The signals that stop the worker; blocked in every thread we start, taken by SignalWatcher.
 sigset_t StopSignals() {
   sigset_t set;
   sigemptyset(&set);
@@ -129,7 +136,8 @@ class SignalWatcher {
     const sigset_t set = StopSignals();
     while (!quit_) {
       timespec tick{0, 200'000'000};
-      const int signo = sigtimedwait(&set, nullptr, &tick);
+      int signo = sigtimedwait(&set, nullptr, &tick);
+      if (signo <= 0) signo = g_caught_signal.exchange(0);
       if (signo == SIGTERM) stop_->Post("SIGTERM", grace_s_);
       if (signo == SIGUSR1) stop_->Post("SIGUSR1", grace_s_);
       if (signo == SIGINT) stop_->Post("SIGINT", grace_s_);
@@ -297,6 +305,11 @@ int main(int argc, char** argv) {
   // trainer's control channel must not kill us.
   const sigset_t stop_signals = StopSignals();
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  struct sigaction on_stop {};
+  on_stop.sa_handler = OnStopSignal;
+  sigemptyset(&on_stop.sa_mask);
+  on_stop.sa_flags = SA_RESTART;
+  for (int s : {SIGTERM, SIGUSR1, SIGINT}) sigaction(s, &on_stop, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
   CLI::App app{"ft-worker: ftune's node agent"};

@@ -132,6 +132,19 @@ class HttpApiTest : public testing::Test {
     daemon_->OnWorkerMessage("w1", &sink_, m);
   }
 
+  // What the worker sends for ft-train's evaluation line: eval_loss alone, for the daemon to merge.
+  void SendEval(int64_t step, double eval_loss) {
+    pb::WorkerMessage m;
+    m.mutable_metrics()->set_job_id(running_);
+    m.mutable_metrics()->set_epoch(epoch_);
+    pb::MetricPoint* p = m.mutable_metrics()->add_points();
+    p->set_step(step);
+    p->set_eval_loss(eval_loss);
+    p->set_eval_only(true);
+    p->set_time_ms(1'700'000'000'000 + step * 1000 + 500);
+    daemon_->OnWorkerMessage("w1", &sink_, m);
+  }
+
   void Heartbeat(int64_t step, int64_t used) {
     // Samples are keyed by their millisecond: keep two heartbeats apart.
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -283,10 +296,11 @@ TEST_F(HttpApiTest, MetricsAreInStepOrderAndPageByAfterStep) {
   for (size_t i = 0; i < 7; ++i) EXPECT_EQ(m["points"][i]["step"], static_cast<int64_t>(i + 1));
   const json& p = m["points"][0];
   for (const char* key :
-       {"step", "epoch", "time_ms", "loss", "lr", "grad_norm", "tokens_per_s", "peak_bytes"}) {
+       {"step", "epoch", "time_ms", "loss", "lr", "grad_norm", "tokens_per_s", "peak_bytes", "eval_loss"}) {
     EXPECT_TRUE(p.contains(key)) << key;
   }
   EXPECT_EQ(p["epoch"], epoch_);
+  EXPECT_TRUE(p["eval_loss"].is_null()) << "no evaluation at this step";
   json after = GetJson("/api/jobs/" + running_ + "/metrics?after_step=5&limit=1");
   ASSERT_EQ(after["points"].size(), 1u);
   EXPECT_EQ(after["points"][0]["step"], 6);
@@ -437,6 +451,39 @@ TEST_F(HttpApiTest, TokensGuardActionsAndOptionallyViewing) {
   EXPECT_EQ(Fetch(port_, "POST", "/api/jobs/" + running_ + "/cancel").status, 401);
 }
 
+TEST_F(HttpApiTest, OnlyAViewTokenStillGuardsActionsAndTheCookieIsNeverTheRequestsBytes) {
+  Serve({.view_token = "look"});
+  const std::string cancel = "/api/jobs/" + queued_ + "/cancel";
+  EXPECT_EQ(Fetch(port_, "POST", cancel).status, 401);  // an action is never less guarded than a read
+  EXPECT_EQ(Fetch(port_, "POST", cancel, {{"Cookie", "ftune_token=look"}}).status, 401);
+  // A ?token= that is not a configured token sets no cookie, and a matching one
+  // sets the configured value (no header injection through the query).
+  EXPECT_EQ(Get("/?token=look%0d%0aX-Evil:%201").status, 401);
+  Reply page = Get("/?token=look");
+  EXPECT_EQ(page.headers["Set-Cookie"].rfind("ftune_token=look; ", 0), 0u) << page.headers["Set-Cookie"];
+  EXPECT_EQ(Fetch(port_, "POST", cancel, {{"Authorization", "Bearer look"}}).status, 200);
+}
+
+TEST_F(HttpApiTest, CrossSiteActionsAreRefusedEvenWithoutTokens) {
+  Serve();
+  const std::string cancel = "/api/jobs/" + queued_ + "/cancel";
+  // A form on another site POSTing here (browsers send these headers).
+  Reply evil = Fetch(port_, "POST", cancel, {{"Origin", "http://evil.example"}});
+  EXPECT_EQ(evil.status, 403);
+  EXPECT_THAT(evil.body, HasSubstr("cross-site"));
+  EXPECT_EQ(Fetch(port_, "POST", cancel, {{"Sec-Fetch-Site", "cross-site"}}).status, 403);
+  EXPECT_EQ(Fetch(port_, "POST", cancel, {{"Sec-Fetch-Site", "same-site"}}).status, 403);
+  EXPECT_EQ(GetJson("/api/jobs/" + queued_)["state"], "queued");
+  // The dashboard itself (same origin) and non-browser clients may.
+  const std::string self = "http://127.0.0.1:" + std::to_string(port_);
+  EXPECT_EQ(Fetch(port_, "POST", cancel,
+                  {{"Origin", self},
+                   {"Host", "127.0.0.1:" + std::to_string(port_)},
+                   {"Sec-Fetch-Site", "same-origin"}})
+                .status,
+            200);
+}
+
 TEST_F(HttpApiTest, StaticFilesAndNoWayOutOfTheWebDir) {
   Serve();
   Reply index = Get("/");
@@ -539,6 +586,32 @@ TEST_F(HttpApiTest, StreamDeliversLiveJobEventMetricAndWorkerUpdates) {
   sse.socket().close();
   one.socket().close();
   EXPECT_TRUE(Eventually([&] { return server_->open_streams() == 0; }));
+}
+
+TEST_F(HttpApiTest, EvalLossComesThroughMetricsAndTheStreamMergedIntoItsStep) {
+  Serve();
+  SseReader sse(port_);
+  ASSERT_TRUE(sse.Get("/api/stream?job=" + running_));
+  ASSERT_TRUE(sse.ReadUntil("retry:", std::chrono::seconds(5)));
+  ASSERT_TRUE(Eventually([&] { return server_->open_streams() == 1; }));
+  SendMetrics(5, 8);
+  SendEval(8, 2.125);
+  // The stream: step 8's point again, now with its eval loss and the same training fields.
+  ASSERT_TRUE(sse.ReadUntil("\"eval_loss\":2.125", std::chrono::seconds(5))) << sse.text();
+  const std::string text = sse.text();
+  const size_t data = text.rfind("data: ", text.find("\"eval_loss\":2.125"));
+  json point = json::parse(text.substr(data + 6, text.find('\n', data) - data - 6));
+  EXPECT_EQ(point["step"], 8);
+  EXPECT_DOUBLE_EQ(point["loss"].get<double>(), 2.2);
+
+  json m = GetJson("/api/jobs/" + running_ + "/metrics");
+  ASSERT_EQ(m["points"].size(), 8u);
+  EXPECT_TRUE(m["points"][6]["eval_loss"].is_null());
+  const json& last = m["points"][7];
+  EXPECT_EQ(last["step"], 8);
+  EXPECT_EQ(last["eval_loss"].get<double>(), 2.125);
+  EXPECT_DOUBLE_EQ(last["loss"].get<double>(), 2.2) << "the evaluation keeps the step's training fields";
+  EXPECT_EQ(last["time_ms"], 1'700'000'008'000);
 }
 
 TEST_F(HttpApiTest, StreamKeepsAliveWhenQuiet) {
@@ -706,6 +779,7 @@ TEST_F(HttpsTest, JobsAndEventStreamOverTls) {
   ASSERT_TRUE(sse.ReadUntil("event: event\ndata: {", std::chrono::seconds(5))) << sse.text();
   ASSERT_TRUE(Eventually([&] { return server_->open_streams() == 1; }));
   SendMetrics(7, 7);
+  Heartbeat(7, int64_t{3} << 30);
   ASSERT_TRUE(sse.ReadUntil("event: metric\ndata: {", std::chrono::seconds(5))) << sse.text();
   ASSERT_TRUE(sse.ReadUntil("\"step\":7", std::chrono::seconds(5))) << sse.text();
   ASSERT_TRUE(sse.ReadUntil("\"steps_done\":7", std::chrono::seconds(5))) << sse.text();

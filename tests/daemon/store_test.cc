@@ -440,6 +440,59 @@ TEST_F(StoreTest, MetricsBatchInsertAndQuery) {
   EXPECT_EQ(got[4].step, 201);
 }
 
+TEST_F(StoreTest, EvalLossMergesIntoItsStepWhicheverArrivesFirst) {
+  const MetricRow train{.job_id = "j-000001",
+                        .epoch = 1,
+                        .step = 10,
+                        .loss = 2.5,
+                        .lr = 1e-4,
+                        .grad_norm = 0.5,
+                        .tokens_per_s = 900,
+                        .peak_bytes = 1 << 20,
+                        .time_ms = 5000};
+  MetricRow eval{.job_id = "j-000001", .epoch = 1, .step = 10, .time_ms = 6000};
+  eval.eval_loss = 2.75;
+  eval.eval_only = true;
+
+  // Step first, then its evaluation: the training fields and time stay, eval_loss is added.
+  std::vector<MetricRow> stored;
+  ASSERT_OK(store_->AddMetrics({train, MetricRow{.job_id = "j-000001", .epoch = 1, .step = 11, .loss = 2.0}},
+                               &stored));
+  ASSERT_EQ(stored.size(), 2u);
+  EXPECT_TRUE(std::isnan(stored[0].eval_loss)) << "no evaluation yet: NULL";
+  ASSERT_OK(store_->AddMetrics({eval}, &stored));
+  ASSERT_EQ(stored.size(), 1u);
+  EXPECT_EQ(stored[0].loss, 2.5) << "the merged row, as published to watchers";
+  EXPECT_EQ(stored[0].eval_loss, 2.75);
+  ASSERT_OK_AND_ASSIGN(auto got, store_->ListMetrics("j-000001", 0, 0));
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].loss, 2.5);
+  EXPECT_EQ(got[0].lr, 1e-4);
+  EXPECT_EQ(got[0].peak_bytes, 1 << 20);
+  EXPECT_EQ(got[0].time_ms, 5000);
+  EXPECT_EQ(got[0].eval_loss, 2.75);
+  EXPECT_TRUE(std::isnan(got[1].eval_loss));
+
+  // The step re-sent (a reconnect) keeps its evaluation.
+  ASSERT_OK(store_->AddMetrics({train}));
+  ASSERT_OK_AND_ASSIGN(got, store_->ListMetrics("j-000001", 9, 1));
+  EXPECT_EQ(got[0].eval_loss, 2.75);
+
+  // Evaluation first (its step's line was dropped in transit): a row with no training
+  // fields until the step arrives, then both.
+  eval.step = 20;
+  ASSERT_OK(store_->AddMetrics({eval}));
+  ASSERT_OK_AND_ASSIGN(got, store_->ListMetrics("j-000001", 19, 1));
+  EXPECT_TRUE(std::isnan(got[0].loss));
+  EXPECT_EQ(got[0].eval_loss, 2.75);
+  MetricRow late = train;
+  late.step = 20;
+  ASSERT_OK(store_->AddMetrics({late}));
+  ASSERT_OK_AND_ASSIGN(got, store_->ListMetrics("j-000001", 19, 1));
+  EXPECT_EQ(got[0].loss, 2.5);
+  EXPECT_EQ(got[0].eval_loss, 2.75);
+}
+
 TEST_F(StoreTest, CloseAndReopenKeepsEverything) {
   ASSERT_OK_AND_ASSIGN(JobRow a, store_->CreateJob(NewJob("a", 1, "req-a"), nullptr));
   ASSERT_OK_AND_ASSIGN(JobRow b, store_->CreateJob(NewJob("b", 2), nullptr));
@@ -453,7 +506,7 @@ TEST_F(StoreTest, CloseAndReopenKeepsEverything) {
   ASSERT_OK(store_->AddMetrics({MetricRow{.job_id = a.id, .epoch = 1, .step = 1, .loss = 2.5}}));
 
   Reopen();
-  EXPECT_EQ(store_->schema_version(), 2);
+  EXPECT_EQ(store_->schema_version(), 3);
   ASSERT_OK_AND_ASSIGN(auto jobs, store_->ListJobs({}));
   EXPECT_EQ(Ids(jobs), (std::vector<std::string>{a.id, b.id}));
   ASSERT_OK_AND_ASSIGN(JobRow got_b, store_->GetJob(b.id));
@@ -574,18 +627,18 @@ TEST_F(StoreTest, VersionZeroDatabaseIsMigratedToTheLatest) {
   {
     auto store = OpenStore(old_path);
     ASSERT_NE(store, nullptr);
-    EXPECT_EQ(store->schema_version(), 2);
+    EXPECT_EQ(store->schema_version(), 3);
     ASSERT_OK_AND_ASSIGN(JobRow j, store->CreateJob(NewJob("x"), nullptr));
     EXPECT_EQ(j.id, "j-000001");
   }
-  EXPECT_EQ(RawPragma(old_path, "user_version"), "2");
+  EXPECT_EQ(RawPragma(old_path, "user_version"), "3");
   EXPECT_EQ(RawPragma(old_path, "journal_mode"), "wal");
   EXPECT_EQ(RawPragma(old_path, "integrity_check"), "ok");
 
   // Reopening at the latest version runs no migration (it would fail: tables exist).
   auto again = OpenStore(old_path);
   ASSERT_NE(again, nullptr);
-  EXPECT_EQ(again->schema_version(), 2);
+  EXPECT_EQ(again->schema_version(), 3);
   again.reset();
 
   // A database from a newer ftd is refused, naming the path.
@@ -743,6 +796,24 @@ TEST_F(StoreTest, SubmitThroughputBenchmark) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("[ BENCH    ] %d sequential durable CreateJob in %.3f s: %.0f jobs/s (%s)\n", kJobs, seconds,
               kJobs / seconds, dir_.c_str());
+}
+
+TEST_F(StoreTest, AFailedHeartbeatWriteLeavesTheConnectionFsyncing) {
+  ASSERT_OK_AND_ASSIGN(int level, store_->SynchronousLevel());
+  EXPECT_EQ(level, 2);  // FULL
+  // Relaxed writes that fail (unknown worker, unknown job) roll back inside
+  // their transaction; the connection must come back to FULL regardless.
+  EXPECT_TRUE(store_->TouchWorker("nobody", 1).IsNotFound());
+  ASSERT_OK_AND_ASSIGN(level, store_->SynchronousLevel());
+  EXPECT_EQ(level, 2);
+  EXPECT_TRUE(store_->RecordProgress(ProgressRow{.job_id = "j-999999", .epoch = 1, .step = 3}).IsNotFound());
+  ASSERT_OK_AND_ASSIGN(level, store_->SynchronousLevel());
+  EXPECT_EQ(level, 2);
+  // And after a relaxed write that succeeds.
+  ASSERT_OK(store_->UpsertWorker(WorkerRow{.id = "w1"}));
+  ASSERT_OK(store_->TouchWorker("w1", 5));
+  ASSERT_OK_AND_ASSIGN(level, store_->SynchronousLevel());
+  EXPECT_EQ(level, 2);
 }
 
 }  // namespace

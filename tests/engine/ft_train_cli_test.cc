@@ -140,6 +140,49 @@ TEST_F(FtTrainCliTest, TrainsWithFallingLossAndWritesPeftAdapterAndMergedModel) 
   EXPECT_LE(maxdiff, 1e-5 * maxref);
 }
 
+TEST_F(FtTrainCliTest, HeldOutEvalLossIsLoggedAndFalls) {
+  ASSERT_EQ(FtTrain("make-model --preset tiny-llama --out " + dir_ + "/model", dir_).exit_code, 0);
+  // The last 16 examples are held out.
+  std::ifstream all(dir_ + "/data.jsonl");
+  std::ofstream train(dir_ + "/train.jsonl"), held_out(dir_ + "/eval.jsonl");
+  int n = 0;
+  for (std::string line; std::getline(all, line); ++n) (n < 80 ? train : held_out) << line << "\n";
+  train.close();
+  held_out.close();
+  std::ofstream(dir_ + "/job.yaml")
+      << "model: {path: model, dtype: fp32}\n"
+         "adapter: {type: lora, r: 8, alpha: 16}\n"
+         "data: {train: train.jsonl, eval: eval.jsonl, format: tokens, seq_len: 64, packing: false}\n"
+         "train:\n  max_steps: 30\n  global_batch_size: 8\n  lr: 1.0e-2\n  warmup_steps: 3\n"
+         "  eval_every_steps: 10\n"
+         "output: {dir: out}\n";
+  CliResult run = FtTrain("run " + dir_ + "/job.yaml", dir_);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_THAT(run.err, HasSubstr("eval at step 30: loss"));
+
+  std::ifstream metrics(dir_ + "/out/metrics.jsonl");
+  std::vector<nlohmann::json> evals;
+  int64_t last_step_line = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("eval_loss")) {
+      EXPECT_EQ(j["step"].get<int64_t>(), last_step_line) << "an eval line follows its step's line";
+      evals.push_back(j);
+    } else if (!j.contains("event")) {
+      last_step_line = j["step"].get<int64_t>();
+    }
+  }
+  ASSERT_EQ(evals.size(), 3u);
+  for (size_t i = 0; i < evals.size(); ++i) {
+    EXPECT_EQ(evals[i]["step"].get<int64_t>(), static_cast<int64_t>(10 * (i + 1)));
+    EXPECT_GT(evals[i]["eval_tokens"].get<int64_t>(), 0);
+    std::printf("step %d: eval_loss %.4f\n", static_cast<int>(10 * (i + 1)),
+                evals[i]["eval_loss"].get<double>());
+  }
+  EXPECT_LT(evals[1]["eval_loss"].get<double>(), evals[0]["eval_loss"].get<double>());
+  EXPECT_LT(evals[2]["eval_loss"].get<double>(), evals[1]["eval_loss"].get<double>());
+}
+
 TEST_F(FtTrainCliTest, BadJobExitsTwoNamingFileAndLine) {
   ASSERT_EQ(FtTrain("make-model --preset tiny-llama --out " + dir_ + "/model", dir_).exit_code, 0);
   WriteJob("  learning_rate: 3\n");

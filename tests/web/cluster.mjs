@@ -148,7 +148,8 @@ export class Cluster {
   }
 
   // A tiny Llama and token data under dir/job, and a job.yaml; returns its path.
-  writeJob(name, { steps, every_steps, extra = '' }) {
+  // eval_every: also evaluate on the training file every that many steps (data.eval).
+  writeJob(name, { steps, every_steps, eval_every = 0, extra = '' }) {
     const job = path.join(this.dir, 'job');
     if (!fs.existsSync(path.join(job, 'model', 'config.json'))) {
       execFileSync(this.bins.train, ['make-model', '--preset', 'tiny-llama', '--out', path.join(job, 'model')],
@@ -159,8 +160,8 @@ export class Cluster {
     fs.writeFileSync(file, `name: ${name}
 model: {path: model, dtype: fp32}
 adapter: {type: lora, r: 8, alpha: 16}
-data: {train: data.jsonl, format: tokens, seq_len: 64, packing: false, shuffle: true}
-train: {max_steps: ${steps}, global_batch_size: 8, micro_batch_size: 2, lr: 1.0e-2, warmup_steps: 3}
+data: {train: data.jsonl, format: tokens, seq_len: 64, packing: false, shuffle: true${eval_every ? ', eval: data.jsonl' : ''}}
+train: {max_steps: ${steps}, global_batch_size: 8, micro_batch_size: 2, lr: 1.0e-2, warmup_steps: 3${eval_every ? `, eval_every_steps: ${eval_every}` : ''}}
 checkpoint: {every_steps: ${every_steps}, every_minutes: 0, keep: 3}
 output: {dir: out-${name}}
 ${extra}`);

@@ -54,7 +54,7 @@ async function main() {
   console.log(`ftd: gRPC ${cluster.address}, dashboard ${cluster.url}`);
   cluster.startWorker('w1');
   cluster.startWorker('w2');
-  const id = cluster.ftctl('submit', cluster.writeJob('web', { steps: 20000, every_steps: 200 })).split(/\s/)[0];
+  const id = cluster.ftctl('submit', cluster.writeJob('web', { steps: 20000, every_steps: 200, eval_every: 25 })).split(/\s/)[0];
   check(/^j-\d+$/.test(id), `ftctl submitted job ${id}`);
 
   const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
@@ -89,6 +89,9 @@ async function main() {
   const lossPoints = await pageWaitFor(page, 'loss points in the loss chart',
     () => window.ftune.charts.loss.data[1].filter(Number.isFinite).length, (n) => n >= 3, 30000);
   check(lossPoints >= 3, `the loss chart has ${lossPoints} points`);
+  const evalPoints = await pageWaitFor(page, 'eval loss points in the loss chart',
+    () => window.ftune.charts.loss.data[3].filter(Number.isFinite).length, (n) => n >= 2, 30000);
+  check(evalPoints >= 2, `the loss chart has ${evalPoints} eval loss points`);
   check(await page.evaluate(() => window.__sameDocument === true), 'opening the job did not reload the page');
 
   // 4. Memory: used vs predicted vs total on one chart.

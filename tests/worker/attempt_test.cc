@@ -25,7 +25,10 @@ class Recorder : public AttemptListener {
   void OnMetrics(const AttemptSpec&, const std::vector<MetricsLine>& steps, int64_t time_ms) override {
     std::lock_guard<std::mutex> lock(mu_);
     EXPECT_GT(time_ms, 0);
-    for (const MetricsLine& m : steps) steps_.push_back(m.step);
+    for (const MetricsLine& m : steps) {
+      if (m.kind == MetricsLine::Kind::kStep) steps_.push_back(m.step);
+      lines_.push_back(m);
+    }
     events_.push_back("metrics");
     cv_.notify_all();
   }
@@ -60,7 +63,8 @@ class Recorder : public AttemptListener {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<int64_t> steps_;
+  std::vector<int64_t> steps_;      // of the step lines
+  std::vector<MetricsLine> lines_;  // step and eval lines
   std::vector<CommittedCheckpoint> checkpoints_;
   std::vector<std::string> events_;
   std::string log_;
@@ -81,13 +85,15 @@ class AttemptTest : public testing::Test {
   }
 
   // A job with absolute paths, as the daemon sends it.
-  AttemptSpec Job(const std::string& name, int64_t steps, const std::string& data = "") {
+  // data_extra: more keys of the data section (", eval: ...").
+  AttemptSpec Job(const std::string& name, int64_t steps, const std::string& data = "",
+                  const std::string& data_extra = "") {
     const std::string out = root_ + "/" + name + "-out";
     const std::string file = root_ + "/" + name + ".yaml";
     std::ofstream(file) << "model: {path: " << root_ << "/model, dtype: fp32}\n"
                         << "adapter: {type: lora, r: 8, alpha: 16}\n"
                         << "data: {train: " << (data.empty() ? root_ + "/data.jsonl" : data)
-                        << ", format: tokens, seq_len: 64, packing: false}\n"
+                        << ", format: tokens, seq_len: 64, packing: false" << data_extra << "}\n"
                         << "train: {max_steps: " << steps << ", global_batch_size: 8, lr: 1.0e-2}\n"
                         << "checkpoint: {every_steps: 2, keep: 3}\n"
                         << "output: {dir: " << out << "}\n";
@@ -107,6 +113,27 @@ class AttemptTest : public testing::Test {
 };
 
 std::string AttemptTest::root_;
+
+TEST_F(AttemptTest, EvalLinesAreRelayedAfterTheirSteps) {
+  // checkpoint.every_steps 2: evaluations at steps 2 and 4 (the default cadence and the last step).
+  AttemptSpec spec = Job("eval", 4, "", ", eval: " + root_ + "/data.jsonl");
+  Recorder r;
+  auto attempt = Attempt::Start(spec, &r);
+  ASSERT_TRUE(attempt.ok()) << attempt.status().ToString();
+  ASSERT_TRUE(r.WaitForExit()) << r.log_;
+  std::lock_guard<std::mutex> lock(r.mu_);
+  ASSERT_EQ(r.exit_.outcome, AttemptOutcome::kFinished) << r.exit_.reason << "\n" << r.log_;
+  std::vector<std::string> order;
+  for (const MetricsLine& m : r.lines_) {
+    order.push_back((m.kind == MetricsLine::Kind::kEval ? "eval " : "step ") + std::to_string(m.step));
+    if (m.kind == MetricsLine::Kind::kEval) {
+      EXPECT_GT(m.eval_loss, 0) << "step " << m.step;
+      EXPECT_GT(m.eval_tokens, 0);
+    }
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{"step 1", "step 2", "eval 2", "step 3", "step 4", "eval 4"}));
+  EXPECT_EQ((*attempt)->progress().step, 4);
+}
 
 TEST_F(AttemptTest, StopOnTheControlChannelCheckpointsThenPreemptsAndResumeFinishes) {
   AttemptSpec spec = Job("stop-resume", 20);

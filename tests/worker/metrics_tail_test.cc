@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -118,6 +119,20 @@ TEST(MetricsLineTest, ParsesStepLines) {
   EXPECT_DOUBLE_EQ(m->tokens_per_s, 1000.5);
   EXPECT_EQ(m->peak_bytes, 1048576);
   EXPECT_DOUBLE_EQ(m->checkpoint_seconds, 0.25);
+}
+
+TEST(MetricsLineTest, ParsesEvalLines) {
+  auto e = ParseMetricsLine(R"({"step":20,"eval_loss":1.75,"eval_tokens":640,"eval_seconds":0.3})");
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(e->kind, MetricsLine::Kind::kEval);
+  EXPECT_EQ(e->step, 20);
+  EXPECT_DOUBLE_EQ(e->eval_loss, 1.75);
+  EXPECT_EQ(e->eval_tokens, 640);
+  EXPECT_EQ(e->loss, 0) << "not a step line: no training fields";
+  auto diverged = ParseMetricsLine(R"({"step":21,"eval_loss":null,"eval_tokens":640})");
+  ASSERT_TRUE(diverged.ok());
+  EXPECT_EQ(diverged->kind, MetricsLine::Kind::kEval);
+  EXPECT_TRUE(std::isnan(diverged->eval_loss)) << "NaN is written as null";
 }
 
 TEST(MetricsLineTest, ParsesEvents) {
