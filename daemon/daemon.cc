@@ -294,6 +294,18 @@ StatusOr<pb::ListJobsReply> Daemon::ListJobs(const pb::ListJobsRequest& req) {
   return reply;
 }
 
+StatusOr<std::vector<pb::Job>> Daemon::ListJobsNewest(const std::vector<JobStateCode>& states,
+                                                      const std::string& contains, int64_t limit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  FT_ASSIGN_OR_RETURN(auto jobs, store_->ListJobsNewest(states, contains, limit));
+  std::vector<pb::Job> out;
+  out.reserve(jobs.size());
+  for (const JobRow& j : jobs) {
+    FT_ASSIGN_OR_RETURN(out.emplace_back(), ToProto(j));
+  }
+  return out;
+}
+
 StatusOr<pb::Job> Daemon::Cancel(const std::string& id) {
   pb::Job out;
   {

@@ -69,6 +69,10 @@ class Daemon {
   StatusOr<ftune::v1::SubmitReply> Submit(const ftune::v1::SubmitRequest& req);
   StatusOr<ftune::v1::Job> GetJob(const std::string& id);
   StatusOr<ftune::v1::ListJobsReply> ListJobs(const ftune::v1::ListJobsRequest& req);
+  // A page of jobs, newest first (Store::ListJobsNewest: states, id/name
+  // substring, limit): only the page's rows are read and converted.
+  StatusOr<std::vector<ftune::v1::Job>> ListJobsNewest(const std::vector<JobStateCode>& states,
+                                                       const std::string& contains, int64_t limit);
   StatusOr<ftune::v1::Job> Cancel(const std::string& id);
   StatusOr<ftune::v1::ListWorkersReply> ListWorkers();
   StatusOr<ftune::v1::ListEventsReply> ListEvents(const ftune::v1::ListEventsRequest& req);

@@ -142,13 +142,6 @@ std::string CookieValue(const std::string& header, const std::string& name) {
   return "";
 }
 
-bool ContainsFolded(const std::string& haystack, const std::string& needle) {
-  auto it = std::search(haystack.begin(), haystack.end(), needle.begin(), needle.end(), [](char a, char b) {
-    return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
-  });
-  return it != haystack.end();
-}
-
 }  // namespace
 
 HttpApi::HttpApi(Daemon* daemon, HttpApiOptions options) : daemon_(daemon), options_(std::move(options)) {
@@ -426,6 +419,18 @@ StatusOr<json> HttpApi::JobSummary(const std::string& job_id) {
   return JobSummary(job);
 }
 
+StatusOr<std::vector<json>> HttpApi::JobSummaries(const std::vector<ftune::v1::Job>& jobs) {
+  std::vector<std::string> ids;
+  for (const pb::Job& j : jobs) ids.push_back(j.id());
+  FT_ASSIGN_OR_RETURN(auto sparks, daemon_->store().LossSparklines(ids, kSparkPoints));
+  std::vector<json> out;
+  for (const pb::Job& j : jobs) {
+    auto it = sparks.find(j.id());
+    out.push_back(JobSummaryJson(j, it == sparks.end() ? std::vector<double>() : it->second));
+  }
+  return out;
+}
+
 StatusOr<json> HttpApi::Workers() {
   FT_ASSIGN_OR_RETURN(pb::ListWorkersReply reply, daemon_->ListWorkers());
   json workers = json::array();
@@ -445,7 +450,7 @@ HttpResponse HttpApi::EndpointList(const Params&) {
 }
 
 HttpResponse HttpApi::ListJobs(const Params& p) {
-  pb::ListJobsRequest req;
+  std::vector<JobStateCode> states;
   if (auto it = p.query.find("state"); it != p.query.end()) {
     for (const std::string& name : Split(it->second, ',')) {
       pb::JobState state;
@@ -454,30 +459,25 @@ HttpResponse HttpApi::ListJobs(const Params& p) {
                               "'; use a comma-separated list of queued, running, preempted, succeeded, "
                               "failed, cancelled");
       }
-      req.add_states(state);
+      states.push_back(static_cast<JobStateCode>(static_cast<int>(state)));
     }
   }
   auto limit = IntParam(p.query, "limit", kMaxLimit, kMaxLimit);
   if (!limit.ok()) return Error(400, limit.status().message());
   const std::string q = p.query.count("q") ? p.query.at("q") : "";
-  auto jobs = daemon_->ListJobs(req);
+  // Filter, order and limit in SQL: only the page's rows are read and converted.
+  auto jobs = daemon_->ListJobsNewest(states, q, *limit ? *limit : kMaxLimit);
   if (!jobs.ok()) return FromStatus(jobs.status());
   auto totals = daemon_->store().Totals();
   if (!totals.ok()) return FromStatus(totals.status());
-  std::vector<const pb::Job*> page;  // newest first
-  for (int i = jobs->jobs_size() - 1;
-       i >= 0 && static_cast<int64_t>(page.size()) < (*limit ? *limit : kMaxLimit); --i) {
-    const pb::Job& j = jobs->jobs(i);
-    if (q.empty() || ContainsFolded(j.id(), q) || ContainsFolded(j.name(), q)) page.push_back(&j);
-  }
   std::vector<std::string> ids;
-  for (const pb::Job* j : page) ids.push_back(j->id());
+  for (const pb::Job& j : *jobs) ids.push_back(j.id());
   auto sparks = daemon_->store().LossSparklines(ids, kSparkPoints);
   if (!sparks.ok()) return FromStatus(sparks.status());
   json list = json::array();
-  for (const pb::Job* j : page) {
-    auto it = sparks->find(j->id());
-    list.push_back(JobSummaryJson(*j, it == sparks->end() ? std::vector<double>() : it->second));
+  for (const pb::Job& j : *jobs) {
+    auto it = sparks->find(j.id());
+    list.push_back(JobSummaryJson(j, it == sparks->end() ? std::vector<double>() : it->second));
   }
   json counts = json::object();
   for (const auto& [state, n] : totals->jobs_by_state) {

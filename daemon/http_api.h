@@ -85,6 +85,8 @@ class HttpApi {
   // lists it; for the SSE stream. NotFound for an unknown job.
   StatusOr<nlohmann::json> JobSummary(const std::string& job_id);
   StatusOr<nlohmann::json> JobSummary(const ftune::v1::Job& job);
+  // The summaries of several jobs (in their order), with one sparkline query for all.
+  StatusOr<std::vector<nlohmann::json>> JobSummaries(const std::vector<ftune::v1::Job>& jobs);
   // {"workers": [...]} as GET /api/workers answers it.
   StatusOr<nlohmann::json> Workers();
 

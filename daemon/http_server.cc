@@ -10,11 +10,13 @@
 #include <boost/beast/ssl.hpp>
 #include <chrono>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "common/logging.h"
@@ -40,108 +42,343 @@ std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 template <class Stream>
 constexpr bool kIsTls = std::is_same_v<Stream, TlsStream>;
 
-// Live subscriptions, so Stop() can end them all before the io_context goes away.
-class StreamRegistry {
+// Text shared by every stream it is posted to (one allocation per update).
+using Text = std::shared_ptr<const std::string>;
+
+Text MakeText(std::string s) { return std::make_shared<const std::string>(std::move(s)); }
+
+// A counted slot (a connection, an SSE stream): released when destroyed.
+class Slot {
  public:
-  explicit StreamRegistry(Daemon* daemon) : daemon_(daemon) {}
-  // False once stopped: the caller must unsubscribe itself.
-  bool Add(int64_t sub) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopped_) return false;
-    subs_.insert(sub);
-    return true;
+  Slot() = default;
+  // Takes a slot of `count` when fewer than `max` are taken; an empty Slot otherwise.
+  static Slot TryTake(std::atomic<int64_t>* count, int64_t max) {
+    int64_t n = count->load();
+    while (n < max) {
+      if (count->compare_exchange_weak(n, n + 1)) return Slot(count);
+    }
+    return Slot();
   }
-  void Remove(int64_t sub) {
-    std::lock_guard<std::mutex> lock(mu_);
-    subs_.erase(sub);
+  Slot(Slot&& o) noexcept : count_(std::exchange(o.count_, nullptr)) {}
+  Slot& operator=(Slot&& o) noexcept {
+    Reset();
+    count_ = std::exchange(o.count_, nullptr);
+    return *this;
   }
-  void StopAll() {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopped_ = true;
-    for (int64_t s : subs_) daemon_->Unsubscribe(s);
-    subs_.clear();
-  }
-  int64_t size() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return static_cast<int64_t>(subs_.size());
+  ~Slot() { Reset(); }
+  explicit operator bool() const { return count_ != nullptr; }
+  void Reset() {
+    if (count_ != nullptr) count_->fetch_sub(1);
+    count_ = nullptr;
   }
 
  private:
-  Daemon* daemon_;
-  std::mutex mu_;
-  std::set<int64_t> subs_;  // GUARDED_BY(mu_)
-  bool stopped_ = false;    // GUARDED_BY(mu_)
+  explicit Slot(std::atomic<int64_t>* count) : count_(count) {}
+  std::atomic<int64_t>* count_ = nullptr;
+};
+
+// What the broadcaster sees of a stream (the stream itself is a template over its transport).
+class StreamBase {
+ public:
+  virtual ~StreamBase() = default;
+  // On the stream's strand: text the broadcaster posted (`seq` > 0 for an event).
+  virtual void OnText(const Text& text, int64_t seq) = 0;
+  virtual void Close(const std::string& why) = 0;
+};
+
+// A stream's mailbox in the broadcaster. `bytes` counts text posted to the
+// stream (or queued by it) and not yet written to its socket.
+struct Outbox {
+  std::string job;  // "" = every job
+  net::any_io_executor exec;
+  std::weak_ptr<StreamBase> stream;
+  std::atomic<int64_t> bytes{0};
+  std::atomic<bool> overflowed{false};
+};
+
+// One daemon subscription for all SSE streams: serializes each update once
+// and posts the text to the streams that want it; builds the summaries of
+// changed jobs (and the workers list) once per period for all of them.
+// Everything but Attach/Detach/Stop/counters runs on its strand.
+class Broadcaster {
+ public:
+  Broadcaster(Daemon* daemon, HttpApi* api, const HttpServerOptions& options, net::io_context& ioc)
+      : daemon_(daemon), api_(api), options_(options), exec_(std::make_unique<Exec>(ioc)) {}
+
+  // An SSE stream slot (max_streams); empty when all are taken.
+  Slot TakeStreamSlot() { return Slot::TryTake(&reserved_, options_.max_streams); }
+
+  // False once stopped. A stream of every job is sent the last workers list at once.
+  bool Attach(const std::shared_ptr<Outbox>& box) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return false;
+    if (streams_.empty()) {
+      sub_ = daemon_->Subscribe("", [this](const pb::JobUpdate& u) {
+        // Called with the daemon's subscriber lock held: only post, never block.
+        net::post(exec_->strand, [this, u] { OnUpdate(u); });
+      });
+      net::post(exec_->strand, [this] { ArmWorkers(); });
+    }
+    streams_.insert(box);
+    if (box->job.empty() && last_workers_) Post(*box, last_workers_, 0);
+    return true;
+  }
+
+  void Detach(const std::shared_ptr<Outbox>& box) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (streams_.erase(box) == 0 || !streams_.empty() || stopped_) return;
+    daemon_->Unsubscribe(sub_);  // the last stream left: the daemon builds no updates for us
+    last_workers_.reset();
+  }
+
+  // Ends the subscription: no daemon callback reaches the io_context after this.
+  void Stop() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    if (!streams_.empty()) daemon_->Unsubscribe(sub_);
+    streams_.clear();
+  }
+  // Before the io_context goes: the strand and timers belong to it.
+  void DropExecutor() { exec_.reset(); }
+
+  int64_t size() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int64_t>(streams_.size());
+  }
+  int64_t summaries_built() const { return summaries_built_.load(); }
+
+ private:
+  struct Exec {
+    explicit Exec(net::io_context& ioc)
+        : strand(net::make_strand(ioc)), flush_timer(strand), workers_timer(strand) {}
+    net::strand<net::io_context::executor_type> strand;
+    net::steady_timer flush_timer;    // the next summaries flush
+    net::steady_timer workers_timer;  // the next workers poll
+  };
+  using Clock = std::chrono::steady_clock;
+
+  void OnUpdate(const pb::JobUpdate& u) {
+    switch (u.update_case()) {
+      case pb::JobUpdate::kEvent: {
+        const pb::Event& e = u.event();
+        Fanout(u.job_id(),
+               MakeText("id: " + std::to_string(e.seq()) + "\nevent: event\ndata: " + Dump(EventJson(e)) +
+                        "\n\n"),
+               e.seq(), false);
+        break;
+      }
+      case pb::JobUpdate::kMetric:
+        Fanout(u.job_id(),
+               MakeText("event: metric\ndata: " + Dump(MetricJson(u.metric(), u.job_id())) + "\n\n"), 0,
+               false);
+        // Its progress moved: the summary is read afresh one period later (the
+        // worker's heartbeat with the step's progress follows its metrics).
+        dirty_[u.job_id()].reset();
+        ScheduleFlush(Clock::now() + std::chrono::milliseconds(options_.stream_period_ms));
+        break;
+      case pb::JobUpdate::kJob:
+        // A state change: at once, unless a flush ran within the period.
+        dirty_[u.job_id()] = u.job();
+        ScheduleFlush(
+            std::max(Clock::now(), last_flush_ + std::chrono::milliseconds(options_.stream_period_ms)));
+        break;
+      default: break;
+    }
+  }
+
+  // Flushes at most once per period: at `at` unless one is already due sooner.
+  void ScheduleFlush(Clock::time_point at) {
+    if (flush_armed_ && flush_at_ <= at) return;
+    flush_armed_ = true;
+    flush_at_ = at;
+    const uint64_t gen = ++flush_gen_;
+    exec_->flush_timer.expires_at(at);
+    exec_->flush_timer.async_wait([this, gen](beast::error_code ec) {
+      if (gen != flush_gen_) return;  // superseded by an earlier flush
+      flush_armed_ = false;
+      if (!ec) Flush();
+    });
+  }
+
+  void Flush() {
+    last_flush_ = Clock::now();
+    std::map<std::string, std::optional<pb::Job>> dirty;
+    dirty.swap(dirty_);
+    std::vector<pb::Job> jobs;
+    for (auto& [id, job] : dirty) {
+      if (job) {
+        jobs.push_back(std::move(*job));
+        continue;
+      }
+      auto fresh = daemon_->GetJob(id);
+      if (fresh.ok()) jobs.push_back(std::move(*fresh));
+    }
+    if (jobs.empty()) return;
+    auto summaries = api_->JobSummaries(jobs);
+    if (!summaries.ok()) {
+      FT_LOG(WARN) << "http: stream summaries: " << summaries.status().ToString();
+      return;
+    }
+    summaries_built_.fetch_add(static_cast<int64_t>(summaries->size()));
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      Fanout(jobs[i].id(), MakeText("event: job\ndata: " + Dump((*summaries)[i]) + "\n\n"), 0, false);
+    }
+  }
+
+  // Polls the workers once per period while any stream of every job is open.
+  void ArmWorkers() {
+    if (workers_armed_) return;
+    workers_armed_ = true;
+    exec_->workers_timer.expires_after(std::chrono::milliseconds(options_.stream_period_ms));
+    exec_->workers_timer.async_wait([this](beast::error_code ec) {
+      workers_armed_ = false;
+      if (ec) return;
+      bool any = false, all_jobs = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        any = !streams_.empty();
+        for (const auto& box : streams_) all_jobs = all_jobs || box->job.empty();
+      }
+      if (!any) return;  // re-armed by the next Attach
+      if (all_jobs) {
+        auto workers = api_->Workers();
+        if (workers.ok()) {
+          std::string text = "event: workers\ndata: " + Dump(*workers) + "\n\n";
+          std::lock_guard<std::mutex> lock(mu_);
+          if (!last_workers_ || *last_workers_ != text) {
+            last_workers_ = MakeText(std::move(text));
+            for (const auto& box : streams_) {
+              if (box->job.empty()) Post(*box, last_workers_, 0);
+            }
+          }
+        }
+      }
+      ArmWorkers();
+    });
+  }
+
+  void Fanout(const std::string& job, const Text& text, int64_t seq, bool all_jobs_only) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& box : streams_) {
+      if (box->job.empty() || (!all_jobs_only && box->job == job)) Post(*box, text, seq);
+    }
+  }
+
+  // Posts to one stream, or disconnects it when its backlog would pass stream_max_bytes.
+  void Post(Outbox& box, const Text& text, int64_t seq) {
+    if (box.overflowed.load()) return;
+    const auto size = static_cast<int64_t>(text->size());
+    if (box.bytes.fetch_add(size) + size > options_.stream_max_bytes) {
+      box.bytes.fetch_sub(size);
+      box.overflowed = true;
+      net::post(box.exec, [weak = box.stream, max = options_.stream_max_bytes] {
+        if (auto s = weak.lock()) {
+          s->Close("the client reads too slowly (over " + std::to_string(max) + " bytes waiting)");
+        }
+      });
+      return;
+    }
+    net::post(box.exec, [weak = box.stream, text, seq] {
+      if (auto s = weak.lock()) s->OnText(text, seq);
+    });
+  }
+
+  Daemon* const daemon_;
+  HttpApi* const api_;
+  const HttpServerOptions& options_;
+  std::unique_ptr<Exec> exec_;
+  std::atomic<int64_t> reserved_{0};
+  std::atomic<int64_t> summaries_built_{0};
+
+  std::mutex mu_;  // lock order: mu_ → the daemon's subscriber lock (never the other way)
+  std::set<std::shared_ptr<Outbox>> streams_;  // GUARDED_BY(mu_)
+  int64_t sub_ = 0;                            // GUARDED_BY(mu_) while streams_ is non-empty
+  Text last_workers_;                          // GUARDED_BY(mu_) the last workers text sent
+  bool stopped_ = false;                       // GUARDED_BY(mu_)
+
+  // On the strand:
+  std::map<std::string, std::optional<pb::Job>> dirty_;  // job id → its newest published state, if any
+  bool flush_armed_ = false;
+  Clock::time_point flush_at_{};
+  uint64_t flush_gen_ = 0;
+  bool workers_armed_ = false;
+  Clock::time_point last_flush_{};
 };
 
 struct Shared {
   Daemon* daemon;
   HttpApi* api;
   HttpServerOptions options;
-  StreamRegistry registry;
   std::shared_ptr<net::ssl::context> tls;  // null = plaintext
+  std::atomic<int64_t> connections{0};
+  std::unique_ptr<Broadcaster> broadcaster;
 };
 
-// Updates posted by the daemon's callback and not yet handled on the strand.
-struct Inbox {
-  std::atomic<int64_t> pending{0};
-  std::atomic<bool> overflowed{false};
-};
-
-// One SSE stream. Everything but the subscription callback runs on the connection's strand.
+// One SSE stream, on its connection's strand. Its text comes from the broadcaster.
 template <class Stream>
-class SseStream : public std::enable_shared_from_this<SseStream<Stream>> {
+class SseStream : public StreamBase, public std::enable_shared_from_this<SseStream<Stream>> {
  public:
   using std::enable_shared_from_this<SseStream<Stream>>::shared_from_this;
-  SseStream(Stream stream, Shared* shared, std::string job, int64_t after_seq)
+  SseStream(Stream stream, Shared* shared, std::string job, int64_t after_seq, Slot connection,
+            Slot stream_slot)
       : stream_(std::move(stream)),
         shared_(shared),
-        job_(std::move(job)),
         after_seq_(after_seq),
-        timer_(stream_.get_executor()) {}
-  ~SseStream() {
-    if (subscribed_) shared_->daemon->Unsubscribe(sub_);
+        timer_(stream_.get_executor()),
+        connection_(std::move(connection)),
+        stream_slot_(std::move(stream_slot)) {
+    box_->job = std::move(job);
+    box_->exec = stream_.get_executor();
   }
 
   void Start() {
     beast::get_lowest_layer(stream_).expires_never();
-    Send(
+    Send(MakeText(
         "HTTP/1.1 200 OK\r\nServer: ftd\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-        "X-Accel-Buffering: no\r\nConnection: close\r\n\r\nretry: 2000\n\n");
-    std::weak_ptr<SseStream> weak = shared_from_this();
-    auto exec = stream_.get_executor();
-    auto inbox = inbox_;
-    const int64_t max_pending = shared_->options.stream_max_pending;
-    // Called by the daemon with its subscriber lock held: only post, never block.
-    sub_ = shared_->daemon->Subscribe(job_, [weak, exec, inbox, max_pending](const pb::JobUpdate& u) {
-      if (inbox->pending.fetch_add(1) >= max_pending) {
-        inbox->pending.fetch_sub(1);
-        if (!inbox->overflowed.exchange(true)) {
-          net::post(exec, [weak] {
-            if (auto s = weak.lock()) s->Close("the client reads too slowly");
-          });
-        }
-        return;
-      }
-      net::post(exec, [weak, inbox, u] {
-        inbox->pending.fetch_sub(1);
-        if (auto s = weak.lock()) s->OnUpdate(u);
-      });
-    });
-    subscribed_ = true;
-    if (!shared_->registry.Add(sub_)) {
+        "X-Accel-Buffering: no\r\nConnection: close\r\n\r\nretry: 2000\n\n"));
+    box_->stream = std::weak_ptr<StreamBase>(shared_from_this());
+    // Attached before the replay's query: an event committed after it comes live.
+    if (!shared_->broadcaster->Attach(box_)) {
       Close("the server is stopping");
       return;
     }
+    attached_ = true;
     Replay();
     ReadUntilClosed();
-    Arm();
+    ArmKeepalive();
+  }
+
+  // Live text runs after Start (it is posted to this strand): after the replay.
+  void OnText(const Text& text, int64_t seq) override {
+    if (closed_ || (seq > 0 && seq <= replay_max_seq_)) {  // already sent by the replay
+      box_->bytes.fetch_sub(static_cast<int64_t>(text->size()));
+      return;
+    }
+    Enqueue(text);
+  }
+
+  void Close(const std::string& why) override {
+    if (closed_) return;
+    closed_ = true;
+    if (!why.empty()) FT_LOG(WARN) << "http: closing an event stream: " << why;
+    if (attached_) {
+      shared_->broadcaster->Detach(box_);
+      attached_ = false;
+    }
+    timer_.cancel();
+    // Under TLS without close_notify: the stream never ends on its own, and a
+    // client that went away would not answer one.
+    beast::error_code ec;
+    beast::get_lowest_layer(stream_).socket().shutdown(tcp::socket::shutdown_both, ec);
+    beast::get_lowest_layer(stream_).close();
   }
 
  private:
   void Replay() {
     if (after_seq_ < 0) return;
     pb::ListEventsRequest req;
-    req.set_job_id(job_);
+    req.set_job_id(box_->job);
     req.set_after_seq(after_seq_);
     req.set_limit(HttpApi::kMaxLimit);
     auto events = shared_->daemon->ListEvents(req);
@@ -149,65 +386,23 @@ class SseStream : public std::enable_shared_from_this<SseStream<Stream>> {
       FT_LOG(WARN) << "http: stream replay: " << events.status().ToString();
       return;
     }
-    for (const pb::Event& e : events->events()) SendEvent(e);
+    for (const pb::Event& e : events->events()) {
+      replay_max_seq_ = std::max(replay_max_seq_, e.seq());
+      Send(MakeText("id: " + std::to_string(e.seq()) + "\nevent: event\ndata: " + Dump(EventJson(e)) +
+                    "\n\n"));
+    }
   }
 
-  void SendEvent(const pb::Event& e) {
-    if (e.seq() != 0 && e.seq() <= last_seq_) return;  // already sent by the replay
-    last_seq_ = std::max(last_seq_, e.seq());
-    Send("id: " + std::to_string(e.seq()) + "\nevent: event\ndata: " + Dump(EventJson(e)) + "\n\n");
-  }
-
-  void SendJob(const json& summary) { Send("event: job\ndata: " + Dump(summary) + "\n\n"); }
-
-  void OnUpdate(const pb::JobUpdate& u) {
+  void ArmKeepalive() {
     if (closed_) return;
-    switch (u.update_case()) {
-      case pb::JobUpdate::kEvent: SendEvent(u.event()); break;
-      case pb::JobUpdate::kMetric:
-        Send("event: metric\ndata: " + Dump(MetricJson(u.metric(), u.job_id())) + "\n\n");
-        dirty_.insert(u.job_id());  // its progress moved: a fresh summary follows within a period
-        break;
-      case pb::JobUpdate::kJob: {
-        auto summary = shared_->api->JobSummary(u.job());
-        if (summary.ok()) SendJob(*summary);
-        dirty_.erase(u.job_id());
-        break;
-      }
-      default: break;
-    }
-  }
-
-  // Every period: summaries of jobs whose progress moved, workers when changed, keepalive.
-  void OnTick() {
-    if (closed_) return;
-    for (const std::string& id : dirty_) {
-      auto summary = shared_->api->JobSummary(id);
-      if (summary.ok()) SendJob(*summary);
-    }
-    dirty_.clear();
-    if (job_.empty()) {
-      auto workers = shared_->api->Workers();
-      if (workers.ok()) {
-        std::string text = Dump(*workers);
-        if (text != last_workers_) {
-          Send("event: workers\ndata: " + text + "\n\n");
-          last_workers_ = std::move(text);
-        }
-      }
-    }
-    if (std::chrono::steady_clock::now() - last_send_ >=
-        std::chrono::milliseconds(shared_->options.keepalive_ms)) {
-      Send(": keepalive\n\n");
-    }
-    Arm();
-  }
-
-  void Arm() {
-    if (closed_) return;
-    timer_.expires_after(std::chrono::milliseconds(shared_->options.stream_period_ms));
+    timer_.expires_at(last_send_ + std::chrono::milliseconds(shared_->options.keepalive_ms));
     timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
-      if (!ec) self->OnTick();
+      if (ec || self->closed_) return;
+      if (std::chrono::steady_clock::now() - self->last_send_ >=
+          std::chrono::milliseconds(self->shared_->options.keepalive_ms)) {
+        self->Send(MakeText(": keepalive\n\n"));
+      }
+      self->ArmKeepalive();
     });
   }
 
@@ -223,29 +418,37 @@ class SseStream : public std::enable_shared_from_this<SseStream<Stream>> {
     });
   }
 
-  void Send(std::string text) {
+  // Text of this stream's own (header, replay, keepalive): counted like the broadcaster's.
+  void Send(const Text& text) {
     if (closed_) return;
-    queued_bytes_ += static_cast<int64_t>(text.size());
-    queue_.push_back(std::move(text));
-    last_send_ = std::chrono::steady_clock::now();
-    if (queued_bytes_ > shared_->options.stream_max_bytes) {
-      Close("the client reads too slowly");
+    const auto size = static_cast<int64_t>(text->size());
+    if (box_->bytes.fetch_add(size) + size > shared_->options.stream_max_bytes) {
+      box_->bytes.fetch_sub(size);
+      Close("the client reads too slowly (over " + std::to_string(shared_->options.stream_max_bytes) +
+            " bytes waiting)");
       return;
     }
+    Enqueue(text);
+  }
+
+  // `text` is counted in box_->bytes until written.
+  void Enqueue(const Text& text) {
+    queue_.push_back(text);
+    last_send_ = std::chrono::steady_clock::now();
     if (!writing_) Write();
   }
 
   void Write() {
     writing_ = true;
-    net::async_write(stream_, net::buffer(queue_.front()),
+    net::async_write(stream_, net::buffer(*queue_.front()),
                      [self = shared_from_this()](beast::error_code ec, size_t) {
+                       self->box_->bytes.fetch_sub(static_cast<int64_t>(self->queue_.front()->size()));
+                       self->queue_.pop_front();
                        if (ec || self->closed_) {
                          self->writing_ = false;
                          self->Close("");
                          return;
                        }
-                       self->queued_bytes_ -= static_cast<int64_t>(self->queue_.front().size());
-                       self->queue_.pop_front();
                        if (self->queue_.empty()) {
                          self->writing_ = false;
                        } else {
@@ -254,39 +457,60 @@ class SseStream : public std::enable_shared_from_this<SseStream<Stream>> {
                      });
   }
 
-  void Close(const std::string& why) {
-    if (closed_) return;
-    closed_ = true;
-    if (!why.empty()) FT_LOG(WARN) << "http: closing an event stream: " << why;
-    if (subscribed_) {
-      shared_->daemon->Unsubscribe(sub_);
-      shared_->registry.Remove(sub_);
-      subscribed_ = false;
-    }
-    timer_.cancel();
-    // Under TLS without close_notify: the stream never ends on its own, and a
-    // client that went away would not answer one.
-    beast::error_code ec;
-    beast::get_lowest_layer(stream_).socket().shutdown(tcp::socket::shutdown_both, ec);
-    beast::get_lowest_layer(stream_).close();
-  }
-
   Stream stream_;
   Shared* shared_;
-  const std::string job_;
   const int64_t after_seq_;
-  net::steady_timer timer_;
-  std::shared_ptr<Inbox> inbox_ = std::make_shared<Inbox>();
-  int64_t sub_ = 0;
-  bool subscribed_ = false;
+  net::steady_timer timer_;  // keepalive
+  Slot connection_;
+  Slot stream_slot_;
+  std::shared_ptr<Outbox> box_ = std::make_shared<Outbox>();
+  bool attached_ = false;
   bool closed_ = false;
-  int64_t last_seq_ = 0;
-  std::set<std::string> dirty_;
-  std::string last_workers_;
-  std::deque<std::string> queue_;  // front is being written while writing_
-  int64_t queued_bytes_ = 0;
+  int64_t replay_max_seq_ = 0;  // live events up to this seq were sent by the replay
+  std::deque<Text> queue_;      // front is being written while writing_
   bool writing_ = false;
   std::chrono::steady_clock::time_point last_send_ = std::chrono::steady_clock::now();
+  std::array<char, 512> discard_{};
+};
+
+// A connection over max_connections (plaintext port): answered 503 and closed.
+class Refusal : public std::enable_shared_from_this<Refusal> {
+ public:
+  Refusal(tcp::socket socket, int64_t max) : stream_(std::move(socket)) {
+    const std::string body = Dump(json{
+        {"error", "ftd serves at most " + std::to_string(max) + " HTTP connections at once; retry shortly"}});
+    text_ =
+        "HTTP/1.1 503 Service Unavailable\r\nServer: ftd\r\nContent-Type: application/json\r\n"
+        "Retry-After: 1\r\nConnection: close\r\nContent-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
+  }
+  void Start() {
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
+      self->stream_.expires_after(std::chrono::seconds(2));
+      net::async_write(self->stream_, net::buffer(self->text_), [self](beast::error_code ec, size_t) {
+        if (ec) {
+          self->stream_.close();
+          return;
+        }
+        beast::error_code ignored;
+        self->stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+        self->Drain();  // until the client closes (closing with its request unread would reset the reply)
+      });
+    });
+  }
+
+ private:
+  void Drain() {
+    stream_.async_read_some(net::buffer(discard_), [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (ec) {
+        self->stream_.close();
+      } else {
+        self->Drain();
+      }
+    });
+  }
+  beast::tcp_stream stream_;
+  std::string text_;
   std::array<char, 512> discard_{};
 };
 
@@ -298,9 +522,11 @@ template <class Stream>
 class Connection : public std::enable_shared_from_this<Connection<Stream>> {
  public:
   using std::enable_shared_from_this<Connection<Stream>>::shared_from_this;
-  Connection(Stream stream, Shared* shared, beast::flat_buffer buffer = {}, bool refuse_plaintext = false)
+  Connection(Stream stream, Shared* shared, Slot slot, beast::flat_buffer buffer = {},
+             bool refuse_plaintext = false)
       : stream_(std::move(stream)),
         shared_(shared),
+        slot_(std::move(slot)),
         buffer_(std::move(buffer)),
         refuse_plaintext_(refuse_plaintext) {}
 
@@ -379,7 +605,16 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
       out.body = Dump(json{{"error", std::string("internal error: ") + e.what()}});
     }
     if (out.stream) {
-      std::make_shared<SseStream<Stream>>(std::move(stream_), shared_, out.stream_job, out.stream_after_seq)
+      Slot stream_slot = shared_->broadcaster->TakeStreamSlot();
+      if (!stream_slot) {
+        Respond(503,
+                Dump(json{{"error", "ftd serves at most " + std::to_string(shared_->options.max_streams) +
+                                        " event streams at once; close a dashboard tab or retry shortly"}}),
+                "application/json", {{"Retry-After", "5"}}, false);
+        return;
+      }
+      std::make_shared<SseStream<Stream>>(std::move(stream_), shared_, out.stream_job, out.stream_after_seq,
+                                          std::move(slot_), std::move(stream_slot))
           ->Start();
       return;
     }
@@ -420,6 +655,7 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
 
   Stream stream_;
   Shared* shared_;
+  Slot slot_;  // counted against max_connections
   beast::flat_buffer buffer_;
   const bool refuse_plaintext_;
   std::optional<http::request_parser<http::string_body>> parser_;
@@ -431,7 +667,8 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
 // its handshake); anything else is a plaintext client, answered 400.
 class TlsDetector : public std::enable_shared_from_this<TlsDetector> {
  public:
-  TlsDetector(tcp::socket socket, Shared* shared) : stream_(std::move(socket)), shared_(shared) {}
+  TlsDetector(tcp::socket socket, Shared* shared, Slot slot)
+      : stream_(std::move(socket)), shared_(shared), slot_(std::move(slot)) {}
 
   void Start() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
@@ -449,17 +686,18 @@ class TlsDetector : public std::enable_shared_from_this<TlsDetector> {
     }
     if (tls) {
       std::make_shared<Connection<TlsStream>>(TlsStream(std::move(stream_), *shared_->tls), shared_,
-                                              std::move(buffer_))
+                                              std::move(slot_), std::move(buffer_))
           ->Start();
     } else {
-      std::make_shared<Connection<beast::tcp_stream>>(std::move(stream_), shared_, std::move(buffer_),
-                                                      /*refuse_plaintext=*/true)
+      std::make_shared<Connection<beast::tcp_stream>>(std::move(stream_), shared_, std::move(slot_),
+                                                      std::move(buffer_), /*refuse_plaintext=*/true)
           ->Start();
     }
   }
 
   beast::tcp_stream stream_;
   Shared* shared_;
+  Slot slot_;
   beast::flat_buffer buffer_;
 };
 
@@ -467,23 +705,54 @@ class TlsDetector : public std::enable_shared_from_this<TlsDetector> {
 
 struct HttpServer::Impl {
   Impl(Daemon* daemon, HttpApi* api, HttpServerOptions options)
-      : shared{daemon, api, options, StreamRegistry(daemon), nullptr}, ioc(options.threads), acceptor(ioc) {}
+      : shared{daemon, api, options, nullptr}, ioc(options.threads), acceptor(ioc), accept_timer(ioc) {
+    shared.broadcaster = std::make_unique<Broadcaster>(daemon, api, shared.options, ioc);
+  }
+  ~Impl() { shared.broadcaster->DropExecutor(); }  // its strand and timers go before the io_context
 
+  // One accept at a time (so accept_failing needs no lock).
   void Accept() {
     acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
-      if (!ec && shared.tls) {
-        std::make_shared<TlsDetector>(std::move(socket), &shared)->Start();
-      } else if (!ec) {
-        std::make_shared<Connection<beast::tcp_stream>>(beast::tcp_stream(std::move(socket)), &shared)
+      if (!acceptor.is_open() || ec == net::error::operation_aborted) return;
+      if (ec) {  // EMFILE, ENFILE, ENOBUFS ...: back off instead of spinning on the error
+        if (!accept_failing) {
+          FT_LOG(WARN) << "http: accept failed: " << ec.message() << "; retrying every 100 ms";
+        }
+        accept_failing = true;
+        accept_timer.expires_after(std::chrono::milliseconds(100));
+        accept_timer.async_wait([this](beast::error_code wait_ec) {
+          if (!wait_ec && acceptor.is_open()) Accept();
+        });
+        return;
+      }
+      if (accept_failing) {
+        FT_LOG(INFO) << "http: accepting connections again";
+        accept_failing = false;
+      }
+      Slot slot = Slot::TryTake(&shared.connections, shared.options.max_connections);
+      if (!slot) {
+        if (shared.tls) {  // no handshake for a client we would refuse anyway
+          beast::error_code ignored;
+          socket.close(ignored);
+        } else {
+          std::make_shared<Refusal>(std::move(socket), shared.options.max_connections)->Start();
+        }
+      } else if (shared.tls) {
+        std::make_shared<TlsDetector>(std::move(socket), &shared, std::move(slot))->Start();
+      } else {
+        std::make_shared<Connection<beast::tcp_stream>>(beast::tcp_stream(std::move(socket)), &shared,
+                                                        std::move(slot))
             ->Start();
       }
-      if (acceptor.is_open()) Accept();
+      Accept();
     });
   }
 
   Shared shared;  // first: outlives the io_context's handlers
   net::io_context ioc;
   tcp::acceptor acceptor;
+  net::steady_timer accept_timer;
+  bool accept_failing = false;
   std::vector<std::thread> threads;
   std::string host;
   int port = 0;
@@ -540,15 +809,18 @@ void HttpServer::Stop() {
   net::post(impl_->ioc, [impl = impl_.get()] {
     beast::error_code ec;
     impl->acceptor.close(ec);
+    impl->accept_timer.cancel();
   });
-  impl_->shared.registry.StopAll();  // no daemon callback reaches the io_context after this
+  impl_->shared.broadcaster->Stop();  // no daemon callback reaches the io_context after this
   impl_->ioc.stop();
   for (std::thread& t : impl_->threads) t.join();
 }
 
 const std::string& HttpServer::host() const { return impl_->host; }
 int HttpServer::port() const { return impl_->port; }
-int64_t HttpServer::open_streams() const { return impl_->shared.registry.size(); }
+int64_t HttpServer::open_streams() const { return impl_->shared.broadcaster->size(); }
+int64_t HttpServer::open_connections() const { return impl_->shared.connections.load(); }
+int64_t HttpServer::stream_summaries_built() const { return impl_->shared.broadcaster->summaries_built(); }
 bool HttpServer::tls() const { return impl_->shared.tls != nullptr; }
 
 }  // namespace ft

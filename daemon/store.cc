@@ -611,6 +611,33 @@ StatusOr<std::vector<JobRow>> Store::ListJobs(const std::vector<JobStateCode>& s
   return Collect(q, ReadJob);
 }
 
+StatusOr<std::vector<JobRow>> Store::ListJobsNewest(const std::vector<JobStateCode>& states,
+                                                    const std::string& contains, int64_t limit,
+                                                    int64_t offset) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::set<JobStateCode> distinct(states.begin(), states.end());
+  std::string sql = std::string("SELECT ") + kJobColumns + " FROM jobs";
+  std::vector<std::string> where;
+  if (!distinct.empty())
+    where.push_back("state IN (" + Placeholders(static_cast<int>(distinct.size())) + ")");
+  if (!contains.empty()) where.push_back("(id LIKE ? ESCAPE '\\' OR name LIKE ? ESCAPE '\\')");
+  for (size_t i = 0; i < where.size(); ++i) sql += (i == 0 ? " WHERE " : " AND ") + where[i];
+  sql += " ORDER BY created_ms DESC, num DESC LIMIT ? OFFSET ?";
+  FT_ASSIGN_OR_RETURN(Query q, Prepare(sql, "list jobs"));
+  for (JobStateCode s : distinct) q.Bind(Code(s));
+  if (!contains.empty()) {
+    std::string pattern = "%";
+    for (char c : contains) {
+      if (c == '%' || c == '_' || c == '\\') pattern += '\\';
+      pattern += c;
+    }
+    pattern += '%';
+    q.Bind(pattern, pattern);
+  }
+  q.Bind(SqlLimit(limit), offset > 0 ? offset : int64_t{0});
+  return Collect(q, ReadJob);
+}
+
 Status Store::UpdateJob(const JobRow& j) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::string op = "update job " + j.id;

@@ -194,6 +194,14 @@ class Store {
   // All jobs in these states (empty = all), oldest first (created_ms, then
   // submission order). limit 0 = no limit.
   StatusOr<std::vector<JobRow>> ListJobs(const std::vector<JobStateCode>& states, int64_t limit = 0);
+  // A page of jobs, newest first (created_ms, then submission order, both
+  // descending): those in `states` (empty = all) whose id or name contains
+  // `contains` (ASCII case-insensitive; "" = any), skipping `offset`, at most
+  // `limit` (0 = no limit). One query that reads only the page's rows when
+  // neither a state nor `contains` filters (the jobs_by_created index).
+  StatusOr<std::vector<JobRow>> ListJobsNewest(const std::vector<JobStateCode>& states,
+                                               const std::string& contains, int64_t limit,
+                                               int64_t offset = 0);
   // Writes every mutable field of `job` (state, reason, counters, progress, not_before_ms ...):
   // all but id, client_request_id, created_ms, spec_yaml and spec_dir. NotFound for an unknown id.
   Status UpdateJob(const JobRow& job);

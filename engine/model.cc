@@ -18,19 +18,6 @@ bool IsAttention(ModuleKind m) { return static_cast<int>(m) <= static_cast<int>(
 
 std::string LayerPrefix(int l) { return "model.layers." + std::to_string(l) + "."; }
 
-// y[rows, n] += bias[n] per row.
-void AddBias(float* y, const float* bias, int64_t rows, int64_t n) {
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t j = 0; j < n; ++j) y[r * n + j] += bias[j];
-  }
-}
-
-// dbias[n] += Σ_rows dy[r, n], rows in order.
-void AccumulateBiasGrad(const float* dy, int64_t rows, int64_t n, float* dbias) {
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t j = 0; j < n; ++j) dbias[j] += dy[r * n + j];
-  }
-}
 }  // namespace
 
 const char* ModuleName(ModuleKind m) { return kModuleNames[static_cast<int>(m)]; }
@@ -68,7 +55,10 @@ struct Model::Activations {
   Buffer grad, dh, dn, dq, dk, dv, datt, dg, du, dact, dxa, drop, logits, dxf;
 };
 
-Model::Model(ModelConfig config, ModelOptions options) : config_(std::move(config)), options_(options) {
+Model::Model(ModelConfig config, ModelOptions options)
+    : config_(std::move(config)),
+      options_(options),
+      backend_(options_.backend ? options_.backend : CpuBackendInstance()) {
   const ModelConfig& c = config_;
   FT_CHECK(c.Validate("config").ok());
   const int64_t D = c.hidden_size, I = c.intermediate_size;
@@ -113,8 +103,9 @@ std::vector<NamedTensor> Model::NamedWeights() {
       const std::string name = p + ModulePath(static_cast<ModuleKind>(m));
       out.push_back({name + ".weight",
                      {lin.out, lin.in},
-                     options_.nf4 ? nullptr : lin.w.data(),
-                     options_.nf4 ? &lin : nullptr});
+                     // An NF4 linear has no float buffer, unless MergeLora dequantized it.
+                     lin.w.empty() ? nullptr : lin.w.data(),
+                     lin.w.empty() ? &lin : nullptr});
       if (!lin.bias.empty()) out.push_back({name + ".bias", {lin.out}, lin.bias.data()});
     }
   }
@@ -186,7 +177,7 @@ void Model::SetNf4Weight(Linear* lin, const float* values) {
 
 const float* Model::LinearWeight(Linear& lin) {
   if (!lin.nf4) return lin.w.data();
-  cpu::DequantizeNf4(lin.nf4->q, dequant_.data());
+  backend_->DequantizeNf4(lin.nf4->q, dequant_.data());
   Round(dequant_.data(), lin.in * lin.out);
   return dequant_.data();
 }
@@ -234,11 +225,11 @@ std::vector<TrainableParam> Model::TrainableParams() {
 }
 
 void Model::ZeroGrads() {
-  for (TrainableParam& p : TrainableParams()) std::memset(p.grad, 0, sizeof(float) * p.numel);
+  for (TrainableParam& p : TrainableParams()) backend_->Zero(p.grad, p.numel);
 }
 
 void Model::Round(float* x, int64_t n) const {
-  if (options_.dtype == ComputeDType::kBF16) cpu::RoundToBf16(x, n);
+  if (options_.dtype == ComputeDType::kBF16) backend_->RoundToBf16(x, n);
 }
 
 const float* Model::HeadWeight() const { return lm_head_.empty() ? embed_.data() : lm_head_.data(); }
@@ -318,39 +309,33 @@ void Model::EnsureActivations(int64_t rows, int64_t batch) {
 }
 
 void Model::EmbedForward(const MicroBatch& mb, float* x) {
-  cpu::EmbeddingForward(embed_.data(), mb.ids.data(), mb.rows(), config_.hidden_size, x);
+  backend_->EmbeddingForward(embed_.data(), mb.ids.data(), mb.rows(), config_.hidden_size, x);
   Round(x, mb.rows() * config_.hidden_size);
 }
 
-const float* Model::DropoutInput(int l, ModuleKind m, const float* x, int64_t rows, int64_t in, float* buf) {
-  const double p = lora_spec_.dropout;
-  if (p <= 0 || eval_mode_) return x;
+DropoutKey Model::DropoutKeyFor(int l, ModuleKind m) const {
   const MicroBatch& mb = *current_batch_;
-  const uint64_t module_key = static_cast<uint64_t>(l) * kNumModules + static_cast<uint64_t>(m);
-  const float keep_scale = static_cast<float>(1.0 / (1.0 - p));
-  for (int64_t r = 0; r < rows; ++r) {
-    // Keyed by (sequence, position, module, feature): independent of the batch plan.
-    const uint64_t row_key = HashKeys(lora_spec_.seed, static_cast<uint64_t>(mb.first_sequence + r / mb.seq),
-                                      static_cast<uint64_t>(r % mb.seq), module_key);
-    for (int64_t c = 0; c < in; ++c) {
-      const bool keep = UniformFloat(Mix64(row_key ^ static_cast<uint64_t>(c))) >= p;
-      buf[r * in + c] = keep ? x[r * in + c] * keep_scale : 0.0f;
-    }
-  }
+  return DropoutKey{lora_spec_.dropout, lora_spec_.seed, mb.first_sequence, mb.seq,
+                    static_cast<uint64_t>(l) * kNumModules + static_cast<uint64_t>(m)};
+}
+
+const float* Model::DropoutInput(int l, ModuleKind m, const float* x, int64_t rows, int64_t in, float* buf) {
+  if (lora_spec_.dropout <= 0 || eval_mode_) return x;
+  backend_->Dropout(DropoutKeyFor(l, m), x, rows, in, buf);
   return buf;
 }
 
 void Model::LinearForward(int l, ModuleKind m, const float* x, int64_t rows, float* y, float* xa) {
   Linear& lin = layers_[l][m];
-  cpu::Gemm<float>(false, true, rows, lin.out, lin.in, 1.0f, x, lin.in, LinearWeight(lin), lin.in, 0.0f, y,
-                   lin.out);
-  if (!lin.bias.empty()) AddBias(y, lin.bias.data(), rows, lin.out);
+  backend_->Gemm(false, true, rows, lin.out, lin.in, 1.0f, x, lin.in, LinearWeight(lin), lin.in, 0.0f, y,
+                 lin.out);
+  if (!lin.bias.empty()) backend_->AddBias(y, lin.bias.data(), rows, lin.out);
   if (lin.lora) {
     LoraWeights& lw = *lin.lora;
     const float* xd = DropoutInput(l, m, x, rows, lin.in, acts_->drop.data());
-    cpu::Gemm<float>(false, true, rows, lw.r, lw.in, 1.0f, xd, lw.in, lw.a.data(), lw.in, 0.0f, xa, lw.r);
+    backend_->Gemm(false, true, rows, lw.r, lw.in, 1.0f, xd, lw.in, lw.a.data(), lw.in, 0.0f, xa, lw.r);
     Round(xa, rows * lw.r);
-    cpu::Gemm<float>(false, true, rows, lw.out, lw.r, lw.scale, xa, lw.r, lw.b.data(), lw.r, 1.0f, y, lw.out);
+    backend_->Gemm(false, true, rows, lw.out, lw.r, lw.scale, xa, lw.r, lw.b.data(), lw.r, 1.0f, y, lw.out);
   }
   Round(y, rows * lin.out);
 }
@@ -358,33 +343,29 @@ void Model::LinearForward(int l, ModuleKind m, const float* x, int64_t rows, flo
 void Model::LinearBackward(int l, ModuleKind m, const float* x, const float* xa, const float* dy,
                            int64_t rows, float* dx, bool accumulate_dx) {
   Linear& lin = layers_[l][m];
-  cpu::Gemm<float>(false, false, rows, lin.in, lin.out, 1.0f, dy, lin.out, LinearWeight(lin), lin.in,
-                   accumulate_dx ? 1.0f : 0.0f, dx, lin.in);
+  backend_->Gemm(false, false, rows, lin.in, lin.out, 1.0f, dy, lin.out, LinearWeight(lin), lin.in,
+                 accumulate_dx ? 1.0f : 0.0f, dx, lin.in);
   if (full_training_) {
-    cpu::Gemm<float>(true, false, lin.out, lin.in, rows, 1.0f, dy, lin.out, x, lin.in, 1.0f, lin.dw.data(),
-                     lin.in);
-    if (!lin.bias.empty()) AccumulateBiasGrad(dy, rows, lin.out, lin.dbias.data());
+    backend_->Gemm(true, false, lin.out, lin.in, rows, 1.0f, dy, lin.out, x, lin.in, 1.0f, lin.dw.data(),
+                   lin.in);
+    if (!lin.bias.empty()) backend_->BiasGrad(dy, rows, lin.out, lin.dbias.data());
   }
   if (!lin.lora) return;
   LoraWeights& lw = *lin.lora;
   float* dxa = acts_->dxa.data();
-  cpu::Gemm<float>(false, false, rows, lw.r, lw.out, 1.0f, dy, lw.out, lw.b.data(), lw.r, 0.0f, dxa, lw.r);
+  backend_->Gemm(false, false, rows, lw.r, lw.out, 1.0f, dy, lw.out, lw.b.data(), lw.r, 0.0f, dxa, lw.r);
   Round(dxa, rows * lw.r);
-  cpu::Gemm<float>(true, false, lw.out, lw.r, rows, lw.scale, dy, lw.out, xa, lw.r, 1.0f, lw.db.data(), lw.r);
+  backend_->Gemm(true, false, lw.out, lw.r, rows, lw.scale, dy, lw.out, xa, lw.r, 1.0f, lw.db.data(), lw.r);
   const float* xd = DropoutInput(l, m, x, rows, lw.in, acts_->drop.data());
-  cpu::Gemm<float>(true, false, lw.r, lw.in, rows, lw.scale, dxa, lw.r, xd, lw.in, 1.0f, lw.da.data(), lw.in);
+  backend_->Gemm(true, false, lw.r, lw.in, rows, lw.scale, dxa, lw.r, xd, lw.in, 1.0f, lw.da.data(), lw.in);
   if (lora_spec_.dropout <= 0) {
-    cpu::Gemm<float>(false, false, rows, lw.in, lw.r, lw.scale, dxa, lw.r, lw.a.data(), lw.in, 1.0f, dx,
-                     lw.in);
+    backend_->Gemm(false, false, rows, lw.in, lw.r, lw.scale, dxa, lw.r, lw.a.data(), lw.in, 1.0f, dx, lw.in);
     return;
   }
   // Through the dropout: d(drop(x))/dx is the same keep mask and scale.
   float* tmp = acts_->drop.data();
-  cpu::Gemm<float>(false, false, rows, lw.in, lw.r, lw.scale, dxa, lw.r, lw.a.data(), lw.in, 0.0f, tmp,
-                   lw.in);
-  std::vector<float> ones(static_cast<size_t>(rows * lw.in), 1.0f);
-  const float* mask = DropoutInput(l, m, ones.data(), rows, lw.in, ones.data());
-  for (int64_t i = 0; i < rows * lw.in; ++i) dx[i] += tmp[i] * mask[i];
+  backend_->Gemm(false, false, rows, lw.in, lw.r, lw.scale, dxa, lw.r, lw.a.data(), lw.in, 0.0f, tmp, lw.in);
+  backend_->DropoutBackwardAdd(DropoutKeyFor(l, m), tmp, rows, lw.in, dx);
 }
 
 void Model::LayerForward(int l, const MicroBatch& mb, const float* x_in, LayerActs& a, float* x_out) {
@@ -397,39 +378,35 @@ void Model::LayerForward(int l, const MicroBatch& mb, const float* x_in, LayerAc
             G = static_cast<int>(ModuleKind::kGate), U = static_cast<int>(ModuleKind::kUp),
             Dn = static_cast<int>(ModuleKind::kDown);
 
-  cpu::RmsNormForward<float>(x_in, layer.attn_norm.data(), rows, D, eps, a.n1.data(), a.rstd1.data());
+  backend_->RmsNormForward(x_in, layer.attn_norm.data(), rows, D, eps, a.n1.data(), a.rstd1.data());
   Round(a.n1.data(), rows * D);
   LinearForward(l, ModuleKind::kQ, a.n1.data(), rows, a.q.data(), a.xa[Q].data());
   LinearForward(l, ModuleKind::kK, a.n1.data(), rows, a.k.data(), a.xa[K].data());
   LinearForward(l, ModuleKind::kV, a.n1.data(), rows, a.v.data(), a.xa[Vm].data());
-  cpu::RopeApply<float>(a.q.data(), rows, c.num_heads, c.head_dim, mb.positions.data(), rope_cos_.data(),
-                        rope_sin_.data(), false);
-  cpu::RopeApply<float>(a.k.data(), rows, c.num_kv_heads, c.head_dim, mb.positions.data(), rope_cos_.data(),
-                        rope_sin_.data(), false);
+  backend_->RopeApply(a.q.data(), rows, c.num_heads, c.head_dim, mb.positions.data(), rope_cos_.data(),
+                      rope_sin_.data(), false);
+  backend_->RopeApply(a.k.data(), rows, c.num_kv_heads, c.head_dim, mb.positions.data(), rope_cos_.data(),
+                      rope_sin_.data(), false);
   Round(a.q.data(), rows * c.q_dim());
   Round(a.k.data(), rows * c.kv_dim());
   cpu::AttentionShape shape{mb.batch,       mb.seq,     c.num_heads,
                             c.num_kv_heads, c.head_dim, 1.0 / std::sqrt(static_cast<double>(c.head_dim))};
   const int32_t* seg = mb.segments.empty() ? nullptr : mb.segments.data();
-  if (options_.naive_attention) {
-    cpu::AttentionForwardNaive<float>(shape, a.q.data(), a.k.data(), a.v.data(), seg, a.att.data(),
-                                      a.lse.data());
-  } else {
-    cpu::AttentionForward<float>(shape, a.q.data(), a.k.data(), a.v.data(), seg, a.att.data(), a.lse.data());
-  }
+  backend_->AttentionForward(shape, a.q.data(), a.k.data(), a.v.data(), seg, a.att.data(), a.lse.data(),
+                             options_.naive_attention);
   Round(a.att.data(), rows * c.q_dim());
   LinearForward(l, ModuleKind::kO, a.att.data(), rows, a.h.data(), a.xa[O].data());
-  cpu::Axpy<float>(rows * D, 1.0f, x_in, a.h.data());
+  backend_->Axpy(rows * D, 1.0f, x_in, a.h.data());
   Round(a.h.data(), rows * D);
 
-  cpu::RmsNormForward<float>(a.h.data(), layer.mlp_norm.data(), rows, D, eps, a.n2.data(), a.rstd2.data());
+  backend_->RmsNormForward(a.h.data(), layer.mlp_norm.data(), rows, D, eps, a.n2.data(), a.rstd2.data());
   Round(a.n2.data(), rows * D);
   LinearForward(l, ModuleKind::kGate, a.n2.data(), rows, a.g.data(), a.xa[G].data());
   LinearForward(l, ModuleKind::kUp, a.n2.data(), rows, a.u.data(), a.xa[U].data());
-  cpu::SwiGluForward<float>(a.g.data(), a.u.data(), rows * I, a.act.data());
+  backend_->SwiGluForward(a.g.data(), a.u.data(), rows * I, a.act.data());
   Round(a.act.data(), rows * I);
   LinearForward(l, ModuleKind::kDown, a.act.data(), rows, x_out, a.xa[Dn].data());
-  cpu::Axpy<float>(rows * D, 1.0f, a.h.data(), x_out);
+  backend_->Axpy(rows * D, 1.0f, a.h.data(), x_out);
   Round(x_out, rows * D);
 }
 
@@ -443,16 +420,16 @@ void Model::LayerBackward(int l, const MicroBatch& mb, const float* x_in, LayerA
   // MLP block: out = h + down(silu(gate(n2)) * up(n2)), n2 = norm(h). dx holds d(out).
   LinearBackward(l, ModuleKind::kDown, a.act.data(), xa(ModuleKind::kDown), dx, rows, w.dact.data(), false);
   Round(w.dact.data(), rows * I);
-  cpu::SwiGluBackward<float>(a.g.data(), a.u.data(), w.dact.data(), rows * I, w.dg.data(), w.du.data());
+  backend_->SwiGluBackward(a.g.data(), a.u.data(), w.dact.data(), rows * I, w.dg.data(), w.du.data());
   Round(w.dg.data(), rows * I);
   Round(w.du.data(), rows * I);
   LinearBackward(l, ModuleKind::kGate, a.n2.data(), xa(ModuleKind::kGate), w.dg.data(), rows, w.dn.data(),
                  false);
   LinearBackward(l, ModuleKind::kUp, a.n2.data(), xa(ModuleKind::kUp), w.du.data(), rows, w.dn.data(), true);
   Round(w.dn.data(), rows * D);
-  cpu::RmsNormBackward<float>(a.h.data(), layer.mlp_norm.data(), a.rstd2.data(), w.dn.data(), rows, D,
-                              w.dh.data(), full_training_ ? layer.dmlp_norm.data() : nullptr);
-  cpu::Axpy<float>(rows * D, 1.0f, dx, w.dh.data());
+  backend_->RmsNormBackward(a.h.data(), layer.mlp_norm.data(), a.rstd2.data(), w.dn.data(), rows, D,
+                            w.dh.data(), full_training_ ? layer.dmlp_norm.data() : nullptr);
+  backend_->Axpy(rows * D, 1.0f, dx, w.dh.data());
   Round(w.dh.data(), rows * D);
 
   // Attention block: h = x + o(attn(rope(q(n1)), rope(k(n1)), v(n1))), n1 = norm(x).
@@ -462,12 +439,12 @@ void Model::LayerBackward(int l, const MicroBatch& mb, const float* x_in, LayerA
   cpu::AttentionShape shape{mb.batch,       mb.seq,     c.num_heads,
                             c.num_kv_heads, c.head_dim, 1.0 / std::sqrt(static_cast<double>(c.head_dim))};
   const int32_t* seg = mb.segments.empty() ? nullptr : mb.segments.data();
-  cpu::AttentionBackward<float>(shape, a.q.data(), a.k.data(), a.v.data(), seg, a.att.data(), a.lse.data(),
-                                w.datt.data(), w.dq.data(), w.dk.data(), w.dv.data());
-  cpu::RopeApply<float>(w.dq.data(), rows, c.num_heads, c.head_dim, mb.positions.data(), rope_cos_.data(),
-                        rope_sin_.data(), true);
-  cpu::RopeApply<float>(w.dk.data(), rows, c.num_kv_heads, c.head_dim, mb.positions.data(), rope_cos_.data(),
-                        rope_sin_.data(), true);
+  backend_->AttentionBackward(shape, a.q.data(), a.k.data(), a.v.data(), seg, a.att.data(), a.lse.data(),
+                              w.datt.data(), w.dq.data(), w.dk.data(), w.dv.data());
+  backend_->RopeApply(w.dq.data(), rows, c.num_heads, c.head_dim, mb.positions.data(), rope_cos_.data(),
+                      rope_sin_.data(), true);
+  backend_->RopeApply(w.dk.data(), rows, c.num_kv_heads, c.head_dim, mb.positions.data(), rope_cos_.data(),
+                      rope_sin_.data(), true);
   Round(w.dq.data(), rows * c.q_dim());
   Round(w.dk.data(), rows * c.kv_dim());
   Round(w.dv.data(), rows * c.kv_dim());
@@ -475,9 +452,9 @@ void Model::LayerBackward(int l, const MicroBatch& mb, const float* x_in, LayerA
   LinearBackward(l, ModuleKind::kK, a.n1.data(), xa(ModuleKind::kK), w.dk.data(), rows, w.dn.data(), true);
   LinearBackward(l, ModuleKind::kV, a.n1.data(), xa(ModuleKind::kV), w.dv.data(), rows, w.dn.data(), true);
   Round(w.dn.data(), rows * D);
-  cpu::RmsNormBackward<float>(x_in, layer.attn_norm.data(), a.rstd1.data(), w.dn.data(), rows, D, dx,
-                              full_training_ ? layer.dattn_norm.data() : nullptr);
-  cpu::Axpy<float>(rows * D, 1.0f, w.dh.data(), dx);
+  backend_->RmsNormBackward(x_in, layer.attn_norm.data(), a.rstd1.data(), w.dn.data(), rows, D, dx,
+                            full_training_ ? layer.dattn_norm.data() : nullptr);
+  backend_->Axpy(rows * D, 1.0f, w.dh.data(), dx);
   Round(dx, rows * D);
 }
 
@@ -486,8 +463,8 @@ LossResult Model::HeadForwardBackward(const MicroBatch& mb, const float* x_last,
   const ModelConfig& c = config_;
   Activations& w = *acts_;
   const int64_t rows = mb.rows(), D = c.hidden_size, V = c.vocab_size;
-  cpu::RmsNormForward<float>(x_last, final_norm_.data(), rows, D, static_cast<float>(c.rms_norm_eps),
-                             w.xf.data(), w.rstdf.data());
+  backend_->RmsNormForward(x_last, final_norm_.data(), rows, D, static_cast<float>(c.rms_norm_eps),
+                           w.xf.data(), w.rstdf.data());
   Round(w.xf.data(), rows * D);
   if (logits) logits->assign(static_cast<size_t>(rows * V), 0.0f);
   const int64_t chunk = w.logits.size() / V;
@@ -496,21 +473,22 @@ LossResult Model::HeadForwardBackward(const MicroBatch& mb, const float* x_last,
     const int64_t n = std::min(chunk, rows - r0);
     float* lg = w.logits.data();
     const float* xf = w.xf.data() + r0 * D;
-    cpu::Gemm<float>(false, true, n, V, D, 1.0f, xf, D, HeadWeight(), D, 0.0f, lg, V);
+    backend_->Gemm(false, true, n, V, D, 1.0f, xf, D, HeadWeight(), D, 0.0f, lg, V);
     Round(lg, n * V);
-    if (logits) std::memcpy(logits->data() + r0 * V, lg, sizeof(float) * n * V);
+    if (logits)
+      backend_->CopyToHost(logits->data() + r0 * V, lg, static_cast<int64_t>(sizeof(float)) * n * V);
     const int32_t* tg = mb.targets.data() + r0;
     for (int64_t i = 0; i < n; ++i) result.tokens += tg[i] >= 0 ? 1 : 0;
-    result.loss_sum += cpu::CrossEntropy<float>(lg, tg, n, V, grad_scale, backward ? lg : nullptr);
+    backend_->CrossEntropy(lg, tg, n, V, grad_scale, backward ? lg : nullptr, &result.loss_sum);
     if (!backward) continue;
     // lg now holds d(loss)/d(logits) for these rows.
-    cpu::Gemm<float>(false, false, n, D, V, 1.0f, lg, V, HeadWeight(), D, 0.0f, w.dxf.data() + r0 * D, D);
-    if (float* dhead = HeadGrad()) cpu::Gemm<float>(true, false, V, D, n, 1.0f, lg, V, xf, D, 1.0f, dhead, D);
+    backend_->Gemm(false, false, n, D, V, 1.0f, lg, V, HeadWeight(), D, 0.0f, w.dxf.data() + r0 * D, D);
+    if (float* dhead = HeadGrad()) backend_->Gemm(true, false, V, D, n, 1.0f, lg, V, xf, D, 1.0f, dhead, D);
   }
   if (backward) {
     Round(w.dxf.data(), rows * D);
-    cpu::RmsNormBackward<float>(x_last, final_norm_.data(), w.rstdf.data(), w.dxf.data(), rows, D,
-                                w.grad.data(), full_training_ ? dfinal_norm_.data() : nullptr);
+    backend_->RmsNormBackward(x_last, final_norm_.data(), w.rstdf.data(), w.dxf.data(), rows, D,
+                              w.grad.data(), full_training_ ? dfinal_norm_.data() : nullptr);
     Round(w.grad.data(), rows * D);
   }
   return result;
@@ -557,8 +535,7 @@ LossResult Model::ForwardBackward(const MicroBatch& mb, float grad_scale) {
     LayerBackward(l, mb, w.layer_in[l].data(), *a, w.grad.data());
   }
   if (full_training_) {
-    cpu::EmbeddingBackward<float>(w.grad.data(), mb.ids.data(), mb.rows(), config_.hidden_size,
-                                  dembed_.data());
+    backend_->EmbeddingBackward(w.grad.data(), mb.ids.data(), mb.rows(), config_.hidden_size, dembed_.data());
   }
   return result;
 }
@@ -569,12 +546,12 @@ void Model::MergeLora() {
       if (!lin.lora) continue;
       if (lin.nf4) {  // merge into the dequantized weight: the one the adapter was trained against
         lin.w = Buffer(lin.in * lin.out, MemCategory::kWeights);
-        cpu::DequantizeNf4(lin.nf4->q, lin.w.data());
+        backend_->DequantizeNf4(lin.nf4->q, lin.w.data());
         lin.nf4.reset();
       }
       LoraWeights& lw = *lin.lora;
-      cpu::Gemm<float>(false, false, lw.out, lw.in, lw.r, lw.scale, lw.b.data(), lw.r, lw.a.data(), lw.in,
-                       1.0f, lin.w.data(), lin.in);
+      backend_->Gemm(false, false, lw.out, lw.in, lw.r, lw.scale, lw.b.data(), lw.r, lw.a.data(), lw.in, 1.0f,
+                     lin.w.data(), lin.in);
       lin.lora.reset();
     }
   }

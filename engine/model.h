@@ -10,6 +10,10 @@
 // EnableLora or EnableFullTraining, then for each micro-batch call
 // ForwardBackward(); gradients accumulate until ZeroGrads().
 //
+// Every op goes through the model's Backend (engine/backend.h; the CPU
+// reference unless ModelOptions::backend names another), in the same order
+// whatever the backend, so the CPU run is the reference of every device.
+//
 // Thread safety: a Model is used by one thread at a time; the kernels it calls
 // parallelise internally.
 #pragma once
@@ -18,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend.h"
 #include "engine/memory.h"
 #include "engine/model_config.h"
 #include "kernels/cpu/nf4.h"
@@ -121,6 +126,9 @@ struct ModelOptions {
   bool activation_checkpointing = false;  // keep layer inputs only; recompute in backward
   bool naive_attention = false;           // reference attention (materialises scores)
   int64_t loss_chunk_rows = 0;            // rows per cross-entropy chunk; 0 = auto (bounded memory)
+  // The device the ops run on (engine/backend.h); null = the CPU reference
+  // backend. Read once, by the constructor: set_options cannot move a model.
+  std::shared_ptr<Backend> backend;
 };
 
 struct LossResult {
@@ -136,6 +144,7 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   const ModelOptions& options() const { return options_; }
+  Backend& backend() const { return *backend_; }
   void set_options(const ModelOptions& options) { options_ = options; }
 
   // Every base weight in HF naming (lm_head absent when tied).
@@ -186,6 +195,7 @@ class Model {
   void LinearForward(int l, ModuleKind m, const float* x, int64_t rows, float* y, float* xa);
   void LinearBackward(int l, ModuleKind m, const float* x, const float* xa, const float* dy, int64_t rows,
                       float* dx, bool accumulate_dx);
+  DropoutKey DropoutKeyFor(int l, ModuleKind m) const;
   const float* DropoutInput(int l, ModuleKind m, const float* x, int64_t rows, int64_t in, float* buf);
   const MicroBatch* current_batch_ = nullptr;  // the micro-batch being processed (for dropout keys)
   bool eval_mode_ = false;                     // EvalForward in progress: no dropout
@@ -197,6 +207,7 @@ class Model {
 
   ModelConfig config_;
   ModelOptions options_;
+  std::shared_ptr<Backend> backend_;        // every op and (later) every buffer goes through it
   Buffer embed_;                            // (V, D)
   Buffer final_norm_;                       // (D)
   Buffer lm_head_;                          // (V, D) or empty when tied

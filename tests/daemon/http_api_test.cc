@@ -247,6 +247,20 @@ TEST_F(HttpApiTest, JobsListIsNewestFirstWithCountsSparklinesAndFilters) {
   EXPECT_EQ(q["jobs"][0]["name"], "beta");
   EXPECT_EQ(GetJson("/api/jobs?q=" + running_)["jobs"].size(), 1u);
   EXPECT_EQ(GetJson("/api/jobs?limit=1")["jobs"][0]["id"], queued_);
+  // q is a literal substring: LIKE's wildcards match only themselves.
+  EXPECT_EQ(GetJson("/api/jobs?q=%25")["jobs"].size(), 0u);
+  EXPECT_EQ(GetJson("/api/jobs?q=_")["jobs"].size(), 0u);
+  EXPECT_EQ(GetJson("/api/jobs?q=a_p")["jobs"].size(), 0u);
+  // The filter, order and limit apply together (in SQL): newest matching first, then the limit.
+  const std::string third = Submit("alphabet");
+  json page = GetJson("/api/jobs?q=ALPHA&limit=1");
+  ASSERT_EQ(page["jobs"].size(), 1u);
+  EXPECT_EQ(page["jobs"][0]["id"], third);
+  json two = GetJson("/api/jobs?q=alpha&state=queued,running");
+  ASSERT_EQ(two["jobs"].size(), 2u);
+  EXPECT_EQ(two["jobs"][0]["id"], third);
+  EXPECT_EQ(two["jobs"][1]["id"], running_);
+  EXPECT_EQ(GetJson("/api/jobs")["counts"]["queued"], 2);  // counts stay unfiltered
 
   ExpectBad("/api/jobs?state=runing", "state");
   ExpectBad("/api/jobs?limit=-1", "limit");
@@ -656,17 +670,103 @@ TEST_F(HttpApiTest, SlowStreamClientIsDroppedWithoutBlockingTheDaemon) {
   setsockopt(slow.socket().native_handle(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
   ASSERT_TRUE(slow.Get("/api/stream"));
   ASSERT_TRUE(slow.ReadUntil("retry:", std::chrono::seconds(5)));
-  ASSERT_TRUE(Eventually([&] { return server_->open_streams() == 1; }));
-  // Never read again; the daemon keeps publishing at full speed.
+  SseReader fast(port_);
+  ASSERT_TRUE(fast.Get("/api/stream"));
+  ASSERT_TRUE(fast.ReadUntil("retry:", std::chrono::seconds(5)));
+  ASSERT_TRUE(Eventually([&] { return server_->open_streams() == 2; }));
+  // The slow client never reads again; the daemon keeps publishing at full
+  // speed, and the fast client keeps up (it reads each batch's last point).
   const auto start = std::chrono::steady_clock::now();
-  for (int batch = 0; batch < 40 && server_->open_streams() > 0; ++batch) {
+  int batch = 0;
+  for (; batch < 40 && server_->open_streams() > 1; ++batch) {
     SendMetrics(1000 + batch * 1000, 1999 + batch * 1000);
+    ASSERT_TRUE(
+        fast.ReadUntil("\"step\":" + std::to_string(1999 + batch * 1000) + ",", std::chrono::seconds(10)))
+        << "the fast client fell behind at batch " << batch;
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  EXPECT_TRUE(Eventually([&] { return server_->open_streams() == 0; }))
-      << "the slow client was never dropped";
+  EXPECT_TRUE(Eventually([&] { return server_->open_streams() == 1; }))
+      << "the slow client was never dropped (its backlog is capped by bytes)";
   EXPECT_LT(seconds, 60.0);
+  // The other stream goes on: a later point reaches it.
+  SendMetrics(99'000'001, 99'000'001);
+  EXPECT_TRUE(fast.ReadUntil("\"step\":99000001,", std::chrono::seconds(5)));
+  EXPECT_EQ(server_->open_streams(), 1);
   EXPECT_EQ(Get("/healthz").status, 200);  // the server still serves others
+}
+
+TEST_F(HttpApiTest, StreamFanOutBuildsEachChangedJobsSummaryOncePerPeriodForAllStreams) {
+  constexpr int64_t kPeriodMs = 400;
+  constexpr int kStreams = 20;
+  Serve({}, {.stream_period_ms = kPeriodMs});
+  std::vector<std::unique_ptr<SseReader>> streams;
+  for (int i = 0; i < kStreams; ++i) {
+    streams.push_back(std::make_unique<SseReader>(port_));
+    ASSERT_TRUE(streams.back()->Get(i % 2 == 0 ? "/api/stream" : "/api/stream?job=" + running_));
+    ASSERT_TRUE(streams.back()->ReadUntil("retry:", std::chrono::seconds(5)));
+  }
+  ASSERT_TRUE(Eventually([&] { return server_->open_streams() == kStreams; }));
+  const int64_t before = server_->stream_summaries_built();
+  const auto start = std::chrono::steady_clock::now();
+  // A burst of updates to one job: its progress moves, then 30 metric reports.
+  Heartbeat(9, int64_t{3} << 30);
+  for (int i = 0; i < 30; ++i) SendMetrics(100 + i, 100 + i);
+  for (int i = 0; i < kStreams; ++i) {
+    EXPECT_TRUE(streams[i]->ReadUntil("\"steps_done\":9", std::chrono::seconds(10)))
+        << "stream " << i << " missed the job's new summary: " << streams[i]->text().substr(0, 2000);
+    EXPECT_TRUE(streams[i]->ReadUntil("\"step\":129,", std::chrono::seconds(10))) << "stream " << i;
+  }
+  const double periods =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / kPeriodMs;
+  const int64_t built = server_->stream_summaries_built() - before;
+  EXPECT_GE(built, 1);
+  // At most one per period (plus the leading one), whatever the number of streams.
+  EXPECT_LE(built, static_cast<int64_t>(periods) + 2)
+      << built << " summaries for one job in " << periods << " periods with " << kStreams << " streams";
+  EXPECT_LT(built, kStreams);
+}
+
+TEST_F(HttpApiTest, StreamsAndConnectionsOverTheirCapsGet503) {
+  Serve({}, {.max_connections = 4, .max_streams = 2});
+  SseReader a(port_), b(port_);
+  ASSERT_TRUE(a.Get("/api/stream"));
+  ASSERT_TRUE(b.Get("/api/stream?job=" + running_));
+  ASSERT_TRUE(a.ReadUntil("retry:", std::chrono::seconds(5)));
+  ASSERT_TRUE(b.ReadUntil("retry:", std::chrono::seconds(5)));
+  ASSERT_TRUE(Eventually([&] { return server_->open_streams() == 2; }));
+  {
+    SseReader c(port_);
+    ASSERT_TRUE(c.Get("/api/stream"));
+    ASSERT_TRUE(c.ReadUntil("\r\n\r\n{", std::chrono::seconds(5))) << c.text();
+    EXPECT_THAT(c.text(), HasSubstr("HTTP/1.1 503"));
+    EXPECT_THAT(c.text(), HasSubstr("at most 2 event streams"));
+    EXPECT_TRUE(c.WaitClosed(std::chrono::seconds(5)));
+  }
+  EXPECT_EQ(Get("/healthz").status, 200);  // other requests still served
+  // A stream that ends frees its slot.
+  a.socket().close();
+  ASSERT_TRUE(Eventually([&] { return server_->open_streams() == 1; }));
+  bool reopened = false;
+  for (int i = 0; i < 50 && !reopened; ++i) {
+    SseReader d(port_);
+    ASSERT_TRUE(d.Get("/api/stream"));
+    ASSERT_TRUE(d.ReadUntil("\r\n\r\n", std::chrono::seconds(5)));
+    reopened = d.text().rfind("HTTP/1.1 200", 0) == 0;
+    if (!reopened) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(reopened) << "the closed stream's slot was never released";
+  ASSERT_TRUE(Eventually([&] { return server_->open_streams() == 1 && server_->open_connections() == 1; }));
+  // Connections: 1 stream + 3 idle keep-alive clients fill the 4 slots; the 5th gets a JSON 503.
+  std::vector<std::unique_ptr<SseReader>> idle;
+  for (int i = 0; i < 3; ++i) idle.push_back(std::make_unique<SseReader>(port_));
+  ASSERT_TRUE(Eventually([&] { return server_->open_connections() == 4; })) << server_->open_connections();
+  Reply refused = Get("/healthz");
+  EXPECT_EQ(refused.status, 503) << refused.body;
+  EXPECT_THAT(refused.body, HasSubstr("at most 4 HTTP connections"));
+  EXPECT_TRUE(json::parse(refused.body, nullptr, false).contains("error")) << refused.body;
+  idle.clear();
+  ASSERT_TRUE(Eventually([&] { return server_->open_connections() == 1; })) << server_->open_connections();
+  EXPECT_EQ(Get("/healthz").status, 200);
 }
 
 TEST_F(HttpApiTest, PrometheusMetricsPassPromtool) {

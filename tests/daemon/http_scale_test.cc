@@ -104,9 +104,20 @@ TEST(HttpScaleTest, JobsAndWorkersPagesStayFastAtAThousandJobs) {
     }
   }
   EXPECT_EQ(with_spark, static_cast<size_t>(kRunning));
+  // A page is the newest jobs, read in SQL (not the whole table filtered in memory).
+  auto newest = nlohmann::json::parse(http_test::Fetch(port, "GET", "/api/jobs?limit=50").body);
+  ASSERT_EQ(newest["jobs"].size(), 50u);
+  EXPECT_EQ(newest["jobs"][0]["name"], "job-" + std::to_string(kJobs - 1));
+  EXPECT_EQ(newest["jobs"][49]["name"], "job-" + std::to_string(kJobs - 50));
+  EXPECT_EQ(newest["counts"]["running"], kRunning);
+  auto found = nlohmann::json::parse(http_test::Fetch(port, "GET", "/api/jobs?q=JOB-99&limit=50").body);
+  ASSERT_EQ(found["jobs"].size(), 11u);  // job-99 and job-990 .. job-999
+  EXPECT_EQ(found["jobs"][0]["name"], "job-999");
 
   const Timing list = Measure(port, "/api/jobs", 7);
   const Timing running = Measure(port, "/api/jobs?state=running&limit=50", 7);
+  const Timing page = Measure(port, "/api/jobs?limit=50", 7);
+  const Timing search = Measure(port, "/api/jobs?q=JOB-99&limit=50", 7);
   const Timing workers = Measure(port, "/api/workers", 7);
   const Timing detail = Measure(port, "/api/jobs/j-000001", 7);
   std::printf("seeded %d jobs (%d running x %d metric points) and %d workers in %.1f s\n", kJobs, kRunning,
@@ -115,6 +126,10 @@ TEST(HttpScaleTest, JobsAndWorkersPagesStayFastAtAThousandJobs) {
               list.max_ms, list.bytes);
   std::printf("GET /api/jobs?state=running&limit=50  median %7.1f ms  max %7.1f ms  %zu bytes\n",
               running.median_ms, running.max_ms, running.bytes);
+  std::printf("GET /api/jobs?limit=50             median %7.1f ms  max %7.1f ms  %zu bytes\n", page.median_ms,
+              page.max_ms, page.bytes);
+  std::printf("GET /api/jobs?q=JOB-99&limit=50    median %7.1f ms  max %7.1f ms  %zu bytes\n",
+              search.median_ms, search.max_ms, search.bytes);
   std::printf("GET /api/workers                  median %7.1f ms  max %7.1f ms  %zu bytes\n",
               workers.median_ms, workers.max_ms, workers.bytes);
   std::printf("GET /api/jobs/j-000001            median %7.1f ms  max %7.1f ms  %zu bytes\n",

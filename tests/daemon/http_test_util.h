@@ -128,14 +128,16 @@ class SseReader {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     timeval tv{0, 100'000};  // short blocking reads, so the deadline is checked
     setsockopt(socket_.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    while (text_.find(needle) == std::string::npos) {
+    size_t from = 0;  // only new text is searched again (streams may carry megabytes)
+    while (text_.find(needle, from) == std::string::npos) {
       if (std::chrono::steady_clock::now() > deadline) return false;
       char buf[4096];
       const ssize_t n = recv(socket_.native_handle(), buf, sizeof(buf), 0);
       if (n == 0) {
         closed_ = true;
-        return text_.find(needle) != std::string::npos;
+        return text_.find(needle, from) != std::string::npos;
       }
+      from = text_.size() >= needle.size() ? text_.size() - needle.size() + 1 : 0;
       if (n > 0) text_.append(buf, static_cast<size_t>(n));
       if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {  // reset by the server
         closed_ = true;

@@ -97,14 +97,17 @@ void Cluster::StartDaemon() {
                                    "--requeue-backoff-ms",
                                    "200",
                                    "--min-slot-ms",
-                                   "10000"};
+                                   "10000",
+                                   "--http",
+                                   "127.0.0.1:0"};  // never a fixed port: test binaries run side by side
   argv.insert(argv.end(), options_.daemon_args.begin(), options_.daemon_args.end());
   daemon_ = Spawn(argv, log);
   std::regex re("ftd: listening on 127\\.0\\.0\\.1:([0-9]+)");
   for (int i = 0; i < 200; ++i) {
     std::smatch m;
     const std::string text = Slurp(log).substr(before);
-    if (std::regex_search(text, m, re)) {
+    // Serving once both are up (ftd prints the gRPC line first, then starts HTTP).
+    if (std::regex_search(text, m, re) && text.find("ftd: dashboard at ") != std::string::npos) {
       port_ = std::stoi(m[1]);
       address_ = "127.0.0.1:" + std::to_string(port_);
       ClientOptions client{address_, "", 10'000, options_.tls_ca, nullptr};

@@ -35,6 +35,20 @@ CliResult FtTrain(const std::string& args, const std::string& dir) {
   return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, ss.str()};
 }
 
+// Forward of `mb` through both models: {max |logit difference|, max |logit of want|}.
+std::pair<double, double> LogitDiff(Model& want_model, Model& got_model, const MicroBatch& mb) {
+  std::vector<float> want, got;
+  want_model.Forward(mb, &want);
+  got_model.Forward(mb, &got);
+  EXPECT_EQ(got.size(), want.size());
+  double maxdiff = 0, maxref = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    maxdiff = std::max(maxdiff, static_cast<double>(std::fabs(got[i] - want[i])));
+    maxref = std::max(maxref, static_cast<double>(std::fabs(want[i])));
+  }
+  return {maxdiff, maxref};
+}
+
 class FtTrainCliTest : public testing::Test {
  protected:
   void SetUp() override {
@@ -125,18 +139,45 @@ TEST_F(FtTrainCliTest, TrainsWithFallingLossAndWritesPeftAdapterAndMergedModel) 
   ASSERT_TRUE(spec.ok());
   ASSERT_TRUE(base.EnableLora(*spec).ok());
   ASSERT_TRUE(LoadPeftAdapter(dir_ + "/out/adapter", &base).ok());
-  std::vector<float> want, got;
-  base.Forward(mb, &want);
   Model merged(*ReadHfConfig(dir_ + "/out/merged"), {});
   ASSERT_TRUE(LoadHfWeights(dir_ + "/out/merged", &merged).ok());
-  merged.Forward(mb, &got);
-  ASSERT_EQ(got.size(), want.size());
-  double maxdiff = 0, maxref = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    maxdiff = std::max(maxdiff, static_cast<double>(std::fabs(got[i] - want[i])));
-    maxref = std::max(maxref, static_cast<double>(std::fabs(want[i])));
-  }
+  const auto [maxdiff, maxref] = LogitDiff(base, merged, mb);
   std::printf("merged vs base+adapter logits: maxdiff %.3e (max |logit| %.3f)\n", maxdiff, maxref);
+  EXPECT_LE(maxdiff, 1e-5 * maxref);
+}
+
+TEST_F(FtTrainCliTest, QloraMergeWritesTheDequantizedBasePlusAdapter) {
+  // merge: true on an NF4 model used to crash writing merged/ (its linears had no float buffer).
+  ASSERT_EQ(FtTrain("make-model --preset tiny-llama --out " + dir_ + "/model", dir_).exit_code, 0);
+  std::ofstream(dir_ + "/job.yaml")
+      << "model: {path: model, dtype: fp32, quantization: nf4}\n"
+         "adapter: {type: lora, r: 8, alpha: 16}\n"
+         "data: {train: data.jsonl, format: tokens, seq_len: 64, packing: false}\n"
+         "train: {max_steps: 6, global_batch_size: 8, lr: 1.0e-2}\n"
+         "output: {dir: out, merge: true}\n";
+  CliResult run = FtTrain("run " + dir_ + "/job.yaml", dir_);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const ModelConfig mc = *ReadHfConfig(dir_ + "/model");
+  auto data = Dataset::Open({dir_ + "/data.jsonl", 64, false, false, "", false},
+                            [&](const std::string& line, const std::string& where) {
+                              return ParseTokensRecord(line, where, mc.vocab_size);
+                            });
+  ASSERT_TRUE(data.ok());
+  auto batch = (*data)->MakeBatch(0, 2, false, 0);
+  ASSERT_TRUE(batch.ok());
+  // The reference: the NF4 base (what the adapter trained on) with the adapter.
+  ModelOptions nf4;
+  nf4.nf4 = true;
+  Model base(mc, nf4);
+  ASSERT_TRUE(LoadHfWeights(dir_ + "/model", &base).ok());
+  auto spec = ReadPeftAdapterConfig(dir_ + "/out/adapter");
+  ASSERT_TRUE(spec.ok());
+  ASSERT_TRUE(base.EnableLora(*spec).ok());
+  ASSERT_TRUE(LoadPeftAdapter(dir_ + "/out/adapter", &base).ok());
+  Model merged(*ReadHfConfig(dir_ + "/out/merged"), {});
+  ASSERT_TRUE(LoadHfWeights(dir_ + "/out/merged", &merged).ok());
+  const auto [maxdiff, maxref] = LogitDiff(base, merged, *batch);
+  std::printf("QLoRA merged vs NF4 base+adapter logits: maxdiff %.3e (max |logit| %.3f)\n", maxdiff, maxref);
   EXPECT_LE(maxdiff, 1e-5 * maxref);
 }
 

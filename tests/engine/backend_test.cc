@@ -1,0 +1,84 @@
+// engine/backend.h: the factory (CPU always; CUDA only with a device, with a
+// clear error otherwise), tracked device buffers and the CPU backend's copies.
+// The CPU backend's ops are covered by every model test (golden, gradcheck,
+// checkpoint bit-identity), which run through it.
+#include "engine/backend.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace ft {
+namespace {
+
+TEST(Backend, ParsesDeviceKinds) {
+  EXPECT_EQ(*ParseDeviceKind("cpu"), DeviceKind::kCpu);
+  EXPECT_EQ(*ParseDeviceKind("cuda"), DeviceKind::kCuda);
+  EXPECT_FALSE(ParseDeviceKind("tpu").ok());
+  EXPECT_STREQ(DeviceKindName(DeviceKind::kCuda), "cuda");
+}
+
+TEST(Backend, CpuAlwaysExists) {
+  auto cpu = CreateBackend(DeviceKind::kCpu);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+  EXPECT_EQ((*cpu)->kind(), DeviceKind::kCpu);
+  EXPECT_EQ(cpu->get(), CpuBackendInstance().get());
+}
+
+TEST(Backend, CudaWithoutDeviceIsAClearError) {
+  auto cuda = CreateBackend(DeviceKind::kCuda);
+  if (cuda.ok()) {
+    EXPECT_EQ((*cuda)->kind(), DeviceKind::kCuda);
+    GTEST_SKIP() << "a CUDA device is present: " << (*cuda)->Describe();
+  }
+  const std::string msg = cuda.status().ToString();
+#ifdef FT_HAVE_CUDA
+  EXPECT_NE(msg.find("no CUDA device"), std::string::npos) << msg;
+#else
+  EXPECT_NE(msg.find("without the CUDA toolkit"), std::string::npos) << msg;
+#endif
+}
+
+TEST(Backend, BuffersAreTrackedZeroedAndMovable) {
+  MemoryTracker tracker;
+  Backend& be = *CpuBackendInstance();
+  {
+    DeviceBuffer a = be.Alloc(10, MemCategory::kActivations, &tracker);
+    EXPECT_EQ(a.size(), 10);
+    EXPECT_EQ(tracker.current(MemCategory::kActivations), 40);
+    std::vector<float> host(10, 1.0f);
+    be.CopyToHost(host.data(), a.data(), a.bytes());
+    for (float v : host) EXPECT_EQ(v, 0.0f);
+    DeviceBuffer b = std::move(a);
+    EXPECT_TRUE(a.empty());
+    EXPECT_EQ(tracker.current(MemCategory::kActivations), 40);
+    DeviceBuffer c = be.AllocBytes(6, MemCategory::kWorkspace, &tracker);
+    EXPECT_EQ(tracker.current(MemCategory::kWorkspace), 6);
+    b = std::move(c);  // frees b's floats
+    EXPECT_EQ(tracker.current(MemCategory::kActivations), 0);
+    EXPECT_EQ(tracker.current_total(), 6);
+  }
+  EXPECT_EQ(tracker.current_total(), 0);
+  EXPECT_EQ(tracker.peak_total(), 46);
+}
+
+TEST(Backend, CpuCopiesAndOps) {
+  Backend& be = *CpuBackendInstance();
+  DeviceBuffer x = be.Alloc(4, MemCategory::kWorkspace), y = be.Alloc(4, MemCategory::kWorkspace);
+  const float in[4] = {1, 2, 3, 4};
+  be.CopyToDevice(x.data(), in, sizeof(in));
+  be.Copy(y.data(), x.data(), sizeof(in));
+  be.Axpy(4, 2.0f, x.data(), y.data());  // y = 3x
+  be.AddBias(y.data(), x.data(), 2, 2);  // rows (3,6) + (1,2), (9,12) + (1,2)
+  float out[4];
+  be.CopyToHost(out, y.data(), sizeof(out));
+  EXPECT_EQ(out[0], 4.0f);
+  EXPECT_EQ(out[1], 8.0f);
+  EXPECT_EQ(out[2], 10.0f);
+  EXPECT_EQ(out[3], 14.0f);
+  EXPECT_EQ(be.SumSquares(x.data(), 4), 30.0);
+  EXPECT_TRUE(be.Synchronize().ok());
+}
+
+}  // namespace
+}  // namespace ft
