@@ -72,6 +72,10 @@ Status CheckPathRoots(const JobSpec& spec, const std::vector<std::string>& roots
   return Status::OK();
 }
 
+DeviceRow ToDeviceRow(const pb::Device& d) {
+  return {d.index(), d.kind(), d.name(), d.total_bytes(), d.free_bytes(), d.used_bytes()};
+}
+
 pb::Event ToProtoEvent(const EventRow& e) {
   pb::Event p;
   p.set_seq(e.seq);
@@ -392,6 +396,11 @@ void Daemon::Unsubscribe(int64_t id) {
   subscribers_.erase(id);
 }
 
+bool Daemon::HasSubscribers() {
+  std::lock_guard<std::mutex> lock(subs_mu_);
+  return !subscribers_.empty();
+}
+
 void Daemon::Publish(const std::string& job_id, const pb::JobUpdate& update) {
   std::lock_guard<std::mutex> lock(subs_mu_);
   for (auto& [id, s] : subscribers_) {
@@ -400,10 +409,7 @@ void Daemon::Publish(const std::string& job_id, const pb::JobUpdate& update) {
 }
 
 void Daemon::PublishJob(const std::string& job_id) {
-  {
-    std::lock_guard<std::mutex> lock(subs_mu_);
-    if (subscribers_.empty()) return;  // nobody watches: skip building the summary
-  }
+  if (!HasSubscribers()) return;  // nobody watches: skip building the summary
   auto j = store_->GetJob(job_id);
   if (!j.ok()) return;
   auto p = ToProto(*j);
@@ -429,10 +435,7 @@ void Daemon::Event(const std::string& job_id, const std::string& worker_id, cons
 }
 
 void Daemon::PublishStoredEvents(const std::string& job_id) {
-  {
-    std::lock_guard<std::mutex> lock(subs_mu_);
-    if (subscribers_.empty()) return;
-  }
+  if (!HasSubscribers()) return;
   auto events = store_->ListEvents(job_id, 0, 0);
   if (!events.ok()) return;
   for (const EventRow& e : *events) {
@@ -492,7 +495,7 @@ Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
     row.alive = true;
     for (const pb::Device& d : reg.devices()) {
       s.devices.push_back({d.kind(), d.total_bytes(), d.free_bytes()});
-      row.devices.push_back({d.index(), d.kind(), d.name(), d.total_bytes(), d.free_bytes(), d.used_bytes()});
+      row.devices.push_back(ToDeviceRow(d));
     }
     if (Status upserted = store_->UpsertWorker(row); !upserted.ok()) {
       // E.g. two devices with one index: the worker must fix what it reports.
@@ -601,7 +604,7 @@ void Daemon::RecordDeviceMemory(const std::string& worker_id, Session& s, const 
   s.last_memory_sample_mono = now;
   std::vector<DeviceRow> devices;
   for (const pb::Device& d : hb.devices()) {
-    devices.push_back({d.index(), d.kind(), d.name(), d.total_bytes(), d.free_bytes(), d.used_bytes()});
+    devices.push_back(ToDeviceRow(d));
   }
   Check(store_->RecordDeviceMemory(worker_id, s.running_job, clock_->WallMs(), devices), "device memory");
 }

@@ -147,6 +147,7 @@ class Daemon {
   void Refuse(WorkerSink* sink, const std::string& job_id, int64_t epoch, const std::string& why);
   void Event(const std::string& job_id, const std::string& worker_id, const std::string& kind,
              const std::string& message, int64_t step);
+  bool HasSubscribers();  // takes subs_mu_
   void PublishJob(const std::string& job_id);
   // Publishes the events the store wrote itself for a job (the "queued" of a new job).
   void PublishStoredEvents(const std::string& job_id);

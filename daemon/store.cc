@@ -724,18 +724,6 @@ StatusOr<std::vector<AttemptRow>> Store::RunningAttempts() {
   return Collect(q, ReadAttempt);
 }
 
-Status Store::UpdateAttemptProgress(const std::string& job_id, int64_t epoch, int64_t step) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const std::string op = "update progress of attempt " + std::to_string(epoch) + " of " + job_id;
-  return Write(op, [&]() -> Status {
-    FT_ASSIGN_OR_RETURN(Query q,
-                        Prepare("UPDATE attempts SET end_step = ? WHERE job_id = ? AND epoch = ?", op));
-    FT_RETURN_IF_ERROR(q.Bind(step, job_id, epoch).Run());
-    if (q.Changes() == 1) return Status::OK();
-    return Status::NotFound("job " + job_id + " has no attempt with epoch " + std::to_string(epoch));
-  });
-}
-
 // ---- checkpoints
 
 Status Store::AddCheckpoint(const CheckpointRow& c) {

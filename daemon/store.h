@@ -218,8 +218,6 @@ class Store {
   StatusOr<std::vector<AttemptRow>> ListAttempts(const std::string& job_id);
   // Attempts with outcome RUNNING (any job), e.g. to reattach after a restart.
   StatusOr<std::vector<AttemptRow>> RunningAttempts();
-  // Records the newest step reported by an attempt (end_step), cheaply.
-  Status UpdateAttemptProgress(const std::string& job_id, int64_t epoch, int64_t step);
 
   // ---- checkpoints
   // Idempotent: committing the same (job, epoch, step) again replaces the row. NotFound for an unknown job.

@@ -241,7 +241,7 @@ TEST_F(StoreTest, EpochsIncreasePerJobAndAttemptsListInOrder) {
 TEST_F(StoreTest, EndAttemptUpdatesOutcomeReasonAndStepsLost) {
   ASSERT_OK_AND_ASSIGN(JobRow a, store_->CreateJob(NewJob("a"), nullptr));
   ASSERT_OK_AND_ASSIGN(AttemptRow a1, store_->StartAttempt(a.id, "w1", 10, 2, 4, 1, 100));
-  ASSERT_OK(store_->UpdateAttemptProgress(a.id, a1.epoch, 17));
+  ASSERT_OK(store_->RecordProgress(ProgressRow{.job_id = a.id, .epoch = a1.epoch, .step = 17}));
   ASSERT_OK_AND_ASSIGN(auto attempts, store_->ListAttempts(a.id));
   ASSERT_EQ(attempts.size(), 1u);
   EXPECT_EQ(attempts[0].end_step, 17);
@@ -260,8 +260,9 @@ TEST_F(StoreTest, EndAttemptUpdatesOutcomeReasonAndStepsLost) {
   EXPECT_TRUE(running.empty());
 
   EXPECT_TRUE(store_->EndAttempt(a.id, 9, AttemptOutcomeCode::kFinished, "", 0, 0, 0).IsNotFound());
-  EXPECT_TRUE(store_->UpdateAttemptProgress(a.id, 9, 1).IsNotFound());
-  ASSERT_OK(store_->UpdateAttemptProgress(a.id, a1.epoch, 20));  // still writable
+  EXPECT_TRUE(store_->RecordProgress(ProgressRow{.job_id = a.id, .epoch = 9, .step = 1}).IsNotFound());
+  ASSERT_OK(
+      store_->RecordProgress(ProgressRow{.job_id = a.id, .epoch = a1.epoch, .step = 20}));  // still writable
 }
 
 TEST_F(StoreTest, LatestCheckpointPicksTheHighestStep) {

@@ -35,20 +35,6 @@ CliResult FtTrain(const std::string& args, const std::string& dir) {
   return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, ss.str()};
 }
 
-// Forward of `mb` through both models: {max |logit difference|, max |logit of want|}.
-std::pair<double, double> LogitDiff(Model& want_model, Model& got_model, const MicroBatch& mb) {
-  std::vector<float> want, got;
-  want_model.Forward(mb, &want);
-  got_model.Forward(mb, &got);
-  EXPECT_EQ(got.size(), want.size());
-  double maxdiff = 0, maxref = 0;
-  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
-    maxdiff = std::max(maxdiff, static_cast<double>(std::fabs(got[i] - want[i])));
-    maxref = std::max(maxref, static_cast<double>(std::fabs(want[i])));
-  }
-  return {maxdiff, maxref};
-}
-
 class FtTrainCliTest : public testing::Test {
  protected:
   void SetUp() override {
@@ -65,6 +51,38 @@ class FtTrainCliTest : public testing::Test {
            "train:\n  max_steps: 30\n  global_batch_size: 8\n  lr: 1.0e-2\n"
            "  warmup_steps: 3\n"
         << extra_train << "output: {dir: out, merge: true}\n";
+  }
+  // Logits of out/merged vs the base model (loaded with `base_options`) plus
+  // out/adapter, on the first two sequences of data.jsonl: they must agree to
+  // 1e-5 of the largest logit.
+  void ExpectMergedEqualsBasePlusAdapter(const ModelOptions& base_options, const char* what) {
+    const ModelConfig mc = *ReadHfConfig(dir_ + "/model");
+    auto data = Dataset::Open({dir_ + "/data.jsonl", 64, false, false, "", false},
+                              [&](const std::string& line, const std::string& where) {
+                                return ParseTokensRecord(line, where, mc.vocab_size);
+                              });
+    ASSERT_TRUE(data.ok());
+    auto batch = (*data)->MakeBatch(0, 2, false, 0);
+    ASSERT_TRUE(batch.ok());
+    Model base(mc, base_options);
+    ASSERT_TRUE(LoadHfWeights(dir_ + "/model", &base).ok());
+    auto spec = ReadPeftAdapterConfig(dir_ + "/out/adapter");
+    ASSERT_TRUE(spec.ok());
+    ASSERT_TRUE(base.EnableLora(*spec).ok());
+    ASSERT_TRUE(LoadPeftAdapter(dir_ + "/out/adapter", &base).ok());
+    Model merged(*ReadHfConfig(dir_ + "/out/merged"), {});
+    ASSERT_TRUE(LoadHfWeights(dir_ + "/out/merged", &merged).ok());
+    std::vector<float> want, got;
+    base.Forward(*batch, &want);
+    merged.Forward(*batch, &got);
+    ASSERT_EQ(got.size(), want.size());
+    double maxdiff = 0, maxref = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      maxdiff = std::max(maxdiff, static_cast<double>(std::fabs(got[i] - want[i])));
+      maxref = std::max(maxref, static_cast<double>(std::fabs(want[i])));
+    }
+    std::printf("%s: maxdiff %.3e (max |logit| %.3f)\n", what, maxdiff, maxref);
+    EXPECT_LE(maxdiff, 1e-5 * maxref);
   }
   std::string dir_;
 };
@@ -124,26 +142,7 @@ TEST_F(FtTrainCliTest, TrainsWithFallingLossAndWritesPeftAdapterAndMergedModel) 
   EXPECT_EQ(qa->dtype, DType::kF32);
 
   // Merged weights reload and give the same logits as base + adapter.
-  const int64_t vocab = mc.vocab_size;
-  auto data = Dataset::Open({dir_ + "/data.jsonl", 64, false, false, "", false},
-                            [vocab](const std::string& line, const std::string& where) {
-                              return ParseTokensRecord(line, where, vocab);
-                            });
-  ASSERT_TRUE(data.ok());
-  auto batch = (*data)->MakeBatch(0, 2, false, 0);
-  ASSERT_TRUE(batch.ok());
-  const MicroBatch& mb = *batch;
-  Model base(mc, {});
-  ASSERT_TRUE(LoadHfWeights(dir_ + "/model", &base).ok());
-  auto spec = ReadPeftAdapterConfig(dir_ + "/out/adapter");
-  ASSERT_TRUE(spec.ok());
-  ASSERT_TRUE(base.EnableLora(*spec).ok());
-  ASSERT_TRUE(LoadPeftAdapter(dir_ + "/out/adapter", &base).ok());
-  Model merged(*ReadHfConfig(dir_ + "/out/merged"), {});
-  ASSERT_TRUE(LoadHfWeights(dir_ + "/out/merged", &merged).ok());
-  const auto [maxdiff, maxref] = LogitDiff(base, merged, mb);
-  std::printf("merged vs base+adapter logits: maxdiff %.3e (max |logit| %.3f)\n", maxdiff, maxref);
-  EXPECT_LE(maxdiff, 1e-5 * maxref);
+  ExpectMergedEqualsBasePlusAdapter({}, "merged vs base+adapter logits");
 }
 
 TEST_F(FtTrainCliTest, QloraMergeWritesTheDequantizedBasePlusAdapter) {
@@ -157,28 +156,10 @@ TEST_F(FtTrainCliTest, QloraMergeWritesTheDequantizedBasePlusAdapter) {
          "output: {dir: out, merge: true}\n";
   CliResult run = FtTrain("run " + dir_ + "/job.yaml", dir_);
   ASSERT_EQ(run.exit_code, 0) << run.err;
-  const ModelConfig mc = *ReadHfConfig(dir_ + "/model");
-  auto data = Dataset::Open({dir_ + "/data.jsonl", 64, false, false, "", false},
-                            [&](const std::string& line, const std::string& where) {
-                              return ParseTokensRecord(line, where, mc.vocab_size);
-                            });
-  ASSERT_TRUE(data.ok());
-  auto batch = (*data)->MakeBatch(0, 2, false, 0);
-  ASSERT_TRUE(batch.ok());
   // The reference: the NF4 base (what the adapter trained on) with the adapter.
   ModelOptions nf4;
   nf4.nf4 = true;
-  Model base(mc, nf4);
-  ASSERT_TRUE(LoadHfWeights(dir_ + "/model", &base).ok());
-  auto spec = ReadPeftAdapterConfig(dir_ + "/out/adapter");
-  ASSERT_TRUE(spec.ok());
-  ASSERT_TRUE(base.EnableLora(*spec).ok());
-  ASSERT_TRUE(LoadPeftAdapter(dir_ + "/out/adapter", &base).ok());
-  Model merged(*ReadHfConfig(dir_ + "/out/merged"), {});
-  ASSERT_TRUE(LoadHfWeights(dir_ + "/out/merged", &merged).ok());
-  const auto [maxdiff, maxref] = LogitDiff(base, merged, *batch);
-  std::printf("QLoRA merged vs NF4 base+adapter logits: maxdiff %.3e (max |logit| %.3f)\n", maxdiff, maxref);
-  EXPECT_LE(maxdiff, 1e-5 * maxref);
+  ExpectMergedEqualsBasePlusAdapter(nf4, "QLoRA merged vs NF4 base+adapter logits");
 }
 
 TEST_F(FtTrainCliTest, HeldOutEvalLossIsLoggedAndFalls) {
