@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "common/status.h"
 #include "engine/memory.h"
@@ -103,6 +104,22 @@ struct DropoutKey {
   uint64_t module_key = 0;     // layer * kNumModules + module
 };
 
+// An NF4 tensor (kernels/cpu/nf4.h) resident in a backend's memory; made by
+// Backend::UploadNf4 and read only by the backend that made it.
+class DeviceNf4 {
+ public:
+  virtual ~DeviceNf4() = default;
+  virtual int64_t n() const = 0;      // values
+  virtual int64_t bytes() const = 0;  // codes + scales, as counted
+};
+
+// How a GEMM takes its fp32-stored operands: as they are (true fp32
+// products), or each rounded to bf16 first (round-to-nearest-even). bf16
+// products are exact in fp32 and accumulate in fp32, so kBF16 is the
+// tensor-core bf16 GEMM (and torch.autocast(bfloat16)'s matmul) on every
+// backend: backends differ only in the order of the fp32 sums.
+enum class GemmOperands { kF32, kBF16 };
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -118,6 +135,8 @@ class Backend {
   DeviceBuffer AllocBytes(int64_t bytes, MemCategory category,
                           MemoryTracker* tracker = &GlobalMemoryTracker());
   // Host <-> device copies of `bytes` bytes; CopyToHost waits for the copy.
+  // CopyToDevice may return before the copy is done: the host memory must
+  // stay unchanged until the next Synchronize or CopyToHost.
   virtual void CopyToDevice(void* dst, const void* host_src, int64_t bytes) = 0;
   virtual void CopyToHost(void* host_dst, const void* src, int64_t bytes) = 0;
   // Device -> device copy (non-overlapping).
@@ -126,11 +145,16 @@ class Backend {
   virtual void Zero(float* x, int64_t n) = 0;
   // Waits for every op called so far; the first recorded failure, if any.
   virtual Status Synchronize() = 0;
+  // Bytes of device memory free now and in all (the CPU backend: the host's
+  // available memory, and its total).
+  virtual StatusOr<std::pair<int64_t, int64_t>> MemoryInfo() = 0;
 
   // ---- Ops (float storage; definitions in kernels/cpu/ops.h) --------------
-  // C[M,N] = alpha * op(A) op(B) + beta * C (cpu::Gemm's convention).
-  virtual void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-                    int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) = 0;
+  // C[M,N] = alpha * op(A) op(B) + beta * C (cpu::Gemm's convention), with
+  // A and B taken as `operands` says; C is fp32 storage either way.
+  virtual void Gemm(GemmOperands operands, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                    float alpha, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+                    float* C, int64_t ldc) = 0;
   virtual void RmsNormForward(const float* x, const float* w, int64_t rows, int64_t D, float eps, float* y,
                               float* rstd) = 0;
   // dx overwritten; dw (nullable) accumulated.
@@ -161,10 +185,13 @@ class Backend {
   // = grad_scale * (softmax - onehot). Read loss_sum with CopyToHost.
   virtual void CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V,
                             float grad_scale, float* dlogits, double* loss_sum) = 0;
-  // out[q.n] = cpu::DequantizeNf4(q) bit for bit. `q` is host-resident: a
-  // device backend streams its codes and scales in (the layout of
-  // cpu_offload); device-resident NF4 weights are a later step.
-  virtual void DequantizeNf4(const cpu::Nf4Tensor& q, float* out) = 0;
+  // NF4 codes and scales moved into this backend's memory (counted under
+  // `category`): the CPU backend keeps the host arrays, a device backend
+  // copies them over once, so a QLoRA model's frozen weights live on the
+  // device at about half a byte per value.
+  virtual std::unique_ptr<DeviceNf4> UploadNf4(cpu::Nf4Tensor q, MemCategory category) = 0;
+  // out[q.n] = cpu::DequantizeNf4 of the uploaded tensor, bit for bit.
+  virtual void DequantizeNf4(const DeviceNf4& q, float* out) = 0;
 
   // ---- Elementwise and reductions -----------------------------------------
   virtual void Axpy(int64_t n, float alpha, const float* x, float* y) = 0;  // y += alpha x

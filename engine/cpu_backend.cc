@@ -1,6 +1,8 @@
 // CpuBackend: engine/backend.h on the host. Memory is 64-byte-aligned host
 // memory; every op forwards to kernels/cpu (the reference), so a model run
 // through it is bit-identical to one calling kernels/cpu directly.
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -10,6 +12,27 @@
 
 namespace ft {
 namespace {
+
+// On the host an uploaded NF4 tensor is the host tensor itself.
+class HostNf4 final : public DeviceNf4 {
+ public:
+  HostNf4(cpu::Nf4Tensor q, MemCategory category) : q_(std::move(q)), tracked_(q_.StorageBytes(), category) {}
+  int64_t n() const override { return q_.n; }
+  int64_t bytes() const override { return q_.StorageBytes(); }
+  const cpu::Nf4Tensor& q() const { return q_; }
+
+ private:
+  cpu::Nf4Tensor q_;
+  TrackedBytes tracked_;
+};
+
+// x[rows, cols] (row stride ld) rounded to bf16, packed (row stride cols).
+std::vector<float> RoundedCopy(const float* x, int64_t rows, int64_t cols, int64_t ld) {
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(out.data() + r * cols, x + r * ld, sizeof(float) * cols);
+  cpu::RoundToBf16(out.data(), rows * cols);
+  return out;
+}
 
 class CpuBackend final : public Backend {
  public:
@@ -29,10 +52,23 @@ class CpuBackend final : public Backend {
     if (n > 0) std::memset(x, 0, sizeof(float) * static_cast<size_t>(n));
   }
   Status Synchronize() override { return Status::OK(); }
+  StatusOr<std::pair<int64_t, int64_t>> MemoryInfo() override {
+    const int64_t page = sysconf(_SC_PAGESIZE);
+    return std::make_pair(int64_t{sysconf(_SC_AVPHYS_PAGES)} * page, int64_t{sysconf(_SC_PHYS_PAGES)} * page);
+  }
 
-  void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) override {
-    cpu::Gemm<float>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  void Gemm(GemmOperands operands, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+            const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+            int64_t ldc) override {
+    if (operands == GemmOperands::kF32 || K == 0) {
+      cpu::Gemm<float>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+      return;
+    }
+    // bf16 operands: rounded packed copies, then the fp32 GEMM (exact products, fp32 sums).
+    const std::vector<float> a = RoundedCopy(A, trans_a ? K : M, trans_a ? M : K, lda);
+    const std::vector<float> b = RoundedCopy(B, trans_b ? N : K, trans_b ? K : N, ldb);
+    cpu::Gemm<float>(trans_a, trans_b, M, N, K, alpha, a.data(), trans_a ? M : K, b.data(), trans_b ? K : N,
+                     beta, C, ldc);
   }
   void RmsNormForward(const float* x, const float* w, int64_t rows, int64_t D, float eps, float* y,
                       float* rstd) override {
@@ -78,7 +114,12 @@ class CpuBackend final : public Backend {
                     float* dlogits, double* loss_sum) override {
     *loss_sum += cpu::CrossEntropy<float>(logits, targets, rows, V, grad_scale, dlogits);
   }
-  void DequantizeNf4(const cpu::Nf4Tensor& q, float* out) override { cpu::DequantizeNf4(q, out); }
+  std::unique_ptr<DeviceNf4> UploadNf4(cpu::Nf4Tensor q, MemCategory category) override {
+    return std::make_unique<HostNf4>(std::move(q), category);
+  }
+  void DequantizeNf4(const DeviceNf4& q, float* out) override {
+    cpu::DequantizeNf4(static_cast<const HostNf4&>(q).q(), out);
+  }
 
   void Axpy(int64_t n, float alpha, const float* x, float* y) override { cpu::Axpy<float>(n, alpha, x, y); }
   void Scale(int64_t n, float alpha, float* x) override { cpu::Scale<float>(n, alpha, x); }

@@ -68,6 +68,14 @@ __global__ void BiasGradKernel(const float* dy, int64_t rows, int64_t n, float* 
   }
 }
 
+// dst[r, c] (packed, row stride cols) = bf16(src[r, c]) (row stride ld).
+__global__ void ToBf16Kernel(const float* src, int64_t rows, int64_t cols, int64_t ld, __nv_bfloat16* dst) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * cols;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    dst[i] = __float2bfloat16_rn(src[(i / cols) * ld + i % cols]);
+  }
+}
+
 __global__ void RoundToBf16Kernel(float* x, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -96,16 +104,26 @@ __global__ void DropoutKernel(DropoutKey key, float keep_scale, const float* x, 
   }
 }
 
+// NF4 codes and scales in one device buffer (Backend::UploadNf4).
+class CudaNf4 final : public DeviceNf4 {
+ public:
+  int64_t n() const override { return tensor.n; }
+  int64_t bytes() const override { return storage.bytes(); }
+  DeviceBuffer storage;
+  cuda::Nf4DeviceTensor tensor;  // points into storage
+};
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, std::string name) : device_(device), name_(std::move(name)) {}
   ~CudaBackend() override {
     // Workspaces go back to this backend before the stream does.
     rms_ws_ = DeviceBuffer();
+    a16_ws_ = DeviceBuffer();
+    b16_ws_ = DeviceBuffer();
     att_ws_ = DeviceBuffer();
     row_loss_ = DeviceBuffer();
     ss_ws_ = DeviceBuffer();
-    nf4_stage_ = DeviceBuffer();
     blas_.reset();
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
@@ -152,9 +170,15 @@ class CudaBackend final : public Backend {
     if (status_.ok()) Record(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
     return status_;
   }
+  StatusOr<std::pair<int64_t, int64_t>> MemoryInfo() override {
+    size_t free_bytes = 0, total_bytes = 0;
+    FT_RETURN_IF_ERROR(CudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
+    return std::make_pair(static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes));
+  }
 
-  void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) override {
+  void Gemm(GemmOperands operands, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+            const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+            int64_t ldc) override {
     if (!status_.ok() || M == 0 || N == 0) return;
     if (K == 0) {  // cuBLASLt refuses K = 0; C = beta * C is what the CPU computes
       if (beta == 0.0f) {
@@ -164,8 +188,24 @@ class CudaBackend final : public Backend {
       }
       return;
     }
-    Record(
-        blas_->Gemm<float, float>(stream_, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc));
+    if (operands == GemmOperands::kF32) {
+      Record(
+          blas_->Gemm<float, float>(stream_, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc));
+      return;
+    }
+    // bf16 operands: packed bf16 copies in workspace, then cuBLASLt bf16 x bf16 -> fp32 (fp32 compute).
+    const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+    const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+    auto* a16 = reinterpret_cast<cuda::bf16*>(Workspace(a16_ws_, a_rows * a_cols * 2));
+    auto* b16 = reinterpret_cast<cuda::bf16*>(Workspace(b16_ws_, b_rows * b_cols * 2));
+    if (!status_.ok()) return;
+    ToBf16Kernel<<<BlocksFor(a_rows * a_cols, kThreads), kThreads, 0, stream_>>>(A, a_rows, a_cols, lda, a16);
+    Record(LaunchStatus("ToBf16Kernel"));
+    ToBf16Kernel<<<BlocksFor(b_rows * b_cols, kThreads), kThreads, 0, stream_>>>(B, b_rows, b_cols, ldb, b16);
+    Record(LaunchStatus("ToBf16Kernel"));
+    if (!status_.ok()) return;
+    Record(blas_->Gemm<cuda::bf16, float>(stream_, trans_a, trans_b, M, N, K, alpha, a16, a_cols, b16, b_cols,
+                                          beta, C, ldc));
   }
   void RmsNormForward(const float* x, const float* w, int64_t rows, int64_t D, float eps, float* y,
                       float* rstd) override {
@@ -226,31 +266,35 @@ class CudaBackend final : public Backend {
     Record(cuda::CrossEntropy<float>(logits, targets, rows, V, grad_scale, dlogits, row_loss, loss_sum,
                                      stream_));
   }
-  void DequantizeNf4(const cpu::Nf4Tensor& q, float* out) override {
-    if (!status_.ok()) return;
-    // Stage the host codes and scales: [packed | absmax or absmax_q | absmax2], each part 16-byte aligned.
+  std::unique_ptr<DeviceNf4> UploadNf4(cpu::Nf4Tensor q, MemCategory category) override {
+    auto d = std::make_unique<CudaNf4>();
+    // One buffer: [packed | absmax or absmax_q | absmax2], each part 16-byte aligned.
     auto align = [](int64_t b) { return (b + 15) / 16 * 16; };
     const int64_t packed = static_cast<int64_t>(q.packed.size());
     const int64_t absmax = static_cast<int64_t>(q.absmax.size() * sizeof(float));
     const int64_t absmax_q = static_cast<int64_t>(q.absmax_q.size());
     const int64_t absmax2 = static_cast<int64_t>(q.absmax2.size() * sizeof(float));
     const int64_t o1 = align(packed), o2 = o1 + align(absmax), o3 = o2 + align(absmax_q);
-    char* stage = reinterpret_cast<char*>(Workspace(nf4_stage_, o3 + absmax2));
+    d->storage = AllocBytes(o3 + absmax2, category);
+    char* base = d->storage.as<char>();
+    CopyToDevice(base, q.packed.data(), packed);
+    CopyToDevice(base + o1, q.absmax.data(), absmax);
+    CopyToDevice(base + o2, q.absmax_q.data(), absmax_q);
+    CopyToDevice(base + o3, q.absmax2.data(), absmax2);
+    Record(Synchronize());  // the host arrays are freed when `q` goes out of scope
+    cuda::Nf4DeviceTensor& t = d->tensor;
+    t.n = q.n;
+    t.config = q.config;
+    t.packed = reinterpret_cast<const uint8_t*>(base);
+    t.absmax = absmax > 0 ? reinterpret_cast<const float*>(base + o1) : nullptr;
+    t.absmax_q = absmax_q > 0 ? reinterpret_cast<const uint8_t*>(base + o2) : nullptr;
+    t.absmax2 = absmax2 > 0 ? reinterpret_cast<const float*>(base + o3) : nullptr;
+    t.offset = q.offset;
+    return d;
+  }
+  void DequantizeNf4(const DeviceNf4& q, float* out) override {
     if (!status_.ok()) return;
-    CopyToDevice(stage, q.packed.data(), packed);
-    CopyToDevice(stage + o1, q.absmax.data(), absmax);
-    CopyToDevice(stage + o2, q.absmax_q.data(), absmax_q);
-    CopyToDevice(stage + o3, q.absmax2.data(), absmax2);
-    cuda::Nf4DeviceTensor d;
-    d.n = q.n;
-    d.config = q.config;
-    d.packed = reinterpret_cast<const uint8_t*>(stage);
-    d.absmax = absmax > 0 ? reinterpret_cast<const float*>(stage + o1) : nullptr;
-    d.absmax_q = absmax_q > 0 ? reinterpret_cast<const uint8_t*>(stage + o2) : nullptr;
-    d.absmax2 = absmax2 > 0 ? reinterpret_cast<const float*>(stage + o3) : nullptr;
-    d.offset = q.offset;
-    if (!status_.ok()) return;
-    Record(cuda::DequantizeNf4<float>(d, out, stream_));
+    Record(cuda::DequantizeNf4<float>(static_cast<const CudaNf4&>(q).tensor, out, stream_));
   }
 
   void Axpy(int64_t n, float alpha, const float* x, float* y) override {
@@ -342,7 +386,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::BlasLt> blas_;
   Status status_;
-  DeviceBuffer rms_ws_, att_ws_, row_loss_, ss_ws_, nf4_stage_;
+  DeviceBuffer rms_ws_, att_ws_, row_loss_, ss_ws_, a16_ws_, b16_ws_;
 };
 
 }  // namespace

@@ -5,7 +5,7 @@
 //                                              the newest valid checkpoint
 //   ft-train plan JOB.yaml --device-memory 24GiB [--device cpu|cuda] [--world N]
 //                                              memory breakdown and batch plan (config.json only)
-//   ft-train make-model --preset tiny-llama --out DIR [--dtype f32|bf16] [--seed N]
+//   ft-train make-model (--preset tiny-llama | --config CONFIG.json) --out DIR [--dtype f32|bf16] [--seed N]
 //   ft-train tokenize --model DIR|tokenizer.json [--add-special-tokens] [--decode]
 //                                              JSON strings in on stdin, id arrays out (or back)
 //
@@ -17,8 +17,10 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 
 #include "common/logging.h"
+#include "engine/file_util.h"
 #include "engine/hf_model.h"
 #include "engine/job_spec.h"
 #include "engine/planner.h"
@@ -103,16 +105,25 @@ int Plan(const std::string& job_file, const std::string& device_memory, const st
   return ft::kExitFinished;
 }
 
-int MakeModel(const std::string& preset, const std::string& out, const std::string& dtype, uint64_t seed,
-              int64_t vocab) {
-  auto config = ft::PresetModelConfig(preset);
+int MakeModel(const std::string& preset, const std::string& config_file, const std::string& out,
+              const std::string& dtype, uint64_t seed, int64_t vocab) {
+  // A preset, or a real architecture's config.json (or the directory holding one); random weights.
+  std::string what = preset;
+  auto read = [&]() -> ft::StatusOr<ft::ModelConfig> {
+    if (config_file.empty()) return ft::PresetModelConfig(preset);
+    what = config_file;
+    if (std::filesystem::is_directory(what)) what = (std::filesystem::path(what) / "config.json").string();
+    FT_ASSIGN_OR_RETURN(std::string text, ft::ReadFileToString(what));
+    return ft::ParseHfConfig(text, what);
+  };
+  auto config = read();
   if (!config.ok()) return Fail(config.status());
   if (vocab > 0) config->vocab_size = vocab;
   ft::Model model(*config, {});
   ft::RandomInitModel(&model, seed);
   ft::Status s = ft::SaveHfModel(out, model, dtype == "bf16" ? ft::DType::kBF16 : ft::DType::kF32);
   if (!s.ok()) return Fail(s);
-  std::fprintf(stderr, "ft-train: wrote %s model to %s\n", preset.c_str(), out.c_str());
+  std::fprintf(stderr, "ft-train: wrote %s model to %s\n", what.c_str(), out.c_str());
   return 0;
 }
 
@@ -147,10 +158,13 @@ int main(int argc, char** argv) {
   plan->add_option("--world", plan_world, "number of ranks")->check(CLI::PositiveNumber);
 
   auto* make = app.add_subcommand("make-model", "write a random-initialised HF model directory");
-  std::string preset = "tiny-llama", out, dtype = "f32";
+  std::string preset = "tiny-llama", config_file, out, dtype = "f32";
   uint64_t seed = 1234;
   int64_t vocab = 0;
-  make->add_option("--preset", preset, "tiny-llama | tiny-qwen2 | tiny-tied | bench");
+  auto* preset_opt = make->add_option("--preset", preset, "tiny-llama | tiny-qwen2 | tiny-tied | bench");
+  make->add_option("--config", config_file,
+                   "an HF config.json (or its directory) to take the architecture from, e.g. Llama-3-8B's")
+      ->excludes(preset_opt);
   make->add_option("--out", out, "output directory")->required();
   make->add_option("--dtype", dtype, "f32 | bf16")->check(CLI::IsMember({"f32", "bf16"}));
   make->add_option("--seed", seed, "random seed");
@@ -171,6 +185,6 @@ int main(int argc, char** argv) {
   if (*run) return RunJob(flags);
   if (*tokenize) return ft::RunTokenizeCommand(tokenizer_path, add_special, decode);
   if (*plan) return Plan(plan_job, device_memory, plan_device, plan_world);
-  if (*make) return MakeModel(preset, out, dtype, seed, vocab);
+  if (*make) return MakeModel(preset, config_file, out, dtype, seed, vocab);
   return 2;
 }

@@ -190,13 +190,15 @@ Status LoadHfWeights(const std::string& dir, Model* model) {
     auto file_it = opened.find(it->second);
     if (file_it == opened.end())
       return Status::NotFound(index.string() + ": shard '" + it->second + "' not loaded");
+    // Stage one tensor in host floats, then upload it (or keep only its NF4 codes).
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    std::vector<float> staging(static_cast<size_t>(n));
+    FT_RETURN_IF_ERROR(file_it->second->ReadFloat(t.name, t.shape, staging.data()));
     if (t.nf4_linear) {
-      // Stage one tensor in floats, then keep only its NF4 codes.
-      Buffer staging(t.shape[0] * t.shape[1], MemCategory::kWorkspace);
-      FT_RETURN_IF_ERROR(file_it->second->ReadFloat(t.name, t.shape, staging.data()));
       model->SetNf4Weight(t.nf4_linear, staging.data());
     } else {
-      FT_RETURN_IF_ERROR(file_it->second->ReadFloat(t.name, t.shape, t.data));
+      model->Upload(t.data, staging.data(), n);
     }
     used.insert(t.name);
   }
@@ -220,7 +222,13 @@ Status SaveHfModel(const std::string& dir, Model& model, DType dtype) {
     if (!out) return Status::IOError(cfg_path + ": write failed");
   }
   std::vector<TensorToWrite> tensors;
-  for (NamedTensor& t : model.NamedWeights()) tensors.push_back({t.name, t.shape, t.data, dtype});
+  std::vector<std::vector<float>> host;  // the weights copied off the model's backend
+  for (NamedTensor& t : model.NamedWeights()) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    host.push_back(model.Download(t.data, n));
+    tensors.push_back({t.name, t.shape, host.back().data(), dtype});
+  }
   return WriteSafetensors((fs::path(dir) / "model.safetensors").string(), std::move(tensors),
                           {{"format", "pt"}},
                           /*sync=*/true);
@@ -231,16 +239,18 @@ void RandomInitModel(Model* model, uint64_t seed) {
   for (NamedTensor& t : model->NamedWeights()) {
     int64_t n = 1;
     for (int64_t d : t.shape) n *= d;
-    Buffer staging;
-    if (t.nf4_linear) {
-      staging = Buffer(n, MemCategory::kWorkspace);
-      t.data = staging.data();
-    }
+    std::vector<float> staging(static_cast<size_t>(n));
+    float* const device = t.data;
+    t.data = staging.data();
     const bool is_norm = t.name.find("norm") != std::string::npos;
     // Fan-in scaling keeps activations and logits O(1) at any width, so a
     // frozen random head still lets a tiny model learn (0.02 would not at width 64).
     const double stddev = 1.0 / std::sqrt(static_cast<double>(t.shape.back()));
     const bool is_bias = t.name.size() > 5 && t.name.compare(t.name.size() - 5, 5, ".bias") == 0;
+    // Counter-based: every element is a pure function of (seed, tensor, i), so the loop parallelises.
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16))
+#endif
     for (int64_t i = 0; i < n; ++i) {
       if (is_norm) {
         t.data[i] = 1.0f;
@@ -255,7 +265,11 @@ void RandomInitModel(Model* model, uint64_t seed) {
             static_cast<float>(stddev * std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * std::numbers::pi * u2));
       }
     }
-    if (t.nf4_linear) model->SetNf4Weight(t.nf4_linear, t.data);
+    if (t.nf4_linear) {
+      model->SetNf4Weight(t.nf4_linear, t.data);
+    } else {
+      model->Upload(device, t.data, n);
+    }
     ++tensor_index;
   }
 }

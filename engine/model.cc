@@ -41,18 +41,21 @@ float LoraSpec::Scale() const {
 
 // Saved tensors of one layer's forward (all [rows, ·]).
 struct Model::LayerActs {
-  Buffer n1, rstd1, q, k, v, att, lse, h, n2, rstd2, g, u, act;
-  Buffer xa[kNumModules];  // LoRA x·Aᵀ (rows, r) per adapted module
+  DeviceBuffer n1, rstd1, q, k, v, att, lse, h, n2, rstd2, g, u, act;
+  DeviceBuffer xa[kNumModules];  // LoRA x·Aᵀ (rows, r) per adapted module
 };
 
 // Arenas sized for the largest micro-batch seen; reused across steps.
 struct Model::Activations {
   int64_t rows = 0, batch = 0;
-  std::vector<Buffer> layer_in;   // L + 1 of (rows, D); [L] is the last layer's output
-  std::vector<LayerActs> layers;  // L, or 1 with activation checkpointing
-  Buffer xf, rstdf;               // final norm
+  std::vector<DeviceBuffer> layer_in;  // L + 1 of (rows, D); [L] is the last layer's output
+  std::vector<LayerActs> layers;       // L, or 1 with activation checkpointing
+  DeviceBuffer xf, rstdf;              // final norm
   // Backward workspace.
-  Buffer grad, dh, dn, dq, dk, dv, datt, dg, du, dact, dxa, drop, logits, dxf;
+  DeviceBuffer grad, dh, dn, dq, dk, dv, datt, dg, du, dact, dxa, drop, logits, dxf;
+  // The micro-batch's integer inputs (int32 [rows] each) and the loss sum (one double).
+  DeviceBuffer ids, targets, positions, segments, loss_sum;
+  bool has_segments = false;
 };
 
 Model::Model(ModelConfig config, ModelOptions options)
@@ -62,28 +65,28 @@ Model::Model(ModelConfig config, ModelOptions options)
   const ModelConfig& c = config_;
   FT_CHECK(c.Validate("config").ok());
   const int64_t D = c.hidden_size, I = c.intermediate_size;
-  embed_ = Buffer(c.vocab_size * D, MemCategory::kWeights);
-  final_norm_ = Buffer(D, MemCategory::kWeights);
-  if (!c.tie_word_embeddings) lm_head_ = Buffer(c.vocab_size * D, MemCategory::kWeights);
+  embed_ = backend_->Alloc(c.vocab_size * D, MemCategory::kWeights);
+  final_norm_ = backend_->Alloc(D, MemCategory::kWeights);
+  if (!c.tie_word_embeddings) lm_head_ = backend_->Alloc(c.vocab_size * D, MemCategory::kWeights);
   layers_.resize(c.num_layers);
   const int64_t dims[kNumModules][2] = {{D, c.q_dim()}, {D, c.kv_dim()}, {D, c.kv_dim()}, {c.q_dim(), D},
                                         {D, I},         {D, I},          {I, D}};
   for (auto& layer : layers_) {
-    layer.attn_norm = Buffer(D, MemCategory::kWeights);
-    layer.mlp_norm = Buffer(D, MemCategory::kWeights);
+    layer.attn_norm = backend_->Alloc(D, MemCategory::kWeights);
+    layer.mlp_norm = backend_->Alloc(D, MemCategory::kWeights);
     for (int m = 0; m < kNumModules; ++m) {
       Linear& lin = layer.proj[m];
       lin.in = dims[m][0];
       lin.out = dims[m][1];
-      if (!options_.nf4) lin.w = Buffer(lin.in * lin.out, MemCategory::kWeights);
+      if (!options_.nf4) lin.w = backend_->Alloc(lin.in * lin.out, MemCategory::kWeights);
       if (c.attention_bias && m <= static_cast<int>(ModuleKind::kV))
-        lin.bias = Buffer(lin.out, MemCategory::kWeights);
+        lin.bias = backend_->Alloc(lin.out, MemCategory::kWeights);
     }
   }
   if (options_.nf4) {
     int64_t largest = 0;
     for (const auto& lin : layers_[0].proj) largest = std::max(largest, lin.in * lin.out);
-    dequant_ = Buffer(largest, MemCategory::kWorkspace);
+    dequant_ = backend_->Alloc(largest, MemCategory::kWorkspace);
   }
 }
 
@@ -135,16 +138,18 @@ Status Model::EnableLora(const LoraSpec& spec) {
       lw->in = lin.in;
       lw->out = lin.out;
       lw->scale = spec.Scale();
-      lw->a = Buffer(spec.r * lin.in, MemCategory::kAdapter);
-      lw->b = Buffer(lin.out * spec.r, MemCategory::kAdapter);
-      lw->da = Buffer(spec.r * lin.in, MemCategory::kGradients);
-      lw->db = Buffer(lin.out * spec.r, MemCategory::kGradients);
+      lw->a = backend_->Alloc(spec.r * lin.in, MemCategory::kAdapter);
+      lw->b = backend_->Alloc(lin.out * spec.r, MemCategory::kAdapter);
+      lw->da = backend_->Alloc(spec.r * lin.in, MemCategory::kGradients);
+      lw->db = backend_->Alloc(lin.out * spec.r, MemCategory::kGradients);
       // PEFT: kaiming_uniform_(a=sqrt(5)) on A gives U(-1/sqrt(in), 1/sqrt(in)); B = 0.
       const float bound = 1.0f / std::sqrt(static_cast<float>(lin.in));
       const uint64_t module_key = static_cast<uint64_t>(l) * kNumModules + static_cast<uint64_t>(m);
+      std::vector<float> a(static_cast<size_t>(lw->a.size()));
       for (int64_t i = 0; i < lw->a.size(); ++i) {
-        lw->a[i] = (2 * UniformFloat(HashKeys(spec.seed, 0xA11A, module_key, i)) - 1) * bound;
+        a[i] = (2 * UniformFloat(HashKeys(spec.seed, 0xA11A, module_key, i)) - 1) * bound;
       }
+      Upload(lw->a.data(), a.data(), lw->a.size());
       lin.lora = std::move(lw);
     }
   }
@@ -155,29 +160,40 @@ Status Model::EnableFullTraining() {
   if (options_.nf4)
     return Status::FailedPrecondition("NF4 base weights cannot be fully fine-tuned; use LoRA");
   full_training_ = true;
-  dembed_ = Buffer(embed_.size(), MemCategory::kGradients);
-  dfinal_norm_ = Buffer(final_norm_.size(), MemCategory::kGradients);
-  if (!lm_head_.empty()) dlm_head_ = Buffer(lm_head_.size(), MemCategory::kGradients);
+  dembed_ = backend_->Alloc(embed_.size(), MemCategory::kGradients);
+  dfinal_norm_ = backend_->Alloc(final_norm_.size(), MemCategory::kGradients);
+  if (!lm_head_.empty()) dlm_head_ = backend_->Alloc(lm_head_.size(), MemCategory::kGradients);
   for (auto& layer : layers_) {
-    layer.dattn_norm = Buffer(layer.attn_norm.size(), MemCategory::kGradients);
-    layer.dmlp_norm = Buffer(layer.mlp_norm.size(), MemCategory::kGradients);
+    layer.dattn_norm = backend_->Alloc(layer.attn_norm.size(), MemCategory::kGradients);
+    layer.dmlp_norm = backend_->Alloc(layer.mlp_norm.size(), MemCategory::kGradients);
     for (auto& lin : layer.proj) {
-      lin.dw = Buffer(lin.w.size(), MemCategory::kGradients);
-      if (!lin.bias.empty()) lin.dbias = Buffer(lin.bias.size(), MemCategory::kGradients);
+      lin.dw = backend_->Alloc(lin.w.size(), MemCategory::kGradients);
+      if (!lin.bias.empty()) lin.dbias = backend_->Alloc(lin.bias.size(), MemCategory::kGradients);
     }
   }
   return Status::OK();
 }
 
 void Model::SetNf4Weight(Linear* lin, const float* values) {
-  cpu::Nf4Tensor q = cpu::QuantizeNf4(values, lin->in * lin->out, options_.nf4_config);
-  const int64_t bytes = q.StorageBytes();
-  lin->nf4 = std::make_unique<Nf4Weight>(Nf4Weight{std::move(q), TrackedBytes(bytes, MemCategory::kWeights)});
+  lin->nf4 = backend_->UploadNf4(cpu::QuantizeNf4(values, lin->in * lin->out, options_.nf4_config),
+                                 MemCategory::kWeights);
+}
+
+std::vector<float> Model::Download(const float* tensor, int64_t n) const {
+  std::vector<float> host(static_cast<size_t>(n));
+  backend_->CopyToHost(host.data(), tensor, n * static_cast<int64_t>(sizeof(float)));
+  return host;
+}
+
+void Model::Upload(float* tensor, const float* host, int64_t n) {
+  backend_->CopyToDevice(tensor, host, n * static_cast<int64_t>(sizeof(float)));
+  // The caller may free `host` next: wait for the copy (a no-op on the CPU).
+  FT_CHECK(backend_->Synchronize().ok());
 }
 
 const float* Model::LinearWeight(Linear& lin) {
   if (!lin.nf4) return lin.w.data();
-  backend_->DequantizeNf4(lin.nf4->q, dequant_.data());
+  backend_->DequantizeNf4(*lin.nf4, dequant_.data());
   Round(dequant_.data(), lin.in * lin.out);
   return dequant_.data();
 }
@@ -242,15 +258,18 @@ void Model::EnsureRope(int64_t max_pos) {
   if (max_pos <= rope_len_) return;
   const int64_t half = config_.head_dim / 2;
   const std::vector<double> inv = RopeInverseFrequencies(config_);
-  rope_cos_ = Buffer(max_pos * half, MemCategory::kWorkspace);
-  rope_sin_ = Buffer(max_pos * half, MemCategory::kWorkspace);
+  std::vector<float> cos_table(static_cast<size_t>(max_pos * half)), sin_table(cos_table.size());
   for (int64_t p = 0; p < max_pos; ++p) {
     for (int64_t i = 0; i < half; ++i) {
       const double angle = static_cast<double>(p) * inv[i];
-      rope_cos_[p * half + i] = static_cast<float>(std::cos(angle));
-      rope_sin_[p * half + i] = static_cast<float>(std::sin(angle));
+      cos_table[p * half + i] = static_cast<float>(std::cos(angle));
+      sin_table[p * half + i] = static_cast<float>(std::sin(angle));
     }
   }
+  rope_cos_ = backend_->Alloc(max_pos * half, MemCategory::kWorkspace);
+  rope_sin_ = backend_->Alloc(max_pos * half, MemCategory::kWorkspace);
+  Upload(rope_cos_.data(), cos_table.data(), max_pos * half);
+  Upload(rope_sin_.data(), sin_table.data(), max_pos * half);
   rope_len_ = max_pos;
 }
 
@@ -264,52 +283,71 @@ void Model::EnsureActivations(int64_t rows, int64_t batch) {
   auto a = std::make_unique<Activations>();
   a->rows = rows;
   a->batch = batch;
-  for (int64_t l = 0; l <= c.num_layers; ++l) a->layer_in.emplace_back(rows * D, act);
+  for (int64_t l = 0; l <= c.num_layers; ++l) a->layer_in.push_back(backend_->Alloc(rows * D, act));
   a->layers.resize(options_.activation_checkpointing ? 1 : c.num_layers);
   for (int l = 0; l < static_cast<int>(a->layers.size()); ++l) {
     LayerActs& s = a->layers[l];
-    s.n1 = Buffer(rows * D, act);
-    s.rstd1 = Buffer(rows, act);
-    s.q = Buffer(rows * Q, act);
-    s.k = Buffer(rows * KV, act);
-    s.v = Buffer(rows * KV, act);
-    s.att = Buffer(rows * Q, act);
-    s.lse = Buffer(rows * c.num_heads, act);
-    s.h = Buffer(rows * D, act);
-    s.n2 = Buffer(rows * D, act);
-    s.rstd2 = Buffer(rows, act);
-    s.g = Buffer(rows * I, act);
-    s.u = Buffer(rows * I, act);
-    s.act = Buffer(rows * I, act);
+    s.n1 = backend_->Alloc(rows * D, act);
+    s.rstd1 = backend_->Alloc(rows, act);
+    s.q = backend_->Alloc(rows * Q, act);
+    s.k = backend_->Alloc(rows * KV, act);
+    s.v = backend_->Alloc(rows * KV, act);
+    s.att = backend_->Alloc(rows * Q, act);
+    s.lse = backend_->Alloc(rows * c.num_heads, act);
+    s.h = backend_->Alloc(rows * D, act);
+    s.n2 = backend_->Alloc(rows * D, act);
+    s.rstd2 = backend_->Alloc(rows, act);
+    s.g = backend_->Alloc(rows * I, act);
+    s.u = backend_->Alloc(rows * I, act);
+    s.act = backend_->Alloc(rows * I, act);
     for (int m = 0; m < kNumModules; ++m) {
-      if (layers_[l].proj[m].lora) s.xa[m] = Buffer(rows * r, act);
+      if (layers_[l].proj[m].lora) s.xa[m] = backend_->Alloc(rows * r, act);
     }
   }
-  a->xf = Buffer(rows * D, act);
-  a->rstdf = Buffer(rows, act);
-  a->grad = Buffer(rows * D, ws);
-  a->dh = Buffer(rows * D, ws);
-  a->dn = Buffer(rows * D, ws);
-  a->dq = Buffer(rows * Q, ws);
-  a->dk = Buffer(rows * KV, ws);
-  a->dv = Buffer(rows * KV, ws);
-  a->datt = Buffer(rows * Q, ws);
-  a->dg = Buffer(rows * I, ws);
-  a->du = Buffer(rows * I, ws);
-  a->dact = Buffer(rows * I, ws);
-  a->dxf = Buffer(rows * D, ws);
+  a->xf = backend_->Alloc(rows * D, act);
+  a->rstdf = backend_->Alloc(rows, act);
+  a->grad = backend_->Alloc(rows * D, ws);
+  a->dh = backend_->Alloc(rows * D, ws);
+  a->dn = backend_->Alloc(rows * D, ws);
+  a->dq = backend_->Alloc(rows * Q, ws);
+  a->dk = backend_->Alloc(rows * KV, ws);
+  a->dv = backend_->Alloc(rows * KV, ws);
+  a->datt = backend_->Alloc(rows * Q, ws);
+  a->dg = backend_->Alloc(rows * I, ws);
+  a->du = backend_->Alloc(rows * I, ws);
+  a->dact = backend_->Alloc(rows * I, ws);
+  a->dxf = backend_->Alloc(rows * D, ws);
   if (r > 0) {
-    a->dxa = Buffer(rows * r, ws);
-    if (lora_spec_.dropout > 0) a->drop = Buffer(rows * std::max({D, I, Q}), ws);
+    a->dxa = backend_->Alloc(rows * r, ws);
+    if (lora_spec_.dropout > 0) a->drop = backend_->Alloc(rows * std::max({D, I, Q}), ws);
   }
   const int64_t chunk =
       options_.loss_chunk_rows > 0 ? options_.loss_chunk_rows : std::max<int64_t>(1, kLossChunkFloats / V);
-  a->logits = Buffer(std::min(rows, chunk) * V, ws);
+  a->logits = backend_->Alloc(std::min(rows, chunk) * V, ws);
+  for (DeviceBuffer* b : {&a->ids, &a->targets, &a->positions, &a->segments}) {
+    *b = backend_->AllocBytes(rows * static_cast<int64_t>(sizeof(int32_t)), ws);
+  }
+  a->loss_sum = backend_->AllocBytes(sizeof(double), ws);
   acts_ = std::move(a);
 }
 
+void Model::UploadBatch(const MicroBatch& mb) {
+  Activations& a = *acts_;
+  const int64_t bytes = mb.rows() * static_cast<int64_t>(sizeof(int32_t));
+  FT_CHECK(static_cast<int64_t>(mb.ids.size()) == mb.rows() && mb.targets.size() == mb.ids.size() &&
+           mb.positions.size() == mb.ids.size());
+  backend_->CopyToDevice(a.ids.data(), mb.ids.data(), bytes);
+  backend_->CopyToDevice(a.targets.data(), mb.targets.data(), bytes);
+  backend_->CopyToDevice(a.positions.data(), mb.positions.data(), bytes);
+  a.has_segments = !mb.segments.empty();
+  if (a.has_segments) {
+    FT_CHECK(mb.segments.size() == mb.ids.size());
+    backend_->CopyToDevice(a.segments.data(), mb.segments.data(), bytes);
+  }
+}
+
 void Model::EmbedForward(const MicroBatch& mb, float* x) {
-  backend_->EmbeddingForward(embed_.data(), mb.ids.data(), mb.rows(), config_.hidden_size, x);
+  backend_->EmbeddingForward(embed_.data(), acts_->ids.as<int32_t>(), mb.rows(), config_.hidden_size, x);
   Round(x, mb.rows() * config_.hidden_size);
 }
 
@@ -325,17 +363,25 @@ const float* Model::DropoutInput(int l, ModuleKind m, const float* x, int64_t ro
   return buf;
 }
 
+// Under bf16, the decoder's linears (base, LoRA and their gradients) take bf16
+// operands, as torch.autocast does; the loss head and merges stay fp32.
+GemmOperands Model::LinearOperands() const {
+  return options_.dtype == ComputeDType::kBF16 ? GemmOperands::kBF16 : GemmOperands::kF32;
+}
+
 void Model::LinearForward(int l, ModuleKind m, const float* x, int64_t rows, float* y, float* xa) {
   Linear& lin = layers_[l][m];
-  backend_->Gemm(false, true, rows, lin.out, lin.in, 1.0f, x, lin.in, LinearWeight(lin), lin.in, 0.0f, y,
-                 lin.out);
+  backend_->Gemm(LinearOperands(), false, true, rows, lin.out, lin.in, 1.0f, x, lin.in, LinearWeight(lin),
+                 lin.in, 0.0f, y, lin.out);
   if (!lin.bias.empty()) backend_->AddBias(y, lin.bias.data(), rows, lin.out);
   if (lin.lora) {
     LoraWeights& lw = *lin.lora;
     const float* xd = DropoutInput(l, m, x, rows, lin.in, acts_->drop.data());
-    backend_->Gemm(false, true, rows, lw.r, lw.in, 1.0f, xd, lw.in, lw.a.data(), lw.in, 0.0f, xa, lw.r);
+    backend_->Gemm(LinearOperands(), false, true, rows, lw.r, lw.in, 1.0f, xd, lw.in, lw.a.data(), lw.in,
+                   0.0f, xa, lw.r);
     Round(xa, rows * lw.r);
-    backend_->Gemm(false, true, rows, lw.out, lw.r, lw.scale, xa, lw.r, lw.b.data(), lw.r, 1.0f, y, lw.out);
+    backend_->Gemm(LinearOperands(), false, true, rows, lw.out, lw.r, lw.scale, xa, lw.r, lw.b.data(), lw.r,
+                   1.0f, y, lw.out);
   }
   Round(y, rows * lin.out);
 }
@@ -343,28 +389,33 @@ void Model::LinearForward(int l, ModuleKind m, const float* x, int64_t rows, flo
 void Model::LinearBackward(int l, ModuleKind m, const float* x, const float* xa, const float* dy,
                            int64_t rows, float* dx, bool accumulate_dx) {
   Linear& lin = layers_[l][m];
-  backend_->Gemm(false, false, rows, lin.in, lin.out, 1.0f, dy, lin.out, LinearWeight(lin), lin.in,
-                 accumulate_dx ? 1.0f : 0.0f, dx, lin.in);
+  backend_->Gemm(LinearOperands(), false, false, rows, lin.in, lin.out, 1.0f, dy, lin.out, LinearWeight(lin),
+                 lin.in, accumulate_dx ? 1.0f : 0.0f, dx, lin.in);
   if (full_training_) {
-    backend_->Gemm(true, false, lin.out, lin.in, rows, 1.0f, dy, lin.out, x, lin.in, 1.0f, lin.dw.data(),
-                   lin.in);
+    backend_->Gemm(LinearOperands(), true, false, lin.out, lin.in, rows, 1.0f, dy, lin.out, x, lin.in, 1.0f,
+                   lin.dw.data(), lin.in);
     if (!lin.bias.empty()) backend_->BiasGrad(dy, rows, lin.out, lin.dbias.data());
   }
   if (!lin.lora) return;
   LoraWeights& lw = *lin.lora;
   float* dxa = acts_->dxa.data();
-  backend_->Gemm(false, false, rows, lw.r, lw.out, 1.0f, dy, lw.out, lw.b.data(), lw.r, 0.0f, dxa, lw.r);
+  backend_->Gemm(LinearOperands(), false, false, rows, lw.r, lw.out, 1.0f, dy, lw.out, lw.b.data(), lw.r,
+                 0.0f, dxa, lw.r);
   Round(dxa, rows * lw.r);
-  backend_->Gemm(true, false, lw.out, lw.r, rows, lw.scale, dy, lw.out, xa, lw.r, 1.0f, lw.db.data(), lw.r);
+  backend_->Gemm(LinearOperands(), true, false, lw.out, lw.r, rows, lw.scale, dy, lw.out, xa, lw.r, 1.0f,
+                 lw.db.data(), lw.r);
   const float* xd = DropoutInput(l, m, x, rows, lw.in, acts_->drop.data());
-  backend_->Gemm(true, false, lw.r, lw.in, rows, lw.scale, dxa, lw.r, xd, lw.in, 1.0f, lw.da.data(), lw.in);
+  backend_->Gemm(LinearOperands(), true, false, lw.r, lw.in, rows, lw.scale, dxa, lw.r, xd, lw.in, 1.0f,
+                 lw.da.data(), lw.in);
   if (lora_spec_.dropout <= 0) {
-    backend_->Gemm(false, false, rows, lw.in, lw.r, lw.scale, dxa, lw.r, lw.a.data(), lw.in, 1.0f, dx, lw.in);
+    backend_->Gemm(LinearOperands(), false, false, rows, lw.in, lw.r, lw.scale, dxa, lw.r, lw.a.data(), lw.in,
+                   1.0f, dx, lw.in);
     return;
   }
   // Through the dropout: d(drop(x))/dx is the same keep mask and scale.
   float* tmp = acts_->drop.data();
-  backend_->Gemm(false, false, rows, lw.in, lw.r, lw.scale, dxa, lw.r, lw.a.data(), lw.in, 0.0f, tmp, lw.in);
+  backend_->Gemm(LinearOperands(), false, false, rows, lw.in, lw.r, lw.scale, dxa, lw.r, lw.a.data(), lw.in,
+                 0.0f, tmp, lw.in);
   backend_->DropoutBackwardAdd(DropoutKeyFor(l, m), tmp, rows, lw.in, dx);
 }
 
@@ -383,15 +434,15 @@ void Model::LayerForward(int l, const MicroBatch& mb, const float* x_in, LayerAc
   LinearForward(l, ModuleKind::kQ, a.n1.data(), rows, a.q.data(), a.xa[Q].data());
   LinearForward(l, ModuleKind::kK, a.n1.data(), rows, a.k.data(), a.xa[K].data());
   LinearForward(l, ModuleKind::kV, a.n1.data(), rows, a.v.data(), a.xa[Vm].data());
-  backend_->RopeApply(a.q.data(), rows, c.num_heads, c.head_dim, mb.positions.data(), rope_cos_.data(),
-                      rope_sin_.data(), false);
-  backend_->RopeApply(a.k.data(), rows, c.num_kv_heads, c.head_dim, mb.positions.data(), rope_cos_.data(),
-                      rope_sin_.data(), false);
+  backend_->RopeApply(a.q.data(), rows, c.num_heads, c.head_dim, acts_->positions.as<int32_t>(),
+                      rope_cos_.data(), rope_sin_.data(), false);
+  backend_->RopeApply(a.k.data(), rows, c.num_kv_heads, c.head_dim, acts_->positions.as<int32_t>(),
+                      rope_cos_.data(), rope_sin_.data(), false);
   Round(a.q.data(), rows * c.q_dim());
   Round(a.k.data(), rows * c.kv_dim());
   cpu::AttentionShape shape{mb.batch,       mb.seq,     c.num_heads,
                             c.num_kv_heads, c.head_dim, 1.0 / std::sqrt(static_cast<double>(c.head_dim))};
-  const int32_t* seg = mb.segments.empty() ? nullptr : mb.segments.data();
+  const int32_t* seg = acts_->has_segments ? acts_->segments.as<int32_t>() : nullptr;
   backend_->AttentionForward(shape, a.q.data(), a.k.data(), a.v.data(), seg, a.att.data(), a.lse.data(),
                              options_.naive_attention);
   Round(a.att.data(), rows * c.q_dim());
@@ -438,13 +489,13 @@ void Model::LayerBackward(int l, const MicroBatch& mb, const float* x_in, LayerA
   Round(w.datt.data(), rows * c.q_dim());
   cpu::AttentionShape shape{mb.batch,       mb.seq,     c.num_heads,
                             c.num_kv_heads, c.head_dim, 1.0 / std::sqrt(static_cast<double>(c.head_dim))};
-  const int32_t* seg = mb.segments.empty() ? nullptr : mb.segments.data();
+  const int32_t* seg = acts_->has_segments ? acts_->segments.as<int32_t>() : nullptr;
   backend_->AttentionBackward(shape, a.q.data(), a.k.data(), a.v.data(), seg, a.att.data(), a.lse.data(),
                               w.datt.data(), w.dq.data(), w.dk.data(), w.dv.data());
-  backend_->RopeApply(w.dq.data(), rows, c.num_heads, c.head_dim, mb.positions.data(), rope_cos_.data(),
-                      rope_sin_.data(), true);
-  backend_->RopeApply(w.dk.data(), rows, c.num_kv_heads, c.head_dim, mb.positions.data(), rope_cos_.data(),
-                      rope_sin_.data(), true);
+  backend_->RopeApply(w.dq.data(), rows, c.num_heads, c.head_dim, acts_->positions.as<int32_t>(),
+                      rope_cos_.data(), rope_sin_.data(), true);
+  backend_->RopeApply(w.dk.data(), rows, c.num_kv_heads, c.head_dim, acts_->positions.as<int32_t>(),
+                      rope_cos_.data(), rope_sin_.data(), true);
   Round(w.dq.data(), rows * c.q_dim());
   Round(w.dk.data(), rows * c.kv_dim());
   Round(w.dv.data(), rows * c.kv_dim());
@@ -469,21 +520,25 @@ LossResult Model::HeadForwardBackward(const MicroBatch& mb, const float* x_last,
   if (logits) logits->assign(static_cast<size_t>(rows * V), 0.0f);
   const int64_t chunk = w.logits.size() / V;
   LossResult result;
+  double* loss_sum = w.loss_sum.as<double>();
+  backend_->Zero(w.loss_sum.data(), 2);  // one double
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const int64_t n = std::min(chunk, rows - r0);
     float* lg = w.logits.data();
     const float* xf = w.xf.data() + r0 * D;
-    backend_->Gemm(false, true, n, V, D, 1.0f, xf, D, HeadWeight(), D, 0.0f, lg, V);
+    backend_->Gemm(GemmOperands::kF32, false, true, n, V, D, 1.0f, xf, D, HeadWeight(), D, 0.0f, lg, V);
     Round(lg, n * V);
     if (logits)
       backend_->CopyToHost(logits->data() + r0 * V, lg, static_cast<int64_t>(sizeof(float)) * n * V);
-    const int32_t* tg = mb.targets.data() + r0;
-    for (int64_t i = 0; i < n; ++i) result.tokens += tg[i] >= 0 ? 1 : 0;
-    backend_->CrossEntropy(lg, tg, n, V, grad_scale, backward ? lg : nullptr, &result.loss_sum);
+    for (int64_t i = r0; i < r0 + n; ++i) result.tokens += mb.targets[i] >= 0 ? 1 : 0;
+    backend_->CrossEntropy(lg, w.targets.as<int32_t>() + r0, n, V, grad_scale, backward ? lg : nullptr,
+                           loss_sum);
     if (!backward) continue;
     // lg now holds d(loss)/d(logits) for these rows.
-    backend_->Gemm(false, false, n, D, V, 1.0f, lg, V, HeadWeight(), D, 0.0f, w.dxf.data() + r0 * D, D);
-    if (float* dhead = HeadGrad()) backend_->Gemm(true, false, V, D, n, 1.0f, lg, V, xf, D, 1.0f, dhead, D);
+    backend_->Gemm(GemmOperands::kF32, false, false, n, D, V, 1.0f, lg, V, HeadWeight(), D, 0.0f,
+                   w.dxf.data() + r0 * D, D);
+    if (float* dhead = HeadGrad())
+      backend_->Gemm(GemmOperands::kF32, true, false, V, D, n, 1.0f, lg, V, xf, D, 1.0f, dhead, D);
   }
   if (backward) {
     Round(w.dxf.data(), rows * D);
@@ -491,6 +546,7 @@ LossResult Model::HeadForwardBackward(const MicroBatch& mb, const float* x_last,
                               w.grad.data(), full_training_ ? dfinal_norm_.data() : nullptr);
     Round(w.grad.data(), rows * D);
   }
+  backend_->CopyToHost(&result.loss_sum, loss_sum, sizeof(double));
   return result;
 }
 
@@ -498,6 +554,7 @@ LossResult Model::Forward(const MicroBatch& mb, std::vector<float>* logits) {
   current_batch_ = &mb;
   EnsureActivations(mb.rows(), mb.batch);
   EnsureRope(*std::max_element(mb.positions.begin(), mb.positions.end()) + 1);
+  UploadBatch(mb);
   Activations& w = *acts_;
   EmbedForward(mb, w.layer_in[0].data());
   for (int l = 0; l < config_.num_layers; ++l) {
@@ -518,6 +575,7 @@ LossResult Model::ForwardBackward(const MicroBatch& mb, float grad_scale) {
   current_batch_ = &mb;
   EnsureActivations(mb.rows(), mb.batch);
   EnsureRope(*std::max_element(mb.positions.begin(), mb.positions.end()) + 1);
+  UploadBatch(mb);
   Activations& w = *acts_;
   const int L = static_cast<int>(config_.num_layers);
   EmbedForward(mb, w.layer_in[0].data());
@@ -535,7 +593,8 @@ LossResult Model::ForwardBackward(const MicroBatch& mb, float grad_scale) {
     LayerBackward(l, mb, w.layer_in[l].data(), *a, w.grad.data());
   }
   if (full_training_) {
-    backend_->EmbeddingBackward(w.grad.data(), mb.ids.data(), mb.rows(), config_.hidden_size, dembed_.data());
+    backend_->EmbeddingBackward(w.grad.data(), w.ids.as<int32_t>(), mb.rows(), config_.hidden_size,
+                                dembed_.data());
   }
   return result;
 }
@@ -545,13 +604,13 @@ void Model::MergeLora() {
     for (auto& lin : layer.proj) {
       if (!lin.lora) continue;
       if (lin.nf4) {  // merge into the dequantized weight: the one the adapter was trained against
-        lin.w = Buffer(lin.in * lin.out, MemCategory::kWeights);
-        backend_->DequantizeNf4(lin.nf4->q, lin.w.data());
+        lin.w = backend_->Alloc(lin.in * lin.out, MemCategory::kWeights);
+        backend_->DequantizeNf4(*lin.nf4, lin.w.data());
         lin.nf4.reset();
       }
       LoraWeights& lw = *lin.lora;
-      backend_->Gemm(false, false, lw.out, lw.in, lw.r, lw.scale, lw.b.data(), lw.r, lw.a.data(), lw.in, 1.0f,
-                     lin.w.data(), lin.in);
+      backend_->Gemm(GemmOperands::kF32, false, false, lw.out, lw.in, lw.r, lw.scale, lw.b.data(), lw.r,
+                     lw.a.data(), lw.in, 1.0f, lin.w.data(), lin.in);
       lin.lora.reset();
     }
   }

@@ -13,6 +13,9 @@
 // Every op goes through the model's Backend (engine/backend.h; the CPU
 // reference unless ModelOptions::backend names another), in the same order
 // whatever the backend, so the CPU run is the reference of every device.
+// Every tensor (weights, NF4 codes, adapters, gradients, activations, RoPE
+// tables, the loss accumulator) lives in that backend's memory; the host
+// reaches it only through Download/Upload (and the backend's copies).
 //
 // Thread safety: a Model is used by one thread at a time; the kernels it calls
 // parallelise internally.
@@ -49,36 +52,34 @@ struct LoraSpec {
   float Scale() const;                      // alpha/r or alpha/sqrt(r)
 };
 
+// Every tensor below lives in the model's backend memory (DeviceBuffer):
+// read and write it from the host only through Model::Download/Upload.
 struct LoraWeights {
   int64_t r = 0, in = 0, out = 0;
   float scale = 1;
-  Buffer a;   // (r, in)   trainable, fp32 master
-  Buffer b;   // (out, r)  trainable, zero at init
-  Buffer da;  // (r, in)
-  Buffer db;  // (out, r)
-};
-
-// A frozen base weight kept in NF4 (QLoRA), with its bytes tracked as weights.
-struct Nf4Weight {
-  cpu::Nf4Tensor q;  // (out, in) row-major, quantized as one vector
-  TrackedBytes tracked;
+  DeviceBuffer a;   // (r, in)   trainable, fp32 master
+  DeviceBuffer b;   // (out, r)  trainable, zero at init
+  DeviceBuffer da;  // (r, in)
+  DeviceBuffer db;  // (out, r)
 };
 
 struct Linear {
   int64_t in = 0, out = 0;
-  Buffer w;  // (out, in); empty when the weight is held in NF4
-  std::unique_ptr<Nf4Weight> nf4;
-  Buffer bias;   // (out) or empty
-  Buffer dw;     // (out, in) full fine-tune only
-  Buffer dbias;  // (out) full fine-tune only
+  DeviceBuffer w;  // (out, in); empty when the weight is held in NF4
+  // QLoRA: the frozen base weight in NF4, (out, in) row-major quantized as
+  // one vector, resident in the backend's memory.
+  std::unique_ptr<DeviceNf4> nf4;
+  DeviceBuffer bias;   // (out) or empty
+  DeviceBuffer dw;     // (out, in) full fine-tune only
+  DeviceBuffer dbias;  // (out) full fine-tune only
   std::unique_ptr<LoraWeights> lora;
 };
 
 struct DecoderLayer {
-  Buffer attn_norm;   // (D)
-  Buffer mlp_norm;    // (D)
-  Buffer dattn_norm;  // (D) full fine-tune only
-  Buffer dmlp_norm;   // (D) full fine-tune only
+  DeviceBuffer attn_norm;   // (D)
+  DeviceBuffer mlp_norm;    // (D)
+  DeviceBuffer dattn_norm;  // (D) full fine-tune only
+  DeviceBuffer dmlp_norm;   // (D) full fine-tune only
   Linear proj[kNumModules];
   Linear& operator[](ModuleKind m) { return proj[static_cast<int>(m)]; }
   const Linear& operator[](ModuleKind m) const { return proj[static_cast<int>(m)]; }
@@ -88,7 +89,9 @@ struct DecoderLayer {
 struct NamedTensor {
   std::string name;  // e.g. "model.layers.0.self_attn.q_proj.weight"
   std::vector<int64_t> shape;
-  float* data = nullptr;         // nullptr for an NF4 linear: give its values to Model::SetNf4Weight
+  // Backend memory (Model::Download/Upload); nullptr for an NF4 linear: give
+  // its values to Model::SetNf4Weight.
+  float* data = nullptr;
   Linear* nf4_linear = nullptr;  // the NF4 linear this tensor fills
 };
 
@@ -96,7 +99,7 @@ struct NamedTensor {
 struct TrainableParam {
   std::string name;  // PEFT key for LoRA, HF name for full fine-tune
   std::vector<int64_t> shape;
-  float* data = nullptr;
+  float* data = nullptr;  // backend memory, like grad
   float* grad = nullptr;
   int64_t numel = 0;
   bool weight_decay = true;  // HF Trainer: no decay for biases and norm weights
@@ -145,6 +148,7 @@ class Model {
   const ModelConfig& config() const { return config_; }
   const ModelOptions& options() const { return options_; }
   Backend& backend() const { return *backend_; }
+  const std::shared_ptr<Backend>& shared_backend() const { return backend_; }
   void set_options(const ModelOptions& options) { options_ = options; }
 
   // Every base weight in HF naming (lm_head absent when tied).
@@ -158,8 +162,15 @@ class Model {
   // for an NF4 model (a quantized weight cannot be trained).
   Status EnableFullTraining();
   // With options.nf4, linear base weights have no float buffer: loaders pass
-  // each one's values here and it is quantized and kept in NF4.
+  // each one's (host) values here; they are quantized on the host and the
+  // codes and scales uploaded to the backend.
   void SetNf4Weight(Linear* lin, const float* values);
+
+  // Host <-> backend copies of n floats of a model tensor (NamedTensor::data,
+  // TrainableParam::data/grad). Download waits for the copy; after Upload the
+  // host memory may be reused at once.
+  std::vector<float> Download(const float* tensor, int64_t n) const;
+  void Upload(float* tensor, const float* host, int64_t n);
   bool nf4() const { return options_.nf4; }
   bool full_training() const { return full_training_; }
   const LoraSpec* lora_spec() const { return lora_enabled_ ? &lora_spec_ : nullptr; }
@@ -187,6 +198,7 @@ class Model {
 
   void EnsureActivations(int64_t rows, int64_t batch);
   void EnsureRope(int64_t max_pos);
+  void UploadBatch(const MicroBatch& mb);  // ids, targets, positions, segments into acts_
   void EmbedForward(const MicroBatch& mb, float* x);
   void LayerForward(int l, const MicroBatch& mb, const float* x_in, LayerActs& a, float* x_out);
   void LayerBackward(int l, const MicroBatch& mb, const float* x_in, LayerActs& a, float* dx);
@@ -195,6 +207,7 @@ class Model {
   void LinearForward(int l, ModuleKind m, const float* x, int64_t rows, float* y, float* xa);
   void LinearBackward(int l, ModuleKind m, const float* x, const float* xa, const float* dy, int64_t rows,
                       float* dx, bool accumulate_dx);
+  GemmOperands LinearOperands() const;
   DropoutKey DropoutKeyFor(int l, ModuleKind m) const;
   const float* DropoutInput(int l, ModuleKind m, const float* x, int64_t rows, int64_t in, float* buf);
   const MicroBatch* current_batch_ = nullptr;  // the micro-batch being processed (for dropout keys)
@@ -207,18 +220,18 @@ class Model {
 
   ModelConfig config_;
   ModelOptions options_;
-  std::shared_ptr<Backend> backend_;        // every op and (later) every buffer goes through it
-  Buffer embed_;                            // (V, D)
-  Buffer final_norm_;                       // (D)
-  Buffer lm_head_;                          // (V, D) or empty when tied
-  Buffer dembed_, dfinal_norm_, dlm_head_;  // full fine-tune only
+  std::shared_ptr<Backend> backend_;              // every op and (later) every buffer goes through it
+  DeviceBuffer embed_;                            // (V, D)
+  DeviceBuffer final_norm_;                       // (D)
+  DeviceBuffer lm_head_;                          // (V, D) or empty when tied
+  DeviceBuffer dembed_, dfinal_norm_, dlm_head_;  // full fine-tune only
   std::vector<DecoderLayer> layers_;
   bool lora_enabled_ = false;
   bool full_training_ = false;
-  Buffer dequant_;  // scratch for one dequantized linear weight (NF4 only)
+  DeviceBuffer dequant_;  // scratch for one dequantized linear weight (NF4 only)
   LoraSpec lora_spec_;
 
-  Buffer rope_cos_, rope_sin_;  // (rope_len_, hd/2)
+  DeviceBuffer rope_cos_, rope_sin_;  // (rope_len_, hd/2)
   int64_t rope_len_ = 0;
   std::unique_ptr<Activations> acts_;
 };

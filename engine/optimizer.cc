@@ -18,17 +18,18 @@ double LrMultiplier(const std::string& schedule, int64_t step, int64_t warmup, i
   return std::max(0.0, 0.5 * (1.0 + std::cos(std::numbers::pi * 2.0 * 0.5 * progress)));
 }
 
-AdamWOptimizer::AdamWOptimizer(std::vector<TrainableParam> params, OptimizerConfig config)
-    : params_(std::move(params)), config_(config) {
+AdamWOptimizer::AdamWOptimizer(std::vector<TrainableParam> params, OptimizerConfig config,
+                               std::shared_ptr<Backend> backend)
+    : params_(std::move(params)), config_(config), backend_(std::move(backend)) {
   for (const TrainableParam& p : params_) {
-    m_.emplace_back(p.numel, MemCategory::kOptimizer);
-    v_.emplace_back(p.numel, MemCategory::kOptimizer);
+    m_.push_back(backend_->Alloc(p.numel, MemCategory::kOptimizer));
+    v_.push_back(backend_->Alloc(p.numel, MemCategory::kOptimizer));
   }
 }
 
 double AdamWOptimizer::GradNorm() const {
   double sum = 0;
-  for (const TrainableParam& p : params_) sum += cpu::SumSquares<float>(p.grad, p.numel);
+  for (const TrainableParam& p : params_) sum += backend_->SumSquares(p.grad, p.numel);
   return std::sqrt(sum);
 }
 
@@ -36,7 +37,7 @@ void AdamWOptimizer::ClipAndStep(double grad_norm, double lr) {
   if (config_.max_grad_norm > 0) {
     const double coef = config_.max_grad_norm / (grad_norm + 1e-6);
     if (coef < 1.0) {
-      for (const TrainableParam& p : params_) cpu::Scale<float>(p.numel, static_cast<float>(coef), p.grad);
+      for (const TrainableParam& p : params_) backend_->Scale(p.numel, static_cast<float>(coef), p.grad);
     }
   }
   ++step_;
@@ -44,7 +45,7 @@ void AdamWOptimizer::ClipAndStep(double grad_norm, double lr) {
     const TrainableParam& p = params_[i];
     cpu::AdamWParams hp{
         lr, config_.beta1, config_.beta2, config_.eps, p.weight_decay ? config_.weight_decay : 0.0, step_};
-    cpu::AdamW<float>(hp, p.numel, p.data, p.grad, m_[i].data(), v_[i].data());
+    backend_->AdamW(hp, p.numel, p.data, p.grad, m_[i].data(), v_[i].data());
   }
 }
 

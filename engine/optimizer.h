@@ -2,9 +2,13 @@
 // gradient-norm clipping like torch.nn.utils.clip_grad_norm_, and the LR
 // schedules of HF's get_{cosine,linear,constant}_schedule_with_warmup.
 //
+// The moments live in the model's backend memory and every update runs there
+// (Backend::SumSquares, Scale, AdamW): the same definitions on every device.
+//
 // Thread safety: one thread at a time.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,8 +28,10 @@ double LrMultiplier(const std::string& schedule, int64_t step, int64_t warmup, i
 
 class AdamWOptimizer {
  public:
-  // `params` must stay valid (they point into the model).
-  AdamWOptimizer(std::vector<TrainableParam> params, OptimizerConfig config);
+  // `params` must stay valid (they point into the model, whose backend is
+  // `backend`: Model::shared_backend()).
+  AdamWOptimizer(std::vector<TrainableParam> params, OptimizerConfig config,
+                 std::shared_ptr<Backend> backend);
 
   // sqrt(Σ g²) over all grads, in a fixed order (deterministic).
   double GradNorm() const;
@@ -36,14 +42,15 @@ class AdamWOptimizer {
   int64_t step() const { return step_; }
   void set_step(int64_t step) { step_ = step; }
   const std::vector<TrainableParam>& params() const { return params_; }
-  // First and second moments, parallel to params().
-  std::vector<Buffer>& exp_avg() { return m_; }
-  std::vector<Buffer>& exp_avg_sq() { return v_; }
+  // First and second moments, parallel to params() (backend memory).
+  std::vector<DeviceBuffer>& exp_avg() { return m_; }
+  std::vector<DeviceBuffer>& exp_avg_sq() { return v_; }
 
  private:
   std::vector<TrainableParam> params_;
   OptimizerConfig config_;
-  std::vector<Buffer> m_, v_;
+  std::shared_ptr<Backend> backend_;  // declared before the moments: outlives them
+  std::vector<DeviceBuffer> m_, v_;
   int64_t step_ = 0;  // updates applied so far
 };
 

@@ -43,8 +43,11 @@ Status SavePeftAdapter(const std::string& dir, Model& model, const std::string& 
   FT_RETURN_IF_ERROR(WriteFileDurably((fs::path(dir) / "adapter_config.json").string(),
                                       PeftAdapterConfigJson(*spec, base_model)));
   std::vector<TensorToWrite> tensors;
-  for (const TrainableParam& p : model.TrainableParams())
-    tensors.push_back({p.name, p.shape, p.data, DType::kF32});
+  std::vector<std::vector<float>> host;  // the adapters copied off the model's backend
+  for (const TrainableParam& p : model.TrainableParams()) {
+    host.push_back(model.Download(p.data, p.numel));
+    tensors.push_back({p.name, p.shape, host.back().data(), DType::kF32});
+  }
   return WriteSafetensors((fs::path(dir) / "adapter_model.safetensors").string(), std::move(tensors),
                           {{"format", "pt"}}, /*sync=*/true);
 }
@@ -96,7 +99,9 @@ Status LoadPeftAdapter(const std::string& dir, Model* model) {
   FT_ASSIGN_OR_RETURN(auto file,
                       SafetensorsFile::Open((fs::path(dir) / "adapter_model.safetensors").string()));
   for (const TrainableParam& p : model->TrainableParams()) {
-    FT_RETURN_IF_ERROR(file->ReadFloat(p.name, p.shape, p.data));
+    std::vector<float> host(static_cast<size_t>(p.numel));
+    FT_RETURN_IF_ERROR(file->ReadFloat(p.name, p.shape, host.data()));
+    model->Upload(p.data, host.data(), p.numel);
   }
   return Status::OK();
 }

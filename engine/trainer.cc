@@ -120,12 +120,24 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
                                  ": model.dtype: fp16 needs dynamic loss scaling, not available on the CPU "
                                  "backend; use bf16 or fp32");
   }
-  if (spec.resources.device == "cuda") {
-    return Status::Unimplemented(
-        f + ": resources.device: the CUDA engine is not built into ft-train yet; use cpu");
-  }
   FT_ASSIGN_OR_RETURN(ModelConfig config, ReadHfConfig(spec.model.path));
-  FT_ASSIGN_OR_RETURN(int64_t device_bytes, HostAvailableBytes());
+  // resources.device: cuda needs a CUDA build and a visible device; auto takes one when there is.
+  std::shared_ptr<Backend> backend = CpuBackendInstance();
+  if (spec.resources.device != "cpu") {
+    auto cuda = CreateBackend(DeviceKind::kCuda);
+    if (cuda.ok()) {
+      backend = std::move(*cuda);
+    } else if (spec.resources.device == "cuda") {
+      return cuda.status().WithContext(f + ": resources.device: cuda");
+    }
+  }
+  int64_t device_bytes = 0;
+  if (backend->kind() == DeviceKind::kCpu) {
+    FT_ASSIGN_OR_RETURN(device_bytes, HostAvailableBytes());
+  } else {
+    FT_ASSIGN_OR_RETURN(auto mem, backend->MemoryInfo());
+    device_bytes = mem.first;
+  }
   FT_ASSIGN_OR_RETURN(tr->plan_, ChooseBatchPlan(spec, config, device_bytes));
   if (config.sliding_window > 0 && spec.data.seq_len > config.sliding_window) {
     return Status::Unimplemented(
@@ -139,6 +151,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
   options.naive_attention = spec.train.attention == "naive";
   options.nf4 = spec.model.quantization == "nf4";
   options.nf4_config = {64, spec.model.double_quant, 256};
+  options.backend = backend;
   tr->model_ = std::make_unique<Model>(config, options);
   FT_RETURN_IF_ERROR(LoadHfWeights(spec.model.path, tr->model_.get()));
   if (options.dtype == ComputeDType::kBF16) {
@@ -146,7 +159,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
       if (!t.data) continue;  // NF4 weights are rounded when dequantized
       int64_t n = 1;
       for (int64_t d : t.shape) n *= d;
-      cpu::RoundToBf16(t.data, n);
+      backend->RoundToBf16(t.data, n);
     }
   }
   if (spec.adapter.type == "full") {
@@ -178,7 +191,10 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
   tr->total_steps_ = spec.train.max_steps > 0 ? spec.train.max_steps : spec.train.epochs * steps_per_epoch;
   OptimizerConfig oc{spec.train.adam_beta1, spec.train.adam_beta2, spec.train.adam_eps,
                      spec.train.weight_decay, spec.train.max_grad_norm};
-  tr->optimizer_ = std::make_unique<AdamWOptimizer>(tr->model_->TrainableParams(), oc);
+  tr->optimizer_ = std::make_unique<AdamWOptimizer>(tr->model_->TrainableParams(), oc, backend);
+  FT_RETURN_IF_ERROR(
+      backend->Synchronize().WithContext(f + ": loading the model onto " + backend->Describe()));
+  FT_LOG(INFO) << "training on " << backend->Describe();
   return tr;
 }
 
@@ -220,6 +236,8 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
       spec_.train.lr * LrMultiplier(spec_.train.lr_schedule, update, spec_.train.warmup_steps, total_steps_);
   const double norm = optimizer_->GradNorm();
   optimizer_->ClipAndStep(norm, lr);
+  FT_RETURN_IF_ERROR(model_->backend().Synchronize().WithContext(spec_.file + ": training step on " +
+                                                                 model_->backend().Describe()));
   cursor_ += global;
   tokens_seen_ += tokens;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -334,11 +352,11 @@ CheckpointContents Trainer::Capture(const std::string& reason) {
   const auto& params = optimizer_->params();
   for (size_t i = 0; i < params.size(); ++i) {
     const TrainableParam& p = params[i];
-    c.model.push_back({p.name, p.shape, std::vector<float>(p.data, p.data + p.numel)});
-    const float* m = optimizer_->exp_avg()[i].data();
-    const float* v = optimizer_->exp_avg_sq()[i].data();
-    c.optimizer.push_back({p.name + ".exp_avg", p.shape, std::vector<float>(m, m + p.numel)});
-    c.optimizer.push_back({p.name + ".exp_avg_sq", p.shape, std::vector<float>(v, v + p.numel)});
+    c.model.push_back({p.name, p.shape, model_->Download(p.data, p.numel)});
+    c.optimizer.push_back(
+        {p.name + ".exp_avg", p.shape, model_->Download(optimizer_->exp_avg()[i].data(), p.numel)});
+    c.optimizer.push_back(
+        {p.name + ".exp_avg_sq", p.shape, model_->Download(optimizer_->exp_avg_sq()[i].data(), p.numel)});
   }
   if (model_->full_training()) {
     c.model_config_json = HfConfigJson(model_->config());
@@ -371,7 +389,7 @@ Status Trainer::Restore(const CheckpointContents& c, const std::string& from) {
     if (it == by_name.end()) return Status::Corruption(from + ": tensor '" + name + "' missing");
     if (it->second->shape != shape)
       return Status::Corruption(from + ": tensor '" + name + "' has the wrong shape");
-    std::memcpy(dst, it->second->data.data(), sizeof(float) * static_cast<size_t>(n));
+    model_->Upload(dst, it->second->data.data(), n);
     return Status::OK();
   };
   for (size_t i = 0; i < params.size(); ++i) {

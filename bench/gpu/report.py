@@ -1,14 +1,25 @@
 #!/usr/bin/env python3
-"""Joins kernel_bench.cc's and torch_peer.py's JSON lines into one table.
+"""The tables of docs/PERFORMANCE.md, from the files bench/gpu/run.sh collects.
 
-Usage: report.py OURS.jsonl TORCH.jsonl TESTS_STATUS DEVICE OUT.md
-Prints the table and writes OUT.md (docs/PERFORMANCE.md's format) with the
-device, the date, the CUDA test status and the ratios ftune / torch
-(throughput: > 1 means ftune is faster). Rows one side lacks say so.
+  report.py user-job METRICS.jsonl PLAN.txt SMI_MEM.txt
+      one JSON line ("impl": "ftune") for the user's job: median tokens/s and
+      step time over the steps after the first two, the engine's tracked peak
+      (every allocation of the device backend), nvidia-smi's peak (adds the
+      CUDA context and cuBLASLt's workspace), the planner's predicted total.
+  report.py table OURS.jsonl TORCH.jsonl TESTS_STATUS DEVICE OUT.md
+                  PARITY.txt RESUME.txt RESUME_STATUS USER_JOB.jsonl
+      prints the tables and writes OUT.md with the device, the date, the CUDA
+      test status, the whole-model parity and cross-device resume lines, the
+      user's job beside PyTorch+PEFT, and the kernel ratios ftune / torch
+      (throughput: > 1 means ftune is faster). Rows one side lacks say so.
 """
 import datetime
 import json
+import re
+import statistics
 import sys
+
+GIB = 1 << 30
 
 
 def load(path):
@@ -24,8 +35,70 @@ def load(path):
     return recs
 
 
-def main():
-    ours_path, torch_path, tests_status, device, out_path = sys.argv[1:6]
+def user_job(metrics_path, plan_path, smi_path):
+    steps = [r for r in load(metrics_path) if "loss" in r]
+    timed = steps[2:] if len(steps) > 2 else steps
+    plan = open(plan_path).read() if plan_path else ""
+    m = re.search(r"^\s*total\s+([0-9.]+) (GiB|MiB)", plan, re.M)
+    predicted = float(m.group(1)) / (1024 if m and m.group(2) == "MiB" else 1) if m else None
+    try:
+        smi = max(float(x) for x in open(smi_path).read().split() if x.strip()) / 1024
+    except (OSError, ValueError):
+        smi = None
+    rec = {"impl": "ftune", "op": "user_job", "steps": len(steps),
+           "tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed) if timed else None,
+           "step_ms_median": 1e3 * statistics.median(r["step_seconds"] for r in timed) if timed else None,
+           "peak_tracked_gib": max(r["peak_bytes"] for r in steps) / GIB if steps else None,
+           "peak_by_category_gib": {k: v / GIB for k, v in steps[-1]["peak_bytes_by_category"].items()}
+           if steps else None,
+           "smi_peak_gib": smi, "predicted_gib": predicted,
+           "losses": [r["loss"] for r in steps]}
+    print(json.dumps(rec))
+    return 0 if steps else 1
+
+
+def user_rows(path):
+    recs = load(path)
+    ours = next((r for r in recs if r.get("impl") == "ftune"), None)
+    peer = next((r for r in recs if r.get("impl") == "torch+peft"), None)
+    f = lambda v, d=2: "—" if v is None else f"{v:.{d}f}"
+    rows = ["| run | tokens/s | step ms | peak GiB (allocator) | peak GiB (nvidia-smi) | predicted GiB |",
+            "|---|---|---|---|---|---|"]
+    if ours:
+        rows.append(f"| ftune QLoRA NF4+DQ r=16 all linears, seq 2048, batch 1, act. ckpt, fp32 storage "
+                    f"(bf16 rounding) | {f(ours.get('tokens_per_s'), 0)} | {f(ours.get('step_ms_median'), 0)} | "
+                    f"{f(ours.get('peak_tracked_gib'))} | {f(ours.get('smi_peak_gib'))} | "
+                    f"{f(ours.get('predicted_gib'))} |")
+    else:
+        rows.append("| ftune QLoRA | not run (see run.log) | | | | |")
+    if peer and "error" not in peer:
+        rows.append(f"| PyTorch {peer.get('torch')} + transformers {peer.get('transformers')} + PEFT "
+                    f"{peer.get('peft')}: bf16 LoRA r={peer.get('r')} all linears, seq {peer.get('seq')}, batch "
+                    f"{peer.get('batch')}, grad ckpt, adapters {peer.get('adapter_dtype')} | "
+                    f"{f(peer.get('tokens_per_s'), 0)} | {f(peer.get('step_ms_median'), 0)} | "
+                    f"{f(peer.get('max_memory_allocated_gib'))} | (reserved {f(peer.get('max_memory_reserved_gib'))}) | — |")
+    else:
+        rows.append(f"| PyTorch + PEFT | {'failed: ' + peer['error'] if peer else 'not run'} | | | | |")
+    rows.append("| torchtune QLoRA Llama-3-8B, batch 2 (published, shared/TARGETS.md) | — | — | 7.4 | — | — |")
+    ratio = ""
+    if ours and peer and ours.get("tokens_per_s") and peer.get("tokens_per_s"):
+        ratio = (f"\nftune / PyTorch+PEFT tokens/s: **{ours['tokens_per_s'] / peer['tokens_per_s']:.2f}x** "
+                 f"(aim ≥ 1.5x); peak (allocator) ftune {ours['peak_tracked_gib']:.2f} GiB (aim ≤ 6.5 GiB).\n"
+                 f"ftune peak by category (GiB): "
+                 + ", ".join(f"{k} {v:.2f}" for k, v in (ours.get("peak_by_category_gib") or {}).items() if v > 0)
+                 + "\n")
+    return "\n".join(rows) + "\n" + ratio
+
+
+def table(argv):
+    ours_path, torch_path, tests_status, device, out_path = argv[:5]
+    parity_path, resume_path, resume_status, user_path = (argv[5:9] + [None] * 4)[:4]
+    def lines(p):
+        try:
+            return [l.rstrip() for l in open(p)] if p else []
+        except OSError:
+            return []
+    parity, resume = lines(parity_path), lines(resume_path)
     ours = {(r["op"], r["case"]): r for r in load(ours_path)}
     torch_recs = load(torch_path)
     info = next((r for r in torch_recs if r["op"] == "info"), {})
@@ -39,8 +112,6 @@ def main():
         ratio = f"{b['ms'] / a['ms']:.2f}x" if a and b else "—"
         rows.append(f"| {key[0]} | {key[1]} | {fmt(a, 'ms')} | {fmt(a, 'tflops')} | {fmt(b, 'ms')} | "
                     f"{fmt(b, 'tflops')} | {ratio} |")
-    rows.append("| qlora_step | Llama-shape QLoRA step, tokens/s and peak memory vs PyTorch+PEFT | "
-                "TODO: needs the engine on CUDA (issue #9, not yet built) | — | — | — | — |")
     ceil = [r for r in torch_recs if r["op"] == "copy" or "(ceiling)" in r.get("case", "")]
     ceil_lines = [f"- {r['case']}: {r['ms']:.3f} ms" + (f", {r['gbps']} GB/s" if "gbps" in r else "") +
                   (f", {r['tflops']} TF/s" if "tflops" in r else "") for r in ceil]
@@ -50,7 +121,28 @@ def main():
     doc = f"""# Performance (GPU)
 
 Written by `bench/gpu/run.sh` on **{device}**, {date}; torch {info.get('torch', '?')}.
-CUDA op tests (`ctest -L gpu`): **{tests_status}**.
+CUDA tests (`ctest -L gpu`: ops against the CPU reference, and the whole
+model against the CPU backend): **{tests_status}**.
+
+## Whole model, CUDA against the CPU backend
+
+tests/engine/cuda_parity_test.cc: the same random model (2 layers, hidden 256,
+head dim 64/128), adapters (r = 8, all linears), micro-batches and AdamW,
+6 steps on each backend. Bounds: fp32 1e-4 on losses and grad norms, 1e-3 on
+trained tensors; bf16 rounding 1e-2 on losses (the bf16 goldens), 5e-2 on grad
+norms and tensors.
+
+{chr(10).join("- " + l[len("PARITY "):] for l in parity) if parity else "- (no PARITY lines: see tests.log)"}
+
+## Checkpoints across devices (ft-train, cross_resume.py): {resume_status}
+
+{chr(10).join("- " + l[len("RESUME "):] for l in resume) if resume else "- (not run)"}
+
+## The user's job: QLoRA of a Llama-3-8B-shaped model at seq 2048
+
+{user_rows(user_path) if user_path else "(not run)"}
+
+## Kernels
 
 Each figure is the median of CUDA-event-timed runs after warm-up, on random
 bf16 inputs, ftune and PyTorch one after the other on the same GPU in the same
@@ -66,11 +158,22 @@ Device ceilings measured in the same run (PyTorch):
 How to read it: the attention kernels are the first, correctness-first
 version (fp32 math on CUDA cores, 32x32 tiles, no tensor cores), so expect a
 large gap to SDPA until the tensor-core version lands; the GEMM goes through
-cuBLASLt like torch.matmul, so its ratio should be near 1.
+cuBLASLt like torch.matmul, so its ratio should be near 1. The engine still
+stores every tensor in fp32 (bf16 is rounding points only) and runs its GEMMs
+with true fp32 compute: the user's job's gap to PEFT comes from there first
+(typed bf16 storage and tensor-core GEMMs: the issue "The engine on the device").
 """
     with open(out_path, "w") as f:
         f.write(doc)
     return 0
+
+
+def main():
+    if len(sys.argv) >= 2 and sys.argv[1] == "user-job":
+        return user_job(*sys.argv[2:5])
+    if len(sys.argv) >= 2 and sys.argv[1] == "table":
+        return table(sys.argv[2:])
+    return table(sys.argv[1:])  # the old positional form
 
 
 if __name__ == "__main__":

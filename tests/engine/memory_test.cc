@@ -80,7 +80,7 @@ Measured Measure(const MemCase& s) {
         for (int64_t i = 0; i < p.numel; ++i) p.data[i] = 0.01f * (UniformFloat(HashKeys(9, i)) - 0.5f);
       }
     }
-    AdamWOptimizer opt(model.TrainableParams(), {});
+    AdamWOptimizer opt(model.TrainableParams(), {}, model.shared_backend());
     MicroBatch mb = FullBatch(s.micro, s.seq, SmallLlama().vocab_size);
     model.ZeroGrads();
     out.loss = model.ForwardBackward(mb, 1.0f / 100).loss_sum;
@@ -263,7 +263,7 @@ TEST(MemoryTechniquesTest, PeakTableWithEachTechnique) {
       lora.r = 8;
       lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
       ASSERT_TRUE(model.EnableLora(lora).ok());
-      AdamWOptimizer opt(model.TrainableParams(), {});
+      AdamWOptimizer opt(model.TrainableParams(), {}, model.shared_backend());
       MicroBatch mb;
       mb.batch = 4;
       mb.seq = 256;

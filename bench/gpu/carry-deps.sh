@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Packs the Debian libraries the engine needs beyond what a GPU machine has
+# (PCRE2 and ICU for the tokenizers, CLI11 for ft-train) into
+# .carry/ftdeps.tar.xz, for bench/gpu/run.sh to unpack under /tmp/ftdeps and
+# build ft-train and the engine tests against. The GPU machine has no network
+# and none of our Debian packages; it does have nvcc, CMake, yaml-cpp,
+# nlohmann-json and OpenSSL.
+# Usage (on the development machine, Debian 12): bench/gpu/carry-deps.sh
+# then run the device command with carry [".carry/googletest", ".carry/ftdeps.tar.xz"].
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+prefix=/tmp/ftdeps  # where run.sh unpacks it; the .pc files name it
+(cd "$work" && apt-get download libpcre2-dev libpcre2-8-0 libicu-dev libicu72 libcli11-dev > /dev/null 2>&1)
+mkdir -p "$work/x"
+for f in "$work"/*.deb; do dpkg -x "$f" "$work/x"; done
+lib=usr/lib/x86_64-linux-gnu
+keep="$work/keep$prefix"
+mkdir -p "$keep/$lib/pkgconfig" "$keep/usr/share"
+cp -a "$work/x/usr/include" "$keep/usr/"
+cp -a "$work/x/usr/share/cmake" "$work/x/usr/share/pkgconfig" "$keep/usr/share/"
+for l in libpcre2-8 libicuuc libicudata; do cp -a "$work/x/$lib/$l".so* "$keep/$lib/"; done
+for pc in libpcre2-8 icu-uc; do
+  sed "s|^prefix=.*|prefix=$prefix/usr|; s|^prefix = .*|prefix = $prefix/usr|" "$work/x/$lib/pkgconfig/$pc.pc" \
+    > "$keep/$lib/pkgconfig/$pc.pc"
+done
+mkdir -p "$root/.carry"
+tar -C "$work/keep" -cJf "$root/.carry/ftdeps.tar.xz" "${prefix#/}"
+ls -la "$root/.carry/ftdeps.tar.xz"
