@@ -2,6 +2,7 @@
 // tracked allocation and the backend factory.
 #include "engine/backend.h"
 
+#include <cstdlib>
 #include <new>
 
 namespace ft {
@@ -19,8 +20,21 @@ StatusOr<DeviceKind> ParseDeviceKind(const std::string& name) {
   return Status::InvalidArgument("unknown device '" + name + "' (known: cpu, cuda)");
 }
 
+namespace {
+std::shared_ptr<Backend> DefaultCpuBackend() {
+  static const std::shared_ptr<Backend> instance = [] {
+    const char* mib = std::getenv("FT_GUARDED_DEVICE_MEMORY");
+    if (mib == nullptr || *mib == '\0') return CpuBackendInstance();
+    const long long n = std::atoll(mib);
+    FT_CHECK(n > 0);  // FT_GUARDED_DEVICE_MEMORY: the guarded arena's capacity in MiB
+    return MakeGuardedCpuBackend(static_cast<int64_t>(n) << 20);
+  }();
+  return instance;
+}
+}  // namespace
+
 StatusOr<std::shared_ptr<Backend>> CreateBackend(DeviceKind kind) {
-  if (kind == DeviceKind::kCpu) return CpuBackendInstance();
+  if (kind == DeviceKind::kCpu) return DefaultCpuBackend();
 #ifdef FT_HAVE_CUDA
   return CreateCudaBackend();
 #else

@@ -225,7 +225,16 @@ class Backend {
 
 // The process-wide CPU reference backend.
 std::shared_ptr<Backend> CpuBackendInstance();
-// The backend for `kind`: CPU always; CUDA when built with it (FT_HAVE_CUDA)
+// A CPU backend whose device memory the host cannot reach: one arena of
+// `capacity_bytes`, PROT_NONE except while a backend call runs, so a host
+// dereference of device memory faults as it would on a GPU; allocations past
+// the capacity fail like a full device's (engine/guarded_backend.cc). Ops are
+// the CPU reference's, bit for bit. For tests; see CreateBackend.
+std::shared_ptr<Backend> MakeGuardedCpuBackend(int64_t capacity_bytes);
+// The backend for `kind`: CPU always (the guarded one of
+// MakeGuardedCpuBackend, one per process, when the environment sets
+// FT_GUARDED_DEVICE_MEMORY to its capacity in MiB: how CI runs the model,
+// checkpoint and memory tests with device memory kept apart); CUDA when built with it (FT_HAVE_CUDA)
 // and a device is visible (FailedPrecondition "no CUDA device: ..." when
 // none is, Unimplemented "built without CUDA" when the build has no CUDA).
 StatusOr<std::shared_ptr<Backend>> CreateBackend(DeviceKind kind);

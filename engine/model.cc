@@ -61,7 +61,7 @@ struct Model::Activations {
 Model::Model(ModelConfig config, ModelOptions options)
     : config_(std::move(config)),
       options_(options),
-      backend_(options_.backend ? options_.backend : CpuBackendInstance()) {
+      backend_(options_.backend ? options_.backend : *CreateBackend(DeviceKind::kCpu)) {
   const ModelConfig& c = config_;
   FT_CHECK(c.Validate("config").ok());
   const int64_t D = c.hidden_size, I = c.intermediate_size;

@@ -129,8 +129,9 @@ struct ModelOptions {
   bool activation_checkpointing = false;  // keep layer inputs only; recompute in backward
   bool naive_attention = false;           // reference attention (materialises scores)
   int64_t loss_chunk_rows = 0;            // rows per cross-entropy chunk; 0 = auto (bounded memory)
-  // The device the ops run on (engine/backend.h); null = the CPU reference
-  // backend. Read once, by the constructor: set_options cannot move a model.
+  // The device the ops run on (engine/backend.h); null = CreateBackend(kCpu)
+  // (the CPU reference backend, or the guarded one in tests). Read once, by the constructor: set_options
+  // cannot move a model.
   std::shared_ptr<Backend> backend;
 };
 

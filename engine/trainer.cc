@@ -122,7 +122,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
   }
   FT_ASSIGN_OR_RETURN(ModelConfig config, ReadHfConfig(spec.model.path));
   // resources.device: cuda needs a CUDA build and a visible device; auto takes one when there is.
-  std::shared_ptr<Backend> backend = CpuBackendInstance();
+  FT_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, CreateBackend(DeviceKind::kCpu));
   if (spec.resources.device != "cpu") {
     auto cuda = CreateBackend(DeviceKind::kCuda);
     if (cuda.ok()) {

@@ -39,6 +39,10 @@ bool ForAttempt(const WorkerMessage& m, const std::string& job_id, int64_t epoch
 
 Session::Session(SessionOptions options, SessionDelegate* delegate)
     : options_(std::move(options)), delegate_(delegate), heartbeat_(options_.default_heartbeat) {
+  NewChannel();
+}
+
+void Session::NewChannel() {
   grpc::ChannelArguments args;
   // gRPC's own reconnect backoff (default up to 2 minutes) would hold back ours.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, static_cast<int>(options_.backoff_initial.count()));
@@ -147,6 +151,10 @@ void Session::Run() {
     grpc::Status status;
     const bool registered = RunStream(&status);
     failures = registered ? 0 : failures + 1;
+    // A channel whose connects failed keeps gRPC's own backoff state and can
+    // fail new streams fast for seconds after the daemon is back (seen: 4 s
+    // after a restart, past a 3 s lease); the next try gets a fresh channel.
+    if (!registered) NewChannel();
     LogStreamEnd(registered, status, failures);
     std::unique_lock<std::mutex> lock(mu_);
     if (cv_.wait_for(lock, Backoff(failures), [this] { return closing_; })) break;

@@ -1,6 +1,8 @@
 // The worker's side of Workers.Session: one bidirectional gRPC stream to ftd,
-// re-established with jittered exponential backoff (100 ms → 5 s) whenever it
-// breaks, for as long as the worker runs.
+// re-established with jittered exponential backoff (100 ms → 1 s) whenever it
+// breaks, for as long as the worker runs. The cap is short on purpose: after
+// a daemon restart the worker must be back before its lease expires, or its
+// running attempts are requeued while their trainers still run.
 //
 // Each stream starts with Register (built fresh by the delegate, so it lists
 // the attempts running now); once the daemon answers Registered, queued
@@ -42,7 +44,7 @@ struct SessionOptions {
   // TLS or plaintext (proto/credentials.h); null = plaintext.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   std::chrono::milliseconds backoff_initial{100};
-  std::chrono::milliseconds backoff_max{5000};
+  std::chrono::milliseconds backoff_max{1000};        // well under any lease (the e2e tests use 3 s)
   std::chrono::milliseconds register_timeout{10000};  // Registered must come this soon
   std::chrono::milliseconds default_heartbeat{5000};  // when Registered names none
   std::chrono::milliseconds resend_window{10000};     // see the file comment
@@ -108,6 +110,7 @@ class Session : public ReportSink {
 
   const SessionOptions options_;
   SessionDelegate* const delegate_;
+  void NewChannel();  // channel_ and stub_ for options_.target (only the Run thread, or the constructor)
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<ftune::v1::Workers::Stub> stub_;
   std::thread thread_;

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <new>
 #include <vector>
 
 namespace ft {
@@ -103,6 +105,53 @@ TEST(Backend, Bf16OperandGemmRoundsTheOperandsFirst) {
   be.Gemm(GemmOperands::kBF16, true, true, M, N, K, 1.0f, ar.data(), lda, br.data(), ldb, 0.0f, again.data(),
           N);
   EXPECT_EQ(again, c_rounded);  // bf16-exact inputs: nothing left to round
+}
+
+// The guarded backend: the CPU's results, device memory out of the host's
+// reach between calls, and a capacity like a device's.
+TEST(GuardedBackend, SameResultsAsTheCpu) {
+  auto guarded = MakeGuardedCpuBackend(int64_t{1} << 20);
+  Backend& cpu = *CpuBackendInstance();
+  std::vector<float> a(6 * 4), b(4 * 5);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = 0.25f * static_cast<float>(i % 7) - 0.6f;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = 0.1f * static_cast<float>(i % 5) + 0.01f;
+  DeviceBuffer da = guarded->Alloc(24, MemCategory::kWorkspace),
+               db = guarded->Alloc(20, MemCategory::kWorkspace),
+               dc = guarded->Alloc(30, MemCategory::kWorkspace);
+  guarded->CopyToDevice(da.data(), a.data(), 24 * 4);
+  guarded->CopyToDevice(db.data(), b.data(), 20 * 4);
+  guarded->Gemm(GemmOperands::kF32, false, false, 6, 5, 4, 1.0f, da.data(), 4, db.data(), 5, 0.0f, dc.data(),
+                5);
+  guarded->Axpy(30, 0.5f, dc.data(), dc.data());
+  std::vector<float> got(30), want(30, 0.0f);
+  guarded->CopyToHost(got.data(), dc.data(), 30 * 4);
+  cpu.Gemm(GemmOperands::kF32, false, false, 6, 5, 4, 1.0f, a.data(), 4, b.data(), 5, 0.0f, want.data(), 5);
+  cpu.Axpy(30, 0.5f, want.data(), want.data());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(guarded->SumSquares(dc.data(), 30), cpu.SumSquares(want.data(), 30));
+}
+
+TEST(GuardedBackend, CountsAgainstItsCapacity) {
+  auto guarded = MakeGuardedCpuBackend(int64_t{1} << 20);  // 1 MiB
+  auto info = guarded->MemoryInfo();
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->second, int64_t{1} << 20);
+  DeviceBuffer x = guarded->AllocBytes(600 << 10, MemCategory::kWorkspace);
+  EXPECT_EQ(guarded->MemoryInfo()->first, (1 << 20) - (600 << 10));
+  EXPECT_THROW(guarded->AllocBytes(600 << 10, MemCategory::kWorkspace), std::bad_alloc);
+  x = DeviceBuffer();  // freed: the space is whole again
+  DeviceBuffer y = guarded->AllocBytes(1 << 20, MemCategory::kWorkspace);
+  EXPECT_EQ(y.bytes(), 1 << 20);
+}
+
+TEST(GuardedBackendDeathTest, HostDereferenceOfDeviceMemoryFaults) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto guarded = MakeGuardedCpuBackend(int64_t{1} << 20);
+  DeviceBuffer x = guarded->Alloc(16, MemCategory::kWorkspace);
+  float host = 0.0f;
+  guarded->CopyToHost(&host, x.data(), 4);  // through the backend: fine
+  EXPECT_EQ(host, 0.0f);
+  EXPECT_DEATH({ std::printf("%f\n", static_cast<double>(*static_cast<volatile float*>(x.data()))); }, "");
 }
 
 }  // namespace

@@ -77,15 +77,19 @@ Measured Measure(const MemCase& s) {
       EXPECT_TRUE(model.EnableLora(lora).ok());
       // Non-zero B so every gradient path is exercised.
       for (TrainableParam& p : model.TrainableParams()) {
-        for (int64_t i = 0; i < p.numel; ++i) p.data[i] = 0.01f * (UniformFloat(HashKeys(9, i)) - 0.5f);
+        std::vector<float> v(p.numel);
+        for (int64_t i = 0; i < p.numel; ++i) v[i] = 0.01f * (UniformFloat(HashKeys(9, i)) - 0.5f);
+        model.Upload(p.data, v.data(), p.numel);
       }
     }
     AdamWOptimizer opt(model.TrainableParams(), {}, model.shared_backend());
     MicroBatch mb = FullBatch(s.micro, s.seq, SmallLlama().vocab_size);
     model.ZeroGrads();
     out.loss = model.ForwardBackward(mb, 1.0f / 100).loss_sum;
-    for (const TrainableParam& p : model.TrainableParams())
-      out.grads.insert(out.grads.end(), p.grad, p.grad + p.numel);
+    for (const TrainableParam& p : model.TrainableParams()) {
+      const std::vector<float> g = model.Download(p.grad, p.numel);
+      out.grads.insert(out.grads.end(), g.begin(), g.end());
+    }
     opt.ClipAndStep(opt.GradNorm(), 1e-3);
     out.peak = t.peak_total() - base;
     for (int c = 0; c < static_cast<int>(MemCategory::kCount); ++c) {

@@ -56,7 +56,9 @@ void CheckDirectionalDerivative(const Variant& v) {
     lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
     ASSERT_TRUE(model.EnableLora(lora).ok());
     for (TrainableParam& p : model.TrainableParams()) {
-      for (int64_t i = 0; i < p.numel; ++i) p.data[i] = 0.2f * (UniformFloat(HashKeys(3, i, p.numel)) - 0.5f);
+      std::vector<float> v(p.numel);
+      for (int64_t i = 0; i < p.numel; ++i) v[i] = 0.2f * (UniformFloat(HashKeys(3, i, p.numel)) - 0.5f);
+      model.Upload(p.data, v.data(), p.numel);
     }
   }
   MicroBatch mb = Batch(c, v.packed);
@@ -65,23 +67,25 @@ void CheckDirectionalDerivative(const Variant& v) {
   // Direction: the gradient itself (normalised), so the derivative is large and well conditioned.
   std::vector<TrainableParam> params = model.TrainableParams();
   double gnorm2 = 0;
+  std::vector<std::vector<float>> grads, saved, dir;
   for (const auto& p : params) {
-    for (int64_t i = 0; i < p.numel; ++i) gnorm2 += static_cast<double>(p.grad[i]) * p.grad[i];
+    grads.push_back(model.Download(p.grad, p.numel));
+    for (float g : grads.back()) gnorm2 += static_cast<double>(g) * g;
   }
   const double gnorm = std::sqrt(gnorm2);
-  std::vector<std::vector<float>> saved, dir;
-  for (const auto& p : params) {
-    saved.emplace_back(p.data, p.data + p.numel);
-    std::vector<float> d(p.numel);
-    for (int64_t i = 0; i < p.numel; ++i) d[i] = static_cast<float>(p.grad[i] / gnorm);
+  for (size_t k = 0; k < params.size(); ++k) {
+    saved.push_back(model.Download(params[k].data, params[k].numel));
+    std::vector<float> d(params[k].numel);
+    for (int64_t i = 0; i < params[k].numel; ++i) d[i] = static_cast<float>(grads[k][i] / gnorm);
     dir.push_back(d);
   }
   const double analytic = gnorm;  // g · (g/|g|)
   auto loss_at = [&](double eps) {
     for (size_t k = 0; k < params.size(); ++k) {
-      for (int64_t i = 0; i < params[k].numel; ++i) {
-        params[k].data[i] = saved[k][i] + static_cast<float>(eps) * dir[k][i];
-      }
+      std::vector<float> moved(params[k].numel);
+      for (int64_t i = 0; i < params[k].numel; ++i)
+        moved[i] = saved[k][i] + static_cast<float>(eps) * dir[k][i];
+      model.Upload(params[k].data, moved.data(), params[k].numel);
     }
     return model.Forward(mb, nullptr).loss_sum;
   };
