@@ -146,7 +146,7 @@ class Backend {
   // Waits for every op called so far; the first recorded failure, if any.
   virtual Status Synchronize() = 0;
   // Bytes of device memory free now and in all (the CPU backend: the host's
-  // available memory, and its total).
+  // MemAvailable and its total; the guarded one: what its capacity has left).
   virtual StatusOr<std::pair<int64_t, int64_t>> MemoryInfo() = 0;
 
   // ---- Ops (float storage; definitions in kernels/cpu/ops.h) --------------

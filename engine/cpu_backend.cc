@@ -53,8 +53,8 @@ class CpuBackend final : public Backend {
   }
   Status Synchronize() override { return Status::OK(); }
   StatusOr<std::pair<int64_t, int64_t>> MemoryInfo() override {
-    const int64_t page = sysconf(_SC_PAGESIZE);
-    return std::make_pair(int64_t{sysconf(_SC_AVPHYS_PAGES)} * page, int64_t{sysconf(_SC_PHYS_PAGES)} * page);
+    FT_ASSIGN_OR_RETURN(int64_t available, HostAvailableBytes());
+    return std::make_pair(available, int64_t{sysconf(_SC_PHYS_PAGES)} * sysconf(_SC_PAGESIZE));
   }
 
   void Gemm(GemmOperands operands, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

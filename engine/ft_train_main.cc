@@ -23,6 +23,7 @@
 #include "engine/file_util.h"
 #include "engine/hf_model.h"
 #include "engine/job_spec.h"
+#include "engine/memory.h"
 #include "engine/planner.h"
 #include "engine/tokenize_command.h"
 #include "engine/trainer.h"

@@ -191,8 +191,7 @@ Status LoadHfWeights(const std::string& dir, Model* model) {
     if (file_it == opened.end())
       return Status::NotFound(index.string() + ": shard '" + it->second + "' not loaded");
     // Stage one tensor in host floats, then upload it (or keep only its NF4 codes).
-    int64_t n = 1;
-    for (int64_t d : t.shape) n *= d;
+    const int64_t n = t.numel();
     std::vector<float> staging(static_cast<size_t>(n));
     FT_RETURN_IF_ERROR(file_it->second->ReadFloat(t.name, t.shape, staging.data()));
     if (t.nf4_linear) {
@@ -224,9 +223,7 @@ Status SaveHfModel(const std::string& dir, Model& model, DType dtype) {
   std::vector<TensorToWrite> tensors;
   std::vector<std::vector<float>> host;  // the weights copied off the model's backend
   for (NamedTensor& t : model.NamedWeights()) {
-    int64_t n = 1;
-    for (int64_t d : t.shape) n *= d;
-    host.push_back(model.Download(t.data, n));
+    host.push_back(model.Download(t.data, t.numel()));
     tensors.push_back({t.name, t.shape, host.back().data(), dtype});
   }
   return WriteSafetensors((fs::path(dir) / "model.safetensors").string(), std::move(tensors),
@@ -237,11 +234,8 @@ Status SaveHfModel(const std::string& dir, Model& model, DType dtype) {
 void RandomInitModel(Model* model, uint64_t seed) {
   uint64_t tensor_index = 0;
   for (NamedTensor& t : model->NamedWeights()) {
-    int64_t n = 1;
-    for (int64_t d : t.shape) n *= d;
-    std::vector<float> staging(static_cast<size_t>(n));
-    float* const device = t.data;
-    t.data = staging.data();
+    const int64_t n = t.numel();
+    std::vector<float> values(static_cast<size_t>(n));  // on the host, then uploaded or quantized
     const bool is_norm = t.name.find("norm") != std::string::npos;
     // Fan-in scaling keeps activations and logits O(1) at any width, so a
     // frozen random head still lets a tiny model learn (0.02 would not at width 64).
@@ -253,22 +247,22 @@ void RandomInitModel(Model* model, uint64_t seed) {
 #endif
     for (int64_t i = 0; i < n; ++i) {
       if (is_norm) {
-        t.data[i] = 1.0f;
+        values[i] = 1.0f;
       } else if (is_bias) {
-        t.data[i] = 0.0f;
+        values[i] = 0.0f;
       } else {
         // Box-Muller from two counter-based uniforms.
         const double u1 =
             (static_cast<double>(HashKeys(seed, tensor_index, i, 1) >> 11) + 1.0) / 9007199254740993.0;
         const double u2 = static_cast<double>(HashKeys(seed, tensor_index, i, 2) >> 11) / 9007199254740992.0;
-        t.data[i] =
+        values[i] =
             static_cast<float>(stddev * std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * std::numbers::pi * u2));
       }
     }
     if (t.nf4_linear) {
-      model->SetNf4Weight(t.nf4_linear, t.data);
+      model->SetNf4Weight(t.nf4_linear, values.data());
     } else {
-      model->Upload(device, t.data, n);
+      model->Upload(t.data, values.data(), n);
     }
     ++tensor_index;
   }

@@ -1,7 +1,9 @@
 #include "engine/memory.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <new>
 
 namespace ft {
@@ -83,6 +85,15 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
 
 void Buffer::Zero() {
   if (data_) std::memset(data_, 0, static_cast<size_t>(n_) * sizeof(float));
+}
+
+StatusOr<int64_t> HostAvailableBytes() {
+  std::ifstream in("/proc/meminfo");
+  for (std::string line; std::getline(in, line);) {
+    long long kb = 0;
+    if (std::sscanf(line.c_str(), "MemAvailable: %lld kB", &kb) == 1) return static_cast<int64_t>(kb) * 1024;
+  }
+  return Status::Unavailable("/proc/meminfo: no MemAvailable line");
 }
 
 }  // namespace ft

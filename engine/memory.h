@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <string>
 
+#include "common/status.h"
+
 namespace ft {
 
 enum class MemCategory { kWeights = 0, kAdapter, kGradients, kOptimizer, kActivations, kWorkspace, kCount };
@@ -39,6 +41,10 @@ class MemoryTracker {
   std::atomic<int64_t> total_{0};
   std::atomic<int64_t> peak_total_{0};
 };
+
+// Memory the CPU "device" offers: MemAvailable from /proc/meminfo (what the
+// CPU backend's MemoryInfo reports free, and `ft-train plan` assumes).
+StatusOr<int64_t> HostAvailableBytes();
 
 // The tracker used by the engine in this process.
 MemoryTracker& GlobalMemoryTracker();

@@ -191,6 +191,12 @@ void Model::Upload(float* tensor, const float* host, int64_t n) {
   FT_CHECK(backend_->Synchronize().ok());
 }
 
+void Model::RoundWeightsToBf16() {
+  for (NamedTensor& t : NamedWeights()) {
+    if (t.data != nullptr) backend_->RoundToBf16(t.data, t.numel());
+  }
+}
+
 const float* Model::LinearWeight(Linear& lin) {
   if (!lin.nf4) return lin.w.data();
   backend_->DequantizeNf4(*lin.nf4, dequant_.data());

@@ -93,6 +93,11 @@ struct NamedTensor {
   // its values to Model::SetNf4Weight.
   float* data = nullptr;
   Linear* nf4_linear = nullptr;  // the NF4 linear this tensor fills
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
 };
 
 // A trainable tensor with its gradient.
@@ -172,6 +177,9 @@ class Model {
   // host memory may be reused at once.
   std::vector<float> Download(const float* tensor, int64_t n) const;
   void Upload(float* tensor, const float* host, int64_t n);
+  // Rounds every float base weight to bf16 in place: what a bf16 run trains
+  // on (NF4 weights are rounded when dequantized).
+  void RoundWeightsToBf16();
   bool nf4() const { return options_.nf4; }
   bool full_training() const { return full_training_; }
   const LoraSpec* lora_spec() const { return lora_enabled_ ? &lora_spec_ : nullptr; }

@@ -4,7 +4,6 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 
 #include "engine/model.h"
@@ -199,15 +198,6 @@ std::string FormatBytes(int64_t bytes) {
   else
     std::snprintf(buf, sizeof(buf), "%.1f KiB", b / 1024);
   return buf;
-}
-
-StatusOr<int64_t> HostAvailableBytes() {
-  std::ifstream in("/proc/meminfo");
-  for (std::string line; std::getline(in, line);) {
-    long long kb = 0;
-    if (std::sscanf(line.c_str(), "MemAvailable: %lld kB", &kb) == 1) return static_cast<int64_t>(kb) * 1024;
-  }
-  return Status::Unavailable("/proc/meminfo: no MemAvailable line");
 }
 
 std::string FormatPlan(const PlanRequest& r, const BatchPlanChoice& c) {

@@ -83,9 +83,6 @@ PlanRequest PlanRequestFromJob(const JobSpec& spec, const ModelConfig& model, co
 StatusOr<int64_t> ParseBytes(const std::string& text);
 std::string FormatBytes(int64_t bytes);  // "7.42 GiB"
 
-// Memory the CPU "device" offers: MemAvailable from /proc/meminfo.
-StatusOr<int64_t> HostAvailableBytes();
-
 // A human-readable breakdown and plan (what `ft-train plan` prints).
 std::string FormatPlan(const PlanRequest& r, const BatchPlanChoice& c);
 

@@ -131,14 +131,8 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
       return cuda.status().WithContext(f + ": resources.device: cuda");
     }
   }
-  int64_t device_bytes = 0;
-  if (backend->kind() == DeviceKind::kCpu) {
-    FT_ASSIGN_OR_RETURN(device_bytes, HostAvailableBytes());
-  } else {
-    FT_ASSIGN_OR_RETURN(auto mem, backend->MemoryInfo());
-    device_bytes = mem.first;
-  }
-  FT_ASSIGN_OR_RETURN(tr->plan_, ChooseBatchPlan(spec, config, device_bytes));
+  FT_ASSIGN_OR_RETURN(auto memory, backend->MemoryInfo());  // {free, total} bytes of the device
+  FT_ASSIGN_OR_RETURN(tr->plan_, ChooseBatchPlan(spec, config, memory.first));
   if (config.sliding_window > 0 && spec.data.seq_len > config.sliding_window) {
     return Status::Unimplemented(
         f + ": data.seq_len " + std::to_string(spec.data.seq_len) + " exceeds the model's sliding_window " +
@@ -154,14 +148,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
   options.backend = backend;
   tr->model_ = std::make_unique<Model>(config, options);
   FT_RETURN_IF_ERROR(LoadHfWeights(spec.model.path, tr->model_.get()));
-  if (options.dtype == ComputeDType::kBF16) {
-    for (NamedTensor& t : tr->model_->NamedWeights()) {
-      if (!t.data) continue;  // NF4 weights are rounded when dequantized
-      int64_t n = 1;
-      for (int64_t d : t.shape) n *= d;
-      backend->RoundToBf16(t.data, n);
-    }
-  }
+  if (options.dtype == ComputeDType::kBF16) tr->model_->RoundWeightsToBf16();
   if (spec.adapter.type == "full") {
     FT_RETURN_IF_ERROR(tr->model_->EnableFullTraining());
   } else {

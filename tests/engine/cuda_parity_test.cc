@@ -106,14 +106,7 @@ struct Trained {
     o.backend = std::move(backend);
     model = std::make_unique<Model>(SmallConfig(k.family), o);
     RandomInitModel(model.get(), 5);
-    if (k.bf16) {
-      for (NamedTensor& t : model->NamedWeights()) {
-        if (t.data == nullptr) continue;
-        int64_t n = 1;
-        for (int64_t d : t.shape) n *= d;
-        model->backend().RoundToBf16(t.data, n);
-      }
-    }
+    if (k.bf16) model->RoundWeightsToBf16();
     if (k.full) {
       EXPECT_TRUE(model->EnableFullTraining().ok());
     } else {
