@@ -60,6 +60,7 @@ class [[nodiscard]] Status {
   bool IsInvalidArgument() const { return code_ == Code::kInvalidArgument; }
   bool IsIOError() const { return code_ == Code::kIOError; }
   bool IsCorruption() const { return code_ == Code::kCorruption; }
+  bool IsAborted() const { return code_ == Code::kAborted; }
 
   // Returns a copy whose message is "context: message" (OK stays OK).
   Status WithContext(std::string_view context) const;

@@ -9,9 +9,12 @@
 #include <fstream>
 
 #include "common/logging.h"
+#include "engine/checkpoint.h"
+#include "engine/completion.h"
 #include "engine/file_util.h"
 #include "engine/hf_model.h"
 #include "engine/job_spec.h"
+#include "engine/trainer.h"
 
 namespace ft {
 
@@ -529,8 +532,7 @@ Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
     if (running.ok()) {
       for (const AttemptRow& a : *running) {
         if (a.worker_id == reg.worker_id() && !reported.count(a.job_id)) {
-          EndRunning(a.job_id, a.epoch, AttemptOutcomeCode::kPreempted,
-                     "worker restarted without the attempt", a.end_step);
+          EndLostAttempt(a.job_id, a.epoch, "worker restarted without the attempt", a.end_step);
         }
       }
     }
@@ -572,6 +574,7 @@ void Daemon::OnWorkerMessage(const std::string& worker_id, WorkerSink* sink, con
       case pb::WorkerMessage::kExited: OnExited(worker_id, s, msg.exited()); break;
       case pb::WorkerMessage::kMetrics: OnMetrics(sink, msg.metrics()); break;
       case pb::WorkerMessage::kLog: OnLog(sink, msg.log()); break;
+      case pb::WorkerMessage::kNote: OnNote(worker_id, sink, msg.note()); break;
       default: break;
     }
     ReleaseAndPublish(lock);
@@ -636,7 +639,12 @@ void Daemon::OnCheckpoint(const std::string& worker_id, Session& s, const pb::Ch
   }
   // The manifest on the shared filesystem must be the one the worker saw.
   auto sha = Sha256File((fs::path(c.dir()) / "MANIFEST.json").string());
-  if (!sha.ok() || *sha != c.manifest_sha256()) {
+  if (!sha.ok()) {
+    // checkpoint.keep rotated it away before the report arrived: a newer one follows.
+    FT_LOG(DEBUG) << "checkpoint " << c.dir() << " gone before its commit (retention)";
+    return;
+  }
+  if (*sha != c.manifest_sha256()) {
     Event(c.job_id(), worker_id, "refused", "checkpoint " + c.dir() + " does not verify", c.step());
     return;
   }
@@ -647,7 +655,58 @@ void Daemon::OnCheckpoint(const std::string& worker_id, Session& s, const pb::Ch
   checkpoint_seconds_.Record(c.write_seconds());
   Event(c.job_id(), worker_id, "checkpoint", "checkpoint committed at step " + std::to_string(c.step()),
         c.step());
+  // The trainer's retention keeps what ftd committed.
+  pb::DaemonCommand accepted;
+  accepted.mutable_accepted()->set_job_id(c.job_id());
+  accepted.mutable_accepted()->set_epoch(c.epoch());
+  accepted.mutable_accepted()->set_step(c.step());
+  accepted.mutable_accepted()->set_dir(c.dir());
+  if (s.sink) s.sink->Send(accepted);
   PublishJob(c.job_id());
+}
+
+void Daemon::OnNote(const std::string& worker_id, WorkerSink* sink, const pb::AttemptNote& n) {
+  if (!IsCurrent(n.job_id(), n.epoch())) {
+    Refuse(sink, n.job_id(), n.epoch(), "note from superseded epoch");
+    return;
+  }
+  Event(n.job_id(), worker_id, n.kind(), n.message(), n.step());
+}
+
+void Daemon::EndLostAttempt(const std::string& job_id, int64_t epoch, const std::string& reason,
+                            int64_t step) {
+  auto job = store_->GetJob(job_id);
+  if (!job.ok()) return EndRunning(job_id, epoch, AttemptOutcomeCode::kPreempted, reason, step);
+  const std::string file = (fs::path(job->spec_dir.empty() ? "." : job->spec_dir) / "job.yaml").string();
+  auto spec = ParseJobSpec(job->spec_yaml, file);
+  if (!spec.ok()) return EndRunning(job_id, epoch, AttemptOutcomeCode::kPreempted, reason, step);
+  const std::string hash = JobHash(*spec);
+  // Sizes, not checksums: this runs under the daemon's lock; the trainer checks SHA-256s.
+  if (auto done = VerifyCompletion(spec->output.dir, hash, /*checksums=*/false); done.ok()) {
+    Event(job_id, "", "reconciled",
+          reason + "; " + spec->output.dir + "/COMPLETE.json shows the run finished (epoch " +
+              std::to_string(done->epoch) + ", " + std::to_string(done->steps) + " steps)",
+          done->steps);
+    return EndRunning(job_id, epoch, AttemptOutcomeCode::kFinished, "finished (reconciled from output.dir)",
+                      done->steps);
+  }
+  auto committed = store_->LatestCheckpoint(job_id);
+  const int64_t committed_step = committed.ok() ? committed->step : 0;
+  for (const CheckpointEntry& c : ListCheckpoints((fs::path(spec->output.dir) / "checkpoints").string())) {
+    if (c.step <= committed_step) break;
+    auto state = ReadCheckpointState(c.dir);
+    auto sha = Sha256File((fs::path(c.dir) / "MANIFEST.json").string());
+    if (!state.ok() || !sha.ok() || state->job_hash != hash) continue;
+    Check(store_->AddCheckpoint(
+              {job_id, state->epoch, c.step, c.dir, *sha, state->last_checkpoint_seconds, clock_->WallMs()}),
+          "reconciled checkpoint");
+    Event(job_id, "", "reconciled",
+          reason + "; resume point moved to step " + std::to_string(c.step) + " (" + c.dir +
+              ", found in output.dir)",
+          c.step);
+    break;
+  }
+  EndRunning(job_id, epoch, AttemptOutcomeCode::kPreempted, reason, step);
 }
 
 void Daemon::OnExited(const std::string& worker_id, Session& s, const pb::AttemptExited& e) {
@@ -659,6 +718,8 @@ void Daemon::OnExited(const std::string& worker_id, Session& s, const pb::Attemp
   AttemptOutcomeCode outcome = AttemptOutcomeCode::kFailed;
   if (e.outcome() == pb::ATTEMPT_FINISHED) outcome = AttemptOutcomeCode::kFinished;
   if (e.outcome() == pb::ATTEMPT_PREEMPTED) outcome = AttemptOutcomeCode::kPreempted;
+  if (e.outcome() == pb::ATTEMPT_SUPERSEDED) outcome = AttemptOutcomeCode::kSuperseded;
+  if (e.outcome() == pb::ATTEMPT_ENVIRONMENT) outcome = AttemptOutcomeCode::kEnvironment;
   EndRunning(e.job_id(), e.epoch(), outcome, e.reason(), e.step());
   if (s.running_job == e.job_id()) {
     s.running_job.clear();
@@ -747,6 +808,26 @@ void Daemon::EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcome
           reason + " (resumes from step " + std::to_string(committed) + ", " + std::to_string(lost) +
               " steps lost)",
           exit_step);
+  } else if (outcome == AttemptOutcomeCode::kSuperseded) {
+    // Its directory has a newer owner (an epoch ftd no longer knows of): run again, counting nothing.
+    j->state = JobStateCode::kQueued;
+    j->reason = "superseded: " + reason;
+    j->not_before_ms = now + options_.requeue_backoff_ms;
+    Event(job_id, "", "superseded", reason, exit_step);
+  } else if (outcome == AttemptOutcomeCode::kEnvironment) {
+    // Not the job's fault: retried with a growing backoff, never counted against max_failures.
+    int64_t in_a_row = 0;
+    if (auto attempts = store_->ListAttempts(job_id); attempts.ok()) {
+      for (auto a = attempts->rbegin(); a != attempts->rend(); ++a) {
+        if (a->outcome != AttemptOutcomeCode::kEnvironment) break;
+        ++in_a_row;
+      }
+    }
+    j->state = JobStateCode::kQueued;
+    j->reason = "environment error (" + reason + "); retrying";
+    j->not_before_ms =
+        now + std::min<int64_t>(options_.requeue_backoff_ms << std::min<int64_t>(in_a_row, 8), 300'000);
+    Event(job_id, "", "attempt_environment", reason, exit_step);
   } else {
     j->failures += 1;
     if (j->failures > j->max_failures) {
@@ -794,8 +875,7 @@ void Daemon::ExpireLeases() {
       auto a = store_->ListAttempts(s.running_job);
       int64_t step = 0;
       if (a.ok() && !a->empty()) step = a->back().end_step;
-      EndRunning(s.running_job, s.running_epoch, AttemptOutcomeCode::kPreempted,
-                 "worker " + id + " lost (lease expired)", step);
+      EndLostAttempt(s.running_job, s.running_epoch, "worker " + id + " lost (lease expired)", step);
       s.running_job.clear();
       s.running_epoch = 0;
     }

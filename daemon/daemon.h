@@ -162,6 +162,12 @@ class Daemon {
   void OnExited(const std::string& worker_id, Session& s, const ftune::v1::AttemptExited& e);
   void OnMetrics(WorkerSink* sink, const ftune::v1::MetricsReport& m);
   void OnLog(WorkerSink* sink, const ftune::v1::LogReport& l);
+  void OnNote(const std::string& worker_id, WorkerSink* sink, const ftune::v1::AttemptNote& n);
+  // An attempt whose outcome is unknown (worker lost or restarted without it):
+  // a completed output of this job's math makes the job SUCCEEDED; otherwise
+  // the newest checkpoint ahead of the committed one becomes the resume point
+  // and the attempt ends preempted with `reason`.
+  void EndLostAttempt(const std::string& job_id, int64_t epoch, const std::string& reason, int64_t step);
   // Reports an internal store failure loudly (the store is sticky-failed after one).
   void Check(const Status& s, const char* what);
 

@@ -49,7 +49,15 @@ enum class JobStateCode {
   kFailed = 5,
   kCancelled = 6
 };
-enum class AttemptOutcomeCode { kRunning = 1, kFinished = 2, kPreempted = 3, kFailed = 4, kCancelled = 5 };
+enum class AttemptOutcomeCode {
+  kRunning = 1,
+  kFinished = 2,
+  kPreempted = 3,
+  kFailed = 4,
+  kCancelled = 5,
+  kSuperseded = 6,   // a newer epoch took output.dir
+  kEnvironment = 7,  // failed for the environment: retried with backoff, not counted
+};
 
 struct JobRow {
   std::string id;  // "j-000001"

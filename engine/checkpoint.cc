@@ -34,7 +34,8 @@ json StateToJson(const TrainerState& s) {
           {"job_hash", s.job_hash},
           {"job_math", s.job_math},
           {"last_checkpoint_seconds", s.last_checkpoint_seconds},
-          {"reason", s.reason}};
+          {"reason", s.reason},
+          {"epoch", s.epoch}};
 }
 
 StatusOr<TrainerState> StateFromJson(const std::string& text, const std::string& file) {
@@ -60,6 +61,7 @@ StatusOr<TrainerState> StateFromJson(const std::string& text, const std::string&
     s.job_math = j.at("job_math").get<std::map<std::string, std::string>>();
     s.last_checkpoint_seconds = j.value("last_checkpoint_seconds", 0.0);
     s.reason = j.value("reason", "");
+    s.epoch = j.value("epoch", int64_t{0});
   } catch (const json::exception& e) {
     return Status::Corruption(file + ": " + e.what());
   }
@@ -83,6 +85,41 @@ StatusOr<std::vector<HostTensor>> ReadTensors(const std::string& path) {
   return out;
 }
 
+// ".<kind>-step-N.e<epoch>.<pid>": a checkpoint's temporary (kind "tmp") or
+// trash (kind "trash"), named by the process that made it.
+std::string ScratchName(const std::string& kind, const std::string& name, int64_t epoch) {
+  return "." + kind + "-" + name + ".e" + std::to_string(epoch) + "." + std::to_string(::getpid());
+}
+
+// A scratch directory's epoch and pid; false for other names. Names of older
+// builds (".tmp-step-N.<pid>", ".old-…") read as epoch 0.
+bool ParseScratchName(const std::string& name, int64_t* epoch, int64_t* pid) {
+  if (name.rfind(".tmp-", 0) != 0 && name.rfind(".trash-", 0) != 0 && name.rfind(".old-", 0) != 0) {
+    return false;
+  }
+  const size_t last = name.rfind('.');
+  const size_t prev = last == 0 ? std::string::npos : name.rfind('.', last - 1);
+  *pid = std::strtoll(name.c_str() + last + 1, nullptr, 10);
+  *epoch = 0;
+  if (prev != std::string::npos && prev > 0 && name.compare(prev, 2, ".e") == 0) {
+    *epoch = std::strtoll(name.c_str() + prev + 2, nullptr, 10);
+  }
+  return true;
+}
+
+Status CheckFence(const Fence& fence) { return fence ? fence() : Status::OK(); }
+
+// Renames `dir` to a trash name, then deletes it: at no point is there a
+// step-* directory without its manifest.
+Status RemoveCheckpointDir(const fs::path& dir, int64_t epoch) {
+  const fs::path trash = dir.parent_path() / ScratchName("trash", dir.filename().string(), epoch);
+  FT_RETURN_IF_ERROR(RenameDurably(dir.string(), trash.string()));
+  std::error_code ec;
+  fs::remove_all(trash, ec);
+  if (ec) FT_LOG(WARN) << trash.string() << ": cannot delete: " << ec.message();
+  return Status::OK();
+}
+
 }  // namespace
 
 std::string CheckpointName(int64_t step) {
@@ -91,14 +128,25 @@ std::string CheckpointName(int64_t step) {
   return buf;
 }
 
-Status WriteCheckpoint(const std::string& root, const CheckpointContents& c, double* seconds) {
+Status WriteCheckpoint(const std::string& root, const CheckpointContents& c, const Fence& fence,
+                       double* seconds) {
   const auto start = std::chrono::steady_clock::now();
+  FT_RETURN_IF_ERROR(CheckFence(fence));
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) return Status::IOError(root + ": cannot create checkpoint directory: " + ec.message());
   const std::string name = CheckpointName(c.state.step);
-  const fs::path tmp = fs::path(root) / (".tmp-" + name + "." + std::to_string(::getpid()));
   const fs::path final_dir = fs::path(root) / name;
+  if (fs::exists(final_dir) && VerifyCheckpoint(final_dir.string()).ok()) {
+    auto existing = ReadFileToString((final_dir / "trainer_state.json").string());
+    auto state = existing.ok() ? StateFromJson(*existing, name) : StatusOr<TrainerState>(existing.status());
+    if (state.ok() && state->job_hash == c.state.job_hash) {
+      FT_LOG(INFO) << "checkpoint " << name << " already exists (epoch " << state->epoch << "): kept";
+      if (seconds) *seconds = 0;
+      return Status::OK();
+    }
+  }
+  const fs::path tmp = fs::path(root) / ScratchName("tmp", name, c.state.epoch);
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);
   if (ec) return Status::IOError(tmp.string() + ": cannot create: " + ec.message());
@@ -130,15 +178,15 @@ Status WriteCheckpoint(const std::string& root, const CheckpointContents& c, dou
   FT_RETURN_IF_ERROR(WriteFileDurably((tmp / kManifest).string(), manifest.dump(2) + "\n"));
   FT_RETURN_IF_ERROR(SyncDirectory(tmp.string()));
 
-  if (fs::exists(final_dir)) {
-    // A re-run of the same step (e.g. after a crash before pruning): swap atomically enough.
-    const fs::path old = fs::path(root) / (".old-" + name + "." + std::to_string(::getpid()));
-    FT_RETURN_IF_ERROR(RenameDurably(final_dir.string(), old.string()));
-    FT_RETURN_IF_ERROR(RenameDurably(tmp.string(), final_dir.string()));
-    fs::remove_all(old, ec);
-  } else {
-    FT_RETURN_IF_ERROR(RenameDurably(tmp.string(), final_dir.string()));
+  if (Status owned = CheckFence(fence); !owned.ok()) {
+    fs::remove_all(tmp, ec);  // our own temporary: nobody else's to clean up
+    return owned;
   }
+  if (fs::exists(final_dir)) {
+    // A damaged step-N (or another job's): moved to the trash once the new one is complete.
+    FT_RETURN_IF_ERROR(RemoveCheckpointDir(final_dir, c.state.epoch));
+  }
+  FT_RETURN_IF_ERROR(RenameDurably(tmp.string(), final_dir.string()));
   if (seconds) *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return Status::OK();
 }
@@ -209,26 +257,44 @@ StatusOr<CheckpointEntry> FindNewestValidCheckpoint(const std::string& root,
   return Status::NotFound(root + ": no valid checkpoint");
 }
 
-Status PruneCheckpoints(const std::string& root, int64_t keep, const std::string& protect) {
+StatusOr<TrainerState> ReadCheckpointState(const std::string& dir) {
+  if (!fs::exists(fs::path(dir) / kManifest)) {
+    return Status::Corruption((fs::path(dir) / kManifest).string() + ": missing (checkpoint incomplete)");
+  }
+  const std::string file = (fs::path(dir) / "trainer_state.json").string();
+  FT_ASSIGN_OR_RETURN(std::string text, ReadFileToString(file));
+  return StateFromJson(text, file);
+}
+
+int64_t CheckpointEpoch(const std::string& dir) {
+  auto state = ReadCheckpointState(dir);
+  return state.ok() ? state->epoch : -1;
+}
+
+Status PruneCheckpoints(const std::string& root, const Retention& r) {
   std::error_code ec;
-  std::vector<CheckpointEntry> all = ListCheckpoints(root);
   int64_t kept = 0;
-  for (const CheckpointEntry& e : all) {
-    if (e.dir == protect || kept < keep) {
+  const std::string committed = r.committed ? r.committed() : "";
+  for (const CheckpointEntry& e : ListCheckpoints(root)) {
+    const bool is_protected = std::find(r.protect.begin(), r.protect.end(), e.dir) != r.protect.end() ||
+                              (!committed.empty() && fs::path(e.dir) == fs::path(committed));
+    if (is_protected || kept < r.keep) {
       ++kept;
       continue;
     }
-    fs::remove_all(e.dir, ec);
-    if (ec) return Status::IOError(e.dir + ": cannot delete old checkpoint: " + ec.message());
+    if (r.epoch > 0 && CheckpointEpoch(e.dir) > r.epoch) continue;  // a newer owner's
+    FT_RETURN_IF_ERROR(CheckFence(r.fence));
+    FT_RETURN_IF_ERROR(RemoveCheckpointDir(e.dir, r.epoch));
   }
+  // Scratch directories of killed or superseded processes (this epoch's other pids, older epochs).
   for (const auto& e : fs::directory_iterator(root, ec)) {
     const std::string name = e.path().filename().string();
-    const std::string mine = "." + std::to_string(::getpid());
-    const bool temp = name.rfind(".tmp-", 0) == 0 || name.rfind(".old-", 0) == 0;
-    if (temp &&
-        (name.size() < mine.size() || name.compare(name.size() - mine.size(), mine.size(), mine) != 0)) {
-      fs::remove_all(e.path(), ec);  // left by a killed process
-    }
+    int64_t epoch = 0, pid = 0;
+    if (!ParseScratchName(name, &epoch, &pid)) continue;
+    if (pid == ::getpid() || (r.epoch > 0 && epoch > r.epoch)) continue;
+    FT_RETURN_IF_ERROR(CheckFence(r.fence));
+    std::error_code rm;
+    fs::remove_all(e.path(), rm);
   }
   return Status::OK();
 }
@@ -245,12 +311,12 @@ CheckpointWriter::~CheckpointWriter() {
   thread_.join();
 }
 
-Status CheckpointWriter::Submit(CheckpointContents c, int64_t keep) {
+Status CheckpointWriter::Submit(CheckpointContents c, Retention r) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return !busy_; });
   Status previous = last_status_;
   job_ = std::move(c);
-  keep_ = keep;
+  retention_ = std::move(r);
   has_job_ = true;
   busy_ = true;
   cv_.notify_all();
@@ -281,13 +347,14 @@ void CheckpointWriter::Loop() {
     cv_.wait(lock, [&] { return has_job_ || quit_; });
     if (quit_ && !has_job_) return;
     CheckpointContents job = std::move(job_);
-    const int64_t keep = keep_;
+    Retention retention = retention_;
     has_job_ = false;
     lock.unlock();
     double seconds = 0;
-    Status s = WriteCheckpoint(root_, job, &seconds);
+    Status s = WriteCheckpoint(root_, job, retention.fence, &seconds);
     if (s.ok()) {
-      s = PruneCheckpoints(root_, keep, (fs::path(root_) / CheckpointName(job.state.step)).string());
+      retention.protect.push_back((fs::path(root_) / CheckpointName(job.state.step)).string());
+      s = PruneCheckpoints(root_, retention);
       FT_LOG(INFO) << "checkpoint " << CheckpointName(job.state.step) << " written in " << seconds << " s ("
                    << job.state.reason << ")";
     } else {

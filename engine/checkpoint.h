@@ -6,10 +6,17 @@
 //   optimizer.safetensors                             (Adam moments, "<param>.exp_avg[_sq]")
 //   trainer_state.json                                (step, cursor, tokens, plan, job math, ...)
 //   MANIFEST.json                                     (size + SHA-256 of every file; written last)
-// It is written under a temporary name (.tmp-step-…), every file and the
-// directory fsynced, then renamed into place; only a directory whose manifest
-// verifies counts. Writing happens from host copies (CheckpointContents), so a
-// background thread can write while training continues.
+// It is written under a temporary name (.tmp-step-….e<epoch>.<pid>), every
+// file and the directory fsynced, then renamed into place; only a directory
+// whose manifest verifies counts. Writing happens from host copies
+// (CheckpointContents), so a background thread can write while training
+// continues.
+//
+// Ownership (docs/ARCHITECTURE.md "Who owns output.dir"): every write,
+// rename and removal is preceded by the caller's fence (OutputOwner::Check),
+// so a superseded trainer stops before touching the directory. Removal is
+// atomic: a checkpoint is renamed to .trash-step-….e<epoch>.<pid> first, so
+// an interrupted prune never leaves a step-* directory without its manifest.
 //
 // Thread safety: the free functions are thread-compatible; CheckpointWriter
 // is used from one trainer thread (its worker thread is internal).
@@ -17,6 +24,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -46,6 +54,7 @@ struct TrainerState {
   std::map<std::string, std::string> job_math;  // key -> value of every key that defines the math
   double last_checkpoint_seconds = 0;           // measured write time of the previous checkpoint
   std::string reason;                           // "every_steps", "every_minutes", "signal", "final", ...
+  int64_t epoch = 0;                            // the attempt that wrote it (0: a plain ft-train run)
 };
 
 struct CheckpointContents {
@@ -59,14 +68,24 @@ struct CheckpointContents {
 // "step-00001234".
 std::string CheckpointName(int64_t step);
 
-// Writes `c` as <root>/step-N atomically (see above). Replaces an existing
-// step-N only after the new one is complete. `seconds` (optional) receives the
-// wall time of the write.
-Status WriteCheckpoint(const std::string& root, const CheckpointContents& c, double* seconds = nullptr);
+// OK while the caller may write in the directory; Aborted once superseded.
+using Fence = std::function<Status()>;
+
+// Writes `c` as <root>/step-N atomically (see above); `fence` (optional) is
+// checked before the write starts and again before the rename. An existing
+// step-N that verifies and has the same job_hash is kept as it is (training
+// is deterministic: it holds this state); a damaged one is replaced only
+// after the new one is complete. `seconds` (optional) receives the wall time.
+Status WriteCheckpoint(const std::string& root, const CheckpointContents& c, const Fence& fence = {},
+                       double* seconds = nullptr);
 
 // OK when <dir>/MANIFEST.json exists and every file it lists has its size
 // and SHA-256; Corruption naming the file otherwise.
 Status VerifyCheckpoint(const std::string& dir);
+
+// The trainer_state.json of a checkpoint that has its manifest (sizes and
+// checksums not verified: cheap enough for ftd's reconciliation).
+StatusOr<TrainerState> ReadCheckpointState(const std::string& dir);
 
 // Reads a verified checkpoint back into host copies.
 StatusOr<CheckpointContents> ReadCheckpoint(const std::string& dir);
@@ -83,9 +102,22 @@ std::vector<CheckpointEntry> ListCheckpoints(const std::string& root);
 StatusOr<CheckpointEntry> FindNewestValidCheckpoint(const std::string& root,
                                                     std::vector<std::string>* skipped);
 
-// Deletes all but the `keep` newest checkpoints, never `protect` (the one a
-// resume would use), and stale temporary directories.
-Status PruneCheckpoints(const std::string& root, int64_t keep, const std::string& protect);
+// The epoch of the checkpoint in `dir` (its trainer_state.json), or -1 when unreadable.
+int64_t CheckpointEpoch(const std::string& dir);
+
+// What retention may remove.
+struct Retention {
+  int64_t keep = 1;                        // newest checkpoints kept
+  std::vector<std::string> protect;        // never removed: e.g. the one just written
+  std::function<std::string()> committed;  // ftd's committed checkpoint, read when the prune runs
+  int64_t epoch = 0;                       // the pruner's epoch: a newer epoch's checkpoints and temporaries
+                                           // are never touched (0: unfenced, every epoch is older)
+  Fence fence;                             // checked before each removal
+};
+// Removes all but the `keep` newest checkpoints (never a protected one or a
+// newer epoch's), each by rename to a trash name and then deletion, and the
+// temporaries and trash left by this or older epochs' processes.
+Status PruneCheckpoints(const std::string& root, const Retention& r);
 
 // Writes checkpoints on a background thread, one at a time.
 class CheckpointWriter {
@@ -93,9 +125,10 @@ class CheckpointWriter {
   explicit CheckpointWriter(std::string root);
   ~CheckpointWriter();  // waits for a write in flight
 
-  // Waits for the previous write, then starts writing `c`. The previous
-  // write's status is returned (OK for the first).
-  Status Submit(CheckpointContents c, int64_t keep);
+  // Waits for the previous write, then starts writing `c` and pruning by
+  // `r` (which protects the new checkpoint too). The previous write's status
+  // is returned (OK for the first).
+  Status Submit(CheckpointContents c, Retention r);
   // Waits for the write in flight; returns its status.
   Status Wait();
   // Seconds the last finished write took (0 before the first).
@@ -120,7 +153,7 @@ class CheckpointWriter {
   bool has_job_ = false;              // GUARDED_BY(mu_)
   bool quit_ = false;                 // GUARDED_BY(mu_)
   CheckpointContents job_;            // GUARDED_BY(mu_)
-  int64_t keep_ = 1;                  // GUARDED_BY(mu_)
+  Retention retention_;               // GUARDED_BY(mu_)
   Status last_status_;                // GUARDED_BY(mu_)
   double last_seconds_ = 0;           // GUARDED_BY(mu_)
   std::vector<Completed> completed_;  // GUARDED_BY(mu_)

@@ -1,8 +1,10 @@
 // ft-train: the training engine's command line (the same binary the worker spawns).
 //
 //   ft-train run JOB.yaml [--resume DIR] [--control-fd N] [--stop-grace S]
+//                         [--job-id ID --epoch N]
 //                                              train locally, no daemon; resumes from
-//                                              the newest valid checkpoint
+//                                              the newest valid checkpoint (with an
+//                                              epoch: an attempt under ftd, fenced)
 //   ft-train plan JOB.yaml --device-memory 24GiB [--device cpu|cuda] [--world N]
 //                                              memory breakdown and batch plan (config.json only)
 //   ft-train make-model (--preset tiny-llama | --config CONFIG.json) --out DIR [--dtype f32|bf16] [--seed N]
@@ -11,7 +13,8 @@
 //
 // Exit codes (engine/trainer.h): 0 finished; 1 failed (reason on stderr);
 // 2 bad input or usage; 3 preempted: stopped after a checkpoint on SIGTERM,
-// SIGUSR1, SIGINT or a "stop" on the control channel.
+// SIGUSR1, SIGINT or a "stop" on the control channel; 4 superseded: a newer
+// epoch owns output.dir; 5 environment: an I/O error (disk full, file gone).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -32,6 +35,8 @@ namespace {
 
 int Fail(const ft::Status& s) {
   std::fprintf(stderr, "ft-train: %s\n", s.ToString().c_str());
+  if (s.IsAborted()) return ft::kExitSuperseded;
+  if (s.code() == ft::Status::Code::kIOError) return ft::kExitEnvironment;
   const bool bad_input =
       s.IsInvalidArgument() || s.IsNotFound() || s.code() == ft::Status::Code::kUnimplemented;
   return bad_input ? ft::kExitBadInput : ft::kExitFailed;
@@ -42,6 +47,8 @@ struct RunFlags {
   std::string resume_dir;
   int control_fd = -1;
   double stop_grace = 10;
+  std::string job_id;
+  int64_t epoch = 0;
 };
 
 int RunJob(const RunFlags& flags) {
@@ -53,6 +60,7 @@ int RunJob(const RunFlags& flags) {
   auto trainer = ft::Trainer::Create(*spec);
   if (!trainer.ok()) return Fail(trainer.status());
   (*trainer)->set_control(&control);
+  if (flags.epoch > 0) (*trainer)->set_fencing(flags.job_id, flags.epoch);
   auto outcome = (*trainer)->Run(flags.resume_dir);
   if (!outcome.ok()) return Fail(outcome.status());
   if (*outcome == ft::RunOutcome::kPreempted) return ft::kExitPreempted;
@@ -148,6 +156,10 @@ int main(int argc, char** argv) {
                   "read JSON-line control commands from this file descriptor");
   run->add_option("--stop-grace", flags.stop_grace,
                   "seconds a stop signal allows to finish the current step");
+  run->add_option("--job-id", flags.job_id, "the job this run is an attempt of (with --epoch)");
+  run->add_option("--epoch", flags.epoch,
+                  "the attempt's fencing epoch: claim output.dir, stop when a newer epoch owns it")
+      ->check(CLI::PositiveNumber);
 
   auto* plan = app.add_subcommand("plan", "print the memory breakdown and batch plan of a job");
   std::string plan_job, device_memory, plan_device = "cpu";

@@ -1,7 +1,9 @@
 #include "engine/train_control.h"
 
+#include <poll.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -26,7 +28,11 @@ const char* SignalName(int signo) {
 }  // namespace
 
 TrainControl::~TrainControl() {
-  if (reader_.joinable()) reader_.detach();  // blocked in read(); the process is ending
+  // The reader polls, so it sees this within one poll interval: a command
+  // arriving as the trainer exits (ftd's acknowledgement of the final
+  // checkpoint) never reaches a destroyed object.
+  stopping_ = true;
+  if (reader_.joinable()) reader_.join();
 }
 
 void TrainControl::InstallSignalHandlers(double grace_seconds) {
@@ -44,7 +50,12 @@ void TrainControl::StartControlFd(int fd) {
 void TrainControl::ReadLoop(int fd) {
   std::string buffer;
   char chunk[4096];
-  while (true) {
+  while (!stopping_) {
+    pollfd p{fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, 100);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0) return;
+    if (ready == 0) continue;
     ssize_t n = ::read(fd, chunk, sizeof(chunk));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return;
@@ -55,6 +66,10 @@ void TrainControl::ReadLoop(int fd) {
       buffer.erase(0, nl + 1);
       nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
       const std::string cmd = j.is_object() ? j.value("cmd", "") : "";
+      if (cmd == "committed" && j.value("dir", "") != "") {
+        SetCommitted(j.value("step", int64_t{0}), j.value("dir", ""));
+        continue;
+      }
       if (cmd != "checkpoint" && cmd != "stop") {
         FT_LOG(WARN) << "control channel: ignoring unknown command: " << line;
         continue;
@@ -103,6 +118,18 @@ std::optional<ControlRequest> TrainControl::Take() {
   std::optional<ControlRequest> r = pending_;
   pending_.reset();
   return r;
+}
+
+void TrainControl::SetCommitted(int64_t step, const std::string& dir) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (step < committed_step_) return;  // reports can cross: keep the newest
+  committed_step_ = step;
+  committed_dir_ = dir;
+}
+
+std::string TrainControl::committed_dir() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return committed_dir_;
 }
 
 void TrainControl::Clear() {

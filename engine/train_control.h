@@ -4,6 +4,8 @@
 // descriptor (the worker's channel):
 //   {"cmd": "checkpoint", "deadline_s": 30}         checkpoint at the next step boundary, continue
 //   {"cmd": "stop", "deadline_s": 30, "reason": "slot end"}   checkpoint and exit "preempted"
+//   {"cmd": "committed", "step": 40, "dir": "/abs/step-00000040"}  ftd committed this checkpoint
+//                                                   (retention must keep it: committed_dir())
 // The trainer polls Pending() between micro-batches and at step boundaries.
 //
 // Thread safety: Post/Pending/Clear are thread-safe; the signal handler only
@@ -42,12 +44,19 @@ class TrainControl {
   // The pending request, removed atomically (a request posted meanwhile stays pending).
   std::optional<ControlRequest> Take();
 
+  // The newest checkpoint ftd committed, as forwarded by the worker ("" before the first).
+  void SetCommitted(int64_t step, const std::string& dir);
+  std::string committed_dir();
+
  private:
   void ReadLoop(int fd);
 
   std::mutex mu_;
   std::optional<ControlRequest> pending_;  // GUARDED_BY(mu_)
+  int64_t committed_step_ = -1;            // GUARDED_BY(mu_)
+  std::string committed_dir_;              // GUARDED_BY(mu_)
   double grace_seconds_ = 10;
+  std::atomic<bool> stopping_{false};
   std::thread reader_;
 };
 

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "common/logging.h"
+#include "engine/completion.h"
 #include "engine/data_format.h"
 #include "engine/file_util.h"
 #include "engine/hf_model.h"
@@ -319,6 +320,12 @@ std::map<std::string, std::string> JobMathKeys(const JobSpec& spec) {
   return m;
 }
 
+std::string JobHash(const JobSpec& spec) {
+  std::string canonical;
+  for (const auto& [k, v] : JobMathKeys(spec)) canonical += k + "=" + v + "\n";
+  return Sha256Hex(canonical);
+}
+
 std::string Trainer::checkpoint_root() const { return (fs::path(spec_.output.dir) / "checkpoints").string(); }
 
 CheckpointContents Trainer::Capture(const std::string& reason) {
@@ -331,9 +338,8 @@ CheckpointContents Trainer::Capture(const std::string& reason) {
   st.accumulation = plan_.accumulation;
   st.world = plan_.world;
   st.job_math = JobMathKeys(spec_);
-  std::string canonical;
-  for (const auto& [k, v] : st.job_math) canonical += k + "=" + v + "\n";
-  st.job_hash = Sha256Hex(canonical);
+  st.job_hash = JobHash(spec_);
+  st.epoch = owner_->epoch();
   st.last_checkpoint_seconds = writer_ ? writer_->last_seconds() : 0.0;
   st.reason = reason;
   const auto& params = optimizer_->params();
@@ -397,9 +403,54 @@ Status Trainer::Restore(const CheckpointContents& c, const std::string& from) {
   return Status::OK();
 }
 
+void Trainer::set_fencing(const std::string& job_id, int64_t epoch) {
+  owner_ = std::make_unique<OutputOwner>(spec_.output.dir, job_id, epoch);
+}
+
+std::string Trainer::ChooseResumePoint(const std::string& committed) {
+  std::vector<std::string> skipped;
+  auto newest = FindNewestValidCheckpoint(checkpoint_root(), &skipped);
+  for (const std::string& why : skipped) {
+    std::fprintf(stderr, "ft-train: WARNING: damaged checkpoint skipped: %s\n", why.c_str());
+  }
+  Status committed_ok = Status::NotFound("no committed checkpoint");
+  if (!committed.empty()) committed_ok = VerifyCheckpoint(committed);
+  std::string dir, kind, note;
+  if (newest.ok() && (!committed_ok.ok() || fs::path(newest->dir) != fs::path(committed))) {
+    dir = newest->dir;
+    if (committed.empty()) {
+      kind = "resume";
+      note = "resuming from " + dir + ", the newest verified checkpoint";
+    } else if (committed_ok.ok()) {
+      kind = "resume_ahead";
+      note = "resuming from " + dir + ", a verified checkpoint ahead of the committed " + committed;
+    } else {
+      kind = "resume_fallback";
+      note = "committed checkpoint unusable (" + committed_ok.message() + "); resuming from " + dir +
+             ", the newest verified checkpoint";
+    }
+  } else if (committed_ok.ok()) {
+    dir = committed;
+  } else if (!committed.empty() || !skipped.empty()) {
+    kind = "restart_from_zero";
+    note = "no checkpoint verifies" +
+           (committed.empty() ? "" : " (committed: " + committed_ok.message() + ")") +
+           "; starting from step 0";
+  }
+  if (!note.empty()) {
+    std::fprintf(stderr, "ft-train: %s%s\n", kind == "restart_from_zero" ? "WARNING: " : "", note.c_str());
+    resume_note_ = {{"event", "resume"}, {"kind", kind}, {"note", note}, {"dir", dir}};
+  }
+  return dir;
+}
+
 Status Trainer::ResumeIfPossible(const std::string& resume_dir) {
   std::string dir = resume_dir;
-  if (dir.empty()) {
+  if (owner_->fenced()) {
+    committed_dir_ = resume_dir;
+    dir = ChooseResumePoint(resume_dir);
+    if (dir.empty()) return Status::OK();
+  } else if (dir.empty()) {
     std::vector<std::string> skipped;
     auto newest = FindNewestValidCheckpoint(checkpoint_root(), &skipped);
     for (const std::string& why : skipped) {
@@ -442,7 +493,17 @@ Status Trainer::OpenMetrics() {
 
 Status Trainer::CheckpointNow(const std::string& reason, bool wait) {
   if (!writer_) writer_ = std::make_unique<CheckpointWriter>(checkpoint_root());
-  FT_RETURN_IF_ERROR(writer_->Submit(Capture(reason), spec_.checkpoint.keep));
+  Retention retention;
+  retention.keep = spec_.checkpoint.keep;
+  // Read when the prune runs (a commit may arrive while the checkpoint is written).
+  retention.committed = [this] {
+    const std::string forwarded = control_ ? control_->committed_dir() : "";
+    return forwarded.empty() ? committed_dir_ : forwarded;
+  };
+  retention.epoch = owner_->epoch();
+  OutputOwner* owner = owner_.get();
+  retention.fence = [owner] { return owner->Check(); };
+  FT_RETURN_IF_ERROR(writer_->Submit(Capture(reason), std::move(retention)));
   if (wait) FT_RETURN_IF_ERROR(writer_->Wait());
   LogCompletedCheckpoints();
   return Status::OK();
@@ -457,9 +518,35 @@ void Trainer::LogCompletedCheckpoints() {
                         {"reason", c.reason},
                         {"dir", c.dir},
                         {"checkpoint_seconds", c.seconds}};
-    metrics_ << j.dump() << "\n";
+    (void)WriteMetricsLine(std::move(j));
   }
+}
+
+Status Trainer::WriteMetricsLine(nlohmann::json j) {
+  // The epoch lets a worker tell its own trainer's lines from a superseded one's.
+  if (owner_->fenced()) {
+    FT_RETURN_IF_ERROR(owner_->Check());
+    j["epoch"] = owner_->epoch();
+  }
+  metrics_ << j.dump() << "\n";
   metrics_.flush();
+  if (!metrics_) return Status::IOError(spec_.output.dir + "/metrics.jsonl: write failed");
+  return Status::OK();
+}
+
+StatusOr<bool> Trainer::AlreadyComplete() {
+  const std::string hash = JobHash(spec_);
+  auto done = VerifyCompletion(spec_.output.dir, hash, /*checksums=*/true);
+  if (done.ok() && owner_->fenced() && done->steps == total_steps_) {
+    std::fprintf(stderr, "ft-train: already complete at step %lld (COMPLETE.json of epoch %lld)\n",
+                 static_cast<long long>(done->steps), static_cast<long long>(done->epoch));
+    return true;
+  }
+  if (done.status().IsNotFound()) return false;
+  // Another job's record, damaged outputs, or a plain run that trains again: not complete any more.
+  FT_RETURN_IF_ERROR(owner_->Check());
+  FT_RETURN_IF_ERROR(RemoveCompletion(spec_.output.dir));
+  return false;
 }
 
 Status Trainer::EvaluateIfDue(int64_t step) {
@@ -474,9 +561,7 @@ Status Trainer::EvaluateIfDue(int64_t step) {
   }
   nlohmann::json j = {
       {"step", e.step}, {"eval_loss", e.loss}, {"eval_tokens", e.tokens}, {"eval_seconds", e.seconds}};
-  metrics_ << j.dump() << "\n";
-  metrics_.flush();
-  if (!metrics_) return Status::IOError(spec_.output.dir + "/metrics.jsonl: write failed");
+  FT_RETURN_IF_ERROR(WriteMetricsLine(std::move(j)));
   std::fprintf(stderr, "eval at step %" PRId64 ": loss %.4f over %" PRId64 " tokens (%.2f s)\n", e.step,
                e.loss, e.tokens, e.seconds);
   return Status::OK();
@@ -484,11 +569,11 @@ Status Trainer::EvaluateIfDue(int64_t step) {
 
 StatusOr<RunOutcome> Trainer::Run(const std::string& resume_dir) {
   StatusOr<RunOutcome> outcome = RunSteps(resume_dir);
-  if (!outcome.ok() && metrics_.is_open()) {
+  // A superseded run leaves the directory to its new owner: not even a metrics line.
+  if (!outcome.ok() && metrics_.is_open() && !outcome.status().IsAborted()) {
     // The worker and the dashboard read why a run failed from the metrics too.
     nlohmann::json j = {{"event", "failed"}, {"step", steps_done()}, {"reason", outcome.status().ToString()}};
-    metrics_ << j.dump() << "\n";
-    metrics_.flush();
+    (void)WriteMetricsLine(std::move(j));
   }
   return outcome;
 }
@@ -497,21 +582,29 @@ StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
   std::error_code ec;
   fs::create_directories(spec_.output.dir, ec);
   if (ec) return Status::IOError(spec_.output.dir + ": cannot create output.dir: " + ec.message());
+  FT_RETURN_IF_ERROR(owner_->Claim());
+  FT_ASSIGN_OR_RETURN(bool complete, AlreadyComplete());
+  if (complete) return RunOutcome::kFinished;
   FT_RETURN_IF_ERROR(ResumeIfPossible(resume_dir));
+  FT_RETURN_IF_ERROR(owner_->Check());
   FT_RETURN_IF_ERROR(OpenMetrics());
+  if (!resume_note_.is_null()) {
+    resume_note_["step"] = steps_done();
+    FT_RETURN_IF_ERROR(WriteMetricsLine(resume_note_));
+  }
   FT_LOG(INFO) << "training " << spec_.model.path << ": steps " << steps_done() + 1 << ".." << total_steps_
                << ", micro-batch " << plan_.micro_batch << " x accumulation " << plan_.accumulation
                << " x world " << plan_.world;
   auto last_checkpoint = std::chrono::steady_clock::now();
   while (steps_done() < total_steps_) {
+    FT_RETURN_IF_ERROR(owner_->Check());  // a superseded trainer stops before its next write
     if (control_) {
       if (auto req = control_->Take()) {
         FT_RETURN_IF_ERROR(CheckpointNow(req->reason, /*wait=*/true));
         last_checkpoint = std::chrono::steady_clock::now();
         if (req->stop) {
           nlohmann::json j = {{"event", "preempted"}, {"step", steps_done()}, {"reason", req->reason}};
-          metrics_ << j.dump() << "\n";
-          metrics_.flush();
+          FT_RETURN_IF_ERROR(WriteMetricsLine(std::move(j)));
           std::fprintf(stderr, "ft-train: stopped after checkpoint at step %lld (%s)\n",
                        static_cast<long long>(steps_done()), req->reason.c_str());
           return RunOutcome::kPreempted;
@@ -533,9 +626,7 @@ StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
                         {"peak_bytes", m.peak_bytes},
                         {"peak_bytes_by_category", m.peak_by_category}};
     if (writer_ && writer_->last_seconds() > 0) j["checkpoint_seconds"] = writer_->last_seconds();
-    metrics_ << j.dump() << "\n";
-    metrics_.flush();
-    if (!metrics_) return Status::IOError(spec_.output.dir + "/metrics.jsonl: write failed");
+    FT_RETURN_IF_ERROR(WriteMetricsLine(std::move(j)));
     std::fprintf(stderr,
                  "step %" PRId64 "/%" PRId64
                  "  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tok/s  peak %.1f MiB\n",
@@ -564,13 +655,21 @@ StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
 }
 
 namespace {
-// Writes into <final>.tmp.<pid> with `write`, then swaps it into place.
-Status WriteDirAtomically(const fs::path& final_dir, const std::function<Status(const std::string&)>& write) {
+// Writes into <final>.tmp.e<epoch>.<pid> with `write`, then swaps it into
+// place, checking ownership before the write and before the swap.
+Status WriteDirAtomically(OutputOwner& owner, const fs::path& final_dir,
+                          const std::function<Status(const std::string&)>& write) {
   std::error_code ec;
-  const fs::path tmp = final_dir.string() + ".tmp." + std::to_string(::getpid());
+  FT_RETURN_IF_ERROR(owner.Check());
+  const fs::path tmp =
+      final_dir.string() + ".tmp.e" + std::to_string(owner.epoch()) + "." + std::to_string(::getpid());
   fs::remove_all(tmp, ec);
   FT_RETURN_IF_ERROR(write(tmp.string()));
   FT_RETURN_IF_ERROR(SyncDirectory(tmp.string()));
+  if (Status owned = owner.Check(); !owned.ok()) {
+    fs::remove_all(tmp, ec);
+    return owned;
+  }
   fs::remove_all(final_dir, ec);
   return RenameDurably(tmp.string(), final_dir.string());
 }
@@ -578,13 +677,17 @@ Status WriteDirAtomically(const fs::path& final_dir, const std::function<Status(
 
 Status Trainer::WriteOutputs() {
   const fs::path out(spec_.output.dir);
+  CompletionRecord done{owner_->job_id(), JobHash(spec_), owner_->epoch(), steps_done(), {}};
   if (model_->full_training()) {
     DType dtype = model_->config().torch_dtype == "bfloat16" ? DType::kBF16 : DType::kF32;
-    return WriteDirAtomically(out / "model",
-                              [&](const std::string& d) { return SaveHfModel(d, *model_, dtype); });
+    FT_RETURN_IF_ERROR(WriteDirAtomically(
+        *owner_, out / "model", [&](const std::string& d) { return SaveHfModel(d, *model_, dtype); }));
+    FT_RETURN_IF_ERROR(owner_->Check());
+    return WriteCompletion(spec_.output.dir, std::move(done), {"model"});
   }
-  FT_RETURN_IF_ERROR(WriteDirAtomically(
-      out / "adapter", [&](const std::string& d) { return SavePeftAdapter(d, *model_, spec_.model.path); }));
+  FT_RETURN_IF_ERROR(WriteDirAtomically(*owner_, out / "adapter", [&](const std::string& d) {
+    return SavePeftAdapter(d, *model_, spec_.model.path);
+  }));
   if (spec_.output.merge) {
     // Merge into a copy so the training model keeps its adapters.
     Model merged(model_->config(), model_->options());
@@ -593,9 +696,12 @@ Status Trainer::WriteOutputs() {
     FT_RETURN_IF_ERROR(LoadPeftAdapter((out / "adapter").string(), &merged));
     merged.MergeLora();
     FT_RETURN_IF_ERROR(WriteDirAtomically(
-        out / "merged", [&](const std::string& d) { return SaveHfModel(d, merged, DType::kF32); }));
+        *owner_, out / "merged", [&](const std::string& d) { return SaveHfModel(d, merged, DType::kF32); }));
   }
-  return Status::OK();
+  FT_RETURN_IF_ERROR(owner_->Check());
+  std::vector<std::string> dirs = {"adapter"};
+  if (spec_.output.merge) dirs.push_back("merged");
+  return WriteCompletion(spec_.output.dir, std::move(done), dirs);
 }
 
 }  // namespace ft

@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "common/status.h"
@@ -19,6 +20,7 @@
 #include "engine/job_spec.h"
 #include "engine/model.h"
 #include "engine/optimizer.h"
+#include "engine/output_owner.h"
 #include "engine/tokenizer.h"
 #include "engine/train_control.h"
 
@@ -64,6 +66,8 @@ constexpr int kExitFinished = 0;
 constexpr int kExitFailed = 1;
 constexpr int kExitBadInput = 2;
 constexpr int kExitPreempted = 3;
+constexpr int kExitSuperseded = 4;   // a newer epoch owns output.dir: stopped without writing
+constexpr int kExitEnvironment = 5;  // I/O error, a system-owned file gone: not the job's fault
 
 class Trainer {
  public:
@@ -84,15 +88,27 @@ class Trainer {
   // is set. FailedPrecondition when the job has no data.eval.
   Status Evaluate(EvalMetrics* metrics, bool* interrupted = nullptr);
   // Resumes from the newest valid checkpoint under <output.dir>/checkpoints
-  // (or `resume_dir` when set), runs the remaining steps with checkpoints at
+  // (or `resume_dir` when set; see set_fencing), runs the remaining steps with checkpoints at
   // the job's cadence and on requests, writes <output.dir>/metrics.jsonl and a
   // progress line per step on stderr, then a final checkpoint and the outputs
-  // (adapter/, model/ for full fine-tunes, merged/ when output.merge).
+  // (adapter/, model/ for full fine-tunes, merged/ when output.merge), and
+  // COMPLETE.json last (engine/completion.h).
   // With data.eval, an evaluation line follows the step line of every
   // train.eval_every_steps-th step and of the last step.
+  // Aborted when a newer epoch took output.dir (fenced runs): nothing more
+  // was written.
   StatusOr<RunOutcome> Run(const std::string& resume_dir = "");
   // Writes the final outputs only (each directory atomically).
   Status WriteOutputs();
+
+  // Makes this an attempt of `job_id` at `epoch` (> 0) under ftd: Run()
+  // claims output.dir (engine/output_owner.h) and checks it before every
+  // step and write. Resume then never loses the job: `resume_dir` (ftd's
+  // committed checkpoint) or a newer verified one, whichever attempt wrote
+  // it; the newest verified one when the committed one is missing or damaged;
+  // step 0 when none verifies. A metrics "resume" event says which and why.
+  // A COMPLETE.json of this job's math ends the run at once (finished).
+  void set_fencing(const std::string& job_id, int64_t epoch);
 
   // Checkpoint state: host copies of everything resume needs, and back.
   CheckpointContents Capture(const std::string& reason);
@@ -129,6 +145,11 @@ class Trainer {
   int64_t total_steps_ = 0;
   StatusOr<RunOutcome> RunSteps(const std::string& resume_dir);
   Status ResumeIfPossible(const std::string& resume_dir);
+  // Fenced runs: the checkpoint to resume from, and the resume note for metrics.
+  std::string ChooseResumePoint(const std::string& committed);
+  // True when COMPLETE.json shows this job finished (fenced runs); removes a stale one.
+  StatusOr<bool> AlreadyComplete();
+  Status WriteMetricsLine(nlohmann::json j);
   Status CheckpointNow(const std::string& reason, bool wait);
   void LogCompletedCheckpoints();
   Status OpenMetrics();
@@ -140,6 +161,10 @@ class Trainer {
   double micro_seconds_ = 0;  // measured time of one micro-batch (moving average)
   std::function<void(int64_t)> grad_hook_;
   TrainControl* control_ = nullptr;
+  std::unique_ptr<OutputOwner> owner_ = std::make_unique<OutputOwner>();  // unfenced until set_fencing
+  std::string committed_dir_;   // the checkpoint ftd committed: retention keeps it
+  nlohmann::json resume_note_;  // fenced runs: a "resume" event for metrics.jsonl, or null
+  // Last: its destructor waits for a write in flight, which uses the members above.
   std::unique_ptr<CheckpointWriter> writer_;
   std::ofstream metrics_;
 };
@@ -161,5 +186,7 @@ StatusOr<std::unique_ptr<Dataset>> OpenJobData(const JobSpec& spec, const ModelC
 // The job keys that define the training math, with their values; a resume
 // refuses a checkpoint whose values differ (naming the key).
 std::map<std::string, std::string> JobMathKeys(const JobSpec& spec);
+// SHA-256 of JobMathKeys (a checkpoint's and COMPLETE.json's job_hash).
+std::string JobHash(const JobSpec& spec);
 
 }  // namespace ft

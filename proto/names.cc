@@ -33,6 +33,8 @@ std::string AttemptOutcomeName(pb::AttemptOutcome outcome) {
     case pb::ATTEMPT_PREEMPTED: return "preempted";
     case pb::ATTEMPT_FAILED: return "failed";
     case pb::ATTEMPT_CANCELLED: return "cancelled";
+    case pb::ATTEMPT_SUPERSEDED: return "superseded";
+    case pb::ATTEMPT_ENVIRONMENT: return "environment";
     default: return "unknown";
   }
 }

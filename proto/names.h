@@ -12,7 +12,8 @@ namespace ft {
 std::string JobStateName(ftune::v1::JobState state);
 // The inverse, e.g. for a `state` query parameter; false for an unknown name.
 bool ParseJobStateName(const std::string& name, ftune::v1::JobState* state);
-// "running" | "finished" | "preempted" | "failed" | "cancelled" ("unknown" otherwise).
+// "running" | "finished" | "preempted" | "failed" | "cancelled" | "superseded" |
+// "environment" ("unknown" otherwise).
 std::string AttemptOutcomeName(ftune::v1::AttemptOutcome outcome);
 
 }  // namespace ft

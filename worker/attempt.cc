@@ -29,9 +29,11 @@ int64_t NowMs() {
       .count();
 }
 
-// "ft-train: resumed from DIR at step N" → N, else -1.
+// "ft-train: resumed from DIR at step N" or "ft-train: already complete at step N" → N, else -1.
 int64_t ResumedStep(const std::string& line) {
-  if (line.rfind("ft-train: resumed from ", 0) != 0) return -1;
+  if (line.rfind("ft-train: resumed from ", 0) != 0 && line.rfind("ft-train: already complete ", 0) != 0) {
+    return -1;
+  }
   const size_t at = line.rfind(" at step ");
   if (at == std::string::npos) return -1;
   return std::strtoll(line.c_str() + at + 9, nullptr, 10);
@@ -51,8 +53,8 @@ bool IsErrorLine(const std::string& line) {
     return true;
   }
   if (line.rfind("ft-train: ", 0) != 0) return false;
-  for (const char* note :
-       {"ft-train: resumed from", "ft-train: finished", "ft-train: stopped after", "ft-train: wrote"}) {
+  for (const char* note : {"ft-train: resumed from", "ft-train: finished", "ft-train: stopped after",
+                           "ft-train: wrote", "ft-train: already complete", "ft-train: resuming from"}) {
     if (line.rfind(note, 0) == 0) return false;
   }
   return true;
@@ -72,6 +74,7 @@ StatusOr<std::unique_ptr<Attempt>> Attempt::Start(AttemptSpec spec, AttemptListe
   std::vector<std::string> argv = {s.ft_train, "run", s.job_file, "--control-fd", "3"};
   if (!s.resume_checkpoint.empty()) argv.insert(argv.end(), {"--resume", s.resume_checkpoint});
   argv.insert(argv.end(), {"--stop-grace", std::to_string(s.stop_grace_s)});
+  if (s.epoch > 0) argv.insert(argv.end(), {"--job-id", s.job_id, "--epoch", std::to_string(s.epoch)});
   FT_ASSIGN_OR_RETURN(a->child_, ChildProcess::Spawn(argv));
   FT_LOG(INFO) << "attempt " << s.job_id << " e" << s.epoch << ": ft-train pid " << a->child_->pid()
                << " running " << s.job_file;
@@ -93,6 +96,11 @@ Status Attempt::Control(const std::string& cmd, double deadline_s, const std::st
   std::lock_guard<std::mutex> lock(mu_);
   if (cmd == "stop") progress_.stop_sent = true;
   return Status::OK();
+}
+
+Status Attempt::NotifyCommitted(int64_t step, const std::string& dir) {
+  nlohmann::json j = {{"cmd", "committed"}, {"step", step}, {"dir", dir}};
+  return child_->WriteControl(j.dump() + "\n");
 }
 
 void Attempt::Kill() {
@@ -217,6 +225,11 @@ void Attempt::PollMetrics() {
       FT_LOG(DEBUG) << tail_.path() << ": " << m.status().ToString();
       continue;
     }
+    if (m->epoch != 0 && m->epoch != spec_.epoch) {
+      FT_LOG(WARN) << tail_.path() << ": ignoring a line of epoch " << m->epoch << " (this attempt is e"
+                   << spec_.epoch << ")";
+      continue;
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       progress_.step = std::max(progress_.step, m->step);
@@ -237,6 +250,11 @@ void Attempt::PollMetrics() {
         break;
       case MetricsLine::Kind::kPreempted: preempted_reason_ = m->reason; break;
       case MetricsLine::Kind::kFailed: failed_reason_ = m->reason; break;
+      case MetricsLine::Kind::kResume: {
+        const AttemptNote note{m->resume_kind, m->reason, m->step, m->dir};
+        Report([&] { listener_->OnNote(spec_, note); });
+        break;
+      }
       case MetricsLine::Kind::kOtherEvent: break;
     }
   }
@@ -271,8 +289,11 @@ AttemptExit Attempt::MakeExit(const ExitStatus& status) {
   } else if (!status.signaled && status.code == 3) {
     e.outcome = AttemptOutcome::kPreempted;
     e.reason = preempted_reason_.empty() ? "stopped after a checkpoint" : preempted_reason_;
+  } else if (!status.signaled && status.code == 4) {
+    e.outcome = AttemptOutcome::kSuperseded;
+    e.reason = last_error_line_.empty() ? "a newer epoch owns output.dir" : last_error_line_;
   } else {
-    e.outcome = AttemptOutcome::kFailed;
+    e.outcome = !status.signaled && status.code == 5 ? AttemptOutcome::kEnvironment : AttemptOutcome::kFailed;
     if (status.signaled) {
       e.reason = "ft-train " + status.ToString();
     } else if (!failed_reason_.empty()) {

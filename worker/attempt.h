@@ -1,15 +1,17 @@
 // One attempt of one job on this worker: an ft-train child supervised from
 // start to exit.
 //
-//   ft-train run JOB_FILE --control-fd 3 [--resume DIR] --stop-grace S
+//   ft-train run JOB_FILE --control-fd 3 [--resume DIR] --stop-grace S --job-id ID --epoch N
 //
 // runs in its own process group. Its stdout+stderr lines are relayed in
 // batches (OnLog) and the last ones kept for the failure reason; its
 // <output_dir>/metrics.jsonl is followed from the current end (step and eval lines →
 // OnMetrics in batches and progress(); checkpoint events → OnCheckpoint with
-// the SHA-256 of the checkpoint's MANIFEST.json); when it exits, OnExit says
-// how: exit 0 FINISHED, 3 PREEMPTED (stopped after a checkpoint), anything
-// else FAILED with the trainer's last error line as the reason.
+// the SHA-256 of the checkpoint's MANIFEST.json; resume events → OnNote);
+// lines another epoch's trainer wrote are ignored. When it exits, OnExit says
+// how: exit 0 FINISHED, 3 PREEMPTED (stopped after a checkpoint), 4
+// SUPERSEDED (a newer epoch owns output.dir), 5 ENVIRONMENT (an I/O error),
+// anything else FAILED with the trainer's last error line as the reason.
 //
 // Listener calls come from the attempt's own threads, in order, and OnExit is
 // the last one. After Kill() returns there are none (the attempt was
@@ -69,7 +71,15 @@ struct CommittedCheckpoint {
   double write_seconds = 0;
 };
 
-enum class AttemptOutcome { kFinished, kPreempted, kFailed };
+enum class AttemptOutcome { kFinished, kPreempted, kFailed, kSuperseded, kEnvironment };
+
+// How the trainer resumed, when it is worth an event (see Trainer::set_fencing).
+struct AttemptNote {
+  std::string kind;  // "resume" | "resume_ahead" | "resume_fallback" | "restart_from_zero"
+  std::string message;
+  int64_t step = 0;
+  std::string dir;
+};
 
 struct AttemptExit {
   AttemptOutcome outcome = AttemptOutcome::kFailed;
@@ -86,6 +96,7 @@ class AttemptListener {
   // Complete output lines, each ending in '\n'.
   virtual void OnLog(const AttemptSpec& a, const std::string& text) = 0;
   virtual void OnCheckpoint(const AttemptSpec& a, const CommittedCheckpoint& c) = 0;
+  virtual void OnNote(const AttemptSpec& /*a*/, const AttemptNote& /*n*/) {}
   virtual void OnExit(const AttemptSpec& a, const AttemptExit& e) = 0;
 };
 
@@ -108,6 +119,8 @@ class Attempt {
   // control channel; cmd is "checkpoint" or "stop". IOError when the trainer
   // has gone.
   Status Control(const std::string& cmd, double deadline_s, const std::string& reason);
+  // Tells the trainer ftd committed the checkpoint in `dir` (its retention keeps it).
+  Status NotifyCommitted(int64_t step, const std::string& dir);
 
   // Stops reporting, then SIGKILLs the trainer's process group.
   void Kill();

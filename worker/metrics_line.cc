@@ -21,6 +21,7 @@ MetricsLine::Kind EventKind(const std::string& event) {
   if (event == "checkpoint") return MetricsLine::Kind::kCheckpoint;
   if (event == "preempted") return MetricsLine::Kind::kPreempted;
   if (event == "failed") return MetricsLine::Kind::kFailed;
+  if (event == "resume") return MetricsLine::Kind::kResume;
   return MetricsLine::Kind::kOtherEvent;
 }
 
@@ -35,10 +36,12 @@ StatusOr<MetricsLine> ParseMetricsLine(std::string_view line) {
   }
   MetricsLine m;
   m.step = step->get<int64_t>();
+  m.epoch = static_cast<int64_t>(Number(j, "epoch"));
   if (j.contains("event")) {
     m.kind = EventKind(Text(j, "event"));
     m.dir = Text(j, "dir");
-    m.reason = Text(j, "reason");
+    m.reason = m.kind == MetricsLine::Kind::kResume ? Text(j, "note") : Text(j, "reason");
+    m.resume_kind = Text(j, "kind");
     m.checkpoint_seconds = Number(j, "checkpoint_seconds");
     return m;
   }

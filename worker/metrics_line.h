@@ -3,7 +3,8 @@
 // "tokens_per_s","step_seconds","peak_bytes", optional "checkpoint_seconds"},
 // an evaluation line {"step","eval_loss","eval_tokens","eval_seconds"} (after
 // the step line of the same step, when the job has data.eval), or an event
-// line {"event":"checkpoint"|"preempted"|"failed", "step", ...}.
+// line {"event":"checkpoint"|"preempted"|"failed"|"resume", "step", ...}.
+// Attempts under ftd add "epoch" to every line (engine/output_owner.h).
 //
 // Thread safety: a pure function.
 #pragma once
@@ -17,9 +18,10 @@
 namespace ft::worker {
 
 struct MetricsLine {
-  enum class Kind { kStep, kEval, kCheckpoint, kPreempted, kFailed, kOtherEvent };
+  enum class Kind { kStep, kEval, kCheckpoint, kPreempted, kFailed, kResume, kOtherEvent };
   Kind kind = Kind::kOtherEvent;
-  int64_t step = 0;  // every kind
+  int64_t step = 0;   // every kind
+  int64_t epoch = 0;  // every kind: the attempt that wrote it (0: not recorded)
   // kStep
   double loss = 0;
   double lr = 0;
@@ -31,10 +33,12 @@ struct MetricsLine {
   // kEval: mean token cross-entropy on data.eval (NaN when the trainer wrote null: it diverged)
   double eval_loss = 0;
   int64_t eval_tokens = 0;
-  // kCheckpoint: the checkpoint directory, as the trainer wrote it
+  // kCheckpoint: the checkpoint directory, as the trainer wrote it; kResume: the one resumed from
   std::string dir;
-  // kCheckpoint (why it was taken), kPreempted (why it stopped), kFailed (the error)
+  // kCheckpoint (why it was taken), kPreempted (why it stopped), kFailed (the error), kResume (the note)
   std::string reason;
+  // kResume: "resume" | "resume_ahead" | "resume_fallback" | "restart_from_zero"
+  std::string resume_kind;
 };
 
 // InvalidArgument when the line is not a JSON object with an integer "step".

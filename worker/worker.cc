@@ -39,6 +39,8 @@ pb::AttemptOutcome ToProto(AttemptOutcome o) {
     case AttemptOutcome::kFinished: return pb::ATTEMPT_FINISHED;
     case AttemptOutcome::kPreempted: return pb::ATTEMPT_PREEMPTED;
     case AttemptOutcome::kFailed: return pb::ATTEMPT_FAILED;
+    case AttemptOutcome::kSuperseded: return pb::ATTEMPT_SUPERSEDED;
+    case AttemptOutcome::kEnvironment: return pb::ATTEMPT_ENVIRONMENT;
   }
   return pb::ATTEMPT_FAILED;
 }
@@ -151,6 +153,7 @@ void Worker::OnCommand(const pb::DaemonCommand& command) {
     case pb::DaemonCommand::kStart: HandleStart(command.start()); break;
     case pb::DaemonCommand::kCheckpointNow: HandleCheckpointNow(command.checkpoint_now()); break;
     case pb::DaemonCommand::kRefused: HandleRefused(command.refused()); break;
+    case pb::DaemonCommand::kAccepted: HandleAccepted(command.accepted()); break;
     default: FT_LOG(DEBUG) << "ignoring daemon command " << command.cmd_case(); break;
   }
 }
@@ -282,6 +285,17 @@ void Worker::HandleCheckpointNow(const pb::CheckpointNow& c) {
   if (Status s = attempt->Control(cmd, deadline_s, reason); !s.ok()) FT_LOG(WARN) << s.ToString();
 }
 
+void Worker::HandleAccepted(const pb::CheckpointAccepted& c) {
+  std::shared_ptr<Attempt> attempt;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = attempts_.find({c.job_id(), c.epoch()});
+    if (it != attempts_.end() && !it->second.exited) attempt = it->second.attempt;
+  }
+  if (!attempt) return;  // it ended meanwhile: the next attempt gets the commit as its --resume
+  if (Status s = attempt->NotifyCommitted(c.step(), c.dir()); !s.ok()) FT_LOG(DEBUG) << s.ToString();
+}
+
 void Worker::HandleRefused(const pb::Refused& r) {
   std::shared_ptr<Attempt> attempt;
   {
@@ -350,6 +364,18 @@ void Worker::OnCheckpoint(const AttemptSpec& a, const CommittedCheckpoint& c) {
   r->set_dir(c.dir);
   r->set_manifest_sha256(c.manifest_sha256);
   r->set_write_seconds(c.write_seconds);
+  Send(std::move(m));
+}
+
+void Worker::OnNote(const AttemptSpec& a, const AttemptNote& n) {
+  pb::WorkerMessage m;
+  pb::AttemptNote* r = m.mutable_note();
+  r->set_job_id(a.job_id);
+  r->set_epoch(a.epoch);
+  r->set_kind(n.kind);
+  r->set_message(n.message);
+  r->set_step(n.step);
+  r->set_dir(n.dir);
   Send(std::move(m));
 }
 

@@ -69,6 +69,7 @@ class Worker : public SessionDelegate, public AttemptListener {
   void OnMetrics(const AttemptSpec& a, const std::vector<MetricsLine>& steps, int64_t time_ms) override;
   void OnLog(const AttemptSpec& a, const std::string& text) override;
   void OnCheckpoint(const AttemptSpec& a, const CommittedCheckpoint& c) override;
+  void OnNote(const AttemptSpec& a, const AttemptNote& n) override;
   void OnExit(const AttemptSpec& a, const AttemptExit& e) override;
 
   // Tells every running attempt to checkpoint and stop within deadline_s
@@ -96,6 +97,7 @@ class Worker : public SessionDelegate, public AttemptListener {
   void HandleStart(const ftune::v1::StartAttempt& s);
   void HandleCheckpointNow(const ftune::v1::CheckpointNow& c);
   void HandleRefused(const ftune::v1::Refused& r);
+  void HandleAccepted(const ftune::v1::CheckpointAccepted& c);
   // Empty when the attempt may start, else why not (the slot or a stop).
   std::string StartRefusal(int64_t now_ms);
   // Kills running attempts of `job_id` with an epoch below `epoch` (superseded)

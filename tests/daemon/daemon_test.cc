@@ -11,7 +11,12 @@
 #include <set>
 #include <thread>
 
+#include "engine/checkpoint.h"
+#include "engine/completion.h"
+#include "engine/file_util.h"
 #include "engine/hf_model.h"
+#include "engine/job_spec.h"
+#include "engine/trainer.h"
 
 namespace ft {
 namespace {
@@ -207,6 +212,134 @@ TEST_F(DaemonTest, FailuresHaveABudgetButPreemptionsDoNot) {
   }
   EXPECT_EQ(Job(id).state(), pb::FAILED);
   EXPECT_EQ(Job(id).failures(), 4);
+}
+
+TEST_F(DaemonTest, EnvironmentFailuresBackOffAndNeverExhaustMaxFailures) {
+  std::string id = Submit();
+  FakeSink w;
+  Register("w", &w);
+  int64_t last_wait = 0;
+  for (int i = 0; i < 8; ++i) {  // max_failures 3, but an I/O error is not the job's fault
+    Heartbeat("w", &w, "", 0, 0);
+    daemon_->Tick();
+    const int64_t epoch = w.Last(pb::DaemonCommand::kStart)->start().epoch();
+    Exit("w", &w, id, epoch, pb::ATTEMPT_ENVIRONMENT, 1);
+    EXPECT_EQ(Job(id).state(), pb::QUEUED);
+    EXPECT_THAT(Job(id).reason(), HasSubstr("environment error"));
+    // It does not start again before its backoff, which grows.
+    int64_t waited = 0;
+    while (w.Last(pb::DaemonCommand::kStart)->start().epoch() == epoch && waited < 600'000) {
+      clock_.Advance(500);
+      waited += 500;
+      Heartbeat("w", &w, "", 0, 0);
+      daemon_->Tick();
+    }
+    EXPECT_GE(waited, last_wait);
+    last_wait = waited;
+  }
+  EXPECT_EQ(Job(id).failures(), 0);
+  EXPECT_GE(last_wait, 60'000) << "the backoff doubles";
+  EXPECT_LE(last_wait, 301'000) << "up to 5 minutes";
+  // A superseded attempt counts as nothing either.
+  const int64_t epoch = w.Last(pb::DaemonCommand::kStart)->start().epoch();
+  Exit("w", &w, id, epoch, pb::ATTEMPT_SUPERSEDED, 1);
+  EXPECT_EQ(Job(id).state(), pb::QUEUED);
+  EXPECT_EQ(Job(id).failures(), 0);
+  EXPECT_EQ(Job(id).preemptions(), 0);
+  EXPECT_EQ(Job(id).attempts(Job(id).attempts_size() - 1).outcome(), pb::ATTEMPT_SUPERSEDED);
+}
+
+TEST_F(DaemonTest, ACommitIsAcknowledgedSoTheTrainerKeepsIt) {
+  std::string id = Submit();
+  FakeSink w;
+  Register("w", &w);
+  daemon_->Tick();
+  const std::string ckpt = dir_ + "/job/out/checkpoints/step-00000004";
+  fs::create_directories(ckpt);
+  std::ofstream(ckpt + "/MANIFEST.json") << "{}";
+  pb::WorkerMessage m;
+  m.mutable_checkpoint()->set_job_id(id);
+  m.mutable_checkpoint()->set_epoch(1);
+  m.mutable_checkpoint()->set_step(4);
+  m.mutable_checkpoint()->set_dir(ckpt);
+  m.mutable_checkpoint()->set_manifest_sha256(*Sha256File(ckpt + "/MANIFEST.json"));
+  daemon_->OnWorkerMessage("w", &w, m);
+  EXPECT_EQ(Job(id).committed_step(), 4);
+  ASSERT_EQ(w.Count(pb::DaemonCommand::kAccepted), 1);
+  EXPECT_EQ(w.Last(pb::DaemonCommand::kAccepted)->accepted().dir(), ckpt);
+  EXPECT_EQ(w.Last(pb::DaemonCommand::kAccepted)->accepted().epoch(), 1);
+  // How the attempt resumed becomes a job event.
+  pb::WorkerMessage note;
+  note.mutable_note()->set_job_id(id);
+  note.mutable_note()->set_epoch(1);
+  note.mutable_note()->set_kind("resume_fallback");
+  note.mutable_note()->set_message("committed checkpoint unusable");
+  daemon_->OnWorkerMessage("w", &w, note);
+  auto events = daemon_->ListEvents([&] {
+    pb::ListEventsRequest r;
+    r.set_job_id(id);
+    return r;
+  }());
+  ASSERT_TRUE(events.ok());
+  bool seen = false;
+  for (const auto& e : events->events()) seen |= e.kind() == "resume_fallback";
+  EXPECT_TRUE(seen);
+}
+
+// A finished trainer's output, as ft-train leaves it (COMPLETE.json last).
+void WriteCompletedOutput(const std::string& spec_dir, const std::string& spec_yaml) {
+  auto spec = ParseJobSpec(spec_yaml, spec_dir + "/job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  fs::create_directories(spec->output.dir + "/adapter");
+  std::ofstream(spec->output.dir + "/adapter/adapter_model.safetensors") << "weights";
+  ASSERT_TRUE(WriteCompletion(spec->output.dir, {"j", JobHash(*spec), 1, 10, {}}, {"adapter"}).ok());
+}
+
+TEST_F(DaemonTest, ALostAttemptWhoseRunCompletedMakesTheJobSucceedWithoutRerunning) {
+  std::string id = Submit();
+  FakeSink w1, w2;
+  Register("w1", &w1);
+  daemon_->Tick();
+  Heartbeat("w1", &w1, id, 1, 9);
+  // The trainer finished and wrote its outputs; the worker died before reporting it.
+  WriteCompletedOutput(dir_ + "/job", Job(id).spec_yaml());
+  clock_.Advance(10'001);
+  Register("w2", &w2);
+  daemon_->Tick();
+  pb::Job j = Job(id);
+  EXPECT_EQ(j.state(), pb::SUCCEEDED) << j.reason();
+  EXPECT_EQ(j.steps_done(), 10);
+  EXPECT_EQ(j.failures(), 0);
+  EXPECT_EQ(w2.Count(pb::DaemonCommand::kStart), 0) << "nothing re-run";
+}
+
+TEST_F(DaemonTest, ALostAttemptsNewerCheckpointBecomesTheResumePoint) {
+  std::string id = Submit();
+  FakeSink w1, w2;
+  Register("w1", &w1);
+  daemon_->Tick();
+  auto spec = ParseJobSpec(Job(id).spec_yaml(), dir_ + "/job/job.yaml");
+  ASSERT_TRUE(spec.ok());
+  // A checkpoint of this job at step 6 whose commit never reached ftd, and one of other math at 8.
+  for (auto [step, hash] : std::vector<std::pair<int64_t, std::string>>{{6, JobHash(*spec)}, {8, "other"}}) {
+    CheckpointContents c;
+    c.state.step = step;
+    c.state.job_hash = hash;
+    c.state.epoch = 1;
+    c.adapter_config_json = "{}";
+    c.model.push_back({"w", {2}, {1, 2}});
+    ASSERT_TRUE(WriteCheckpoint(spec->output.dir + "/checkpoints", c).ok());
+  }
+  clock_.Advance(10'001);
+  Register("w2", &w2);
+  daemon_->Tick();
+  pb::Job j = Job(id);
+  EXPECT_EQ(j.state(), pb::QUEUED);
+  EXPECT_EQ(j.committed_step(), 6) << "the newest checkpoint of this job's math";
+  clock_.Advance(1'001);
+  daemon_->Tick();
+  ASSERT_EQ(w2.Count(pb::DaemonCommand::kStart), 1);
+  EXPECT_THAT(w2.Last(pb::DaemonCommand::kStart)->start().resume_checkpoint(), HasSubstr("step-00000006"));
 }
 
 TEST_F(DaemonTest, SlotEndStopsWithACheckpointAndShortSlotsGetNoWork) {

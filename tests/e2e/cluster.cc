@@ -133,7 +133,7 @@ Proc& Cluster::StartWorker(const std::string& id, const std::vector<std::string>
 }
 
 std::string Cluster::WriteJob(const std::string& name, int64_t steps, int64_t every_steps,
-                              const std::string& extra) {
+                              const std::string& extra, double dropout, int64_t keep) {
   const std::string job = dir_ + "/job";
   if (!fs::exists(job + "/model/config.json")) {
     Model model(*PresetModelConfig("tiny-llama"), {});
@@ -142,26 +142,32 @@ std::string Cluster::WriteJob(const std::string& name, int64_t steps, int64_t ev
     fs::copy_file(std::string(FT_SOURCE_DIR) + "/examples/tiny-lora/data.jsonl", job + "/data.jsonl");
   }
   std::ofstream(job + "/" + name + ".yaml")
-      << "name: " << name << "\nmodel: {path: model, dtype: fp32}\nadapter: {type: lora, r: 8, alpha: 16}\n"
+      << "name: " << name << "\nmodel: {path: model, dtype: fp32}\nadapter: {type: lora, r: 8, alpha: 16"
+      << (dropout > 0 ? ", dropout: " + std::to_string(dropout) : std::string()) << "}\n"
       << "data: {train: data.jsonl, format: tokens, seq_len: 64, packing: false, shuffle: true}\n"
       << "train: {max_steps: " << steps
       << ", global_batch_size: 8, micro_batch_size: 2, lr: 1.0e-2, warmup_steps: 3}\n"
-      << "checkpoint: {every_steps: " << every_steps << ", every_minutes: 0, keep: 3}\n"
+      << "checkpoint: {every_steps: " << every_steps << ", every_minutes: 0, keep: " << keep << "}\n"
       << "output: {dir: out-" << name << "}\n"
       << extra;
   return job + "/" + name + ".yaml";
 }
 
-std::string Cluster::RunReference(const std::string& job_yaml) {
+std::pair<Proc, std::string> Cluster::StartReference(const std::string& job_yaml) {
   std::string text = Slurp(job_yaml);
-  const std::string ref = job_yaml.substr(0, job_yaml.size() - 5) + "-reference.yaml";
+  const std::string base = job_yaml.substr(0, job_yaml.size() - 5);
+  const std::string ref = base + "-reference.yaml";
   text = std::regex_replace(text, std::regex("output: \\{dir: ([^}]*)\\}"), "output: {dir: $1-reference}");
   std::ofstream(ref) << text;
-  Proc p = Spawn({FT_TRAIN_BIN, "run", ref}, dir_ + "/reference.log");
-  if (p.Wait() != 0) throw std::runtime_error("reference run failed: " + Slurp(dir_ + "/reference.log"));
   std::smatch m;
   std::regex_search(text, m, std::regex("output: \\{dir: ([^}]*)\\}"));
-  return dir_ + "/job/" + m[1].str();
+  return {Spawn({FT_TRAIN_BIN, "run", ref}, base + "-reference.log"), dir_ + "/job/" + m[1].str()};
+}
+
+std::string Cluster::RunReference(const std::string& job_yaml) {
+  auto [p, out] = StartReference(job_yaml);
+  if (p.Wait() != 0) throw std::runtime_error("reference run failed: " + Slurp(p.log));
+  return out;
 }
 
 std::string Cluster::Submit(const std::string& job_yaml) {

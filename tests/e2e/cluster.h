@@ -49,8 +49,10 @@ class Cluster {
 
   // A tiny model and data under dir()/job, and a job.yaml with these train keys.
   std::string WriteJob(const std::string& name, int64_t steps, int64_t every_steps,
-                       const std::string& extra = "");
-  // ft-train run of the same job into another output dir (the uninterrupted reference).
+                       const std::string& extra = "", double dropout = 0, int64_t keep = 3);
+  // ft-train run of the same job into another output dir (the uninterrupted
+  // reference); Start returns the running process and that output dir.
+  std::pair<Proc, std::string> StartReference(const std::string& job_yaml);
   std::string RunReference(const std::string& job_yaml);
 
   JobsClient& client() { return *client_; }

@@ -24,91 +24,14 @@
 #include "engine/hf_model.h"
 #include "engine/job_spec.h"
 #include "engine/trainer.h"
+#include "tests/engine/ft_train_harness.h"
 
 namespace ft {
 namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
-
-// A model shared by every test of this file (made once).
-const std::string& ModelDir() {
-  static const std::string dir = [] {
-    std::string d = (fs::path(testing::TempDir()) / "ckpt-model").lexically_normal().string();
-    fs::remove_all(d);
-    Model model(*PresetModelConfig("tiny-llama"), {});
-    RandomInitModel(&model, 11);
-    EXPECT_TRUE(SaveHfModel(d, model, DType::kF32).ok());
-    return d;
-  }();
-  return dir;
-}
-
-// Writes a job under `dir`: LoRA with dropout and shuffling across several
-// epochs, so the data cursor and the counter-based RNG are both exercised.
-std::string WriteJob(const std::string& dir, const std::string& train_extra = "", int64_t every_steps = 3,
-                     int64_t steps = 48) {
-  fs::create_directories(dir);
-  fs::copy_file(std::string(FT_SOURCE_DIR) + "/examples/tiny-lora/data.jsonl", dir + "/data.jsonl",
-                fs::copy_options::overwrite_existing);
-  std::ofstream(dir + "/job.yaml")
-      << "model: {path: " << ModelDir() << ", dtype: fp32}\n"
-      << "adapter: {type: lora, r: 8, alpha: 16, dropout: 0.1}\n"
-      << "data: {train: data.jsonl, format: tokens, seq_len: 64, packing: false, "
-         "shuffle: true}\n"
-      << "train:\n  max_steps: " << steps << "\n  global_batch_size: 8\n  lr: 1.0e-2\n  warmup_steps: 3\n"
-      << "  weight_decay: 0.01\n"
-      << (train_extra.empty() ? "  micro_batch_size: 2\n" : train_extra)
-      << "checkpoint: {every_steps: " << every_steps << ", every_minutes: 0, keep: 3}\n"
-      << "output: {dir: out}\n";
-  return dir + "/job.yaml";
-}
-
-std::string FreshDir(const std::string& name) {
-  std::string d = (fs::path(testing::TempDir()) / ("ckpt-" + name)).lexically_normal().string();
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-// Starts ft-train; stderr is appended to <dir>/stderr.txt.
-pid_t Spawn(const std::string& dir, const std::vector<std::string>& args) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    int fd = open((dir + "/stderr.txt").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    dup2(fd, 2);
-    std::vector<char*> argv = {const_cast<char*>(FT_TRAIN_BIN)};
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(FT_TRAIN_BIN, argv.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-int WaitExit(pid_t pid) {
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-int RunToEnd(const std::string& dir, const std::string& job) { return WaitExit(Spawn(dir, {"run", job})); }
-
-std::string Slurp(const std::string& path) {
-  auto s = ReadFileToString(path);
-  return s.ok() ? *s : std::string();
-}
-
-// Steps logged in metrics.jsonl, in order.
-std::vector<nlohmann::json> StepLines(const std::string& out) {
-  std::vector<nlohmann::json> v;
-  std::istringstream in(Slurp(out + "/metrics.jsonl"));
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && !j.contains("event")) v.push_back(j);
-  }
-  return v;
-}
+using namespace ::ft::testing_support;  // NOLINT: the harness is this test's vocabulary
 
 // Long enough that 25 kills at random moments land before the end.
 constexpr int64_t kChaosSteps = 240;
@@ -369,7 +292,7 @@ TEST(CheckpointRetentionTest, KeepsNewestAndNeverTheOneInUse) {
   ASSERT_EQ(all.size(), 3u);  // keep: 3
   EXPECT_EQ(all[0].step, 12);
   EXPECT_EQ(all[2].step, 8);
-  ASSERT_TRUE(PruneCheckpoints(dir + "/out/checkpoints", 1, all[2].dir).ok());
+  ASSERT_TRUE(PruneCheckpoints(dir + "/out/checkpoints", Retention{1, {all[2].dir}}).ok());
   auto left = ListCheckpoints(dir + "/out/checkpoints");
   ASSERT_EQ(left.size(), 2u);
   EXPECT_EQ(left[0].step, 12);

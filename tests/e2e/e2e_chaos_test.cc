@@ -1,0 +1,185 @@
+// Chaos on a real cluster (issue "split-brain-safe resume"): ftd, three
+// ft-workers and three LoRA jobs (dropout and shuffle on, a checkpoint every
+// few steps, keep 2) under random events of five kinds:
+//   node      kill -9 of a worker and its trainers (then the node comes back)
+//   orphan    kill -9 of a worker alone: its trainer outlives it
+//   freeze    SIGSTOP of a whole node past its lease, then SIGCONT
+//   sigterm   SIGTERM of a worker (a spot shutdown; then a new worker)
+//   daemon    kill -9 of ftd, then a restart on the same data dir
+// Every job must end SUCCEEDED with failures = 0 and an adapter byte-identical
+// to an uninterrupted `ft-train run` of the same job.
+//
+// CI runs one fixed seed. FT_CHAOS_SEED and FT_CHAOS_EVENTS choose others, and
+// FT_CHAOS_SEEDS=a,b,c runs several in a row (what the note's figures come from).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "tests/e2e/cluster.h"
+
+namespace ft::e2e {
+namespace {
+
+namespace pb = ftune::v1;
+using Clock = std::chrono::steady_clock;
+
+constexpr int64_t kLeaseMs = 2000;
+constexpr int64_t kSteps = 1500;
+const std::vector<std::string> kWorkers = {"w1", "w2", "w3"};
+const std::vector<std::string> kKinds = {"node", "orphan", "freeze", "sigterm", "daemon"};
+
+int64_t EnvInt(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::strtoll(v, nullptr, 10) : fallback;
+}
+
+bool Done(const pb::Job& j) {
+  return j.state() == pb::SUCCEEDED || j.state() == pb::FAILED || j.state() == pb::CANCELLED;
+}
+
+// Signals a node's trainers (the ft-train processes under its work dir).
+void SignalTrainers(Cluster& c, const std::string& id, int sig) {
+  std::system(
+      ("pkill -" + std::to_string(sig) + " -f '" + c.dir() + "[/]w-" + id + "/' >/dev/null 2>&1").c_str());
+}
+
+void Sleep(int64_t ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+
+struct Tally {
+  std::map<std::string, int> events;
+  int while_running = 0;  // events that happened while some job was not done
+};
+
+bool AnyRunning(Cluster& c, const std::vector<std::string>& ids) {
+  for (const std::string& id : ids) {
+    auto j = c.client().Get(id);
+    if (j.ok() && !Done(*j)) return true;
+  }
+  return false;
+}
+
+std::string Describe(Cluster& c, const pb::Job& j) {
+  std::ostringstream out;
+  out << j.id() << " " << j.name() << ": state " << j.state() << ", failures " << j.failures()
+      << ", preemptions " << j.preemptions() << ", reason: " << j.reason() << "\n";
+  for (const auto& a : j.attempts()) {
+    out << "  #" << a.number() << " e" << a.epoch() << " " << a.worker_id() << " outcome " << a.outcome()
+        << " steps " << a.start_step() << ".." << a.end_step() << " " << a.reason() << "\n";
+  }
+  auto events = c.client().Events(j.id(), 0);
+  if (events.ok()) {
+    for (const auto& e : events->events()) {
+      if (e.kind() != "checkpoint") out << "  event " << e.kind() << ": " << e.message() << "\n";
+    }
+  }
+  return out.str();
+}
+
+void RunChaos(uint64_t seed, int events) {
+  ClusterOptions options;
+  options.lease_ms = kLeaseMs;
+  Cluster c("chaos-" + std::to_string(seed), options);
+  std::vector<std::string> jobs, ids;
+  for (int k = 0; k < 3; ++k) {
+    jobs.push_back(c.WriteJob("chaos" + std::to_string(k), kSteps + 50 * k, 5, "", 0.1, 2));
+  }
+  for (const std::string& w : kWorkers) c.StartWorker(w);
+  for (const std::string& j : jobs) ids.push_back(c.Submit(j));
+
+  std::mt19937_64 rng(seed);
+  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  // Every kind equally often, in a random order.
+  std::vector<std::string> order;
+  for (int e = 0; e < events; ++e) order.push_back(kKinds[static_cast<size_t>(e) % kKinds.size()]);
+  std::shuffle(order.begin(), order.end(), rng);
+  Tally tally;
+  for (int e = 0; e < events; ++e) {
+    Sleep(200 + static_cast<int64_t>(pick(700)));
+    const std::string& kind = order[static_cast<size_t>(e)];
+    const std::string w = kWorkers[pick(kWorkers.size())];
+    tally.events[kind]++;
+    tally.while_running += AnyRunning(c, ids);
+    std::printf("seed %llu event %d: %s %s\n", static_cast<unsigned long long>(seed), e + 1, kind.c_str(),
+                kind == "daemon" ? "ftd" : w.c_str());
+    if (kind == "node") {
+      c.worker(w).Signal(SIGKILL);
+      SignalTrainers(c, w, SIGKILL);
+      c.worker(w).Wait();
+      Sleep(static_cast<int64_t>(pick(1000)));
+      c.StartWorker(w);
+    } else if (kind == "orphan") {
+      c.worker(w).Signal(SIGKILL);
+      c.worker(w).Wait();
+      Sleep(static_cast<int64_t>(pick(1000)));
+      c.StartWorker(w);
+    } else if (kind == "freeze") {
+      c.worker(w).Signal(SIGSTOP);
+      SignalTrainers(c, w, SIGSTOP);
+      Sleep(kLeaseMs + 800 + static_cast<int64_t>(pick(1000)));
+      SignalTrainers(c, w, SIGCONT);
+      c.worker(w).Signal(SIGCONT);
+    } else if (kind == "sigterm") {
+      c.worker(w).Signal(SIGTERM);
+      c.worker(w).Wait();
+      c.StartWorker(w);
+    } else {
+      c.daemon().Signal(SIGKILL);
+      c.daemon().Wait();
+      Sleep(static_cast<int64_t>(pick(1000)));
+      c.StartDaemon();
+    }
+  }
+  std::printf("seed %llu: %d events (%d while a job ran):", static_cast<unsigned long long>(seed), events,
+              tally.while_running);
+  for (const auto& [k, n] : tally.events) std::printf(" %s %d", k.c_str(), n);
+  std::printf("\n");
+
+  // The uninterrupted references, while the cluster finishes.
+  std::vector<std::pair<Proc, std::string>> refs;
+  for (const std::string& j : jobs) refs.push_back(c.StartReference(j));
+  for (size_t k = 0; k < ids.size(); ++k) {
+    pb::Job j = c.WaitFor(ids[k], Done, 400'000);
+    auto& [proc, ref_out] = refs[k];
+    ASSERT_EQ(proc.Wait(), 0) << Slurp(proc.log);
+    EXPECT_EQ(j.state(), pb::SUCCEEDED) << "seed " << seed << "\n" << Describe(c, j);
+    EXPECT_EQ(j.failures(), 0) << "seed " << seed << "\n" << Describe(c, j);
+    EXPECT_EQ(j.steps_done(), j.total_steps());
+    EXPECT_EQ(Slurp(j.output_dir() + "/adapter/adapter_model.safetensors"),
+              Slurp(ref_out + "/adapter/adapter_model.safetensors"))
+        << "seed " << seed << ": " << j.name() << "'s adapter differs from the uninterrupted run\n"
+        << Describe(c, j);
+    std::printf("seed %llu %s: %s, %d attempts, %lld preemptions, %lld failures\n",
+                static_cast<unsigned long long>(seed), j.name().c_str(),
+                j.state() == pb::SUCCEEDED ? "SUCCEEDED" : "NOT SUCCEEDED", j.attempts_size(),
+                static_cast<long long>(j.preemptions()), static_cast<long long>(j.failures()));
+  }
+  EXPECT_EQ(tally.while_running, events) << "the jobs finished before the events did: make them longer";
+}
+
+TEST(Chaos, ThreeJobsSurviveRandomKillsFreezesPreemptionsAndDaemonRestarts) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress shows in ctest's log as it happens
+  const int events = static_cast<int>(EnvInt("FT_CHAOS_EVENTS", 30));
+  std::vector<uint64_t> seeds;
+  if (const char* list = std::getenv("FT_CHAOS_SEEDS"); list && *list) {
+    std::stringstream in(list);
+    for (std::string s; std::getline(in, s, ',');) seeds.push_back(std::strtoull(s.c_str(), nullptr, 10));
+  } else {
+    seeds.push_back(static_cast<uint64_t>(EnvInt("FT_CHAOS_SEED", 1)));
+  }
+  for (uint64_t seed : seeds) {
+    RunChaos(seed, events);
+    if (HasFailure()) break;
+  }
+}
+
+}  // namespace
+}  // namespace ft::e2e

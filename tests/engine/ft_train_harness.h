@@ -1,0 +1,44 @@
+// Test support for tests that run the real ft-train binary on small jobs:
+// a shared random model, a job writer, process spawning and metrics reading.
+// Every path lives under testing::TempDir(), prefixed with the test binary's
+// name, so test binaries running side by side never share a directory.
+//
+// Thread safety: for a test's main thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace ft::testing_support {
+
+// A tiny-llama model with random weights, made once per test binary.
+const std::string& ModelDir();
+
+// Writes <dir>/job.yaml (and data.jsonl beside it): LoRA with dropout and
+// shuffling across several epochs, so the data cursor and the counter-based
+// RNG are both exercised; output.dir is <dir>/out. Returns the job's path.
+std::string WriteJob(const std::string& dir, const std::string& train_extra = "", int64_t every_steps = 3,
+                     int64_t steps = 48, int64_t keep = 3);
+
+// An empty directory <TempDir>/<binary>-<name>.
+std::string FreshDir(const std::string& name);
+
+// Starts ft-train with `args`; its stderr is appended to <dir>/stderr.txt.
+pid_t Spawn(const std::string& dir, const std::vector<std::string>& args);
+// Waits for `pid`: its exit code, or 128 + the signal that killed it.
+int WaitExit(pid_t pid);
+// ft-train run JOB to its end.
+int RunToEnd(const std::string& dir, const std::string& job);
+
+// A file's contents ("" when unreadable).
+std::string Slurp(const std::string& path);
+// The step lines of <out>/metrics.jsonl, in order.
+std::vector<nlohmann::json> StepLines(const std::string& out);
+// The event lines of <out>/metrics.jsonl whose "event" is `event`, in order.
+std::vector<nlohmann::json> EventLines(const std::string& out, const std::string& event);
+
+}  // namespace ft::testing_support
