@@ -508,6 +508,13 @@ Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
     }
     if (!was_alive)
       Event("", reg.worker_id(), "worker_joined", "worker " + reg.worker_id() + " registered", 0);
+    // Exits the worker journaled before it restarted: how those attempts really ended.
+    for (const pb::AttemptExited& e : reg.exited()) {
+      if (!IsCurrent(e.job_id(), e.epoch())) continue;  // already known (or superseded)
+      Event(e.job_id(), reg.worker_id(), "replayed",
+            "exit of epoch " + std::to_string(e.epoch()) + " replayed from the worker's journal", e.step());
+      OnExited(reg.worker_id(), s, e);
+    }
     // Reattach what the worker still runs; refuse what was superseded.
     std::set<std::string> reported;
     for (const pb::RunningAttempt& a : reg.running()) {

@@ -207,6 +207,7 @@ bool Session::RunStream(grpc::Status* status) {
     while (stream->Read(&command)) {
       if (command.has_registered()) {
         HandleRegistered(command.registered());
+        delegate_->OnRegistered();
         got_registered = true;
       } else {
         delegate_->OnCommand(command);

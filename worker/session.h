@@ -57,6 +57,8 @@ class SessionDelegate {
   virtual ftune::v1::Register MakeRegister() = 0;
   virtual ftune::v1::Heartbeat MakeHeartbeat() = 0;
   virtual void OnCommand(const ftune::v1::DaemonCommand& command) = 0;
+  // The daemon acknowledged the Register that MakeRegister made last.
+  virtual void OnRegistered() {}
 };
 
 // Where the worker's reports go (the Session; a fake in tests).

@@ -66,7 +66,8 @@ std::vector<pid_t> TrainerPids(const std::vector<std::shared_ptr<Attempt>>& runn
 
 }  // namespace
 
-Worker::Worker(WorkerOptions options) : options_(std::move(options)), devices_(options_.devices) {}
+Worker::Worker(WorkerOptions options)
+    : options_(std::move(options)), devices_(options_.devices), journal_(options_.work_dir + "/journal") {}
 
 Worker::~Worker() {
   std::map<Key, Entry> attempts;
@@ -124,7 +125,19 @@ pb::Register Worker::MakeRegister() {
     ra->set_epoch(a->spec().epoch);
     ra->set_step(a->progress().step);
   }
+  std::lock_guard<std::mutex> lock(mu_);
+  journaled_in_register_.clear();
+  for (pb::AttemptExited& e : journal_.Entries()) {
+    journaled_in_register_.emplace_back(e.job_id(), e.epoch());
+    *r.add_exited() = std::move(e);
+  }
   return r;
+}
+
+void Worker::OnRegistered() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [job, epoch] : journaled_in_register_) journal_.Forget(job, epoch);
+  journaled_in_register_.clear();
 }
 
 pb::Heartbeat Worker::MakeHeartbeat() {
@@ -388,6 +401,11 @@ void Worker::OnExit(const AttemptSpec& a, const AttemptExit& e) {
   r->set_exit_code(e.exit_code);
   r->set_reason(e.reason);
   r->set_step(e.step);
+  {
+    // Journaled first: a restart before the daemon has it replays it in the next Register.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (Status s = journal_.Record(*r); !s.ok()) FT_LOG(WARN) << s.ToString();
+  }
   Send(std::move(m));  // before it leaves Register's running list: the daemon sees the exit either way
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -11,6 +11,9 @@
 //   CheckpointNow  {"cmd": "checkpoint"|"stop"} on that attempt's control channel.
 //   Refused        that attempt is superseded: killed, nothing more reported.
 //
+// Every exit report is journaled first (<work_dir>/journal, see
+// worker/report_journal.h) and replayed in the next Register.
+//
 // Preemption (signals, cloud notices) calls StopAll, then WaitIdle and, for
 // trainers that miss the deadline, KillRemaining. Slot end is CheckSlotEnd,
 // called periodically.
@@ -34,6 +37,7 @@
 #include "common/status.h"
 #include "worker/attempt.h"
 #include "worker/devices.h"
+#include "worker/report_journal.h"
 #include "worker/session.h"
 
 namespace ft::worker {
@@ -62,6 +66,7 @@ class Worker : public SessionDelegate, public AttemptListener {
 
   // SessionDelegate
   ftune::v1::Register MakeRegister() override;
+  void OnRegistered() override;
   ftune::v1::Heartbeat MakeHeartbeat() override;
   void OnCommand(const ftune::v1::DaemonCommand& command) override;
 
@@ -125,6 +130,8 @@ class Worker : public SessionDelegate, public AttemptListener {
   std::string stop_reason_;                        // GUARDED_BY(mu_)
   bool slot_closed_ = false;                       // GUARDED_BY(mu_)
   double max_checkpoint_seconds_ = 0;              // GUARDED_BY(mu_): newest measurements' max
+  ReportJournal journal_;                          // GUARDED_BY(mu_)
+  std::vector<std::pair<std::string, int64_t>> journaled_in_register_;  // GUARDED_BY(mu_)
 };
 
 }  // namespace ft::worker

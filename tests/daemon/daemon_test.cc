@@ -342,6 +342,34 @@ TEST_F(DaemonTest, ALostAttemptsNewerCheckpointBecomesTheResumePoint) {
   EXPECT_THAT(w2.Last(pb::DaemonCommand::kStart)->start().resume_checkpoint(), HasSubstr("step-00000006"));
 }
 
+TEST_F(DaemonTest, AnExitReplayedFromTheWorkersJournalEndsTheAttemptAsItEnded) {
+  std::string id = Submit();
+  FakeSink w, again;
+  Register("w", &w);
+  daemon_->Tick();
+  Heartbeat("w", &w, id, 1, 9);
+  // The worker restarted before its exit report reached ftd; its Register carries the journal.
+  pb::Register reg;
+  reg.set_worker_id("w");
+  pb::Device* d = reg.add_devices();
+  d->set_kind("cpu");
+  d->set_total_bytes(int64_t{8} << 30);
+  d->set_free_bytes(int64_t{8} << 30);
+  pb::AttemptExited* e = reg.add_exited();
+  e->set_job_id(id);
+  e->set_epoch(1);
+  e->set_outcome(pb::ATTEMPT_FINISHED);
+  e->set_step(10);
+  ASSERT_TRUE(daemon_->OnRegister(reg, &again).ok());
+  pb::Job j = Job(id);
+  EXPECT_EQ(j.state(), pb::SUCCEEDED) << j.reason();
+  EXPECT_EQ(j.preemptions(), 0) << "not treated as lost";
+  EXPECT_EQ(j.attempts(0).outcome(), pb::ATTEMPT_FINISHED);
+  // Replayed again (a second restart): already known, changes nothing.
+  ASSERT_TRUE(daemon_->OnRegister(reg, &again).ok());
+  EXPECT_EQ(Job(id).state(), pb::SUCCEEDED);
+}
+
 TEST_F(DaemonTest, SlotEndStopsWithACheckpointAndShortSlotsGetNoWork) {
   std::string id = Submit();
   FakeSink w;

@@ -103,7 +103,7 @@ void Cluster::StartDaemon() {
   argv.insert(argv.end(), options_.daemon_args.begin(), options_.daemon_args.end());
   daemon_ = Spawn(argv, log);
   std::regex re("ftd: listening on 127\\.0\\.0\\.1:([0-9]+)");
-  for (int i = 0; i < 200; ++i) {
+  for (int i = 0; i < 800; ++i) {  // 20 s: a loaded 2-core CI machine starts it slowly
     std::smatch m;
     const std::string text = Slurp(log).substr(before);
     // Serving once both are up (ftd prints the gRPC line first, then starts HTTP).

@@ -80,6 +80,11 @@ class FakeDaemon final : public ftune::v1::Workers::Service {
     std::lock_guard<std::mutex> lock(mu_);
     return messages_;
   }
+  // Forgets the messages recorded so far.
+  void Clear() {
+    std::lock_guard<std::mutex> lock(mu_);
+    messages_.clear();
+  }
   std::string authorization() {
     std::lock_guard<std::mutex> lock(mu_);
     return authorization_;

@@ -204,6 +204,35 @@ TEST_F(FtWorkerTest, SigtermStopsTheAttemptAfterACheckpointReportsAndExitsZero) 
   EXPECT_GT(Count(ms, [](const pb::WorkerMessage& m) { return m.has_log(); }), 0);
 }
 
+TEST_F(FtWorkerTest, AnExitReportSurvivesAWorkerRestartThroughItsJournal) {
+  FakeDaemon daemon(/*heartbeat_ms=*/100);
+  FakeDaemonServer server(&daemon);
+  auto worker = std::make_unique<WorkerProcess>(Args(server, "journal"), root_ + "/journal.log");
+  ASSERT_TRUE(daemon.WaitFor(HasRegister)) << worker->Log();
+  daemon.Push(Start("j-done", 4, 6));
+  ASSERT_TRUE(daemon.WaitFor([](const Messages& ms) { return FindExit(ms, "j-done") != nullptr; },
+                             std::chrono::seconds(120)))
+      << worker->Log();
+  const std::string entry = root_ + "/journal-work/journal/j-done-e4.exit";
+  EXPECT_TRUE(fs::exists(entry)) << "journaled before it was sent";
+  // The worker dies before the daemon could act on the report: the restarted one replays it.
+  worker->Signal(SIGKILL);
+  worker->Wait(std::chrono::seconds(10));
+  daemon.Clear();
+  worker = std::make_unique<WorkerProcess>(Args(server, "journal"), root_ + "/journal2.log");
+  ASSERT_TRUE(daemon.WaitFor(HasRegister)) << worker->Log();
+  const pb::Register reg = daemon.messages()[0].register_();
+  ASSERT_EQ(reg.exited_size(), 1);
+  EXPECT_EQ(reg.exited(0).job_id(), "j-done");
+  EXPECT_EQ(reg.exited(0).epoch(), 4);
+  EXPECT_EQ(reg.exited(0).outcome(), pb::ATTEMPT_FINISHED);
+  EXPECT_EQ(reg.exited(0).step(), 6);
+  // Acknowledged by Registered: forgotten.
+  for (int i = 0; i < 100 && fs::exists(entry); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(fs::exists(entry));
+}
+
 TEST_F(FtWorkerTest, AwsNoticeStopsTheWorker) {
   std::atomic<int> polls{0};
   FakeHttpServer aws([&](const FakeHttpServer::Request&) -> std::pair<int, std::string> {

@@ -1,0 +1,53 @@
+#include "worker/report_journal.h"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+
+#include "common/logging.h"
+#include "engine/file_util.h"
+
+namespace ft::worker {
+
+namespace fs = std::filesystem;
+
+std::string ReportJournal::Path(const std::string& job_id, int64_t epoch) const {
+  std::string name = job_id;
+  for (char& c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '_';
+  }
+  return (fs::path(dir_) / (name + "-e" + std::to_string(epoch) + ".exit")).string();
+}
+
+Status ReportJournal::Record(const ftune::v1::AttemptExited& e) {
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec) return Status::IOError(dir_ + ": cannot create the report journal: " + ec.message());
+  return ReplaceFileAtomically(Path(e.job_id(), e.epoch()), e.SerializeAsString());
+}
+
+std::vector<ftune::v1::AttemptExited> ReportJournal::Entries() const {
+  std::vector<ftune::v1::AttemptExited> out;
+  std::error_code ec;
+  for (const auto& f : fs::directory_iterator(dir_, ec)) {
+    if (f.path().extension() != ".exit") continue;
+    auto bytes = ReadFileToString(f.path().string());
+    ftune::v1::AttemptExited e;
+    if (!bytes.ok() || !e.ParseFromString(*bytes)) {
+      FT_LOG(WARN) << f.path().string() << ": unreadable journal entry skipped";
+      continue;
+    }
+    out.push_back(std::move(e));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return a.job_id() != b.job_id() ? a.job_id() < b.job_id() : a.epoch() < b.epoch();
+  });
+  return out;
+}
+
+void ReportJournal::Forget(const std::string& job_id, int64_t epoch) {
+  std::error_code ec;
+  fs::remove(Path(job_id, epoch), ec);
+}
+
+}  // namespace ft::worker

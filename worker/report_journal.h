@@ -1,0 +1,36 @@
+// The worker's journal of attempt exits: <work_dir>/journal/<job>-e<epoch>.exit,
+// one serialized AttemptExited each, written durably before the report is
+// sent. A worker restarted before ftd got the report (killed right after its
+// trainer exited, or while ftd was down) puts the journal's exits into its
+// next Register, so ftd learns how those attempts ended instead of treating
+// them as lost; they are forgotten once ftd acknowledged that registration.
+//
+// Thread safety: thread-compatible (the worker calls it under its lock).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "proto/ftune.pb.h"
+
+namespace ft::worker {
+
+class ReportJournal {
+ public:
+  explicit ReportJournal(std::string dir) : dir_(std::move(dir)) {}
+
+  // Writes `e` durably (replacing an entry of the same attempt).
+  Status Record(const ftune::v1::AttemptExited& e);
+  // Every entry, oldest attempt first; unreadable entries are skipped (and logged).
+  std::vector<ftune::v1::AttemptExited> Entries() const;
+  // Removes the entry of one attempt (absent: nothing to do).
+  void Forget(const std::string& job_id, int64_t epoch);
+
+ private:
+  std::string Path(const std::string& job_id, int64_t epoch) const;
+  std::string dir_;
+};
+
+}  // namespace ft::worker
