@@ -989,6 +989,7 @@ void Daemon::StartOn(const JobRow& job, const Placement& p) {
   if (ckpt.ok()) start->set_resume_checkpoint(ckpt->dir);
   start->set_output_dir(spec->output.dir);
   start->set_total_steps(job.total_steps);
+  start->set_start_step(start_step);
   s.sink->Send(cmd);
   Event(job.id, p.worker_id, attempt->number == 1 ? "started" : "resumed",
         (attempt->number == 1 ? "started" : "resumed from step " + std::to_string(start_step)) + " on " +

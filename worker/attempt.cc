@@ -65,6 +65,7 @@ bool IsErrorLine(const std::string& line) {
 Attempt::Attempt(AttemptSpec spec, AttemptListener* listener)
     : spec_(std::move(spec)), listener_(listener), tail_(spec_.output_dir + "/metrics.jsonl") {
   progress_.total_steps = spec_.total_steps;
+  progress_.step = spec_.start_step;  // until the trainer says where it resumed
 }
 
 StatusOr<std::unique_ptr<Attempt>> Attempt::Start(AttemptSpec spec, AttemptListener* listener) {

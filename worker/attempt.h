@@ -51,6 +51,7 @@ struct AttemptSpec {
   std::string resume_checkpoint;  // "" = ft-train resumes from the newest valid checkpoint, if any
   double stop_grace_s = 30;       // ft-train's --stop-grace (for signals it receives itself)
   int64_t total_steps = 0;        // reported with progress
+  int64_t start_step = 0;         // the committed step it resumes from (progress until the trainer says)
   std::chrono::milliseconds poll_interval{200};  // metrics.jsonl and exit polling
 };
 

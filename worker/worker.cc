@@ -235,6 +235,7 @@ StatusOr<AttemptSpec> Worker::PrepareAttempt(const pb::StartAttempt& s) {
   spec.resume_checkpoint = s.resume_checkpoint();
   spec.stop_grace_s = options_.stop_grace_s;
   spec.total_steps = s.total_steps();
+  spec.start_step = s.start_step();
   spec.poll_interval = options_.poll_interval;
   FT_RETURN_IF_ERROR(WriteFileDurably(spec.job_file, s.spec_yaml()));
   if (spec.output_dir.empty() || spec.total_steps <= 0) {

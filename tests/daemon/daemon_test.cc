@@ -340,6 +340,7 @@ TEST_F(DaemonTest, ALostAttemptsNewerCheckpointBecomesTheResumePoint) {
   daemon_->Tick();
   ASSERT_EQ(w2.Count(pb::DaemonCommand::kStart), 1);
   EXPECT_THAT(w2.Last(pb::DaemonCommand::kStart)->start().resume_checkpoint(), HasSubstr("step-00000006"));
+  EXPECT_EQ(w2.Last(pb::DaemonCommand::kStart)->start().start_step(), 6) << "progress starts there, not at 0";
 }
 
 TEST_F(DaemonTest, AnExitReplayedFromTheWorkersJournalEndsTheAttemptAsItEnded) {

@@ -167,9 +167,11 @@ TEST_F(AttemptTest, StopOnTheControlChannelCheckpointsThenPreemptsAndResumeFinis
 
   // Epoch 2 resumes from the newest checkpoint; only its own steps are reported.
   spec.epoch = 2;
+  spec.start_step = stopped_at;
   Recorder second;
   auto attempt = Attempt::Start(spec, &second);
   ASSERT_TRUE(attempt.ok()) << attempt.status().ToString();
+  EXPECT_GE((*attempt)->progress().step, stopped_at) << "progress starts at the committed step, not 0";
   ASSERT_TRUE(second.WaitForExit()) << second.log_;
   std::lock_guard<std::mutex> lock2(second.mu_);
   ASSERT_EQ(second.exit_.outcome, AttemptOutcome::kFinished) << second.exit_.reason << "\n" << second.log_;
