@@ -13,6 +13,7 @@
 #include "engine/hf_model.h"
 #include "engine/peft_adapter.h"
 #include "engine/safetensors.h"
+#include "tests/engine/ft_train_harness.h"
 
 namespace ft {
 namespace {
@@ -25,14 +26,14 @@ struct CliResult {
   std::string err;
 };
 
+// Runs ft-train with the space-separated `args`; stderr lands in <dir>/stderr.txt.
 CliResult FtTrain(const std::string& args, const std::string& dir) {
-  const std::string err_file = dir + "/stderr.txt";
-  const std::string cmd = std::string(FT_TRAIN_BIN) + " " + args + " 2> " + err_file;
-  int rc = std::system(cmd.c_str());
-  std::ifstream in(err_file);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, ss.str()};
+  std::ofstream(dir + "/stderr.txt", std::ios::trunc).flush();
+  std::vector<std::string> argv;
+  std::istringstream in(args);
+  for (std::string a; in >> a;) argv.push_back(a);
+  const int code = testing_support::WaitExit(testing_support::Spawn(dir, argv));
+  return {code, testing_support::Slurp(dir + "/stderr.txt")};
 }
 
 class FtTrainCliTest : public testing::Test {
