@@ -13,6 +13,10 @@ namespace ft::jinja {
 namespace {
 
 constexpr int kMaxCallDepth = 64;
+// Per render: a chat template from a downloaded model cannot hang or exhaust
+// the trainer (nested loops, a huge output).
+constexpr int64_t kMaxLoopIterations = 1'000'000;
+constexpr size_t kMaxOutputBytes = size_t{16} << 20;
 
 // Source-like text of simple expressions, for error messages.
 std::string Describe(const Expr& e) {
@@ -163,6 +167,7 @@ StatusOr<Value> CallerFn::Call(Interpreter& interp, CallArgs args) const {
 
 Status Interpreter::Render(const NodeList& nodes, std::string* out) {
   flow_ = Flow::kNormal;
+  iterations_ = 0;
   return Exec(nodes, *root_, out);
 }
 
@@ -183,6 +188,10 @@ StatusOr<bool> Interpreter::ApplyTest(std::string_view name, const Value& input,
 Status Interpreter::Exec(const NodeList& nodes, Scope& scope, std::string* out) {
   for (const NodePtr& n : nodes) {
     FT_RETURN_IF_ERROR(ExecNode(*n, scope, out));
+    if (out->size() > kMaxOutputBytes) {
+      return ErrorAt(
+          n->line, "output exceeds " + std::to_string(kMaxOutputBytes >> 20) + " MiB (a runaway template?)");
+    }
     if (flow_ != Flow::kNormal) return Status::OK();
   }
   return Status::OK();
@@ -304,6 +313,10 @@ Status Interpreter::ExecFor(const Node& node, Scope& scope, std::string* out) {
     return Exec(node.else_body, es, out);
   }
   for (int64_t i = 0; i < n; ++i) {
+    if (++iterations_ > kMaxLoopIterations) {
+      return ErrorAt(node.line, "more than " + std::to_string(kMaxLoopIterations) +
+                                    " loop iterations in one render (a runaway template?)");
+    }
     Scope s(&scope);
     FT_RETURN_IF_ERROR(bind(s, items[i]));
     Dict loop;

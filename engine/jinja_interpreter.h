@@ -6,7 +6,8 @@
 // top-level variables.
 //
 // Errors are InvalidArgument "line N: ..." with N the template source line of
-// the failing expression or statement.
+// the failing expression or statement. A render is bounded: 64 nested macro
+// calls, 1,000,000 loop iterations, 16 MiB of output.
 #pragma once
 
 #include <string>
@@ -71,6 +72,7 @@ class Interpreter {
   Scope* root_;
   Flow flow_ = Flow::kNormal;
   int call_depth_ = 0;
+  int64_t iterations_ = 0;  // loop iterations in this render (bounded)
 };
 
 // Makes a Status message carry the line: "line N: msg" (kept as is when it

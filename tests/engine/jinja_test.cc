@@ -311,6 +311,14 @@ TEST(JinjaTest, SandboxLimits) {
   EXPECT_THAT(Render("{{ range(1000000)|length }}"), HasSubstr("range() is too long"));
   EXPECT_THAT(Render("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}"), HasSubstr("calls deep"));
   EXPECT_THAT(Render("{{ 'ab' * 100000000 }}"), HasSubstr("too large"));
+  // Nested loops: each range is allowed, their product is not.
+  EXPECT_THAT(Render("{% for i in range(2000) %}{% for j in range(2000) %}{% endfor %}{% endfor %}"),
+              HasSubstr("line 1: more than 1000000 loop iterations"));
+  // A loop that writes too much.
+  EXPECT_THAT(Render("{% for i in range(90000) %}{{ 'x' * 200 }}{% endfor %}"),
+              HasSubstr("output exceeds 16 MiB"));
+  // Just under the limits renders.
+  EXPECT_EQ(Render("{% for i in range(1000) %}{% for j in range(999) %}{% endfor %}{% endfor %}ok"), "ok");
 }
 
 TEST(JinjaTest, StateDoesNotLeakBetweenRenders) {
