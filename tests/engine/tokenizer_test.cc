@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -210,6 +211,30 @@ TEST_P(GoldenTest, OffsetsCoverTheText) {
       EXPECT_TRUE(contiguous) << json(s).dump();
       EXPECT_EQ(tiled, s);
     }
+  }
+}
+
+// Adversarial input cannot make encoding super-linear: one long run of a
+// single character (one huge pre-token for BPE) and a long run of spaces.
+// Four times the text may take at most 8x the time (linear: ~4x; quadratic: 16x).
+TEST_P(GoldenTest, LongRunsEncodeInLinearTime) {
+  const Tokenizer& tok = Get(GetParam());
+  for (const char c : {'a', ' '}) {
+    auto seconds = [&](size_t n) {
+      const std::string text(n, c);
+      double best = 1e9;
+      for (int rep = 0; rep < 2; ++rep) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const auto ids = tok.Encode(text, false);
+        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        EXPECT_FALSE(ids.empty());
+      }
+      return best;
+    };
+    const double small = seconds(100'000), large = seconds(400'000);
+    std::printf("%s: 100k x '%c' %.3f s, 400k %.3f s (x%.1f)\n", GetParam().c_str(), c, small, large,
+                large / small);
+    EXPECT_LE(large, 8 * small + 0.05) << "encoding a run of '" << c << "' grows faster than linearly";
   }
 }
 
