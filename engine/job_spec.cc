@@ -203,6 +203,12 @@ Status CheckBatchPlan(const YamlMap& train, const JobSpec& spec) {
 }  // namespace
 
 StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& file) {
+  if (yaml_text.size() > kMaxJobSpecBytes) {
+    return Status::InvalidArgument(file + ": " + std::to_string(yaml_text.size()) +
+                                   " bytes; a job.yaml may have at most " +
+                                   std::to_string(kMaxJobSpecBytes >> 20) +
+                                   " MiB (put data in files named by data.train, not in the job)");
+  }
   FT_ASSIGN_OR_RETURN(YamlMap root, YamlMap::Parse(yaml_text, file));
   FT_RETURN_IF_ERROR(root.CheckKnownKeys(
       {"name", "model", "adapter", "data", "train", "checkpoint", "resources", "output"}));

@@ -94,8 +94,13 @@ struct JobSpec {
   } output;
 };
 
+// The largest job.yaml accepted (ftctl, ftd and ft-train alike): a job names
+// its data files, it does not hold data.
+constexpr size_t kMaxJobSpecBytes = size_t{1} << 20;
+
 // Parses and validates job.yaml text. `file` names it in messages and anchors
-// relative paths (its parent folder).
+// relative paths (its parent folder). InvalidArgument for text over
+// kMaxJobSpecBytes, before any parsing.
 StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& file);
 // Reads and parses a job file.
 StatusOr<JobSpec> LoadJobSpec(const std::string& file);

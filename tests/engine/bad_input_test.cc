@@ -177,6 +177,14 @@ output: {dir: o}
               HasSubstr("unknown key 'max_step' in train (did you mean 'max_steps'?)"));
 }
 
+TEST(JobSpecBadInputTest, AnOversizedJobIsRefusedBeforeParsing) {
+  const std::string huge = std::string(kJob) + "# " + std::string(kMaxJobSpecBytes, 'x') + "\n";
+  auto spec = ParseJobSpec(huge, "job.yaml");
+  EXPECT_THAT(spec.status().message(), HasSubstr("job.yaml: "));
+  EXPECT_THAT(spec.status().message(), HasSubstr("at most 1 MiB"));
+  EXPECT_TRUE(ParseJobSpec(std::string(kJob) + "# " + std::string(1000, 'x') + "\n", "job.yaml").ok());
+}
+
 TEST(JobSpecBadInputTest, WrongTypesAndValuesNameTheKey) {
   auto lr = ParseJobSpec(R"(model: {path: m}
 data: {train: d}
