@@ -28,6 +28,12 @@ pb::AttemptOutcome ToProtoOutcome(AttemptOutcomeCode o) {
   return static_cast<pb::AttemptOutcome>(static_cast<int>(o));
 }
 
+// A stored job's spec, parsed as at submit (relative paths against its spec_dir).
+StatusOr<JobSpec> StoredSpec(const JobRow& job) {
+  return ParseJobSpec(job.spec_yaml,
+                      (fs::path(job.spec_dir.empty() ? "." : job.spec_dir) / "job.yaml").string());
+}
+
 // The job's YAML with every path absolute and the batch plan fixed, for the worker.
 std::string ResolvedSpec(const JobSpec& spec, const std::string& yaml, const BatchPlanChoice& plan) {
   YAML::Node root = YAML::Load(yaml);
@@ -684,8 +690,7 @@ void Daemon::EndLostAttempt(const std::string& job_id, int64_t epoch, const std:
                             int64_t step) {
   auto job = store_->GetJob(job_id);
   if (!job.ok()) return EndRunning(job_id, epoch, AttemptOutcomeCode::kPreempted, reason, step);
-  const std::string file = (fs::path(job->spec_dir.empty() ? "." : job->spec_dir) / "job.yaml").string();
-  auto spec = ParseJobSpec(job->spec_yaml, file);
+  auto spec = StoredSpec(*job);
   if (!spec.ok()) return EndRunning(job_id, epoch, AttemptOutcomeCode::kPreempted, reason, step);
   const std::string hash = JobHash(*spec);
   // Sizes, not checksums: this runs under the daemon's lock; the trainer checks SHA-256s.
@@ -918,8 +923,7 @@ double Daemon::EstimateCheckpointSeconds(const std::string& job_id) {
 
 Status Daemon::EnsurePlanInput(const JobRow& job) {
   if (plan_inputs_.count(job.id)) return Status::OK();
-  const std::string file = (fs::path(job.spec_dir.empty() ? "." : job.spec_dir) / "job.yaml").string();
-  FT_ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(job.spec_yaml, file));
+  FT_ASSIGN_OR_RETURN(JobSpec spec, StoredSpec(job));
   FT_ASSIGN_OR_RETURN(ModelConfig model, ReadHfConfig(spec.model.path));
   plan_inputs_[job.id] = MakeJobView(job, spec, model);
   return Status::OK();
@@ -951,8 +955,7 @@ void Daemon::ScheduleQueued() {
 
 void Daemon::StartOn(const JobRow& job, const Placement& p) {
   Session& s = sessions_[p.worker_id];
-  const std::string file = (fs::path(job.spec_dir.empty() ? "." : job.spec_dir) / "job.yaml").string();
-  auto spec = ParseJobSpec(job.spec_yaml, file);
+  auto spec = StoredSpec(job);
   if (!spec.ok()) return;
   auto ckpt = store_->LatestCheckpoint(job.id);
   const int64_t start_step = ckpt.ok() ? ckpt->step : 0;

@@ -138,8 +138,7 @@ Status WriteCheckpoint(const std::string& root, const CheckpointContents& c, con
   const std::string name = CheckpointName(c.state.step);
   const fs::path final_dir = fs::path(root) / name;
   if (fs::exists(final_dir) && VerifyCheckpoint(final_dir.string()).ok()) {
-    auto existing = ReadFileToString((final_dir / "trainer_state.json").string());
-    auto state = existing.ok() ? StateFromJson(*existing, name) : StatusOr<TrainerState>(existing.status());
+    auto state = ReadCheckpointState(final_dir.string());
     if (state.ok() && state->job_hash == c.state.job_hash) {
       FT_LOG(INFO) << "checkpoint " << name << " already exists (epoch " << state->epoch << "): kept";
       if (seconds) *seconds = 0;

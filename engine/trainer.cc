@@ -411,6 +411,7 @@ std::string Trainer::ChooseResumePoint(const std::string& committed) {
   std::vector<std::string> skipped;
   auto newest = FindNewestValidCheckpoint(checkpoint_root(), &skipped);
   for (const std::string& why : skipped) {
+    FT_LOG(ERROR) << "DAMAGED CHECKPOINT, falling back to an older one: " << why;
     std::fprintf(stderr, "ft-train: WARNING: damaged checkpoint skipped: %s\n", why.c_str());
   }
   Status committed_ok = Status::NotFound("no committed checkpoint");
@@ -433,38 +434,33 @@ std::string Trainer::ChooseResumePoint(const std::string& committed) {
     dir = committed;
   } else if (!committed.empty() || !skipped.empty()) {
     kind = "restart_from_zero";
-    note = "no checkpoint verifies" +
+    note = "no valid checkpoint left" +
            (committed.empty() ? "" : " (committed: " + committed_ok.message() + ")") +
            "; starting from step 0";
   }
-  if (!note.empty()) {
-    std::fprintf(stderr, "ft-train: %s%s\n", kind == "restart_from_zero" ? "WARNING: " : "", note.c_str());
+  // Starting over is always loud; which checkpoint a fenced attempt chose is its ftd's event.
+  if (kind == "restart_from_zero") {
+    std::fprintf(stderr, "ft-train: WARNING: %s\n", note.c_str());
+  } else if (!note.empty() && owner_->fenced()) {
+    std::fprintf(stderr, "ft-train: %s\n", note.c_str());
+  }
+  if (!note.empty() && owner_->fenced()) {
     resume_note_ = {{"event", "resume"}, {"kind", kind}, {"note", note}, {"dir", dir}};
   }
   return dir;
 }
 
 Status Trainer::ResumeIfPossible(const std::string& resume_dir) {
+  // Fenced: ftd's committed checkpoint or a newer verified one. Plain runs:
+  // the --resume directory as given, else the newest verified checkpoint.
   std::string dir = resume_dir;
   if (owner_->fenced()) {
     committed_dir_ = resume_dir;
     dir = ChooseResumePoint(resume_dir);
-    if (dir.empty()) return Status::OK();
   } else if (dir.empty()) {
-    std::vector<std::string> skipped;
-    auto newest = FindNewestValidCheckpoint(checkpoint_root(), &skipped);
-    for (const std::string& why : skipped) {
-      FT_LOG(ERROR) << "DAMAGED CHECKPOINT, falling back to an older one: " << why;
-      std::fprintf(stderr, "ft-train: WARNING: damaged checkpoint skipped: %s\n", why.c_str());
-    }
-    if (!newest.ok()) {
-      if (!skipped.empty()) {
-        std::fprintf(stderr, "ft-train: WARNING: no valid checkpoint left; starting from step 0\n");
-      }
-      return Status::OK();
-    }
-    dir = newest->dir;
+    dir = ChooseResumePoint("");
   }
+  if (dir.empty()) return Status::OK();
   FT_ASSIGN_OR_RETURN(CheckpointContents c, ReadCheckpoint(dir));
   FT_RETURN_IF_ERROR(Restore(c, dir));
   FT_LOG(INFO) << "resumed from " << dir << " (step " << c.state.step << ", " << c.state.cursor
@@ -597,7 +593,6 @@ StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
                << " x world " << plan_.world;
   auto last_checkpoint = std::chrono::steady_clock::now();
   while (steps_done() < total_steps_) {
-    FT_RETURN_IF_ERROR(owner_->Check());  // a superseded trainer stops before its next write
     if (control_) {
       if (auto req = control_->Take()) {
         FT_RETURN_IF_ERROR(CheckpointNow(req->reason, /*wait=*/true));
@@ -677,18 +672,19 @@ Status WriteDirAtomically(OutputOwner& owner, const fs::path& final_dir,
 
 Status Trainer::WriteOutputs() {
   const fs::path out(spec_.output.dir);
-  CompletionRecord done{owner_->job_id(), JobHash(spec_), owner_->epoch(), steps_done(), {}};
+  std::vector<std::string> written;  // what COMPLETE.json records
   if (model_->full_training()) {
     DType dtype = model_->config().torch_dtype == "bfloat16" ? DType::kBF16 : DType::kF32;
     FT_RETURN_IF_ERROR(WriteDirAtomically(
         *owner_, out / "model", [&](const std::string& d) { return SaveHfModel(d, *model_, dtype); }));
-    FT_RETURN_IF_ERROR(owner_->Check());
-    return WriteCompletion(spec_.output.dir, std::move(done), {"model"});
+    written.push_back("model");
+  } else {
+    FT_RETURN_IF_ERROR(WriteDirAtomically(*owner_, out / "adapter", [&](const std::string& d) {
+      return SavePeftAdapter(d, *model_, spec_.model.path);
+    }));
+    written.push_back("adapter");
   }
-  FT_RETURN_IF_ERROR(WriteDirAtomically(*owner_, out / "adapter", [&](const std::string& d) {
-    return SavePeftAdapter(d, *model_, spec_.model.path);
-  }));
-  if (spec_.output.merge) {
+  if (spec_.output.merge && !model_->full_training()) {
     // Merge into a copy so the training model keeps its adapters.
     Model merged(model_->config(), model_->options());
     FT_RETURN_IF_ERROR(LoadHfWeights(spec_.model.path, &merged));
@@ -697,11 +693,11 @@ Status Trainer::WriteOutputs() {
     merged.MergeLora();
     FT_RETURN_IF_ERROR(WriteDirAtomically(
         *owner_, out / "merged", [&](const std::string& d) { return SaveHfModel(d, merged, DType::kF32); }));
+    written.push_back("merged");
   }
   FT_RETURN_IF_ERROR(owner_->Check());
-  std::vector<std::string> dirs = {"adapter"};
-  if (spec_.output.merge) dirs.push_back("merged");
-  return WriteCompletion(spec_.output.dir, std::move(done), dirs);
+  return WriteCompletion(spec_.output.dir,
+                         {owner_->job_id(), JobHash(spec_), owner_->epoch(), steps_done(), {}}, written);
 }
 
 }  // namespace ft

@@ -145,7 +145,8 @@ class Trainer {
   int64_t total_steps_ = 0;
   StatusOr<RunOutcome> RunSteps(const std::string& resume_dir);
   Status ResumeIfPossible(const std::string& resume_dir);
-  // Fenced runs: the checkpoint to resume from, and the resume note for metrics.
+  // The checkpoint to resume from ("" = step 0): `committed` or the newest
+  // verified one; a fenced run also records the resume note for metrics.
   std::string ChooseResumePoint(const std::string& committed);
   // True when COMPLETE.json shows this job finished (fenced runs); removes a stale one.
   StatusOr<bool> AlreadyComplete();

@@ -11,12 +11,16 @@ namespace ft::worker {
 
 namespace fs = std::filesystem;
 
-std::string ReportJournal::Path(const std::string& job_id, int64_t epoch) const {
-  std::string name = job_id;
-  for (char& c : name) {
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '_';
+std::string FileSafe(const std::string& id) {
+  std::string out = id;
+  for (char& c : out) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') c = '_';
   }
-  return (fs::path(dir_) / (name + "-e" + std::to_string(epoch) + ".exit")).string();
+  return out.empty() ? "job" : out;
+}
+
+std::string ReportJournal::Path(const std::string& job_id, int64_t epoch) const {
+  return (fs::path(dir_) / (FileSafe(job_id) + "-e" + std::to_string(epoch) + ".exit")).string();
 }
 
 Status ReportJournal::Record(const ftune::v1::AttemptExited& e) {

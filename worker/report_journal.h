@@ -17,6 +17,10 @@
 
 namespace ft::worker {
 
+// A job id made safe for a file name: every character but [A-Za-z0-9._-]
+// becomes '_' ("job" when empty). Job files and journal entries use it.
+std::string FileSafe(const std::string& id);
+
 class ReportJournal {
  public:
   explicit ReportJournal(std::string dir) : dir_(std::move(dir)) {}

@@ -25,15 +25,6 @@ int64_t NowMs() {
       .count();
 }
 
-// A job id made safe for a file name.
-std::string FileSafe(const std::string& id) {
-  std::string out = id;
-  for (char& c : out) {
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') c = '_';
-  }
-  return out.empty() ? "job" : out;
-}
-
 pb::AttemptOutcome ToProto(AttemptOutcome o) {
   switch (o) {
     case AttemptOutcome::kFinished: return pb::ATTEMPT_FINISHED;

@@ -78,7 +78,8 @@ class DaemonTest : public testing::Test {
     return r->job().id();
   }
   void Register(const std::string& id, FakeSink* sink, int64_t memory = int64_t{8} << 30,
-                int64_t slot_end = 0, std::vector<std::pair<std::string, int64_t>> running = {}) {
+                int64_t slot_end = 0, std::vector<std::pair<std::string, int64_t>> running = {},
+                std::vector<pb::AttemptExited> exited = {}) {
     pb::Register reg;
     reg.set_worker_id(id);
     reg.set_slot_end_ms(slot_end);
@@ -91,6 +92,7 @@ class DaemonTest : public testing::Test {
       a->set_job_id(job);
       a->set_epoch(epoch);
     }
+    for (auto& e : exited) *reg.add_exited() = std::move(e);
     ASSERT_TRUE(daemon_->OnRegister(reg, sink).ok());
   }
   void Heartbeat(const std::string& worker, FakeSink* sink, const std::string& job, int64_t epoch,
@@ -350,24 +352,18 @@ TEST_F(DaemonTest, AnExitReplayedFromTheWorkersJournalEndsTheAttemptAsItEnded) {
   daemon_->Tick();
   Heartbeat("w", &w, id, 1, 9);
   // The worker restarted before its exit report reached ftd; its Register carries the journal.
-  pb::Register reg;
-  reg.set_worker_id("w");
-  pb::Device* d = reg.add_devices();
-  d->set_kind("cpu");
-  d->set_total_bytes(int64_t{8} << 30);
-  d->set_free_bytes(int64_t{8} << 30);
-  pb::AttemptExited* e = reg.add_exited();
-  e->set_job_id(id);
-  e->set_epoch(1);
-  e->set_outcome(pb::ATTEMPT_FINISHED);
-  e->set_step(10);
-  ASSERT_TRUE(daemon_->OnRegister(reg, &again).ok());
+  pb::AttemptExited e;
+  e.set_job_id(id);
+  e.set_epoch(1);
+  e.set_outcome(pb::ATTEMPT_FINISHED);
+  e.set_step(10);
+  Register("w", &again, int64_t{8} << 30, 0, {}, {e});
   pb::Job j = Job(id);
   EXPECT_EQ(j.state(), pb::SUCCEEDED) << j.reason();
   EXPECT_EQ(j.preemptions(), 0) << "not treated as lost";
   EXPECT_EQ(j.attempts(0).outcome(), pb::ATTEMPT_FINISHED);
   // Replayed again (a second restart): already known, changes nothing.
-  ASSERT_TRUE(daemon_->OnRegister(reg, &again).ok());
+  Register("w", &again, int64_t{8} << 30, 0, {}, {e});
   EXPECT_EQ(Job(id).state(), pb::SUCCEEDED);
 }
 
