@@ -33,7 +33,7 @@ namespace pb = ftune::v1;
 using Clock = std::chrono::steady_clock;
 
 constexpr int64_t kLeaseMs = 2000;
-constexpr int64_t kSteps = 1500;
+constexpr int64_t kSteps = 2000;
 const std::vector<std::string> kWorkers = {"w1", "w2", "w3"};
 const std::vector<std::string> kKinds = {"node", "orphan", "freeze", "sigterm", "daemon"};
 
@@ -65,6 +65,19 @@ bool AnyRunning(Cluster& c, const std::vector<std::string>& ids) {
     if (j.ok() && !Done(*j)) return true;
   }
   return false;
+}
+
+// The jobs' progress, 0..1: the steps done of all jobs over their total steps
+// (a job ftd cannot answer for right now, during a daemon restart, counts as 0).
+double Progress(Cluster& c, const std::vector<std::string>& ids) {
+  double done = 0, total = 0;
+  for (const std::string& id : ids) {
+    auto j = c.client().Get(id);
+    if (!j.ok() || j->total_steps() <= 0) return 0;
+    done += static_cast<double>(j->steps_done());
+    total += static_cast<double>(j->total_steps());
+  }
+  return total > 0 ? done / total : 0;
 }
 
 std::string Describe(Cluster& c, const pb::Job& j) {
@@ -103,7 +116,12 @@ void RunChaos(uint64_t seed, int events) {
   std::shuffle(order.begin(), order.end(), rng);
   Tally tally;
   for (int e = 0; e < events; ++e) {
-    Sleep(200 + static_cast<int64_t>(pick(700)));
+    // Paced by the jobs' progress so that every event lands while they run on
+    // a fast machine too: the pause before an event is skipped when the jobs
+    // are already further along than its share of the run (event e of n is due
+    // by (e+1)/(n+2) of all steps).
+    const int64_t pause = 200 + static_cast<int64_t>(pick(700));
+    if (Progress(c, ids) < static_cast<double>(e + 1) / (events + 2)) Sleep(pause);
     const std::string& kind = order[static_cast<size_t>(e)];
     const std::string w = kWorkers[pick(kWorkers.size())];
     tally.events[kind]++;
