@@ -22,7 +22,7 @@
 #include "common/logging.h"
 #include "daemon/daemon.h"
 #include "daemon/grpc_service.h"
-#include "engine/hf_model.h"
+#include "engine/io/hf_model.h"
 
 namespace {
 

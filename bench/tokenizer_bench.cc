@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/file_util.h"
-#include "engine/tokenizer.h"
+#include "common/file_util.h"
+#include "engine/text/tokenizer.h"
 
 namespace {
 // CPU time of this thread: on a shared machine it is steadier than wall time.

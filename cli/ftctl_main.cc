@@ -26,8 +26,8 @@
 
 #include "cli/client.h"
 #include "cli/embedded.h"
-#include "engine/job_spec.h"
-#include "engine/planner.h"
+#include "engine/train/job_spec.h"
+#include "engine/train/planner.h"
 #include "proto/names.h"
 
 namespace {

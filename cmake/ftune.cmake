@@ -55,3 +55,39 @@ npm ci --no-audit --no-fund; touch node_modules/.installed")
   set_tests_properties(${name}_npm_install PROPERTIES FIXTURES_SETUP ${name}_npm TIMEOUT 900 LABELS npm)
   set(FT_NPM_MODULES_${name} ${dest}/node_modules PARENT_SCOPE)
 endfunction()
+
+# ft_engine_part(TARGET DIR dir SOURCES a.cc ... [PARTS lower parts...] [INCLUDES dirs...] [LIBS libs...])
+# One engine part: a library of the .cc/.cu files in `dir` (relative to the
+# project root), linked to the parts below it (PARTS) and to outside libraries
+# (LIBS). A part may include only its own folder, the folders of the parts it
+# builds on (transitively) and INCLUDES (common, kernels/...). The build checks
+# that before compiling the part (cmake/check_layers.cmake), so a wrong-way
+# include — the tokenizer including the trainer — fails the build, naming the
+# file and the rule.
+function(ft_engine_part target)
+  cmake_parse_arguments(P "" "DIR" "SOURCES;PARTS;INCLUDES;LIBS" ${ARGN})
+  add_library(${target} ${P_SOURCES})
+  target_link_libraries(${target} PUBLIC ${P_PARTS} ${P_LIBS})
+  ft_project_warnings(${target})
+  set(allowed ${P_DIR} ${P_INCLUDES})
+  foreach(part IN LISTS P_PARTS)
+    get_property(below GLOBAL PROPERTY FT_PART_ALLOWED_${part})
+    list(APPEND allowed ${below})
+  endforeach()
+  list(REMOVE_DUPLICATES allowed)
+  set_property(GLOBAL PROPERTY FT_PART_ALLOWED_${target} "${allowed}")
+  file(GLOB files CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${P_DIR}/*.h ${PROJECT_SOURCE_DIR}/${P_DIR}/*.cc
+       ${PROJECT_SOURCE_DIR}/${P_DIR}/*.cu ${PROJECT_SOURCE_DIR}/${P_DIR}/*.cuh)
+  string(REPLACE ";" "|" allowed_arg "${allowed}")
+  string(REPLACE ";" "|" files_arg "${files}")
+  set(stamp ${CMAKE_CURRENT_BINARY_DIR}/${target}.layers-ok)
+  add_custom_command(
+    OUTPUT ${stamp}
+    COMMAND ${CMAKE_COMMAND} -DROOT=${PROJECT_SOURCE_DIR} -DPART=${P_DIR} -DALLOWED=${allowed_arg}
+            -DFILES=${files_arg} -P ${PROJECT_SOURCE_DIR}/cmake/check_layers.cmake
+    COMMAND ${CMAKE_COMMAND} -E touch ${stamp}
+    DEPENDS ${files} ${PROJECT_SOURCE_DIR}/cmake/check_layers.cmake
+    COMMENT "Checking the includes of ${P_DIR}" VERBATIM)
+  add_custom_target(${target}_layers DEPENDS ${stamp})
+  add_dependencies(${target} ${target}_layers)
+endfunction()

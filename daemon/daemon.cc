@@ -8,13 +8,13 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/file_util.h"
 #include "common/logging.h"
-#include "engine/checkpoint.h"
-#include "engine/completion.h"
-#include "engine/file_util.h"
-#include "engine/hf_model.h"
-#include "engine/job_spec.h"
-#include "engine/trainer.h"
+#include "engine/io/hf_model.h"
+#include "engine/train/checkpoint.h"
+#include "engine/train/completion.h"
+#include "engine/train/job_spec.h"
+#include "engine/train/trainer.h"
 
 namespace ft {
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/planner.h"
+#include "engine/train/planner.h"
 
 namespace ft {
 

@@ -1,6 +1,6 @@
 #include "proto/credentials.h"
 
-#include "engine/file_util.h"
+#include "common/file_util.h"
 
 namespace ft {
 

@@ -8,8 +8,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "common/file_util.h"
 #include "common/logging.h"
-#include "engine/file_util.h"
 
 namespace ft::worker {
 

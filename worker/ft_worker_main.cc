@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "common/logging.h"
-#include "engine/planner.h"
+#include "engine/train/planner.h"
 #include "proto/credentials.h"
 #include "worker/notices.h"
 #include "worker/session.h"

@@ -1,10 +1,10 @@
-// One line of ft-train's <output.dir>/metrics.jsonl, parsed (engine/trainer.cc
+// One line of ft-train's <output.dir>/metrics.jsonl, parsed (engine/train/trainer.cc
 // writes them): a step line {"step","loss","lr","grad_norm","tokens",
 // "tokens_per_s","step_seconds","peak_bytes", optional "checkpoint_seconds"},
 // an evaluation line {"step","eval_loss","eval_tokens","eval_seconds"} (after
 // the step line of the same step, when the job has data.eval), or an event
 // line {"event":"checkpoint"|"preempted"|"failed"|"resume", "step", ...}.
-// Attempts under ftd add "epoch" to every line (engine/output_owner.h).
+// Attempts under ftd add "epoch" to every line (engine/train/output_owner.h).
 //
 // Thread safety: a pure function.
 #pragma once

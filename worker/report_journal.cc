@@ -4,8 +4,8 @@
 #include <cctype>
 #include <filesystem>
 
+#include "common/file_util.h"
 #include "common/logging.h"
-#include "engine/file_util.h"
 
 namespace ft::worker {
 

@@ -5,9 +5,9 @@
 #include <filesystem>
 #include <thread>
 
+#include "common/file_util.h"
 #include "common/logging.h"
-#include "engine/file_util.h"
-#include "engine/job_spec.h"
+#include "engine/train/job_spec.h"
 #include "worker/slot_end.h"
 
 namespace ft::worker {

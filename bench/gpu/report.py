@@ -126,7 +126,7 @@ model against the CPU backend): **{tests_status}**.
 
 ## Whole model, CUDA against the CPU backend
 
-tests/engine/cuda_parity_test.cc: the same random model (2 layers, hidden 256,
+tests/engine/model/cuda_parity_test.cc: the same random model (2 layers, hidden 256,
 head dim 64/128), adapters (r = 8, all linears), micro-batches and AdamW,
 6 steps on each backend. Bounds: fp32 1e-4 on losses and grad norms, 1e-3 on
 trained tensors; bf16 rounding 1e-2 on losses (the bf16 goldens), 5e-2 on grad

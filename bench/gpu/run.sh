@@ -8,7 +8,7 @@
 # 2. runs the CUDA op tests (ctest -L gpu, with FT_REQUIRE_GPU=1 so a missing
 #    GPU fails instead of skipping);
 #    ctest -L gpu includes the whole model on CUDA against the CPU backend
-#    (tests/engine/cuda_parity_test.cc: LoRA and QLoRA, Llama and Qwen2 shapes,
+#    (tests/engine/model/cuda_parity_test.cc: LoRA and QLoRA, Llama and Qwen2 shapes,
 #    fp32 and bf16, and training state moved between the devices);
 # 3. checkpoints across devices through ft-train (cross_resume.py: CPU stopped
 #    by SIGTERM and resumed on the GPU, GPU resumed on the CPU);
@@ -103,7 +103,7 @@ grep "ftune:" "$work/configure.log"
 targets=(cuda_device_info_test kernels_cuda_ops_test kernels_cuda_attention_test ft_gpu_kernel_bench)
 have_train=0
 # engine/CMakeLists.txt says when it leaves ft-train out (no tokenizer libraries).
-if ! grep -q "building the engine core only" "$work/configure.log"; then
+if ! grep -q "building engine/model only" "$work/configure.log"; then
   targets+=(ft-train engine_cuda_parity_test)
   have_train=1
 fi

@@ -11,12 +11,12 @@
 #include <set>
 #include <thread>
 
-#include "engine/checkpoint.h"
-#include "engine/completion.h"
-#include "engine/file_util.h"
-#include "engine/hf_model.h"
-#include "engine/job_spec.h"
-#include "engine/trainer.h"
+#include "common/file_util.h"
+#include "engine/io/hf_model.h"
+#include "engine/train/checkpoint.h"
+#include "engine/train/completion.h"
+#include "engine/train/job_spec.h"
+#include "engine/train/trainer.h"
 
 namespace ft {
 namespace {

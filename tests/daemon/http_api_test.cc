@@ -21,7 +21,7 @@
 
 #include "daemon/daemon.h"
 #include "daemon/http_server.h"
-#include "engine/hf_model.h"
+#include "engine/io/hf_model.h"
 #include "tests/daemon/http_test_util.h"
 
 namespace ft {

@@ -13,7 +13,7 @@
 #include <sstream>
 #include <thread>
 
-#include "engine/hf_model.h"
+#include "engine/io/hf_model.h"
 
 namespace ft::e2e {
 

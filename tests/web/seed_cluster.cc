@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "cli/client.h"
-#include "engine/hf_model.h"
-#include "engine/model_config.h"
+#include "engine/io/hf_model.h"
+#include "engine/model/model_config.h"
 
 namespace {
 

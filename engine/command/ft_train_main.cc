@@ -1,0 +1,203 @@
+// ft-train: the training engine's command line (the same binary the worker spawns).
+//
+//   ft-train run JOB.yaml [--resume DIR] [--control-fd N] [--stop-grace S]
+//                         [--job-id ID --epoch N]
+//                                              train locally, no daemon; resumes from
+//                                              the newest valid checkpoint (with an
+//                                              epoch: an attempt under ftd, fenced)
+//   ft-train plan JOB.yaml --device-memory 24GiB [--device cpu|cuda] [--world N]
+//                                              memory breakdown and batch plan (config.json only)
+//   ft-train make-model (--preset tiny-llama | --config CONFIG.json) --out DIR [--dtype f32|bf16] [--seed N]
+//   ft-train tokenize --model DIR|tokenizer.json [--add-special-tokens] [--decode]
+//                                              JSON strings in on stdin, id arrays out (or back)
+//
+// Exit codes (engine/train/trainer.h): 0 finished; 1 failed (reason on stderr);
+// 2 bad input or usage; 3 preempted: stopped after a checkpoint on SIGTERM,
+// SIGUSR1, SIGINT or a "stop" on the control channel; 4 superseded: a newer
+// epoch owns output.dir; 5 environment: an I/O error (disk full, file gone).
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "common/file_util.h"
+#include "common/logging.h"
+#include "engine/command/tokenize_command.h"
+#include "engine/io/hf_model.h"
+#include "engine/model/memory.h"
+#include "engine/train/job_spec.h"
+#include "engine/train/planner.h"
+#include "engine/train/trainer.h"
+
+namespace {
+
+int Fail(const ft::Status& s) {
+  std::fprintf(stderr, "ft-train: %s\n", s.ToString().c_str());
+  if (s.IsAborted()) return ft::kExitSuperseded;
+  if (s.code() == ft::Status::Code::kIOError) return ft::kExitEnvironment;
+  const bool bad_input =
+      s.IsInvalidArgument() || s.IsNotFound() || s.code() == ft::Status::Code::kUnimplemented;
+  return bad_input ? ft::kExitBadInput : ft::kExitFailed;
+}
+
+struct RunFlags {
+  std::string job_file;
+  std::string resume_dir;
+  int control_fd = -1;
+  double stop_grace = 10;
+  std::string job_id;
+  int64_t epoch = 0;
+};
+
+int RunJob(const RunFlags& flags) {
+  ft::TrainControl control;
+  control.InstallSignalHandlers(flags.stop_grace);  // before loading: a signal during loading still counts
+  if (flags.control_fd >= 0) control.StartControlFd(flags.control_fd);
+  auto spec = ft::LoadJobSpec(flags.job_file);
+  if (!spec.ok()) return Fail(spec.status());
+  auto trainer = ft::Trainer::Create(*spec);
+  if (!trainer.ok()) return Fail(trainer.status());
+  (*trainer)->set_control(&control);
+  if (flags.epoch > 0) (*trainer)->set_fencing(flags.job_id, flags.epoch);
+  auto outcome = (*trainer)->Run(flags.resume_dir);
+  if (!outcome.ok()) return Fail(outcome.status());
+  if (*outcome == ft::RunOutcome::kPreempted) return ft::kExitPreempted;
+  std::fprintf(stderr, "ft-train: finished %lld steps; outputs in %s\n",
+               static_cast<long long>((*trainer)->steps_done()), spec->output.dir.c_str());
+  return ft::kExitFinished;
+}
+
+// libgomp's idle threads spin by default, which steals the cores OpenBLAS and
+// the other ranks need on a loaded machine (measured: 2-10x slower steps).
+// The policy is read when the library loads, so set it and re-exec once.
+void PreferPassiveOpenMpThreads(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  setenv("OMP_WAIT_POLICY", "passive", 1);
+  execv("/proc/self/exe", argv);  // only returns on failure: carry on as we are
+}
+
+int Plan(const std::string& job_file, const std::string& device_memory, const std::string& device,
+         int64_t world) {
+  auto spec = ft::LoadJobSpec(job_file);
+  if (!spec.ok()) return Fail(spec.status());
+  auto config = ft::ReadHfConfig(spec->model.path);
+  if (!config.ok()) return Fail(config.status());
+  int64_t bytes = 0;
+  if (device_memory.empty()) {
+    auto host = ft::HostAvailableBytes();
+    if (!host.ok()) return Fail(host.status());
+    bytes = *host;
+  } else {
+    auto parsed = ft::ParseBytes(device_memory);
+    if (!parsed.ok()) return Fail(parsed.status().WithContext("--device-memory"));
+    bytes = *parsed;
+  }
+  ft::PlanRequest request = ft::PlanRequestFromJob(*spec, *config, device, world);
+  if (spec->train.micro_batch_size > 0) {
+    // A fixed micro-batch: report its memory and whether it fits.
+    ft::BatchPlanChoice fixed{spec->train.micro_batch_size,
+                              spec->train.global_batch_size / (spec->train.micro_batch_size * world), world,
+                              ft::PredictMemory(request, spec->train.micro_batch_size), bytes};
+    std::printf("%s", ft::FormatPlan(request, fixed).c_str());
+    if (fixed.memory.total() > bytes) {
+      std::printf("does NOT fit: micro_batch_size %lld needs %s\n", static_cast<long long>(fixed.micro_batch),
+                  ft::FormatBytes(fixed.memory.total()).c_str());
+      return ft::kExitFailed;
+    }
+    return ft::kExitFinished;
+  }
+  auto choice = ft::ChooseMicroBatch(request, bytes);
+  if (!choice.ok()) return Fail(choice.status());
+  std::printf("%s", ft::FormatPlan(request, *choice).c_str());
+  return ft::kExitFinished;
+}
+
+int MakeModel(const std::string& preset, const std::string& config_file, const std::string& out,
+              const std::string& dtype, uint64_t seed, int64_t vocab) {
+  // A preset, or a real architecture's config.json (or the directory holding one); random weights.
+  std::string what = preset;
+  auto read = [&]() -> ft::StatusOr<ft::ModelConfig> {
+    if (config_file.empty()) return ft::PresetModelConfig(preset);
+    what = config_file;
+    if (std::filesystem::is_directory(what)) what = (std::filesystem::path(what) / "config.json").string();
+    FT_ASSIGN_OR_RETURN(std::string text, ft::ReadFileToString(what));
+    return ft::ParseHfConfig(text, what);
+  };
+  auto config = read();
+  if (!config.ok()) return Fail(config.status());
+  if (vocab > 0) config->vocab_size = vocab;
+  ft::Model model(*config, {});
+  ft::RandomInitModel(&model, seed);
+  ft::Status s = ft::SaveHfModel(out, model, dtype == "bf16" ? ft::DType::kBF16 : ft::DType::kF32);
+  if (!s.ok()) return Fail(s);
+  std::fprintf(stderr, "ft-train: wrote %s model to %s\n", what.c_str(), out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ft-train: ftune's training engine"};
+  app.require_subcommand(1);
+  std::string log_level = "info";
+  bool log_json = false;
+  app.add_option("--log-level", log_level, "debug | info | warn | error");
+  app.add_flag("--log-json", log_json, "log one JSON object per line");
+
+  auto* run =
+      app.add_subcommand("run", "train a job.yaml locally (resuming from its newest valid checkpoint)");
+  RunFlags flags;
+  run->add_option("job", flags.job_file, "job.yaml")->required();
+  run->add_option("--resume", flags.resume_dir,
+                  "resume from this checkpoint directory instead of the newest");
+  run->add_option("--control-fd", flags.control_fd,
+                  "read JSON-line control commands from this file descriptor");
+  run->add_option("--stop-grace", flags.stop_grace,
+                  "seconds a stop signal allows to finish the current step");
+  run->add_option("--job-id", flags.job_id, "the job this run is an attempt of (with --epoch)");
+  run->add_option("--epoch", flags.epoch,
+                  "the attempt's fencing epoch: claim output.dir, stop when a newer epoch owns it")
+      ->check(CLI::PositiveNumber);
+
+  auto* plan = app.add_subcommand("plan", "print the memory breakdown and batch plan of a job");
+  std::string plan_job, device_memory, plan_device = "cpu";
+  int64_t plan_world = 1;
+  plan->add_option("job", plan_job, "job.yaml")->required();
+  plan->add_option("--device-memory", device_memory,
+                   "memory of one device, e.g. 24GiB (default: this host's)");
+  plan->add_option("--device", plan_device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  plan->add_option("--world", plan_world, "number of ranks")->check(CLI::PositiveNumber);
+
+  auto* make = app.add_subcommand("make-model", "write a random-initialised HF model directory");
+  std::string preset = "tiny-llama", config_file, out, dtype = "f32";
+  uint64_t seed = 1234;
+  int64_t vocab = 0;
+  auto* preset_opt = make->add_option("--preset", preset, "tiny-llama | tiny-qwen2 | tiny-tied | bench");
+  make->add_option("--config", config_file,
+                   "an HF config.json (or its directory) to take the architecture from, e.g. Llama-3-8B's")
+      ->excludes(preset_opt);
+  make->add_option("--out", out, "output directory")->required();
+  make->add_option("--dtype", dtype, "f32 | bf16")->check(CLI::IsMember({"f32", "bf16"}));
+  make->add_option("--seed", seed, "random seed");
+  make->add_option("--vocab", vocab, "override vocab_size");
+
+  PreferPassiveOpenMpThreads(argv);
+  auto* tokenize = app.add_subcommand("tokenize", "tokenize JSON strings from stdin (one per line)");
+  std::string tokenizer_path;
+  bool add_special = false, decode = false;
+  tokenize->add_option("--model", tokenizer_path, "model directory or tokenizer.json")->required();
+  tokenize->add_flag("--add-special-tokens", add_special, "apply the post-processor (e.g. BOS)");
+  tokenize->add_flag("--decode", decode, "read id arrays and print strings instead");
+
+  CLI11_PARSE(app, argc, argv);
+  auto level = ft::log::ParseLevel(log_level);
+  if (!level.ok()) return Fail(level.status());
+  ft::log::Configure({*level, log_json, "ft-train"});
+  if (*run) return RunJob(flags);
+  if (*tokenize) return ft::RunTokenizeCommand(tokenizer_path, add_special, decode);
+  if (*plan) return Plan(plan_job, device_memory, plan_device, plan_world);
+  if (*make) return MakeModel(preset, config_file, out, dtype, seed, vocab);
+  return 2;
+}

@@ -1,0 +1,200 @@
+#include "engine/data/chat_format.h"
+
+#include <algorithm>
+
+namespace ft {
+
+namespace {
+
+constexpr std::string_view kReserved[] = {"messages", "add_generation_prompt", "bos_token", "eos_token",
+                                          "tools"};
+constexpr char kContentMark[] = "\x01";  // appended to a message's content to find where it ends
+
+bool StartsWith(std::string_view s, std::string_view prefix) {
+  return s.size() >= prefix.size() && s.compare(0, prefix.size(), prefix) == 0;
+}
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+size_t CommonPrefix(std::string_view a, std::string_view b) {
+  size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return n;
+}
+
+StatusOr<std::vector<jinja::Value>> MessageValues(const nlohmann::ordered_json& messages) {
+  if (!messages.is_array()) return Status::InvalidArgument("chat: 'messages' must be a JSON array");
+  std::vector<jinja::Value> out;
+  out.reserve(messages.size());
+  for (const auto& m : messages) out.push_back(jinja::Value::FromJson(m));
+  return out;
+}
+
+std::string Role(const nlohmann::ordered_json& m) {
+  if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) return "";
+  return m["role"].get<std::string>();
+}
+
+}  // namespace
+
+StatusOr<ChatTemplate> ChatTemplate::Parse(std::string_view source) {
+  FT_ASSIGN_OR_RETURN(JinjaTemplate t, JinjaTemplate::Parse(source, "chat template"));
+  return ChatTemplate(std::move(t));
+}
+
+StatusOr<std::string> ChatTemplate::RenderValues(const std::vector<jinja::Value>& messages,
+                                                 const ChatVars& vars, bool add_generation_prompt) const {
+  jinja::Dict d;
+  d.Set("messages", jinja::Value::List(messages));
+  d.Set("add_generation_prompt", jinja::Value::Bool(add_generation_prompt));
+  d.Set("bos_token", jinja::Value::Str(vars.bos_token));
+  d.Set("eos_token", jinja::Value::Str(vars.eos_token));
+  d.Set("tools", vars.tools ? jinja::Value::FromJson(*vars.tools) : jinja::Value::None());
+  if (!vars.extra.is_null()) {
+    if (!vars.extra.is_object())
+      return Status::InvalidArgument("chat: extra template variables must be an object");
+    for (auto it = vars.extra.begin(); it != vars.extra.end(); ++it) {
+      if (std::find(std::begin(kReserved), std::end(kReserved), it.key()) != std::end(kReserved)) {
+        return Status::InvalidArgument("chat: extra template variable '" + it.key() +
+                                       "' would replace a standard one; set it through ChatVars instead");
+      }
+      d.Set(it.key(), jinja::Value::FromJson(it.value()));
+    }
+  }
+  return template_.Render(d);
+}
+
+StatusOr<std::string> ChatTemplate::Render(const nlohmann::ordered_json& messages,
+                                           const ChatVars& vars) const {
+  FT_ASSIGN_OR_RETURN(std::vector<jinja::Value> values, MessageValues(messages));
+  return RenderValues(values, vars, vars.add_generation_prompt);
+}
+
+StatusOr<ChatRendering> ChatTemplate::RenderForTraining(const nlohmann::ordered_json& messages,
+                                                        const ChatVars& vars) const {
+  FT_ASSIGN_OR_RETURN(std::vector<jinja::Value> all, MessageValues(messages));
+  auto prefix = [&](size_t n) { return std::vector<jinja::Value>(all.begin(), all.begin() + n); };
+  ChatRendering out;
+  FT_ASSIGN_OR_RETURN(out.text, RenderValues(all, vars, false));
+  const std::string& full = out.text;
+
+  std::vector<size_t> assistants;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (Role(messages[i]) == "assistant") assistants.push_back(i);
+  }
+  if (assistants.empty()) {
+    return Status::InvalidArgument("chat: no message has role 'assistant', so nothing would be trained");
+  }
+
+  // Constant trailer (see the header): render([]), when every rendering ends with it.
+  std::string trailer;
+  {
+    StatusOr<std::string> empty = RenderValues({}, vars, false);
+    if (empty.ok()) trailer = *empty;
+  }
+  std::vector<std::string> turn_renders;  // render(messages[:i+1]) per assistant
+  for (size_t i : assistants) {
+    FT_ASSIGN_OR_RETURN(std::string r, RenderValues(prefix(i + 1), vars, false));
+    turn_renders.push_back(std::move(r));
+  }
+  bool strip_trailer = !trailer.empty() && EndsWith(full, trailer);
+  for (const std::string& r : turn_renders) strip_trailer = strip_trailer && EndsWith(r, trailer);
+  if (strip_trailer) {
+    for (std::string& r : turn_renders) r.resize(r.size() - trailer.size());
+  }
+
+  auto cut_trailer = [&](std::string r) {
+    if (strip_trailer && EndsWith(r, trailer)) r.resize(r.size() - trailer.size());
+    return r;
+  };
+  // Where message i's string content starts (`at_end` false) or ends in the
+  // rendering of `msgs`, found by marking the content; npos if not found.
+  auto content_edge = [&](const std::vector<jinja::Value>& msgs, size_t i, bool at_end,
+                          const std::string& rendered) -> StatusOr<size_t> {
+    const nlohmann::ordered_json& msg = messages[i];
+    if (!msg.contains("content") || !msg["content"].is_string()) return std::string::npos;
+    nlohmann::ordered_json marked = msg;
+    const std::string content = msg["content"].get<std::string>();
+    marked["content"] = at_end ? content + kContentMark : kContentMark + content;
+    std::vector<jinja::Value> marked_msgs = msgs;
+    marked_msgs[i] = jinja::Value::FromJson(marked);
+    FT_ASSIGN_OR_RETURN(std::string r, RenderValues(marked_msgs, vars, false));
+    r = cut_trailer(std::move(r));
+    const size_t at = CommonPrefix(rendered, r);
+    if (r.compare(at, 1, kContentMark) != 0) return std::string::npos;
+    return at;
+  };
+
+  for (size_t k = 0; k < assistants.size(); ++k) {
+    const size_t i = assistants[k];
+    const std::string where = "chat: assistant message " + std::to_string(i) + ": ";
+    const Status not_stable = Status::InvalidArgument(
+        where +
+        "the chat template is not prefix-stable: the messages before it, rendered with "
+        "add_generation_prompt=true, are not a prefix of the whole conversation's rendering, so the "
+        "assistant turn cannot be located");
+    FT_ASSIGN_OR_RETURN(std::string head, RenderValues(prefix(i), vars, true));
+    size_t start = head.size();
+    if (!StartsWith(full, head)) {
+      // The full rendering keeps only part of the generation prompt (Qwen3 with
+      // enable_thinking=false drops the empty think block from history): start
+      // where the content starts, if the two agree up to there.
+      FT_ASSIGN_OR_RETURN(std::string base, RenderValues(prefix(i), vars, false));
+      base = cut_trailer(std::move(base));
+      if (!StartsWith(full, base)) return not_stable;
+      FT_ASSIGN_OR_RETURN(start, content_edge(all, i, /*at_end=*/false, full));
+      if (start == std::string::npos || start <= base.size() || start > CommonPrefix(head, full))
+        return not_stable;
+    }
+    const std::string& turn = turn_renders[k];
+    int64_t end;
+    if (StartsWith(full, turn)) {
+      end = static_cast<int64_t>(turn.size());
+    } else {
+      // The final message renders differently from history: locate the end of
+      // message i's content in both renderings and take the text both have
+      // right after it (the end-of-turn marker).
+      FT_ASSIGN_OR_RETURN(const size_t content_end_full, content_edge(all, i, /*at_end=*/true, full));
+      FT_ASSIGN_OR_RETURN(const size_t content_end_turn,
+                          content_edge(prefix(i + 1), i, /*at_end=*/true, turn));
+      if (content_end_full == std::string::npos || content_end_turn == std::string::npos ||
+          content_end_full < start) {
+        return Status::InvalidArgument(
+            where +
+            "the chat template renders the conversation's last message differently from the same "
+            "message in history, and the message's content cannot be located to find where its turn "
+            "ends (it needs a string 'content')");
+      }
+      const std::string_view after_turn = std::string_view(turn).substr(content_end_turn);
+      const std::string_view after_full = std::string_view(full).substr(content_end_full);
+      end = static_cast<int64_t>(content_end_full + CommonPrefix(after_turn, after_full));
+    }
+    const int64_t begin = static_cast<int64_t>(start);
+    if (!out.assistant_spans.empty() && begin < out.assistant_spans.back().end) {
+      return Status::InvalidArgument(where + "its span overlaps the previous assistant message's span");
+    }
+    out.assistant_spans.push_back({begin, std::max(begin, end)});
+  }
+  return out;
+}
+
+StatusOr<std::string> RenderChat(const std::string& chat_template, const nlohmann::ordered_json& messages,
+                                 const ChatVars& vars) {
+  FT_ASSIGN_OR_RETURN(ChatTemplate t, ChatTemplate::Parse(chat_template));
+  return t.Render(messages, vars);
+}
+
+std::vector<int32_t> AssistantLabels(const std::vector<TokenSpan>& tokens,
+                                     const std::vector<ByteSpan>& spans) {
+  std::vector<int32_t> labels(tokens.size(), -100);
+  size_t s = 0;
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    const TokenSpan& tok = tokens[t];
+    if (tok.begin == tok.end) continue;
+    while (s < spans.size() && spans[s].end <= tok.begin) ++s;
+    if (s < spans.size() && spans[s].begin <= tok.begin && tok.begin < spans[s].end) labels[t] = tok.id;
+  }
+  return labels;
+}
+
+}  // namespace ft

@@ -1,0 +1,264 @@
+#include "engine/data/data_format.h"
+
+#include <algorithm>
+#include <memory>
+
+namespace ft {
+
+namespace {
+
+Status Bad(const std::string& where, const std::string& msg) {
+  return Status::InvalidArgument(where + ": " + msg);
+}
+
+StatusOr<std::vector<int32_t>> ReadIds(const nlohmann::ordered_json& j, const char* key,
+                                       const std::string& where, int64_t vocab_size, bool allow_ignore) {
+  const auto& arr = j[key];
+  if (!arr.is_array()) return Bad(where, std::string("'") + key + "' must be an array of integers");
+  std::vector<int32_t> out;
+  out.reserve(arr.size());
+  for (size_t i = 0; i < arr.size(); ++i) {
+    const auto& v = arr[i];
+    if (!v.is_number_integer()) {
+      return Bad(where, std::string("'") + key + "'[" + std::to_string(i) + "] is not an integer");
+    }
+    const int64_t id = v.get<int64_t>();
+    if ((id < 0 || id >= vocab_size) && !(allow_ignore && id == -100)) {
+      return Bad(where, std::string("'") + key + "'[" + std::to_string(i) + "] = " + std::to_string(id) +
+                            " is outside [0, " + std::to_string(vocab_size) + ") of the model's vocabulary" +
+                            (allow_ignore ? " (use -100 for positions without loss)" : ""));
+    }
+    out.push_back(static_cast<int32_t>(id));
+  }
+  return out;
+}
+
+StatusOr<std::string> StringField(const nlohmann::ordered_json& r, const char* key, const std::string& where,
+                                  const char* format_hint, bool required) {
+  if (!r.contains(key) || r[key].is_null()) {
+    if (!required) return std::string();
+    return Bad(where, std::string("missing '") + key + "' (" + format_hint + ")");
+  }
+  if (!r[key].is_string()) {
+    return Bad(where, std::string("'") + key + "' must be a string, not " + r[key].type_name());
+  }
+  return r[key].get<std::string>();
+}
+
+}  // namespace
+
+StatusOr<DataFormat> ParseDataFormat(std::string_view name) {
+  if (name == "tokens") return DataFormat::kTokens;
+  if (name == "text") return DataFormat::kText;
+  if (name == "alpaca") return DataFormat::kAlpaca;
+  if (name == "chat") return DataFormat::kChat;
+  return Status::InvalidArgument("unknown data format '" + std::string(name) +
+                                 "' (use one of: tokens, text, alpaca, chat)");
+}
+
+const char* DataFormatName(DataFormat format) {
+  switch (format) {
+    case DataFormat::kTokens: return "tokens";
+    case DataFormat::kText: return "text";
+    case DataFormat::kAlpaca: return "alpaca";
+    case DataFormat::kChat: return "chat";
+  }
+  return "?";
+}
+
+std::string AlpacaPrompt(const std::string& instruction, const std::string& input) {
+  if (!input.empty()) {
+    return "Below is an instruction that describes a task, paired with an input that provides further "
+           "context. "
+           "Write a response that appropriately completes the request.\n\n### Instruction:\n" +
+           instruction + "\n\n### Input:\n" + input + "\n\n### Response:";
+  }
+  return "Below is an instruction that describes a task. Write a response that appropriately completes the "
+         "request.\n\n### Instruction:\n" +
+         instruction + "\n\n### Response:";
+}
+
+StatusOr<TokenSequence> ParseTokensJson(const nlohmann::ordered_json& record, const std::string& where,
+                                        int64_t vocab_size) {
+  if (!record.is_object()) return Bad(where, "not a JSON object");
+  if (!record.contains("input_ids")) {
+    return Bad(where,
+               "missing 'input_ids' (format: tokens expects {\"input_ids\": [...], \"labels\": [...]?})");
+  }
+  TokenSequence seq;
+  FT_ASSIGN_OR_RETURN(seq.ids, ReadIds(record, "input_ids", where, vocab_size, false));
+  if (record.contains("labels")) {
+    FT_ASSIGN_OR_RETURN(seq.labels, ReadIds(record, "labels", where, vocab_size, true));
+    if (seq.labels.size() != seq.ids.size()) {
+      return Bad(where, "'labels' has " + std::to_string(seq.labels.size()) +
+                            " entries but 'input_ids' has " + std::to_string(seq.ids.size()) +
+                            " (give one label per token)");
+    }
+  }
+  return seq;
+}
+
+StatusOr<DataEncoder> DataEncoder::Create(DataFormat format, const Tokenizer* tokenizer, int64_t vocab_size,
+                                          const ChatOptions& chat) {
+  DataEncoder e;
+  e.format_ = format;
+  e.tokenizer_ = tokenizer;
+  e.vocab_size_ = vocab_size;
+  if (vocab_size <= 0) return Status::InvalidArgument("data format: the model's vocab_size must be positive");
+  if (format == DataFormat::kTokens) return e;
+  const std::string name = DataFormatName(format);
+  if (tokenizer == nullptr) {
+    return Status::FailedPrecondition("format: " + name + " needs the model's tokenizer (tokenizer.json)");
+  }
+  if (format == DataFormat::kText || format == DataFormat::kAlpaca) {
+    const std::optional<int32_t> eos =
+        tokenizer->eos_token().empty() ? std::nullopt : tokenizer->TokenToId(tokenizer->eos_token());
+    if (!eos) {
+      return Status::InvalidArgument(
+          "format: " + name + " appends the EOS token, but the tokenizer " +
+          (tokenizer->eos_token().empty()
+               ? std::string("names no eos_token (set it in tokenizer_config.json)")
+               : "has no id for eos_token '" + tokenizer->eos_token() + "'"));
+    }
+    e.eos_id_ = *eos;
+  }
+  if (format == DataFormat::kChat) {
+    const std::string& source = chat.chat_template.empty() ? tokenizer->chat_template() : chat.chat_template;
+    if (source.empty()) {
+      return Status::InvalidArgument(
+          "format: chat needs a chat template, but tokenizer_config.json has no 'chat_template' (give one in "
+          "the "
+          "job's data section or use format: text/alpaca)");
+    }
+    FT_ASSIGN_OR_RETURN(ChatTemplate t, ChatTemplate::Parse(source));
+    e.chat_template_.emplace(std::move(t));
+    e.chat_vars_.bos_token = tokenizer->bos_token();
+    e.chat_vars_.eos_token = tokenizer->eos_token();
+    if (!chat.extra_vars.is_null() && !chat.extra_vars.is_object()) {
+      return Status::InvalidArgument("format: chat: extra template variables must be a JSON object");
+    }
+    e.chat_vars_.extra = chat.extra_vars.is_null() ? nlohmann::ordered_json::object() : chat.extra_vars;
+  }
+  return e;
+}
+
+StatusOr<TokenSequence> DataEncoder::EncodeLine(std::string_view line, const std::string& where) const {
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Bad(where, "not valid JSON (each line must hold one JSON object)");
+  return Encode(j, where);
+}
+
+StatusOr<TokenSequence> DataEncoder::Encode(const nlohmann::ordered_json& record,
+                                            const std::string& where) const {
+  if (!record.is_object())
+    return Bad(where, std::string("not a JSON object (got ") + record.type_name() + ")");
+  StatusOr<TokenSequence> seq = Status::Internal("unreachable");
+  switch (format_) {
+    case DataFormat::kTokens: return ParseTokensJson(record, where, vocab_size_);
+    case DataFormat::kText: seq = EncodeText(record, where); break;
+    case DataFormat::kAlpaca: seq = EncodeAlpaca(record, where); break;
+    case DataFormat::kChat: seq = EncodeChat(record, where); break;
+  }
+  if (!seq.ok()) return seq;
+  FT_RETURN_IF_ERROR(CheckVocab(*seq, where));
+  return seq;
+}
+
+Status DataEncoder::CheckVocab(const TokenSequence& seq, const std::string& where) const {
+  for (int32_t id : seq.ids) {
+    if (id < 0 || id >= vocab_size_) {
+      return Bad(where, "the tokenizer produced token id " + std::to_string(id) + ", outside [0, " +
+                            std::to_string(vocab_size_) +
+                            ") of the model's vocabulary (tokenizer and model do not match)");
+    }
+  }
+  return Status::OK();
+}
+
+StatusOr<TokenSequence> DataEncoder::EncodeText(const nlohmann::ordered_json& r,
+                                                const std::string& where) const {
+  FT_ASSIGN_OR_RETURN(std::string text,
+                      StringField(r, "text", where, "format: text expects {\"text\": \"...\"}", true));
+  TokenSequence seq;
+  seq.ids = tokenizer_->Encode(text, /*add_special_tokens=*/true);
+  if (seq.ids.empty() || seq.ids.back() != eos_id_) seq.ids.push_back(eos_id_);
+  seq.labels = seq.ids;
+  return seq;
+}
+
+StatusOr<TokenSequence> DataEncoder::EncodeAlpaca(const nlohmann::ordered_json& r,
+                                                  const std::string& where) const {
+  static constexpr char kHint[] =
+      "format: alpaca expects {\"instruction\": \"...\", \"input\": \"...\" (optional), \"output\": \"...\"}";
+  FT_ASSIGN_OR_RETURN(std::string instruction, StringField(r, "instruction", where, kHint, true));
+  FT_ASSIGN_OR_RETURN(std::string input, StringField(r, "input", where, kHint, false));
+  FT_ASSIGN_OR_RETURN(std::string output, StringField(r, "output", where, kHint, true));
+  const std::string prompt = AlpacaPrompt(instruction, input);
+  const std::vector<TokenSpan> toks =
+      tokenizer_->EncodeWithOffsets(prompt + output, /*add_special_tokens=*/true);
+  const int64_t response_begin = static_cast<int64_t>(prompt.size());
+  TokenSequence seq;
+  for (const TokenSpan& t : toks) {
+    seq.ids.push_back(t.id);
+    seq.labels.push_back(t.begin != t.end && t.begin >= response_begin ? t.id : -100);
+  }
+  if (!toks.empty() && toks.back().id == eos_id_ && toks.back().begin == toks.back().end) {
+    seq.labels.back() = eos_id_;  // the post-processor already appended EOS: train it
+  } else {
+    seq.ids.push_back(eos_id_);
+    seq.labels.push_back(eos_id_);
+  }
+  return seq;
+}
+
+StatusOr<TokenSequence> DataEncoder::EncodeChat(const nlohmann::ordered_json& r,
+                                                const std::string& where) const {
+  static constexpr char kHint[] =
+      "format: chat expects {\"messages\": [{\"role\": \"user\", \"content\": \"...\"}, {\"role\": "
+      "\"assistant\", "
+      "\"content\": \"...\"}]}";
+  if (!r.contains("messages")) return Bad(where, std::string("missing 'messages' (") + kHint + ")");
+  const auto& messages = r["messages"];
+  if (!messages.is_array() || messages.empty()) {
+    return Bad(where, std::string("'messages' must be a non-empty array (") + kHint + ")");
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const auto& m = messages[i];
+    const std::string field = "'messages'[" + std::to_string(i) + "]";
+    if (!m.is_object()) return Bad(where, field + " must be an object with 'role' and 'content'");
+    if (!m.contains("role") || !m["role"].is_string()) {
+      return Bad(where, field + ": missing or non-string 'role' (e.g. \"user\", \"assistant\", \"system\")");
+    }
+    if (!m.contains("content") && !m.contains("tool_calls")) {
+      return Bad(where, field + ": missing 'content'");
+    }
+  }
+  ChatVars vars = chat_vars_;
+  if (r.contains("tools") && !r["tools"].is_null()) {
+    if (!r["tools"].is_array()) return Bad(where, "'tools' must be an array of tool (function) descriptions");
+    vars.tools = r["tools"];
+  }
+  StatusOr<ChatRendering> rendering = chat_template_->RenderForTraining(messages, vars);
+  if (!rendering.ok()) return Bad(where, "'messages': " + rendering.status().message());
+  const std::vector<TokenSpan> toks =
+      tokenizer_->EncodeWithOffsets(rendering->text, /*add_special_tokens=*/false);
+  TokenSequence seq;
+  seq.ids.reserve(toks.size());
+  for (const TokenSpan& t : toks) seq.ids.push_back(t.id);
+  seq.labels = AssistantLabels(toks, rendering->assistant_spans);
+  if (std::all_of(seq.labels.begin(), seq.labels.end(), [](int32_t l) { return l == -100; })) {
+    return Bad(where, "'messages': the assistant turns rendered to no tokens, so nothing would be trained");
+  }
+  return seq;
+}
+
+StatusOr<RecordEncoder> MakeRecordEncoder(DataFormat format, const Tokenizer* tokenizer, int64_t vocab_size,
+                                          const ChatOptions& chat) {
+  FT_ASSIGN_OR_RETURN(DataEncoder e, DataEncoder::Create(format, tokenizer, vocab_size, chat));
+  auto shared = std::make_shared<const DataEncoder>(std::move(e));
+  return RecordEncoder([shared](const std::string& line, const std::string& where) {
+    return shared->EncodeLine(line, where);
+  });
+}
+
+}  // namespace ft

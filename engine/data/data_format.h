@@ -1,0 +1,100 @@
+// Training data formats: one JSONL record -> one TokenSequence (ids and
+// labels of the same length; label -100 = no loss at that position; see
+// engine/data/dataset.h, which streams a file through the RecordEncoder made here).
+//
+//   tokens  {"input_ids": [...], "labels": [...]?}  ids as given; labels as
+//           given (each -100 or an id) or, when absent, left empty (= ids).
+//   text    {"text": "..."}  tokenized with add_special_tokens=true (the
+//           tokenizer's BOS, if it adds one), then the EOS token id appended
+//           (not twice when the post-processor already ended with it); loss
+//           on every token.
+//   alpaca  {"instruction", "input"?, "output"}  Stanford Alpaca's prompt
+//           (the with-input form when "input" is a non-empty string) followed
+//           by the output, tokenized with add_special_tokens=true, EOS
+//           appended; loss only on tokens that start inside the output, and
+//           on the EOS.
+//   chat    {"messages": [{"role", "content"}, ...], "tools"?: [...]}
+//           rendered with the model's chat template (engine/data/chat_format.h),
+//           tokenized once with add_special_tokens=false (the template writes
+//           BOS itself where the model wants one); loss only on tokens that
+//           start inside an assistant turn (its end-of-turn token included).
+//
+// Every id must lie in [0, vocab_size) of the model. Errors are
+// InvalidArgument "<where>: <field>: <problem> (<how to fix>)", `where` being
+// the caller's "file:line".
+//
+// Thread safety: a DataEncoder is immutable; Encode may run concurrently
+// (the tokenizer is thread-safe).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+#include "engine/data/chat_format.h"
+#include "engine/data/dataset.h"
+#include "engine/text/tokenizer.h"
+
+namespace ft {
+
+enum class DataFormat { kTokens, kText, kAlpaca, kChat };
+
+// "tokens", "text", "alpaca", "chat".
+StatusOr<DataFormat> ParseDataFormat(std::string_view name);
+const char* DataFormatName(DataFormat format);
+
+// Stanford Alpaca's prompts (everything before the response).
+std::string AlpacaPrompt(const std::string& instruction, const std::string& input);
+
+// A parsed `tokens` record: input_ids (integers in [0, vocab_size)),
+// optional labels (same length; each -100 or in [0, vocab_size)).
+StatusOr<TokenSequence> ParseTokensJson(const nlohmann::ordered_json& record, const std::string& where,
+                                        int64_t vocab_size);
+
+struct ChatOptions {
+  // Replaces the tokenizer's chat template when non-empty.
+  std::string chat_template;
+  // Extra template variables, e.g. {"enable_thinking": false}.
+  nlohmann::ordered_json extra_vars = nlohmann::ordered_json::object();
+};
+
+class DataEncoder {
+ public:
+  // `tokenizer` is needed by text, alpaca and chat (not tokens); it is
+  // borrowed and must outlive the encoder. Fails when the format needs what
+  // the tokenizer lacks (no EOS token for text/alpaca, no chat template for
+  // chat) or the chat template does not parse.
+  static StatusOr<DataEncoder> Create(DataFormat format, const Tokenizer* tokenizer, int64_t vocab_size,
+                                      const ChatOptions& chat = {});
+
+  // One JSONL line (parsed with key order kept). `where` is "file:line".
+  StatusOr<TokenSequence> EncodeLine(std::string_view line, const std::string& where) const;
+  StatusOr<TokenSequence> Encode(const nlohmann::ordered_json& record, const std::string& where) const;
+
+  DataFormat format() const { return format_; }
+
+ private:
+  DataEncoder() = default;
+  StatusOr<TokenSequence> EncodeText(const nlohmann::ordered_json& r, const std::string& where) const;
+  StatusOr<TokenSequence> EncodeAlpaca(const nlohmann::ordered_json& r, const std::string& where) const;
+  StatusOr<TokenSequence> EncodeChat(const nlohmann::ordered_json& r, const std::string& where) const;
+  Status CheckVocab(const TokenSequence& seq, const std::string& where) const;
+
+  DataFormat format_ = DataFormat::kTokens;
+  const Tokenizer* tokenizer_ = nullptr;
+  int64_t vocab_size_ = 0;
+  int32_t eos_id_ = -1;
+  std::optional<ChatTemplate> chat_template_;
+  ChatVars chat_vars_;
+};
+
+// The encoder engine/data/dataset.h streams a file through: DataEncoder::EncodeLine
+// behind a std::function (the DataEncoder is owned by the function; the
+// tokenizer is still borrowed).
+StatusOr<RecordEncoder> MakeRecordEncoder(DataFormat format, const Tokenizer* tokenizer, int64_t vocab_size,
+                                          const ChatOptions& chat = {});
+
+}  // namespace ft

@@ -1,0 +1,268 @@
+#include "engine/data/dataset.h"
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "common/file_util.h"
+#include "common/logging.h"
+#include "engine/data/data_format.h"
+#include "engine/model/rng.h"
+
+namespace ft {
+
+namespace {
+
+constexpr char kIndexMagic[8] = {'F', 'T', 'I', 'D', 'X', '0', '0', '1'};
+
+// Appends a POD value's bytes / reads one back.
+template <typename T>
+void Put(std::string* out, const T& v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+template <typename T>
+bool Get(const std::string& in, size_t* pos, T* v) {
+  if (*pos + sizeof(T) > in.size()) return false;
+  std::memcpy(v, in.data() + *pos, sizeof(T));
+  *pos += sizeof(T);
+  return true;
+}
+
+}  // namespace
+
+StatusOr<TokenSequence> ParseTokensRecord(const std::string& line, const std::string& where,
+                                          int64_t vocab_size) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Status::InvalidArgument(where + ": not a JSON object");
+  return ParseTokensJson(j, where, vocab_size);
+}
+
+StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const DatasetOptions& options, RecordEncoder encode) {
+  std::unique_ptr<Dataset> ds(new Dataset());
+  ds->options_ = options;
+  // Token counts depend on truncation, so seq_len is part of what the index is for.
+  ds->options_.cache_key = options.cache_key + ";seq_len=" + std::to_string(options.seq_len);
+  ds->encode_ = std::move(encode);
+  FT_ASSIGN_OR_RETURN(std::string sha, Sha256File(options.path));
+  if (!options.use_cache || !ds->LoadCache(sha).ok()) {
+    FT_RETURN_IF_ERROR(ds->BuildIndex(sha));
+    if (options.use_cache) ds->SaveCache(sha);
+  }
+  for (int64_t i = 0; i < static_cast<int64_t>(ds->lines_.size()); ++i) {
+    if (ds->lines_[i].tokens >= 0) ds->example_line_.push_back(i);
+  }
+  if (ds->example_line_.empty()) return Status::InvalidArgument(options.path + ": no usable examples");
+  if (ds->skipped_ > 0) {
+    FT_LOG(WARN) << options.path << ": skipped " << ds->skipped_ << " bad lines (data.skip_bad_lines)";
+  }
+  ds->PlanRows();
+  return ds;
+}
+
+Status Dataset::BuildIndex(const std::string& sha) {
+  (void)sha;
+  std::ifstream in(options_.path, std::ios::binary);
+  if (!in) return Status::NotFound(options_.path + ": cannot open training data");
+  std::string line;
+  uint64_t offset = 0;
+  int64_t lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    const uint64_t start = offset;
+    offset += line.size() + 1;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = options_.path + ":" + std::to_string(lineno);
+    Line entry{start, static_cast<uint32_t>(line.size()), -1, 0};
+    StatusOr<TokenSequence> seq = encode_(line, where);
+    Status bad;
+    if (!seq.ok()) {
+      bad = seq.status();
+    } else if (seq->ids.size() < 2) {
+      bad = Status::InvalidArgument(where + ": an example needs at least 2 tokens");
+    }
+    if (!bad.ok()) {
+      if (!options_.skip_bad_lines) {
+        return Status::InvalidArgument(bad.message() +
+                                       " (or set data.skip_bad_lines: true to skip and count bad lines)");
+      }
+      ++skipped_;
+      lines_.push_back(entry);
+      continue;
+    }
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(seq->ids.size()), options_.seq_len);
+    entry.tokens = static_cast<int32_t>(n);
+    if (seq->labels.empty()) {
+      entry.targets = static_cast<int32_t>(n - 1);
+    } else {
+      entry.targets = static_cast<int32_t>(std::count_if(seq->labels.begin() + 1, seq->labels.begin() + n,
+                                                         [](int32_t v) { return v != -100; }));
+    }
+    lines_.push_back(entry);
+  }
+  if (in.bad()) return Status::IOError(options_.path + ": read failed");
+  return Status::OK();
+}
+
+Status Dataset::LoadCache(const std::string& sha) {
+  auto data = ReadFileToString(options_.path + ".ftidx");
+  if (!data.ok()) return data.status();
+  const std::string& s = *data;
+  size_t pos = 0;
+  if (s.size() < sizeof(kIndexMagic) || std::memcmp(s.data(), kIndexMagic, sizeof(kIndexMagic)) != 0) {
+    return Status::Corruption("bad index magic");
+  }
+  pos = sizeof(kIndexMagic);
+  auto get_string = [&](std::string* out) {
+    uint32_t len = 0;
+    if (!Get(s, &pos, &len) || pos + len > s.size()) return false;
+    out->assign(s.data() + pos, len);
+    pos += len;
+    return true;
+  };
+  std::string file_sha, key;
+  uint64_t count = 0;
+  if (!get_string(&file_sha) || !get_string(&key) || !Get(s, &pos, &count))
+    return Status::Corruption("short index");
+  if (file_sha != sha || key != options_.cache_key)
+    return Status::NotFound("index is for other data or settings");
+  std::vector<Line> lines(count);
+  int64_t skipped = 0;
+  for (Line& l : lines) {
+    if (!Get(s, &pos, &l.offset) || !Get(s, &pos, &l.bytes) || !Get(s, &pos, &l.tokens) ||
+        !Get(s, &pos, &l.targets)) {
+      return Status::Corruption("short index");
+    }
+    if (l.tokens < 0) ++skipped;
+  }
+  if (skipped > 0 && !options_.skip_bad_lines) return Status::NotFound("index skips lines; re-validate");
+  lines_ = std::move(lines);
+  skipped_ = skipped;
+  from_cache_ = true;
+  return Status::OK();
+}
+
+void Dataset::SaveCache(const std::string& sha) const {
+  std::string out(kIndexMagic, sizeof(kIndexMagic));
+  Put(&out, static_cast<uint32_t>(sha.size()));
+  out += sha;
+  Put(&out, static_cast<uint32_t>(options_.cache_key.size()));
+  out += options_.cache_key;
+  Put(&out, static_cast<uint64_t>(lines_.size()));
+  for (const Line& l : lines_) {
+    Put(&out, l.offset);
+    Put(&out, l.bytes);
+    Put(&out, l.tokens);
+    Put(&out, l.targets);
+  }
+  Status s = ReplaceFileAtomically(options_.path + ".ftidx", out);
+  if (!s.ok()) FT_LOG(WARN) << "cannot cache the data index (it will be rebuilt next time): " << s.ToString();
+}
+
+void Dataset::PlanRows() {
+  row_first_.clear();
+  row_targets_.clear();
+  int64_t used = 0;
+  for (int64_t e = 0; e < examples(); ++e) {
+    const Line& l = lines_[example_line_[e]];
+    if (row_first_.empty() || !options_.packing || used + l.tokens > options_.seq_len) {
+      row_first_.push_back(e);
+      row_targets_.push_back(0);
+      used = 0;
+    }
+    used += l.tokens;
+    row_targets_.back() += l.targets;
+  }
+  row_first_.push_back(examples());
+}
+
+int64_t Dataset::RowAt(int64_t cursor, bool shuffle, uint64_t seed) const {
+  const int64_t n = size();
+  const int64_t epoch = cursor / n, pos = cursor % n;
+  if (!shuffle) return pos;
+  if (perm_epoch_ != epoch) {
+    // Fisher-Yates driven by counter-based random numbers: a pure function of (seed, epoch).
+    perm_.resize(n);
+    std::iota(perm_.begin(), perm_.end(), 0);
+    for (int64_t i = n - 1; i > 0; --i) {
+      const int64_t j = static_cast<int64_t>(UniformIndex(HashKeys(seed, 0x5EED, epoch, i), i + 1));
+      std::swap(perm_[i], perm_[j]);
+    }
+    perm_epoch_ = epoch;
+  }
+  return perm_[pos];
+}
+
+StatusOr<TokenSequence> Dataset::ReadExample(std::istream& in, int64_t example) const {
+  const Line& l = lines_[example_line_[example]];
+  std::string text(l.bytes, '\0');
+  in.seekg(static_cast<std::streamoff>(l.offset));
+  in.read(text.data(), l.bytes);
+  if (!in)
+    return Status::IOError(options_.path + ": cannot read the line at byte " + std::to_string(l.offset));
+  FT_ASSIGN_OR_RETURN(TokenSequence seq,
+                      encode_(text, options_.path + " (byte " + std::to_string(l.offset) + ")"));
+  if (static_cast<int64_t>(seq.ids.size()) > options_.seq_len) {
+    seq.ids.resize(options_.seq_len);
+    if (!seq.labels.empty()) seq.labels.resize(options_.seq_len);
+  }
+  if (static_cast<int32_t>(seq.ids.size()) != l.tokens) {
+    return Status::Corruption(options_.path + ": changed since it was indexed (restart to re-index)");
+  }
+  return seq;
+}
+
+StatusOr<MicroBatch> Dataset::MakeBatch(int64_t first, int64_t count, bool shuffle, uint64_t seed) const {
+  struct Row {
+    std::vector<int32_t> ids, targets, positions, segments;
+  };
+  std::vector<Row> rows(count);
+  MicroBatch mb;
+  mb.batch = count;
+  mb.first_sequence = first;
+  std::ifstream in(options_.path, std::ios::binary);
+  if (!in) return Status::IOError(options_.path + ": cannot open training data");
+  for (int64_t b = 0; b < count; ++b) {
+    const int64_t r = RowAt(first + b, shuffle, seed);
+    Row& row = rows[b];
+    for (int64_t e = row_first_[r]; e < row_first_[r + 1]; ++e) {
+      FT_ASSIGN_OR_RETURN(TokenSequence seq, ReadExample(in, e));
+      const std::vector<int32_t>& labels = seq.labels.empty() ? seq.ids : seq.labels;
+      const int64_t n = static_cast<int64_t>(seq.ids.size());
+      for (int64_t t = 0; t < n; ++t) {
+        row.ids.push_back(seq.ids[t]);
+        row.targets.push_back(t + 1 < n ? labels[t + 1] : -100);  // no target across examples
+        row.positions.push_back(static_cast<int32_t>(t));
+        row.segments.push_back(static_cast<int32_t>(e - row_first_[r]));
+      }
+    }
+    mb.seq = std::max<int64_t>(mb.seq, static_cast<int64_t>(row.ids.size()));
+  }
+  mb.ids.assign(mb.rows(), 0);
+  mb.targets.assign(mb.rows(), -100);
+  mb.positions.assign(mb.rows(), 0);
+  if (options_.packing) mb.segments.assign(mb.rows(), -1);  // padding: its own segment
+  for (int64_t b = 0; b < count; ++b) {
+    const Row& row = rows[b];
+    for (size_t t = 0; t < row.ids.size(); ++t) {
+      const int64_t i = b * mb.seq + static_cast<int64_t>(t);
+      mb.ids[i] = row.ids[t];
+      mb.targets[i] = row.targets[t];
+      mb.positions[i] = row.positions[t];
+      if (options_.packing) mb.segments[i] = row.segments[t];
+    }
+    for (int64_t t = static_cast<int64_t>(row.ids.size()); t < mb.seq; ++t) {
+      mb.positions[b * mb.seq + t] = static_cast<int32_t>(t);
+    }
+  }
+  return mb;
+}
+
+int64_t Dataset::CountTargets(int64_t first, int64_t count, bool shuffle, uint64_t seed) const {
+  int64_t total = 0;
+  for (int64_t i = 0; i < count; ++i) total += row_targets_[RowAt(first + i, shuffle, seed)];
+  return total;
+}
+
+}  // namespace ft

@@ -1,0 +1,112 @@
+// Training data: a JSONL file streamed through a line index, turned into
+// training rows (one example each, or several packed into seq_len), and the
+// sequence-level order the trainer walks through them.
+//
+// Opening a file makes one streaming pass (the file is never loaded whole):
+// every line is parsed and encoded once to learn its token and target counts
+// and to find bad lines. The result is cached beside the data as
+// <file>.ftidx, keyed by the file's SHA-256 and by `cache_key` (format,
+// tokenizer, seq_len), so a restart or a second epoch does not re-tokenize to
+// plan. Rows are re-read and re-encoded from their byte offsets on demand.
+//
+// Rows: without packing, one example per row (right-padded in a micro-batch,
+// targets -100 on padding). With packing, examples are placed greedily in
+// file order into rows of seq_len tokens without splitting them (an example
+// longer than seq_len is truncated); positions restart and attention is
+// confined per example (segments), and no target crosses an example boundary.
+//
+// Order: a pure function of (seed, epoch): file order when shuffle is off,
+// else a seeded permutation of the rows per epoch. A cursor (rows consumed,
+// across epochs) is all a checkpoint needs to resume exactly, whatever the
+// micro-batch plan.
+//
+// Thread safety: const methods may be called from one thread at a time (a
+// small permutation cache is kept).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <istream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/model/model.h"
+
+namespace ft {
+
+// One encoded example. labels[t] is the token to learn at position t, or
+// -100 for none; a sequence of n tokens yields targets labels[1..n-1] for
+// positions 0..n-2 (HF's shift). Empty labels mean labels = ids.
+struct TokenSequence {
+  std::vector<int32_t> ids;
+  std::vector<int32_t> labels;
+};
+
+// Encodes one JSONL line (`where` = "file:line" for messages).
+using RecordEncoder =
+    std::function<StatusOr<TokenSequence>(const std::string& line, const std::string& where)>;
+
+struct DatasetOptions {
+  std::string path;
+  int64_t seq_len = 2048;
+  bool packing = false;
+  bool skip_bad_lines = false;  // skip (and count) lines that fail to parse or encode
+  std::string cache_key;        // what else the encoding depends on (format, tokenizer, vocab)
+  bool use_cache = true;        // read/write <path>.ftidx
+};
+
+class Dataset {
+ public:
+  // Indexes `options.path` (or loads a valid cached index). Errors: NotFound
+  // for a missing file; InvalidArgument naming file:line and the reason for a
+  // bad line (unless skip_bad_lines) or when no example is usable.
+  static StatusOr<std::unique_ptr<Dataset>> Open(const DatasetOptions& options, RecordEncoder encode);
+
+  int64_t size() const { return static_cast<int64_t>(row_first_.size()) - 1; }  // rows
+  int64_t examples() const { return static_cast<int64_t>(example_line_.size()); }
+  int64_t skipped_lines() const { return skipped_; }
+  bool from_cache() const { return from_cache_; }
+
+  // Row index at global position `cursor` (epoch = cursor / size()).
+  int64_t RowAt(int64_t cursor, bool shuffle, uint64_t seed) const;
+  // The micro-batch of the rows at cursor positions [first, first + count).
+  // Packed rows are seq_len long; unpacked ones padded to the longest.
+  StatusOr<MicroBatch> MakeBatch(int64_t first, int64_t count, bool shuffle, uint64_t seed) const;
+  // Target tokens among those rows (from the index; no re-encoding).
+  int64_t CountTargets(int64_t first, int64_t count, bool shuffle, uint64_t seed) const;
+
+ private:
+  struct Line {
+    uint64_t offset = 0;
+    uint32_t bytes = 0;
+    int32_t tokens = -1;  // after truncation to seq_len; -1 = bad line (skipped)
+    int32_t targets = 0;
+  };
+  Dataset() = default;
+  Status BuildIndex(const std::string& sha);
+  Status LoadCache(const std::string& sha);
+  void SaveCache(const std::string& sha) const;
+  void PlanRows();
+  // Re-reads and encodes one example from `in` (the data file, opened once per batch).
+  StatusOr<TokenSequence> ReadExample(std::istream& in, int64_t example) const;
+
+  DatasetOptions options_;
+  RecordEncoder encode_;
+  std::vector<Line> lines_;
+  std::vector<int64_t> example_line_;  // usable examples → line index
+  std::vector<int64_t> row_first_;     // row r holds examples [row_first_[r], row_first_[r + 1])
+  std::vector<int64_t> row_targets_;
+  int64_t skipped_ = 0;
+  bool from_cache_ = false;
+  mutable std::vector<int64_t> perm_;
+  mutable int64_t perm_epoch_ = -1;
+};
+
+// The `tokens` format: {"input_ids": [...], "labels": [...]?}, ids in
+// [0, vocab_size), labels -100 or ids.
+StatusOr<TokenSequence> ParseTokensRecord(const std::string& line, const std::string& where,
+                                          int64_t vocab_size);
+
+}  // namespace ft

@@ -1,0 +1,271 @@
+#include "engine/io/hf_model.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <numbers>
+#include <set>
+#include <sstream>
+
+#include "common/file_util.h"
+#include "common/logging.h"
+#include "engine/model/rng.h"
+
+namespace ft {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// Reads key as T into *out; missing keeps *out unless required.
+template <typename T>
+Status GetKey(const json& j, const std::string& key, const std::string& file, T* out, bool required) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    if (required) return Status::InvalidArgument(file + ": missing required key '" + key + "'");
+    return Status::OK();
+  }
+  bool type_ok = std::is_same_v<T, bool>       ? it->is_boolean()
+                 : std::is_integral_v<T>       ? it->is_number_integer()
+                 : std::is_floating_point_v<T> ? it->is_number()
+                                               : it->is_string();
+  if (!type_ok)
+    return Status::InvalidArgument(file + ": key '" + key + "' has the wrong type (" + it->dump() + ")");
+  *out = it->get<T>();
+  return Status::OK();
+}
+
+}  // namespace
+
+StatusOr<ModelConfig> ParseHfConfig(const std::string& text, const std::string& file) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Status::InvalidArgument(file + ": not a JSON object");
+  ModelConfig c;
+  FT_RETURN_IF_ERROR(GetKey(j, "model_type", file, &c.model_type, true));
+  if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2") {
+    return Status::InvalidArgument(file + ": model_type '" + c.model_type +
+                                   "' is not supported (supported: llama, mistral, qwen2)");
+  }
+  FT_RETURN_IF_ERROR(GetKey(j, "vocab_size", file, &c.vocab_size, true));
+  FT_RETURN_IF_ERROR(GetKey(j, "hidden_size", file, &c.hidden_size, true));
+  FT_RETURN_IF_ERROR(GetKey(j, "intermediate_size", file, &c.intermediate_size, true));
+  FT_RETURN_IF_ERROR(GetKey(j, "num_hidden_layers", file, &c.num_layers, true));
+  FT_RETURN_IF_ERROR(GetKey(j, "num_attention_heads", file, &c.num_heads, true));
+  c.num_kv_heads = c.num_heads;
+  FT_RETURN_IF_ERROR(GetKey(j, "num_key_value_heads", file, &c.num_kv_heads, false));
+  c.head_dim = c.num_heads > 0 ? c.hidden_size / c.num_heads : 0;
+  FT_RETURN_IF_ERROR(GetKey(j, "head_dim", file, &c.head_dim, false));
+  FT_RETURN_IF_ERROR(GetKey(j, "max_position_embeddings", file, &c.max_position_embeddings, false));
+  FT_RETURN_IF_ERROR(GetKey(j, "rms_norm_eps", file, &c.rms_norm_eps, false));
+  FT_RETURN_IF_ERROR(GetKey(j, "rope_theta", file, &c.rope_theta, false));
+  FT_RETURN_IF_ERROR(GetKey(j, "tie_word_embeddings", file, &c.tie_word_embeddings, false));
+  FT_RETURN_IF_ERROR(GetKey(j, "torch_dtype", file, &c.torch_dtype, false));
+  FT_RETURN_IF_ERROR(GetKey(j, "bos_token_id", file, &c.bos_token_id, false));
+  if (j.contains("eos_token_id") && j["eos_token_id"].is_array()) {
+    if (!j["eos_token_id"].empty()) c.eos_token_id = j["eos_token_id"][0].get<int64_t>();
+  } else {
+    FT_RETURN_IF_ERROR(GetKey(j, "eos_token_id", file, &c.eos_token_id, false));
+  }
+  c.attention_bias = c.model_type == "qwen2";
+  FT_RETURN_IF_ERROR(GetKey(j, "attention_bias", file, &c.attention_bias, false));
+  bool mlp_bias = false;
+  FT_RETURN_IF_ERROR(GetKey(j, "mlp_bias", file, &mlp_bias, false));
+  if (mlp_bias) return Status::InvalidArgument(file + ": mlp_bias: true is not supported");
+  std::string act = "silu";
+  FT_RETURN_IF_ERROR(GetKey(j, "hidden_act", file, &act, false));
+  if (act != "silu")
+    return Status::InvalidArgument(file + ": hidden_act '" + act + "' is not supported (only silu)");
+  bool use_sliding = c.model_type == "mistral";
+  FT_RETURN_IF_ERROR(GetKey(j, "use_sliding_window", file, &use_sliding, false));
+  if (use_sliding) FT_RETURN_IF_ERROR(GetKey(j, "sliding_window", file, &c.sliding_window, false));
+  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return Status::InvalidArgument(file + ": rope_scaling must be an object or null");
+    const std::string where = file + " rope_scaling";
+    std::string type;
+    FT_RETURN_IF_ERROR(GetKey(*it, "type", where, &type, false));
+    FT_RETURN_IF_ERROR(GetKey(*it, "rope_type", where, &type, false));
+    if (type == "llama3") {
+      FT_RETURN_IF_ERROR(GetKey(*it, "factor", where, &c.rope_scaling.factor, true));
+      FT_RETURN_IF_ERROR(GetKey(*it, "low_freq_factor", where, &c.rope_scaling.low_freq_factor, true));
+      FT_RETURN_IF_ERROR(GetKey(*it, "high_freq_factor", where, &c.rope_scaling.high_freq_factor, true));
+      FT_RETURN_IF_ERROR(GetKey(*it, "original_max_position_embeddings", where,
+                                &c.rope_scaling.original_max_position_embeddings, true));
+    } else if (type == "linear") {
+      FT_RETURN_IF_ERROR(GetKey(*it, "factor", where, &c.rope_scaling.factor, true));
+    } else if (type != "default" && !type.empty()) {
+      return Status::InvalidArgument(file + ": rope_scaling type '" + type +
+                                     "' is not supported (supported: linear, llama3)");
+    }
+    c.rope_scaling.type = type == "default" ? "" : type;
+  }
+  FT_RETURN_IF_ERROR(c.Validate(file));
+  return c;
+}
+
+StatusOr<ModelConfig> ReadHfConfig(const std::string& dir) {
+  const std::string file = (fs::path(dir) / "config.json").string();
+  FT_ASSIGN_OR_RETURN(std::string text, ReadFileToString(file));
+  return ParseHfConfig(text, file);
+}
+
+std::string HfConfigJson(const ModelConfig& c) {
+  json j;
+  j["architectures"] = {c.model_type == "qwen2"     ? "Qwen2ForCausalLM"
+                        : c.model_type == "mistral" ? "MistralForCausalLM"
+                                                    : "LlamaForCausalLM"};
+  j["model_type"] = c.model_type;
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["num_hidden_layers"] = c.num_layers;
+  j["num_attention_heads"] = c.num_heads;
+  j["num_key_value_heads"] = c.num_kv_heads;
+  j["head_dim"] = c.head_dim;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["rope_theta"] = c.rope_theta;
+  if (c.rope_scaling.type == "llama3") {
+    j["rope_scaling"] = {
+        {"rope_type", "llama3"},
+        {"factor", c.rope_scaling.factor},
+        {"low_freq_factor", c.rope_scaling.low_freq_factor},
+        {"high_freq_factor", c.rope_scaling.high_freq_factor},
+        {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+  } else if (c.rope_scaling.type == "linear") {
+    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}};
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  if (c.model_type != "qwen2") j["attention_bias"] = c.attention_bias;
+  j["hidden_act"] = "silu";
+  j["torch_dtype"] = c.torch_dtype;
+  if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
+  if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
+  if (c.sliding_window > 0) j["sliding_window"] = c.sliding_window;
+  return j.dump(2) + "\n";
+}
+
+Status LoadHfWeights(const std::string& dir, Model* model) {
+  // tensor name -> shard file
+  std::map<std::string, std::string> where;
+  std::vector<std::string> files;
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    FT_ASSIGN_OR_RETURN(std::string text, ReadFileToString(index.string()));
+    json j = json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+      return Status::InvalidArgument(index.string() + ": needs a 'weight_map' object {tensor: shard file}");
+    }
+    std::set<std::string> unique;
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      if (!it->is_string())
+        return Status::InvalidArgument(index.string() + ": weight_map['" + it.key() +
+                                       "'] must be a file name");
+      where[it.key()] = it->get<std::string>();
+      unique.insert(it->get<std::string>());
+    }
+    files.assign(unique.begin(), unique.end());
+  } else {
+    files.push_back("model.safetensors");
+  }
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> opened;
+  for (const auto& f : files) {
+    const std::string path = (fs::path(dir) / f).string();
+    FT_ASSIGN_OR_RETURN(opened[f], SafetensorsFile::Open(path));
+    if (!fs::exists(index)) {
+      for (const auto& t : opened[f]->tensors()) where[t.name] = f;
+    }
+  }
+  std::set<std::string> used;
+  for (NamedTensor& t : model->NamedWeights()) {
+    auto it = where.find(t.name);
+    if (it == where.end()) {
+      return Status::NotFound((fs::path(dir) / files.front()).string() + ": tensor '" + t.name +
+                              "' is missing (does config.json match these weights?)");
+    }
+    auto file_it = opened.find(it->second);
+    if (file_it == opened.end())
+      return Status::NotFound(index.string() + ": shard '" + it->second + "' not loaded");
+    // Stage one tensor in host floats, then upload it (or keep only its NF4 codes).
+    const int64_t n = t.numel();
+    std::vector<float> staging(static_cast<size_t>(n));
+    FT_RETURN_IF_ERROR(file_it->second->ReadFloat(t.name, t.shape, staging.data()));
+    if (t.nf4_linear) {
+      model->SetNf4Weight(t.nf4_linear, staging.data());
+    } else {
+      model->Upload(t.data, staging.data(), n);
+    }
+    used.insert(t.name);
+  }
+  for (const auto& [name, file] : where) {
+    if (!used.count(name))
+      FT_LOG(WARN) << dir << "/" << file << ": ignoring tensor '" << name << "' not used by the model";
+  }
+  return Status::OK();
+}
+
+Status SaveHfModel(const std::string& dir, Model& model, DType dtype) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return Status::IOError(dir + ": cannot create directory: " + ec.message());
+  ModelConfig c = model.config();
+  c.torch_dtype = dtype == DType::kBF16 ? "bfloat16" : dtype == DType::kF16 ? "float16" : "float32";
+  const std::string cfg_path = (fs::path(dir) / "config.json").string();
+  {
+    std::ofstream out(cfg_path, std::ios::binary | std::ios::trunc);
+    out << HfConfigJson(c);
+    if (!out) return Status::IOError(cfg_path + ": write failed");
+  }
+  std::vector<TensorToWrite> tensors;
+  std::vector<std::vector<float>> host;  // the weights copied off the model's backend
+  for (NamedTensor& t : model.NamedWeights()) {
+    host.push_back(model.Download(t.data, t.numel()));
+    tensors.push_back({t.name, t.shape, host.back().data(), dtype});
+  }
+  return WriteSafetensors((fs::path(dir) / "model.safetensors").string(), std::move(tensors),
+                          {{"format", "pt"}},
+                          /*sync=*/true);
+}
+
+void RandomInitModel(Model* model, uint64_t seed) {
+  uint64_t tensor_index = 0;
+  for (NamedTensor& t : model->NamedWeights()) {
+    const int64_t n = t.numel();
+    std::vector<float> values(static_cast<size_t>(n));  // on the host, then uploaded or quantized
+    const bool is_norm = t.name.find("norm") != std::string::npos;
+    // Fan-in scaling keeps activations and logits O(1) at any width, so a
+    // frozen random head still lets a tiny model learn (0.02 would not at width 64).
+    const double stddev = 1.0 / std::sqrt(static_cast<double>(t.shape.back()));
+    const bool is_bias = t.name.size() > 5 && t.name.compare(t.name.size() - 5, 5, ".bias") == 0;
+    // Counter-based: every element is a pure function of (seed, tensor, i), so the loop parallelises.
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16))
+#endif
+    for (int64_t i = 0; i < n; ++i) {
+      if (is_norm) {
+        values[i] = 1.0f;
+      } else if (is_bias) {
+        values[i] = 0.0f;
+      } else {
+        // Box-Muller from two counter-based uniforms.
+        const double u1 =
+            (static_cast<double>(HashKeys(seed, tensor_index, i, 1) >> 11) + 1.0) / 9007199254740993.0;
+        const double u2 = static_cast<double>(HashKeys(seed, tensor_index, i, 2) >> 11) / 9007199254740992.0;
+        values[i] =
+            static_cast<float>(stddev * std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * std::numbers::pi * u2));
+      }
+    }
+    if (t.nf4_linear) {
+      model->SetNf4Weight(t.nf4_linear, values.data());
+    } else {
+      model->Upload(t.data, values.data(), n);
+    }
+    ++tensor_index;
+  }
+}
+
+}  // namespace ft

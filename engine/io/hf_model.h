@@ -1,0 +1,39 @@
+// Hugging Face model directories: config.json + model.safetensors (or a
+// sharded model.safetensors.index.json), read into and written from a Model.
+//
+// Errors name the file and the field or tensor, e.g.
+//   /models/x/config.json: missing required key 'hidden_size'
+//   /models/x/model.safetensors: tensor 'model.norm.weight' has shape [32] but the model config needs [64]
+#pragma once
+
+#include <string>
+
+#include "common/status.h"
+#include "engine/io/safetensors.h"
+#include "engine/model/model.h"
+#include "engine/model/model_config.h"
+
+namespace ft {
+
+// Parses config.json text (named `file` in errors). Supports model_type llama,
+// mistral and qwen2 (q/k/v bias), rope_scaling types linear and llama3.
+StatusOr<ModelConfig> ParseHfConfig(const std::string& json_text, const std::string& file);
+// Reads <dir>/config.json.
+StatusOr<ModelConfig> ReadHfConfig(const std::string& dir);
+// config.json text for `config` (what HF's from_pretrained expects).
+std::string HfConfigJson(const ModelConfig& config);
+
+// Fills every base weight of `model` from <dir>/model.safetensors or the
+// shards listed in <dir>/model.safetensors.index.json. Every weight must be
+// present with the right shape; dtypes F32/F16/BF16/F64 are converted.
+Status LoadHfWeights(const std::string& dir, Model* model);
+
+// Writes <dir>/config.json and <dir>/model.safetensors (tensors stored as
+// `dtype`: F32, BF16 or F16). Creates `dir` if needed.
+Status SaveHfModel(const std::string& dir, Model& model, DType dtype);
+
+// Random weights (seeded, deterministic): linears and embeddings
+// N(0, 1/fan_in) (fan_in = the last dimension), norms 1, biases 0.
+void RandomInitModel(Model* model, uint64_t seed);
+
+}  // namespace ft

@@ -1,0 +1,105 @@
+// The parts of engine/model/backend.h shared by every backend: DeviceBuffer,
+// tracked allocation and the backend factory.
+#include "engine/model/backend.h"
+
+#include <cstdlib>
+#include <new>
+
+namespace ft {
+
+#ifdef FT_HAVE_CUDA
+// engine/cuda_backend.cu.
+StatusOr<std::shared_ptr<Backend>> CreateCudaBackend();
+#endif
+
+const char* DeviceKindName(DeviceKind kind) { return kind == DeviceKind::kCuda ? "cuda" : "cpu"; }
+
+StatusOr<DeviceKind> ParseDeviceKind(const std::string& name) {
+  if (name == "cpu") return DeviceKind::kCpu;
+  if (name == "cuda") return DeviceKind::kCuda;
+  return Status::InvalidArgument("unknown device '" + name + "' (known: cpu, cuda)");
+}
+
+namespace {
+std::shared_ptr<Backend> DefaultCpuBackend() {
+  static const std::shared_ptr<Backend> instance = [] {
+    const char* mib = std::getenv("FT_GUARDED_DEVICE_MEMORY");
+    if (mib == nullptr || *mib == '\0') return CpuBackendInstance();
+    const long long n = std::atoll(mib);
+    FT_CHECK(n > 0);  // FT_GUARDED_DEVICE_MEMORY: the guarded arena's capacity in MiB
+    return MakeGuardedCpuBackend(static_cast<int64_t>(n) << 20);
+  }();
+  return instance;
+}
+}  // namespace
+
+StatusOr<std::shared_ptr<Backend>> CreateBackend(DeviceKind kind) {
+  if (kind == DeviceKind::kCpu) return DefaultCpuBackend();
+#ifdef FT_HAVE_CUDA
+  return CreateCudaBackend();
+#else
+  return Status::Unimplemented(
+      "device cuda: this build has no CUDA backend (built without the CUDA toolkit); use cpu");
+#endif
+}
+
+DeviceBuffer Backend::Alloc(int64_t n_floats, MemCategory category, MemoryTracker* tracker) {
+  FT_CHECK(n_floats >= 0);
+  return AllocBytes(n_floats * static_cast<int64_t>(sizeof(float)), category, tracker);
+}
+
+DeviceBuffer Backend::AllocBytes(int64_t bytes, MemCategory category, MemoryTracker* tracker) {
+  FT_CHECK(bytes >= 0);
+  DeviceBuffer b;
+  if (bytes == 0) return b;
+  b.ptr_ = RawAlloc(bytes);
+  if (b.ptr_ == nullptr) throw std::bad_alloc();
+  b.bytes_ = bytes;
+  b.category_ = category;
+  b.tracker_ = tracker;
+  b.backend_ = this;
+  if (tracker) tracker->Add(category, bytes);
+  return b;
+}
+
+DeviceBuffer::~DeviceBuffer() { Release(); }
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+    : ptr_(other.ptr_),
+      bytes_(other.bytes_),
+      category_(other.category_),
+      tracker_(other.tracker_),
+      backend_(other.backend_) {
+  other.ptr_ = nullptr;
+  other.bytes_ = 0;
+  other.tracker_ = nullptr;
+  other.backend_ = nullptr;
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    Release();
+    ptr_ = other.ptr_;
+    bytes_ = other.bytes_;
+    category_ = other.category_;
+    tracker_ = other.tracker_;
+    backend_ = other.backend_;
+    other.ptr_ = nullptr;
+    other.bytes_ = 0;
+    other.tracker_ = nullptr;
+    other.backend_ = nullptr;
+  }
+  return *this;
+}
+
+void DeviceBuffer::Release() {
+  if (ptr_ == nullptr) return;
+  backend_->RawFree(ptr_);
+  if (tracker_) tracker_->Sub(category_, bytes_);
+  ptr_ = nullptr;
+  bytes_ = 0;
+  tracker_ = nullptr;
+  backend_ = nullptr;
+}
+
+}  // namespace ft

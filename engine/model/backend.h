@@ -1,0 +1,244 @@
+// The device the model runs on: what engine/model/model.cc needs from a backend.
+//
+// The model's forward and backward are written once, against this interface;
+// a backend supplies memory on its device and the ops (the same ops, with the
+// same definitions, as kernels/cpu/ops.h, which is the reference every backend
+// is checked against). Two implementations:
+//   - CpuBackend (engine/model/cpu_backend.cc, always built): "device" memory is
+//     host memory and every op forwards to kernels/cpu. It is the reference:
+//     deterministic and bit-identical to calling kernels/cpu directly.
+//   - CudaBackend (engine/model/cuda_backend.cu, built when FT_HAVE_CUDA): memory
+//     from cudaMalloc, ops from kernels/cuda, enqueued on one stream.
+//
+// Conventions
+//   - Every pointer an op takes ("device pointer") points into memory of this
+//     backend: a DeviceBuffer from Alloc(), or, for the integer inputs of a
+//     micro-batch (ids, targets, positions, segments), a DeviceBuffer filled
+//     with CopyToDevice. Only CopyToDevice/CopyToHost take host pointers.
+//     On the CPU backend device and host memory are the same, so host
+//     pointers work everywhere; code meant for every backend must not rely
+//     on it.
+//   - Storage is fp32 (the engine's master and compute storage). With
+//     ComputeDType::kBF16 the model calls RoundToBf16 after each op that
+//     makes an activation, which is the CPU's bf16 emulation; a device
+//     backend does the same rounding on the device.
+//   - Ordering: ops and copies run in the order they are called (one stream
+//     per backend). Ops return without waiting; CopyToHost and Synchronize
+//     wait for everything before them.
+//   - Errors: ops return void so the model reads like the math. A backend
+//     whose ops can fail (the CUDA one: a launch error, an unsupported shape)
+//     records the FIRST failure; later ops are skipped, and Synchronize()
+//     returns it (and keeps returning it: the backend is then unusable). The
+//     CPU backend never fails; shape mismatches are caller bugs (FT_CHECK)
+//     on every backend.
+//   - Memory: every byte is counted by a MemoryTracker under a MemCategory,
+//     as engine/model/memory.h's Buffer is, so the planner's figures and the
+//     tracked peak stay comparable whatever the device.
+//
+// Thread safety: one thread at a time per backend (like a Model).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "common/status.h"
+#include "engine/model/memory.h"
+#include "kernels/cpu/nf4.h"
+#include "kernels/cpu/ops.h"
+
+namespace ft {
+
+enum class DeviceKind { kCpu, kCuda };
+const char* DeviceKindName(DeviceKind kind);  // "cpu", "cuda"
+
+class Backend;
+
+// A tracked allocation of a backend's memory (floats, or raw bytes for
+// integer inputs and NF4 codes). Zero-initialised, move-only; returns its
+// bytes to the backend and the tracker when destroyed. The backend must
+// outlive its buffers.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  // The storage as floats (n = bytes / 4) or as another element type.
+  float* data() { return static_cast<float*>(ptr_); }
+  const float* data() const { return static_cast<const float*>(ptr_); }
+  template <typename T>
+  T* as() {
+    return static_cast<T*>(ptr_);
+  }
+  template <typename T>
+  const T* as() const {
+    return static_cast<const T*>(ptr_);
+  }
+  int64_t bytes() const { return bytes_; }
+  int64_t size() const { return bytes_ / static_cast<int64_t>(sizeof(float)); }  // floats
+  bool empty() const { return bytes_ == 0; }
+
+ private:
+  friend class Backend;
+  void Release();
+
+  void* ptr_ = nullptr;
+  int64_t bytes_ = 0;
+  MemCategory category_ = MemCategory::kWorkspace;
+  MemoryTracker* tracker_ = nullptr;
+  Backend* backend_ = nullptr;
+};
+
+// Where a LoRA dropout mask comes from: a pure function of these keys and the
+// element (engine/model/rng.h), so every backend draws the same mask.
+struct DropoutKey {
+  double p = 0;                // drop probability, in (0, 1)
+  uint64_t seed = 0;           // LoraSpec::seed
+  int64_t first_sequence = 0;  // MicroBatch::first_sequence
+  int64_t seq = 1;             // MicroBatch::seq
+  uint64_t module_key = 0;     // layer * kNumModules + module
+};
+
+// An NF4 tensor (kernels/cpu/nf4.h) resident in a backend's memory; made by
+// Backend::UploadNf4 and read only by the backend that made it.
+class DeviceNf4 {
+ public:
+  virtual ~DeviceNf4() = default;
+  virtual int64_t n() const = 0;      // values
+  virtual int64_t bytes() const = 0;  // codes + scales, as counted
+};
+
+// How a GEMM takes its fp32-stored operands: as they are (true fp32
+// products), or each rounded to bf16 first (round-to-nearest-even). bf16
+// products are exact in fp32 and accumulate in fp32, so kBF16 is the
+// tensor-core bf16 GEMM (and torch.autocast(bfloat16)'s matmul) on every
+// backend: backends differ only in the order of the fp32 sums.
+enum class GemmOperands { kF32, kBF16 };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual DeviceKind kind() const = 0;
+  // "cpu", or "cuda:0 (NVIDIA H100 80GB HBM3)".
+  virtual std::string Describe() const = 0;
+
+  // ---- Memory -------------------------------------------------------------
+  // Zeroed floats (n >= 0) or bytes of device memory, counted under
+  // `category`. Allocation failure throws std::bad_alloc, as Buffer does
+  // (out of memory is what the planner exists to prevent).
+  DeviceBuffer Alloc(int64_t n_floats, MemCategory category, MemoryTracker* tracker = &GlobalMemoryTracker());
+  DeviceBuffer AllocBytes(int64_t bytes, MemCategory category,
+                          MemoryTracker* tracker = &GlobalMemoryTracker());
+  // Host <-> device copies of `bytes` bytes; CopyToHost waits for the copy.
+  // CopyToDevice may return before the copy is done: the host memory must
+  // stay unchanged until the next Synchronize or CopyToHost.
+  virtual void CopyToDevice(void* dst, const void* host_src, int64_t bytes) = 0;
+  virtual void CopyToHost(void* host_dst, const void* src, int64_t bytes) = 0;
+  // Device -> device copy (non-overlapping).
+  virtual void Copy(void* dst, const void* src, int64_t bytes) = 0;
+  // x[0..n) = 0.
+  virtual void Zero(float* x, int64_t n) = 0;
+  // Waits for every op called so far; the first recorded failure, if any.
+  virtual Status Synchronize() = 0;
+  // Bytes of device memory free now and in all (the CPU backend: the host's
+  // MemAvailable and its total; the guarded one: what its capacity has left).
+  virtual StatusOr<std::pair<int64_t, int64_t>> MemoryInfo() = 0;
+
+  // ---- Ops (float storage; definitions in kernels/cpu/ops.h) --------------
+  // C[M,N] = alpha * op(A) op(B) + beta * C (cpu::Gemm's convention), with
+  // A and B taken as `operands` says; C is fp32 storage either way.
+  virtual void Gemm(GemmOperands operands, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                    float alpha, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+                    float* C, int64_t ldc) = 0;
+  virtual void RmsNormForward(const float* x, const float* w, int64_t rows, int64_t D, float eps, float* y,
+                              float* rstd) = 0;
+  // dx overwritten; dw (nullable) accumulated.
+  virtual void RmsNormBackward(const float* x, const float* w, const float* rstd, const float* dy,
+                               int64_t rows, int64_t D, float* dx, float* dw) = 0;
+  // positions: device int32 [rows]; cos/sin tables device [max_pos, hd/2].
+  virtual void RopeApply(float* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions,
+                         const float* cos_table, const float* sin_table, bool inverse) = 0;
+  // `naive` asks for the reference form that materialises the scores; a
+  // backend without one runs its flash form (the same definition).
+  // segments: device int32 [rows] or nullptr. lse [batch, Hq, seq].
+  virtual void AttentionForward(const cpu::AttentionShape& s, const float* q, const float* k, const float* v,
+                                const int32_t* segments, float* out, float* lse, bool naive) = 0;
+  virtual void AttentionBackward(const cpu::AttentionShape& s, const float* q, const float* k, const float* v,
+                                 const int32_t* segments, const float* out, const float* lse,
+                                 const float* dout, float* dq, float* dk, float* dv) = 0;
+  virtual void SwiGluForward(const float* gate, const float* up, int64_t n, float* h) = 0;
+  virtual void SwiGluBackward(const float* gate, const float* up, const float* dh, int64_t n, float* dgate,
+                              float* dup) = 0;
+  // ids: device int32 [rows].
+  virtual void EmbeddingForward(const float* table, const int32_t* ids, int64_t rows, int64_t D,
+                                float* out) = 0;
+  virtual void EmbeddingBackward(const float* dout, const int32_t* ids, int64_t rows, int64_t D,
+                                 float* dtable) = 0;
+  // One chunk of the loss head: *loss_sum (a device double) += Σ token
+  // cross-entropies of logits[rows, V] against targets (device int32,
+  // -100 = ignored), in a fixed order; dlogits (nullable, may alias logits)
+  // = grad_scale * (softmax - onehot). Read loss_sum with CopyToHost.
+  virtual void CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V,
+                            float grad_scale, float* dlogits, double* loss_sum) = 0;
+  // NF4 codes and scales moved into this backend's memory (counted under
+  // `category`): the CPU backend keeps the host arrays, a device backend
+  // copies them over once, so a QLoRA model's frozen weights live on the
+  // device at about half a byte per value.
+  virtual std::unique_ptr<DeviceNf4> UploadNf4(cpu::Nf4Tensor q, MemCategory category) = 0;
+  // out[q.n] = cpu::DequantizeNf4 of the uploaded tensor, bit for bit.
+  virtual void DequantizeNf4(const DeviceNf4& q, float* out) = 0;
+
+  // ---- Elementwise and reductions -----------------------------------------
+  virtual void Axpy(int64_t n, float alpha, const float* x, float* y) = 0;  // y += alpha x
+  virtual void Scale(int64_t n, float alpha, float* x) = 0;                 // x *= alpha
+  // y[rows, n] += bias[n] per row.
+  virtual void AddBias(float* y, const float* bias, int64_t rows, int64_t n) = 0;
+  // dbias[n] += Σ_rows dy[r, n], rows in order.
+  virtual void BiasGrad(const float* dy, int64_t rows, int64_t n, float* dbias) = 0;
+  // bf16 emulation in place (cpu::RoundToBf16).
+  virtual void RoundToBf16(float* x, int64_t n) = 0;
+  // out[r, c] = x[r, c] * keep_scale or 0 by the mask of `key` for x[rows, in].
+  virtual void Dropout(const DropoutKey& key, const float* x, int64_t rows, int64_t in, float* out) = 0;
+  // dx[i] += d[i] * mask[i] (mask = Dropout of ones): the gradient through the dropout.
+  virtual void DropoutBackwardAdd(const DropoutKey& key, const float* d, int64_t rows, int64_t in,
+                                  float* dx) = 0;
+  // Σ x² in double, fixed order (global grad norm); waits for the result.
+  virtual double SumSquares(const float* x, int64_t n) = 0;
+  // One AdamW update (cpu::AdamW's definition) on device param/grad/m/v.
+  virtual void AdamW(const cpu::AdamWParams& hp, int64_t n, float* param, const float* grad, float* m,
+                     float* v) = 0;
+
+ protected:
+  // Device memory primitives behind Alloc/AllocBytes and DeviceBuffer.
+  // RawAlloc returns zeroed memory, or nullptr when the device has no room.
+  virtual void* RawAlloc(int64_t bytes) = 0;
+  virtual void RawFree(void* p) = 0;
+
+ private:
+  friend class DeviceBuffer;
+};
+
+// The process-wide CPU reference backend.
+std::shared_ptr<Backend> CpuBackendInstance();
+// A CPU backend whose device memory the host cannot reach: one arena of
+// `capacity_bytes`, PROT_NONE except while a backend call runs, so a host
+// dereference of device memory faults as it would on a GPU; allocations past
+// the capacity fail like a full device's (engine/model/guarded_backend.cc). Ops are
+// the CPU reference's, bit for bit. For tests; see CreateBackend.
+std::shared_ptr<Backend> MakeGuardedCpuBackend(int64_t capacity_bytes);
+// The backend for `kind`: CPU always (the guarded one of
+// MakeGuardedCpuBackend, one per process, when the environment sets
+// FT_GUARDED_DEVICE_MEMORY to its capacity in MiB: how CI runs the model,
+// checkpoint and memory tests with device memory kept apart); CUDA when built with it (FT_HAVE_CUDA)
+// and a device is visible (FailedPrecondition "no CUDA device: ..." when
+// none is, Unimplemented "built without CUDA" when the build has no CUDA).
+StatusOr<std::shared_ptr<Backend>> CreateBackend(DeviceKind kind);
+// "cpu" or "cuda" (resources.device) to a kind; InvalidArgument otherwise.
+StatusOr<DeviceKind> ParseDeviceKind(const std::string& name);
+
+}  // namespace ft

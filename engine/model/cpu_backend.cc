@@ -1,0 +1,179 @@
+// CpuBackend: engine/model/backend.h on the host. Memory is 64-byte-aligned host
+// memory; every op forwards to kernels/cpu (the reference), so a model run
+// through it is bit-identical to one calling kernels/cpu directly.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "engine/model/backend.h"
+#include "engine/model/rng.h"
+
+namespace ft {
+namespace {
+
+// On the host an uploaded NF4 tensor is the host tensor itself.
+class HostNf4 final : public DeviceNf4 {
+ public:
+  HostNf4(cpu::Nf4Tensor q, MemCategory category) : q_(std::move(q)), tracked_(q_.StorageBytes(), category) {}
+  int64_t n() const override { return q_.n; }
+  int64_t bytes() const override { return q_.StorageBytes(); }
+  const cpu::Nf4Tensor& q() const { return q_; }
+
+ private:
+  cpu::Nf4Tensor q_;
+  TrackedBytes tracked_;
+};
+
+// x[rows, cols] (row stride ld) rounded to bf16, packed (row stride cols).
+std::vector<float> RoundedCopy(const float* x, int64_t rows, int64_t cols, int64_t ld) {
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(out.data() + r * cols, x + r * ld, sizeof(float) * cols);
+  cpu::RoundToBf16(out.data(), rows * cols);
+  return out;
+}
+
+class CpuBackend final : public Backend {
+ public:
+  DeviceKind kind() const override { return DeviceKind::kCpu; }
+  std::string Describe() const override { return "cpu"; }
+
+  void CopyToDevice(void* dst, const void* host_src, int64_t bytes) override {
+    if (bytes > 0) std::memcpy(dst, host_src, static_cast<size_t>(bytes));
+  }
+  void CopyToHost(void* host_dst, const void* src, int64_t bytes) override {
+    if (bytes > 0) std::memcpy(host_dst, src, static_cast<size_t>(bytes));
+  }
+  void Copy(void* dst, const void* src, int64_t bytes) override {
+    if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
+  }
+  void Zero(float* x, int64_t n) override {
+    if (n > 0) std::memset(x, 0, sizeof(float) * static_cast<size_t>(n));
+  }
+  Status Synchronize() override { return Status::OK(); }
+  StatusOr<std::pair<int64_t, int64_t>> MemoryInfo() override {
+    FT_ASSIGN_OR_RETURN(int64_t available, HostAvailableBytes());
+    return std::make_pair(available, int64_t{sysconf(_SC_PHYS_PAGES)} * sysconf(_SC_PAGESIZE));
+  }
+
+  void Gemm(GemmOperands operands, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+            const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+            int64_t ldc) override {
+    if (operands == GemmOperands::kF32 || K == 0) {
+      cpu::Gemm<float>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+      return;
+    }
+    // bf16 operands: rounded packed copies, then the fp32 GEMM (exact products, fp32 sums).
+    const std::vector<float> a = RoundedCopy(A, trans_a ? K : M, trans_a ? M : K, lda);
+    const std::vector<float> b = RoundedCopy(B, trans_b ? N : K, trans_b ? K : N, ldb);
+    cpu::Gemm<float>(trans_a, trans_b, M, N, K, alpha, a.data(), trans_a ? M : K, b.data(), trans_b ? K : N,
+                     beta, C, ldc);
+  }
+  void RmsNormForward(const float* x, const float* w, int64_t rows, int64_t D, float eps, float* y,
+                      float* rstd) override {
+    cpu::RmsNormForward<float>(x, w, rows, D, eps, y, rstd);
+  }
+  void RmsNormBackward(const float* x, const float* w, const float* rstd, const float* dy, int64_t rows,
+                       int64_t D, float* dx, float* dw) override {
+    cpu::RmsNormBackward<float>(x, w, rstd, dy, rows, D, dx, dw);
+  }
+  void RopeApply(float* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions,
+                 const float* cos_table, const float* sin_table, bool inverse) override {
+    cpu::RopeApply<float>(x, rows, heads, hd, positions, cos_table, sin_table, inverse);
+  }
+  void AttentionForward(const cpu::AttentionShape& s, const float* q, const float* k, const float* v,
+                        const int32_t* segments, float* out, float* lse, bool naive) override {
+    if (naive) {
+      cpu::AttentionForwardNaive<float>(s, q, k, v, segments, out, lse);
+    } else {
+      cpu::AttentionForward<float>(s, q, k, v, segments, out, lse);
+    }
+  }
+  void AttentionBackward(const cpu::AttentionShape& s, const float* q, const float* k, const float* v,
+                         const int32_t* segments, const float* out, const float* lse, const float* dout,
+                         float* dq, float* dk, float* dv) override {
+    cpu::AttentionBackward<float>(s, q, k, v, segments, out, lse, dout, dq, dk, dv);
+  }
+  void SwiGluForward(const float* gate, const float* up, int64_t n, float* h) override {
+    cpu::SwiGluForward<float>(gate, up, n, h);
+  }
+  void SwiGluBackward(const float* gate, const float* up, const float* dh, int64_t n, float* dgate,
+                      float* dup) override {
+    cpu::SwiGluBackward<float>(gate, up, dh, n, dgate, dup);
+  }
+  void EmbeddingForward(const float* table, const int32_t* ids, int64_t rows, int64_t D,
+                        float* out) override {
+    cpu::EmbeddingForward<float>(table, ids, rows, D, out);
+  }
+  void EmbeddingBackward(const float* dout, const int32_t* ids, int64_t rows, int64_t D,
+                         float* dtable) override {
+    cpu::EmbeddingBackward<float>(dout, ids, rows, D, dtable);
+  }
+  void CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V, float grad_scale,
+                    float* dlogits, double* loss_sum) override {
+    *loss_sum += cpu::CrossEntropy<float>(logits, targets, rows, V, grad_scale, dlogits);
+  }
+  std::unique_ptr<DeviceNf4> UploadNf4(cpu::Nf4Tensor q, MemCategory category) override {
+    return std::make_unique<HostNf4>(std::move(q), category);
+  }
+  void DequantizeNf4(const DeviceNf4& q, float* out) override {
+    cpu::DequantizeNf4(static_cast<const HostNf4&>(q).q(), out);
+  }
+
+  void Axpy(int64_t n, float alpha, const float* x, float* y) override { cpu::Axpy<float>(n, alpha, x, y); }
+  void Scale(int64_t n, float alpha, float* x) override { cpu::Scale<float>(n, alpha, x); }
+  void AddBias(float* y, const float* bias, int64_t rows, int64_t n) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < n; ++j) y[r * n + j] += bias[j];
+    }
+  }
+  void BiasGrad(const float* dy, int64_t rows, int64_t n, float* dbias) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < n; ++j) dbias[j] += dy[r * n + j];
+    }
+  }
+  void RoundToBf16(float* x, int64_t n) override { cpu::RoundToBf16(x, n); }
+  void Dropout(const DropoutKey& key, const float* x, int64_t rows, int64_t in, float* out) override {
+    const double p = key.p;
+    const float keep_scale = static_cast<float>(1.0 / (1.0 - p));
+    for (int64_t r = 0; r < rows; ++r) {
+      // Keyed by (sequence, position, module, feature): independent of the batch plan.
+      const uint64_t row_key = HashKeys(key.seed, static_cast<uint64_t>(key.first_sequence + r / key.seq),
+                                        static_cast<uint64_t>(r % key.seq), key.module_key);
+      for (int64_t c = 0; c < in; ++c) {
+        const bool keep = UniformFloat(Mix64(row_key ^ static_cast<uint64_t>(c))) >= p;
+        out[r * in + c] = keep ? x[r * in + c] * keep_scale : 0.0f;
+      }
+    }
+  }
+  void DropoutBackwardAdd(const DropoutKey& key, const float* d, int64_t rows, int64_t in,
+                          float* dx) override {
+    std::vector<float> mask(static_cast<size_t>(rows * in), 1.0f);
+    Dropout(key, mask.data(), rows, in, mask.data());
+    for (int64_t i = 0; i < rows * in; ++i) dx[i] += d[i] * mask[i];
+  }
+  double SumSquares(const float* x, int64_t n) override { return cpu::SumSquares<float>(x, n); }
+  void AdamW(const cpu::AdamWParams& hp, int64_t n, float* param, const float* grad, float* m,
+             float* v) override {
+    cpu::AdamW<float>(hp, n, param, grad, m, v);
+  }
+
+ protected:
+  void* RawAlloc(int64_t bytes) override {
+    const size_t rounded = (static_cast<size_t>(bytes) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded);
+    if (p != nullptr) std::memset(p, 0, rounded);
+    return p;
+  }
+  void RawFree(void* p) override { std::free(p); }
+};
+
+}  // namespace
+
+std::shared_ptr<Backend> CpuBackendInstance() {
+  static const std::shared_ptr<Backend> instance = std::make_shared<CpuBackend>();
+  return instance;
+}
+
+}  // namespace ft

@@ -1,0 +1,403 @@
+// CudaBackend: engine/model/backend.h on one CUDA device (built when FT_HAVE_CUDA).
+//
+// Memory comes from cudaMalloc (zeroed on the backend's stream) and is
+// counted by the MemoryTracker like every engine allocation. Every op is
+// enqueued on the backend's one stream: the kernels/cuda op where one exists
+// (cuBLASLt GEMM with fp32 compute, flash attention, fused norms...), and a
+// small kernel of this file for the engine-level helpers kernels/cuda does
+// not have (bias add and bias gradient, in-place bf16 rounding, LoRA dropout
+// masks). Workspaces the ops ask for grow on demand and are counted as
+// workspace bytes.
+//
+// Errors: the first failed call is recorded; every later op is skipped and
+// Synchronize() returns it (engine/model/backend.h).
+//
+// Determinism: every kernel here reduces in an order fixed by the shape (the
+// bias gradient walks rows in order, one thread per column), as kernels/cuda
+// does; results are bit-identical run to run, not to the CPU.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "engine/model/backend.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_info.h"
+#include "kernels/cuda/ops.h"
+
+namespace ft {
+namespace {
+
+using cuda::internal::BlocksFor;
+using cuda::internal::CudaStatus;
+using cuda::internal::LaunchStatus;
+
+constexpr int kThreads = 256;
+
+// engine/model/rng.h's Mix64 / HashKeys / UniformFloat, on the device (the same
+// integer arithmetic, so the same dropout masks as the CPU backend).
+__device__ __forceinline__ uint64_t DevMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+__device__ __forceinline__ uint64_t DevHashKeys(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
+  return DevMix64(DevMix64(DevMix64(DevMix64(seed) ^ a) ^ b) ^ c);
+}
+__device__ __forceinline__ float DevUniformFloat(uint64_t bits) {
+  return __fmul_rn(static_cast<float>(bits >> 40), 1.0f / 16777216.0f);
+}
+
+__global__ void AddBiasKernel(float* y, const float* bias, int64_t rows, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    y[i] = __fadd_rn(y[i], bias[i % n]);
+  }
+}
+
+// One thread per column, rows in order (the CPU's order for each column).
+__global__ void BiasGradKernel(const float* dy, int64_t rows, int64_t n, float* dbias) {
+  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < n;
+       j += int64_t{gridDim.x} * blockDim.x) {
+    float acc = dbias[j];
+    for (int64_t r = 0; r < rows; ++r) acc = __fadd_rn(acc, dy[r * n + j]);
+    dbias[j] = acc;
+  }
+}
+
+// dst[r, c] (packed, row stride cols) = bf16(src[r, c]) (row stride ld).
+__global__ void ToBf16Kernel(const float* src, int64_t rows, int64_t cols, int64_t ld, __nv_bfloat16* dst) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * cols;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    dst[i] = __float2bfloat16_rn(src[(i / cols) * ld + i % cols]);
+  }
+}
+
+__global__ void RoundToBf16Kernel(float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    x[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
+  }
+}
+
+// keep(r, c) = UniformFloat(Mix64(row_key(r) ^ c)) >= p, as the CPU backend.
+__device__ __forceinline__ bool Keep(const DropoutKey& key, int64_t r, int64_t c) {
+  const uint64_t row_key = DevHashKeys(key.seed, static_cast<uint64_t>(key.first_sequence + r / key.seq),
+                                       static_cast<uint64_t>(r % key.seq), key.module_key);
+  return static_cast<double>(DevUniformFloat(DevMix64(row_key ^ static_cast<uint64_t>(c)))) >= key.p;
+}
+
+// add = false: out = keep ? x * keep_scale : 0. add = true: out += x * (keep ? keep_scale : 0).
+__global__ void DropoutKernel(DropoutKey key, float keep_scale, const float* x, int64_t rows, int64_t in,
+                              float* out, bool add) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * in;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const bool keep = Keep(key, i / in, i % in);
+    if (add) {
+      out[i] = __fadd_rn(out[i], __fmul_rn(x[i], keep ? keep_scale : 0.0f));
+    } else {
+      out[i] = keep ? __fmul_rn(x[i], keep_scale) : 0.0f;
+    }
+  }
+}
+
+// NF4 codes and scales in one device buffer (Backend::UploadNf4).
+class CudaNf4 final : public DeviceNf4 {
+ public:
+  int64_t n() const override { return tensor.n; }
+  int64_t bytes() const override { return storage.bytes(); }
+  DeviceBuffer storage;
+  cuda::Nf4DeviceTensor tensor;  // points into storage
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int device, std::string name) : device_(device), name_(std::move(name)) {}
+  ~CudaBackend() override {
+    // Workspaces go back to this backend before the stream does.
+    rms_ws_ = DeviceBuffer();
+    a16_ws_ = DeviceBuffer();
+    b16_ws_ = DeviceBuffer();
+    att_ws_ = DeviceBuffer();
+    row_loss_ = DeviceBuffer();
+    ss_ws_ = DeviceBuffer();
+    blas_.reset();
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  Status Init() {
+    FT_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+    FT_RETURN_IF_ERROR(
+        CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
+    FT_ASSIGN_OR_RETURN(blas_, cuda::BlasLt::Create());
+    ss_ws_ = AllocBytes(cuda::SumSquaresWorkspaceDoubles() * static_cast<int64_t>(sizeof(double)) +
+                            static_cast<int64_t>(sizeof(double)),
+                        MemCategory::kWorkspace);
+    return Synchronize();
+  }
+
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+  std::string Describe() const override { return "cuda:" + std::to_string(device_) + " (" + name_ + ")"; }
+
+  void CopyToDevice(void* dst, const void* host_src, int64_t bytes) override {
+    if (!status_.ok() || bytes <= 0) return;
+    Record(CudaStatus(
+        cudaMemcpyAsync(dst, host_src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_),
+        "cudaMemcpyAsync (host to device)"));
+  }
+  void CopyToHost(void* host_dst, const void* src, int64_t bytes) override {
+    if (!status_.ok() || bytes <= 0) return;
+    Record(CudaStatus(
+        cudaMemcpyAsync(host_dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream_),
+        "cudaMemcpyAsync (device to host)"));
+    Record(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
+  }
+  void Copy(void* dst, const void* src, int64_t bytes) override {
+    if (!status_.ok() || bytes <= 0) return;
+    Record(
+        CudaStatus(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, stream_),
+                   "cudaMemcpyAsync (device to device)"));
+  }
+  void Zero(float* x, int64_t n) override {
+    if (!status_.ok() || n <= 0) return;
+    Record(CudaStatus(cudaMemsetAsync(x, 0, sizeof(float) * static_cast<size_t>(n), stream_),
+                      "cudaMemsetAsync"));
+  }
+  Status Synchronize() override {
+    if (status_.ok()) Record(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
+    return status_;
+  }
+  StatusOr<std::pair<int64_t, int64_t>> MemoryInfo() override {
+    size_t free_bytes = 0, total_bytes = 0;
+    FT_RETURN_IF_ERROR(CudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
+    return std::make_pair(static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes));
+  }
+
+  void Gemm(GemmOperands operands, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+            const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+            int64_t ldc) override {
+    if (!status_.ok() || M == 0 || N == 0) return;
+    if (K == 0) {  // cuBLASLt refuses K = 0; C = beta * C is what the CPU computes
+      if (beta == 0.0f) {
+        for (int64_t i = 0; i < M; ++i) Zero(C + i * ldc, N);
+      } else {
+        for (int64_t i = 0; i < M; ++i) Scale(N, beta, C + i * ldc);
+      }
+      return;
+    }
+    if (operands == GemmOperands::kF32) {
+      Record(
+          blas_->Gemm<float, float>(stream_, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc));
+      return;
+    }
+    // bf16 operands: packed bf16 copies in workspace, then cuBLASLt bf16 x bf16 -> fp32 (fp32 compute).
+    const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+    const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+    auto* a16 = reinterpret_cast<cuda::bf16*>(Workspace(a16_ws_, a_rows * a_cols * 2));
+    auto* b16 = reinterpret_cast<cuda::bf16*>(Workspace(b16_ws_, b_rows * b_cols * 2));
+    if (!status_.ok()) return;
+    ToBf16Kernel<<<BlocksFor(a_rows * a_cols, kThreads), kThreads, 0, stream_>>>(A, a_rows, a_cols, lda, a16);
+    Record(LaunchStatus("ToBf16Kernel"));
+    ToBf16Kernel<<<BlocksFor(b_rows * b_cols, kThreads), kThreads, 0, stream_>>>(B, b_rows, b_cols, ldb, b16);
+    Record(LaunchStatus("ToBf16Kernel"));
+    if (!status_.ok()) return;
+    Record(blas_->Gemm<cuda::bf16, float>(stream_, trans_a, trans_b, M, N, K, alpha, a16, a_cols, b16, b_cols,
+                                          beta, C, ldc));
+  }
+  void RmsNormForward(const float* x, const float* w, int64_t rows, int64_t D, float eps, float* y,
+                      float* rstd) override {
+    if (!status_.ok()) return;
+    Record(cuda::RmsNormForward<float>(x, w, rows, D, eps, y, rstd, stream_));
+  }
+  void RmsNormBackward(const float* x, const float* w, const float* rstd, const float* dy, int64_t rows,
+                       int64_t D, float* dx, float* dw) override {
+    if (!status_.ok()) return;
+    float* ws = nullptr;
+    if (dw != nullptr) ws = Workspace(rms_ws_, cuda::RmsNormBackwardWorkspaceFloats(rows, D) * 4);
+    if (!status_.ok()) return;
+    Record(cuda::RmsNormBackward<float>(x, w, rstd, dy, rows, D, dx, dw, ws, stream_));
+  }
+  void RopeApply(float* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions,
+                 const float* cos_table, const float* sin_table, bool inverse) override {
+    if (!status_.ok()) return;
+    Record(cuda::RopeApply<float>(x, rows, heads, hd, positions, cos_table, sin_table, inverse, stream_));
+  }
+  void AttentionForward(const cpu::AttentionShape& s, const float* q, const float* k, const float* v,
+                        const int32_t* segments, float* out, float* lse,
+                        bool /*naive: flash only*/) override {
+    if (!status_.ok()) return;
+    Record(cuda::AttentionForward<float>(s, q, k, v, segments, out, lse, stream_));
+  }
+  void AttentionBackward(const cpu::AttentionShape& s, const float* q, const float* k, const float* v,
+                         const int32_t* segments, const float* out, const float* lse, const float* dout,
+                         float* dq, float* dk, float* dv) override {
+    if (!status_.ok()) return;
+    float* ws = Workspace(att_ws_, cuda::AttentionBackwardWorkspaceFloats(s) * 4);
+    if (!status_.ok()) return;
+    Record(cuda::AttentionBackward<float>(s, q, k, v, segments, out, lse, dout, dq, dk, dv, ws, stream_));
+  }
+  void SwiGluForward(const float* gate, const float* up, int64_t n, float* h) override {
+    if (!status_.ok()) return;
+    Record(cuda::SwiGluForward<float>(gate, up, n, h, stream_));
+  }
+  void SwiGluBackward(const float* gate, const float* up, const float* dh, int64_t n, float* dgate,
+                      float* dup) override {
+    if (!status_.ok()) return;
+    Record(cuda::SwiGluBackward<float>(gate, up, dh, n, dgate, dup, stream_));
+  }
+  void EmbeddingForward(const float* table, const int32_t* ids, int64_t rows, int64_t D,
+                        float* out) override {
+    if (!status_.ok()) return;
+    Record(cuda::EmbeddingForward<float>(table, ids, rows, D, out, stream_));
+  }
+  void EmbeddingBackward(const float* dout, const int32_t* ids, int64_t rows, int64_t D,
+                         float* dtable) override {
+    if (!status_.ok()) return;
+    Record(cuda::EmbeddingBackward<float>(dout, ids, rows, D, dtable, stream_));
+  }
+  void CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V, float grad_scale,
+                    float* dlogits, double* loss_sum) override {
+    if (!status_.ok()) return;
+    float* row_loss = Workspace(row_loss_, rows * 4);
+    if (!status_.ok()) return;
+    Record(cuda::CrossEntropy<float>(logits, targets, rows, V, grad_scale, dlogits, row_loss, loss_sum,
+                                     stream_));
+  }
+  std::unique_ptr<DeviceNf4> UploadNf4(cpu::Nf4Tensor q, MemCategory category) override {
+    auto d = std::make_unique<CudaNf4>();
+    // One buffer: [packed | absmax or absmax_q | absmax2], each part 16-byte aligned.
+    auto align = [](int64_t b) { return (b + 15) / 16 * 16; };
+    const int64_t packed = static_cast<int64_t>(q.packed.size());
+    const int64_t absmax = static_cast<int64_t>(q.absmax.size() * sizeof(float));
+    const int64_t absmax_q = static_cast<int64_t>(q.absmax_q.size());
+    const int64_t absmax2 = static_cast<int64_t>(q.absmax2.size() * sizeof(float));
+    const int64_t o1 = align(packed), o2 = o1 + align(absmax), o3 = o2 + align(absmax_q);
+    d->storage = AllocBytes(o3 + absmax2, category);
+    char* base = d->storage.as<char>();
+    CopyToDevice(base, q.packed.data(), packed);
+    CopyToDevice(base + o1, q.absmax.data(), absmax);
+    CopyToDevice(base + o2, q.absmax_q.data(), absmax_q);
+    CopyToDevice(base + o3, q.absmax2.data(), absmax2);
+    Record(Synchronize());  // the host arrays are freed when `q` goes out of scope
+    cuda::Nf4DeviceTensor& t = d->tensor;
+    t.n = q.n;
+    t.config = q.config;
+    t.packed = reinterpret_cast<const uint8_t*>(base);
+    t.absmax = absmax > 0 ? reinterpret_cast<const float*>(base + o1) : nullptr;
+    t.absmax_q = absmax_q > 0 ? reinterpret_cast<const uint8_t*>(base + o2) : nullptr;
+    t.absmax2 = absmax2 > 0 ? reinterpret_cast<const float*>(base + o3) : nullptr;
+    t.offset = q.offset;
+    return d;
+  }
+  void DequantizeNf4(const DeviceNf4& q, float* out) override {
+    if (!status_.ok()) return;
+    Record(cuda::DequantizeNf4<float>(static_cast<const CudaNf4&>(q).tensor, out, stream_));
+  }
+
+  void Axpy(int64_t n, float alpha, const float* x, float* y) override {
+    if (!status_.ok() || n <= 0) return;
+    Record(cuda::Axpy<float>(n, alpha, x, y, stream_));
+  }
+  void Scale(int64_t n, float alpha, float* x) override {
+    if (!status_.ok() || n <= 0) return;
+    Record(cuda::Scale<float>(n, alpha, x, stream_));
+  }
+  void AddBias(float* y, const float* bias, int64_t rows, int64_t n) override {
+    if (!status_.ok() || rows * n <= 0) return;
+    AddBiasKernel<<<BlocksFor(rows * n, kThreads), kThreads, 0, stream_>>>(y, bias, rows, n);
+    Record(LaunchStatus("AddBiasKernel"));
+  }
+  void BiasGrad(const float* dy, int64_t rows, int64_t n, float* dbias) override {
+    if (!status_.ok() || n <= 0) return;
+    BiasGradKernel<<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(dy, rows, n, dbias);
+    Record(LaunchStatus("BiasGradKernel"));
+  }
+  void RoundToBf16(float* x, int64_t n) override {
+    if (!status_.ok() || n <= 0) return;
+    RoundToBf16Kernel<<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(x, n);
+    Record(LaunchStatus("RoundToBf16Kernel"));
+  }
+  void Dropout(const DropoutKey& key, const float* x, int64_t rows, int64_t in, float* out) override {
+    LaunchDropout(key, x, rows, in, out, false);
+  }
+  void DropoutBackwardAdd(const DropoutKey& key, const float* d, int64_t rows, int64_t in,
+                          float* dx) override {
+    LaunchDropout(key, d, rows, in, dx, true);
+  }
+  double SumSquares(const float* x, int64_t n) override {
+    if (!status_.ok()) return 0.0;
+    double* ws = ss_ws_.as<double>();
+    double* out = ws + cuda::SumSquaresWorkspaceDoubles();
+    Record(cuda::SumSquares<float>(x, n, ws, out, false, stream_));
+    double host = 0.0;
+    CopyToHost(&host, out, sizeof(double));
+    return host;
+  }
+  void AdamW(const cpu::AdamWParams& hp, int64_t n, float* param, const float* grad, float* m,
+             float* v) override {
+    if (!status_.ok() || n <= 0) return;
+    Record(cuda::AdamW<float>(hp, n, param, grad, m, v, static_cast<float*>(nullptr), nullptr, nullptr,
+                              stream_));
+  }
+
+ protected:
+  void* RawAlloc(int64_t bytes) override {
+    void* p = nullptr;
+    if (cudaMalloc(&p, static_cast<size_t>(bytes)) != cudaSuccess) {
+      cudaGetLastError();  // clear the (non-sticky) allocation error
+      return nullptr;
+    }
+    // Zeroed before any later op on the stream reads it.
+    Record(CudaStatus(cudaMemsetAsync(p, 0, static_cast<size_t>(bytes), stream_), "cudaMemsetAsync"));
+    return p;
+  }
+  void RawFree(void* p) override {
+    // Ops still queued may read the memory: wait for them (cudaFree would too).
+    cudaStreamSynchronize(stream_);
+    cudaFree(p);
+  }
+
+ private:
+  void Record(Status s) {
+    if (status_.ok() && !s.ok()) status_ = std::move(s);
+  }
+  // `buf` grown to at least `bytes` (tracked as workspace); nullptr for 0 bytes.
+  float* Workspace(DeviceBuffer& buf, int64_t bytes) {
+    if (bytes <= 0) return nullptr;
+    if (buf.bytes() < bytes) {
+      buf = DeviceBuffer();  // waits for queued users of the old one
+      buf = AllocBytes(bytes, MemCategory::kWorkspace);
+    }
+    return buf.data();
+  }
+  void LaunchDropout(const DropoutKey& key, const float* x, int64_t rows, int64_t in, float* out, bool add) {
+    if (!status_.ok() || rows * in <= 0) return;
+    const float keep_scale = static_cast<float>(1.0 / (1.0 - key.p));
+    DropoutKernel<<<BlocksFor(rows * in, kThreads), kThreads, 0, stream_>>>(key, keep_scale, x, rows, in, out,
+                                                                            add);
+    Record(LaunchStatus("DropoutKernel"));
+  }
+
+  int device_ = 0;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<cuda::BlasLt> blas_;
+  Status status_;
+  DeviceBuffer rms_ws_, att_ws_, row_loss_, ss_ws_, a16_ws_, b16_ws_;
+};
+
+}  // namespace
+
+StatusOr<std::shared_ptr<Backend>> CreateCudaBackend() {
+  std::string reason;
+  FT_ASSIGN_OR_RETURN(std::vector<cuda::DeviceInfo> devices, cuda::QueryDevices(&reason));
+  if (devices.empty()) return Status::FailedPrecondition("no CUDA device: " + reason);
+  auto backend = std::make_shared<CudaBackend>(devices[0].index, devices[0].name);
+  FT_RETURN_IF_ERROR(backend->Init());
+  return std::shared_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace ft

@@ -1,0 +1,306 @@
+// GuardedCpuBackend: the CPU reference backend with device memory the host
+// cannot reach (engine/model/backend.h, MakeGuardedCpuBackend).
+//
+// Device memory is one mmap'd arena of `capacity` bytes, PROT_NONE except
+// while a backend call (an op, a copy, an allocation's zeroing) runs: any
+// host dereference of device memory outside the backend faults (SIGSEGV) at
+// the offending line, the way a GPU pointer would. Ops forward to the CPU
+// reference backend inside the open window, so results are bit-identical to
+// CpuBackend's. Allocations are first-fit in the arena, 64-byte aligned; an
+// allocation that does not fit the capacity fails (Alloc throws
+// std::bad_alloc), as a full device would.
+//
+// Thread safety: one thread at a time, like every backend (the CPU ops'
+// OpenMP threads run inside the open window).
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <type_traits>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/model/backend.h"
+
+namespace ft {
+namespace {
+
+constexpr int64_t kAlign = 64;
+constexpr int64_t kHuge = int64_t{2} << 20;
+
+class GuardedCpuBackend final : public Backend {
+ public:
+  explicit GuardedCpuBackend(int64_t capacity) : inner_(CpuBackendInstance()) {
+    // Whole 2 MiB huge pages where the kernel gives them: each open/close is an
+    // mprotect over the arena, whose cost grows with the page-table entries it rewrites.
+    capacity_ = (capacity + kAlign - 1) / kAlign * kAlign;
+    span_ = (capacity_ + kHuge - 1) / kHuge * kHuge;
+    void* p = mmap(nullptr, static_cast<size_t>(span_ + kHuge), PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    FT_CHECK(p != MAP_FAILED);  // reserving address space only (MAP_NORESERVE)
+    map_ = static_cast<char*>(p);
+    base_ = map_ + (kHuge - reinterpret_cast<uintptr_t>(map_) % kHuge) % kHuge;
+    madvise(base_, static_cast<size_t>(span_), MADV_HUGEPAGE);  // a hint; fine if refused
+    free_[0] = capacity_;
+  }
+  ~GuardedCpuBackend() override { munmap(map_, static_cast<size_t>(span_ + kHuge)); }
+
+  DeviceKind kind() const override { return DeviceKind::kCpu; }
+  std::string Describe() const override {
+    return "cpu (guarded device memory, " + std::to_string(capacity_ >> 20) + " MiB)";
+  }
+
+  // ---- copies and memory ----
+  void CopyToDevice(void* dst, const void* host_src, int64_t bytes) override {
+    Open o(this);
+    inner_->CopyToDevice(dst, host_src, bytes);
+  }
+  void CopyToHost(void* host_dst, const void* src, int64_t bytes) override {
+    Open o(this);
+    inner_->CopyToHost(host_dst, src, bytes);
+  }
+  void Copy(void* dst, const void* src, int64_t bytes) override {
+    Open o(this);
+    inner_->Copy(dst, src, bytes);
+  }
+  void Zero(float* x, int64_t n) override {
+    Open o(this);
+    inner_->Zero(x, n);
+  }
+  Status Synchronize() override { return Status::OK(); }
+  StatusOr<std::pair<int64_t, int64_t>> MemoryInfo() override {
+    return std::make_pair(capacity_ - used_, capacity_);
+  }
+
+  // ---- ops: the CPU reference inside the open window ----
+  void Gemm(GemmOperands operands, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+            const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+            int64_t ldc) override {
+    Open o(this);
+    inner_->Gemm(operands, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+  void RmsNormForward(const float* x, const float* w, int64_t rows, int64_t D, float eps, float* y,
+                      float* rstd) override {
+    Open o(this);
+    inner_->RmsNormForward(x, w, rows, D, eps, y, rstd);
+  }
+  void RmsNormBackward(const float* x, const float* w, const float* rstd, const float* dy, int64_t rows,
+                       int64_t D, float* dx, float* dw) override {
+    Open o(this);
+    inner_->RmsNormBackward(x, w, rstd, dy, rows, D, dx, dw);
+  }
+  void RopeApply(float* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions,
+                 const float* cos_table, const float* sin_table, bool inverse) override {
+    Open o(this);
+    inner_->RopeApply(x, rows, heads, hd, positions, cos_table, sin_table, inverse);
+  }
+  void AttentionForward(const cpu::AttentionShape& s, const float* q, const float* k, const float* v,
+                        const int32_t* segments, float* out, float* lse, bool naive) override {
+    Open o(this);
+    inner_->AttentionForward(s, q, k, v, segments, out, lse, naive);
+  }
+  void AttentionBackward(const cpu::AttentionShape& s, const float* q, const float* k, const float* v,
+                         const int32_t* segments, const float* out, const float* lse, const float* dout,
+                         float* dq, float* dk, float* dv) override {
+    Open o(this);
+    inner_->AttentionBackward(s, q, k, v, segments, out, lse, dout, dq, dk, dv);
+  }
+  void SwiGluForward(const float* gate, const float* up, int64_t n, float* h) override {
+    Open o(this);
+    inner_->SwiGluForward(gate, up, n, h);
+  }
+  void SwiGluBackward(const float* gate, const float* up, const float* dh, int64_t n, float* dgate,
+                      float* dup) override {
+    Open o(this);
+    inner_->SwiGluBackward(gate, up, dh, n, dgate, dup);
+  }
+  void EmbeddingForward(const float* table, const int32_t* ids, int64_t rows, int64_t D,
+                        float* out) override {
+    Open o(this);
+    inner_->EmbeddingForward(table, ids, rows, D, out);
+  }
+  void EmbeddingBackward(const float* dout, const int32_t* ids, int64_t rows, int64_t D,
+                         float* dtable) override {
+    Open o(this);
+    inner_->EmbeddingBackward(dout, ids, rows, D, dtable);
+  }
+  void CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V, float grad_scale,
+                    float* dlogits, double* loss_sum) override {
+    Open o(this);
+    inner_->CrossEntropy(logits, targets, rows, V, grad_scale, dlogits, loss_sum);
+  }
+  std::unique_ptr<DeviceNf4> UploadNf4(cpu::Nf4Tensor q, MemCategory category) override {
+    auto d = std::make_unique<ArenaNf4>();
+    d->shape = q;  // metadata; the arrays move into the arena below
+    d->shape.packed.clear();
+    d->shape.absmax.clear();
+    d->shape.absmax_q.clear();
+    d->shape.absmax2.clear();
+    d->parts[0] = ArenaCopy(q.packed.data(), q.packed.size(), category);
+    d->parts[1] = ArenaCopy(q.absmax.data(), q.absmax.size() * sizeof(float), category);
+    d->parts[2] = ArenaCopy(q.absmax_q.data(), q.absmax_q.size(), category);
+    d->parts[3] = ArenaCopy(q.absmax2.data(), q.absmax2.size() * sizeof(float), category);
+    return d;
+  }
+  void DequantizeNf4(const DeviceNf4& q, float* out) override {
+    const auto& d = static_cast<const ArenaNf4&>(q);
+    Open o(this);
+    cpu::Nf4Tensor t = d.shape;
+    auto take = [](const DeviceBuffer& b, auto* v) {
+      using T = typename std::remove_pointer_t<decltype(v)>::value_type;
+      const T* p = b.as<T>();
+      v->assign(p, p + b.bytes() / static_cast<int64_t>(sizeof(T)));
+    };
+    take(d.parts[0], &t.packed);
+    take(d.parts[1], &t.absmax);
+    take(d.parts[2], &t.absmax_q);
+    take(d.parts[3], &t.absmax2);
+    cpu::DequantizeNf4(t, out);
+  }
+
+  void Axpy(int64_t n, float alpha, const float* x, float* y) override {
+    Open o(this);
+    inner_->Axpy(n, alpha, x, y);
+  }
+  void Scale(int64_t n, float alpha, float* x) override {
+    Open o(this);
+    inner_->Scale(n, alpha, x);
+  }
+  void AddBias(float* y, const float* bias, int64_t rows, int64_t n) override {
+    Open o(this);
+    inner_->AddBias(y, bias, rows, n);
+  }
+  void BiasGrad(const float* dy, int64_t rows, int64_t n, float* dbias) override {
+    Open o(this);
+    inner_->BiasGrad(dy, rows, n, dbias);
+  }
+  void RoundToBf16(float* x, int64_t n) override {
+    Open o(this);
+    inner_->RoundToBf16(x, n);
+  }
+  void Dropout(const DropoutKey& key, const float* x, int64_t rows, int64_t in, float* out) override {
+    Open o(this);
+    inner_->Dropout(key, x, rows, in, out);
+  }
+  void DropoutBackwardAdd(const DropoutKey& key, const float* d, int64_t rows, int64_t in,
+                          float* dx) override {
+    Open o(this);
+    inner_->DropoutBackwardAdd(key, d, rows, in, dx);
+  }
+  double SumSquares(const float* x, int64_t n) override {
+    Open o(this);
+    return inner_->SumSquares(x, n);
+  }
+  void AdamW(const cpu::AdamWParams& hp, int64_t n, float* param, const float* grad, float* m,
+             float* v) override {
+    Open o(this);
+    inner_->AdamW(hp, n, param, grad, m, v);
+  }
+
+ protected:
+  void* RawAlloc(int64_t bytes) override {
+    const int64_t size = (bytes + kAlign - 1) / kAlign * kAlign;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->second < size) continue;
+      const int64_t offset = it->first, left = it->second - size;
+      free_.erase(it);
+      if (left > 0) free_[offset + size] = left;
+      used_blocks_[offset] = size;
+      used_ += size;
+      char* p = base_ + offset;
+      OpenLocked();
+      std::memset(p, 0, static_cast<size_t>(size));
+      CloseLocked();
+      return p;
+    }
+    return nullptr;  // the capacity is spent: Alloc throws std::bad_alloc
+  }
+  void RawFree(void* p) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t offset = static_cast<char*>(p) - base_;
+    auto it = used_blocks_.find(offset);
+    FT_CHECK(it != used_blocks_.end());  // a pointer this backend handed out
+    int64_t start = offset, size = it->second;
+    used_ -= size;
+    used_blocks_.erase(it);
+    // Coalesce with the free neighbours.
+    auto next = free_.lower_bound(start);
+    if (next != free_.end() && next->first == start + size) {
+      size += next->second;
+      next = free_.erase(next);
+    }
+    if (next != free_.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == start) {
+        start = prev->first;
+        size += prev->second;
+        free_.erase(prev);
+      }
+    }
+    free_[start] = size;
+  }
+
+ private:
+  // NF4 arrays in the arena; `shape` holds the metadata (n, config, offset).
+  struct ArenaNf4 final : DeviceNf4 {
+    cpu::Nf4Tensor shape;
+    DeviceBuffer parts[4];  // packed, absmax, absmax_q, absmax2
+    int64_t n() const override { return shape.n; }
+    int64_t bytes() const override {
+      int64_t b = 0;
+      for (const auto& p : parts) b += p.bytes();
+      return b;
+    }
+  };
+
+  DeviceBuffer ArenaCopy(const void* src, size_t bytes, MemCategory category) {
+    DeviceBuffer b = AllocBytes(static_cast<int64_t>(bytes), category);
+    if (bytes > 0) CopyToDevice(b.data(), src, static_cast<int64_t>(bytes));
+    return b;
+  }
+
+  // The arena is readable and writable while at least one Open lives.
+  class Open {
+   public:
+    explicit Open(GuardedCpuBackend* b) : b_(b) {
+      std::lock_guard<std::mutex> lock(b_->mu_);
+      b_->OpenLocked();
+    }
+    ~Open() {
+      std::lock_guard<std::mutex> lock(b_->mu_);
+      b_->CloseLocked();
+    }
+
+   private:
+    GuardedCpuBackend* b_;
+  };
+  void OpenLocked() {
+    if (open_++ == 0) FT_CHECK(mprotect(base_, static_cast<size_t>(span_), PROT_READ | PROT_WRITE) == 0);
+  }
+  void CloseLocked() {
+    if (--open_ == 0) FT_CHECK(mprotect(base_, static_cast<size_t>(span_), PROT_NONE) == 0);
+  }
+
+  std::shared_ptr<Backend> inner_;
+  char* map_ = nullptr;   // the mapping (span + one huge page, for alignment)
+  char* base_ = nullptr;  // the arena: 2 MiB-aligned
+  int64_t span_ = 0;      // bytes mapped and protected: the capacity rounded up to huge pages
+  int64_t capacity_ = 0, used_ = 0;
+  std::mutex mu_;
+  int open_ = 0;
+  std::map<int64_t, int64_t> free_;         // offset -> bytes
+  std::map<int64_t, int64_t> used_blocks_;  // offset -> bytes
+};
+
+}  // namespace
+
+std::shared_ptr<Backend> MakeGuardedCpuBackend(int64_t capacity_bytes) {
+  return std::make_shared<GuardedCpuBackend>(capacity_bytes);
+}
+
+}  // namespace ft

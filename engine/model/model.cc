@@ -1,0 +1,627 @@
+#include "engine/model/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "engine/model/rng.h"
+#include "kernels/cpu/ops.h"
+
+namespace ft {
+
+namespace {
+constexpr const char* kModuleNames[kNumModules] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                   "gate_proj", "up_proj", "down_proj"};
+constexpr int64_t kLossChunkFloats = int64_t{1} << 22;  // 16 MiB of logits per chunk
+
+bool IsAttention(ModuleKind m) { return static_cast<int>(m) <= static_cast<int>(ModuleKind::kO); }
+
+std::string LayerPrefix(int l) { return "model.layers." + std::to_string(l) + "."; }
+
+}  // namespace
+
+const char* ModuleName(ModuleKind m) { return kModuleNames[static_cast<int>(m)]; }
+
+std::string ModulePath(ModuleKind m) {
+  return std::string(IsAttention(m) ? "self_attn." : "mlp.") + ModuleName(m);
+}
+
+StatusOr<ModuleKind> ParseModuleName(const std::string& name) {
+  for (int i = 0; i < kNumModules; ++i) {
+    if (name == kModuleNames[i]) return static_cast<ModuleKind>(i);
+  }
+  return Status::InvalidArgument("unknown module '" + name +
+                                 "' (known: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
+}
+
+float LoraSpec::Scale() const {
+  return static_cast<float>(rslora ? alpha / std::sqrt(static_cast<double>(r))
+                                   : alpha / static_cast<double>(r));
+}
+
+// Saved tensors of one layer's forward (all [rows, ·]).
+struct Model::LayerActs {
+  DeviceBuffer n1, rstd1, q, k, v, att, lse, h, n2, rstd2, g, u, act;
+  DeviceBuffer xa[kNumModules];  // LoRA x·Aᵀ (rows, r) per adapted module
+};
+
+// Arenas sized for the largest micro-batch seen; reused across steps.
+struct Model::Activations {
+  int64_t rows = 0, batch = 0;
+  std::vector<DeviceBuffer> layer_in;  // L + 1 of (rows, D); [L] is the last layer's output
+  std::vector<LayerActs> layers;       // L, or 1 with activation checkpointing
+  DeviceBuffer xf, rstdf;              // final norm
+  // Backward workspace.
+  DeviceBuffer grad, dh, dn, dq, dk, dv, datt, dg, du, dact, dxa, drop, logits, dxf;
+  // The micro-batch's integer inputs (int32 [rows] each) and the loss sum (one double).
+  DeviceBuffer ids, targets, positions, segments, loss_sum;
+  bool has_segments = false;
+};
+
+Model::Model(ModelConfig config, ModelOptions options)
+    : config_(std::move(config)),
+      options_(options),
+      backend_(options_.backend ? options_.backend : *CreateBackend(DeviceKind::kCpu)) {
+  const ModelConfig& c = config_;
+  FT_CHECK(c.Validate("config").ok());
+  const int64_t D = c.hidden_size, I = c.intermediate_size;
+  embed_ = backend_->Alloc(c.vocab_size * D, MemCategory::kWeights);
+  final_norm_ = backend_->Alloc(D, MemCategory::kWeights);
+  if (!c.tie_word_embeddings) lm_head_ = backend_->Alloc(c.vocab_size * D, MemCategory::kWeights);
+  layers_.resize(c.num_layers);
+  const int64_t dims[kNumModules][2] = {{D, c.q_dim()}, {D, c.kv_dim()}, {D, c.kv_dim()}, {c.q_dim(), D},
+                                        {D, I},         {D, I},          {I, D}};
+  for (auto& layer : layers_) {
+    layer.attn_norm = backend_->Alloc(D, MemCategory::kWeights);
+    layer.mlp_norm = backend_->Alloc(D, MemCategory::kWeights);
+    for (int m = 0; m < kNumModules; ++m) {
+      Linear& lin = layer.proj[m];
+      lin.in = dims[m][0];
+      lin.out = dims[m][1];
+      if (!options_.nf4) lin.w = backend_->Alloc(lin.in * lin.out, MemCategory::kWeights);
+      if (c.attention_bias && m <= static_cast<int>(ModuleKind::kV))
+        lin.bias = backend_->Alloc(lin.out, MemCategory::kWeights);
+    }
+  }
+  if (options_.nf4) {
+    int64_t largest = 0;
+    for (const auto& lin : layers_[0].proj) largest = std::max(largest, lin.in * lin.out);
+    dequant_ = backend_->Alloc(largest, MemCategory::kWorkspace);
+  }
+}
+
+Model::~Model() = default;
+
+std::vector<NamedTensor> Model::NamedWeights() {
+  const int64_t D = config_.hidden_size, V = config_.vocab_size;
+  std::vector<NamedTensor> out;
+  out.push_back({"model.embed_tokens.weight", {V, D}, embed_.data()});
+  for (int l = 0; l < config_.num_layers; ++l) {
+    DecoderLayer& layer = layers_[l];
+    const std::string p = LayerPrefix(l);
+    out.push_back({p + "input_layernorm.weight", {D}, layer.attn_norm.data()});
+    out.push_back({p + "post_attention_layernorm.weight", {D}, layer.mlp_norm.data()});
+    for (int m = 0; m < kNumModules; ++m) {
+      Linear& lin = layer.proj[m];
+      const std::string name = p + ModulePath(static_cast<ModuleKind>(m));
+      out.push_back({name + ".weight",
+                     {lin.out, lin.in},
+                     // An NF4 linear has no float buffer, unless MergeLora dequantized it.
+                     lin.w.empty() ? nullptr : lin.w.data(),
+                     lin.w.empty() ? &lin : nullptr});
+      if (!lin.bias.empty()) out.push_back({name + ".bias", {lin.out}, lin.bias.data()});
+    }
+  }
+  out.push_back({"model.norm.weight", {D}, final_norm_.data()});
+  if (!lm_head_.empty()) out.push_back({"lm_head.weight", {V, D}, lm_head_.data()});
+  return out;
+}
+
+Status Model::EnableLora(const LoraSpec& spec) {
+  if (spec.r <= 0)
+    return Status::InvalidArgument("adapter.r must be positive, got " + std::to_string(spec.r));
+  if (spec.dropout < 0 || spec.dropout >= 1)
+    return Status::InvalidArgument("adapter.dropout must be in [0, 1)");
+  if (spec.target_modules.empty()) return Status::InvalidArgument("adapter.target_modules is empty");
+  std::vector<ModuleKind> targets;
+  for (const auto& name : spec.target_modules) {
+    FT_ASSIGN_OR_RETURN(ModuleKind m, ParseModuleName(name));
+    targets.push_back(m);
+  }
+  lora_spec_ = spec;
+  lora_enabled_ = true;
+  for (int l = 0; l < config_.num_layers; ++l) {
+    for (ModuleKind m : targets) {
+      Linear& lin = layers_[l][m];
+      auto lw = std::make_unique<LoraWeights>();
+      lw->r = spec.r;
+      lw->in = lin.in;
+      lw->out = lin.out;
+      lw->scale = spec.Scale();
+      lw->a = backend_->Alloc(spec.r * lin.in, MemCategory::kAdapter);
+      lw->b = backend_->Alloc(lin.out * spec.r, MemCategory::kAdapter);
+      lw->da = backend_->Alloc(spec.r * lin.in, MemCategory::kGradients);
+      lw->db = backend_->Alloc(lin.out * spec.r, MemCategory::kGradients);
+      // PEFT: kaiming_uniform_(a=sqrt(5)) on A gives U(-1/sqrt(in), 1/sqrt(in)); B = 0.
+      const float bound = 1.0f / std::sqrt(static_cast<float>(lin.in));
+      const uint64_t module_key = static_cast<uint64_t>(l) * kNumModules + static_cast<uint64_t>(m);
+      std::vector<float> a(static_cast<size_t>(lw->a.size()));
+      for (int64_t i = 0; i < lw->a.size(); ++i) {
+        a[i] = (2 * UniformFloat(HashKeys(spec.seed, 0xA11A, module_key, i)) - 1) * bound;
+      }
+      Upload(lw->a.data(), a.data(), lw->a.size());
+      lin.lora = std::move(lw);
+    }
+  }
+  return Status::OK();
+}
+
+Status Model::EnableFullTraining() {
+  if (options_.nf4)
+    return Status::FailedPrecondition("NF4 base weights cannot be fully fine-tuned; use LoRA");
+  full_training_ = true;
+  dembed_ = backend_->Alloc(embed_.size(), MemCategory::kGradients);
+  dfinal_norm_ = backend_->Alloc(final_norm_.size(), MemCategory::kGradients);
+  if (!lm_head_.empty()) dlm_head_ = backend_->Alloc(lm_head_.size(), MemCategory::kGradients);
+  for (auto& layer : layers_) {
+    layer.dattn_norm = backend_->Alloc(layer.attn_norm.size(), MemCategory::kGradients);
+    layer.dmlp_norm = backend_->Alloc(layer.mlp_norm.size(), MemCategory::kGradients);
+    for (auto& lin : layer.proj) {
+      lin.dw = backend_->Alloc(lin.w.size(), MemCategory::kGradients);
+      if (!lin.bias.empty()) lin.dbias = backend_->Alloc(lin.bias.size(), MemCategory::kGradients);
+    }
+  }
+  return Status::OK();
+}
+
+void Model::SetNf4Weight(Linear* lin, const float* values) {
+  lin->nf4 = backend_->UploadNf4(cpu::QuantizeNf4(values, lin->in * lin->out, options_.nf4_config),
+                                 MemCategory::kWeights);
+}
+
+std::vector<float> Model::Download(const float* tensor, int64_t n) const {
+  std::vector<float> host(static_cast<size_t>(n));
+  backend_->CopyToHost(host.data(), tensor, n * static_cast<int64_t>(sizeof(float)));
+  return host;
+}
+
+void Model::Upload(float* tensor, const float* host, int64_t n) {
+  backend_->CopyToDevice(tensor, host, n * static_cast<int64_t>(sizeof(float)));
+  // The caller may free `host` next: wait for the copy (a no-op on the CPU).
+  FT_CHECK(backend_->Synchronize().ok());
+}
+
+void Model::RoundWeightsToBf16() {
+  for (NamedTensor& t : NamedWeights()) {
+    if (t.data != nullptr) backend_->RoundToBf16(t.data, t.numel());
+  }
+}
+
+const float* Model::LinearWeight(Linear& lin) {
+  if (!lin.nf4) return lin.w.data();
+  backend_->DequantizeNf4(*lin.nf4, dequant_.data());
+  Round(dequant_.data(), lin.in * lin.out);
+  return dequant_.data();
+}
+
+std::vector<TrainableParam> Model::TrainableParams() {
+  std::vector<TrainableParam> out;
+  if (full_training_) {
+    for (NamedTensor& t : NamedWeights()) {
+      TrainableParam p{t.name, t.shape, t.data, nullptr, 1, true};
+      for (int64_t d : t.shape) p.numel *= d;
+      out.push_back(std::move(p));
+    }
+    // Attach gradients in the same order as NamedWeights().
+    size_t i = 0;
+    auto attach = [&](float* grad, bool decay) {
+      out[i].grad = grad;
+      out[i].weight_decay = decay;
+      ++i;
+    };
+    attach(dembed_.data(), true);
+    for (auto& layer : layers_) {
+      attach(layer.dattn_norm.data(), false);
+      attach(layer.dmlp_norm.data(), false);
+      for (auto& lin : layer.proj) {
+        attach(lin.dw.data(), true);
+        if (!lin.bias.empty()) attach(lin.dbias.data(), false);
+      }
+    }
+    attach(dfinal_norm_.data(), false);
+    if (!lm_head_.empty()) attach(dlm_head_.data(), true);
+    FT_CHECK(i == out.size());
+    return out;
+  }
+  for (int l = 0; l < config_.num_layers; ++l) {
+    for (int m = 0; m < kNumModules; ++m) {
+      Linear& lin = layers_[l].proj[m];
+      if (!lin.lora) continue;
+      LoraWeights& lw = *lin.lora;
+      const std::string base = "base_model.model." + LayerPrefix(l) + ModulePath(static_cast<ModuleKind>(m));
+      out.push_back({base + ".lora_A.weight", {lw.r, lw.in}, lw.a.data(), lw.da.data(), lw.a.size(), true});
+      out.push_back({base + ".lora_B.weight", {lw.out, lw.r}, lw.b.data(), lw.db.data(), lw.b.size(), true});
+    }
+  }
+  return out;
+}
+
+void Model::ZeroGrads() {
+  for (TrainableParam& p : TrainableParams()) backend_->Zero(p.grad, p.numel);
+}
+
+void Model::Round(float* x, int64_t n) const {
+  if (options_.dtype == ComputeDType::kBF16) backend_->RoundToBf16(x, n);
+}
+
+const float* Model::HeadWeight() const { return lm_head_.empty() ? embed_.data() : lm_head_.data(); }
+float* Model::HeadGrad() {
+  if (!full_training_) return nullptr;
+  return lm_head_.empty() ? dembed_.data() : dlm_head_.data();
+}
+
+void Model::EnsureRope(int64_t max_pos) {
+  if (max_pos <= rope_len_) return;
+  const int64_t half = config_.head_dim / 2;
+  const std::vector<double> inv = RopeInverseFrequencies(config_);
+  std::vector<float> cos_table(static_cast<size_t>(max_pos * half)), sin_table(cos_table.size());
+  for (int64_t p = 0; p < max_pos; ++p) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(p) * inv[i];
+      cos_table[p * half + i] = static_cast<float>(std::cos(angle));
+      sin_table[p * half + i] = static_cast<float>(std::sin(angle));
+    }
+  }
+  rope_cos_ = backend_->Alloc(max_pos * half, MemCategory::kWorkspace);
+  rope_sin_ = backend_->Alloc(max_pos * half, MemCategory::kWorkspace);
+  Upload(rope_cos_.data(), cos_table.data(), max_pos * half);
+  Upload(rope_sin_.data(), sin_table.data(), max_pos * half);
+  rope_len_ = max_pos;
+}
+
+void Model::EnsureActivations(int64_t rows, int64_t batch) {
+  if (acts_ && acts_->rows >= rows && acts_->batch >= batch) return;
+  const ModelConfig& c = config_;
+  const int64_t D = c.hidden_size, I = c.intermediate_size, Q = c.q_dim(), KV = c.kv_dim(), V = c.vocab_size;
+  const int64_t r = lora_enabled_ ? lora_spec_.r : 0;
+  const MemCategory act = MemCategory::kActivations, ws = MemCategory::kWorkspace;
+  acts_.reset();  // release before allocating the larger arenas
+  auto a = std::make_unique<Activations>();
+  a->rows = rows;
+  a->batch = batch;
+  for (int64_t l = 0; l <= c.num_layers; ++l) a->layer_in.push_back(backend_->Alloc(rows * D, act));
+  a->layers.resize(options_.activation_checkpointing ? 1 : c.num_layers);
+  for (int l = 0; l < static_cast<int>(a->layers.size()); ++l) {
+    LayerActs& s = a->layers[l];
+    s.n1 = backend_->Alloc(rows * D, act);
+    s.rstd1 = backend_->Alloc(rows, act);
+    s.q = backend_->Alloc(rows * Q, act);
+    s.k = backend_->Alloc(rows * KV, act);
+    s.v = backend_->Alloc(rows * KV, act);
+    s.att = backend_->Alloc(rows * Q, act);
+    s.lse = backend_->Alloc(rows * c.num_heads, act);
+    s.h = backend_->Alloc(rows * D, act);
+    s.n2 = backend_->Alloc(rows * D, act);
+    s.rstd2 = backend_->Alloc(rows, act);
+    s.g = backend_->Alloc(rows * I, act);
+    s.u = backend_->Alloc(rows * I, act);
+    s.act = backend_->Alloc(rows * I, act);
+    for (int m = 0; m < kNumModules; ++m) {
+      if (layers_[l].proj[m].lora) s.xa[m] = backend_->Alloc(rows * r, act);
+    }
+  }
+  a->xf = backend_->Alloc(rows * D, act);
+  a->rstdf = backend_->Alloc(rows, act);
+  a->grad = backend_->Alloc(rows * D, ws);
+  a->dh = backend_->Alloc(rows * D, ws);
+  a->dn = backend_->Alloc(rows * D, ws);
+  a->dq = backend_->Alloc(rows * Q, ws);
+  a->dk = backend_->Alloc(rows * KV, ws);
+  a->dv = backend_->Alloc(rows * KV, ws);
+  a->datt = backend_->Alloc(rows * Q, ws);
+  a->dg = backend_->Alloc(rows * I, ws);
+  a->du = backend_->Alloc(rows * I, ws);
+  a->dact = backend_->Alloc(rows * I, ws);
+  a->dxf = backend_->Alloc(rows * D, ws);
+  if (r > 0) {
+    a->dxa = backend_->Alloc(rows * r, ws);
+    if (lora_spec_.dropout > 0) a->drop = backend_->Alloc(rows * std::max({D, I, Q}), ws);
+  }
+  const int64_t chunk =
+      options_.loss_chunk_rows > 0 ? options_.loss_chunk_rows : std::max<int64_t>(1, kLossChunkFloats / V);
+  a->logits = backend_->Alloc(std::min(rows, chunk) * V, ws);
+  for (DeviceBuffer* b : {&a->ids, &a->targets, &a->positions, &a->segments}) {
+    *b = backend_->AllocBytes(rows * static_cast<int64_t>(sizeof(int32_t)), ws);
+  }
+  a->loss_sum = backend_->AllocBytes(sizeof(double), ws);
+  acts_ = std::move(a);
+}
+
+void Model::UploadBatch(const MicroBatch& mb) {
+  Activations& a = *acts_;
+  const int64_t bytes = mb.rows() * static_cast<int64_t>(sizeof(int32_t));
+  FT_CHECK(static_cast<int64_t>(mb.ids.size()) == mb.rows() && mb.targets.size() == mb.ids.size() &&
+           mb.positions.size() == mb.ids.size());
+  backend_->CopyToDevice(a.ids.data(), mb.ids.data(), bytes);
+  backend_->CopyToDevice(a.targets.data(), mb.targets.data(), bytes);
+  backend_->CopyToDevice(a.positions.data(), mb.positions.data(), bytes);
+  a.has_segments = !mb.segments.empty();
+  if (a.has_segments) {
+    FT_CHECK(mb.segments.size() == mb.ids.size());
+    backend_->CopyToDevice(a.segments.data(), mb.segments.data(), bytes);
+  }
+}
+
+void Model::EmbedForward(const MicroBatch& mb, float* x) {
+  backend_->EmbeddingForward(embed_.data(), acts_->ids.as<int32_t>(), mb.rows(), config_.hidden_size, x);
+  Round(x, mb.rows() * config_.hidden_size);
+}
+
+DropoutKey Model::DropoutKeyFor(int l, ModuleKind m) const {
+  const MicroBatch& mb = *current_batch_;
+  return DropoutKey{lora_spec_.dropout, lora_spec_.seed, mb.first_sequence, mb.seq,
+                    static_cast<uint64_t>(l) * kNumModules + static_cast<uint64_t>(m)};
+}
+
+const float* Model::DropoutInput(int l, ModuleKind m, const float* x, int64_t rows, int64_t in, float* buf) {
+  if (lora_spec_.dropout <= 0 || eval_mode_) return x;
+  backend_->Dropout(DropoutKeyFor(l, m), x, rows, in, buf);
+  return buf;
+}
+
+// Under bf16, the decoder's linears (base, LoRA and their gradients) take bf16
+// operands, as torch.autocast does; the loss head and merges stay fp32.
+GemmOperands Model::LinearOperands() const {
+  return options_.dtype == ComputeDType::kBF16 ? GemmOperands::kBF16 : GemmOperands::kF32;
+}
+
+void Model::LinearForward(int l, ModuleKind m, const float* x, int64_t rows, float* y, float* xa) {
+  Linear& lin = layers_[l][m];
+  backend_->Gemm(LinearOperands(), false, true, rows, lin.out, lin.in, 1.0f, x, lin.in, LinearWeight(lin),
+                 lin.in, 0.0f, y, lin.out);
+  if (!lin.bias.empty()) backend_->AddBias(y, lin.bias.data(), rows, lin.out);
+  if (lin.lora) {
+    LoraWeights& lw = *lin.lora;
+    const float* xd = DropoutInput(l, m, x, rows, lin.in, acts_->drop.data());
+    backend_->Gemm(LinearOperands(), false, true, rows, lw.r, lw.in, 1.0f, xd, lw.in, lw.a.data(), lw.in,
+                   0.0f, xa, lw.r);
+    Round(xa, rows * lw.r);
+    backend_->Gemm(LinearOperands(), false, true, rows, lw.out, lw.r, lw.scale, xa, lw.r, lw.b.data(), lw.r,
+                   1.0f, y, lw.out);
+  }
+  Round(y, rows * lin.out);
+}
+
+void Model::LinearBackward(int l, ModuleKind m, const float* x, const float* xa, const float* dy,
+                           int64_t rows, float* dx, bool accumulate_dx) {
+  Linear& lin = layers_[l][m];
+  backend_->Gemm(LinearOperands(), false, false, rows, lin.in, lin.out, 1.0f, dy, lin.out, LinearWeight(lin),
+                 lin.in, accumulate_dx ? 1.0f : 0.0f, dx, lin.in);
+  if (full_training_) {
+    backend_->Gemm(LinearOperands(), true, false, lin.out, lin.in, rows, 1.0f, dy, lin.out, x, lin.in, 1.0f,
+                   lin.dw.data(), lin.in);
+    if (!lin.bias.empty()) backend_->BiasGrad(dy, rows, lin.out, lin.dbias.data());
+  }
+  if (!lin.lora) return;
+  LoraWeights& lw = *lin.lora;
+  float* dxa = acts_->dxa.data();
+  backend_->Gemm(LinearOperands(), false, false, rows, lw.r, lw.out, 1.0f, dy, lw.out, lw.b.data(), lw.r,
+                 0.0f, dxa, lw.r);
+  Round(dxa, rows * lw.r);
+  backend_->Gemm(LinearOperands(), true, false, lw.out, lw.r, rows, lw.scale, dy, lw.out, xa, lw.r, 1.0f,
+                 lw.db.data(), lw.r);
+  const float* xd = DropoutInput(l, m, x, rows, lw.in, acts_->drop.data());
+  backend_->Gemm(LinearOperands(), true, false, lw.r, lw.in, rows, lw.scale, dxa, lw.r, xd, lw.in, 1.0f,
+                 lw.da.data(), lw.in);
+  if (lora_spec_.dropout <= 0) {
+    backend_->Gemm(LinearOperands(), false, false, rows, lw.in, lw.r, lw.scale, dxa, lw.r, lw.a.data(), lw.in,
+                   1.0f, dx, lw.in);
+    return;
+  }
+  // Through the dropout: d(drop(x))/dx is the same keep mask and scale.
+  float* tmp = acts_->drop.data();
+  backend_->Gemm(LinearOperands(), false, false, rows, lw.in, lw.r, lw.scale, dxa, lw.r, lw.a.data(), lw.in,
+                 0.0f, tmp, lw.in);
+  backend_->DropoutBackwardAdd(DropoutKeyFor(l, m), tmp, rows, lw.in, dx);
+}
+
+void Model::LayerForward(int l, const MicroBatch& mb, const float* x_in, LayerActs& a, float* x_out) {
+  const ModelConfig& c = config_;
+  DecoderLayer& layer = layers_[l];
+  const int64_t rows = mb.rows(), D = c.hidden_size, I = c.intermediate_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const int Q = static_cast<int>(ModuleKind::kQ), K = static_cast<int>(ModuleKind::kK),
+            Vm = static_cast<int>(ModuleKind::kV), O = static_cast<int>(ModuleKind::kO),
+            G = static_cast<int>(ModuleKind::kGate), U = static_cast<int>(ModuleKind::kUp),
+            Dn = static_cast<int>(ModuleKind::kDown);
+
+  backend_->RmsNormForward(x_in, layer.attn_norm.data(), rows, D, eps, a.n1.data(), a.rstd1.data());
+  Round(a.n1.data(), rows * D);
+  LinearForward(l, ModuleKind::kQ, a.n1.data(), rows, a.q.data(), a.xa[Q].data());
+  LinearForward(l, ModuleKind::kK, a.n1.data(), rows, a.k.data(), a.xa[K].data());
+  LinearForward(l, ModuleKind::kV, a.n1.data(), rows, a.v.data(), a.xa[Vm].data());
+  backend_->RopeApply(a.q.data(), rows, c.num_heads, c.head_dim, acts_->positions.as<int32_t>(),
+                      rope_cos_.data(), rope_sin_.data(), false);
+  backend_->RopeApply(a.k.data(), rows, c.num_kv_heads, c.head_dim, acts_->positions.as<int32_t>(),
+                      rope_cos_.data(), rope_sin_.data(), false);
+  Round(a.q.data(), rows * c.q_dim());
+  Round(a.k.data(), rows * c.kv_dim());
+  cpu::AttentionShape shape{mb.batch,       mb.seq,     c.num_heads,
+                            c.num_kv_heads, c.head_dim, 1.0 / std::sqrt(static_cast<double>(c.head_dim))};
+  const int32_t* seg = acts_->has_segments ? acts_->segments.as<int32_t>() : nullptr;
+  backend_->AttentionForward(shape, a.q.data(), a.k.data(), a.v.data(), seg, a.att.data(), a.lse.data(),
+                             options_.naive_attention);
+  Round(a.att.data(), rows * c.q_dim());
+  LinearForward(l, ModuleKind::kO, a.att.data(), rows, a.h.data(), a.xa[O].data());
+  backend_->Axpy(rows * D, 1.0f, x_in, a.h.data());
+  Round(a.h.data(), rows * D);
+
+  backend_->RmsNormForward(a.h.data(), layer.mlp_norm.data(), rows, D, eps, a.n2.data(), a.rstd2.data());
+  Round(a.n2.data(), rows * D);
+  LinearForward(l, ModuleKind::kGate, a.n2.data(), rows, a.g.data(), a.xa[G].data());
+  LinearForward(l, ModuleKind::kUp, a.n2.data(), rows, a.u.data(), a.xa[U].data());
+  backend_->SwiGluForward(a.g.data(), a.u.data(), rows * I, a.act.data());
+  Round(a.act.data(), rows * I);
+  LinearForward(l, ModuleKind::kDown, a.act.data(), rows, x_out, a.xa[Dn].data());
+  backend_->Axpy(rows * D, 1.0f, a.h.data(), x_out);
+  Round(x_out, rows * D);
+}
+
+void Model::LayerBackward(int l, const MicroBatch& mb, const float* x_in, LayerActs& a, float* dx) {
+  const ModelConfig& c = config_;
+  DecoderLayer& layer = layers_[l];
+  Activations& w = *acts_;
+  const int64_t rows = mb.rows(), D = c.hidden_size, I = c.intermediate_size;
+  auto xa = [&](ModuleKind m) { return a.xa[static_cast<int>(m)].data(); };
+
+  // MLP block: out = h + down(silu(gate(n2)) * up(n2)), n2 = norm(h). dx holds d(out).
+  LinearBackward(l, ModuleKind::kDown, a.act.data(), xa(ModuleKind::kDown), dx, rows, w.dact.data(), false);
+  Round(w.dact.data(), rows * I);
+  backend_->SwiGluBackward(a.g.data(), a.u.data(), w.dact.data(), rows * I, w.dg.data(), w.du.data());
+  Round(w.dg.data(), rows * I);
+  Round(w.du.data(), rows * I);
+  LinearBackward(l, ModuleKind::kGate, a.n2.data(), xa(ModuleKind::kGate), w.dg.data(), rows, w.dn.data(),
+                 false);
+  LinearBackward(l, ModuleKind::kUp, a.n2.data(), xa(ModuleKind::kUp), w.du.data(), rows, w.dn.data(), true);
+  Round(w.dn.data(), rows * D);
+  backend_->RmsNormBackward(a.h.data(), layer.mlp_norm.data(), a.rstd2.data(), w.dn.data(), rows, D,
+                            w.dh.data(), full_training_ ? layer.dmlp_norm.data() : nullptr);
+  backend_->Axpy(rows * D, 1.0f, dx, w.dh.data());
+  Round(w.dh.data(), rows * D);
+
+  // Attention block: h = x + o(attn(rope(q(n1)), rope(k(n1)), v(n1))), n1 = norm(x).
+  LinearBackward(l, ModuleKind::kO, a.att.data(), xa(ModuleKind::kO), w.dh.data(), rows, w.datt.data(),
+                 false);
+  Round(w.datt.data(), rows * c.q_dim());
+  cpu::AttentionShape shape{mb.batch,       mb.seq,     c.num_heads,
+                            c.num_kv_heads, c.head_dim, 1.0 / std::sqrt(static_cast<double>(c.head_dim))};
+  const int32_t* seg = acts_->has_segments ? acts_->segments.as<int32_t>() : nullptr;
+  backend_->AttentionBackward(shape, a.q.data(), a.k.data(), a.v.data(), seg, a.att.data(), a.lse.data(),
+                              w.datt.data(), w.dq.data(), w.dk.data(), w.dv.data());
+  backend_->RopeApply(w.dq.data(), rows, c.num_heads, c.head_dim, acts_->positions.as<int32_t>(),
+                      rope_cos_.data(), rope_sin_.data(), true);
+  backend_->RopeApply(w.dk.data(), rows, c.num_kv_heads, c.head_dim, acts_->positions.as<int32_t>(),
+                      rope_cos_.data(), rope_sin_.data(), true);
+  Round(w.dq.data(), rows * c.q_dim());
+  Round(w.dk.data(), rows * c.kv_dim());
+  Round(w.dv.data(), rows * c.kv_dim());
+  LinearBackward(l, ModuleKind::kQ, a.n1.data(), xa(ModuleKind::kQ), w.dq.data(), rows, w.dn.data(), false);
+  LinearBackward(l, ModuleKind::kK, a.n1.data(), xa(ModuleKind::kK), w.dk.data(), rows, w.dn.data(), true);
+  LinearBackward(l, ModuleKind::kV, a.n1.data(), xa(ModuleKind::kV), w.dv.data(), rows, w.dn.data(), true);
+  Round(w.dn.data(), rows * D);
+  backend_->RmsNormBackward(x_in, layer.attn_norm.data(), a.rstd1.data(), w.dn.data(), rows, D, dx,
+                            full_training_ ? layer.dattn_norm.data() : nullptr);
+  backend_->Axpy(rows * D, 1.0f, w.dh.data(), dx);
+  Round(dx, rows * D);
+}
+
+LossResult Model::HeadForwardBackward(const MicroBatch& mb, const float* x_last, float grad_scale,
+                                      bool backward, std::vector<float>* logits) {
+  const ModelConfig& c = config_;
+  Activations& w = *acts_;
+  const int64_t rows = mb.rows(), D = c.hidden_size, V = c.vocab_size;
+  backend_->RmsNormForward(x_last, final_norm_.data(), rows, D, static_cast<float>(c.rms_norm_eps),
+                           w.xf.data(), w.rstdf.data());
+  Round(w.xf.data(), rows * D);
+  if (logits) logits->assign(static_cast<size_t>(rows * V), 0.0f);
+  const int64_t chunk = w.logits.size() / V;
+  LossResult result;
+  double* loss_sum = w.loss_sum.as<double>();
+  backend_->Zero(w.loss_sum.data(), 2);  // one double
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t n = std::min(chunk, rows - r0);
+    float* lg = w.logits.data();
+    const float* xf = w.xf.data() + r0 * D;
+    backend_->Gemm(GemmOperands::kF32, false, true, n, V, D, 1.0f, xf, D, HeadWeight(), D, 0.0f, lg, V);
+    Round(lg, n * V);
+    if (logits)
+      backend_->CopyToHost(logits->data() + r0 * V, lg, static_cast<int64_t>(sizeof(float)) * n * V);
+    for (int64_t i = r0; i < r0 + n; ++i) result.tokens += mb.targets[i] >= 0 ? 1 : 0;
+    backend_->CrossEntropy(lg, w.targets.as<int32_t>() + r0, n, V, grad_scale, backward ? lg : nullptr,
+                           loss_sum);
+    if (!backward) continue;
+    // lg now holds d(loss)/d(logits) for these rows.
+    backend_->Gemm(GemmOperands::kF32, false, false, n, D, V, 1.0f, lg, V, HeadWeight(), D, 0.0f,
+                   w.dxf.data() + r0 * D, D);
+    if (float* dhead = HeadGrad())
+      backend_->Gemm(GemmOperands::kF32, true, false, V, D, n, 1.0f, lg, V, xf, D, 1.0f, dhead, D);
+  }
+  if (backward) {
+    Round(w.dxf.data(), rows * D);
+    backend_->RmsNormBackward(x_last, final_norm_.data(), w.rstdf.data(), w.dxf.data(), rows, D,
+                              w.grad.data(), full_training_ ? dfinal_norm_.data() : nullptr);
+    Round(w.grad.data(), rows * D);
+  }
+  backend_->CopyToHost(&result.loss_sum, loss_sum, sizeof(double));
+  return result;
+}
+
+LossResult Model::Forward(const MicroBatch& mb, std::vector<float>* logits) {
+  current_batch_ = &mb;
+  EnsureActivations(mb.rows(), mb.batch);
+  EnsureRope(*std::max_element(mb.positions.begin(), mb.positions.end()) + 1);
+  UploadBatch(mb);
+  Activations& w = *acts_;
+  EmbedForward(mb, w.layer_in[0].data());
+  for (int l = 0; l < config_.num_layers; ++l) {
+    LayerActs& a = w.layers[options_.activation_checkpointing ? 0 : l];
+    LayerForward(l, mb, w.layer_in[l].data(), a, w.layer_in[l + 1].data());
+  }
+  return HeadForwardBackward(mb, w.layer_in[config_.num_layers].data(), 0.0f, false, logits);
+}
+
+LossResult Model::EvalForward(const MicroBatch& mb) {
+  eval_mode_ = true;
+  LossResult result = Forward(mb, nullptr);
+  eval_mode_ = false;
+  return result;
+}
+
+LossResult Model::ForwardBackward(const MicroBatch& mb, float grad_scale) {
+  current_batch_ = &mb;
+  EnsureActivations(mb.rows(), mb.batch);
+  EnsureRope(*std::max_element(mb.positions.begin(), mb.positions.end()) + 1);
+  UploadBatch(mb);
+  Activations& w = *acts_;
+  const int L = static_cast<int>(config_.num_layers);
+  EmbedForward(mb, w.layer_in[0].data());
+  for (int l = 0; l < L; ++l) {
+    LayerActs& a = w.layers[options_.activation_checkpointing ? 0 : l];
+    LayerForward(l, mb, w.layer_in[l].data(), a, w.layer_in[l + 1].data());
+  }
+  LossResult result = HeadForwardBackward(mb, w.layer_in[L].data(), grad_scale, true, nullptr);
+  for (int l = L - 1; l >= 0; --l) {
+    LayerActs* a = &w.layers[l % w.layers.size()];
+    if (options_.activation_checkpointing) {
+      // Recompute this layer's saved tensors from its input; its output slot is free by now.
+      LayerForward(l, mb, w.layer_in[l].data(), *a, w.layer_in[l + 1].data());
+    }
+    LayerBackward(l, mb, w.layer_in[l].data(), *a, w.grad.data());
+  }
+  if (full_training_) {
+    backend_->EmbeddingBackward(w.grad.data(), w.ids.as<int32_t>(), mb.rows(), config_.hidden_size,
+                                dembed_.data());
+  }
+  return result;
+}
+
+void Model::MergeLora() {
+  for (auto& layer : layers_) {
+    for (auto& lin : layer.proj) {
+      if (!lin.lora) continue;
+      if (lin.nf4) {  // merge into the dequantized weight: the one the adapter was trained against
+        lin.w = backend_->Alloc(lin.in * lin.out, MemCategory::kWeights);
+        backend_->DequantizeNf4(*lin.nf4, lin.w.data());
+        lin.nf4.reset();
+      }
+      LoraWeights& lw = *lin.lora;
+      backend_->Gemm(GemmOperands::kF32, false, false, lw.out, lw.in, lw.r, lw.scale, lw.b.data(), lw.r,
+                     lw.a.data(), lw.in, 1.0f, lin.w.data(), lin.in);
+      lin.lora.reset();
+    }
+  }
+  lora_enabled_ = false;
+  acts_.reset();
+}
+
+}  // namespace ft

@@ -1,0 +1,248 @@
+// The Llama-family decoder with LoRA, with an explicit forward and backward
+// per layer (no autograd framework).
+//
+// The model owns its weights, adapters, gradients and activation arenas, all
+// through the tracking allocator. Math follows HF transformers (RMSNorm,
+// rotate_half RoPE, causal GQA attention, SwiGLU MLP) and PEFT (LoRA
+// y = xWᵀ + b + s·(drop(x)Aᵀ)Bᵀ, s = alpha/r or alpha/√r).
+//
+// Usage: construct from a ModelConfig, fill weights (LoadHfModel or random),
+// EnableLora or EnableFullTraining, then for each micro-batch call
+// ForwardBackward(); gradients accumulate until ZeroGrads().
+//
+// Every op goes through the model's Backend (engine/model/backend.h; the CPU
+// reference unless ModelOptions::backend names another), in the same order
+// whatever the backend, so the CPU run is the reference of every device.
+// Every tensor (weights, NF4 codes, adapters, gradients, activations, RoPE
+// tables, the loss accumulator) lives in that backend's memory; the host
+// reaches it only through Download/Upload (and the backend's copies).
+//
+// Thread safety: a Model is used by one thread at a time; the kernels it calls
+// parallelise internally.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/model/backend.h"
+#include "engine/model/memory.h"
+#include "engine/model/model_config.h"
+#include "kernels/cpu/nf4.h"
+
+namespace ft {
+
+// The seven linear modules of a decoder layer, in HF order.
+enum class ModuleKind { kQ = 0, kK, kV, kO, kGate, kUp, kDown };
+constexpr int kNumModules = 7;
+const char* ModuleName(ModuleKind m);  // "q_proj", ...
+// "self_attn.q_proj", "mlp.down_proj", ...
+std::string ModulePath(ModuleKind m);
+StatusOr<ModuleKind> ParseModuleName(const std::string& name);
+
+enum class ComputeDType { kF32, kBF16 };
+
+struct LoraSpec {
+  int64_t r = 16;
+  double alpha = 32;
+  bool rslora = false;
+  double dropout = 0.0;
+  std::vector<std::string> target_modules;  // names accepted by ParseModuleName
+  uint64_t seed = 42;                       // for A's init and dropout masks
+  float Scale() const;                      // alpha/r or alpha/sqrt(r)
+};
+
+// Every tensor below lives in the model's backend memory (DeviceBuffer):
+// read and write it from the host only through Model::Download/Upload.
+struct LoraWeights {
+  int64_t r = 0, in = 0, out = 0;
+  float scale = 1;
+  DeviceBuffer a;   // (r, in)   trainable, fp32 master
+  DeviceBuffer b;   // (out, r)  trainable, zero at init
+  DeviceBuffer da;  // (r, in)
+  DeviceBuffer db;  // (out, r)
+};
+
+struct Linear {
+  int64_t in = 0, out = 0;
+  DeviceBuffer w;  // (out, in); empty when the weight is held in NF4
+  // QLoRA: the frozen base weight in NF4, (out, in) row-major quantized as
+  // one vector, resident in the backend's memory.
+  std::unique_ptr<DeviceNf4> nf4;
+  DeviceBuffer bias;   // (out) or empty
+  DeviceBuffer dw;     // (out, in) full fine-tune only
+  DeviceBuffer dbias;  // (out) full fine-tune only
+  std::unique_ptr<LoraWeights> lora;
+};
+
+struct DecoderLayer {
+  DeviceBuffer attn_norm;   // (D)
+  DeviceBuffer mlp_norm;    // (D)
+  DeviceBuffer dattn_norm;  // (D) full fine-tune only
+  DeviceBuffer dmlp_norm;   // (D) full fine-tune only
+  Linear proj[kNumModules];
+  Linear& operator[](ModuleKind m) { return proj[static_cast<int>(m)]; }
+  const Linear& operator[](ModuleKind m) const { return proj[static_cast<int>(m)]; }
+};
+
+// A named weight tensor of the base model, in HF naming.
+struct NamedTensor {
+  std::string name;  // e.g. "model.layers.0.self_attn.q_proj.weight"
+  std::vector<int64_t> shape;
+  // Backend memory (Model::Download/Upload); nullptr for an NF4 linear: give
+  // its values to Model::SetNf4Weight.
+  float* data = nullptr;
+  Linear* nf4_linear = nullptr;  // the NF4 linear this tensor fills
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+};
+
+// A trainable tensor with its gradient.
+struct TrainableParam {
+  std::string name;  // PEFT key for LoRA, HF name for full fine-tune
+  std::vector<int64_t> shape;
+  float* data = nullptr;  // backend memory, like grad
+  float* grad = nullptr;
+  int64_t numel = 0;
+  bool weight_decay = true;  // HF Trainer: no decay for biases and norm weights
+};
+
+// One micro-batch: `batch` rows of `seq` tokens, right-padded.
+struct MicroBatch {
+  int64_t batch = 0, seq = 0;
+  std::vector<int32_t> ids;        // [batch*seq]
+  std::vector<int32_t> targets;    // [batch*seq], -100 = no loss at this position
+  std::vector<int32_t> positions;  // [batch*seq]
+  std::vector<int32_t> segments;   // [batch*seq] or empty (packing: attention stays within a segment)
+  // Data position (cursor) of row 0's sequence; row b holds sequence
+  // first_sequence + b. Dropout masks are keyed by (sequence, position), so
+  // they do not depend on how sequences are grouped into micro-batches.
+  int64_t first_sequence = 0;
+  int64_t rows() const { return batch * seq; }
+};
+
+struct ModelOptions {
+  ComputeDType dtype = ComputeDType::kF32;
+  // QLoRA: keep every linear base weight frozen in NF4 (bitsandbytes layout),
+  // dequantized just in time for its GEMMs. Embeddings, norms and the head
+  // stay in the compute dtype. Incompatible with full fine-tuning.
+  bool nf4 = false;
+  cpu::Nf4Config nf4_config;
+  bool activation_checkpointing = false;  // keep layer inputs only; recompute in backward
+  bool naive_attention = false;           // reference attention (materialises scores)
+  int64_t loss_chunk_rows = 0;            // rows per cross-entropy chunk; 0 = auto (bounded memory)
+  // The device the ops run on (engine/model/backend.h); null = CreateBackend(kCpu)
+  // (the CPU reference backend, or the guarded one in tests). Read once, by the constructor: set_options
+  // cannot move a model.
+  std::shared_ptr<Backend> backend;
+};
+
+struct LossResult {
+  double loss_sum = 0;  // Σ token cross-entropies
+  int64_t tokens = 0;   // tokens with a target
+};
+
+class Model {
+ public:
+  // Allocates zeroed weights for `config` (which must be valid).
+  Model(ModelConfig config, ModelOptions options);
+  ~Model();
+
+  const ModelConfig& config() const { return config_; }
+  const ModelOptions& options() const { return options_; }
+  Backend& backend() const { return *backend_; }
+  const std::shared_ptr<Backend>& shared_backend() const { return backend_; }
+  void set_options(const ModelOptions& options) { options_ = options; }
+
+  // Every base weight in HF naming (lm_head absent when tied).
+  std::vector<NamedTensor> NamedWeights();
+
+  // Adds LoRA adapters to the targeted modules of every layer: A uniform in
+  // ±1/√in (PEFT's kaiming_uniform(a=√5)), B zero. InvalidArgument for an
+  // unknown module name or r ≤ 0.
+  Status EnableLora(const LoraSpec& spec);
+  // Makes every weight trainable (allocates gradients). FailedPrecondition
+  // for an NF4 model (a quantized weight cannot be trained).
+  Status EnableFullTraining();
+  // With options.nf4, linear base weights have no float buffer: loaders pass
+  // each one's (host) values here; they are quantized on the host and the
+  // codes and scales uploaded to the backend.
+  void SetNf4Weight(Linear* lin, const float* values);
+
+  // Host <-> backend copies of n floats of a model tensor (NamedTensor::data,
+  // TrainableParam::data/grad). Download waits for the copy; after Upload the
+  // host memory may be reused at once.
+  std::vector<float> Download(const float* tensor, int64_t n) const;
+  void Upload(float* tensor, const float* host, int64_t n);
+  // Rounds every float base weight to bf16 in place: what a bf16 run trains
+  // on (NF4 weights are rounded when dequantized).
+  void RoundWeightsToBf16();
+  bool nf4() const { return options_.nf4; }
+  bool full_training() const { return full_training_; }
+  const LoraSpec* lora_spec() const { return lora_enabled_ ? &lora_spec_ : nullptr; }
+
+  // Trainable tensors in a fixed order (the order grads are reduced in).
+  std::vector<TrainableParam> TrainableParams();
+  void ZeroGrads();
+
+  // Forward and backward of one micro-batch; gradients of
+  // grad_scale · Σ token losses are added to the trainable params' grads.
+  LossResult ForwardBackward(const MicroBatch& mb, float grad_scale);
+  // Forward only: loss and, when logits != nullptr, logits [rows, vocab].
+  LossResult Forward(const MicroBatch& mb, std::vector<float>* logits);
+  // Forward in evaluation mode (HF's model.eval()): as Forward but without
+  // LoRA dropout. Changes no weight, gradient or random state.
+  LossResult EvalForward(const MicroBatch& mb);
+
+  // Folds every adapter into its base weight (W += s·B·A) and drops the
+  // adapters; an NF4 weight is dequantized first (what the adapter trained on).
+  void MergeLora();
+
+ private:
+  struct Activations;
+  struct LayerActs;
+
+  void EnsureActivations(int64_t rows, int64_t batch);
+  void EnsureRope(int64_t max_pos);
+  void UploadBatch(const MicroBatch& mb);  // ids, targets, positions, segments into acts_
+  void EmbedForward(const MicroBatch& mb, float* x);
+  void LayerForward(int l, const MicroBatch& mb, const float* x_in, LayerActs& a, float* x_out);
+  void LayerBackward(int l, const MicroBatch& mb, const float* x_in, LayerActs& a, float* dx);
+  LossResult HeadForwardBackward(const MicroBatch& mb, const float* x_last, float grad_scale, bool backward,
+                                 std::vector<float>* logits);
+  void LinearForward(int l, ModuleKind m, const float* x, int64_t rows, float* y, float* xa);
+  void LinearBackward(int l, ModuleKind m, const float* x, const float* xa, const float* dy, int64_t rows,
+                      float* dx, bool accumulate_dx);
+  GemmOperands LinearOperands() const;
+  DropoutKey DropoutKeyFor(int l, ModuleKind m) const;
+  const float* DropoutInput(int l, ModuleKind m, const float* x, int64_t rows, int64_t in, float* buf);
+  const MicroBatch* current_batch_ = nullptr;  // the micro-batch being processed (for dropout keys)
+  bool eval_mode_ = false;                     // EvalForward in progress: no dropout
+  void Round(float* x, int64_t n) const;
+  const float* HeadWeight() const;
+  // The float weight of a linear: its own buffer, or its NF4 codes dequantized into scratch.
+  const float* LinearWeight(Linear& lin);
+  float* HeadGrad();
+
+  ModelConfig config_;
+  ModelOptions options_;
+  std::shared_ptr<Backend> backend_;              // every op and (later) every buffer goes through it
+  DeviceBuffer embed_;                            // (V, D)
+  DeviceBuffer final_norm_;                       // (D)
+  DeviceBuffer lm_head_;                          // (V, D) or empty when tied
+  DeviceBuffer dembed_, dfinal_norm_, dlm_head_;  // full fine-tune only
+  std::vector<DecoderLayer> layers_;
+  bool lora_enabled_ = false;
+  bool full_training_ = false;
+  DeviceBuffer dequant_;  // scratch for one dequantized linear weight (NF4 only)
+  LoraSpec lora_spec_;
+
+  DeviceBuffer rope_cos_, rope_sin_;  // (rope_len_, hd/2)
+  int64_t rope_len_ = 0;
+  std::unique_ptr<Activations> acts_;
+};
+
+}  // namespace ft

@@ -1,0 +1,103 @@
+#include "engine/model/model_config.h"
+
+#include <cmath>
+#include <numbers>
+
+namespace ft {
+
+Status ModelConfig::Validate(const std::string& file) const {
+  auto positive = [&](int64_t v, const char* key) -> Status {
+    if (v <= 0)
+      return Status::InvalidArgument(file + ": '" + key + "' must be a positive integer, got " +
+                                     std::to_string(v));
+    return Status::OK();
+  };
+  FT_RETURN_IF_ERROR(positive(vocab_size, "vocab_size"));
+  FT_RETURN_IF_ERROR(positive(hidden_size, "hidden_size"));
+  FT_RETURN_IF_ERROR(positive(intermediate_size, "intermediate_size"));
+  FT_RETURN_IF_ERROR(positive(num_layers, "num_hidden_layers"));
+  FT_RETURN_IF_ERROR(positive(num_heads, "num_attention_heads"));
+  FT_RETURN_IF_ERROR(positive(num_kv_heads, "num_key_value_heads"));
+  FT_RETURN_IF_ERROR(positive(head_dim, "head_dim"));
+  if (num_heads % num_kv_heads != 0) {
+    return Status::InvalidArgument(file + ": num_attention_heads (" + std::to_string(num_heads) +
+                                   ") must be a multiple of num_key_value_heads (" +
+                                   std::to_string(num_kv_heads) + ")");
+  }
+  if (head_dim % 2 != 0)
+    return Status::InvalidArgument(file + ": head_dim must be even for rotary embeddings");
+  if (rms_norm_eps <= 0) return Status::InvalidArgument(file + ": rms_norm_eps must be > 0");
+  if (rope_theta <= 0) return Status::InvalidArgument(file + ": rope_theta must be > 0");
+  return Status::OK();
+}
+
+std::vector<double> RopeInverseFrequencies(const ModelConfig& c) {
+  const int64_t half = c.head_dim / 2;
+  std::vector<double> inv(half);
+  for (int64_t i = 0; i < half; ++i) {
+    inv[i] = 1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(c.head_dim));
+  }
+  const RopeScaling& s = c.rope_scaling;
+  if (s.type == "linear") {
+    for (double& f : inv) f /= s.factor;
+  } else if (s.type == "llama3") {
+    // HF _compute_llama3_parameters: long wavelengths are divided by factor,
+    // short ones kept, and the band between is interpolated.
+    const double old_ctx = static_cast<double>(s.original_max_position_embeddings);
+    const double low_freq_wavelen = old_ctx / s.low_freq_factor;
+    const double high_freq_wavelen = old_ctx / s.high_freq_factor;
+    for (double& f : inv) {
+      const double wavelen = 2 * std::numbers::pi / f;
+      if (wavelen > low_freq_wavelen) {
+        f = f / s.factor;
+      } else if (wavelen >= high_freq_wavelen) {
+        const double smooth =
+            (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        f = (1 - smooth) * f / s.factor + smooth * f;
+      }
+    }
+  }
+  return inv;
+}
+
+StatusOr<ModelConfig> PresetModelConfig(const std::string& name) {
+  ModelConfig c;
+  c.vocab_size = 256;
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 16;
+  c.max_position_embeddings = 512;
+  c.rms_norm_eps = 1e-5;
+  c.bos_token_id = 1;
+  c.eos_token_id = 2;
+  if (name == "tiny-llama") {
+    c.rope_theta = 500000;
+    c.rope_scaling = {"llama3", 8.0, 1.0, 4.0, 64};
+  } else if (name == "tiny-qwen2") {
+    c.model_type = "qwen2";
+    c.attention_bias = true;
+    c.num_kv_heads = 4;
+    c.rope_theta = 1000000;
+    c.rms_norm_eps = 1e-6;
+  } else if (name == "tiny-tied") {
+    c.tie_word_embeddings = true;
+    c.num_layers = 3;
+  } else if (name == "bench") {
+    c.vocab_size = 2048;
+    c.hidden_size = 256;
+    c.intermediate_size = 688;
+    c.num_layers = 4;
+    c.num_heads = 8;
+    c.num_kv_heads = 4;
+    c.head_dim = 32;
+  } else {
+    return Status::NotFound("unknown model preset '" + name +
+                            "' (known: tiny-llama, tiny-qwen2, tiny-tied, bench)");
+  }
+  return c;
+}
+
+}  // namespace ft

@@ -1,0 +1,83 @@
+// Evaluator for parsed Jinja templates (engine/text/jinja/ast.h) with jinja2's
+// semantics as Hugging Face runs them: attribute access falls back to item
+// access, undefined values print as "" but fail when used (attribute of
+// undefined, arithmetic), `set` inside a for loop stays in that iteration,
+// namespace() objects carry state out of loops, macros see the template's
+// top-level variables.
+//
+// Errors are InvalidArgument "line N: ..." with N the template source line of
+// the failing expression or statement. A render is bounded: 64 nested macro
+// calls, 1,000,000 loop iterations, 16 MiB of output.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/text/jinja/ast.h"
+#include "engine/text/jinja/value.h"
+
+namespace ft::jinja {
+
+// Variables visible at one level (template, loop iteration, macro call).
+class Scope {
+ public:
+  explicit Scope(const Scope* parent) : parent_(parent) {}
+  const Value* Lookup(std::string_view name) const;
+  void Set(std::string_view name, Value value);
+
+ private:
+  const Scope* parent_;
+  std::vector<std::pair<std::string, Value>> vars_;
+};
+
+class Interpreter {
+ public:
+  // `root` holds the render's variables and globals; it must outlive the
+  // interpreter. Top-level `set` writes into it.
+  explicit Interpreter(Scope* root) : root_(root) {}
+
+  // Renders `nodes` at top level, appending to *out.
+  Status Render(const NodeList& nodes, std::string* out);
+
+  // Used by builtins (filters that apply filters/tests, macros, caller()).
+  StatusOr<Value> CallValue(const Value& fn, CallArgs args);
+  StatusOr<Value> ApplyFilter(std::string_view name, const Value& input, CallArgs args);
+  StatusOr<bool> ApplyTest(std::string_view name, const Value& input, CallArgs args);
+  // Calls a macro (or a call block's body, as `caller`): parameters bound in
+  // a scope whose parent is `parent` (null: the template's top level).
+  StatusOr<Value> CallMacro(const Node& macro, CallArgs args, Scope* parent);
+  Scope& root() { return *root_; }
+
+ private:
+  enum class Flow { kNormal, kBreak, kContinue };
+
+  Status Exec(const NodeList& nodes, Scope& scope, std::string* out);
+  Status ExecNode(const Node& node, Scope& scope, std::string* out);
+  Status ExecFor(const Node& node, Scope& scope, std::string* out);
+  Status ExecSet(const Node& node, Scope& scope, Value value);
+  Status ExecCallBlock(const Node& node, Scope& scope, std::string* out);
+
+  StatusOr<Value> Eval(const Expr& e, Scope& scope);
+  StatusOr<Value> EvalCall(const Expr& e, Scope& scope);
+  StatusOr<Value> EvalCompare(const Expr& e, Scope& scope);
+  StatusOr<Value> EvalBinary(const Expr& e, Scope& scope);
+  StatusOr<Value> EvalFilterChain(const Expr& e, Scope& scope, const Value* block_input);
+  StatusOr<CallArgs> EvalArgs(const Expr& e, Scope& scope);
+  StatusOr<Value> GetAttr(const Expr& at, const Value& obj, const std::string& name);
+  StatusOr<Value> GetItem(const Expr& at, const Value& obj, const Value& key);
+
+  Scope* root_;
+  Flow flow_ = Flow::kNormal;
+  int call_depth_ = 0;
+  int64_t iterations_ = 0;  // loop iterations in this render (bounded)
+};
+
+// Makes a Status message carry the line: "line N: msg" (kept as is when it
+// already names one).
+Status AtLine(int line, const Status& status);
+Status ErrorAt(int line, const std::string& message);
+
+}  // namespace ft::jinja

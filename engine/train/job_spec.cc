@@ -1,0 +1,259 @@
+#include "engine/train/job_spec.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "common/file_util.h"
+#include "common/yaml_config.h"
+
+namespace ft {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// InvalidArgument "<file:line:col>: <key>: <what>" unless ok.
+Status Require(bool ok, const YamlMap& m, const std::string& key, const std::string& what) {
+  if (ok) return Status::OK();
+  return Status::InvalidArgument(m.Where(key) + ": " + m.KeyPath(key) + ": " + what);
+}
+
+std::string Resolve(const std::string& base_dir, const std::string& path) {
+  if (path.empty() || fs::path(path).is_absolute()) return path;
+  return (fs::path(base_dir) / path).lexically_normal().string();
+}
+
+// Reads section `name` with `fn` when present, after checking its keys.
+template <typename Fn>
+Status Section(const YamlMap& root, const std::string& name, const std::vector<std::string>& keys, Fn fn) {
+  if (!root.Has(name)) return Status::OK();
+  FT_ASSIGN_OR_RETURN(YamlMap m, root.Child(name));
+  FT_RETURN_IF_ERROR(m.CheckKnownKeys(keys));
+  return fn(m);
+}
+
+Status ParseModel(const YamlMap& m, JobSpec::Model* s) {
+  FT_RETURN_IF_ERROR(m.Get("path", &s->path, /*required=*/true));
+  FT_RETURN_IF_ERROR(m.GetEnum("quantization", {"none", "nf4"}, &s->quantization));
+  FT_RETURN_IF_ERROR(m.Get("double_quant", &s->double_quant));
+  return m.GetEnum("dtype", {"fp32", "bf16", "fp16"}, &s->dtype);
+}
+
+Status ParseAdapter(const YamlMap& m, JobSpec::Adapter* s) {
+  FT_RETURN_IF_ERROR(m.GetEnum("type", {"lora", "full"}, &s->type));
+  FT_RETURN_IF_ERROR(m.Get("r", &s->r));
+  FT_RETURN_IF_ERROR(Require(s->r > 0, m, "r", "must be a positive integer"));
+  FT_RETURN_IF_ERROR(m.Get("alpha", &s->alpha));
+  FT_RETURN_IF_ERROR(m.Get("dropout", &s->dropout));
+  FT_RETURN_IF_ERROR(Require(s->dropout >= 0 && s->dropout < 1, m, "dropout", "must be in [0, 1)"));
+  FT_RETURN_IF_ERROR(m.Get("rslora", &s->rslora));
+  FT_RETURN_IF_ERROR(m.Get("target_modules", &s->target_modules));
+  const std::vector<std::string> known = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                          "gate_proj", "up_proj", "down_proj"};
+  for (const auto& t : s->target_modules) {
+    if (std::find(known.begin(), known.end(), t) == known.end()) {
+      std::string hint = ClosestMatch(t, known);
+      return Status::InvalidArgument(m.Where("target_modules") +
+                                     ": adapter.target_modules: unknown module '" + t + "'" +
+                                     (hint.empty() ? "" : " (did you mean '" + hint + "'?)") +
+                                     "; known: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj");
+    }
+  }
+  FT_RETURN_IF_ERROR(
+      Require(!s->target_modules.empty(), m, "target_modules", "must name at least one module"));
+  return m.Get("init", &s->init);
+}
+
+Status ParseData(const YamlMap& m, JobSpec::Data* s) {
+  FT_RETURN_IF_ERROR(m.Get("train", &s->train, /*required=*/true));
+  FT_RETURN_IF_ERROR(m.GetEnum("format", {"text", "alpaca", "chat", "tokens"}, &s->format));
+  FT_RETURN_IF_ERROR(m.Get("seq_len", &s->seq_len));
+  FT_RETURN_IF_ERROR(Require(s->seq_len >= 2, m, "seq_len", "must be at least 2"));
+  FT_RETURN_IF_ERROR(m.Get("packing", &s->packing));
+  FT_RETURN_IF_ERROR(m.Get("shuffle", &s->shuffle));
+  FT_RETURN_IF_ERROR(m.Get("skip_bad_lines", &s->skip_bad_lines));
+  FT_RETURN_IF_ERROR(m.Get("chat_template", &s->chat_template));
+  if (m.Has("chat_template_vars")) {
+    FT_ASSIGN_OR_RETURN(YamlMap vars, m.Child("chat_template_vars"));
+    for (auto it = vars.node().begin(); it != vars.node().end(); ++it) {
+      if (!it->second.IsScalar()) {
+        return Status::InvalidArgument(vars.Where(it->first.Scalar()) + ": data.chat_template_vars." +
+                                       it->first.Scalar() +
+                                       ": expected a scalar (string, number, true/false)");
+      }
+      s->chat_template_vars[it->first.Scalar()] = it->second.Scalar();
+    }
+  }
+  return m.Get("eval", &s->eval);
+}
+
+// "auto" or a positive integer.
+Status GetAutoInt(const YamlMap& m, const std::string& key, int64_t* out) {
+  std::string text;
+  if (m.Get(key, &text).ok() && text == "auto") {
+    *out = 0;
+    return Status::OK();
+  }
+  FT_RETURN_IF_ERROR(m.Get(key, out).ok()
+                         ? Status::OK()
+                         : Status::InvalidArgument(m.Where(key) + ": " + m.KeyPath(key) +
+                                                   ": expected 'auto' or a positive integer"));
+  return Require(!m.Has(key) || *out > 0, m, key, "must be 'auto' or a positive integer");
+}
+
+// The keys of the train section.
+// clang-format off
+const std::vector<std::string> kTrainKeys = {
+    "max_steps", "epochs", "global_batch_size", "micro_batch_size", "gradient_accumulation",
+    "lr", "lr_schedule", "warmup_steps", "weight_decay", "max_grad_norm",
+    "adam_beta1", "adam_beta2", "adam_eps", "optimizer", "seed",
+    "activation_checkpointing", "cpu_offload", "attention",
+    "eval_every_steps", "eval_max_batches"};
+// clang-format on
+
+Status ParseTrain(const YamlMap& m, JobSpec::Train* s) {
+  FT_RETURN_IF_ERROR(m.Get("max_steps", &s->max_steps));
+  FT_RETURN_IF_ERROR(m.Get("epochs", &s->epochs));
+  FT_RETURN_IF_ERROR(Require(s->max_steps >= 0, m, "max_steps", "must be >= 0"));
+  FT_RETURN_IF_ERROR(Require(s->epochs >= 0, m, "epochs", "must be >= 0"));
+  FT_RETURN_IF_ERROR(m.Get("global_batch_size", &s->global_batch_size));
+  FT_RETURN_IF_ERROR(Require(s->global_batch_size > 0, m, "global_batch_size", "must be a positive integer"));
+  FT_RETURN_IF_ERROR(GetAutoInt(m, "micro_batch_size", &s->micro_batch_size));
+  FT_RETURN_IF_ERROR(GetAutoInt(m, "gradient_accumulation", &s->gradient_accumulation));
+  FT_RETURN_IF_ERROR(m.Get("lr", &s->lr));
+  FT_RETURN_IF_ERROR(Require(s->lr >= 0, m, "lr", "must be >= 0"));
+  FT_RETURN_IF_ERROR(m.GetEnum("lr_schedule", {"cosine", "linear", "constant"}, &s->lr_schedule));
+  FT_RETURN_IF_ERROR(m.Get("warmup_steps", &s->warmup_steps));
+  FT_RETURN_IF_ERROR(Require(s->warmup_steps >= 0, m, "warmup_steps", "must be >= 0"));
+  FT_RETURN_IF_ERROR(m.Get("weight_decay", &s->weight_decay));
+  FT_RETURN_IF_ERROR(m.Get("max_grad_norm", &s->max_grad_norm));
+  FT_RETURN_IF_ERROR(m.Get("adam_beta1", &s->adam_beta1));
+  FT_RETURN_IF_ERROR(m.Get("adam_beta2", &s->adam_beta2));
+  FT_RETURN_IF_ERROR(m.Get("adam_eps", &s->adam_eps));
+  FT_RETURN_IF_ERROR(Require(s->adam_beta1 >= 0 && s->adam_beta1 < 1, m, "adam_beta1", "must be in [0, 1)"));
+  FT_RETURN_IF_ERROR(Require(s->adam_beta2 >= 0 && s->adam_beta2 < 1, m, "adam_beta2", "must be in [0, 1)"));
+  FT_RETURN_IF_ERROR(m.GetEnum("optimizer", {"adamw", "paged_adamw"}, &s->optimizer));
+  FT_RETURN_IF_ERROR(m.Get("seed", &s->seed));
+  FT_RETURN_IF_ERROR(
+      m.GetEnum("activation_checkpointing", {"false", "true", "offload"}, &s->activation_checkpointing));
+  FT_RETURN_IF_ERROR(m.Get("cpu_offload", &s->cpu_offload));
+  FT_RETURN_IF_ERROR(m.Get("eval_every_steps", &s->eval_every_steps));
+  FT_RETURN_IF_ERROR(Require(s->eval_every_steps >= 0, m, "eval_every_steps", "must be >= 0"));
+  FT_RETURN_IF_ERROR(m.Get("eval_max_batches", &s->eval_max_batches));
+  FT_RETURN_IF_ERROR(Require(s->eval_max_batches >= 0, m, "eval_max_batches", "must be >= 0 (0 = all)"));
+  return m.GetEnum("attention", {"flash", "naive"}, &s->attention);
+}
+
+// The evaluation keys need data.eval; eval_every_steps defaults to checkpoint.every_steps.
+Status ResolveEval(const YamlMap& root, JobSpec* spec) {
+  FT_ASSIGN_OR_RETURN(YamlMap train, root.Child("train"));
+  for (const char* key : {"eval_every_steps", "eval_max_batches"}) {
+    if (spec->data.eval.empty() && train.Has(key)) {
+      return Status::InvalidArgument(train.Where(key) + ": train." + key +
+                                     ": needs data.eval (a held-out file in the data.format of data.train); "
+                                     "set data.eval or remove the key");
+    }
+  }
+  if (spec->data.eval.empty()) {
+    spec->train.eval_every_steps = 0;
+  } else if (!train.Has("eval_every_steps")) {
+    spec->train.eval_every_steps = std::max<int64_t>(0, spec->checkpoint.every_steps);
+  }
+  return Status::OK();
+}
+
+Status ParseCheckpoint(const YamlMap& m, JobSpec::Checkpoint* s) {
+  FT_RETURN_IF_ERROR(m.Get("every_steps", &s->every_steps));
+  FT_RETURN_IF_ERROR(m.Get("every_minutes", &s->every_minutes));
+  FT_RETURN_IF_ERROR(m.Get("keep", &s->keep));
+  return Require(s->keep >= 1, m, "keep", "must be at least 1");
+}
+
+Status ParseResources(const YamlMap& m, JobSpec::Resources* s) {
+  FT_RETURN_IF_ERROR(m.Get("gpus", &s->gpus));
+  FT_RETURN_IF_ERROR(Require(s->gpus >= 1, m, "gpus", "must be at least 1"));
+  FT_RETURN_IF_ERROR(m.GetEnum("device", {"auto", "cuda", "cpu"}, &s->device));
+  FT_RETURN_IF_ERROR(m.Get("priority", &s->priority));
+  return m.Get("max_failures", &s->max_failures);
+}
+
+Status CheckBatchPlan(const YamlMap& train, const JobSpec& spec) {
+  const auto& t = spec.train;
+  if (t.max_steps == 0 && t.epochs == 0) {
+    return Status::InvalidArgument(train.Where() + ": train: set max_steps or epochs");
+  }
+  if (t.micro_batch_size > 0 && t.global_batch_size % t.micro_batch_size != 0) {
+    return Status::InvalidArgument(train.Where("micro_batch_size") + ": train.micro_batch_size (" +
+                                   std::to_string(t.micro_batch_size) + ") must divide global_batch_size (" +
+                                   std::to_string(t.global_batch_size) + ")");
+  }
+  if (t.micro_batch_size > 0 && t.gradient_accumulation > 0 &&
+      t.micro_batch_size * t.gradient_accumulation * spec.resources.gpus != t.global_batch_size) {
+    return Status::InvalidArgument(train.Where("gradient_accumulation") + ": train: micro_batch_size (" +
+                                   std::to_string(t.micro_batch_size) + ") x gradient_accumulation (" +
+                                   std::to_string(t.gradient_accumulation) + ") x resources.gpus (" +
+                                   std::to_string(spec.resources.gpus) + ") must equal global_batch_size (" +
+                                   std::to_string(t.global_batch_size) + "); set one of them to auto");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& file) {
+  if (yaml_text.size() > kMaxJobSpecBytes) {
+    return Status::InvalidArgument(file + ": " + std::to_string(yaml_text.size()) +
+                                   " bytes; a job.yaml may have at most " +
+                                   std::to_string(kMaxJobSpecBytes >> 20) +
+                                   " MiB (put data in files named by data.train, not in the job)");
+  }
+  FT_ASSIGN_OR_RETURN(YamlMap root, YamlMap::Parse(yaml_text, file));
+  FT_RETURN_IF_ERROR(root.CheckKnownKeys(
+      {"name", "model", "adapter", "data", "train", "checkpoint", "resources", "output"}));
+  JobSpec spec;
+  spec.file = file;
+  FT_RETURN_IF_ERROR(root.Get("name", &spec.name));
+  for (const char* required : {"model", "data", "train", "output"}) {
+    if (!root.Has(required)) {
+      return Status::InvalidArgument(file + ": missing required section '" + required + "'");
+    }
+  }
+  FT_RETURN_IF_ERROR(Section(root, "model", {"path", "quantization", "double_quant", "dtype"},
+                             [&](const YamlMap& m) { return ParseModel(m, &spec.model); }));
+  FT_RETURN_IF_ERROR(Section(root, "adapter",
+                             {"type", "r", "alpha", "dropout", "rslora", "target_modules", "init"},
+                             [&](const YamlMap& m) { return ParseAdapter(m, &spec.adapter); }));
+  FT_RETURN_IF_ERROR(Section(root, "data",
+                             {"train", "format", "seq_len", "packing", "shuffle", "skip_bad_lines",
+                              "chat_template", "chat_template_vars", "eval"},
+                             [&](const YamlMap& m) { return ParseData(m, &spec.data); }));
+  FT_RETURN_IF_ERROR(
+      Section(root, "train", kTrainKeys, [&](const YamlMap& m) { return ParseTrain(m, &spec.train); }));
+  FT_RETURN_IF_ERROR(Section(root, "checkpoint", {"every_steps", "every_minutes", "keep"},
+                             [&](const YamlMap& m) { return ParseCheckpoint(m, &spec.checkpoint); }));
+  FT_RETURN_IF_ERROR(Section(root, "resources", {"gpus", "device", "priority", "max_failures"},
+                             [&](const YamlMap& m) { return ParseResources(m, &spec.resources); }));
+  FT_RETURN_IF_ERROR(Section(root, "output", {"dir", "merge"}, [&](const YamlMap& m) {
+    FT_RETURN_IF_ERROR(m.Get("dir", &spec.output.dir, /*required=*/true));
+    return m.Get("merge", &spec.output.merge);
+  }));
+  FT_RETURN_IF_ERROR(CheckBatchPlan(*root.Child("train"), spec));
+  FT_RETURN_IF_ERROR(ResolveEval(root, &spec));
+  const std::string base = fs::path(file).parent_path().string();
+  spec.model.path = Resolve(base, spec.model.path);
+  spec.adapter.init = Resolve(base, spec.adapter.init);
+  spec.data.train = Resolve(base, spec.data.train);
+  spec.data.eval = Resolve(base, spec.data.eval);
+  spec.data.chat_template = Resolve(base, spec.data.chat_template);
+  spec.output.dir = Resolve(base, spec.output.dir);
+  return spec;
+}
+
+StatusOr<JobSpec> LoadJobSpec(const std::string& file) {
+  FT_ASSIGN_OR_RETURN(std::string text, ReadFileToString(file));
+  return ParseJobSpec(text, file);
+}
+
+}  // namespace ft

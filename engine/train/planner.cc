@@ -1,0 +1,237 @@
+#include "engine/train/planner.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "engine/model/model.h"
+
+namespace ft {
+
+namespace {
+
+constexpr int64_t kF32 = 4;
+constexpr int64_t kLossChunkFloats = int64_t{1} << 22;     // engine/model/model.cc's logits budget per chunk
+constexpr int64_t kCudaRuntimeBytes = int64_t{512} << 20;  // context + cuBLAS workspace (uncalibrated)
+constexpr double kMargin = 0.05;
+
+struct LinearShape {
+  int64_t in, out;
+  bool adapted;
+  bool bias;
+};
+
+std::vector<LinearShape> Linears(const PlanRequest& r) {
+  const ModelConfig& c = r.model;
+  const int64_t D = c.hidden_size, I = c.intermediate_size;
+  const int64_t dims[kNumModules][2] = {{D, c.q_dim()}, {D, c.kv_dim()}, {D, c.kv_dim()}, {c.q_dim(), D},
+                                        {D, I},         {D, I},          {I, D}};
+  std::vector<LinearShape> out;
+  for (int m = 0; m < kNumModules; ++m) {
+    const std::string name = ModuleName(static_cast<ModuleKind>(m));
+    const bool adapted =
+        !r.full && std::find(r.lora_targets.begin(), r.lora_targets.end(), name) != r.lora_targets.end();
+    out.push_back(
+        {dims[m][0], dims[m][1], adapted, c.attention_bias && m <= static_cast<int>(ModuleKind::kV)});
+  }
+  return out;
+}
+
+// NF4 storage of n values: packed nibbles plus the block scales.
+int64_t Nf4Bytes(int64_t n, int64_t block, bool double_quant) {
+  const int64_t blocks = (n + block - 1) / block;
+  const int64_t scales = double_quant ? blocks + (blocks + 255) / 256 * kF32 + kF32 : blocks * kF32;
+  return (n + 1) / 2 + scales;
+}
+
+}  // namespace
+
+MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
+  const ModelConfig& c = r.model;
+  const bool cuda = r.device == "cuda";
+  // The CPU backend stores every compute-dtype tensor as float (bf16 is emulated).
+  const int64_t act = cuda && r.dtype != "fp32" ? 2 : kF32;
+  const int64_t L = c.num_layers, D = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+  const int64_t Q = c.q_dim(), KV = c.kv_dim(), H = c.num_heads;
+  const std::vector<LinearShape> lin = Linears(r);
+
+  MemoryBreakdown m;
+  m.micro_batch = micro;
+  int64_t trainable = 0, adapted = 0, max_linear = 0;
+  int64_t per_layer_weights = 2 * D * act;  // two norms
+  for (const LinearShape& s : lin) {
+    const int64_t n = s.in * s.out;
+    max_linear = std::max(max_linear, n);
+    per_layer_weights += r.nf4 ? Nf4Bytes(n, r.nf4_block, r.double_quant) : n * act;
+    if (s.bias) per_layer_weights += s.out * act;
+    if (s.adapted) {
+      trainable += L * r.lora_r * (s.in + s.out);
+      ++adapted;
+    }
+    if (r.full) trainable += L * (n + (s.bias ? s.out : 0));
+  }
+  const int64_t embed = V * D;
+  m.weights = L * per_layer_weights + (embed + D + (c.tie_word_embeddings ? 0 : embed)) * act;
+  if (r.full) trainable += L * 2 * D + embed + D + (c.tie_word_embeddings ? 0 : embed);
+  m.adapter = r.full ? 0 : trainable * kF32;
+  m.gradients = trainable * kF32;
+  m.optimizer = 2 * trainable * kF32;
+
+  const int64_t rows = micro * r.seq_len;
+  const int64_t lora_r = r.full ? 0 : r.lora_r;
+  // Saved per layer: n1, q, k, v, attention out, h, n2, gate, up, act, LoRA x·Aᵀ; fp32 rstd×2 and lse.
+  const int64_t layer_saved =
+      rows * (3 * D + 2 * Q + 2 * KV + 3 * I) * act + rows * (2 + H) * kF32 + rows * lora_r * adapted * act;
+  const bool offload = r.offload_activations && cuda;  // offload keeps two layer inputs on the device
+  const int64_t layer_inputs = (offload ? 2 : L + 1) * rows * D * act;
+  const int64_t saved_layers = r.activation_checkpointing ? 1 : L;
+  m.activations = layer_inputs + saved_layers * layer_saved + rows * D * act + rows * kF32;  // + final norm
+
+  const int64_t chunk =
+      r.loss_chunk_rows > 0 ? r.loss_chunk_rows : std::max<int64_t>(1, kLossChunkFloats / V);
+  m.workspace =
+      rows * (4 * D + 2 * Q + 2 * KV + 3 * I) * act  // grad, dh, dn, dxf; dq, datt; dk, dv; dg, du, dact
+      + rows * lora_r * act                          // dxa
+      + (r.lora_dropout > 0 ? rows * std::max({D, I, Q}) * act : 0) +
+      std::min(rows, chunk) * V * kF32           // logits chunk
+      + 2 * r.seq_len * (c.head_dim / 2) * kF32  // RoPE cos/sin
+      + (r.nf4 ? max_linear * act : 0);          // dequantised weight of one linear
+  m.runtime = cuda ? kCudaRuntimeBytes : 0;
+  return m;
+}
+
+StatusOr<BatchPlanChoice> ChooseMicroBatch(const PlanRequest& r, int64_t device_bytes) {
+  if (r.world <= 0 || r.global_batch % r.world != 0) {
+    return Status::InvalidArgument("global_batch_size " + std::to_string(r.global_batch) +
+                                   " is not divisible by the world size " + std::to_string(r.world));
+  }
+  const int64_t per_rank = r.global_batch / r.world;
+  const int64_t budget = static_cast<int64_t>(static_cast<double>(device_bytes) * (1.0 - kMargin));
+  for (int64_t micro = per_rank; micro >= 1; --micro) {
+    if (per_rank % micro != 0) continue;
+    MemoryBreakdown m = PredictMemory(r, micro);
+    if (m.total() <= budget) return BatchPlanChoice{micro, per_rank / micro, r.world, m, device_bytes};
+  }
+  MemoryBreakdown one = PredictMemory(r, 1);
+  return Status::ResourceExhausted(
+      "the job needs " + FormatBytes(one.total()) + " at micro-batch 1 (weights " + FormatBytes(one.weights) +
+      ", activations " + FormatBytes(one.activations) + ") but the device offers " +
+      FormatBytes(device_bytes) + "; try activation_checkpointing, quantization: nf4 or a shorter seq_len");
+}
+
+int64_t FixedMicroBatch(const JobSpec& spec, int64_t world) {
+  const auto& t = spec.train;
+  if (t.micro_batch_size > 0) return t.micro_batch_size;
+  if (t.gradient_accumulation > 0) return t.global_batch_size / (t.gradient_accumulation * world);
+  return 0;
+}
+
+PlanRequest PlanRequestFromJob(const JobSpec& spec, const ModelConfig& model, const std::string& device,
+                               int64_t world) {
+  PlanRequest r;
+  r.model = model;
+  r.device = device;
+  r.dtype = spec.model.dtype;
+  r.nf4 = spec.model.quantization == "nf4";
+  r.double_quant = spec.model.double_quant;
+  r.full = spec.adapter.type == "full";
+  r.lora_r = spec.adapter.r;
+  r.lora_targets = spec.adapter.target_modules;
+  r.lora_dropout = spec.adapter.dropout;
+  r.seq_len = spec.data.seq_len;
+  r.activation_checkpointing = spec.train.activation_checkpointing != "false";
+  r.offload_activations = spec.train.activation_checkpointing == "offload";
+  r.global_batch = spec.train.global_batch_size;
+  r.world = world;
+  return r;
+}
+
+StatusOr<int64_t> ParseBytes(const std::string& text) {
+  std::string s;
+  for (char ch : text) {
+    if (!std::isspace(static_cast<unsigned char>(ch))) s += ch;
+  }
+  size_t pos = 0;
+  double value = 0;
+  try {
+    value = std::stod(s, &pos);
+  } catch (...) {
+    return Status::InvalidArgument("cannot read '" + text + "' as a size (e.g. 24GiB, 512MiB, 8e9)");
+  }
+  std::string unit = s.substr(pos);
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  double mult = 1;
+  if (unit == "" || unit == "b")
+    mult = 1;
+  else if (unit == "k" || unit == "kib")
+    mult = 1024.0;
+  else if (unit == "m" || unit == "mib")
+    mult = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gib")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "t" || unit == "tib")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "kb")
+    mult = 1e3;
+  else if (unit == "mb")
+    mult = 1e6;
+  else if (unit == "gb")
+    mult = 1e9;
+  else if (unit == "tb")
+    mult = 1e12;
+  else
+    return Status::InvalidArgument("unknown size unit '" + unit + "' in '" + text +
+                                   "' (use KiB, MiB, GiB or GB)");
+  if (value < 0) return Status::InvalidArgument("size must be positive: '" + text + "'");
+  return static_cast<int64_t>(value * mult);
+}
+
+std::string FormatBytes(int64_t bytes) {
+  char buf[32];
+  const double b = static_cast<double>(bytes);
+  if (b >= (1 << 30))
+    std::snprintf(buf, sizeof(buf), "%.2f GiB", b / (1 << 30));
+  else if (b >= (1 << 20))
+    std::snprintf(buf, sizeof(buf), "%.1f MiB", b / (1 << 20));
+  else
+    std::snprintf(buf, sizeof(buf), "%.1f KiB", b / 1024);
+  return buf;
+}
+
+std::string FormatPlan(const PlanRequest& r, const BatchPlanChoice& c) {
+  const ModelConfig& m = r.model;
+  std::ostringstream o;
+  const MemoryBreakdown& b = c.memory;
+  o << "model: " << m.model_type << ", " << m.num_layers << " layers, hidden " << m.hidden_size
+    << ", intermediate " << m.intermediate_size << ", heads " << m.num_heads << "/" << m.num_kv_heads
+    << ", vocab " << m.vocab_size << "\n";
+  o << "job: "
+    << (r.full ? std::string("full fine-tune")
+               : "LoRA r=" + std::to_string(r.lora_r) + " on " + std::to_string(r.lora_targets.size()) +
+                     " modules")
+    << ", " << (r.nf4 ? (r.double_quant ? "NF4 + double quant" : "NF4") : r.dtype + " weights")
+    << ", compute " << r.dtype << ", seq " << r.seq_len << ", activation checkpointing "
+    << (r.activation_checkpointing ? "on" : "off") << ", device " << r.device << "\n";
+  auto row = [&](const char* name, int64_t v) {
+    char line[96];
+    std::snprintf(line, sizeof(line), "  %-12s %12s\n", name, FormatBytes(v).c_str());
+    o << line;
+  };
+  o << "memory at micro-batch " << b.micro_batch << ":\n";
+  row("weights", b.weights);
+  row("adapter", b.adapter);
+  row("gradients", b.gradients);
+  row("optimizer", b.optimizer);
+  row("activations", b.activations);
+  row("workspace", b.workspace);
+  if (b.runtime) row("runtime", b.runtime);
+  row("total", b.total());
+  o << "device offers " << FormatBytes(c.device_bytes) << "\n";
+  o << "plan: micro-batch " << c.micro_batch << " x accumulation " << c.accumulation << " x world " << c.world
+    << " = global batch " << c.micro_batch * c.accumulation * c.world << "\n";
+  return o.str();
+}
+
+}  // namespace ft

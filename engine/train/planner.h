@@ -1,0 +1,89 @@
+// The memory planner: predicts the bytes a training job needs on a device and
+// picks the largest micro-batch that fits, with
+//   accumulation = global_batch / (micro × world)
+// so the global batch, and with it the training math, never depends on the
+// device. It works from the model's config.json alone (no weights), so a
+// laptop can plan a Llama-3-8B. The daemon uses the same library to decide
+// where a job fits.
+//
+// The model mirrors how the engine allocates (engine/model/model.cc arenas) and is
+// checked against the tracking allocator's measured peak (tests/engine/planner_test.cc).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/model/model_config.h"
+#include "engine/train/job_spec.h"
+
+namespace ft {
+
+struct PlanRequest {
+  ModelConfig model;
+  std::string device = "cpu";  // cpu | cuda
+  std::string dtype = "fp32";  // compute dtype: fp32 | bf16 | fp16
+  bool nf4 = false;
+  bool double_quant = true;
+  int64_t nf4_block = 64;
+  bool full = false;  // full fine-tune instead of LoRA
+  int64_t lora_r = 16;
+  std::vector<std::string> lora_targets;
+  double lora_dropout = 0;
+  int64_t seq_len = 2048;
+  bool activation_checkpointing = true;
+  bool offload_activations = false;  // checkpointing with saved layer inputs in host memory (CUDA)
+  int64_t global_batch = 1;
+  int64_t world = 1;
+  int64_t loss_chunk_rows = 0;  // 0 = the engine's default budget
+};
+
+// Bytes by category for one micro-batch size (device memory of one rank).
+struct MemoryBreakdown {
+  int64_t micro_batch = 0;
+  int64_t weights = 0;  // frozen base weights (NF4 or compute dtype), embeddings, norms, head
+  int64_t adapter = 0;  // trainable LoRA master weights (fp32)
+  int64_t gradients = 0;
+  int64_t optimizer = 0;    // AdamW moments (fp32)
+  int64_t activations = 0;  // saved for backward
+  int64_t workspace = 0;    // backward buffers, logits chunk, RoPE tables, dequant scratch
+  int64_t runtime = 0;      // CUDA context and library handles (0 on CPU)
+  int64_t total() const {
+    return weights + adapter + gradients + optimizer + activations + workspace + runtime;
+  }
+};
+
+struct BatchPlanChoice {
+  int64_t micro_batch = 0;
+  int64_t accumulation = 0;
+  int64_t world = 1;
+  MemoryBreakdown memory;    // at the chosen micro-batch
+  int64_t device_bytes = 0;  // what the device offered
+};
+
+// Predicted memory at `micro_batch`.
+MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro_batch);
+
+// The largest micro-batch dividing global_batch / world whose prediction fits
+// in `device_bytes` (less a 5% margin). ResourceExhausted, naming the bytes
+// needed at micro-batch 1, when nothing fits; InvalidArgument when world does
+// not divide the global batch.
+StatusOr<BatchPlanChoice> ChooseMicroBatch(const PlanRequest& r, int64_t device_bytes);
+
+// The micro-batch a job fixes itself for `world` ranks: micro_batch_size, or
+// the one gradient_accumulation implies; 0 when both are auto (the planner picks).
+int64_t FixedMicroBatch(const JobSpec& spec, int64_t world);
+
+// Builds a request from a job and the model's config.
+PlanRequest PlanRequestFromJob(const JobSpec& spec, const ModelConfig& model, const std::string& device,
+                               int64_t world);
+
+// "24GiB", "512MiB", "8e9", "16G" → bytes. InvalidArgument otherwise.
+StatusOr<int64_t> ParseBytes(const std::string& text);
+std::string FormatBytes(int64_t bytes);  // "7.42 GiB"
+
+// A human-readable breakdown and plan (what `ft-train plan` prints).
+std::string FormatPlan(const PlanRequest& r, const BatchPlanChoice& c);
+
+}  // namespace ft

@@ -1,0 +1,703 @@
+#include "engine/train/trainer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/file_util.h"
+#include "common/logging.h"
+#include "engine/data/data_format.h"
+#include "engine/io/hf_model.h"
+#include "engine/io/peft_adapter.h"
+#include "engine/train/completion.h"
+#include "engine/train/planner.h"
+#include "kernels/cpu/ops.h"
+
+namespace ft {
+
+namespace fs = std::filesystem;
+
+StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec, const ModelConfig& model, int64_t device_bytes) {
+  const auto& t = spec.train;
+  BatchPlan plan;
+  plan.world = 1;
+  if (spec.resources.gpus != 1 && spec.resources.device == "cpu") {
+    return Status::InvalidArgument(spec.file + ": resources.gpus: CPU jobs run one rank; set gpus: 1");
+  }
+  if (t.micro_batch_size == 0 && t.gradient_accumulation > 0 &&
+      t.global_batch_size % (t.gradient_accumulation * plan.world) != 0) {
+    return Status::InvalidArgument(
+        spec.file + ": train.gradient_accumulation (" + std::to_string(t.gradient_accumulation) +
+        ") must divide global_batch_size (" + std::to_string(t.global_batch_size) + ")");
+  }
+  plan.micro_batch = FixedMicroBatch(spec, plan.world);
+  if (plan.micro_batch == 0) {
+    // micro_batch_size: auto: the planner picks the largest that fits the device.
+    PlanRequest request = PlanRequestFromJob(spec, model, "cpu", plan.world);
+    auto choice = ChooseMicroBatch(request, device_bytes);
+    if (!choice.ok()) return choice.status().WithContext(spec.file + ": train.micro_batch_size: auto");
+    plan.micro_batch = choice->micro_batch;
+  }
+  plan.accumulation = t.global_batch_size / (plan.micro_batch * plan.world);
+  if (plan.micro_batch * plan.accumulation * plan.world != t.global_batch_size) {
+    return Status::InvalidArgument(spec.file + ": train: micro_batch_size " +
+                                   std::to_string(plan.micro_batch) + " does not divide global_batch_size " +
+                                   std::to_string(t.global_batch_size));
+  }
+  return plan;
+}
+
+namespace {
+
+// YAML scalars of data.chat_template_vars as JSON values (true/false, numbers, strings).
+nlohmann::ordered_json ChatVarsJson(const std::map<std::string, std::string>& vars) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : vars) {
+    if (v == "true" || v == "false") {
+      out[k] = v == "true";
+      continue;
+    }
+    nlohmann::json number = nlohmann::json::parse(v, nullptr, false);
+    out[k] = number.is_number() ? nlohmann::ordered_json(number) : nlohmann::ordered_json(v);
+  }
+  return out;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Dataset>> OpenJobData(const JobSpec& spec, const ModelConfig& config,
+                                               const std::string& path,
+                                               std::unique_ptr<Tokenizer>* tokenizer) {
+  const std::string& f = spec.file;
+  FT_ASSIGN_OR_RETURN(DataFormat format, ParseDataFormat(spec.data.format));
+  DatasetOptions options;
+  options.path = path;
+  options.seq_len = spec.data.seq_len;
+  options.packing = spec.data.packing;
+  options.skip_bad_lines = spec.data.skip_bad_lines;
+  options.cache_key = "format=" + spec.data.format + ";vocab=" + std::to_string(config.vocab_size);
+  ChatOptions chat;
+  if (format != DataFormat::kTokens) {
+    if (!*tokenizer) {
+      auto loaded = Tokenizer::Load(spec.model.path);
+      if (!loaded.ok())
+        return loaded.status().WithContext(f + ": data.format " + spec.data.format + " needs the tokenizer");
+      *tokenizer = std::move(*loaded);
+    }
+    auto tok_sha = Sha256File((fs::path(spec.model.path) / "tokenizer.json").string());
+    options.cache_key += ";tokenizer=" + (tok_sha.ok() ? *tok_sha : std::string("?"));
+    if (!spec.data.chat_template.empty()) {
+      auto text = ReadFileToString(spec.data.chat_template);
+      if (!text.ok()) return text.status().WithContext(f + ": data.chat_template");
+      chat.chat_template = *text;
+    }
+    chat.extra_vars = ChatVarsJson(spec.data.chat_template_vars);
+    options.cache_key += ";template=" + Sha256Hex(chat.chat_template) + ";vars=" + chat.extra_vars.dump();
+  }
+  FT_ASSIGN_OR_RETURN(RecordEncoder encode,
+                      MakeRecordEncoder(format, tokenizer->get(), config.vocab_size, chat));
+  return Dataset::Open(options, std::move(encode));
+}
+
+StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
+  std::unique_ptr<Trainer> tr(new Trainer());
+  tr->spec_ = spec;
+  const std::string& f = spec.file;
+  if (spec.model.quantization == "nf4" && spec.adapter.type == "full") {
+    return Status::InvalidArgument(f +
+                                   ": model.quantization: nf4 freezes the base weights, so it needs "
+                                   "adapter.type: lora (QLoRA); use quantization: none for a full fine-tune");
+  }
+  if (spec.model.dtype == "fp16") {
+    return Status::Unimplemented(f +
+                                 ": model.dtype: fp16 needs dynamic loss scaling, not available on the CPU "
+                                 "backend; use bf16 or fp32");
+  }
+  FT_ASSIGN_OR_RETURN(ModelConfig config, ReadHfConfig(spec.model.path));
+  // resources.device: cuda needs a CUDA build and a visible device; auto takes one when there is.
+  FT_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, CreateBackend(DeviceKind::kCpu));
+  if (spec.resources.device != "cpu") {
+    auto cuda = CreateBackend(DeviceKind::kCuda);
+    if (cuda.ok()) {
+      backend = std::move(*cuda);
+    } else if (spec.resources.device == "cuda") {
+      return cuda.status().WithContext(f + ": resources.device: cuda");
+    }
+  }
+  FT_ASSIGN_OR_RETURN(auto memory, backend->MemoryInfo());  // {free, total} bytes of the device
+  FT_ASSIGN_OR_RETURN(tr->plan_, ChooseBatchPlan(spec, config, memory.first));
+  if (config.sliding_window > 0 && spec.data.seq_len > config.sliding_window) {
+    return Status::Unimplemented(
+        f + ": data.seq_len " + std::to_string(spec.data.seq_len) + " exceeds the model's sliding_window " +
+        std::to_string(config.sliding_window) +
+        " (sliding-window attention is not implemented); use seq_len <= sliding_window");
+  }
+  ModelOptions options;
+  options.dtype = spec.model.dtype == "bf16" ? ComputeDType::kBF16 : ComputeDType::kF32;
+  options.activation_checkpointing = spec.train.activation_checkpointing != "false";
+  options.naive_attention = spec.train.attention == "naive";
+  options.nf4 = spec.model.quantization == "nf4";
+  options.nf4_config = {64, spec.model.double_quant, 256};
+  options.backend = backend;
+  tr->model_ = std::make_unique<Model>(config, options);
+  FT_RETURN_IF_ERROR(LoadHfWeights(spec.model.path, tr->model_.get()));
+  if (options.dtype == ComputeDType::kBF16) tr->model_->RoundWeightsToBf16();
+  if (spec.adapter.type == "full") {
+    FT_RETURN_IF_ERROR(tr->model_->EnableFullTraining());
+  } else {
+    LoraSpec lora{spec.adapter.r,       spec.adapter.alpha,          spec.adapter.rslora,
+                  spec.adapter.dropout, spec.adapter.target_modules, static_cast<uint64_t>(spec.train.seed)};
+    FT_RETURN_IF_ERROR(tr->model_->EnableLora(lora));
+    if (!spec.adapter.init.empty()) {
+      FT_RETURN_IF_ERROR(
+          LoadPeftAdapter(spec.adapter.init, tr->model_.get()).WithContext(f + ": adapter.init"));
+    }
+  }
+  FT_ASSIGN_OR_RETURN(tr->data_, OpenJobData(spec, config, spec.data.train, &tr->tokenizer_));
+  if (!spec.data.eval.empty()) {
+    auto eval = OpenJobData(spec, config, spec.data.eval, &tr->tokenizer_);
+    if (!eval.ok()) return eval.status().WithContext(f + ": data.eval");
+    tr->eval_data_ = std::move(*eval);
+    int64_t rows = tr->eval_data_->size();
+    if (spec.train.eval_max_batches > 0)
+      rows = std::min(rows, spec.train.eval_max_batches * tr->plan_.micro_batch);
+    if (tr->eval_data_->CountTargets(0, rows, false, 0) == 0) {
+      return Status::InvalidArgument(f + ": data.eval: the evaluated rows of " + spec.data.eval +
+                                     " have no target tokens (see train.eval_max_batches)");
+    }
+  }
+  const int64_t steps_per_epoch =
+      (tr->data_->size() + spec.train.global_batch_size - 1) / spec.train.global_batch_size;
+  tr->total_steps_ = spec.train.max_steps > 0 ? spec.train.max_steps : spec.train.epochs * steps_per_epoch;
+  OptimizerConfig oc{spec.train.adam_beta1, spec.train.adam_beta2, spec.train.adam_eps,
+                     spec.train.weight_decay, spec.train.max_grad_norm};
+  tr->optimizer_ = std::make_unique<AdamWOptimizer>(tr->model_->TrainableParams(), oc, backend);
+  FT_RETURN_IF_ERROR(
+      backend->Synchronize().WithContext(f + ": loading the model onto " + backend->Describe()));
+  FT_LOG(INFO) << "training on " << backend->Describe();
+  return tr;
+}
+
+Status Trainer::Step(StepMetrics* m, bool* interrupted) {
+  if (interrupted) *interrupted = false;
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t global = spec_.train.global_batch_size;
+  const bool shuffle = spec_.data.shuffle;
+  const uint64_t seed = static_cast<uint64_t>(spec_.train.seed);
+  const int64_t tokens = data_->CountTargets(cursor_, global, shuffle, seed);
+  if (tokens == 0) return Status::InvalidArgument(spec_.data.train + ": a global batch has no target tokens");
+  model_->ZeroGrads();
+  double loss_sum = 0;
+  const float grad_scale = static_cast<float>(1.0 / static_cast<double>(tokens));
+  for (int64_t a = 0; a < plan_.accumulation; ++a) {
+    if (a > 0 && control_ && interrupted) {
+      // A stop request mid-accumulation: finish the step only if the deadline allows.
+      if (auto req = control_->Pending(); req && req->stop) {
+        const double left =
+            std::chrono::duration<double>(req->deadline - std::chrono::steady_clock::now()).count();
+        const double need = static_cast<double>(plan_.accumulation - a) * micro_seconds_ +
+                            (writer_ ? writer_->last_seconds() : 0.0);
+        if (need > left) {
+          *interrupted = true;  // nothing was applied: the state is still at the last step boundary
+          return Status::OK();
+        }
+      }
+    }
+    const auto micro_start = std::chrono::steady_clock::now();
+    const int64_t first = cursor_ + a * plan_.micro_batch;
+    FT_ASSIGN_OR_RETURN(MicroBatch mb, data_->MakeBatch(first, plan_.micro_batch, shuffle, seed));
+    loss_sum += model_->ForwardBackward(mb, grad_scale).loss_sum;
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - micro_start).count();
+    micro_seconds_ = micro_seconds_ == 0 ? t : 0.8 * micro_seconds_ + 0.2 * t;
+  }
+  const int64_t update = optimizer_->step();
+  if (grad_hook_) grad_hook_(update + 1);
+  const double lr =
+      spec_.train.lr * LrMultiplier(spec_.train.lr_schedule, update, spec_.train.warmup_steps, total_steps_);
+  const double norm = optimizer_->GradNorm();
+  optimizer_->ClipAndStep(norm, lr);
+  FT_RETURN_IF_ERROR(model_->backend().Synchronize().WithContext(spec_.file + ": training step on " +
+                                                                 model_->backend().Describe()));
+  cursor_ += global;
+  tokens_seen_ += tokens;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  *m = StepMetrics{update + 1, loss_sum / static_cast<double>(tokens),
+                   lr,         norm,
+                   tokens,     static_cast<double>(tokens) / std::max(secs, 1e-9),
+                   secs,       GlobalMemoryTracker().peak_total()};
+  for (int c = 0; c < static_cast<int>(MemCategory::kCount); ++c) {
+    m->peak_by_category[MemCategoryName(static_cast<MemCategory>(c))] =
+        GlobalMemoryTracker().peak(static_cast<MemCategory>(c));
+  }
+  return Status::OK();
+}
+
+Status Trainer::Evaluate(EvalMetrics* m, bool* interrupted) {
+  if (interrupted) *interrupted = false;
+  if (!eval_data_) return Status::FailedPrecondition(spec_.file + ": data.eval is not set");
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t rows = eval_data_->size(), micro = plan_.micro_batch;
+  int64_t batches = (rows + micro - 1) / micro;
+  if (spec_.train.eval_max_batches > 0) batches = std::min(batches, spec_.train.eval_max_batches);
+  double loss_sum = 0;
+  int64_t tokens = 0;
+  for (int64_t b = 0; b < batches; ++b) {
+    if (b > 0 && control_ && interrupted) {
+      if (auto req = control_->Pending(); req && req->stop) {
+        *interrupted = true;  // a stop needs the time more than an evaluation does
+        return Status::OK();
+      }
+    }
+    const int64_t first = b * micro;
+    FT_ASSIGN_OR_RETURN(MicroBatch mb, eval_data_->MakeBatch(first, std::min(micro, rows - first),
+                                                             /*shuffle=*/false, /*seed=*/0));
+    const LossResult r = model_->EvalForward(mb);
+    loss_sum += r.loss_sum;
+    tokens += r.tokens;
+  }
+  if (tokens == 0)
+    return Status::InvalidArgument(spec_.data.eval + ": the evaluated rows have no target tokens");
+  *m = EvalMetrics{optimizer_->step(), loss_sum / static_cast<double>(tokens), tokens, batches,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+  return Status::OK();
+}
+
+std::map<std::string, std::string> JobMathKeys(const JobSpec& spec) {
+  auto num = [](double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.17g", v);
+    return std::string(buf);
+  };
+  std::string targets;
+  std::vector<std::string> sorted = spec.adapter.target_modules;
+  std::sort(sorted.begin(), sorted.end());
+  for (const auto& t : sorted) targets += (targets.empty() ? "" : ",") + t;
+  std::error_code ec;
+  const auto data_bytes = fs::file_size(spec.data.train, ec);
+  const bool lora = spec.adapter.type == "lora";
+  std::map<std::string, std::string> m = {
+      {"model.path", spec.model.path},
+      {"model.quantization", spec.model.quantization},
+      {"model.dtype", spec.model.dtype},
+      {"adapter.type", spec.adapter.type},
+      {"data.train", spec.data.train},
+      {"data.train (size in bytes)", ec ? "?" : std::to_string(data_bytes)},
+      {"data.format", spec.data.format},
+      {"data.seq_len", std::to_string(spec.data.seq_len)},
+      {"data.packing", spec.data.packing ? "true" : "false"},
+      {"data.shuffle", spec.data.shuffle ? "true" : "false"},
+      {"data.skip_bad_lines", spec.data.skip_bad_lines ? "true" : "false"},
+      {"data.chat_template", spec.data.chat_template},
+      {"train.global_batch_size", std::to_string(spec.train.global_batch_size)},
+      {"train.lr", num(spec.train.lr)},
+      {"train.lr_schedule", spec.train.lr_schedule},
+      {"train.warmup_steps", std::to_string(spec.train.warmup_steps)},
+      {"train.weight_decay", num(spec.train.weight_decay)},
+      {"train.max_grad_norm", num(spec.train.max_grad_norm)},
+      {"train.adam_beta1", num(spec.train.adam_beta1)},
+      {"train.adam_beta2", num(spec.train.adam_beta2)},
+      {"train.adam_eps", num(spec.train.adam_eps)},
+      {"train.seed", std::to_string(spec.train.seed)},
+      {"train.attention", spec.train.attention},
+  };
+  if (spec.model.quantization == "nf4") m["model.double_quant"] = spec.model.double_quant ? "true" : "false";
+  if (lora) {
+    m["adapter.r"] = std::to_string(spec.adapter.r);
+    m["adapter.alpha"] = num(spec.adapter.alpha);
+    m["adapter.dropout"] = num(spec.adapter.dropout);
+    m["adapter.rslora"] = spec.adapter.rslora ? "true" : "false";
+    m["adapter.target_modules"] = targets;
+    m["adapter.init"] = spec.adapter.init;
+  }
+  return m;
+}
+
+std::string JobHash(const JobSpec& spec) {
+  std::string canonical;
+  for (const auto& [k, v] : JobMathKeys(spec)) canonical += k + "=" + v + "\n";
+  return Sha256Hex(canonical);
+}
+
+std::string Trainer::checkpoint_root() const { return (fs::path(spec_.output.dir) / "checkpoints").string(); }
+
+CheckpointContents Trainer::Capture(const std::string& reason) {
+  CheckpointContents c;
+  TrainerState& st = c.state;
+  st.step = optimizer_->step();
+  st.cursor = cursor_;
+  st.tokens_seen = tokens_seen_;
+  st.micro_batch = plan_.micro_batch;
+  st.accumulation = plan_.accumulation;
+  st.world = plan_.world;
+  st.job_math = JobMathKeys(spec_);
+  st.job_hash = JobHash(spec_);
+  st.epoch = owner_->epoch();
+  st.last_checkpoint_seconds = writer_ ? writer_->last_seconds() : 0.0;
+  st.reason = reason;
+  const auto& params = optimizer_->params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const TrainableParam& p = params[i];
+    c.model.push_back({p.name, p.shape, model_->Download(p.data, p.numel)});
+    c.optimizer.push_back(
+        {p.name + ".exp_avg", p.shape, model_->Download(optimizer_->exp_avg()[i].data(), p.numel)});
+    c.optimizer.push_back(
+        {p.name + ".exp_avg_sq", p.shape, model_->Download(optimizer_->exp_avg_sq()[i].data(), p.numel)});
+  }
+  if (model_->full_training()) {
+    c.model_config_json = HfConfigJson(model_->config());
+  } else {
+    c.adapter_config_json = PeftAdapterConfigJson(*model_->lora_spec(), spec_.model.path);
+  }
+  return c;
+}
+
+Status Trainer::Restore(const CheckpointContents& c, const std::string& from) {
+  const std::map<std::string, std::string> now = JobMathKeys(spec_);
+  for (const auto& [key, saved] : c.state.job_math) {
+    auto it = now.find(key);
+    const std::string current = it == now.end() ? "(unset)" : it->second;
+    if (current != saved) {
+      return Status::InvalidArgument(
+          spec_.file + ": " + key + " is '" + current + "' but checkpoint " + from + " was trained with '" +
+          saved +
+          "'; changing it would change the training math. Restore the old value, or "
+          "start a new run with another output.dir");
+    }
+  }
+  const auto& params = optimizer_->params();
+  std::map<std::string, const HostTensor*> by_name;
+  for (const HostTensor& t : c.model) by_name[t.name] = &t;
+  for (const HostTensor& t : c.optimizer) by_name[t.name] = &t;
+  auto copy_into = [&](const std::string& name, const std::vector<int64_t>& shape, float* dst,
+                       int64_t n) -> Status {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) return Status::Corruption(from + ": tensor '" + name + "' missing");
+    if (it->second->shape != shape)
+      return Status::Corruption(from + ": tensor '" + name + "' has the wrong shape");
+    model_->Upload(dst, it->second->data.data(), n);
+    return Status::OK();
+  };
+  for (size_t i = 0; i < params.size(); ++i) {
+    const TrainableParam& p = params[i];
+    FT_RETURN_IF_ERROR(copy_into(p.name, p.shape, p.data, p.numel));
+    FT_RETURN_IF_ERROR(copy_into(p.name + ".exp_avg", p.shape, optimizer_->exp_avg()[i].data(), p.numel));
+    FT_RETURN_IF_ERROR(
+        copy_into(p.name + ".exp_avg_sq", p.shape, optimizer_->exp_avg_sq()[i].data(), p.numel));
+  }
+  optimizer_->set_step(c.state.step);
+  cursor_ = c.state.cursor;
+  tokens_seen_ = c.state.tokens_seen;
+  if (c.state.micro_batch != plan_.micro_batch || c.state.accumulation != plan_.accumulation) {
+    FT_LOG(INFO) << "batch plan changed from micro-batch " << c.state.micro_batch << " x "
+                 << c.state.accumulation << " to " << plan_.micro_batch << " x " << plan_.accumulation
+                 << " (same global batch: same math)";
+  }
+  return Status::OK();
+}
+
+void Trainer::set_fencing(const std::string& job_id, int64_t epoch) {
+  owner_ = std::make_unique<OutputOwner>(spec_.output.dir, job_id, epoch);
+}
+
+std::string Trainer::ChooseResumePoint(const std::string& committed) {
+  std::vector<std::string> skipped;
+  auto newest = FindNewestValidCheckpoint(checkpoint_root(), &skipped);
+  for (const std::string& why : skipped) {
+    FT_LOG(ERROR) << "DAMAGED CHECKPOINT, falling back to an older one: " << why;
+    std::fprintf(stderr, "ft-train: WARNING: damaged checkpoint skipped: %s\n", why.c_str());
+  }
+  Status committed_ok = Status::NotFound("no committed checkpoint");
+  if (!committed.empty()) committed_ok = VerifyCheckpoint(committed);
+  std::string dir, kind, note;
+  if (newest.ok() && (!committed_ok.ok() || fs::path(newest->dir) != fs::path(committed))) {
+    dir = newest->dir;
+    if (committed.empty()) {
+      kind = "resume";
+      note = "resuming from " + dir + ", the newest verified checkpoint";
+    } else if (committed_ok.ok()) {
+      kind = "resume_ahead";
+      note = "resuming from " + dir + ", a verified checkpoint ahead of the committed " + committed;
+    } else {
+      kind = "resume_fallback";
+      note = "committed checkpoint unusable (" + committed_ok.message() + "); resuming from " + dir +
+             ", the newest verified checkpoint";
+    }
+  } else if (committed_ok.ok()) {
+    dir = committed;
+  } else if (!committed.empty() || !skipped.empty()) {
+    kind = "restart_from_zero";
+    note = "no valid checkpoint left" +
+           (committed.empty() ? "" : " (committed: " + committed_ok.message() + ")") +
+           "; starting from step 0";
+  }
+  // Starting over is always loud; which checkpoint a fenced attempt chose is its ftd's event.
+  if (kind == "restart_from_zero") {
+    std::fprintf(stderr, "ft-train: WARNING: %s\n", note.c_str());
+  } else if (!note.empty() && owner_->fenced()) {
+    std::fprintf(stderr, "ft-train: %s\n", note.c_str());
+  }
+  if (!note.empty() && owner_->fenced()) {
+    resume_note_ = {{"event", "resume"}, {"kind", kind}, {"note", note}, {"dir", dir}};
+  }
+  return dir;
+}
+
+Status Trainer::ResumeIfPossible(const std::string& resume_dir) {
+  // Fenced: ftd's committed checkpoint or a newer verified one. Plain runs:
+  // the --resume directory as given, else the newest verified checkpoint.
+  std::string dir = resume_dir;
+  if (owner_->fenced()) {
+    committed_dir_ = resume_dir;
+    dir = ChooseResumePoint(resume_dir);
+  } else if (dir.empty()) {
+    dir = ChooseResumePoint("");
+  }
+  if (dir.empty()) return Status::OK();
+  FT_ASSIGN_OR_RETURN(CheckpointContents c, ReadCheckpoint(dir));
+  FT_RETURN_IF_ERROR(Restore(c, dir));
+  FT_LOG(INFO) << "resumed from " << dir << " (step " << c.state.step << ", " << c.state.cursor
+               << " sequences consumed)";
+  std::fprintf(stderr, "ft-train: resumed from %s at step %lld\n", dir.c_str(),
+               static_cast<long long>(c.state.step));
+  return Status::OK();
+}
+
+Status Trainer::OpenMetrics() {
+  // Keep the lines of steps the restored state includes; drop what a killed run logged past it.
+  const std::string path = (fs::path(spec_.output.dir) / "metrics.jsonl").string();
+  std::string kept;
+  if (auto old = ReadFileToString(path); old.ok()) {
+    std::istringstream in(*old);
+    for (std::string line; std::getline(in, line);) {
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.value("step", int64_t{-1}) <= steps_done()) kept += line + "\n";
+    }
+  }
+  FT_RETURN_IF_ERROR(ReplaceFileAtomically(path, kept));  // a kill here must not lose the kept lines
+  metrics_.open(path, std::ios::app);
+  if (!metrics_) return Status::IOError(path + ": cannot write metrics");
+  return Status::OK();
+}
+
+Status Trainer::CheckpointNow(const std::string& reason, bool wait) {
+  if (!writer_) writer_ = std::make_unique<CheckpointWriter>(checkpoint_root());
+  Retention retention;
+  retention.keep = spec_.checkpoint.keep;
+  // Read when the prune runs (a commit may arrive while the checkpoint is written).
+  retention.committed = [this] {
+    const std::string forwarded = control_ ? control_->committed_dir() : "";
+    return forwarded.empty() ? committed_dir_ : forwarded;
+  };
+  retention.epoch = owner_->epoch();
+  OutputOwner* owner = owner_.get();
+  retention.fence = [owner] { return owner->Check(); };
+  FT_RETURN_IF_ERROR(writer_->Submit(Capture(reason), std::move(retention)));
+  if (wait) FT_RETURN_IF_ERROR(writer_->Wait());
+  LogCompletedCheckpoints();
+  return Status::OK();
+}
+
+void Trainer::LogCompletedCheckpoints() {
+  // One event line per durable checkpoint: the worker reports these as committed.
+  if (!writer_) return;
+  for (const CheckpointWriter::Completed& c : writer_->TakeCompleted()) {
+    nlohmann::json j = {{"event", "checkpoint"},
+                        {"step", c.step},
+                        {"reason", c.reason},
+                        {"dir", c.dir},
+                        {"checkpoint_seconds", c.seconds}};
+    (void)WriteMetricsLine(std::move(j));
+  }
+}
+
+Status Trainer::WriteMetricsLine(nlohmann::json j) {
+  // The epoch lets a worker tell its own trainer's lines from a superseded one's.
+  if (owner_->fenced()) {
+    FT_RETURN_IF_ERROR(owner_->Check());
+    j["epoch"] = owner_->epoch();
+  }
+  metrics_ << j.dump() << "\n";
+  metrics_.flush();
+  if (!metrics_) return Status::IOError(spec_.output.dir + "/metrics.jsonl: write failed");
+  return Status::OK();
+}
+
+StatusOr<bool> Trainer::AlreadyComplete() {
+  const std::string hash = JobHash(spec_);
+  auto done = VerifyCompletion(spec_.output.dir, hash, /*checksums=*/true);
+  if (done.ok() && owner_->fenced() && done->steps == total_steps_) {
+    std::fprintf(stderr, "ft-train: already complete at step %lld (COMPLETE.json of epoch %lld)\n",
+                 static_cast<long long>(done->steps), static_cast<long long>(done->epoch));
+    return true;
+  }
+  if (done.status().IsNotFound()) return false;
+  // Another job's record, damaged outputs, or a plain run that trains again: not complete any more.
+  FT_RETURN_IF_ERROR(owner_->Check());
+  FT_RETURN_IF_ERROR(RemoveCompletion(spec_.output.dir));
+  return false;
+}
+
+Status Trainer::EvaluateIfDue(int64_t step) {
+  const int64_t every = spec_.train.eval_every_steps;
+  if (!eval_data_ || !(step == total_steps_ || (every > 0 && step % every == 0))) return Status::OK();
+  EvalMetrics e;
+  bool interrupted = false;
+  FT_RETURN_IF_ERROR(Evaluate(&e, &interrupted));
+  if (interrupted) {
+    FT_LOG(WARN) << "evaluation at step " << step << " abandoned for a stop request";
+    return Status::OK();
+  }
+  nlohmann::json j = {
+      {"step", e.step}, {"eval_loss", e.loss}, {"eval_tokens", e.tokens}, {"eval_seconds", e.seconds}};
+  FT_RETURN_IF_ERROR(WriteMetricsLine(std::move(j)));
+  std::fprintf(stderr, "eval at step %" PRId64 ": loss %.4f over %" PRId64 " tokens (%.2f s)\n", e.step,
+               e.loss, e.tokens, e.seconds);
+  return Status::OK();
+}
+
+StatusOr<RunOutcome> Trainer::Run(const std::string& resume_dir) {
+  StatusOr<RunOutcome> outcome = RunSteps(resume_dir);
+  // A superseded run leaves the directory to its new owner: not even a metrics line.
+  if (!outcome.ok() && metrics_.is_open() && !outcome.status().IsAborted()) {
+    // The worker and the dashboard read why a run failed from the metrics too.
+    nlohmann::json j = {{"event", "failed"}, {"step", steps_done()}, {"reason", outcome.status().ToString()}};
+    (void)WriteMetricsLine(std::move(j));
+  }
+  return outcome;
+}
+
+StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
+  std::error_code ec;
+  fs::create_directories(spec_.output.dir, ec);
+  if (ec) return Status::IOError(spec_.output.dir + ": cannot create output.dir: " + ec.message());
+  FT_RETURN_IF_ERROR(owner_->Claim());
+  FT_ASSIGN_OR_RETURN(bool complete, AlreadyComplete());
+  if (complete) return RunOutcome::kFinished;
+  FT_RETURN_IF_ERROR(ResumeIfPossible(resume_dir));
+  FT_RETURN_IF_ERROR(owner_->Check());
+  FT_RETURN_IF_ERROR(OpenMetrics());
+  if (!resume_note_.is_null()) {
+    resume_note_["step"] = steps_done();
+    FT_RETURN_IF_ERROR(WriteMetricsLine(resume_note_));
+  }
+  FT_LOG(INFO) << "training " << spec_.model.path << ": steps " << steps_done() + 1 << ".." << total_steps_
+               << ", micro-batch " << plan_.micro_batch << " x accumulation " << plan_.accumulation
+               << " x world " << plan_.world;
+  auto last_checkpoint = std::chrono::steady_clock::now();
+  while (steps_done() < total_steps_) {
+    if (control_) {
+      if (auto req = control_->Take()) {
+        FT_RETURN_IF_ERROR(CheckpointNow(req->reason, /*wait=*/true));
+        last_checkpoint = std::chrono::steady_clock::now();
+        if (req->stop) {
+          nlohmann::json j = {{"event", "preempted"}, {"step", steps_done()}, {"reason", req->reason}};
+          FT_RETURN_IF_ERROR(WriteMetricsLine(std::move(j)));
+          std::fprintf(stderr, "ft-train: stopped after checkpoint at step %lld (%s)\n",
+                       static_cast<long long>(steps_done()), req->reason.c_str());
+          return RunOutcome::kPreempted;
+        }
+        continue;
+      }
+    }
+    StepMetrics m;
+    bool interrupted = false;
+    FT_RETURN_IF_ERROR(Step(&m, &interrupted));
+    if (interrupted) continue;  // the stop request is handled at the top of the loop
+    nlohmann::json j = {{"step", m.step},
+                        {"loss", m.loss},
+                        {"lr", m.lr},
+                        {"grad_norm", m.grad_norm},
+                        {"tokens", m.tokens},
+                        {"tokens_per_s", m.tokens_per_s},
+                        {"step_seconds", m.step_seconds},
+                        {"peak_bytes", m.peak_bytes},
+                        {"peak_bytes_by_category", m.peak_by_category}};
+    if (writer_ && writer_->last_seconds() > 0) j["checkpoint_seconds"] = writer_->last_seconds();
+    FT_RETURN_IF_ERROR(WriteMetricsLine(std::move(j)));
+    std::fprintf(stderr,
+                 "step %" PRId64 "/%" PRId64
+                 "  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tok/s  peak %.1f MiB\n",
+                 m.step, total_steps_, m.loss, m.lr, m.grad_norm, m.tokens_per_s,
+                 static_cast<double>(m.peak_bytes) / (1 << 20));
+    FT_RETURN_IF_ERROR(EvaluateIfDue(m.step));
+    const bool by_steps = spec_.checkpoint.every_steps > 0 && m.step % spec_.checkpoint.every_steps == 0;
+    const double minutes =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - last_checkpoint).count() / 60.0;
+    const bool by_time = spec_.checkpoint.every_minutes > 0 && minutes >= spec_.checkpoint.every_minutes;
+    LogCompletedCheckpoints();
+    if ((by_steps || by_time) && m.step < total_steps_) {
+      FT_RETURN_IF_ERROR(CheckpointNow(by_steps ? "every_steps" : "every_minutes", /*wait=*/false));
+      last_checkpoint = std::chrono::steady_clock::now();
+    }
+  }
+  if (ListCheckpoints(checkpoint_root()).empty() ||
+      ListCheckpoints(checkpoint_root()).front().step < steps_done()) {
+    FT_RETURN_IF_ERROR(CheckpointNow("final", /*wait=*/true));
+  } else if (writer_) {
+    FT_RETURN_IF_ERROR(writer_->Wait());
+    LogCompletedCheckpoints();
+  }
+  FT_RETURN_IF_ERROR(WriteOutputs());
+  return RunOutcome::kFinished;
+}
+
+namespace {
+// Writes into <final>.tmp.e<epoch>.<pid> with `write`, then swaps it into
+// place, checking ownership before the write and before the swap.
+Status WriteDirAtomically(OutputOwner& owner, const fs::path& final_dir,
+                          const std::function<Status(const std::string&)>& write) {
+  std::error_code ec;
+  FT_RETURN_IF_ERROR(owner.Check());
+  const fs::path tmp =
+      final_dir.string() + ".tmp.e" + std::to_string(owner.epoch()) + "." + std::to_string(::getpid());
+  fs::remove_all(tmp, ec);
+  FT_RETURN_IF_ERROR(write(tmp.string()));
+  FT_RETURN_IF_ERROR(SyncDirectory(tmp.string()));
+  if (Status owned = owner.Check(); !owned.ok()) {
+    fs::remove_all(tmp, ec);
+    return owned;
+  }
+  fs::remove_all(final_dir, ec);
+  return RenameDurably(tmp.string(), final_dir.string());
+}
+}  // namespace
+
+Status Trainer::WriteOutputs() {
+  const fs::path out(spec_.output.dir);
+  std::vector<std::string> written;  // what COMPLETE.json records
+  if (model_->full_training()) {
+    DType dtype = model_->config().torch_dtype == "bfloat16" ? DType::kBF16 : DType::kF32;
+    FT_RETURN_IF_ERROR(WriteDirAtomically(
+        *owner_, out / "model", [&](const std::string& d) { return SaveHfModel(d, *model_, dtype); }));
+    written.push_back("model");
+  } else {
+    FT_RETURN_IF_ERROR(WriteDirAtomically(*owner_, out / "adapter", [&](const std::string& d) {
+      return SavePeftAdapter(d, *model_, spec_.model.path);
+    }));
+    written.push_back("adapter");
+  }
+  if (spec_.output.merge && !model_->full_training()) {
+    // Merge into a copy so the training model keeps its adapters.
+    Model merged(model_->config(), model_->options());
+    FT_RETURN_IF_ERROR(LoadHfWeights(spec_.model.path, &merged));
+    FT_RETURN_IF_ERROR(merged.EnableLora(*model_->lora_spec()));
+    FT_RETURN_IF_ERROR(LoadPeftAdapter((out / "adapter").string(), &merged));
+    merged.MergeLora();
+    FT_RETURN_IF_ERROR(WriteDirAtomically(
+        *owner_, out / "merged", [&](const std::string& d) { return SaveHfModel(d, merged, DType::kF32); }));
+    written.push_back("merged");
+  }
+  FT_RETURN_IF_ERROR(owner_->Check());
+  return WriteCompletion(spec_.output.dir,
+                         {owner_->job_id(), JobHash(spec_), owner_->epoch(), steps_done(), {}}, written);
+}
+
+}  // namespace ft

@@ -1,0 +1,193 @@
+// The training loop of ft-train: builds the model from a job, walks the data
+// in global batches split into micro-batches, and applies optimizer steps
+// with the math of shared/DESIGN.md (loss = Σ token CE over the global batch ÷
+// its target tokens, so the micro-batch plan never changes the result).
+//
+// Thread safety: one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/status.h"
+#include "engine/data/dataset.h"
+#include "engine/model/model.h"
+#include "engine/text/tokenizer.h"
+#include "engine/train/checkpoint.h"
+#include "engine/train/job_spec.h"
+#include "engine/train/optimizer.h"
+#include "engine/train/output_owner.h"
+#include "engine/train/train_control.h"
+
+namespace ft {
+
+struct StepMetrics {
+  int64_t step = 0;      // 1 = first optimizer step
+  double loss = 0;       // token-weighted mean over the global batch, before the update
+  double lr = 0;         // the rate this update used
+  double grad_norm = 0;  // before clipping
+  int64_t tokens = 0;    // target tokens in the global batch
+  double tokens_per_s = 0;
+  double step_seconds = 0;
+  int64_t peak_bytes = 0;  // tracked peak since start
+  std::map<std::string, int64_t>
+      peak_by_category;  // weights, adapter, gradients, optimizer, activations, workspace
+};
+
+// One evaluation on data.eval (a metrics.jsonl line of its own:
+// {"step", "eval_loss", "eval_tokens", "eval_seconds"}).
+struct EvalMetrics {
+  int64_t step = 0;     // optimizer steps applied to the evaluated weights
+  double loss = 0;      // Σ token cross-entropies over the evaluated rows ÷ their target tokens
+  int64_t tokens = 0;   // target tokens evaluated
+  int64_t batches = 0;  // micro-batches evaluated
+  double seconds = 0;
+};
+
+struct BatchPlan {
+  int64_t micro_batch = 0;
+  int64_t accumulation = 0;
+  int64_t world = 1;
+};
+
+// How Run() ended (besides failing).
+enum class RunOutcome {
+  kFinished,   // all steps done, outputs written
+  kPreempted,  // a stop request: state checkpointed, process should exit "preempted"
+};
+
+// ft-train's exit codes, read by the worker.
+constexpr int kExitFinished = 0;
+constexpr int kExitFailed = 1;
+constexpr int kExitBadInput = 2;
+constexpr int kExitPreempted = 3;
+constexpr int kExitSuperseded = 4;   // a newer epoch owns output.dir: stopped without writing
+constexpr int kExitEnvironment = 5;  // I/O error, a system-owned file gone: not the job's fault
+
+class Trainer {
+ public:
+  // Loads the model, data and optional init adapter named by `spec`.
+  // Every error names the file and field at fault.
+  static StatusOr<std::unique_ptr<Trainer>> Create(const JobSpec& spec);
+
+  // Runs one optimizer step. When `control` has a stop request whose deadline
+  // does not leave time to finish this step's accumulation, the step is
+  // abandoned (nothing changes) and *interrupted is set.
+  Status Step(StepMetrics* metrics, bool* interrupted = nullptr);
+  // Evaluates the current weights on data.eval: the rows in file order (no
+  // shuffle) in micro-batches of the plan's size, at most
+  // train.eval_max_batches of them (0 = all), forward only without dropout.
+  // Changes no weight, optimizer, data cursor or random state, so training is
+  // bit-identical with and without evaluation. When `control` has a pending
+  // stop, the evaluation is abandoned between micro-batches and *interrupted
+  // is set. FailedPrecondition when the job has no data.eval.
+  Status Evaluate(EvalMetrics* metrics, bool* interrupted = nullptr);
+  // Resumes from the newest valid checkpoint under <output.dir>/checkpoints
+  // (or `resume_dir` when set; see set_fencing), runs the remaining steps with checkpoints at
+  // the job's cadence and on requests, writes <output.dir>/metrics.jsonl and a
+  // progress line per step on stderr, then a final checkpoint and the outputs
+  // (adapter/, model/ for full fine-tunes, merged/ when output.merge), and
+  // COMPLETE.json last (engine/train/completion.h).
+  // With data.eval, an evaluation line follows the step line of every
+  // train.eval_every_steps-th step and of the last step.
+  // Aborted when a newer epoch took output.dir (fenced runs): nothing more
+  // was written.
+  StatusOr<RunOutcome> Run(const std::string& resume_dir = "");
+  // Writes the final outputs only (each directory atomically).
+  Status WriteOutputs();
+
+  // Makes this an attempt of `job_id` at `epoch` (> 0) under ftd: Run()
+  // claims output.dir (engine/train/output_owner.h) and checks it before every
+  // step and write. Resume then never loses the job: `resume_dir` (ftd's
+  // committed checkpoint) or a newer verified one, whichever attempt wrote
+  // it; the newest verified one when the committed one is missing or damaged;
+  // step 0 when none verifies. A metrics "resume" event says which and why.
+  // A COMPLETE.json of this job's math ends the run at once (finished).
+  void set_fencing(const std::string& job_id, int64_t epoch);
+
+  // Checkpoint state: host copies of everything resume needs, and back.
+  CheckpointContents Capture(const std::string& reason);
+  // Restores a checkpoint. InvalidArgument naming the job key when the
+  // checkpoint was made with different training math.
+  Status Restore(const CheckpointContents& c, const std::string& from);
+
+  // Where stop/checkpoint requests come from (not owned; may be null).
+  void set_control(TrainControl* control) { control_ = control; }
+  std::string checkpoint_root() const;
+
+  // Called in Step() after the gradients of the global batch are complete and
+  // before clipping and the update (tests compare gradients with a reference).
+  void set_grad_hook(std::function<void(int64_t step)> hook) { grad_hook_ = std::move(hook); }
+
+  Model& model() { return *model_; }
+  const Dataset& data() const { return *data_; }
+  const Dataset* eval_data() const { return eval_data_.get(); }  // null without data.eval
+  AdamWOptimizer& optimizer() { return *optimizer_; }
+  const BatchPlan& plan() const { return plan_; }
+  int64_t total_steps() const { return total_steps_; }
+  int64_t steps_done() const { return optimizer_->step(); }
+
+ private:
+  Trainer() = default;
+
+  JobSpec spec_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<AdamWOptimizer> optimizer_;
+  std::unique_ptr<Tokenizer> tokenizer_;  // text, alpaca and chat formats; outlives data_
+  std::unique_ptr<Dataset> data_;
+  std::unique_ptr<Dataset> eval_data_;  // data.eval, or null
+  BatchPlan plan_;
+  int64_t total_steps_ = 0;
+  StatusOr<RunOutcome> RunSteps(const std::string& resume_dir);
+  Status ResumeIfPossible(const std::string& resume_dir);
+  // The checkpoint to resume from ("" = step 0): `committed` or the newest
+  // verified one; a fenced run also records the resume note for metrics.
+  std::string ChooseResumePoint(const std::string& committed);
+  // True when COMPLETE.json shows this job finished (fenced runs); removes a stale one.
+  StatusOr<bool> AlreadyComplete();
+  Status WriteMetricsLine(nlohmann::json j);
+  Status CheckpointNow(const std::string& reason, bool wait);
+  void LogCompletedCheckpoints();
+  Status OpenMetrics();
+  // Evaluates when `step` is due (every eval_every_steps, and the last) and logs the line.
+  Status EvaluateIfDue(int64_t step);
+
+  int64_t cursor_ = 0;        // sequences consumed
+  int64_t tokens_seen_ = 0;   // target tokens trained on
+  double micro_seconds_ = 0;  // measured time of one micro-batch (moving average)
+  std::function<void(int64_t)> grad_hook_;
+  TrainControl* control_ = nullptr;
+  std::unique_ptr<OutputOwner> owner_ = std::make_unique<OutputOwner>();  // unfenced until set_fencing
+  std::string committed_dir_;   // the checkpoint ftd committed: retention keeps it
+  nlohmann::json resume_note_;  // fenced runs: a "resume" event for metrics.jsonl, or null
+  // Last: its destructor waits for a write in flight, which uses the members above.
+  std::unique_ptr<CheckpointWriter> writer_;
+  std::ofstream metrics_;
+};
+
+// Chooses micro-batch and accumulation for `spec` (micro × accumulation ×
+// world = global_batch_size exactly): the job's numbers when given, else the
+// planner's choice for `device_bytes`. InvalidArgument when impossible,
+// ResourceExhausted when nothing fits.
+StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec, const ModelConfig& model, int64_t device_bytes);
+
+// A data file of the job (data.train or data.eval) through the job's
+// pipeline: format, seq_len, packing, skip_bad_lines, chat template. For
+// text, alpaca and chat the model's tokenizer is loaded into *tokenizer
+// unless it already holds one. Errors name the file (and line) at fault.
+StatusOr<std::unique_ptr<Dataset>> OpenJobData(const JobSpec& spec, const ModelConfig& config,
+                                               const std::string& path,
+                                               std::unique_ptr<Tokenizer>* tokenizer);
+
+// The job keys that define the training math, with their values; a resume
+// refuses a checkpoint whose values differ (naming the key).
+std::map<std::string, std::string> JobMathKeys(const JobSpec& spec);
+// SHA-256 of JobMathKeys (a checkpoint's and COMPLETE.json's job_hash).
+std::string JobHash(const JobSpec& spec);
+
+}  // namespace ft

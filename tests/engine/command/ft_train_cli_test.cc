@@ -1,0 +1,226 @@
+// ft-train as a user runs it: make-model, run a job, then check what it wrote
+// (metrics.jsonl, a PEFT adapter, merged weights) and how it fails on bad input.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "engine/data/dataset.h"
+#include "engine/io/hf_model.h"
+#include "engine/io/peft_adapter.h"
+#include "engine/io/safetensors.h"
+#include "tests/support/ft_train.h"
+
+namespace ft {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+struct CliResult {
+  int exit_code = -1;
+  std::string err;
+};
+
+// Runs ft-train with the space-separated `args`; stderr lands in <dir>/stderr.txt.
+CliResult FtTrain(const std::string& args, const std::string& dir) {
+  std::ofstream(dir + "/stderr.txt", std::ios::trunc).flush();
+  std::vector<std::string> argv;
+  std::istringstream in(args);
+  for (std::string a; in >> a;) argv.push_back(a);
+  const int code = testing_support::WaitExit(testing_support::Spawn(dir, argv));
+  return {code, testing_support::Slurp(dir + "/stderr.txt")};
+}
+
+class FtTrainCliTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = (fs::path(testing::TempDir()) / "ft-train-cli").lexically_normal().string();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    fs::copy_file(std::string(FT_SOURCE_DIR) + "/examples/tiny-lora/data.jsonl", dir_ + "/data.jsonl");
+  }
+  void WriteJob(const std::string& extra_train = "") {
+    std::ofstream(dir_ + "/job.yaml")
+        << "model: {path: model, dtype: fp32}\n"
+           "adapter: {type: lora, r: 8, alpha: 16}\n"
+           "data: {train: data.jsonl, format: tokens, seq_len: 64, packing: false}\n"
+           "train:\n  max_steps: 30\n  global_batch_size: 8\n  lr: 1.0e-2\n"
+           "  warmup_steps: 3\n"
+        << extra_train << "output: {dir: out, merge: true}\n";
+  }
+  // Logits of out/merged vs the base model (loaded with `base_options`) plus
+  // out/adapter, on the first two sequences of data.jsonl: they must agree to
+  // 1e-5 of the largest logit.
+  void ExpectMergedEqualsBasePlusAdapter(const ModelOptions& base_options, const char* what) {
+    const ModelConfig mc = *ReadHfConfig(dir_ + "/model");
+    auto data = Dataset::Open({dir_ + "/data.jsonl", 64, false, false, "", false},
+                              [&](const std::string& line, const std::string& where) {
+                                return ParseTokensRecord(line, where, mc.vocab_size);
+                              });
+    ASSERT_TRUE(data.ok());
+    auto batch = (*data)->MakeBatch(0, 2, false, 0);
+    ASSERT_TRUE(batch.ok());
+    Model base(mc, base_options);
+    ASSERT_TRUE(LoadHfWeights(dir_ + "/model", &base).ok());
+    auto spec = ReadPeftAdapterConfig(dir_ + "/out/adapter");
+    ASSERT_TRUE(spec.ok());
+    ASSERT_TRUE(base.EnableLora(*spec).ok());
+    ASSERT_TRUE(LoadPeftAdapter(dir_ + "/out/adapter", &base).ok());
+    Model merged(*ReadHfConfig(dir_ + "/out/merged"), {});
+    ASSERT_TRUE(LoadHfWeights(dir_ + "/out/merged", &merged).ok());
+    std::vector<float> want, got;
+    base.Forward(*batch, &want);
+    merged.Forward(*batch, &got);
+    ASSERT_EQ(got.size(), want.size());
+    double maxdiff = 0, maxref = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      maxdiff = std::max(maxdiff, static_cast<double>(std::fabs(got[i] - want[i])));
+      maxref = std::max(maxref, static_cast<double>(std::fabs(want[i])));
+    }
+    std::printf("%s: maxdiff %.3e (max |logit| %.3f)\n", what, maxdiff, maxref);
+    EXPECT_LE(maxdiff, 1e-5 * maxref);
+  }
+  std::string dir_;
+};
+
+TEST_F(FtTrainCliTest, TrainsWithFallingLossAndWritesPeftAdapterAndMergedModel) {
+  CliResult make = FtTrain("make-model --preset tiny-llama --out " + dir_ + "/model", dir_);
+  ASSERT_EQ(make.exit_code, 0) << make.err;
+  WriteJob();
+  CliResult run = FtTrain("run " + dir_ + "/job.yaml", dir_);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_THAT(run.err, HasSubstr("step 30/30  loss"));
+
+  // metrics.jsonl: one object per optimizer step with the promised fields.
+  std::ifstream metrics(dir_ + "/out/metrics.jsonl");
+  std::vector<nlohmann::json> steps;
+  std::vector<nlohmann::json> events;
+  for (std::string line; std::getline(metrics, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    (j.contains("event") ? events : steps).push_back(j);
+  }
+  ASSERT_EQ(steps.size(), 30u);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0]["event"], "checkpoint");
+  EXPECT_EQ(events[0]["reason"], "final");
+  for (size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_EQ(steps[i]["step"].get<int64_t>(), static_cast<int64_t>(i + 1));
+    for (const char* key : {"loss", "lr", "grad_norm", "tokens_per_s", "peak_bytes"}) {
+      EXPECT_TRUE(steps[i].contains(key)) << key;
+    }
+    EXPECT_GT(steps[i]["peak_bytes"].get<int64_t>(), 0);
+  }
+  EXPECT_EQ(steps[0]["lr"].get<double>(), 0.0) << "HF warmup: update 0 uses lr * 0";
+  const double first = steps[0]["loss"].get<double>(), last = steps.back()["loss"].get<double>();
+  std::printf("loss %.4f -> %.4f\n", first, last);
+  EXPECT_LT(last, 0.5 * first) << "loss did not fall";
+
+  // The adapter: PEFT's config and key layout.
+  std::ifstream cfg_in(dir_ + "/out/adapter/adapter_config.json");
+  nlohmann::json cfg = nlohmann::json::parse(cfg_in);
+  EXPECT_EQ(cfg["peft_type"], "LORA");
+  EXPECT_EQ(cfg["task_type"], "CAUSAL_LM");
+  EXPECT_EQ(cfg["r"], 8);
+  EXPECT_EQ(cfg["lora_alpha"], 16.0);
+  EXPECT_EQ(cfg["use_rslora"], false);
+  EXPECT_EQ(cfg["bias"], "none");
+  EXPECT_EQ(cfg["target_modules"].size(), 7u);
+  auto adapter = SafetensorsFile::Open(dir_ + "/out/adapter/adapter_model.safetensors");
+  ASSERT_TRUE(adapter.ok());
+  ModelConfig mc = *ReadHfConfig(dir_ + "/model");
+  EXPECT_EQ((*adapter)->tensors().size(), static_cast<size_t>(mc.num_layers * 7 * 2));
+  const TensorInfo* qa = (*adapter)->Find("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
+  const TensorInfo* db = (*adapter)->Find("base_model.model.model.layers.1.mlp.down_proj.lora_B.weight");
+  ASSERT_NE(qa, nullptr);
+  ASSERT_NE(db, nullptr);
+  EXPECT_EQ(qa->shape, (std::vector<int64_t>{8, mc.hidden_size}));
+  EXPECT_EQ(db->shape, (std::vector<int64_t>{mc.hidden_size, 8}));
+  EXPECT_EQ(qa->dtype, DType::kF32);
+
+  // Merged weights reload and give the same logits as base + adapter.
+  ExpectMergedEqualsBasePlusAdapter({}, "merged vs base+adapter logits");
+}
+
+TEST_F(FtTrainCliTest, QloraMergeWritesTheDequantizedBasePlusAdapter) {
+  // merge: true on an NF4 model used to crash writing merged/ (its linears had no float buffer).
+  ASSERT_EQ(FtTrain("make-model --preset tiny-llama --out " + dir_ + "/model", dir_).exit_code, 0);
+  std::ofstream(dir_ + "/job.yaml")
+      << "model: {path: model, dtype: fp32, quantization: nf4}\n"
+         "adapter: {type: lora, r: 8, alpha: 16}\n"
+         "data: {train: data.jsonl, format: tokens, seq_len: 64, packing: false}\n"
+         "train: {max_steps: 6, global_batch_size: 8, lr: 1.0e-2}\n"
+         "output: {dir: out, merge: true}\n";
+  CliResult run = FtTrain("run " + dir_ + "/job.yaml", dir_);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  // The reference: the NF4 base (what the adapter trained on) with the adapter.
+  ModelOptions nf4;
+  nf4.nf4 = true;
+  ExpectMergedEqualsBasePlusAdapter(nf4, "QLoRA merged vs NF4 base+adapter logits");
+}
+
+TEST_F(FtTrainCliTest, HeldOutEvalLossIsLoggedAndFalls) {
+  ASSERT_EQ(FtTrain("make-model --preset tiny-llama --out " + dir_ + "/model", dir_).exit_code, 0);
+  // The last 16 examples are held out.
+  std::ifstream all(dir_ + "/data.jsonl");
+  std::ofstream train(dir_ + "/train.jsonl"), held_out(dir_ + "/eval.jsonl");
+  int n = 0;
+  for (std::string line; std::getline(all, line); ++n) (n < 80 ? train : held_out) << line << "\n";
+  train.close();
+  held_out.close();
+  std::ofstream(dir_ + "/job.yaml")
+      << "model: {path: model, dtype: fp32}\n"
+         "adapter: {type: lora, r: 8, alpha: 16}\n"
+         "data: {train: train.jsonl, eval: eval.jsonl, format: tokens, seq_len: 64, packing: false}\n"
+         "train:\n  max_steps: 30\n  global_batch_size: 8\n  lr: 1.0e-2\n  warmup_steps: 3\n"
+         "  eval_every_steps: 10\n"
+         "output: {dir: out}\n";
+  CliResult run = FtTrain("run " + dir_ + "/job.yaml", dir_);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_THAT(run.err, HasSubstr("eval at step 30: loss"));
+
+  std::ifstream metrics(dir_ + "/out/metrics.jsonl");
+  std::vector<nlohmann::json> evals;
+  int64_t last_step_line = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("eval_loss")) {
+      EXPECT_EQ(j["step"].get<int64_t>(), last_step_line) << "an eval line follows its step's line";
+      evals.push_back(j);
+    } else if (!j.contains("event")) {
+      last_step_line = j["step"].get<int64_t>();
+    }
+  }
+  ASSERT_EQ(evals.size(), 3u);
+  for (size_t i = 0; i < evals.size(); ++i) {
+    EXPECT_EQ(evals[i]["step"].get<int64_t>(), static_cast<int64_t>(10 * (i + 1)));
+    EXPECT_GT(evals[i]["eval_tokens"].get<int64_t>(), 0);
+    std::printf("step %d: eval_loss %.4f\n", static_cast<int>(10 * (i + 1)),
+                evals[i]["eval_loss"].get<double>());
+  }
+  EXPECT_LT(evals[1]["eval_loss"].get<double>(), evals[0]["eval_loss"].get<double>());
+  EXPECT_LT(evals[2]["eval_loss"].get<double>(), evals[1]["eval_loss"].get<double>());
+}
+
+TEST_F(FtTrainCliTest, BadJobExitsTwoNamingFileAndLine) {
+  ASSERT_EQ(FtTrain("make-model --preset tiny-llama --out " + dir_ + "/model", dir_).exit_code, 0);
+  WriteJob("  learning_rate: 3\n");
+  CliResult run = FtTrain("run " + dir_ + "/job.yaml", dir_);
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.err, HasSubstr(dir_ + "/job.yaml:9:3: unknown key 'learning_rate' in train"));
+  EXPECT_FALSE(fs::exists(dir_ + "/out/metrics.jsonl"));
+}
+
+TEST_F(FtTrainCliTest, MissingModelIsNamed) {
+  WriteJob();
+  CliResult run = FtTrain("run " + dir_ + "/job.yaml", dir_);
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.err, HasSubstr(dir_ + "/model/config.json: cannot open file"));
+}
+
+}  // namespace
+}  // namespace ft

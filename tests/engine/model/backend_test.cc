@@ -1,0 +1,158 @@
+// engine/model/backend.h: the factory (CPU always; CUDA only with a device, with a
+// clear error otherwise), tracked device buffers and the CPU backend's copies.
+// The CPU backend's ops are covered by every model test (golden, gradcheck,
+// checkpoint bit-identity), which run through it.
+#include "engine/model/backend.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <new>
+#include <vector>
+
+namespace ft {
+namespace {
+
+TEST(Backend, ParsesDeviceKinds) {
+  EXPECT_EQ(*ParseDeviceKind("cpu"), DeviceKind::kCpu);
+  EXPECT_EQ(*ParseDeviceKind("cuda"), DeviceKind::kCuda);
+  EXPECT_FALSE(ParseDeviceKind("tpu").ok());
+  EXPECT_STREQ(DeviceKindName(DeviceKind::kCuda), "cuda");
+}
+
+TEST(Backend, CpuAlwaysExists) {
+  auto cpu = CreateBackend(DeviceKind::kCpu);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+  EXPECT_EQ((*cpu)->kind(), DeviceKind::kCpu);
+  EXPECT_EQ(cpu->get(), CpuBackendInstance().get());
+}
+
+TEST(Backend, CudaWithoutDeviceIsAClearError) {
+  auto cuda = CreateBackend(DeviceKind::kCuda);
+  if (cuda.ok()) {
+    EXPECT_EQ((*cuda)->kind(), DeviceKind::kCuda);
+    GTEST_SKIP() << "a CUDA device is present: " << (*cuda)->Describe();
+  }
+  const std::string msg = cuda.status().ToString();
+#ifdef FT_HAVE_CUDA
+  EXPECT_NE(msg.find("no CUDA device"), std::string::npos) << msg;
+#else
+  EXPECT_NE(msg.find("without the CUDA toolkit"), std::string::npos) << msg;
+#endif
+}
+
+TEST(Backend, BuffersAreTrackedZeroedAndMovable) {
+  MemoryTracker tracker;
+  Backend& be = *CpuBackendInstance();
+  {
+    DeviceBuffer a = be.Alloc(10, MemCategory::kActivations, &tracker);
+    EXPECT_EQ(a.size(), 10);
+    EXPECT_EQ(tracker.current(MemCategory::kActivations), 40);
+    std::vector<float> host(10, 1.0f);
+    be.CopyToHost(host.data(), a.data(), a.bytes());
+    for (float v : host) EXPECT_EQ(v, 0.0f);
+    DeviceBuffer b = std::move(a);
+    EXPECT_TRUE(a.empty());
+    EXPECT_EQ(tracker.current(MemCategory::kActivations), 40);
+    DeviceBuffer c = be.AllocBytes(6, MemCategory::kWorkspace, &tracker);
+    EXPECT_EQ(tracker.current(MemCategory::kWorkspace), 6);
+    b = std::move(c);  // frees b's floats
+    EXPECT_EQ(tracker.current(MemCategory::kActivations), 0);
+    EXPECT_EQ(tracker.current_total(), 6);
+  }
+  EXPECT_EQ(tracker.current_total(), 0);
+  EXPECT_EQ(tracker.peak_total(), 46);
+}
+
+TEST(Backend, CpuCopiesAndOps) {
+  Backend& be = *CpuBackendInstance();
+  DeviceBuffer x = be.Alloc(4, MemCategory::kWorkspace), y = be.Alloc(4, MemCategory::kWorkspace);
+  const float in[4] = {1, 2, 3, 4};
+  be.CopyToDevice(x.data(), in, sizeof(in));
+  be.Copy(y.data(), x.data(), sizeof(in));
+  be.Axpy(4, 2.0f, x.data(), y.data());  // y = 3x
+  be.AddBias(y.data(), x.data(), 2, 2);  // rows (3,6) + (1,2), (9,12) + (1,2)
+  float out[4];
+  be.CopyToHost(out, y.data(), sizeof(out));
+  EXPECT_EQ(out[0], 4.0f);
+  EXPECT_EQ(out[1], 8.0f);
+  EXPECT_EQ(out[2], 10.0f);
+  EXPECT_EQ(out[3], 14.0f);
+  EXPECT_EQ(be.SumSquares(x.data(), 4), 30.0);
+  EXPECT_TRUE(be.Synchronize().ok());
+}
+
+// GemmOperands::kBF16 is the fp32 GEMM of the operands rounded to bf16: the
+// same as rounding them first, different from fp32 on inputs bf16 cannot hold,
+// identical on inputs it can; strided (ld > cols) and transposed operands too.
+TEST(Backend, Bf16OperandGemmRoundsTheOperandsFirst) {
+  Backend& be = *CpuBackendInstance();
+  const int64_t M = 5, N = 7, K = 9, lda = 11, ldb = 12;  // A^T stored [K, lda], B stored [N, ldb]
+  std::vector<float> a(K * lda), b(N * ldb);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = 1.0f + 0.001f * static_cast<float>(i % 17) + 1e-5f;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = -0.5f + 0.0137f * static_cast<float>(i % 23) + 3e-6f;
+  std::vector<float> c16(M * N, 0.0f), c32(M * N, 0.0f), c_rounded(M * N, 0.0f);
+  be.Gemm(GemmOperands::kBF16, true, true, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c16.data(), N);
+  be.Gemm(GemmOperands::kF32, true, true, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c32.data(), N);
+  std::vector<float> ar = a, br = b;
+  be.RoundToBf16(ar.data(), static_cast<int64_t>(ar.size()));
+  be.RoundToBf16(br.data(), static_cast<int64_t>(br.size()));
+  be.Gemm(GemmOperands::kF32, true, true, M, N, K, 1.0f, ar.data(), lda, br.data(), ldb, 0.0f,
+          c_rounded.data(), N);
+  EXPECT_EQ(c16, c_rounded);
+  EXPECT_NE(c16, c32);
+  std::vector<float> again(M * N, 0.0f);
+  be.Gemm(GemmOperands::kBF16, true, true, M, N, K, 1.0f, ar.data(), lda, br.data(), ldb, 0.0f, again.data(),
+          N);
+  EXPECT_EQ(again, c_rounded);  // bf16-exact inputs: nothing left to round
+}
+
+// The guarded backend: the CPU's results, device memory out of the host's
+// reach between calls, and a capacity like a device's.
+TEST(GuardedBackend, SameResultsAsTheCpu) {
+  auto guarded = MakeGuardedCpuBackend(int64_t{1} << 20);
+  Backend& cpu = *CpuBackendInstance();
+  std::vector<float> a(6 * 4), b(4 * 5);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = 0.25f * static_cast<float>(i % 7) - 0.6f;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = 0.1f * static_cast<float>(i % 5) + 0.01f;
+  DeviceBuffer da = guarded->Alloc(24, MemCategory::kWorkspace),
+               db = guarded->Alloc(20, MemCategory::kWorkspace),
+               dc = guarded->Alloc(30, MemCategory::kWorkspace);
+  guarded->CopyToDevice(da.data(), a.data(), 24 * 4);
+  guarded->CopyToDevice(db.data(), b.data(), 20 * 4);
+  guarded->Gemm(GemmOperands::kF32, false, false, 6, 5, 4, 1.0f, da.data(), 4, db.data(), 5, 0.0f, dc.data(),
+                5);
+  guarded->Axpy(30, 0.5f, dc.data(), dc.data());
+  std::vector<float> got(30), want(30, 0.0f);
+  guarded->CopyToHost(got.data(), dc.data(), 30 * 4);
+  cpu.Gemm(GemmOperands::kF32, false, false, 6, 5, 4, 1.0f, a.data(), 4, b.data(), 5, 0.0f, want.data(), 5);
+  cpu.Axpy(30, 0.5f, want.data(), want.data());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(guarded->SumSquares(dc.data(), 30), cpu.SumSquares(want.data(), 30));
+}
+
+TEST(GuardedBackend, CountsAgainstItsCapacity) {
+  auto guarded = MakeGuardedCpuBackend(int64_t{1} << 20);  // 1 MiB
+  auto info = guarded->MemoryInfo();
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->second, int64_t{1} << 20);
+  DeviceBuffer x = guarded->AllocBytes(600 << 10, MemCategory::kWorkspace);
+  EXPECT_EQ(guarded->MemoryInfo()->first, (1 << 20) - (600 << 10));
+  EXPECT_THROW(guarded->AllocBytes(600 << 10, MemCategory::kWorkspace), std::bad_alloc);
+  x = DeviceBuffer();  // freed: the space is whole again
+  DeviceBuffer y = guarded->AllocBytes(1 << 20, MemCategory::kWorkspace);
+  EXPECT_EQ(y.bytes(), 1 << 20);
+}
+
+TEST(GuardedBackendDeathTest, HostDereferenceOfDeviceMemoryFaults) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto guarded = MakeGuardedCpuBackend(int64_t{1} << 20);
+  DeviceBuffer x = guarded->Alloc(16, MemCategory::kWorkspace);
+  float host = 0.0f;
+  guarded->CopyToHost(&host, x.data(), 4);  // through the backend: fine
+  EXPECT_EQ(host, 0.0f);
+  EXPECT_DEATH({ std::printf("%f\n", static_cast<double>(*static_cast<volatile float*>(x.data()))); }, "");
+}
+
+}  // namespace
+}  // namespace ft

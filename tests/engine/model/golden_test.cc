@@ -1,0 +1,198 @@
+// The engine against tests/golden: float64 PyTorch references of HF Llama /
+// Qwen2 with PEFT LoRA (see tests/golden/README.md). Prints, llm.c-style, one
+// "TENSOR OK maxdiff" line per compared tensor.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "engine/io/safetensors.h"
+#include "engine/train/job_spec.h"
+#include "engine/train/trainer.h"
+
+namespace ft {
+namespace {
+
+const std::string kGolden = std::string(FT_SOURCE_DIR) + "/tests/golden/";
+
+struct Expected {
+  std::vector<double> loss, lr, grad_norm;
+  std::vector<int64_t> tokens;
+};
+
+Expected ReadMetrics(const std::string& c) {
+  std::ifstream in(kGolden + c + "/expected/metrics.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  return {j["loss"].get<std::vector<double>>(), j["lr"].get<std::vector<double>>(),
+          j["grad_norm"].get<std::vector<double>>(), j["tokens"].get<std::vector<int64_t>>()};
+}
+
+// max |a - b| / max |b| over a tensor (relative to its scale).
+double RelDiff(const float* a, const float* b, int64_t n) {
+  double maxdiff = 0, maxref = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    maxdiff = std::max(maxdiff, std::fabs(static_cast<double>(a[i]) - b[i]));
+    maxref = std::max(maxref, std::fabs(static_cast<double>(b[i])));
+  }
+  return maxdiff / std::max(maxref, 1e-30);
+}
+
+// Compares every trainable tensor (data or grad) with the same-named tensor of `file`.
+void ExpectTensorsMatch(Model& model, const std::string& file, bool grads, double tol) {
+  auto ref = SafetensorsFile::Open(file);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  int compared = 0;
+  for (const TrainableParam& p : model.TrainableParams()) {
+    std::vector<float> want(p.numel);
+    ASSERT_TRUE((*ref)->ReadFloat(p.name, p.shape, want.data()).ok()) << p.name;
+    const std::vector<float> got = model.Download(grads ? p.grad : p.data, p.numel);
+    const double rel = RelDiff(got.data(), want.data(), p.numel);
+    std::printf("%s %s: maxdiff(rel) = %.3e\n", rel <= tol ? "TENSOR OK" : "TENSOR NOT OK", p.name.c_str(),
+                rel);
+    EXPECT_LE(rel, tol) << (grads ? "gradient " : "tensor ") << p.name;
+    ++compared;
+  }
+  EXPECT_EQ(compared, static_cast<int>((*ref)->tensors().size()));
+}
+
+JobSpec LoadCase(const std::string& c) {
+  auto spec = LoadJobSpec(kGolden + c + "/job.yaml");
+  EXPECT_TRUE(spec.ok()) << spec.status().ToString();
+  spec->output.dir = testing::TempDir() + "/golden-" + c;
+  return *spec;
+}
+
+class GoldenTest : public testing::TestWithParam<std::string> {};
+
+TEST_P(GoldenTest, LogitsLossesGradientsAndFinalAdapterMatchPyTorch) {
+  const std::string c = GetParam();
+  JobSpec spec = LoadCase(c);
+  auto trainer = Trainer::Create(spec);
+  ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+  Trainer& tr = **trainer;
+
+  // Forward of the first sequence alone through base + init adapter.
+  {
+    const int64_t vocab = tr.model().config().vocab_size;
+    auto data = Dataset::Open({spec.data.train, spec.data.seq_len, false, false, "", /*use_cache=*/false},
+                              [vocab](const std::string& line, const std::string& where) {
+                                return ParseTokensRecord(line, where, vocab);
+                              });
+    ASSERT_TRUE(data.ok());
+    auto batch = (*data)->MakeBatch(0, 1, false, 0);
+    ASSERT_TRUE(batch.ok());
+    const MicroBatch& mb = *batch;
+    std::vector<float> logits;
+    tr.model().Forward(mb, &logits);
+    auto ref = SafetensorsFile::Open(kGolden + c + "/expected/logits_seq0.safetensors");
+    ASSERT_TRUE(ref.ok());
+    std::vector<float> want(logits.size());
+    ASSERT_TRUE((*ref)->ReadFloat("logits", {mb.seq, tr.model().config().vocab_size}, want.data()).ok());
+    const double rel = RelDiff(logits.data(), want.data(), static_cast<int64_t>(want.size()));
+    std::printf("TENSOR %s logits: maxdiff(rel) = %.3e\n", rel <= 1e-5 ? "OK" : "NOT OK", rel);
+    EXPECT_LE(rel, 1e-5);
+  }
+
+  tr.set_grad_hook([&](int64_t step) {
+    if (step == 1)
+      ExpectTensorsMatch(tr.model(), kGolden + c + "/expected/grads_step1.safetensors", true, 1e-4);
+  });
+  const Expected want = ReadMetrics(c);
+  ASSERT_EQ(tr.total_steps(), static_cast<int64_t>(want.loss.size()));
+  for (size_t s = 0; s < want.loss.size(); ++s) {
+    StepMetrics m;
+    ASSERT_TRUE(tr.Step(&m).ok());
+    EXPECT_EQ(m.step, static_cast<int64_t>(s + 1));
+    EXPECT_EQ(m.tokens, want.tokens[s]);
+    EXPECT_NEAR(m.loss, want.loss[s], 1e-5 * want.loss[s]) << "step " << s + 1;
+    EXPECT_NEAR(m.lr, want.lr[s], 1e-12) << "step " << s + 1;
+    EXPECT_NEAR(m.grad_norm, want.grad_norm[s], 1e-4 * want.grad_norm[s]) << "step " << s + 1;
+    std::printf("step %zu: loss %.7f (torch %.7f)  grad_norm %.6f (torch %.6f)\n", s + 1, m.loss,
+                want.loss[s], m.grad_norm, want.grad_norm[s]);
+  }
+  ExpectTensorsMatch(tr.model(), kGolden + c + "/expected/final.safetensors", false, 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GoldenTest,
+                         testing::Values("llama_gqa", "qwen2_bias", "tied_rslora", "llama_full",
+                                         "llama_qlora"));
+
+// Runs `spec` to the end and returns the per-step losses.
+std::vector<double> Losses(const JobSpec& spec, Trainer** keep = nullptr) {
+  static std::unique_ptr<Trainer> last;
+  auto trainer = Trainer::Create(spec);
+  EXPECT_TRUE(trainer.ok()) << trainer.status().ToString();
+  std::vector<double> out;
+  for (int64_t s = 0; s < (*trainer)->total_steps(); ++s) {
+    StepMetrics m;
+    EXPECT_TRUE((*trainer)->Step(&m).ok());
+    out.push_back(m.loss);
+  }
+  last = std::move(*trainer);
+  if (keep) *keep = last.get();
+  return out;
+}
+
+TEST(GoldenVariantsTest, Bf16EmulationTracksFp32WithinBf16Tolerance) {
+  JobSpec spec = LoadCase("llama_gqa");
+  spec.model.dtype = "bf16";
+  const Expected want = ReadMetrics("llama_gqa");
+  std::vector<double> got = Losses(spec);
+  ASSERT_EQ(got.size(), want.loss.size());
+  double worst = 0;
+  for (size_t s = 0; s < got.size(); ++s)
+    worst = std::max(worst, std::fabs(got[s] - want.loss[s]) / want.loss[s]);
+  std::printf("bf16 vs fp32 reference: worst loss rel diff %.3e\n", worst);
+  EXPECT_LE(worst, 1e-2);
+  EXPECT_GT(worst, 0.0) << "bf16 path did not round anything";
+}
+
+TEST(GoldenVariantsTest, MicroBatchPlanDoesNotChangeTheMath) {
+  JobSpec a = LoadCase("llama_gqa");
+  JobSpec b = a;
+  a.train.micro_batch_size = 1;
+  a.train.gradient_accumulation = 4;
+  b.train.micro_batch_size = 4;
+  b.train.gradient_accumulation = 1;
+  std::vector<double> la = Losses(a), lb = Losses(b);
+  const Expected want = ReadMetrics("llama_gqa");
+  double worst = 0;
+  for (size_t s = 0; s < la.size(); ++s) {
+    EXPECT_NEAR(la[s], want.loss[s], 1e-5 * want.loss[s]);
+    EXPECT_NEAR(lb[s], want.loss[s], 1e-5 * want.loss[s]);
+    EXPECT_NEAR(la[s], lb[s], 1e-6 * lb[s]) << "plans 1x4 and 4x1 disagree at step " << s + 1;
+    worst = std::max(worst, std::fabs(la[s] - lb[s]) / lb[s]);
+  }
+  std::printf("micro 1 x accumulation 4 vs micro 4 x accumulation 1: worst loss rel diff %.3e\n", worst);
+}
+
+TEST(GoldenVariantsTest, ActivationCheckpointingIsBitIdentical) {
+  JobSpec a = LoadCase("tied_rslora");
+  JobSpec b = a;
+  a.train.activation_checkpointing = "false";
+  b.train.activation_checkpointing = "true";
+  Trainer* ta = nullptr;
+  std::vector<double> la = Losses(a, &ta);
+  std::vector<std::vector<float>> final_a;
+  for (const TrainableParam& p : ta->model().TrainableParams())
+    final_a.push_back(ta->model().Download(p.data, p.numel));
+  Trainer* tb = nullptr;
+  std::vector<double> lb = Losses(b, &tb);
+  EXPECT_EQ(la, lb);
+  size_t i = 0;
+  for (const TrainableParam& p : tb->model().TrainableParams()) {
+    EXPECT_EQ(tb->model().Download(p.data, p.numel), final_a[i++]) << p.name;
+  }
+}
+
+TEST(GoldenVariantsTest, NaiveAttentionAgreesWithFlash) {
+  JobSpec spec = LoadCase("qwen2_bias");
+  spec.train.attention = "naive";
+  const Expected want = ReadMetrics("qwen2_bias");
+  std::vector<double> got = Losses(spec);
+  for (size_t s = 0; s < got.size(); ++s) EXPECT_NEAR(got[s], want.loss[s], 1e-5 * want.loss[s]);
+}
+
+}  // namespace
+}  // namespace ft

@@ -1,0 +1,272 @@
+// Bad inputs users hit: each gives a clear error naming the file and the field.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "engine/data/dataset.h"
+#include "engine/io/hf_model.h"
+#include "engine/io/peft_adapter.h"
+#include "engine/io/safetensors.h"
+#include "engine/train/job_spec.h"
+
+namespace ft {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+std::string TempDir(const std::string& name) {
+  std::string d = testing::TempDir() + "/bad-input-" + name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+// A valid tiny model directory.
+std::string MakeModelDir(const std::string& name) {
+  std::string dir = TempDir(name);
+  Model model(*PresetModelConfig("tiny-llama"), {});
+  RandomInitModel(&model, 7);
+  EXPECT_TRUE(SaveHfModel(dir, model, DType::kF32).ok());
+  return dir;
+}
+
+TEST(HfModelBadInputTest, MissingConfigKeyNamesFileAndKey) {
+  auto c = ParseHfConfig(R"({"model_type": "llama", "vocab_size": 10, "intermediate_size": 8,
+                             "num_hidden_layers": 1, "num_attention_heads": 2})",
+                         "/m/config.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(), "/m/config.json: missing required key 'hidden_size'");
+}
+
+TEST(HfModelBadInputTest, WrongTypeAndUnsupportedValuesAreNamed) {
+  auto c = ParseHfConfig(R"({"model_type": "llama", "vocab_size": "many"})", "c.json");
+  EXPECT_THAT(c.status().message(), HasSubstr("c.json: key 'vocab_size' has the wrong type"));
+  auto gpt = ParseHfConfig(R"({"model_type": "gpt2"})", "c.json");
+  EXPECT_THAT(gpt.status().message(), HasSubstr("model_type 'gpt2' is not supported"));
+  auto heads =
+      ParseHfConfig(R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 12, "intermediate_size": 8,
+                                 "num_hidden_layers": 1, "num_attention_heads": 3, "num_key_value_heads": 2})",
+                    "c.json");
+  EXPECT_THAT(heads.status().message(), HasSubstr("must be a multiple of num_key_value_heads"));
+  auto rope =
+      ParseHfConfig(R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 8,
+                                "num_hidden_layers": 1, "num_attention_heads": 2,
+                                "rope_scaling": {"rope_type": "yarn", "factor": 4}})",
+                    "c.json");
+  EXPECT_THAT(rope.status().message(), HasSubstr("rope_scaling type 'yarn' is not supported"));
+}
+
+TEST(HfModelBadInputTest, ShapeMismatchNamesTensorAndShapes) {
+  std::string dir = MakeModelDir("shape");
+  // Claim a larger hidden size than the weights have.
+  ModelConfig c = *ReadHfConfig(dir);
+  c.intermediate_size = 256;
+  WriteFile(dir + "/config.json", HfConfigJson(c));
+  Model model(*ReadHfConfig(dir), {});
+  Status s = LoadHfWeights(dir, &model);
+  ASSERT_TRUE(s.IsInvalidArgument()) << s.ToString();
+  EXPECT_THAT(s.message(),
+              HasSubstr(dir + "/model.safetensors: tensor 'model.layers.0.mlp.gate_proj.weight' has "
+                              "shape [128, 64] but the model config needs [256, 64]"));
+}
+
+TEST(HfModelBadInputTest, WrongDtypeIsRejected) {
+  std::string dir = TempDir("dtype");
+  std::vector<int32_t> ints(4, 1);
+  // Hand-write a safetensors file with an I32 tensor.
+  std::string header = R"({"w":{"dtype":"I32","shape":[4],"data_offsets":[0,16]}})";
+  while (header.size() % 8) header += ' ';
+  uint64_t n = header.size();
+  std::ofstream out(dir + "/x.safetensors", std::ios::binary);
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out << header;
+  out.write(reinterpret_cast<const char*>(ints.data()), 16);
+  out.close();
+  auto f = SafetensorsFile::Open(dir + "/x.safetensors");
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  std::vector<float> buf(4);
+  Status s = (*f)->ReadFloat("w", {4}, buf.data());
+  EXPECT_THAT(s.message(),
+              HasSubstr("x.safetensors: tensor 'w' has dtype I32; expected F32, F16, BF16 or F64"));
+}
+
+TEST(HfModelBadInputTest, TruncatedSafetensorsIsCorruption) {
+  std::string dir = MakeModelDir("trunc");
+  const std::string file = dir + "/model.safetensors";
+  fs::resize_file(file, fs::file_size(file) - 100);
+  auto f = SafetensorsFile::Open(file);
+  ASSERT_TRUE(f.status().IsCorruption()) << f.status().ToString();
+  EXPECT_THAT(f.status().message(), HasSubstr(file));
+  EXPECT_THAT(f.status().message(), HasSubstr("truncated file?"));
+  fs::resize_file(file, 5);
+  EXPECT_THAT(SafetensorsFile::Open(file).status().message(),
+              HasSubstr("too short for a safetensors header"));
+  WriteFile(file, std::string("\xff\xff\xff\xff\x00\x00\x00\x00garbage", 15));
+  EXPECT_TRUE(SafetensorsFile::Open(file).status().IsCorruption());
+}
+
+TEST(HfModelBadInputTest, MissingTensorAndMissingFile) {
+  std::string dir = MakeModelDir("missing");
+  ModelConfig c = *ReadHfConfig(dir);
+  c.num_layers = 3;  // weights hold two layers
+  Model model(c, {});
+  Status s = LoadHfWeights(dir, &model);
+  EXPECT_TRUE(s.IsNotFound());
+  EXPECT_THAT(s.message(), HasSubstr("tensor 'model.layers.2.input_layernorm.weight' is missing"));
+  EXPECT_TRUE(ReadHfConfig(dir + "/nope").status().IsNotFound());
+}
+
+TEST(HfModelBadInputTest, RoundTripPreservesWeightsBitForBit) {
+  std::string dir = MakeModelDir("roundtrip");
+  Model a(*ReadHfConfig(dir), {});
+  ASSERT_TRUE(LoadHfWeights(dir, &a).ok());
+  std::string dir2 = TempDir("roundtrip2");
+  ASSERT_TRUE(SaveHfModel(dir2, a, DType::kF32).ok());
+  Model b(*ReadHfConfig(dir2), {});
+  ASSERT_TRUE(LoadHfWeights(dir2, &b).ok());
+  auto wa = a.NamedWeights(), wb = b.NamedWeights();
+  ASSERT_EQ(wa.size(), wb.size());
+  for (size_t i = 0; i < wa.size(); ++i) {
+    EXPECT_EQ(a.Download(wa[i].data, wa[i].numel()), b.Download(wb[i].data, wb[i].numel())) << wa[i].name;
+  }
+}
+
+constexpr const char* kJob = R"(model:
+  path: m
+data:
+  train: d.jsonl
+  format: tokens
+train:
+  max_steps: 3
+  global_batch_size: 4
+output:
+  dir: out
+)";
+
+TEST(JobSpecBadInputTest, ValidJobResolvesPathsAgainstItsFolder) {
+  auto spec = ParseJobSpec(kJob, "/jobs/a/job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  EXPECT_EQ(spec->model.path, "/jobs/a/m");
+  EXPECT_EQ(spec->data.train, "/jobs/a/d.jsonl");
+  EXPECT_EQ(spec->output.dir, "/jobs/a/out");
+  EXPECT_EQ(spec->train.micro_batch_size, 0);  // auto
+}
+
+TEST(JobSpecBadInputTest, UnknownKeysGetLineAndSuggestion) {
+  auto spec = ParseJobSpec(std::string(kJob) + "  learning_rat: 3\n", "job.yaml");
+  // "learning_rat" lands under output (the last mapping).
+  EXPECT_THAT(spec.status().message(), HasSubstr("job.yaml:11:3: unknown key 'learning_rat' in output"));
+  auto top = ParseJobSpec(std::string(kJob) + "trian:\n  lr: 1\n", "job.yaml");
+  EXPECT_THAT(top.status().message(),
+              HasSubstr("job.yaml:11:1: unknown key 'trian' in the top level (did you mean 'train'?)"));
+  auto sec = ParseJobSpec(R"(model: {path: m}
+data: {train: d}
+train: {max_steps: 1, global_batch_size: 4, max_step: 3}
+output: {dir: o}
+)",
+                          "job.yaml");
+  EXPECT_THAT(sec.status().message(),
+              HasSubstr("unknown key 'max_step' in train (did you mean 'max_steps'?)"));
+}
+
+TEST(JobSpecBadInputTest, AnOversizedJobIsRefusedBeforeParsing) {
+  const std::string huge = std::string(kJob) + "# " + std::string(kMaxJobSpecBytes, 'x') + "\n";
+  auto spec = ParseJobSpec(huge, "job.yaml");
+  EXPECT_THAT(spec.status().message(), HasSubstr("job.yaml: "));
+  EXPECT_THAT(spec.status().message(), HasSubstr("at most 1 MiB"));
+  EXPECT_TRUE(ParseJobSpec(std::string(kJob) + "# " + std::string(1000, 'x') + "\n", "job.yaml").ok());
+}
+
+TEST(JobSpecBadInputTest, WrongTypesAndValuesNameTheKey) {
+  auto lr = ParseJobSpec(R"(model: {path: m}
+data: {train: d}
+train: {max_steps: 1, global_batch_size: 4, lr: fast}
+output: {dir: o}
+)",
+                         "job.yaml");
+  EXPECT_THAT(lr.status().message(), HasSubstr("job.yaml:3:49: train.lr: expected a number, got 'fast'"));
+  auto dtype = ParseJobSpec(R"(model: {path: m, dtype: bf17}
+data: {train: d}
+train: {max_steps: 1, global_batch_size: 4}
+output: {dir: o}
+)",
+                            "job.yaml");
+  EXPECT_THAT(dtype.status().message(), HasSubstr("model.dtype: 'bf17' is not one of fp32 | bf16 | fp16"));
+  auto mods = ParseJobSpec(R"(model: {path: m}
+adapter: {target_modules: [q_prj]}
+data: {train: d}
+train: {max_steps: 1, global_batch_size: 4}
+output: {dir: o}
+)",
+                           "job.yaml");
+  EXPECT_THAT(mods.status().message(), HasSubstr("unknown module 'q_prj' (did you mean 'q_proj'?)"));
+  auto plan = ParseJobSpec(R"(model: {path: m}
+data: {train: d}
+train: {max_steps: 1, global_batch_size: 8, micro_batch_size: 2, gradient_accumulation: 3}
+output: {dir: o}
+)",
+                           "job.yaml");
+  EXPECT_THAT(plan.status().message(), HasSubstr("must equal global_batch_size (8)"));
+  auto missing = ParseJobSpec("model: {path: m}\ndata: {train: d}\ntrain: {max_steps: 1}\n", "job.yaml");
+  EXPECT_THAT(missing.status().message(), HasSubstr("job.yaml: missing required section 'output'"));
+  auto no_path = ParseJobSpec(
+      "model: {dtype: fp32}\ndata: {train: d}\ntrain: {max_steps: 1}\noutput: {dir: o}\n", "job.yaml");
+  EXPECT_THAT(no_path.status().message(), HasSubstr("missing required key 'model.path'"));
+}
+
+StatusOr<std::unique_ptr<Dataset>> OpenTokens(const std::string& path, bool skip_bad_lines = false) {
+  return Dataset::Open(
+      {path, 32, false, skip_bad_lines, "", false},
+      [](const std::string& line, const std::string& where) { return ParseTokensRecord(line, where, 256); });
+}
+
+TEST(TokenDataBadInputTest, BadLinesNameFileAndLine) {
+  std::string dir = TempDir("data");
+  WriteFile(dir + "/d.jsonl", "{\"input_ids\": [1, 2, 3]}\n{\"input_ids\": [1, 999]}\n");
+  EXPECT_THAT(OpenTokens(dir + "/d.jsonl").status().message(),
+              HasSubstr(dir + "/d.jsonl:2: 'input_ids'[1] = 999 is outside [0, 256)"));
+  WriteFile(dir + "/e.jsonl", "{\"input_ids\": [1, 2]}\n\n{\"text\": \"hi\"}\n");
+  EXPECT_THAT(OpenTokens(dir + "/e.jsonl").status().message(), HasSubstr("e.jsonl:3: missing 'input_ids'"));
+  WriteFile(dir + "/f.jsonl", "{\"input_ids\": [1, 2}\n");
+  EXPECT_THAT(OpenTokens(dir + "/f.jsonl").status().message(), HasSubstr("f.jsonl:1: not a JSON object"));
+  EXPECT_THAT(OpenTokens(dir + "/f.jsonl").status().message(), HasSubstr("data.skip_bad_lines"));
+  EXPECT_TRUE(OpenTokens(dir + "/missing.jsonl").status().IsNotFound());
+}
+
+TEST(TokenDataBadInputTest, SkipBadLinesCountsThemAndKeepsTheRest) {
+  std::string dir = TempDir("skip");
+  WriteFile(dir + "/d.jsonl",
+            "{\"input_ids\": [1, 2, 3]}\nnot json\n{\"input_ids\": [4, 5]}\n{\"input_ids\": [7]}\n");
+  auto ds = OpenTokens(dir + "/d.jsonl", true);
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  EXPECT_EQ((*ds)->examples(), 2);
+  EXPECT_EQ((*ds)->skipped_lines(), 2);  // bad JSON and a 1-token example
+  auto mb = (*ds)->MakeBatch(1, 1, false, 0);
+  ASSERT_TRUE(mb.ok());
+  EXPECT_EQ(mb->ids, (std::vector<int32_t>{4, 5}));
+}
+
+TEST(PeftBadInputTest, MismatchedAdapterConfigIsNamed) {
+  std::string dir = TempDir("peft");
+  WriteFile(dir + "/adapter_config.json",
+            R"({"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]})");
+  Model model(*PresetModelConfig("tiny-llama"), {});
+  LoraSpec spec;
+  spec.r = 4;
+  spec.alpha = 8;
+  spec.target_modules = {"q_proj"};
+  ASSERT_TRUE(model.EnableLora(spec).ok());
+  Status s = LoadPeftAdapter(dir, &model);
+  EXPECT_THAT(s.message(), HasSubstr(dir + "/adapter_config.json: r is 8 but the job's adapter.r is 4"));
+}
+
+}  // namespace
+}  // namespace ft

@@ -1,0 +1,414 @@
+// Checkpoints and exact resume, as a preempted user meets them: kill -9 at
+// random moments, SIGTERM, a changed batch plan, damaged checkpoints, and a
+// changed job. The reference is always the same job run without interruption.
+#include "engine/train/checkpoint.h"
+
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "common/file_util.h"
+#include "engine/io/hf_model.h"
+#include "engine/train/job_spec.h"
+#include "engine/train/trainer.h"
+#include "tests/support/ft_train.h"
+
+namespace ft {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using namespace ::ft::testing_support;  // NOLINT: the harness is this test's vocabulary
+
+// Long enough that 25 kills at random moments land before the end.
+constexpr int64_t kChaosSteps = 240;
+
+// The uninterrupted reference run (made once).
+const std::string& ReferenceOut() {
+  static const std::string out = [] {
+    std::string dir = FreshDir("reference");
+    EXPECT_EQ(RunToEnd(dir, WriteJob(dir, "", 3, kChaosSteps)), kExitFinished) << Slurp(dir + "/stderr.txt");
+    return dir + "/out";
+  }();
+  return out;
+}
+
+std::string NewestCheckpoint(const std::string& out) {
+  auto all = ListCheckpoints(out + "/checkpoints");
+  return all.empty() ? "" : all.front().dir;
+}
+
+void ExpectSameFinalState(const std::string& out) {
+  const std::string ref = ReferenceOut();
+  EXPECT_EQ(Slurp(out + "/adapter/adapter_model.safetensors"),
+            Slurp(ref + "/adapter/adapter_model.safetensors"))
+      << "final adapter differs from the uninterrupted run";
+  EXPECT_EQ(Slurp(NewestCheckpoint(out) + "/optimizer.safetensors"),
+            Slurp(NewestCheckpoint(ref) + "/optimizer.safetensors"))
+      << "final optimizer state differs from the uninterrupted run";
+  auto a = StepLines(out), b = StepLines(ref);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i]["step"], b[i]["step"]);
+    EXPECT_EQ(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()) << "step " << i + 1;
+  }
+}
+
+std::set<std::string> TempDirs(const std::string& root) {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    if (e.path().filename().string().rfind(".tmp-", 0) == 0) out.insert(e.path().filename().string());
+  }
+  return out;
+}
+
+// A temporary checkpoint directory that was not there before: a write in progress (or cut short).
+bool HasNewTempDir(const std::string& root, const std::set<std::string>& before) {
+  for (const std::string& name : TempDirs(root)) {
+    if (!before.count(name)) return true;
+  }
+  return false;
+}
+
+TEST(CheckpointChaosTest, TwentyFiveKillNineRestartsEndBitIdentical) {
+  ASSERT_FALSE(ReferenceOut().empty());
+  std::string dir = FreshDir("chaos");
+  std::string job = WriteJob(dir, "", 3, kChaosSteps);
+  std::mt19937 rng(20261121);
+  int kills = 0, during_write = 0;
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const std::set<std::string> stale = TempDirs(dir + "/out/checkpoints");
+    pid_t pid = Spawn(dir, {"run", job});
+    if (kills < 25) {
+      // Every third kill aims at a checkpoint write: it fires as soon as a temporary
+      // directory appears (waiting up to 5 s, so a slow start on a loaded machine
+      // still gets there); the others land at a random moment.
+      const bool aim_at_write = kills % 3 == 0;
+      const auto until =
+          std::chrono::steady_clock::now() +
+          std::chrono::milliseconds(aim_at_write ? 5000 : std::uniform_int_distribution<int>(10, 150)(rng));
+      while (std::chrono::steady_clock::now() < until) {
+        if (aim_at_write && HasNewTempDir(dir + "/out/checkpoints", stale)) break;
+        std::this_thread::sleep_for(std::chrono::microseconds(aim_at_write ? 100 : 2000));
+      }
+      if (kill(pid, SIGKILL) == 0) {
+        int code = WaitExit(pid);
+        if (code == 128 + SIGKILL) {
+          ++kills;
+          // A temporary directory left behind means the kill landed inside a checkpoint write.
+          if (HasNewTempDir(dir + "/out/checkpoints", stale)) ++during_write;
+          continue;
+        }
+        if (code == kExitFinished) break;
+        FAIL() << "ft-train exited " << code << ": " << Slurp(dir + "/stderr.txt");
+      }
+    }
+    int code = WaitExit(pid);
+    ASSERT_EQ(code, kExitFinished) << Slurp(dir + "/stderr.txt");
+    break;
+  }
+  std::printf("SIGKILLs: %d (%d during a checkpoint write)\n", kills, during_write);
+  EXPECT_GE(kills, 20);
+  EXPECT_GE(during_write, 1) << "no kill landed inside a checkpoint write; the test did not cover it";
+  ExpectSameFinalState(dir + "/out");
+}
+
+TEST(CheckpointSignalTest, SigtermCheckpointsLosesNoStepAndResumesBitIdentical) {
+  ASSERT_FALSE(ReferenceOut().empty());
+  std::string dir = FreshDir("sigterm");
+  std::string job = WriteJob(dir, "", 3, kChaosSteps);
+  pid_t pid = Spawn(dir, {"run", job});
+  // Wait until a few steps are logged, then ask it to stop.
+  for (int i = 0; i < 2000 && StepLines(dir + "/out").size() < 10; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  const size_t logged_at_signal = StepLines(dir + "/out").size();
+  ASSERT_EQ(WaitExit(pid), kExitPreempted) << Slurp(dir + "/stderr.txt");
+  auto steps = StepLines(dir + "/out");
+  ASSERT_FALSE(steps.empty());
+  const int64_t last_logged = steps.back()["step"].get<int64_t>();
+  const std::string ckpt = NewestCheckpoint(dir + "/out");
+  auto contents = ReadCheckpoint(ckpt);
+  ASSERT_TRUE(contents.ok()) << contents.status().ToString();
+  EXPECT_EQ(contents->state.step, last_logged) << "every finished step is in the checkpoint: zero steps lost";
+  EXPECT_LE(contents->state.step, static_cast<int64_t>(logged_at_signal) + 1)
+      << "at most one step after the signal";
+  EXPECT_EQ(contents->state.reason, "SIGTERM");
+  EXPECT_THAT(Slurp(dir + "/out/metrics.jsonl"), HasSubstr("\"event\":\"preempted\""));
+  EXPECT_THAT(Slurp(dir + "/stderr.txt"), HasSubstr("stopped after checkpoint"));
+  ASSERT_EQ(RunToEnd(dir, job), kExitFinished) << Slurp(dir + "/stderr.txt");
+  EXPECT_THAT(Slurp(dir + "/stderr.txt"), HasSubstr("resumed from"));
+  ExpectSameFinalState(dir + "/out");
+}
+
+TEST(CheckpointSignalTest, StopWithoutTimeToFinishSavesTheLastStepBoundary) {
+  std::string dir = FreshDir("deadline");
+  auto spec = LoadJobSpec(WriteJob(dir, "  micro_batch_size: 1\n"));
+  ASSERT_TRUE(spec.ok());
+  auto tr = Trainer::Create(*spec);
+  ASSERT_TRUE(tr.ok());
+  TrainControl control;
+  (*tr)->set_control(&control);
+  StepMetrics m;
+  ASSERT_TRUE((*tr)->Step(&m).ok());
+  auto weights = [&] {
+    std::vector<float> all;
+    for (const auto& p : (*tr)->model().TrainableParams()) {
+      const std::vector<float> w = (*tr)->model().Download(p.data, p.numel);
+      all.insert(all.end(), w.begin(), w.end());
+    }
+    return all;
+  };
+  const std::vector<float> before = weights();
+  control.Post({true, std::chrono::steady_clock::now(), "test"});  // deadline already passed
+  bool interrupted = false;
+  ASSERT_TRUE((*tr)->Step(&m, &interrupted).ok());
+  EXPECT_TRUE(interrupted);
+  EXPECT_EQ((*tr)->steps_done(), 1);
+  EXPECT_EQ(before, weights()) << "an abandoned step must not touch the weights";
+  EXPECT_EQ((*tr)->Capture("test").state.cursor, 8) << "cursor stays at the step boundary";
+  // With a generous deadline the step is finished instead.
+  control.Clear();
+  control.Post({true, std::chrono::steady_clock::now() + std::chrono::seconds(60), "test"});
+  ASSERT_TRUE((*tr)->Step(&m, &interrupted).ok());
+  EXPECT_FALSE(interrupted);
+  EXPECT_EQ((*tr)->steps_done(), 2);
+}
+
+TEST(CheckpointResumeTest, DifferentMicroBatchPlanKeepsTheMath) {
+  std::string dir_a = FreshDir("plan-a"), dir_b = FreshDir("plan-b");
+  auto spec_a = LoadJobSpec(WriteJob(dir_a, "  micro_batch_size: 4\n", 0, 12));
+  ASSERT_TRUE(spec_a.ok());
+  auto a = Trainer::Create(*spec_a);
+  ASSERT_TRUE(a.ok());
+  std::vector<double> ref;
+  for (int s = 0; s < 12; ++s) {
+    StepMetrics m;
+    ASSERT_TRUE((*a)->Step(&m).ok());
+    ref.push_back(m.loss);
+  }
+  // Same job, interrupted after 5 steps and resumed with micro-batch 1 x accumulation 8.
+  auto spec_b = LoadJobSpec(WriteJob(dir_b, "  micro_batch_size: 4\n", 0, 12));
+  auto b = Trainer::Create(*spec_b);
+  ASSERT_TRUE(b.ok());
+  std::vector<double> got;
+  for (int s = 0; s < 5; ++s) {
+    StepMetrics m;
+    ASSERT_TRUE((*b)->Step(&m).ok());
+    got.push_back(m.loss);
+  }
+  CheckpointContents saved = (*b)->Capture("test");
+  JobSpec spec_c = *spec_b;
+  spec_c.train.micro_batch_size = 1;
+  auto c = Trainer::Create(spec_c);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ((*c)->plan().accumulation, 8);
+  ASSERT_TRUE((*c)->Restore(saved, "memory").ok());
+  for (int s = 5; s < 12; ++s) {
+    StepMetrics m;
+    ASSERT_TRUE((*c)->Step(&m).ok());
+    got.push_back(m.loss);
+  }
+  double worst = 0;
+  for (size_t s = 0; s < ref.size(); ++s) worst = std::max(worst, std::fabs(got[s] - ref[s]) / ref[s]);
+  std::printf("resume with plan 4x2 -> 1x8: worst loss rel diff %.3e\n", worst);
+  EXPECT_LE(worst, 1e-6);
+}
+
+// Runs a job to the end with a checkpoint every 2 of 12 steps.
+std::string TrainedOut(const std::string& name) {
+  std::string dir = FreshDir(name);
+  EXPECT_EQ(RunToEnd(dir, WriteJob(dir, "", 2, 12)), kExitFinished) << Slurp(dir + "/stderr.txt");
+  return dir;
+}
+
+void ExpectFallbackFrom(const std::string& out, const std::function<void(const std::string&)>& damage,
+                        const std::string& why) {
+  auto all = ListCheckpoints(out + "/checkpoints");
+  ASSERT_GE(all.size(), 2u);
+  damage(all[0].dir);
+  std::vector<std::string> skipped;
+  auto found = FindNewestValidCheckpoint(out + "/checkpoints", &skipped);
+  ASSERT_TRUE(found.ok());
+  EXPECT_EQ(found->dir, all[1].dir);
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_THAT(skipped[0], HasSubstr(why));
+}
+
+TEST(CheckpointCorruptionTest, TruncatedFlippedOrUnmanifestedCheckpointsFallBackLoudly) {
+  std::string dir = TrainedOut("corrupt");
+  const std::string out = dir + "/out";
+  ExpectFallbackFrom(
+      out,
+      [](const std::string& d) {
+        fs::resize_file(d + "/optimizer.safetensors", fs::file_size(d + "/optimizer.safetensors") / 2);
+      },
+      "optimizer.safetensors: ");
+  ExpectFallbackFrom(
+      out,
+      [](const std::string& d) {
+        std::fstream f(d + "/adapter_model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(200);
+        char c = 0;
+        f.read(&c, 1);
+        f.seekp(200);
+        c ^= 0x10;
+        f.write(&c, 1);
+      },
+      "SHA-256 differs");
+  ExpectFallbackFrom(
+      out, [](const std::string& d) { fs::remove(d + "/MANIFEST.json"); }, "MANIFEST.json: missing");
+  // ft-train itself says so on stderr, resumes from the valid one and finishes.
+  fs::remove_all(out + "/adapter");
+  fs::remove_all(out + "/merged");
+  ASSERT_EQ(RunToEnd(dir, dir + "/job.yaml"), kExitFinished);
+  const std::string err = Slurp(dir + "/stderr.txt");
+  EXPECT_THAT(err, HasSubstr("WARNING: damaged checkpoint skipped"));
+  EXPECT_THAT(err, HasSubstr("resumed from " + out + "/checkpoints/step-00000010"));
+  // With none valid it starts over with a warning.
+  for (const auto& c : ListCheckpoints(out + "/checkpoints")) fs::remove(c.dir + "/MANIFEST.json");
+  ASSERT_EQ(RunToEnd(dir, dir + "/job.yaml"), kExitFinished);
+  EXPECT_THAT(Slurp(dir + "/stderr.txt"), HasSubstr("no valid checkpoint left; starting from step 0"));
+}
+
+TEST(CheckpointRetentionTest, KeepsNewestAndNeverTheOneInUse) {
+  std::string dir = TrainedOut("retention");
+  auto all = ListCheckpoints(dir + "/out/checkpoints");
+  ASSERT_EQ(all.size(), 3u);  // keep: 3
+  EXPECT_EQ(all[0].step, 12);
+  EXPECT_EQ(all[2].step, 8);
+  ASSERT_TRUE(PruneCheckpoints(dir + "/out/checkpoints", Retention{1, {all[2].dir}}).ok());
+  auto left = ListCheckpoints(dir + "/out/checkpoints");
+  ASSERT_EQ(left.size(), 2u);
+  EXPECT_EQ(left[0].step, 12);
+  EXPECT_EQ(left[1].step, 8) << "the protected checkpoint survives pruning";
+}
+
+TEST(CheckpointResumeTest, IncompatibleJobChangeIsRefusedNamingTheKey) {
+  std::string dir = FreshDir("incompatible");
+  std::string job = WriteJob(dir, "", 2, 12);
+  pid_t pid = Spawn(dir, {"run", job});
+  for (int i = 0; i < 2000 && StepLines(dir + "/out").size() < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  kill(pid, SIGTERM);
+  ASSERT_EQ(WaitExit(pid), kExitPreempted);
+  std::string text = Slurp(job);
+  text.replace(text.find("lr: 1.0e-2"), 10, "lr: 2.0e-2");
+  std::ofstream(job) << text;
+  EXPECT_EQ(RunToEnd(dir, job), kExitBadInput);
+  EXPECT_THAT(Slurp(dir + "/stderr.txt"),
+              HasSubstr("train.lr is '0.02' but checkpoint " + dir + "/out/checkpoints/step-"));
+  // Harmless changes pass: more steps and another micro-batch plan.
+  text.replace(text.find("lr: 2.0e-2"), 10, "lr: 1.0e-2");
+  text.replace(text.find("max_steps: 12"), 13, "max_steps: 14");
+  text.replace(text.find("micro_batch_size: 2"), 19, "micro_batch_size: 8");
+  std::ofstream(job) << text;
+  EXPECT_EQ(RunToEnd(dir, job), kExitFinished) << Slurp(dir + "/stderr.txt");
+  EXPECT_EQ(StepLines(dir + "/out").size(), 14u);
+}
+
+}  // namespace
+}  // namespace ft
+
+namespace ft {
+namespace {
+
+TEST(CheckpointControlTest, ControlChannelCheckpointThenStopWithReason) {
+  std::string dir = FreshDir("control");
+  std::string job = WriteJob(dir, "", 1000, 2000);  // long run, no periodic checkpoints
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[1]);
+    dup2(fds[0], 3);
+    int fd = open((dir + "/stderr.txt").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    dup2(fd, 2);
+    execl(FT_TRAIN_BIN, FT_TRAIN_BIN, "run", job.c_str(), "--control-fd", "3", nullptr);
+    _exit(127);
+  }
+  close(fds[0]);
+  for (int i = 0; i < 2000 && StepLines(dir + "/out").size() < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  const std::string checkpoint = "{\"cmd\": \"checkpoint\", \"deadline_s\": 30}\n";
+  ASSERT_EQ(write(fds[1], checkpoint.data(), checkpoint.size()), static_cast<ssize_t>(checkpoint.size()));
+  for (int i = 0; i < 2000 && ListCheckpoints(dir + "/out/checkpoints").empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_FALSE(ListCheckpoints(dir + "/out/checkpoints").empty()) << "checkpoint request ignored";
+  // Let at least one more step finish, so the stop makes a second checkpoint.
+  const size_t steps_at_first = StepLines(dir + "/out").size();
+  for (int i = 0; i < 5000 && StepLines(dir + "/out").size() <= steps_at_first + 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  const std::string stop = "{\"cmd\": \"stop\", \"deadline_s\": 30, \"reason\": \"slot end\"}\n";
+  ASSERT_EQ(write(fds[1], stop.data(), stop.size()), static_cast<ssize_t>(stop.size()));
+  EXPECT_EQ(WaitExit(pid), kExitPreempted) << Slurp(dir + "/stderr.txt");
+  close(fds[1]);
+  auto all = ListCheckpoints(dir + "/out/checkpoints");
+  ASSERT_EQ(all.size(), 2u);
+  auto last = ReadCheckpoint(all[0].dir);
+  ASSERT_TRUE(last.ok());
+  EXPECT_EQ(last->state.reason, "slot end");
+  EXPECT_EQ(last->state.step, StepLines(dir + "/out").back()["step"].get<int64_t>());
+}
+
+TEST(CheckpointResumeTest, FullFineTuneCheckpointHoldsTheWeightsAndResumesExactly) {
+  auto spec = LoadJobSpec(std::string(FT_SOURCE_DIR) + "/tests/golden/llama_full/job.yaml");
+  ASSERT_TRUE(spec.ok());
+  spec->output.dir = FreshDir("full") + "/out";
+  auto a = Trainer::Create(*spec);
+  ASSERT_TRUE(a.ok());
+  std::vector<double> want;
+  for (int s = 0; s < 3; ++s) {
+    StepMetrics m;
+    ASSERT_TRUE((*a)->Step(&m).ok());
+    want.push_back(m.loss);
+  }
+  auto b = Trainer::Create(*spec);
+  StepMetrics m;
+  ASSERT_TRUE((*b)->Step(&m).ok());
+  const std::string root = spec->output.dir + "/checkpoints";
+  ASSERT_TRUE(WriteCheckpoint(root, (*b)->Capture("test")).ok());
+  auto saved = ReadCheckpoint(root + "/" + CheckpointName(1));
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  EXPECT_FALSE(saved->model_config_json.empty()) << "a full fine-tune stores config.json";
+  EXPECT_NE(std::find_if(saved->model.begin(), saved->model.end(),
+                         [](const HostTensor& t) { return t.name == "model.embed_tokens.weight"; }),
+            saved->model.end())
+      << "and every weight";
+  auto c = Trainer::Create(*spec);
+  ASSERT_TRUE((*c)->Restore(*saved, root).ok());
+  std::vector<double> got = {m.loss};
+  for (int s = 1; s < 3; ++s) {
+    ASSERT_TRUE((*c)->Step(&m).ok());
+    got.push_back(m.loss);
+  }
+  EXPECT_EQ(got, want);
+  const auto pa = (*a)->model().TrainableParams(), pc = (*c)->model().TrainableParams();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_EQ((*a)->model().Download(pa[i].data, pa[i].numel),
+              (*c)->model().Download(pc[i].data, pc[i].numel))
+        << pa[i].name;
+  }
+}
+
+}  // namespace
+}  // namespace ft
