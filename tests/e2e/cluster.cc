@@ -20,44 +20,6 @@ namespace ft::e2e {
 namespace fs = std::filesystem;
 namespace pb = ftune::v1;
 
-bool Proc::Alive() const { return pid > 0 && waitpid(pid, nullptr, WNOHANG) == 0; }
-void Proc::Signal(int sig) const {
-  if (pid > 0) kill(pid, sig);
-}
-int Proc::Wait() {
-  int status = 0;
-  if (pid <= 0) return -1;
-  waitpid(pid, &status, 0);
-  pid = -1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-Proc Spawn(const std::vector<std::string>& argv, const std::string& log,
-           const std::vector<std::string>& env) {
-  Proc p;
-  p.log = log;
-  p.pid = fork();
-  if (p.pid == 0) {
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  return p;
-}
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 Cluster::Cluster(const std::string& name, int64_t lease_ms)
     : Cluster(name, ClusterOptions{lease_ms, {}, ""}) {}
 
@@ -101,7 +63,7 @@ void Cluster::StartDaemon() {
                                    "--http",
                                    "127.0.0.1:0"};  // never a fixed port: test binaries run side by side
   argv.insert(argv.end(), options_.daemon_args.begin(), options_.daemon_args.end());
-  daemon_ = Spawn(argv, log);
+  daemon_ = Spawn(argv, {.log = log});
   std::regex re("ftd: listening on 127\\.0\\.0\\.1:([0-9]+)");
   for (int i = 0; i < 800; ++i) {  // 20 s: a loaded 2-core CI machine starts it slowly
     std::smatch m;
@@ -128,7 +90,7 @@ Proc& Cluster::StartWorker(const std::string& id, const std::vector<std::string>
     argv.insert(argv.end(), {"--cpu-memory", "4GiB"});  // a known size, whatever the host has
   }
   argv.insert(argv.end(), extra.begin(), extra.end());
-  workers_[id] = Spawn(argv, dir_ + "/worker-" + id + ".log");
+  workers_[id] = Spawn(argv, {.log = dir_ + "/worker-" + id + ".log"});
   return workers_[id];
 }
 
@@ -161,7 +123,7 @@ std::pair<Proc, std::string> Cluster::StartReference(const std::string& job_yaml
   std::ofstream(ref) << text;
   std::smatch m;
   std::regex_search(text, m, std::regex("output: \\{dir: ([^}]*)\\}"));
-  return {Spawn({FT_TRAIN_BIN, "run", ref}, base + "-reference.log"), dir_ + "/job/" + m[1].str()};
+  return {Spawn({FT_TRAIN_BIN, "run", ref}, {.log = base + "-reference.log"}), dir_ + "/job/" + m[1].str()};
 }
 
 std::string Cluster::RunReference(const std::string& job_yaml) {

@@ -12,21 +12,13 @@
 #include <vector>
 
 #include "cli/client.h"
+#include "tests/support/process.h"
 
 namespace ft::e2e {
 
-// A child process with its stdout+stderr in a file.
-struct Proc {
-  pid_t pid = -1;
-  std::string log;
-  bool Alive() const;
-  void Signal(int sig) const;
-  int Wait();  // exit code, or 128 + signal
-};
-
-Proc Spawn(const std::vector<std::string>& argv, const std::string& log,
-           const std::vector<std::string>& env = {});
-std::string Slurp(const std::string& path);
+using testing_support::Proc;
+using testing_support::Slurp;
+using testing_support::Spawn;
 
 struct ClusterOptions {
   int64_t lease_ms = 3000;

@@ -159,7 +159,7 @@ TEST(E2E, JobThatDoesNotFitWaitsWithAReasonAndHigherPriorityStartsFirst) {
 TEST(E2E, MalformedJobGetsFileAndLineFromFtctlAndTheDaemonIsUnaffected) {
   Cluster c("malformed");
   const std::string job = c.WriteJob("bad", 10, 100, "trian: {lr: 1}\n");
-  Proc p = Spawn({FTCTL_BIN, "--addr", c.address(), "submit", job}, c.dir() + "/ftctl.log");
+  Proc p = Spawn({FTCTL_BIN, "--addr", c.address(), "submit", job}, {.log = c.dir() + "/ftctl.log"});
   EXPECT_EQ(p.Wait(), 2);
   EXPECT_THAT(Slurp(c.dir() + "/ftctl.log"), HasSubstr(job + ":8:1: unknown key 'trian'"));
   auto jobs = c.client().List({});
@@ -184,14 +184,15 @@ TEST(E2E, TlsWhenConfiguredAndPlaintextClientsAreRefused) {
   pb::Job j = c.WaitFor(id, Done, 120'000);
   EXPECT_EQ(j.state(), pb::SUCCEEDED) << j.reason();
   // ftctl with the CA works; a plaintext client gets a clear failure, not a hang.
-  Proc ok = Spawn({FTCTL_BIN, "--addr", c.address(), "--tls-ca", cert, "status", id}, c.dir() + "/ok.log");
+  Proc ok =
+      Spawn({FTCTL_BIN, "--addr", c.address(), "--tls-ca", cert, "status", id}, {.log = c.dir() + "/ok.log"});
   EXPECT_EQ(ok.Wait(), 0) << Slurp(c.dir() + "/ok.log");
   JobsClient plain(ClientOptions{c.address(), "", 3'000});
   auto r = plain.Get(id);
   EXPECT_FALSE(r.ok());
   // A bad CA file is bad input naming the flag.
   Proc bad = Spawn({FTCTL_BIN, "--addr", c.address(), "--tls-ca", c.dir() + "/nope.pem", "ls"},
-                   c.dir() + "/bad.log");
+                   {.log = c.dir() + "/bad.log"});
   EXPECT_EQ(bad.Wait(), 2);
   EXPECT_THAT(Slurp(c.dir() + "/bad.log"), HasSubstr("--tls-ca"));
 }
@@ -202,7 +203,7 @@ TEST(E2E, EmbeddedModeRunsAJobAndStopsBothProcessesOnSigterm) {
   const std::string data = c.dir() + "/up-data";
   Proc up = Spawn({FTCTL_BIN, "up", "--data-dir", data, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
                    "--cpu-memory", "4GiB"},
-                  c.dir() + "/up.log");
+                  {.log = c.dir() + "/up.log"});
   std::smatch m;
   std::string text;
   const std::regex re("ftune is up: ftd on ([0-9.:]+), dashboard at (http://[0-9.:]+/)");
@@ -212,7 +213,8 @@ TEST(E2E, EmbeddedModeRunsAJobAndStopsBothProcessesOnSigterm) {
   }
   ASSERT_TRUE(std::regex_search(text, m, re)) << text;
   const std::string address = m[1];
-  Proc submit = Spawn({FTCTL_BIN, "--addr", address, "submit", "--follow", job}, c.dir() + "/submit.log");
+  Proc submit =
+      Spawn({FTCTL_BIN, "--addr", address, "submit", "--follow", job}, {.log = c.dir() + "/submit.log"});
   EXPECT_EQ(submit.Wait(), 0) << Slurp(c.dir() + "/submit.log");
   EXPECT_TRUE(std::filesystem::exists(data + "/ftd.sqlite"));
   up.Signal(SIGTERM);

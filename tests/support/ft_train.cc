@@ -3,14 +3,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
-#include "common/file_util.h"
 #include "engine/io/hf_model.h"
 #include "engine/model/model.h"
 
@@ -19,12 +18,6 @@ namespace ft::testing_support {
 namespace fs = std::filesystem;
 
 namespace {
-std::string TempPath(const std::string& name) {
-  return (fs::path(testing::TempDir()) / (std::string(program_invocation_short_name) + "-" + name))
-      .lexically_normal()
-      .string();
-}
-
 std::vector<nlohmann::json> Lines(const std::string& out, bool events, const std::string& event) {
   std::vector<nlohmann::json> v;
   std::istringstream in(Slurp(out + "/metrics.jsonl"));
@@ -68,39 +61,32 @@ std::string WriteJob(const std::string& dir, const std::string& train_extra, int
   return dir + "/job.yaml";
 }
 
-std::string FreshDir(const std::string& name) {
-  std::string d = TempPath(name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+pid_t Spawn(const std::string& dir, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {FT_TRAIN_BIN};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return testing_support::Spawn(argv, {.log = dir + "/stderr.txt", .stdout_to_log = false}).pid;
 }
 
-pid_t Spawn(const std::string& dir, const std::vector<std::string>& args) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    int fd = open((dir + "/stderr.txt").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    dup2(fd, 2);
-    std::vector<char*> argv = {const_cast<char*>(FT_TRAIN_BIN)};
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(FT_TRAIN_BIN, argv.data());
-    _exit(127);
+pid_t SpawnWithControl(const std::string& dir, std::vector<std::string> args, int* control) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    ADD_FAILURE() << "pipe2: " << std::strerror(errno);
+    return -1;
   }
+  std::vector<std::string> argv = {FT_TRAIN_BIN};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.insert(argv.end(), {"--control-fd", "3"});
+  const pid_t pid =
+      testing_support::Spawn(argv, {.log = dir + "/stderr.txt", .stdout_to_log = false, .fds = {{fds[0], 3}}})
+          .pid;
+  close(fds[0]);
+  *control = fds[1];
   return pid;
 }
 
-int WaitExit(pid_t pid) {
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+int WaitExit(pid_t pid) { return Proc{pid, ""}.Wait(); }
 
 int RunToEnd(const std::string& dir, const std::string& job) { return WaitExit(Spawn(dir, {"run", job})); }
-
-std::string Slurp(const std::string& path) {
-  auto s = ReadFileToString(path);
-  return s.ok() ? *s : std::string();
-}
 
 std::vector<nlohmann::json> StepLines(const std::string& out) { return Lines(out, false, ""); }
 

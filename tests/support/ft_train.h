@@ -1,7 +1,8 @@
-// Test support for tests that run the real ft-train binary on small jobs:
-// a shared random model, a job writer, process spawning and metrics reading.
-// Every path lives under testing::TempDir(), prefixed with the test binary's
-// name, so test binaries running side by side never share a directory.
+// Test support for tests that run the real ft-train binary (FT_TRAIN_BIN) on
+// small jobs: a shared random model, a job writer, ft-train processes and
+// metrics reading, on top of tests/support/process.h. Every path lives under
+// testing::TempDir(), prefixed with the test binary's name, so test binaries
+// running side by side never share a directory.
 //
 // Thread safety: for a test's main thread.
 #pragma once
@@ -12,6 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "tests/support/process.h"
 
 namespace ft::testing_support {
 
@@ -24,18 +27,16 @@ const std::string& ModelDir();
 std::string WriteJob(const std::string& dir, const std::string& train_extra = "", int64_t every_steps = 3,
                      int64_t steps = 48, int64_t keep = 3);
 
-// An empty directory <TempDir>/<binary>-<name>.
-std::string FreshDir(const std::string& name);
-
 // Starts ft-train with `args`; its stderr is appended to <dir>/stderr.txt.
 pid_t Spawn(const std::string& dir, const std::vector<std::string>& args);
+// Starts ft-train with `args` + {"--control-fd", "3"}: fd 3 is the read end
+// of a pipe whose write end (close-on-exec) goes to *control.
+pid_t SpawnWithControl(const std::string& dir, std::vector<std::string> args, int* control);
 // Waits for `pid`: its exit code, or 128 + the signal that killed it.
 int WaitExit(pid_t pid);
 // ft-train run JOB to its end.
 int RunToEnd(const std::string& dir, const std::string& job);
 
-// A file's contents ("" when unreadable).
-std::string Slurp(const std::string& path);
 // The step lines of <out>/metrics.jsonl, in order.
 std::vector<nlohmann::json> StepLines(const std::string& out);
 // The event lines of <out>/metrics.jsonl whose "event" is `event`, in order.

@@ -1,11 +1,9 @@
 // The ft-worker binary against a fake daemon (and a fake metadata server):
 // flags, Register, a real ft-train attempt stopped by SIGTERM, an AWS notice,
 // and the slot end (refusing starts, stopping a running attempt).
-#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,10 +14,9 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/support/process.h"
 #include "tests/worker/fake_daemon.h"
 #include "tests/worker/fake_http_server.h"
-
-extern char** environ;
 
 namespace ft::worker {
 namespace {
@@ -39,62 +36,26 @@ int RunStatus(const std::string& args) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
-// One ft-worker process, stderr to a file.
+// One ft-worker process (stderr to `log`), killed at the end of the test.
 class WorkerProcess {
  public:
   WorkerProcess(const std::vector<std::string>& args, const std::string& log,
-                std::vector<std::string> env = {}) {
-    std::vector<std::string> argv = {FT_WORKER_BIN};
-    argv.insert(argv.end(), args.begin(), args.end());
-    std::vector<char*> cargv;
-    for (auto& a : argv) cargv.push_back(a.data());
-    cargv.push_back(nullptr);
-    for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
-    std::vector<char*> cenv;
-    for (auto& e : env) cenv.push_back(e.data());
-    cenv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    log_ = log;
-    EXPECT_EQ(posix_spawn(&pid_, FT_WORKER_BIN, &actions, nullptr, cargv.data(), cenv.data()), 0);
-    posix_spawn_file_actions_destroy(&actions);
-  }
-  ~WorkerProcess() {
-    if (pid_ > 0 && !exited_) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  void Signal(int signo) { kill(pid_, signo); }
-  // The exit code, or -1 when it did not exit in time (or was killed).
-  int Wait(std::chrono::seconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        exited_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return -1;
-  }
-  bool Running() {
-    int status = 0;
-    return waitpid(pid_, &status, WNOHANG) == 0;
-  }
-  std::string Log() const {
-    std::ifstream in(log_);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
+                std::vector<std::string> env = {})
+      : proc_(testing_support::Spawn(
+            Argv(args), {.log = log, .env = std::move(env), .stdout_to_log = false, .truncate_log = true})) {}
+  void Signal(int signo) { proc_->Signal(signo); }
+  // The exit code (128 + the signal that killed it), or -1 when it did not exit in time.
+  int Wait(std::chrono::seconds timeout) { return proc_->WaitFor(timeout); }
+  bool Running() { return proc_->Alive(); }
+  std::string Log() { return proc_->Log(); }
 
  private:
-  pid_t pid_ = -1;
-  bool exited_ = false;
-  std::string log_;
+  static std::vector<std::string> Argv(const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {FT_WORKER_BIN};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return argv;
+  }
+  testing_support::ScopedProc proc_;
 };
 
 bool HasRegister(const Messages& ms) {

@@ -332,23 +332,13 @@ namespace {
 TEST(CheckpointControlTest, ControlChannelCheckpointThenStopWithReason) {
   std::string dir = FreshDir("control");
   std::string job = WriteJob(dir, "", 1000, 2000);  // long run, no periodic checkpoints
-  int fds[2];
-  ASSERT_EQ(pipe(fds), 0);
-  pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[1]);
-    dup2(fds[0], 3);
-    int fd = open((dir + "/stderr.txt").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    dup2(fd, 2);
-    execl(FT_TRAIN_BIN, FT_TRAIN_BIN, "run", job.c_str(), "--control-fd", "3", nullptr);
-    _exit(127);
-  }
-  close(fds[0]);
+  int control = -1;
+  const pid_t pid = SpawnWithControl(dir, {"run", job}, &control);
   for (int i = 0; i < 2000 && StepLines(dir + "/out").size() < 3; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   const std::string checkpoint = "{\"cmd\": \"checkpoint\", \"deadline_s\": 30}\n";
-  ASSERT_EQ(write(fds[1], checkpoint.data(), checkpoint.size()), static_cast<ssize_t>(checkpoint.size()));
+  ASSERT_EQ(write(control, checkpoint.data(), checkpoint.size()), static_cast<ssize_t>(checkpoint.size()));
   for (int i = 0; i < 2000 && ListCheckpoints(dir + "/out/checkpoints").empty(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
@@ -359,9 +349,9 @@ TEST(CheckpointControlTest, ControlChannelCheckpointThenStopWithReason) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   const std::string stop = "{\"cmd\": \"stop\", \"deadline_s\": 30, \"reason\": \"slot end\"}\n";
-  ASSERT_EQ(write(fds[1], stop.data(), stop.size()), static_cast<ssize_t>(stop.size()));
+  ASSERT_EQ(write(control, stop.data(), stop.size()), static_cast<ssize_t>(stop.size()));
   EXPECT_EQ(WaitExit(pid), kExitPreempted) << Slurp(dir + "/stderr.txt");
-  close(fds[1]);
+  close(control);
   auto all = ListCheckpoints(dir + "/out/checkpoints");
   ASSERT_EQ(all.size(), 2u);
   auto last = ReadCheckpoint(all[0].dir);

@@ -148,25 +148,15 @@ TEST(OwnershipTest, RetentionKeepsTheCommittedCheckpointAndNeverANewerEpochs) {
 TEST(OwnershipTest, TheTrainerKeepsTheCheckpointFtdCommitted) {
   const std::string dir = FreshDir("committed"), out = dir + "/out";
   const std::string job = WriteJob(dir, "", 1, kSteps, 1);
-  int fds[2];
-  ASSERT_EQ(pipe(fds), 0);
-  pid_t pid = fork();
-  if (pid == 0) {
-    dup2(fds[0], 3);
-    int err = open((dir + "/stderr.txt").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    dup2(err, 2);
-    execl(FT_TRAIN_BIN, FT_TRAIN_BIN, "run", job.c_str(), "--control-fd", "3", "--job-id", "j-1", "--epoch",
-          "1", static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  close(fds[0]);
+  int control = -1;
+  const pid_t pid = SpawnWithControl(dir, {"run", job, "--job-id", "j-1", "--epoch", "1"}, &control);
   // ftd's commit of step 6 reaches the trainer before that checkpoint is
   // written; keep: 1 would rotate it away three steps later.
   const std::string committed = out + "/checkpoints/" + CheckpointName(6);
   const std::string cmd = "{\"cmd\": \"committed\", \"step\": 6, \"dir\": \"" + committed + "\"}\n";
-  ASSERT_EQ(write(fds[1], cmd.data(), cmd.size()), static_cast<ssize_t>(cmd.size()));
+  ASSERT_EQ(write(control, cmd.data(), cmd.size()), static_cast<ssize_t>(cmd.size()));
   EXPECT_EQ(WaitExit(pid), kExitFinished) << Slurp(dir + "/stderr.txt");
-  close(fds[1]);
+  close(control);
   std::vector<int64_t> steps;
   for (const auto& c : ListCheckpoints(out + "/checkpoints")) steps.push_back(c.step);
   EXPECT_EQ(steps, (std::vector<int64_t>{kSteps, 6})) << "keep: 1 plus the committed one";
