@@ -19,10 +19,14 @@ foreach(file IN LISTS files)
     endif()
     file(RELATIVE_PATH rel "${ROOT}" "${file}")
     string(REPLACE ";" ", " allowed_text "${allowed}")
-    string(APPEND errors "${rel}: includes \"${header}\", but ${PART} may include only ${allowed_text} "
-                         "(a part uses only the parts below it: docs/ARCHITECTURE.md)\n")
+    set(error "${rel}: includes \"${header}\", but ${PART} may include only ${allowed_text} "
+              "(a part uses only the parts below it: docs/ARCHITECTURE.md)")
+    string(CONCAT error ${error})
+    # One unwrapped line per include (message() would wrap it).
+    execute_process(COMMAND ${CMAKE_COMMAND} -E echo "${error}")
+    set(errors TRUE)
   endforeach()
 endforeach()
 if(errors)
-  message(FATAL_ERROR "wrong-way include:\n${errors}")
+  message(FATAL_ERROR "wrong-way include in ${PART} (the lines above)")
 endif()

@@ -3,6 +3,8 @@
 // `message.get('k')`), and the globals Hugging Face provides (range, dict,
 // namespace, raise_exception, strftime_now). Semantics are Python's and
 // jinja2 3.1's; Hugging Face's `tojson` is json.dumps(ensure_ascii=False).
+// Each kind is one table (filters.cc, methods.cc, builtins.cc) that lists
+// every built-in once with its parameters and a one-line description.
 //
 // Errors carry no template line (the interpreter adds it) and say what was
 // wrong with which argument.
@@ -45,6 +47,16 @@ StatusOr<bool> CallTest(Interpreter& interp, std::string_view name, const Value&
 // Whether `obj.name(...)` is a method of obj's type (str or dict methods).
 bool HasMethod(const Value& obj, std::string_view name);
 StatusOr<Value> CallMethod(Interpreter& interp, const Value& obj, std::string_view name, CallArgs args);
+
+// One built-in as its table lists it (each once, aliases with it), for the
+// documentation and the tests.
+struct BuiltinInfo {
+  std::string_view kind;                 // "filter", "test", "str method", "dict method" or "global"
+  std::vector<std::string_view> names;   // the name, then its aliases
+  std::vector<std::string_view> params;  // its parameters, in order (the arity)
+  std::string_view doc;                  // one line
+};
+std::vector<BuiltinInfo> ListBuiltins();
 
 // Python `item in container`.
 StatusOr<bool> Contains(const Value& container, const Value& item);

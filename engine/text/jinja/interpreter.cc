@@ -444,40 +444,7 @@ StatusOr<Value> Interpreter::Eval(const Expr& e, Scope& scope) {
       FT_ASSIGN_OR_RETURN(Value key, Eval(*e.items[0], scope));
       return GetItem(e, obj, key);
     }
-    case Expr::Kind::kSlice: {
-      FT_ASSIGN_OR_RETURN(Value obj, Eval(*e.target, scope));
-      if (obj.is_undefined()) return Undefined(*e.target, "slicing");
-      std::optional<int64_t> parts[3];
-      for (int k = 0; k < 3; ++k) {
-        if (!e.slice[k]) continue;
-        FT_ASSIGN_OR_RETURN(Value v, Eval(*e.slice[k], scope));
-        if (v.is_none() || v.is_undefined()) continue;
-        if (!v.is_int() && !v.is_bool()) return ErrorAt(e.line, "slice indices must be integers or none");
-        parts[k] = v.int_value();
-      }
-      const int64_t step = parts[2].value_or(1);
-      if (step == 0) return ErrorAt(e.line, "slice step cannot be zero");
-      if (obj.is_list()) {
-        std::vector<Value> out;
-        for (int64_t i : SliceIndices(static_cast<int64_t>(obj.list().size()), parts[0], parts[1], step)) {
-          out.push_back(obj.list()[static_cast<size_t>(i)]);
-        }
-        return Value::List(std::move(out));
-      }
-      if (obj.is_string()) {
-        const std::string& s = obj.str();
-        const std::vector<size_t> starts = CodePointStarts(s);
-        std::string out;
-        for (int64_t i : SliceIndices(static_cast<int64_t>(starts.size()), parts[0], parts[1], step)) {
-          const size_t b = starts[static_cast<size_t>(i)];
-          const size_t end =
-              static_cast<size_t>(i) + 1 < starts.size() ? starts[static_cast<size_t>(i) + 1] : s.size();
-          out.append(s, b, end - b);
-        }
-        return Value::Str(std::move(out));
-      }
-      return ErrorAt(e.line, std::string("'") + obj.TypeName() + "' object is not subscriptable");
-    }
+    case Expr::Kind::kSlice: return EvalSlice(e, scope);
     case Expr::Kind::kCall: return EvalCall(e, scope);
     case Expr::Kind::kFilter: return EvalFilterChain(e, scope, nullptr);
     case Expr::Kind::kTest: {
@@ -488,18 +455,7 @@ StatusOr<Value> Interpreter::Eval(const Expr& e, Scope& scope) {
       return Value::Bool(*r != e.negate);
     }
     case Expr::Kind::kNeg:
-    case Expr::Kind::kPos: {
-      FT_ASSIGN_OR_RETURN(Value v, Eval(*e.target, scope));
-      if (v.is_undefined()) return Undefined(*e.target, "");
-      const bool neg = e.kind == Expr::Kind::kNeg;
-      if (v.is_float()) return Value::Float(neg ? -v.number() : v.number());
-      if (v.is_int() || v.is_bool()) {
-        if (neg && v.int_value() == INT64_MIN) return ErrorAt(e.line, "integer overflow in unary -");
-        return Value::Int(neg ? -v.int_value() : v.int_value());
-      }
-      return ErrorAt(e.line, std::string("bad operand type for unary ") + (neg ? "-" : "+") + ": '" +
-                                 v.TypeName() + "'");
-    }
+    case Expr::Kind::kPos: return EvalUnary(e, scope);
     case Expr::Kind::kNot: {
       FT_ASSIGN_OR_RETURN(Value v, Eval(*e.target, scope));
       return Value::Bool(!v.Truthy());
@@ -520,6 +476,56 @@ StatusOr<Value> Interpreter::Eval(const Expr& e, Scope& scope) {
     }
   }
   return Status::Internal("jinja: unknown expression kind");
+}
+
+// obj[start:stop:step] of a list or string (code points).
+StatusOr<Value> Interpreter::EvalSlice(const Expr& e, Scope& scope) {
+  FT_ASSIGN_OR_RETURN(Value obj, Eval(*e.target, scope));
+  if (obj.is_undefined()) return Undefined(*e.target, "slicing");
+  std::optional<int64_t> parts[3];
+  for (int k = 0; k < 3; ++k) {
+    if (!e.slice[k]) continue;
+    FT_ASSIGN_OR_RETURN(Value v, Eval(*e.slice[k], scope));
+    if (v.is_none() || v.is_undefined()) continue;
+    if (!v.is_int() && !v.is_bool()) return ErrorAt(e.line, "slice indices must be integers or none");
+    parts[k] = v.int_value();
+  }
+  const int64_t step = parts[2].value_or(1);
+  if (step == 0) return ErrorAt(e.line, "slice step cannot be zero");
+  if (obj.is_list()) {
+    std::vector<Value> out;
+    for (int64_t i : SliceIndices(static_cast<int64_t>(obj.list().size()), parts[0], parts[1], step)) {
+      out.push_back(obj.list()[static_cast<size_t>(i)]);
+    }
+    return Value::List(std::move(out));
+  }
+  if (obj.is_string()) {
+    const std::string& s = obj.str();
+    const std::vector<size_t> starts = CodePointStarts(s);
+    std::string out;
+    for (int64_t i : SliceIndices(static_cast<int64_t>(starts.size()), parts[0], parts[1], step)) {
+      const size_t b = starts[static_cast<size_t>(i)];
+      const size_t end =
+          static_cast<size_t>(i) + 1 < starts.size() ? starts[static_cast<size_t>(i) + 1] : s.size();
+      out.append(s, b, end - b);
+    }
+    return Value::Str(std::move(out));
+  }
+  return ErrorAt(e.line, std::string("'") + obj.TypeName() + "' object is not subscriptable");
+}
+
+// -x and +x.
+StatusOr<Value> Interpreter::EvalUnary(const Expr& e, Scope& scope) {
+  FT_ASSIGN_OR_RETURN(Value v, Eval(*e.target, scope));
+  if (v.is_undefined()) return Undefined(*e.target, "");
+  const bool neg = e.kind == Expr::Kind::kNeg;
+  if (v.is_float()) return Value::Float(neg ? -v.number() : v.number());
+  if (v.is_int() || v.is_bool()) {
+    if (neg && v.int_value() == INT64_MIN) return ErrorAt(e.line, "integer overflow in unary -");
+    return Value::Int(neg ? -v.int_value() : v.int_value());
+  }
+  return ErrorAt(e.line,
+                 std::string("bad operand type for unary ") + (neg ? "-" : "+") + ": '" + v.TypeName() + "'");
 }
 
 StatusOr<Value> Interpreter::EvalCall(const Expr& e, Scope& scope) {

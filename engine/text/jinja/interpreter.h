@@ -62,6 +62,8 @@ class Interpreter {
 
   StatusOr<Value> Eval(const Expr& e, Scope& scope);
   StatusOr<Value> EvalCall(const Expr& e, Scope& scope);
+  StatusOr<Value> EvalSlice(const Expr& e, Scope& scope);
+  StatusOr<Value> EvalUnary(const Expr& e, Scope& scope);
   StatusOr<Value> EvalCompare(const Expr& e, Scope& scope);
   StatusOr<Value> EvalBinary(const Expr& e, Scope& scope);
   StatusOr<Value> EvalFilterChain(const Expr& e, Scope& scope, const Value* block_input);

@@ -14,11 +14,14 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 #include "common/file_util.h"
 #include "engine/data/chat_format.h"
+#include "engine/text/jinja/builtins.h"
 
 #ifndef FT_CHAT_NODE_MODULES
 #define FT_CHAT_NODE_MODULES FT_BINARY_DIR "/npm-chat/node_modules"
@@ -252,6 +255,46 @@ TEST(JinjaUnitTest, Methods) {
   EXPECT_EQ(Render("{{ content.strip() }}|{{ content|trim }}|{{ content.split() }}|{{ content|length }}",
                    "{\"content\": \"　 full-width space  \\n\"}"),
             "full-width space|full-width space|['full-width', 'space']|21");
+}
+
+// The built-in tables list each built-in once, with a one-line description,
+// and every name they list (aliases too) is one the interpreter answers to.
+TEST(JinjaTest, BuiltinTablesListEachBuiltinOnceAndEveryEntryWorks) {
+  std::map<std::string, std::set<std::string>> seen;  // kind -> names
+  size_t filters = 0, tests = 0;
+  for (const jinja::BuiltinInfo& b : jinja::ListBuiltins()) {
+    ASSERT_FALSE(b.names.empty());
+    EXPECT_FALSE(b.doc.empty()) << b.names[0];
+    EXPECT_EQ(b.doc.find('\n'), std::string_view::npos) << b.names[0] << ": one line";
+    for (std::string_view name : b.names) {
+      EXPECT_TRUE(seen[std::string(b.kind)].insert(std::string(name)).second)
+          << b.kind << " '" << name << "' is listed twice";
+      const std::string n(name);
+      std::string out;
+      if (b.kind == "filter") {
+        out = Render("{{ [] | " + n + " }}");
+        ++filters;
+      } else if (b.kind == "test") {
+        out = Render("{{ 1 is " + (n.find_first_of("=<>!") == 0 ? "eq" : n) +
+                     (b.params.empty() ? "" : "(1)") + " }}");
+        ++tests;
+      } else if (b.kind == "str method") {
+        out = Render("{{ 'a'." + n + "() }}");
+      } else if (b.kind == "dict method") {
+        out = Render("{{ {}." + n + "() }}");
+      } else {
+        out = Render("{{ " + n + " is defined }}");
+        EXPECT_EQ(out, "True") << "global " << n;
+      }
+      EXPECT_THAT(out, ::testing::Not(HasSubstr("unknown"))) << b.kind << " " << n;
+      EXPECT_THAT(out, ::testing::Not(HasSubstr("has no method"))) << b.kind << " " << n;
+    }
+  }
+  EXPECT_EQ(filters, 40u) << "jinja2's filters chat templates use, with their aliases";
+  EXPECT_EQ(tests, 36u);
+  EXPECT_EQ(seen["str method"].size(), 24u);
+  EXPECT_EQ(seen["dict method"].size(), 4u);
+  EXPECT_EQ(seen["global"].size(), 5u);
 }
 
 TEST(JinjaTest, GenerationTagRendersItsBody) {
