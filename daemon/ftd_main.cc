@@ -46,137 +46,174 @@ std::string FindWebDir(const std::string& flag, const char* argv0) {
   if (fs::is_directory(installed, ec)) return fs::weakly_canonical(installed, ec).string();
   return "";
 }
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"ftd: ftune's control daemon"};
+// ftd's command line.
+struct Flags {
   std::string listen = "127.0.0.1:7070", data_dir, db, log_level = "info";
   ft::AuthOptions auth;
   ft::DaemonOptions options;
   int64_t tick_ms = 200;
   bool log_json = false;
-  std::string http = "127.0.0.1:7071", web_dir_flag, http_view_token;
-  auth.client_token = std::getenv("FTUNE_TOKEN") ? std::getenv("FTUNE_TOKEN") : "";
-  auth.worker_token = std::getenv("FTUNE_WORKER_TOKEN") ? std::getenv("FTUNE_WORKER_TOKEN") : "";
-  app.add_option("--listen", listen, "address to serve gRPC on (port 0 = any free port)");
-  app.add_option("--data-dir", data_dir, "directory for the database and job logs")->required();
-  app.add_option("--db", db, "SQLite database path (default: DATA_DIR/ftd.sqlite)");
-  app.add_option("--client-token", auth.client_token, "bearer token clients must send (env FTUNE_TOKEN)");
-  app.add_option("--worker-token", auth.worker_token,
-                 "bearer token workers must send (env FTUNE_WORKER_TOKEN)");
-  app.add_option("--lease-ms", options.lease_ms, "a worker silent this long is lost and its job requeued");
-  app.add_option("--heartbeat-ms", options.heartbeat_ms, "heartbeat period workers are told to use");
-  app.add_option("--min-slot-ms", options.min_slot_ms, "no start on a worker whose slot ends sooner");
-  app.add_option("--checkpoint-margin-ms", options.checkpoint_margin_ms, "slot-end safety margin");
-  app.add_option("--requeue-backoff-ms", options.requeue_backoff_ms,
-                 "delay before a preempted job is placed again");
-  app.add_option("--tick-ms", tick_ms, "scheduler tick period");
+  std::string http = "127.0.0.1:7071", web_dir, http_view_token;
   ft::ServerTls tls;
-  app.add_option("--tls-cert", tls.cert_file,
+};
+
+void AddFlags(CLI::App& app, Flags& f) {
+  f.auth.client_token = std::getenv("FTUNE_TOKEN") ? std::getenv("FTUNE_TOKEN") : "";
+  f.auth.worker_token = std::getenv("FTUNE_WORKER_TOKEN") ? std::getenv("FTUNE_WORKER_TOKEN") : "";
+  app.add_option("--listen", f.listen, "address to serve gRPC on (port 0 = any free port)");
+  app.add_option("--data-dir", f.data_dir, "directory for the database and job logs")->required();
+  app.add_option("--db", f.db, "SQLite database path (default: DATA_DIR/ftd.sqlite)");
+  app.add_option("--client-token", f.auth.client_token, "bearer token clients must send (env FTUNE_TOKEN)");
+  app.add_option("--worker-token", f.auth.worker_token,
+                 "bearer token workers must send (env FTUNE_WORKER_TOKEN)");
+  app.add_option("--lease-ms", f.options.lease_ms, "a worker silent this long is lost and its job requeued");
+  app.add_option("--heartbeat-ms", f.options.heartbeat_ms, "heartbeat period workers are told to use");
+  app.add_option("--min-slot-ms", f.options.min_slot_ms, "no start on a worker whose slot ends sooner");
+  app.add_option("--checkpoint-margin-ms", f.options.checkpoint_margin_ms, "slot-end safety margin");
+  app.add_option("--requeue-backoff-ms", f.options.requeue_backoff_ms,
+                 "delay before a preempted job is placed again");
+  app.add_option("--tick-ms", f.tick_ms, "scheduler tick period");
+  app.add_option("--tls-cert", f.tls.cert_file,
                  "serve gRPC and the dashboard (HTTPS) over TLS with this PEM certificate chain");
-  app.add_option("--tls-key", tls.key_file, "the PEM private key of --tls-cert");
-  app.add_option("--allowed-root", options.allowed_roots,
+  app.add_option("--tls-key", f.tls.key_file, "the PEM private key of --tls-cert");
+  app.add_option("--allowed-root", f.options.allowed_roots,
                  "directories job paths (model, data, adapter init, output) must lie under; repeatable "
                  "(default: anywhere)");
-  app.add_option("--log-level", log_level, "debug | info | warn | error");
-  app.add_flag("--log-json", log_json, "log one JSON object per line");
-  app.add_option("--http", http,
+  app.add_option("--log-level", f.log_level, "debug | info | warn | error");
+  app.add_flag("--log-json", f.log_json, "log one JSON object per line");
+  app.add_option("--http", f.http,
                  "address for the dashboard, JSON API and /metrics (port 0 = any free port; \"\" = off)");
-  app.add_option("--web-dir", web_dir_flag,
+  app.add_option("--web-dir", f.web_dir,
                  "dashboard files (default: the source tree's web/, else <exe dir>/../share/ftune/web)");
   app.add_option(
-      "--http-view-token", http_view_token,
+      "--http-view-token", f.http_view_token,
       "token needed to view the dashboard and read /api (default: open; actions need --client-token)");
-  CLI11_PARSE(app, argc, argv);
-  auto level = ft::log::ParseLevel(log_level);
-  if (!level.ok()) {
-    std::fprintf(stderr, "ftd: %s\n", level.status().ToString().c_str());
-    return 2;
-  }
-  ft::log::Configure({*level, log_json, "ftd"});
-  std::filesystem::create_directories(data_dir);
-  options.data_dir = data_dir;
-  if (db.empty()) db = (std::filesystem::path(data_dir) / "ftd.sqlite").string();
-  auto store = ft::Store::Open(db);
-  if (!store.ok()) {
-    std::fprintf(stderr, "ftd: %s\n", store.status().ToString().c_str());
-    return 1;
-  }
-  ft::SystemClock clock;
-  for (std::string& root : options.allowed_roots) {
+}
+
+// --allowed-root directories made canonical; false (after saying which) when one is not a directory.
+bool CanonicalizeRoots(std::vector<std::string>* roots) {
+  for (std::string& root : *roots) {
     std::error_code ec;
     const std::filesystem::path canonical = std::filesystem::canonical(root, ec);
     if (ec || !std::filesystem::is_directory(canonical)) {
       std::fprintf(stderr, "ftd: --allowed-root '%s': not an existing directory%s\n", root.c_str(),
                    ec ? (" (" + ec.message() + ")").c_str() : "");
-      return 2;
+      return false;
     }
     root = canonical.string();
   }
-  ft::Daemon daemon(std::move(*store), &clock, options);
-  if (!daemon.startup_status().ok()) {
-    std::fprintf(stderr, "ftd: cannot load state from %s: %s\n", db.c_str(),
-                 daemon.startup_status().ToString().c_str());
-    return 1;
-  }
-  auto jobs = ft::MakeJobsService(&daemon, auth);
-  auto workers = ft::MakeWorkersService(&daemon, auth);
+  return true;
+}
+
+// The gRPC side: the Jobs and Workers services and the server that serves them.
+struct GrpcSide {
+  std::unique_ptr<ftune::v1::Jobs::CallbackService> jobs;
+  std::unique_ptr<ftune::v1::Workers::CallbackService> workers;
+  std::unique_ptr<grpc::Server> server;
+};
+
+// Starts serving gRPC and prints "ftd: listening on HOST:PORT"; 0, or the exit code after saying why.
+int StartGrpc(const Flags& f, ft::Daemon* daemon, GrpcSide* out) {
+  out->jobs = ft::MakeJobsService(daemon, f.auth);
+  out->workers = ft::MakeWorkersService(daemon, f.auth);
   grpc::ServerBuilder builder;
   int port = 0;
-  auto credentials = ft::MakeServerCredentials(tls);
+  auto credentials = ft::MakeServerCredentials(f.tls);
   if (!credentials.ok()) {
     std::fprintf(stderr, "ftd: %s\n", credentials.status().ToString().c_str());
     return 2;
   }
-  builder.AddListeningPort(listen, *credentials, &port);
-  builder.RegisterService(jobs.get());
-  builder.RegisterService(workers.get());
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) {
-    std::fprintf(stderr, "ftd: cannot listen on %s\n", listen.c_str());
+  builder.AddListeningPort(f.listen, *credentials, &port);
+  builder.RegisterService(out->jobs.get());
+  builder.RegisterService(out->workers.get());
+  out->server = builder.BuildAndStart();
+  if (!out->server || port == 0) {
+    std::fprintf(stderr, "ftd: cannot listen on %s\n", f.listen.c_str());
     return 1;
   }
-  const std::string host = listen.substr(0, listen.rfind(':'));
+  const std::string host = f.listen.substr(0, f.listen.rfind(':'));
   std::printf("ftd: listening on %s:%d\n", host.c_str(), port);
   std::fflush(stdout);
-  std::unique_ptr<ft::HttpApi> http_api;
-  std::unique_ptr<ft::HttpServer> http_server;
-  if (!http.empty()) {
-    const std::string web_dir = FindWebDir(web_dir_flag, argv[0]);
-    if (!web_dir_flag.empty() && !std::filesystem::is_directory(web_dir_flag)) {
-      std::fprintf(stderr, "ftd: --web-dir %s is not a directory\n", web_dir_flag.c_str());
-      return 2;
-    }
-    if (web_dir.empty())
-      FT_LOG(WARN) << "ftd: no dashboard files found (pass --web-dir); the API still serves";
-    http_api = std::make_unique<ft::HttpApi>(
-        &daemon, ft::HttpApiOptions{auth.client_token, http_view_token, web_dir, !tls.cert_file.empty()});
-    ft::HttpServerOptions http_options;
-    http_options.address = http;
-    http_options.tls_cert_file = tls.cert_file;
-    http_options.tls_key_file = tls.key_file;
-    auto started = ft::HttpServer::Start(&daemon, http_api.get(), http_options);
-    if (!started.ok()) {
-      std::fprintf(stderr, "ftd: %s\n", started.status().ToString().c_str());
-      return 1;
-    }
-    http_server = std::move(*started);
-    const std::string& h = http_server->host();
-    const std::string url_host = h.find(':') == std::string::npos ? h : "[" + h + "]";  // IPv6
-    std::printf("ftd: dashboard at %s://%s:%d/\n", http_server->tls() ? "https" : "http", url_host.c_str(),
-                http_server->port());
-    std::fflush(stdout);
+  return 0;
+}
+
+// The HTTP side: the dashboard, JSON API, SSE and /metrics.
+struct HttpSide {
+  std::unique_ptr<ft::HttpApi> api;
+  std::unique_ptr<ft::HttpServer> server;
+};
+
+// Starts serving HTTP(S) unless --http is "" and prints "ftd: dashboard at URL"; 0, or the exit code.
+int StartHttp(const Flags& f, const char* argv0, ft::Daemon* daemon, HttpSide* out) {
+  if (f.http.empty()) return 0;
+  const std::string web_dir = FindWebDir(f.web_dir, argv0);
+  if (!f.web_dir.empty() && !std::filesystem::is_directory(f.web_dir)) {
+    std::fprintf(stderr, "ftd: --web-dir %s is not a directory\n", f.web_dir.c_str());
+    return 2;
   }
+  if (web_dir.empty()) FT_LOG(WARN) << "ftd: no dashboard files found (pass --web-dir); the API still serves";
+  out->api = std::make_unique<ft::HttpApi>(
+      daemon, ft::HttpApiOptions{f.auth.client_token, f.http_view_token, web_dir, !f.tls.cert_file.empty()});
+  ft::HttpServerOptions http_options;
+  http_options.address = f.http;
+  http_options.tls_cert_file = f.tls.cert_file;
+  http_options.tls_key_file = f.tls.key_file;
+  auto started = ft::HttpServer::Start(daemon, out->api.get(), http_options);
+  if (!started.ok()) {
+    std::fprintf(stderr, "ftd: %s\n", started.status().ToString().c_str());
+    return 1;
+  }
+  out->server = std::move(*started);
+  const std::string& h = out->server->host();
+  const std::string url_host = h.find(':') == std::string::npos ? h : "[" + h + "]";  // IPv6
+  std::printf("ftd: dashboard at %s://%s:%d/\n", out->server->tls() ? "https" : "http", url_host.c_str(),
+              out->server->port());
+  std::fflush(stdout);
+  return 0;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ftd: ftune's control daemon"};
+  Flags f;
+  AddFlags(app, f);
+  CLI11_PARSE(app, argc, argv);
+  auto level = ft::log::ParseLevel(f.log_level);
+  if (!level.ok()) {
+    std::fprintf(stderr, "ftd: %s\n", level.status().ToString().c_str());
+    return 2;
+  }
+  ft::log::Configure({*level, f.log_json, "ftd"});
+  std::filesystem::create_directories(f.data_dir);
+  f.options.data_dir = f.data_dir;
+  if (f.db.empty()) f.db = (std::filesystem::path(f.data_dir) / "ftd.sqlite").string();
+  auto store = ft::Store::Open(f.db);
+  if (!store.ok()) {
+    std::fprintf(stderr, "ftd: %s\n", store.status().ToString().c_str());
+    return 1;
+  }
+  if (!CanonicalizeRoots(&f.options.allowed_roots)) return 2;
+  ft::SystemClock clock;
+  ft::Daemon daemon(std::move(*store), &clock, f.options);
+  if (!daemon.startup_status().ok()) {
+    std::fprintf(stderr, "ftd: cannot load state from %s: %s\n", f.db.c_str(),
+                 daemon.startup_status().ToString().c_str());
+    return 1;
+  }
+  GrpcSide grpc_side;
+  if (int rc = StartGrpc(f, &daemon, &grpc_side); rc != 0) return rc;
+  HttpSide http_side;
+  if (int rc = StartHttp(f, argv[0], &daemon, &http_side); rc != 0) return rc;
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
   // The daemon's periodic duties live in one visible tick.
   while (!g_stop) {
     const auto start = std::chrono::steady_clock::now();
     daemon.Tick();
-    std::this_thread::sleep_until(start + std::chrono::milliseconds(tick_ms));
+    std::this_thread::sleep_until(start + std::chrono::milliseconds(f.tick_ms));
   }
   FT_LOG(INFO) << "ftd: shutting down";
-  if (http_server) http_server->Stop();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (http_side.server) http_side.server->Stop();
+  grpc_side.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;
 }

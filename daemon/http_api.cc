@@ -4,6 +4,7 @@
 #include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "common/logging.h"
 #include "daemon/json_views.h"
@@ -280,15 +281,18 @@ bool HttpApi::HasToken(const HttpRequest& req, const std::map<std::string, std::
   return allow_cookie && CookieValue(req.cookie, kTokenCookie) == token;
 }
 
-HttpResponse HttpApi::Handle(const HttpRequest& req) {
+namespace {
+
+// Splits the request target into its decoded path, segments and query; a 400
+// response for a bad path or escape.
+std::optional<HttpResponse> ParseTarget(const HttpRequest& req, std::string* path,
+                                        std::vector<std::string>* segments,
+                                        std::map<std::string, std::string>* query) {
   const size_t qmark = req.target.find('?');
-  std::string path;
-  if (!PercentDecode(std::string_view(req.target).substr(0, qmark), false, &path) || path.empty() ||
-      path[0] != '/') {
+  if (!PercentDecode(std::string_view(req.target).substr(0, qmark), false, path) || path->empty() ||
+      (*path)[0] != '/') {
     return Error(400, "bad request path '" + req.target + "': use an absolute path with valid %XX escapes");
   }
-  Params p;
-  p.req = &req;
   if (qmark != std::string::npos) {
     for (const std::string& pair : Split(req.target.substr(qmark + 1), '&')) {
       if (pair.empty()) continue;
@@ -298,60 +302,71 @@ HttpResponse HttpApi::Handle(const HttpRequest& req) {
           !PercentDecode(eq == std::string::npos ? "" : pair.substr(eq + 1), true, &value)) {
         return Error(400, "bad query string in '" + req.target + "': invalid %XX escape");
       }
-      p.query[key] = value;
+      (*query)[key] = value;
     }
   }
-  std::vector<std::string> segments = Split(path.substr(1), '/');
-  if (segments.size() == 1 && segments[0].empty()) segments.clear();  // "/"
-  for (const std::string& s : segments) {
-    if (s == ".." || s == ".") return Error(400, "bad path '" + path + "': '.' and '..' are not allowed");
+  *segments = Split(path->substr(1), '/');
+  if (segments->size() == 1 && (*segments)[0].empty()) segments->clear();  // "/"
+  for (const std::string& s : *segments) {
+    if (s == ".." || s == ".") return Error(400, "bad path '" + *path + "': '.' and '..' are not allowed");
   }
+  return std::nullopt;
+}
 
-  const Endpoint* found = nullptr;
+// Whether `e`'s path matches `segments`, with its {id} and {file} captures.
+bool Matches(const HttpApi::Endpoint& e, const std::vector<std::string>& segments,
+             HttpApi::Params* captures) {
+  std::vector<std::string> pattern = Split(e.path.substr(1), '/');
+  if (pattern.size() == 1 && pattern[0].empty()) pattern.clear();
+  if (pattern.size() != segments.size()) return false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] == "{id}") {
+      captures->id = segments[i];
+    } else if (pattern[i] == "{file}") {
+      captures->file = segments[i];
+    } else if (pattern[i] != segments[i]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The endpoint of `method` on `segments` (the first in table order), with its
+// captures in *p; else a 405 naming the methods the path takes, or a 404.
+StatusOr<const HttpApi::Endpoint*> Route(const std::vector<HttpApi::Endpoint>& endpoints,
+                                         const std::string& method, const std::string& path,
+                                         const std::vector<std::string>& segments, HttpApi::Params* p,
+                                         HttpResponse* refusal) {
   std::vector<std::string> allowed;
-  Params captures;
-  for (const Endpoint& e : endpoints_) {
-    std::vector<std::string> pattern = Split(e.path.substr(1), '/');
-    if (pattern.size() == 1 && pattern[0].empty()) pattern.clear();
-    if (pattern.size() != segments.size()) continue;
-    Params c;
-    bool match = true;
-    for (size_t i = 0; i < pattern.size() && match; ++i) {
-      if (pattern[i] == "{id}") {
-        c.id = segments[i];
-      } else if (pattern[i] == "{file}") {
-        c.file = segments[i];
-      } else {
-        match = pattern[i] == segments[i];
-      }
+  for (const HttpApi::Endpoint& e : endpoints) {
+    HttpApi::Params c;
+    if (!Matches(e, segments, &c)) continue;
+    if (e.method == method) {
+      p->id = c.id;
+      p->file = c.file;
+      return &e;
     }
-    if (!match) continue;
-    if (e.method == req.method) {
-      if (found == nullptr) {
-        found = &e;
-        captures = c;
-      }
-    } else if (std::find(allowed.begin(), allowed.end(), e.method) == allowed.end()) {
-      allowed.push_back(e.method);
-    }
+    if (std::find(allowed.begin(), allowed.end(), e.method) == allowed.end()) allowed.push_back(e.method);
   }
-  if (found == nullptr && !allowed.empty()) {
-    std::string allow;
-    for (const std::string& m : allowed) allow += (allow.empty() ? "" : ", ") + m;
-    HttpResponse r = Error(405, req.method + " is not allowed on " + path + "; use " + allow);
-    r.headers.emplace_back("Allow", allow);
-    return r;
+  if (allowed.empty()) {
+    *refusal = Error(404, "no endpoint " + method + " " + path + "; GET /api/endpoints lists them");
+    return Status::NotFound("no endpoint");
   }
-  if (found == nullptr) {
-    return Error(404, "no endpoint " + req.method + " " + path + "; GET /api/endpoints lists them");
-  }
-  p.id = captures.id;
-  p.file = captures.file;
+  std::string allow;
+  for (const std::string& m : allowed) allow += (allow.empty() ? "" : ", ") + m;
+  *refusal = Error(405, method + " is not allowed on " + path + "; use " + allow);
+  refusal->headers.emplace_back("Allow", allow);
+  return Status::InvalidArgument("method not allowed");
+}
 
-  // Authorisation: actions need the client token (the view token when only
-  // that one is set), never from the cookie; reads need the view (or client) token.
-  const bool is_page = found->path.rfind("/api/", 0) != 0;
-  if (found->access == Access::kAction) {
+}  // namespace
+
+std::optional<HttpResponse> HttpApi::Authorize(const Endpoint& e, const HttpRequest& req,
+                                               const std::map<std::string, std::string>& query,
+                                               const std::string** cookie_token) const {
+  // Actions need the client token (the view token when only that one is set),
+  // never from the cookie; reads need the view (or client) token.
+  if (e.access == Access::kAction) {
     // A browser on another site may POST here without any preflight: refuse
     // cross-site requests outright (curl and ftctl send neither header).
     const bool cross_site =
@@ -363,39 +378,51 @@ HttpResponse HttpApi::Handle(const HttpRequest& req) {
                    "non-browser client");
     }
     const std::string& needed = !options_.client_token.empty() ? options_.client_token : options_.view_token;
-    if (!needed.empty() && !HasToken(req, p.query, needed, false)) {
+    if (!needed.empty() && !HasToken(req, query, needed, false)) {
       return Error(401,
                    "this action needs the client token: send 'Authorization: Bearer <token>' or "
                    "?token=<token> (ftd --client-token / FTUNE_TOKEN)");
     }
   }
-  const std::string* cookie_token = nullptr;  // the configured token a ?token= matched
-  if (found->access == Access::kView && !options_.view_token.empty()) {
-    const bool view = HasToken(req, p.query, options_.view_token, true);
-    const bool client = !options_.client_token.empty() && HasToken(req, p.query, options_.client_token, true);
+  if (e.access == Access::kView && !options_.view_token.empty()) {
+    const bool view = HasToken(req, query, options_.view_token, true);
+    const bool client = !options_.client_token.empty() && HasToken(req, query, options_.client_token, true);
     if (!view && !client) {
       return Error(401,
                    "viewing needs the view token: send 'Authorization: Bearer <token>', ?token=<token> "
                    "or open the dashboard as /?token=<token> (ftd --http-view-token)");
     }
-    auto query_token = p.query.find("token");
-    if (query_token != p.query.end()) {
-      if (query_token->second == options_.view_token) cookie_token = &options_.view_token;
+    auto query_token = query.find("token");
+    if (query_token != query.end()) {
+      if (query_token->second == options_.view_token) *cookie_token = &options_.view_token;
       if (!options_.client_token.empty() && query_token->second == options_.client_token) {
-        cookie_token = &options_.client_token;
+        *cookie_token = &options_.client_token;
       }
     }
   }
-  for (const auto& [key, value] : p.query) {
-    if (key == "token" || std::find(found->params.begin(), found->params.end(), key) != found->params.end()) {
-      continue;
-    }
+  for (const auto& [key, value] : query) {
+    if (key == "token" || std::find(e.params.begin(), e.params.end(), key) != e.params.end()) continue;
     std::string takes;
-    for (const std::string& a : found->params) takes += (takes.empty() ? "" : ", ") + a;
-    return Error(400, "unknown query parameter '" + key + "' for " + found->method + " " + found->path +
+    for (const std::string& a : e.params) takes += (takes.empty() ? "" : ", ") + a;
+    return Error(400, "unknown query parameter '" + key + "' for " + e.method + " " + e.path +
                           (takes.empty() ? "; it takes none" : "; it takes: " + takes));
   }
-  HttpResponse r = found->handler(p);
+  return std::nullopt;
+}
+
+HttpResponse HttpApi::Handle(const HttpRequest& req) {
+  std::string path;
+  std::vector<std::string> segments;
+  Params p;
+  p.req = &req;
+  if (auto bad = ParseTarget(req, &path, &segments, &p.query)) return *bad;
+  HttpResponse refusal;
+  StatusOr<const Endpoint*> found = Route(endpoints_, req.method, path, segments, &p, &refusal);
+  if (!found.ok()) return refusal;
+  const std::string* cookie_token = nullptr;  // the configured token a ?token= matched
+  if (auto refused = Authorize(**found, req, p.query, &cookie_token)) return *refused;
+  HttpResponse r = (*found)->handler(p);
+  const bool is_page = (*found)->path.rfind("/api/", 0) != 0;
   if (is_page && cookie_token != nullptr && r.status == 200) {
     // The page's scripts and styles load without a token in their URLs. The
     // value is the configured token (never the request's bytes: no header injection).

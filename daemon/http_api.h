@@ -23,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -109,6 +110,12 @@ class HttpApi {
   HttpResponse EndpointList(const Params& p);
   HttpResponse StaticFile(const std::string& dir, const std::string& file);
 
+  // Refuses a request `e` may not take (cross-site action, missing token, a
+  // query parameter it does not take); else sets *cookie_token to the
+  // configured token a ?token= matched (for the page's cookie).
+  std::optional<HttpResponse> Authorize(const Endpoint& e, const HttpRequest& req,
+                                        const std::map<std::string, std::string>& query,
+                                        const std::string** cookie_token) const;
   // Whether the request carries `token` (header, query or cookie).
   static bool HasToken(const HttpRequest& req, const std::map<std::string, std::string>& query,
                        const std::string& token, bool allow_cookie);

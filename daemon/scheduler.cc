@@ -43,6 +43,82 @@ int64_t MinBytesPerDevice(const JobView& job, const std::string& kind) {
   return PredictMemory(request, job.fixed_micro_batch > 0 ? job.fixed_micro_batch : 1).total();
 }
 
+namespace {
+
+// Why `job` waits before any worker is tried (backoff, or more memory than
+// any available worker offers at micro-batch 1), or "" when it may be placed.
+std::string WaitsBeforePlacement(const JobView& job, const std::map<std::string, int64_t>& best_free,
+                                 int64_t now_wall_ms) {
+  if (job.not_before_ms > now_wall_ms) {
+    return "waits: backing off after the last attempt (" +
+           std::to_string((job.not_before_ms - now_wall_ms + 999) / 1000) + " s)";
+  }
+  if (best_free.empty()) return "";
+  bool may_fit = false;
+  int64_t needs = 0, offered = 0;
+  for (const auto& [kind, free] : best_free) {
+    if ((job.device == "cpu" && kind != "cpu") || (job.device == "cuda" && kind != "cuda")) continue;
+    needs = MinBytesPerDevice(job, kind);
+    offered = std::max(offered, free);
+    may_fit |= needs <= free;
+  }
+  return !may_fit && offered > 0 ? DoesNotFit(needs, offered) : "";
+}
+
+// The batch plan for `job` on `kind` devices with `free` bytes each: the
+// user's fixed micro-batch when it fits, else the largest that fits.
+StatusOr<BatchPlanChoice> ChoosePlan(const JobView& job, const std::string& kind, int64_t free) {
+  PlanRequest request = job.plan;
+  request.device = kind;
+  request.world = job.gpus;
+  if (job.fixed_micro_batch <= 0) return ChooseMicroBatch(request, free);
+  MemoryBreakdown m = PredictMemory(request, job.fixed_micro_batch);
+  if (m.total() > free) return Status::ResourceExhausted("does not fit");
+  return BatchPlanChoice{job.fixed_micro_batch, request.global_batch / (job.fixed_micro_batch * job.gpus),
+                         job.gpus, m, free};
+}
+
+// Places `job` on the first usable worker not yet taken: that worker's index,
+// or -1 with why it waits in *why.
+int PlaceOn(const JobView& job, const std::vector<WorkerView>& workers, const std::vector<bool>& taken,
+            int64_t now_wall_ms, const SchedulerOptions& options, Placement* placement, std::string* why) {
+  *why = "waits: no live worker";
+  int64_t best_free = 0;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    const WorkerView& w = workers[i];
+    if (!w.alive || taken[i] || w.busy || w.draining) {
+      if (w.alive && *why == "waits: no live worker") *why = "waits: every worker is busy";
+      continue;
+    }
+    if (w.slot_end_ms > 0 && w.slot_end_ms - now_wall_ms < options.min_slot_ms) {
+      *why = "waits: worker " + w.id + "'s slot ends in less than " +
+             std::to_string(options.min_slot_ms / 1000) + " s";
+      continue;
+    }
+    const std::string kind = UsableKind(job, w);
+    if (kind.empty()) {
+      *why = "waits: no worker has " + std::to_string(job.gpus) + " " +
+             (job.device == "auto" ? "" : job.device + " ") + "device(s)";
+      continue;
+    }
+    const int64_t free = FreeForGang(w, kind, job.gpus);
+    StatusOr<BatchPlanChoice> choice = ChoosePlan(job, kind, free);
+    if (!choice.ok()) {
+      best_free = std::max(best_free, free);
+      PlanRequest request = job.plan;
+      request.device = kind;
+      request.world = job.gpus;
+      *why = DoesNotFit(PredictMemory(request, 1).total(), best_free);
+      continue;
+    }
+    *placement = {job.id, w.id, *choice, kind};
+    return static_cast<int>(i);
+  }
+  return -1;
+}
+
+}  // namespace
+
 ScheduleResult Schedule(const std::vector<const JobView*>& queued, const std::vector<WorkerView>& workers,
                         int64_t now_wall_ms, const SchedulerOptions& options) {
   std::vector<const JobView*> jobs = queued;
@@ -59,75 +135,20 @@ ScheduleResult Schedule(const std::vector<const JobView*>& queued, const std::ve
     if (!w.alive || w.busy || w.draining) continue;
     for (const DeviceView& d : w.devices) best_free[d.kind] = std::max(best_free[d.kind], d.free_bytes);
   }
-  for (const JobView* job_ptr : jobs) {
-    const JobView& job = *job_ptr;
-    if (job.not_before_ms <= now_wall_ms && !best_free.empty()) {
-      bool may_fit = false;
-      int64_t needs = 0, offered = 0;
-      for (const auto& [kind, free] : best_free) {
-        if ((job.device == "cpu" && kind != "cpu") || (job.device == "cuda" && kind != "cuda")) continue;
-        needs = MinBytesPerDevice(job, kind);
-        offered = std::max(offered, free);
-        may_fit |= needs <= free;
-      }
-      if (!may_fit && offered > 0) {
-        result.waiting[job.id] = DoesNotFit(needs, offered);
-        continue;
-      }
-    }
-    if (job.not_before_ms > now_wall_ms) {
-      result.waiting[job.id] = "waits: backing off after the last attempt (" +
-                               std::to_string((job.not_before_ms - now_wall_ms + 999) / 1000) + " s)";
+  for (const JobView* job : jobs) {
+    if (std::string why = WaitsBeforePlacement(*job, best_free, now_wall_ms); !why.empty()) {
+      result.waiting[job->id] = why;
       continue;
     }
-    std::string why = "waits: no live worker";
-    int64_t best_free = 0;
-    int64_t needs = 0;
-    bool placed = false;
-    for (size_t i = 0; i < workers.size() && !placed; ++i) {
-      const WorkerView& w = workers[i];
-      if (!w.alive || taken[i] || w.busy || w.draining) {
-        if (w.alive && why == "waits: no live worker") why = "waits: every worker is busy";
-        continue;
-      }
-      if (w.slot_end_ms > 0 && w.slot_end_ms - now_wall_ms < options.min_slot_ms) {
-        why = "waits: worker " + w.id + "'s slot ends in less than " +
-              std::to_string(options.min_slot_ms / 1000) + " s";
-        continue;
-      }
-      const std::string kind = UsableKind(job, w);
-      if (kind.empty()) {
-        why = "waits: no worker has " + std::to_string(job.gpus) + " " +
-              (job.device == "auto" ? "" : job.device + " ") + "device(s)";
-        continue;
-      }
-      PlanRequest request = job.plan;
-      request.device = kind;
-      request.world = job.gpus;
-      const int64_t free = FreeForGang(w, kind, job.gpus);
-      StatusOr<BatchPlanChoice> choice = Status::ResourceExhausted("does not fit");
-      if (job.fixed_micro_batch > 0) {
-        // The user's plan is kept as given; it only has to fit.
-        MemoryBreakdown m = PredictMemory(request, job.fixed_micro_batch);
-        if (m.total() <= free) {
-          choice =
-              BatchPlanChoice{job.fixed_micro_batch,
-                              request.global_batch / (job.fixed_micro_batch * job.gpus), job.gpus, m, free};
-        }
-      } else {
-        choice = ChooseMicroBatch(request, free);
-      }
-      if (!choice.ok()) {
-        best_free = std::max(best_free, free);
-        needs = PredictMemory(request, 1).total();
-        why = DoesNotFit(needs, best_free);
-        continue;
-      }
-      result.placements.push_back({job.id, w.id, *choice, kind});
-      taken[i] = true;
-      placed = true;
+    Placement placement;
+    std::string why;
+    const int at = PlaceOn(*job, workers, taken, now_wall_ms, options, &placement, &why);
+    if (at < 0) {
+      result.waiting[job->id] = why;
+      continue;
     }
-    if (!placed) result.waiting[job.id] = why;
+    result.placements.push_back(std::move(placement));
+    taken[static_cast<size_t>(at)] = true;
   }
   return result;
 }

@@ -1,6 +1,7 @@
 #include "engine/data/chat_format.h"
 
 #include <algorithm>
+#include <functional>
 
 namespace ft {
 
@@ -70,110 +71,153 @@ StatusOr<std::string> ChatTemplate::Render(const nlohmann::ordered_json& message
   return RenderValues(values, vars, vars.add_generation_prompt);
 }
 
-StatusOr<ChatRendering> ChatTemplate::RenderForTraining(const nlohmann::ordered_json& messages,
-                                                        const ChatVars& vars) const {
-  FT_ASSIGN_OR_RETURN(std::vector<jinja::Value> all, MessageValues(messages));
-  auto prefix = [&](size_t n) { return std::vector<jinja::Value>(all.begin(), all.begin() + n); };
-  ChatRendering out;
-  FT_ASSIGN_OR_RETURN(out.text, RenderValues(all, vars, false));
-  const std::string& full = out.text;
+namespace {
 
-  std::vector<size_t> assistants;
-  for (size_t i = 0; i < messages.size(); ++i) {
-    if (Role(messages[i]) == "assistant") assistants.push_back(i);
-  }
-  if (assistants.empty()) {
-    return Status::InvalidArgument("chat: no message has role 'assistant', so nothing would be trained");
+// The state of one RenderForTraining: the conversation, its full rendering,
+// and the constant trailer (see the header) when every rendering ends with it.
+class TrainingRender {
+ public:
+  using RenderFn = std::function<StatusOr<std::string>(const std::vector<jinja::Value>&, bool)>;
+  TrainingRender(RenderFn render, const nlohmann::ordered_json& messages, std::vector<jinja::Value> all)
+      : render_(std::move(render)), messages_(messages), all_(std::move(all)) {}
+
+  // Renders the whole conversation and each assistant turn's prefix, and
+  // decides whether to cut the trailer. InvalidArgument without an assistant.
+  Status Start() {
+    FT_ASSIGN_OR_RETURN(full_, render_(all_, false));
+    for (size_t i = 0; i < messages_.size(); ++i) {
+      if (Role(messages_[i]) == "assistant") assistants_.push_back(i);
+    }
+    if (assistants_.empty()) {
+      return Status::InvalidArgument("chat: no message has role 'assistant', so nothing would be trained");
+    }
+    StatusOr<std::string> empty = render_({}, false);  // the constant trailer: render([])
+    if (empty.ok()) trailer_ = *empty;
+    for (size_t i : assistants_) {
+      FT_ASSIGN_OR_RETURN(std::string r, render_(Prefix(i + 1), false));
+      turn_renders_.push_back(std::move(r));
+    }
+    strip_trailer_ = !trailer_.empty() && EndsWith(full_, trailer_);
+    for (const std::string& r : turn_renders_) strip_trailer_ = strip_trailer_ && EndsWith(r, trailer_);
+    if (strip_trailer_) {
+      for (std::string& r : turn_renders_) r.resize(r.size() - trailer_.size());
+    }
+    return Status::OK();
   }
 
-  // Constant trailer (see the header): render([]), when every rendering ends with it.
-  std::string trailer;
-  {
-    StatusOr<std::string> empty = RenderValues({}, vars, false);
-    if (empty.ok()) trailer = *empty;
-  }
-  std::vector<std::string> turn_renders;  // render(messages[:i+1]) per assistant
-  for (size_t i : assistants) {
-    FT_ASSIGN_OR_RETURN(std::string r, RenderValues(prefix(i + 1), vars, false));
-    turn_renders.push_back(std::move(r));
-  }
-  bool strip_trailer = !trailer.empty() && EndsWith(full, trailer);
-  for (const std::string& r : turn_renders) strip_trailer = strip_trailer && EndsWith(r, trailer);
-  if (strip_trailer) {
-    for (std::string& r : turn_renders) r.resize(r.size() - trailer.size());
+  const std::string& full() const { return full_; }
+  size_t turns() const { return assistants_.size(); }
+  size_t message(size_t k) const { return assistants_[k]; }  // assistant turn k's message index
+
+  // The byte span of assistant turn k in full().
+  StatusOr<ByteSpan> Span(size_t k) {
+    const size_t i = assistants_[k];
+    const std::string where = "chat: assistant message " + std::to_string(i) + ": ";
+    FT_ASSIGN_OR_RETURN(const size_t start, TurnStart(i, where));
+    FT_ASSIGN_OR_RETURN(const int64_t end, TurnEnd(k, start, where));
+    const int64_t begin = static_cast<int64_t>(start);
+    return ByteSpan{begin, std::max(begin, end)};
   }
 
-  auto cut_trailer = [&](std::string r) {
-    if (strip_trailer && EndsWith(r, trailer)) r.resize(r.size() - trailer.size());
+ private:
+  std::vector<jinja::Value> Prefix(size_t n) const { return {all_.begin(), all_.begin() + n}; }
+
+  std::string CutTrailer(std::string r) const {
+    if (strip_trailer_ && EndsWith(r, trailer_)) r.resize(r.size() - trailer_.size());
     return r;
-  };
+  }
+
   // Where message i's string content starts (`at_end` false) or ends in the
   // rendering of `msgs`, found by marking the content; npos if not found.
-  auto content_edge = [&](const std::vector<jinja::Value>& msgs, size_t i, bool at_end,
-                          const std::string& rendered) -> StatusOr<size_t> {
-    const nlohmann::ordered_json& msg = messages[i];
+  StatusOr<size_t> ContentEdge(const std::vector<jinja::Value>& msgs, size_t i, bool at_end,
+                               const std::string& rendered) const {
+    const nlohmann::ordered_json& msg = messages_[i];
     if (!msg.contains("content") || !msg["content"].is_string()) return std::string::npos;
     nlohmann::ordered_json marked = msg;
     const std::string content = msg["content"].get<std::string>();
     marked["content"] = at_end ? content + kContentMark : kContentMark + content;
     std::vector<jinja::Value> marked_msgs = msgs;
     marked_msgs[i] = jinja::Value::FromJson(marked);
-    FT_ASSIGN_OR_RETURN(std::string r, RenderValues(marked_msgs, vars, false));
-    r = cut_trailer(std::move(r));
+    FT_ASSIGN_OR_RETURN(std::string r, render_(marked_msgs, false));
+    r = CutTrailer(std::move(r));
     const size_t at = CommonPrefix(rendered, r);
     if (r.compare(at, 1, kContentMark) != 0) return std::string::npos;
     return at;
-  };
+  }
 
-  for (size_t k = 0; k < assistants.size(); ++k) {
-    const size_t i = assistants[k];
-    const std::string where = "chat: assistant message " + std::to_string(i) + ": ";
+  // Where assistant message i's turn starts: after the messages before it
+  // rendered with the generation prompt.
+  StatusOr<size_t> TurnStart(size_t i, const std::string& where) const {
     const Status not_stable = Status::InvalidArgument(
         where +
         "the chat template is not prefix-stable: the messages before it, rendered with "
         "add_generation_prompt=true, are not a prefix of the whole conversation's rendering, so the "
         "assistant turn cannot be located");
-    FT_ASSIGN_OR_RETURN(std::string head, RenderValues(prefix(i), vars, true));
-    size_t start = head.size();
-    if (!StartsWith(full, head)) {
-      // The full rendering keeps only part of the generation prompt (Qwen3 with
-      // enable_thinking=false drops the empty think block from history): start
-      // where the content starts, if the two agree up to there.
-      FT_ASSIGN_OR_RETURN(std::string base, RenderValues(prefix(i), vars, false));
-      base = cut_trailer(std::move(base));
-      if (!StartsWith(full, base)) return not_stable;
-      FT_ASSIGN_OR_RETURN(start, content_edge(all, i, /*at_end=*/false, full));
-      if (start == std::string::npos || start <= base.size() || start > CommonPrefix(head, full))
-        return not_stable;
+    FT_ASSIGN_OR_RETURN(std::string head, render_(Prefix(i), true));
+    if (StartsWith(full_, head)) return head.size();
+    // The full rendering keeps only part of the generation prompt (Qwen3 with
+    // enable_thinking=false drops the empty think block from history): start
+    // where the content starts, if the two agree up to there.
+    FT_ASSIGN_OR_RETURN(std::string base, render_(Prefix(i), false));
+    base = CutTrailer(std::move(base));
+    if (!StartsWith(full_, base)) return not_stable;
+    FT_ASSIGN_OR_RETURN(const size_t start, ContentEdge(all_, i, /*at_end=*/false, full_));
+    if (start == std::string::npos || start <= base.size() || start > CommonPrefix(head, full_))
+      return not_stable;
+    return start;
+  }
+
+  // Where assistant turn k ends in full().
+  StatusOr<int64_t> TurnEnd(size_t k, size_t start, const std::string& where) const {
+    const size_t i = assistants_[k];
+    const std::string& turn = turn_renders_[k];
+    if (StartsWith(full_, turn)) return static_cast<int64_t>(turn.size());
+    // The final message renders differently from history: locate the end of
+    // message i's content in both renderings and take the text both have
+    // right after it (the end-of-turn marker).
+    FT_ASSIGN_OR_RETURN(const size_t content_end_full, ContentEdge(all_, i, /*at_end=*/true, full_));
+    FT_ASSIGN_OR_RETURN(const size_t content_end_turn, ContentEdge(Prefix(i + 1), i, /*at_end=*/true, turn));
+    if (content_end_full == std::string::npos || content_end_turn == std::string::npos ||
+        content_end_full < start) {
+      return Status::InvalidArgument(
+          where +
+          "the chat template renders the conversation's last message differently from the same "
+          "message in history, and the message's content cannot be located to find where its turn "
+          "ends (it needs a string 'content')");
     }
-    const std::string& turn = turn_renders[k];
-    int64_t end;
-    if (StartsWith(full, turn)) {
-      end = static_cast<int64_t>(turn.size());
-    } else {
-      // The final message renders differently from history: locate the end of
-      // message i's content in both renderings and take the text both have
-      // right after it (the end-of-turn marker).
-      FT_ASSIGN_OR_RETURN(const size_t content_end_full, content_edge(all, i, /*at_end=*/true, full));
-      FT_ASSIGN_OR_RETURN(const size_t content_end_turn,
-                          content_edge(prefix(i + 1), i, /*at_end=*/true, turn));
-      if (content_end_full == std::string::npos || content_end_turn == std::string::npos ||
-          content_end_full < start) {
-        return Status::InvalidArgument(
-            where +
-            "the chat template renders the conversation's last message differently from the same "
-            "message in history, and the message's content cannot be located to find where its turn "
-            "ends (it needs a string 'content')");
-      }
-      const std::string_view after_turn = std::string_view(turn).substr(content_end_turn);
-      const std::string_view after_full = std::string_view(full).substr(content_end_full);
-      end = static_cast<int64_t>(content_end_full + CommonPrefix(after_turn, after_full));
+    const std::string_view after_turn = std::string_view(turn).substr(content_end_turn);
+    const std::string_view after_full = std::string_view(full_).substr(content_end_full);
+    return static_cast<int64_t>(content_end_full + CommonPrefix(after_turn, after_full));
+  }
+
+  RenderFn render_;
+  const nlohmann::ordered_json& messages_;
+  std::vector<jinja::Value> all_;
+  std::string full_;
+  std::vector<size_t> assistants_;
+  std::string trailer_;
+  bool strip_trailer_ = false;
+  std::vector<std::string> turn_renders_;  // render(messages[:i+1]) per assistant, trailer cut
+};
+
+}  // namespace
+
+StatusOr<ChatRendering> ChatTemplate::RenderForTraining(const nlohmann::ordered_json& messages,
+                                                        const ChatVars& vars) const {
+  FT_ASSIGN_OR_RETURN(std::vector<jinja::Value> all, MessageValues(messages));
+  TrainingRender r(
+      [&](const std::vector<jinja::Value>& msgs, bool prompt) { return RenderValues(msgs, vars, prompt); },
+      messages, std::move(all));
+  FT_RETURN_IF_ERROR(r.Start());
+  ChatRendering out;
+  out.text = r.full();
+  for (size_t k = 0; k < r.turns(); ++k) {
+    FT_ASSIGN_OR_RETURN(ByteSpan span, r.Span(k));
+    if (!out.assistant_spans.empty() && span.begin < out.assistant_spans.back().end) {
+      return Status::InvalidArgument("chat: assistant message " + std::to_string(r.message(k)) +
+                                     ": its span overlaps the previous assistant message's span");
     }
-    const int64_t begin = static_cast<int64_t>(start);
-    if (!out.assistant_spans.empty() && begin < out.assistant_spans.back().end) {
-      return Status::InvalidArgument(where + "its span overlaps the previous assistant message's span");
-    }
-    out.assistant_spans.push_back({begin, std::max(begin, end)});
+    out.assistant_spans.push_back(span);
   }
   return out;
 }

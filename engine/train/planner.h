@@ -7,7 +7,7 @@
 // where a job fits.
 //
 // The model mirrors how the engine allocates (engine/model/model.cc arenas) and is
-// checked against the tracking allocator's measured peak (tests/engine/planner_test.cc).
+// checked against the tracking allocator's measured peak (tests/engine/model/memory_test.cc).
 #pragma once
 
 #include <cstdint>

@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/ops.h"
 
 namespace ft::cuda::internal {
 
@@ -37,6 +38,33 @@ __device__ void LoadTile(float* dst, const T* src, int64_t b, int64_t row0, int6
     const int64_t i = row0 + r;
     dst[r * LD + d] = i < seq ? Load(src[((b * seq + i) * heads + head) * HD + d]) : 0.0f;
   }
+}
+
+// Where a block that owns one query tile works (grid: x = query tile, y =
+// batch b * q_heads + query head h): the thread's lane and warp, the kv head
+// of h, the tile's first query i0, the score scale and sequence b's document
+// ids (seg; nullptr, and segmented false, without packing segments). The
+// forward and dQ kernels unpack it with a structured binding.
+struct QueryTileBlock {
+  int lane, warp;
+  int64_t b, h, kvh, i0, seq;
+  float scale;
+  bool segmented;
+  const int32_t* seg;
+};
+
+__device__ __forceinline__ QueryTileBlock QueryTile(const AttentionShape& s, const int32_t* segments) {
+  const int64_t b = blockIdx.y / s.q_heads, h = blockIdx.y % s.q_heads;
+  return {static_cast<int>(threadIdx.x % 32),
+          static_cast<int>(threadIdx.x / 32),
+          b,
+          h,
+          h / (s.q_heads / s.kv_heads),
+          int64_t{blockIdx.x} * kTile,
+          s.seq,
+          static_cast<float>(s.scale),
+          segments != nullptr,
+          segments != nullptr ? segments + b * s.seq : nullptr};
 }
 
 // Key j is visible to query i: causal, inside the sequence, same document.

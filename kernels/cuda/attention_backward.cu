@@ -156,13 +156,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
   float* dOs = Qs + kTile * HD;       // [kTile][HD]
   float* Ks = dOs + kTile * HD;       // [kTile][HD + 1]: lane l reads row l, and rows along d
   float* Vs = Ks + kTile * (HD + 1);  // [kTile][HD + 1]
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t b = blockIdx.y / s.q_heads, h = blockIdx.y % s.q_heads;
-  const int64_t kvh = h / (s.q_heads / s.kv_heads);
-  const int64_t i0 = int64_t{blockIdx.x} * kTile, seq = s.seq;
-  const float scale = static_cast<float>(s.scale);
-  const bool segmented = segments != nullptr;
-  const int32_t* seg = segmented ? segments + b * seq : nullptr;
+  const auto [lane, warp, b, h, kvh, i0, seq, scale, segmented, seg] = QueryTile(s, segments);
 
   LoadTile<HD, HD>(Qs, q, b, i0, seq, s.q_heads, h);
   LoadTile<HD, HD>(dOs, dout, b, i0, seq, s.q_heads, h);
