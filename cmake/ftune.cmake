@@ -3,8 +3,12 @@
 
 # Warnings as errors, for our own targets only (never for dependencies).
 function(ft_project_warnings target)
+  set(werror)
+  if(FT_WERROR)
+    set(werror -Werror)
+  endif()
   target_compile_options(${target} PRIVATE
-    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Werror -Wno-missing-field-initializers>
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic ${werror} -Wno-missing-field-initializers>
     # nvcc (13.0) wrongly flags assignment of a [[nodiscard]] class type (#2810).
     $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings -diag-suppress=2810 -Xcompiler=-Wall,-Wextra,-Werror>)
 endfunction()
@@ -17,6 +21,12 @@ elseif(FT_SANITIZE STREQUAL "thread")
   add_link_options(-fsanitize=thread)
 elseif(NOT FT_SANITIZE STREQUAL "")
   message(FATAL_ERROR "FT_SANITIZE must be '', 'address' or 'thread', not '${FT_SANITIZE}'")
+endif()
+if(FT_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "FT_FUZZ=ON needs clang (configure with CMAKE_CXX_COMPILER=clang++)")
+  endif()
+  add_compile_options(-fsanitize=fuzzer-no-link)  # coverage for libFuzzer in every library
 endif()
 
 # ft_add_test(NAME SOURCES a.cc b.cc LIBS x y [LABELS l] [TIMEOUT s])

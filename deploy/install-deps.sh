@@ -24,6 +24,9 @@ packages=(
   libopenblas-dev libgloo-dev libpcre2-dev libicu-dev
   # tests and checks
   libgtest-dev libgmock-dev clang-format python3
+  # tests/fuzz/run.sh: libFuzzer with ASan and UBSan (clang and its runtime libraries); util-linux's
+  # prlimit for the e2e disk-full test
+  clang libclang-rt-14-dev util-linux
   # promtool: tests/daemon/http_api_test checks ftd's /metrics with `promtool check metrics`
   prometheus
   # the dashboard's browser tests (tests/web: playwright-core drives this Chromium headless)
@@ -43,7 +46,7 @@ done
 if [ -n "${build_only:-}" ]; then
   kept=()
   for p in "${packages[@]}"; do
-    case "$p" in chromium | prometheus | systemd | python3-yaml) ;; *) kept+=("$p") ;; esac
+    case "$p" in chromium | prometheus | systemd | python3-yaml | clang | libclang-rt-14-dev) ;; *) kept+=("$p") ;; esac
   done
   packages=("${kept[@]}")
 fi

@@ -6,19 +6,29 @@
 namespace ft {
 
 Status ModelConfig::Validate(const std::string& file) const {
-  auto positive = [&](int64_t v, const char* key) -> Status {
-    if (v <= 0)
-      return Status::InvalidArgument(file + ": '" + key + "' must be a positive integer, got " +
-                                     std::to_string(v));
-    return Status::OK();
+  // Each size positive and at most a bound far above any released model's
+  // (so that every byte count the planner and the model compute fits int64).
+  struct Bound {
+    int64_t value;
+    const char* key;
+    int64_t max;
   };
-  FT_RETURN_IF_ERROR(positive(vocab_size, "vocab_size"));
-  FT_RETURN_IF_ERROR(positive(hidden_size, "hidden_size"));
-  FT_RETURN_IF_ERROR(positive(intermediate_size, "intermediate_size"));
-  FT_RETURN_IF_ERROR(positive(num_layers, "num_hidden_layers"));
-  FT_RETURN_IF_ERROR(positive(num_heads, "num_attention_heads"));
-  FT_RETURN_IF_ERROR(positive(num_kv_heads, "num_key_value_heads"));
-  FT_RETURN_IF_ERROR(positive(head_dim, "head_dim"));
+  const Bound bounds[] = {
+      {vocab_size, "vocab_size", int64_t{1} << 22},
+      {hidden_size, "hidden_size", int64_t{1} << 16},
+      {intermediate_size, "intermediate_size", int64_t{1} << 19},
+      {num_layers, "num_hidden_layers", 1024},
+      {num_heads, "num_attention_heads", 1024},
+      {num_kv_heads, "num_key_value_heads", 1024},
+      {head_dim, "head_dim", 1024},
+      {max_position_embeddings, "max_position_embeddings", int64_t{1} << 24},
+  };
+  for (const Bound& b : bounds) {
+    if (b.value <= 0 || b.value > b.max) {
+      return Status::InvalidArgument(file + ": '" + b.key + "' must be an integer in [1, " +
+                                     std::to_string(b.max) + "], got " + std::to_string(b.value));
+    }
+  }
   if (num_heads % num_kv_heads != 0) {
     return Status::InvalidArgument(file + ": num_attention_heads (" + std::to_string(num_heads) +
                                    ") must be a multiple of num_key_value_heads (" +
@@ -26,8 +36,22 @@ Status ModelConfig::Validate(const std::string& file) const {
   }
   if (head_dim % 2 != 0)
     return Status::InvalidArgument(file + ": head_dim must be even for rotary embeddings");
-  if (rms_norm_eps <= 0) return Status::InvalidArgument(file + ": rms_norm_eps must be > 0");
-  if (rope_theta <= 0) return Status::InvalidArgument(file + ": rope_theta must be > 0");
+  if (!(rms_norm_eps > 0) || !std::isfinite(rms_norm_eps)) {
+    return Status::InvalidArgument(file + ": rms_norm_eps must be a finite number > 0");
+  }
+  if (!(rope_theta > 0) || !std::isfinite(rope_theta)) {
+    return Status::InvalidArgument(file + ": rope_theta must be a finite number > 0");
+  }
+  const RopeScaling& r = rope_scaling;
+  if (!r.type.empty() && (!(r.factor > 0) || !std::isfinite(r.factor))) {
+    return Status::InvalidArgument(file + ": rope_scaling.factor must be a finite number > 0");
+  }
+  if (r.type == "llama3" && !(r.low_freq_factor > 0 && r.high_freq_factor > r.low_freq_factor &&
+                              r.original_max_position_embeddings > 0 && std::isfinite(r.high_freq_factor))) {
+    return Status::InvalidArgument(file +
+                                   ": rope_scaling (llama3) needs 0 < low_freq_factor < high_freq_factor "
+                                   "and original_max_position_embeddings > 0");
+  }
   return Status::OK();
 }
 

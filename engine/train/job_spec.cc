@@ -44,7 +44,7 @@ Status ParseModel(const YamlMap& m, JobSpec::Model* s) {
 Status ParseAdapter(const YamlMap& m, JobSpec::Adapter* s) {
   FT_RETURN_IF_ERROR(m.GetEnum("type", {"lora", "full"}, &s->type));
   FT_RETURN_IF_ERROR(m.Get("r", &s->r));
-  FT_RETURN_IF_ERROR(Require(s->r > 0, m, "r", "must be a positive integer"));
+  FT_RETURN_IF_ERROR(Require(s->r > 0 && s->r <= 65536, m, "r", "must be an integer in [1, 65536]"));
   FT_RETURN_IF_ERROR(m.Get("alpha", &s->alpha));
   FT_RETURN_IF_ERROR(m.Get("dropout", &s->dropout));
   FT_RETURN_IF_ERROR(Require(s->dropout >= 0 && s->dropout < 1, m, "dropout", "must be in [0, 1)"));
@@ -70,7 +70,8 @@ Status ParseData(const YamlMap& m, JobSpec::Data* s) {
   FT_RETURN_IF_ERROR(m.Get("train", &s->train, /*required=*/true));
   FT_RETURN_IF_ERROR(m.GetEnum("format", {"text", "alpaca", "chat", "tokens"}, &s->format));
   FT_RETURN_IF_ERROR(m.Get("seq_len", &s->seq_len));
-  FT_RETURN_IF_ERROR(Require(s->seq_len >= 2, m, "seq_len", "must be at least 2"));
+  FT_RETURN_IF_ERROR(Require(s->seq_len >= 2 && s->seq_len <= (int64_t{1} << 24), m, "seq_len",
+                             "must be an integer in [2, 16777216]"));
   FT_RETURN_IF_ERROR(m.Get("packing", &s->packing));
   FT_RETURN_IF_ERROR(m.Get("shuffle", &s->shuffle));
   FT_RETURN_IF_ERROR(m.Get("skip_bad_lines", &s->skip_bad_lines));
@@ -100,7 +101,8 @@ Status GetAutoInt(const YamlMap& m, const std::string& key, int64_t* out) {
                          ? Status::OK()
                          : Status::InvalidArgument(m.Where(key) + ": " + m.KeyPath(key) +
                                                    ": expected 'auto' or a positive integer"));
-  return Require(!m.Has(key) || *out > 0, m, key, "must be 'auto' or a positive integer");
+  return Require(!m.Has(key) || (*out > 0 && *out <= (int64_t{1} << 24)), m, key,
+                 "must be 'auto' or an integer in [1, 16777216]");
 }
 
 // The keys of the train section.
@@ -119,7 +121,8 @@ Status ParseTrain(const YamlMap& m, JobSpec::Train* s) {
   FT_RETURN_IF_ERROR(Require(s->max_steps >= 0, m, "max_steps", "must be >= 0"));
   FT_RETURN_IF_ERROR(Require(s->epochs >= 0, m, "epochs", "must be >= 0"));
   FT_RETURN_IF_ERROR(m.Get("global_batch_size", &s->global_batch_size));
-  FT_RETURN_IF_ERROR(Require(s->global_batch_size > 0, m, "global_batch_size", "must be a positive integer"));
+  FT_RETURN_IF_ERROR(Require(s->global_batch_size > 0 && s->global_batch_size <= (int64_t{1} << 24), m,
+                             "global_batch_size", "must be an integer in [1, 16777216]"));
   FT_RETURN_IF_ERROR(GetAutoInt(m, "micro_batch_size", &s->micro_batch_size));
   FT_RETURN_IF_ERROR(GetAutoInt(m, "gradient_accumulation", &s->gradient_accumulation));
   FT_RETURN_IF_ERROR(m.Get("lr", &s->lr));
@@ -173,7 +176,8 @@ Status ParseCheckpoint(const YamlMap& m, JobSpec::Checkpoint* s) {
 
 Status ParseResources(const YamlMap& m, JobSpec::Resources* s) {
   FT_RETURN_IF_ERROR(m.Get("gpus", &s->gpus));
-  FT_RETURN_IF_ERROR(Require(s->gpus >= 1, m, "gpus", "must be at least 1"));
+  FT_RETURN_IF_ERROR(
+      Require(s->gpus >= 1 && s->gpus <= 65536, m, "gpus", "must be an integer in [1, 65536]"));
   FT_RETURN_IF_ERROR(m.GetEnum("device", {"auto", "cuda", "cpu"}, &s->device));
   FT_RETURN_IF_ERROR(m.Get("priority", &s->priority));
   return m.Get("max_failures", &s->max_failures);
@@ -189,8 +193,10 @@ Status CheckBatchPlan(const YamlMap& train, const JobSpec& spec) {
                                    std::to_string(t.micro_batch_size) + ") must divide global_batch_size (" +
                                    std::to_string(t.global_batch_size) + ")");
   }
-  if (t.micro_batch_size > 0 && t.gradient_accumulation > 0 &&
-      t.micro_batch_size * t.gradient_accumulation * spec.resources.gpus != t.global_batch_size) {
+  int64_t product = 0;  // micro x accumulation x gpus, overflow-checked
+  const bool overflow = __builtin_mul_overflow(t.micro_batch_size, t.gradient_accumulation, &product) ||
+                        __builtin_mul_overflow(product, spec.resources.gpus, &product);
+  if (t.micro_batch_size > 0 && t.gradient_accumulation > 0 && (overflow || product != t.global_batch_size)) {
     return Status::InvalidArgument(train.Where("gradient_accumulation") + ": train: micro_batch_size (" +
                                    std::to_string(t.micro_batch_size) + ") x gradient_accumulation (" +
                                    std::to_string(t.gradient_accumulation) + ") x resources.gpus (" +

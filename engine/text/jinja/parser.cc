@@ -738,6 +738,11 @@ class Parser {
       args[0]->target = std::move(node);
       return std::move(args[0]);
     }
+    for (const ExprPtr& a : args) {
+      if (a->kind == Expr::Kind::kSlice && !a->target) {  // x[1, :2]: a tuple holding a slice object
+        return Error("a slice inside a tuple index ('x[1, :2]') is not supported");
+      }
+    }
     auto e = NewExpr(Expr::Kind::kGetItem, line);
     if (args.size() == 1) {
       e->items.push_back(std::move(args[0]));

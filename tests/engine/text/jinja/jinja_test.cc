@@ -352,6 +352,9 @@ TEST(JinjaTest, SyntaxErrorsNameTheLine) {
 
 TEST(JinjaTest, SandboxLimits) {
   EXPECT_THAT(Render("{{ range(1000000)|length }}"), HasSubstr("range() is too long"));
+  EXPECT_THAT(Render("{% for i in range(10**9) %}x{% endfor %}"), HasSubstr("line 1: range() is too long"));
+  // Found by fuzzing (tests/fuzz/corpus/jinja/finding-tuple-slice): a slice in a tuple index.
+  EXPECT_THAT(Render("{{ 'hello'[1, :4] }}"), HasSubstr("a slice inside a tuple index"));
   EXPECT_THAT(Render("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}"), HasSubstr("calls deep"));
   EXPECT_THAT(Render("{{ 'ab' * 100000000 }}"), HasSubstr("too large"));
   // Nested loops: each range is allowed, their product is not.

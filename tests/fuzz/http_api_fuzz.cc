@@ -1,0 +1,43 @@
+// ftd's HTTP API without sockets (daemon/http_api.h): one request — method,
+// target, the headers the API reads — through parsing, routing, the token
+// rules and every handler's parameter checks, against a daemon holding one
+// job. The input is "METHOD TARGET" then "Name: value" lines; "$JOB" in the
+// target stands for the job's id; the first byte picks which tokens ftd has.
+#include <memory>
+#include <sstream>
+
+#include "daemon/http_api.h"
+#include "tests/fuzz/daemon_fixture.h"
+#include "tests/fuzz/fuzz.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const std::unique_ptr<ft::fuzz::DaemonFixture> fixture = ft::fuzz::MakeDaemon("http");
+  static const std::unique_ptr<ft::HttpApi> apis[4] = {
+      std::make_unique<ft::HttpApi>(fixture->daemon.get(), ft::HttpApiOptions{"", "", "", false}),
+      std::make_unique<ft::HttpApi>(fixture->daemon.get(), ft::HttpApiOptions{"ct", "", "", false}),
+      std::make_unique<ft::HttpApi>(fixture->daemon.get(), ft::HttpApiOptions{"", "vt", "", true}),
+      std::make_unique<ft::HttpApi>(fixture->daemon.get(), ft::HttpApiOptions{"ct", "vt", "", false})};
+  if (size == 0) return 0;
+  std::istringstream in(std::string(ft::fuzz::AsText(data + 1, size - 1)));
+  ft::HttpRequest req;
+  std::string line;
+  std::getline(in, line);
+  const size_t space = line.find(' ');
+  req.method = line.substr(0, space);
+  req.target = space == std::string::npos
+                   ? "/"
+                   : ft::fuzz::ReplaceAll(line.substr(space + 1), "$JOB", fixture->job_id);
+  while (std::getline(in, line)) {
+    const size_t colon = line.find(": ");
+    if (colon == std::string::npos) continue;
+    const std::string name = line.substr(0, colon), value = line.substr(colon + 2);
+    if (name == "Authorization") req.authorization = value;
+    if (name == "Cookie") req.cookie = value;
+    if (name == "Last-Event-ID") req.last_event_id = value;
+    if (name == "Origin") req.origin = value;
+    if (name == "Host") req.host = value;
+    if (name == "Sec-Fetch-Site") req.sec_fetch_site = value;
+  }
+  (void)apis[data[0] % 4]->Handle(req);
+  return 0;
+}

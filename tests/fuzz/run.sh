@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Fuzzes every target of tests/fuzz with libFuzzer for a bounded time: a clang
+# build (FT_FUZZ=ON, ASan + UBSan, no CUDA) in BUILD_DIR, then each target for
+# SECONDS on a scratch copy of its committed corpus (with its dictionary when
+# there is one). Prints one line per target: executions, executions per
+# second, coverage (edges) and features, corpus size; fails (exit 1) on any
+# crash, sanitizer report, timeout (10 s) or leak, keeping the input under
+# BUILD_DIR/findings/<target>/ and the log beside it.
+#
+# Usage: run.sh BUILD_DIR [SECONDS=20] [TARGET...]
+# A finding becomes a regression case: copy it into tests/fuzz/corpus/<target>/
+# once fixed (the replay tests then run it in every build).
+set -uo pipefail
+src=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:?usage: run.sh BUILD_DIR [SECONDS] [TARGET...]}
+seconds=${2:-20}
+shift $(($# >= 2 ? 2 : $#))
+mkdir -p "$build"
+build=$(cd "$build" && pwd)
+log() { echo "fuzz: $*"; }
+
+if ! cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
+  -DCMAKE_CXX_COMPILER=clang++ -DFT_CUDA=OFF -DFT_FUZZ=ON -DFT_SANITIZE=address -DFT_WERROR=OFF \
+  > "$build/configure.log" 2>&1; then
+  tail -30 "$build/configure.log"
+  exit 1
+fi
+start=$(date +%s)
+if ! cmake --build "$build" -j "$(nproc)" --target fuzz_all > "$build/build.log" 2>&1; then
+  grep -E "error|Error" "$build/build.log" | head -30
+  exit 1
+fi
+log "built the targets in $(($(date +%s) - start)) s"
+
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+  for f in "$src"/tests/fuzz/*_fuzz.cc; do
+    t=$(basename "$f" _fuzz.cc)
+    [ -x "$build/tests/fuzz/fuzz_$t" ] && targets+=("$t")
+  done
+fi
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:symbolize=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+rc=0
+for t in "${targets[@]}"; do
+  work="$build/fuzz-work/$t"
+  rm -rf "$work" && mkdir -p "$work/corpus" "$build/findings/$t"
+  cp -r "$src/tests/fuzz/corpus/$t/." "$work/corpus/" 2>/dev/null
+  dict=()
+  [ -f "$src/tests/fuzz/dict/$t.dict" ] && dict=(-dict="$src/tests/fuzz/dict/$t.dict")
+  (cd "$work" && TMPDIR="$work" "$build/tests/fuzz/fuzz_$t" "$work/corpus" "${dict[@]}" \
+    -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2560 -max_len=65536 -print_final_stats=1 \
+    -artifact_prefix="$build/findings/$t/" > "$work/log.txt" 2>&1)
+  status=$?
+  stats=$(grep -E "^#[0-9]+\s+DONE" "$work/log.txt" | tail -1)
+  execs=$(grep -oP "stat::number_of_executed_units:\s*\K[0-9]+" "$work/log.txt" | tail -1)
+  speed=$(grep -oP "stat::average_exec_per_sec:\s*\K[0-9]+" "$work/log.txt" | tail -1)
+  cov=$(echo "$stats" | grep -oP "cov: \K[0-9]+")
+  ft=$(echo "$stats" | grep -oP "ft: \K[0-9]+")
+  corp=$(echo "$stats" | grep -oP "corp: \K[0-9]+")
+  if [ $status -ne 0 ]; then
+    rc=1
+    cp "$work/log.txt" "$build/findings/$t/log.txt"
+    log "$t: FINDING (exit $status); input and log in $build/findings/$t/"
+    grep -E "ERROR|SUMMARY|runtime error|Test unit written" "$work/log.txt" | head -8
+  else
+    log "$t: ${execs:-?} runs in ${seconds} s, ${speed:-?} exec/s, cov ${cov:-?} edges, ft ${ft:-?}, corpus ${corp:-?}"
+  fi
+done
+exit $rc
