@@ -184,6 +184,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   ft::log::Configure({*level, f.log_json, "ftd"});
+  // A file-size limit fails the write (EFBIG: the store turns sticky-failed and
+  // /ready says 503, nothing acknowledged is lost) instead of killing ftd.
+  std::signal(SIGXFSZ, SIG_IGN);
   std::filesystem::create_directories(f.data_dir);
   f.options.data_dir = f.data_dir;
   if (f.db.empty()) f.db = (std::filesystem::path(f.data_dir) / "ftd.sqlite").string();

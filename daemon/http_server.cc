@@ -35,6 +35,9 @@ using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 
 namespace {
 
+constexpr uint64_t kMaxHeaderBytes = 16 * 1024;  // docs/OPERATIONS.md, "Limits on input"
+constexpr uint64_t kMaxBodyBytes = 64 * 1024;
+
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 // Connections and streams are written once for both transports: Stream is
@@ -558,8 +561,8 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
 
   void Read() {
     parser_.emplace();
-    parser_->header_limit(16 * 1024);
-    parser_->body_limit(64 * 1024);
+    parser_->header_limit(kMaxHeaderBytes);
+    parser_->body_limit(kMaxBodyBytes);
     beast::get_lowest_layer(stream_).expires_after(
         std::chrono::milliseconds(shared_->options.idle_timeout_ms));
     http::async_read(stream_, buffer_, *parser_,
@@ -578,6 +581,15 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
               Dump(json{{"error",
                          "this port serves HTTPS (ftd runs with --tls-cert): use https:// "
                          "and trust ftd's certificate"}}),
+              "application/json", {}, false);
+      return;
+    }
+    if (ec == http::error::body_limit || ec == http::error::header_limit) {  // answer once, then close
+      const bool body = ec == http::error::body_limit;
+      Respond(body ? 413 : 431,
+              Dump(json{{"error", std::string(body ? "request body" : "request headers") + " larger than " +
+                                      std::to_string((body ? kMaxBodyBytes : kMaxHeaderBytes) >> 10) +
+                                      " KiB: ftd's HTTP API takes nothing larger"}}),
               "application/json", {}, false);
       return;
     }

@@ -305,6 +305,7 @@ int main(int argc, char** argv) {
   // trainer's control channel must not kill us.
   const sigset_t stop_signals = StopSignals();
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit fails the write (EFBIG) instead of killing the worker
   struct sigaction on_stop {};
   on_stop.sa_handler = OnStopSignal;
   sigemptyset(&on_stop.sa_mask);

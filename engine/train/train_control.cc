@@ -41,6 +41,9 @@ void TrainControl::InstallSignalHandlers(double grace_seconds) {
   sa.sa_handler = OnStopSignal;
   sigemptyset(&sa.sa_mask);
   for (int s : {SIGTERM, SIGUSR1, SIGINT}) sigaction(s, &sa, nullptr);
+  // A file-size limit (RLIMIT_FSIZE) fails the write with EFBIG, an IOError
+  // like ENOSPC (exit 5, "environment"), instead of killing the trainer.
+  std::signal(SIGXFSZ, SIG_IGN);
 }
 
 void TrainControl::StartControlFd(int fd) {

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -524,9 +525,13 @@ Status Trainer::WriteMetricsLine(nlohmann::json j) {
     FT_RETURN_IF_ERROR(owner_->Check());
     j["epoch"] = owner_->epoch();
   }
+  errno = 0;
   metrics_ << j.dump() << "\n";
   metrics_.flush();
-  if (!metrics_) return Status::IOError(spec_.output.dir + "/metrics.jsonl: write failed");
+  if (!metrics_) {
+    return Status::IOError(spec_.output.dir + "/metrics.jsonl: write failed" +
+                           (errno ? std::string(": ") + std::strerror(errno) : std::string()));
+  }
   return Status::OK();
 }
 

@@ -824,6 +824,30 @@ TEST_F(HttpApiTest, MalformedHttpGetsA400NotACrash) {
   EXPECT_EQ(Get("/healthz").status, 200);
 }
 
+TEST_F(HttpApiTest, OversizedBodiesAndHeadersAreRefusedClearly) {
+  Serve();
+  {
+    SseReader raw(port_);
+    const std::string request =
+        "POST /api/jobs/x/cancel HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\n" +
+        std::string(100000, 'x');
+    boost::asio::write(raw.socket(), boost::asio::buffer(request));
+    EXPECT_TRUE(raw.ReadUntil("takes nothing larger", std::chrono::seconds(5))) << raw.text();
+    EXPECT_THAT(raw.text(), HasSubstr("413"));
+    EXPECT_THAT(raw.text(), HasSubstr("request body larger than 64 KiB"));
+  }
+  {
+    SseReader raw(port_);
+    const std::string request =
+        "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + std::string(20000, 'y') + "\r\n\r\n";
+    boost::asio::write(raw.socket(), boost::asio::buffer(request));
+    EXPECT_TRUE(raw.ReadUntil("takes nothing larger", std::chrono::seconds(5))) << raw.text();
+    EXPECT_THAT(raw.text(), HasSubstr("431"));
+    EXPECT_THAT(raw.text(), HasSubstr("request headers larger than 16 KiB"));
+  }
+  EXPECT_EQ(Get("/healthz").status, 200) << "the daemon still serves";
+}
+
 // HTTPS: the same server with ftd's --tls-cert/--tls-key, a self-signed
 // certificate made by the openssl CLI for 127.0.0.1, and clients that trust
 // only that certificate.

@@ -3,9 +3,11 @@
 // submit throughput.
 #include "daemon/store.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sqlite3.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -552,32 +555,50 @@ void ReadIds(int fd, size_t want, std::string* buf, std::vector<std::string>* id
   }
 }
 
-TEST_F(StoreTest, SigkillMidwayKeepsEveryAcknowledgedJob) {
-  store_.reset();  // the child owns the database
+// Forks a child that opens the database at `path` (the parent must have
+// closed its own) and runs `body` with it and the write end of a pipe, then
+// exits 0 (2 when the database does not open). Returns the child's pid and,
+// in *fd, the pipe's read end.
+pid_t ForkDatabaseOwner(const std::string& path, int* fd, const std::function<void(Store&, int)>& body) {
   int fds[2];
-  ASSERT_EQ(pipe(fds), 0);
-  pid_t pid = fork();
-  ASSERT_GE(pid, 0);
+  if (pipe(fds) != 0) return -1;
+  const pid_t pid = fork();
   if (pid == 0) {
-    // Child: submit forever, reporting each id once CreateJob returned OK.
     close(fds[0]);
-    auto store = Store::Open(path_);
+    auto store = Store::Open(path);
     if (!store.ok()) _exit(2);
-    for (int i = 0;; ++i) {
-      auto job =
-          (*store)->CreateJob(NewJob("crash-" + std::to_string(i), 0, "req-" + std::to_string(i)), nullptr);
-      if (!job.ok()) _exit(3);
-      std::string line = job->id + "\n";
-      if (write(fds[1], line.data(), line.size()) != static_cast<ssize_t>(line.size())) _exit(4);
-    }
+    body(**store, fds[1]);
+    _exit(0);
   }
   close(fds[1]);
+  *fd = fds[0];
+  return pid;
+}
+
+// Writes `line` to `fd` whole, or ends the (child) process with 4.
+void WriteLineOrExit(int fd, const std::string& line) {
+  if (write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) _exit(4);
+}
+
+TEST_F(StoreTest, SigkillMidwayKeepsEveryAcknowledgedJob) {
+  store_.reset();  // the child owns the database
+  int fd = -1;
+  // Child: submit forever, reporting each id once CreateJob returned OK.
+  const pid_t pid = ForkDatabaseOwner(path_, &fd, [](Store& store, int out) {
+    for (int i = 0;; ++i) {
+      auto job =
+          store.CreateJob(NewJob("crash-" + std::to_string(i), 0, "req-" + std::to_string(i)), nullptr);
+      if (!job.ok()) _exit(3);
+      WriteLineOrExit(out, job->id + "\n");
+    }
+  });
+  ASSERT_GE(pid, 0);
   std::string buf;
   std::vector<std::string> acked;
-  ReadIds(fds[0], 60, &buf, &acked);
+  ReadIds(fd, 60, &buf, &acked);
   ASSERT_EQ(kill(pid, SIGKILL), 0);
-  ReadIds(fds[0], SIZE_MAX, &buf, &acked);  // what it acknowledged before dying
-  close(fds[0]);
+  ReadIds(fd, SIZE_MAX, &buf, &acked);  // what it acknowledged before dying
+  close(fd);
   int wstatus = 0;
   ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
   ASSERT_TRUE(WIFSIGNALED(wstatus)) << "child exited with " << WEXITSTATUS(wstatus);
@@ -594,6 +615,47 @@ TEST_F(StoreTest, SigkillMidwayKeepsEveryAcknowledgedJob) {
   EXPECT_GE(jobs.size(), acked.size());
   EXPECT_LE(jobs.size(), acked.size() + 1);
   std::printf("child acknowledged %zu jobs before SIGKILL; %zu on reopen\n", acked.size(), jobs.size());
+}
+
+// Disk full on ftd's data dir, made with RLIMIT_FSIZE (EFBIG, what a full
+// filesystem's ENOSPC looks like to SQLite): the write that does not fit fails
+// with a clear IOError and every job acknowledged before it is on disk.
+TEST_F(StoreTest, DiskFullRefusesTheWriteAndKeepsEveryAcknowledgedJob) {
+  store_.reset();  // the child owns the database
+  int fd = -1;
+  const std::string path = path_;
+  const pid_t pid = ForkDatabaseOwner(path_, &fd, [&path](Store& store, int out) {
+    signal(SIGXFSZ, SIG_IGN);  // as ftd does: the write fails instead of killing the process
+    rlimit limit{};
+    getrlimit(RLIMIT_FSIZE, &limit);
+    limit.rlim_cur = static_cast<rlim_t>(std::filesystem::file_size(path) + 256 * 1024);
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(5);
+    for (int i = 0; i < 1'000'000; ++i) {
+      auto job = store.CreateJob(NewJob("full-" + std::to_string(i), 0, "req-" + std::to_string(i)), nullptr);
+      WriteLineOrExit(out, job.ok() ? job->id + "\n" : "error: " + job.status().ToString() + "\n");
+      if (!job.ok()) return;
+    }
+    _exit(3);  // never full
+  });
+  ASSERT_GE(pid, 0);
+  std::string buf;
+  std::vector<std::string> lines;
+  ReadIds(fd, SIZE_MAX, &buf, &lines);
+  close(fd);
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << "child status " << wstatus;
+  ASSERT_GE(lines.size(), 2u);
+  const std::string error = lines.back();
+  lines.pop_back();
+  EXPECT_THAT(error, ::testing::HasSubstr("IOError")) << error;
+  std::printf("acknowledged %zu jobs before the disk was full; then %s\n", lines.size(), error.c_str());
+
+  Reopen();  // space again
+  for (const std::string& id : lines) EXPECT_TRUE(store_->GetJob(id).ok()) << id;
+  ASSERT_OK_AND_ASSIGN(auto jobs, store_->ListJobs({}));
+  EXPECT_EQ(jobs.size(), lines.size()) << "the refused write left nothing behind";
+  EXPECT_TRUE(store_->CreateJob(NewJob("after", 0, "req-after"), nullptr).ok()) << "writes work again";
 }
 
 // Opens `path` with plain SQLite and returns PRAGMA `name` (-1 on error).

@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 namespace pb = ftune::v1;
 
 Cluster::Cluster(const std::string& name, int64_t lease_ms)
-    : Cluster(name, ClusterOptions{lease_ms, {}, ""}) {}
+    : Cluster(name, ClusterOptions{lease_ms, {}, "", "", ""}) {}
 
 Cluster::Cluster(const std::string& name, ClusterOptions options) : options_(std::move(options)) {
   dir_ = (fs::path(::testing::TempDir()) / ("e2e-" + name)).lexically_normal().string();
@@ -62,6 +62,8 @@ void Cluster::StartDaemon() {
                                    "10000",
                                    "--http",
                                    "127.0.0.1:0"};  // never a fixed port: test binaries run side by side
+  if (!options_.client_token.empty()) argv.insert(argv.end(), {"--client-token", options_.client_token});
+  if (!options_.worker_token.empty()) argv.insert(argv.end(), {"--worker-token", options_.worker_token});
   argv.insert(argv.end(), options_.daemon_args.begin(), options_.daemon_args.end());
   daemon_ = Spawn(argv, {.log = log});
   std::regex re("ftd: listening on 127\\.0\\.0\\.1:([0-9]+)");
@@ -72,7 +74,7 @@ void Cluster::StartDaemon() {
     if (std::regex_search(text, m, re) && text.find("ftd: dashboard at ") != std::string::npos) {
       port_ = std::stoi(m[1]);
       address_ = "127.0.0.1:" + std::to_string(port_);
-      ClientOptions client{address_, "", 10'000, options_.tls_ca, nullptr};
+      ClientOptions client{address_, options_.client_token, 10'000, options_.tls_ca, nullptr};
       auto resolved = ResolveClientOptions(client);
       if (!resolved.ok()) throw std::runtime_error(resolved.status().ToString());
       client_ = std::make_unique<JobsClient>(*resolved);
@@ -89,6 +91,7 @@ Proc& Cluster::StartWorker(const std::string& id, const std::vector<std::string>
   if (std::find(extra.begin(), extra.end(), "--cpu-memory") == extra.end()) {
     argv.insert(argv.end(), {"--cpu-memory", "4GiB"});  // a known size, whatever the host has
   }
+  if (!options_.worker_token.empty()) argv.insert(argv.end(), {"--token", options_.worker_token});
   argv.insert(argv.end(), extra.begin(), extra.end());
   workers_[id] = Spawn(argv, {.log = dir_ + "/worker-" + id + ".log"});
   return workers_[id];

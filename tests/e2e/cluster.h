@@ -24,6 +24,8 @@ struct ClusterOptions {
   int64_t lease_ms = 3000;
   std::vector<std::string> daemon_args;  // extra ftd flags (e.g. --tls-cert/--tls-key)
   std::string tls_ca;                    // the client's CA bundle ("" = plaintext)
+  std::string client_token;              // ftd --client-token; the client sends it
+  std::string worker_token;              // ftd --worker-token; workers send it (--token)
 };
 
 class Cluster {

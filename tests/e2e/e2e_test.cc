@@ -92,6 +92,33 @@ TEST(E2E, KilledWorkerIsReplacedWithinLeaseAndTheResultIsBitIdentical) {
   EXPECT_EQ(Adapter(j.output_dir()), Adapter(c.RunReference(job)));
 }
 
+// A checkpoint write that fails for lack of space (RLIMIT_FSIZE on the
+// running trainer: EFBIG, the same IOError path as ENOSPC): the attempt ends
+// "environment" (not the job's failure), the job is placed again, resumes
+// from what was committed and ends SUCCEEDED with the uninterrupted result.
+TEST(E2E, CheckpointWriteWithoutSpaceIsRetriedAndTheJobSucceeds) {
+  Cluster c("diskfull");
+  const std::string job = c.WriteJob("diskfull", 120, 20);
+  c.StartWorker("w");
+  const std::string id = c.Submit(job);
+  pb::Job j = c.WaitFor(
+      id, [](const pb::Job& j) { return j.steps_done() >= 3; }, 60'000);
+  ASSERT_EQ(j.state(), pb::RUNNING);
+  // No file of the trainer may grow past 64 KiB from now on: metrics.jsonl
+  // stays below that (44 KB for the whole run), its next checkpoint's adapter
+  // (69 KB) and optimizer state (139 KB) do not fit.
+  const std::string limit =
+      "for p in $(pgrep -f '" + c.dir() + "[/]w-w/'); do prlimit --pid $p --fsize=65536; done";
+  ASSERT_EQ(std::system(limit.c_str()), 0) << limit;
+  j = c.WaitFor(id, Done, 180'000);
+  ASSERT_EQ(j.state(), pb::SUCCEEDED) << j.reason();
+  EXPECT_EQ(j.failures(), 0) << "lack of space is the node's problem, not the job's";
+  ASSERT_GE(j.attempts_size(), 2);
+  EXPECT_EQ(j.attempts(0).outcome(), pb::ATTEMPT_ENVIRONMENT) << j.attempts(0).reason();
+  EXPECT_THAT(j.attempts(0).reason(), HasSubstr("File too large"));
+  EXPECT_EQ(Adapter(j.output_dir()), Adapter(c.RunReference(job)));
+}
+
 TEST(E2E, DaemonKilledMidRunRestartsWithoutDuplicatesAndKeepsHistory) {
   Cluster c("restart");
   const std::string job = c.WriteJob("restart", 400, 10);
@@ -165,6 +192,68 @@ TEST(E2E, MalformedJobGetsFileAndLineFromFtctlAndTheDaemonIsUnaffected) {
   auto jobs = c.client().List({});
   ASSERT_TRUE(jobs.ok()) << "the daemon is still serving";
   EXPECT_EQ(jobs->jobs_size(), 0);
+}
+
+// Tokens are secrets: with ftd, a worker and ftctl at debug log level, a job
+// run through a worker restart, right and wrong tokens on gRPC and HTTP, no
+// log, error message or file any of them writes holds a token.
+TEST(E2E, TokensNeverAppearInLogsOrErrorMessages) {
+  const std::string client = "client-SECRET-7c1e0d", worker = "worker-SECRET-52aa9f",
+                    wrong = "wrong-SECRET-90bd3e";
+  Cluster c("tokens", ClusterOptions{3000, {"--log-level", "debug"}, "", client, worker});
+  c.StartWorker("w", {"--log-level", "debug"});
+  const std::string id = c.Submit(c.WriteJob("tokens", 60, 10));
+  c.WaitFor(
+      id, [](const pb::Job& j) { return j.steps_done() >= 5 || Done(j); }, 120'000);
+  c.worker("w").Signal(SIGKILL);  // the restarted worker registers (and authenticates) again
+  c.worker("w").Wait();
+  c.StartWorker("w", {"--log-level", "debug"});
+  EXPECT_EQ(c.WaitFor(id, Done, 180'000).state(), pb::SUCCEEDED);
+  // A worker with a wrong token is refused, and says so without the token.
+  Proc bad = Spawn(
+      {WORKER_BIN, "--daemon", c.address(), "--id", "intruder", "--token", wrong, "--ft-train", FT_TRAIN_BIN,
+       "--work-dir", c.dir() + "/w-intruder", "--cpu-memory", "1GiB", "--log-level", "debug"},
+      {.log = c.dir() + "/worker-intruder.log"});
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  bad.Signal(SIGKILL);
+  bad.Wait();
+  EXPECT_THAT(Slurp(c.dir() + "/worker-intruder.log"), HasSubstr("missing or wrong bearer token"));
+  // ftctl with the right token, a wrong one and the wrong one from the environment.
+  auto ftctl = [&](const std::string& name, std::vector<std::string> args,
+                   std::vector<std::string> env = {}) {
+    std::vector<std::string> argv = {FTCTL_BIN, "--addr", c.address()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return Spawn(argv, {.log = c.dir() + "/ftctl-" + name + ".log", .env = std::move(env)}).Wait();
+  };
+  EXPECT_EQ(ftctl("ok", {"--token", client, "status", id}), 0);
+  EXPECT_NE(ftctl("wrong", {"--token", wrong, "ls"}), 0);
+  EXPECT_NE(ftctl("env", {"ls"}, {"FTUNE_TOKEN=" + wrong}), 0);
+  EXPECT_NE(ftctl("cancel", {"--token", wrong, "cancel", id}), 0);
+  EXPECT_THAT(Slurp(c.dir() + "/ftctl-wrong.log"), HasSubstr("missing or wrong bearer token"));
+  // The dashboard's API with the token in the query and a wrong one in the header.
+  std::smatch m;
+  const std::string ftd_log = Slurp(c.dir() + "/ftd.log");
+  ASSERT_TRUE(std::regex_search(ftd_log, m, std::regex("dashboard at http://127\\.0\\.0\\.1:([0-9]+)/")));
+  for (const std::string& request :
+       {"GET /api/jobs?token=" + client + " HTTP/1.0\r\n\r\n",
+        "POST /api/jobs/" + id + "/cancel HTTP/1.0\r\nAuthorization: Bearer " + wrong + "\r\n\r\n",
+        "GET /api/jobs?token=" + wrong + " HTTP/1.0\r\n\r\n"}) {
+    const std::string cmd = "bash -c 'exec 3<>/dev/tcp/127.0.0.1/" + m[1].str() + "; printf \"" + request +
+                            "\" >&3; cat <&3' >> " + c.dir() + "/http.log 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  }
+  EXPECT_THAT(Slurp(c.dir() + "/http.log"), HasSubstr("401"));
+  // Every file under the cluster's directory: logs, job logs, metrics, the database.
+  int files = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(c.dir())) {
+    if (!e.is_regular_file()) continue;
+    ++files;
+    const std::string text = Slurp(e.path().string());
+    for (const std::string& token : {client, worker, wrong}) {
+      EXPECT_EQ(text.find(token), std::string::npos) << e.path() << " holds a token";
+    }
+  }
+  EXPECT_GT(files, 20);
 }
 
 TEST(E2E, TlsWhenConfiguredAndPlaintextClientsAreRefused) {
