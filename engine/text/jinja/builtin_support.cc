@@ -144,6 +144,31 @@ StatusOr<std::vector<Value>> SortValues(std::vector<Value> items,
   return out;
 }
 
+StatusOr<Value> StrUpper(Interpreter&, const Value& self, const Args&) {
+  return Value::Str(AsciiUpper(self.ToStr()));
+}
+StatusOr<Value> StrLower(Interpreter&, const Value& self, const Args&) {
+  return Value::Str(AsciiLower(self.ToStr()));
+}
+StatusOr<Value> StrTitle(Interpreter&, const Value& self, const Args&) {
+  return Value::Str(PyTitle(self.ToStr()));
+}
+StatusOr<Value> StrCapitalize(Interpreter&, const Value& self, const Args&) {
+  return Value::Str(PyCapitalize(self.ToStr()));
+}
+
+StatusOr<Value> StrStrip(Interpreter&, const Value& self, const Args& a) {
+  FT_ASSIGN_OR_RETURN(std::optional<std::string> chars, a.OptStr(0));
+  return Value::Str(PyStrip(self.ToStr(), chars, true, true));
+}
+
+StatusOr<Value> StrReplace(Interpreter&, const Value& self, const Args& a) {
+  FT_ASSIGN_OR_RETURN(std::string old_s, a.Str(0));
+  FT_ASSIGN_OR_RETURN(std::string new_s, a.Str(1));
+  FT_ASSIGN_OR_RETURN(int64_t count, a.Int(2, -1));
+  return Value::Str(PyReplace(self.ToStr(), old_s, new_s, count));
+}
+
 bool AllCased(const std::string& s, bool lower) {
   bool cased = false;
   for (char c : s) {

@@ -82,6 +82,15 @@ Value LowerIfStr(const Value& v, bool case_sensitive);
 // Stable sort by key; Compare errors surface.
 StatusOr<std::vector<Value>> SortValues(std::vector<Value> items,
                                         const std::function<Value(const Value&)>& key, bool reverse);
+// String built-ins that the filter and the str-method tables share (on
+// self.ToStr(): a string's own text): upper, lower, title, capitalize,
+// strip(chars) and replace(old, new, count).
+StatusOr<Value> StrUpper(Interpreter&, const Value& self, const Args&);
+StatusOr<Value> StrLower(Interpreter&, const Value& self, const Args&);
+StatusOr<Value> StrTitle(Interpreter&, const Value& self, const Args&);
+StatusOr<Value> StrCapitalize(Interpreter&, const Value& self, const Args&);
+StatusOr<Value> StrStrip(Interpreter&, const Value& self, const Args& a);
+StatusOr<Value> StrReplace(Interpreter&, const Value& self, const Args& a);
 // Python's str.isupper()/islower() (ASCII): some cased character, none of the other case.
 bool AllCased(const std::string& s, bool lower);
 

@@ -372,29 +372,11 @@ const std::vector<Builtin> kFilters = {
        return v;
      }},
     {{"length", "count"}, {}, "len(): code points of a string, items of a list or dict", Length},
-    {{"trim"},
-     {"chars"},
-     "str.strip(chars)",
-     [](I&, const V& v, const A& a) -> StatusOr<V> {
-       FT_ASSIGN_OR_RETURN(std::optional<std::string> chars, a.OptStr(0));
-       return V::Str(PyStrip(v.ToStr(), chars, true, true));
-     }},
-    {{"upper"},
-     {},
-     "ASCII upper case",
-     [](I&, const V& v, const A&) -> StatusOr<V> { return V::Str(AsciiUpper(v.ToStr())); }},
-    {{"lower"},
-     {},
-     "ASCII lower case",
-     [](I&, const V& v, const A&) -> StatusOr<V> { return V::Str(AsciiLower(v.ToStr())); }},
-    {{"title"},
-     {},
-     "str.title()",
-     [](I&, const V& v, const A&) -> StatusOr<V> { return V::Str(PyTitle(v.ToStr())); }},
-    {{"capitalize"},
-     {},
-     "str.capitalize()",
-     [](I&, const V& v, const A&) -> StatusOr<V> { return V::Str(PyCapitalize(v.ToStr())); }},
+    {{"trim"}, {"chars"}, "str.strip(chars)", builtin::StrStrip},
+    {{"upper"}, {}, "ASCII upper case", builtin::StrUpper},
+    {{"lower"}, {}, "ASCII lower case", builtin::StrLower},
+    {{"title"}, {}, "str.title()", builtin::StrTitle},
+    {{"capitalize"}, {}, "str.capitalize()", builtin::StrCapitalize},
     {{"string"}, {}, "str(value)", [](I&, const V& v, const A&) -> StatusOr<V> { return V::Str(v.ToStr()); }},
     {{"safe"},
      {},
@@ -429,15 +411,7 @@ const std::vector<Builtin> kFilters = {
      }},
     {{"reverse"}, {}, "the items (or characters) in reverse order", Reverse},
     {{"join"}, {"d", "attribute"}, "the items (or their attribute) as strings joined by d", Join},
-    {{"replace"},
-     {"old", "new", "count"},
-     "str.replace(old, new, count)",
-     [](I&, const V& v, const A& a) -> StatusOr<V> {
-       FT_ASSIGN_OR_RETURN(std::string old_s, a.Str(0));
-       FT_ASSIGN_OR_RETURN(std::string new_s, a.Str(1));
-       FT_ASSIGN_OR_RETURN(int64_t count, a.Int(2, -1));
-       return V::Str(PyReplace(v.ToStr(), old_s, new_s, count));
-     }},
+    {{"replace"}, {"old", "new", "count"}, "str.replace(old, new, count)", builtin::StrReplace},
     {{"items"}, {}, "a dict's (key, value) pairs", Items},
     {{"dictsort"},
      {"case_sensitive", "by", "reverse"},

@@ -95,13 +95,7 @@ const std::vector<Builtin> kStr = {
        if (!a.Has(0)) return Err("endswith() takes at least 1 argument");
        return StrStartsEnds(s.str(), *a.Get(0), true, "endswith");
      }},
-    {{"strip"},
-     {"chars"},
-     "without leading and trailing chars (whitespace)",
-     [](I&, const V& s, const A& a) -> StatusOr<V> {
-       FT_ASSIGN_OR_RETURN(std::optional<std::string> chars, a.OptStr(0));
-       return V::Str(PyStrip(s.str(), chars, true, true));
-     }},
+    {{"strip"}, {"chars"}, "without leading and trailing chars (whitespace)", builtin::StrStrip},
     {{"lstrip"},
      {"chars"},
      "without leading chars (whitespace)",
@@ -131,31 +125,14 @@ const std::vector<Builtin> kStr = {
     {{"replace"},
      {"old", "new", "count"},
      "with old replaced by new (the first count times)",
-     [](I&, const V& s, const A& a) -> StatusOr<V> {
-       FT_ASSIGN_OR_RETURN(std::string old_s, a.Str(0));
-       FT_ASSIGN_OR_RETURN(std::string new_s, a.Str(1));
-       FT_ASSIGN_OR_RETURN(int64_t count, a.Int(2, -1));
-       return V::Str(PyReplace(s.str(), old_s, new_s, count));
-     }},
-    {{"upper"},
-     {},
-     "ASCII upper case",
-     [](I&, const V& s, const A&) -> StatusOr<V> { return V::Str(AsciiUpper(s.str())); },
-     Builtin::kVariadic},
-    {{"lower"},
-     {},
-     "ASCII lower case",
-     [](I&, const V& s, const A&) -> StatusOr<V> { return V::Str(AsciiLower(s.str())); },
-     Builtin::kVariadic},
-    {{"title"},
-     {},
-     "each word capitalized",
-     [](I&, const V& s, const A&) -> StatusOr<V> { return V::Str(PyTitle(s.str())); },
-     Builtin::kVariadic},
+     builtin::StrReplace},
+    {{"upper"}, {}, "ASCII upper case", builtin::StrUpper, Builtin::kVariadic},
+    {{"lower"}, {}, "ASCII lower case", builtin::StrLower, Builtin::kVariadic},
+    {{"title"}, {}, "each word capitalized", builtin::StrTitle, Builtin::kVariadic},
     {{"capitalize"},
      {},
      "the first character upper case, the rest lower",
-     [](I&, const V& s, const A&) -> StatusOr<V> { return V::Str(PyCapitalize(s.str())); },
+     builtin::StrCapitalize,
      Builtin::kVariadic},
     {{"find"},
      {"sub"},
