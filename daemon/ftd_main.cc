@@ -169,6 +169,12 @@ int StartHttp(const Flags& f, const char* argv0, ft::Daemon* daemon, HttpSide* o
   std::printf("ftd: dashboard at %s://%s:%d/\n", out->server->tls() ? "https" : "http", url_host.c_str(),
               out->server->port());
   std::fflush(stdout);
+  const bool loopback = h.rfind("127.", 0) == 0 || h == "::1" || h == "localhost";
+  if (!loopback && f.http_view_token.empty()) {
+    FT_LOG(WARN) << "ftd: the dashboard on " << h
+                 << " has no view token: anyone who can reach this address can read jobs, logs and metrics "
+                    "(pass --http-view-token; actions still need --client-token; see docs/OPERATIONS.md)";
+  }
   return 0;
 }
 }  // namespace

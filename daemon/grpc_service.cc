@@ -8,6 +8,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/secret.h"
 #include "daemon/grpc_status.h"
 
 namespace ft {
@@ -20,7 +21,7 @@ bool Authorised(const grpc::CallbackServerContext* ctx, const std::string& token
   if (token.empty()) return true;
   auto it = ctx->client_metadata().find("authorization");
   return it != ctx->client_metadata().end() &&
-         std::string(it->second.data(), it->second.size()) == "Bearer " + token;
+         SecretEquals(std::string_view(it->second.data(), it->second.size()), "Bearer " + token);
 }
 
 const grpc::Status kUnauthenticated(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong bearer token");

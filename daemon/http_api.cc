@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "common/logging.h"
+#include "common/secret.h"
 #include "daemon/json_views.h"
 #include "daemon/prometheus.h"
 
@@ -275,10 +276,10 @@ HttpApi::HttpApi(Daemon* daemon, HttpApiOptions options) : daemon_(daemon), opti
 
 bool HttpApi::HasToken(const HttpRequest& req, const std::map<std::string, std::string>& query,
                        const std::string& token, bool allow_cookie) {
-  if (req.authorization == "Bearer " + token) return true;
+  if (SecretEquals(req.authorization, "Bearer " + token)) return true;
   auto it = query.find("token");
-  if (it != query.end() && it->second == token) return true;
-  return allow_cookie && CookieValue(req.cookie, kTokenCookie) == token;
+  if (it != query.end() && SecretEquals(it->second, token)) return true;
+  return allow_cookie && SecretEquals(CookieValue(req.cookie, kTokenCookie), token);
 }
 
 namespace {
@@ -394,8 +395,8 @@ std::optional<HttpResponse> HttpApi::Authorize(const Endpoint& e, const HttpRequ
     }
     auto query_token = query.find("token");
     if (query_token != query.end()) {
-      if (query_token->second == options_.view_token) *cookie_token = &options_.view_token;
-      if (!options_.client_token.empty() && query_token->second == options_.client_token) {
+      if (SecretEquals(query_token->second, options_.view_token)) *cookie_token = &options_.view_token;
+      if (!options_.client_token.empty() && SecretEquals(query_token->second, options_.client_token)) {
         *cookie_token = &options_.client_token;
       }
     }

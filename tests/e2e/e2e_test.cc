@@ -256,6 +256,33 @@ TEST(E2E, TokensNeverAppearInLogsOrErrorMessages) {
   EXPECT_GT(files, 20);
 }
 
+// ftd serving the dashboard beyond loopback without a view token says so
+// at start; with one (or on loopback) it does not.
+TEST(E2E, DashboardBeyondLoopbackWithoutAViewTokenWarns) {
+  const std::string dir = ::testing::TempDir() + "/e2e-view-token";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto start = [&](const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> argv = {FTD_BIN, "--listen", "127.0.0.1:0", "--data-dir", dir + "/" + name};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    Proc p = Spawn(argv, {.log = dir + "/" + name + ".log"});
+    for (int i = 0; i < 800 && Slurp(p.log).find("dashboard at") == std::string::npos; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    p.Signal(SIGTERM);
+    EXPECT_EQ(p.Wait(), 0) << Slurp(p.log);
+    return Slurp(p.log);
+  };
+  const std::string open = start("open", {"--http", "0.0.0.0:0"});
+  EXPECT_THAT(open, HasSubstr("dashboard at http://0.0.0.0:"));
+  EXPECT_THAT(open, HasSubstr("has no view token"));
+  const std::string guarded = start("guarded", {"--http", "0.0.0.0:0", "--http-view-token", "v-SECRET"});
+  EXPECT_THAT(guarded, HasSubstr("dashboard at http://0.0.0.0:"));
+  EXPECT_THAT(guarded, ::testing::Not(HasSubstr("has no view token")));
+  EXPECT_THAT(start("loopback", {"--http", "127.0.0.1:0"}), ::testing::Not(HasSubstr("has no view token")));
+}
+
 TEST(E2E, TlsWhenConfiguredAndPlaintextClientsAreRefused) {
   const std::string certs = ::testing::TempDir() + "/e2e-tls-certs";
   std::filesystem::remove_all(certs);
