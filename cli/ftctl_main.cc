@@ -1,8 +1,8 @@
 // ftctl: the command line users drive ftune with.
 //
-//   ftctl submit job.yaml [--follow]     validate locally (file:line errors), queue, optionally follow
-//   ftctl ls | status ID | logs ID [-f] | cancel ID | workers | events [ID]
-//   ftctl up                             embedded mode: ftd + one local worker, state under the data dir
+//   ftctl submit job.yaml [--set k=v] [--follow]   validate locally (file:line errors), queue, optionally
+//   follow ftctl ls | status ID | logs ID [-f] | cancel ID | workers | events [ID] ftctl up embedded mode:
+//   ftd + one local worker, state under the data dir
 //
 // Address and token: --addr/--token, else FTUNE_ADDR/FTUNE_TOKEN, else
 // ~/.config/ftune/client.yaml, else 127.0.0.1:7070. `--json` prints the raw
@@ -160,16 +160,18 @@ int Follow(ft::JobsClient& client, const std::string& id) {
   return final_state == pb::SUCCEEDED ? kOk : kJobNotSucceeded;
 }
 
-int Submit(ft::JobsClient& client, const std::string& file, bool follow, std::string request_id, bool json) {
+int Submit(ft::JobsClient& client, const std::string& file, const std::vector<std::string>& overrides,
+           bool follow, std::string request_id, bool json) {
   std::ifstream in(file, std::ios::binary);
   if (!in) return Fail(ft::Status::NotFound(file + ": cannot open job file"));
   std::stringstream text;
   text << in.rdbuf();
   const std::string abs = fs::absolute(file).lexically_normal().string();
-  auto spec = ft::ParseJobSpec(text.str(), abs);  // file:line errors before anything is sent
-  if (!spec.ok()) return Fail(spec.status());
+  // file:line (or --set) errors before anything is sent; ftd stores the merged job.
+  auto job = ft::ParseJobWithOverrides(text.str(), abs, overrides);
+  if (!job.ok()) return Fail(job.status());
   pb::SubmitRequest req;
-  req.set_spec_yaml(text.str());
+  req.set_spec_yaml(job->yaml);
   req.set_spec_dir(fs::path(abs).parent_path().string());
   req.set_client_request_id(request_id.empty() ? RandomId() : request_id);
   auto reply = client.Submit(req);
@@ -277,6 +279,10 @@ int main(int argc, char** argv) {
   bool follow = false;
   submit->add_option("job", job_file, "job.yaml")->required();
   submit->add_flag("--follow,-f", follow, "show live progress until the job ends");
+  std::vector<std::string> overrides;
+  submit->add_option(
+      "--set", overrides,
+      "override a job.yaml key, e.g. --set train.lr=1e-4 --set data.seq_len=1024 (repeatable)");
   submit->add_option("--request-id", request_id, "idempotency key (default: random)");
   auto* ls = app.add_subcommand("ls", "list jobs");
   auto* status = app.add_subcommand("status", "a job's state and attempt history");
@@ -307,7 +313,7 @@ int main(int argc, char** argv) {
   auto resolved = ft::ResolveClientOptions(options);
   if (!resolved.ok()) return Fail(resolved.status());
   ft::JobsClient client(*resolved);
-  if (*submit) return Submit(client, job_file, follow, request_id, json);
+  if (*submit) return Submit(client, job_file, overrides, follow, request_id, json);
   if (*ls) return List(client, json);
   if (*status) return Status(client, id, json);
   if (*watch) return Follow(client, id);

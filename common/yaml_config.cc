@@ -32,6 +32,62 @@ StatusOr<YamlMap> YamlMap::Parse(std::string_view text, std::string file) {
   return YamlMap(root, std::move(file), "");
 }
 
+namespace {
+
+// Sets root[path] = value for one override; `what` names it in errors.
+Status ApplyOverride(YAML::Node root, const std::string& override_text) {
+  const std::string what = "--set " + override_text;
+  const size_t eq = override_text.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    return Status::InvalidArgument(what + ": expected KEY=VALUE with a dotted key, e.g. train.lr=1e-4");
+  }
+  std::vector<std::string> path;
+  std::stringstream keys(override_text.substr(0, eq));
+  for (std::string k; std::getline(keys, k, '.');) path.push_back(k);
+  if (override_text[eq - 1] == '.' ||
+      std::any_of(path.begin(), path.end(), [](const std::string& k) { return k.empty(); })) {
+    return Status::InvalidArgument(what + ": empty key in the dotted path");
+  }
+  YAML::Node value;
+  try {
+    value = YAML::Load(override_text.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    return Status::InvalidArgument(what + ": the value is not YAML: " + e.msg);
+  }
+  YAML::Node node = root;
+  std::string at;
+  for (size_t i = 0; i + 1 < path.size(); ++i) {
+    at += (at.empty() ? "" : ".") + path[i];
+    YAML::Node child = node[path[i]];
+    if (!child.IsDefined() || child.IsNull()) {
+      node[path[i]] = YAML::Node(YAML::NodeType::Map);
+      child = node[path[i]];
+    } else if (!child.IsMap()) {
+      return Status::InvalidArgument(what + ": '" + at + "' is not a mapping, so it has no key '" +
+                                     path[i + 1] + "'");
+    }
+    node.reset(child);
+  }
+  node[path.back()] = value;
+  return Status::OK();
+}
+
+}  // namespace
+
+StatusOr<std::string> ApplyYamlOverrides(std::string_view text, const std::string& file,
+                                         const std::vector<std::string>& overrides) {
+  FT_ASSIGN_OR_RETURN(YamlMap parsed, YamlMap::Parse(text, file));
+  YAML::Node root = YAML::Clone(parsed.node());
+  try {
+    for (const std::string& o : overrides) FT_RETURN_IF_ERROR(ApplyOverride(root, o));
+    YAML::Emitter out;
+    out << root;
+    return std::string(out.c_str()) + "\n";
+  } catch (const YAML::Exception& e) {
+    return Status::InvalidArgument(file + ": cannot apply --set overrides: " + e.msg);
+  }
+}
+
 StatusOr<YamlMap> YamlMap::LoadFile(const std::string& file) {
   std::ifstream in(file, std::ios::binary);
   if (!in) return Status::NotFound(file + ": cannot open file");

@@ -72,6 +72,16 @@ class YamlMap {
   std::string path_;
 };
 
+// `text` (a YAML document whose root is a mapping) with each override
+// "a.b.c=VALUE" applied in order, as the merged document's YAML text. VALUE is
+// read as YAML (1e-4 a number, true a bool, [q_proj, v_proj] a list, anything
+// else a string); mappings missing on the path are created. InvalidArgument
+// naming the override ("--set a.b=...: ...") when it is not KEY=VALUE, its
+// value is not YAML or a key on its path holds a value that is not a
+// mapping; the text's own YAML errors name the file's line as Parse does.
+StatusOr<std::string> ApplyYamlOverrides(std::string_view text, const std::string& file,
+                                         const std::vector<std::string>& overrides);
+
 // Levenshtein distance, for "did you mean" suggestions.
 size_t EditDistance(std::string_view a, std::string_view b);
 // The closest candidate to `word`, or "" when none is reasonably close.

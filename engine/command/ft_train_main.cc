@@ -44,6 +44,7 @@ int Fail(const ft::Status& s) {
 
 struct RunFlags {
   std::string job_file;
+  std::vector<std::string> overrides;  // --set KEY=VALUE
   std::string resume_dir;
   int control_fd = -1;
   double stop_grace = 10;
@@ -55,9 +56,9 @@ int RunJob(const RunFlags& flags) {
   ft::TrainControl control;
   control.InstallSignalHandlers(flags.stop_grace);  // before loading: a signal during loading still counts
   if (flags.control_fd >= 0) control.StartControlFd(flags.control_fd);
-  auto spec = ft::LoadJobSpec(flags.job_file);
-  if (!spec.ok()) return Fail(spec.status());
-  auto trainer = ft::Trainer::Create(*spec);
+  auto job = ft::LoadJobWithOverrides(flags.job_file, flags.overrides);
+  if (!job.ok()) return Fail(job.status());
+  auto trainer = ft::Trainer::Create(job->spec);
   if (!trainer.ok()) return Fail(trainer.status());
   (*trainer)->set_control(&control);
   if (flags.epoch > 0) (*trainer)->set_fencing(flags.job_id, flags.epoch);
@@ -65,7 +66,7 @@ int RunJob(const RunFlags& flags) {
   if (!outcome.ok()) return Fail(outcome.status());
   if (*outcome == ft::RunOutcome::kPreempted) return ft::kExitPreempted;
   std::fprintf(stderr, "ft-train: finished %lld steps; outputs in %s\n",
-               static_cast<long long>((*trainer)->steps_done()), spec->output.dir.c_str());
+               static_cast<long long>((*trainer)->steps_done()), job->spec.output.dir.c_str());
   return ft::kExitFinished;
 }
 
@@ -78,10 +79,11 @@ void PreferPassiveOpenMpThreads(char** argv) {
   execv("/proc/self/exe", argv);  // only returns on failure: carry on as we are
 }
 
-int Plan(const std::string& job_file, const std::string& device_memory, const std::string& device,
-         int64_t world) {
-  auto spec = ft::LoadJobSpec(job_file);
-  if (!spec.ok()) return Fail(spec.status());
+int Plan(const std::string& job_file, const std::vector<std::string>& overrides,
+         const std::string& device_memory, const std::string& device, int64_t world) {
+  auto job = ft::LoadJobWithOverrides(job_file, overrides);
+  if (!job.ok()) return Fail(job.status());
+  const ft::JobSpec* spec = &job->spec;
   auto config = ft::ReadHfConfig(spec->model.path);
   if (!config.ok()) return Fail(config.status());
   int64_t bytes = 0;
@@ -150,6 +152,8 @@ int main(int argc, char** argv) {
       app.add_subcommand("run", "train a job.yaml locally (resuming from its newest valid checkpoint)");
   RunFlags flags;
   run->add_option("job", flags.job_file, "job.yaml")->required();
+  run->add_option("--set", flags.overrides,
+                  "override a job.yaml key, e.g. --set train.lr=1e-4 --set data.seq_len=1024 (repeatable)");
   run->add_option("--resume", flags.resume_dir,
                   "resume from this checkpoint directory instead of the newest");
   run->add_option("--control-fd", flags.control_fd,
@@ -165,6 +169,8 @@ int main(int argc, char** argv) {
   std::string plan_job, device_memory, plan_device = "cpu";
   int64_t plan_world = 1;
   plan->add_option("job", plan_job, "job.yaml")->required();
+  std::vector<std::string> plan_overrides;
+  plan->add_option("--set", plan_overrides, "override a job.yaml key, as for run (repeatable)");
   plan->add_option("--device-memory", device_memory,
                    "memory of one device, e.g. 24GiB (default: this host's)");
   plan->add_option("--device", plan_device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
@@ -197,7 +203,7 @@ int main(int argc, char** argv) {
   ft::log::Configure({*level, log_json, "ft-train"});
   if (*run) return RunJob(flags);
   if (*tokenize) return ft::RunTokenizeCommand(tokenizer_path, add_special, decode);
-  if (*plan) return Plan(plan_job, device_memory, plan_device, plan_world);
+  if (*plan) return Plan(plan_job, plan_overrides, device_memory, plan_device, plan_world);
   if (*make) return MakeModel(preset, config_file, out, dtype, seed, vocab);
   return 2;
 }

@@ -262,4 +262,60 @@ StatusOr<JobSpec> LoadJobSpec(const std::string& file) {
   return ParseJobSpec(text, file);
 }
 
+namespace {
+
+// The override an error of the merged job comes from ("" when none): its
+// message, after "file:line:col: ", starts with the override's key path
+// ("train.lr: ...") or names the key as unknown in the override's section.
+std::string OverrideBehind(const std::string& rest, const std::vector<std::string>& overrides) {
+  for (auto it = overrides.rbegin(); it != overrides.rend(); ++it) {  // the last one applied wins
+    const std::string key = it->substr(0, it->find('='));
+    if (rest.rfind(key + ":", 0) == 0 || rest.rfind(key + " ", 0) == 0) return *it;
+    // Any key on the override's path may be the unknown one ("trian" of trian.lr).
+    std::string section = "the top level";
+    size_t start = 0;
+    while (true) {
+      const size_t dot = key.find('.', start);
+      const std::string segment =
+          key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+      if (rest.rfind("unknown key '" + segment + "' in " + section, 0) == 0) return *it;
+      if (dot == std::string::npos) break;
+      section = key.substr(0, dot);
+      start = dot + 1;
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+StatusOr<MergedJob> ParseJobWithOverrides(const std::string& yaml_text, const std::string& file,
+                                          const std::vector<std::string>& overrides) {
+  if (overrides.empty()) {
+    FT_ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(yaml_text, file));
+    return MergedJob{std::move(spec), yaml_text};
+  }
+  FT_ASSIGN_OR_RETURN(std::string merged, ApplyYamlOverrides(yaml_text, file, overrides));
+  StatusOr<JobSpec> spec = ParseJobSpec(merged, file);
+  if (spec.ok()) return MergedJob{std::move(*spec), std::move(merged)};
+  // The message without its "file:line:col: " (lines differ between the file and the merged text).
+  auto rest_of = [&](const std::string& message) {
+    if (message.rfind(file + ":", 0) != 0) return message;
+    const size_t after = message.find(": ", file.size());
+    return after == std::string::npos ? message : message.substr(after + 2);
+  };
+  const std::string rest = rest_of(spec.status().message());
+  // The file's own error, with its own line, when it has one the overrides do not fix.
+  StatusOr<JobSpec> own = ParseJobSpec(yaml_text, file);
+  if (!own.ok() && rest_of(own.status().message()) == rest) return own.status();
+  const std::string behind = OverrideBehind(rest, overrides);
+  if (!behind.empty()) return Status::InvalidArgument("--set " + behind + ": " + rest);
+  return Status::InvalidArgument(file + " with the --set overrides: " + rest);
+}
+
+StatusOr<MergedJob> LoadJobWithOverrides(const std::string& file, const std::vector<std::string>& overrides) {
+  FT_ASSIGN_OR_RETURN(std::string text, ReadFileToString(file));
+  return ParseJobWithOverrides(text, file, overrides);
+}
+
 }  // namespace ft

@@ -105,4 +105,18 @@ StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& 
 // Reads and parses a job file.
 StatusOr<JobSpec> LoadJobSpec(const std::string& file);
 
+// Job text with command-line overrides ("train.lr=1e-4", ftctl submit --set
+// and ft-train run --set; common/yaml_config.h's ApplyYamlOverrides).
+struct MergedJob {
+  JobSpec spec;
+  std::string yaml;  // the merged job.yaml text: what ftd stores and every attempt runs
+};
+// Validates the merged job exactly like a file. An error the overrides cause
+// names the override ("--set train.lr=fast: expected a number, got 'fast'",
+// "--set train.lrr=1: unknown key 'lrr' in train (did you mean 'lr'?)"); an
+// error of the file itself keeps the file's line. No overrides: the text as is.
+StatusOr<MergedJob> ParseJobWithOverrides(const std::string& yaml_text, const std::string& file,
+                                          const std::vector<std::string>& overrides);
+StatusOr<MergedJob> LoadJobWithOverrides(const std::string& file, const std::vector<std::string>& overrides);
+
 }  // namespace ft

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <regex>
 #include <thread>
 
@@ -117,6 +118,38 @@ TEST(E2E, CheckpointWriteWithoutSpaceIsRetriedAndTheJobSucceeds) {
   EXPECT_EQ(j.attempts(0).outcome(), pb::ATTEMPT_ENVIRONMENT) << j.attempts(0).reason();
   EXPECT_THAT(j.attempts(0).reason(), HasSubstr("File too large"));
   EXPECT_EQ(Adapter(j.output_dir()), Adapter(c.RunReference(job)));
+}
+
+// ftctl submit --set: ftd stores the merged job, so every attempt runs it, a
+// resume on another worker included, with the result of a file that says
+// the same.
+TEST(E2E, SubmitWithOverridesRunsTheMergedJobAcrossAResume) {
+  Cluster c("overrides");
+  const std::string job = c.WriteJob("overrides", 1000, 10);
+  c.StartWorker("w1");
+  c.StartWorker("w2");
+  const std::string log = c.dir() + "/ftctl-submit.log";
+  Proc submit = Spawn({FTCTL_BIN, "--addr", c.address(), "submit", job, "--set", "train.max_steps=160",
+                       "--set", "train.lr=5e-3"},
+                      {.log = log, .stdout_to_log = true});
+  ASSERT_EQ(submit.Wait(), 0) << Slurp(log);
+  const std::string id = Slurp(log).substr(0, Slurp(log).find_first_of(" \n"));
+  pb::Job j = c.WaitFor(
+      id, [](const pb::Job& j) { return j.steps_done() >= 30; }, 60'000);
+  ASSERT_EQ(j.state(), pb::RUNNING) << Slurp(log);
+  EXPECT_EQ(j.total_steps(), 160);
+  EXPECT_THAT(j.spec_yaml(), HasSubstr("max_steps: 160"));
+  EXPECT_THAT(j.spec_yaml(), HasSubstr("lr: 5e-3"));
+  KillNode(c, j.worker_id());
+  j = c.WaitFor(id, Done, 120'000);
+  ASSERT_EQ(j.state(), pb::SUCCEEDED) << j.reason();
+  EXPECT_EQ(j.attempts_size(), 2);
+  EXPECT_EQ(j.steps_done(), 160);
+  const std::string same = c.WriteJob("overrides-in-file", 160, 10);
+  std::string text = Slurp(same);
+  text.replace(text.find("lr: 1.0e-2"), 10, "lr: 5e-3");
+  std::ofstream(same) << text;
+  EXPECT_EQ(Adapter(j.output_dir()), Adapter(c.RunReference(same)));
 }
 
 TEST(E2E, DaemonKilledMidRunRestartsWithoutDuplicatesAndKeepsHistory) {

@@ -215,6 +215,20 @@ TEST_F(FtTrainCliTest, BadJobExitsTwoNamingFileAndLine) {
   EXPECT_FALSE(fs::exists(dir_ + "/out/metrics.jsonl"));
 }
 
+TEST_F(FtTrainCliTest, SetOverridesTheJobAndErrorsNameTheOverride) {
+  ASSERT_EQ(FtTrain("make-model --preset tiny-llama --out " + dir_ + "/model", dir_).exit_code, 0);
+  WriteJob();
+  CliResult bad = FtTrain("run " + dir_ + "/job.yaml --set train.lr=fast", dir_);
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("--set train.lr=fast: train.lr: expected a number, got 'fast'"));
+  CliResult plan = FtTrain("plan " + dir_ + "/job.yaml --set data.seq_len=32 --device-memory 1GiB", dir_);
+  EXPECT_EQ(plan.exit_code, 0) << plan.err;
+  CliResult run = FtTrain("run " + dir_ + "/job.yaml --set train.max_steps=5 --set output.merge=false", dir_);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_EQ(testing_support::StepLines(dir_ + "/out").size(), 5u) << "max_steps 30 in the file, 5 by --set";
+  EXPECT_FALSE(fs::exists(dir_ + "/out/merged")) << "output.merge overridden";
+}
+
 TEST_F(FtTrainCliTest, MissingModelIsNamed) {
   WriteJob();
   CliResult run = FtTrain("run " + dir_ + "/job.yaml", dir_);

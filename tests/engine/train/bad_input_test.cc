@@ -270,3 +270,60 @@ TEST(PeftBadInputTest, MismatchedAdapterConfigIsNamed) {
 
 }  // namespace
 }  // namespace ft
+
+namespace ft {
+namespace {
+
+// --set overrides (ftctl submit, ft-train run/plan): merged into the job and
+// validated like the file, errors naming the override.
+const char kOverridableJob[] =
+    "model: {path: m}\n"
+    "adapter: {type: lora, r: 8, alpha: 16}\n"
+    "data: {train: d.jsonl, format: tokens, seq_len: 64}\n"
+    "train:\n  max_steps: 10\n  global_batch_size: 8\n  lr: 1.0e-3\n"
+    "output: {dir: out}\n";
+
+TEST(JobOverridesTest, NestedKeysListsAndNewSectionsMergeAndValidate) {
+  auto job =
+      ParseJobWithOverrides(kOverridableJob, "/j/job.yaml",
+                            {"train.lr=1e-4", "data.seq_len=1024", "adapter.target_modules=[q_proj, v_proj]",
+                             "checkpoint.every_steps=5", "train.lr=2e-4"});
+  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  EXPECT_DOUBLE_EQ(job->spec.train.lr, 2e-4) << "the last override of a key wins";
+  EXPECT_EQ(job->spec.data.seq_len, 1024);
+  EXPECT_EQ(job->spec.adapter.target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_EQ(job->spec.checkpoint.every_steps, 5) << "a section the file lacks is created";
+  EXPECT_EQ(job->spec.train.max_steps, 10) << "keys not overridden are kept";
+  EXPECT_EQ(job->spec.model.path, "/j/m") << "paths still resolve against the job file";
+  // The merged text is what ftd stores: it parses to the same job by itself.
+  auto again = ParseJobSpec(job->yaml, "/j/job.yaml");
+  ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << job->yaml;
+  EXPECT_DOUBLE_EQ(again->train.lr, 2e-4);
+  EXPECT_EQ(again->adapter.target_modules, job->spec.adapter.target_modules);
+  // Without overrides the text is kept byte for byte.
+  EXPECT_EQ(ParseJobWithOverrides(kOverridableJob, "/j/job.yaml", {})->yaml, kOverridableJob);
+}
+
+TEST(JobOverridesTest, ErrorsNameTheOverride) {
+  auto message = [](std::vector<std::string> overrides) {
+    auto job = ParseJobWithOverrides(kOverridableJob, "/j/job.yaml", overrides);
+    return job.ok() ? std::string("OK") : job.status().message();
+  };
+  EXPECT_EQ(message({"train.lr=fast"}), "--set train.lr=fast: train.lr: expected a number, got 'fast'");
+  EXPECT_EQ(message({"train.lrr=1e-4"}),
+            "--set train.lrr=1e-4: unknown key 'lrr' in train (did you mean 'lr'?)");
+  EXPECT_THAT(message({"data.seq_len=1"}),
+              HasSubstr("--set data.seq_len=1: data.seq_len: must be an integer in"));
+  EXPECT_THAT(message({"trian.lr=1"}), HasSubstr("--set trian.lr=1: unknown key 'trian' in the top level"));
+  EXPECT_THAT(message({"train.lr"}), HasSubstr("--set train.lr: expected KEY=VALUE"));
+  EXPECT_THAT(message({"train..lr=1"}), HasSubstr("--set train..lr=1: empty key"));
+  EXPECT_THAT(message({"train.lr.x=1"}), HasSubstr("--set train.lr.x=1: 'train.lr' is not a mapping"));
+  EXPECT_THAT(message({"train.lr=[1"}), HasSubstr("--set train.lr=[1: the value is not YAML"));
+  // An error of the file itself keeps the file's line, whatever the overrides.
+  auto bad =
+      ParseJobWithOverrides(std::string(kOverridableJob) + "bogus: 1\n", "/j/job.yaml", {"train.lr=1e-4"});
+  EXPECT_THAT(bad.status().message(), HasSubstr("/j/job.yaml:9:1: unknown key 'bogus'"));
+}
+
+}  // namespace
+}  // namespace ft
