@@ -3,28 +3,18 @@
 // tokenizer and ChatML template (tests/fuzz/data/). The first byte chooses
 // the format, the rest is the line.
 #include <cstdlib>
-#include <memory>
 
 #include "engine/data/data_format.h"
 #include "engine/text/tokenizer.h"
 #include "tests/fuzz/fuzz.h"
 
 namespace {
-const ft::Tokenizer& FuzzTokenizer() {
-  static const std::unique_ptr<ft::Tokenizer> tokenizer = [] {
-    auto t = ft::Tokenizer::Load(ft::fuzz::DataPath("tokenizer.json"));
-    if (!t.ok()) std::abort();  // the committed tokenizer must load
-    return std::move(*t);
-  }();
-  return *tokenizer;
-}
-
 const std::vector<ft::RecordEncoder>& Encoders() {
   static const std::vector<ft::RecordEncoder> encoders = [] {
     std::vector<ft::RecordEncoder> v;
     for (ft::DataFormat f :
          {ft::DataFormat::kTokens, ft::DataFormat::kText, ft::DataFormat::kAlpaca, ft::DataFormat::kChat}) {
-      auto e = ft::MakeRecordEncoder(f, &FuzzTokenizer(), 400);
+      auto e = ft::MakeRecordEncoder(f, &ft::fuzz::DataTokenizer(), 400);
       if (!e.ok()) std::abort();  // every format works with this tokenizer
       v.push_back(std::move(*e));
     }

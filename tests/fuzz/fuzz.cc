@@ -5,6 +5,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+
+#include "engine/text/tokenizer.h"
 
 namespace ft::fuzz {
 
@@ -35,5 +38,14 @@ std::string ScratchFile(const std::string& name, std::string_view contents) {
 }
 
 std::string DataPath(const std::string& name) { return std::string(FT_FUZZ_DATA_DIR) + "/" + name; }
+
+const Tokenizer& DataTokenizer() {
+  static const std::unique_ptr<Tokenizer> tokenizer = [] {
+    auto t = Tokenizer::Load(DataPath("tokenizer.json"));
+    if (!t.ok()) std::abort();
+    return std::move(*t);
+  }();
+  return *tokenizer;
+}
 
 }  // namespace ft::fuzz

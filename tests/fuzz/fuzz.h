@@ -18,6 +18,10 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
+namespace ft {
+class Tokenizer;
+}  // namespace ft
+
 namespace ft::fuzz {
 
 // The input as text.
@@ -35,5 +39,9 @@ std::string ScratchFile(const std::string& name, std::string_view contents);
 
 // tests/fuzz/data/<name> (the source tree's, fixed at build time).
 std::string DataPath(const std::string& name);
+
+// The byte-level BPE tokenizer of tests/fuzz/data/, loaded once per process
+// (aborts when it does not load: a broken fixture, not a finding).
+const Tokenizer& DataTokenizer();
 
 }  // namespace ft::fuzz

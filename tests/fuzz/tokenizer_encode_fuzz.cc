@@ -2,23 +2,18 @@
 // (tests/fuzz/data/tokenizer.json): encode with and without special tokens,
 // with offsets, and decode; byte-level BPE must round-trip valid UTF-8.
 #include <cstdlib>
-#include <memory>
 
 #include "engine/text/tokenizer.h"
 #include "engine/text/unicode_text.h"
 #include "tests/fuzz/fuzz.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::unique_ptr<ft::Tokenizer> tokenizer = [] {
-    auto t = ft::Tokenizer::Load(ft::fuzz::DataPath("tokenizer.json"));
-    if (!t.ok()) std::abort();  // the committed tokenizer must load
-    return std::move(*t);
-  }();
+  const ft::Tokenizer& tokenizer = ft::fuzz::DataTokenizer();
   const std::string_view text = ft::fuzz::AsText(data, size);
-  const std::vector<int32_t> plain = tokenizer->Encode(text, false);
-  (void)tokenizer->Encode(text, true);
-  (void)tokenizer->EncodeWithOffsets(text, true);
-  const std::string back = tokenizer->Decode(plain, false);
+  const std::vector<int32_t> plain = tokenizer.Encode(text, false);
+  (void)tokenizer.Encode(text, true);
+  (void)tokenizer.EncodeWithOffsets(text, true);
+  const std::string back = tokenizer.Decode(plain, false);
   if (ft::text::IsValidUtf8(text) && back != text) std::abort();  // byte-level BPE loses nothing
   return 0;
 }
