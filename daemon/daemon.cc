@@ -97,6 +97,15 @@ pb::Event ToProtoEvent(const EventRow& e) {
   return p;
 }
 
+// A refusal because the database cannot be written (disk full, read-only):
+// Unavailable, naming the cause, what was not done and the fix.
+Status NotWritable(const Status& cause, const std::string& what) {
+  return Status::Unavailable("ftd cannot write its database, so " + what + ": " +
+                             std::string(cause.message()) +
+                             "; free space in ftd's --data-dir (or make it writable again): ftd notices "
+                             "within seconds and accepts work again; nothing it acknowledged was lost");
+}
+
 // What the scheduler needs to place a job.
 JobView MakeJobView(const JobRow& job, const JobSpec& spec, const ModelConfig& model) {
   JobView view;
@@ -117,13 +126,16 @@ JobView MakeJobView(const JobRow& job, const JobSpec& spec, const ModelConfig& m
 
 Daemon::Daemon(std::unique_ptr<Store> store, const Clock* clock, DaemonOptions options)
     : store_(std::move(store)), clock_(clock), options_(std::move(options)) {
+  std::lock_guard<std::mutex> lock(mu_);
+  startup_ = LoadState();
+  if (startup_.ok() && !options_.data_dir.empty())
+    fs::create_directories(fs::path(options_.data_dir) / "logs");
+}
+
+Status Daemon::LoadState() {
   // Attempts that were running when ftd stopped: their workers get one lease to reconnect.
-  auto running = store_->RunningAttempts();
-  if (!running.ok()) {
-    startup_ = running.status();
-    return;
-  }
-  for (const AttemptRow& a : *running) {
+  FT_ASSIGN_OR_RETURN(std::vector<AttemptRow> running, store_->RunningAttempts());
+  for (const AttemptRow& a : running) {
     Session& s = sessions_[a.worker_id];
     s.alive = true;
     s.last_message_mono = clock_->MonotonicMs();
@@ -134,13 +146,28 @@ Daemon::Daemon(std::unique_ptr<Store> store, const Clock* clock, DaemonOptions o
     // Its planning input (slot-end checkpoint estimates, predicted memory).
     if (auto job = store_->GetJob(a.job_id); job.ok()) (void)EnsurePlanInput(*job);
   }
-  auto queued = store_->ListJobs({JobStateCode::kQueued}, 0);
-  if (!queued.ok()) {
-    startup_ = queued.status();
+  FT_ASSIGN_OR_RETURN(std::vector<JobRow> queued, store_->ListJobs({JobStateCode::kQueued}, 0));
+  for (const JobRow& j : queued) TrackState(j);
+  return Status::OK();
+}
+
+void Daemon::ReloadFromStore() {
+  queued_.clear();
+  running_epoch_.clear();
+  for (auto& [id, s] : sessions_) {
+    s.running_job.clear();
+    s.running_epoch = 0;
+    s.stop_sent = false;
+  }
+  if (Status s = LoadState(); !s.ok()) {
+    FT_LOG(ERROR) << "store: reload after recovery: " << s.ToString();
     return;
   }
-  for (const JobRow& j : *queued) TrackState(j);
-  if (!options_.data_dir.empty()) fs::create_directories(fs::path(options_.data_dir) / "logs");
+  pb::DaemonCommand cmd;
+  cmd.mutable_reregister()->set_reason("ftd's database is writable again; register to reconcile");
+  for (auto& [id, s] : sessions_) {
+    if (s.sink != nullptr) s.sink->Send(cmd);
+  }
 }
 
 void Daemon::TrackState(const JobRow& job) {
@@ -167,7 +194,11 @@ void Daemon::TrackState(const JobRow& job) {
 }
 
 void Daemon::Check(const Status& s, const char* what) {
-  if (!s.ok()) FT_LOG(ERROR) << "store: " << what << ": " << s.ToString();
+  if (s.ok()) return;
+  // A sticky-failed store fails every heartbeat's write the same way: log each cause once.
+  if (s.message() == last_store_error_) return;
+  last_store_error_ = std::string(s.message());
+  FT_LOG(ERROR) << "store: " << what << ": " << s.ToString();
 }
 
 std::string Daemon::LogPath(const std::string& job_id) const {
@@ -225,7 +256,8 @@ void Daemon::CommitSubmits(const std::vector<PendingSubmit*>& batch) {
     for (size_t i = 0; i < batch.size(); ++i) {
       PendingSubmit& p = *batch[i];
       if (!created.ok()) {
-        p.status = created.status();
+        p.status = created.status().IsIOError() ? NotWritable(created.status(), "the job was not submitted")
+                                                : created.status();
         continue;
       }
       const JobRow& job = (*created)[i];
@@ -663,7 +695,12 @@ void Daemon::OnCheckpoint(const std::string& worker_id, Session& s, const pb::Ch
   }
   CheckpointRow row{c.job_id(),          c.epoch(),         c.step(),        c.dir(),
                     c.manifest_sha256(), c.write_seconds(), clock_->WallMs()};
-  Check(store_->AddCheckpoint(row), "add checkpoint");
+  if (Status added = store_->AddCheckpoint(row); !added.ok()) {
+    // Not committed, so not accepted either: the trainer's retention must keep
+    // the resume point ftd has. The worker sends it again after reconnecting.
+    Check(added, "add checkpoint");
+    return;
+  }
   s.checkpoint_seconds = c.write_seconds();
   checkpoint_seconds_.Record(c.write_seconds());
   Event(c.job_id(), worker_id, "checkpoint", "checkpoint committed at step " + std::to_string(c.step()),
@@ -865,12 +902,32 @@ void Daemon::Tick() {
   const auto start = std::chrono::steady_clock::now();
   {
     std::unique_lock<std::mutex> lock(mu_);
-    ExpireLeases();
-    StopForSlotEnds();
-    ScheduleQueued();
+    if (RetryStore()) {
+      ExpireLeases();
+      StopForSlotEnds();
+      ScheduleQueued();
+    }
     ReleaseAndPublish(lock);
   }
   tick_latency_.Record(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+}
+
+bool Daemon::RetryStore() {
+  if (store_->sticky_error().ok()) return true;
+  const int64_t now = clock_->MonotonicMs();
+  if (store_retry_mono_ != 0 && now - store_retry_mono_ < options_.store_retry_ms) return false;
+  store_retry_mono_ = now;
+  const Status recovered = store_->Recover();
+  if (!recovered.ok()) {
+    Check(recovered, "still not writable");
+    return false;
+  }
+  FT_LOG(WARN) << "store: writable again; reloading state and asking workers to register again";
+  last_store_error_.clear();
+  store_retry_mono_ = 0;
+  ReloadFromStore();
+  Event("", "", "store_recovered", "ftd's database is writable again", 0);
+  return true;
 }
 
 void Daemon::ExpireLeases() {

@@ -49,6 +49,9 @@ struct DaemonOptions {
   // symlinks and ".."); Submit refuses others with InvalidArgument.
   std::vector<std::string> allowed_roots;
   int64_t memory_sample_ms = 2'000;  // device memory of a running job's worker is stored this often
+  // While the store is sticky-failed (disk full, read-only): how often a tick
+  // tries Store::Recover.
+  int64_t store_retry_ms = 2'000;
 };
 
 // Where the daemon sends commands for one connected worker.
@@ -112,6 +115,12 @@ class Daemon {
   StatusOr<int64_t> PredictedBytes(const std::string& job_id);
   // OK while the store accepts writes; its sticky error otherwise.
   Status Ready() { return store_->sticky_error(); }
+  // While the store is sticky-failed a tick changes nothing (nothing could be
+  // recorded): no placement, no lease decisions. Every store_retry_ms it tries
+  // Store::Recover; once that succeeds the daemon reloads its state from the
+  // store (as at startup) and asks every connected worker to register again,
+  // so what happened meanwhile (exits, checkpoints, attempts still running)
+  // is reconciled as after a daemon restart.
 
  private:
   struct Session {
@@ -129,6 +138,16 @@ class Daemon {
   };
 
   // REQUIRES: mu_ held (for all below).
+  // Running attempts and queued jobs from the store into the scheduler's
+  // state (the constructor; again after the store recovered). Error: the
+  // store could not be read.
+  Status LoadState();
+  // After Store::Recover: forgets what was derived from writes that may have
+  // failed, reloads it and sends every connected worker Reregister.
+  void ReloadFromStore();
+  // True when the store accepts writes (after a successful Recover, if it was
+  // sticky-failed); false while it does not (see Ready()).
+  bool RetryStore();
   Status EnsurePlanInput(const JobRow& job);
   // How long a checkpoint of the job should take before one was measured on
   // its worker: the job's last measured write, else an estimate from its size.
@@ -199,6 +218,8 @@ class Daemon {
   // epoch of each job's running attempt (fencing without a query).
   std::set<std::string> queued_;                  // GUARDED_BY(mu_)
   std::map<std::string, int64_t> running_epoch_;  // GUARDED_BY(mu_) job id → epoch
+  int64_t store_retry_mono_ = 0;                  // GUARDED_BY(mu_) when Recover was last tried
+  std::string last_store_error_;                  // GUARDED_BY(mu_) logged once, not per heartbeat
 
   // Group commit: concurrent submits are written in one transaction (one
   // fsync) by whichever is first in the queue (LevelDB's writer queue).

@@ -1,12 +1,17 @@
 #include "daemon/store.h"
 
 #include <sqlite3.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <iterator>
 #include <limits>
 #include <set>
@@ -151,10 +156,20 @@ CREATE TABLE device_memory (
     R"sql(
 ALTER TABLE metrics ADD COLUMN eval_loss REAL;
 )sql",
+    // 4: one row Store::Recover rewrites to prove the disk takes writes again.
+    R"sql(
+CREATE TABLE recovery_probe (
+  id   INTEGER PRIMARY KEY,
+  data BLOB NOT NULL
+);
+)sql",
 };
 
 constexpr int kLatestVersion = static_cast<int>(std::size(kMigrations));
 constexpr int kBusyTimeoutMs = 10000;
+// Recover waits until the database's filesystem has this much free space.
+constexpr int64_t kRecoveryFreeBytes = int64_t{4} << 20;
+namespace fs = std::filesystem;
 
 constexpr char kJobColumns[] =
     "id, name, state, reason, priority, spec_yaml, spec_dir, client_request_id, created_ms, updated_ms, "
@@ -395,13 +410,37 @@ Store::~Store() {
 int Store::schema_version() const { return schema_version_; }
 
 Status Store::Init() {
-  int rc = sqlite3_open_v2(path_.c_str(), &db_,
-                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
+  // A read-only directory (a volume that came back read-only): open the
+  // database read-only, serve reads and refuse writes until Recover.
+  const std::string dir = fs::path(path_).parent_path().string();
+  const bool read_only = access(dir.empty() ? "." : dir.c_str(), W_OK) != 0 && errno == EROFS;
+  const int flags = read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
+  // SQLite cannot create the WAL's -shm there; with no WAL left behind (ftd
+  // stopped cleanly) the file alone is the whole database: open it immutable.
+  std::string name = path_;
+  std::error_code ec;
+  if (read_only && !fs::exists(path_ + "-wal", ec)) {
+    name = "file:";
+    for (char c : path_) name += c == '?' ? "%3f" : c == '#' ? "%23" : c == '%' ? "%25" : std::string(1, c);
+    name += "?immutable=1";
+  }
+  int rc = sqlite3_open_v2(name.c_str(), &db_, flags | SQLITE_OPEN_FULLMUTEX | SQLITE_OPEN_URI, nullptr);
   if (rc != SQLITE_OK) {
     return db_ != nullptr ? Error("open") : Status::IOError(path_ + ": open: " + sqlite3_errstr(rc));
   }
   sqlite3_extended_result_codes(db_, 1);
   sqlite3_busy_timeout(db_, kBusyTimeoutMs);
+  if (read_only) {
+    FT_ASSIGN_OR_RETURN(std::string version, QueryText("PRAGMA user_version", "read schema version"));
+    schema_version_ = static_cast<int>(std::strtol(version.c_str(), nullptr, 10));
+    if (schema_version_ != kLatestVersion) {
+      return Status::IOError(path_ + ": open: schema version " + version + " needs migrating to " +
+                             std::to_string(kLatestVersion) + " but its directory is read-only");
+    }
+    sticky_ = Status::IOError(path_ + ": open: its directory is read-only (" + std::strerror(EROFS) +
+                              "); serving reads, refusing writes until it is writable again");
+    return Status::OK();
+  }
   // journal_mode answers with the mode in force: WAL needs shared memory,
   // which some network filesystems lack.
   FT_ASSIGN_OR_RETURN(std::string mode, QueryText("PRAGMA journal_mode=WAL", "enable WAL"));
@@ -1049,6 +1088,40 @@ StatusOr<StoreTotals> Store::Totals() {
 Status Store::sticky_error() {
   std::lock_guard<std::mutex> lock(mu_);
   return sticky_;
+}
+
+Status Store::ProbeWrite() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Write("probe write", [&] {
+    return Exec(
+        "INSERT INTO counters (name, value) VALUES ('recovered', 1) "
+        "ON CONFLICT (name) DO UPDATE SET value = value + 1",
+        "probe write");
+  });
+}
+
+Status Store::Recover() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (sticky_.ok()) return Status::OK();
+  // A full disk lets a small write through whenever SQLite reuses its WAL,
+  // so ask the filesystem too.
+  const std::string dir = fs::path(path_).parent_path().string();
+  struct statvfs st {};
+  if (statvfs(dir.empty() ? "." : dir.c_str(), &st) == 0 &&
+      static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize) < kRecoveryFreeBytes) {
+    return Status::IOError(path_ + ": recover: " + std::to_string(st.f_bavail * st.f_frsize >> 10) +
+                           " KiB free on its filesystem; waiting for " +
+                           std::to_string(kRecoveryFreeBytes >> 20) + " MiB");
+  }
+  auto fresh = Open(path_);
+  Status probe = fresh.ok() ? (*fresh)->ProbeWrite() : fresh.status();
+  if (!probe.ok())
+    return probe.IsIOError() ? probe : Status::IOError(path_ + ": recover: " + probe.ToString());
+  // The old connection (and its statements) closes with `fresh`.
+  std::swap(db_, (*fresh)->db_);
+  std::swap(stmts_, (*fresh)->stmts_);
+  sticky_ = Status::OK();
+  return Status::OK();
 }
 
 StatusOr<int> Store::SynchronousLevel() {

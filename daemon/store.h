@@ -9,10 +9,11 @@
 // atomic but not fsynced, made durable by the next synced commit. The schema is versioned
 // (PRAGMA user_version) and migrated forward on Open. After a failed write
 // the store is "sticky-failed": every later write returns the same IOError
-// (leveldb's rule: never carry on half-broken). Only SQLite failures are
-// sticky (they are IOErrors naming the database path and the operation);
-// NotFound and InvalidArgument answers roll back and leave the store usable.
-// Reads keep working on a sticky-failed store.
+// (leveldb's rule: never carry on half-broken) until Recover() succeeds on a
+// fresh connection. Only SQLite failures are sticky (they are IOErrors naming
+// the database path and the operation); NotFound and InvalidArgument answers
+// roll back and leave the store usable. Reads keep working on a sticky-failed
+// store.
 //
 // Thread safety: all methods are safe to call from any thread (one internal
 // mutex serialises them; SQLite is opened in serialized mode).
@@ -283,6 +284,16 @@ class Store {
   StatusOr<StoreTotals> Totals();
   // OK, or the sticky error that makes every write fail (see the class comment).
   Status sticky_error();
+  // Ends a sticky failure once the database is writable again (space freed,
+  // the directory writable again): once its filesystem has 4 MiB free, opens
+  // a fresh connection (SQLite rolls back whatever the failed write left) and
+  // makes one synced probe write (256 KiB) with it; when both succeed the
+  // fresh connection replaces the old one and writes are accepted again (OK).
+  // Otherwise the store stays sticky-failed with its first error, and an
+  // IOError saying why it cannot recover yet is returned. OK at once on a
+  // healthy store. The caller must reload whatever it derived from writes
+  // that failed (Daemon::ReloadFromStore).
+  Status Recover();
   // The connection's PRAGMA synchronous (2 = FULL, what every synced write
   // relies on); for health checks and tests.
   StatusOr<int> SynchronousLevel();
@@ -291,8 +302,9 @@ class Store {
   using Query = store_internal::Query;
 
   explicit Store(std::string path) : path_(std::move(path)) {}
-  Status Init();     // opens, sets the pragmas, migrates
-  Status Migrate();  // applies the missing migrations, one transaction each
+  Status Init();        // opens, sets the pragmas, migrates
+  Status Migrate();     // applies the missing migrations, one transaction each
+  Status ProbeWrite();  // one synced write that changes nothing the daemon reads
   // The first column of the first row of `sql` as text ("" when no row).
   StatusOr<std::string> QueryText(const std::string& sql, const std::string& op);
 

@@ -209,6 +209,10 @@ bool Session::RunStream(grpc::Status* status) {
         HandleRegistered(command.registered());
         delegate_->OnRegistered();
         got_registered = true;
+      } else if (command.has_reregister()) {
+        // Ending the stream makes Run open the next one with a fresh Register.
+        FT_LOG(INFO) << "the daemon asks this worker to register again: " << command.reregister().reason();
+        context.TryCancel();
       } else {
         delegate_->OnCommand(command);
       }

@@ -15,7 +15,8 @@
 // never are.
 //
 // Commands from the daemon are handed to the delegate on the session thread,
-// one at a time.
+// one at a time; Reregister is the session's own: it ends the stream, and the
+// next one starts with a fresh Register.
 //
 // Thread safety: Send, DropQueued and the accessors may be called from any
 // thread. The delegate is called without the session's lock held, so it may

@@ -5,9 +5,12 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <sqlite3.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +19,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <set>
@@ -510,7 +514,7 @@ TEST_F(StoreTest, CloseAndReopenKeepsEverything) {
   ASSERT_OK(store_->AddMetrics({MetricRow{.job_id = a.id, .epoch = 1, .step = 1, .loss = 2.5}}));
 
   Reopen();
-  EXPECT_EQ(store_->schema_version(), 3);
+  EXPECT_EQ(store_->schema_version(), 4);
   ASSERT_OK_AND_ASSIGN(auto jobs, store_->ListJobs({}));
   EXPECT_EQ(Ids(jobs), (std::vector<std::string>{a.id, b.id}));
   ASSERT_OK_AND_ASSIGN(JobRow got_b, store_->GetJob(b.id));
@@ -619,8 +623,11 @@ TEST_F(StoreTest, SigkillMidwayKeepsEveryAcknowledgedJob) {
 
 // Disk full on ftd's data dir, made with RLIMIT_FSIZE (EFBIG, what a full
 // filesystem's ENOSPC looks like to SQLite): the write that does not fit fails
-// with a clear IOError and every job acknowledged before it is on disk.
-TEST_F(StoreTest, DiskFullRefusesTheWriteAndKeepsEveryAcknowledgedJob) {
+// with a clear IOError, every job acknowledged before it is on disk, and once
+// the limit is lifted Recover succeeds and writes work again on the same
+// Store. (That Recover fails while the disk is full is shown by e2e_test's
+// full data dir: a file-size limit leaves the WAL room to be reused.)
+TEST_F(StoreTest, DiskFullRefusesTheWriteKeepsEveryAcknowledgedJobAndRecovers) {
   store_.reset();  // the child owns the database
   int fd = -1;
   const std::string path = path_;
@@ -628,12 +635,23 @@ TEST_F(StoreTest, DiskFullRefusesTheWriteAndKeepsEveryAcknowledgedJob) {
     signal(SIGXFSZ, SIG_IGN);  // as ftd does: the write fails instead of killing the process
     rlimit limit{};
     getrlimit(RLIMIT_FSIZE, &limit);
+    const rlim_t unlimited = limit.rlim_cur;
     limit.rlim_cur = static_cast<rlim_t>(std::filesystem::file_size(path) + 256 * 1024);
     if (setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(5);
     for (int i = 0; i < 1'000'000; ++i) {
       auto job = store.CreateJob(NewJob("full-" + std::to_string(i), 0, "req-" + std::to_string(i)), nullptr);
-      WriteLineOrExit(out, job.ok() ? job->id + "\n" : "error: " + job.status().ToString() + "\n");
-      if (!job.ok()) return;
+      if (job.ok()) {
+        WriteLineOrExit(out, job->id + "\n");
+        continue;
+      }
+      WriteLineOrExit(out, "error: " + job.status().ToString() + "\n");
+      WriteLineOrExit(out, "sticky: " + store.sticky_error().ToString() + "\n");
+      limit.rlim_cur = unlimited;  // space again
+      if (setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(6);
+      WriteLineOrExit(out, "recovered: " + store.Recover().ToString() + "\n");
+      auto after = store.CreateJob(NewJob("after", 0, "req-after"), nullptr);
+      WriteLineOrExit(out, "after: " + (after.ok() ? after->id : after.status().ToString()) + "\n");
+      return;
     }
     _exit(3);  // never full
   });
@@ -645,17 +663,130 @@ TEST_F(StoreTest, DiskFullRefusesTheWriteAndKeepsEveryAcknowledgedJob) {
   int wstatus = 0;
   ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
   ASSERT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << "child status " << wstatus;
-  ASSERT_GE(lines.size(), 2u);
-  const std::string error = lines.back();
-  lines.pop_back();
-  EXPECT_THAT(error, ::testing::HasSubstr("IOError")) << error;
-  std::printf("acknowledged %zu jobs before the disk was full; then %s\n", lines.size(), error.c_str());
+  ASSERT_GE(lines.size(), 5u);
+  const std::vector<std::string> tail(lines.end() - 4, lines.end());
+  lines.resize(lines.size() - 4);
+  EXPECT_THAT(tail[0], ::testing::HasSubstr("IOError")) << tail[0];
+  EXPECT_EQ(tail[1], "sticky: " + tail[0].substr(7)) << "the failed write makes the store sticky";
+  EXPECT_EQ(tail[2], "recovered: OK");
+  ASSERT_THAT(tail[3], ::testing::StartsWith("after: ")) << tail[3];
+  const std::string after = tail[3].substr(7);
+  std::printf("acknowledged %zu jobs before the disk was full; then %s\n", lines.size(), tail[0].c_str());
 
-  Reopen();  // space again
+  Reopen();
   for (const std::string& id : lines) EXPECT_TRUE(store_->GetJob(id).ok()) << id;
+  EXPECT_TRUE(store_->GetJob(after).ok()) << tail[3];
   ASSERT_OK_AND_ASSIGN(auto jobs, store_->ListJobs({}));
-  EXPECT_EQ(jobs.size(), lines.size()) << "the refused write left nothing behind";
-  EXPECT_TRUE(store_->CreateJob(NewJob("after", 0, "req-after"), nullptr).ok()) << "writes work again";
+  EXPECT_EQ(jobs.size(), lines.size() + 1) << "the refused write left nothing behind";
+}
+
+// Gives this (child) process a user and mount namespace of its own and
+// bind-mounts `dir` onto itself there, so it can remount it read-only and back
+// without privileges. Returns 0, or the failing step's errno.
+int PrivateBindMount(const std::string& dir) {
+  const uid_t uid = geteuid();
+  const gid_t gid = getegid();
+  if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) return errno;
+  auto write = [](const char* file, const std::string& text) {
+    FILE* f = std::fopen(file, "w");
+    const bool ok = f != nullptr && std::fputs(text.c_str(), f) >= 0;
+    return (f == nullptr || std::fclose(f) != 0 || !ok) ? (errno ? errno : EIO) : 0;
+  };
+  if (int e = write("/proc/self/setgroups", "deny"); e != 0) return e;
+  if (int e = write("/proc/self/uid_map", "0 " + std::to_string(uid) + " 1"); e != 0) return e;
+  if (int e = write("/proc/self/gid_map", "0 " + std::to_string(gid) + " 1"); e != 0) return e;
+  if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return errno;
+  if (mount(dir.c_str(), dir.c_str(), nullptr, MS_BIND, nullptr) != 0) return errno;
+  return 0;
+}
+
+// Remounts the bind mount of `dir` read-only or read-write, keeping the flags
+// it has (the kernel refuses to drop nosuid/nodev/noexec in a user namespace).
+int RemountBind(const std::string& dir, bool read_only) {
+  struct statvfs st {};
+  if (statvfs(dir.c_str(), &st) != 0) return errno;
+  unsigned long flags = MS_REMOUNT | MS_BIND | (read_only ? MS_RDONLY : 0);
+  const std::pair<unsigned long, unsigned long> kept[] = {
+      {ST_NOSUID, MS_NOSUID},   {ST_NODEV, MS_NODEV},           {ST_NOEXEC, MS_NOEXEC},
+      {ST_NOATIME, MS_NOATIME}, {ST_NODIRATIME, MS_NODIRATIME}, {ST_RELATIME, MS_RELATIME}};
+  for (const auto& [st_flag, ms_flag] : kept) {
+    if (st.f_flag & st_flag) flags |= ms_flag;
+  }
+  return mount(nullptr, dir.c_str(), nullptr, flags, nullptr) == 0 ? 0 : errno;
+}
+
+// ftd's data dir is read-only when ftd starts (a volume that came back
+// read-only; Linux refuses to remount a filesystem read-only under a process
+// that has files open for writing, so this is how an operator meets it):
+// the store opens and reads, writes fail with a clear IOError and make it
+// sticky-failed, Recover fails until the directory is writable again and then
+// succeeds; every acknowledged job is kept.
+TEST_F(StoreTest, ReadOnlyDataDirRefusesWritesKeepsEveryJobAndRecovers) {
+  std::vector<std::string> acked;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_OK_AND_ASSIGN(JobRow job, store_->CreateJob(NewJob("ro-" + std::to_string(i)), nullptr));
+    acked.push_back(job.id);
+  }
+  store_.reset();  // ftd stops
+  const std::string dir = std::filesystem::path(path_).parent_path().string();
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    const int out = fds[1];
+    if (int e = PrivateBindMount(dir); e != 0) {
+      WriteLineOrExit(out, std::string("namespace: ") + std::strerror(e) + "\n");
+      _exit(0);
+    }
+    if (int e = RemountBind(dir, true); e != 0) {
+      WriteLineOrExit(out, std::string("remount: ") + std::strerror(e) + "\n");
+      _exit(7);
+    }
+    auto store = Store::Open(path_);  // and starts again on the read-only directory
+    if (!store.ok()) {
+      WriteLineOrExit(out, "open: " + store.status().ToString() + "\n");
+      _exit(9);
+    }
+    auto refused = (*store)->CreateJob(NewJob("refused", 0, "req-refused"), nullptr);
+    WriteLineOrExit(out, "refused: " + refused.status().ToString() + "\n");
+    auto read = (*store)->ListJobs({});
+    WriteLineOrExit(out,
+                    "read: " + (read.ok() ? std::to_string(read->size()) : read.status().ToString()) + "\n");
+    WriteLineOrExit(out, "still read-only: " + (*store)->Recover().ToString() + "\n");
+    if (RemountBind(dir, false) != 0) _exit(8);
+    WriteLineOrExit(out, "recovered: " + (*store)->Recover().ToString() + "\n");
+    auto after = (*store)->CreateJob(NewJob("after", 0, "req-after"), nullptr);
+    WriteLineOrExit(out, "after: " + (after.ok() ? after->id : after.status().ToString()) + "\n");
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string buf;
+  std::vector<std::string> lines;
+  ReadIds(fds[0], SIZE_MAX, &buf, &lines);
+  close(fds[0]);
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0)
+      << "child status " << wstatus << ": " << ::testing::PrintToString(lines);
+  ASSERT_FALSE(lines.empty());
+  // Namespaces are what makes this test need no privileges; a kernel or
+  // container that refuses them (sysctl kernel.unprivileged_userns_clone=0,
+  // a seccomp profile) cannot run it.
+  if (lines[0].rfind("namespace: ", 0) == 0) GTEST_SKIP() << "no user namespace here: " << lines[0];
+  ASSERT_EQ(lines.size(), 5u) << ::testing::PrintToString(lines);
+  EXPECT_THAT(lines[0], ::testing::HasSubstr("IOError")) << lines[0];
+  EXPECT_THAT(lines[0], ::testing::HasSubstr("read-only")) << lines[0];
+  EXPECT_THAT(lines[0], ::testing::HasSubstr(path_)) << "the error names the database";
+  EXPECT_EQ(lines[1], "read: 3") << "reads keep working";
+  EXPECT_THAT(lines[2], ::testing::HasSubstr("IOError")) << lines[2];
+  EXPECT_EQ(lines[3], "recovered: OK");
+  ASSERT_THAT(lines[4], ::testing::StartsWith("after: ")) << lines[4];
+  Reopen();
+  for (const std::string& id : acked) EXPECT_TRUE(store_->GetJob(id).ok()) << id;
+  EXPECT_TRUE(store_->GetJob(lines[4].substr(7)).ok()) << lines[4];
+  ASSERT_OK_AND_ASSIGN(auto jobs, store_->ListJobs({}));
+  EXPECT_EQ(jobs.size(), 4u) << "the refused write left nothing behind";
 }
 
 // Opens `path` with plain SQLite and returns PRAGMA `name` (-1 on error).
@@ -690,18 +821,18 @@ TEST_F(StoreTest, VersionZeroDatabaseIsMigratedToTheLatest) {
   {
     auto store = OpenStore(old_path);
     ASSERT_NE(store, nullptr);
-    EXPECT_EQ(store->schema_version(), 3);
+    EXPECT_EQ(store->schema_version(), 4);
     ASSERT_OK_AND_ASSIGN(JobRow j, store->CreateJob(NewJob("x"), nullptr));
     EXPECT_EQ(j.id, "j-000001");
   }
-  EXPECT_EQ(RawPragma(old_path, "user_version"), "3");
+  EXPECT_EQ(RawPragma(old_path, "user_version"), "4");
   EXPECT_EQ(RawPragma(old_path, "journal_mode"), "wal");
   EXPECT_EQ(RawPragma(old_path, "integrity_check"), "ok");
 
   // Reopening at the latest version runs no migration (it would fail: tables exist).
   auto again = OpenStore(old_path);
   ASSERT_NE(again, nullptr);
-  EXPECT_EQ(again->schema_version(), 3);
+  EXPECT_EQ(again->schema_version(), 4);
   again.reset();
 
   // A database from a newer ftd is refused, naming the path.

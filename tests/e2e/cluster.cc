@@ -49,7 +49,7 @@ void Cluster::StartDaemon() {
                                    "--listen",
                                    listen,
                                    "--data-dir",
-                                   dir_ + "/ftd",
+                                   data_dir(),
                                    "--lease-ms",
                                    std::to_string(options_.lease_ms),
                                    "--heartbeat-ms",
@@ -65,8 +65,17 @@ void Cluster::StartDaemon() {
   if (!options_.client_token.empty()) argv.insert(argv.end(), {"--client-token", options_.client_token});
   if (!options_.worker_token.empty()) argv.insert(argv.end(), {"--worker-token", options_.worker_token});
   argv.insert(argv.end(), options_.daemon_args.begin(), options_.daemon_args.end());
+  if (!options_.daemon_wrapper.empty()) {
+    fs::create_directories(data_dir());
+    std::vector<std::string> wrapped = options_.daemon_wrapper;
+    for (std::string& arg : wrapped) {
+      if (size_t at = arg.find("{data_dir}"); at != std::string::npos) arg.replace(at, 10, data_dir());
+    }
+    argv.insert(argv.begin(), wrapped.begin(), wrapped.end());
+  }
   daemon_ = Spawn(argv, {.log = log});
   std::regex re("ftd: listening on 127\\.0\\.0\\.1:([0-9]+)");
+  std::regex http_re("ftd: dashboard at (http://127\\.0\\.0\\.1:[0-9]+/)");
   for (int i = 0; i < 800; ++i) {  // 20 s: a loaded 2-core CI machine starts it slowly
     std::smatch m;
     const std::string text = Slurp(log).substr(before);
@@ -74,6 +83,7 @@ void Cluster::StartDaemon() {
     if (std::regex_search(text, m, re) && text.find("ftd: dashboard at ") != std::string::npos) {
       port_ = std::stoi(m[1]);
       address_ = "127.0.0.1:" + std::to_string(port_);
+      if (std::regex_search(text, m, http_re)) http_url_ = m[1];
       ClientOptions client{address_, options_.client_token, 10'000, options_.tls_ca, nullptr};
       auto resolved = ResolveClientOptions(client);
       if (!resolved.ok()) throw std::runtime_error(resolved.status().ToString());

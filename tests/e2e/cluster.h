@@ -26,6 +26,10 @@ struct ClusterOptions {
   std::string tls_ca;                    // the client's CA bundle ("" = plaintext)
   std::string client_token;              // ftd --client-token; the client sends it
   std::string worker_token;              // ftd --worker-token; workers send it (--token)
+  // Runs ftd under this command (e.g. unshare ... sh -c '...' to give it a
+  // filesystem of its own); "{data_dir}" in it becomes ftd's --data-dir,
+  // which exists by then.
+  std::vector<std::string> daemon_wrapper;
 };
 
 class Cluster {
@@ -52,6 +56,8 @@ class Cluster {
   JobsClient& client() { return *client_; }
   const std::string& dir() const { return dir_; }
   const std::string& address() const { return address_; }
+  const std::string& http_url() const { return http_url_; }  // "http://127.0.0.1:PORT/"
+  std::string data_dir() const { return dir_ + "/ftd"; }
   int64_t lease_ms() const { return options_.lease_ms; }
 
   // Polls Get(id) until `pred` holds or `timeout_ms` passes; returns the last job seen.
@@ -62,6 +68,7 @@ class Cluster {
  private:
   std::string dir_;
   std::string address_;
+  std::string http_url_;
   int port_ = 0;
   ClusterOptions options_;
   Proc daemon_;

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "tests/e2e/cluster.h"
+#include "worker/http_get.h"
 
 namespace ft::e2e {
 namespace {
@@ -118,6 +119,111 @@ TEST(E2E, CheckpointWriteWithoutSpaceIsRetriedAndTheJobSucceeds) {
   EXPECT_EQ(j.attempts(0).outcome(), pb::ATTEMPT_ENVIRONMENT) << j.attempts(0).reason();
   EXPECT_THAT(j.attempts(0).reason(), HasSubstr("File too large"));
   EXPECT_EQ(Adapter(j.output_dir()), Adapter(c.RunReference(job)));
+}
+
+// GET <ftd's dashboard>/ready: its HTTP status (0 when ftd did not answer).
+int ReadyStatus(Cluster& c) {
+  auto r = worker::HttpFetch({.url = c.http_url() + "ready", .timeout = std::chrono::milliseconds(2000)});
+  return r.ok() ? r->status : 0;
+}
+
+// ftd's data directory fills up: a 24 MiB tmpfs of its own (a mount namespace
+// made with unshare), filled by the test through /proc/<ftd>/root. ftd
+// refuses new work with an error naming the cause and the fix, /ready says
+// 503, and the job it acknowledged keeps running; once the filler is removed
+// ftd accepts work by itself (no restart), reconciles with its worker and
+// both jobs succeed, the first with the result of an uninterrupted run.
+TEST(E2E, FullDataDirRefusesNewWorkKeepsEveryJobAndRecoversOnceSpaceFrees) {
+  ClusterOptions options;
+  options.daemon_wrapper = {"/usr/bin/unshare",
+                            "--user",
+                            "--map-root-user",
+                            "--mount",
+                            "sh",
+                            "-c",
+                            "mount -t tmpfs -o size=24m ftd-data \"$0\" && exec \"$@\"",
+                            "{data_dir}"};
+  Cluster c("datadirfull", options);
+  const std::string job = c.WriteJob("datadirfull", 300, 20);
+  c.StartWorker("w");
+  const std::string first = c.Submit(job);
+  pb::Job j = c.WaitFor(
+      first, [](const pb::Job& j) { return j.committed_step() >= 20; }, 60'000);
+  ASSERT_EQ(j.state(), pb::RUNNING) << j.reason();
+  ASSERT_EQ(ReadyStatus(c), 200);
+
+  // Fill ftd's filesystem (not the test's: the path goes through ftd's root).
+  const std::string filler = "/proc/" + std::to_string(c.daemon().pid) + "/root" + c.data_dir() + "/filler";
+  {
+    std::ofstream out(filler, std::ios::binary);
+    ASSERT_TRUE(out.good()) << filler;
+    const std::string mib(1 << 20, 'x');
+    for (int i = 0; i < 64 && out.write(mib.data(), mib.size()) && out.flush(); ++i) {
+    }
+  }
+  ASSERT_GT(std::filesystem::file_size(filler), 0u);
+  // Progress and metrics keep coming: one of their writes soon needs space.
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (ReadyStatus(c) != 503 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_EQ(ReadyStatus(c), 503) << "ftd did not notice its full disk";
+  pb::SubmitRequest req;
+  req.set_spec_yaml(Slurp(job));
+  req.set_spec_dir(std::filesystem::path(job).parent_path().string());
+  auto refused = c.client().Submit(req);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().ToString(), HasSubstr("database or disk is full"));
+  EXPECT_THAT(refused.status().ToString(), HasSubstr("--data-dir"));
+  EXPECT_THAT(refused.status().ToString(), HasSubstr("the job was not submitted"));
+
+  // ftd stays not ready while the disk is full (it retries every 2 s), and
+  // accepts none of the checkpoints it cannot record: the trainer's retention
+  // (keep 3, one every 20 steps) keeps the resume point ftd has.
+  auto got = c.client().Get(first);
+  ASSERT_TRUE(got.ok()) << got.status().ToString() << " (reads keep working)";
+  const int64_t committed = got->committed_step();
+  ASSERT_GT(committed, 0);
+  // The trainer's own checkpoints tell how far it got (ftd records no progress now).
+  const std::string checkpoints = got->output_dir() + "/checkpoints";
+  auto newest = [&] {
+    int64_t step = 0;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(checkpoints, ec)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind("step-", 0) == 0) step = std::max<int64_t>(step, std::atoll(n.c_str() + 5));
+    }
+    return step;
+  };
+  const auto far_enough = Clock::now() + std::chrono::seconds(60);
+  while (newest() < committed + 100 && Clock::now() < far_enough) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_GE(newest(), committed + 100) << "the trainer stopped while ftd's disk was full";
+  EXPECT_EQ(ReadyStatus(c), 503);
+  char name[32];
+  std::snprintf(name, sizeof(name), "step-%08lld", static_cast<long long>(committed));
+  EXPECT_TRUE(std::filesystem::exists(checkpoints + "/" + name + "/MANIFEST.json"))
+      << "the committed checkpoint " << name << " was pruned while ftd could not record newer ones";
+  std::filesystem::remove(filler);
+  const auto back = Clock::now() + std::chrono::seconds(30);
+  while (ReadyStatus(c) != 200 && Clock::now() < back)
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_EQ(ReadyStatus(c), 200) << "ftd did not recover once space was freed";
+  const std::string second = c.Submit(job);
+  j = c.WaitFor(first, Done, 180'000);
+  ASSERT_EQ(j.state(), pb::SUCCEEDED) << j.reason();
+  EXPECT_EQ(j.failures(), 0);
+  EXPECT_EQ(j.steps_done(), 300);
+  const pb::Job k = c.WaitFor(second, Done, 180'000);
+  ASSERT_EQ(k.state(), pb::SUCCEEDED) << k.reason();
+  auto listed = c.client().List(pb::ListJobsRequest());
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  EXPECT_EQ(listed->jobs_size(), 2) << "the refused submit left nothing behind";
+  const std::string reference = c.RunReference(job);
+  EXPECT_EQ(Adapter(j.output_dir()), Adapter(reference));
+  EXPECT_EQ(Adapter(k.output_dir()), Adapter(reference));
+  EXPECT_THAT(Slurp(c.dir() + "/ftd.log"), HasSubstr("writable again"));
+  EXPECT_THAT(Slurp(c.dir() + "/worker-w.log"), HasSubstr("register again"));
 }
 
 // ftctl submit --set: ftd stores the merged job, so every attempt runs it, a

@@ -122,7 +122,8 @@ TYPED_TEST(CpuAttention, PackedSegmentsEqualSeparateSequences) {
   std::vector<T> out(8 * hq * hd), lse(hq * 8);
   AttentionForward(packed.shape, packed.q.data(), packed.k.data(), packed.v.data(), packed.seg(), out.data(),
                    lse.data());
-  for (auto [start, len] : {std::pair<int64_t, int64_t>{0, 3}, {3, 5}}) {
+  for (const auto& doc : {std::pair<int64_t, int64_t>{0, 3}, {3, 5}}) {
+    const int64_t start = doc.first, len = doc.second;  // plain names: lambdas capture them
     AttentionShape s = packed.shape;
     s.seq = len;
     auto slice = [&](const std::vector<T>& x, int64_t heads) {

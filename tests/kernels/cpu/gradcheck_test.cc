@@ -194,7 +194,7 @@ TEST(CpuGradCheck, EmbeddingBackwardAccumulatesRepeatedIds) {
 class GemmGradCheck : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
 
 TEST_P(GemmGradCheck, GradientsAreGemmsOfTheUpstreamGradient) {
-  const auto [ta, tb] = GetParam();
+  const bool ta = std::get<0>(GetParam()), tb = std::get<1>(GetParam());  // plain names: lambdas capture them
   const int64_t M = 4, N = 5, K = 3;
   const int64_t lda = ta ? M : K, ldb = tb ? K : N;
   Vec A = Random<double>(M * K, 51), B = Random<double>(K * N, 52);
