@@ -2,8 +2,9 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
+SANITIZE ?= 1
 
-.PHONY: all deps configure build test format format-check demo clean
+.PHONY: all deps configure build test sanitize format format-check demo clean
 
 all: build
 
@@ -16,9 +17,17 @@ configure: deps
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-# Installs missing dependencies, configures, builds and runs every test suite.
+# Installs missing dependencies, configures, builds and runs every test suite,
+# then (unless SANITIZE=0) the sanitizer runs.
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	if [ "$(SANITIZE)" != 0 ]; then $(MAKE) --no-print-directory sanitize; fi
+
+# The test suite under ASan + UBSan, and the daemon, worker and e2e tests under
+# TSan, each in a clang tree of its own under $(BUILD) (tests/sanitize/run.sh).
+sanitize:
+	bash tests/sanitize/run.sh asan $(BUILD)/asan
+	bash tests/sanitize/run.sh tsan $(BUILD)/tsan
 
 # The end-to-end demo: ftd + two workers, a job, a worker killed mid-run, the job resuming elsewhere.
 demo: build

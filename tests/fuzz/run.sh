@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes every target of tests/fuzz with libFuzzer for a bounded time: a clang
-# build (FT_FUZZ=ON, ASan + UBSan, no CUDA) in BUILD_DIR, then each target for
+# build (FT_FUZZ=ON, ASan + UBSan, no CUDA: tests/sanitize/configure.sh asan,
+# the tree the ASan suite uses too) in BUILD_DIR, then each target for
 # SECONDS on a scratch copy of its committed corpus (with its dictionary when
 # there is one). Prints one line per target: executions, executions per
 # second, coverage (edges) and features, corpus size; fails (exit 1) on any
@@ -19,12 +20,7 @@ mkdir -p "$build"
 build=$(cd "$build" && pwd)
 log() { echo "fuzz: $*"; }
 
-if ! cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
-  -DCMAKE_CXX_COMPILER=clang++ -DFT_CUDA=OFF -DFT_FUZZ=ON -DFT_SANITIZE=address -DFT_WERROR=OFF \
-  > "$build/configure.log" 2>&1; then
-  tail -30 "$build/configure.log"
-  exit 1
-fi
+bash "$src/tests/sanitize/configure.sh" asan "$build" || exit 1
 start=$(date +%s)
 if ! cmake --build "$build" -j "$(nproc)" --target fuzz_all > "$build/build.log" 2>&1; then
   grep -E "error|Error" "$build/build.log" | head -30

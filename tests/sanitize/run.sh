@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The sanitizer runs of `make test`, each in a clang tree of its own
+# (tests/sanitize/configure.sh):
+#   asan: every CPU target built with ASan + UBSan, then the test suite without
+#         GPU, browser, build, format and deploy tests and without the chaos
+#         test (the longest; it runs in the normal tree): leaks, heap and stack
+#         errors and undefined behaviour end the test with the report in its
+#         output. The tree is the fuzzers' too (tests/fuzz/run.sh).
+#   tsan: ftd, ft-worker, ftctl, ft-train and the daemon, worker and e2e tests
+#         built with ThreadSanitizer, then those tests: a data race or a lock
+#         order inversion in any of those processes fails its test.
+# Usage: run.sh asan|tsan BUILD_DIR
+# Exit status 0 when every selected test passed with no report; 1 otherwise
+# (ctest names the failing tests and prints their output).
+set -uo pipefail
+src=$(cd "$(dirname "$0")/../.." && pwd)
+kind=${1:?usage: run.sh asan|tsan BUILD_DIR}
+build=${2:?usage: run.sh asan|tsan BUILD_DIR}
+mkdir -p "$build"
+build=$(cd "$build" && pwd)
+log() { echo "sanitize $kind: $*"; }
+
+bash "$src/tests/sanitize/configure.sh" "$kind" "$build" || exit 1
+case "$kind" in
+  asan)
+    targets=(all)
+    select=(-LE "gpu|web|npm|build|format|deploy" -E "^e2e_chaos_test$")
+    export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:check_initialization_order=1
+    export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+    ;;
+  tsan)
+    select=(-R "^(daemon_|worker_|e2e_test$)")
+    # The binaries the tests start, and each selected test (its target has its name).
+    targets=(ftd ft-worker ftctl ft-train)
+    targets+=($(cd "$build" && ctest -N "${select[@]}" | awk '/Test +#/ {print $3}'))
+    export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$src/tests/sanitize/tsan.supp"
+    # ft-train's threads are OpenMP's, and clang's libomp is not built with
+    # TSan (its barriers are invisible to it): one thread per trainer here.
+    # The trainer's parallel code is checked by the determinism tests.
+    export OMP_NUM_THREADS=1
+    ;;
+esac
+start=$(date +%s)
+if ! cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" > "$build/build.log" 2>&1; then
+  grep -E "error|FAILED" "$build/build.log" | head -30
+  exit 1
+fi
+log "built in $(($(date +%s) - start)) s"
+# Scratch of its own: the e2e tests name their directories, and the normal
+# tree's may run at the same time.
+export TEST_TMPDIR="$build/tmp"
+rm -rf "$TEST_TMPDIR" && mkdir -p "$TEST_TMPDIR"
+start=$(date +%s)
+(cd "$build" && ctest --output-on-failure -j "$(nproc)" "${select[@]}")
+rc=$?
+log "tests ran in $(($(date +%s) - start)) s (exit $rc)"
+exit $rc
