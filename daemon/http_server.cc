@@ -662,8 +662,22 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
     } else {
       beast::error_code ec;
       stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+      stream_.expires_after(kLingerTime);
+      Linger();
     }
   }
+
+  // Lingering close: what the client still sends (the rest of a refused body)
+  // is read and dropped until it closes or kLingerTime passes. Closing with
+  // unread bytes would reset the connection, and the client could lose the
+  // answer (or fail its write) before reading it.
+  void Linger() {
+    stream_.async_read_some(net::buffer(linger_), [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (!ec) self->Linger();
+    });
+  }
+  static constexpr std::chrono::seconds kLingerTime{2};
+  std::array<char, 4096> linger_{};
 
   Stream stream_;
   Shared* shared_;
