@@ -195,8 +195,8 @@ void Daemon::TrackState(const JobRow& job) {
 
 void Daemon::Check(const Status& s, const char* what) {
   if (s.ok()) return;
-  // A sticky-failed store fails every heartbeat's write the same way: log each cause once.
-  if (s.message() == last_store_error_) return;
+  // A sticky-failed store fails every heartbeat's write with the same IOError: log it once.
+  if (s.IsIOError() && s.message() == last_store_error_) return;
   last_store_error_ = std::string(s.message());
   FT_LOG(ERROR) << "store: " << what << ": " << s.ToString();
 }

@@ -96,6 +96,12 @@ class Daemon {
   void OnDisconnect(const std::string& worker_id, WorkerSink* sink);
 
   // ---- the periodic duties: leases, slot ends, then one scheduling pass.
+  // While the store is sticky-failed a tick changes nothing (nothing could be
+  // recorded): no placement, no lease decisions. Every store_retry_ms it tries
+  // Store::Recover; once that succeeds the daemon reloads its state from the
+  // store (as at startup) and asks every connected worker to register again,
+  // so what happened meanwhile (exits, checkpoints, attempts still running)
+  // is reconciled as after a daemon restart.
   void Tick();
 
   const DaemonOptions& options() const { return options_; }
@@ -115,12 +121,6 @@ class Daemon {
   StatusOr<int64_t> PredictedBytes(const std::string& job_id);
   // OK while the store accepts writes; its sticky error otherwise.
   Status Ready() { return store_->sticky_error(); }
-  // While the store is sticky-failed a tick changes nothing (nothing could be
-  // recorded): no placement, no lease decisions. Every store_retry_ms it tries
-  // Store::Recover; once that succeeds the daemon reloads its state from the
-  // store (as at startup) and asks every connected worker to register again,
-  // so what happened meanwhile (exits, checkpoints, attempts still running)
-  // is reconciled as after a daemon restart.
 
  private:
   struct Session {

@@ -156,13 +156,6 @@ CREATE TABLE device_memory (
     R"sql(
 ALTER TABLE metrics ADD COLUMN eval_loss REAL;
 )sql",
-    // 4: one row Store::Recover rewrites to prove the disk takes writes again.
-    R"sql(
-CREATE TABLE recovery_probe (
-  id   INTEGER PRIMARY KEY,
-  data BLOB NOT NULL
-);
-)sql",
 };
 
 constexpr int kLatestVersion = static_cast<int>(std::size(kMigrations));
@@ -170,6 +163,12 @@ constexpr int kBusyTimeoutMs = 10000;
 // Recover waits until the database's filesystem has this much free space.
 constexpr int64_t kRecoveryFreeBytes = int64_t{4} << 20;
 namespace fs = std::filesystem;
+
+// The directory holding the database file ("." for a bare file name).
+std::string DirectoryOf(const std::string& path) {
+  const std::string dir = fs::path(path).parent_path().string();
+  return dir.empty() ? "." : dir;
+}
 
 constexpr char kJobColumns[] =
     "id, name, state, reason, priority, spec_yaml, spec_dir, client_request_id, created_ms, updated_ms, "
@@ -412,8 +411,7 @@ int Store::schema_version() const { return schema_version_; }
 Status Store::Init() {
   // A read-only directory (a volume that came back read-only): open the
   // database read-only, serve reads and refuse writes until Recover.
-  const std::string dir = fs::path(path_).parent_path().string();
-  const bool read_only = access(dir.empty() ? "." : dir.c_str(), W_OK) != 0 && errno == EROFS;
+  const bool read_only = access(DirectoryOf(path_).c_str(), W_OK) != 0 && errno == EROFS;
   const int flags = read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
   // SQLite cannot create the WAL's -shm there; with no WAL left behind (ftd
   // stopped cleanly) the file alone is the whole database: open it immutable.
@@ -1105,9 +1103,8 @@ Status Store::Recover() {
   if (sticky_.ok()) return Status::OK();
   // A full disk lets a small write through whenever SQLite reuses its WAL,
   // so ask the filesystem too.
-  const std::string dir = fs::path(path_).parent_path().string();
   struct statvfs st {};
-  if (statvfs(dir.empty() ? "." : dir.c_str(), &st) == 0 &&
+  if (statvfs(DirectoryOf(path_).c_str(), &st) == 0 &&
       static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize) < kRecoveryFreeBytes) {
     return Status::IOError(path_ + ": recover: " + std::to_string(st.f_bavail * st.f_frsize >> 10) +
                            " KiB free on its filesystem; waiting for " +

@@ -287,7 +287,7 @@ class Store {
   // Ends a sticky failure once the database is writable again (space freed,
   // the directory writable again): once its filesystem has 4 MiB free, opens
   // a fresh connection (SQLite rolls back whatever the failed write left) and
-  // makes one synced probe write (256 KiB) with it; when both succeed the
+  // makes one synced probe write with it; when both succeed the
   // fresh connection replaces the old one and writes are accepted again (OK).
   // Otherwise the store stays sticky-failed with its first error, and an
   // IOError saying why it cannot recover yet is returned. OK at once on a
@@ -304,7 +304,7 @@ class Store {
   explicit Store(std::string path) : path_(std::move(path)) {}
   Status Init();        // opens, sets the pragmas, migrates
   Status Migrate();     // applies the missing migrations, one transaction each
-  Status ProbeWrite();  // one synced write that changes nothing the daemon reads
+  Status ProbeWrite();  // one synced write of a counter the daemon never reads
   // The first column of the first row of `sql` as text ("" when no row).
   StatusOr<std::string> QueryText(const std::string& sql, const std::string& op);
 

@@ -145,11 +145,15 @@ std::string Cluster::RunReference(const std::string& job_yaml) {
   return out;
 }
 
-std::string Cluster::Submit(const std::string& job_yaml) {
+StatusOr<pb::SubmitReply> Cluster::TrySubmit(const std::string& job_yaml) {
   pb::SubmitRequest req;
   req.set_spec_yaml(Slurp(job_yaml));
   req.set_spec_dir(fs::path(job_yaml).parent_path().string());
-  auto r = client_->Submit(req);
+  return client_->Submit(req);
+}
+
+std::string Cluster::Submit(const std::string& job_yaml) {
+  auto r = TrySubmit(job_yaml);
   if (!r.ok()) throw std::runtime_error(r.status().ToString());
   return r->job().id();
 }

@@ -63,7 +63,8 @@ class Cluster {
   // Polls Get(id) until `pred` holds or `timeout_ms` passes; returns the last job seen.
   ftune::v1::Job WaitFor(const std::string& id, const std::function<bool(const ftune::v1::Job&)>& pred,
                          int64_t timeout_ms);
-  std::string Submit(const std::string& job_yaml);
+  std::string Submit(const std::string& job_yaml);  // the job's id; throws when refused
+  StatusOr<ftune::v1::SubmitReply> TrySubmit(const std::string& job_yaml);
 
  private:
   std::string dir_;

@@ -121,6 +121,13 @@ TEST(E2E, CheckpointWriteWithoutSpaceIsRetriedAndTheJobSucceeds) {
   EXPECT_EQ(Adapter(j.output_dir()), Adapter(c.RunReference(job)));
 }
 
+// Polls `done` every 100 ms until it holds or `timeout` passes; its last answer.
+bool PollUntil(const std::function<bool()>& done, std::chrono::seconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (!done() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  return done();
+}
+
 // GET <ftd's dashboard>/ready: its HTTP status (0 when ftd did not answer).
 int ReadyStatus(Cluster& c) {
   auto r = worker::HttpFetch({.url = c.http_url() + "ready", .timeout = std::chrono::milliseconds(2000)});
@@ -163,14 +170,9 @@ TEST(E2E, FullDataDirRefusesNewWorkKeepsEveryJobAndRecoversOnceSpaceFrees) {
   }
   ASSERT_GT(std::filesystem::file_size(filler), 0u);
   // Progress and metrics keep coming: one of their writes soon needs space.
-  const auto deadline = Clock::now() + std::chrono::seconds(60);
-  while (ReadyStatus(c) != 503 && Clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  ASSERT_EQ(ReadyStatus(c), 503) << "ftd did not notice its full disk";
-  pb::SubmitRequest req;
-  req.set_spec_yaml(Slurp(job));
-  req.set_spec_dir(std::filesystem::path(job).parent_path().string());
-  auto refused = c.client().Submit(req);
+  ASSERT_TRUE(PollUntil([&] { return ReadyStatus(c) == 503; }, std::chrono::seconds(60)))
+      << "ftd did not notice its full disk";
+  auto refused = c.TrySubmit(job);
   ASSERT_FALSE(refused.ok());
   EXPECT_THAT(refused.status().ToString(), HasSubstr("database or disk is full"));
   EXPECT_THAT(refused.status().ToString(), HasSubstr("--data-dir"));
@@ -194,21 +196,16 @@ TEST(E2E, FullDataDirRefusesNewWorkKeepsEveryJobAndRecoversOnceSpaceFrees) {
     }
     return step;
   };
-  const auto far_enough = Clock::now() + std::chrono::seconds(60);
-  while (newest() < committed + 100 && Clock::now() < far_enough) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  ASSERT_GE(newest(), committed + 100) << "the trainer stopped while ftd's disk was full";
+  ASSERT_TRUE(PollUntil([&] { return newest() >= committed + 100; }, std::chrono::seconds(60)))
+      << "the trainer stopped while ftd's disk was full";
   EXPECT_EQ(ReadyStatus(c), 503);
   char name[32];
   std::snprintf(name, sizeof(name), "step-%08lld", static_cast<long long>(committed));
   EXPECT_TRUE(std::filesystem::exists(checkpoints + "/" + name + "/MANIFEST.json"))
       << "the committed checkpoint " << name << " was pruned while ftd could not record newer ones";
   std::filesystem::remove(filler);
-  const auto back = Clock::now() + std::chrono::seconds(30);
-  while (ReadyStatus(c) != 200 && Clock::now() < back)
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  ASSERT_EQ(ReadyStatus(c), 200) << "ftd did not recover once space was freed";
+  ASSERT_TRUE(PollUntil([&] { return ReadyStatus(c) == 200; }, std::chrono::seconds(30)))
+      << "ftd did not recover once space was freed";
   const std::string second = c.Submit(job);
   j = c.WaitFor(first, Done, 180'000);
   ASSERT_EQ(j.state(), pb::SUCCEEDED) << j.reason();
