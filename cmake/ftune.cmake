@@ -29,23 +29,38 @@ if(FT_FUZZ)
   add_compile_options(-fsanitize=fuzzer-no-link)  # coverage for libFuzzer in every library
 endif()
 
-# ft_add_test(NAME SOURCES a.cc b.cc LIBS x y [LABELS l] [TIMEOUT s])
-# Builds one GoogleTest binary and registers it with ctest under NAME.
+# ft_add_test(NAME SOURCES a.cc b.cc LIBS x y [LABELS l] [TIMEOUT s] [SHARDS n])
+# Builds one GoogleTest binary and registers it with ctest under NAME, or,
+# with SHARDS n > 1, as NAME_shard0 .. NAME_shard<n-1>: GoogleTest's sharding
+# (GTEST_TOTAL_SHARDS, GTEST_SHARD_INDEX) splits its tests between them, so
+# ctest runs a long suite of slow scenarios side by side.
 function(ft_add_test name)
-  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "" "TIMEOUT;SHARDS" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${name} ${T_SOURCES})
   ft_project_warnings(${name})
   target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gmock GTest::gtest_main)
   target_compile_definitions(${name} PRIVATE
     FT_SOURCE_DIR="${PROJECT_SOURCE_DIR}" FT_BINARY_DIR="${PROJECT_BINARY_DIR}")
-  add_test(NAME ${name} COMMAND ${name})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 600)
   endif()
-  set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}")
+  set(tests ${name})
+  if(T_SHARDS GREATER 1)
+    set(tests)
+    math(EXPR last "${T_SHARDS} - 1")
+    foreach(i RANGE ${last})
+      add_test(NAME ${name}_shard${i} COMMAND ${name})
+      set_tests_properties(${name}_shard${i} PROPERTIES
+        ENVIRONMENT "GTEST_TOTAL_SHARDS=${T_SHARDS};GTEST_SHARD_INDEX=${i}")
+      list(APPEND tests ${name}_shard${i})
+    endforeach()
+  else()
+    add_test(NAME ${name} COMMAND ${name})
+  endif()
+  set_tests_properties(${tests} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}")
   if("gpu" IN_LIST T_LABELS)
     # GPU tests GTEST_SKIP on machines without a GPU; ctest reports them skipped.
-    set_tests_properties(${name} PROPERTIES SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
+    set_tests_properties(${tests} PROPERTIES SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
   endif()
 endfunction()
 

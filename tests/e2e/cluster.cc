@@ -24,7 +24,7 @@ Cluster::Cluster(const std::string& name, int64_t lease_ms)
     : Cluster(name, ClusterOptions{lease_ms, {}, "", "", ""}) {}
 
 Cluster::Cluster(const std::string& name, ClusterOptions options) : options_(std::move(options)) {
-  dir_ = (fs::path(::testing::TempDir()) / ("e2e-" + name)).lexically_normal().string();
+  dir_ = TempPath(name);
   fs::remove_all(dir_);
   fs::create_directories(dir_ + "/job");
   StartDaemon();

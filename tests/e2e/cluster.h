@@ -19,6 +19,7 @@ namespace ft::e2e {
 using testing_support::Proc;
 using testing_support::Slurp;
 using testing_support::Spawn;
+using testing_support::TempPath;
 
 struct ClusterOptions {
   int64_t lease_ms = 3000;

@@ -395,7 +395,7 @@ TEST(E2E, TokensNeverAppearInLogsOrErrorMessages) {
 // ftd serving the dashboard beyond loopback without a view token says so
 // at start; with one (or on loopback) it does not.
 TEST(E2E, DashboardBeyondLoopbackWithoutAViewTokenWarns) {
-  const std::string dir = ::testing::TempDir() + "/e2e-view-token";
+  const std::string dir = TempPath("view-token");
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   auto start = [&](const std::string& name, std::vector<std::string> extra) {
@@ -420,7 +420,7 @@ TEST(E2E, DashboardBeyondLoopbackWithoutAViewTokenWarns) {
 }
 
 TEST(E2E, TlsWhenConfiguredAndPlaintextClientsAreRefused) {
-  const std::string certs = ::testing::TempDir() + "/e2e-tls-certs";
+  const std::string certs = TempPath("tls-certs");
   std::filesystem::remove_all(certs);
   std::filesystem::create_directories(certs);
   const std::string cert = certs + "/cert.pem", key = certs + "/key.pem";

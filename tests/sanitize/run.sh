@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # The sanitizer runs of `make test`, each in a clang tree of its own
 # (tests/sanitize/configure.sh):
-#   asan: every CPU target built with ASan + UBSan, then the test suite without
-#         GPU, browser, build, format and deploy tests and without the chaos
-#         test (the longest; it runs in the normal tree): leaks, heap and stack
-#         errors and undefined behaviour end the test with the report in its
-#         output. The tree is the fuzzers' too (tests/fuzz/run.sh).
+#   asan: the tests and the binaries they start, built with ASan + UBSan, then
+#         the test suite without GPU, browser, build, format and deploy tests
+#         and without the end-to-end tests (e2e_test runs under TSan, the
+#         chaos test in the normal tree): leaks, heap and stack errors and
+#         undefined behaviour end the test with the report in its output.
+#         Then every fuzz target, built in the same tree, fuzzed for
+#         FT_FUZZ_SECONDS (default 20) each (tests/fuzz/run.sh).
 #   tsan: ftd, ft-worker, ftctl, ft-train and the daemon, worker and e2e tests
 #         built with ThreadSanitizer, then those tests: a data race or a lock
 #         order inversion in any of those processes fails its test.
 # Usage: run.sh asan|tsan BUILD_DIR
-# Exit status 0 when every selected test passed with no report; 1 otherwise
-# (ctest names the failing tests and prints their output).
+# Exit status 0 when every selected test passed with no report (and, for
+# asan, no fuzzer found anything); 1 otherwise (ctest names the failing tests
+# and prints their output; tests/fuzz/run.sh keeps a finding's input).
 set -uo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 kind=${1:?usage: run.sh asan|tsan BUILD_DIR}
@@ -23,16 +26,12 @@ log() { echo "sanitize $kind: $*"; }
 bash "$src/tests/sanitize/configure.sh" "$kind" "$build" || exit 1
 case "$kind" in
   asan)
-    targets=(all)
-    select=(-LE "gpu|web|npm|build|format|deploy" -E "^e2e_chaos_test$")
+    select=(-LE "gpu|web|npm|build|format|deploy|e2e")
     export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:check_initialization_order=1
     export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
     ;;
   tsan)
-    select=(-R "^(daemon_|worker_|e2e_test$)")
-    # The binaries the tests start, and each selected test (its target has its name).
-    targets=(ftd ft-worker ftctl ft-train)
-    targets+=($(cd "$build" && ctest -N "${select[@]}" | awk '/Test +#/ {print $3}'))
+    select=(-R "^(daemon_|worker_|e2e_test_shard)")
     export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$src/tests/sanitize/tsan.supp"
     # ft-train's threads are OpenMP's, and clang's libomp is not built with
     # TSan (its barriers are invisible to it): one thread per trainer here.
@@ -40,6 +39,13 @@ case "$kind" in
     export OMP_NUM_THREADS=1
     ;;
 esac
+# The binaries the tests start, and each selected test that is built (its
+# target has its name, less a shard's _shard<i>; fixtures such as the npm
+# installs are not targets).
+targets=(ftd ft-worker ftctl ft-train)
+targets+=($(cd "$build" && comm -12 <(ctest -N "${select[@]}" | awk '/Test +#/ {print $3}' |
+  sed -E 's/_shard[0-9]+$//' | sort -u) <(ninja -t targets all | cut -d: -f1 | sort)))
+[ "$kind" = asan ] && targets+=(fuzz_all)
 start=$(date +%s)
 if ! cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" > "$build/build.log" 2>&1; then
   grep -E "error|FAILED" "$build/build.log" | head -30
@@ -54,4 +60,7 @@ start=$(date +%s)
 (cd "$build" && ctest --output-on-failure -j "$(nproc)" "${select[@]}")
 rc=$?
 log "tests ran in $(($(date +%s) - start)) s (exit $rc)"
+if [ "$kind" = asan ]; then
+  bash "$src/tests/fuzz/run.sh" "$build" "${FT_FUZZ_SECONDS:-20}" || rc=1
+fi
 exit $rc

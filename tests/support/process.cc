@@ -88,9 +88,11 @@ std::string Slurp(const std::string& path) {
 }
 
 std::string TempPath(const std::string& name) {
-  return (fs::path(testing::TempDir()) / (std::string(program_invocation_short_name) + "-" + name))
-      .lexically_normal()
-      .string();
+  std::string prefix = program_invocation_short_name;
+  // A sharded test (GTEST_SHARD_INDEX, ft_add_test's SHARDS) runs as several
+  // processes of one binary at once: each shard has directories of its own.
+  if (const char* shard = std::getenv("GTEST_SHARD_INDEX")) prefix += std::string("-shard") + shard;
+  return (fs::path(testing::TempDir()) / (prefix + "-" + name)).lexically_normal().string();
 }
 
 std::string FreshDir(const std::string& name) {

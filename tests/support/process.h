@@ -63,8 +63,8 @@ class ScopedProc {
 
 // A file's contents ("" when unreadable).
 std::string Slurp(const std::string& path);
-// <testing::TempDir()>/<this test binary's name>-<name>, so test binaries
-// running side by side never share a directory.
+// <testing::TempDir()>/<this test binary's name>[-shard<i>]-<name>, so test
+// binaries (and shards of one) running side by side never share a directory.
 std::string TempPath(const std::string& name);
 // TempPath(name), emptied and created.
 std::string FreshDir(const std::string& name);

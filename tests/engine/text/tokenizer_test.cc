@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -216,25 +217,34 @@ TEST_P(GoldenTest, OffsetsCoverTheText) {
 
 // Adversarial input cannot make encoding super-linear: one long run of a
 // single character (one huge pre-token for BPE) and a long run of spaces.
-// Four times the text may take at most 8x the time (linear: ~4x; quadratic: 16x).
+// Eight times the text may take at most 30x the time: linear is 8x (measured
+// 9x to 15x here: BPE's merge queue adds a log factor, and the caches),
+// quadratic would be 64x. Times are
+// this thread's CPU time, the best of three, so other processes on the
+// machine do not count.
 TEST_P(GoldenTest, LongRunsEncodeInLinearTime) {
   const Tokenizer& tok = Get(GetParam());
+  auto thread_seconds = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  };
   for (const char c : {'a', ' '}) {
     auto seconds = [&](size_t n) {
       const std::string text(n, c);
       double best = 1e9;
-      for (int rep = 0; rep < 2; ++rep) {
-        const auto t0 = std::chrono::steady_clock::now();
+      for (int rep = 0; rep < 3; ++rep) {
+        const double t0 = thread_seconds();
         const auto ids = tok.Encode(text, false);
-        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        best = std::min(best, thread_seconds() - t0);
         EXPECT_FALSE(ids.empty());
       }
       return best;
     };
-    const double small = seconds(100'000), large = seconds(400'000);
-    std::printf("%s: 100k x '%c' %.3f s, 400k %.3f s (x%.1f)\n", GetParam().c_str(), c, small, large,
+    const double small = seconds(50'000), large = seconds(400'000);
+    std::printf("%s: 50k x '%c' %.3f s, 400k %.3f s (x%.1f)\n", GetParam().c_str(), c, small, large,
                 large / small);
-    EXPECT_LE(large, 8 * small + 0.05) << "encoding a run of '" << c << "' grows faster than linearly";
+    EXPECT_LE(large, 30 * small + 0.02) << "encoding a run of '" << c << "' grows faster than linearly";
   }
 }
 
