@@ -788,6 +788,7 @@ void Daemon::OnMetrics(WorkerSink* sink, const pb::MetricsReport& m) {
                   p.tokens_per_s(), p.peak_bytes(), p.time_ms() ? p.time_ms() : clock_->WallMs()};
     if (p.has_eval_loss()) row.eval_loss = p.eval_loss();
     row.eval_only = p.eval_only();
+    row.tokens_seen = p.tokens_seen();
     rows.push_back(row);
   }
   std::vector<MetricRow> stored;
@@ -807,6 +808,7 @@ void Daemon::OnMetrics(WorkerSink* sink, const pb::MetricsReport& m) {
     p->set_peak_bytes(r.peak_bytes);
     p->set_time_ms(r.time_ms);
     p->set_epoch(r.epoch);
+    p->set_tokens_seen(r.tokens_seen);
     if (!std::isnan(r.eval_loss)) p->set_eval_loss(r.eval_loss);
     pending_updates_.push_back(std::move(u));
   }

@@ -108,6 +108,7 @@ json MetricJson(const pb::MetricPoint& p, const std::string& job_id) {
               {"grad_norm", Number(p.grad_norm())},
               {"tokens_per_s", Number(p.tokens_per_s())},
               {"peak_bytes", p.peak_bytes()},
+              {"tokens", p.tokens_seen() > 0 ? json(p.tokens_seen()) : json(nullptr)},
               {"eval_loss", p.has_eval_loss() ? Number(p.eval_loss()) : json(nullptr)}};
   if (!job_id.empty()) out["job_id"] = job_id;
   return out;
@@ -122,6 +123,7 @@ json MetricJson(const MetricRow& m) {
           {"grad_norm", Number(m.grad_norm)},
           {"tokens_per_s", Number(m.tokens_per_s)},
           {"peak_bytes", m.peak_bytes},
+          {"tokens", m.tokens_seen > 0 ? json(m.tokens_seen) : json(nullptr)},
           {"eval_loss", Number(m.eval_loss)}};
 }
 

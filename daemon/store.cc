@@ -156,6 +156,11 @@ CREATE TABLE device_memory (
     R"sql(
 ALTER TABLE metrics ADD COLUMN eval_loss REAL;
 )sql",
+    // 4: target tokens trained on up to a step (the dashboard's compare view
+    // plots loss by tokens; NULL = not reported).
+    R"sql(
+ALTER TABLE metrics ADD COLUMN tokens_seen INTEGER;
+)sql",
 };
 
 constexpr int kLatestVersion = static_cast<int>(std::size(kMigrations));
@@ -181,7 +186,7 @@ constexpr char kCheckpointColumns[] =
     "job_id, epoch, step, dir, manifest_sha256, write_seconds, committed_ms";
 constexpr char kEventColumns[] = "seq, time_ms, job_id, worker_id, kind, message, step";
 constexpr char kMetricColumns[] =
-    "job_id, epoch, step, loss, lr, grad_norm, tokens_per_s, peak_bytes, time_ms, eval_loss";
+    "job_id, epoch, step, loss, lr, grad_norm, tokens_per_s, peak_bytes, time_ms, eval_loss, tokens_seen";
 
 // "?, ?, ?" with n placeholders.
 std::string Placeholders(int n) {
@@ -375,6 +380,7 @@ MetricRow ReadMetric(const Query& q) {
   m.peak_bytes = q.Int(7);
   m.time_ms = q.Int(8);
   m.eval_loss = q.Real(9);
+  m.tokens_seen = q.Int(10);
   return m;
 }
 
@@ -934,7 +940,7 @@ Status Store::AddMetrics(const std::vector<MetricRow>& rows, std::vector<MetricR
   // A training point replaces the step's training fields; an eval-only point sets eval_loss.
   // Either keeps what the other one wrote (a NaN binds as NULL: none).
   const std::string insert = std::string("INSERT INTO metrics (") + kMetricColumns + ") VALUES (" +
-                             Placeholders(10) + ") ON CONFLICT (job_id, step, epoch) DO UPDATE SET ";
+                             Placeholders(11) + ") ON CONFLICT (job_id, step, epoch) DO UPDATE SET ";
   const std::string returning = std::string(" RETURNING ") + kMetricColumns;
   if (stored) stored->clear();
   return Write(op, [&]() -> Status {
@@ -945,7 +951,8 @@ Status Store::AddMetrics(const std::vector<MetricRow>& rows, std::vector<MetricR
                                             : "loss = excluded.loss, lr = excluded.lr, grad_norm = "
                                               "excluded.grad_norm, tokens_per_s = excluded.tokens_per_s, "
                                               "peak_bytes = excluded.peak_bytes, time_ms = excluded.time_ms, "
-                                              "eval_loss = COALESCE(excluded.eval_loss, eval_loss)") +
+                                              "eval_loss = COALESCE(excluded.eval_loss, eval_loss), "
+                                              "tokens_seen = excluded.tokens_seen") +
                                returning,
                            op));
       const double none = std::numeric_limits<double>::quiet_NaN();
@@ -955,7 +962,7 @@ Status Store::AddMetrics(const std::vector<MetricRow>& rows, std::vector<MetricR
       } else {
         q.Bind(m.loss, m.lr, m.grad_norm, m.tokens_per_s, m.peak_bytes);
       }
-      q.Bind(m.time_ms, m.eval_loss);
+      q.Bind(m.time_ms, m.eval_loss, m.eval_only ? int64_t{0} : m.tokens_seen);
       bool row = false;
       FT_RETURN_IF_ERROR(q.Next(&row));
       if (row && stored) stored->push_back(ReadMetric(q));

@@ -174,6 +174,7 @@ struct MetricRow {
   double eval_loss = std::numeric_limits<double>::quiet_NaN();
   // Carries only eval_loss: merged into the step's row, whose training fields stay.
   bool eval_only = false;
+  int64_t tokens_seen = 0;  // target tokens trained on up to this step; 0 = not reported
 };
 
 class Store {

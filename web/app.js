@@ -1,9 +1,10 @@
 // The dashboard's entry point: routes the URL hash to a page (#/jobs,
-// #/jobs/ID, #/workers), disposing the previous page (its stream and timers)
+// #/jobs/ID, #/compare?jobs=ID,ID, #/workers), disposing the previous page (its stream and timers)
 // first. window.ftune exposes the current page's charts and render timing for
 // tests and curious users: ftune.renderedMs[page] is the time (ms since
 // navigation start) at which the page first showed its data.
 
+import { mountCompare } from './compare.js';
 import { mountJob } from './job.js';
 import { mountJobs } from './jobs.js';
 import { mountWorkers } from './workers.js';
@@ -40,6 +41,9 @@ function route() {
   } else if (parts[0] === 'jobs' && parts.length === 2) {
     page = 'job';
     dispose = mountJob(main, decodeURIComponent(parts[1]), app);
+  } else if (parts[0] === 'compare' && parts.length === 1) {
+    page = 'compare';
+    dispose = mountCompare(main, query, app);
   } else if (parts[0] === 'workers' && parts.length === 1) {
     page = 'workers';
     dispose = mountWorkers(main, query, app);
@@ -50,7 +54,7 @@ function route() {
   }
   app.page = page;
   for (const link of document.querySelectorAll('[data-nav]')) {
-    link.classList.toggle('current', link.dataset.nav === (page === 'job' ? 'jobs' : page));
+    link.classList.toggle('current', link.dataset.nav === (page === 'job' || page === 'compare' ? 'jobs' : page));
   }
 }
 

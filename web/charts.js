@@ -69,21 +69,17 @@ function widthOf(container) {
   return Math.max(300, container.clientWidth || 800);
 }
 
-// A time-axis chart in `container`. series: [{label, scale, stroke, dash, width}].
-// scales: uPlot scale options by name (besides x); axes: extra axes after x.
-export function timeChart(container, { series, scales = {}, axes = [], plugins = [], xRange, height = 240 }) {
+// A line chart in `container` that fills its width. series: [{label, scale,
+// stroke, dash, width}]; x: uPlot's options for the x scale; scales: options
+// of the other scales by name; axes: axes after x (xAxis: x's own).
+export function lineChart(container, { series, x = {}, xAxis = {}, scales = {}, axes = [], plugins = [], height = 240 }) {
   const options = {
     width: widthOf(container),
     height,
     plugins,
     cursor: { drag: { x: true, y: false } },
-    scales: {
-      // xRange gets the data's own first and last time: for a single point
-      // uPlot would otherwise pass a span of 1,000 days.
-      x: { time: true, range: xRange ? (u) => xRange(u.data[0][0], u.data[0][u.data[0].length - 1]) : undefined },
-      ...scales,
-    },
-    axes: [{}, ...axes],
+    scales: { x, ...scales },
+    axes: [xAxis, ...axes],
     series: [{}, ...series.map((s) => ({ spanGaps: true, points: { show: false }, width: 1.5, ...s }))],
     legend: { live: true },
   };
@@ -98,6 +94,16 @@ export function timeChart(container, { series, scales = {}, axes = [], plugins =
     chart.destroy();
   };
   return chart;
+}
+
+// A time-axis chart: lineChart with x in seconds since the epoch. xRange gets
+// the data's own first and last time: for a single point uPlot would
+// otherwise pass a span of 1,000 days.
+export function timeChart(container, { xRange, ...options }) {
+  return lineChart(container, {
+    ...options,
+    x: { time: true, range: xRange ? (u) => xRange(u.data[0][0], u.data[0][u.data[0].length - 1]) : undefined },
+  });
 }
 
 export const axisFormats = {

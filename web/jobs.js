@@ -1,10 +1,12 @@
 // The jobs page (#/jobs): every job with its state, progress, loss sparkline,
 // attempts, ETA, priority and worker; filters by state and text; counts per
-// state. Loads the list once, then applies live `job` messages from the stream
+// state; a tick box per job and a Compare button that opens the ticked jobs'
+// loss curves on one chart (compare.js). Filters and ticks live in the URL. Loads the list once, then applies live `job` messages from the stream
 // to the affected rows only, at most four times a second, so it stays smooth
 // with thousands of jobs.
 
 import { getJSON, openStream } from './api.js';
+import { compareHash } from './compare.js';
 import { el, setText, STATES, duration, number, sparkline, updateSparkline } from './format.js';
 
 const FLUSH_MS = 250;
@@ -14,6 +16,7 @@ export function mountJobs(root, query, app) {
     states: new Set((query.get('state') || '').split(',').filter((s) => STATES.includes(s))),
     text: query.get('q') || '',
   };
+  const selected = new Set((query.get('sel') || '').split(',').filter(Boolean));  // ticked for Compare
   const rows = new Map();  // job id → {job, tr, cells}
   const pending = new Map();  // job id → newest summary not yet drawn
   let flushTimer = null;
@@ -27,12 +30,14 @@ export function mountJobs(root, query, app) {
   const tbody = el('tbody');
   const empty = el('p', { class: 'empty', hidden: true }, 'No jobs match.');
   const status = el('p', { class: 'status' }, 'Loading jobs…');
+  const compare = el('a', { class: 'button compare', role: 'button', 'aria-disabled': 'true' }, 'Compare');
   root.replaceChildren(
     el('section', { class: 'jobs' },
-      el('div', { class: 'toolbar' }, chips, search),
+      el('div', { class: 'toolbar' }, chips, search, compare),
       status,
       el('table', { class: 'grid jobs-table' },
         el('thead', {}, el('tr', {},
+          el('th', { class: 'c-pick', title: 'tick jobs to compare their loss curves' }, '⇄'),
           ...['State', 'Job', 'Progress', 'Loss', 'Attempts', 'ETA', 'Priority', 'Worker']
             .map((h) => el('th', {}, h)))),
         tbody),
@@ -76,11 +81,38 @@ export function mountJobs(root, query, app) {
       button.classList.toggle('on', on);
       button.setAttribute('aria-pressed', on);
     }
+    updateUrl();
+  }
+
+  function updateUrl() {
     const params = new URLSearchParams();
     if (filter.states.size) params.set('state', [...filter.states].join(','));
     if (filter.text) params.set('q', filter.text);
+    if (selected.size) params.set('sel', [...selected].join(','));
     const hash = `#/jobs${params.size ? `?${params}` : ''}`;
     if (location.hash !== hash) history.replaceState(null, '', hash);
+  }
+
+  // Compare opens the ticked jobs, in the order they were ticked (two at least).
+  function updateCompare() {
+    const n = selected.size;
+    setText(compare, n ? `Compare ${n}` : 'Compare');
+    if (n >= 2) {
+      compare.setAttribute('href', compareHash([...selected]));
+      compare.setAttribute('aria-disabled', 'false');
+      compare.title = 'loss curves of the ticked jobs on one chart';
+    } else {
+      compare.removeAttribute('href');
+      compare.setAttribute('aria-disabled', 'true');
+      compare.title = 'tick two jobs or more to compare them';
+    }
+  }
+
+  function onPick(id, on) {
+    if (on) selected.add(id);
+    else selected.delete(id);
+    updateCompare();
+    updateUrl();
   }
 
   function updateCounts() {
@@ -92,6 +124,8 @@ export function mountJobs(root, query, app) {
   }
 
   function buildRow(job) {
+    const pick = el('input', { type: 'checkbox', 'aria-label': `compare ${job.id}`, checked: selected.has(job.id) });
+    pick.addEventListener('change', () => onPick(job.id, pick.checked));
     const cells = {
       state: el('span', { class: 'badge' }),
       name: el('a', { href: `#/jobs/${job.id}`, class: 'name' }),
@@ -107,6 +141,7 @@ export function mountJobs(root, query, app) {
       worker: el('td', { class: 'c-worker' }),
     };
     const tr = el('tr', { 'data-job-id': job.id },
+      el('td', { class: 'c-pick' }, pick),
       el('td', { class: 'c-state' }, cells.state),
       el('td', { class: 'c-job' }, cells.name, ' ', cells.id, cells.reason),
       el('td', { class: 'c-progress' }, el('div', { class: 'bar' }, cells.bar), cells.steps),
@@ -189,6 +224,7 @@ export function mountJobs(root, query, app) {
       tbody.append(fragment);
       status.hidden = true;
       updateCounts();
+      updateCompare();
       applyFilter();
       closeStream = openStream('', { job: onJob });
       app.rendered('jobs', rows.size);

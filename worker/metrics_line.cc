@@ -56,6 +56,7 @@ StatusOr<MetricsLine> ParseMetricsLine(std::string_view line) {
   m.lr = Number(j, "lr");
   m.grad_norm = Number(j, "grad_norm");
   m.tokens = static_cast<int64_t>(Number(j, "tokens"));
+  m.tokens_seen = static_cast<int64_t>(Number(j, "tokens_seen"));
   m.tokens_per_s = Number(j, "tokens_per_s");
   m.peak_bytes = static_cast<int64_t>(Number(j, "peak_bytes"));
   m.checkpoint_seconds = Number(j, "checkpoint_seconds");

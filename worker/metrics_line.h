@@ -27,6 +27,7 @@ struct MetricsLine {
   double lr = 0;
   double grad_norm = 0;
   int64_t tokens = 0;
+  int64_t tokens_seen = 0;  // target tokens trained on in the run so far (0: an older trainer)
   double tokens_per_s = 0;
   int64_t peak_bytes = 0;
   double checkpoint_seconds = 0;  // kStep (newest measured, 0 = none yet) and kCheckpoint

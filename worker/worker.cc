@@ -342,6 +342,7 @@ void Worker::OnMetrics(const AttemptSpec& a, const std::vector<MetricsLine>& ste
     p->set_grad_norm(s.grad_norm);
     p->set_tokens_per_s(s.tokens_per_s);
     p->set_peak_bytes(s.peak_bytes);
+    p->set_tokens_seen(s.tokens_seen);
   }
   Send(std::move(m));
 }

@@ -10,16 +10,19 @@
 #    ctest -L gpu includes the whole model on CUDA against the CPU backend
 #    (tests/engine/model/cuda_parity_test.cc: LoRA and QLoRA, Llama and Qwen2 shapes,
 #    fp32 and bf16, and training state moved between the devices);
-# 3. checkpoints across devices through ft-train (cross_resume.py: CPU stopped
-#    by SIGTERM and resumed on the GPU, GPU resumed on the CPU);
+#    then ft-train generate on a tiny model, CPU against CUDA;
+# 3. benchmarks ftune's kernels (ft_gpu_kernel_bench) and PyTorch
+#    (torch_peer.py) on the cases of cases.txt, side by side on the same GPU;
 # 4. the user's job: ft-train run of a QLoRA job on a Llama-3-8B-shaped random
 #    model (qlora-8b.yaml; tokens/s, peak memory, the planner's prediction),
 #    then the same shape through PyTorch + transformers + PEFT (peft_peer.py);
-# 5. benchmarks ftune's kernels (ft_gpu_kernel_bench) and PyTorch
-#    (torch_peer.py) on the cases of cases.txt, side by side on the same GPU;
+# 5. checkpoints across devices through ft-train (cross_resume.py: CPU stopped
+#    by SIGTERM and resumed on the GPU, GPU resumed on the CPU);
 # 6. prints the tables and writes them, with device and date, to
 #    docs/PERFORMANCE.md, and copies every log and the table to $OUT (the
 #    device tool brings $OUT back; the device's working tree does not come back).
+# The logs go to $OUT after every phase too, so a run cut off by a time limit
+# still brings back what it did (each phase's wall time is in run.log).
 # The whole-model steps need ft-train, i.e. the tokenizer libraries: carry
 # .carry/ftdeps.tar.xz (made by bench/gpu/carry-deps.sh); without it they are
 # skipped and say so.
@@ -27,7 +30,7 @@
 # (the table is still written, with the test status in it).
 # $OUT receives at most 7 files (the device tool returns at most 8):
 # PERFORMANCE.md, run.log, tests.log, ours.jsonl, torch.jsonl, user_job.jsonl,
-# logs.tar.gz. FT_GPU_PHASES (default "tests resume user kernels") picks phases.
+# logs.tar.gz. FT_GPU_PHASES (default "tests generate kernels user resume") picks phases.
 # Environment: FT_GTEST_SOURCE_DIR (GoogleTest source), FT_PERF_DOC (where to
 # write the table instead of docs/PERFORMANCE.md, for dry runs), FT_CMAKE_ARGS
 # (extra configure arguments, word-split), FT_8B_STEPS (steps of the user's
@@ -76,7 +79,7 @@ if ! command -v nvidia-smi > /dev/null || ! nvidia-smi > "$work/nvidia-smi.txt" 
   echo "nvidia-smi failed: no GPU here" >&2
   exit 1
 fi
-phases=" ${FT_GPU_PHASES:-tests resume user kernels} "
+phases=" ${FT_GPU_PHASES:-tests generate kernels user resume} "
 want() { [[ "$phases" == *" $1 "* ]]; }
 # The carried tokenizer libraries (carry-deps.sh names /tmp/ftdeps in its .pc files).
 if [ -f "$root/.carry/ftdeps.tar.xz" ]; then
@@ -108,7 +111,7 @@ if ! grep -q "building engine/model only" "$work/configure.log"; then
   have_train=1
 fi
 log "build ${targets[*]}"
-if ! cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" > "$work/build.log" 2>&1; then
+if ! timed "build" cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" > "$work/build.log" 2>&1; then
   tail -40 "$work/build.log"
   exit 1
 fi
@@ -118,28 +121,64 @@ log "kernels with spills: $(wc -l < "$work/spills.txt") (resource report in buil
 
 # ---- 2. CUDA op tests -------------------------------------------------------
 log "ctest -L gpu"
-if (cd "$build" && FT_REQUIRE_GPU=1 ctest -L gpu --output-on-failure -V > "$work/tests.log" 2>&1); then
+if timed "ctest -L gpu" bash -c "cd '$build' && FT_REQUIRE_GPU=1 ctest -L gpu --timeout 180 --output-on-failure -V > '$work/tests.log' 2>&1"; then
   tests_status="all passed"
 else
   tests_status="FAILED (see tests.log)"
 fi
 grep -E "TENSOR OK|Failure|FAILED|rel|seed" "$work/tests.log" | tail -40
 log "tests: $tests_status"
+finish
 
 bench_ok=1
 ft_train=$build/engine/ft-train
-# ---- 3. checkpoints across devices ---------------------------------------------
-resume_status="not run (no ft-train: carry .carry/ftdeps.tar.xz)"
-if want resume && [ $have_train = 1 ]; then
-  log "cross-device resume (cross_resume.py)"
-  if timed "cross_resume" timeout 240 python3 "$root/bench/gpu/cross_resume.py" "$ft_train" "$build/resume" > "$work/resume.log" 2>&1; then
-    resume_status="passed"
-  else
-    resume_status="FAILED (see resume.log)"
-    bench_ok=0
-  fi
-  cat "$work/resume.log"
+
+# ---- 2b. generation on the device ----------------------------------------------
+# ft-train generate (KV cache, greedy) on a tiny random Llama with the test
+# tokenizer, on the CPU and on CUDA: in fp32 the generated ids must be the same.
+gen_status="not run"
+if want generate && [ $have_train = 1 ]; then
+  g=$build/gen
+  rm -rf "$g" && mkdir -p "$g"
+  "$ft_train" make-model --preset tiny-llama --vocab 384 --out "$g/model" --seed 5 > "$g/make.log" 2>&1
+  cp "$root/tests/fuzz/data/tokenizer.json" "$root/tests/fuzz/data/tokenizer_config.json" "$g/model/"
+  gen_status="passed"
+  for dt in fp32 bf16; do
+    for dev in cpu cuda; do
+      timed "generate $dev $dt" "$ft_train" generate --model "$g/model" --prompt "the quick brown fox" \
+        --max-new-tokens 64 --device $dev --dtype $dt --json > "$g/$dev-$dt.json" 2>> "$work/generate.log" ||
+        gen_status="FAILED (see generate.log)"
+    done
+  done
+  python3 - "$g" > "$work/generate.txt" 2>> "$work/generate.log" << 'PY' || gen_status="FAILED (see generate.log)"
+import json, sys
+d = sys.argv[1]
+ok = True
+for dt in ("fp32", "bf16"):
+    a, b = (json.load(open(f"{d}/{dev}-{dt}.json")) for dev in ("cpu", "cuda"))
+    same = next((i for i, (x, y) in enumerate(zip(a["ids"], b["ids"])) if x != y), min(len(a["ids"]), len(b["ids"])))
+    print(f"GENERATE {dt}: {len(a['ids'])} ids on cpu, {len(b['ids'])} on cuda, first {same} identical "
+          f"(finish {a['finish']}/{b['finish']})")
+    ok = ok and (dt != "fp32" or a["ids"] == b["ids"])
+sys.exit(0 if ok else 1)
+PY
+  cat "$work/generate.txt"
+  log "generate: $gen_status"
+  [[ "$gen_status" == passed ]] || bench_ok=0
 fi
+finish
+
+# ---- 3. kernel benchmarks -----------------------------------------------------
+if want kernels; then
+  log "ftune kernels"
+  timed "kernel bench" timeout 180 "$build/bench/gpu/ft_gpu_kernel_bench" "$root/bench/gpu/cases.txt" > "$work/ours.jsonl" 2> "$work/ours.err" || bench_ok=0
+  cat "$work/ours.err"
+  log "PyTorch peer"
+  timed "torch peer" timeout 180 python3 "$root/bench/gpu/torch_peer.py" "$root/bench/gpu/cases.txt" > "$work/torch.jsonl" 2> "$work/torch.err" || bench_ok=0
+  tail -5 "$work/torch.err"
+fi
+
+finish
 
 # ---- 4. the user's job: QLoRA 8B shape, ours then PyTorch+PEFT --------------------
 if want user && [ $have_train = 1 ]; then
@@ -157,7 +196,7 @@ if want user && [ $have_train = 1 ]; then
   log "ft-train run (resources.device: cuda), $steps steps"
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$work/smi_mem.txt" &
   smi=$!
-  timed "ft-train run" timeout 300 "$ft_train" run "$u/job.yaml" > "$work/user_run.log" 2>&1 ||
+  timed "ft-train run" timeout 240 "$ft_train" run "$u/job.yaml" > "$work/user_run.log" 2>&1 ||
     bench_ok=0
   kill $smi 2> /dev/null
   tail -n $((steps + 4)) "$work/user_run.log"
@@ -171,20 +210,29 @@ if want user && [ $have_train = 1 ]; then
   rm -rf "$u/model"
 fi
 
-# ---- 5. kernel benchmarks -----------------------------------------------------
-if want kernels; then
-  log "ftune kernels"
-  "$build/bench/gpu/ft_gpu_kernel_bench" "$root/bench/gpu/cases.txt" > "$work/ours.jsonl" 2> "$work/ours.err" || bench_ok=0
-  cat "$work/ours.err"
-  log "PyTorch peer"
-  python3 "$root/bench/gpu/torch_peer.py" "$root/bench/gpu/cases.txt" > "$work/torch.jsonl" 2> "$work/torch.err" || bench_ok=0
-  tail -5 "$work/torch.err"
+finish
+
+# ---- 5. checkpoints across devices ---------------------------------------------
+resume_status="not run (no ft-train: carry .carry/ftdeps.tar.xz)"
+if want resume && [ $have_train = 1 ]; then
+  log "cross-device resume (cross_resume.py)"
+  if timed "cross_resume" timeout 240 python3 "$root/bench/gpu/cross_resume.py" "$ft_train" "$build/resume" > "$work/resume.log" 2>&1; then
+    resume_status="passed"
+  else
+    resume_status="FAILED (see resume.log)"
+    bench_ok=0
+  fi
+  cat "$work/resume.log"
 fi
+
+finish
 
 # ---- 6. tables ------------------------------------------------------------------
 grep -oE "PARITY .*" "$work/tests.log" > "$work/parity.txt" || true
 grep -oE "^RESUME .*" "$work/resume.log" > "$work/resume.txt" 2> /dev/null || true
+[ -f "$work/generate.txt" ] || echo "GENERATE $gen_status" > "$work/generate.txt"
 python3 "$root/bench/gpu/report.py" table "$work/ours.jsonl" "$work/torch.jsonl" "$tests_status" "$device" \
-  "$doc" "$work/parity.txt" "$work/resume.txt" "$resume_status" "$work/user_job.jsonl" | tee "$work/table.md"
+  "$doc" "$work/parity.txt" "$work/resume.txt" "$resume_status" "$work/user_job.jsonl" "$work/generate.txt" "$gen_status" |
+  tee "$work/table.md"
 log "wrote $doc (copy in $out/PERFORMANCE.md)"
 [[ "$tests_status" == "all passed" && $bench_ok == 1 ]]

@@ -10,6 +10,8 @@
 //   ft-train make-model (--preset tiny-llama | --config CONFIG.json) --out DIR [--dtype f32|bf16] [--seed N]
 //   ft-train tokenize --model DIR|tokenizer.json [--add-special-tokens] [--decode]
 //                                              JSON strings in on stdin, id arrays out (or back)
+//   ft-train generate --model DIR [--adapter DIR] [--prompt TEXT] [--chat] ...
+//                                              text from the model, streamed (generate_command.h)
 //
 // Exit codes (engine/train/trainer.h): 0 finished; 1 failed (reason on stderr);
 // 2 bad input or usage; 3 preempted: stopped after a checkpoint on SIGTERM,
@@ -24,6 +26,7 @@
 
 #include "common/file_util.h"
 #include "common/logging.h"
+#include "engine/command/generate_command.h"
 #include "engine/command/tokenize_command.h"
 #include "engine/io/hf_model.h"
 #include "engine/model/memory.h"
@@ -197,12 +200,35 @@ int main(int argc, char** argv) {
   tokenize->add_flag("--add-special-tokens", add_special, "apply the post-processor (e.g. BOS)");
   tokenize->add_flag("--decode", decode, "read id arrays and print strings instead");
 
+  auto* generate = app.add_subcommand("generate", "generate text with a model and an adapter (streamed)");
+  ft::GenerateFlags gen;
+  generate->add_option("--model", gen.model.model_dir, "base (or merged) HF model directory")->required();
+  generate->add_option("--adapter", gen.model.adapter_dir, "PEFT adapter directory (e.g. OUTPUT_DIR/adapter)");
+  generate->add_option("--prompt", gen.prompt, "the prompt (default: --prompt-file, else stdin)")
+      ->each([&](const std::string&) { gen.has_prompt = true; });
+  generate->add_option("--prompt-file", gen.prompt_file, "a file holding the prompt");
+  generate->add_flag("--chat", gen.prompt_options.chat, "render the prompt as a user message with the chat template");
+  generate->add_option("--system", gen.prompt_options.system, "with --chat: a system message");
+  generate->add_option("--chat-var", gen.chat_vars, "with --chat: a template variable, KEY=VALUE (repeatable)");
+  generate->add_option("--max-new-tokens", gen.generate.max_new_tokens, "tokens to generate at most")
+      ->check(CLI::PositiveNumber);
+  generate->add_option("--temperature", gen.generate.sampling.temperature, "0 = greedy (default)");
+  generate->add_option("--top-k", gen.generate.sampling.top_k, "sample among the k likeliest (0 = all)");
+  generate->add_option("--top-p", gen.generate.sampling.top_p, "nucleus sampling threshold (1 = off)");
+  generate->add_option("--seed", gen.generate.sampling.seed, "sampling seed (same seed, same text)");
+  generate->add_option("--stop", gen.generate.stop, "stop when the text contains this (repeatable)");
+  generate->add_option("--device", gen.model.device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  generate->add_option("--dtype", gen.model.dtype, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+  generate->add_flag("--nf4", gen.model.nf4, "hold the base weights in NF4 (as QLoRA trained on them)");
+  generate->add_flag("--json", gen.json, "print one JSON object at the end instead of streaming");
+
   CLI11_PARSE(app, argc, argv);
   auto level = ft::log::ParseLevel(log_level);
   if (!level.ok()) return Fail(level.status());
   ft::log::Configure({*level, log_json, "ft-train"});
   if (*run) return RunJob(flags);
   if (*tokenize) return ft::RunTokenizeCommand(tokenizer_path, add_special, decode);
+  if (*generate) return ft::RunGenerateCommand(gen);
   if (*plan) return Plan(plan_job, plan_overrides, device_memory, plan_device, plan_world);
   if (*make) return MakeModel(preset, config_file, out, dtype, seed, vocab);
   return 2;

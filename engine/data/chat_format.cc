@@ -241,4 +241,17 @@ std::vector<int32_t> AssistantLabels(const std::vector<TokenSpan>& tokens,
   return labels;
 }
 
+nlohmann::ordered_json ChatVarsFromStrings(const std::map<std::string, std::string>& vars) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : vars) {
+    if (v == "true" || v == "false") {
+      out[k] = v == "true";
+      continue;
+    }
+    nlohmann::json number = nlohmann::json::parse(v, nullptr, false);
+    out[k] = number.is_number() ? nlohmann::ordered_json(number) : nlohmann::ordered_json(v);
+  }
+  return out;
+}
+
 }  // namespace ft

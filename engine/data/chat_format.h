@@ -40,6 +40,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -93,6 +94,11 @@ class ChatTemplate {
                                      bool add_generation_prompt) const;
   JinjaTemplate template_;
 };
+
+// Template variables given as text (job.yaml's data.chat_template_vars,
+// ft-train generate's --chat-var) as JSON values: true/false, numbers, else
+// strings.
+nlohmann::ordered_json ChatVarsFromStrings(const std::map<std::string, std::string>& vars);
 
 // One-shot rendering: parses `chat_template` and renders `messages`.
 StatusOr<std::string> RenderChat(const std::string& chat_template, const nlohmann::ordered_json& messages,

@@ -208,6 +208,18 @@ Status LoadHfWeights(const std::string& dir, Model* model) {
   return Status::OK();
 }
 
+Status CopyTokenizerFiles(const std::string& from_dir, const std::string& to_dir) {
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                           "generation_config.json"}) {
+    const fs::path from = fs::path(from_dir) / name;
+    if (!fs::exists(from)) continue;
+    std::error_code ec;
+    fs::copy_file(from, fs::path(to_dir) / name, fs::copy_options::overwrite_existing, ec);
+    if (ec) return Status::IOError(from.string() + ": cannot copy to " + to_dir + ": " + ec.message());
+  }
+  return Status::OK();
+}
+
 Status SaveHfModel(const std::string& dir, Model& model, DType dtype) {
   std::error_code ec;
   fs::create_directories(dir, ec);

@@ -32,6 +32,12 @@ Status LoadHfWeights(const std::string& dir, Model* model);
 // `dtype`: F32, BF16 or F16). Creates `dir` if needed.
 Status SaveHfModel(const std::string& dir, Model& model, DType dtype);
 
+// Copies the tokenizer and generation files of a model directory
+// (tokenizer.json, tokenizer_config.json, special_tokens_map.json,
+// tokenizer.model, generation_config.json), those present, into `to_dir`, so a
+// model written from it (merged weights) is complete. IOError naming the file.
+Status CopyTokenizerFiles(const std::string& from_dir, const std::string& to_dir);
+
 // Random weights (seeded, deterministic): linears and embeddings
 // N(0, 1/fan_in) (fan_in = the last dimension), norms 1, biases 0.
 void RandomInitModel(Model* model, uint64_t seed);

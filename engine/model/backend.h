@@ -166,11 +166,15 @@ class Backend {
   // `naive` asks for the reference form that materialises the scores; a
   // backend without one runs its flash form (the same definition).
   // segments: device int32 [rows] or nullptr. lse [batch, Hq, seq].
-  virtual void AttentionForward(const cpu::AttentionShape& s, const float* q, const float* k, const float* v,
-                                const int32_t* segments, float* out, float* lse, bool naive) = 0;
-  virtual void AttentionBackward(const cpu::AttentionShape& s, const float* q, const float* k, const float* v,
-                                 const int32_t* segments, const float* out, const float* lse,
-                                 const float* dout, float* dq, float* dk, float* dv) = 0;
+  // operands kBF16: q, k, v and dout hold bf16-rounded values, and the
+  // backend may multiply them, and the probabilities, as bf16 with fp32
+  // accumulation (CUDA: the tensor-core kernels); the CPU computes in fp32.
+  virtual void AttentionForward(GemmOperands operands, const cpu::AttentionShape& s, const float* q,
+                                const float* k, const float* v, const int32_t* segments, float* out, float* lse,
+                                bool naive) = 0;
+  virtual void AttentionBackward(GemmOperands operands, const cpu::AttentionShape& s, const float* q,
+                                 const float* k, const float* v, const int32_t* segments, const float* out,
+                                 const float* lse, const float* dout, float* dq, float* dk, float* dv) = 0;
   virtual void SwiGluForward(const float* gate, const float* up, int64_t n, float* h) = 0;
   virtual void SwiGluBackward(const float* gate, const float* up, const float* dh, int64_t n, float* dgate,
                               float* dup) = 0;

@@ -82,17 +82,18 @@ class CpuBackend final : public Backend {
                  const float* cos_table, const float* sin_table, bool inverse) override {
     cpu::RopeApply<float>(x, rows, heads, hd, positions, cos_table, sin_table, inverse);
   }
-  void AttentionForward(const cpu::AttentionShape& s, const float* q, const float* k, const float* v,
-                        const int32_t* segments, float* out, float* lse, bool naive) override {
+  void AttentionForward(GemmOperands /*fp32 math either way*/, const cpu::AttentionShape& s, const float* q,
+                        const float* k, const float* v, const int32_t* segments, float* out, float* lse,
+                        bool naive) override {
     if (naive) {
       cpu::AttentionForwardNaive<float>(s, q, k, v, segments, out, lse);
     } else {
       cpu::AttentionForward<float>(s, q, k, v, segments, out, lse);
     }
   }
-  void AttentionBackward(const cpu::AttentionShape& s, const float* q, const float* k, const float* v,
-                         const int32_t* segments, const float* out, const float* lse, const float* dout,
-                         float* dq, float* dk, float* dv) override {
+  void AttentionBackward(GemmOperands /*fp32 math either way*/, const cpu::AttentionShape& s, const float* q,
+                         const float* k, const float* v, const int32_t* segments, const float* out,
+                         const float* lse, const float* dout, float* dq, float* dk, float* dv) override {
     cpu::AttentionBackward<float>(s, q, k, v, segments, out, lse, dout, dq, dk, dv);
   }
   void SwiGluForward(const float* gate, const float* up, int64_t n, float* h) override {

@@ -225,19 +225,23 @@ class CudaBackend final : public Backend {
     if (!status_.ok()) return;
     Record(cuda::RopeApply<float>(x, rows, heads, hd, positions, cos_table, sin_table, inverse, stream_));
   }
-  void AttentionForward(const cpu::AttentionShape& s, const float* q, const float* k, const float* v,
-                        const int32_t* segments, float* out, float* lse,
+  static cuda::AttentionMath Math(GemmOperands operands) {
+    return operands == GemmOperands::kBF16 ? cuda::AttentionMath::kBf16 : cuda::AttentionMath::kFp32;
+  }
+  void AttentionForward(GemmOperands operands, const cpu::AttentionShape& s, const float* q, const float* k,
+                        const float* v, const int32_t* segments, float* out, float* lse,
                         bool /*naive: flash only*/) override {
     if (!status_.ok()) return;
-    Record(cuda::AttentionForward<float>(s, q, k, v, segments, out, lse, stream_));
+    Record(cuda::AttentionForward<float>(s, q, k, v, segments, out, lse, stream_, Math(operands)));
   }
-  void AttentionBackward(const cpu::AttentionShape& s, const float* q, const float* k, const float* v,
-                         const int32_t* segments, const float* out, const float* lse, const float* dout,
-                         float* dq, float* dk, float* dv) override {
+  void AttentionBackward(GemmOperands operands, const cpu::AttentionShape& s, const float* q, const float* k,
+                         const float* v, const int32_t* segments, const float* out, const float* lse,
+                         const float* dout, float* dq, float* dk, float* dv) override {
     if (!status_.ok()) return;
     float* ws = Workspace(att_ws_, cuda::AttentionBackwardWorkspaceFloats(s) * 4);
     if (!status_.ok()) return;
-    Record(cuda::AttentionBackward<float>(s, q, k, v, segments, out, lse, dout, dq, dk, dv, ws, stream_));
+    Record(cuda::AttentionBackward<float>(s, q, k, v, segments, out, lse, dout, dq, dk, dv, ws, stream_,
+                                          Math(operands)));
   }
   void SwiGluForward(const float* gate, const float* up, int64_t n, float* h) override {
     if (!status_.ok()) return;

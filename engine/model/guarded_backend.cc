@@ -98,16 +98,16 @@ class GuardedCpuBackend final : public Backend {
     Open o(this);
     inner_->RopeApply(x, rows, heads, hd, positions, cos_table, sin_table, inverse);
   }
-  void AttentionForward(const cpu::AttentionShape& s, const float* q, const float* k, const float* v,
-                        const int32_t* segments, float* out, float* lse, bool naive) override {
+  void AttentionForward(GemmOperands operands, const cpu::AttentionShape& s, const float* q, const float* k,
+                        const float* v, const int32_t* segments, float* out, float* lse, bool naive) override {
     Open o(this);
-    inner_->AttentionForward(s, q, k, v, segments, out, lse, naive);
+    inner_->AttentionForward(operands, s, q, k, v, segments, out, lse, naive);
   }
-  void AttentionBackward(const cpu::AttentionShape& s, const float* q, const float* k, const float* v,
-                         const int32_t* segments, const float* out, const float* lse, const float* dout,
-                         float* dq, float* dk, float* dv) override {
+  void AttentionBackward(GemmOperands operands, const cpu::AttentionShape& s, const float* q, const float* k,
+                         const float* v, const int32_t* segments, const float* out, const float* lse,
+                         const float* dout, float* dq, float* dk, float* dv) override {
     Open o(this);
-    inner_->AttentionBackward(s, q, k, v, segments, out, lse, dout, dq, dk, dv);
+    inner_->AttentionBackward(operands, s, q, k, v, segments, out, lse, dout, dq, dk, dv);
   }
   void SwiGluForward(const float* gate, const float* up, int64_t n, float* h) override {
     Open o(this);

@@ -449,7 +449,17 @@ void Model::LayerForward(int l, const MicroBatch& mb, const float* x_in, LayerAc
   cpu::AttentionShape shape{mb.batch,       mb.seq,     c.num_heads,
                             c.num_kv_heads, c.head_dim, 1.0 / std::sqrt(static_cast<double>(c.head_dim))};
   const int32_t* seg = acts_->has_segments ? acts_->segments.as<int32_t>() : nullptr;
-  backend_->AttentionForward(shape, a.q.data(), a.k.data(), a.v.data(), seg, a.att.data(), a.lse.data(),
+  const float *keys = a.k.data(), *values = a.v.data();
+  if (decode_cache_) {  // this sequence's new keys and values go after the cached ones
+    KvCache& kv = *decode_cache_;
+    const int64_t at = kv.length_ * c.kv_dim(), bytes = rows * c.kv_dim() * static_cast<int64_t>(sizeof(float));
+    backend_->Copy(kv.k_[l].data() + at, a.k.data(), bytes);
+    backend_->Copy(kv.v_[l].data() + at, a.v.data(), bytes);
+    keys = kv.k_[l].data();
+    values = kv.v_[l].data();
+    shape.kv_seq = kv.length_ + rows;
+  }
+  backend_->AttentionForward(LinearOperands(), shape, a.q.data(), keys, values, seg, a.att.data(), a.lse.data(),
                              options_.naive_attention);
   Round(a.att.data(), rows * c.q_dim());
   LinearForward(l, ModuleKind::kO, a.att.data(), rows, a.h.data(), a.xa[O].data());
@@ -496,7 +506,7 @@ void Model::LayerBackward(int l, const MicroBatch& mb, const float* x_in, LayerA
   cpu::AttentionShape shape{mb.batch,       mb.seq,     c.num_heads,
                             c.num_kv_heads, c.head_dim, 1.0 / std::sqrt(static_cast<double>(c.head_dim))};
   const int32_t* seg = acts_->has_segments ? acts_->segments.as<int32_t>() : nullptr;
-  backend_->AttentionBackward(shape, a.q.data(), a.k.data(), a.v.data(), seg, a.att.data(), a.lse.data(),
+  backend_->AttentionBackward(LinearOperands(), shape, a.q.data(), a.k.data(), a.v.data(), seg, a.att.data(), a.lse.data(),
                               w.datt.data(), w.dq.data(), w.dk.data(), w.dv.data());
   backend_->RopeApply(w.dq.data(), rows, c.num_heads, c.head_dim, acts_->positions.as<int32_t>(),
                       rope_cos_.data(), rope_sin_.data(), true);
@@ -575,6 +585,54 @@ LossResult Model::EvalForward(const MicroBatch& mb) {
   LossResult result = Forward(mb, nullptr);
   eval_mode_ = false;
   return result;
+}
+
+KvCache::KvCache(Model& model, int64_t capacity) : capacity_(capacity) {
+  const ModelConfig& c = model.config();
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    k_.push_back(model.backend().Alloc(capacity * c.kv_dim(), MemCategory::kActivations));
+    v_.push_back(model.backend().Alloc(capacity * c.kv_dim(), MemCategory::kActivations));
+  }
+}
+
+StatusOr<std::vector<float>> Model::Decode(const std::vector<int32_t>& ids, KvCache* cache) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  if (n == 0) return Status::InvalidArgument("Decode: no tokens");
+  if (cache->length_ + n > cache->capacity_) {
+    return Status::InvalidArgument("Decode: " + std::to_string(cache->length_ + n) +
+                                   " positions do not fit a KV cache of " + std::to_string(cache->capacity_));
+  }
+  MicroBatch mb;
+  mb.batch = 1;
+  mb.seq = n;
+  mb.ids = ids;
+  mb.targets.assign(ids.size(), -100);
+  for (int64_t i = 0; i < n; ++i) mb.positions.push_back(static_cast<int32_t>(cache->length_ + i));
+  current_batch_ = &mb;
+  eval_mode_ = true;
+  decode_cache_ = cache;
+  EnsureActivations(n, 1);
+  EnsureRope(cache->length_ + n);
+  UploadBatch(mb);
+  Activations& w = *acts_;
+  EmbedForward(mb, w.layer_in[0].data());
+  for (int l = 0; l < config_.num_layers; ++l) {
+    LayerActs& a = w.layers[options_.activation_checkpointing ? 0 : l];
+    LayerForward(l, mb, w.layer_in[l].data(), a, w.layer_in[l + 1].data());
+  }
+  decode_cache_ = nullptr;
+  eval_mode_ = false;
+  cache->length_ += n;
+  // The head on the last position only (its target, like every other, is none).
+  MicroBatch last;
+  last.batch = 1;
+  last.seq = 1;
+  last.targets = {-100};
+  std::vector<float> logits;
+  HeadForwardBackward(last, w.layer_in[config_.num_layers].data() + (n - 1) * config_.hidden_size, 0.0f, false,
+                      &logits);
+  FT_RETURN_IF_ERROR(backend_->Synchronize().WithContext("Decode on " + backend_->Describe()));
+  return logits;
 }
 
 LossResult Model::ForwardBackward(const MicroBatch& mb, float grad_scale) {

@@ -145,6 +145,26 @@ struct LossResult {
   int64_t tokens = 0;   // tokens with a target
 };
 
+class Model;
+
+// Keys and values of one sequence's positions so far, for every layer, in the
+// model's backend memory (after RoPE, as the layer's attention reads them):
+// what Model::Decode appends to and attends over, so generating a token costs
+// one position's forward instead of the whole prefix's.
+class KvCache {
+ public:
+  // Room for `capacity` positions: 2 · layers · capacity · kv_dim floats,
+  // counted as activations.
+  KvCache(Model& model, int64_t capacity);
+  int64_t length() const { return length_; }  // positions held
+  int64_t capacity() const { return capacity_; }
+
+ private:
+  friend class Model;
+  int64_t length_ = 0, capacity_ = 0;
+  std::vector<DeviceBuffer> k_, v_;  // per layer: (capacity, kv_dim)
+};
+
 class Model {
  public:
   // Allocates zeroed weights for `config` (which must be valid).
@@ -196,6 +216,13 @@ class Model {
   // Forward in evaluation mode (HF's model.eval()): as Forward but without
   // LoRA dropout. Changes no weight, gradient or random state.
   LossResult EvalForward(const MicroBatch& mb);
+  // Generation, one sequence: runs `ids` at positions cache->length().. in
+  // evaluation mode, their attention reading the cached positions too, appends
+  // their keys and values to the cache and returns the logits [vocab] after
+  // the last of them. The same logits as a Forward of the whole sequence at
+  // that position (up to the summation order of the products). Errors:
+  // InvalidArgument when ids is empty or does not fit the cache.
+  StatusOr<std::vector<float>> Decode(const std::vector<int32_t>& ids, KvCache* cache);
 
   // Folds every adapter into its base weight (W += s·B·A) and drops the
   // adapters; an NF4 weight is dequantized first (what the adapter trained on).
@@ -220,6 +247,7 @@ class Model {
   DropoutKey DropoutKeyFor(int l, ModuleKind m) const;
   const float* DropoutInput(int l, ModuleKind m, const float* x, int64_t rows, int64_t in, float* buf);
   const MicroBatch* current_batch_ = nullptr;  // the micro-batch being processed (for dropout keys)
+  KvCache* decode_cache_ = nullptr;            // Decode in progress: attention appends to and reads it
   bool eval_mode_ = false;                     // EvalForward in progress: no dropout
   void Round(float* x, int64_t n) const;
   const float* HeadWeight() const;

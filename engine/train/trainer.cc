@@ -15,6 +15,7 @@
 
 #include "common/file_util.h"
 #include "common/logging.h"
+#include "engine/data/chat_format.h"
 #include "engine/data/data_format.h"
 #include "engine/io/hf_model.h"
 #include "engine/io/peft_adapter.h"
@@ -56,24 +57,6 @@ StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec, const ModelConfig& mode
   return plan;
 }
 
-namespace {
-
-// YAML scalars of data.chat_template_vars as JSON values (true/false, numbers, strings).
-nlohmann::ordered_json ChatVarsJson(const std::map<std::string, std::string>& vars) {
-  nlohmann::ordered_json out = nlohmann::ordered_json::object();
-  for (const auto& [k, v] : vars) {
-    if (v == "true" || v == "false") {
-      out[k] = v == "true";
-      continue;
-    }
-    nlohmann::json number = nlohmann::json::parse(v, nullptr, false);
-    out[k] = number.is_number() ? nlohmann::ordered_json(number) : nlohmann::ordered_json(v);
-  }
-  return out;
-}
-
-}  // namespace
-
 StatusOr<std::unique_ptr<Dataset>> OpenJobData(const JobSpec& spec, const ModelConfig& config,
                                                const std::string& path,
                                                std::unique_ptr<Tokenizer>* tokenizer) {
@@ -100,7 +83,7 @@ StatusOr<std::unique_ptr<Dataset>> OpenJobData(const JobSpec& spec, const ModelC
       if (!text.ok()) return text.status().WithContext(f + ": data.chat_template");
       chat.chat_template = *text;
     }
-    chat.extra_vars = ChatVarsJson(spec.data.chat_template_vars);
+    chat.extra_vars = ChatVarsFromStrings(spec.data.chat_template_vars);
     options.cache_key += ";template=" + Sha256Hex(chat.chat_template) + ";vars=" + chat.extra_vars.dump();
   }
   FT_ASSIGN_OR_RETURN(RecordEncoder encode,
@@ -234,6 +217,7 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
                    lr,         norm,
                    tokens,     static_cast<double>(tokens) / std::max(secs, 1e-9),
                    secs,       GlobalMemoryTracker().peak_total()};
+  m->tokens_seen = tokens_seen_;
   for (int c = 0; c < static_cast<int>(MemCategory::kCount); ++c) {
     m->peak_by_category[MemCategoryName(static_cast<MemCategory>(c))] =
         GlobalMemoryTracker().peak(static_cast<MemCategory>(c));
@@ -621,6 +605,7 @@ StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
                         {"lr", m.lr},
                         {"grad_norm", m.grad_norm},
                         {"tokens", m.tokens},
+                        {"tokens_seen", m.tokens_seen},
                         {"tokens_per_s", m.tokens_per_s},
                         {"step_seconds", m.step_seconds},
                         {"peak_bytes", m.peak_bytes},
@@ -697,7 +682,10 @@ Status Trainer::WriteOutputs() {
     FT_RETURN_IF_ERROR(LoadPeftAdapter((out / "adapter").string(), &merged));
     merged.MergeLora();
     FT_RETURN_IF_ERROR(WriteDirAtomically(
-        *owner_, out / "merged", [&](const std::string& d) { return SaveHfModel(d, merged, DType::kF32); }));
+        *owner_, out / "merged", [&](const std::string& d) {
+          FT_RETURN_IF_ERROR(SaveHfModel(d, merged, DType::kF32));
+          return CopyTokenizerFiles(spec_.model.path, d);  // a complete model directory (ft-train generate)
+        }));
     written.push_back("merged");
   }
   FT_RETURN_IF_ERROR(owner_->Check());

@@ -37,6 +37,7 @@ struct StepMetrics {
   int64_t peak_bytes = 0;  // tracked peak since start
   std::map<std::string, int64_t>
       peak_by_category;  // weights, adapter, gradients, optimizer, activations, workspace
+  int64_t tokens_seen = 0;  // target tokens trained on in the run so far, this step's included
 };
 
 // One evaluation on data.eval (a metrics.jsonl line of its own:

@@ -40,13 +40,15 @@ constexpr int64_t kKeyTile = 64;
 template <typename T>
 constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 
-void CheckShape(const AttentionShape& s) {
-  FT_CHECK(s.batch >= 0 && s.seq >= 0 && s.head_dim > 0);
+void CheckShape(const AttentionShape& s, const int32_t* segments) {
+  FT_CHECK(s.batch >= 0 && s.seq >= 0 && s.head_dim > 0 && s.past() >= 0);
   FT_CHECK(s.q_heads > 0 && s.kv_heads > 0 && s.q_heads % s.kv_heads == 0);
+  FT_CHECK(segments == nullptr || s.past() == 0);  // no segments with a KV cache
 }
 
-// One (batch element, head) of a [batch * seq, heads * hd] tensor: row i of
-// the head starts at ptr + i * ld.
+// One (batch element, head) of a [batch * rows, heads * hd] tensor (rows per
+// sequence: seq for queries, keys() for keys and values): row i of the head
+// starts at ptr + i * ld.
 template <typename P>
 struct HeadView {
   P* ptr;
@@ -54,8 +56,8 @@ struct HeadView {
   P* Row(int64_t i) const { return ptr + i * ld; }
 };
 template <typename P>
-HeadView<P> Head(P* x, const AttentionShape& s, int64_t heads, int64_t b, int64_t h) {
-  return {x + (b * s.seq * heads + h) * s.head_dim, heads * s.head_dim};
+HeadView<P> Head(P* x, const AttentionShape& s, int64_t rows, int64_t heads, int64_t b, int64_t h) {
+  return {x + (b * rows * heads + h) * s.head_dim, heads * s.head_dim};
 }
 
 // A tile: queries [i0, i0 + rows) against keys [j0, j0 + cols).
@@ -64,15 +66,15 @@ struct Tile {
 };
 
 // S[rows, cols] = scale * Q_tile K_tileᵀ, with -inf where key j is not visible
-// to query i (j > i, or another segment).
+// to query i (j > i + past, or another segment).
 template <typename T>
 void TileScores(const Tile& t, HeadView<const T> q, HeadView<const T> k, int64_t hd, T scale,
-                const int32_t* seg, T* S) {
+                const int32_t* seg, T* S, int64_t past = 0) {
   Gemm<T>(false, true, t.rows, t.cols, hd, scale, q.Row(t.i0), q.ld, k.Row(t.j0), k.ld, T(0), S, t.cols);
   for (int64_t r = 0; r < t.rows; ++r) {
     const int64_t i = t.i0 + r;
     T* row = S + r * t.cols;
-    const int64_t causal_end = std::clamp<int64_t>(i - t.j0 + 1, 0, t.cols);  // keys j <= i
+    const int64_t causal_end = std::clamp<int64_t>(i + past - t.j0 + 1, 0, t.cols);  // keys j <= i + past
     std::fill(row + causal_end, row + t.cols, kNegInf<T>);
     if (seg == nullptr) continue;
     for (int64_t c = 0; c < causal_end; ++c) {
@@ -103,7 +105,7 @@ void OnlineSoftmaxRow(T* s, int64_t n, int64_t hd, T& m, T& l, T* acc) {
 template <typename T>
 void FlashForwardHead(const AttentionShape& s, HeadView<const T> q, HeadView<const T> k, HeadView<const T> v,
                       const int32_t* seg, HeadView<T> out, T* lse) {
-  const int64_t hd = s.head_dim;
+  const int64_t hd = s.head_dim, past = s.past();
   std::vector<T> m, l, acc, S(kQueryTile * kKeyTile);
   for (int64_t i0 = 0; i0 < s.seq; i0 += kQueryTile) {
     const int64_t rows = std::min(kQueryTile, s.seq - i0);
@@ -111,9 +113,10 @@ void FlashForwardHead(const AttentionShape& s, HeadView<const T> q, HeadView<con
     l.assign(rows, T(0));
     acc.assign(rows * hd, T(0));
     // Causal: keys past the tile's last query are never visible.
-    for (int64_t j0 = 0; j0 < i0 + rows; j0 += kKeyTile) {
-      const Tile t{i0, rows, j0, std::min(kKeyTile, i0 + rows - j0)};
-      TileScores(t, q, k, hd, static_cast<T>(s.scale), seg, S.data());
+    const int64_t key_end = i0 + rows + past;
+    for (int64_t j0 = 0; j0 < key_end; j0 += kKeyTile) {
+      const Tile t{i0, rows, j0, std::min(kKeyTile, key_end - j0)};
+      TileScores(t, q, k, hd, static_cast<T>(s.scale), seg, S.data(), past);
       for (int64_t r = 0; r < rows; ++r) {
         OnlineSoftmaxRow(&S[r * t.cols], t.cols, hd, m[r], l[r], &acc[r * hd]);
       }
@@ -131,32 +134,32 @@ void FlashForwardHead(const AttentionShape& s, HeadView<const T> q, HeadView<con
 template <typename T>
 void NaiveForwardHead(const AttentionShape& s, HeadView<const T> q, HeadView<const T> k, HeadView<const T> v,
                       const int32_t* seg, HeadView<T> out, T* lse) {
-  const int64_t seq = s.seq, hd = s.head_dim;
+  const int64_t seq = s.seq, keys = s.keys(), hd = s.head_dim;
   const T scale = static_cast<T>(s.scale);
-  std::vector<T> scores(seq * seq, kNegInf<T>);  // [query, key]; -inf = not visible
+  std::vector<T> scores(seq * keys, kNegInf<T>);  // [query, key]; -inf = not visible
   for (int64_t i = 0; i < seq; ++i) {
-    for (int64_t j = 0; j <= i; ++j) {
+    for (int64_t j = 0; j <= i + s.past(); ++j) {
       if (seg != nullptr && seg[j] != seg[i]) continue;
       T dot = 0;
       for (int64_t d = 0; d < hd; ++d) dot += q.Row(i)[d] * k.Row(j)[d];
-      scores[i * seq + j] = scale * dot;
+      scores[i * keys + j] = scale * dot;
     }
   }
   for (int64_t i = 0; i < seq; ++i) {
-    T* row = &scores[i * seq];
+    T* row = &scores[i * keys];
     T* o = out.Row(i);
-    const T mx = *std::max_element(row, row + seq);
+    const T mx = *std::max_element(row, row + keys);
     std::fill(o, o + hd, T(0));
     if (mx == kNegInf<T>) {
       lse[i] = kNegInf<T>;
       continue;
     }
     T sum = 0;
-    for (int64_t j = 0; j < seq; ++j) {
+    for (int64_t j = 0; j < keys; ++j) {
       row[j] = std::exp(row[j] - mx);
       sum += row[j];
     }
-    for (int64_t j = 0; j < seq; ++j) {
+    for (int64_t j = 0; j < keys; ++j) {
       const T p = row[j] / sum;  // softmax, then P · V
       for (int64_t d = 0; d < hd; ++d) o[d] += p * v.Row(j)[d];
     }
@@ -234,13 +237,14 @@ const int32_t* BatchSegments(const int32_t* segments, const AttentionShape& s, i
 template <typename T, typename HeadFn>
 void ForwardEachHead(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
                      T* out, T* lse, HeadFn head_fn) {
-  CheckShape(s);
-  const int64_t group = s.q_heads / s.kv_heads;
+  CheckShape(s, segments);
+  const int64_t group = s.q_heads / s.kv_heads, keys = s.keys();
 #pragma omp parallel for schedule(dynamic)
   for (int64_t bh = 0; bh < s.batch * s.q_heads; ++bh) {
     const int64_t b = bh / s.q_heads, h = bh % s.q_heads, kvh = h / group;
-    head_fn(s, Head(q, s, s.q_heads, b, h), Head(k, s, s.kv_heads, b, kvh), Head(v, s, s.kv_heads, b, kvh),
-            BatchSegments(segments, s, b), Head(out, s, s.q_heads, b, h), lse + bh * s.seq);
+    head_fn(s, Head(q, s, s.seq, s.q_heads, b, h), Head(k, s, keys, s.kv_heads, b, kvh),
+            Head(v, s, keys, s.kv_heads, b, kvh), BatchSegments(segments, s, b), Head(out, s, s.seq, s.q_heads, b, h),
+            lse + bh * s.seq);
   }
 }
 
@@ -259,26 +263,27 @@ void AttentionForwardNaive(const AttentionShape& s, const T* q, const T* k, cons
 template <typename T>
 void AttentionBackward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
                        const T* out, const T* lse, const T* dout, T* dq, T* dk, T* dv) {
-  CheckShape(s);
+  CheckShape(s, segments);
+  FT_CHECK(s.past() == 0);  // no backward with a KV cache
   const int64_t group = s.q_heads / s.kv_heads;
 #pragma omp parallel for schedule(dynamic)
   for (int64_t bk = 0; bk < s.batch * s.kv_heads; ++bk) {
     const int64_t b = bk / s.kv_heads, kvh = bk % s.kv_heads;
-    BackwardHead<T> h{.k = Head(k, s, s.kv_heads, b, kvh),
-                      .v = Head(v, s, s.kv_heads, b, kvh),
+    BackwardHead<T> h{.k = Head(k, s, s.seq, s.kv_heads, b, kvh),
+                      .v = Head(v, s, s.seq, s.kv_heads, b, kvh),
                       .seg = BatchSegments(segments, s, b),
-                      .dk = Head(dk, s, s.kv_heads, b, kvh),
-                      .dv = Head(dv, s, s.kv_heads, b, kvh)};
+                      .dk = Head(dk, s, s.seq, s.kv_heads, b, kvh),
+                      .dv = Head(dv, s, s.seq, s.kv_heads, b, kvh)};
     for (int64_t j = 0; j < s.seq; ++j) {
       std::fill(h.dk.Row(j), h.dk.Row(j) + s.head_dim, T(0));
       std::fill(h.dv.Row(j), h.dv.Row(j) + s.head_dim, T(0));
     }
     // The kv head's query heads in increasing order: dK and dV sum over them deterministically.
     for (int64_t qh = kvh * group; qh < (kvh + 1) * group; ++qh) {
-      h.q = Head(q, s, s.q_heads, b, qh);
-      h.out = Head(out, s, s.q_heads, b, qh);
-      h.dout = Head(dout, s, s.q_heads, b, qh);
-      h.dq = Head(dq, s, s.q_heads, b, qh);
+      h.q = Head(q, s, s.seq, s.q_heads, b, qh);
+      h.out = Head(out, s, s.seq, s.q_heads, b, qh);
+      h.dout = Head(dout, s, s.seq, s.q_heads, b, qh);
+      h.dq = Head(dq, s, s.seq, s.q_heads, b, qh);
       h.lse = lse + (b * s.q_heads + qh) * s.seq;
       FlashBackwardHead(s, h);
     }

@@ -48,9 +48,17 @@ void RopeApply(T* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* pos
 // head h uses kv head h / (Hq/Hkv)). `segments` (nullable, [batch*seq]) confines
 // attention to keys with the same segment id (packing). out[rows, Hq*hd];
 // lse[batch, Hq, seq]. Rows whose query sees no key (impossible when causal) are zero.
+//
+// Decoding with a KV cache: kv_seq > seq keys per sequence (k, v are
+// [batch*kv_seq, Hkv*hd]) of which the queries are the last seq positions, so
+// query i sees keys j <= i + past(). Forward only, without segments; the
+// backward needs kv_seq == seq (or 0).
 struct AttentionShape {
   int64_t batch = 0, seq = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
-  double scale = 0;  // usually 1/sqrt(head_dim)
+  double scale = 0;     // usually 1/sqrt(head_dim)
+  int64_t kv_seq = 0;   // keys per sequence; 0 = seq
+  int64_t keys() const { return kv_seq > 0 ? kv_seq : seq; }
+  int64_t past() const { return keys() - seq; }  // keys before the first query
 };
 // The "flash" form: tiles of keys, online softmax, O(seq) extra memory.
 template <typename T>

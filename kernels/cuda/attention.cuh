@@ -15,6 +15,8 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <type_traits>
 
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/ops.h"
@@ -72,5 +74,27 @@ __device__ __forceinline__ bool Visible(int64_t i, int64_t j, int64_t seq, int32
                                         bool segmented) {
   return i < seq && j <= i && (!segmented || seg_i == seg_j);
 }
+
+// The tensor-core kernels take these calls (ops.h's AttentionMath): bf16
+// storage or kBf16 math, with every tensor 16-byte aligned.
+template <typename T>
+bool UseTensorCores(AttentionMath math, std::initializer_list<const void*> tensors) {
+  if (!std::is_same_v<T, bf16> && math != AttentionMath::kBf16) return false;
+  for (const void* p : tensors) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
+}
+
+// attention_tc_forward.cu / attention_tc_backward.cu, for shapes
+// AttentionForward / AttentionBackward accepted (head_dim 64 or 128).
+// delta: D_i = dout_i · out_i per query ([batch, Hq, seq]).
+template <typename T>
+Status TcAttentionForward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
+                          T* out, float* lse, cudaStream_t stream);
+template <typename T>
+Status TcAttentionBackward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
+                           const float* lse, const T* dout, const float* delta, T* dq, T* dk, T* dv,
+                           cudaStream_t stream);
 
 }  // namespace ft::cuda::internal

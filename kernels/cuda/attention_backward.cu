@@ -226,10 +226,11 @@ __global__ void __launch_bounds__(kAttentionThreads)
 template <typename T, int HD>
 Status LaunchBackward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
                       const T* out, const float* lse, const T* dout, T* dq, T* dk, T* dv, float* delta,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, bool tensor_cores) {
   const int64_t rows = s.batch * s.seq * s.q_heads;  // one warp each
   DeltaKernel<T, HD><<<BlocksFor(rows * 32, 256), 256, 0, stream>>>(s, out, dout, delta);
   FT_RETURN_IF_ERROR(LaunchStatus("DeltaKernel"));
+  if (tensor_cores) return TcAttentionBackward<T>(s, q, k, v, segments, lse, dout, delta, dq, dk, dv, stream);
   const unsigned tiles = static_cast<unsigned>((s.seq + kTile - 1) / kTile);
 
   constexpr size_t kDkDvSmem = DkDvSmemFloats<HD>() * sizeof(float);
@@ -258,19 +259,21 @@ int64_t AttentionBackwardWorkspaceFloats(const AttentionShape& s) { return s.bat
 template <typename T>
 Status AttentionBackward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
                          const T* out, const float* lse, const T* dout, T* dq, T* dk, T* dv, float* workspace,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, AttentionMath math) {
   FT_CHECK(s.batch >= 0 && s.seq >= 0 && s.q_heads > 0 && s.kv_heads > 0);
   if (s.q_heads % s.kv_heads != 0) {
     return Status::InvalidArgument("AttentionBackward: query heads must be a multiple of kv heads");
   }
+  if (s.past() != 0) return Status::InvalidArgument("AttentionBackward: no backward with a KV cache (kv_seq != seq)");
   if (s.batch == 0 || s.seq == 0) return Status::OK();
   if (s.batch * s.q_heads > 65535) return Status::InvalidArgument("AttentionBackward: batch * heads > 65535");
   FT_CHECK(workspace != nullptr);
+  const bool tc = UseTensorCores<T>(math, {q, k, v, out, dout, dq, dk, dv});
   switch (s.head_dim) {
     case 64:
-      return LaunchBackward<T, 64>(s, q, k, v, segments, out, lse, dout, dq, dk, dv, workspace, stream);
+      return LaunchBackward<T, 64>(s, q, k, v, segments, out, lse, dout, dq, dk, dv, workspace, stream, tc);
     case 128:
-      return LaunchBackward<T, 128>(s, q, k, v, segments, out, lse, dout, dq, dk, dv, workspace, stream);
+      return LaunchBackward<T, 128>(s, q, k, v, segments, out, lse, dout, dq, dk, dv, workspace, stream, tc);
     default:
       return Status::InvalidArgument("AttentionBackward: head_dim " + std::to_string(s.head_dim) +
                                      " is not supported on CUDA (64 or 128)");
@@ -279,9 +282,9 @@ Status AttentionBackward(const AttentionShape& s, const T* q, const T* k, const 
 
 template Status AttentionBackward<float>(const AttentionShape&, const float*, const float*, const float*,
                                          const int32_t*, const float*, const float*, const float*, float*,
-                                         float*, float*, float*, cudaStream_t);
+                                         float*, float*, float*, cudaStream_t, AttentionMath);
 template Status AttentionBackward<bf16>(const AttentionShape&, const bf16*, const bf16*, const bf16*,
                                         const int32_t*, const bf16*, const float*, const bf16*, bf16*, bf16*,
-                                        bf16*, float*, cudaStream_t);
+                                        bf16*, float*, cudaStream_t, AttentionMath);
 
 }  // namespace ft::cuda

@@ -11,6 +11,8 @@
 //   l    = l corr + Σ_l p,  acc = acc corr + Σ_l p v_j   (p broadcast by shuffle)
 // Causal: key tiles stop at the query tile's last row. At the end
 // out = acc / l and lse = m + log(l), or 0 and -inf when the row saw no key.
+// With a KV cache (s.kv_seq > s.seq) the keys and values have kv_seq rows per
+// sequence and query i stands at position i + past (past = kv_seq - seq).
 #include <string>
 
 #include "kernels/cuda/attention.cuh"
@@ -51,11 +53,12 @@ __global__ void __launch_bounds__(kAttentionThreads)
     for (int t = 0; t < kDimsPerLane; ++t) acc[rr][t] = 0.0f;
   }
 
-  const int64_t key_end = min(seq, i0 + kTile);  // causal: no key past the tile's last query
+  const int64_t keys = s.kv_seq > 0 ? s.kv_seq : seq, past = keys - seq;
+  const int64_t key_end = min(keys, i0 + kTile + past);  // causal: no key past the tile's last query
   for (int64_t j0 = 0; j0 < key_end; j0 += kTile) {
     __syncthreads();  // the previous tile's K and V are no longer read
-    LoadTile<HD, HD + 1>(Ks, k, b, j0, seq, s.kv_heads, kvh);
-    LoadTile<HD, HD>(Vs, v, b, j0, seq, s.kv_heads, kvh);
+    LoadTile<HD, HD + 1>(Ks, k, b, j0, keys, s.kv_heads, kvh);
+    LoadTile<HD, HD>(Vs, v, b, j0, keys, s.kv_heads, kvh);
     __syncthreads();
     const int64_t j = j0 + lane;
     const int32_t seg_j = segmented && j < seq ? seg[j] : 0;
@@ -72,7 +75,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
       const int64_t i = i0 + warp * kRowsPerWarp + rr;
-      const float score = Visible(i, j, seq, seg_i[rr], seg_j, segmented) ? scale * sc[rr] : NegInf();
+      const float score = Visible(i + past, j, keys, seg_i[rr], seg_j, segmented) ? scale * sc[rr] : NegInf();
       const float new_m = fmaxf(m[rr], WarpMax(score));
       if (new_m == NegInf()) {  // nothing visible yet (warp-uniform)
         p[rr] = 0.0f;
@@ -126,13 +129,19 @@ Status LaunchForward(const AttentionShape& s, const T* q, const T* k, const T* v
 
 template <typename T>
 Status AttentionForward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
-                        T* out, float* lse, cudaStream_t stream) {
+                        T* out, float* lse, cudaStream_t stream, AttentionMath math) {
   FT_CHECK(s.batch >= 0 && s.seq >= 0 && s.q_heads > 0 && s.kv_heads > 0);
   if (s.q_heads % s.kv_heads != 0) {
     return Status::InvalidArgument("AttentionForward: query heads must be a multiple of kv heads");
   }
+  if (s.past() < 0 || (segments != nullptr && s.past() > 0)) {
+    return Status::InvalidArgument("AttentionForward: kv_seq must be 0 or >= seq, and without segments");
+  }
   if (s.batch == 0 || s.seq == 0) return Status::OK();
   if (s.batch * s.q_heads > 65535) return Status::InvalidArgument("AttentionForward: batch * heads > 65535");
+  if ((s.head_dim == 64 || s.head_dim == 128) && UseTensorCores<T>(math, {q, k, v, out})) {
+    return TcAttentionForward<T>(s, q, k, v, segments, out, lse, stream);
+  }
   switch (s.head_dim) {
     case 64: return LaunchForward<T, 64>(s, q, k, v, segments, out, lse, stream);
     case 128: return LaunchForward<T, 128>(s, q, k, v, segments, out, lse, stream);
@@ -143,8 +152,8 @@ Status AttentionForward(const AttentionShape& s, const T* q, const T* k, const T
 }
 
 template Status AttentionForward<float>(const AttentionShape&, const float*, const float*, const float*,
-                                        const int32_t*, float*, float*, cudaStream_t);
+                                        const int32_t*, float*, float*, cudaStream_t, AttentionMath);
 template Status AttentionForward<bf16>(const AttentionShape&, const bf16*, const bf16*, const bf16*,
-                                       const int32_t*, bf16*, float*, cudaStream_t);
+                                       const int32_t*, bf16*, float*, cudaStream_t, AttentionMath);
 
 }  // namespace ft::cuda

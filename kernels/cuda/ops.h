@@ -216,6 +216,15 @@ Status UpdateLossScale(const LossScalerParams& p, const int* found_inf, float* s
 
 // ---- Flash attention ---------------------------------------------------------------
 
+// How the attention kernels multiply. kFp32: fp32 products on CUDA cores
+// (the stored values exactly: fp32 training). kBf16: tensor cores
+// (mma.sync) with bf16 operands — Q, K, V, dO and the probabilities P and dS
+// rounded to bf16 — and fp32 scores, softmax and accumulation:
+// FlashAttention-2's precision, what bf16 training uses. bf16 storage always
+// takes kBf16. kBf16 needs 16-byte aligned tensors; unaligned ones run the
+// kFp32 kernels (the same definition, more exact, far slower).
+enum class AttentionMath { kFp32, kBf16 };
+
 // Causal GQA attention, cpu::AttentionForward's definition: query head h
 // reads kv head h / (Hq/Hkv); key j is visible to query i iff j <= i and (no
 // segments, or segments[b*seq + j] == segments[b*seq + i]). out[rows, Hq*hd]
@@ -223,7 +232,7 @@ Status UpdateLossScale(const LossScalerParams& p, const int* found_inf, float* s
 // no key). head_dim must be 64 or 128 (InvalidArgument otherwise).
 template <typename T>
 Status AttentionForward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
-                        T* out, float* lse, cudaStream_t stream);
+                        T* out, float* lse, cudaStream_t stream, AttentionMath math = AttentionMath::kFp32);
 // Floats of workspace AttentionBackward needs (D_i = dout_i · out_i per query).
 int64_t AttentionBackwardWorkspaceFloats(const AttentionShape& s);
 // dq, dk, dv overwritten, FlashAttention-2's gradients recomputed from lse.
@@ -231,6 +240,6 @@ int64_t AttentionBackwardWorkspaceFloats(const AttentionShape& s);
 template <typename T>
 Status AttentionBackward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
                          const T* out, const float* lse, const T* dout, T* dq, T* dk, T* dv, float* workspace,
-                         cudaStream_t stream);
+                         cudaStream_t stream, AttentionMath math = AttentionMath::kFp32);
 
 }  // namespace ft::cuda

@@ -457,7 +457,8 @@ TEST_F(StoreTest, EvalLossMergesIntoItsStepWhicheverArrivesFirst) {
                         .grad_norm = 0.5,
                         .tokens_per_s = 900,
                         .peak_bytes = 1 << 20,
-                        .time_ms = 5000};
+                        .time_ms = 5000,
+                        .tokens_seen = 40960};
   MetricRow eval{.job_id = "j-000001", .epoch = 1, .step = 10, .time_ms = 6000};
   eval.eval_loss = 2.75;
   eval.eval_only = true;
@@ -478,8 +479,10 @@ TEST_F(StoreTest, EvalLossMergesIntoItsStepWhicheverArrivesFirst) {
   EXPECT_EQ(got[0].lr, 1e-4);
   EXPECT_EQ(got[0].peak_bytes, 1 << 20);
   EXPECT_EQ(got[0].time_ms, 5000);
+  EXPECT_EQ(got[0].tokens_seen, 40960) << "the evaluation keeps the step's token count";
   EXPECT_EQ(got[0].eval_loss, 2.75);
   EXPECT_TRUE(std::isnan(got[1].eval_loss));
+  EXPECT_EQ(got[1].tokens_seen, 0) << "not reported";
 
   // The step re-sent (a reconnect) keeps its evaluation.
   ASSERT_OK(store_->AddMetrics({train}));
@@ -498,6 +501,7 @@ TEST_F(StoreTest, EvalLossMergesIntoItsStepWhicheverArrivesFirst) {
   ASSERT_OK(store_->AddMetrics({late}));
   ASSERT_OK_AND_ASSIGN(got, store_->ListMetrics("j-000001", 19, 1));
   EXPECT_EQ(got[0].loss, 2.5);
+  EXPECT_EQ(got[0].tokens_seen, 40960);
   EXPECT_EQ(got[0].eval_loss, 2.75);
 }
 
@@ -514,7 +518,7 @@ TEST_F(StoreTest, CloseAndReopenKeepsEverything) {
   ASSERT_OK(store_->AddMetrics({MetricRow{.job_id = a.id, .epoch = 1, .step = 1, .loss = 2.5}}));
 
   Reopen();
-  EXPECT_EQ(store_->schema_version(), 3);
+  EXPECT_EQ(store_->schema_version(), 4);
   ASSERT_OK_AND_ASSIGN(auto jobs, store_->ListJobs({}));
   EXPECT_EQ(Ids(jobs), (std::vector<std::string>{a.id, b.id}));
   ASSERT_OK_AND_ASSIGN(JobRow got_b, store_->GetJob(b.id));
@@ -821,18 +825,18 @@ TEST_F(StoreTest, VersionZeroDatabaseIsMigratedToTheLatest) {
   {
     auto store = OpenStore(old_path);
     ASSERT_NE(store, nullptr);
-    EXPECT_EQ(store->schema_version(), 3);
+    EXPECT_EQ(store->schema_version(), 4);
     ASSERT_OK_AND_ASSIGN(JobRow j, store->CreateJob(NewJob("x"), nullptr));
     EXPECT_EQ(j.id, "j-000001");
   }
-  EXPECT_EQ(RawPragma(old_path, "user_version"), "3");
+  EXPECT_EQ(RawPragma(old_path, "user_version"), "4");
   EXPECT_EQ(RawPragma(old_path, "journal_mode"), "wal");
   EXPECT_EQ(RawPragma(old_path, "integrity_check"), "ok");
 
   // Reopening at the latest version runs no migration (it would fail: tables exist).
   auto again = OpenStore(old_path);
   ASSERT_NE(again, nullptr);
-  EXPECT_EQ(again->schema_version(), 3);
+  EXPECT_EQ(again->schema_version(), 4);
   again.reset();
 
   // A database from a newer ftd is refused, naming the path.

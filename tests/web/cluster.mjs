@@ -149,7 +149,7 @@ export class Cluster {
 
   // A tiny Llama and token data under dir/job, and a job.yaml; returns its path.
   // eval_every: also evaluate on the training file every that many steps (data.eval).
-  writeJob(name, { steps, every_steps, eval_every = 0, extra = '' }) {
+  writeJob(name, { steps, every_steps, eval_every = 0, lr = '1.0e-2', extra = '' }) {
     const job = path.join(this.dir, 'job');
     if (!fs.existsSync(path.join(job, 'model', 'config.json'))) {
       execFileSync(this.bins.train, ['make-model', '--preset', 'tiny-llama', '--out', path.join(job, 'model')],
@@ -161,7 +161,7 @@ export class Cluster {
 model: {path: model, dtype: fp32}
 adapter: {type: lora, r: 8, alpha: 16}
 data: {train: data.jsonl, format: tokens, seq_len: 64, packing: false, shuffle: true${eval_every ? ', eval: data.jsonl' : ''}}
-train: {max_steps: ${steps}, global_batch_size: 8, micro_batch_size: 2, lr: 1.0e-2, warmup_steps: 3${eval_every ? `, eval_every_steps: ${eval_every}` : ''}}
+train: {max_steps: ${steps}, global_batch_size: 8, micro_batch_size: 2, lr: ${lr}, warmup_steps: 3${eval_every ? `, eval_every_steps: ${eval_every}` : ''}}
 checkpoint: {every_steps: ${every_steps}, every_minutes: 0, keep: 3}
 output: {dir: out-${name}}
 ${extra}`);
@@ -205,5 +205,65 @@ ${extra}`);
       }
       await child.exited;
     }
+  }
+}
+
+// The frame of a browser test: check() prints each check and throws on the
+// first that fails; shot() keeps a full-page screenshot under `out`;
+// pageWaitFor() polls a value read from the page. run(main) runs the test and
+// exits: 0 and "PASS: <title>" when main resolved, 1 and "FAIL: <reason>"
+// (with a screenshot of the page and the tail of ftd's log) when it threw.
+// main sets `cluster` and `browser` on the test so that run() stops them.
+export class BrowserTest {
+  constructor(title, out) {
+    this.title = title;
+    this.out = out;
+    this.shots = [];
+    this.cluster = null;
+    this.browser = null;
+  }
+
+  check(condition, message) {
+    if (!condition) throw new Error(`check failed: ${message}`);
+    console.log(`ok: ${message}`);
+  }
+
+  async shot(page, name) {
+    const file = path.join(this.out, `${name}.png`);
+    await page.screenshot({ path: file, fullPage: true });
+    this.shots.push(file);
+  }
+
+  // Reads fn() in the page until pred(value) holds; returns that value.
+  async pageWaitFor(page, what, fn, pred, timeout_ms) {
+    return this.cluster.waitFor(what, async () => {
+      const value = await page.evaluate(fn);
+      return pred(value) ? value : null;
+    }, timeout_ms);
+  }
+
+  async run(main) {
+    let status = 0;
+    try {
+      await main();
+      console.log(`PASS: ${this.title}`);
+    } catch (err) {
+      status = 1;
+      console.error(`FAIL: ${err.stack || err.message}`);
+      if (this.browser) {
+        try {
+          const pages = this.browser.contexts().flatMap((c) => c.pages());
+          if (pages.length) await this.shot(pages[0], 'failure');
+        } catch {
+          // The browser itself may be what failed.
+        }
+      }
+      if (this.cluster) console.error(`--- ftd log (tail) ---\n${this.cluster.logOf('ftd').slice(-4000)}`);
+    } finally {
+      if (this.browser) await this.browser.close().catch(() => {});
+      if (this.cluster) await this.cluster.stop();
+      for (const file of this.shots) console.log(`screenshot: ${file}`);
+    }
+    process.exit(status);
   }
 }

@@ -19,37 +19,23 @@
 // daemon's log tail on stderr).
 
 import path from 'node:path';
-import { Cluster, launchChromium, parseArgs } from './cluster.mjs';
+import { BrowserTest, Cluster, launchChromium, parseArgs } from './cluster.mjs';
 
 const args = parseArgs(process.argv.slice(2), ['ftd', 'worker', 'ftctl', 'train', 'source', 'node-modules', 'out']);
 const TOKEN = 'web-test-token';
-const shots = [];
+const test = new BrowserTest('dashboard browser test', args.out);
+const check = (condition, message) => test.check(condition, message);
+const shot = (page, name) => test.shot(page, name);
+const pageWaitFor = (...a) => test.pageWaitFor(...a);
 let cluster;
 let browser;
-
-function check(condition, message) {
-  if (!condition) throw new Error(`check failed: ${message}`);
-  console.log(`ok: ${message}`);
-}
-
-async function shot(page, name) {
-  const file = path.join(args.out, `${name}.png`);
-  await page.screenshot({ path: file, fullPage: true });
-  shots.push(file);
-}
-
-// Reads a value from the page until pred(value) holds (page state, not the API).
-async function pageWaitFor(page, what, fn, pred, timeout_ms) {
-  return cluster.waitFor(what, async () => {
-    const value = await page.evaluate(fn);
-    return pred(value) ? value : null;
-  }, timeout_ms);
-}
 
 async function main() {
   cluster = new Cluster({ ftd: args.ftd, worker: args.worker, ftctl: args.ftctl, train: args.train, source: args.source },
     path.join(args.out, 'cluster'), { lease_ms: 3000, client_token: TOKEN });
+  test.cluster = cluster;
   browser = await launchChromium(args['node-modules']);
+  test.browser = browser;
   await cluster.startDaemon();
   console.log(`ftd: gRPC ${cluster.address}, dashboard ${cluster.url}`);
   cluster.startWorker('w1');
@@ -171,25 +157,4 @@ async function main() {
   check(pageErrors.length === 0, `no JavaScript errors in the page${pageErrors.length ? `: ${pageErrors.join('; ')}` : ''}`);
 }
 
-let status = 0;
-try {
-  await main();
-  console.log('PASS: dashboard browser test');
-} catch (err) {
-  status = 1;
-  console.error(`FAIL: ${err.stack || err.message}`);
-  if (browser) {
-    try {
-      const pages = browser.contexts().flatMap((c) => c.pages());
-      if (pages.length) await shot(pages[0], 'failure');
-    } catch {
-      // The browser itself may be what failed.
-    }
-  }
-  if (cluster) console.error(`--- ftd log (tail) ---\n${cluster.logOf('ftd').slice(-4000)}`);
-} finally {
-  if (browser) await browser.close().catch(() => {});
-  if (cluster) await cluster.stop();
-  for (const file of shots) console.log(`screenshot: ${file}`);
-}
-process.exit(status);
+await test.run(main);

@@ -107,7 +107,7 @@ TEST_F(MetricsTailTest, ReplacementSeenAfterNewLinesWereAppended) {
 
 TEST(MetricsLineTest, ParsesStepLines) {
   auto m = ParseMetricsLine(
-      R"({"step":7,"loss":2.5,"lr":0.001,"grad_norm":1.5,"tokens":512,"tokens_per_s":1000.5,)"
+      R"({"step":7,"loss":2.5,"lr":0.001,"grad_norm":1.5,"tokens":512,"tokens_seen":4096,"tokens_per_s":1000.5,)"
       R"("step_seconds":0.5,"peak_bytes":1048576,"checkpoint_seconds":0.25})");
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_EQ(m->kind, MetricsLine::Kind::kStep);
@@ -116,6 +116,7 @@ TEST(MetricsLineTest, ParsesStepLines) {
   EXPECT_DOUBLE_EQ(m->lr, 0.001);
   EXPECT_DOUBLE_EQ(m->grad_norm, 1.5);
   EXPECT_EQ(m->tokens, 512);
+  EXPECT_EQ(m->tokens_seen, 4096);
   EXPECT_DOUBLE_EQ(m->tokens_per_s, 1000.5);
   EXPECT_EQ(m->peak_bytes, 1048576);
   EXPECT_DOUBLE_EQ(m->checkpoint_seconds, 0.25);

@@ -114,6 +114,9 @@ TEST_F(FtTrainCliTest, TrainsWithFallingLossAndWritesPeftAdapterAndMergedModel) 
       EXPECT_TRUE(steps[i].contains(key)) << key;
     }
     EXPECT_GT(steps[i]["peak_bytes"].get<int64_t>(), 0);
+    // tokens_seen: the run's target tokens so far, this step's included.
+    const int64_t before = i ? steps[i - 1]["tokens_seen"].get<int64_t>() : 0;
+    EXPECT_EQ(steps[i]["tokens_seen"].get<int64_t>(), before + steps[i]["tokens"].get<int64_t>()) << i;
   }
   EXPECT_EQ(steps[0]["lr"].get<double>(), 0.0) << "HF warmup: update 0 uses lr * 0";
   const double first = steps[0]["loss"].get<double>(), last = steps.back()["loss"].get<double>();

@@ -2,6 +2,7 @@
 // an independent materialised-softmax backward written here.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -88,6 +89,42 @@ TYPED_TEST(CpuAttention, FlashMatchesNaiveOnRandomShapes) {
             ExpectClose(lse, ref_lse, this->kTol, this->kTol, "lse");
           }
         }
+      }
+    }
+  }
+}
+
+// Decoding with a KV cache (kv_seq > seq): the last `seq` queries against all
+// keys give the last rows of the full attention, in the flash and naive forms.
+TYPED_TEST(CpuAttention, QueriesAfterCachedKeysAreTheLastRowsOfFullAttention) {
+  using T = TypeParam;
+  const int64_t hq = 4, hkv = 2, hd = 16;
+  for (int64_t keys : {1, 7, 64, 65, 150}) {
+    for (int64_t seq : {int64_t{1}, std::min<int64_t>(keys, 33)}) {
+      const auto in = MakeInputs<T>(2, keys, hq, hkv, hd, false, static_cast<uint32_t>(keys * 7 + seq));
+      SCOPED_TRACE("keys " + std::to_string(keys) + " queries " + std::to_string(seq));
+      std::vector<T> full(in.q.size()), full_lse(2 * hq * keys);
+      AttentionForwardNaive(in.shape, in.q.data(), in.k.data(), in.v.data(), nullptr, full.data(), full_lse.data());
+      // The last `seq` queries of each sequence, as a decode step sees them.
+      AttentionShape s = in.shape;
+      s.seq = seq;
+      s.kv_seq = keys;
+      const int64_t width = hq * hd, past = keys - seq;
+      std::vector<T> q, want, want_lse;
+      for (int64_t b = 0; b < 2; ++b) {
+        q.insert(q.end(), in.q.begin() + (b * keys + past) * width, in.q.begin() + (b + 1) * keys * width);
+        want.insert(want.end(), full.begin() + (b * keys + past) * width, full.begin() + (b + 1) * keys * width);
+        for (int64_t h = 0; h < hq; ++h) {
+          const auto row = full_lse.begin() + (b * hq + h) * keys;
+          want_lse.insert(want_lse.end(), row + past, row + keys);
+        }
+      }
+      for (const bool naive : {false, true}) {
+        std::vector<T> out(q.size()), lse(2 * hq * seq);
+        (naive ? AttentionForwardNaive<T> : AttentionForward<T>)(s, q.data(), in.k.data(), in.v.data(), nullptr,
+                                                                 out.data(), lse.data());
+        ExpectClose(out, want, this->kTol, this->kTol, naive ? "naive out" : "flash out");
+        ExpectClose(lse, want_lse, this->kTol, this->kTol, naive ? "naive lse" : "flash lse");
       }
     }
   }
