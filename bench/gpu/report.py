@@ -8,6 +8,7 @@
       CUDA context and cuBLASLt's workspace), the planner's predicted total.
   report.py table OURS.jsonl TORCH.jsonl TESTS_STATUS DEVICE OUT.md
                   PARITY.txt RESUME.txt RESUME_STATUS USER_JOB.jsonl GENERATE.txt GENERATE_STATUS
+                  OPTIMES.txt
       prints the tables and writes OUT.md with the device, the date, the CUDA
       test status, the whole-model parity, cross-device resume and generation lines, the
       user's job beside PyTorch+PEFT, and the kernel ratios ftune / torch
@@ -92,13 +93,15 @@ def user_rows(path):
 
 def table(argv):
     ours_path, torch_path, tests_status, device, out_path = argv[:5]
-    parity_path, resume_path, resume_status, user_path, gen_path, gen_status = (argv[5:11] + [None] * 6)[:6]
+    parity_path, resume_path, resume_status, user_path, gen_path, gen_status, optimes_path = \
+        (argv[5:12] + [None] * 7)[:7]
     def lines(p):
         try:
             return [l.rstrip() for l in open(p)] if p else []
         except OSError:
             return []
     parity, resume, gen = lines(parity_path), lines(resume_path), lines(gen_path)
+    optimes = lines(optimes_path)
     ours = {(r["op"], r["case"]): r for r in load(ours_path)}
     torch_recs = load(torch_path)
     info = next((r for r in torch_recs if r["op"] == "info"), {})
@@ -140,14 +143,23 @@ norms and tensors.
 
 ## Generation on the device (ft-train generate, KV cache, greedy): {gen_status or "not run"}
 
-A tiny random Llama with the test tokenizer, the same prompt on the CPU and on
-CUDA; in fp32 the 64 generated ids must be identical (bf16: reported).
+A small random Llama (bench/gpu/small-llama, head dim 64) with the test
+tokenizer, the same prompt on the CPU and on CUDA, up to 64 new tokens or EOS;
+in fp32 the generated ids must be identical (bf16: reported).
 
 {chr(10).join("- " + l[len("GENERATE "):] for l in gen) if gen else "- (not run)"}
 
 ## The user's job: QLoRA of a Llama-3-8B-shaped model at seq 2048
 
 {user_rows(user_path) if user_path else "(not run)"}
+
+Where its GPU time goes (FT_CUDA_OP_TIMES=1: CUDA events around every
+backend op of that run, model loading included; an op's launch gaps count
+against it):
+
+```
+{chr(10).join(l[len("OPTIME "):] for l in optimes) if optimes else "(not measured)"}
+```
 
 ## Kernels
 
@@ -170,9 +182,8 @@ kernels without atomics (dK/dV, then dQ), so S and dP are computed twice:
 7 tile products where FlashAttention-2 does 5, while the FLOP count above
 credits 5. The GEMM goes through cuBLASLt like torch.matmul, so its ratio
 should be near 1. The engine still stores every tensor in fp32 (bf16 is
-rounding points only); under bf16 the decoder's linears and attention take
-bf16 operands on the tensor cores (converted as they load) while the loss
-head stays fp32. The user's job's remaining gap to PEFT is fp32 storage
+rounding points only); under bf16 the decoder's linears, the loss head and
+attention take bf16 operands on the tensor cores (converted as they load). The user's job's remaining gap to PEFT is fp32 storage
 (twice the bytes for every activation, a conversion per GEMM operand: the
 issue "The engine on the device") and the kernels' own gaps in the table.
 """

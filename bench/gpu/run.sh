@@ -51,13 +51,13 @@ doc=${FT_PERF_DOC:-$root/docs/PERFORMANCE.md}
 gtest=${FT_GTEST_SOURCE_DIR:-$root/.carry/googletest}
 mkdir -p "$out" "$work"
 log() { echo "== $*" | tee -a "$work/run.log"; }
-# timed LABEL CMD...: runs CMD and logs its wall time.
+# timed LABEL CMD...: runs CMD and logs its wall time (to stderr: CMD's stdout may be redirected to a file).
 timed() {
   local label=$1 t0=$EPOCHREALTIME rc
   shift
   "$@"
   rc=$?
-  log "$label: $(awk "BEGIN{printf \"%.1f\", $EPOCHREALTIME - $t0}") s wall, exit $rc"
+  log "$label: $(awk "BEGIN{printf \"%.1f\", $EPOCHREALTIME - $t0}") s wall, exit $rc" >&2
   return $rc
 }
 # Copies the results to $out (also on early exits).
@@ -134,13 +134,14 @@ bench_ok=1
 ft_train=$build/engine/ft-train
 
 # ---- 2b. generation on the device ----------------------------------------------
-# ft-train generate (KV cache, greedy) on a tiny random Llama with the test
-# tokenizer, on the CPU and on CUDA: in fp32 the generated ids must be the same.
+# ft-train generate (KV cache, greedy) on a small random Llama (small-llama,
+# head dim 64) with the test tokenizer, on the CPU and on CUDA: in fp32 the
+# generated ids must be the same.
 gen_status="not run"
 if want generate && [ $have_train = 1 ]; then
   g=$build/gen
   rm -rf "$g" && mkdir -p "$g"
-  "$ft_train" make-model --preset tiny-llama --vocab 384 --out "$g/model" --seed 5 > "$g/make.log" 2>&1
+  "$ft_train" make-model --config "$root/bench/gpu/small-llama" --vocab 384 --out "$g/model" --seed 5 > "$g/make.log" 2>&1
   cp "$root/tests/fuzz/data/tokenizer.json" "$root/tests/fuzz/data/tokenizer_config.json" "$g/model/"
   gen_status="passed"
   for dt in fp32 bf16; do
@@ -196,8 +197,9 @@ if want user && [ $have_train = 1 ]; then
   log "ft-train run (resources.device: cuda), $steps steps"
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$work/smi_mem.txt" &
   smi=$!
-  timed "ft-train run" timeout 240 "$ft_train" run "$u/job.yaml" > "$work/user_run.log" 2>&1 ||
+  FT_CUDA_OP_TIMES=1 timed "ft-train run" timeout 240 "$ft_train" run "$u/job.yaml" > "$work/user_run.log" 2>&1 ||
     bench_ok=0
+  grep -oE "^OPTIME .*" "$work/user_run.log" > "$work/optimes.txt" || true
   kill $smi 2> /dev/null
   tail -n $((steps + 4)) "$work/user_run.log"
   python3 "$root/bench/gpu/report.py" user-job "$u/out/metrics.jsonl" "$work/plan.txt" "$work/smi_mem.txt" \
@@ -232,7 +234,7 @@ grep -oE "PARITY .*" "$work/tests.log" > "$work/parity.txt" || true
 grep -oE "^RESUME .*" "$work/resume.log" > "$work/resume.txt" 2> /dev/null || true
 [ -f "$work/generate.txt" ] || echo "GENERATE $gen_status" > "$work/generate.txt"
 python3 "$root/bench/gpu/report.py" table "$work/ours.jsonl" "$work/torch.jsonl" "$tests_status" "$device" \
-  "$doc" "$work/parity.txt" "$work/resume.txt" "$resume_status" "$work/user_job.jsonl" "$work/generate.txt" "$gen_status" |
+  "$doc" "$work/parity.txt" "$work/resume.txt" "$resume_status" "$work/user_job.jsonl" "$work/generate.txt" "$gen_status" "$work/optimes.txt" |
   tee "$work/table.md"
 log "wrote $doc (copy in $out/PERFORMANCE.md)"
 [[ "$tests_status" == "all passed" && $bench_ok == 1 ]]

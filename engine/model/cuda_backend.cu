@@ -18,11 +18,13 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <utility>
 
 #include "engine/model/backend.h"
+#include "engine/model/cuda_op_times.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_info.h"
 #include "kernels/cuda/ops.h"
@@ -35,6 +37,9 @@ using cuda::internal::CudaStatus;
 using cuda::internal::LaunchStatus;
 
 constexpr int kThreads = 256;
+
+// The op's launches, timed when FT_CUDA_OP_TIMES is set (engine/model/cuda_op_times.h).
+#define FT_TIME_OP(name) CudaOpTimes::Scope op_time_scope_(&times_, name, stream_)
 
 // engine/model/rng.h's Mix64 / HashKeys / UniformFloat, on the device (the same
 // integer arithmetic, so the same dropout masks as the CPU backend).
@@ -117,6 +122,10 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, std::string name) : device_(device), name_(std::move(name)) {}
   ~CudaBackend() override {
+    if (times_.enabled() && Synchronize().ok()) {
+      std::fprintf(stderr, "GPU time by backend op on %s (FT_CUDA_OP_TIMES):\n%s", Describe().c_str(),
+                   times_.Report().c_str());
+    }
     // Workspaces go back to this backend before the stream does.
     rms_ws_ = DeviceBuffer();
     a16_ws_ = DeviceBuffer();
@@ -144,6 +153,7 @@ class CudaBackend final : public Backend {
 
   void CopyToDevice(void* dst, const void* host_src, int64_t bytes) override {
     if (!status_.ok() || bytes <= 0) return;
+    FT_TIME_OP("copy host->device");
     Record(CudaStatus(
         cudaMemcpyAsync(dst, host_src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_),
         "cudaMemcpyAsync (host to device)"));
@@ -157,17 +167,20 @@ class CudaBackend final : public Backend {
   }
   void Copy(void* dst, const void* src, int64_t bytes) override {
     if (!status_.ok() || bytes <= 0) return;
+    FT_TIME_OP("copy device->device");
     Record(
         CudaStatus(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, stream_),
                    "cudaMemcpyAsync (device to device)"));
   }
   void Zero(float* x, int64_t n) override {
     if (!status_.ok() || n <= 0) return;
+    FT_TIME_OP("zero");
     Record(CudaStatus(cudaMemsetAsync(x, 0, sizeof(float) * static_cast<size_t>(n), stream_),
                       "cudaMemsetAsync"));
   }
   Status Synchronize() override {
     if (status_.ok()) Record(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
+    if (status_.ok() && times_.enabled()) times_.Resolve();
     return status_;
   }
   StatusOr<std::pair<int64_t, int64_t>> MemoryInfo() override {
@@ -189,6 +202,7 @@ class CudaBackend final : public Backend {
       return;
     }
     if (operands == GemmOperands::kF32) {
+      FT_TIME_OP("gemm fp32 (cuBLASLt)");
       Record(
           blas_->Gemm<float, float>(stream_, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc));
       return;
@@ -199,22 +213,28 @@ class CudaBackend final : public Backend {
     auto* a16 = reinterpret_cast<cuda::bf16*>(Workspace(a16_ws_, a_rows * a_cols * 2));
     auto* b16 = reinterpret_cast<cuda::bf16*>(Workspace(b16_ws_, b_rows * b_cols * 2));
     if (!status_.ok()) return;
-    ToBf16Kernel<<<BlocksFor(a_rows * a_cols, kThreads), kThreads, 0, stream_>>>(A, a_rows, a_cols, lda, a16);
-    Record(LaunchStatus("ToBf16Kernel"));
-    ToBf16Kernel<<<BlocksFor(b_rows * b_cols, kThreads), kThreads, 0, stream_>>>(B, b_rows, b_cols, ldb, b16);
-    Record(LaunchStatus("ToBf16Kernel"));
+    {
+      FT_TIME_OP("gemm bf16: operands to bf16");
+      ToBf16Kernel<<<BlocksFor(a_rows * a_cols, kThreads), kThreads, 0, stream_>>>(A, a_rows, a_cols, lda, a16);
+      Record(LaunchStatus("ToBf16Kernel"));
+      ToBf16Kernel<<<BlocksFor(b_rows * b_cols, kThreads), kThreads, 0, stream_>>>(B, b_rows, b_cols, ldb, b16);
+      Record(LaunchStatus("ToBf16Kernel"));
+    }
     if (!status_.ok()) return;
+    FT_TIME_OP("gemm bf16 (cuBLASLt)");
     Record(blas_->Gemm<cuda::bf16, float>(stream_, trans_a, trans_b, M, N, K, alpha, a16, a_cols, b16, b_cols,
                                           beta, C, ldc));
   }
   void RmsNormForward(const float* x, const float* w, int64_t rows, int64_t D, float eps, float* y,
                       float* rstd) override {
     if (!status_.ok()) return;
+    FT_TIME_OP("rmsnorm forward");
     Record(cuda::RmsNormForward<float>(x, w, rows, D, eps, y, rstd, stream_));
   }
   void RmsNormBackward(const float* x, const float* w, const float* rstd, const float* dy, int64_t rows,
                        int64_t D, float* dx, float* dw) override {
     if (!status_.ok()) return;
+    FT_TIME_OP("rmsnorm backward");
     float* ws = nullptr;
     if (dw != nullptr) ws = Workspace(rms_ws_, cuda::RmsNormBackwardWorkspaceFloats(rows, D) * 4);
     if (!status_.ok()) return;
@@ -223,6 +243,7 @@ class CudaBackend final : public Backend {
   void RopeApply(float* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions,
                  const float* cos_table, const float* sin_table, bool inverse) override {
     if (!status_.ok()) return;
+    FT_TIME_OP("rope");
     Record(cuda::RopeApply<float>(x, rows, heads, hd, positions, cos_table, sin_table, inverse, stream_));
   }
   static cuda::AttentionMath Math(GemmOperands operands) {
@@ -232,12 +253,14 @@ class CudaBackend final : public Backend {
                         const float* v, const int32_t* segments, float* out, float* lse,
                         bool /*naive: flash only*/) override {
     if (!status_.ok()) return;
+    FT_TIME_OP("attention forward");
     Record(cuda::AttentionForward<float>(s, q, k, v, segments, out, lse, stream_, Math(operands)));
   }
   void AttentionBackward(GemmOperands operands, const cpu::AttentionShape& s, const float* q, const float* k,
                          const float* v, const int32_t* segments, const float* out, const float* lse,
                          const float* dout, float* dq, float* dk, float* dv) override {
     if (!status_.ok()) return;
+    FT_TIME_OP("attention backward");
     float* ws = Workspace(att_ws_, cuda::AttentionBackwardWorkspaceFloats(s) * 4);
     if (!status_.ok()) return;
     Record(cuda::AttentionBackward<float>(s, q, k, v, segments, out, lse, dout, dq, dk, dv, ws, stream_,
@@ -245,26 +268,31 @@ class CudaBackend final : public Backend {
   }
   void SwiGluForward(const float* gate, const float* up, int64_t n, float* h) override {
     if (!status_.ok()) return;
+    FT_TIME_OP("swiglu forward");
     Record(cuda::SwiGluForward<float>(gate, up, n, h, stream_));
   }
   void SwiGluBackward(const float* gate, const float* up, const float* dh, int64_t n, float* dgate,
                       float* dup) override {
     if (!status_.ok()) return;
+    FT_TIME_OP("swiglu backward");
     Record(cuda::SwiGluBackward<float>(gate, up, dh, n, dgate, dup, stream_));
   }
   void EmbeddingForward(const float* table, const int32_t* ids, int64_t rows, int64_t D,
                         float* out) override {
     if (!status_.ok()) return;
+    FT_TIME_OP("embedding forward");
     Record(cuda::EmbeddingForward<float>(table, ids, rows, D, out, stream_));
   }
   void EmbeddingBackward(const float* dout, const int32_t* ids, int64_t rows, int64_t D,
                          float* dtable) override {
     if (!status_.ok()) return;
+    FT_TIME_OP("embedding backward");
     Record(cuda::EmbeddingBackward<float>(dout, ids, rows, D, dtable, stream_));
   }
   void CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V, float grad_scale,
                     float* dlogits, double* loss_sum) override {
     if (!status_.ok()) return;
+    FT_TIME_OP("cross entropy");
     float* row_loss = Workspace(row_loss_, rows * 4);
     if (!status_.ok()) return;
     Record(cuda::CrossEntropy<float>(logits, targets, rows, V, grad_scale, dlogits, row_loss, loss_sum,
@@ -298,29 +326,35 @@ class CudaBackend final : public Backend {
   }
   void DequantizeNf4(const DeviceNf4& q, float* out) override {
     if (!status_.ok()) return;
+    FT_TIME_OP("nf4 dequantize");
     Record(cuda::DequantizeNf4<float>(static_cast<const CudaNf4&>(q).tensor, out, stream_));
   }
 
   void Axpy(int64_t n, float alpha, const float* x, float* y) override {
     if (!status_.ok() || n <= 0) return;
+    FT_TIME_OP("axpy");
     Record(cuda::Axpy<float>(n, alpha, x, y, stream_));
   }
   void Scale(int64_t n, float alpha, float* x) override {
     if (!status_.ok() || n <= 0) return;
+    FT_TIME_OP("scale");
     Record(cuda::Scale<float>(n, alpha, x, stream_));
   }
   void AddBias(float* y, const float* bias, int64_t rows, int64_t n) override {
     if (!status_.ok() || rows * n <= 0) return;
+    FT_TIME_OP("bias add");
     AddBiasKernel<<<BlocksFor(rows * n, kThreads), kThreads, 0, stream_>>>(y, bias, rows, n);
     Record(LaunchStatus("AddBiasKernel"));
   }
   void BiasGrad(const float* dy, int64_t rows, int64_t n, float* dbias) override {
     if (!status_.ok() || n <= 0) return;
+    FT_TIME_OP("bias grad");
     BiasGradKernel<<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(dy, rows, n, dbias);
     Record(LaunchStatus("BiasGradKernel"));
   }
   void RoundToBf16(float* x, int64_t n) override {
     if (!status_.ok() || n <= 0) return;
+    FT_TIME_OP("bf16 rounding");
     RoundToBf16Kernel<<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(x, n);
     Record(LaunchStatus("RoundToBf16Kernel"));
   }
@@ -333,6 +367,7 @@ class CudaBackend final : public Backend {
   }
   double SumSquares(const float* x, int64_t n) override {
     if (!status_.ok()) return 0.0;
+    FT_TIME_OP("sum of squares");
     double* ws = ss_ws_.as<double>();
     double* out = ws + cuda::SumSquaresWorkspaceDoubles();
     Record(cuda::SumSquares<float>(x, n, ws, out, false, stream_));
@@ -343,6 +378,7 @@ class CudaBackend final : public Backend {
   void AdamW(const cpu::AdamWParams& hp, int64_t n, float* param, const float* grad, float* m,
              float* v) override {
     if (!status_.ok() || n <= 0) return;
+    FT_TIME_OP("adamw");
     Record(cuda::AdamW<float>(hp, n, param, grad, m, v, static_cast<float*>(nullptr), nullptr, nullptr,
                               stream_));
   }
@@ -379,6 +415,7 @@ class CudaBackend final : public Backend {
   }
   void LaunchDropout(const DropoutKey& key, const float* x, int64_t rows, int64_t in, float* out, bool add) {
     if (!status_.ok() || rows * in <= 0) return;
+    FT_TIME_OP("dropout");
     const float keep_scale = static_cast<float>(1.0 / (1.0 - key.p));
     DropoutKernel<<<BlocksFor(rows * in, kThreads), kThreads, 0, stream_>>>(key, keep_scale, x, rows, in, out,
                                                                             add);
@@ -390,6 +427,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::BlasLt> blas_;
   Status status_;
+  CudaOpTimes times_;
   DeviceBuffer rms_ws_, att_ws_, row_loss_, ss_ws_, a16_ws_, b16_ws_;
 };
 

@@ -369,8 +369,8 @@ const float* Model::DropoutInput(int l, ModuleKind m, const float* x, int64_t ro
   return buf;
 }
 
-// Under bf16, the decoder's linears (base, LoRA and their gradients) take bf16
-// operands, as torch.autocast does; the loss head and merges stay fp32.
+// Under bf16, the decoder's linears (base, LoRA and their gradients), the loss
+// head and attention take bf16 operands, as torch.autocast does; merges stay fp32.
 GemmOperands Model::LinearOperands() const {
   return options_.dtype == ComputeDType::kBF16 ? GemmOperands::kBF16 : GemmOperands::kF32;
 }
@@ -542,7 +542,9 @@ LossResult Model::HeadForwardBackward(const MicroBatch& mb, const float* x_last,
     const int64_t n = std::min(chunk, rows - r0);
     float* lg = w.logits.data();
     const float* xf = w.xf.data() + r0 * D;
-    backend_->Gemm(GemmOperands::kF32, false, true, n, V, D, 1.0f, xf, D, HeadWeight(), D, 0.0f, lg, V);
+    // Under bf16 the head multiplies bf16 operands like the decoder's linears
+    // (and like PyTorch's bf16 lm_head); the logits are rounded to bf16 after.
+    backend_->Gemm(LinearOperands(), false, true, n, V, D, 1.0f, xf, D, HeadWeight(), D, 0.0f, lg, V);
     Round(lg, n * V);
     if (logits)
       backend_->CopyToHost(logits->data() + r0 * V, lg, static_cast<int64_t>(sizeof(float)) * n * V);
@@ -551,10 +553,10 @@ LossResult Model::HeadForwardBackward(const MicroBatch& mb, const float* x_last,
                            loss_sum);
     if (!backward) continue;
     // lg now holds d(loss)/d(logits) for these rows.
-    backend_->Gemm(GemmOperands::kF32, false, false, n, D, V, 1.0f, lg, V, HeadWeight(), D, 0.0f,
+    backend_->Gemm(LinearOperands(), false, false, n, D, V, 1.0f, lg, V, HeadWeight(), D, 0.0f,
                    w.dxf.data() + r0 * D, D);
     if (float* dhead = HeadGrad())
-      backend_->Gemm(GemmOperands::kF32, true, false, V, D, n, 1.0f, lg, V, xf, D, 1.0f, dhead, D);
+      backend_->Gemm(LinearOperands(), true, false, V, D, n, 1.0f, lg, V, xf, D, 1.0f, dhead, D);
   }
   if (backward) {
     Round(w.dxf.data(), rows * D);
