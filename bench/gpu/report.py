@@ -182,8 +182,9 @@ kernels without atomics (dK/dV, then dQ), so S and dP are computed twice:
 7 tile products where FlashAttention-2 does 5, while the FLOP count above
 credits 5. The GEMM goes through cuBLASLt like torch.matmul, so its ratio
 should be near 1. The engine still stores every tensor in fp32 (bf16 is
-rounding points only); under bf16 the decoder's linears, the loss head and
-attention take bf16 operands on the tensor cores (converted as they load). The user's job's remaining gap to PEFT is fp32 storage
+rounding points only); under bf16 the decoder's linears and attention take
+bf16 operands on the tensor cores (converted as they load) while the loss
+head stays fp32. The user's job's remaining gap to PEFT is fp32 storage
 (twice the bytes for every activation, a conversion per GEMM operand: the
 issue "The engine on the device") and the kernels' own gaps in the table.
 """

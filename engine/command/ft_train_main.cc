@@ -203,13 +203,16 @@ int main(int argc, char** argv) {
   auto* generate = app.add_subcommand("generate", "generate text with a model and an adapter (streamed)");
   ft::GenerateFlags gen;
   generate->add_option("--model", gen.model.model_dir, "base (or merged) HF model directory")->required();
-  generate->add_option("--adapter", gen.model.adapter_dir, "PEFT adapter directory (e.g. OUTPUT_DIR/adapter)");
+  generate->add_option("--adapter", gen.model.adapter_dir,
+                       "PEFT adapter directory (e.g. OUTPUT_DIR/adapter)");
   generate->add_option("--prompt", gen.prompt, "the prompt (default: --prompt-file, else stdin)")
       ->each([&](const std::string&) { gen.has_prompt = true; });
   generate->add_option("--prompt-file", gen.prompt_file, "a file holding the prompt");
-  generate->add_flag("--chat", gen.prompt_options.chat, "render the prompt as a user message with the chat template");
+  generate->add_flag("--chat", gen.prompt_options.chat,
+                     "render the prompt as a user message with the chat template");
   generate->add_option("--system", gen.prompt_options.system, "with --chat: a system message");
-  generate->add_option("--chat-var", gen.chat_vars, "with --chat: a template variable, KEY=VALUE (repeatable)");
+  generate->add_option("--chat-var", gen.chat_vars,
+                       "with --chat: a template variable, KEY=VALUE (repeatable)");
   generate->add_option("--max-new-tokens", gen.generate.max_new_tokens, "tokens to generate at most")
       ->check(CLI::PositiveNumber);
   generate->add_option("--temperature", gen.generate.sampling.temperature, "0 = greedy (default)");

@@ -20,7 +20,8 @@ StatusOr<std::string> ReadPrompt(const GenerateFlags& flags) {
   if (flags.has_prompt) return flags.prompt;
   if (!flags.prompt_file.empty()) return ReadFileToString(flags.prompt_file);
   std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
-  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();  // the shell's newline
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r'))
+    text.pop_back();  // the shell's newline
   return text;
 }
 
@@ -30,13 +31,15 @@ int RunGenerateCommand(GenerateFlags flags) {
   for (const std::string& kv : flags.chat_vars) {
     const size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) {
-      return BadInput(Status::InvalidArgument("--chat-var '" + kv + "': expected KEY=VALUE, e.g. enable_thinking=false"));
+      return BadInput(
+          Status::InvalidArgument("--chat-var '" + kv + "': expected KEY=VALUE, e.g. enable_thinking=false"));
     }
     flags.prompt_options.chat_vars[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
   auto prompt = ReadPrompt(flags);
   if (!prompt.ok()) return BadInput(prompt.status().WithContext("the prompt"));
-  if (prompt->empty()) return BadInput(Status::InvalidArgument("the prompt is empty (--prompt, --prompt-file or stdin)"));
+  if (prompt->empty())
+    return BadInput(Status::InvalidArgument("the prompt is empty (--prompt, --prompt-file or stdin)"));
   auto loaded = LoadGenerationModel(flags.model);
   if (!loaded.ok()) return BadInput(loaded.status());
   auto ids = PromptIds(*loaded->tokenizer, *prompt, flags.prompt_options);
@@ -53,10 +56,8 @@ int RunGenerateCommand(GenerateFlags flags) {
     return kExitFailed;
   }
   if (flags.json) {
-    const nlohmann::json j = {{"text", out->text},
-                              {"ids", out->ids},
-                              {"finish", out->finish},
-                              {"prompt_tokens", ids->size()}};
+    const nlohmann::json j = {
+        {"text", out->text}, {"ids", out->ids}, {"finish", out->finish}, {"prompt_tokens", ids->size()}};
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::printf("\n");

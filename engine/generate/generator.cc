@@ -40,8 +40,8 @@ constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
 // not a suffix that a stop string could still grow from.
 size_t FinalLength(const std::string& text, const std::vector<std::string>& stop) {
   size_t safe = text.size();
-  if (text.size() >= kReplacement.size() && text.compare(text.size() - kReplacement.size(), kReplacement.size(),
-                                                         kReplacement) == 0) {
+  if (text.size() >= kReplacement.size() &&
+      text.compare(text.size() - kReplacement.size(), kReplacement.size(), kReplacement) == 0) {
     safe -= kReplacement.size();
   }
   for (const std::string& s : stop) {
@@ -129,9 +129,10 @@ StatusOr<Generation> Generate(Model& model, const Tokenizer& tokenizer, const st
   const int64_t positions = static_cast<int64_t>(prompt.size()) + options.max_new_tokens;
   const int64_t limit = model.config().max_position_embeddings;
   if (positions > limit) {
-    return Status::InvalidArgument("the prompt's " + std::to_string(prompt.size()) + " tokens and --max-new-tokens " +
-                                   std::to_string(options.max_new_tokens) + " exceed the model's " +
-                                   "max_position_embeddings " + std::to_string(limit));
+    return Status::InvalidArgument("the prompt's " + std::to_string(prompt.size()) +
+                                   " tokens and --max-new-tokens " + std::to_string(options.max_new_tokens) +
+                                   " exceed the model's " + "max_position_embeddings " +
+                                   std::to_string(limit));
   }
   std::vector<std::string> stop;
   for (const std::string& s : options.stop) {

@@ -37,8 +37,8 @@
 namespace ft {
 
 struct GenerationModelOptions {
-  std::string model_dir;    // HF model directory (config.json, safetensors, tokenizer.json)
-  std::string adapter_dir;  // PEFT adapter directory; "" = none
+  std::string model_dir;       // HF model directory (config.json, safetensors, tokenizer.json)
+  std::string adapter_dir;     // PEFT adapter directory; "" = none
   std::string device = "cpu";  // cpu | cuda
   std::string dtype = "fp32";  // fp32 | bf16
   bool nf4 = false;            // the base in NF4 with double quantization (QLoRA)
@@ -53,8 +53,8 @@ struct GenerationModel {
 StatusOr<GenerationModel> LoadGenerationModel(const GenerationModelOptions& options);
 
 struct PromptOptions {
-  bool chat = false;   // render as a user message through the chat template
-  std::string system;  // with chat: a system message first ("" = none)
+  bool chat = false;                             // render as a user message through the chat template
+  std::string system;                            // with chat: a system message first ("" = none)
   std::map<std::string, std::string> chat_vars;  // extra template variables (e.g. enable_thinking=false)
 };
 

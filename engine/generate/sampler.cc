@@ -10,7 +10,8 @@ namespace ft {
 
 Status ValidateSampling(const SamplingOptions& o) {
   if (!(o.temperature >= 0) || !std::isfinite(o.temperature)) {
-    return Status::InvalidArgument("--temperature must be 0 (greedy) or more, not " + std::to_string(o.temperature));
+    return Status::InvalidArgument("--temperature must be 0 (greedy) or more, not " +
+                                   std::to_string(o.temperature));
   }
   if (o.top_k < 0) return Status::InvalidArgument("--top-k must be 0 (off) or more");
   if (!(o.top_p > 0 && o.top_p <= 1)) {
@@ -30,7 +31,9 @@ int32_t Sampler::Next(const std::vector<float>& logits) {
   std::vector<int32_t> order(logits.size());
   std::iota(order.begin(), order.end(), 0);
   const size_t k = options_.top_k > 0 ? std::min<size_t>(options_.top_k, order.size()) : order.size();
-  auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  auto by_logit = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
   std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(), by_logit);
   order.resize(k);
   // Softmax of logit / temperature over the candidates (in double).

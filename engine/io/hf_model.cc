@@ -209,8 +209,8 @@ Status LoadHfWeights(const std::string& dir, Model* model) {
 }
 
 Status CopyTokenizerFiles(const std::string& from_dir, const std::string& to_dir) {
-  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                           "generation_config.json"}) {
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                           "tokenizer.model", "generation_config.json"}) {
     const fs::path from = fs::path(from_dir) / name;
     if (!fs::exists(from)) continue;
     std::error_code ec;

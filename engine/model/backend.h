@@ -170,8 +170,8 @@ class Backend {
   // backend may multiply them, and the probabilities, as bf16 with fp32
   // accumulation (CUDA: the tensor-core kernels); the CPU computes in fp32.
   virtual void AttentionForward(GemmOperands operands, const cpu::AttentionShape& s, const float* q,
-                                const float* k, const float* v, const int32_t* segments, float* out, float* lse,
-                                bool naive) = 0;
+                                const float* k, const float* v, const int32_t* segments, float* out,
+                                float* lse, bool naive) = 0;
   virtual void AttentionBackward(GemmOperands operands, const cpu::AttentionShape& s, const float* q,
                                  const float* k, const float* v, const int32_t* segments, const float* out,
                                  const float* lse, const float* dout, float* dq, float* dk, float* dv) = 0;

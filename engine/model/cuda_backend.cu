@@ -215,9 +215,11 @@ class CudaBackend final : public Backend {
     if (!status_.ok()) return;
     {
       FT_TIME_OP("gemm bf16: operands to bf16");
-      ToBf16Kernel<<<BlocksFor(a_rows * a_cols, kThreads), kThreads, 0, stream_>>>(A, a_rows, a_cols, lda, a16);
+      ToBf16Kernel<<<BlocksFor(a_rows * a_cols, kThreads), kThreads, 0, stream_>>>(A, a_rows, a_cols, lda,
+                                                                                   a16);
       Record(LaunchStatus("ToBf16Kernel"));
-      ToBf16Kernel<<<BlocksFor(b_rows * b_cols, kThreads), kThreads, 0, stream_>>>(B, b_rows, b_cols, ldb, b16);
+      ToBf16Kernel<<<BlocksFor(b_rows * b_cols, kThreads), kThreads, 0, stream_>>>(B, b_rows, b_cols, ldb,
+                                                                                   b16);
       Record(LaunchStatus("ToBf16Kernel"));
     }
     if (!status_.ok()) return;

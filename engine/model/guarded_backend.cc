@@ -99,7 +99,8 @@ class GuardedCpuBackend final : public Backend {
     inner_->RopeApply(x, rows, heads, hd, positions, cos_table, sin_table, inverse);
   }
   void AttentionForward(GemmOperands operands, const cpu::AttentionShape& s, const float* q, const float* k,
-                        const float* v, const int32_t* segments, float* out, float* lse, bool naive) override {
+                        const float* v, const int32_t* segments, float* out, float* lse,
+                        bool naive) override {
     Open o(this);
     inner_->AttentionForward(operands, s, q, k, v, segments, out, lse, naive);
   }

@@ -681,11 +681,10 @@ Status Trainer::WriteOutputs() {
     FT_RETURN_IF_ERROR(merged.EnableLora(*model_->lora_spec()));
     FT_RETURN_IF_ERROR(LoadPeftAdapter((out / "adapter").string(), &merged));
     merged.MergeLora();
-    FT_RETURN_IF_ERROR(WriteDirAtomically(
-        *owner_, out / "merged", [&](const std::string& d) {
-          FT_RETURN_IF_ERROR(SaveHfModel(d, merged, DType::kF32));
-          return CopyTokenizerFiles(spec_.model.path, d);  // a complete model directory (ft-train generate)
-        }));
+    FT_RETURN_IF_ERROR(WriteDirAtomically(*owner_, out / "merged", [&](const std::string& d) {
+      FT_RETURN_IF_ERROR(SaveHfModel(d, merged, DType::kF32));
+      return CopyTokenizerFiles(spec_.model.path, d);  // a complete model directory (ft-train generate)
+    }));
     written.push_back("merged");
   }
   FT_RETURN_IF_ERROR(owner_->Check());

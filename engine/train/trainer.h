@@ -36,7 +36,7 @@ struct StepMetrics {
   double step_seconds = 0;
   int64_t peak_bytes = 0;  // tracked peak since start
   std::map<std::string, int64_t>
-      peak_by_category;  // weights, adapter, gradients, optimizer, activations, workspace
+      peak_by_category;     // weights, adapter, gradients, optimizer, activations, workspace
   int64_t tokens_seen = 0;  // target tokens trained on in the run so far, this step's included
 };
 

@@ -243,8 +243,8 @@ void ForwardEachHead(const AttentionShape& s, const T* q, const T* k, const T* v
   for (int64_t bh = 0; bh < s.batch * s.q_heads; ++bh) {
     const int64_t b = bh / s.q_heads, h = bh % s.q_heads, kvh = h / group;
     head_fn(s, Head(q, s, s.seq, s.q_heads, b, h), Head(k, s, keys, s.kv_heads, b, kvh),
-            Head(v, s, keys, s.kv_heads, b, kvh), BatchSegments(segments, s, b), Head(out, s, s.seq, s.q_heads, b, h),
-            lse + bh * s.seq);
+            Head(v, s, keys, s.kv_heads, b, kvh), BatchSegments(segments, s, b),
+            Head(out, s, s.seq, s.q_heads, b, h), lse + bh * s.seq);
   }
 }
 

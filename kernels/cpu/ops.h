@@ -55,8 +55,8 @@ void RopeApply(T* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* pos
 // backward needs kv_seq == seq (or 0).
 struct AttentionShape {
   int64_t batch = 0, seq = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
-  double scale = 0;     // usually 1/sqrt(head_dim)
-  int64_t kv_seq = 0;   // keys per sequence; 0 = seq
+  double scale = 0;    // usually 1/sqrt(head_dim)
+  int64_t kv_seq = 0;  // keys per sequence; 0 = seq
   int64_t keys() const { return kv_seq > 0 ? kv_seq : seq; }
   int64_t past() const { return keys() - seq; }  // keys before the first query
 };

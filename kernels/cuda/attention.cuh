@@ -90,11 +90,11 @@ bool UseTensorCores(AttentionMath math, std::initializer_list<const void*> tenso
 // AttentionForward / AttentionBackward accepted (head_dim 64 or 128).
 // delta: D_i = dout_i · out_i per query ([batch, Hq, seq]).
 template <typename T>
-Status TcAttentionForward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
-                          T* out, float* lse, cudaStream_t stream);
+Status TcAttentionForward(const AttentionShape& s, const T* q, const T* k, const T* v,
+                          const int32_t* segments, T* out, float* lse, cudaStream_t stream);
 template <typename T>
-Status TcAttentionBackward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
-                           const float* lse, const T* dout, const float* delta, T* dq, T* dk, T* dv,
-                           cudaStream_t stream);
+Status TcAttentionBackward(const AttentionShape& s, const T* q, const T* k, const T* v,
+                           const int32_t* segments, const float* lse, const T* dout, const float* delta,
+                           T* dq, T* dk, T* dv, cudaStream_t stream);
 
 }  // namespace ft::cuda::internal

@@ -264,7 +264,8 @@ Status AttentionBackward(const AttentionShape& s, const T* q, const T* k, const 
   if (s.q_heads % s.kv_heads != 0) {
     return Status::InvalidArgument("AttentionBackward: query heads must be a multiple of kv heads");
   }
-  if (s.past() != 0) return Status::InvalidArgument("AttentionBackward: no backward with a KV cache (kv_seq != seq)");
+  if (s.past() != 0)
+    return Status::InvalidArgument("AttentionBackward: no backward with a KV cache (kv_seq != seq)");
   if (s.batch == 0 || s.seq == 0) return Status::OK();
   if (s.batch * s.q_heads > 65535) return Status::InvalidArgument("AttentionBackward: batch * heads > 65535");
   FT_CHECK(workspace != nullptr);

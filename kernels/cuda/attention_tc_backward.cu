@@ -60,8 +60,8 @@ __device__ __forceinline__ void RowsTimesRows(float (&acc)[N / 8][4], const bf16
 
 // acc[HD / 8] += P (16 x N, accumulator tiles in registers) x tile (N rows, HD columns).
 template <int HD, int N>
-__device__ __forceinline__ void AccTimesTile(float (&acc)[HD / 8][4], const float (&p)[N / 8][4], const bf16* tile,
-                                             int lane) {
+__device__ __forceinline__ void AccTimesTile(float (&acc)[HD / 8][4], const float (&p)[N / 8][4],
+                                             const bf16* tile, int lane) {
 #pragma unroll
   for (int kk = 0; kk < N / 16; ++kk) {
     uint32_t a[4];
@@ -88,7 +88,8 @@ __device__ __forceinline__ void StoreRows(T* dst, const float (&acc)[HD / 8][4],
     if (i >= rows) continue;
     T* p = dst + ((b * rows + i) * heads + head) * HD + 2 * t;
 #pragma unroll
-    for (int dt = 0; dt < HD / 8; ++dt) Store2(p + dt * 8, scale * acc[dt][2 * r], scale * acc[dt][2 * r + 1]);
+    for (int dt = 0; dt < HD / 8; ++dt)
+      Store2(p + dt * 8, scale * acc[dt][2 * r], scale * acc[dt][2 * r + 1]);
   }
 }
 
@@ -126,7 +127,7 @@ __global__ void __launch_bounds__(kTcThreads)
 
   for (int64_t qh = kvh * group; qh < (kvh + 1) * group; ++qh) {
     for (int64_t i0 = j0; i0 < seq; i0 += kInner) {  // causal: earlier queries see none of these keys
-      __syncthreads();                                  // the previous query tile is no longer read
+      __syncthreads();                               // the previous query tile is no longer read
       LoadTileBf16<HD, kInner>(Qs, q, b, i0, seq, s.q_heads, qh);
       LoadTileBf16<HD, kInner>(dOs, dout, b, i0, seq, s.q_heads, qh);
       for (int r = threadIdx.x; r < kInner; r += kTcThreads) {
@@ -138,7 +139,7 @@ __global__ void __launch_bounds__(kTcThreads)
       __syncthreads();
 
       float p[kTiles][4], ds[kTiles][4];
-      RowsTimesRows<HD, kInner>(p, Ks, warp * kWarpRows, Qs, lane);   // S^T
+      RowsTimesRows<HD, kInner>(p, Ks, warp * kWarpRows, Qs, lane);    // S^T
       RowsTimesRows<HD, kInner>(ds, Vs, warp * kWarpRows, dOs, lane);  // dP^T
       const bool full = !segmented && i0 >= j0 + kBlock - 1 && i0 + kInner <= seq;
 #pragma unroll
@@ -162,8 +163,8 @@ __global__ void __launch_bounds__(kTcThreads)
 
 template <typename T, int HD>
 __global__ void __launch_bounds__(kTcThreads)
-    TcDqKernel(AttentionShape s, const T* q, const T* k, const T* v, const int32_t* segments, const float* lse,
-               const T* dout, const float* delta, T* dq) {
+    TcDqKernel(AttentionShape s, const T* q, const T* k, const T* v, const int32_t* segments,
+               const float* lse, const T* dout, const float* delta, T* dq) {
   constexpr int kInner = Inner<HD>(), kTiles = kInner / 8;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Qs = reinterpret_cast<bf16*>(smem);
@@ -201,7 +202,7 @@ __global__ void __launch_bounds__(kTcThreads)
     LoadTileBf16<HD, kInner>(Vs, v, b, j0, seq, s.kv_heads, kvh);
     __syncthreads();
     float p[kTiles][4], ds[kTiles][4];
-    RowsTimesRows<HD, kInner>(p, Qs, warp * kWarpRows, Ks, lane);   // S
+    RowsTimesRows<HD, kInner>(p, Qs, warp * kWarpRows, Ks, lane);    // S
     RowsTimesRows<HD, kInner>(ds, dOs, warp * kWarpRows, Vs, lane);  // dP
     const bool full = !segmented && j0 + kInner - 1 <= i0 && j0 + kInner <= seq;
 #pragma unroll
@@ -231,8 +232,9 @@ Status Launch(const AttentionShape& s, const T* q, const T* k, const T* v, const
   constexpr int kSmem = BackwardSmemBytes<HD>();
   const unsigned tiles = static_cast<unsigned>((s.seq + kBlock - 1) / kBlock);
   FT_RETURN_IF_ERROR(SetSmem(TcDkDvKernel<T, HD>, kSmem, "cudaFuncSetAttribute(TcDkDvKernel)"));
-  TcDkDvKernel<T, HD><<<dim3(tiles, static_cast<unsigned>(s.batch * s.kv_heads)), kTcThreads, kSmem, stream>>>(
-      s, q, k, v, segments, lse, dout, delta, dk, dv);
+  TcDkDvKernel<T, HD>
+      <<<dim3(tiles, static_cast<unsigned>(s.batch * s.kv_heads)), kTcThreads, kSmem, stream>>>(
+          s, q, k, v, segments, lse, dout, delta, dk, dv);
   FT_RETURN_IF_ERROR(LaunchStatus("TcDkDvKernel"));
   FT_RETURN_IF_ERROR(SetSmem(TcDqKernel<T, HD>, kSmem, "cudaFuncSetAttribute(TcDqKernel)"));
   TcDqKernel<T, HD><<<dim3(tiles, static_cast<unsigned>(s.batch * s.q_heads)), kTcThreads, kSmem, stream>>>(
@@ -243,9 +245,9 @@ Status Launch(const AttentionShape& s, const T* q, const T* k, const T* v, const
 }  // namespace
 
 template <typename T>
-Status TcAttentionBackward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
-                           const float* lse, const T* dout, const float* delta, T* dq, T* dk, T* dv,
-                           cudaStream_t stream) {
+Status TcAttentionBackward(const AttentionShape& s, const T* q, const T* k, const T* v,
+                           const int32_t* segments, const float* lse, const T* dout, const float* delta,
+                           T* dq, T* dk, T* dv, cudaStream_t stream) {
   if (s.head_dim == 64) return Launch<T, 64>(s, q, k, v, segments, lse, dout, delta, dq, dk, dv, stream);
   FT_CHECK(s.head_dim == 128);
   return Launch<T, 128>(s, q, k, v, segments, lse, dout, delta, dq, dk, dv, stream);
@@ -255,7 +257,7 @@ template Status TcAttentionBackward<float>(const AttentionShape&, const float*, 
                                            const int32_t*, const float*, const float*, const float*, float*,
                                            float*, float*, cudaStream_t);
 template Status TcAttentionBackward<bf16>(const AttentionShape&, const bf16*, const bf16*, const bf16*,
-                                          const int32_t*, const float*, const bf16*, const float*, bf16*, bf16*,
-                                          bf16*, cudaStream_t);
+                                          const int32_t*, const float*, const bf16*, const float*, bf16*,
+                                          bf16*, bf16*, cudaStream_t);
 
 }  // namespace ft::cuda::internal

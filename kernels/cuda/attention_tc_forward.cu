@@ -158,7 +158,8 @@ __global__ void __launch_bounds__(kTcThreads)
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     T* orow = out + ((b * seq + row[r]) * s.q_heads + h) * HD;
 #pragma unroll
-    for (int dt = 0; dt < kOutTiles; ++dt) Store2(orow + dt * 8 + 2 * t, o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+    for (int dt = 0; dt < kOutTiles; ++dt)
+      Store2(orow + dt * 8 + 2 * t, o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
     if (t == 0) lse[(b * s.q_heads + h) * seq + row[r]] = sum > 0.0f ? (m[r] + log2f(sum)) * kLn2 : NegInf();
   }
 }
@@ -179,8 +180,8 @@ Status Launch(const AttentionShape& s, const T* q, const T* k, const T* v, const
 }  // namespace
 
 template <typename T>
-Status TcAttentionForward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
-                          T* out, float* lse, cudaStream_t stream) {
+Status TcAttentionForward(const AttentionShape& s, const T* q, const T* k, const T* v,
+                          const int32_t* segments, T* out, float* lse, cudaStream_t stream) {
   if (s.head_dim == 64) return Launch<T, 64>(s, q, k, v, segments, out, lse, stream);
   FT_CHECK(s.head_dim == 128);
   return Launch<T, 128>(s, q, k, v, segments, out, lse, stream);

@@ -98,7 +98,8 @@ TEST(GeneratorTest, KvCacheLogitsEqualAFullForwardAtEveryPosition) {
     RandomInitModel(&model, 3);
     AddRandomLora(&model);
     std::vector<int32_t> ids;
-    for (int i = 0; i < 70; ++i) ids.push_back(static_cast<int32_t>(HashKeys(9, i) % kVocab));  // > one key tile
+    for (int i = 0; i < 70; ++i)
+      ids.push_back(static_cast<int32_t>(HashKeys(9, i) % kVocab));  // > one key tile
     std::vector<float> full;
     model.Forward(Sequence(ids), &full);
     const int64_t V = kVocab;
@@ -157,7 +158,8 @@ TEST(GeneratorTest, SamplingWithASeedIsReproducible) {
   auto prompt = PromptIds(*g.tokenizer, "the model", {});
   ASSERT_TRUE(prompt.ok());
   auto run = [&](uint64_t seed, double top_p) {
-    GenerateOptions o{.max_new_tokens = 16, .sampling = {.temperature = 1.0, .top_k = 50, .top_p = top_p, .seed = seed}};
+    GenerateOptions o{.max_new_tokens = 16,
+                      .sampling = {.temperature = 1.0, .top_k = 50, .top_p = top_p, .seed = seed}};
     auto out = Generate(*g.model, *g.tokenizer, *prompt, {}, o);
     EXPECT_TRUE(out.ok());
     return out->ids;
@@ -227,7 +229,8 @@ TEST(GeneratorTest, ChatPromptsGoThroughTheChatTemplate) {
   auto ids = PromptIds(*g.tokenizer, "hi there", {.chat = true, .system = "be brief"});
   ASSERT_TRUE(ids.ok()) << ids.status().ToString();
   EXPECT_EQ(g.tokenizer->Decode(*ids, false),
-            "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n");
+            "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi "
+            "there<|im_end|>\n<|im_start|>assistant\n");
   // The EOS ids: config.json's eos_token_id and the tokenizer's eos_token.
   EXPECT_THAT(g.eos_ids, ::testing::ElementsAre(2, *g.tokenizer->TokenToId("<|im_end|>")));
 }
@@ -235,7 +238,8 @@ TEST(GeneratorTest, ChatPromptsGoThroughTheChatTemplate) {
 TEST(GeneratorTest, BadInputIsNamed) {
   GenerationModel g = Load();
   EXPECT_TRUE(Generate(*g.model, *g.tokenizer, {}, {}, {}).status().IsInvalidArgument());
-  const Status long_prompt = Generate(*g.model, *g.tokenizer, {1, 2, 3}, {}, {.max_new_tokens = 600}).status();
+  const Status long_prompt =
+      Generate(*g.model, *g.tokenizer, {1, 2, 3}, {}, {.max_new_tokens = 600}).status();
   EXPECT_THAT(long_prompt.message(), ::testing::HasSubstr("max_position_embeddings 512"));
   auto missing = LoadGenerationModel({.model_dir = Dirs().base, .adapter_dir = "/nonexistent-adapter"});
   EXPECT_THAT(missing.status().ToString(), ::testing::HasSubstr("/nonexistent-adapter"));

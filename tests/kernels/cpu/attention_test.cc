@@ -104,7 +104,8 @@ TYPED_TEST(CpuAttention, QueriesAfterCachedKeysAreTheLastRowsOfFullAttention) {
       const auto in = MakeInputs<T>(2, keys, hq, hkv, hd, false, static_cast<uint32_t>(keys * 7 + seq));
       SCOPED_TRACE("keys " + std::to_string(keys) + " queries " + std::to_string(seq));
       std::vector<T> full(in.q.size()), full_lse(2 * hq * keys);
-      AttentionForwardNaive(in.shape, in.q.data(), in.k.data(), in.v.data(), nullptr, full.data(), full_lse.data());
+      AttentionForwardNaive(in.shape, in.q.data(), in.k.data(), in.v.data(), nullptr, full.data(),
+                            full_lse.data());
       // The last `seq` queries of each sequence, as a decode step sees them.
       AttentionShape s = in.shape;
       s.seq = seq;
@@ -113,7 +114,8 @@ TYPED_TEST(CpuAttention, QueriesAfterCachedKeysAreTheLastRowsOfFullAttention) {
       std::vector<T> q, want, want_lse;
       for (int64_t b = 0; b < 2; ++b) {
         q.insert(q.end(), in.q.begin() + (b * keys + past) * width, in.q.begin() + (b + 1) * keys * width);
-        want.insert(want.end(), full.begin() + (b * keys + past) * width, full.begin() + (b + 1) * keys * width);
+        want.insert(want.end(), full.begin() + (b * keys + past) * width,
+                    full.begin() + (b + 1) * keys * width);
         for (int64_t h = 0; h < hq; ++h) {
           const auto row = full_lse.begin() + (b * hq + h) * keys;
           want_lse.insert(want_lse.end(), row + past, row + keys);
@@ -121,8 +123,8 @@ TYPED_TEST(CpuAttention, QueriesAfterCachedKeysAreTheLastRowsOfFullAttention) {
       }
       for (const bool naive : {false, true}) {
         std::vector<T> out(q.size()), lse(2 * hq * seq);
-        (naive ? AttentionForwardNaive<T> : AttentionForward<T>)(s, q.data(), in.k.data(), in.v.data(), nullptr,
-                                                                 out.data(), lse.data());
+        (naive ? AttentionForwardNaive<T> : AttentionForward<T>)(s, q.data(), in.k.data(), in.v.data(),
+                                                                 nullptr, out.data(), lse.data());
         ExpectClose(out, want, this->kTol, this->kTol, naive ? "naive out" : "flash out");
         ExpectClose(lse, want_lse, this->kTol, this->kTol, naive ? "naive lse" : "flash lse");
       }

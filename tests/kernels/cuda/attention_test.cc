@@ -31,8 +31,8 @@ std::string Name(const Case& c) {
 }
 
 const Case kCases[] = {
-    {2, 77, 4, 2, 64, false}, {1, 130, 6, 1, 128, false}, {2, 33, 2, 2, 128, true},
-    {1, 257, 4, 4, 64, true}, {3, 1, 2, 1, 64, false},    {1, 64, 8, 2, 128, false},
+    {2, 77, 4, 2, 64, false},   {1, 130, 6, 1, 128, false}, {2, 33, 2, 2, 128, true},
+    {1, 257, 4, 4, 64, true},   {3, 1, 2, 1, 64, false},    {1, 64, 8, 2, 128, false},
     {2, 320, 4, 2, 128, false}, {1, 200, 2, 1, 64, false},
 };
 
@@ -53,7 +53,8 @@ class CudaAttentionTest : public CudaOpTest {
             c.kv_heads, c.head_dim, 1.0 / std::sqrt(static_cast<double>(c.head_dim))};
     const int64_t rows = c.batch * c.seq;
     auto round = [&](std::vector<float> x) {
-      return math == AttentionMath::kBf16 ? RoundTo<bf16>(RoundTo<T>(std::move(x))) : RoundTo<T>(std::move(x));
+      return math == AttentionMath::kBf16 ? RoundTo<bf16>(RoundTo<T>(std::move(x)))
+                                          : RoundTo<T>(std::move(x));
     };
     in.q = round(Random(rows * c.q_heads * c.head_dim, -2, 2));
     in.k = round(Random(rows * c.kv_heads * c.head_dim, -2, 2));
@@ -172,7 +173,8 @@ TEST_F(CudaAttentionTest, BackwardFp32StorageTensorCoresMatchesCpuAndIsDetermini
 // Queries after cached keys (kv_seq > seq, generation's KV cache) on both kernels.
 TEST_F(CudaAttentionTest, ForwardAfterCachedKeysMatchesCpu) {
   for (const AttentionMath math : {AttentionMath::kFp32, AttentionMath::kBf16}) {
-    for (const auto& [seq, past, hd] : {std::tuple<int64_t, int64_t, int64_t>{1, 70, 64}, {5, 130, 128}, {64, 64, 64}}) {
+    for (const auto& [seq, past, hd] :
+         {std::tuple<int64_t, int64_t, int64_t>{1, 70, 64}, {5, 130, 128}, {64, 64, 64}}) {
       AttentionShape s{2, seq, 4, 2, hd, 1.0 / std::sqrt(static_cast<double>(hd))};
       s.kv_seq = seq + past;
       auto round = [&](std::vector<float> x) { return math == AttentionMath::kBf16 ? RoundTo<bf16>(x) : x; };
@@ -182,11 +184,11 @@ TEST_F(CudaAttentionTest, ForwardAfterCachedKeysMatchesCpu) {
       DeviceBuffer<float> q(qv), k(kv), v(vv), out(qv.size()), lse(s.batch * s.q_heads * seq);
       out.Poison();
       lse.Poison();
-      FT_ASSERT_OK(
-          AttentionForward<float>(s, q.get(), k.get(), v.get(), nullptr, out.get(), lse.get(), stream_, math));
+      FT_ASSERT_OK(AttentionForward<float>(s, q.get(), k.get(), v.get(), nullptr, out.get(), lse.get(),
+                                           stream_, math));
       std::vector<double> ref_out(qv.size()), ref_lse(lse.size());
-      cpu::AttentionForwardNaive<double>(s, ToDouble(qv).data(), ToDouble(kv).data(), ToDouble(vv).data(), nullptr,
-                                         ref_out.data(), ref_lse.data());
+      cpu::AttentionForwardNaive<double>(s, ToDouble(qv).data(), ToDouble(kv).data(), ToDouble(vv).data(),
+                                         nullptr, ref_out.data(), ref_lse.data());
       const std::string name = "cached keys seq " + std::to_string(seq) + " past " + std::to_string(past) +
                                (math == AttentionMath::kBf16 ? " tc" : " fp32");
       EXPECT_TRUE(Close("attention out " + name, out.Download(), ref_out, OutBound<float>(math)));
@@ -204,12 +206,13 @@ TEST_F(CudaAttentionTest, UnalignedBf16TensorsTakeTheCudaCoreKernels) {
     x.insert(x.begin(), 0.0f);
     return x;
   };
-  DeviceBuffer<bf16> q(Encode<bf16>(shifted(in.q))), k(Encode<bf16>(shifted(in.k))), v(Encode<bf16>(shifted(in.v)));
+  DeviceBuffer<bf16> q(Encode<bf16>(shifted(in.q))), k(Encode<bf16>(shifted(in.k))),
+      v(Encode<bf16>(shifted(in.v)));
   DeviceBuffer<bf16> out(in.q.size() + 1);
   DeviceBuffer<float> lse(s.batch * s.q_heads * s.seq);
   out.Poison();
-  FT_ASSERT_OK(AttentionForward<bf16>(s, q.get() + 1, k.get() + 1, v.get() + 1, nullptr, out.get() + 1, lse.get(),
-                                      stream_));
+  FT_ASSERT_OK(AttentionForward<bf16>(s, q.get() + 1, k.get() + 1, v.get() + 1, nullptr, out.get() + 1,
+                                      lse.get(), stream_));
   std::vector<double> ref_out(in.q.size()), ref_lse(lse.size());
   cpu::AttentionForwardNaive<double>(s, ToDouble(in.q).data(), ToDouble(in.k).data(), ToDouble(in.v).data(),
                                      nullptr, ref_out.data(), ref_lse.data());
