@@ -109,4 +109,8 @@ export function timeChart(container, { xRange, ...options }) {
 export const axisFormats = {
   bytes: (u, values) => values.map((v) => bytes(v)),
   number: (u, values) => values.map((v) => (v !== 0 && Math.abs(v) < 1e-3 ? v.toExponential(1) : number(v, 3))),
+  integer: (u, values) => values.map((v) => Math.round(v).toLocaleString('en-US')),
 };
+
+// Tick steps of an axis that only holds whole numbers (steps, tokens): 1, 2, 5, 10, 20, ...
+export const integerIncrs = Array.from({ length: 30 }, (_, i) => [1, 2, 5][i % 3] * 10 ** Math.floor(i / 3));

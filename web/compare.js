@@ -10,7 +10,7 @@
 // are drawn anyway.
 
 import { getJSON, openStream } from './api.js';
-import { axisFormats, lineChart } from './charts.js';
+import { axisFormats, integerIncrs, lineChart } from './charts.js';
 import { el, number } from './format.js';
 
 const PAGE = 5000;
@@ -75,7 +75,7 @@ export function mountCompare(root, query, app) {
     chart = lineChart(chartBox, {
       series,
       x: { time: false },
-      xAxis: { label: X_AXES[x], values: axisFormats.number },
+      xAxis: { label: X_AXES[x], values: axisFormats.integer, incrs: integerIncrs },
       axes: [{ scale: 'loss', label: 'loss', size: 60, values: axisFormats.number }],
       height: 380,
     });
