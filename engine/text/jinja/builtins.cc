@@ -109,9 +109,9 @@ StatusOr<Value> DictGlobal(Interpreter&, CallArgs a) {
   return Value::MakeDict(std::move(d));
 }
 
-StatusOr<Value> NamespaceGlobal(Interpreter&, CallArgs a) {
+StatusOr<Value> NamespaceGlobal(Interpreter& interp, CallArgs a) {
   FT_ASSIGN_OR_RETURN(Dict d, Entries("namespace", std::move(a)));
-  return Value::MakeNamespace(std::move(d));
+  return interp.NewNamespace(std::move(d));
 }
 
 StatusOr<Value> RaiseException(Interpreter&, CallArgs a) {

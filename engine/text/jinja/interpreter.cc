@@ -165,6 +165,16 @@ StatusOr<Value> CallerFn::Call(Interpreter& interp, CallArgs args) const {
 
 }  // namespace
 
+Interpreter::~Interpreter() {
+  for (const Value& ns : namespaces_) ns.mutable_namespace() = Dict();
+}
+
+Value Interpreter::NewNamespace(Dict attrs) {
+  Value ns = Value::MakeNamespace(std::move(attrs));
+  namespaces_.push_back(ns);
+  return ns;
+}
+
 Status Interpreter::Render(const NodeList& nodes, std::string* out) {
   flow_ = Flow::kNormal;
   iterations_ = 0;

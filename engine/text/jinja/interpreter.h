@@ -38,6 +38,12 @@ class Interpreter {
   // `root` holds the render's variables and globals; it must outlive the
   // interpreter. Top-level `set` writes into it.
   explicit Interpreter(Scope* root) : root_(root) {}
+  // Empties every namespace this interpreter made (NewNamespace), so one that
+  // holds itself (`{% set ns.x = ns %}`, directly or through a macro or
+  // another namespace) is freed with the render instead of leaking.
+  ~Interpreter();
+  Interpreter(const Interpreter&) = delete;
+  Interpreter& operator=(const Interpreter&) = delete;
 
   // Renders `nodes` at top level, appending to *out.
   Status Render(const NodeList& nodes, std::string* out);
@@ -50,6 +56,8 @@ class Interpreter {
   // a scope whose parent is `parent` (null: the template's top level).
   StatusOr<Value> CallMacro(const Node& macro, CallArgs args, Scope* parent);
   Scope& root() { return *root_; }
+  // namespace(...): a mutable attribute holder, owned by this render.
+  Value NewNamespace(Dict attrs);
 
  private:
   enum class Flow { kNormal, kBreak, kContinue };
@@ -75,6 +83,7 @@ class Interpreter {
   Flow flow_ = Flow::kNormal;
   int call_depth_ = 0;
   int64_t iterations_ = 0;  // loop iterations in this render (bounded)
+  std::vector<Value> namespaces_;  // every namespace NewNamespace made
 };
 
 // Makes a Status message carry the line: "line N: msg" (kept as is when it

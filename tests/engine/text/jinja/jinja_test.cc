@@ -140,6 +140,19 @@ TEST(JinjaUnitTest, ControlFlow) {
             "[]|[5][5]5");
 }
 
+// A namespace that holds itself (directly, through another namespace or a
+// macro) renders, and is freed with the render: the ASan suite's leak check
+// fails this test otherwise (found by fuzz_jinja; its input is in the corpus).
+TEST(JinjaUnitTest, NamespaceHoldingItselfIsFreedWithTheRender) {
+  EXPECT_EQ(Render("{% set ns = namespace(x=1) %}{% set ns.me = ns %}{{ ns.me.me.x }}"), "1");
+  EXPECT_EQ(Render("{% set a = namespace() %}{% set b = namespace(a=a) %}{% set a.b = b %}{{ a.b.a.b is "
+                   "defined }}"),
+            "True");
+  EXPECT_EQ(Render("{% set ns = namespace() %}{% macro m() %}{{ ns.v }}{% endmacro %}{% set ns.m = m %}{% set "
+                   "ns.v = 7 %}{{ ns.m() }}"),
+            "7");
+}
+
 TEST(JinjaUnitTest, SetNamespaceMacro) {
   EXPECT_EQ(
       Render("{% set ns = namespace(a=1, found=false) %}{% for i in range(3) %}{% set ns.a = ns.a + i %}{% "
