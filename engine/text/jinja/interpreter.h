@@ -82,7 +82,7 @@ class Interpreter {
   Scope* root_;
   Flow flow_ = Flow::kNormal;
   int call_depth_ = 0;
-  int64_t iterations_ = 0;  // loop iterations in this render (bounded)
+  int64_t iterations_ = 0;         // loop iterations in this render (bounded)
   std::vector<Value> namespaces_;  // every namespace NewNamespace made
 };
 

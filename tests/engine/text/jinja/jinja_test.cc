@@ -148,9 +148,10 @@ TEST(JinjaUnitTest, NamespaceHoldingItselfIsFreedWithTheRender) {
   EXPECT_EQ(Render("{% set a = namespace() %}{% set b = namespace(a=a) %}{% set a.b = b %}{{ a.b.a.b is "
                    "defined }}"),
             "True");
-  EXPECT_EQ(Render("{% set ns = namespace() %}{% macro m() %}{{ ns.v }}{% endmacro %}{% set ns.m = m %}{% set "
-                   "ns.v = 7 %}{{ ns.m() }}"),
-            "7");
+  EXPECT_EQ(
+      Render("{% set ns = namespace() %}{% macro m() %}{{ ns.v }}{% endmacro %}{% set ns.m = m %}{% set "
+             "ns.v = 7 %}{{ ns.m() }}"),
+      "7");
 }
 
 TEST(JinjaUnitTest, SetNamespaceMacro) {
