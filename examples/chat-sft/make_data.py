@@ -5,8 +5,8 @@ format ftune's `data.format: chat` reads. Facts no model has seen, so a reply
 can only come from fine-tuning. Deterministic: the same arguments give the
 same file.
 
-  python3 make_data.py --out data.jsonl [--countries 48]
-  python3 make_data.py --out eval.jsonl --countries 48 --eval
+  python3 make_data.py --out data.jsonl [--countries 12]
+  python3 make_data.py --out eval.jsonl --countries 12 --eval
 
 Each country gets four phrasings of "what is the capital" and two of "what
 language"; --eval writes one held-out phrasing of each question instead.
@@ -46,7 +46,7 @@ def chat(question, answer):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--countries", type=int, default=48)
+    ap.add_argument("--countries", type=int, default=12)
     ap.add_argument("--eval", action="store_true", help="the held-out phrasings instead")
     args = ap.parse_args()
     rows = []

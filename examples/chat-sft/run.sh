@@ -14,7 +14,7 @@
 #   bash examples/chat-sft/run.sh [BUILD_DIR]
 # Environment (the test sets them for a shortened run):
 #   CHAT_SFT_RUN        where everything goes (default runs/chat-sft)
-#   CHAT_SFT_COUNTRIES  made-up countries in the data (default 48)
+#   CHAT_SFT_COUNTRIES  made-up countries in the data (default 12)
 #   CHAT_SFT_STEPS      optimizer steps (default: job.yaml's train.max_steps)
 #   CHAT_SFT_CHECK      training questions checked (default 6)
 set -euo pipefail
@@ -23,7 +23,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 HERE="$ROOT/examples/chat-sft"
 BIN="$ROOT/$BUILD"
 RUN=$(mkdir -p "${CHAT_SFT_RUN:-$ROOT/runs/chat-sft}" && cd "${CHAT_SFT_RUN:-$ROOT/runs/chat-sft}" && pwd)
-COUNTRIES=${CHAT_SFT_COUNTRIES:-48}
+COUNTRIES=${CHAT_SFT_COUNTRIES:-12}
 CHECK=${CHAT_SFT_CHECK:-6}
 TRAIN="$BIN/engine/ft-train"
 CTL="$BIN/cli/ftctl"
