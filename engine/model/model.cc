@@ -571,7 +571,7 @@ LossResult Model::HeadForwardBackward(const MicroBatch& mb, const float* x_last,
   return result;
 }
 
-LossResult Model::Forward(const MicroBatch& mb, std::vector<float>* logits) {
+const float* Model::ForwardLayers(const MicroBatch& mb) {
   current_batch_ = &mb;
   EnsureActivations(mb.rows(), mb.batch);
   EnsureRope(*std::max_element(mb.positions.begin(), mb.positions.end()) + 1);
@@ -582,7 +582,11 @@ LossResult Model::Forward(const MicroBatch& mb, std::vector<float>* logits) {
     LayerActs& a = w.layers[options_.activation_checkpointing ? 0 : l];
     LayerForward(l, mb, w.layer_in[l].data(), a, w.layer_in[l + 1].data());
   }
-  return HeadForwardBackward(mb, w.layer_in[config_.num_layers].data(), 0.0f, false, logits);
+  return w.layer_in[config_.num_layers].data();
+}
+
+LossResult Model::Forward(const MicroBatch& mb, std::vector<float>* logits) {
+  return HeadForwardBackward(mb, ForwardLayers(mb), 0.0f, false, logits);
 }
 
 LossResult Model::EvalForward(const MicroBatch& mb) {
@@ -613,18 +617,9 @@ StatusOr<std::vector<float>> Model::Decode(const std::vector<int32_t>& ids, KvCa
   mb.ids = ids;
   mb.targets.assign(ids.size(), -100);
   for (int64_t i = 0; i < n; ++i) mb.positions.push_back(static_cast<int32_t>(cache->length_ + i));
-  current_batch_ = &mb;
   eval_mode_ = true;
   decode_cache_ = cache;
-  EnsureActivations(n, 1);
-  EnsureRope(cache->length_ + n);
-  UploadBatch(mb);
-  Activations& w = *acts_;
-  EmbedForward(mb, w.layer_in[0].data());
-  for (int l = 0; l < config_.num_layers; ++l) {
-    LayerActs& a = w.layers[options_.activation_checkpointing ? 0 : l];
-    LayerForward(l, mb, w.layer_in[l].data(), a, w.layer_in[l + 1].data());
-  }
+  const float* x_last = ForwardLayers(mb);
   decode_cache_ = nullptr;
   eval_mode_ = false;
   cache->length_ += n;
@@ -634,25 +629,16 @@ StatusOr<std::vector<float>> Model::Decode(const std::vector<int32_t>& ids, KvCa
   last.seq = 1;
   last.targets = {-100};
   std::vector<float> logits;
-  HeadForwardBackward(last, w.layer_in[config_.num_layers].data() + (n - 1) * config_.hidden_size, 0.0f,
-                      false, &logits);
+  HeadForwardBackward(last, x_last + (n - 1) * config_.hidden_size, 0.0f, false, &logits);
   FT_RETURN_IF_ERROR(backend_->Synchronize().WithContext("Decode on " + backend_->Describe()));
   return logits;
 }
 
 LossResult Model::ForwardBackward(const MicroBatch& mb, float grad_scale) {
-  current_batch_ = &mb;
-  EnsureActivations(mb.rows(), mb.batch);
-  EnsureRope(*std::max_element(mb.positions.begin(), mb.positions.end()) + 1);
-  UploadBatch(mb);
+  const float* x_last = ForwardLayers(mb);
   Activations& w = *acts_;
   const int L = static_cast<int>(config_.num_layers);
-  EmbedForward(mb, w.layer_in[0].data());
-  for (int l = 0; l < L; ++l) {
-    LayerActs& a = w.layers[options_.activation_checkpointing ? 0 : l];
-    LayerForward(l, mb, w.layer_in[l].data(), a, w.layer_in[l + 1].data());
-  }
-  LossResult result = HeadForwardBackward(mb, w.layer_in[L].data(), grad_scale, true, nullptr);
+  LossResult result = HeadForwardBackward(mb, x_last, grad_scale, true, nullptr);
   for (int l = L - 1; l >= 0; --l) {
     LayerActs* a = &w.layers[l % w.layers.size()];
     if (options_.activation_checkpointing) {

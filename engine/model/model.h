@@ -236,6 +236,8 @@ class Model {
   void EnsureRope(int64_t max_pos);
   void UploadBatch(const MicroBatch& mb);  // ids, targets, positions, segments into acts_
   void EmbedForward(const MicroBatch& mb, float* x);
+  // Uploads the batch and runs the embedding and every layer forward; returns the last layer's output.
+  const float* ForwardLayers(const MicroBatch& mb);
   void LayerForward(int l, const MicroBatch& mb, const float* x_in, LayerActs& a, float* x_out);
   void LayerBackward(int l, const MicroBatch& mb, const float* x_in, LayerActs& a, float* dx);
   LossResult HeadForwardBackward(const MicroBatch& mb, const float* x_last, float grad_scale, bool backward,

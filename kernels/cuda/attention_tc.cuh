@@ -17,7 +17,8 @@
 // 16-byte bank groups. Operand loads are ldmatrix.x4: LoadA (A from a
 // row-major tile), LoadBRows (B = T^T, i.e. the tile's rows are B's columns:
 // K for Q K^T) and LoadBCols (B = the tile itself, rows along k: V for P V),
-// the last two giving the fragments of two adjacent n-tiles.
+// the last two giving the fragments of two adjacent n-tiles; AccTimesTile is
+// the product acc += P x tile with P in registers (P V, P^T dO, dS^T Q, dS K).
 //
 // Global tiles: element d of head h of token i of sequence b at
 // ((b * rows + i) * heads + h) * HD + d (attention.cuh); LoadTileBf16 reads
@@ -102,6 +103,24 @@ __device__ __forceinline__ void AccToA(uint32_t (&a)[4], const float (&c0)[4], c
   a[1] = PackBf16(c0[2], c0[3]);
   a[2] = PackBf16(c1[0], c1[1]);
   a[3] = PackBf16(c1[2], c1[3]);
+}
+
+// acc[HD / 8] += P (16 x N, accumulator tiles in registers) x tile (N rows, HD columns).
+template <int HD, int N>
+__device__ __forceinline__ void AccTimesTile(float (&acc)[HD / 8][4], const float (&p)[N / 8][4],
+                                             const bf16* tile, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+    uint32_t a[4];
+    AccToA(a, p[2 * kk], p[2 * kk + 1]);
+#pragma unroll
+    for (int dp = 0; dp < HD / 16; ++dp) {
+      uint32_t bf[4];
+      LoadBCols<HD>(bf, tile, kk * 16, dp * 16, lane);
+      Mma(acc[2 * dp], a, bf[0], bf[1]);
+      Mma(acc[2 * dp + 1], a, bf[2], bf[3]);
+    }
+  }
 }
 
 // 8 consecutive elements as bf16 (16-byte aligned source).

@@ -58,24 +58,6 @@ __device__ __forceinline__ void RowsTimesRows(float (&acc)[N / 8][4], const bf16
   }
 }
 
-// acc[HD / 8] += P (16 x N, accumulator tiles in registers) x tile (N rows, HD columns).
-template <int HD, int N>
-__device__ __forceinline__ void AccTimesTile(float (&acc)[HD / 8][4], const float (&p)[N / 8][4],
-                                             const bf16* tile, int lane) {
-#pragma unroll
-  for (int kk = 0; kk < N / 16; ++kk) {
-    uint32_t a[4];
-    AccToA(a, p[2 * kk], p[2 * kk + 1]);
-#pragma unroll
-    for (int dp = 0; dp < HD / 16; ++dp) {
-      uint32_t bf[4];
-      LoadBCols<HD>(bf, tile, kk * 16, dp * 16, lane);
-      Mma(acc[2 * dp], a, bf[0], bf[1]);
-      Mma(acc[2 * dp + 1], a, bf[2], bf[3]);
-    }
-  }
-}
-
 // Writes scale * acc (rows row0 + g, row0 + g + 8 of the warp) to dst rows
 // below `rows`, head `head` of `heads`.
 template <typename T, int HD>

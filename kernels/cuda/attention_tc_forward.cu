@@ -136,19 +136,7 @@ __global__ void __launch_bounds__(kTcThreads)
       o[dt][3] *= corr[1];
     }
 
-    // O += P V: the probabilities of keys 16 kk .. 16 kk + 15 are one A fragment.
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      uint32_t pa[4];
-      AccToA(pa, sc[2 * kk], sc[2 * kk + 1]);
-#pragma unroll
-      for (int dp = 0; dp < kOutTiles / 2; ++dp) {
-        uint32_t bf[4];
-        LoadBCols<HD>(bf, Vs, kk * 16, dp * 16, lane);
-        Mma(o[2 * dp], pa, bf[0], bf[1]);
-        Mma(o[2 * dp + 1], pa, bf[2], bf[3]);
-      }
-    }
+    AccTimesTile<HD, kBlockN>(o, sc, Vs, lane);  // O += P V
   }
 
 #pragma unroll
