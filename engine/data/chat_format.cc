@@ -27,7 +27,12 @@ StatusOr<std::vector<jinja::Value>> MessageValues(const nlohmann::ordered_json& 
   if (!messages.is_array()) return Status::InvalidArgument("chat: 'messages' must be a JSON array");
   std::vector<jinja::Value> out;
   out.reserve(messages.size());
-  for (const auto& m : messages) out.push_back(jinja::Value::FromJson(m));
+  for (size_t i = 0; i < messages.size(); ++i) {
+    StatusOr<jinja::Value> v = jinja::Value::FromJson(messages[i]);
+    if (!v.ok())
+      return Status::InvalidArgument("chat: message " + std::to_string(i) + ": " + v.status().message());
+    out.push_back(std::move(v).value());
+  }
   return out;
 }
 
@@ -50,7 +55,13 @@ StatusOr<std::string> ChatTemplate::RenderValues(const std::vector<jinja::Value>
   d.Set("add_generation_prompt", jinja::Value::Bool(add_generation_prompt));
   d.Set("bos_token", jinja::Value::Str(vars.bos_token));
   d.Set("eos_token", jinja::Value::Str(vars.eos_token));
-  d.Set("tools", vars.tools ? jinja::Value::FromJson(*vars.tools) : jinja::Value::None());
+  jinja::Value tools = jinja::Value::None();
+  if (vars.tools) {
+    StatusOr<jinja::Value> v = jinja::Value::FromJson(*vars.tools);
+    if (!v.ok()) return Status::InvalidArgument("chat: 'tools': " + v.status().message());
+    tools = std::move(v).value();
+  }
+  d.Set("tools", std::move(tools));
   if (!vars.extra.is_null()) {
     if (!vars.extra.is_object())
       return Status::InvalidArgument("chat: extra template variables must be an object");
@@ -59,7 +70,10 @@ StatusOr<std::string> ChatTemplate::RenderValues(const std::vector<jinja::Value>
         return Status::InvalidArgument("chat: extra template variable '" + it.key() +
                                        "' would replace a standard one; set it through ChatVars instead");
       }
-      d.Set(it.key(), jinja::Value::FromJson(it.value()));
+      StatusOr<jinja::Value> v = jinja::Value::FromJson(it.value());
+      if (!v.ok())
+        return Status::InvalidArgument("chat: template variable '" + it.key() + "': " + v.status().message());
+      d.Set(it.key(), std::move(v).value());
     }
   }
   return template_.Render(d);
@@ -137,7 +151,7 @@ class TrainingRender {
     const std::string content = msg["content"].get<std::string>();
     marked["content"] = at_end ? content + kContentMark : kContentMark + content;
     std::vector<jinja::Value> marked_msgs = msgs;
-    marked_msgs[i] = jinja::Value::FromJson(marked);
+    FT_ASSIGN_OR_RETURN(marked_msgs[i], jinja::Value::FromJson(marked));  // checked by MessageValues
     FT_ASSIGN_OR_RETURN(std::string r, render_(marked_msgs, false));
     r = CutTrailer(std::move(r));
     const size_t at = CommonPrefix(rendered, r);

@@ -9,6 +9,10 @@
 # BUILD_DIR/findings/<target>/ and the log beside it.
 #
 # Usage: run.sh BUILD_DIR [SECONDS=20] [TARGET...]
+# FT_FUZZ_SEED: libFuzzer's -seed (unset or 0: a random one, printed). The
+# test gate (tests/sanitize/run.sh, so `make test` and CI) sets 1, so that it
+# explores the same inputs in the same order on every run of a commit and
+# cannot fail by chance; run this script without it to explore anew.
 # A finding becomes a regression case: copy it into tests/fuzz/corpus/<target>/
 # once fixed (the replay tests then run it in every build).
 set -uo pipefail
@@ -35,6 +39,9 @@ if [ ${#targets[@]} -eq 0 ]; then
     [ -x "$build/tests/fuzz/fuzz_$t" ] && targets+=("$t")
   done
 fi
+seed=${FT_FUZZ_SEED:-0}
+[ "$seed" = 0 ] && seed=$(( (RANDOM << 15 | RANDOM) + 1 ))
+log "seed $seed (FT_FUZZ_SEED=$seed repeats this run)"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:symbolize=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 rc=0
@@ -45,7 +52,7 @@ for t in "${targets[@]}"; do
   dict=()
   [ -f "$src/tests/fuzz/dict/$t.dict" ] && dict=(-dict="$src/tests/fuzz/dict/$t.dict")
   (cd "$work" && TMPDIR="$work" "$build/tests/fuzz/fuzz_$t" "$work/corpus" "${dict[@]}" \
-    -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2560 -max_len=65536 -print_final_stats=1 \
+    -seed="$seed" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2560 -max_len=65536 -print_final_stats=1 \
     -artifact_prefix="$build/findings/$t/" > "$work/log.txt" 2>&1)
   status=$?
   stats=$(grep -E "^#[0-9]+\s+DONE" "$work/log.txt" | tail -1)

@@ -45,6 +45,7 @@ struct Expr {
   };
   Kind kind = Kind::kLiteral;
   int line = 0;
+  int height = 1;  // 1 + the tallest child's height (the parser bounds it)
   Value value;
   std::string name;
   bool negate = false;

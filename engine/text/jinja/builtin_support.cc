@@ -166,7 +166,15 @@ StatusOr<Value> StrReplace(Interpreter&, const Value& self, const Args& a) {
   FT_ASSIGN_OR_RETURN(std::string old_s, a.Str(0));
   FT_ASSIGN_OR_RETURN(std::string new_s, a.Str(1));
   FT_ASSIGN_OR_RETURN(int64_t count, a.Int(2, -1));
-  return Value::Str(PyReplace(self.ToStr(), old_s, new_s, count));
+  const std::string s = self.ToStr();
+  if (new_s.size() > old_s.size()) {  // the result grows by this much per replacement
+    uint64_t hits = old_s.empty() ? s.size() + 1 : 0;
+    for (size_t at = 0; !old_s.empty() && (at = s.find(old_s, at)) != std::string::npos; at += old_s.size())
+      ++hits;
+    if (count >= 0) hits = std::min<uint64_t>(hits, static_cast<uint64_t>(count));
+    FT_RETURN_IF_ERROR(CheckResultSize("replace", s.size() + hits * (new_s.size() - old_s.size())));
+  }
+  return Value::Str(PyReplace(s, old_s, new_s, count));
 }
 
 bool AllCased(const std::string& s, bool lower) {

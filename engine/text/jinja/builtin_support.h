@@ -23,6 +23,15 @@ constexpr int64_t kMaxPad = 4096;  // widths for indent/center/tojson
 
 inline Status Err(std::string msg) { return Status::InvalidArgument(std::move(msg)); }
 
+// Builtins that multiply their input (join, replace, indent) check the size
+// of what they build against kMaxValueBytes as they go, so a chain of them
+// fails at the bound instead of first allocating gigabytes.
+inline Status CheckResultSize(std::string_view fn, uint64_t bytes) {
+  if (bytes <= kMaxValueBytes) return Status::OK();
+  return Err(std::string(fn) + "(): the result would be larger than " + std::to_string(kMaxValueBytes >> 20) +
+             " MiB");
+}
+
 // CallArgs bound to a Python-style parameter list: at most params.size()
 // arguments, by position or by keyword. status() says what was wrong.
 class Args {

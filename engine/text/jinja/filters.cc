@@ -17,6 +17,7 @@ namespace {
 
 using builtin::Args;
 using builtin::Builtin;
+using builtin::CheckResultSize;
 using builtin::Err;
 using I = Interpreter;
 using V = Value;
@@ -105,6 +106,7 @@ StatusOr<std::string> Indent(const std::string& s, const Value& width, bool firs
     return Err("indent(): 'width' must be an integer or a string");
   }
   std::vector<std::string> lines = PySplitLines(s + "\n");
+  FT_RETURN_IF_ERROR(CheckResultSize("indent", s.size() + (lines.size() + 1) * uint64_t{indention.size()}));
   std::string rv;
   if (blank) {
     for (size_t i = 0; i < lines.size(); ++i) rv += (i ? "\n" + indention : "") + lines[i];
@@ -205,13 +207,19 @@ StatusOr<Value> Reverse(Interpreter&, const Value& v, const Args&) {
 }
 
 StatusOr<Value> Join(Interpreter&, const Value& v, const Args& a) {
-  FT_ASSIGN_OR_RETURN(std::vector<Value> items, Iterate(v));
   const std::string sep = a.Has(0) ? a.Get(0)->ToStr() : "";
+  if (v.is_string()) {  // one item per code point: refuse a result too large before splitting
+    const uint64_t n = CodePointCount(v.str());
+    FT_RETURN_IF_ERROR(CheckResultSize("join", v.str().size() + (n > 0 ? n - 1 : 0) * uint64_t{sep.size()}));
+  }
+  FT_ASSIGN_OR_RETURN(std::vector<Value> items, Iterate(v));
+  FT_RETURN_IF_ERROR(CheckResultSize("join", (items.empty() ? 0 : items.size() - 1) * uint64_t{sep.size()}));
   FT_ASSIGN_OR_RETURN(std::optional<std::string> attr, a.OptStr(1));
   std::string out;
   for (size_t i = 0; i < items.size(); ++i) {
     if (i) out += sep;
     out += (attr ? GetPath(items[i], *attr) : items[i]).ToStr();
+    FT_RETURN_IF_ERROR(CheckResultSize("join", out.size()));
   }
   return Value::Str(std::move(out));
 }

@@ -17,6 +17,11 @@ constexpr int kMaxCallDepth = 64;
 // the trainer (nested loops, a huge output).
 constexpr int64_t kMaxLoopIterations = 1'000'000;
 constexpr size_t kMaxOutputBytes = size_t{16} << 20;
+// Stack a render may use: macros calling macros inside deep expressions add
+// up, and each bound above alone does not bound their product.
+constexpr uintptr_t kMaxStackBytes = uintptr_t{2} << 20;
+
+uintptr_t StackPointer() { return reinterpret_cast<uintptr_t>(__builtin_frame_address(0)); }
 
 // Source-like text of simple expressions, for error messages.
 std::string Describe(const Expr& e) {
@@ -178,7 +183,16 @@ Value Interpreter::NewNamespace(Dict attrs) {
 Status Interpreter::Render(const NodeList& nodes, std::string* out) {
   flow_ = Flow::kNormal;
   iterations_ = 0;
+  stack_base_ = StackPointer();
   return Exec(nodes, *root_, out);
+}
+
+Status Interpreter::CheckStack(int line) const {
+  const uintptr_t here = StackPointer();
+  const uintptr_t used = here < stack_base_ ? stack_base_ - here : here - stack_base_;
+  if (used <= kMaxStackBytes) return Status::OK();
+  return ErrorAt(line, "the template nests too deeply (more than " + std::to_string(kMaxStackBytes >> 20) +
+                           " MiB of stack: macros calling macros inside deep expressions?)");
 }
 
 StatusOr<Value> Interpreter::CallValue(const Value& fn, CallArgs args) {
@@ -208,6 +222,7 @@ Status Interpreter::Exec(const NodeList& nodes, Scope& scope, std::string* out) 
 }
 
 Status Interpreter::ExecNode(const Node& node, Scope& scope, std::string* out) {
+  FT_RETURN_IF_ERROR(CheckStack(node.line));
   switch (node.kind) {
     case Node::Kind::kText: out->append(node.text); return Status::OK();
     case Node::Kind::kOutput: {
@@ -419,6 +434,28 @@ StatusOr<Value> Interpreter::GetItem(const Expr& at, const Value& obj, const Val
 }
 
 StatusOr<Value> Interpreter::Eval(const Expr& e, Scope& scope) {
+  FT_RETURN_IF_ERROR(CheckStack(e.line));
+  StatusOr<Value> v = EvalExpr(e, scope);
+  // Every value a template makes passes here, so a loop that wraps a value
+  // in itself (`{% set ns.a = [ns.a] %}`) stops at the bound instead of
+  // growing until printing or freeing it exhausts the stack.
+  if (v.ok()) FT_RETURN_IF_ERROR(CheckValue(*v, e.line));
+  return v;
+}
+
+Status Interpreter::CheckValue(const Value& v, int line) const {
+  if (v.depth() > kMaxValueDepth) {
+    return ErrorAt(line, std::string("a ") + v.TypeName() + " nested more than " +
+                             std::to_string(kMaxValueDepth) + " levels deep (a runaway template?)");
+  }
+  if (v.size() > kMaxValueBytes) {
+    return ErrorAt(line, std::string("a ") + v.TypeName() + " larger than " +
+                             std::to_string(kMaxValueBytes >> 20) + " MiB (a runaway template?)");
+  }
+  return Status::OK();
+}
+
+StatusOr<Value> Interpreter::EvalExpr(const Expr& e, Scope& scope) {
   switch (e.kind) {
     case Expr::Kind::kLiteral: return e.value;
     case Expr::Kind::kName: {
@@ -580,6 +617,7 @@ StatusOr<Value> Interpreter::EvalFilterChain(const Expr& e, Scope& scope, const 
   FT_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e, scope));
   StatusOr<Value> r = ApplyFilter(e.name, input, std::move(args));
   if (!r.ok()) return AtLine(e.line, r.status());
+  FT_RETURN_IF_ERROR(CheckValue(*r, e.line));  // each filter of a chain, not only the last
   return r;
 }
 
@@ -613,7 +651,9 @@ namespace {
 StatusOr<Value> Repeat(const Value& seq, int64_t n) {
   const size_t unit = seq.is_string() ? seq.str().size() : seq.list().size();
   if (unit == 0) n = 0;
-  if (n > 0 && static_cast<uint64_t>(n) > (uint64_t{1} << 26) / unit) {
+  const uint64_t unit_bytes = seq.is_string() ? unit : seq.size();  // see Value::size()
+  if (n > 0 && (static_cast<uint64_t>(n) > (uint64_t{1} << 26) / unit ||
+                static_cast<uint64_t>(n) > kMaxValueBytes / unit_bytes)) {
     return Status::InvalidArgument("repetition result is too large");
   }
   if (seq.is_string()) {

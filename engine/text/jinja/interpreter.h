@@ -7,9 +7,11 @@
 //
 // Errors are InvalidArgument "line N: ..." with N the template source line of
 // the failing expression or statement. A render is bounded: 64 nested macro
-// calls, 1,000,000 loop iterations, 16 MiB of output.
+// calls, 1,000,000 loop iterations, 16 MiB of output, values nested 256 deep
+// (kMaxValueDepth) or larger than 16 MiB (kMaxValueBytes), 2 MiB of stack.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -68,7 +70,13 @@ class Interpreter {
   Status ExecSet(const Node& node, Scope& scope, Value value);
   Status ExecCallBlock(const Node& node, Scope& scope, std::string* out);
 
+  // EvalExpr, then CheckValue; both under CheckStack.
   StatusOr<Value> Eval(const Expr& e, Scope& scope);
+  // The bounds on a value a template makes: kMaxValueDepth, kMaxValueBytes.
+  Status CheckValue(const Value& v, int line) const;
+  // Fails once the render has used more than 2 MiB of stack.
+  Status CheckStack(int line) const;
+  StatusOr<Value> EvalExpr(const Expr& e, Scope& scope);
   StatusOr<Value> EvalCall(const Expr& e, Scope& scope);
   StatusOr<Value> EvalSlice(const Expr& e, Scope& scope);
   StatusOr<Value> EvalUnary(const Expr& e, Scope& scope);
@@ -83,6 +91,7 @@ class Interpreter {
   Flow flow_ = Flow::kNormal;
   int call_depth_ = 0;
   int64_t iterations_ = 0;         // loop iterations in this render (bounded)
+  uintptr_t stack_base_ = 0;       // the stack pointer where Render began
   std::vector<Value> namespaces_;  // every namespace NewNamespace made
 };
 

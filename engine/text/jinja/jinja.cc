@@ -44,8 +44,12 @@ StatusOr<std::string> JinjaTemplate::Render(const nlohmann::ordered_json& variab
     return Status::InvalidArgument(name_ + ": render variables must be a JSON object");
   }
   jinja::Dict d;
-  for (auto it = variables.begin(); it != variables.end(); ++it)
-    d.Set(it.key(), jinja::Value::FromJson(it.value()));
+  for (auto it = variables.begin(); it != variables.end(); ++it) {
+    StatusOr<jinja::Value> v = jinja::Value::FromJson(it.value());
+    if (!v.ok())
+      return Named(name_, Status::InvalidArgument("variable '" + it.key() + "': " + v.status().message()));
+    d.Set(it.key(), std::move(v).value());
+  }
   return Render(d);
 }
 

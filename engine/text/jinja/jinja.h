@@ -50,7 +50,8 @@ class JinjaTemplate {
   // Errors (raise_exception, undefined values used, type errors) are
   // InvalidArgument "<name>: line N: ...", N the template source line.
   StatusOr<std::string> Render(const jinja::Dict& variables) const;
-  // Same, from a JSON object (insertion order of keys preserved).
+  // Same, from a JSON object (insertion order of keys preserved); a variable
+  // nested deeper than jinja::kMaxValueDepth is InvalidArgument naming it.
   StatusOr<std::string> Render(const nlohmann::ordered_json& variables) const;
 
   const std::string& name() const { return name_; }

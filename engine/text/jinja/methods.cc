@@ -15,6 +15,7 @@ namespace {
 using builtin::AllCased;
 using builtin::Args;
 using builtin::Builtin;
+using builtin::CheckResultSize;
 using builtin::Err;
 using I = Interpreter;
 using V = Value;
@@ -73,6 +74,7 @@ StatusOr<Value> JoinMethod(Interpreter&, const Value& obj, const Args& a) {
     }
     if (i) out += obj.str();
     out += items[i].str();
+    FT_RETURN_IF_ERROR(CheckResultSize("join", out.size()));
   }
   return Value::Str(std::move(out));
 }

@@ -69,6 +69,26 @@ class Parser {
   Status TooDeep() const {
     return Error("template nested more than " + std::to_string(kMaxNesting) + " levels deep");
   }
+  // Sets e->height from its children's. Chains (`a.b.c...`, `x|f|g...`,
+  // `1+1+...`) grow a tree without recursing in the parser, so every node
+  // that takes children passes here: a tree taller than kMaxNesting is
+  // refused before evaluating or freeing it could exhaust the stack.
+  Status Seal(Expr* e) const {
+    int tallest = 0;
+    auto see = [&](const ExprPtr& c) {
+      if (c) tallest = std::max(tallest, c->height);
+    };
+    see(e->target);
+    for (const ExprPtr& c : e->items) see(c);
+    for (const ExprPtr& c : e->keys) see(c);
+    for (const Kwarg& k : e->kwargs) see(k.value);
+    for (const ExprPtr& c : e->slice) see(c);
+    e->height = tallest + 1;
+    if (e->height > kMaxNesting) {
+      return Error("expression nested more than " + std::to_string(kMaxNesting) + " levels deep");
+    }
+    return Status::OK();
+  }
 
   const Token& Cur() const { return t_[p_]; }
   const Token& Peek(size_t k = 1) const { return t_[std::min(p_ + k, t_.size() - 1)]; }
@@ -397,6 +417,7 @@ class Parser {
     }
     auto t = NewExpr(Expr::Kind::kTuple, line);
     t->items = std::move(args);
+    FT_RETURN_IF_ERROR(Seal(t.get()));
     return t;
   }
 
@@ -420,6 +441,7 @@ class Parser {
       c->items.push_back(std::move(e1));
       c->items.push_back(std::move(test));
       c->items.push_back(std::move(e3));
+      FT_RETURN_IF_ERROR(Seal(c.get()));
       e1 = std::move(c);
     }
     return e1;
@@ -431,7 +453,7 @@ class Parser {
       const int line = Cur().line;
       ++p_;
       FT_ASSIGN_OR_RETURN(ExprPtr right, ParseAnd());
-      left = Binary(Expr::Kind::kOr, "or", std::move(left), std::move(right), line);
+      FT_ASSIGN_OR_RETURN(left, Binary(Expr::Kind::kOr, "or", std::move(left), std::move(right), line));
     }
     return left;
   }
@@ -442,7 +464,7 @@ class Parser {
       const int line = Cur().line;
       ++p_;
       FT_ASSIGN_OR_RETURN(ExprPtr right, ParseNot());
-      left = Binary(Expr::Kind::kAnd, "and", std::move(left), std::move(right), line);
+      FT_ASSIGN_OR_RETURN(left, Binary(Expr::Kind::kAnd, "and", std::move(left), std::move(right), line));
     }
     return left;
   }
@@ -454,6 +476,7 @@ class Parser {
       auto n = NewExpr(Expr::Kind::kNot, Cur().line);
       ++p_;
       FT_ASSIGN_OR_RETURN(n->target, ParseNot());
+      FT_RETURN_IF_ERROR(Seal(n.get()));
       return n;
     }
     return ParseCompare();
@@ -486,15 +509,17 @@ class Parser {
       cmp->ops.push_back(op);
       cmp->items.push_back(std::move(right));
     }
-    if (cmp) return cmp;
-    return first;
+    if (!cmp) return first;
+    FT_RETURN_IF_ERROR(Seal(cmp.get()));
+    return cmp;
   }
 
-  static ExprPtr Binary(Expr::Kind kind, std::string op, ExprPtr l, ExprPtr r, int line) {
+  StatusOr<ExprPtr> Binary(Expr::Kind kind, std::string op, ExprPtr l, ExprPtr r, int line) const {
     auto e = NewExpr(kind, line);
     e->name = std::move(op);
     e->items.push_back(std::move(l));
     e->items.push_back(std::move(r));
+    FT_RETURN_IF_ERROR(Seal(e.get()));
     return e;
   }
 
@@ -505,7 +530,7 @@ class Parser {
       const int line = Cur().line;
       ++p_;
       FT_ASSIGN_OR_RETURN(ExprPtr right, ParseConcat());
-      left = Binary(Expr::Kind::kBinary, op, std::move(left), std::move(right), line);
+      FT_ASSIGN_OR_RETURN(left, Binary(Expr::Kind::kBinary, op, std::move(left), std::move(right), line));
     }
     return left;
   }
@@ -516,7 +541,7 @@ class Parser {
       const int line = Cur().line;
       ++p_;
       FT_ASSIGN_OR_RETURN(ExprPtr right, ParseMath2());
-      left = Binary(Expr::Kind::kBinary, "~", std::move(left), std::move(right), line);
+      FT_ASSIGN_OR_RETURN(left, Binary(Expr::Kind::kBinary, "~", std::move(left), std::move(right), line));
     }
     return left;
   }
@@ -528,7 +553,7 @@ class Parser {
       const int line = Cur().line;
       ++p_;
       FT_ASSIGN_OR_RETURN(ExprPtr right, ParsePow());
-      left = Binary(Expr::Kind::kBinary, op, std::move(left), std::move(right), line);
+      FT_ASSIGN_OR_RETURN(left, Binary(Expr::Kind::kBinary, op, std::move(left), std::move(right), line));
     }
     return left;
   }
@@ -539,7 +564,7 @@ class Parser {
       const int line = Cur().line;
       ++p_;
       FT_ASSIGN_OR_RETURN(ExprPtr right, ParseUnary(true));
-      left = Binary(Expr::Kind::kBinary, "**", std::move(left), std::move(right), line);
+      FT_ASSIGN_OR_RETURN(left, Binary(Expr::Kind::kBinary, "**", std::move(left), std::move(right), line));
     }
     return left;
   }
@@ -552,6 +577,7 @@ class Parser {
       node = NewExpr(IsOp("-") ? Expr::Kind::kNeg : Expr::Kind::kPos, Cur().line);
       ++p_;
       FT_ASSIGN_OR_RETURN(node->target, ParseUnary(false));
+      FT_RETURN_IF_ERROR(Seal(node.get()));
     } else {
       FT_ASSIGN_OR_RETURN(node, ParsePrimary());
     }
@@ -613,6 +639,7 @@ class Parser {
             e->items.push_back(std::move(item));
           }
           ++p_;
+          FT_RETURN_IF_ERROR(Seal(e.get()));
           return e;
         }
         if (tok.text == "{") {
@@ -628,6 +655,7 @@ class Parser {
             e->items.push_back(std::move(value));
           }
           ++p_;
+          FT_RETURN_IF_ERROR(Seal(e.get()));
           return e;
         }
         break;
@@ -680,6 +708,7 @@ class Parser {
       FT_ASSIGN_OR_RETURN(f->name, ParseDottedName("a filter name"));
       f->target = std::move(target);
       if (IsOp("(")) FT_RETURN_IF_ERROR(ParseCallArgs(f.get()));
+      FT_RETURN_IF_ERROR(Seal(f.get()));
       target = std::move(f);
       if (single) break;
     }
@@ -702,6 +731,7 @@ class Parser {
       FT_ASSIGN_OR_RETURN(arg, ParsePostfix(std::move(arg)));
       t->items.push_back(std::move(arg));
     }
+    FT_RETURN_IF_ERROR(Seal(t.get()));
     return t;
   }
 
@@ -712,6 +742,7 @@ class Parser {
         auto e = NewExpr(Expr::Kind::kGetAttr, line);
         e->name = t_[p_++].text;
         e->target = std::move(node);
+        FT_RETURN_IF_ERROR(Seal(e.get()));
         return e;
       }
       if (Cur().type == TT::kInt) {
@@ -720,6 +751,7 @@ class Parser {
         idx->value = Value::Int(t_[p_++].int_value);
         e->items.push_back(std::move(idx));
         e->target = std::move(node);
+        FT_RETURN_IF_ERROR(Seal(e.get()));
         return e;
       }
       return Error("expected an attribute name after '.'");
@@ -736,6 +768,7 @@ class Parser {
     if (args.empty()) return Error("expected an index or slice inside '[]'");
     if (args.size() == 1 && args[0]->kind == Expr::Kind::kSlice && !args[0]->target) {
       args[0]->target = std::move(node);
+      FT_RETURN_IF_ERROR(Seal(args[0].get()));
       return std::move(args[0]);
     }
     for (const ExprPtr& a : args) {
@@ -749,9 +782,11 @@ class Parser {
     } else {
       auto tuple = NewExpr(Expr::Kind::kTuple, line);
       tuple->items = std::move(args);
+      FT_RETURN_IF_ERROR(Seal(tuple.get()));
       e->items.push_back(std::move(tuple));
     }
     e->target = std::move(node);
+    FT_RETURN_IF_ERROR(Seal(e.get()));
     return e;
   }
 
@@ -771,6 +806,7 @@ class Parser {
         FT_ASSIGN_OR_RETURN(s->slice[2], ParseExpression(true));
       }
     }
+    FT_RETURN_IF_ERROR(Seal(s.get()));
     return s;
   }
 
@@ -778,6 +814,7 @@ class Parser {
     auto c = NewExpr(Expr::Kind::kCall, Cur().line);
     c->target = std::move(callee);
     FT_RETURN_IF_ERROR(ParseCallArgs(c.get()));
+    FT_RETURN_IF_ERROR(Seal(c.get()));
     return c;
   }
 

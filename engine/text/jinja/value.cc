@@ -12,16 +12,39 @@ Value Value::None() { return Value(NoneTag{}); }
 Value Value::Bool(bool b) { return Value(b); }
 Value Value::Int(int64_t i) { return Value(i); }
 Value Value::Float(double f) { return Value(f); }
-Value Value::Str(std::string s) { return Value(std::make_shared<const std::string>(std::move(s))); }
+namespace {
+
+uint64_t SaturatingAdd(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
+}  // namespace
+
+Value Value::Str(std::string s) {
+  const uint64_t size = s.size() + 2;
+  return Value(std::make_shared<const std::string>(std::move(s)), 0, size);
+}
 Value Value::List(std::vector<Value> items) {
-  return Value(std::make_shared<const std::vector<Value>>(std::move(items)));
+  int depth = 0;
+  uint64_t size = 2;
+  for (const Value& v : items) {
+    depth = std::max(depth, v.depth_);
+    size = SaturatingAdd(size, SaturatingAdd(v.size_, 2));
+  }
+  return Value(std::make_shared<const std::vector<Value>>(std::move(items)), depth + 1, size);
 }
 Value Value::Tuple(std::vector<Value> items) {
   Value v = List(std::move(items));
   v.tuple_ = true;
   return v;
 }
-Value Value::MakeDict(Dict d) { return Value(std::make_shared<const Dict>(std::move(d))); }
+Value Value::MakeDict(Dict d) {
+  int depth = 0;
+  uint64_t size = 2;
+  for (const auto& [key, v] : d.items()) {
+    depth = std::max(depth, v.depth_);
+    size = SaturatingAdd(size, SaturatingAdd(v.size_, key.size() + 4));
+  }
+  return Value(std::make_shared<const Dict>(std::move(d)), depth + 1, size);
+}
 Value Value::MakeNamespace(Dict attrs) {
   return Value(std::make_shared<Namespace>(Namespace{std::move(attrs)}));
 }
@@ -30,7 +53,7 @@ Value Value::Func(std::shared_ptr<const Callable> fn) { return Value(std::move(f
 namespace {
 
 template <typename Json>
-Value ConvertJson(const Json& j) {
+StatusOr<Value> ConvertJson(const Json& j, int depth) {
   switch (j.type()) {
     case nlohmann::json::value_t::null: return Value::None();
     case nlohmann::json::value_t::boolean: return Value::Bool(j.template get<bool>());
@@ -42,26 +65,34 @@ Value ConvertJson(const Json& j) {
     }
     case nlohmann::json::value_t::number_float: return Value::Float(j.template get<double>());
     case nlohmann::json::value_t::string: return Value::Str(j.template get<std::string>());
-    case nlohmann::json::value_t::array: {
-      std::vector<Value> items;
-      items.reserve(j.size());
-      for (const auto& e : j) items.push_back(ConvertJson(e));
-      return Value::List(std::move(items));
-    }
-    case nlohmann::json::value_t::object: {
-      Dict d;
-      for (auto it = j.begin(); it != j.end(); ++it) d.Set(it.key(), ConvertJson(it.value()));
-      return Value::MakeDict(std::move(d));
-    }
-    default:  // binary, discarded
-      return Value::None();
+    default: break;  // containers below; binary and discarded are None
   }
+  if (!j.is_array() && !j.is_object()) return Value::None();
+  if (depth >= kMaxValueDepth) {
+    return Status::InvalidArgument("JSON value nested more than " + std::to_string(kMaxValueDepth) +
+                                   " levels deep");
+  }
+  if (j.is_array()) {
+    std::vector<Value> items;
+    items.reserve(j.size());
+    for (const auto& e : j) {
+      FT_ASSIGN_OR_RETURN(Value v, ConvertJson(e, depth + 1));
+      items.push_back(std::move(v));
+    }
+    return Value::List(std::move(items));
+  }
+  Dict d;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    FT_ASSIGN_OR_RETURN(Value v, ConvertJson(it.value(), depth + 1));
+    d.Set(it.key(), std::move(v));
+  }
+  return Value::MakeDict(std::move(d));
 }
 
 }  // namespace
 
-Value Value::FromJson(const nlohmann::ordered_json& j) { return ConvertJson(j); }
-Value Value::FromJson(const nlohmann::json& j) { return ConvertJson(j); }
+StatusOr<Value> Value::FromJson(const nlohmann::ordered_json& j) { return ConvertJson(j, 0); }
+StatusOr<Value> Value::FromJson(const nlohmann::json& j) { return ConvertJson(j, 0); }
 
 bool Value::bool_value() const {
   FT_CHECK(is_bool());
@@ -130,21 +161,6 @@ const char* Value::TypeName() const {
   return "?";
 }
 
-namespace {
-
-std::string DictRepr(const Dict& d) {
-  std::string out = "{";
-  bool first = true;
-  for (const auto& [k, v] : d.items()) {
-    if (!first) out += ", ";
-    first = false;
-    out += PyStrRepr(k) + ": " + v.Repr();
-  }
-  return out + "}";
-}
-
-}  // namespace
-
 std::string Value::ToStr() const {
   switch (kind()) {
     case Kind::kUndefined: return "";
@@ -154,29 +170,65 @@ std::string Value::ToStr() const {
 }
 
 std::string Value::Repr() const {
+  std::vector<const Dict*> open;
+  std::string out;
+  AppendRepr(&open, &out);
+  return out;
+}
+
+void Value::AppendDictRepr(const Dict& d, std::vector<const Dict*>* open, std::string* out) {
+  out->push_back('{');
+  bool first = true;
+  for (const auto& [k, v] : d.items()) {
+    if (out->size() > kMaxValueBytes) return;
+    if (!first) *out += ", ";
+    first = false;
+    *out += PyStrRepr(k);
+    *out += ": ";
+    v.AppendRepr(open, out);
+  }
+  out->push_back('}');
+}
+
+void Value::AppendRepr(std::vector<const Dict*>* open, std::string* out) const {
+  if (out->size() > kMaxValueBytes) return;  // refused by whoever takes it (see value.h)
   switch (kind()) {
-    case Kind::kUndefined: return "Undefined";
-    case Kind::kNone: return "None";
-    case Kind::kBool: return bool_value() ? "True" : "False";
-    case Kind::kInt: return std::to_string(int_value());
-    case Kind::kFloat: return PyFloatRepr(number());
-    case Kind::kString: return PyStrRepr(str());
+    case Kind::kUndefined: *out += "Undefined"; return;
+    case Kind::kNone: *out += "None"; return;
+    case Kind::kBool: *out += bool_value() ? "True" : "False"; return;
+    case Kind::kInt: *out += std::to_string(int_value()); return;
+    case Kind::kFloat: *out += PyFloatRepr(number()); return;
+    case Kind::kString: *out += PyStrRepr(str()); return;
     case Kind::kList: {
-      std::string out = tuple_ ? "(" : "[";
+      out->push_back(tuple_ ? '(' : '[');
       bool first = true;
       for (const Value& v : list()) {
-        if (!first) out += ", ";
+        if (out->size() > kMaxValueBytes) return;
+        if (!first) *out += ", ";
         first = false;
-        out += v.Repr();
+        v.AppendRepr(open, out);
       }
-      if (tuple_ && list().size() == 1) out += ",";
-      return out + (tuple_ ? ")" : "]");
+      if (tuple_ && list().size() == 1) out->push_back(',');
+      out->push_back(tuple_ ? ')' : ']');
+      return;
     }
-    case Kind::kDict: return DictRepr(dict());
-    case Kind::kNamespace: return "<Namespace " + DictRepr(dict()) + ">";
-    case Kind::kCallable: return "<function " + callable().name() + ">";
+    case Kind::kDict: AppendDictRepr(dict(), open, out); return;
+    case Kind::kNamespace: {
+      const Dict* attrs = &dict();
+      if (std::find(open->begin(), open->end(), attrs) != open->end() ||
+          open->size() >= static_cast<size_t>(kMaxValueDepth)) {
+        *out += "<Namespace {...}>";
+        return;
+      }
+      *out += "<Namespace ";
+      open->push_back(attrs);
+      AppendDictRepr(*attrs, open, out);
+      open->pop_back();
+      out->push_back('>');
+      return;
+    }
+    case Kind::kCallable: *out += "<function " + callable().name() + ">"; return;
   }
-  return "";
 }
 
 const Value* Dict::Find(std::string_view key) const {
@@ -292,6 +344,11 @@ void JsonString(std::string_view s, bool ensure_ascii, std::string* out) {
   out->push_back('"');
 }
 
+Status TooLarge() {
+  return Status::InvalidArgument("tojson: the result would be larger than " +
+                                 std::to_string(kMaxValueBytes >> 20) + " MiB");
+}
+
 Status JsonValue(const Value& v, const JsonOptions& o, int depth, std::string* out) {
   using K = Value::Kind;
   const std::string item_sep = o.separators ? o.separators->first : (o.indent ? "," : ", ");
@@ -325,6 +382,7 @@ Status JsonValue(const Value& v, const JsonOptions& o, int depth, std::string* o
       }
       out->push_back('[');
       for (size_t i = 0; i < items.size(); ++i) {
+        if (out->size() > kMaxValueBytes) return TooLarge();
         if (i > 0) *out += item_sep;
         newline(depth + 1);
         FT_RETURN_IF_ERROR(JsonValue(items[i], o, depth + 1, out));
@@ -345,6 +403,7 @@ Status JsonValue(const Value& v, const JsonOptions& o, int depth, std::string* o
       }
       out->push_back('{');
       for (size_t i = 0; i < items.size(); ++i) {
+        if (out->size() > kMaxValueBytes) return TooLarge();
         if (i > 0) *out += item_sep;
         newline(depth + 1);
         JsonString(items[i]->first, o.ensure_ascii, out);

@@ -7,6 +7,18 @@
 // cheap; a namespace is the one mutable object (`{% set ns.x = 1 %}` is seen
 // through every reference to it).
 //
+// Values are bounded so that printing, comparing, serialising and freeing
+// one never exhausts the stack or the memory: every value knows its depth
+// (lists and dicts inside one another; a namespace counts as a leaf) and its
+// size (bytes of its strings plus a few per item, counting a shared part as
+// often as it appears: what printing it would write), and the interpreter
+// refuses a value deeper than kMaxValueDepth or larger than kMaxValueBytes
+// where an expression makes one; FromJson refuses JSON nested deeper.
+// Namespaces, the one way to build a cycle or an unbounded chain, print as
+// `<Namespace {...}>` where they recur or past that depth (Python prints the
+// same for a cycle), and Repr stops a little past kMaxValueBytes, so what it
+// returns is refused in turn.
+//
 // ToStr() is what `{{ value }}` prints (Python str(): None -> "None", True ->
 // "True", lists and dicts as Python reprs, undefined -> ""). ToJson() is
 // Hugging Face's `tojson` filter (json.dumps with ensure_ascii=False).
@@ -47,6 +59,13 @@ class Callable {
 
 struct Namespace;
 
+// Lists and dicts nested deeper than this are refused (Python's jinja2 raises
+// RecursionError near 1000; chat templates and tool schemas nest a handful).
+constexpr int kMaxValueDepth = 256;
+// Values (strings included) larger than this are refused (see above): the
+// bound on a render's output, since a template prints what it is given.
+constexpr uint64_t kMaxValueBytes = uint64_t{16} << 20;
+
 class Value {
  public:
   enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kNamespace, kCallable };
@@ -63,8 +82,9 @@ class Value {
   static Value MakeDict(Dict d);
   static Value MakeNamespace(Dict attrs);
   static Value Func(std::shared_ptr<const Callable> fn);
-  static Value FromJson(const nlohmann::ordered_json& j);
-  static Value FromJson(const nlohmann::json& j);
+  // JSON as values; InvalidArgument when it nests deeper than kMaxValueDepth.
+  static StatusOr<Value> FromJson(const nlohmann::ordered_json& j);
+  static StatusOr<Value> FromJson(const nlohmann::json& j);
 
   Kind kind() const { return static_cast<Kind>(v_.index()); }
   bool is_undefined() const { return kind() == Kind::kUndefined; }
@@ -94,6 +114,13 @@ class Value {
   std::string Repr() const;   // Python repr()
   // Python's type name, for error messages: 'str', 'int', 'NoneType', ...
   const char* TypeName() const;
+  // Lists and dicts inside one another: 0 for anything else (namespaces
+  // included), 1 for a list or dict of those, and so on.
+  int depth() const { return depth_; }
+  // What printing the value writes, roughly: string bytes + 2, 8 per other
+  // scalar or namespace, 2 per list or dict plus 2 per item and its key's
+  // bytes; saturates instead of overflowing.
+  uint64_t size() const { return size_; }
 
  private:
   struct NoneTag {};
@@ -101,8 +128,15 @@ class Value {
       std::variant<std::monostate, NoneTag, bool, int64_t, double, std::shared_ptr<const std::string>,
                    std::shared_ptr<const std::vector<Value>>, std::shared_ptr<const Dict>,
                    std::shared_ptr<Namespace>, std::shared_ptr<const Callable>>;
-  explicit Value(Storage v) : v_(std::move(v)) {}
+  // Repr into *out; `open` holds the attributes of the namespaces being
+  // printed (see the file comment).
+  void AppendRepr(std::vector<const Dict*>* open, std::string* out) const;
+  static void AppendDictRepr(const Dict& d, std::vector<const Dict*>* open, std::string* out);
+  explicit Value(Storage v, int depth = 0, uint64_t size = 8)
+      : v_(std::move(v)), depth_(depth), size_(size) {}
   Storage v_;
+  int depth_ = 0;
+  uint64_t size_ = 8;
   bool tuple_ = false;  // a list that came from a tuple (affects Repr only)
 };
 

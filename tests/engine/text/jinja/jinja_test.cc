@@ -381,6 +381,86 @@ TEST(JinjaTest, SandboxLimits) {
   EXPECT_EQ(Render("{% for i in range(1000) %}{% for j in range(999) %}{% endfor %}{% endfor %}ok"), "ok");
 }
 
+// Each case was a stack overflow or an unbounded allocation (the first found
+// by fuzz_jinja in a CI run: a value wrapped in itself by a loop, then
+// printed): now a clear error naming the line, while the same shapes a size
+// smaller render.
+TEST(JinjaTest, NestingAndSizeAreBounded) {
+  auto times = [](const std::string& s, int n) {
+    std::string out;
+    for (int i = 0; i < n; ++i) out += s;
+    return out;
+  };
+  // Values wrapped in themselves by a loop, printed, serialised, compared.
+  const std::string wrap =
+      "{% set ns = namespace(a=[]) %}{% for i in range(N) %}{% set ns.a = [ns.a] %}{% endfor %}";
+  for (const std::string use : {"{{ ns.a }}", "{{ ns.a|tojson }}", "{{ ns.a == ns.a }}"}) {
+    std::string big = wrap, small = wrap;
+    big.replace(big.find('N'), 1, "100000");
+    small.replace(small.find('N'), 1, "3");
+    EXPECT_THAT(Render(big + use), HasSubstr("line 1: a list nested more than 256 levels deep")) << use;
+    EXPECT_THAT(Render(small + use), ::testing::AnyOf("[[[[]]]]", "True")) << use;
+  }
+  EXPECT_THAT(Render("{% set ns = namespace(d={}) %}{% for i in range(300) %}{% set ns.d = {'k': ns.d} %}"
+                     "{% endfor %}{{ ns.d }}"),
+              HasSubstr("a dict nested more than 256 levels deep"));
+  // Variables nested deeper than that are refused by name (JSON parses them without recursing).
+  EXPECT_THAT(Render("{{ x }}", "{\"x\": " + times("[", 100000) + times("]", 100000) + "}"),
+              HasSubstr("t: variable 'x': JSON value nested more than 256 levels deep"));
+  EXPECT_EQ(Render("{{ x }}", "{\"x\": " + times("[", 200) + times("]", 200) + "}"),
+            times("[", 200) + times("]", 200));
+  // Growth by doubling: a string, and a list sharing its halves (printing it would write 2^40 items).
+  EXPECT_THAT(Render("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
+                     "{% endfor %}{{ ns.s|length }}"),
+              HasSubstr("a str larger than 16 MiB"));
+  EXPECT_THAT(Render("{% set ns = namespace(a=1) %}{% for i in range(40) %}{% set ns.a = [ns.a, ns.a] %}"
+                     "{% endfor %}{{ ns.a }}"),
+              HasSubstr("a list larger than 16 MiB"));
+  EXPECT_EQ(Render("{% set ns = namespace(a=1) %}{% for i in range(2) %}{% set ns.a = [ns.a, ns.a] %}"
+                   "{% endfor %}{{ ns.a }}"),
+            "[[1, 1], [1, 1]]");
+  // Builtins that multiply their input fail at the bound before building the result (the second
+  // was a fuzz_jinja timeout: joins of joins with long separators).
+  EXPECT_THAT(Render("{{ 'abcdefghij'|join('x' * 1000)|join('y' * 1000)|join('z' * 100) }}"),
+              HasSubstr("join(): the result would be larger than 16 MiB"));
+  EXPECT_THAT(Render("{{ ('x' * 1000)|replace('', 'y' * 100000) }}"),
+              HasSubstr("replace(): the result would be larger than 16 MiB"));
+  EXPECT_THAT(Render("{{ ('x' * 1000).replace('x', 'y' * 100000) }}"),
+              HasSubstr("replace(): the result would be larger than 16 MiB"));
+  EXPECT_EQ(Render("{{ 'axbx'.replace('x', 'yy', 1) }}|{{ 'ab'|replace('', '-') }}"), "ayybx|-a-b-");
+  EXPECT_THAT(Render("{{ ('\\n' * 100000)|indent('y' * 1000) }}"),
+              HasSubstr("indent(): the result would be larger than 16 MiB"));
+  EXPECT_THAT(Render("{{ range(99999)|list|tojson(indent=4096) }}"),
+              HasSubstr("tojson: the result would be larger than 16 MiB"));
+  EXPECT_THAT(Render("{{ ([1] * 10000000)|length }}"), HasSubstr("repetition result is too large"));
+  EXPECT_EQ(Render("{{ ([1] * 1000000)|length }}"), "1000000");
+  // Chains the parser builds without recursing: operators, filters, attributes, subscripts.
+  for (const std::string link : {" + 1", "|string", ".a", "[0]"}) {
+    EXPECT_THAT(Render("{{ x" + times(link, 30000) + " }}"),
+                HasSubstr("expression nested more than 200 levels deep"))
+        << link;
+  }
+  // ... also when parentheses split a chain into pieces that are each short enough.
+  EXPECT_THAT(Render("{{ ((x" + times(".a", 150) + ")" + times(".a", 150) + ") }}"),
+              HasSubstr("expression nested more than 200 levels deep"));
+  EXPECT_EQ(Render("{{ 1" + times(" + 1", 150) + " }}"), "151");
+  // A namespace holding itself prints as Python does; a long chain of them is cut.
+  EXPECT_EQ(Render("{% set ns = namespace(x=1) %}{% set ns.me = ns %}{{ ns }}"),
+            "<Namespace {'x': 1, 'me': <Namespace {...}>}>");
+  const std::string chain = Render(
+      "{% set ns = namespace(n=none) %}{% for i in range(100000) %}{% set ns.n = namespace(n=ns.n) %}"
+      "{% endfor %}{{ ns.n }}");
+  EXPECT_EQ(chain.substr(0, 21), "<Namespace {'n': <Nam");
+  EXPECT_LT(chain.size(), 10000u);
+  // Macros calling macros, each inside a deep expression: bounded by the stack a render may use.
+  const std::string deep_call = "{% macro m(n) %}{{ ((m(n-1)|length) if n > 0 else 0)" + times(" + 1", 190) +
+                                " }}{% endmacro %}{{ m(60) }}";
+  EXPECT_THAT(Render(deep_call), HasSubstr("the template nests too deeply"));
+  EXPECT_EQ(Render("{% macro m(n) %}{{ ((m(n-1)|length) if n > 0 else 0)" + times(" + 1", 10) +
+                   " }}{% endmacro %}{{ m(60) }}"),
+            "12");
+}
+
 TEST(JinjaTest, StateDoesNotLeakBetweenRenders) {
   StatusOr<JinjaTemplate> t = JinjaTemplate::Parse(
       "{% set ns = namespace(n=0) %}{% for i in range(3) %}{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}{{ "
@@ -484,6 +564,21 @@ TEST(ChatFormatTest, NoAssistantMessageIsAnError) {
   EXPECT_THAT(r.status().message(), HasSubstr("no message has role 'assistant'"));
   EXPECT_THAT(t->RenderForTraining(ordered_json::object(), ChatVars{}).status().message(),
               HasSubstr("'messages' must be a JSON array"));
+}
+
+TEST(ChatFormatTest, DeeplyNestedJsonIsRefusedByName) {
+  StatusOr<ChatTemplate> t = ChatTemplate::Parse(kChatML);
+  ASSERT_TRUE(t.ok());
+  ordered_json deep = "leaf";
+  for (int i = 0; i < 5000; ++i) deep = ordered_json::array({deep});
+  ordered_json msgs = ordered_json::array({Msg("user", "u"), Msg("assistant", "a")});
+  msgs[1]["extra"] = deep;
+  EXPECT_THAT(t->RenderForTraining(msgs, ChatVars{}).status().message(),
+              HasSubstr("chat: message 1: JSON value nested more than 256 levels deep"));
+  ChatVars vars;
+  vars.tools = ordered_json::array({deep});
+  EXPECT_THAT(t->Render(ordered_json::array({Msg("user", "u")}), vars).status().message(),
+              HasSubstr("chat: 'tools': JSON value nested more than 256 levels deep"));
 }
 
 TEST(ChatFormatTest, AssistantLabelsCountTokensThatStartInsideASpan) {
