@@ -54,7 +54,10 @@ StatusOr<MetricsLine> ParseMetricsLine(std::string_view line) {
   m.kind = MetricsLine::Kind::kStep;
   m.loss = Number(j, "loss");
   m.lr = Number(j, "lr");
-  m.grad_norm = Number(j, "grad_norm");
+  // null: the step was skipped for an fp16 overflow (the norm was not finite).
+  const auto norm = j.find("grad_norm");
+  m.grad_norm =
+      norm != j.end() && norm->is_null() ? std::numeric_limits<double>::quiet_NaN() : Number(j, "grad_norm");
   m.tokens = static_cast<int64_t>(Number(j, "tokens"));
   m.tokens_seen = static_cast<int64_t>(Number(j, "tokens_seen"));
   m.tokens_per_s = Number(j, "tokens_per_s");

@@ -221,7 +221,8 @@ int main(int argc, char** argv) {
   generate->add_option("--seed", gen.generate.sampling.seed, "sampling seed (same seed, same text)");
   generate->add_option("--stop", gen.generate.stop, "stop when the text contains this (repeatable)");
   generate->add_option("--device", gen.model.device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-  generate->add_option("--dtype", gen.model.dtype, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+  generate->add_option("--dtype", gen.model.dtype, "fp32 | bf16 | fp16")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   generate->add_flag("--nf4", gen.model.nf4, "hold the base weights in NF4 (as QLoRA trained on them)");
   generate->add_flag("--json", gen.json, "print one JSON object at the end instead of streaming");
 

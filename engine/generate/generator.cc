@@ -68,21 +68,21 @@ size_t FindStop(const std::string& text, const std::vector<std::string>& stop, s
 }  // namespace
 
 StatusOr<GenerationModel> LoadGenerationModel(const GenerationModelOptions& o) {
-  if (o.dtype != "fp32" && o.dtype != "bf16") {
-    return Status::InvalidArgument("--dtype must be fp32 or bf16, not '" + o.dtype + "'");
+  if (!ParseComputeDType(o.dtype).ok()) {
+    return Status::InvalidArgument("--dtype must be fp32, bf16 or fp16, not '" + o.dtype + "'");
   }
   FT_ASSIGN_OR_RETURN(ModelConfig config, ReadHfConfig(o.model_dir));
   FT_ASSIGN_OR_RETURN(DeviceKind kind, ParseDeviceKind(o.device));
   FT_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, CreateBackend(kind));
   ModelOptions options;
-  options.dtype = o.dtype == "bf16" ? ComputeDType::kBF16 : ComputeDType::kF32;
+  FT_ASSIGN_OR_RETURN(options.dtype, ParseComputeDType(o.dtype));
   options.nf4 = o.nf4;
   options.nf4_config = {64, true, 256};  // QLoRA's: blocks of 64, double-quantized scales
   options.backend = std::move(backend);
   GenerationModel g;
   g.model = std::make_unique<Model>(config, options);
   FT_RETURN_IF_ERROR(LoadHfWeights(o.model_dir, g.model.get()));
-  if (options.dtype == ComputeDType::kBF16) g.model->RoundWeightsToBf16();
+  g.model->RoundWeightsToComputeDType();
   if (!o.adapter_dir.empty()) {
     FT_ASSIGN_OR_RETURN(LoraSpec spec, ReadPeftAdapterConfig(o.adapter_dir));
     FT_RETURN_IF_ERROR(g.model->EnableLora(spec).WithContext(o.adapter_dir));

@@ -40,7 +40,7 @@ struct GenerationModelOptions {
   std::string model_dir;       // HF model directory (config.json, safetensors, tokenizer.json)
   std::string adapter_dir;     // PEFT adapter directory; "" = none
   std::string device = "cpu";  // cpu | cuda
-  std::string dtype = "fp32";  // fp32 | bf16
+  std::string dtype = "fp32";  // fp32 | bf16 | fp16
   bool nf4 = false;            // the base in NF4 with double quantization (QLoRA)
 };
 

@@ -19,9 +19,9 @@
 //     pointers work everywhere; code meant for every backend must not rely
 //     on it.
 //   - Storage is fp32 (the engine's master and compute storage). With
-//     ComputeDType::kBF16 the model calls RoundToBf16 after each op that
-//     makes an activation, which is the CPU's bf16 emulation; a device
-//     backend does the same rounding on the device.
+//     ComputeDType::kBF16 (kF16) the model calls RoundToBf16 (RoundToFp16)
+//     after each op that makes an activation, which is the CPU's bf16 (fp16)
+//     emulation; a device backend does the same rounding on the device.
 //   - Ordering: ops and copies run in the order they are called (one stream
 //     per backend). Ops return without waiting; CopyToHost and Synchronize
 //     wait for everything before them.
@@ -114,11 +114,11 @@ class DeviceNf4 {
 };
 
 // How a GEMM takes its fp32-stored operands: as they are (true fp32
-// products), or each rounded to bf16 first (round-to-nearest-even). bf16
-// products are exact in fp32 and accumulate in fp32, so kBF16 is the
-// tensor-core bf16 GEMM (and torch.autocast(bfloat16)'s matmul) on every
-// backend: backends differ only in the order of the fp32 sums.
-enum class GemmOperands { kF32, kBF16 };
+// products), or each rounded to bf16 (fp16) first (round-to-nearest-even).
+// bf16 and fp16 products are exact in fp32 and accumulate in fp32, so kBF16
+// (kF16) is the tensor-core GEMM of torch.autocast(bfloat16 / float16) on
+// every backend: backends differ only in the order of the fp32 sums.
+enum class GemmOperands { kF32, kBF16, kF16 };
 
 class Backend {
  public:
@@ -204,8 +204,9 @@ class Backend {
   virtual void AddBias(float* y, const float* bias, int64_t rows, int64_t n) = 0;
   // dbias[n] += Σ_rows dy[r, n], rows in order.
   virtual void BiasGrad(const float* dy, int64_t rows, int64_t n, float* dbias) = 0;
-  // bf16 emulation in place (cpu::RoundToBf16).
+  // bf16 and fp16 emulation in place (cpu::RoundToBf16, cpu::RoundToFp16).
   virtual void RoundToBf16(float* x, int64_t n) = 0;
+  virtual void RoundToFp16(float* x, int64_t n) = 0;
   // out[r, c] = x[r, c] * keep_scale or 0 by the mask of `key` for x[rows, in].
   virtual void Dropout(const DropoutKey& key, const float* x, int64_t rows, int64_t in, float* out) = 0;
   // dx[i] += d[i] * mask[i] (mask = Dropout of ones): the gradient through the dropout.

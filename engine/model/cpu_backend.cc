@@ -26,11 +26,15 @@ class HostNf4 final : public DeviceNf4 {
   TrackedBytes tracked_;
 };
 
-// x[rows, cols] (row stride ld) rounded to bf16, packed (row stride cols).
-std::vector<float> RoundedCopy(const float* x, int64_t rows, int64_t cols, int64_t ld) {
+// x[rows, cols] (row stride ld) rounded to bf16 or fp16, packed (row stride cols).
+std::vector<float> RoundedCopy(GemmOperands to, const float* x, int64_t rows, int64_t cols, int64_t ld) {
   std::vector<float> out(static_cast<size_t>(rows * cols));
   for (int64_t r = 0; r < rows; ++r) std::memcpy(out.data() + r * cols, x + r * ld, sizeof(float) * cols);
-  cpu::RoundToBf16(out.data(), rows * cols);
+  if (to == GemmOperands::kF16) {
+    cpu::RoundToFp16(out.data(), rows * cols);
+  } else {
+    cpu::RoundToBf16(out.data(), rows * cols);
+  }
   return out;
 }
 
@@ -64,9 +68,9 @@ class CpuBackend final : public Backend {
       cpu::Gemm<float>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
       return;
     }
-    // bf16 operands: rounded packed copies, then the fp32 GEMM (exact products, fp32 sums).
-    const std::vector<float> a = RoundedCopy(A, trans_a ? K : M, trans_a ? M : K, lda);
-    const std::vector<float> b = RoundedCopy(B, trans_b ? N : K, trans_b ? K : N, ldb);
+    // bf16/fp16 operands: rounded packed copies, then the fp32 GEMM (exact products, fp32 sums).
+    const std::vector<float> a = RoundedCopy(operands, A, trans_a ? K : M, trans_a ? M : K, lda);
+    const std::vector<float> b = RoundedCopy(operands, B, trans_b ? N : K, trans_b ? K : N, ldb);
     cpu::Gemm<float>(trans_a, trans_b, M, N, K, alpha, a.data(), trans_a ? M : K, b.data(), trans_b ? K : N,
                      beta, C, ldc);
   }
@@ -135,6 +139,7 @@ class CpuBackend final : public Backend {
     }
   }
   void RoundToBf16(float* x, int64_t n) override { cpu::RoundToBf16(x, n); }
+  void RoundToFp16(float* x, int64_t n) override { cpu::RoundToFp16(x, n); }
   void Dropout(const DropoutKey& key, const float* x, int64_t rows, int64_t in, float* out) override {
     const double p = key.p;
     const float keep_scale = static_cast<float>(1.0 / (1.0 - p));

@@ -73,11 +73,16 @@ __global__ void BiasGradKernel(const float* dy, int64_t rows, int64_t n, float* 
   }
 }
 
-// dst[r, c] (packed, row stride cols) = bf16(src[r, c]) (row stride ld).
-__global__ void ToBf16Kernel(const float* src, int64_t rows, int64_t cols, int64_t ld, __nv_bfloat16* dst) {
+// dst[r, c] (packed, row stride cols) = T(src[r, c]) (row stride ld), T bf16
+// or fp16, round-to-nearest-even (fp16 out of range: infinity, as
+// cpu::FloatToHalf).
+__device__ __forceinline__ void StoreRounded(float x, __nv_bfloat16* dst) { *dst = __float2bfloat16_rn(x); }
+__device__ __forceinline__ void StoreRounded(float x, __half* dst) { *dst = __float2half_rn(x); }
+template <typename T>
+__global__ void ToLowPrecisionKernel(const float* src, int64_t rows, int64_t cols, int64_t ld, T* dst) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * cols;
        i += int64_t{gridDim.x} * blockDim.x) {
-    dst[i] = __float2bfloat16_rn(src[(i / cols) * ld + i % cols]);
+    StoreRounded(src[(i / cols) * ld + i % cols], dst + i);
   }
 }
 
@@ -85,6 +90,13 @@ __global__ void RoundToBf16Kernel(float* x, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     x[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
+  }
+}
+
+__global__ void RoundToFp16Kernel(float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    x[i] = __half2float(__float2half_rn(x[i]));
   }
 }
 
@@ -207,25 +219,37 @@ class CudaBackend final : public Backend {
           blas_->Gemm<float, float>(stream_, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc));
       return;
     }
-    // bf16 operands: packed bf16 copies in workspace, then cuBLASLt bf16 x bf16 -> fp32 (fp32 compute).
+    if (operands == GemmOperands::kF16) {
+      LowPrecisionGemm<cuda::fp16>("gemm fp16: operands to fp16", "gemm fp16 (cuBLASLt)", trans_a, trans_b, M,
+                                   N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    } else {
+      LowPrecisionGemm<cuda::bf16>("gemm bf16: operands to bf16", "gemm bf16 (cuBLASLt)", trans_a, trans_b, M,
+                                   N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    }
+  }
+  // bf16/fp16 operands: packed copies in workspace, then cuBLASLt 16-bit x 16-bit -> fp32 (fp32 compute).
+  template <typename T>
+  void LowPrecisionGemm(const char* convert_name, const char* gemm_name, bool trans_a, bool trans_b,
+                        int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                        const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
     const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
     const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
-    auto* a16 = reinterpret_cast<cuda::bf16*>(Workspace(a16_ws_, a_rows * a_cols * 2));
-    auto* b16 = reinterpret_cast<cuda::bf16*>(Workspace(b16_ws_, b_rows * b_cols * 2));
+    auto* a16 = reinterpret_cast<T*>(Workspace(a16_ws_, a_rows * a_cols * 2));
+    auto* b16 = reinterpret_cast<T*>(Workspace(b16_ws_, b_rows * b_cols * 2));
     if (!status_.ok()) return;
     {
-      FT_TIME_OP("gemm bf16: operands to bf16");
-      ToBf16Kernel<<<BlocksFor(a_rows * a_cols, kThreads), kThreads, 0, stream_>>>(A, a_rows, a_cols, lda,
-                                                                                   a16);
-      Record(LaunchStatus("ToBf16Kernel"));
-      ToBf16Kernel<<<BlocksFor(b_rows * b_cols, kThreads), kThreads, 0, stream_>>>(B, b_rows, b_cols, ldb,
-                                                                                   b16);
-      Record(LaunchStatus("ToBf16Kernel"));
+      FT_TIME_OP(convert_name);
+      ToLowPrecisionKernel<T>
+          <<<BlocksFor(a_rows * a_cols, kThreads), kThreads, 0, stream_>>>(A, a_rows, a_cols, lda, a16);
+      Record(LaunchStatus(convert_name));
+      ToLowPrecisionKernel<T>
+          <<<BlocksFor(b_rows * b_cols, kThreads), kThreads, 0, stream_>>>(B, b_rows, b_cols, ldb, b16);
+      Record(LaunchStatus(convert_name));
     }
     if (!status_.ok()) return;
-    FT_TIME_OP("gemm bf16 (cuBLASLt)");
-    Record(blas_->Gemm<cuda::bf16, float>(stream_, trans_a, trans_b, M, N, K, alpha, a16, a_cols, b16, b_cols,
-                                          beta, C, ldc));
+    FT_TIME_OP(gemm_name);
+    Record(blas_->Gemm<T, float>(stream_, trans_a, trans_b, M, N, K, alpha, a16, a_cols, b16, b_cols, beta, C,
+                                 ldc));
   }
   void RmsNormForward(const float* x, const float* w, int64_t rows, int64_t D, float eps, float* y,
                       float* rstd) override {
@@ -359,6 +383,12 @@ class CudaBackend final : public Backend {
     FT_TIME_OP("bf16 rounding");
     RoundToBf16Kernel<<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(x, n);
     Record(LaunchStatus("RoundToBf16Kernel"));
+  }
+  void RoundToFp16(float* x, int64_t n) override {
+    if (!status_.ok() || n <= 0) return;
+    FT_TIME_OP("fp16 rounding");
+    RoundToFp16Kernel<<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(x, n);
+    Record(LaunchStatus("RoundToFp16Kernel"));
   }
   void Dropout(const DropoutKey& key, const float* x, int64_t rows, int64_t in, float* out) override {
     LaunchDropout(key, x, rows, in, out, false);

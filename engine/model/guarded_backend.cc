@@ -183,6 +183,10 @@ class GuardedCpuBackend final : public Backend {
     Open o(this);
     inner_->RoundToBf16(x, n);
   }
+  void RoundToFp16(float* x, int64_t n) override {
+    Open o(this);
+    inner_->RoundToFp16(x, n);
+  }
   void Dropout(const DropoutKey& key, const float* x, int64_t rows, int64_t in, float* out) override {
     Open o(this);
     inner_->Dropout(key, x, rows, in, out);

@@ -191,9 +191,16 @@ void Model::Upload(float* tensor, const float* host, int64_t n) {
   FT_CHECK(backend_->Synchronize().ok());
 }
 
-void Model::RoundWeightsToBf16() {
+StatusOr<ComputeDType> ParseComputeDType(const std::string& name) {
+  if (name == "fp32") return ComputeDType::kF32;
+  if (name == "bf16") return ComputeDType::kBF16;
+  if (name == "fp16") return ComputeDType::kF16;
+  return Status::InvalidArgument("unknown compute dtype '" + name + "' (fp32, bf16 or fp16)");
+}
+
+void Model::RoundWeightsToComputeDType() {
   for (NamedTensor& t : NamedWeights()) {
-    if (t.data != nullptr) backend_->RoundToBf16(t.data, t.numel());
+    if (t.data != nullptr) Round(t.data, t.numel());
   }
 }
 
@@ -252,6 +259,7 @@ void Model::ZeroGrads() {
 
 void Model::Round(float* x, int64_t n) const {
   if (options_.dtype == ComputeDType::kBF16) backend_->RoundToBf16(x, n);
+  if (options_.dtype == ComputeDType::kF16) backend_->RoundToFp16(x, n);
 }
 
 const float* Model::HeadWeight() const { return lm_head_.empty() ? embed_.data() : lm_head_.data(); }
@@ -373,7 +381,12 @@ const float* Model::DropoutInput(int l, ModuleKind m, const float* x, int64_t ro
 // attention take bf16 operands, as torch.autocast does; the loss head and
 // merges stay fp32.
 GemmOperands Model::LinearOperands() const {
-  return options_.dtype == ComputeDType::kBF16 ? GemmOperands::kBF16 : GemmOperands::kF32;
+  switch (options_.dtype) {
+    case ComputeDType::kBF16: return GemmOperands::kBF16;
+    case ComputeDType::kF16: return GemmOperands::kF16;
+    case ComputeDType::kF32: break;
+  }
+  return GemmOperands::kF32;
 }
 
 void Model::LinearForward(int l, ModuleKind m, const float* x, int64_t rows, float* y, float* xa) {

@@ -40,7 +40,11 @@ const char* ModuleName(ModuleKind m);  // "q_proj", ...
 std::string ModulePath(ModuleKind m);
 StatusOr<ModuleKind> ParseModuleName(const std::string& name);
 
-enum class ComputeDType { kF32, kBF16 };
+// The compute dtype: fp32, or bf16/fp16 emulated on fp32 storage (every
+// activation rounded, GEMM operands rounded: backend.h).
+enum class ComputeDType { kF32, kBF16, kF16 };
+// "fp32", "bf16", "fp16" (job.yaml's model.dtype); InvalidArgument otherwise.
+StatusOr<ComputeDType> ParseComputeDType(const std::string& name);
 
 struct LoraSpec {
   int64_t r = 16;
@@ -197,9 +201,10 @@ class Model {
   // host memory may be reused at once.
   std::vector<float> Download(const float* tensor, int64_t n) const;
   void Upload(float* tensor, const float* host, int64_t n);
-  // Rounds every float base weight to bf16 in place: what a bf16 run trains
-  // on (NF4 weights are rounded when dequantized).
-  void RoundWeightsToBf16();
+  // Rounds every float base weight to the compute dtype in place (bf16 or
+  // fp16; nothing under fp32): what the run trains on (NF4 weights are
+  // rounded when dequantized).
+  void RoundWeightsToComputeDType();
   bool nf4() const { return options_.nf4; }
   bool full_training() const { return full_training_; }
   const LoraSpec* lora_spec() const { return lora_enabled_ ? &lora_spec_ : nullptr; }

@@ -31,6 +31,8 @@ json StateToJson(const TrainerState& s) {
           {"tokens_seen", s.tokens_seen},
           {"plan", {{"micro_batch", s.micro_batch}, {"accumulation", s.accumulation}, {"world", s.world}}},
           {"loss_scale", s.loss_scale},
+          {"loss_scale_growth_tracker", s.loss_scale_growth_tracker},
+          {"skipped_steps", s.skipped_steps},
           {"job_hash", s.job_hash},
           {"job_math", s.job_math},
           {"last_checkpoint_seconds", s.last_checkpoint_seconds},
@@ -57,6 +59,8 @@ StatusOr<TrainerState> StateFromJson(const std::string& text, const std::string&
     s.accumulation = j.at("plan").at("accumulation").get<int64_t>();
     s.world = j.at("plan").at("world").get<int64_t>();
     s.loss_scale = j.at("loss_scale").get<double>();
+    s.loss_scale_growth_tracker = j.value("loss_scale_growth_tracker", int64_t{0});
+    s.skipped_steps = j.value("skipped_steps", int64_t{0});
     s.job_hash = j.at("job_hash").get<std::string>();
     s.job_math = j.at("job_math").get<std::map<std::string, std::string>>();
     s.last_checkpoint_seconds = j.value("last_checkpoint_seconds", 0.0);

@@ -50,6 +50,8 @@ struct TrainerState {
   int64_t accumulation = 0;
   int64_t world = 1;
   double loss_scale = 1.0;                      // dynamic loss scale (fp16); 1 otherwise
+  int64_t loss_scale_growth_tracker = 0;        // good steps in a row at this scale (fp16)
+  int64_t skipped_steps = 0;                    // steps skipped for overflow (fp16): not Adam updates
   std::string job_hash;                         // SHA-256 of the job's math keys
   std::map<std::string, std::string> job_math;  // key -> value of every key that defines the math
   double last_checkpoint_seconds = 0;           // measured write time of the previous checkpoint

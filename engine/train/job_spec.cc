@@ -112,7 +112,7 @@ const std::vector<std::string> kTrainKeys = {
     "lr", "lr_schedule", "warmup_steps", "weight_decay", "max_grad_norm",
     "adam_beta1", "adam_beta2", "adam_eps", "optimizer", "seed",
     "activation_checkpointing", "cpu_offload", "attention",
-    "eval_every_steps", "eval_max_batches"};
+    "eval_every_steps", "eval_max_batches", "loss_scale_init", "loss_scale_growth_interval"};
 // clang-format on
 
 Status ParseTrain(const YamlMap& m, JobSpec::Train* s) {
@@ -146,6 +146,12 @@ Status ParseTrain(const YamlMap& m, JobSpec::Train* s) {
   FT_RETURN_IF_ERROR(Require(s->eval_every_steps >= 0, m, "eval_every_steps", "must be >= 0"));
   FT_RETURN_IF_ERROR(m.Get("eval_max_batches", &s->eval_max_batches));
   FT_RETURN_IF_ERROR(Require(s->eval_max_batches >= 0, m, "eval_max_batches", "must be >= 0 (0 = all)"));
+  FT_RETURN_IF_ERROR(m.Get("loss_scale_init", &s->loss_scale_init));
+  FT_RETURN_IF_ERROR(Require(s->loss_scale_init >= 1 && s->loss_scale_init <= 1e30, m, "loss_scale_init",
+                             "must be in [1, 1e30] (65536 is torch's default)"));
+  FT_RETURN_IF_ERROR(m.Get("loss_scale_growth_interval", &s->loss_scale_growth_interval));
+  FT_RETURN_IF_ERROR(Require(s->loss_scale_growth_interval >= 1, m, "loss_scale_growth_interval",
+                             "must be >= 1 (good steps before the scale doubles)"));
   return m.GetEnum("attention", {"flash", "naive"}, &s->attention);
 }
 
@@ -157,6 +163,14 @@ Status ResolveEval(const YamlMap& root, JobSpec* spec) {
       return Status::InvalidArgument(train.Where(key) + ": train." + key +
                                      ": needs data.eval (a held-out file in the data.format of data.train); "
                                      "set data.eval or remove the key");
+    }
+  }
+  for (const char* key : {"loss_scale_init", "loss_scale_growth_interval"}) {
+    if (spec->model.dtype != "fp16" && train.Has(key)) {
+      return Status::InvalidArgument(
+          train.Where(key) + ": train." + key +
+          ": loss scaling is used only with model.dtype: fp16 (this job trains in " + spec->model.dtype +
+          "); remove the key or set model.dtype: fp16");
     }
   }
   if (spec->data.eval.empty()) {

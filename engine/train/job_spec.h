@@ -73,6 +73,11 @@ struct JobSpec {
     // without data.eval.
     int64_t eval_every_steps = 0;
     int64_t eval_max_batches = 0;  // micro-batches of the eval set per evaluation; 0 = all
+    // Dynamic loss scaling (model.dtype: fp16 only; torch.amp.GradScaler's defaults): the loss is
+    // multiplied by the scale before backward; a step whose gradients overflow is skipped and the
+    // scale halved; after loss_scale_growth_interval good steps in a row it doubles.
+    double loss_scale_init = 65536;
+    int64_t loss_scale_growth_interval = 2000;
   } train;
 
   struct Checkpoint {

@@ -33,18 +33,18 @@ double AdamWOptimizer::GradNorm() const {
   return std::sqrt(sum);
 }
 
-void AdamWOptimizer::ClipAndStep(double grad_norm, double lr) {
-  if (config_.max_grad_norm > 0) {
-    const double coef = config_.max_grad_norm / (grad_norm + 1e-6);
-    if (coef < 1.0) {
-      for (const TrainableParam& p : params_) backend_->Scale(p.numel, static_cast<float>(coef), p.grad);
-    }
+void AdamWOptimizer::ClipAndStep(double grad_norm, double lr, double grad_multiplier) {
+  double coef = grad_multiplier;
+  if (config_.max_grad_norm > 0) coef *= std::min(1.0, config_.max_grad_norm / (grad_norm + 1e-6));
+  if (coef != 1.0) {
+    for (const TrainableParam& p : params_) backend_->Scale(p.numel, static_cast<float>(coef), p.grad);
   }
   ++step_;
   for (size_t i = 0; i < params_.size(); ++i) {
     const TrainableParam& p = params_[i];
     cpu::AdamWParams hp{
-        lr, config_.beta1, config_.beta2, config_.eps, p.weight_decay ? config_.weight_decay : 0.0, step_};
+        lr,       config_.beta1, config_.beta2, config_.eps, p.weight_decay ? config_.weight_decay : 0.0,
+        updates()};
     backend_->AdamW(hp, p.numel, p.data, p.grad, m_[i].data(), v_[i].data());
   }
 }

@@ -35,12 +35,22 @@ class AdamWOptimizer {
 
   // sqrt(Σ g²) over all grads, in a fixed order (deterministic).
   double GradNorm() const;
-  // Scales grads by min(1, max_norm / (norm + 1e-6)) when clipping is on,
-  // then applies one AdamW update at learning rate `lr`. Counts the step.
-  void ClipAndStep(double grad_norm, double lr);
+  // Scales grads by grad_multiplier * min(1, max_norm / (norm + 1e-6))
+  // (the clip when clipping is on; the multiplier unscales fp16 loss-scaled
+  // grads), then applies one AdamW update at learning rate `lr`. Counts the
+  // step and the update.
+  void ClipAndStep(double grad_norm, double lr, double grad_multiplier = 1.0);
+  // Counts a step whose update was skipped (fp16 overflow): nothing changes
+  // but step(); Adam's bias correction counts only updates().
+  void SkipStep() { ++step_, ++skipped_; }
 
-  int64_t step() const { return step_; }
-  void set_step(int64_t step) { step_ = step; }
+  int64_t step() const { return step_; }                // steps taken, skipped ones included
+  int64_t skipped() const { return skipped_; }          // steps skipped
+  int64_t updates() const { return step_ - skipped_; }  // AdamW updates applied
+  void set_step(int64_t step, int64_t skipped = 0) {
+    step_ = step;
+    skipped_ = skipped;
+  }
   const std::vector<TrainableParam>& params() const { return params_; }
   // First and second moments, parallel to params() (backend memory).
   std::vector<DeviceBuffer>& exp_avg() { return m_; }
@@ -51,7 +61,8 @@ class AdamWOptimizer {
   OptimizerConfig config_;
   std::shared_ptr<Backend> backend_;  // declared before the moments: outlives them
   std::vector<DeviceBuffer> m_, v_;
-  int64_t step_ = 0;  // updates applied so far
+  int64_t step_ = 0;     // steps so far
+  int64_t skipped_ = 0;  // of which skipped
 };
 
 }  // namespace ft

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -100,11 +101,6 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
                                    ": model.quantization: nf4 freezes the base weights, so it needs "
                                    "adapter.type: lora (QLoRA); use quantization: none for a full fine-tune");
   }
-  if (spec.model.dtype == "fp16") {
-    return Status::Unimplemented(f +
-                                 ": model.dtype: fp16 needs dynamic loss scaling, not available on the CPU "
-                                 "backend; use bf16 or fp32");
-  }
   FT_ASSIGN_OR_RETURN(ModelConfig config, ReadHfConfig(spec.model.path));
   // resources.device: cuda needs a CUDA build and a visible device; auto takes one when there is.
   FT_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, CreateBackend(DeviceKind::kCpu));
@@ -125,7 +121,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
         " (sliding-window attention is not implemented); use seq_len <= sliding_window");
   }
   ModelOptions options;
-  options.dtype = spec.model.dtype == "bf16" ? ComputeDType::kBF16 : ComputeDType::kF32;
+  FT_ASSIGN_OR_RETURN(options.dtype, ParseComputeDType(spec.model.dtype));
   options.activation_checkpointing = spec.train.activation_checkpointing != "false";
   options.naive_attention = spec.train.attention == "naive";
   options.nf4 = spec.model.quantization == "nf4";
@@ -133,7 +129,8 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
   options.backend = backend;
   tr->model_ = std::make_unique<Model>(config, options);
   FT_RETURN_IF_ERROR(LoadHfWeights(spec.model.path, tr->model_.get()));
-  if (options.dtype == ComputeDType::kBF16) tr->model_->RoundWeightsToBf16();
+  tr->model_->RoundWeightsToComputeDType();
+  if (options.dtype == ComputeDType::kF16) tr->loss_scale_ = spec.train.loss_scale_init;
   if (spec.adapter.type == "full") {
     FT_RETURN_IF_ERROR(tr->model_->EnableFullTraining());
   } else {
@@ -180,7 +177,9 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
   if (tokens == 0) return Status::InvalidArgument(spec_.data.train + ": a global batch has no target tokens");
   model_->ZeroGrads();
   double loss_sum = 0;
-  const float grad_scale = static_cast<float>(1.0 / static_cast<double>(tokens));
+  // Under fp16 the loss gradient is multiplied by the loss scale so that small gradients
+  // survive fp16's range; they are unscaled before clipping (UpdateLossScale, docs/ENGINE.md).
+  const float grad_scale = static_cast<float>(loss_scale_ / static_cast<double>(tokens));
   for (int64_t a = 0; a < plan_.accumulation; ++a) {
     if (a > 0 && control_ && interrupted) {
       // A stop request mid-accumulation: finish the step only if the deadline allows.
@@ -204,10 +203,19 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
   }
   const int64_t update = optimizer_->step();
   if (grad_hook_) grad_hook_(update + 1);
-  const double lr =
-      spec_.train.lr * LrMultiplier(spec_.train.lr_schedule, update, spec_.train.warmup_steps, total_steps_);
-  const double norm = optimizer_->GradNorm();
-  optimizer_->ClipAndStep(norm, lr);
+  // The schedule counts applied updates (a step skipped for fp16 overflow does not advance it).
+  const double lr = spec_.train.lr * LrMultiplier(spec_.train.lr_schedule, optimizer_->updates(),
+                                                  spec_.train.warmup_steps, total_steps_);
+  const double scale = loss_scale_;
+  const double norm = optimizer_->GradNorm() / scale;
+  const bool fp16 = spec_.model.dtype == "fp16";
+  const bool skipped = fp16 && !std::isfinite(norm);  // fp32/bf16 keep applying what they computed
+  if (skipped) {
+    optimizer_->SkipStep();
+  } else {
+    optimizer_->ClipAndStep(norm, lr, 1.0 / scale);
+  }
+  UpdateLossScale(skipped);
   FT_RETURN_IF_ERROR(model_->backend().Synchronize().WithContext(spec_.file + ": training step on " +
                                                                  model_->backend().Describe()));
   cursor_ += global;
@@ -218,11 +226,29 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
                    tokens,     static_cast<double>(tokens) / std::max(secs, 1e-9),
                    secs,       GlobalMemoryTracker().peak_total()};
   m->tokens_seen = tokens_seen_;
+  m->loss_scale = scale;
+  m->skipped = skipped;
   for (int c = 0; c < static_cast<int>(MemCategory::kCount); ++c) {
     m->peak_by_category[MemCategoryName(static_cast<MemCategory>(c))] =
         GlobalMemoryTracker().peak(static_cast<MemCategory>(c));
   }
   return Status::OK();
+}
+
+void Trainer::UpdateLossScale(bool overflow) {
+  if (spec_.model.dtype != "fp16") return;  // the scale stays 1: nothing can overflow fp32 this way
+  if (overflow) {
+    loss_scale_ *= 0.5;
+    growth_tracker_ = 0;
+    FT_LOG(WARN) << "step " << optimizer_->step()
+                 << ": fp16 gradients overflowed; update skipped, loss scale " << loss_scale_ * 2 << " -> "
+                 << loss_scale_;
+    return;
+  }
+  if (++growth_tracker_ >= spec_.train.loss_scale_growth_interval) {
+    if (std::isfinite(loss_scale_ * 2)) loss_scale_ *= 2;
+    growth_tracker_ = 0;
+  }
 }
 
 Status Trainer::Evaluate(EvalMetrics* m, bool* interrupted) {
@@ -294,6 +320,10 @@ std::map<std::string, std::string> JobMathKeys(const JobSpec& spec) {
       {"train.attention", spec.train.attention},
   };
   if (spec.model.quantization == "nf4") m["model.double_quant"] = spec.model.double_quant ? "true" : "false";
+  if (spec.model.dtype == "fp16") {
+    m["train.loss_scale_init"] = num(spec.train.loss_scale_init);
+    m["train.loss_scale_growth_interval"] = std::to_string(spec.train.loss_scale_growth_interval);
+  }
   if (lora) {
     m["adapter.r"] = std::to_string(spec.adapter.r);
     m["adapter.alpha"] = num(spec.adapter.alpha);
@@ -317,6 +347,9 @@ CheckpointContents Trainer::Capture(const std::string& reason) {
   CheckpointContents c;
   TrainerState& st = c.state;
   st.step = optimizer_->step();
+  st.skipped_steps = optimizer_->skipped();
+  st.loss_scale = loss_scale_;
+  st.loss_scale_growth_tracker = growth_tracker_;
   st.cursor = cursor_;
   st.tokens_seen = tokens_seen_;
   st.micro_batch = plan_.micro_batch;
@@ -377,7 +410,11 @@ Status Trainer::Restore(const CheckpointContents& c, const std::string& from) {
     FT_RETURN_IF_ERROR(
         copy_into(p.name + ".exp_avg_sq", p.shape, optimizer_->exp_avg_sq()[i].data(), p.numel));
   }
-  optimizer_->set_step(c.state.step);
+  optimizer_->set_step(c.state.step, c.state.skipped_steps);
+  if (spec_.model.dtype == "fp16") {
+    loss_scale_ = c.state.loss_scale;
+    growth_tracker_ = c.state.loss_scale_growth_tracker;
+  }
   cursor_ = c.state.cursor;
   tokens_seen_ = c.state.tokens_seen;
   if (c.state.micro_batch != plan_.micro_batch || c.state.accumulation != plan_.accumulation) {
@@ -611,6 +648,11 @@ StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
                         {"peak_bytes", m.peak_bytes},
                         {"peak_bytes_by_category", m.peak_by_category}};
     if (writer_ && writer_->last_seconds() > 0) j["checkpoint_seconds"] = writer_->last_seconds();
+    if (spec_.model.dtype == "fp16") {
+      j["loss_scale"] = m.loss_scale;
+      j["skipped"] = m.skipped;
+      if (m.skipped) j["grad_norm"] = nullptr;  // not finite: JSON has no inf
+    }
     FT_RETURN_IF_ERROR(WriteMetricsLine(std::move(j)));
     std::fprintf(stderr,
                  "step %" PRId64 "/%" PRId64

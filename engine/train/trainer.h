@@ -38,6 +38,8 @@ struct StepMetrics {
   std::map<std::string, int64_t>
       peak_by_category;     // weights, adapter, gradients, optimizer, activations, workspace
   int64_t tokens_seen = 0;  // target tokens trained on in the run so far, this step's included
+  double loss_scale = 1;    // the scale this step's loss was multiplied by (fp16; 1 otherwise)
+  bool skipped = false;     // fp16 gradients overflowed: no update (grad_norm is then not finite)
 };
 
 // One evaluation on data.eval (a metrics.jsonl line of its own:
@@ -132,6 +134,8 @@ class Trainer {
   const BatchPlan& plan() const { return plan_; }
   int64_t total_steps() const { return total_steps_; }
   int64_t steps_done() const { return optimizer_->step(); }
+  // The loss scale of the next step (1 unless model.dtype is fp16).
+  double loss_scale() const { return loss_scale_; }
 
  private:
   Trainer() = default;
@@ -152,15 +156,20 @@ class Trainer {
   // True when COMPLETE.json shows this job finished (fenced runs); removes a stale one.
   StatusOr<bool> AlreadyComplete();
   Status WriteMetricsLine(nlohmann::json j);
+  // fp16: after a step, halves the loss scale on overflow, or doubles it
+  // after loss_scale_growth_interval good steps in a row (torch's GradScaler).
+  void UpdateLossScale(bool overflow);
   Status CheckpointNow(const std::string& reason, bool wait);
   void LogCompletedCheckpoints();
   Status OpenMetrics();
   // Evaluates when `step` is due (every eval_every_steps, and the last) and logs the line.
   Status EvaluateIfDue(int64_t step);
 
-  int64_t cursor_ = 0;        // sequences consumed
-  int64_t tokens_seen_ = 0;   // target tokens trained on
-  double micro_seconds_ = 0;  // measured time of one micro-batch (moving average)
+  int64_t cursor_ = 0;          // sequences consumed
+  int64_t tokens_seen_ = 0;     // target tokens trained on
+  double micro_seconds_ = 0;    // measured time of one micro-batch (moving average)
+  double loss_scale_ = 1;       // fp16's dynamic loss scale (train.loss_scale_init, then halved/doubled)
+  int64_t growth_tracker_ = 0;  // good fp16 steps in a row at this scale
   std::function<void(int64_t)> grad_hook_;
   TrainControl* control_ = nullptr;
   std::unique_ptr<OutputOwner> owner_ = std::make_unique<OutputOwner>();  // unfenced until set_fencing

@@ -66,6 +66,11 @@ uint16_t FloatToHalf(float f) {
   return sign | static_cast<uint16_t>(ShiftRightRne(mant, shift));  // may round up to 2^-14: still right
 }
 
+void RoundToFp16(float* x, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= (1 << 15))
+  for (int64_t i = 0; i < n; ++i) x[i] = HalfToFloat(FloatToHalf(x[i]));
+}
+
 float HalfToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
   const uint32_t exp = (h >> 10) & 0x1F;

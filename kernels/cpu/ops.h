@@ -127,5 +127,8 @@ float Bf16ToFloat(uint16_t b);
 // IEEE half conversions (for F16 safetensors and fp16 compute).
 uint16_t FloatToHalf(float f);
 float HalfToFloat(uint16_t h);
+// fp16 emulation, as RoundToBf16: each float rounded to the nearest half
+// (round-to-nearest-even; beyond 65504 to infinity, below 2^-24 to zero).
+void RoundToFp16(float* x, int64_t n);
 
 }  // namespace ft::cpu

@@ -120,6 +120,12 @@ TEST(MetricsLineTest, ParsesStepLines) {
   EXPECT_DOUBLE_EQ(m->tokens_per_s, 1000.5);
   EXPECT_EQ(m->peak_bytes, 1048576);
   EXPECT_DOUBLE_EQ(m->checkpoint_seconds, 0.25);
+  // An fp16 step skipped for overflow: its norm was not finite, written as null.
+  auto skipped =
+      ParseMetricsLine(R"({"step":8,"loss":2.4,"grad_norm":null,"loss_scale":65536,"skipped":true})");
+  ASSERT_TRUE(skipped.ok());
+  EXPECT_TRUE(std::isnan(skipped->grad_norm));
+  EXPECT_DOUBLE_EQ(skipped->loss, 2.4);
 }
 
 TEST(MetricsLineTest, ParsesEvalLines) {

@@ -18,8 +18,21 @@ constexpr int kMaxCallDepth = 64;
 constexpr int64_t kMaxLoopIterations = 1'000'000;
 constexpr size_t kMaxOutputBytes = size_t{16} << 20;
 // Stack a render may use: macros calling macros inside deep expressions add
-// up, and each bound above alone does not bound their product.
-constexpr uintptr_t kMaxStackBytes = uintptr_t{2} << 20;
+// up, and each bound above alone does not bound their product. Sanitizers
+// make every frame about three times larger (redzones), so the same
+// templates get three times the bytes there (the main thread has 8 MiB).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr uintptr_t kStackFactor = 3;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr uintptr_t kStackFactor = 3;
+#else
+constexpr uintptr_t kStackFactor = 1;
+#endif
+#else
+constexpr uintptr_t kStackFactor = 1;
+#endif
+constexpr uintptr_t kMaxStackBytes = kStackFactor * (uintptr_t{2} << 20);
 
 uintptr_t StackPointer() { return reinterpret_cast<uintptr_t>(__builtin_frame_address(0)); }
 

@@ -82,29 +82,42 @@ TEST(Backend, CpuCopiesAndOps) {
   EXPECT_TRUE(be.Synchronize().ok());
 }
 
-// GemmOperands::kBF16 is the fp32 GEMM of the operands rounded to bf16: the
-// same as rounding them first, different from fp32 on inputs bf16 cannot hold,
-// identical on inputs it can; strided (ld > cols) and transposed operands too.
-TEST(Backend, Bf16OperandGemmRoundsTheOperandsFirst) {
+// GemmOperands::kBF16 (kF16) is the fp32 GEMM of the operands rounded to
+// bf16 (fp16): the same as rounding them first, different from fp32 on
+// inputs the format cannot hold, identical on inputs it can; strided
+// (ld > cols) and transposed operands too.
+TEST(Backend, LowPrecisionOperandGemmRoundsTheOperandsFirst) {
   Backend& be = *CpuBackendInstance();
   const int64_t M = 5, N = 7, K = 9, lda = 11, ldb = 12;  // A^T stored [K, lda], B stored [N, ldb]
   std::vector<float> a(K * lda), b(N * ldb);
   for (size_t i = 0; i < a.size(); ++i) a[i] = 1.0f + 0.001f * static_cast<float>(i % 17) + 1e-5f;
   for (size_t i = 0; i < b.size(); ++i) b[i] = -0.5f + 0.0137f * static_cast<float>(i % 23) + 3e-6f;
-  std::vector<float> c16(M * N, 0.0f), c32(M * N, 0.0f), c_rounded(M * N, 0.0f);
-  be.Gemm(GemmOperands::kBF16, true, true, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c16.data(), N);
-  be.Gemm(GemmOperands::kF32, true, true, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c32.data(), N);
-  std::vector<float> ar = a, br = b;
-  be.RoundToBf16(ar.data(), static_cast<int64_t>(ar.size()));
-  be.RoundToBf16(br.data(), static_cast<int64_t>(br.size()));
-  be.Gemm(GemmOperands::kF32, true, true, M, N, K, 1.0f, ar.data(), lda, br.data(), ldb, 0.0f,
-          c_rounded.data(), N);
-  EXPECT_EQ(c16, c_rounded);
-  EXPECT_NE(c16, c32);
-  std::vector<float> again(M * N, 0.0f);
-  be.Gemm(GemmOperands::kBF16, true, true, M, N, K, 1.0f, ar.data(), lda, br.data(), ldb, 0.0f, again.data(),
-          N);
-  EXPECT_EQ(again, c_rounded);  // bf16-exact inputs: nothing left to round
+  for (GemmOperands operands : {GemmOperands::kBF16, GemmOperands::kF16}) {
+    SCOPED_TRACE(operands == GemmOperands::kBF16 ? "bf16" : "fp16");
+    std::vector<float> c16(M * N, 0.0f), c32(M * N, 0.0f), c_rounded(M * N, 0.0f);
+    be.Gemm(operands, true, true, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c16.data(), N);
+    be.Gemm(GemmOperands::kF32, true, true, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c32.data(), N);
+    std::vector<float> ar = a, br = b;
+    for (std::vector<float>* x : {&ar, &br}) {
+      if (operands == GemmOperands::kBF16) {
+        be.RoundToBf16(x->data(), static_cast<int64_t>(x->size()));
+      } else {
+        be.RoundToFp16(x->data(), static_cast<int64_t>(x->size()));
+      }
+    }
+    be.Gemm(GemmOperands::kF32, true, true, M, N, K, 1.0f, ar.data(), lda, br.data(), ldb, 0.0f,
+            c_rounded.data(), N);
+    EXPECT_EQ(c16, c_rounded);
+    EXPECT_NE(c16, c32);
+    std::vector<float> again(M * N, 0.0f);
+    be.Gemm(operands, true, true, M, N, K, 1.0f, ar.data(), lda, br.data(), ldb, 0.0f, again.data(), N);
+    EXPECT_EQ(again, c_rounded);  // exact inputs: nothing left to round
+  }
+  // The two formats round differently: fp16 keeps 3 more mantissa bits.
+  std::vector<float> x16 = a, xb = a;
+  be.RoundToFp16(x16.data(), static_cast<int64_t>(x16.size()));
+  be.RoundToBf16(xb.data(), static_cast<int64_t>(xb.size()));
+  EXPECT_NE(x16, xb);
 }
 
 // The guarded backend: the CPU's results, device memory out of the host's

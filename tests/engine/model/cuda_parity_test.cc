@@ -4,9 +4,10 @@
 // every trainable tensor:
 //   - fp32 storage (cuBLASLt with true fp32 compute): losses and grad norms
 //     within 1e-4 relative, trained tensors within 1e-3 (norm-wise);
-//   - bf16 rounding points (ComputeDType::kBF16): the bounds of the bf16
-//     goldens, 1e-2 on losses (tests/engine/model/golden_test.cc), 5e-2 on grad
-//     norms and trained tensors (a bf16 ulp is 7.8e-3).
+//   - bf16 and fp16 rounding points (ComputeDType::kBF16, kF16; fp16 GEMMs
+//     on cuBLASLt's fp16 path): the bounds of the bf16 goldens, 1e-2 on
+//     losses (tests/engine/model/golden_test.cc), 5e-2 on grad norms and
+//     trained tensors (a bf16 ulp is 7.8e-3, an fp16 one 9.8e-4).
 // Also: training state moved between devices mid-run (CUDA → CPU and
 // CPU → CUDA, through host copies of parameters and Adam moments, as a
 // checkpoint does) continues the same run.
@@ -87,7 +88,9 @@ MicroBatch Batch(const ModelConfig& c, int step, bool packed) {
 struct Case {
   const char* name;
   const char* family;
-  bool nf4, bf16, full, packed, checkpointing;
+  bool nf4;
+  ComputeDType dtype;
+  bool full, packed, checkpointing;
   double dropout;
 };
 
@@ -98,7 +101,7 @@ struct Trained {
 
   Trained(const Case& k, std::shared_ptr<Backend> backend) {
     ModelOptions o;
-    o.dtype = k.bf16 ? ComputeDType::kBF16 : ComputeDType::kF32;
+    o.dtype = k.dtype;
     o.nf4 = k.nf4;
     o.nf4_config = {64, true, 256};  // NF4 + double quant, as QLoRA
     o.activation_checkpointing = k.checkpointing;
@@ -106,7 +109,7 @@ struct Trained {
     o.backend = std::move(backend);
     model = std::make_unique<Model>(SmallConfig(k.family), o);
     RandomInitModel(model.get(), 5);
-    if (k.bf16) model->RoundWeightsToBf16();
+    model->RoundWeightsToComputeDType();
     if (k.full) {
       EXPECT_TRUE(model->EnableFullTraining().ok());
     } else {
@@ -183,8 +186,8 @@ TEST_P(CudaParity, TrainsLikeTheCpuReference) {
   std::string skip;
   std::shared_ptr<Backend> cuda = CudaOrSkip(&skip);
   if (!cuda) GTEST_SKIP() << skip;
-  const double loss_tol = k.bf16 ? 1e-2 : 1e-4, norm_tol = k.bf16 ? 5e-2 : 1e-4,
-               tensor_tol = k.bf16 ? 5e-2 : 1e-3;
+  const bool low = k.dtype != ComputeDType::kF32;
+  const double loss_tol = low ? 1e-2 : 1e-4, norm_tol = low ? 5e-2 : 1e-4, tensor_tol = low ? 5e-2 : 1e-3;
   Trained cpu(k, CpuBackendInstance()), gpu(k, cuda);
   double worst_loss = 0, worst_norm = 0;
   for (int s = 0; s < kSteps; ++s) {
@@ -211,7 +214,8 @@ TEST_P(CudaParity, ResumesAcrossDevices) {
   std::string skip;
   std::shared_ptr<Backend> cuda = CudaOrSkip(&skip);
   if (!cuda) GTEST_SKIP() << skip;
-  const double loss_tol = k.bf16 ? 1e-2 : 1e-4, tensor_tol = k.bf16 ? 5e-2 : 1e-3;
+  const bool low = k.dtype != ComputeDType::kF32;
+  const double loss_tol = low ? 1e-2 : 1e-4, tensor_tol = low ? 5e-2 : 1e-3;
   Trained ref(k, CpuBackendInstance());
   std::vector<double> want;
   for (int s = 0; s < kSteps; ++s) want.push_back(ref.Step(k, s).first);
@@ -236,13 +240,15 @@ TEST_P(CudaParity, ResumesAcrossDevices) {
 
 INSTANTIATE_TEST_SUITE_P(
     Models, CudaParity,
-    ::testing::Values(Case{"llama_lora_fp32", "llama", false, false, false, false, false, 0.0},
-                      Case{"llama_qlora_nf4dq_fp32", "llama", true, false, false, false, false, 0.0},
-                      Case{"qwen2_lora_fp32", "qwen2", false, false, false, false, false, 0.0},
-                      Case{"qwen2_qlora_nf4dq_fp32", "qwen2", true, false, false, true, true, 0.1},
-                      Case{"llama_full_fp32", "llama", false, false, true, false, false, 0.0},
-                      Case{"llama_lora_bf16", "llama", false, true, false, false, false, 0.0},
-                      Case{"llama_qlora_nf4dq_bf16", "llama", true, true, false, true, true, 0.1}),
+    ::testing::Values(
+        Case{"llama_lora_fp32", "llama", false, ComputeDType::kF32, false, false, false, 0.0},
+        Case{"llama_qlora_nf4dq_fp32", "llama", true, ComputeDType::kF32, false, false, false, 0.0},
+        Case{"qwen2_lora_fp32", "qwen2", false, ComputeDType::kF32, false, false, false, 0.0},
+        Case{"qwen2_qlora_nf4dq_fp32", "qwen2", true, ComputeDType::kF32, false, true, true, 0.1},
+        Case{"llama_full_fp32", "llama", false, ComputeDType::kF32, true, false, false, 0.0},
+        Case{"llama_lora_bf16", "llama", false, ComputeDType::kBF16, false, false, false, 0.0},
+        Case{"llama_qlora_nf4dq_bf16", "llama", true, ComputeDType::kBF16, false, true, true, 0.1},
+        Case{"llama_qlora_nf4dq_fp16", "llama", true, ComputeDType::kF16, false, true, true, 0.1}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 }  // namespace

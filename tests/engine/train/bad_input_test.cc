@@ -200,6 +200,22 @@ output: {dir: o}
 )",
                             "job.yaml");
   EXPECT_THAT(dtype.status().message(), HasSubstr("model.dtype: 'bf17' is not one of fp32 | bf16 | fp16"));
+  auto job = [](const std::string& dtype, const std::string& train_extra) {
+    return ParseJobSpec("model: {path: m, dtype: " + dtype +
+                            "}\ndata: {train: d}\ntrain: {max_steps: 1, global_batch_size: 4, " +
+                            train_extra + "}\noutput: {dir: o}\n",
+                        "job.yaml");
+  };
+  EXPECT_THAT(
+      job("bf16", "loss_scale_init: 1024").status().message(),
+      HasSubstr("train.loss_scale_init: loss scaling is used only with model.dtype: fp16 (this job trains in "
+                "bf16)"));
+  EXPECT_THAT(job("fp16", "loss_scale_init: 0.5").status().message(),
+              HasSubstr("train.loss_scale_init: must be in [1, 1e30]"));
+  auto fp16 = job("fp16", "loss_scale_init: 1024, loss_scale_growth_interval: 100");
+  ASSERT_TRUE(fp16.ok()) << fp16.status().ToString();
+  EXPECT_EQ(fp16->train.loss_scale_init, 1024);
+  EXPECT_EQ(fp16->train.loss_scale_growth_interval, 100);
   auto mods = ParseJobSpec(R"(model: {path: m}
 adapter: {target_modules: [q_prj]}
 data: {train: d}

@@ -10,7 +10,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -228,6 +230,104 @@ TEST(CheckpointResumeTest, DifferentMicroBatchPlanKeepsTheMath) {
   for (size_t s = 0; s < ref.size(); ++s) worst = std::max(worst, std::fabs(got[s] - ref[s]) / ref[s]);
   std::printf("resume with plan 4x2 -> 1x8: worst loss rel diff %.3e\n", worst);
   EXPECT_LE(worst, 1e-6);
+}
+
+// An fp16 job whose first loss scale is far too large: gradients overflow
+// fp16's range (65504) in the backward, the step is skipped (no update, the
+// data still consumed), the scale halves until the gradients fit, then
+// doubles after every 3 good steps (and overflows again). Resumed from a
+// checkpoint taken mid-way, with a growth count and skipped steps in it, the
+// run continues exactly: same losses, scales, skips and final weights.
+struct Fp16Step {
+  double loss, scale;
+  bool skipped;
+  bool operator==(const Fp16Step&) const = default;
+};
+
+std::unique_ptr<Trainer> Fp16Trainer(const std::string& dir) {
+  const std::string job = WriteJob(
+      dir, "  micro_batch_size: 2\n  loss_scale_init: 1.0e+12\n  loss_scale_growth_interval: 3\n", 0, 60);
+  std::string text = Slurp(job);
+  text.replace(text.find("dtype: fp32"), 11, "dtype: fp16");
+  std::ofstream(job) << text;
+  auto spec = LoadJobSpec(job);
+  EXPECT_TRUE(spec.ok()) << spec.status().ToString();
+  auto t = Trainer::Create(*spec);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  return t.ok() ? std::move(*t) : nullptr;
+}
+
+std::vector<Fp16Step> Fp16Steps(Trainer& t, int n) {
+  std::vector<Fp16Step> out;
+  for (int i = 0; i < n; ++i) {
+    StepMetrics m;
+    EXPECT_TRUE(t.Step(&m).ok());
+    EXPECT_EQ(m.skipped, !std::isfinite(m.grad_norm));
+    out.push_back({m.loss, m.loss_scale, m.skipped});
+  }
+  return out;
+}
+
+std::vector<std::vector<float>> Weights(Trainer& t) {
+  std::vector<std::vector<float>> out;
+  for (const TrainableParam& p : t.model().TrainableParams())
+    out.push_back(t.model().Download(p.data, p.numel));
+  return out;
+}
+
+TEST(LossScalingTest, Fp16OverflowSkipsTheStepHalvesTheScaleAndResumesExactly) {
+  constexpr int kSteps = 60, kCut = 31;
+  auto a = Fp16Trainer(FreshDir("fp16-a"));
+  ASSERT_NE(a, nullptr);
+  const std::vector<std::vector<float>> initial = Weights(*a);
+  StepMetrics first;
+  ASSERT_TRUE(a->Step(&first).ok());
+  EXPECT_TRUE(first.skipped) << "a loss scale of 1e12 must overflow fp16 gradients";
+  EXPECT_EQ(first.loss_scale, 1e12);
+  EXPECT_EQ(a->loss_scale(), 0.5e12);
+  EXPECT_EQ(Weights(*a), initial) << "a skipped step changed the weights";
+  EXPECT_EQ(a->optimizer().updates(), 0);
+  std::vector<Fp16Step> ref = {{first.loss, first.loss_scale, first.skipped}};
+  for (const Fp16Step& s : Fp16Steps(*a, kSteps - 1)) ref.push_back(s);
+  // The scale follows GradScaler's rule at every step.
+  int growths = 0, good_in_a_row = 0;
+  const int skips =
+      static_cast<int>(std::count_if(ref.begin(), ref.end(), [](const Fp16Step& s) { return s.skipped; }));
+  for (size_t i = 0; i + 1 < ref.size(); ++i) {
+    if (ref[i].skipped) {
+      good_in_a_row = 0;
+      EXPECT_EQ(ref[i + 1].scale, ref[i].scale / 2) << "step " << i + 1;
+    } else if (++good_in_a_row == 3) {
+      ++growths;
+      good_in_a_row = 0;
+      EXPECT_EQ(ref[i + 1].scale, ref[i].scale * 2) << "step " << i + 1;
+    } else {
+      EXPECT_EQ(ref[i + 1].scale, ref[i].scale) << "step " << i + 1;
+    }
+  }
+  std::printf("fp16: %d of %d steps skipped, %d growths, final scale %g\n", skips, kSteps, growths,
+              a->loss_scale());
+  EXPECT_GE(skips, 2);
+  EXPECT_GE(growths, 2);
+  EXPECT_LT(skips, kSteps * 2 / 3) << "the scale never settled";
+  EXPECT_EQ(a->optimizer().updates(), kSteps - skips);
+  EXPECT_LT(ref.back().loss, ref.front().loss) << "fp16 training did not learn";
+
+  const std::string dir_b = FreshDir("fp16-b");
+  auto b = Fp16Trainer(dir_b);
+  ASSERT_NE(b, nullptr);
+  std::vector<Fp16Step> got = Fp16Steps(*b, kCut);
+  CheckpointContents saved = b->Capture("test");
+  EXPECT_GT(saved.state.skipped_steps, 0);
+  EXPECT_EQ(saved.state.loss_scale, b->loss_scale());
+  b.reset();
+  auto c = Fp16Trainer(dir_b);  // the same job (its math keys name the data file)
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->Restore(saved, "memory").ok());
+  EXPECT_EQ(c->loss_scale(), saved.state.loss_scale);
+  for (const Fp16Step& s : Fp16Steps(*c, kSteps - kCut)) got.push_back(s);
+  EXPECT_EQ(got, ref) << "the resumed fp16 run differs from the uninterrupted one";
+  EXPECT_EQ(Weights(*c), Weights(*a)) << "final weights differ after resume";
 }
 
 // Runs a job to the end with a checkpoint every 2 of 12 steps.

@@ -91,6 +91,16 @@ TEST(CpuDtype, RoundToBf16InPlace) {
   EXPECT_EQ(x[1], 3.140625f);
 }
 
+// fp16 emulation keeps fp16's range: overflow to infinity (what fp16 loss
+// scaling detects), underflow through subnormals to zero, ties to even.
+TEST(CpuDtype, RoundToFp16InPlace) {
+  std::vector<float> x = {1.0f, 3.14159f, 65504.0f, 65519.0f, 65520.0f, -1e6f, 1e-8f, 3e-8f, 1.0f + 0x1p-11f};
+  RoundToFp16(x.data(), static_cast<int64_t>(x.size()));
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(x,
+            (std::vector<float>{1.0f, 3.140625f, 65504.0f, 65504.0f, inf, -inf, 0.0f, 0x1p-25f * 2, 1.0f}));
+}
+
 TEST(CpuDtype, HalfKnownValues) {
   EXPECT_EQ(FloatToHalf(1.0f), 0x3C00);
   EXPECT_EQ(FloatToHalf(-2.0f), 0xC000);
