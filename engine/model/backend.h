@@ -120,6 +120,10 @@ class DeviceNf4 {
 // every backend: backends differ only in the order of the fp32 sums.
 enum class GemmOperands { kF32, kBF16, kF16 };
 
+// The 16-bit formats a frozen weight can be stored in (typed storage): as
+// uint16_t codes, 2 bytes a value.
+enum class Format16 { kBF16, kF16 };
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -207,6 +211,8 @@ class Backend {
   // bf16 and fp16 emulation in place (cpu::RoundToBf16, cpu::RoundToFp16).
   virtual void RoundToBf16(float* x, int64_t n) = 0;
   virtual void RoundToFp16(float* x, int64_t n) = 0;
+  // out[i] = the value of the 16-bit code x[i] (exact).
+  virtual void Widen16(Format16 format, const uint16_t* x, int64_t n, float* out) = 0;
   // out[r, c] = x[r, c] * keep_scale or 0 by the mask of `key` for x[rows, in].
   virtual void Dropout(const DropoutKey& key, const float* x, int64_t rows, int64_t in, float* out) = 0;
   // dx[i] += d[i] * mask[i] (mask = Dropout of ones): the gradient through the dropout.

@@ -140,6 +140,9 @@ class CpuBackend final : public Backend {
   }
   void RoundToBf16(float* x, int64_t n) override { cpu::RoundToBf16(x, n); }
   void RoundToFp16(float* x, int64_t n) override { cpu::RoundToFp16(x, n); }
+  void Widen16(Format16 format, const uint16_t* x, int64_t n, float* out) override {
+    cpu::WidenFrom16(format == Format16::kBF16, x, n, out);
+  }
   void Dropout(const DropoutKey& key, const float* x, int64_t rows, int64_t in, float* out) override {
     const double p = key.p;
     const float keep_scale = static_cast<float>(1.0 / (1.0 - p));

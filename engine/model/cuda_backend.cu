@@ -86,6 +86,13 @@ __global__ void ToLowPrecisionKernel(const float* src, int64_t rows, int64_t col
   }
 }
 
+__global__ void Widen16Kernel(bool bf16, const uint16_t* x, int64_t n, float* out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = bf16 ? __uint_as_float(static_cast<uint32_t>(x[i]) << 16) : __half2float(__ushort_as_half(x[i]));
+  }
+}
+
 __global__ void RoundToBf16Kernel(float* x, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -383,6 +390,12 @@ class CudaBackend final : public Backend {
     FT_TIME_OP("bf16 rounding");
     RoundToBf16Kernel<<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(x, n);
     Record(LaunchStatus("RoundToBf16Kernel"));
+  }
+  void Widen16(Format16 format, const uint16_t* x, int64_t n, float* out) override {
+    if (!status_.ok() || n <= 0) return;
+    FT_TIME_OP("widen 16-bit weight");
+    Widen16Kernel<<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(format == Format16::kBF16, x, n, out);
+    Record(LaunchStatus("Widen16Kernel"));
   }
   void RoundToFp16(float* x, int64_t n) override {
     if (!status_.ok() || n <= 0) return;

@@ -187,6 +187,10 @@ class GuardedCpuBackend final : public Backend {
     Open o(this);
     inner_->RoundToFp16(x, n);
   }
+  void Widen16(Format16 format, const uint16_t* x, int64_t n, float* out) override {
+    Open o(this);
+    inner_->Widen16(format, x, n, out);
+  }
   void Dropout(const DropoutKey& key, const float* x, int64_t rows, int64_t in, float* out) override {
     Open o(this);
     inner_->Dropout(key, x, rows, in, out);

@@ -69,6 +69,9 @@ Model::Model(ModelConfig config, ModelOptions options)
   final_norm_ = backend_->Alloc(D, MemCategory::kWeights);
   if (!c.tie_word_embeddings) lm_head_ = backend_->Alloc(c.vocab_size * D, MemCategory::kWeights);
   layers_.resize(c.num_layers);
+  if (!options_.nf4 && options_.dtype != ComputeDType::kF32) {
+    weight_format_ = options_.dtype == ComputeDType::kBF16 ? Format16::kBF16 : Format16::kF16;
+  }
   const int64_t dims[kNumModules][2] = {{D, c.q_dim()}, {D, c.kv_dim()}, {D, c.kv_dim()}, {c.q_dim(), D},
                                         {D, I},         {D, I},          {I, D}};
   for (auto& layer : layers_) {
@@ -78,12 +81,16 @@ Model::Model(ModelConfig config, ModelOptions options)
       Linear& lin = layer.proj[m];
       lin.in = dims[m][0];
       lin.out = dims[m][1];
-      if (!options_.nf4) lin.w = backend_->Alloc(lin.in * lin.out, MemCategory::kWeights);
+      if (weight_format_) {
+        lin.w16 = backend_->AllocBytes(lin.in * lin.out * 2, MemCategory::kWeights);
+      } else if (!options_.nf4) {
+        lin.w = backend_->Alloc(lin.in * lin.out, MemCategory::kWeights);
+      }
       if (c.attention_bias && m <= static_cast<int>(ModuleKind::kV))
         lin.bias = backend_->Alloc(lin.out, MemCategory::kWeights);
     }
   }
-  if (options_.nf4) {
+  if (options_.nf4 || weight_format_) {
     int64_t largest = 0;
     for (const auto& lin : layers_[0].proj) largest = std::max(largest, lin.in * lin.out);
     dequant_ = backend_->Alloc(largest, MemCategory::kWorkspace);
@@ -106,7 +113,8 @@ std::vector<NamedTensor> Model::NamedWeights() {
       const std::string name = p + ModulePath(static_cast<ModuleKind>(m));
       out.push_back({name + ".weight",
                      {lin.out, lin.in},
-                     // An NF4 linear has no float buffer, unless MergeLora dequantized it.
+                     // An NF4 or 16-bit linear has no float buffer, unless made float since
+                     // (MergeLora, EnableFullTraining).
                      lin.w.empty() ? nullptr : lin.w.data(),
                      lin.w.empty() ? &lin : nullptr});
       if (!lin.bias.empty()) out.push_back({name + ".bias", {lin.out}, lin.bias.data()});
@@ -160,6 +168,9 @@ Status Model::EnableFullTraining() {
   if (options_.nf4)
     return Status::FailedPrecondition("NF4 base weights cannot be fully fine-tuned; use LoRA");
   full_training_ = true;
+  for (auto& layer : layers_) {
+    for (auto& lin : layer.proj) WidenLinear(lin);  // trained weights are fp32 masters
+  }
   dembed_ = backend_->Alloc(embed_.size(), MemCategory::kGradients);
   dfinal_norm_ = backend_->Alloc(final_norm_.size(), MemCategory::kGradients);
   if (!lm_head_.empty()) dlm_head_ = backend_->Alloc(lm_head_.size(), MemCategory::kGradients);
@@ -174,9 +185,36 @@ Status Model::EnableFullTraining() {
   return Status::OK();
 }
 
-void Model::SetNf4Weight(Linear* lin, const float* values) {
-  lin->nf4 = backend_->UploadNf4(cpu::QuantizeNf4(values, lin->in * lin->out, options_.nf4_config),
-                                 MemCategory::kWeights);
+void Model::SetLinearWeight(Linear* lin, const float* values) {
+  const int64_t n = lin->in * lin->out;
+  if (!weight_format_) {
+    FT_CHECK(options_.nf4);
+    lin->nf4 = backend_->UploadNf4(cpu::QuantizeNf4(values, n, options_.nf4_config), MemCategory::kWeights);
+    return;
+  }
+  std::vector<uint16_t> codes(static_cast<size_t>(n));
+  cpu::NarrowTo16(*weight_format_ == Format16::kBF16, values, n, codes.data());
+  backend_->CopyToDevice(lin->w16.data(), codes.data(), n * 2);
+  FT_CHECK(backend_->Synchronize().ok());  // `codes` is freed next
+}
+
+StatusOr<std::vector<float>> Model::LinearValues(const Linear& lin) const {
+  if (lin.w16.empty()) {
+    return Status::FailedPrecondition("an NF4 linear has no values to save; merge the adapter first");
+  }
+  const int64_t n = lin.in * lin.out;
+  std::vector<uint16_t> codes(static_cast<size_t>(n));
+  backend_->CopyToHost(codes.data(), lin.w16.data(), n * 2);
+  std::vector<float> out(static_cast<size_t>(n));
+  cpu::WidenFrom16(*weight_format_ == Format16::kBF16, codes.data(), n, out.data());
+  return out;
+}
+
+void Model::WidenLinear(Linear& lin) {
+  if (lin.w16.empty()) return;
+  lin.w = backend_->Alloc(lin.in * lin.out, MemCategory::kWeights);
+  backend_->Widen16(*weight_format_, lin.w16.as<uint16_t>(), lin.in * lin.out, lin.w.data());
+  lin.w16 = DeviceBuffer();
 }
 
 std::vector<float> Model::Download(const float* tensor, int64_t n) const {
@@ -205,7 +243,11 @@ void Model::RoundWeightsToComputeDType() {
 }
 
 const float* Model::LinearWeight(Linear& lin) {
-  if (!lin.nf4) return lin.w.data();
+  if (!lin.w.empty()) return lin.w.data();
+  if (!lin.w16.empty()) {  // typed storage: widened (exactly) into the scratch for this linear's GEMMs
+    backend_->Widen16(*weight_format_, lin.w16.as<uint16_t>(), lin.in * lin.out, dequant_.data());
+    return dequant_.data();
+  }
   backend_->DequantizeNf4(*lin.nf4, dequant_.data());
   Round(dequant_.data(), lin.in * lin.out);
   return dequant_.data();
@@ -676,6 +718,7 @@ void Model::MergeLora() {
         backend_->DequantizeNf4(*lin.nf4, lin.w.data());
         lin.nf4.reset();
       }
+      WidenLinear(lin);
       LoraWeights& lw = *lin.lora;
       backend_->Gemm(GemmOperands::kF32, false, false, lw.out, lw.in, lw.r, lw.scale, lw.b.data(), lw.r,
                      lw.a.data(), lw.in, 1.0f, lin.w.data(), lin.in);

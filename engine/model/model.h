@@ -22,6 +22,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,7 +70,11 @@ struct LoraWeights {
 
 struct Linear {
   int64_t in = 0, out = 0;
-  DeviceBuffer w;  // (out, in); empty when the weight is held in NF4
+  DeviceBuffer w;  // (out, in) floats; empty when the weight is held in NF4 or w16
+  // Typed storage: the frozen base weight (out, in) in the compute dtype,
+  // bf16 or fp16 codes (uint16_t), under ModelOptions::dtype bf16/fp16
+  // without NF4 or full training: half the bytes of w.
+  DeviceBuffer w16;
   // QLoRA: the frozen base weight in NF4, (out, in) row-major quantized as
   // one vector, resident in the backend's memory.
   std::unique_ptr<DeviceNf4> nf4;
@@ -93,10 +98,10 @@ struct DecoderLayer {
 struct NamedTensor {
   std::string name;  // e.g. "model.layers.0.self_attn.q_proj.weight"
   std::vector<int64_t> shape;
-  // Backend memory (Model::Download/Upload); nullptr for an NF4 linear: give
-  // its values to Model::SetNf4Weight.
+  // Backend memory (Model::Download/Upload); nullptr for a linear held in
+  // NF4 or 16-bit codes: give its values to Model::SetLinearWeight.
   float* data = nullptr;
-  Linear* nf4_linear = nullptr;  // the NF4 linear this tensor fills
+  Linear* linear = nullptr;  // that linear (data is nullptr)
   int64_t numel() const {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
@@ -191,10 +196,14 @@ class Model {
   // Makes every weight trainable (allocates gradients). FailedPrecondition
   // for an NF4 model (a quantized weight cannot be trained).
   Status EnableFullTraining();
-  // With options.nf4, linear base weights have no float buffer: loaders pass
-  // each one's (host) values here; they are quantized on the host and the
-  // codes and scales uploaded to the backend.
-  void SetNf4Weight(Linear* lin, const float* values);
+  // With options.nf4, or a bf16/fp16 dtype (typed storage), linear base
+  // weights have no float buffer: loaders pass each one's (host) values
+  // here; they are quantized to NF4 (or rounded to 16 bits, to nearest even)
+  // on the host and uploaded to the backend.
+  void SetLinearWeight(Linear* lin, const float* values);
+  // The values of a linear held in 16-bit codes, on the host (exact).
+  // FailedPrecondition for an NF4 one (merge it first: MergeLora).
+  StatusOr<std::vector<float>> LinearValues(const Linear& lin) const;
 
   // Host <-> backend copies of n floats of a model tensor (NamedTensor::data,
   // TrainableParam::data/grad). Download waits for the copy; after Upload the
@@ -272,7 +281,11 @@ class Model {
   std::vector<DecoderLayer> layers_;
   bool lora_enabled_ = false;
   bool full_training_ = false;
-  DeviceBuffer dequant_;  // scratch for one dequantized linear weight (NF4 only)
+  DeviceBuffer dequant_;  // scratch for one linear weight made float (NF4 dequantized, 16-bit widened)
+  // The 16-bit format of typed base weights, when the model has them (Linear::w16).
+  std::optional<Format16> weight_format_;
+  // Replaces lin's 16-bit codes by floats (full training, merging).
+  void WidenLinear(Linear& lin);
   LoraSpec lora_spec_;
 
   DeviceBuffer rope_cos_, rope_sin_;  // (rope_len_, hd/2)

@@ -53,6 +53,9 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
   const bool cuda = r.device == "cuda";
   // The CPU backend stores every compute-dtype tensor as float (bf16 is emulated).
   const int64_t act = cuda && r.dtype != "fp32" ? 2 : kF32;
+  // Frozen linear weights are stored in the compute dtype on every backend (Linear::w16), and
+  // widened into one float scratch per linear for its GEMMs.
+  const bool typed = r.dtype != "fp32" && !r.nf4 && !r.full;
   const int64_t L = c.num_layers, D = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
   const int64_t Q = c.q_dim(), KV = c.kv_dim(), H = c.num_heads;
   const std::vector<LinearShape> lin = Linears(r);
@@ -64,7 +67,7 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
   for (const LinearShape& s : lin) {
     const int64_t n = s.in * s.out;
     max_linear = std::max(max_linear, n);
-    per_layer_weights += r.nf4 ? Nf4Bytes(n, r.nf4_block, r.double_quant) : n * act;
+    per_layer_weights += r.nf4 ? Nf4Bytes(n, r.nf4_block, r.double_quant) : n * (typed ? 2 : act);
     if (s.bias) per_layer_weights += s.out * act;
     if (s.adapted) {
       trainable += L * r.lora_r * (s.in + s.out);
@@ -97,7 +100,8 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
       + (r.lora_dropout > 0 ? rows * std::max({D, I, Q}) * act : 0) +
       std::min(rows, chunk) * V * kF32           // logits chunk
       + 2 * r.seq_len * (c.head_dim / 2) * kF32  // RoPE cos/sin
-      + (r.nf4 ? max_linear * act : 0);          // dequantised weight of one linear
+      + (r.nf4 ? max_linear * act : 0)           // dequantised weight of one linear
+      + (typed ? max_linear * kF32 : 0);         // widened weight of one linear
   m.runtime = cuda ? kCudaRuntimeBytes : 0;
   return m;
 }

@@ -66,6 +66,16 @@ uint16_t FloatToHalf(float f) {
   return sign | static_cast<uint16_t>(ShiftRightRne(mant, shift));  // may round up to 2^-14: still right
 }
 
+void NarrowTo16(bool bf16, const float* x, int64_t n, uint16_t* out) {
+#pragma omp parallel for schedule(static) if (n >= (1 << 15))
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16 ? FloatToBf16(x[i]) : FloatToHalf(x[i]);
+}
+
+void WidenFrom16(bool bf16, const uint16_t* x, int64_t n, float* out) {
+#pragma omp parallel for schedule(static) if (n >= (1 << 15))
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16 ? Bf16ToFloat(x[i]) : HalfToFloat(x[i]);
+}
+
 void RoundToFp16(float* x, int64_t n) {
 #pragma omp parallel for schedule(static) if (n >= (1 << 15))
   for (int64_t i = 0; i < n; ++i) x[i] = HalfToFloat(FloatToHalf(x[i]));

@@ -130,5 +130,9 @@ float HalfToFloat(uint16_t h);
 // fp16 emulation, as RoundToBf16: each float rounded to the nearest half
 // (round-to-nearest-even; beyond 65504 to infinity, below 2^-24 to zero).
 void RoundToFp16(float* x, int64_t n);
+// Whole arrays: float -> bf16 (bf16 = true) or fp16 codes, round-to-nearest-even,
+// and back (exact).
+void NarrowTo16(bool bf16, const float* x, int64_t n, uint16_t* out);
+void WidenFrom16(bool bf16, const uint16_t* x, int64_t n, float* out);
 
 }  // namespace ft::cpu

@@ -55,9 +55,9 @@ for t in "${targets[@]}"; do
     -seed="$seed" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2560 -max_len=65536 -print_final_stats=1 \
     -artifact_prefix="$build/findings/$t/" > "$work/log.txt" 2>&1)
   status=$?
-  stats=$(grep -E "^#[0-9]+\s+DONE" "$work/log.txt" | tail -1)
-  execs=$(grep -oP "stat::number_of_executed_units:\s*\K[0-9]+" "$work/log.txt" | tail -1)
-  speed=$(grep -oP "stat::average_exec_per_sec:\s*\K[0-9]+" "$work/log.txt" | tail -1)
+  stats=$(grep -aE "^#[0-9]+\s+DONE" "$work/log.txt" | tail -1)
+  execs=$(grep -aoP "stat::number_of_executed_units:\s*\K[0-9]+" "$work/log.txt" | tail -1)
+  speed=$(grep -aoP "stat::average_exec_per_sec:\s*\K[0-9]+" "$work/log.txt" | tail -1)
   cov=$(echo "$stats" | grep -oP "cov: \K[0-9]+")
   ft=$(echo "$stats" | grep -oP "ft: \K[0-9]+")
   corp=$(echo "$stats" | grep -oP "corp: \K[0-9]+")
@@ -65,7 +65,7 @@ for t in "${targets[@]}"; do
     rc=1
     cp "$work/log.txt" "$build/findings/$t/log.txt"
     log "$t: FINDING (exit $status); input and log in $build/findings/$t/"
-    grep -E "ERROR|SUMMARY|runtime error|Test unit written" "$work/log.txt" | head -8
+    grep -aE "ERROR|SUMMARY|runtime error|Test unit written" "$work/log.txt" | head -8
   else
     log "$t: ${execs:-?} runs in ${seconds} s, ${speed:-?} exec/s, cov ${cov:-?} edges, ft ${ft:-?}, corpus ${corp:-?}"
   fi

@@ -52,6 +52,7 @@ struct MemCase {
   int64_t loss_chunk_rows = 0;  // 0 = default chunking
   bool full = false;
   bool nf4 = false;
+  ComputeDType dtype = ComputeDType::kF32;
 };
 
 // Builds a model for `s`, runs one forward/backward and optimizer step, and
@@ -66,6 +67,7 @@ Measured Measure(const MemCase& s) {
     o.activation_checkpointing = s.checkpointing;
     o.loss_chunk_rows = s.loss_chunk_rows;
     o.nf4 = s.nf4;
+    o.dtype = s.dtype;
     Model model(SmallLlama(), o);
     RandomInitModel(&model, 3);
     if (s.full) {
@@ -111,6 +113,7 @@ PlanRequest RequestFor(const MemCase& s) {
   r.loss_chunk_rows = s.loss_chunk_rows;
   r.global_batch = s.micro;
   r.nf4 = s.nf4;
+  r.dtype = s.dtype == ComputeDType::kF32 ? "fp32" : s.dtype == ComputeDType::kBF16 ? "bf16" : "fp16";
   return r;
 }
 
@@ -167,6 +170,61 @@ TEST(MemoryTechniquesTest, Nf4WeightsLowerThePeakOfTheWeights) {
   EXPECT_NE(a.loss, b.loss) << "quantization changes the weights";
 }
 
+// Typed storage: under bf16 or fp16 the frozen linear weights are held as
+// 16-bit codes (Linear::w16), half the bytes of fp32; embeddings, norms and
+// the head stay fp32 (for now). The planner predicts the weight bytes
+// exactly, and bf16 storage changes nothing in the math: the same loss and
+// gradients as bf16 emulated on fp32 weights (what the bf16 goldens pin).
+TEST(MemoryTechniquesTest, Bf16AndFp16LinearWeightsTakeHalfTheBytes) {
+  const ModelConfig c = SmallLlama();
+  int64_t linear = 0;
+  for (int64_t n : {c.hidden_size * c.q_dim(), 2 * c.hidden_size * c.kv_dim(), c.q_dim() * c.hidden_size,
+                    3 * c.hidden_size * c.intermediate_size}) {
+    linear += n * c.num_layers;
+  }
+  MemCase fp32;
+  const Measured a = Measure(fp32);
+  for (ComputeDType dtype : {ComputeDType::kBF16, ComputeDType::kF16}) {
+    MemCase typed;
+    typed.dtype = dtype;
+    const Measured b = Measure(typed);
+    const int64_t wa = a.by_category.at(MemCategory::kWeights), wb = b.by_category.at(MemCategory::kWeights);
+    std::printf("peak weights: fp32 %s, %s %s (linears %s -> %s)\n", FormatBytes(wa).c_str(),
+                dtype == ComputeDType::kBF16 ? "bf16" : "fp16", FormatBytes(wb).c_str(),
+                FormatBytes(linear * 4).c_str(), FormatBytes(linear * 2).c_str());
+    EXPECT_EQ(wa - wb, linear * 2) << "every frozen linear weight stored in 2 bytes instead of 4";
+    EXPECT_EQ(PredictMemory(RequestFor(typed), typed.micro).weights, wb);
+  }
+}
+
+// The same weights as 16-bit codes or as floats rounded to 16 bits: the same
+// forward and backward, bit for bit (the weights are widened exactly).
+TEST(MemoryTechniquesTest, TypedWeightsComputeWhatRoundedFloatWeightsDo) {
+  for (ComputeDType dtype : {ComputeDType::kBF16, ComputeDType::kF16}) {
+    std::vector<float> losses;
+    for (int typed = 0; typed < 2; ++typed) {
+      ModelOptions o;
+      o.dtype = dtype;
+      Model model(SmallLlama(), o);
+      RandomInitModel(&model, 3);
+      if (!typed) {
+        ASSERT_TRUE(model.EnableFullTraining().ok());  // float weights (widened), rounded
+      }
+      model.RoundWeightsToComputeDType();
+      LoraSpec lora;
+      lora.r = 4;
+      lora.target_modules = {"q_proj", "v_proj", "down_proj"};
+      if (typed) {
+        ASSERT_TRUE(model.EnableLora(lora).ok());
+      }
+      MicroBatch mb = FullBatch(2, 32, SmallLlama().vocab_size);
+      model.ZeroGrads();
+      losses.push_back(static_cast<float>(model.ForwardBackward(mb, 1.0f / 64).loss_sum));
+    }
+    EXPECT_EQ(losses[0], losses[1]) << (dtype == ComputeDType::kBF16 ? "bf16" : "fp16");
+  }
+}
+
 TEST(PlannerTest, PredictsTheMeasuredPeakWithinTenPercentOverAGrid) {
   int cases = 0;
   double worst = 0;
@@ -174,10 +232,11 @@ TEST(PlannerTest, PredictsTheMeasuredPeakWithinTenPercentOverAGrid) {
     for (int64_t micro : {1, 4}) {
       for (int64_t r : {4, 32}) {
         for (bool ckpt : {false, true}) {
-          for (int variant = 0; variant < 3; ++variant) {  // LoRA, QLoRA (NF4), full fine-tune
+          for (int variant = 0; variant < 4; ++variant) {  // LoRA, QLoRA (NF4), full fine-tune, bf16 LoRA
             const bool full = variant == 2, nf4 = variant == 1;
             if (full && r != 4) continue;
-            MemCase s{micro, seq, r, ckpt, 0, full, nf4};
+            MemCase s{micro, seq,  r,   ckpt,
+                      0,     full, nf4, variant == 3 ? ComputeDType::kBF16 : ComputeDType::kF32};
             const int64_t measured = Measure(s).peak;
             const int64_t predicted = PredictMemory(RequestFor(s), micro).total();
             const double err =
