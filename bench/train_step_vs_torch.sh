@@ -8,6 +8,8 @@
 # Environment:
 #   FT_BENCH_THREADS   threads for both sides (default 2)
 #   FT_BENCH_STEPS     steps per side; the median is over steps 3..N (default 12)
+#   FT_BENCH_DTYPE     ftune's model.dtype: fp32 (default), bf16 or fp16 (emulated on the
+#                      CPU, frozen linears stored in 16 bits); PyTorch stays fp32
 #   FT_BENCH_KEEP=1    keep the scratch folder (model, data, job, metrics)
 #   PYTHON             interpreter for the PyTorch side (default /usr/bin/python3)
 #   FT_BENCH_OMP_WAIT_POLICY  OMP_WAIT_POLICY for both sides (default passive;
@@ -25,6 +27,7 @@ FT="$BUILD/engine/ft-train"
 PY="${PYTHON:-/usr/bin/python3}"
 THREADS="${FT_BENCH_THREADS:-2}"
 STEPS="${FT_BENCH_STEPS:-12}"
+DTYPE="${FT_BENCH_DTYPE:-fp32}"
 SKIP=2          # steps 1..2 are warm-up; the median is over steps 3..STEPS
 SEQ=256
 BATCH=4
@@ -76,7 +79,7 @@ with open(sys.argv[1], "w") as f:
 EOF
 
 cat >"$WORK/job.yaml" <<EOF
-model: {path: model, dtype: fp32}
+model: {path: model, dtype: $DTYPE}
 adapter: {type: lora, r: 16, alpha: 32, target_modules: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]}
 data: {train: data.jsonl, format: tokens, seq_len: $SEQ, packing: false, shuffle: false}
 train: {max_steps: $STEPS, global_batch_size: $BATCH, micro_batch_size: $BATCH, lr: 1.0e-4, warmup_steps: 0, activation_checkpointing: false, attention: flash}
@@ -111,11 +114,12 @@ TORCH_JSON="$("$PY" "$HERE/torch_lora_step.py" --threads "$THREADS" --steps "$ST
   --skip "$SKIP" --seq "$SEQ" --batch "$BATCH")"
 
 # ---- report ------------------------------------------------------------------
-"$PY" - "$FT_JSON" "$TORCH_JSON" "$THREADS" "${OMP_WAIT_POLICY:-unset (libgomp default)}" <<'EOF'
+"$PY" - "$FT_JSON" "$TORCH_JSON" "$THREADS" "${OMP_WAIT_POLICY:-unset (libgomp default)}" "$DTYPE" <<'EOF'
 import json, sys
 ft, pt, threads, wait = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
+dtype = sys.argv[5]
 print(f"config: bench preset (4 layers, hidden 256, intermediate 688, 8 heads / 4 kv, "
-      f"vocab 2048), seq 256, batch 4, LoRA r=16 alpha=32 all linears, fp32, AdamW, "
+      f"vocab 2048), seq 256, batch 4, LoRA r=16 alpha=32 all linears, ftune {dtype} / pytorch fp32, AdamW, "
       f"{threads} threads (OMP_WAIT_POLICY={wait})")
 print(f"torch attention: {pt['attention']}")
 print(f"ftune    median step {ft['median_step_s']:.3f} s  ({ft['tokens_per_s']:.0f} tok/s)"
