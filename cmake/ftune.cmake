@@ -13,10 +13,13 @@ function(ft_project_warnings target)
     $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings -diag-suppress=2810 -Xcompiler=-Wall,-Wextra,-Werror>)
 endfunction()
 
+# FT_SANITIZED: code that budgets stack (engine/text/jinja) allows for the sanitizers' larger frames.
 if(FT_SANITIZE STREQUAL "address")
+  add_compile_definitions(FT_SANITIZED=1)
   add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
   add_link_options(-fsanitize=address,undefined)
 elseif(FT_SANITIZE STREQUAL "thread")
+  add_compile_definitions(FT_SANITIZED=1)
   add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
   add_link_options(-fsanitize=thread)
 elseif(NOT FT_SANITIZE STREQUAL "")

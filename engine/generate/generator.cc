@@ -68,14 +68,14 @@ size_t FindStop(const std::string& text, const std::vector<std::string>& stop, s
 }  // namespace
 
 StatusOr<GenerationModel> LoadGenerationModel(const GenerationModelOptions& o) {
-  if (!ParseComputeDType(o.dtype).ok()) {
+  const StatusOr<ComputeDType> dtype = ParseComputeDType(o.dtype);
+  if (!dtype.ok())
     return Status::InvalidArgument("--dtype must be fp32, bf16 or fp16, not '" + o.dtype + "'");
-  }
   FT_ASSIGN_OR_RETURN(ModelConfig config, ReadHfConfig(o.model_dir));
   FT_ASSIGN_OR_RETURN(DeviceKind kind, ParseDeviceKind(o.device));
   FT_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, CreateBackend(kind));
   ModelOptions options;
-  FT_ASSIGN_OR_RETURN(options.dtype, ParseComputeDType(o.dtype));
+  options.dtype = *dtype;
   options.nf4 = o.nf4;
   options.nf4_config = {64, true, 256};  // QLoRA's: blocks of 64, double-quantized scales
   options.backend = std::move(backend);

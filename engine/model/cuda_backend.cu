@@ -93,17 +93,17 @@ __global__ void Widen16Kernel(bool bf16, const uint16_t* x, int64_t n, float* ou
   }
 }
 
-__global__ void RoundToBf16Kernel(float* x, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    x[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
-  }
-}
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
 
-__global__ void RoundToFp16Kernel(float* x, int64_t n) {
+// x[i] = T(x[i]) back as float: the bf16 or fp16 emulation in place.
+template <typename T>
+__global__ void RoundInPlaceKernel(float* x, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    x[i] = __half2float(__float2half_rn(x[i]));
+    T rounded;
+    StoreRounded(x[i], &rounded);
+    x[i] = ToFloat(rounded);
   }
 }
 
@@ -385,23 +385,20 @@ class CudaBackend final : public Backend {
     BiasGradKernel<<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(dy, rows, n, dbias);
     Record(LaunchStatus("BiasGradKernel"));
   }
-  void RoundToBf16(float* x, int64_t n) override {
+  void RoundToBf16(float* x, int64_t n) override { RoundInPlace<cuda::bf16>(x, n, "bf16 rounding"); }
+  void RoundToFp16(float* x, int64_t n) override { RoundInPlace<cuda::fp16>(x, n, "fp16 rounding"); }
+  template <typename T>
+  void RoundInPlace(float* x, int64_t n, const char* name) {
     if (!status_.ok() || n <= 0) return;
-    FT_TIME_OP("bf16 rounding");
-    RoundToBf16Kernel<<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(x, n);
-    Record(LaunchStatus("RoundToBf16Kernel"));
+    FT_TIME_OP(name);
+    RoundInPlaceKernel<T><<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(x, n);
+    Record(LaunchStatus(name));
   }
   void Widen16(Format16 format, const uint16_t* x, int64_t n, float* out) override {
     if (!status_.ok() || n <= 0) return;
     FT_TIME_OP("widen 16-bit weight");
     Widen16Kernel<<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(format == Format16::kBF16, x, n, out);
     Record(LaunchStatus("Widen16Kernel"));
-  }
-  void RoundToFp16(float* x, int64_t n) override {
-    if (!status_.ok() || n <= 0) return;
-    FT_TIME_OP("fp16 rounding");
-    RoundToFp16Kernel<<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(x, n);
-    Record(LaunchStatus("RoundToFp16Kernel"));
   }
   void Dropout(const DropoutKey& key, const float* x, int64_t rows, int64_t in, float* out) override {
     LaunchDropout(key, x, rows, in, out, false);

@@ -168,9 +168,7 @@ StatusOr<Value> StrReplace(Interpreter&, const Value& self, const Args& a) {
   FT_ASSIGN_OR_RETURN(int64_t count, a.Int(2, -1));
   const std::string s = self.ToStr();
   if (new_s.size() > old_s.size()) {  // the result grows by this much per replacement
-    uint64_t hits = old_s.empty() ? s.size() + 1 : 0;
-    for (size_t at = 0; !old_s.empty() && (at = s.find(old_s, at)) != std::string::npos; at += old_s.size())
-      ++hits;
+    uint64_t hits = static_cast<uint64_t>(PyCount(s, old_s));
     if (count >= 0) hits = std::min<uint64_t>(hits, static_cast<uint64_t>(count));
     FT_RETURN_IF_ERROR(CheckResultSize("replace", s.size() + hits * (new_s.size() - old_s.size())));
   }

@@ -213,7 +213,6 @@ StatusOr<Value> Join(Interpreter&, const Value& v, const Args& a) {
     FT_RETURN_IF_ERROR(CheckResultSize("join", v.str().size() + (n > 0 ? n - 1 : 0) * uint64_t{sep.size()}));
   }
   FT_ASSIGN_OR_RETURN(std::vector<Value> items, Iterate(v));
-  FT_RETURN_IF_ERROR(CheckResultSize("join", (items.empty() ? 0 : items.size() - 1) * uint64_t{sep.size()}));
   FT_ASSIGN_OR_RETURN(std::optional<std::string> attr, a.OptStr(1));
   std::string out;
   for (size_t i = 0; i < items.size(); ++i) {

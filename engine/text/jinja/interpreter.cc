@@ -20,15 +20,10 @@ constexpr size_t kMaxOutputBytes = size_t{16} << 20;
 // Stack a render may use: macros calling macros inside deep expressions add
 // up, and each bound above alone does not bound their product. Sanitizers
 // make every frame about three times larger (redzones), so the same
-// templates get three times the bytes there (the main thread has 8 MiB).
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+// templates get three times the bytes there (the main thread has 8 MiB;
+// FT_SANITIZED comes from the build: cmake/ftune.cmake).
+#ifdef FT_SANITIZED
 constexpr uintptr_t kStackFactor = 3;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr uintptr_t kStackFactor = 3;
-#else
-constexpr uintptr_t kStackFactor = 1;
-#endif
 #else
 constexpr uintptr_t kStackFactor = 1;
 #endif
