@@ -789,6 +789,8 @@ void Daemon::OnMetrics(WorkerSink* sink, const pb::MetricsReport& m) {
     if (p.has_eval_loss()) row.eval_loss = p.eval_loss();
     row.eval_only = p.eval_only();
     row.tokens_seen = p.tokens_seen();
+    if (p.has_step_seconds()) row.step_seconds = p.step_seconds();
+    if (p.has_copy_wait_seconds()) row.copy_wait_seconds = p.copy_wait_seconds();
     rows.push_back(row);
   }
   std::vector<MetricRow> stored;
@@ -810,6 +812,8 @@ void Daemon::OnMetrics(WorkerSink* sink, const pb::MetricsReport& m) {
     p->set_epoch(r.epoch);
     p->set_tokens_seen(r.tokens_seen);
     if (!std::isnan(r.eval_loss)) p->set_eval_loss(r.eval_loss);
+    if (!std::isnan(r.step_seconds)) p->set_step_seconds(r.step_seconds);
+    if (!std::isnan(r.copy_wait_seconds)) p->set_copy_wait_seconds(r.copy_wait_seconds);
     pending_updates_.push_back(std::move(u));
   }
 }

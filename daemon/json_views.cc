@@ -100,16 +100,19 @@ json EventJson(const EventRow& e) {
 }
 
 json MetricJson(const pb::MetricPoint& p, const std::string& job_id) {
-  json out = {{"step", p.step()},
-              {"epoch", p.epoch()},
-              {"time_ms", p.time_ms()},
-              {"loss", Number(p.loss())},
-              {"lr", Number(p.lr())},
-              {"grad_norm", Number(p.grad_norm())},
-              {"tokens_per_s", Number(p.tokens_per_s())},
-              {"peak_bytes", p.peak_bytes()},
-              {"tokens", p.tokens_seen() > 0 ? json(p.tokens_seen()) : json(nullptr)},
-              {"eval_loss", p.has_eval_loss() ? Number(p.eval_loss()) : json(nullptr)}};
+  json out = {
+      {"step", p.step()},
+      {"epoch", p.epoch()},
+      {"time_ms", p.time_ms()},
+      {"loss", Number(p.loss())},
+      {"lr", Number(p.lr())},
+      {"grad_norm", Number(p.grad_norm())},
+      {"tokens_per_s", Number(p.tokens_per_s())},
+      {"peak_bytes", p.peak_bytes()},
+      {"tokens", p.tokens_seen() > 0 ? json(p.tokens_seen()) : json(nullptr)},
+      {"step_seconds", p.has_step_seconds() ? Number(p.step_seconds()) : json(nullptr)},
+      {"copy_wait_seconds", p.has_copy_wait_seconds() ? Number(p.copy_wait_seconds()) : json(nullptr)},
+      {"eval_loss", p.has_eval_loss() ? Number(p.eval_loss()) : json(nullptr)}};
   if (!job_id.empty()) out["job_id"] = job_id;
   return out;
 }
@@ -124,6 +127,8 @@ json MetricJson(const MetricRow& m) {
           {"tokens_per_s", Number(m.tokens_per_s)},
           {"peak_bytes", m.peak_bytes},
           {"tokens", m.tokens_seen > 0 ? json(m.tokens_seen) : json(nullptr)},
+          {"step_seconds", Number(m.step_seconds)},
+          {"copy_wait_seconds", Number(m.copy_wait_seconds)},
           {"eval_loss", Number(m.eval_loss)}};
 }
 

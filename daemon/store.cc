@@ -161,6 +161,12 @@ ALTER TABLE metrics ADD COLUMN eval_loss REAL;
     R"sql(
 ALTER TABLE metrics ADD COLUMN tokens_seen INTEGER;
 )sql",
+    // 5: the step's wall time and, of it, the time spent waiting for the memory
+    // techniques' copies (the dashboard's overlap chart; NULL = not reported).
+    R"sql(
+ALTER TABLE metrics ADD COLUMN step_seconds REAL;
+ALTER TABLE metrics ADD COLUMN copy_wait_seconds REAL;
+)sql",
 };
 
 constexpr int kLatestVersion = static_cast<int>(std::size(kMigrations));
@@ -186,7 +192,8 @@ constexpr char kCheckpointColumns[] =
     "job_id, epoch, step, dir, manifest_sha256, write_seconds, committed_ms";
 constexpr char kEventColumns[] = "seq, time_ms, job_id, worker_id, kind, message, step";
 constexpr char kMetricColumns[] =
-    "job_id, epoch, step, loss, lr, grad_norm, tokens_per_s, peak_bytes, time_ms, eval_loss, tokens_seen";
+    "job_id, epoch, step, loss, lr, grad_norm, tokens_per_s, peak_bytes, time_ms, eval_loss, tokens_seen, "
+    "step_seconds, copy_wait_seconds";
 
 // "?, ?, ?" with n placeholders.
 std::string Placeholders(int n) {
@@ -381,6 +388,8 @@ MetricRow ReadMetric(const Query& q) {
   m.time_ms = q.Int(8);
   m.eval_loss = q.Real(9);
   m.tokens_seen = q.Int(10);
+  m.step_seconds = q.Real(11);
+  m.copy_wait_seconds = q.Real(12);
   return m;
 }
 
@@ -940,7 +949,7 @@ Status Store::AddMetrics(const std::vector<MetricRow>& rows, std::vector<MetricR
   // A training point replaces the step's training fields; an eval-only point sets eval_loss.
   // Either keeps what the other one wrote (a NaN binds as NULL: none).
   const std::string insert = std::string("INSERT INTO metrics (") + kMetricColumns + ") VALUES (" +
-                             Placeholders(11) + ") ON CONFLICT (job_id, step, epoch) DO UPDATE SET ";
+                             Placeholders(13) + ") ON CONFLICT (job_id, step, epoch) DO UPDATE SET ";
   const std::string returning = std::string(" RETURNING ") + kMetricColumns;
   if (stored) stored->clear();
   return Write(op, [&]() -> Status {
@@ -952,7 +961,9 @@ Status Store::AddMetrics(const std::vector<MetricRow>& rows, std::vector<MetricR
                                               "excluded.grad_norm, tokens_per_s = excluded.tokens_per_s, "
                                               "peak_bytes = excluded.peak_bytes, time_ms = excluded.time_ms, "
                                               "eval_loss = COALESCE(excluded.eval_loss, eval_loss), "
-                                              "tokens_seen = excluded.tokens_seen") +
+                                              "tokens_seen = excluded.tokens_seen, "
+                                              "step_seconds = excluded.step_seconds, "
+                                              "copy_wait_seconds = excluded.copy_wait_seconds") +
                                returning,
                            op));
       const double none = std::numeric_limits<double>::quiet_NaN();
@@ -963,6 +974,7 @@ Status Store::AddMetrics(const std::vector<MetricRow>& rows, std::vector<MetricR
         q.Bind(m.loss, m.lr, m.grad_norm, m.tokens_per_s, m.peak_bytes);
       }
       q.Bind(m.time_ms, m.eval_loss, m.eval_only ? int64_t{0} : m.tokens_seen);
+      q.Bind(m.eval_only ? none : m.step_seconds, m.eval_only ? none : m.copy_wait_seconds);
       bool row = false;
       FT_RETURN_IF_ERROR(q.Next(&row));
       if (row && stored) stored->push_back(ReadMetric(q));

@@ -175,6 +175,9 @@ struct MetricRow {
   // Carries only eval_loss: merged into the step's row, whose training fields stay.
   bool eval_only = false;
   int64_t tokens_seen = 0;  // target tokens trained on up to this step; 0 = not reported
+  // Wall time of the step and, of it, the wait for copy-stream transfers; NaN = not reported (NULL).
+  double step_seconds = std::numeric_limits<double>::quiet_NaN();
+  double copy_wait_seconds = std::numeric_limits<double>::quiet_NaN();
 };
 
 class Store {

@@ -1,6 +1,7 @@
 // The job page (#/jobs/ID): loss and learning-rate curves (the data.eval loss
 // as points when the job has one) with the event timeline drawn on their time
-// axis, tokens/s, device memory (used, the planner's prediction and the device
+// axis, tokens/s, step time against the time spent waiting for the memory
+// techniques' copies (whether prefetching hides them), device memory (used, the planner's prediction and the device
 // total on one chart), the plan, attempts, the event list, the job's YAML, a
 // live log tail and a cancel button.
 //
@@ -60,6 +61,17 @@ export function mountJob(root, id, app) {
       xRange: (min, max) => eventRange(min, max),
       height: 160,
     }),
+    // Step wall time and, of it, the wait for copy-stream transfers (offloaded
+    // activations and weights, paged optimizer states) that compute did not hide.
+    timing: timeChart(ui.timingChart, {
+      series: [
+        { label: 'step s', stroke: '#1a73e8', scale: 's', width: 2 },
+        { label: 'copy wait s', stroke: '#d93025', scale: 's', fill: '#d9302522' },
+      ],
+      axes: [{ scale: 's', size: 70, values: axisFormats.number }],
+      xRange: (min, max) => eventRange(min, max),
+      height: 160,
+    }),
     memory: null,  // built once the devices are known (one used/total pair per device)
   };
   app.charts = charts;
@@ -95,6 +107,7 @@ export function mountJob(root, id, app) {
     charts.loss.setData([t, points.map((p) => finite(p.loss)), points.map((p) => finite(p.lr)),
       points.map((p) => finite(p.eval_loss))]);
     charts.tokens.setData([t, points.map((p) => finite(p.tokens_per_s))]);
+    charts.timing.setData([t, points.map((p) => finite(p.step_seconds)), points.map((p) => finite(p.copy_wait_seconds))]);
   }
 
   function drawMemory() {
@@ -375,6 +388,7 @@ function buildPage(root, id) {
     summary: el('dl', { class: 'summary' }),
     lossChart: el('div', { class: 'chart', id: 'chart-loss' }),
     tokensChart: el('div', { class: 'chart', id: 'chart-tokens' }),
+    timingChart: el('div', { class: 'chart', id: 'chart-timing' }),
     memoryChart: el('div', { class: 'chart', id: 'chart-memory' }),
     memoryNote: el('p', { class: 'note' }),
     events: el('tbody'),
@@ -393,6 +407,7 @@ function buildPage(root, id) {
       panel('Summary', ui.summary),
       panel('Loss, eval loss and learning rate (markers: events)', ui.lossChart),
       panel('Tokens per second', ui.tokensChart),
+      panel('Step time and copy wait (memory techniques)', ui.timingChart),
       panel('Device memory: used, predicted, total', ui.memoryChart, ui.memoryNote),
       panel('Events', el('div', { class: 'scroll' }, table(['time', 'event', 'worker', 'step', 'message'], ui.events))),
       panel('Attempts', el('div', { class: 'scroll' },

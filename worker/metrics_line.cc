@@ -61,6 +61,8 @@ StatusOr<MetricsLine> ParseMetricsLine(std::string_view line) {
   m.tokens = static_cast<int64_t>(Number(j, "tokens"));
   m.tokens_seen = static_cast<int64_t>(Number(j, "tokens_seen"));
   m.tokens_per_s = Number(j, "tokens_per_s");
+  m.step_seconds = Number(j, "step_seconds");
+  m.copy_wait_seconds = Number(j, "copy_wait_seconds");
   m.peak_bytes = static_cast<int64_t>(Number(j, "peak_bytes"));
   m.checkpoint_seconds = Number(j, "checkpoint_seconds");
   return m;

@@ -1,6 +1,7 @@
 // One line of ft-train's <output.dir>/metrics.jsonl, parsed (engine/train/trainer.cc
 // writes them): a step line {"step","loss","lr","grad_norm","tokens",
-// "tokens_per_s","step_seconds","peak_bytes", optional "checkpoint_seconds"},
+// "tokens_per_s","step_seconds","copy_wait_seconds","peak_bytes", optional
+// "checkpoint_seconds"},
 // an evaluation line {"step","eval_loss","eval_tokens","eval_seconds"} (after
 // the step line of the same step, when the job has data.eval), or an event
 // line {"event":"checkpoint"|"preempted"|"failed"|"resume", "step", ...}.
@@ -29,6 +30,8 @@ struct MetricsLine {
   int64_t tokens = 0;
   int64_t tokens_seen = 0;  // target tokens trained on in the run so far (0: an older trainer)
   double tokens_per_s = 0;
+  double step_seconds = 0;       // wall time of the step (0: not reported)
+  double copy_wait_seconds = 0;  // of which waiting for copy-stream transfers
   int64_t peak_bytes = 0;
   double checkpoint_seconds = 0;  // kStep (newest measured, 0 = none yet) and kCheckpoint
   // kEval: mean token cross-entropy on data.eval (NaN when the trainer wrote null: it diverged)

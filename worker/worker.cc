@@ -343,6 +343,10 @@ void Worker::OnMetrics(const AttemptSpec& a, const std::vector<MetricsLine>& ste
     p->set_tokens_per_s(s.tokens_per_s);
     p->set_peak_bytes(s.peak_bytes);
     p->set_tokens_seen(s.tokens_seen);
+    if (s.step_seconds > 0) {  // older trainers do not report them
+      p->set_step_seconds(s.step_seconds);
+      p->set_copy_wait_seconds(s.copy_wait_seconds);
+    }
   }
   Send(std::move(m));
 }

@@ -2,7 +2,9 @@
 // tracked allocation and the backend factory.
 #include "engine/model/backend.h"
 
+#include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 namespace ft {
@@ -49,12 +51,21 @@ DeviceBuffer Backend::Alloc(int64_t n_floats, MemCategory category, MemoryTracke
 }
 
 DeviceBuffer Backend::AllocBytes(int64_t bytes, MemCategory category, MemoryTracker* tracker) {
+  return Allocate(bytes, false, category, tracker);
+}
+
+DeviceBuffer Backend::AllocHost(int64_t bytes, MemCategory category, MemoryTracker* tracker) {
+  return Allocate(bytes, true, category, tracker);
+}
+
+DeviceBuffer Backend::Allocate(int64_t bytes, bool host, MemCategory category, MemoryTracker* tracker) {
   FT_CHECK(bytes >= 0);
   DeviceBuffer b;
   if (bytes == 0) return b;
-  b.ptr_ = RawAlloc(bytes);
+  b.ptr_ = host ? RawAllocHost(bytes) : RawAlloc(bytes);
   if (b.ptr_ == nullptr) throw std::bad_alloc();
   b.bytes_ = bytes;
+  b.host_ = host;
   b.category_ = category;
   b.tracker_ = tracker;
   b.backend_ = this;
@@ -62,11 +73,29 @@ DeviceBuffer Backend::AllocBytes(int64_t bytes, MemCategory category, MemoryTrac
   return b;
 }
 
+void* Backend::RawAllocHost(int64_t bytes) {
+  const size_t rounded = (static_cast<size_t>(bytes) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (p != nullptr) std::memset(p, 0, rounded);
+  return p;
+}
+
+void Backend::RawFreeHost(void* p) { std::free(p); }
+
+void Backend::InlineCopy(void* dst, const void* src, int64_t bytes, bool to_device, CopyStats* stats) {
+  if (bytes <= 0) return;
+  const auto start = std::chrono::steady_clock::now();
+  std::memcpy(dst, src, static_cast<size_t>(bytes));
+  stats->wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  (to_device ? stats->to_device_bytes : stats->to_host_bytes) += bytes;
+}
+
 DeviceBuffer::~DeviceBuffer() { Release(); }
 
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
     : ptr_(other.ptr_),
       bytes_(other.bytes_),
+      host_(other.host_),
       category_(other.category_),
       tracker_(other.tracker_),
       backend_(other.backend_) {
@@ -81,6 +110,7 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
     Release();
     ptr_ = other.ptr_;
     bytes_ = other.bytes_;
+    host_ = other.host_;
     category_ = other.category_;
     tracker_ = other.tracker_;
     backend_ = other.backend_;
@@ -94,7 +124,11 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
 
 void DeviceBuffer::Release() {
   if (ptr_ == nullptr) return;
-  backend_->RawFree(ptr_);
+  if (host_) {
+    backend_->RawFreeHost(ptr_);
+  } else {
+    backend_->RawFree(ptr_);
+  }
   if (tracker_) tracker_->Sub(category_, bytes_);
   ptr_ = nullptr;
   bytes_ = 0;

@@ -82,6 +82,8 @@ class DeviceBuffer {
   int64_t bytes() const { return bytes_; }
   int64_t size() const { return bytes_ / static_cast<int64_t>(sizeof(float)); }  // floats
   bool empty() const { return bytes_ == 0; }
+  // Host memory from Backend::AllocHost rather than device memory.
+  bool host() const { return host_; }
 
  private:
   friend class Backend;
@@ -89,6 +91,7 @@ class DeviceBuffer {
 
   void* ptr_ = nullptr;
   int64_t bytes_ = 0;
+  bool host_ = false;
   MemCategory category_ = MemCategory::kWorkspace;
   MemoryTracker* tracker_ = nullptr;
   Backend* backend_ = nullptr;
@@ -104,21 +107,23 @@ struct DropoutKey {
   uint64_t module_key = 0;     // layer * kNumModules + module
 };
 
-// An NF4 tensor (kernels/cpu/nf4.h) resident in a backend's memory; made by
-// Backend::UploadNf4 and read only by the backend that made it.
-class DeviceNf4 {
- public:
-  virtual ~DeviceNf4() = default;
-  virtual int64_t n() const = 0;      // values
-  virtual int64_t bytes() const = 0;  // codes + scales, as counted
-};
-
 // How a GEMM takes its fp32-stored operands: as they are (true fp32
 // products), or each rounded to bf16 (fp16) first (round-to-nearest-even).
 // bf16 and fp16 products are exact in fp32 and accumulate in fp32, so kBF16
 // (kF16) is the tensor-core GEMM of torch.autocast(bfloat16 / float16) on
 // every backend: backends differ only in the order of the fp32 sums.
 enum class GemmOperands { kF32, kBF16, kF16 };
+
+// Bytes moved by a backend's copy stream so far, and how long its ops waited
+// for those copies: the overlap of the memory techniques made visible.
+struct CopyStats {
+  int64_t to_device_bytes = 0;
+  int64_t to_host_bytes = 0;
+  // CUDA: time the compute stream stalled in WaitForCopies (events around each
+  // wait); CPU: the time the copies themselves took (they run inline, so every
+  // byte is waited for).
+  double wait_seconds = 0;
+};
 
 // The 16-bit formats a frozen weight can be stored in (typed storage): as
 // uint16_t codes, 2 bytes a value.
@@ -143,6 +148,28 @@ class Backend {
   // stay unchanged until the next Synchronize or CopyToHost.
   virtual void CopyToDevice(void* dst, const void* host_src, int64_t bytes) = 0;
   virtual void CopyToHost(void* host_dst, const void* src, int64_t bytes) = 0;
+  // Host memory for what a memory technique keeps off the device (offloaded
+  // activations and frozen weights, paged optimizer states): page-locked on
+  // CUDA so the copy stream can move it asynchronously; plain aligned memory
+  // on the CPU backends (outside the guarded arena, so the host may read it).
+  // Zeroed, counted under `category` by `tracker` (HostMemoryTracker by
+  // default: host bytes are reported apart from device bytes). Throws
+  // std::bad_alloc when the host has no room.
+  DeviceBuffer AllocHost(int64_t bytes, MemCategory category, MemoryTracker* tracker = &HostMemoryTracker());
+  // Copy-stream transfers between device memory and an AllocHost buffer that
+  // run beside the ops: each starts once every op and copy called before it
+  // is done with its memory (CUDA: a second stream that waits for an event of
+  // the first); the CPU backends copy at once. Neither blocks the host. Ops
+  // called later do NOT wait for them: call WaitForCopies first, before any op
+  // reads what a copy writes or overwrites what a copy reads; host code reads
+  // a host buffer only after Synchronize.
+  virtual void CopyToDeviceAsync(void* dst, const void* host_src, int64_t bytes) = 0;
+  virtual void CopyToHostAsync(void* host_dst, const void* src, int64_t bytes) = 0;
+  // Every op called after this waits for every copy-stream transfer called
+  // before it (on the device; the host does not block).
+  virtual void WaitForCopies() = 0;
+  // Totals since the backend was made; waits for the device.
+  virtual CopyStats copy_stats() = 0;
   // Device -> device copy (non-overlapping).
   virtual void Copy(void* dst, const void* src, int64_t bytes) = 0;
   // x[0..n) = 0.
@@ -193,13 +220,11 @@ class Backend {
   // = grad_scale * (softmax - onehot). Read loss_sum with CopyToHost.
   virtual void CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V,
                             float grad_scale, float* dlogits, double* loss_sum) = 0;
-  // NF4 codes and scales moved into this backend's memory (counted under
-  // `category`): the CPU backend keeps the host arrays, a device backend
-  // copies them over once, so a QLoRA model's frozen weights live on the
-  // device at about half a byte per value.
-  virtual std::unique_ptr<DeviceNf4> UploadNf4(cpu::Nf4Tensor q, MemCategory category) = 0;
-  // out[q.n] = cpu::DequantizeNf4 of the uploaded tensor, bit for bit.
-  virtual void DequantizeNf4(const DeviceNf4& q, float* out) = 0;
+  // out[layout.n] = cpu::DequantizeNf4Blob of the NF4 blob (kernels/cpu/nf4.h)
+  // at `blob`, a tensor's codes and scales in this backend's memory, bit for
+  // bit: how a QLoRA model's frozen weights, kept at about half a byte per
+  // value, are made float just before their GEMMs.
+  virtual void DequantizeNf4(const cpu::Nf4Layout& layout, const void* blob, float* out) = 0;
 
   // ---- Elementwise and reductions -----------------------------------------
   virtual void Axpy(int64_t n, float alpha, const float* x, float* y) = 0;  // y += alpha x
@@ -229,9 +254,16 @@ class Backend {
   // RawAlloc returns zeroed memory, or nullptr when the device has no room.
   virtual void* RawAlloc(int64_t bytes) = 0;
   virtual void RawFree(void* p) = 0;
+  // Host memory behind AllocHost: zeroed 64-byte-aligned memory (nullptr when
+  // there is none); CUDA overrides with page-locked memory.
+  virtual void* RawAllocHost(int64_t bytes);
+  virtual void RawFreeHost(void* p);
+  // The CPU backends' copy-stream transfer: an inline memcpy, timed into `stats`.
+  static void InlineCopy(void* dst, const void* src, int64_t bytes, bool to_device, CopyStats* stats);
 
  private:
   friend class DeviceBuffer;
+  DeviceBuffer Allocate(int64_t bytes, bool host, MemCategory category, MemoryTracker* tracker);
 };
 
 // The process-wide CPU reference backend.

@@ -13,19 +13,6 @@
 namespace ft {
 namespace {
 
-// On the host an uploaded NF4 tensor is the host tensor itself.
-class HostNf4 final : public DeviceNf4 {
- public:
-  HostNf4(cpu::Nf4Tensor q, MemCategory category) : q_(std::move(q)), tracked_(q_.StorageBytes(), category) {}
-  int64_t n() const override { return q_.n; }
-  int64_t bytes() const override { return q_.StorageBytes(); }
-  const cpu::Nf4Tensor& q() const { return q_; }
-
- private:
-  cpu::Nf4Tensor q_;
-  TrackedBytes tracked_;
-};
-
 // x[rows, cols] (row stride ld) rounded to bf16 or fp16, packed (row stride cols).
 std::vector<float> RoundedCopy(GemmOperands to, const float* x, int64_t rows, int64_t cols, int64_t ld) {
   std::vector<float> out(static_cast<size_t>(rows * cols));
@@ -52,6 +39,14 @@ class CpuBackend final : public Backend {
   void Copy(void* dst, const void* src, int64_t bytes) override {
     if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
   }
+  void CopyToDeviceAsync(void* dst, const void* host_src, int64_t bytes) override {
+    InlineCopy(dst, host_src, bytes, true, &stats_);
+  }
+  void CopyToHostAsync(void* host_dst, const void* src, int64_t bytes) override {
+    InlineCopy(host_dst, src, bytes, false, &stats_);
+  }
+  void WaitForCopies() override {}
+  CopyStats copy_stats() override { return stats_; }
   void Zero(float* x, int64_t n) override {
     if (n > 0) std::memset(x, 0, sizeof(float) * static_cast<size_t>(n));
   }
@@ -119,11 +114,8 @@ class CpuBackend final : public Backend {
                     float* dlogits, double* loss_sum) override {
     *loss_sum += cpu::CrossEntropy<float>(logits, targets, rows, V, grad_scale, dlogits);
   }
-  std::unique_ptr<DeviceNf4> UploadNf4(cpu::Nf4Tensor q, MemCategory category) override {
-    return std::make_unique<HostNf4>(std::move(q), category);
-  }
-  void DequantizeNf4(const DeviceNf4& q, float* out) override {
-    cpu::DequantizeNf4(static_cast<const HostNf4&>(q).q(), out);
+  void DequantizeNf4(const cpu::Nf4Layout& layout, const void* blob, float* out) override {
+    cpu::DequantizeNf4Blob(layout, static_cast<const uint8_t*>(blob), out);
   }
 
   void Axpy(int64_t n, float alpha, const float* x, float* y) override { cpu::Axpy<float>(n, alpha, x, y); }
@@ -176,6 +168,9 @@ class CpuBackend final : public Backend {
     return p;
   }
   void RawFree(void* p) override { std::free(p); }
+
+ private:
+  CopyStats stats_;
 };
 
 }  // namespace

@@ -9,6 +9,14 @@
 // masks). Workspaces the ops ask for grow on demand and are counted as
 // workspace bytes.
 //
+// Memory techniques (issue #16): a second stream, the copy stream, moves
+// data between device memory and page-locked host memory (AllocHost) beside
+// the ops. A transfer waits for an event recorded on the compute stream when
+// it is called (so it sees every op before it); WaitForCopies makes the
+// compute stream wait for an event recorded on the copy stream, with a pair
+// of timing events around the wait: their elapsed time, summed by
+// copy_stats(), is how long the ops stalled on transfers.
+//
 // Errors: the first failed call is recorded; every later op is skipped and
 // Synchronize() returns it (engine/model/backend.h).
 //
@@ -19,9 +27,11 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "engine/model/backend.h"
 #include "engine/model/cuda_op_times.h"
@@ -128,15 +138,6 @@ __global__ void DropoutKernel(DropoutKey key, float keep_scale, const float* x, 
   }
 }
 
-// NF4 codes and scales in one device buffer (Backend::UploadNf4).
-class CudaNf4 final : public DeviceNf4 {
- public:
-  int64_t n() const override { return tensor.n; }
-  int64_t bytes() const override { return storage.bytes(); }
-  DeviceBuffer storage;
-  cuda::Nf4DeviceTensor tensor;  // points into storage
-};
-
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, std::string name) : device_(device), name_(std::move(name)) {}
@@ -153,6 +154,14 @@ class CudaBackend final : public Backend {
     row_loss_ = DeviceBuffer();
     ss_ws_ = DeviceBuffer();
     blas_.reset();
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
+    for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+    for (const auto& w : waits_) {
+      cudaEventDestroy(w.first);
+      cudaEventDestroy(w.second);
+    }
+    if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -160,6 +169,8 @@ class CudaBackend final : public Backend {
     FT_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
     FT_RETURN_IF_ERROR(
         CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
+    FT_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking),
+                                  "cudaStreamCreate (copy stream)"));
     FT_ASSIGN_OR_RETURN(blas_, cuda::BlasLt::Create());
     ss_ws_ = AllocBytes(cuda::SumSquaresWorkspaceDoubles() * static_cast<int64_t>(sizeof(double)) +
                             static_cast<int64_t>(sizeof(double)),
@@ -197,7 +208,40 @@ class CudaBackend final : public Backend {
     Record(CudaStatus(cudaMemsetAsync(x, 0, sizeof(float) * static_cast<size_t>(n), stream_),
                       "cudaMemsetAsync"));
   }
+  void CopyToDeviceAsync(void* dst, const void* host_src, int64_t bytes) override {
+    CopyOnCopyStream(dst, host_src, bytes, cudaMemcpyHostToDevice);
+    stats_.to_device_bytes += bytes > 0 ? bytes : 0;
+  }
+  void CopyToHostAsync(void* host_dst, const void* src, int64_t bytes) override {
+    CopyOnCopyStream(host_dst, src, bytes, cudaMemcpyDeviceToHost);
+    stats_.to_host_bytes += bytes > 0 ? bytes : 0;
+  }
+  void WaitForCopies() override {
+    if (!status_.ok() || !copies_pending_) return;
+    cudaEvent_t done = NewEvent(false), before = NewEvent(true), after = NewEvent(true);
+    Record(CudaStatus(cudaEventRecord(done, copy_stream_), "cudaEventRecord (copy stream)"));
+    Record(CudaStatus(cudaEventRecord(before, stream_), "cudaEventRecord"));
+    Record(CudaStatus(cudaStreamWaitEvent(stream_, done, 0), "cudaStreamWaitEvent"));
+    Record(CudaStatus(cudaEventRecord(after, stream_), "cudaEventRecord"));
+    free_events_.push_back(done);  // reusable once recorded again: the wait has captured it
+    waits_.emplace_back(before, after);
+    copies_pending_ = false;
+  }
+  CopyStats copy_stats() override {
+    if (Synchronize().ok()) {
+      for (const auto& w : waits_) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, w.first, w.second) == cudaSuccess) stats_.wait_seconds += ms * 1e-3;
+        free_events_.push_back(w.first);
+        free_events_.push_back(w.second);
+      }
+      waits_.clear();
+    }
+    return stats_;
+  }
   Status Synchronize() override {
+    if (status_.ok() && copy_stream_ != nullptr)
+      Record(CudaStatus(cudaStreamSynchronize(copy_stream_), "cudaStreamSynchronize (copy stream)"));
     if (status_.ok()) Record(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
     if (status_.ok() && times_.enabled()) times_.Resolve();
     return status_;
@@ -331,36 +375,22 @@ class CudaBackend final : public Backend {
     Record(cuda::CrossEntropy<float>(logits, targets, rows, V, grad_scale, dlogits, row_loss, loss_sum,
                                      stream_));
   }
-  std::unique_ptr<DeviceNf4> UploadNf4(cpu::Nf4Tensor q, MemCategory category) override {
-    auto d = std::make_unique<CudaNf4>();
-    // One buffer: [packed | absmax or absmax_q | absmax2], each part 16-byte aligned.
-    auto align = [](int64_t b) { return (b + 15) / 16 * 16; };
-    const int64_t packed = static_cast<int64_t>(q.packed.size());
-    const int64_t absmax = static_cast<int64_t>(q.absmax.size() * sizeof(float));
-    const int64_t absmax_q = static_cast<int64_t>(q.absmax_q.size());
-    const int64_t absmax2 = static_cast<int64_t>(q.absmax2.size() * sizeof(float));
-    const int64_t o1 = align(packed), o2 = o1 + align(absmax), o3 = o2 + align(absmax_q);
-    d->storage = AllocBytes(o3 + absmax2, category);
-    char* base = d->storage.as<char>();
-    CopyToDevice(base, q.packed.data(), packed);
-    CopyToDevice(base + o1, q.absmax.data(), absmax);
-    CopyToDevice(base + o2, q.absmax_q.data(), absmax_q);
-    CopyToDevice(base + o3, q.absmax2.data(), absmax2);
-    Record(Synchronize());  // the host arrays are freed when `q` goes out of scope
-    cuda::Nf4DeviceTensor& t = d->tensor;
-    t.n = q.n;
-    t.config = q.config;
-    t.packed = reinterpret_cast<const uint8_t*>(base);
-    t.absmax = absmax > 0 ? reinterpret_cast<const float*>(base + o1) : nullptr;
-    t.absmax_q = absmax_q > 0 ? reinterpret_cast<const uint8_t*>(base + o2) : nullptr;
-    t.absmax2 = absmax2 > 0 ? reinterpret_cast<const float*>(base + o3) : nullptr;
-    t.offset = q.offset;
-    return d;
-  }
-  void DequantizeNf4(const DeviceNf4& q, float* out) override {
+  void DequantizeNf4(const cpu::Nf4Layout& layout, const void* blob, float* out) override {
     if (!status_.ok()) return;
     FT_TIME_OP("nf4 dequantize");
-    Record(cuda::DequantizeNf4<float>(static_cast<const CudaNf4&>(q).tensor, out, stream_));
+    const auto* base = static_cast<const uint8_t*>(blob);
+    cuda::Nf4DeviceTensor t;
+    t.n = layout.n;
+    t.config = layout.config;
+    t.offset = layout.offset;
+    t.packed = base;
+    if (layout.config.double_quant) {
+      t.absmax_q = base + layout.absmax_at;
+      t.absmax2 = reinterpret_cast<const float*>(base + layout.absmax2_at);
+    } else {
+      t.absmax = reinterpret_cast<const float*>(base + layout.absmax_at);
+    }
+    Record(cuda::DequantizeNf4<float>(t, out, stream_));
   }
 
   void Axpy(int64_t n, float alpha, const float* x, float* y) override {
@@ -437,14 +467,55 @@ class CudaBackend final : public Backend {
     return p;
   }
   void RawFree(void* p) override {
-    // Ops still queued may read the memory: wait for them (cudaFree would too).
+    // Ops and copies still queued may read the memory: wait for them (cudaFree would too).
+    cudaStreamSynchronize(copy_stream_);
     cudaStreamSynchronize(stream_);
     cudaFree(p);
+  }
+  void* RawAllocHost(int64_t bytes) override {
+    void* p = nullptr;
+    if (cudaMallocHost(&p, static_cast<size_t>(bytes)) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    std::memset(p, 0, static_cast<size_t>(bytes));
+    return p;
+  }
+  void RawFreeHost(void* p) override {
+    cudaStreamSynchronize(copy_stream_);
+    cudaStreamSynchronize(stream_);
+    cudaFreeHost(p);
   }
 
  private:
   void Record(Status s) {
     if (status_.ok() && !s.ok()) status_ = std::move(s);
+  }
+  // An event from the pool (timing events record timestamps; ordering ones do not).
+  cudaEvent_t NewEvent(bool timing) {
+    cudaEvent_t e = nullptr;
+    if (timing) {
+      Record(CudaStatus(cudaEventCreate(&e), "cudaEventCreate"));
+      return e;
+    }
+    if (!free_events_.empty()) {
+      e = free_events_.back();
+      free_events_.pop_back();
+      return e;
+    }
+    Record(CudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"));
+    return e;
+  }
+  // A copy-stream transfer ordered after everything called on the compute stream so far.
+  void CopyOnCopyStream(void* dst, const void* src, int64_t bytes, cudaMemcpyKind kind) {
+    if (!status_.ok() || bytes <= 0) return;
+    cudaEvent_t issued = NewEvent(false);
+    Record(CudaStatus(cudaEventRecord(issued, stream_), "cudaEventRecord"));
+    Record(CudaStatus(cudaStreamWaitEvent(copy_stream_, issued, 0), "cudaStreamWaitEvent (copy stream)"));
+    Record(CudaStatus(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), kind, copy_stream_),
+                      "cudaMemcpyAsync (copy stream)"));
+    free_events_.push_back(issued);
+    copies_pending_ = true;
   }
   // `buf` grown to at least `bytes` (tracked as workspace); nullptr for 0 bytes.
   float* Workspace(DeviceBuffer& buf, int64_t bytes) {
@@ -467,6 +538,11 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   std::string name_;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t copy_stream_ = nullptr;  // memory-technique transfers (CopyTo*Async)
+  bool copies_pending_ = false;         // transfers issued since the last WaitForCopies
+  std::vector<cudaEvent_t> free_events_;
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> waits_;  // timing pairs around each stall
+  CopyStats stats_;
   std::unique_ptr<cuda::BlasLt> blas_;
   Status status_;
   CudaOpTimes times_;

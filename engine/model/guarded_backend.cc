@@ -10,6 +10,13 @@
 // allocation that does not fit the capacity fails (Alloc throws
 // std::bad_alloc), as a full device would.
 //
+// Copy-stream transfers (CopyTo*Async) are deferred to the latest moment a
+// device may run them: the next WaitForCopies, Synchronize or copy_stats. A
+// caller that reads a transfer's destination without WaitForCopies, or
+// overwrites its source before one, sees the stale or changed bytes and its
+// results change (the CPU backend, which copies at once, is the other
+// extreme); a real copy stream lands anywhere in between.
+//
 // Thread safety: one thread at a time, like every backend (the CPU ops'
 // OpenMP threads run inside the open window).
 #include <sys/mman.h>
@@ -20,7 +27,6 @@
 #include <iterator>
 #include <map>
 #include <mutex>
-#include <type_traits>
 #include <vector>
 
 #include "common/status.h"
@@ -67,11 +73,30 @@ class GuardedCpuBackend final : public Backend {
     Open o(this);
     inner_->Copy(dst, src, bytes);
   }
+  void CopyToDeviceAsync(void* dst, const void* host_src, int64_t bytes) override {
+    pending_.push_back({dst, host_src, bytes, true});
+  }
+  void CopyToHostAsync(void* host_dst, const void* src, int64_t bytes) override {
+    pending_.push_back({host_dst, src, bytes, false});
+  }
+  void WaitForCopies() override {
+    if (pending_.empty()) return;
+    Open o(this);
+    for (const PendingCopy& c : pending_) InlineCopy(c.dst, c.src, c.bytes, c.to_device, &stats_);
+    pending_.clear();
+  }
+  CopyStats copy_stats() override {
+    WaitForCopies();
+    return stats_;
+  }
   void Zero(float* x, int64_t n) override {
     Open o(this);
     inner_->Zero(x, n);
   }
-  Status Synchronize() override { return Status::OK(); }
+  Status Synchronize() override {
+    WaitForCopies();
+    return Status::OK();
+  }
   StatusOr<std::pair<int64_t, int64_t>> MemoryInfo() override {
     return std::make_pair(capacity_ - used_, capacity_);
   }
@@ -134,33 +159,9 @@ class GuardedCpuBackend final : public Backend {
     Open o(this);
     inner_->CrossEntropy(logits, targets, rows, V, grad_scale, dlogits, loss_sum);
   }
-  std::unique_ptr<DeviceNf4> UploadNf4(cpu::Nf4Tensor q, MemCategory category) override {
-    auto d = std::make_unique<ArenaNf4>();
-    d->shape = q;  // metadata; the arrays move into the arena below
-    d->shape.packed.clear();
-    d->shape.absmax.clear();
-    d->shape.absmax_q.clear();
-    d->shape.absmax2.clear();
-    d->parts[0] = ArenaCopy(q.packed.data(), q.packed.size(), category);
-    d->parts[1] = ArenaCopy(q.absmax.data(), q.absmax.size() * sizeof(float), category);
-    d->parts[2] = ArenaCopy(q.absmax_q.data(), q.absmax_q.size(), category);
-    d->parts[3] = ArenaCopy(q.absmax2.data(), q.absmax2.size() * sizeof(float), category);
-    return d;
-  }
-  void DequantizeNf4(const DeviceNf4& q, float* out) override {
-    const auto& d = static_cast<const ArenaNf4&>(q);
+  void DequantizeNf4(const cpu::Nf4Layout& layout, const void* blob, float* out) override {
     Open o(this);
-    cpu::Nf4Tensor t = d.shape;
-    auto take = [](const DeviceBuffer& b, auto* v) {
-      using T = typename std::remove_pointer_t<decltype(v)>::value_type;
-      const T* p = b.as<T>();
-      v->assign(p, p + b.bytes() / static_cast<int64_t>(sizeof(T)));
-    };
-    take(d.parts[0], &t.packed);
-    take(d.parts[1], &t.absmax);
-    take(d.parts[2], &t.absmax_q);
-    take(d.parts[3], &t.absmax2);
-    cpu::DequantizeNf4(t, out);
+    inner_->DequantizeNf4(layout, blob, out);
   }
 
   void Axpy(int64_t n, float alpha, const float* x, float* y) override {
@@ -211,6 +212,10 @@ class GuardedCpuBackend final : public Backend {
   }
 
  protected:
+  void RawFreeHost(void* p) override {
+    WaitForCopies();
+    Backend::RawFreeHost(p);
+  }
   void* RawAlloc(int64_t bytes) override {
     const int64_t size = (bytes + kAlign - 1) / kAlign * kAlign;
     std::lock_guard<std::mutex> lock(mu_);
@@ -230,6 +235,7 @@ class GuardedCpuBackend final : public Backend {
     return nullptr;  // the capacity is spent: Alloc throws std::bad_alloc
   }
   void RawFree(void* p) override {
+    WaitForCopies();  // as a device would, the memory is free once no transfer uses it
     std::lock_guard<std::mutex> lock(mu_);
     const int64_t offset = static_cast<char*>(p) - base_;
     auto it = used_blocks_.find(offset);
@@ -255,24 +261,6 @@ class GuardedCpuBackend final : public Backend {
   }
 
  private:
-  // NF4 arrays in the arena; `shape` holds the metadata (n, config, offset).
-  struct ArenaNf4 final : DeviceNf4 {
-    cpu::Nf4Tensor shape;
-    DeviceBuffer parts[4];  // packed, absmax, absmax_q, absmax2
-    int64_t n() const override { return shape.n; }
-    int64_t bytes() const override {
-      int64_t b = 0;
-      for (const auto& p : parts) b += p.bytes();
-      return b;
-    }
-  };
-
-  DeviceBuffer ArenaCopy(const void* src, size_t bytes, MemCategory category) {
-    DeviceBuffer b = AllocBytes(static_cast<int64_t>(bytes), category);
-    if (bytes > 0) CopyToDevice(b.data(), src, static_cast<int64_t>(bytes));
-    return b;
-  }
-
   // The arena is readable and writable while at least one Open lives.
   class Open {
    public:
@@ -296,6 +284,14 @@ class GuardedCpuBackend final : public Backend {
   }
 
   std::shared_ptr<Backend> inner_;
+  struct PendingCopy {
+    void* dst;
+    const void* src;
+    int64_t bytes;
+    bool to_device;
+  };
+  std::vector<PendingCopy> pending_;  // copy-stream transfers not run yet
+  CopyStats stats_;
   char* map_ = nullptr;   // the mapping (span + one huge page, for alignment)
   char* base_ = nullptr;  // the arena: 2 MiB-aligned
   int64_t span_ = 0;      // bytes mapped and protected: the capacity rounded up to huge pages

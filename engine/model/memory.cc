@@ -47,6 +47,11 @@ MemoryTracker& GlobalMemoryTracker() {
   return tracker;
 }
 
+MemoryTracker& HostMemoryTracker() {
+  static MemoryTracker tracker;
+  return tracker;
+}
+
 Buffer::Buffer(int64_t n, MemCategory category, MemoryTracker* tracker)
     : n_(n), category_(category), tracker_(tracker) {
   if (n_ == 0) return;

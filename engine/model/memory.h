@@ -46,8 +46,12 @@ class MemoryTracker {
 // CPU backend's MemoryInfo reports free, and `ft-train plan` assumes).
 StatusOr<int64_t> HostAvailableBytes();
 
-// The tracker used by the engine in this process.
+// The tracker used by the engine in this process: device memory (on the CPU
+// backends, the memory the model computes in).
 MemoryTracker& GlobalMemoryTracker();
+// Host memory the memory techniques keep off the device (Backend::AllocHost):
+// offloaded activations and frozen weights, paged optimizer states.
+MemoryTracker& HostMemoryTracker();
 
 class Buffer {
  public:

@@ -13,6 +13,9 @@ namespace {
 constexpr const char* kModuleNames[kNumModules] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                                    "gate_proj", "up_proj", "down_proj"};
 constexpr int64_t kLossChunkFloats = int64_t{1} << 22;  // 16 MiB of logits per chunk
+// Offloaded activations: device slots for layer inputs. Layer l reads slot
+// l % 3 and writes l + 1's; the third holds the input being copied in or out.
+constexpr int kOffloadSlots = 3;
 
 bool IsAttention(ModuleKind m) { return static_cast<int>(m) <= static_cast<int>(ModuleKind::kO); }
 
@@ -48,9 +51,12 @@ struct Model::LayerActs {
 // Arenas sized for the largest micro-batch seen; reused across steps.
 struct Model::Activations {
   int64_t rows = 0, batch = 0;
-  std::vector<DeviceBuffer> layer_in;  // L + 1 of (rows, D); [L] is the last layer's output
-  std::vector<LayerActs> layers;       // L, or 1 with activation checkpointing
-  DeviceBuffer xf, rstdf;              // final norm
+  // L + 1 of (rows, D); [L] is the last layer's output. Offloading: three
+  // device slots (LayerInput), and the L layer inputs in host memory.
+  std::vector<DeviceBuffer> layer_in;
+  std::vector<DeviceBuffer> host_in;
+  std::vector<LayerActs> layers;  // L, or 1 with activation checkpointing
+  DeviceBuffer xf, rstdf;         // final norm
   // Backward workspace.
   DeviceBuffer grad, dh, dn, dq, dk, dv, datt, dg, du, dact, dxa, drop, logits, dxf;
   // The micro-batch's integer inputs (int32 [rows] each) and the loss sum (one double).
@@ -81,10 +87,12 @@ Model::Model(ModelConfig config, ModelOptions options)
       Linear& lin = layer.proj[m];
       lin.in = dims[m][0];
       lin.out = dims[m][1];
-      if (weight_format_) {
-        lin.w16 = backend_->AllocBytes(lin.in * lin.out * 2, MemCategory::kWeights);
-      } else if (!options_.nf4) {
-        lin.w = backend_->Alloc(lin.in * lin.out, MemCategory::kWeights);
+      // NF4 blobs are allocated when the weight is set (SetLinearWeight).
+      const int64_t bytes = lin.in * lin.out * (weight_format_ ? 2 : 4);
+      DeviceBuffer* storage = weight_format_ ? &lin.w16 : options_.nf4 ? nullptr : &lin.w;
+      if (storage) {
+        *storage = options_.cpu_offload ? backend_->AllocHost(bytes, MemCategory::kWeights)
+                                        : backend_->AllocBytes(bytes, MemCategory::kWeights);
       }
       if (c.attention_bias && m <= static_cast<int>(ModuleKind::kV))
         lin.bias = backend_->Alloc(lin.out, MemCategory::kWeights);
@@ -113,10 +121,10 @@ std::vector<NamedTensor> Model::NamedWeights() {
       const std::string name = p + ModulePath(static_cast<ModuleKind>(m));
       out.push_back({name + ".weight",
                      {lin.out, lin.in},
-                     // An NF4 or 16-bit linear has no float buffer, unless made float since
-                     // (MergeLora, EnableFullTraining).
-                     lin.w.empty() ? nullptr : lin.w.data(),
-                     lin.w.empty() ? &lin : nullptr});
+                     // An NF4, 16-bit or offloaded linear has no float device buffer, unless
+                     // made one since (MergeLora, EnableFullTraining).
+                     lin.w.empty() || lin.w.host() ? nullptr : lin.w.data(),
+                     lin.w.empty() || lin.w.host() ? &lin : nullptr});
       if (!lin.bias.empty()) out.push_back({name + ".bias", {lin.out}, lin.bias.data()});
     }
   }
@@ -167,6 +175,10 @@ Status Model::EnableLora(const LoraSpec& spec) {
 Status Model::EnableFullTraining() {
   if (options_.nf4)
     return Status::FailedPrecondition("NF4 base weights cannot be fully fine-tuned; use LoRA");
+  if (options_.cpu_offload)
+    return Status::FailedPrecondition(
+        "cpu_offload keeps frozen weights off the device; a full fine-tune "
+        "trains them: use LoRA, or cpu_offload: false");
   full_training_ = true;
   for (auto& layer : layers_) {
     for (auto& lin : layer.proj) WidenLinear(lin);  // trained weights are fp32 masters
@@ -187,30 +199,86 @@ Status Model::EnableFullTraining() {
 
 void Model::SetLinearWeight(Linear* lin, const float* values) {
   const int64_t n = lin->in * lin->out;
-  if (!weight_format_) {
-    FT_CHECK(options_.nf4);
-    lin->nf4 = backend_->UploadNf4(cpu::QuantizeNf4(values, n, options_.nf4_config), MemCategory::kWeights);
-    return;
+  std::vector<uint8_t> bytes;  // the storage on the host, when it lives on the device
+  DeviceBuffer* dst = &lin->w;
+  if (options_.nf4) {
+    const cpu::Nf4Tensor q = cpu::QuantizeNf4(values, n, options_.nf4_config);
+    lin->nf4_layout = cpu::Nf4BlobLayout(q);
+    lin->nf4 = options_.cpu_offload ? backend_->AllocHost(lin->nf4_layout.bytes, MemCategory::kWeights)
+                                    : backend_->AllocBytes(lin->nf4_layout.bytes, MemCategory::kWeights);
+    dst = &lin->nf4;
+    uint8_t* out = dst->host() ? dst->as<uint8_t>() : (bytes.resize(dst->bytes()), bytes.data());
+    cpu::PackNf4Blob(q, lin->nf4_layout, out);
+  } else if (weight_format_) {
+    dst = &lin->w16;
+    uint8_t* out = dst->host() ? dst->as<uint8_t>() : (bytes.resize(dst->bytes()), bytes.data());
+    cpu::NarrowTo16(*weight_format_ == Format16::kBF16, values, n, reinterpret_cast<uint16_t*>(out));
+  } else {
+    FT_CHECK(lin->w.host());  // device float weights are NamedTensor::data
+    std::memcpy(lin->w.data(), values, static_cast<size_t>(lin->w.bytes()));
   }
-  std::vector<uint16_t> codes(static_cast<size_t>(n));
-  cpu::NarrowTo16(*weight_format_ == Format16::kBF16, values, n, codes.data());
-  backend_->CopyToDevice(lin->w16.data(), codes.data(), n * 2);
-  FT_CHECK(backend_->Synchronize().ok());  // `codes` is freed next
+  if (!dst->host()) {
+    backend_->CopyToDevice(dst->data(), bytes.data(), dst->bytes());
+    FT_CHECK(backend_->Synchronize().ok());  // `bytes` is freed next
+  }
 }
 
 StatusOr<std::vector<float>> Model::LinearValues(const Linear& lin) const {
-  if (lin.w16.empty()) {
+  if (lin.w16.empty() && !lin.w.host()) {
     return Status::FailedPrecondition("an NF4 linear has no values to save; merge the adapter first");
   }
-  const int64_t n = lin.in * lin.out;
-  std::vector<uint16_t> codes(static_cast<size_t>(n));
-  backend_->CopyToHost(codes.data(), lin.w16.data(), n * 2);
-  std::vector<float> out(static_cast<size_t>(n));
-  cpu::WidenFrom16(*weight_format_ == Format16::kBF16, codes.data(), n, out.data());
+  const DeviceBuffer& b = lin.w16.empty() ? lin.w : lin.w16;
+  std::vector<uint8_t> bytes(static_cast<size_t>(b.bytes()));
+  if (b.host()) {
+    std::memcpy(bytes.data(), b.data(), bytes.size());
+  } else {
+    backend_->CopyToHost(bytes.data(), b.data(), b.bytes());
+  }
+  std::vector<float> out(static_cast<size_t>(lin.in * lin.out));
+  if (lin.w16.empty()) {
+    std::memcpy(out.data(), bytes.data(), bytes.size());
+  } else {
+    cpu::WidenFrom16(*weight_format_ == Format16::kBF16, reinterpret_cast<const uint16_t*>(bytes.data()),
+                     lin.in * lin.out, out.data());
+  }
   return out;
 }
 
+DeviceBuffer& Model::FrozenStorage(Linear& lin) {
+  if (!lin.nf4.empty()) return lin.nf4;
+  return lin.w16.empty() ? lin.w : lin.w16;
+}
+
+void Model::BringToDevice(Linear& lin) {
+  DeviceBuffer& b = FrozenStorage(lin);
+  if (!b.host()) return;
+  DeviceBuffer d = backend_->AllocBytes(b.bytes(), MemCategory::kWeights);
+  backend_->CopyToDevice(d.data(), b.data(), b.bytes());
+  FT_CHECK(backend_->Synchronize().ok());  // before the host copy is freed
+  b = std::move(d);
+}
+
+void Model::StageLayer(int l) {
+  if (l < 0 || l >= config_.num_layers || !FrozenStorage(layers_[l].proj[0]).host()) return;
+  const int slot = l % 2;
+  if (staged_[slot] == l) return;
+  if (stage_[slot].empty()) {  // every layer's linears have the same shapes, so the same storage sizes
+    int64_t at = 0;
+    for (int m = 0; m < kNumModules; ++m) {
+      stage_at_[m] = at;
+      at += (FrozenStorage(layers_[0].proj[m]).bytes() + 255) / 256 * 256;
+    }
+    for (DeviceBuffer& stage : stage_) stage = backend_->AllocBytes(at, MemCategory::kWeights);
+  }
+  for (int m = 0; m < kNumModules; ++m) {
+    const DeviceBuffer& b = FrozenStorage(layers_[l].proj[m]);
+    backend_->CopyToDeviceAsync(stage_[slot].as<char>() + stage_at_[m], b.data(), b.bytes());
+  }
+  staged_[slot] = l;
+}
+
 void Model::WidenLinear(Linear& lin) {
+  BringToDevice(lin);
   if (lin.w16.empty()) return;
   lin.w = backend_->Alloc(lin.in * lin.out, MemCategory::kWeights);
   backend_->Widen16(*weight_format_, lin.w16.as<uint16_t>(), lin.in * lin.out, lin.w.data());
@@ -242,13 +310,21 @@ void Model::RoundWeightsToComputeDType() {
   }
 }
 
-const float* Model::LinearWeight(Linear& lin) {
-  if (!lin.w.empty()) return lin.w.data();
+const float* Model::LinearWeight(int l, ModuleKind m) {
+  Linear& lin = layers_[l][m];
+  const DeviceBuffer& b = FrozenStorage(lin);
+  const void* storage = b.data();
+  if (b.host()) {  // offloaded: the copy in this layer's stage (StageLayer, then WaitForCopies)
+    FT_CHECK(staged_[l % 2] == l);
+    storage = stage_[l % 2].as<char>() + stage_at_[static_cast<int>(m)];
+  }
+  if (!lin.w.empty()) return static_cast<const float*>(storage);
   if (!lin.w16.empty()) {  // typed storage: widened (exactly) into the scratch for this linear's GEMMs
-    backend_->Widen16(*weight_format_, lin.w16.as<uint16_t>(), lin.in * lin.out, dequant_.data());
+    backend_->Widen16(*weight_format_, static_cast<const uint16_t*>(storage), lin.in * lin.out,
+                      dequant_.data());
     return dequant_.data();
   }
-  backend_->DequantizeNf4(*lin.nf4, dequant_.data());
+  backend_->DequantizeNf4(lin.nf4_layout, storage, dequant_.data());
   Round(dequant_.data(), lin.in * lin.out);
   return dequant_.data();
 }
@@ -339,7 +415,11 @@ void Model::EnsureActivations(int64_t rows, int64_t batch) {
   auto a = std::make_unique<Activations>();
   a->rows = rows;
   a->batch = batch;
-  for (int64_t l = 0; l <= c.num_layers; ++l) a->layer_in.push_back(backend_->Alloc(rows * D, act));
+  const bool offload = options_.offload_activations;
+  for (int64_t l = 0; l < (offload ? kOffloadSlots : c.num_layers + 1); ++l)
+    a->layer_in.push_back(backend_->Alloc(rows * D, act));
+  for (int64_t l = 0; offload && l < c.num_layers; ++l)
+    a->host_in.push_back(backend_->AllocHost(rows * D * static_cast<int64_t>(sizeof(float)), act));
   a->layers.resize(options_.activation_checkpointing ? 1 : c.num_layers);
   for (int l = 0; l < static_cast<int>(a->layers.size()); ++l) {
     LayerActs& s = a->layers[l];
@@ -433,7 +513,7 @@ GemmOperands Model::LinearOperands() const {
 
 void Model::LinearForward(int l, ModuleKind m, const float* x, int64_t rows, float* y, float* xa) {
   Linear& lin = layers_[l][m];
-  backend_->Gemm(LinearOperands(), false, true, rows, lin.out, lin.in, 1.0f, x, lin.in, LinearWeight(lin),
+  backend_->Gemm(LinearOperands(), false, true, rows, lin.out, lin.in, 1.0f, x, lin.in, LinearWeight(l, m),
                  lin.in, 0.0f, y, lin.out);
   if (!lin.bias.empty()) backend_->AddBias(y, lin.bias.data(), rows, lin.out);
   if (lin.lora) {
@@ -451,7 +531,7 @@ void Model::LinearForward(int l, ModuleKind m, const float* x, int64_t rows, flo
 void Model::LinearBackward(int l, ModuleKind m, const float* x, const float* xa, const float* dy,
                            int64_t rows, float* dx, bool accumulate_dx) {
   Linear& lin = layers_[l][m];
-  backend_->Gemm(LinearOperands(), false, false, rows, lin.in, lin.out, 1.0f, dy, lin.out, LinearWeight(lin),
+  backend_->Gemm(LinearOperands(), false, false, rows, lin.in, lin.out, 1.0f, dy, lin.out, LinearWeight(l, m),
                  lin.in, accumulate_dx ? 1.0f : 0.0f, dx, lin.in);
   if (full_training_) {
     backend_->Gemm(LinearOperands(), true, false, lin.out, lin.in, rows, 1.0f, dy, lin.out, x, lin.in, 1.0f,
@@ -632,12 +712,22 @@ const float* Model::ForwardLayers(const MicroBatch& mb) {
   EnsureRope(*std::max_element(mb.positions.begin(), mb.positions.end()) + 1);
   UploadBatch(mb);
   Activations& w = *acts_;
-  EmbedForward(mb, w.layer_in[0].data());
+  const int64_t bytes = mb.rows() * config_.hidden_size * static_cast<int64_t>(sizeof(float));
+  EmbedForward(mb, LayerInput(0));
   for (int l = 0; l < config_.num_layers; ++l) {
     LayerActs& a = w.layers[options_.activation_checkpointing ? 0 : l];
-    LayerForward(l, mb, w.layer_in[l].data(), a, w.layer_in[l + 1].data());
+    StageLayer(l);
+    // This layer's weights are staged; the slot it writes was copied out two layers ago.
+    backend_->WaitForCopies();
+    StageLayer(l + 1);  // prefetched while this layer computes
+    if (options_.offload_activations) backend_->CopyToHostAsync(w.host_in[l].data(), LayerInput(l), bytes);
+    LayerForward(l, mb, LayerInput(l), a, LayerInput(l + 1));
   }
-  return w.layer_in[config_.num_layers].data();
+  return LayerInput(config_.num_layers);
+}
+
+float* Model::LayerInput(int l) {
+  return acts_->layer_in[options_.offload_activations ? l % kOffloadSlots : l].data();
 }
 
 LossResult Model::Forward(const MicroBatch& mb, std::vector<float>* logits) {
@@ -694,13 +784,21 @@ LossResult Model::ForwardBackward(const MicroBatch& mb, float grad_scale) {
   Activations& w = *acts_;
   const int L = static_cast<int>(config_.num_layers);
   LossResult result = HeadForwardBackward(mb, x_last, grad_scale, true, nullptr);
+  const int64_t bytes = mb.rows() * config_.hidden_size * static_cast<int64_t>(sizeof(float));
   for (int l = L - 1; l >= 0; --l) {
     LayerActs* a = &w.layers[l % w.layers.size()];
+    StageLayer(l);
+    backend_->WaitForCopies();  // this layer's weights (and offloaded input) are in
+    StageLayer(l - 1);
+    // Offloading: layer l - 1's input back into its slot, unless still there (the
+    // last two layers' are: nothing has written their slots since the forward).
+    if (options_.offload_activations && l >= 1 && l - 1 + kOffloadSlots <= L)
+      backend_->CopyToDeviceAsync(LayerInput(l - 1), w.host_in[l - 1].data(), bytes);
     if (options_.activation_checkpointing) {
       // Recompute this layer's saved tensors from its input; its output slot is free by now.
-      LayerForward(l, mb, w.layer_in[l].data(), *a, w.layer_in[l + 1].data());
+      LayerForward(l, mb, LayerInput(l), *a, LayerInput(l + 1));
     }
-    LayerBackward(l, mb, w.layer_in[l].data(), *a, w.grad.data());
+    LayerBackward(l, mb, LayerInput(l), *a, w.grad.data());
   }
   if (full_training_) {
     backend_->EmbeddingBackward(w.grad.data(), w.ids.as<int32_t>(), mb.rows(), config_.hidden_size,
@@ -712,11 +810,12 @@ LossResult Model::ForwardBackward(const MicroBatch& mb, float grad_scale) {
 void Model::MergeLora() {
   for (auto& layer : layers_) {
     for (auto& lin : layer.proj) {
+      BringToDevice(lin);  // a merged model is a plain one: every weight on the device
       if (!lin.lora) continue;
-      if (lin.nf4) {  // merge into the dequantized weight: the one the adapter was trained against
+      if (!lin.nf4.empty()) {  // merge into the dequantized weight: the one the adapter was trained against
         lin.w = backend_->Alloc(lin.in * lin.out, MemCategory::kWeights);
-        backend_->DequantizeNf4(*lin.nf4, lin.w.data());
-        lin.nf4.reset();
+        backend_->DequantizeNf4(lin.nf4_layout, lin.nf4.data(), lin.w.data());
+        lin.nf4 = DeviceBuffer();
       }
       WidenLinear(lin);
       LoraWeights& lw = *lin.lora;
@@ -727,6 +826,8 @@ void Model::MergeLora() {
   }
   lora_enabled_ = false;
   acts_.reset();
+  for (DeviceBuffer& stage : stage_) stage = DeviceBuffer();
+  staged_[0] = staged_[1] = -1;
 }
 
 }  // namespace ft

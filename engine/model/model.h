@@ -68,6 +68,9 @@ struct LoraWeights {
   DeviceBuffer db;  // (out, r)
 };
 
+// A linear's base weight is held in exactly one of w, w16 and nf4. Frozen
+// (LoRA) weights live in device memory, or with ModelOptions::cpu_offload in
+// host memory (DeviceBuffer::host()), staged into the device one layer at a time.
 struct Linear {
   int64_t in = 0, out = 0;
   DeviceBuffer w;  // (out, in) floats; empty when the weight is held in NF4 or w16
@@ -76,8 +79,9 @@ struct Linear {
   // without NF4 or full training: half the bytes of w.
   DeviceBuffer w16;
   // QLoRA: the frozen base weight in NF4, (out, in) row-major quantized as
-  // one vector, resident in the backend's memory.
-  std::unique_ptr<DeviceNf4> nf4;
+  // one vector, as one blob (kernels/cpu/nf4.h) described by nf4_layout.
+  DeviceBuffer nf4;
+  cpu::Nf4Layout nf4_layout;
   DeviceBuffer bias;   // (out) or empty
   DeviceBuffer dw;     // (out, in) full fine-tune only
   DeviceBuffer dbias;  // (out) full fine-tune only
@@ -141,8 +145,16 @@ struct ModelOptions {
   bool nf4 = false;
   cpu::Nf4Config nf4_config;
   bool activation_checkpointing = false;  // keep layer inputs only; recompute in backward
-  bool naive_attention = false;           // reference attention (materialises scores)
-  int64_t loss_chunk_rows = 0;            // rows per cross-entropy chunk; 0 = auto (bounded memory)
+  // With activation_checkpointing: the layer inputs are kept in host memory
+  // (Backend::AllocHost), each copied out on the copy stream while its layer
+  // runs and back one layer ahead in backward; the device holds three.
+  bool offload_activations = false;
+  // Frozen base weights (LoRA/QLoRA only) kept in host memory and copied into
+  // one of two device stages per layer on the copy stream, the next layer's
+  // while this one computes; the device holds two layers of them.
+  bool cpu_offload = false;
+  bool naive_attention = false;  // reference attention (materialises scores)
+  int64_t loss_chunk_rows = 0;   // rows per cross-entropy chunk; 0 = auto (bounded memory)
   // The device the ops run on (engine/model/backend.h); null = CreateBackend(kCpu)
   // (the CPU reference backend, or the guarded one in tests). Read once, by the constructor: set_options
   // cannot move a model.
@@ -267,8 +279,19 @@ class Model {
   bool eval_mode_ = false;                     // EvalForward in progress: no dropout
   void Round(float* x, int64_t n) const;
   const float* HeadWeight() const;
-  // The float weight of a linear: its own buffer, or its NF4 codes dequantized into scratch.
-  const float* LinearWeight(Linear& lin);
+  // The float weight of linear m of layer l: its own buffer, or its NF4 codes
+  // dequantized (16-bit codes widened) into scratch; from the stage when offloaded.
+  const float* LinearWeight(int l, ModuleKind m);
+  // The frozen storage of a linear (w, w16 or nf4: the one in use).
+  static DeviceBuffer& FrozenStorage(Linear& lin);
+  // cpu_offload: layer l's host-resident frozen storage copied into stage
+  // l % 2 on the copy stream (nothing when it is there already, or l is out
+  // of range). Ops reading it must follow a WaitForCopies.
+  void StageLayer(int l);
+  // Offloaded storage moved back into device memory for good (merging).
+  void BringToDevice(Linear& lin);
+  // Device pointer of saved layer input l (a slot of three when offloading).
+  float* LayerInput(int l);
   float* HeadGrad();
 
   ModelConfig config_;
@@ -282,6 +305,11 @@ class Model {
   bool lora_enabled_ = false;
   bool full_training_ = false;
   DeviceBuffer dequant_;  // scratch for one linear weight made float (NF4 dequantized, 16-bit widened)
+  // cpu_offload: two device stages of one layer's frozen storage, the byte
+  // offset of each module's storage in a stage, and the layer each holds.
+  DeviceBuffer stage_[2];
+  int64_t stage_at_[kNumModules] = {};
+  int staged_[2] = {-1, -1};
   // The 16-bit format of typed base weights, when the model has them (Linear::w16).
   std::optional<Format16> weight_format_;
   // Replaces lin's 16-bit codes by floats (full training, merging).

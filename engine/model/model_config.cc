@@ -109,17 +109,17 @@ StatusOr<ModelConfig> PresetModelConfig(const std::string& name) {
   } else if (name == "tiny-tied") {
     c.tie_word_embeddings = true;
     c.num_layers = 3;
-  } else if (name == "bench") {
+  } else if (name == "bench" || name == "bench16") {
     c.vocab_size = 2048;
     c.hidden_size = 256;
     c.intermediate_size = 688;
-    c.num_layers = 4;
+    c.num_layers = name == "bench" ? 4 : 16;  // bench16: deep enough that per-layer techniques show
     c.num_heads = 8;
     c.num_kv_heads = 4;
     c.head_dim = 32;
   } else {
     return Status::NotFound("unknown model preset '" + name +
-                            "' (known: tiny-llama, tiny-qwen2, tiny-tied, bench)");
+                            "' (known: tiny-llama, tiny-qwen2, tiny-tied, bench, bench16)");
   }
   return c;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numbers>
 
 #include "kernels/cpu/ops.h"
@@ -19,12 +20,43 @@ double LrMultiplier(const std::string& schedule, int64_t step, int64_t warmup, i
 }
 
 AdamWOptimizer::AdamWOptimizer(std::vector<TrainableParam> params, OptimizerConfig config,
-                               std::shared_ptr<Backend> backend)
-    : params_(std::move(params)), config_(config), backend_(std::move(backend)) {
+                               std::shared_ptr<Backend> backend, bool paged)
+    : params_(std::move(params)), config_(config), backend_(std::move(backend)), paged_(paged) {
+  int64_t largest = 0;
   for (const TrainableParam& p : params_) {
-    m_.push_back(backend_->Alloc(p.numel, MemCategory::kOptimizer));
-    v_.push_back(backend_->Alloc(p.numel, MemCategory::kOptimizer));
+    const int64_t bytes = p.numel * static_cast<int64_t>(sizeof(float));
+    largest = std::max(largest, p.numel);
+    m_.push_back(paged_ ? backend_->AllocHost(bytes, MemCategory::kOptimizer)
+                        : backend_->Alloc(p.numel, MemCategory::kOptimizer));
+    v_.push_back(paged_ ? backend_->AllocHost(bytes, MemCategory::kOptimizer)
+                        : backend_->Alloc(p.numel, MemCategory::kOptimizer));
   }
+  if (paged_) {
+    for (DeviceBuffer& page : pages_) page = backend_->Alloc(2 * largest, MemCategory::kOptimizer);
+  }
+}
+
+std::vector<float> AdamWOptimizer::Moment(size_t i, int which) const {
+  const DeviceBuffer& b = which == 0 ? m_[i] : v_[i];
+  std::vector<float> out(static_cast<size_t>(params_[i].numel));
+  if (paged_) {
+    FT_CHECK(backend_->Synchronize().ok());  // the last page-out has landed
+    std::memcpy(out.data(), b.data(), out.size() * sizeof(float));
+  } else {
+    backend_->CopyToHost(out.data(), b.data(), b.bytes());
+  }
+  return out;
+}
+
+void AdamWOptimizer::SetMoment(size_t i, int which, const float* values) {
+  DeviceBuffer& b = which == 0 ? m_[i] : v_[i];
+  if (paged_) {
+    FT_CHECK(backend_->Synchronize().ok());  // no page-out is still writing it
+    std::memcpy(b.data(), values, static_cast<size_t>(b.bytes()));
+    return;
+  }
+  backend_->CopyToDevice(b.data(), values, b.bytes());
+  FT_CHECK(backend_->Synchronize().ok());  // the caller may free `values` next
 }
 
 double AdamWOptimizer::GradNorm() const {
@@ -40,12 +72,30 @@ void AdamWOptimizer::ClipAndStep(double grad_norm, double lr, double grad_multip
     for (const TrainableParam& p : params_) backend_->Scale(p.numel, static_cast<float>(coef), p.grad);
   }
   ++step_;
+  const int64_t f = static_cast<int64_t>(sizeof(float));
+  // Paged: parameter i's moments into page i % 2 (its previous user's page-out is
+  // ahead of it on the copy stream).
+  auto page_in = [&](size_t i) {
+    float* page = pages_[i % 2].data();
+    backend_->CopyToDeviceAsync(page, m_[i].data(), params_[i].numel * f);
+    backend_->CopyToDeviceAsync(page + params_[i].numel, v_[i].data(), params_[i].numel * f);
+  };
+  if (paged_ && !params_.empty()) page_in(0);
   for (size_t i = 0; i < params_.size(); ++i) {
     const TrainableParam& p = params_[i];
     cpu::AdamWParams hp{
         lr,       config_.beta1, config_.beta2, config_.eps, p.weight_decay ? config_.weight_decay : 0.0,
         updates()};
-    backend_->AdamW(hp, p.numel, p.data, p.grad, m_[i].data(), v_[i].data());
+    if (!paged_) {
+      backend_->AdamW(hp, p.numel, p.data, p.grad, m_[i].data(), v_[i].data());
+      continue;
+    }
+    backend_->WaitForCopies();  // this parameter's page is in; the other page's page-out is done
+    if (i + 1 < params_.size()) page_in(i + 1);
+    float* page = pages_[i % 2].data();
+    backend_->AdamW(hp, p.numel, p.data, p.grad, page, page + p.numel);
+    backend_->CopyToHostAsync(m_[i].data(), page, p.numel * f);
+    backend_->CopyToHostAsync(v_[i].data(), page + p.numel, p.numel * f);
   }
 }
 

@@ -4,6 +4,12 @@
 //
 // The moments live in the model's backend memory and every update runs there
 // (Backend::SumSquares, Scale, AdamW): the same definitions on every device.
+// Paged (job.yaml optimizer: paged_adamw, bitsandbytes' name): the moments
+// live in host memory instead (Backend::AllocHost, page-locked on CUDA) and
+// each parameter's pair is paged into one of two device pages on the copy
+// stream (the next one's while this one updates), updated there and paged
+// back: the device holds the moments of two parameters, not of all. The
+// arithmetic is the same, so the results are bit-identical.
 //
 // Thread safety: one thread at a time.
 #pragma once
@@ -30,8 +36,8 @@ class AdamWOptimizer {
  public:
   // `params` must stay valid (they point into the model, whose backend is
   // `backend`: Model::shared_backend()).
-  AdamWOptimizer(std::vector<TrainableParam> params, OptimizerConfig config,
-                 std::shared_ptr<Backend> backend);
+  AdamWOptimizer(std::vector<TrainableParam> params, OptimizerConfig config, std::shared_ptr<Backend> backend,
+                 bool paged = false);
 
   // sqrt(Σ g²) over all grads, in a fixed order (deterministic).
   double GradNorm() const;
@@ -52,17 +58,22 @@ class AdamWOptimizer {
     skipped_ = skipped;
   }
   const std::vector<TrainableParam>& params() const { return params_; }
-  // First and second moments, parallel to params() (backend memory).
-  std::vector<DeviceBuffer>& exp_avg() { return m_; }
-  std::vector<DeviceBuffer>& exp_avg_sq() { return v_; }
+  bool paged() const { return paged_; }
+  // Parameter i's first (which = 0) or second (1) moment on the host, and
+  // its replacement from the host (numel values): what checkpoints save and load.
+  std::vector<float> Moment(size_t i, int which) const;
+  void SetMoment(size_t i, int which, const float* values);
 
  private:
   std::vector<TrainableParam> params_;
   OptimizerConfig config_;
   std::shared_ptr<Backend> backend_;  // declared before the moments: outlives them
+  bool paged_ = false;
+  // Moments per parameter: device memory, or host memory when paged.
   std::vector<DeviceBuffer> m_, v_;
-  int64_t step_ = 0;     // steps so far
-  int64_t skipped_ = 0;  // of which skipped
+  DeviceBuffer pages_[2];  // paged: two device pages of [m | v] for the largest parameter
+  int64_t step_ = 0;       // steps so far
+  int64_t skipped_ = 0;    // of which skipped
 };
 
 }  // namespace ft

@@ -39,11 +39,15 @@ std::vector<LinearShape> Linears(const PlanRequest& r) {
   return out;
 }
 
-// NF4 storage of n values: packed nibbles plus the block scales.
+int64_t Align(int64_t bytes, int64_t to) { return (bytes + to - 1) / to * to; }
+
+// NF4 storage of n values as the engine keeps it (kernels/cpu/nf4.h's blob):
+// packed nibbles, then the block scales (8-bit with double quant), then the
+// second-level fp32 scales, each part 16-byte aligned.
 int64_t Nf4Bytes(int64_t n, int64_t block, bool double_quant) {
   const int64_t blocks = (n + block - 1) / block;
-  const int64_t scales = double_quant ? blocks + (blocks + 255) / 256 * kF32 + kF32 : blocks * kF32;
-  return (n + 1) / 2 + scales;
+  const int64_t scales = double_quant ? blocks : blocks * kF32;
+  return Align(Align((n + 1) / 2, 16) + scales, 16) + (double_quant ? (blocks + 255) / 256 * kF32 : 0);
 }
 
 }  // namespace
@@ -62,33 +66,50 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
 
   MemoryBreakdown m;
   m.micro_batch = micro;
-  int64_t trainable = 0, adapted = 0, max_linear = 0;
-  int64_t per_layer_weights = 2 * D * act;  // two norms
+  int64_t trainable = 0, adapted = 0, max_linear = 0, largest_param = 0;
+  int64_t per_layer_weights = 2 * D * act;   // two norms
+  int64_t per_layer_linears = 0, stage = 0;  // frozen linear storage; one cpu_offload stage
   for (const LinearShape& s : lin) {
     const int64_t n = s.in * s.out;
     max_linear = std::max(max_linear, n);
-    per_layer_weights += r.nf4 ? Nf4Bytes(n, r.nf4_block, r.double_quant) : n * (typed ? 2 : act);
+    const int64_t bytes = r.nf4 ? Nf4Bytes(n, r.nf4_block, r.double_quant) : n * (typed ? 2 : act);
+    per_layer_linears += bytes;
+    stage += Align(bytes, 256);
     if (s.bias) per_layer_weights += s.out * act;
     if (s.adapted) {
       trainable += L * r.lora_r * (s.in + s.out);
+      largest_param = std::max({largest_param, r.lora_r * s.in, r.lora_r * s.out});
       ++adapted;
     }
-    if (r.full) trainable += L * (n + (s.bias ? s.out : 0));
+    if (r.full) {
+      trainable += L * (n + (s.bias ? s.out : 0));
+      largest_param = std::max(largest_param, n);
+    }
   }
   const int64_t embed = V * D;
-  m.weights = L * per_layer_weights + (embed + D + (c.tie_word_embeddings ? 0 : embed)) * act;
-  if (r.full) trainable += L * 2 * D + embed + D + (c.tie_word_embeddings ? 0 : embed);
+  const bool cpu_offload = r.cpu_offload && !r.full;
+  m.weights = L * per_layer_weights + (cpu_offload ? 2 * stage : L * per_layer_linears) +
+              (embed + D + (c.tie_word_embeddings ? 0 : embed)) * act;
+  m.host_weights = cpu_offload ? L * per_layer_linears : 0;
+  if (r.full) {
+    trainable += L * 2 * D + embed + D + (c.tie_word_embeddings ? 0 : embed);
+    largest_param = std::max(largest_param, embed);
+  }
   m.adapter = r.full ? 0 : trainable * kF32;
   m.gradients = trainable * kF32;
-  m.optimizer = 2 * trainable * kF32;
+  // Paged: two device pages of [m | v] for the largest parameter; the moments on the host.
+  m.optimizer = r.paged_optimizer ? 2 * 2 * largest_param * kF32 : 2 * trainable * kF32;
+  m.host_optimizer = r.paged_optimizer ? 2 * trainable * kF32 : 0;
 
   const int64_t rows = micro * r.seq_len;
   const int64_t lora_r = r.full ? 0 : r.lora_r;
   // Saved per layer: n1, q, k, v, attention out, h, n2, gate, up, act, LoRA x·Aᵀ; fp32 rstd×2 and lse.
   const int64_t layer_saved =
       rows * (3 * D + 2 * Q + 2 * KV + 3 * I) * act + rows * (2 + H) * kF32 + rows * lora_r * adapted * act;
-  const bool offload = r.offload_activations && cuda;  // offload keeps two layer inputs on the device
-  const int64_t layer_inputs = (offload ? 2 : L + 1) * rows * D * act;
+  // Offloading keeps three layer inputs on the device (engine/model/model.cc's slots), L on the host.
+  const bool offload = r.offload_activations && r.activation_checkpointing;
+  const int64_t layer_inputs = (offload ? 3 : L + 1) * rows * D * act;
+  m.host_activations = offload ? L * rows * D * act : 0;
   const int64_t saved_layers = r.activation_checkpointing ? 1 : L;
   m.activations = layer_inputs + saved_layers * layer_saved + rows * D * act + rows * kF32;  // + final norm
 
@@ -147,6 +168,8 @@ PlanRequest PlanRequestFromJob(const JobSpec& spec, const ModelConfig& model, co
   r.seq_len = spec.data.seq_len;
   r.activation_checkpointing = spec.train.activation_checkpointing != "false";
   r.offload_activations = spec.train.activation_checkpointing == "offload";
+  r.cpu_offload = spec.train.cpu_offload;
+  r.paged_optimizer = spec.train.optimizer == "paged_adamw";
   r.global_batch = spec.train.global_batch_size;
   r.world = world;
   return r;
@@ -217,7 +240,11 @@ std::string FormatPlan(const PlanRequest& r, const BatchPlanChoice& c) {
                      " modules")
     << ", " << (r.nf4 ? (r.double_quant ? "NF4 + double quant" : "NF4") : r.dtype + " weights")
     << ", compute " << r.dtype << ", seq " << r.seq_len << ", activation checkpointing "
-    << (r.activation_checkpointing ? "on" : "off") << ", device " << r.device << "\n";
+    << (r.offload_activations        ? "offload"
+        : r.activation_checkpointing ? "on"
+                                     : "off")
+    << (r.cpu_offload ? ", cpu_offload" : "") << (r.paged_optimizer ? ", paged_adamw" : "") << ", device "
+    << r.device << "\n";
   auto row = [&](const char* name, int64_t v) {
     char line[96];
     std::snprintf(line, sizeof(line), "  %-12s %12s\n", name, FormatBytes(v).c_str());
@@ -232,6 +259,13 @@ std::string FormatPlan(const PlanRequest& r, const BatchPlanChoice& c) {
   row("workspace", b.workspace);
   if (b.runtime) row("runtime", b.runtime);
   row("total", b.total());
+  if (b.host_total() > 0) {
+    o << "host memory (techniques):\n";
+    row("weights", b.host_weights);
+    row("optimizer", b.host_optimizer);
+    row("activations", b.host_activations);
+    row("total", b.host_total());
+  }
   o << "device offers " << FormatBytes(c.device_bytes) << "\n";
   o << "plan: micro-batch " << c.micro_batch << " x accumulation " << c.accumulation << " x world " << c.world
     << " = global batch " << c.micro_batch * c.accumulation * c.world << "\n";

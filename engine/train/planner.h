@@ -33,7 +33,9 @@ struct PlanRequest {
   double lora_dropout = 0;
   int64_t seq_len = 2048;
   bool activation_checkpointing = true;
-  bool offload_activations = false;  // checkpointing with saved layer inputs in host memory (CUDA)
+  bool offload_activations = false;  // checkpointing with the layer inputs in host memory
+  bool cpu_offload = false;          // frozen linear weights in host memory, two layers staged
+  bool paged_optimizer = false;      // Adam moments in host memory, two parameters paged in
   int64_t global_batch = 1;
   int64_t world = 1;
   int64_t loss_chunk_rows = 0;  // 0 = the engine's default budget
@@ -52,6 +54,12 @@ struct MemoryBreakdown {
   int64_t total() const {
     return weights + adapter + gradients + optimizer + activations + workspace + runtime;
   }
+  // Host memory the memory techniques use instead (Backend::AllocHost):
+  // offloaded frozen weights, paged Adam moments, offloaded layer inputs.
+  int64_t host_weights = 0;
+  int64_t host_optimizer = 0;
+  int64_t host_activations = 0;
+  int64_t host_total() const { return host_weights + host_optimizer + host_activations; }
 };
 
 struct BatchPlanChoice {

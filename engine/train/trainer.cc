@@ -101,6 +101,12 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
                                    ": model.quantization: nf4 freezes the base weights, so it needs "
                                    "adapter.type: lora (QLoRA); use quantization: none for a full fine-tune");
   }
+  if (spec.train.cpu_offload && spec.adapter.type == "full") {
+    return Status::InvalidArgument(
+        f +
+        ": train.cpu_offload keeps the frozen base weights in host memory, but "
+        "adapter.type: full trains them; use adapter.type: lora, or cpu_offload: false");
+  }
   FT_ASSIGN_OR_RETURN(ModelConfig config, ReadHfConfig(spec.model.path));
   // resources.device: cuda needs a CUDA build and a visible device; auto takes one when there is.
   FT_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, CreateBackend(DeviceKind::kCpu));
@@ -123,6 +129,8 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
   ModelOptions options;
   FT_ASSIGN_OR_RETURN(options.dtype, ParseComputeDType(spec.model.dtype));
   options.activation_checkpointing = spec.train.activation_checkpointing != "false";
+  options.offload_activations = spec.train.activation_checkpointing == "offload";
+  options.cpu_offload = spec.train.cpu_offload;
   options.naive_attention = spec.train.attention == "naive";
   options.nf4 = spec.model.quantization == "nf4";
   options.nf4_config = {64, spec.model.double_quant, 256};
@@ -160,7 +168,8 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
   tr->total_steps_ = spec.train.max_steps > 0 ? spec.train.max_steps : spec.train.epochs * steps_per_epoch;
   OptimizerConfig oc{spec.train.adam_beta1, spec.train.adam_beta2, spec.train.adam_eps,
                      spec.train.weight_decay, spec.train.max_grad_norm};
-  tr->optimizer_ = std::make_unique<AdamWOptimizer>(tr->model_->TrainableParams(), oc, backend);
+  tr->optimizer_ = std::make_unique<AdamWOptimizer>(tr->model_->TrainableParams(), oc, backend,
+                                                    spec.train.optimizer == "paged_adamw");
   FT_RETURN_IF_ERROR(
       backend->Synchronize().WithContext(f + ": loading the model onto " + backend->Describe()));
   FT_LOG(INFO) << "training on " << backend->Describe();
@@ -170,6 +179,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
 Status Trainer::Step(StepMetrics* m, bool* interrupted) {
   if (interrupted) *interrupted = false;
   const auto start = std::chrono::steady_clock::now();
+  const double copy_wait_before = model_->backend().copy_stats().wait_seconds;
   const int64_t global = spec_.train.global_batch_size;
   const bool shuffle = spec_.data.shuffle;
   const uint64_t seed = static_cast<uint64_t>(spec_.train.seed);
@@ -228,6 +238,7 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
   m->tokens_seen = tokens_seen_;
   m->loss_scale = scale;
   m->skipped = skipped;
+  m->copy_wait_seconds = model_->backend().copy_stats().wait_seconds - copy_wait_before;
   for (int c = 0; c < static_cast<int>(MemCategory::kCount); ++c) {
     m->peak_by_category[MemCategoryName(static_cast<MemCategory>(c))] =
         GlobalMemoryTracker().peak(static_cast<MemCategory>(c));
@@ -364,10 +375,8 @@ CheckpointContents Trainer::Capture(const std::string& reason) {
   for (size_t i = 0; i < params.size(); ++i) {
     const TrainableParam& p = params[i];
     c.model.push_back({p.name, p.shape, model_->Download(p.data, p.numel)});
-    c.optimizer.push_back(
-        {p.name + ".exp_avg", p.shape, model_->Download(optimizer_->exp_avg()[i].data(), p.numel)});
-    c.optimizer.push_back(
-        {p.name + ".exp_avg_sq", p.shape, model_->Download(optimizer_->exp_avg_sq()[i].data(), p.numel)});
+    c.optimizer.push_back({p.name + ".exp_avg", p.shape, optimizer_->Moment(i, 0)});
+    c.optimizer.push_back({p.name + ".exp_avg_sq", p.shape, optimizer_->Moment(i, 1)});
   }
   if (model_->full_training()) {
     c.model_config_json = HfConfigJson(model_->config());
@@ -394,21 +403,21 @@ Status Trainer::Restore(const CheckpointContents& c, const std::string& from) {
   std::map<std::string, const HostTensor*> by_name;
   for (const HostTensor& t : c.model) by_name[t.name] = &t;
   for (const HostTensor& t : c.optimizer) by_name[t.name] = &t;
-  auto copy_into = [&](const std::string& name, const std::vector<int64_t>& shape, float* dst,
-                       int64_t n) -> Status {
+  auto find = [&](const std::string& name, const std::vector<int64_t>& shape) -> StatusOr<const float*> {
     auto it = by_name.find(name);
     if (it == by_name.end()) return Status::Corruption(from + ": tensor '" + name + "' missing");
     if (it->second->shape != shape)
       return Status::Corruption(from + ": tensor '" + name + "' has the wrong shape");
-    model_->Upload(dst, it->second->data.data(), n);
-    return Status::OK();
+    return it->second->data.data();
   };
   for (size_t i = 0; i < params.size(); ++i) {
     const TrainableParam& p = params[i];
-    FT_RETURN_IF_ERROR(copy_into(p.name, p.shape, p.data, p.numel));
-    FT_RETURN_IF_ERROR(copy_into(p.name + ".exp_avg", p.shape, optimizer_->exp_avg()[i].data(), p.numel));
-    FT_RETURN_IF_ERROR(
-        copy_into(p.name + ".exp_avg_sq", p.shape, optimizer_->exp_avg_sq()[i].data(), p.numel));
+    FT_ASSIGN_OR_RETURN(const float* values, find(p.name, p.shape));
+    FT_ASSIGN_OR_RETURN(const float* m, find(p.name + ".exp_avg", p.shape));
+    FT_ASSIGN_OR_RETURN(const float* v, find(p.name + ".exp_avg_sq", p.shape));
+    model_->Upload(p.data, values, p.numel);
+    optimizer_->SetMoment(i, 0, m);
+    optimizer_->SetMoment(i, 1, v);
   }
   optimizer_->set_step(c.state.step, c.state.skipped_steps);
   if (spec_.model.dtype == "fp16") {
@@ -645,6 +654,7 @@ StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
                         {"tokens_seen", m.tokens_seen},
                         {"tokens_per_s", m.tokens_per_s},
                         {"step_seconds", m.step_seconds},
+                        {"copy_wait_seconds", m.copy_wait_seconds},
                         {"peak_bytes", m.peak_bytes},
                         {"peak_bytes_by_category", m.peak_by_category}};
     if (writer_ && writer_->last_seconds() > 0) j["checkpoint_seconds"] = writer_->last_seconds();

@@ -40,6 +40,9 @@ struct StepMetrics {
   int64_t tokens_seen = 0;  // target tokens trained on in the run so far, this step's included
   double loss_scale = 1;    // the scale this step's loss was multiplied by (fp16; 1 otherwise)
   bool skipped = false;     // fp16 gradients overflowed: no update (grad_norm is then not finite)
+  // Of step_seconds, the time the ops waited for copy-stream transfers (the
+  // memory techniques' copies not hidden behind compute; 0 without them).
+  double copy_wait_seconds = 0;
 };
 
 // One evaluation on data.eval (a metrics.jsonl line of its own:

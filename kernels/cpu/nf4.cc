@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 
 #include "common/status.h"
 
@@ -239,15 +240,49 @@ Nf4Tensor QuantizeNf4(const float* x, int64_t n, const Nf4Config& config) {
   return q;
 }
 
-void Nf4BlockScales(const Nf4Tensor& q, float* scale) {
+namespace {
+
+// NF4 storage wherever it lies: a tensor's vectors or a blob.
+struct Nf4View {
+  int64_t n = 0;
+  Nf4Config config;
+  float offset = 0;
+  const uint8_t* packed = nullptr;
+  const float* absmax = nullptr;
+  const uint8_t* absmax_q = nullptr;
+  const float* absmax2 = nullptr;
+  int64_t num_blocks() const { return (n + config.block - 1) / config.block; }
+};
+
+Nf4View ViewOf(const Nf4Tensor& q) {
   const int64_t blocks = q.num_blocks();
+  FT_CHECK(static_cast<int64_t>(q.packed.size()) == (q.n + 1) / 2);
   if (!q.config.double_quant) {
     FT_CHECK(static_cast<int64_t>(q.absmax.size()) == blocks);
-    std::copy(q.absmax.begin(), q.absmax.end(), scale);
+  } else {
+    FT_CHECK(static_cast<int64_t>(q.absmax_q.size()) == blocks);
+    FT_CHECK(static_cast<int64_t>(q.absmax2.size()) == (blocks + q.config.dq_block - 1) / q.config.dq_block);
+  }
+  return {q.n, q.config, q.offset, q.packed.data(), q.absmax.data(), q.absmax_q.data(), q.absmax2.data()};
+}
+
+Nf4View ViewOf(const Nf4Layout& l, const uint8_t* blob) {
+  Nf4View v{l.n, l.config, l.offset, blob, nullptr, nullptr, nullptr};
+  if (l.config.double_quant) {
+    v.absmax_q = blob + l.absmax_at;
+    v.absmax2 = reinterpret_cast<const float*>(blob + l.absmax2_at);
+  } else {
+    v.absmax = reinterpret_cast<const float*>(blob + l.absmax_at);
+  }
+  return v;
+}
+
+void BlockScales(const Nf4View& q, float* scale) {
+  const int64_t blocks = q.num_blocks();
+  if (!q.config.double_quant) {
+    std::copy(q.absmax, q.absmax + blocks, scale);
     return;
   }
-  FT_CHECK(static_cast<int64_t>(q.absmax_q.size()) == blocks);
-  FT_CHECK(static_cast<int64_t>(q.absmax2.size()) == (blocks + q.config.dq_block - 1) / q.config.dq_block);
   const float* map = SignedDynamicMap();
   for (int64_t b = 0; b < blocks; ++b) {
     // dequantize_blockwise writes map * absmax2 to a float tensor, then
@@ -257,13 +292,12 @@ void Nf4BlockScales(const Nf4Tensor& q, float* scale) {
   }
 }
 
-void DequantizeNf4(const Nf4Tensor& q, float* out) {
+void Dequantize(const Nf4View& q, float* out) {
   const int64_t n = q.n;
   const int64_t block = q.config.block;
   const int64_t blocks = q.num_blocks();
-  FT_CHECK(static_cast<int64_t>(q.packed.size()) == (n + 1) / 2);
   std::vector<float> scale(blocks);
-  Nf4BlockScales(q, scale.data());
+  BlockScales(q, scale.data());
 #pragma omp parallel for schedule(static) if (blocks >= kParallelMinBlocks)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t begin = b * block;
@@ -274,6 +308,44 @@ void DequantizeNf4(const Nf4Tensor& q, float* out) {
       out[i] = kNf4Table[code] * scale[b];
     }
   }
+}
+
+int64_t Align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
+
+}  // namespace
+
+void Nf4BlockScales(const Nf4Tensor& q, float* scale) { BlockScales(ViewOf(q), scale); }
+
+void DequantizeNf4(const Nf4Tensor& q, float* out) { Dequantize(ViewOf(q), out); }
+
+Nf4Layout Nf4BlobLayout(const Nf4Tensor& q) {
+  Nf4Layout l;
+  l.n = q.n;
+  l.config = q.config;
+  l.offset = q.offset;
+  l.absmax_at = Align16(static_cast<int64_t>(q.packed.size()));
+  const int64_t scales = q.config.double_quant ? static_cast<int64_t>(q.absmax_q.size())
+                                               : static_cast<int64_t>(q.absmax.size() * sizeof(float));
+  l.absmax2_at = Align16(l.absmax_at + scales);
+  l.absmax2_n = static_cast<int64_t>(q.absmax2.size());
+  l.bytes = l.absmax2_at + l.absmax2_n * static_cast<int64_t>(sizeof(float));
+  return l;
+}
+
+void PackNf4Blob(const Nf4Tensor& q, const Nf4Layout& l, uint8_t* blob) {
+  const Nf4View v = ViewOf(q);  // checks the sizes
+  std::fill(blob, blob + l.bytes, uint8_t{0});
+  std::copy(q.packed.begin(), q.packed.end(), blob);
+  if (q.config.double_quant) {
+    std::copy(v.absmax_q, v.absmax_q + q.absmax_q.size(), blob + l.absmax_at);
+    std::memcpy(blob + l.absmax2_at, v.absmax2, q.absmax2.size() * sizeof(float));
+  } else {
+    std::memcpy(blob + l.absmax_at, v.absmax, q.absmax.size() * sizeof(float));
+  }
+}
+
+void DequantizeNf4Blob(const Nf4Layout& layout, const uint8_t* blob, float* out) {
+  Dequantize(ViewOf(layout, blob), out);
 }
 
 }  // namespace ft::cpu

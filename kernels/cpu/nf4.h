@@ -64,6 +64,26 @@ struct Nf4Tensor {
   double BitsPerParam() const;  // StorageBytes * 8 / n
 };
 
+// NF4 storage as one byte blob, the form the engine keeps NF4 weights in
+// (backend memory, or host memory when offloaded), so the whole tensor moves
+// with one copy: [packed | absmax or absmax_q | absmax2], each part starting
+// 16-byte aligned. The layout is the metadata the blob needs beside it.
+struct Nf4Layout {
+  int64_t n = 0;
+  Nf4Config config;
+  float offset = 0;
+  int64_t absmax_at = 0;   // byte offset of absmax (fp32, no double quant) or absmax_q (uint8)
+  int64_t absmax2_at = 0;  // byte offset of absmax2 (fp32, double quant)
+  int64_t absmax2_n = 0;   // absmax2 values
+  int64_t bytes = 0;       // the blob's size
+  int64_t num_blocks() const { return (n + config.block - 1) / config.block; }
+};
+Nf4Layout Nf4BlobLayout(const Nf4Tensor& q);
+// Writes q into blob[layout.bytes] (layout = Nf4BlobLayout(q)); padding is zero.
+void PackNf4Blob(const Nf4Tensor& q, const Nf4Layout& layout, uint8_t* blob);
+// out[layout.n] = DequantizeNf4 of the tensor packed in `blob`, bit for bit.
+void DequantizeNf4Blob(const Nf4Layout& layout, const uint8_t* blob, float* out);
+
 Nf4Tensor QuantizeNf4(const float* x, int64_t n, const Nf4Config& config);
 // out[q.n].
 void DequantizeNf4(const Nf4Tensor& q, float* out);

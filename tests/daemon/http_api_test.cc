@@ -128,6 +128,10 @@ class HttpApiTest : public testing::Test {
       p->set_loss(3.0 - 0.1 * static_cast<double>(s));
       p->set_lr(1e-4);
       p->set_time_ms(1'700'000'000'000 + s * 1000);
+      if (s % 2 == 1) {  // odd steps report their timing; even ones come from an older trainer
+        p->set_step_seconds(0.5);
+        p->set_copy_wait_seconds(0.125);
+      }
     }
     daemon_->OnWorkerMessage("w1", &sink_, m);
   }
@@ -309,11 +313,15 @@ TEST_F(HttpApiTest, MetricsAreInStepOrderAndPageByAfterStep) {
   ASSERT_EQ(m["points"].size(), 7u);
   for (size_t i = 0; i < 7; ++i) EXPECT_EQ(m["points"][i]["step"], static_cast<int64_t>(i + 1));
   const json& p = m["points"][0];
-  for (const char* key :
-       {"step", "epoch", "time_ms", "loss", "lr", "grad_norm", "tokens_per_s", "peak_bytes", "eval_loss"}) {
+  for (const char* key : {"step", "epoch", "time_ms", "loss", "lr", "grad_norm", "tokens_per_s", "peak_bytes",
+                          "eval_loss", "step_seconds", "copy_wait_seconds"}) {
     EXPECT_TRUE(p.contains(key)) << key;
   }
   EXPECT_EQ(p["epoch"], epoch_);
+  EXPECT_EQ(p["step_seconds"], 0.5);
+  EXPECT_EQ(p["copy_wait_seconds"], 0.125);
+  EXPECT_TRUE(m["points"][1]["step_seconds"].is_null()) << "not reported";
+  EXPECT_TRUE(m["points"][1]["copy_wait_seconds"].is_null());
   EXPECT_TRUE(p["eval_loss"].is_null()) << "no evaluation at this step";
   json after = GetJson("/api/jobs/" + running_ + "/metrics?after_step=5&limit=1");
   ASSERT_EQ(after["points"].size(), 1u);

@@ -458,7 +458,9 @@ TEST_F(StoreTest, EvalLossMergesIntoItsStepWhicheverArrivesFirst) {
                         .tokens_per_s = 900,
                         .peak_bytes = 1 << 20,
                         .time_ms = 5000,
-                        .tokens_seen = 40960};
+                        .tokens_seen = 40960,
+                        .step_seconds = 0.25,
+                        .copy_wait_seconds = 0.0625};
   MetricRow eval{.job_id = "j-000001", .epoch = 1, .step = 10, .time_ms = 6000};
   eval.eval_loss = 2.75;
   eval.eval_only = true;
@@ -480,9 +482,13 @@ TEST_F(StoreTest, EvalLossMergesIntoItsStepWhicheverArrivesFirst) {
   EXPECT_EQ(got[0].peak_bytes, 1 << 20);
   EXPECT_EQ(got[0].time_ms, 5000);
   EXPECT_EQ(got[0].tokens_seen, 40960) << "the evaluation keeps the step's token count";
+  EXPECT_EQ(got[0].step_seconds, 0.25) << "and its timing";
+  EXPECT_EQ(got[0].copy_wait_seconds, 0.0625);
   EXPECT_EQ(got[0].eval_loss, 2.75);
   EXPECT_TRUE(std::isnan(got[1].eval_loss));
   EXPECT_EQ(got[1].tokens_seen, 0) << "not reported";
+  EXPECT_TRUE(std::isnan(got[1].step_seconds)) << "not reported: NULL";
+  EXPECT_TRUE(std::isnan(got[1].copy_wait_seconds));
 
   // The step re-sent (a reconnect) keeps its evaluation.
   ASSERT_OK(store_->AddMetrics({train}));
@@ -518,7 +524,7 @@ TEST_F(StoreTest, CloseAndReopenKeepsEverything) {
   ASSERT_OK(store_->AddMetrics({MetricRow{.job_id = a.id, .epoch = 1, .step = 1, .loss = 2.5}}));
 
   Reopen();
-  EXPECT_EQ(store_->schema_version(), 4);
+  EXPECT_EQ(store_->schema_version(), 5);
   ASSERT_OK_AND_ASSIGN(auto jobs, store_->ListJobs({}));
   EXPECT_EQ(Ids(jobs), (std::vector<std::string>{a.id, b.id}));
   ASSERT_OK_AND_ASSIGN(JobRow got_b, store_->GetJob(b.id));
@@ -825,18 +831,18 @@ TEST_F(StoreTest, VersionZeroDatabaseIsMigratedToTheLatest) {
   {
     auto store = OpenStore(old_path);
     ASSERT_NE(store, nullptr);
-    EXPECT_EQ(store->schema_version(), 4);
+    EXPECT_EQ(store->schema_version(), 5);
     ASSERT_OK_AND_ASSIGN(JobRow j, store->CreateJob(NewJob("x"), nullptr));
     EXPECT_EQ(j.id, "j-000001");
   }
-  EXPECT_EQ(RawPragma(old_path, "user_version"), "4");
+  EXPECT_EQ(RawPragma(old_path, "user_version"), "5");
   EXPECT_EQ(RawPragma(old_path, "journal_mode"), "wal");
   EXPECT_EQ(RawPragma(old_path, "integrity_check"), "ok");
 
   // Reopening at the latest version runs no migration (it would fail: tables exist).
   auto again = OpenStore(old_path);
   ASSERT_NE(again, nullptr);
-  EXPECT_EQ(again->schema_version(), 4);
+  EXPECT_EQ(again->schema_version(), 5);
   again.reset();
 
   // A database from a newer ftd is refused, naming the path.

@@ -149,7 +149,8 @@ export class Cluster {
 
   // A tiny Llama and token data under dir/job, and a job.yaml; returns its path.
   // eval_every: also evaluate on the training file every that many steps (data.eval).
-  writeJob(name, { steps, every_steps, eval_every = 0, lr = '1.0e-2', extra = '' }) {
+  // train_extra: more keys of the train map (e.g. 'optimizer: paged_adamw').
+  writeJob(name, { steps, every_steps, eval_every = 0, lr = '1.0e-2', extra = '', train_extra = '' }) {
     const job = path.join(this.dir, 'job');
     if (!fs.existsSync(path.join(job, 'model', 'config.json'))) {
       execFileSync(this.bins.train, ['make-model', '--preset', 'tiny-llama', '--out', path.join(job, 'model')],
@@ -161,7 +162,7 @@ export class Cluster {
 model: {path: model, dtype: fp32}
 adapter: {type: lora, r: 8, alpha: 16}
 data: {train: data.jsonl, format: tokens, seq_len: 64, packing: false, shuffle: true${eval_every ? ', eval: data.jsonl' : ''}}
-train: {max_steps: ${steps}, global_batch_size: 8, micro_batch_size: 2, lr: ${lr}, warmup_steps: 3${eval_every ? `, eval_every_steps: ${eval_every}` : ''}}
+train: {max_steps: ${steps}, global_batch_size: 8, micro_batch_size: 2, lr: ${lr}, warmup_steps: 3${eval_every ? `, eval_every_steps: ${eval_every}` : ''}${train_extra ? `, ${train_extra}` : ''}}
 checkpoint: {every_steps: ${every_steps}, every_minutes: 0, keep: 3}
 output: {dir: out-${name}}
 ${extra}`);

@@ -40,7 +40,8 @@ async function main() {
   console.log(`ftd: gRPC ${cluster.address}, dashboard ${cluster.url}`);
   cluster.startWorker('w1');
   cluster.startWorker('w2');
-  const id = cluster.ftctl('submit', cluster.writeJob('web', { steps: 20000, every_steps: 200, eval_every: 25 })).split(/\s/)[0];
+  const id = cluster.ftctl('submit', cluster.writeJob('web', { steps: 20000, every_steps: 200, eval_every: 25,
+    train_extra: 'optimizer: paged_adamw, activation_checkpointing: offload' })).split(/\s/)[0];
   check(/^j-\d+$/.test(id), `ftctl submitted job ${id}`);
 
   const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
@@ -79,6 +80,16 @@ async function main() {
     () => window.ftune.charts.loss.data[3].filter(Number.isFinite).length, (n) => n >= 2, 30000);
   check(evalPoints >= 2, `the loss chart has ${evalPoints} eval loss points`);
   check(await page.evaluate(() => window.__sameDocument === true), 'opening the job did not reload the page');
+
+  // 3b. Step time against the copy wait of the memory techniques (the job pages its
+  // optimizer states and offloads activations).
+  const timing = await pageWaitFor(page, 'step time points in the timing chart', () => {
+    const d = window.ftune.charts.timing.data;
+    return { step: d[1].filter(Number.isFinite), wait: d[2].filter(Number.isFinite) };
+  }, (x) => x.step.length >= 3 && x.wait.some((w) => w > 0), 30000);
+  check(timing.step.every((s) => s > 0), `the timing chart has ${timing.step.length} step times`);
+  check(timing.wait.every((w, i) => w >= 0 && w <= timing.step[i]),
+    `copy waits lie within their steps (largest ${Math.max(...timing.wait).toExponential(2)} s)`);
 
   // 4. Memory: used vs predicted vs total on one chart.
   const memory = await pageWaitFor(page, 'device memory samples in the memory chart', () => {

@@ -108,7 +108,7 @@ TEST_F(MetricsTailTest, ReplacementSeenAfterNewLinesWereAppended) {
 TEST(MetricsLineTest, ParsesStepLines) {
   auto m = ParseMetricsLine(
       R"({"step":7,"loss":2.5,"lr":0.001,"grad_norm":1.5,"tokens":512,"tokens_seen":4096,"tokens_per_s":1000.5,)"
-      R"("step_seconds":0.5,"peak_bytes":1048576,"checkpoint_seconds":0.25})");
+      R"("step_seconds":0.5,"copy_wait_seconds":0.125,"peak_bytes":1048576,"checkpoint_seconds":0.25})");
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_EQ(m->kind, MetricsLine::Kind::kStep);
   EXPECT_EQ(m->step, 7);
@@ -120,6 +120,8 @@ TEST(MetricsLineTest, ParsesStepLines) {
   EXPECT_DOUBLE_EQ(m->tokens_per_s, 1000.5);
   EXPECT_EQ(m->peak_bytes, 1048576);
   EXPECT_DOUBLE_EQ(m->checkpoint_seconds, 0.25);
+  EXPECT_DOUBLE_EQ(m->step_seconds, 0.5);
+  EXPECT_DOUBLE_EQ(m->copy_wait_seconds, 0.125);
   // An fp16 step skipped for overflow: its norm was not finite, written as null.
   auto skipped =
       ParseMetricsLine(R"({"step":8,"loss":2.4,"grad_norm":null,"loss_scale":65536,"skipped":true})");

@@ -145,8 +145,8 @@ struct Trained {
     const auto& params = opt->params();
     for (const TrainableParam& p : params) out.push_back(model->Download(p.data, p.numel));
     for (size_t i = 0; i < params.size(); ++i) {
-      out.push_back(model->Download(opt->exp_avg()[i].data(), params[i].numel));
-      out.push_back(model->Download(opt->exp_avg_sq()[i].data(), params[i].numel));
+      out.push_back(opt->Moment(i, 0));
+      out.push_back(opt->Moment(i, 1));
     }
     return out;
   }
@@ -155,8 +155,8 @@ struct Trained {
     ASSERT_EQ(s.size(), 3 * params.size());
     for (size_t i = 0; i < params.size(); ++i) {
       model->Upload(params[i].data, s[i].data(), params[i].numel);
-      model->Upload(opt->exp_avg()[i].data(), s[params.size() + 2 * i].data(), params[i].numel);
-      model->Upload(opt->exp_avg_sq()[i].data(), s[params.size() + 2 * i + 1].data(), params[i].numel);
+      opt->SetMoment(i, 0, s[params.size() + 2 * i].data());
+      opt->SetMoment(i, 1, s[params.size() + 2 * i + 1].data());
     }
     opt->set_step(step);
   }

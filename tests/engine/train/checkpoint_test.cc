@@ -53,8 +53,7 @@ std::string NewestCheckpoint(const std::string& out) {
   return all.empty() ? "" : all.front().dir;
 }
 
-void ExpectSameFinalState(const std::string& out) {
-  const std::string ref = ReferenceOut();
+void ExpectSameFinalState(const std::string& out, const std::string& ref = ReferenceOut()) {
   EXPECT_EQ(Slurp(out + "/adapter/adapter_model.safetensors"),
             Slurp(ref + "/adapter/adapter_model.safetensors"))
       << "final adapter differs from the uninterrupted run";
@@ -190,6 +189,40 @@ TEST(CheckpointSignalTest, StopWithoutTimeToFinishSavesTheLastStepBoundary) {
   ASSERT_TRUE((*tr)->Step(&m, &interrupted).ok());
   EXPECT_FALSE(interrupted);
   EXPECT_EQ((*tr)->steps_done(), 2);
+}
+
+// The memory techniques (activation offload, CPU-offloaded frozen weights,
+// paged AdamW; each alone, then together) under kill -9: each run is killed
+// mid-way, resumed, and must end bit-identical to the uninterrupted reference
+// run without any technique (the techniques move bytes, never the math).
+TEST(CheckpointChaosTest, KillNineWithEachMemoryTechniqueResumesBitIdentical) {
+  constexpr int64_t kSteps = 60;
+  const std::string ref_dir = FreshDir("technique-reference");
+  ASSERT_EQ(RunToEnd(ref_dir, WriteJob(ref_dir, "", 3, kSteps)), kExitFinished)
+      << Slurp(ref_dir + "/stderr.txt");
+  const std::pair<const char*, const char*> techniques[] = {
+      {"offload", "  micro_batch_size: 2\n  activation_checkpointing: offload\n"},
+      {"cpu-offload", "  micro_batch_size: 2\n  cpu_offload: true\n"},
+      {"paged", "  micro_batch_size: 2\n  optimizer: paged_adamw\n"},
+      {"all",
+       "  micro_batch_size: 2\n  activation_checkpointing: offload\n  cpu_offload: true\n"
+       "  optimizer: paged_adamw\n"}};
+  for (const auto& [name, extra] : techniques) {
+    SCOPED_TRACE(name);
+    std::string dir = FreshDir(std::string("technique-") + name);
+    std::string job = WriteJob(dir, extra, 3, kSteps);
+    pid_t pid = Spawn(dir, {"run", job});
+    // Killed once a checkpoint is committed and a few steps more are logged.
+    for (int i = 0; i < 20000 && StepLines(dir + "/out").size() < 20; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+    ASSERT_EQ(WaitExit(pid), 128 + SIGKILL) << "finished before the kill: " << Slurp(dir + "/stderr.txt");
+    ASSERT_FALSE(NewestCheckpoint(dir + "/out").empty());
+    ASSERT_EQ(RunToEnd(dir, job), kExitFinished) << Slurp(dir + "/stderr.txt");
+    EXPECT_THAT(Slurp(dir + "/stderr.txt"), HasSubstr("resumed from"));
+    ExpectSameFinalState(dir + "/out", ref_dir + "/out");
+  }
 }
 
 TEST(CheckpointResumeTest, DifferentMicroBatchPlanKeepsTheMath) {
