@@ -392,7 +392,11 @@ StatusOr<pb::ListWorkersReply> Daemon::ListWorkers() {
     info->set_slot_end_ms(w.slot_end_ms);
     auto it = sessions_.find(w.id);
     info->set_alive(it != sessions_.end() && it->second.alive);
-    if (it != sessions_.end()) info->set_running_job_id(it->second.running_job);
+    if (it != sessions_.end()) {
+      info->set_running_job_id(it->second.running_job);
+      info->set_host_total_bytes(it->second.host_total_bytes);
+      info->set_host_free_bytes(it->second.host_free_bytes);
+    }
     for (const DeviceRow& d : w.devices) {
       pb::Device* p = info->add_devices();
       p->set_index(d.index);
@@ -526,6 +530,8 @@ Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
     s.stop_sent = false;
     s.last_message_mono = clock_->MonotonicMs();
     s.slot_end_ms = reg.slot_end_ms();
+    s.host_total_bytes = reg.host_total_bytes();
+    s.host_free_bytes = reg.host_free_bytes();
     s.devices.clear();
     WorkerRow row;
     row.id = reg.worker_id();
@@ -633,6 +639,10 @@ void Daemon::OnHeartbeat(const std::string& worker_id, Session& s, const pb::Hea
     for (const pb::Device& d : hb.devices()) s.devices.push_back({d.kind(), d.total_bytes(), d.free_bytes()});
   }
   if (hb.slot_end_ms() > 0) s.slot_end_ms = hb.slot_end_ms();
+  if (hb.host_total_bytes() > 0) {
+    s.host_total_bytes = hb.host_total_bytes();
+    s.host_free_bytes = hb.host_free_bytes();
+  }
   Check(store_->TouchWorker(worker_id, clock_->WallMs()), "worker alive");
   RecordDeviceMemory(worker_id, s, hb);
   for (const pb::Progress& p : hb.progress()) {
@@ -999,8 +1009,8 @@ void Daemon::ScheduleQueued() {
   for (const std::string& id : queued_) jobs.push_back(&plan_inputs_.at(id));
   std::vector<WorkerView> workers;
   for (const auto& [id, s] : sessions_) {
-    workers.push_back(
-        {id, s.alive && s.sink != nullptr, !s.running_job.empty(), s.draining, s.slot_end_ms, s.devices});
+    workers.push_back({id, s.alive && s.sink != nullptr, !s.running_job.empty(), s.draining, s.slot_end_ms,
+                       s.devices, s.host_free_bytes});
   }
   ScheduleResult result = Schedule(jobs, workers, clock_->WallMs(), {options_.min_slot_ms});
   for (const Placement& p : result.placements) {

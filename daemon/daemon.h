@@ -135,6 +135,8 @@ class Daemon {
     double checkpoint_seconds = 0;  // last measured write time
     bool stop_sent = false;
     int64_t last_memory_sample_mono = 0;  // when device memory was last stored
+    int64_t host_total_bytes = 0;         // the node's host memory as last reported (0 = unknown)
+    int64_t host_free_bytes = 0;
   };
 
   // REQUIRES: mu_ held (for all below).

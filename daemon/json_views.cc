@@ -157,6 +157,8 @@ json WorkerJson(const pb::WorkerInfo& w) {
           {"last_heartbeat_ms", w.last_heartbeat_ms()},
           {"slot_end_ms", w.slot_end_ms()},
           {"running_job_id", w.running_job_id()},
+          {"host_total_bytes", w.host_total_bytes()},
+          {"host_free_bytes", w.host_free_bytes()},
           {"devices", std::move(devices)}};
 }
 

@@ -103,6 +103,10 @@ int PlaceOn(const JobView& job, const std::vector<WorkerView>& workers, const st
     }
     const int64_t free = FreeForGang(w, kind, job.gpus);
     StatusOr<BatchPlanChoice> choice = ChoosePlan(job, kind, free);
+    if (choice.ok() && kind == "cpu" && choice->memory.total() + choice->memory.host_total() > free) {
+      // The host buffers share the CPU device's memory: a plan that leaves them room.
+      choice = ChoosePlan(job, kind, free - choice->memory.host_total());
+    }
     if (!choice.ok()) {
       best_free = std::max(best_free, free);
       PlanRequest request = job.plan;
@@ -110,6 +114,17 @@ int PlaceOn(const JobView& job, const std::vector<WorkerView>& workers, const st
       request.world = job.gpus;
       *why = DoesNotFit(PredictMemory(request, 1).total(), best_free);
       continue;
+    }
+    // The memory techniques' host buffers: on a CPU device they come out of the same memory.
+    if (const int64_t host = choice->memory.host_total(); host > 0) {
+      const int64_t offered = kind == "cpu" ? free - choice->memory.total() : w.host_free_bytes;
+      if ((kind == "cpu" || w.host_free_bytes > 0) && host > offered) {
+        *why = "waits: needs " + FormatBytes(host) +
+               " of host memory for its memory techniques (cpu_offload, paged_adamw, activation offload); "
+               "worker " +
+               w.id + " has " + FormatBytes(std::max<int64_t>(offered, 0)) + " to spare";
+        continue;
+      }
     }
     *placement = {job.id, w.id, *choice, kind};
     return static_cast<int>(i);

@@ -4,7 +4,9 @@
 // jobs can be timed and tested on its own. Order: priority (higher first),
 // then submission time (FIFO). A job is placed only on a live, idle worker
 // whose device memory fits the job at micro-batch ≥ 1 according to the memory
-// planner, whose remaining slot is long enough, and (multi-GPU jobs) which has
+// planner (and, for a job using memory techniques, whose host memory fits
+// what they keep there: on a CPU device the host is the device, so both
+// count against it), whose remaining slot is long enough, and (multi-GPU jobs) which has
 // enough devices of the right kind: gangs are placed whole or not at all. A job
 // that is not placed gets a reason ("waits: ...") for the user.
 #pragma once
@@ -31,6 +33,7 @@ struct WorkerView {
   bool draining = false;    // preempted / slot ending: no new work
   int64_t slot_end_ms = 0;  // 0 = none
   std::vector<DeviceView> devices;
+  int64_t host_free_bytes = 0;  // the node's available host memory; 0 = not reported (not checked)
 };
 
 struct JobView {

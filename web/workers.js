@@ -1,5 +1,5 @@
 // The workers page (#/workers): each worker with its devices (memory bars),
-// current job, slot time left and last heartbeat; lost workers are greyed.
+// its host memory (what cpu_offload / paged_adamw / activation offload use), current job, slot time left and last heartbeat; lost workers are greyed.
 // Loads /api/workers once, then applies the stream's `workers` messages row by
 // row; a one-second timer keeps "ago" and "left" texts current.
 
@@ -39,7 +39,9 @@ export function mountWorkers(root, _query, app) {
     row.worker = worker;
     row.tr.classList.toggle('lost', !worker.alive);
     setText(c.id, worker.id);
-    setText(c.host, [worker.hostname, worker.version].filter(Boolean).join(' · '));
+    const hostMemory = worker.host_total_bytes
+      ? `host memory ${bytes(worker.host_free_bytes)} free of ${bytes(worker.host_total_bytes)}` : '';
+    setText(c.host, [worker.hostname, worker.version, hostMemory].filter(Boolean).join(' · '));
     setText(c.alive, worker.alive ? '' : 'lost');
     const devicesKey = JSON.stringify(worker.devices);
     if (!previous || JSON.stringify(previous.devices) !== devicesKey) {

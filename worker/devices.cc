@@ -55,6 +55,16 @@ Status ReadMemInfo(int64_t* total, int64_t* available) {
   return Status::OK();
 }
 
+}  // namespace
+
+StatusOr<HostMemory> ReadHostMemory() {
+  HostMemory h;
+  FT_RETURN_IF_ERROR(ReadMemInfo(&h.total_bytes, &h.free_bytes));
+  return h;
+}
+
+namespace {
+
 #ifdef FT_WORKER_HAVE_CUDA
 // Every visible GPU; empty when there is none. Releases the contexts the query created.
 StatusOr<std::vector<Device>> CudaDevices() {

@@ -40,6 +40,15 @@ struct DeviceOptions {
   bool allow_cuda = true;        // false: report the CPU even when GPUs are visible
 };
 
+// The node's host memory: MemTotal and MemAvailable (what the memory
+// techniques' host buffers come from). Unavailable when /proc/meminfo cannot
+// be read.
+struct HostMemory {
+  int64_t total_bytes = 0;
+  int64_t free_bytes = 0;
+};
+StatusOr<HostMemory> ReadHostMemory();
+
 // One discovery. Unavailable when /proc/meminfo cannot be read (CPU device,
 // no override) or a GPU query fails after GPUs were found.
 StatusOr<std::vector<Device>> DiscoverDevices(const DeviceOptions& options);

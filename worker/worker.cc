@@ -99,6 +99,17 @@ size_t Worker::running() const { return Running().size(); }
 
 // ---------------------------------------------------------------- session delegate
 
+namespace {
+// The node's host memory into a Register or Heartbeat (left 0 when it cannot be read).
+template <typename Message>
+void SetHostMemory(Message* m) {
+  if (StatusOr<HostMemory> h = ReadHostMemory(); h.ok()) {
+    m->set_host_total_bytes(h->total_bytes);
+    m->set_host_free_bytes(h->free_bytes);
+  }
+}
+}  // namespace
+
 pb::Register Worker::MakeRegister() {
   pb::Register r;
   r.set_worker_id(options_.id);
@@ -110,6 +121,7 @@ pb::Register Worker::MakeRegister() {
     std::lock_guard<std::mutex> lock(devices_mu_);
     AddDevices(devices_.Current(TrainerPids(running)), r.mutable_devices());
   }
+  SetHostMemory(&r);
   for (const auto& a : running) {
     pb::RunningAttempt* ra = r.add_running();
     ra->set_job_id(a->spec().job_id);
@@ -139,6 +151,7 @@ pb::Heartbeat Worker::MakeHeartbeat() {
     std::lock_guard<std::mutex> lock(devices_mu_);
     AddDevices(devices_.Current(TrainerPids(running)), h.mutable_devices());
   }
+  SetHostMemory(&h);
   for (const auto& a : running) {
     const AttemptProgress p = a->progress();
     pb::Progress* out = h.add_progress();

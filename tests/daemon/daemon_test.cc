@@ -65,13 +65,14 @@ class DaemonTest : public testing::Test {
     o.allowed_roots = std::move(allowed_roots);
     daemon_ = std::make_unique<Daemon>(std::move(*store), &clock_, o);
   }
-  std::string Submit(int priority = 0, const std::string& extra = "") {
+  std::string Submit(int priority = 0, const std::string& extra = "", const std::string& train_extra = "") {
     pb::SubmitRequest req;
     req.set_spec_yaml(
         "name: t\nmodel: {path: model, dtype: fp32}\nadapter: {type: lora, r: 4, alpha: 8}\n"
         "data: {train: data.jsonl, format: tokens, seq_len: 64}\n"
-        "train: {max_steps: 10, global_batch_size: 4}\nresources: {priority: " +
-        std::to_string(priority) + "}\noutput: {dir: out}\n" + extra);
+        "train: {max_steps: 10, global_batch_size: 4" +
+        train_extra + "}\nresources: {priority: " + std::to_string(priority) + "}\noutput: {dir: out}\n" +
+        extra);
     req.set_spec_dir(dir_ + "/job");
     auto r = daemon_->Submit(req);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
@@ -191,6 +192,38 @@ TEST_F(DaemonTest, HigherPriorityStartsFirstAndAJobThatDoesNotFitSaysWhy) {
   EXPECT_EQ(big.Last(pb::DaemonCommand::kStart)->start().job_id(), high);
   EXPECT_EQ(Job(low).state(), pb::QUEUED);
   EXPECT_THAT(Job(low).reason(), HasSubstr("waits"));
+}
+
+// A job using memory techniques needs host memory beside the device: on a GPU
+// worker whose host has too little free it waits saying so, and starts once a
+// heartbeat reports enough; the workers list shows the host memory.
+TEST_F(DaemonTest, AJobUsingMemoryTechniquesWaitsForHostMemory) {
+  const std::string id = Submit(0, "", ", cpu_offload: true, optimizer: paged_adamw");
+  FakeSink gpu;
+  pb::Register reg;
+  reg.set_worker_id("gpu");
+  pb::Device* d = reg.add_devices();
+  d->set_kind("cuda");
+  d->set_total_bytes(int64_t{80} << 30);
+  d->set_free_bytes(int64_t{80} << 30);
+  reg.set_host_total_bytes(int64_t{64} << 30);
+  reg.set_host_free_bytes(1024);  // 1 KiB: the offloaded weights and moments do not fit
+  ASSERT_TRUE(daemon_->OnRegister(reg, &gpu).ok());
+  daemon_->Tick();
+  EXPECT_EQ(gpu.Count(pb::DaemonCommand::kStart), 0);
+  EXPECT_THAT(Job(id).reason(), HasSubstr("of host memory for its memory techniques"));
+  auto workers = daemon_->ListWorkers();
+  ASSERT_TRUE(workers.ok());
+  EXPECT_EQ(workers->workers(0).host_total_bytes(), int64_t{64} << 30);
+  EXPECT_EQ(workers->workers(0).host_free_bytes(), 1024);
+
+  pb::WorkerMessage m;
+  m.mutable_heartbeat()->set_host_total_bytes(int64_t{64} << 30);
+  m.mutable_heartbeat()->set_host_free_bytes(int64_t{32} << 30);
+  daemon_->OnWorkerMessage("gpu", &gpu, m);
+  daemon_->Tick();
+  ASSERT_EQ(gpu.Count(pb::DaemonCommand::kStart), 1);
+  EXPECT_EQ(gpu.Last(pb::DaemonCommand::kStart)->start().job_id(), id);
 }
 
 TEST_F(DaemonTest, FailuresHaveABudgetButPreemptionsDoNot) {

@@ -163,6 +163,8 @@ async function main() {
   await page.waitForSelector(`tr[data-worker-id="${victim}"].lost`, { timeout: cluster.lease_ms + 10000 });
   check(!(await page.$(`tr[data-worker-id="${other}"].lost`)), `${victim} is greyed as lost, ${other} is not`);
   check((await page.$$(`tr[data-worker-id="${other}"] .device .bar`)).length === 1, `${other} shows its device's memory bar`);
+  const hostLine = await page.textContent(`tr[data-worker-id="${other}"] .c-worker .reason`);
+  check(/host memory .* free of /.test(hostLine), `${other} shows the host memory it reports (${hostLine})`);
   await shot(page, '5-workers');
 
   check(pageErrors.length === 0, `no JavaScript errors in the page${pageErrors.length ? `: ${pageErrors.join('; ')}` : ''}`);

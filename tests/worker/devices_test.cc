@@ -124,6 +124,18 @@ TEST(DevicesTest, CpuDeviceFromProcMeminfo) {
   EXPECT_EQ(d->used_bytes, d->total_bytes - d->free_bytes);
 }
 
+TEST(DevicesTest, HostMemoryIsTheNodesMeminfo) {
+  auto h = ReadHostMemory();
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_GT(h->total_bytes, int64_t{64} << 20);
+  EXPECT_GT(h->free_bytes, 0);
+  EXPECT_LE(h->free_bytes, h->total_bytes);
+  // The same figures as the CPU device without a budget (both from /proc/meminfo).
+  auto cpu = CpuDevice(DeviceOptions{});
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_EQ(cpu->total_bytes, h->total_bytes);
+}
+
 TEST(DevicesTest, DiscoveryFindsSomething) {
   // GPUs where CUDA is compiled in and visible; else the CPU.
   auto devices = DiscoverDevices(DeviceOptions{});
