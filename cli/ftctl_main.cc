@@ -243,6 +243,10 @@ int Workers(ft::JobsClient& client, bool json) {
                   std::string(filled, '#').c_str(), std::string(20 - filled, '.').c_str(),
                   ft::FormatBytes(d.free_bytes()).c_str(), ft::FormatBytes(d.total_bytes()).c_str());
     }
+    if (w.host_total_bytes() > 0) {  // what the memory techniques (cpu_offload, paged_adamw) draw on
+      std::printf("   host memory %s free of %s\n", ft::FormatBytes(w.host_free_bytes()).c_str(),
+                  ft::FormatBytes(w.host_total_bytes()).c_str());
+    }
   }
   return kOk;
 }

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """The tables of docs/PERFORMANCE.md, from the files bench/gpu/run.sh collects.
 
-  report.py user-job METRICS.jsonl PLAN.txt SMI_MEM.txt
+  report.py user-job METRICS.jsonl PLAN.txt SMI_MEM.txt [LABEL]
       one JSON line ("impl": "ftune") for the user's job: median tokens/s and
-      step time over the steps after the first two, the engine's tracked peak
-      (every allocation of the device backend), nvidia-smi's peak (adds the
-      CUDA context and cuBLASLt's workspace), the planner's predicted total.
+      step time over the steps after the first two, of it the median wait for
+      the memory techniques' copies, the engine's tracked peak (every
+      allocation of the device backend), nvidia-smi's peak (adds the CUDA
+      context and cuBLASLt's workspace), the planner's predicted total (device,
+      and host when techniques are on). LABEL names the run in the table.
   report.py table OURS.jsonl TORCH.jsonl TESTS_STATUS DEVICE OUT.md
                   PARITY.txt RESUME.txt RESUME_STATUS USER_JOB.jsonl GENERATE.txt GENERATE_STATUS
                   OPTIMES.txt
@@ -36,12 +38,13 @@ def load(path):
     return recs
 
 
-def user_job(metrics_path, plan_path, smi_path):
+def user_job(metrics_path, plan_path, smi_path, label=None):
     steps = [r for r in load(metrics_path) if "loss" in r]
     timed = steps[2:] if len(steps) > 2 else steps
     plan = open(plan_path).read() if plan_path else ""
-    m = re.search(r"^\s*total\s+([0-9.]+) (GiB|MiB)", plan, re.M)
-    predicted = float(m.group(1)) / (1024 if m and m.group(2) == "MiB" else 1) if m else None
+    totals = [float(v) / (1024 if unit == "MiB" else 1)
+              for v, unit in re.findall(r"^\s*total\s+([0-9.]+) (GiB|MiB)", plan, re.M)]
+    predicted = totals[0] if totals else None  # the device's; a second total is the host's
     try:
         smi = max(float(x) for x in open(smi_path).read().split() if x.strip()) / 1024
     except (OSError, ValueError):
@@ -52,7 +55,11 @@ def user_job(metrics_path, plan_path, smi_path):
            "peak_tracked_gib": max(r["peak_bytes"] for r in steps) / GIB if steps else None,
            "peak_by_category_gib": {k: v / GIB for k, v in steps[-1]["peak_bytes_by_category"].items()}
            if steps else None,
+           "copy_wait_ms_median": 1e3 * statistics.median(r.get("copy_wait_seconds", 0) for r in timed)
+           if timed else None,
            "smi_peak_gib": smi, "predicted_gib": predicted,
+           "predicted_host_gib": totals[1] if len(totals) > 1 else None,
+           "label": label,
            "losses": [r["loss"] for r in steps]}
     print(json.dumps(rec))
     return 0 if steps else 1
@@ -60,28 +67,31 @@ def user_job(metrics_path, plan_path, smi_path):
 
 def user_rows(path):
     recs = load(path)
-    ours = next((r for r in recs if r.get("impl") == "ftune"), None)
+    ours = [r for r in recs if r.get("impl") == "ftune"]
     peer = next((r for r in recs if r.get("impl") == "torch+peft"), None)
     f = lambda v, d=2: "—" if v is None else f"{v:.{d}f}"
-    rows = ["| run | tokens/s | step ms | peak GiB (allocator) | peak GiB (nvidia-smi) | predicted GiB |",
-            "|---|---|---|---|---|---|"]
-    if ours:
+    rows = ["| run | tokens/s | step ms | copy wait ms | peak GiB (allocator) | peak GiB (nvidia-smi) | "
+            "predicted GiB (device / host) |",
+            "|---|---|---|---|---|---|---|"]
+    for r in ours:
         rows.append(f"| ftune QLoRA NF4+DQ r=16 all linears, seq 2048, batch 1, act. ckpt, fp32 storage "
-                    f"(bf16 rounding), attention on tensor cores | {f(ours.get('tokens_per_s'), 0)} | {f(ours.get('step_ms_median'), 0)} | "
-                    f"{f(ours.get('peak_tracked_gib'))} | {f(ours.get('smi_peak_gib'))} | "
-                    f"{f(ours.get('predicted_gib'))} |")
-    else:
-        rows.append("| ftune QLoRA | not run (see run.log) | | | | |")
+                    f"(bf16 rounding), attention on tensor cores{', ' + r['label'] if r.get('label') else ''} | "
+                    f"{f(r.get('tokens_per_s'), 0)} | {f(r.get('step_ms_median'), 0)} | "
+                    f"{f(r.get('copy_wait_ms_median'), 1)} | {f(r.get('peak_tracked_gib'))} | "
+                    f"{f(r.get('smi_peak_gib'))} | {f(r.get('predicted_gib'))} / {f(r.get('predicted_host_gib'))} |")
+    if not ours:
+        rows.append("| ftune QLoRA | not run (see run.log) | | | | | |")
     if peer and "error" not in peer:
         rows.append(f"| PyTorch {peer.get('torch')} + transformers {peer.get('transformers')} + PEFT "
                     f"{peer.get('peft')}: bf16 LoRA r={peer.get('r')} all linears, seq {peer.get('seq')}, batch "
                     f"{peer.get('batch')}, grad ckpt, adapters {peer.get('adapter_dtype')} | "
-                    f"{f(peer.get('tokens_per_s'), 0)} | {f(peer.get('step_ms_median'), 0)} | "
+                    f"{f(peer.get('tokens_per_s'), 0)} | {f(peer.get('step_ms_median'), 0)} | — | "
                     f"{f(peer.get('max_memory_allocated_gib'))} | (reserved {f(peer.get('max_memory_reserved_gib'))}) | — |")
     else:
-        rows.append(f"| PyTorch + PEFT | {'failed: ' + peer['error'] if peer else 'not run'} | | | | |")
-    rows.append("| torchtune QLoRA Llama-3-8B, batch 2 (published, shared/TARGETS.md) | — | — | 7.4 | — | — |")
+        rows.append(f"| PyTorch + PEFT | {'failed: ' + peer['error'] if peer else 'not run'} | | | | | |")
+    rows.append("| torchtune QLoRA Llama-3-8B, batch 2 (published, shared/TARGETS.md) | — | — | — | 7.4 | — | — |")
     ratio = ""
+    ours = ours[0] if ours else None  # the run without memory techniques
     if ours and peer and ours.get("tokens_per_s") and peer.get("tokens_per_s"):
         ratio = (f"\nftune / PyTorch+PEFT tokens/s: **{ours['tokens_per_s'] / peer['tokens_per_s']:.2f}x** "
                  f"(aim ≥ 1.5x); peak (allocator) ftune {ours['peak_tracked_gib']:.2f} GiB (aim ≤ 6.5 GiB).\n"
@@ -195,7 +205,7 @@ issue "The engine on the device") and the kernels' own gaps in the table.
 
 def main():
     if len(sys.argv) >= 2 and sys.argv[1] == "user-job":
-        return user_job(*sys.argv[2:5])
+        return user_job(*sys.argv[2:6])
     if len(sys.argv) >= 2 and sys.argv[1] == "table":
         return table(sys.argv[2:])
     return table(sys.argv[1:])  # the old positional form

@@ -9,12 +9,17 @@
 #    GPU fails instead of skipping);
 #    ctest -L gpu includes the whole model on CUDA against the CPU backend
 #    (tests/engine/model/cuda_parity_test.cc: LoRA and QLoRA, Llama and Qwen2 shapes,
-#    fp32 and bf16, and training state moved between the devices);
+#    fp32 and bf16, and training state moved between the devices) and the
+#    memory techniques on the copy stream (engine_offload_cuda_test: each
+#    technique bit-identical to the CUDA baseline, device/host peaks and the
+#    ops' wait for copies, printed);
 #    then ft-train generate on a tiny model, CPU against CUDA;
 # 3. benchmarks ftune's kernels (ft_gpu_kernel_bench) and PyTorch
 #    (torch_peer.py) on the cases of cases.txt, side by side on the same GPU;
 # 4. the user's job: ft-train run of a QLoRA job on a Llama-3-8B-shaped random
 #    model (qlora-8b.yaml; tokens/s, peak memory, the planner's prediction),
+#    again with the memory techniques on (cpu_offload, paged_adamw, activation
+#    offload: device peak, predicted host bytes, copy wait per step),
 #    then the same shape through PyTorch + transformers + PEFT (peft_peer.py);
 # 5. checkpoints across devices through ft-train (cross_resume.py: CPU stopped
 #    by SIGTERM and resumed on the GPU, GPU resumed on the CPU);
@@ -204,6 +209,23 @@ if want user && [ $have_train = 1 ]; then
   tail -n $((steps + 4)) "$work/user_run.log"
   python3 "$root/bench/gpu/report.py" user-job "$u/out/metrics.jsonl" "$work/plan.txt" "$work/smi_mem.txt" \
     > "$work/user_job.jsonl" || bench_ok=0
+  # The same job with the memory techniques on (host-resident frozen weights staged per
+  # layer, paged Adam states, offloaded layer inputs): device peak, host bytes, and the
+  # copy wait per step (what prefetching on the copy stream does not hide).
+  techniques="--set train.cpu_offload=true --set train.optimizer=paged_adamw --set train.activation_checkpointing=offload"
+  # shellcheck disable=SC2086
+  "$ft_train" plan "$u/job.yaml" --device cuda --device-memory 80GiB $techniques > "$work/plan_techniques.txt" 2>&1
+  cat "$work/plan_techniques.txt"
+  log "ft-train run with cpu_offload, paged_adamw, activation offload, $steps steps"
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$work/smi_mem_techniques.txt" &
+  smi=$!
+  # shellcheck disable=SC2086
+  timed "ft-train run (techniques)" timeout 300 "$ft_train" run "$u/job.yaml" $techniques --set output.dir="$u/out-techniques" \
+    > "$work/user_run_techniques.log" 2>&1 || bench_ok=0
+  kill $smi 2> /dev/null
+  tail -n 4 "$work/user_run_techniques.log"
+  python3 "$root/bench/gpu/report.py" user-job "$u/out-techniques/metrics.jsonl" "$work/plan_techniques.txt" \
+    "$work/smi_mem_techniques.txt" "cpu_offload + paged_adamw + activation offload" >> "$work/user_job.jsonl" || bench_ok=0
   log "PyTorch + PEFT peer (bf16 LoRA, same shape)"
   PYTHONUNBUFFERED=1 timed "peft_peer" timeout 240 python3 "$root/bench/gpu/peft_peer.py" --config "$root/bench/gpu/llama3-8b" --seq 2048 \
     --batch 1 --grad-ckpt --steps 6 --warmup 2 --r 16 --alpha 32 --out "$work/user_job.jsonl" \

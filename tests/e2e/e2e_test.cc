@@ -362,6 +362,9 @@ TEST(E2E, TokensNeverAppearInLogsOrErrorMessages) {
     return Spawn(argv, {.log = c.dir() + "/ftctl-" + name + ".log", .env = std::move(env)}).Wait();
   };
   EXPECT_EQ(ftctl("ok", {"--token", client, "status", id}), 0);
+  // The workers list shows each node's host memory (what the memory techniques draw on).
+  EXPECT_EQ(ftctl("workers", {"--token", client, "workers"}), 0);
+  EXPECT_THAT(Slurp(c.dir() + "/ftctl-workers.log"), HasSubstr("host memory"));
   EXPECT_NE(ftctl("wrong", {"--token", wrong, "ls"}), 0);
   EXPECT_NE(ftctl("env", {"ls"}, {"FTUNE_TOKEN=" + wrong}), 0);
   EXPECT_NE(ftctl("cancel", {"--token", wrong, "cancel", id}), 0);

@@ -20,10 +20,11 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 struct CliResult {
   int exit_code = -1;
-  std::string err;
+  std::string err;  // with stdout too, for FtTrainOutput
 };
 
 // Runs ft-train with the space-separated `args`; stderr lands in <dir>/stderr.txt.
@@ -34,6 +35,16 @@ CliResult FtTrain(const std::string& args, const std::string& dir) {
   for (std::string a; in >> a;) argv.push_back(a);
   const int code = testing_support::WaitExit(testing_support::Spawn(dir, argv));
   return {code, testing_support::Slurp(dir + "/stderr.txt")};
+}
+
+// As FtTrain, with stdout in the log too (for commands that print results: plan).
+CliResult FtTrainOutput(const std::string& args, const std::string& dir) {
+  std::vector<std::string> argv = {FT_TRAIN_BIN};
+  std::istringstream in(args);
+  for (std::string a; in >> a;) argv.push_back(a);
+  const std::string log = dir + "/output.txt";
+  const int code = testing_support::Spawn(argv, {.log = log}).Wait();
+  return {code, testing_support::Slurp(log)};
 }
 
 class FtTrainCliTest : public testing::Test {
@@ -224,8 +235,20 @@ TEST_F(FtTrainCliTest, SetOverridesTheJobAndErrorsNameTheOverride) {
   CliResult bad = FtTrain("run " + dir_ + "/job.yaml --set train.lr=fast", dir_);
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_THAT(bad.err, HasSubstr("--set train.lr=fast: train.lr: expected a number, got 'fast'"));
-  CliResult plan = FtTrain("plan " + dir_ + "/job.yaml --set data.seq_len=32 --device-memory 1GiB", dir_);
+  CliResult plan =
+      FtTrainOutput("plan " + dir_ + "/job.yaml --set data.seq_len=32 --device-memory 1GiB", dir_);
   EXPECT_EQ(plan.exit_code, 0) << plan.err;
+  EXPECT_THAT(plan.err, HasSubstr("memory at micro-batch"));
+  EXPECT_THAT(plan.err, Not(HasSubstr("host memory"))) << "no technique, no host bytes";
+  // With the memory techniques the plan states host bytes beside the device's.
+  CliResult offload =
+      FtTrainOutput("plan " + dir_ +
+                        "/job.yaml --set train.cpu_offload=true --set train.optimizer=paged_adamw "
+                        "--set train.activation_checkpointing=offload --device-memory 1GiB",
+                    dir_);
+  ASSERT_EQ(offload.exit_code, 0) << offload.err;
+  EXPECT_THAT(offload.err, HasSubstr("activation checkpointing offload, cpu_offload, paged_adamw"));
+  EXPECT_THAT(offload.err, HasSubstr("host memory (techniques):"));
   CliResult run = FtTrain("run " + dir_ + "/job.yaml --set train.max_steps=5 --set output.merge=false", dir_);
   ASSERT_EQ(run.exit_code, 0) << run.err;
   EXPECT_EQ(testing_support::StepLines(dir_ + "/out").size(), 5u) << "max_steps 30 in the file, 5 by --set";
