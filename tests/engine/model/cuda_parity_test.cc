@@ -29,22 +29,14 @@
 #include "engine/model/model.h"
 #include "engine/model/rng.h"
 #include "engine/train/optimizer.h"
+#include "tests/support/cuda_or_skip.h"
 
 namespace ft {
 namespace {
 
 constexpr int kSteps = 6;
 
-std::shared_ptr<Backend> CudaOrSkip(std::string* skip) {
-  auto cuda = CreateBackend(DeviceKind::kCuda);
-  if (cuda.ok()) return *cuda;
-  const char* require = std::getenv("FT_REQUIRE_GPU");
-  if (require != nullptr && std::string(require) == "1") {
-    ADD_FAILURE() << "FT_REQUIRE_GPU=1 but " << cuda.status().ToString();
-  }
-  *skip = cuda.status().ToString() + " (this test runs on a GPU machine: bench/gpu/run.sh)";
-  return nullptr;
-}
+using testing_support::CudaOrSkip;
 
 // Small shapes the CUDA attention supports (head dim 64 or 128).
 ModelConfig SmallConfig(const std::string& family) {

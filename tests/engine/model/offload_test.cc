@@ -17,7 +17,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -28,6 +27,7 @@
 #include "engine/model/rng.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/planner.h"
+#include "tests/support/cuda_or_skip.h"
 
 namespace ft {
 namespace {
@@ -159,15 +159,7 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
 // The device under test: the guarded CPU backend with `capacity`, or the GPU
 // (nullptr, with *skip set, when there is none).
 std::shared_ptr<Backend> Device(int64_t capacity, std::string* skip) {
-  if (!kOnCuda) return MakeGuardedCpuBackend(capacity);
-  auto cuda = CreateBackend(DeviceKind::kCuda);
-  if (cuda.ok()) return *cuda;
-  const char* require = std::getenv("FT_REQUIRE_GPU");
-  if (require != nullptr && std::string(require) == "1") {
-    ADD_FAILURE() << "FT_REQUIRE_GPU=1 but " << cuda.status().ToString();
-  }
-  *skip = cuda.status().ToString() + " (this test runs on a GPU machine: bench/gpu/run.sh)";
-  return nullptr;
+  return kOnCuda ? testing_support::CudaOrSkip(skip) : MakeGuardedCpuBackend(capacity);
 }
 
 // A preset with the head dimension the CUDA attention supports (64) when on CUDA.
