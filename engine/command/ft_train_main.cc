@@ -2,9 +2,13 @@
 //
 //   ft-train run JOB.yaml [--resume DIR] [--control-fd N] [--stop-grace S]
 //                         [--job-id ID --epoch N]
+//                         [--world N --rank R --rendezvous HOST:PORT [--dist-host ADDR]]
 //                                              train locally, no daemon; resumes from
 //                                              the newest valid checkpoint (with an
-//                                              epoch: an attempt under ftd, fenced)
+//                                              epoch: an attempt under ftd, fenced);
+//                                              with --world, one rank of a DDP job
+//                                              (one process per rank; rank 0 serves
+//                                              the rendezvous at HOST:PORT)
 //   ft-train plan JOB.yaml --device-memory 24GiB [--device cpu|cuda] [--world N]
 //                                              memory breakdown and batch plan (config.json only)
 //   ft-train make-model (--preset tiny-llama | --config CONFIG.json) --out DIR [--dtype f32|bf16] [--seed N]
@@ -20,6 +24,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -53,6 +58,11 @@ struct RunFlags {
   double stop_grace = 10;
   std::string job_id;
   int64_t epoch = 0;
+  int world = 1;           // ranks of a multi-rank job
+  int rank = 0;            // this process's rank
+  std::string rendezvous;  // host:port of rank 0's store
+  std::string dist_host;   // the address the other ranks reach this one at ("" = the host name's)
+  double dist_timeout = 120;
 };
 
 int RunJob(const RunFlags& flags) {
@@ -61,7 +71,24 @@ int RunJob(const RunFlags& flags) {
   if (flags.control_fd >= 0) control.StartControlFd(flags.control_fd);
   auto job = ft::LoadJobWithOverrides(flags.job_file, flags.overrides);
   if (!job.ok()) return Fail(job.status());
-  auto trainer = ft::Trainer::Create(job->spec);
+  std::unique_ptr<ft::Collective> ranks;
+  if (flags.world > 1) {
+    ft::RendezvousSpec r;
+    r.rank = flags.rank;
+    r.world = flags.world;
+    r.address = flags.rendezvous;
+    r.host = flags.dist_host;
+    // The attempt's namespace: ranks of another attempt at the same address never pair up.
+    r.name =
+        "ftune/" + (flags.epoch > 0 ? flags.job_id + "/" + std::to_string(flags.epoch) : std::string("run"));
+    r.timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.dist_timeout * 1000));
+    auto connected = ft::ConnectGloo(r);
+    if (!connected.ok()) return Fail(connected.status().WithContext("--rendezvous " + flags.rendezvous));
+    ranks = std::move(*connected);
+  } else if (flags.rank != 0) {
+    return Fail(ft::Status::InvalidArgument("--rank " + std::to_string(flags.rank) + " needs --world > 1"));
+  }
+  auto trainer = ft::Trainer::Create(job->spec, std::move(ranks));
   if (!trainer.ok()) return Fail(trainer.status());
   (*trainer)->set_control(&control);
   if (flags.epoch > 0) (*trainer)->set_fencing(flags.job_id, flags.epoch);
@@ -166,6 +193,17 @@ int main(int argc, char** argv) {
   run->add_option("--job-id", flags.job_id, "the job this run is an attempt of (with --epoch)");
   run->add_option("--epoch", flags.epoch,
                   "the attempt's fencing epoch: claim output.dir, stop when a newer epoch owns it")
+      ->check(CLI::PositiveNumber);
+  run->add_option("--world", flags.world, "ranks of a multi-rank (DDP) job: one ft-train per rank")
+      ->check(CLI::Range(1, 65536));
+  run->add_option("--rank", flags.rank, "this process's rank, 0 .. world-1 (rank 0 writes the outputs)")
+      ->check(CLI::NonNegativeNumber);
+  run->add_option("--rendezvous", flags.rendezvous,
+                  "HOST:PORT where rank 0 serves the rendezvous store (every rank gives the same)");
+  run->add_option("--dist-host", flags.dist_host,
+                  "the address the other ranks reach this rank at (default: the host name's)");
+  run->add_option("--dist-timeout", flags.dist_timeout,
+                  "seconds to wait for the other ranks (rendezvous and each collective)")
       ->check(CLI::PositiveNumber);
 
   auto* plan = app.add_subcommand("plan", "print the memory breakdown and batch plan of a job");

@@ -231,7 +231,7 @@ StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& 
   }
   FT_ASSIGN_OR_RETURN(YamlMap root, YamlMap::Parse(yaml_text, file));
   FT_RETURN_IF_ERROR(root.CheckKnownKeys(
-      {"name", "model", "adapter", "data", "train", "checkpoint", "resources", "output"}));
+      {"name", "model", "adapter", "data", "train", "checkpoint", "resources", "distributed", "output"}));
   JobSpec spec;
   spec.file = file;
   FT_RETURN_IF_ERROR(root.Get("name", &spec.name));
@@ -255,6 +255,9 @@ StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& 
                              [&](const YamlMap& m) { return ParseCheckpoint(m, &spec.checkpoint); }));
   FT_RETURN_IF_ERROR(Section(root, "resources", {"gpus", "device", "priority", "max_failures"},
                              [&](const YamlMap& m) { return ParseResources(m, &spec.resources); }));
+  FT_RETURN_IF_ERROR(Section(root, "distributed", {"strategy"}, [&](const YamlMap& m) {
+    return m.GetEnum("strategy", {"ddp", "fsdp"}, &spec.distributed.strategy);
+  }));
   FT_RETURN_IF_ERROR(Section(root, "output", {"dir", "merge"}, [&](const YamlMap& m) {
     FT_RETURN_IF_ERROR(m.Get("dir", &spec.output.dir, /*required=*/true));
     return m.Get("merge", &spec.output.merge);

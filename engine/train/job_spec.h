@@ -93,6 +93,13 @@ struct JobSpec {
     int64_t max_failures = 3;
   } resources;
 
+  // Multi-rank training (resources.gpus ranks): ddp replicates the model and
+  // all-reduces gradients once per optimizer step; fsdp (sharded) is not
+  // implemented yet and is refused when more than one rank runs.
+  struct Distributed {
+    std::string strategy = "ddp";  // ddp | fsdp
+  } distributed;
+
   struct Output {
     std::string dir;
     bool merge = false;

@@ -28,12 +28,17 @@ namespace ft {
 
 namespace fs = std::filesystem;
 
-StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec, const ModelConfig& model, int64_t device_bytes) {
+StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec, const ModelConfig& model, int64_t device_bytes,
+                                    int64_t world) {
   const auto& t = spec.train;
   BatchPlan plan;
-  plan.world = 1;
-  if (spec.resources.gpus != 1 && spec.resources.device == "cpu") {
-    return Status::InvalidArgument(spec.file + ": resources.gpus: CPU jobs run one rank; set gpus: 1");
+  plan.world = world;
+  if (spec.resources.gpus != world) {
+    return Status::InvalidArgument(
+        spec.file + ": resources.gpus asks for " + std::to_string(spec.resources.gpus) + " ranks but " +
+        std::to_string(world) + " started; start one ft-train per rank with --world " +
+        std::to_string(spec.resources.gpus) +
+        " --rank R --rendezvous HOST:PORT, or set gpus: " + std::to_string(world));
   }
   if (t.micro_batch_size == 0 && t.gradient_accumulation > 0 &&
       t.global_batch_size % (t.gradient_accumulation * plan.world) != 0) {
@@ -92,10 +97,17 @@ StatusOr<std::unique_ptr<Dataset>> OpenJobData(const JobSpec& spec, const ModelC
   return Dataset::Open(options, std::move(encode));
 }
 
-StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
+StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, std::unique_ptr<Collective> ranks) {
   std::unique_ptr<Trainer> tr(new Trainer());
   tr->spec_ = spec;
+  tr->ranks_ = ranks ? std::move(ranks) : SingleRank();
   const std::string& f = spec.file;
+  const int world = tr->ranks_->world();
+  if (world > 1 && spec.distributed.strategy == "fsdp") {
+    return Status::Unimplemented(f +
+                                 ": distributed.strategy: fsdp is not implemented yet; use ddp "
+                                 "(every rank holds the whole model)");
+  }
   if (spec.model.quantization == "nf4" && spec.adapter.type == "full") {
     return Status::InvalidArgument(f +
                                    ": model.quantization: nf4 freezes the base weights, so it needs "
@@ -119,7 +131,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
     }
   }
   FT_ASSIGN_OR_RETURN(auto memory, backend->MemoryInfo());  // {free, total} bytes of the device
-  FT_ASSIGN_OR_RETURN(tr->plan_, ChooseBatchPlan(spec, config, memory.first));
+  FT_ASSIGN_OR_RETURN(tr->plan_, ChooseBatchPlan(spec, config, memory.first, world));
   if (config.sliding_window > 0 && spec.data.seq_len > config.sliding_window) {
     return Status::Unimplemented(
         f + ": data.seq_len " + std::to_string(spec.data.seq_len) + " exceeds the model's sliding_window " +
@@ -191,7 +203,8 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
   // survive fp16's range; they are unscaled before clipping (UpdateLossScale, docs/ENGINE.md).
   const float grad_scale = static_cast<float>(loss_scale_ / static_cast<double>(tokens));
   for (int64_t a = 0; a < plan_.accumulation; ++a) {
-    if (a > 0 && control_ && interrupted) {
+    if (a > 0 && control_ && interrupted && ranks_->world() == 1) {
+      // (With several ranks the step always completes: one rank alone cannot abandon it.)
       // A stop request mid-accumulation: finish the step only if the deadline allows.
       if (auto req = control_->Pending(); req && req->stop) {
         const double left =
@@ -205,12 +218,13 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
       }
     }
     const auto micro_start = std::chrono::steady_clock::now();
-    const int64_t first = cursor_ + a * plan_.micro_batch;
+    const int64_t first = cursor_ + (ranks_->rank() * plan_.accumulation + a) * plan_.micro_batch;
     FT_ASSIGN_OR_RETURN(MicroBatch mb, data_->MakeBatch(first, plan_.micro_batch, shuffle, seed));
     loss_sum += model_->ForwardBackward(mb, grad_scale).loss_sum;
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - micro_start).count();
     micro_seconds_ = micro_seconds_ == 0 ? t : 0.8 * micro_seconds_ + 0.2 * t;
   }
+  if (ranks_->world() > 1) FT_RETURN_IF_ERROR(AllReduceGradients(&loss_sum));
   const int64_t update = optimizer_->step();
   if (grad_hook_) grad_hook_(update + 1);
   // The schedule counts applied updates (a step skipped for fp16 overflow does not advance it).
@@ -243,6 +257,36 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
     m->peak_by_category[MemCategoryName(static_cast<MemCategory>(c))] =
         GlobalMemoryTracker().peak(static_cast<MemCategory>(c));
   }
+  return Status::OK();
+}
+
+Status Trainer::AllReduceGradients(double* loss_sum) {
+  // One flat host buffer for every gradient: one all-reduce per step (DDP's bucket is the whole
+  // set: LoRA gradients are small), through host memory whatever the backend.
+  const std::vector<TrainableParam> params = model_->TrainableParams();
+  int64_t total = 0;
+  for (const TrainableParam& p : params) total += p.numel;
+  std::vector<float> flat(static_cast<size_t>(total));
+  int64_t at = 0;
+  for (const TrainableParam& p : params) {
+    model_->backend().CopyToHost(flat.data() + at, p.grad, p.numel * static_cast<int64_t>(sizeof(float)));
+    at += p.numel;
+  }
+  FT_RETURN_IF_ERROR(ranks_->AllReduceSum(flat.data(), total).WithContext(spec_.file + ": gradients"));
+  FT_RETURN_IF_ERROR(ranks_->AllReduceSum(loss_sum, 1).WithContext(spec_.file + ": loss"));
+  at = 0;
+  for (const TrainableParam& p : params) {
+    model_->Upload(p.grad, flat.data() + at, p.numel);
+    at += p.numel;
+  }
+  return Status::OK();
+}
+
+Status Trainer::Agree(std::vector<double>* flags) {
+  if (ranks_->world() == 1) return Status::OK();
+  FT_RETURN_IF_ERROR(ranks_->AllReduceSum(flags->data(), static_cast<int64_t>(flags->size()))
+                         .WithContext(spec_.file + ": agreeing on stop and checkpoint requests"));
+  for (double& f : *flags) f = f > 0 ? 1 : 0;
   return Status::OK();
 }
 
@@ -484,12 +528,23 @@ std::string Trainer::ChooseResumePoint(const std::string& committed) {
 Status Trainer::ResumeIfPossible(const std::string& resume_dir) {
   // Fenced: ftd's committed checkpoint or a newer verified one. Plain runs:
   // the --resume directory as given, else the newest verified checkpoint.
+  // Several ranks: rank 0 chooses, every rank loads the same one.
   std::string dir = resume_dir;
-  if (owner_->fenced()) {
-    committed_dir_ = resume_dir;
-    dir = ChooseResumePoint(resume_dir);
-  } else if (dir.empty()) {
-    dir = ChooseResumePoint("");
+  if (leader()) {
+    if (owner_->fenced()) {
+      committed_dir_ = resume_dir;
+      dir = ChooseResumePoint(resume_dir);
+    } else if (dir.empty()) {
+      dir = ChooseResumePoint("");
+    }
+  }
+  if (ranks_->world() > 1) {
+    int64_t size = static_cast<int64_t>(dir.size());
+    FT_RETURN_IF_ERROR(ranks_->Broadcast(&size, sizeof(size), 0));
+    dir.resize(static_cast<size_t>(size));
+    if (size > 0) {
+      FT_RETURN_IF_ERROR(ranks_->Broadcast(dir.data(), size, 0).WithContext("the checkpoint to resume from"));
+    }
   }
   if (dir.empty()) return Status::OK();
   FT_ASSIGN_OR_RETURN(CheckpointContents c, ReadCheckpoint(dir));
@@ -519,6 +574,7 @@ Status Trainer::OpenMetrics() {
 }
 
 Status Trainer::CheckpointNow(const std::string& reason, bool wait) {
+  if (!leader()) return Status::OK();  // the replicas are identical: rank 0 writes for all
   if (!writer_) writer_ = std::make_unique<CheckpointWriter>(checkpoint_root());
   Retention retention;
   retention.keep = spec_.checkpoint.keep;
@@ -550,6 +606,7 @@ void Trainer::LogCompletedCheckpoints() {
 }
 
 Status Trainer::WriteMetricsLine(nlohmann::json j) {
+  if (!leader()) return Status::OK();
   // The epoch lets a worker tell its own trainer's lines from a superseded one's.
   if (owner_->fenced()) {
     FT_RETURN_IF_ERROR(owner_->Check());
@@ -581,6 +638,7 @@ StatusOr<bool> Trainer::AlreadyComplete() {
 }
 
 Status Trainer::EvaluateIfDue(int64_t step) {
+  if (!leader()) return Status::OK();  // the same weights on every rank: rank 0 evaluates and logs
   const int64_t every = spec_.train.eval_every_steps;
   if (!eval_data_ || !(step == total_steps_ || (every > 0 && step % every == 0))) return Status::OK();
   EvalMetrics e;
@@ -610,33 +668,46 @@ StatusOr<RunOutcome> Trainer::Run(const std::string& resume_dir) {
 }
 
 StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
-  std::error_code ec;
-  fs::create_directories(spec_.output.dir, ec);
-  if (ec) return Status::IOError(spec_.output.dir + ": cannot create output.dir: " + ec.message());
-  FT_RETURN_IF_ERROR(owner_->Claim());
-  FT_ASSIGN_OR_RETURN(bool complete, AlreadyComplete());
-  if (complete) return RunOutcome::kFinished;
+  std::vector<double> complete = {0};
+  if (leader()) {  // rank 0 owns output.dir
+    std::error_code ec;
+    fs::create_directories(spec_.output.dir, ec);
+    if (ec) return Status::IOError(spec_.output.dir + ": cannot create output.dir: " + ec.message());
+    FT_RETURN_IF_ERROR(owner_->Claim());
+    FT_ASSIGN_OR_RETURN(bool done, AlreadyComplete());
+    complete[0] = done ? 1 : 0;
+  }
+  FT_RETURN_IF_ERROR(Agree(&complete));
+  if (complete[0] > 0) return RunOutcome::kFinished;
   FT_RETURN_IF_ERROR(ResumeIfPossible(resume_dir));
-  FT_RETURN_IF_ERROR(owner_->Check());
-  FT_RETURN_IF_ERROR(OpenMetrics());
+  if (leader()) {
+    FT_RETURN_IF_ERROR(owner_->Check());
+    FT_RETURN_IF_ERROR(OpenMetrics());
+  }
   if (!resume_note_.is_null()) {
     resume_note_["step"] = steps_done();
     FT_RETURN_IF_ERROR(WriteMetricsLine(resume_note_));
   }
   FT_LOG(INFO) << "training " << spec_.model.path << ": steps " << steps_done() + 1 << ".." << total_steps_
                << ", micro-batch " << plan_.micro_batch << " x accumulation " << plan_.accumulation
-               << " x world " << plan_.world;
+               << " x world " << plan_.world << (plan_.world > 1 ? " (DDP, rank " : "")
+               << (plan_.world > 1 ? std::to_string(ranks_->rank()) + ")" : "");
   auto last_checkpoint = std::chrono::steady_clock::now();
   while (steps_done() < total_steps_) {
     if (control_) {
-      if (auto req = control_->Take()) {
-        FT_RETURN_IF_ERROR(CheckpointNow(req->reason, /*wait=*/true));
+      // A request at any rank holds for all: every rank checkpoints (rank 0 writes) and stops together.
+      auto req = control_->Take();
+      std::vector<double> wanted = {req ? 1.0 : 0.0, req && req->stop ? 1.0 : 0.0};
+      FT_RETURN_IF_ERROR(Agree(&wanted));
+      if (wanted[0] > 0) {
+        const std::string reason = req ? req->reason : "a request at another rank";
+        FT_RETURN_IF_ERROR(CheckpointNow(reason, /*wait=*/true));
         last_checkpoint = std::chrono::steady_clock::now();
-        if (req->stop) {
-          nlohmann::json j = {{"event", "preempted"}, {"step", steps_done()}, {"reason", req->reason}};
+        if (wanted[1] > 0) {
+          nlohmann::json j = {{"event", "preempted"}, {"step", steps_done()}, {"reason", reason}};
           FT_RETURN_IF_ERROR(WriteMetricsLine(std::move(j)));
           std::fprintf(stderr, "ft-train: stopped after checkpoint at step %lld (%s)\n",
-                       static_cast<long long>(steps_done()), req->reason.c_str());
+                       static_cast<long long>(steps_done()), reason.c_str());
           return RunOutcome::kPreempted;
         }
         continue;
@@ -673,7 +744,10 @@ StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
     const bool by_steps = spec_.checkpoint.every_steps > 0 && m.step % spec_.checkpoint.every_steps == 0;
     const double minutes =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - last_checkpoint).count() / 60.0;
-    const bool by_time = spec_.checkpoint.every_minutes > 0 && minutes >= spec_.checkpoint.every_minutes;
+    std::vector<double> due = {
+        spec_.checkpoint.every_minutes > 0 && minutes >= spec_.checkpoint.every_minutes ? 1.0 : 0.0};
+    if (spec_.checkpoint.every_minutes > 0) FT_RETURN_IF_ERROR(Agree(&due));  // the ranks' clocks differ
+    const bool by_time = due[0] > 0;
     LogCompletedCheckpoints();
     if ((by_steps || by_time) && m.step < total_steps_) {
       FT_RETURN_IF_ERROR(CheckpointNow(by_steps ? "every_steps" : "every_minutes", /*wait=*/false));
@@ -713,6 +787,7 @@ Status WriteDirAtomically(OutputOwner& owner, const fs::path& final_dir,
 }  // namespace
 
 Status Trainer::WriteOutputs() {
+  if (!leader()) return Status::OK();
   const fs::path out(spec_.output.dir);
   std::vector<std::string> written;  // what COMPLETE.json records
   if (model_->full_training()) {

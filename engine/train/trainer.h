@@ -3,6 +3,18 @@
 // with the math of shared/DESIGN.md (loss = Σ token CE over the global batch ÷
 // its target tokens, so the micro-batch plan never changes the result).
 //
+// Multi-rank (DDP, issue #14): every rank of a job runs a Trainer with the
+// same job and a Collective connecting the ranks. Each replicates the model,
+// trains on its share of every global batch (rank r: sequences
+// cursor + r·A·micro .. + (r+1)·A·micro, A = accumulation, so data order and
+// dropout masks depend on the global sample index only), and all-reduces the
+// gradients and the loss before the update, which every rank then applies
+// identically. Rank 0 alone owns output.dir: it claims it, chooses the
+// checkpoint to resume from (every rank loads it), writes metrics,
+// checkpoints and outputs. Stop and checkpoint requests arriving at any rank
+// are agreed on at each step boundary, so all ranks checkpoint and stop
+// together.
+//
 // Thread safety: one thread at a time.
 #pragma once
 
@@ -16,6 +28,7 @@
 
 #include "common/status.h"
 #include "engine/data/dataset.h"
+#include "engine/dist/collective.h"
 #include "engine/model/model.h"
 #include "engine/text/tokenizer.h"
 #include "engine/train/checkpoint.h"
@@ -78,8 +91,11 @@ constexpr int kExitEnvironment = 5;  // I/O error, a system-owned file gone: not
 class Trainer {
  public:
   // Loads the model, data and optional init adapter named by `spec`.
-  // Every error names the file and field at fault.
-  static StatusOr<std::unique_ptr<Trainer>> Create(const JobSpec& spec);
+  // Every error names the file and field at fault. `ranks` connects this
+  // rank to the others of a multi-rank job (null: one rank); its world must
+  // equal resources.gpus.
+  static StatusOr<std::unique_ptr<Trainer>> Create(const JobSpec& spec,
+                                                   std::unique_ptr<Collective> ranks = nullptr);
 
   // Runs one optimizer step. When `control` has a stop request whose deadline
   // does not leave time to finish this step's accumulation, the step is
@@ -139,6 +155,8 @@ class Trainer {
   int64_t steps_done() const { return optimizer_->step(); }
   // The loss scale of the next step (1 unless model.dtype is fp16).
   double loss_scale() const { return loss_scale_; }
+  // Rank 0 of a multi-rank job (or the only rank): the one that writes.
+  bool leader() const { return ranks_->rank() == 0; }
 
  private:
   Trainer() = default;
@@ -151,6 +169,11 @@ class Trainer {
   std::unique_ptr<Dataset> eval_data_;  // data.eval, or null
   BatchPlan plan_;
   int64_t total_steps_ = 0;
+  std::unique_ptr<Collective> ranks_;  // the job's ranks (SingleRank when alone)
+  // Multi-rank: the gradients and the loss of this rank's micro-batches summed over all ranks.
+  Status AllReduceGradients(double* loss_sum);
+  // Multi-rank: whether any rank wants `flags` (each 0 or 1), agreed by every rank.
+  Status Agree(std::vector<double>* flags);
   StatusOr<RunOutcome> RunSteps(const std::string& resume_dir);
   Status ResumeIfPossible(const std::string& resume_dir);
   // The checkpoint to resume from ("" = step 0): `committed` or the newest
@@ -187,7 +210,8 @@ class Trainer {
 // world = global_batch_size exactly): the job's numbers when given, else the
 // planner's choice for `device_bytes`. InvalidArgument when impossible,
 // ResourceExhausted when nothing fits.
-StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec, const ModelConfig& model, int64_t device_bytes);
+StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec, const ModelConfig& model, int64_t device_bytes,
+                                    int64_t world = 1);
 
 // A data file of the job (data.train or data.eval) through the job's
 // pipeline: format, seq_len, packing, skip_bad_lines, chat template. For

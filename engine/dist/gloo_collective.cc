@@ -1,0 +1,143 @@
+// Collectives over Gloo's TCP transport (engine/dist/collective.h), and the
+// single-rank Collective.
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "engine/dist/collective.h"
+#include "engine/dist/tcp_store.h"
+#include "gloo/allreduce.h"
+#include "gloo/barrier.h"
+#include "gloo/broadcast.h"
+#include "gloo/math.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/rendezvous/prefix_store.h"
+#include "gloo/transport/tcp/device.h"
+
+namespace ft {
+namespace {
+
+class SingleRankCollective final : public Collective {
+ public:
+  int rank() const override { return 0; }
+  int world() const override { return 1; }
+  Status AllReduceSum(float*, int64_t) override { return Status::OK(); }
+  Status AllReduceSum(double*, int64_t) override { return Status::OK(); }
+  Status Broadcast(void*, int64_t, int) override { return Status::OK(); }
+  Status Barrier() override { return Status::OK(); }
+};
+
+class GlooCollective final : public Collective {
+ public:
+  GlooCollective(std::unique_ptr<TcpStoreServer> server, std::shared_ptr<gloo::Context> context)
+      : server_(std::move(server)), context_(std::move(context)) {}
+
+  int rank() const override { return context_->rank; }
+  int world() const override { return context_->size; }
+
+  Status AllReduceSum(float* x, int64_t n) override { return Reduce(x, n, "all-reduce (float)"); }
+  Status AllReduceSum(double* x, int64_t n) override { return Reduce(x, n, "all-reduce (double)"); }
+
+  Status Broadcast(void* data, int64_t bytes, int root) override {
+    return Run("broadcast", [&] {
+      gloo::BroadcastOptions opts(context_);
+      opts.setTag(NextTag());
+      opts.setRoot(root);
+      opts.setOutput(static_cast<char*>(data), static_cast<size_t>(bytes));
+      gloo::broadcast(opts);
+    });
+  }
+
+  Status Barrier() override {
+    return Run("barrier", [&] {
+      gloo::BarrierOptions opts(context_);
+      opts.setTag(NextTag());
+      gloo::barrier(opts);
+    });
+  }
+
+ private:
+  template <typename T>
+  Status Reduce(T* x, int64_t n, const char* what) {
+    if (n == 0) return Status::OK();
+    return Run(what, [&] {
+      gloo::AllreduceOptions opts(context_);
+      opts.setTag(NextTag());
+      opts.setOutput(x, static_cast<size_t>(n));
+      opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<T>));
+      gloo::allreduce(opts);
+    });
+  }
+
+  // Runs one Gloo operation; its exceptions (a peer gone, a timeout) become Unavailable.
+  template <typename F>
+  Status Run(const char* what, F&& op) {
+    if (!failed_.ok()) return failed_;
+    try {
+      op();
+      return Status::OK();
+    } catch (const std::exception& e) {
+      failed_ = Status::Unavailable(std::string(what) + " across " + std::to_string(world()) +
+                                    " ranks (rank " + std::to_string(rank()) + "): " + e.what());
+      return failed_;
+    }
+  }
+
+  uint32_t NextTag() { return tag_++; }
+
+  std::unique_ptr<TcpStoreServer> server_;  // rank 0: the store outlives the rendezvous
+  std::shared_ptr<gloo::Context> context_;
+  uint32_t tag_ = 1;
+  Status failed_;
+};
+
+}  // namespace
+
+std::unique_ptr<Collective> SingleRank() { return std::make_unique<SingleRankCollective>(); }
+
+Status ParseHostPort(const std::string& text, const std::string& what, std::string* host, int* port) {
+  const size_t colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) {
+    return Status::InvalidArgument(what + ": '" + text + "' is not host:port (e.g. 10.0.0.5:29500)");
+  }
+  *host = text.substr(0, colon);
+  const std::string digits = text.substr(colon + 1);
+  if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 5 ||
+      std::stoi(digits) <= 0 || std::stoi(digits) > 65535) {
+    return Status::InvalidArgument(what + ": '" + digits + "' is not a port (1..65535)");
+  }
+  *port = std::stoi(digits);
+  return Status::OK();
+}
+
+StatusOr<std::unique_ptr<Collective>> ConnectGloo(const RendezvousSpec& spec) {
+  if (spec.world < 1 || spec.rank < 0 || spec.rank >= spec.world) {
+    return Status::InvalidArgument("rank " + std::to_string(spec.rank) + " of world " +
+                                   std::to_string(spec.world) + ": need 0 <= rank < world");
+  }
+  if (spec.world == 1) return SingleRank();
+  std::string host;
+  int port = 0;
+  FT_RETURN_IF_ERROR(ParseHostPort(spec.address, "rendezvous address", &host, &port));
+  std::unique_ptr<TcpStoreServer> server;
+  if (spec.rank == 0) {
+    FT_ASSIGN_OR_RETURN(server, TcpStoreServer::Start(port));
+  }
+  FT_ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> store, TcpStore::Connect(host, port, spec.timeout));
+  try {
+    gloo::transport::tcp::attr attr;
+    if (!spec.host.empty()) attr.hostname = spec.host;
+    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(spec.rank, spec.world);
+    context->setTimeout(spec.timeout);
+    gloo::rendezvous::PrefixStore prefixed(spec.name.empty() ? "ftune" : spec.name, *store);
+    context->connectFullMesh(prefixed, device);
+    return std::unique_ptr<Collective>(
+        std::make_unique<GlooCollective>(std::move(server), std::move(context)));
+  } catch (const std::exception& e) {
+    return Status::Unavailable("rendezvous of rank " + std::to_string(spec.rank) + " of " +
+                               std::to_string(spec.world) + " at " + spec.address + ": " + e.what());
+  }
+}
+
+}  // namespace ft

@@ -1,0 +1,116 @@
+// Collectives over Gloo on loopback: each rank a thread with its own
+// connection (the store served by rank 0), as separate processes would be.
+#include "engine/dist/collective.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "tests/support/free_port.h"
+
+namespace ft {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A port nothing listens on right now.
+int FreePort() { return testing_support::FreeLoopbackPort(); }
+
+RendezvousSpec Spec(int rank, int world, int port, int timeout_ms = 20000) {
+  RendezvousSpec s;
+  s.rank = rank;
+  s.world = world;
+  s.address = "127.0.0.1:" + std::to_string(port);
+  s.host = "127.0.0.1";
+  s.name = "test";
+  s.timeout = std::chrono::milliseconds(timeout_ms);
+  return s;
+}
+
+// Runs body(rank, collective) on `world` connected ranks, one thread each.
+void OnRanks(int world, const std::function<void(int, Collective&)>& body) {
+  const int port = FreePort();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      auto c = ConnectGloo(Spec(r, world, port));
+      ASSERT_TRUE(c.ok()) << c.status().ToString();
+      EXPECT_EQ((*c)->rank(), r);
+      EXPECT_EQ((*c)->world(), world);
+      body(r, **c);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+TEST(CollectiveTest, AllReduceSumsAndEveryRankGetsTheSameBits) {
+  for (int world : {1, 2, 4}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    std::vector<std::vector<float>> results(world);
+    OnRanks(world, [&](int r, Collective& c) {
+      // 1000003 floats: several of Gloo's segments, not a multiple of the world.
+      std::vector<float> x(1000003);
+      for (size_t i = 0; i < x.size(); ++i) x[i] = 0.1f * static_cast<float>(r + 1) + 1e-3f * (i % 97);
+      ASSERT_TRUE(c.AllReduceSum(x.data(), static_cast<int64_t>(x.size())).ok());
+      std::vector<double> d = {1.5 * (r + 1), -2.0};
+      ASSERT_TRUE(c.AllReduceSum(d.data(), 2).ok());
+      EXPECT_EQ(d[0], 1.5 * world * (world + 1) / 2);
+      EXPECT_EQ(d[1], -2.0 * world);
+      results[r] = std::move(x);
+    });
+    for (int r = 0; r < world; ++r) {
+      ASSERT_EQ(results[r].size(), results[0].size());
+      EXPECT_EQ(std::memcmp(results[r].data(), results[0].data(), results[0].size() * sizeof(float)), 0)
+          << "rank " << r << " differs from rank 0";
+    }
+    double expect = 0;
+    for (int r = 0; r < world; ++r) expect += 0.1f * static_cast<float>(r + 1) + 1e-3f * (5 % 97);
+    EXPECT_NEAR(results[0][5], expect, 1e-5);
+  }
+}
+
+TEST(CollectiveTest, BroadcastAndBarrier) {
+  OnRanks(3, [&](int r, Collective& c) {
+    char text[16] = {};
+    if (r == 1) std::snprintf(text, sizeof(text), "from one");
+    ASSERT_TRUE(c.Broadcast(text, sizeof(text), 1).ok());
+    EXPECT_STREQ(text, "from one");
+    EXPECT_TRUE(c.Barrier().ok());
+  });
+}
+
+TEST(CollectiveTest, AMissingRankIsATimeoutNotAHang) {
+  const int port = FreePort();
+  // Rank 1 of 2 never comes: rank 0 gives up within its timeout, saying so.
+  const auto start = std::chrono::steady_clock::now();
+  auto c = ConnectGloo(Spec(0, 2, port, 1500));
+  EXPECT_EQ(c.status().code(), Status::Code::kUnavailable);
+  EXPECT_THAT(c.status().message(), HasSubstr("rendezvous of rank 0 of 2"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  // A rank whose rank 0 never listens fails to connect, naming the address.
+  auto lone = ConnectGloo(Spec(1, 2, FreePort(), 500));
+  EXPECT_EQ(lone.status().code(), Status::Code::kUnavailable);
+  EXPECT_THAT(lone.status().message(), HasSubstr("is rank 0 running?"));
+}
+
+TEST(CollectiveTest, BadSpecsAreRefusedByName) {
+  EXPECT_TRUE(ConnectGloo(Spec(2, 2, 1234)).status().IsInvalidArgument());
+  RendezvousSpec s = Spec(0, 2, 1);
+  s.address = "no-port";
+  auto c = ConnectGloo(s);
+  EXPECT_TRUE(c.status().IsInvalidArgument());
+  EXPECT_THAT(c.status().message(), HasSubstr("rendezvous address: 'no-port' is not host:port"));
+  auto one = ConnectGloo(Spec(0, 1, 1));  // one rank: nothing to connect
+  ASSERT_TRUE(one.ok());
+  float x = 3;
+  EXPECT_TRUE((*one)->AllReduceSum(&x, 1).ok());
+  EXPECT_EQ(x, 3);
+}
+
+}  // namespace
+}  // namespace ft
