@@ -224,7 +224,10 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - micro_start).count();
     micro_seconds_ = micro_seconds_ == 0 ? t : 0.8 * micro_seconds_ + 0.2 * t;
   }
+  const auto reduce_start = std::chrono::steady_clock::now();
   if (ranks_->world() > 1) FT_RETURN_IF_ERROR(AllReduceGradients(&loss_sum));
+  const double reduce_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - reduce_start).count();
   const int64_t update = optimizer_->step();
   if (grad_hook_) grad_hook_(update + 1);
   // The schedule counts applied updates (a step skipped for fp16 overflow does not advance it).
@@ -253,6 +256,7 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
   m->loss_scale = scale;
   m->skipped = skipped;
   m->copy_wait_seconds = model_->backend().copy_stats().wait_seconds - copy_wait_before;
+  m->allreduce_seconds = ranks_->world() > 1 ? reduce_seconds : 0.0;
   for (int c = 0; c < static_cast<int>(MemCategory::kCount); ++c) {
     m->peak_by_category[MemCategoryName(static_cast<MemCategory>(c))] =
         GlobalMemoryTracker().peak(static_cast<MemCategory>(c));
@@ -729,6 +733,10 @@ StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
                         {"peak_bytes", m.peak_bytes},
                         {"peak_bytes_by_category", m.peak_by_category}};
     if (writer_ && writer_->last_seconds() > 0) j["checkpoint_seconds"] = writer_->last_seconds();
+    if (ranks_->world() > 1) {
+      j["world"] = ranks_->world();
+      j["allreduce_seconds"] = m.allreduce_seconds;
+    }
     if (spec_.model.dtype == "fp16") {
       j["loss_scale"] = m.loss_scale;
       j["skipped"] = m.skipped;

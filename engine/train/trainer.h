@@ -56,6 +56,9 @@ struct StepMetrics {
   // Of step_seconds, the time the ops waited for copy-stream transfers (the
   // memory techniques' copies not hidden behind compute; 0 without them).
   double copy_wait_seconds = 0;
+  // Several ranks: of step_seconds, the time spent all-reducing the gradients
+  // and the loss (host copies included); 0 with one rank.
+  double allreduce_seconds = 0;
 };
 
 // One evaluation on data.eval (a metrics.jsonl line of its own:

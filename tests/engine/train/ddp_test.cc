@@ -131,6 +131,10 @@ TEST(DdpTest, WorldOneTwoAndFourTrainTheSameModel) {
       EXPECT_LE(b.adapter, 1e-5);
       EXPECT_THAT(Slurp(dir + "/stderr.txt"),
                   HasSubstr("x world " + std::to_string(world) + " (DDP, rank 0)"));
+      const auto lines = StepLines(out);
+      EXPECT_EQ(lines.back()["world"], world) << "rank 0's metrics say how many ranks trained";
+      EXPECT_GT(lines.back()["allreduce_seconds"].get<double>(), 0);
+      EXPECT_LT(lines.back()["allreduce_seconds"].get<double>(), lines.back()["step_seconds"].get<double>());
     }
   }
 }
