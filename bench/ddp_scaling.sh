@@ -65,7 +65,7 @@ for r in 0 1; do
 done
 for p in "${pids[@]}"; do wait "$p"; done
 
-python3 - "$WORK" "$SKIP" "$GLOBAL" "$SEQ" "$(nproc)" << 'EOF'
+python3 - "$WORK" "$SKIP" "$GLOBAL" "$SEQ" "$(nproc --all)" << 'EOF'
 import json, statistics, sys
 work, skip, batch, seq, cores = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 def steps(world):
