@@ -216,6 +216,13 @@ StatusOr<pb::SubmitReply> Daemon::Submit(const pb::SubmitRequest& req) {
     return Status::InvalidArgument(file +
                                    ": train.max_steps: ftd needs max_steps (epochs are not planned yet)");
   }
+  if (spec.resources.gpus > 1) {
+    // ft-worker starts one trainer per attempt: refused here rather than failing at every start.
+    return Status::Unimplemented(file + ": resources.gpus: " + std::to_string(spec.resources.gpus) +
+                                 ": ftd does not launch multi-rank jobs yet; set gpus: 1, or start the "
+                                 "ranks yourself with ft-train run --world N --rank R --rendezvous HOST:PORT "
+                                 "(e.g. under srun; docs/ENGINE.md)");
+  }
   JobRow row;
   row.name = spec.name;
   row.priority = spec.resources.priority;

@@ -116,7 +116,8 @@ int PlaceOn(const JobView& job, const std::vector<WorkerView>& workers, const st
       continue;
     }
     // The memory techniques' host buffers: on a CPU device they come out of the same memory.
-    if (const int64_t host = choice->memory.host_total(); host > 0) {
+    // Each rank of a gang on this worker has its own host buffers.
+    if (const int64_t host = choice->memory.host_total() * job.gpus; host > 0) {
       const int64_t offered = kind == "cpu" ? free - choice->memory.total() : w.host_free_bytes;
       if ((kind == "cpu" || w.host_free_bytes > 0) && host > offered) {
         *why = "waits: needs " + FormatBytes(host) +

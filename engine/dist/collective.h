@@ -46,7 +46,10 @@ class Collective {
   virtual Status AllReduceSum(double* x, int64_t n) = 0;
   // data[0..bytes) = root's data[0..bytes) on every rank.
   virtual Status Broadcast(void* data, int64_t bytes, int root) = 0;
-  virtual Status Barrier() = 0;
+  // Returns when every rank has called it. `timeout` > 0 replaces the
+  // spec's for this call: how ranks wait out a phase only rank 0 works in
+  // (checking outputs, writing a checkpoint).
+  virtual Status Barrier(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) = 0;
 };
 
 // One rank alone: every collective returns its input (no store, no sockets).

@@ -24,7 +24,7 @@ class SingleRankCollective final : public Collective {
   Status AllReduceSum(float*, int64_t) override { return Status::OK(); }
   Status AllReduceSum(double*, int64_t) override { return Status::OK(); }
   Status Broadcast(void*, int64_t, int) override { return Status::OK(); }
-  Status Barrier() override { return Status::OK(); }
+  Status Barrier(std::chrono::milliseconds) override { return Status::OK(); }
 };
 
 class GlooCollective final : public Collective {
@@ -48,10 +48,11 @@ class GlooCollective final : public Collective {
     });
   }
 
-  Status Barrier() override {
+  Status Barrier(std::chrono::milliseconds timeout) override {
     return Run("barrier", [&] {
       gloo::BarrierOptions opts(context_);
       opts.setTag(NextTag());
+      if (timeout.count() > 0) opts.setTimeout(timeout);
       gloo::barrier(opts);
     });
   }

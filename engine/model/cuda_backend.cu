@@ -157,6 +157,7 @@ class CudaBackend final : public Backend {
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+    for (cudaEvent_t e : timing_events_) cudaEventDestroy(e);
     for (const auto& w : waits_) {
       cudaEventDestroy(w.first);
       cudaEventDestroy(w.second);
@@ -226,14 +227,16 @@ class CudaBackend final : public Backend {
     free_events_.push_back(done);  // reusable once recorded again: the wait has captured it
     waits_.emplace_back(before, after);
     copies_pending_ = false;
+    // Timing pairs are recycled when read: read them now and then even if nobody asks.
+    if (waits_.size() >= kMaxPendingWaits) copy_stats();
   }
   CopyStats copy_stats() override {
     if (Synchronize().ok()) {
       for (const auto& w : waits_) {
         float ms = 0;
         if (cudaEventElapsedTime(&ms, w.first, w.second) == cudaSuccess) stats_.wait_seconds += ms * 1e-3;
-        free_events_.push_back(w.first);
-        free_events_.push_back(w.second);
+        timing_events_.push_back(w.first);
+        timing_events_.push_back(w.second);
       }
       waits_.clear();
     }
@@ -491,19 +494,17 @@ class CudaBackend final : public Backend {
   void Record(Status s) {
     if (status_.ok() && !s.ok()) status_ = std::move(s);
   }
-  // An event from the pool (timing events record timestamps; ordering ones do not).
+  // An event from its pool (timing events record timestamps; ordering ones do not).
   cudaEvent_t NewEvent(bool timing) {
+    std::vector<cudaEvent_t>& pool = timing ? timing_events_ : free_events_;
     cudaEvent_t e = nullptr;
-    if (timing) {
-      Record(CudaStatus(cudaEventCreate(&e), "cudaEventCreate"));
+    if (!pool.empty()) {
+      e = pool.back();
+      pool.pop_back();
       return e;
     }
-    if (!free_events_.empty()) {
-      e = free_events_.back();
-      free_events_.pop_back();
-      return e;
-    }
-    Record(CudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"));
+    Record(CudaStatus(timing ? cudaEventCreate(&e) : cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+                      "cudaEventCreate"));
     return e;
   }
   // A copy-stream transfer ordered after everything called on the compute stream so far.
@@ -538,9 +539,11 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   std::string name_;
   cudaStream_t stream_ = nullptr;
-  cudaStream_t copy_stream_ = nullptr;  // memory-technique transfers (CopyTo*Async)
-  bool copies_pending_ = false;         // transfers issued since the last WaitForCopies
-  std::vector<cudaEvent_t> free_events_;
+  cudaStream_t copy_stream_ = nullptr;      // memory-technique transfers (CopyTo*Async)
+  bool copies_pending_ = false;             // transfers issued since the last WaitForCopies
+  std::vector<cudaEvent_t> free_events_;    // ordering events, reusable
+  std::vector<cudaEvent_t> timing_events_;  // timing events whose pair was read, reusable
+  static constexpr size_t kMaxPendingWaits = 4096;
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> waits_;  // timing pairs around each stall
   CopyStats stats_;
   std::unique_ptr<cuda::BlasLt> blas_;

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -27,6 +28,13 @@
 namespace ft {
 
 namespace fs = std::filesystem;
+
+namespace {
+// How long the other ranks wait for a phase only rank 0 works in (checking
+// outputs and checkpoints, a checkpoint write on request): far beyond the
+// per-collective timeout, which is for lost ranks.
+constexpr std::chrono::milliseconds kRankZeroPhase = std::chrono::hours(1);
+}  // namespace
 
 StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec, const ModelConfig& model, int64_t device_bytes,
                                     int64_t world) {
@@ -317,10 +325,12 @@ Status Trainer::Evaluate(EvalMetrics* m, bool* interrupted) {
   const int64_t rows = eval_data_->size(), micro = plan_.micro_batch;
   int64_t batches = (rows + micro - 1) / micro;
   if (spec_.train.eval_max_batches > 0) batches = std::min(batches, spec_.train.eval_max_batches);
+  // Several ranks: rank r evaluates batches r, r + world, ...; the sums are all-reduced.
+  const int world = ranks_->world();
   double loss_sum = 0;
   int64_t tokens = 0;
-  for (int64_t b = 0; b < batches; ++b) {
-    if (b > 0 && control_ && interrupted) {
+  for (int64_t b = ranks_->rank(); b < batches; b += world) {
+    if (b > ranks_->rank() && control_ && interrupted && world == 1) {
       if (auto req = control_->Pending(); req && req->stop) {
         *interrupted = true;  // a stop needs the time more than an evaluation does
         return Status::OK();
@@ -332,6 +342,12 @@ Status Trainer::Evaluate(EvalMetrics* m, bool* interrupted) {
     const LossResult r = model_->EvalForward(mb);
     loss_sum += r.loss_sum;
     tokens += r.tokens;
+  }
+  if (world > 1) {
+    std::vector<double> sums = {loss_sum, static_cast<double>(tokens)};
+    FT_RETURN_IF_ERROR(ranks_->AllReduceSum(sums.data(), 2).WithContext(spec_.data.eval + ": evaluation"));
+    loss_sum = sums[0];
+    tokens = static_cast<int64_t>(sums[1]);
   }
   if (tokens == 0)
     return Status::InvalidArgument(spec_.data.eval + ": the evaluated rows have no target tokens");
@@ -543,6 +559,7 @@ Status Trainer::ResumeIfPossible(const std::string& resume_dir) {
     }
   }
   if (ranks_->world() > 1) {
+    FT_RETURN_IF_ERROR(ranks_->Barrier(kRankZeroPhase));  // rank 0 verifies checkpoints meanwhile
     int64_t size = static_cast<int64_t>(dir.size());
     FT_RETURN_IF_ERROR(ranks_->Broadcast(&size, sizeof(size), 0));
     dir.resize(static_cast<size_t>(size));
@@ -642,7 +659,7 @@ StatusOr<bool> Trainer::AlreadyComplete() {
 }
 
 Status Trainer::EvaluateIfDue(int64_t step) {
-  if (!leader()) return Status::OK();  // the same weights on every rank: rank 0 evaluates and logs
+  // Every rank evaluates its share (Evaluate); rank 0 logs.
   const int64_t every = spec_.train.eval_every_steps;
   if (!eval_data_ || !(step == total_steps_ || (every > 0 && step % every == 0))) return Status::OK();
   EvalMetrics e;
@@ -681,6 +698,8 @@ StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
     FT_ASSIGN_OR_RETURN(bool done, AlreadyComplete());
     complete[0] = done ? 1 : 0;
   }
+  // Also where ranks that loaded the model faster wait for the slower ones.
+  FT_RETURN_IF_ERROR(ranks_->Barrier(kRankZeroPhase));
   FT_RETURN_IF_ERROR(Agree(&complete));
   if (complete[0] > 0) return RunOutcome::kFinished;
   FT_RETURN_IF_ERROR(ResumeIfPossible(resume_dir));
@@ -706,6 +725,7 @@ StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
       if (wanted[0] > 0) {
         const std::string reason = req ? req->reason : "a request at another rank";
         FT_RETURN_IF_ERROR(CheckpointNow(reason, /*wait=*/true));
+        FT_RETURN_IF_ERROR(ranks_->Barrier(kRankZeroPhase));  // rank 0 wrote it
         last_checkpoint = std::chrono::steady_clock::now();
         if (wanted[1] > 0) {
           nlohmann::json j = {{"event", "preempted"}, {"step", steps_done()}, {"reason", reason}};
@@ -810,21 +830,39 @@ Status Trainer::WriteOutputs() {
     written.push_back("adapter");
   }
   if (spec_.output.merge && !model_->full_training()) {
-    // Merge into a copy so the training model keeps its adapters.
-    Model merged(model_->config(), model_->options());
-    FT_RETURN_IF_ERROR(LoadHfWeights(spec_.model.path, &merged));
-    FT_RETURN_IF_ERROR(merged.EnableLora(*model_->lora_spec()));
-    FT_RETURN_IF_ERROR(LoadPeftAdapter((out / "adapter").string(), &merged));
-    merged.MergeLora();
-    FT_RETURN_IF_ERROR(WriteDirAtomically(*owner_, out / "merged", [&](const std::string& d) {
-      FT_RETURN_IF_ERROR(SaveHfModel(d, merged, DType::kF32));
-      return CopyTokenizerFiles(spec_.model.path, d);  // a complete model directory (ft-train generate)
-    }));
+    // Merge into a copy so the training model keeps its adapters. A job that offloads its
+    // frozen weights has no room for a whole model on the device: it merges on the host.
+    ModelOptions merge_options = model_->options();
+    if (merge_options.cpu_offload) {
+      merge_options.cpu_offload = merge_options.offload_activations = false;
+      merge_options.backend = CpuBackendInstance();
+    }
+    try {
+      FT_RETURN_IF_ERROR(WriteMerged(merge_options));
+    } catch (const std::bad_alloc&) {
+      return Status::ResourceExhausted(
+          spec_.file + ": output.merge: the merged model does not fit in memory on " +
+          merge_options.backend->Describe() + "; the adapter is written (" + (out / "adapter").string() +
+          "): set output.merge: false and merge elsewhere");
+    }
     written.push_back("merged");
   }
   FT_RETURN_IF_ERROR(owner_->Check());
   return WriteCompletion(spec_.output.dir,
                          {owner_->job_id(), JobHash(spec_), owner_->epoch(), steps_done(), {}}, written);
+}
+
+Status Trainer::WriteMerged(const ModelOptions& options) {
+  const fs::path out(spec_.output.dir);
+  Model merged(model_->config(), options);
+  FT_RETURN_IF_ERROR(LoadHfWeights(spec_.model.path, &merged));
+  FT_RETURN_IF_ERROR(merged.EnableLora(*model_->lora_spec()));
+  FT_RETURN_IF_ERROR(LoadPeftAdapter((out / "adapter").string(), &merged));
+  merged.MergeLora();
+  return WriteDirAtomically(*owner_, out / "merged", [&](const std::string& d) {
+    FT_RETURN_IF_ERROR(SaveHfModel(d, merged, DType::kF32));
+    return CopyTokenizerFiles(spec_.model.path, d);  // a complete model directory (ft-train generate)
+  });
 }
 
 }  // namespace ft

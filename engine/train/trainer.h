@@ -189,6 +189,8 @@ class Trainer {
   // after loss_scale_growth_interval good steps in a row (torch's GradScaler).
   void UpdateLossScale(bool overflow);
   Status CheckpointNow(const std::string& reason, bool wait);
+  // output.merge: the base model with the adapter folded in, written to <output.dir>/merged.
+  Status WriteMerged(const ModelOptions& options);
   void LogCompletedCheckpoints();
   Status OpenMetrics();
   // Evaluates when `step` is due (every eval_every_steps, and the last) and logs the line.

@@ -226,6 +226,19 @@ TEST_F(DaemonTest, AJobUsingMemoryTechniquesWaitsForHostMemory) {
   EXPECT_EQ(gpu.Last(pb::DaemonCommand::kStart)->start().job_id(), id);
 }
 
+TEST_F(DaemonTest, MultiRankJobsAreRefusedAtSubmissionUntilFtdLaunchesThem) {
+  pb::SubmitRequest req;
+  req.set_spec_yaml(
+      "name: t\nmodel: {path: model, dtype: fp32}\nadapter: {type: lora, r: 4, alpha: 8}\n"
+      "data: {train: data.jsonl, format: tokens, seq_len: 64}\n"
+      "train: {max_steps: 10, global_batch_size: 4}\nresources: {gpus: 2}\noutput: {dir: out}\n");
+  req.set_spec_dir(dir_ + "/job");
+  auto r = daemon_->Submit(req);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("resources.gpus: 2: ftd does not launch multi-rank jobs yet"));
+  EXPECT_THAT(r.status().message(), HasSubstr("ft-train run --world N"));
+}
+
 TEST_F(DaemonTest, FailuresHaveABudgetButPreemptionsDoNot) {
   std::string id = Submit(0, "");
   FakeSink w;

@@ -84,6 +84,39 @@ TEST(CollectiveTest, BroadcastAndBarrier) {
   });
 }
 
+// A phase only one rank works in outlasts the per-collective timeout: a
+// barrier with its own, longer timeout waits it out.
+TEST(CollectiveTest, ABarrierWithItsOwnTimeoutOutlastsTheDefault) {
+  const int port = FreePort();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      auto c = ConnectGloo(Spec(r, 2, port, /*timeout_ms=*/500));
+      ASSERT_TRUE(c.ok()) << c.status().ToString();
+      if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // rank 0 alone works
+      EXPECT_TRUE((*c)->Barrier(std::chrono::seconds(20)).ok());
+      float x = 1;
+      EXPECT_TRUE((*c)->AllReduceSum(&x, 1).ok());
+      EXPECT_EQ(x, 2);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  // Without it, the default timeout fails the waiting rank.
+  const int port2 = FreePort();
+  Status waited;
+  std::thread slow([&] {
+    auto c = ConnectGloo(Spec(0, 2, port2, 500));
+    ASSERT_TRUE(c.ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    (void)(*c)->Barrier();
+  });
+  auto c = ConnectGloo(Spec(1, 2, port2, 500));
+  ASSERT_TRUE(c.ok());
+  waited = (*c)->Barrier();
+  slow.join();
+  EXPECT_EQ(waited.code(), Status::Code::kUnavailable) << waited.ToString();
+}
+
 TEST(CollectiveTest, AMissingRankIsATimeoutNotAHang) {
   const int port = FreePort();
   // Rank 1 of 2 never comes: rank 0 gives up within its timeout, saying so.

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "engine/io/safetensors.h"
@@ -39,12 +40,29 @@ std::string FreshDir(const std::string& name) {
   return dir;
 }
 
+// The lines of <out>/metrics.jsonl that have `key` (evaluation lines: "eval_loss").
+std::vector<nlohmann::json> LinesWithKey(const std::string& out, const std::string& key) {
+  std::vector<nlohmann::json> lines;
+  std::istringstream in(Slurp(out + "/metrics.jsonl"));
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains(key)) lines.push_back(std::move(j));
+  }
+  return lines;
+}
+
+// The step lines (those with a training loss).
+std::vector<nlohmann::json> TrainLines(const std::string& out) { return LinesWithKey(out, "loss"); }
+
 // The job at `world` ranks: global batch 8 in micro-batches of 1 (8/world per rank), LoRA with
 // dropout and shuffling, checkpoints every 3 steps; QLoRA with NF4 + double quant when `nf4`.
 std::string Job(const std::string& dir, int world, bool nf4, int64_t steps = kSteps) {
   const std::string job = WriteJob(dir, "  micro_batch_size: 1\n", 3, steps);
   std::string text = Slurp(job);
   if (nf4) text.replace(text.find("dtype: fp32"), 11, "dtype: fp32, quantization: nf4, double_quant: true");
+  // Evaluated every 4 steps on the training file (split across the ranks, summed).
+  text.replace(text.find("train: data.jsonl"), 17, "train: data.jsonl, eval: data.jsonl");
+  text.replace(text.find("  micro_batch_size: 1\n"), 22, "  micro_batch_size: 1\n  eval_every_steps: 4\n");
   text += "resources: {gpus: " + std::to_string(world) + "}\n";
   std::ofstream(job) << text;
   return job;
@@ -92,7 +110,7 @@ struct Bounds {
 // Worst relative difference of per-step losses, and ‖a − b‖ / ‖b‖ of the adapters.
 Bounds Compare(const std::string& out, const std::string& ref) {
   Bounds b;
-  auto got = StepLines(out), want = StepLines(ref);
+  auto got = TrainLines(out), want = TrainLines(ref);
   EXPECT_EQ(got.size(), want.size());
   for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
     const double x = got[i]["loss"].get<double>(), y = want[i]["loss"].get<double>();
@@ -106,6 +124,12 @@ Bounds Compare(const std::string& out, const std::string& ref) {
     norm += static_cast<double>(r[i]) * r[i];
   }
   b.adapter = std::sqrt(diff / norm);
+  auto evals = LinesWithKey(out, "eval_loss"), want_evals = LinesWithKey(ref, "eval_loss");
+  EXPECT_EQ(evals.size(), want_evals.size());
+  for (size_t i = 0; i < std::min(evals.size(), want_evals.size()); ++i) {
+    const double x = evals[i]["eval_loss"].get<double>(), y = want_evals[i]["eval_loss"].get<double>();
+    b.loss = std::max(b.loss, std::fabs(x - y) / std::fabs(y));
+  }
   return b;
 }
 
@@ -119,7 +143,8 @@ TEST(DdpTest, WorldOneTwoAndFourTrainTheSameModel) {
       for (int r = 0; r < world; ++r)
         ASSERT_EQ(codes[r], kExitFinished) << "rank " << r << ": " << Slurp(dir + "/stderr.txt");
       const std::string out = dir + "/out";
-      ASSERT_EQ(StepLines(out).size(), static_cast<size_t>(kSteps));
+      ASSERT_EQ(TrainLines(out).size(), static_cast<size_t>(kSteps));
+      ASSERT_EQ(LinesWithKey(out, "eval_loss").size(), 3u) << "evaluations at steps 4, 8 and 12";
       if (world == 1) {
         ref = out;
         continue;
@@ -131,7 +156,7 @@ TEST(DdpTest, WorldOneTwoAndFourTrainTheSameModel) {
       EXPECT_LE(b.adapter, 1e-5);
       EXPECT_THAT(Slurp(dir + "/stderr.txt"),
                   HasSubstr("x world " + std::to_string(world) + " (DDP, rank 0)"));
-      const auto lines = StepLines(out);
+      const auto lines = TrainLines(out);
       EXPECT_EQ(lines.back()["world"], world) << "rank 0's metrics say how many ranks trained";
       EXPECT_GT(lines.back()["allreduce_seconds"].get<double>(), 0);
       EXPECT_LT(lines.back()["allreduce_seconds"].get<double>(), lines.back()["step_seconds"].get<double>());
@@ -149,13 +174,13 @@ TEST(DdpTest, KillNineThenResumeAtAnotherWorldSize) {
     SCOPED_TRACE("resumed at world " + std::to_string(resume_world));
     const std::string dir = FreshDir("resume-w" + std::to_string(resume_world));
     const std::vector<pid_t> pids = StartRanks(dir, Job(dir, 2, false), 2);
-    for (int i = 0; i < 20000 && StepLines(dir + "/out").size() < 5; ++i) {
+    for (int i = 0; i < 20000 && TrainLines(dir + "/out").size() < 5; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     for (pid_t p : pids) kill(p, SIGKILL);
     const std::vector<int> codes = WaitAll(pids);
     ASSERT_EQ(codes[0], 128 + SIGKILL) << "finished before the kill: " << Slurp(dir + "/stderr.txt");
-    ASSERT_LT(StepLines(dir + "/out").size(), static_cast<size_t>(kSteps));
+    ASSERT_LT(TrainLines(dir + "/out").size(), static_cast<size_t>(kSteps));
     const std::vector<int> resumed = WaitAll(StartRanks(dir, Job(dir, resume_world, false), resume_world));
     for (int code : resumed) ASSERT_EQ(code, kExitFinished) << Slurp(dir + "/stderr.txt");
     EXPECT_THAT(Slurp(dir + "/stderr.txt"), HasSubstr("resumed from"));
@@ -172,7 +197,7 @@ TEST(DdpTest, KillNineThenResumeAtAnotherWorldSize) {
 TEST(DdpTest, ALostRankStopsTheOthersWithAnError) {
   const std::string dir = FreshDir("lost-rank");
   const std::vector<pid_t> pids = StartRanks(dir, Job(dir, 2, false, 2000), 2, /*timeout_s=*/5);
-  for (int i = 0; i < 20000 && StepLines(dir + "/out").size() < 4; ++i) {
+  for (int i = 0; i < 20000 && TrainLines(dir + "/out").size() < 4; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   ASSERT_EQ(kill(pids[1], SIGKILL), 0);
