@@ -731,12 +731,17 @@ class TlsDetector : public std::enable_shared_from_this<TlsDetector> {
 
 struct HttpServer::Impl {
   Impl(Daemon* daemon, HttpApi* api, HttpServerOptions options)
-      : shared{daemon, api, options, nullptr}, ioc(options.threads), acceptor(ioc), accept_timer(ioc) {
+      : shared{daemon, api, options, nullptr},
+        ioc(options.threads),
+        accept_strand(net::make_strand(ioc)),
+        acceptor(accept_strand),
+        accept_timer(accept_strand) {
     shared.broadcaster = std::make_unique<Broadcaster>(daemon, api, shared.options, ioc);
   }
   ~Impl() { shared.broadcaster->DropExecutor(); }  // its strand and timers go before the io_context
 
-  // One accept at a time (so accept_failing needs no lock).
+  // One accept at a time (so accept_failing needs no lock). The acceptor and its
+  // timer live on one strand: their handlers and Stop's close never run at once.
   void Accept() {
     acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
       if (!acceptor.is_open() || ec == net::error::operation_aborted) return;
@@ -776,6 +781,7 @@ struct HttpServer::Impl {
 
   Shared shared;  // first: outlives the io_context's handlers
   net::io_context ioc;
+  net::strand<net::io_context::executor_type> accept_strand;
   tcp::acceptor acceptor;
   net::steady_timer accept_timer;
   bool accept_failing = false;
@@ -832,7 +838,7 @@ HttpServer::~HttpServer() { Stop(); }
 void HttpServer::Stop() {
   if (impl_->stopped) return;
   impl_->stopped = true;
-  net::post(impl_->ioc, [impl = impl_.get()] {
+  net::post(impl_->accept_strand, [impl = impl_.get()] {  // after any accept handler running now
     beast::error_code ec;
     impl->acceptor.close(ec);
     impl->accept_timer.cancel();
