@@ -90,10 +90,7 @@ Model::Model(ModelConfig config, ModelOptions options)
       // NF4 blobs are allocated when the weight is set (SetLinearWeight).
       const int64_t bytes = lin.in * lin.out * (weight_format_ ? 2 : 4);
       DeviceBuffer* storage = weight_format_ ? &lin.w16 : options_.nf4 ? nullptr : &lin.w;
-      if (storage) {
-        *storage = options_.cpu_offload ? backend_->AllocHost(bytes, MemCategory::kWeights)
-                                        : backend_->AllocBytes(bytes, MemCategory::kWeights);
-      }
+      if (storage) *storage = AllocFrozen(bytes);
       if (c.attention_bias && m <= static_cast<int>(ModuleKind::kV))
         lin.bias = backend_->Alloc(lin.out, MemCategory::kWeights);
     }
@@ -197,29 +194,33 @@ Status Model::EnableFullTraining() {
   return Status::OK();
 }
 
+DeviceBuffer Model::AllocFrozen(int64_t bytes) {
+  return options_.cpu_offload ? backend_->AllocHost(bytes, MemCategory::kWeights)
+                              : backend_->AllocBytes(bytes, MemCategory::kWeights);
+}
+
 void Model::SetLinearWeight(Linear* lin, const float* values) {
   const int64_t n = lin->in * lin->out;
-  std::vector<uint8_t> bytes;  // the storage on the host, when it lives on the device
-  DeviceBuffer* dst = &lin->w;
+  cpu::Nf4Tensor q;
   if (options_.nf4) {
-    const cpu::Nf4Tensor q = cpu::QuantizeNf4(values, n, options_.nf4_config);
+    q = cpu::QuantizeNf4(values, n, options_.nf4_config);
     lin->nf4_layout = cpu::Nf4BlobLayout(q);
-    lin->nf4 = options_.cpu_offload ? backend_->AllocHost(lin->nf4_layout.bytes, MemCategory::kWeights)
-                                    : backend_->AllocBytes(lin->nf4_layout.bytes, MemCategory::kWeights);
-    dst = &lin->nf4;
-    uint8_t* out = dst->host() ? dst->as<uint8_t>() : (bytes.resize(dst->bytes()), bytes.data());
+    lin->nf4 = AllocFrozen(lin->nf4_layout.bytes);
+  }
+  DeviceBuffer& dst = FrozenStorage(*lin);
+  FT_CHECK(options_.nf4 || weight_format_ || dst.host());  // device float weights are NamedTensor::data
+  std::vector<uint8_t> staging;  // the storage on the host, when it lives on the device
+  uint8_t* out = dst.host() ? dst.as<uint8_t>() : (staging.resize(dst.bytes()), staging.data());
+  if (options_.nf4) {
     cpu::PackNf4Blob(q, lin->nf4_layout, out);
   } else if (weight_format_) {
-    dst = &lin->w16;
-    uint8_t* out = dst->host() ? dst->as<uint8_t>() : (bytes.resize(dst->bytes()), bytes.data());
     cpu::NarrowTo16(*weight_format_ == Format16::kBF16, values, n, reinterpret_cast<uint16_t*>(out));
   } else {
-    FT_CHECK(lin->w.host());  // device float weights are NamedTensor::data
-    std::memcpy(lin->w.data(), values, static_cast<size_t>(lin->w.bytes()));
+    std::memcpy(out, values, static_cast<size_t>(dst.bytes()));
   }
-  if (!dst->host()) {
-    backend_->CopyToDevice(dst->data(), bytes.data(), dst->bytes());
-    FT_CHECK(backend_->Synchronize().ok());  // `bytes` is freed next
+  if (!dst.host()) {
+    backend_->CopyToDevice(dst.data(), staging.data(), dst.bytes());
+    FT_CHECK(backend_->Synchronize().ok());  // `staging` is freed next
   }
 }
 
@@ -227,20 +228,17 @@ StatusOr<std::vector<float>> Model::LinearValues(const Linear& lin) const {
   if (lin.w16.empty() && !lin.w.host()) {
     return Status::FailedPrecondition("an NF4 linear has no values to save; merge the adapter first");
   }
+  const int64_t n = lin.in * lin.out;
   const DeviceBuffer& b = lin.w16.empty() ? lin.w : lin.w16;
-  std::vector<uint8_t> bytes(static_cast<size_t>(b.bytes()));
+  std::vector<float> out(static_cast<size_t>(n));
+  std::vector<uint16_t> codes(lin.w16.empty() ? 0 : static_cast<size_t>(n));
+  void* host = lin.w16.empty() ? static_cast<void*>(out.data()) : codes.data();  // the bytes as stored
   if (b.host()) {
-    std::memcpy(bytes.data(), b.data(), bytes.size());
+    std::memcpy(host, b.data(), static_cast<size_t>(b.bytes()));
   } else {
-    backend_->CopyToHost(bytes.data(), b.data(), b.bytes());
+    backend_->CopyToHost(host, b.data(), b.bytes());
   }
-  std::vector<float> out(static_cast<size_t>(lin.in * lin.out));
-  if (lin.w16.empty()) {
-    std::memcpy(out.data(), bytes.data(), bytes.size());
-  } else {
-    cpu::WidenFrom16(*weight_format_ == Format16::kBF16, reinterpret_cast<const uint16_t*>(bytes.data()),
-                     lin.in * lin.out, out.data());
-  }
+  if (!codes.empty()) cpu::WidenFrom16(*weight_format_ == Format16::kBF16, codes.data(), n, out.data());
   return out;
 }
 
@@ -706,7 +704,7 @@ LossResult Model::HeadForwardBackward(const MicroBatch& mb, const float* x_last,
   return result;
 }
 
-const float* Model::ForwardLayers(const MicroBatch& mb) {
+const float* Model::ForwardLayers(const MicroBatch& mb, bool for_backward) {
   current_batch_ = &mb;
   EnsureActivations(mb.rows(), mb.batch);
   EnsureRope(*std::max_element(mb.positions.begin(), mb.positions.end()) + 1);
@@ -720,7 +718,10 @@ const float* Model::ForwardLayers(const MicroBatch& mb) {
     // This layer's weights are staged; the slot it writes was copied out two layers ago.
     backend_->WaitForCopies();
     StageLayer(l + 1);  // prefetched while this layer computes
-    if (options_.offload_activations) backend_->CopyToHostAsync(w.host_in[l].data(), LayerInput(l), bytes);
+    // Offloading: this input out to the host, for the backward to bring back (the last two
+    // layers' are still in their slots then; a forward-only call needs none).
+    if (options_.offload_activations && for_backward && l + kOffloadSlots <= config_.num_layers)
+      backend_->CopyToHostAsync(w.host_in[l].data(), LayerInput(l), bytes);
     LayerForward(l, mb, LayerInput(l), a, LayerInput(l + 1));
   }
   return LayerInput(config_.num_layers);
@@ -731,7 +732,7 @@ float* Model::LayerInput(int l) {
 }
 
 LossResult Model::Forward(const MicroBatch& mb, std::vector<float>* logits) {
-  return HeadForwardBackward(mb, ForwardLayers(mb), 0.0f, false, logits);
+  return HeadForwardBackward(mb, ForwardLayers(mb, false), 0.0f, false, logits);
 }
 
 LossResult Model::EvalForward(const MicroBatch& mb) {
@@ -764,7 +765,7 @@ StatusOr<std::vector<float>> Model::Decode(const std::vector<int32_t>& ids, KvCa
   for (int64_t i = 0; i < n; ++i) mb.positions.push_back(static_cast<int32_t>(cache->length_ + i));
   eval_mode_ = true;
   decode_cache_ = cache;
-  const float* x_last = ForwardLayers(mb);
+  const float* x_last = ForwardLayers(mb, false);
   decode_cache_ = nullptr;
   eval_mode_ = false;
   cache->length_ += n;
@@ -780,7 +781,7 @@ StatusOr<std::vector<float>> Model::Decode(const std::vector<int32_t>& ids, KvCa
 }
 
 LossResult Model::ForwardBackward(const MicroBatch& mb, float grad_scale) {
-  const float* x_last = ForwardLayers(mb);
+  const float* x_last = ForwardLayers(mb, true);
   Activations& w = *acts_;
   const int L = static_cast<int>(config_.num_layers);
   LossResult result = HeadForwardBackward(mb, x_last, grad_scale, true, nullptr);

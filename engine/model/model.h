@@ -263,7 +263,8 @@ class Model {
   void UploadBatch(const MicroBatch& mb);  // ids, targets, positions, segments into acts_
   void EmbedForward(const MicroBatch& mb, float* x);
   // Uploads the batch and runs the embedding and every layer forward; returns the last layer's output.
-  const float* ForwardLayers(const MicroBatch& mb);
+  // `for_backward`: a backward follows (offloaded layer inputs are copied out for it).
+  const float* ForwardLayers(const MicroBatch& mb, bool for_backward);
   void LayerForward(int l, const MicroBatch& mb, const float* x_in, LayerActs& a, float* x_out);
   void LayerBackward(int l, const MicroBatch& mb, const float* x_in, LayerActs& a, float* dx);
   LossResult HeadForwardBackward(const MicroBatch& mb, const float* x_last, float grad_scale, bool backward,
@@ -282,6 +283,8 @@ class Model {
   // The float weight of linear m of layer l: its own buffer, or its NF4 codes
   // dequantized (16-bit codes widened) into scratch; from the stage when offloaded.
   const float* LinearWeight(int l, ModuleKind m);
+  // Frozen storage of `bytes`: in host memory under cpu_offload, else on the device.
+  DeviceBuffer AllocFrozen(int64_t bytes);
   // The frozen storage of a linear (w, w16 or nf4: the one in use).
   static DeviceBuffer& FrozenStorage(Linear& lin);
   // cpu_offload: layer l's host-resident frozen storage copied into stage
