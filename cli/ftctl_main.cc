@@ -184,6 +184,29 @@ int Submit(ft::JobsClient& client, const std::string& file, const std::vector<st
   return follow ? Follow(client, reply->job().id()) : kOk;
 }
 
+// The ranks of a multi-rank job's newest attempt, each with its device's
+// memory as its worker last reported it.
+void PrintRanks(ft::JobsClient& client, const pb::Job& j) {
+  if (j.attempts().empty() || j.attempts().rbegin()->ranks().empty()) return;
+  const pb::Attempt& a = *j.attempts().rbegin();
+  auto workers = client.Workers();
+  std::printf("ranks of attempt #%lld\n", static_cast<long long>(a.number()));
+  for (const pb::AttemptRank& r : a.ranks()) {
+    std::string memory = "memory not reported";
+    if (workers.ok()) {
+      for (const pb::WorkerInfo& w : workers->workers()) {
+        if (w.id() != r.worker_id()) continue;
+        for (const pb::Device& d : w.devices()) {
+          if (d.index() != r.device_index()) continue;
+          memory = d.kind() + ":" + std::to_string(d.index()) + " " + ft::FormatBytes(d.used_bytes()) +
+                   " used of " + ft::FormatBytes(d.total_bytes());
+        }
+      }
+    }
+    std::printf("  rank %d on %-12s %s\n", r.rank(), r.worker_id().c_str(), memory.c_str());
+  }
+}
+
 int Status(ft::JobsClient& client, const std::string& id, bool json) {
   auto j = client.Get(id);
   if (!j.ok()) return Fail(j.status());
@@ -205,6 +228,7 @@ int Status(ft::JobsClient& client, const std::string& id, bool json) {
                 static_cast<long long>(a.end_step()), static_cast<long long>(a.steps_lost()),
                 a.reason().c_str());
   }
+  PrintRanks(client, *j);
   return kOk;
 }
 

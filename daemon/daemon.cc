@@ -24,6 +24,19 @@ namespace pb = ftune::v1;
 namespace {
 
 pb::JobState ToProtoState(JobStateCode s) { return static_cast<pb::JobState>(static_cast<int>(s)); }
+// How a worker's exit report ends an attempt (RANK_LOST only where the gang's other ranks say nothing).
+AttemptOutcomeCode ToOutcomeCode(pb::AttemptOutcome o) {
+  static const std::map<pb::AttemptOutcome, AttemptOutcomeCode> kCodes = {
+      {pb::ATTEMPT_FINISHED, AttemptOutcomeCode::kFinished},
+      {pb::ATTEMPT_PREEMPTED, AttemptOutcomeCode::kPreempted},
+      {pb::ATTEMPT_SUPERSEDED, AttemptOutcomeCode::kSuperseded},
+      {pb::ATTEMPT_ENVIRONMENT, AttemptOutcomeCode::kEnvironment},
+      {pb::ATTEMPT_RANK_LOST, AttemptOutcomeCode::kPreempted},
+  };
+  auto it = kCodes.find(o);
+  return it == kCodes.end() ? AttemptOutcomeCode::kFailed : it->second;
+}
+
 pb::AttemptOutcome ToProtoOutcome(AttemptOutcomeCode o) {
   return static_cast<pb::AttemptOutcome>(static_cast<int>(o));
 }
@@ -136,11 +149,14 @@ Status Daemon::LoadState() {
   // Attempts that were running when ftd stopped: their workers get one lease to reconnect.
   FT_ASSIGN_OR_RETURN(std::vector<AttemptRow> running, store_->RunningAttempts());
   for (const AttemptRow& a : running) {
-    Session& s = sessions_[a.worker_id];
-    s.alive = true;
-    s.last_message_mono = clock_->MonotonicMs();
-    s.running_job = a.job_id;
-    s.running_epoch = a.epoch;
+    for (const std::string& worker : a.Workers()) {
+      Session& s = sessions_[worker];
+      s.alive = true;
+      s.last_message_mono = clock_->MonotonicMs();
+      s.running_job = a.job_id;
+      s.running_epoch = a.epoch;
+    }
+    TrackGang(a);
     int64_t& current = running_epoch_[a.job_id];
     current = std::max(current, a.epoch);  // a crash may have left an older one marked running
     // Its planning input (slot-end checkpoint estimates, predicted memory).
@@ -154,6 +170,7 @@ Status Daemon::LoadState() {
 void Daemon::ReloadFromStore() {
   queued_.clear();
   running_epoch_.clear();
+  gangs_.clear();
   for (auto& [id, s] : sessions_) {
     s.running_job.clear();
     s.running_epoch = 0;
@@ -216,12 +233,11 @@ StatusOr<pb::SubmitReply> Daemon::Submit(const pb::SubmitRequest& req) {
     return Status::InvalidArgument(file +
                                    ": train.max_steps: ftd needs max_steps (epochs are not planned yet)");
   }
-  if (spec.resources.gpus > 1) {
-    // ft-worker starts one trainer per attempt: refused here rather than failing at every start.
-    return Status::Unimplemented(file + ": resources.gpus: " + std::to_string(spec.resources.gpus) +
-                                 ": ftd does not launch multi-rank jobs yet; set gpus: 1, or start the "
-                                 "ranks yourself with ft-train run --world N --rank R --rendezvous HOST:PORT "
-                                 "(e.g. under srun; docs/ENGINE.md)");
+  if (spec.resources.gpus > 1 && spec.distributed.strategy == "fsdp") {
+    // The trainer refuses it: refused here rather than failing at every start.
+    return Status::Unimplemented(file + ": distributed.strategy: fsdp with resources.gpus " +
+                                 std::to_string(spec.resources.gpus) +
+                                 ": sharded multi-rank training is not implemented yet; use strategy: ddp");
   }
   JobRow row;
   row.name = spec.name;
@@ -320,6 +336,12 @@ StatusOr<pb::Job> Daemon::ToProto(const JobRow& j) {
     p->set_start_step(a.start_step);
     p->set_end_step(a.end_step);
     p->set_steps_lost(a.steps_lost);
+    for (size_t r = 0; r < a.rank_workers.size(); ++r) {
+      pb::AttemptRank* rank = p->add_ranks();
+      rank->set_rank(static_cast<int32_t>(r));
+      rank->set_worker_id(a.rank_workers[r]);
+      rank->set_device_index(r < a.rank_devices.size() ? a.rank_devices[r] : 0);
+    }
     out.mutable_plan()->set_micro_batch(a.micro_batch);
     out.mutable_plan()->set_accumulation(a.accumulation);
     out.mutable_plan()->set_world(a.world);
@@ -404,7 +426,9 @@ StatusOr<pb::ListWorkersReply> Daemon::ListWorkers() {
       info->set_host_total_bytes(it->second.host_total_bytes);
       info->set_host_free_bytes(it->second.host_free_bytes);
     }
-    for (const DeviceRow& d : w.devices) {
+    // A live worker's devices as it last reported them (memory in use now), else as registered.
+    const bool live = it != sessions_.end() && it->second.alive && !it->second.device_rows.empty();
+    for (const DeviceRow& d : live ? it->second.device_rows : w.devices) {
       pb::Device* p = info->add_devices();
       p->set_index(d.index);
       p->set_kind(d.kind);
@@ -539,6 +563,9 @@ Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
     s.slot_end_ms = reg.slot_end_ms();
     s.host_total_bytes = reg.host_total_bytes();
     s.host_free_bytes = reg.host_free_bytes();
+    s.address = reg.address().empty() ? reg.hostname() : reg.address();
+    s.rendezvous_port_first = reg.rendezvous_port_first();
+    s.rendezvous_port_count = reg.rendezvous_port_count();
     s.devices.clear();
     WorkerRow row;
     row.id = reg.worker_id();
@@ -548,9 +575,10 @@ Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
     row.slot_end_ms = reg.slot_end_ms();
     row.alive = true;
     for (const pb::Device& d : reg.devices()) {
-      s.devices.push_back({d.kind(), d.total_bytes(), d.free_bytes()});
+      s.devices.push_back({d.kind(), d.index(), d.total_bytes(), d.free_bytes()});
       row.devices.push_back(ToDeviceRow(d));
     }
+    s.device_rows = row.devices;
     if (Status upserted = store_->UpsertWorker(row); !upserted.ok()) {
       // E.g. two devices with one index: the worker must fix what it reports.
       s.sink = nullptr;
@@ -566,13 +594,15 @@ Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
             "exit of epoch " + std::to_string(e.epoch()) + " replayed from the worker's journal", e.step());
       OnExited(reg.worker_id(), s, e);
     }
-    // Reattach what the worker still runs; refuse what was superseded.
+    // Reattach what the worker still runs (each rank of a gang here); refuse what was superseded.
     std::set<std::string> reported;
+    std::set<std::pair<std::string, int>> reported_ranks;
     for (const pb::RunningAttempt& a : reg.running()) {
       if (IsCurrent(a.job_id(), a.epoch())) {
         s.running_job = a.job_id();
         s.running_epoch = a.epoch();
-        reported.insert(a.job_id());
+        reported_ranks.insert({a.job_id(), a.rank()});
+        if (!reported.insert(a.job_id()).second) continue;  // another rank of a gang already reattached
         Event(a.job_id(), reg.worker_id(), "reattached",
               "attempt epoch " + std::to_string(a.epoch()) + " reattached after reconnect", a.step());
         // A cancel (or slot-end stop) sent while the worker was away never reached it.
@@ -589,8 +619,18 @@ Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
     auto running = store_->RunningAttempts();
     if (running.ok()) {
       for (const AttemptRow& a : *running) {
-        if (a.worker_id == reg.worker_id() && !reported.count(a.job_id)) {
-          EndLostAttempt(a.job_id, a.epoch, "worker restarted without the attempt", a.end_step);
+        auto gang = gangs_.find(a.job_id);
+        const bool tracked = gang != gangs_.end() && gang->second.epoch == a.epoch;
+        const size_t ranks = std::max<size_t>(1, a.rank_workers.size());
+        for (size_t r = 0; r < ranks; ++r) {
+          const std::string& worker = a.rank_workers.empty() ? a.worker_id : a.rank_workers[r];
+          if (worker != reg.worker_id() || reported_ranks.count({a.job_id, static_cast<int>(r)})) continue;
+          if (tracked && gang->second.ended[r] >= 0) continue;  // its exit is known
+          EndLostAttempt(a.job_id, a.epoch,
+                         a.rank_workers.empty() ? "worker restarted without the attempt"
+                                                : "worker restarted without rank " + std::to_string(r),
+                         a.end_step);
+          break;
         }
       }
     }
@@ -643,7 +683,11 @@ void Daemon::OnWorkerMessage(const std::string& worker_id, WorkerSink* sink, con
 void Daemon::OnHeartbeat(const std::string& worker_id, Session& s, const pb::Heartbeat& hb) {
   if (hb.devices_size() > 0) {
     s.devices.clear();
-    for (const pb::Device& d : hb.devices()) s.devices.push_back({d.kind(), d.total_bytes(), d.free_bytes()});
+    s.device_rows.clear();
+    for (const pb::Device& d : hb.devices()) {
+      s.devices.push_back({d.kind(), d.index(), d.total_bytes(), d.free_bytes()});
+      s.device_rows.push_back(ToDeviceRow(d));
+    }
   }
   if (hb.slot_end_ms() > 0) s.slot_end_ms = hb.slot_end_ms();
   if (hb.host_total_bytes() > 0) {
@@ -781,15 +825,105 @@ void Daemon::OnExited(const std::string& worker_id, Session& s, const pb::Attemp
           e.step());
     return;
   }
-  AttemptOutcomeCode outcome = AttemptOutcomeCode::kFailed;
-  if (e.outcome() == pb::ATTEMPT_FINISHED) outcome = AttemptOutcomeCode::kFinished;
-  if (e.outcome() == pb::ATTEMPT_PREEMPTED) outcome = AttemptOutcomeCode::kPreempted;
-  if (e.outcome() == pb::ATTEMPT_SUPERSEDED) outcome = AttemptOutcomeCode::kSuperseded;
-  if (e.outcome() == pb::ATTEMPT_ENVIRONMENT) outcome = AttemptOutcomeCode::kEnvironment;
+  if (auto gang = gangs_.find(e.job_id()); gang != gangs_.end() && gang->second.epoch == e.epoch()) {
+    return OnRankExited(worker_id, s, gang->second, e);
+  }
+  AttemptOutcomeCode outcome = ToOutcomeCode(e.outcome());
   EndRunning(e.job_id(), e.epoch(), outcome, e.reason(), e.step());
   if (s.running_job == e.job_id()) {
     s.running_job.clear();
     s.running_epoch = 0;
+  }
+}
+
+void Daemon::OnRankExited(const std::string& worker_id, Session& s, Gang& g, const pb::AttemptExited& e) {
+  const int rank = e.rank();
+  if (rank < 0 || static_cast<size_t>(rank) >= g.workers.size() || g.workers[rank] != worker_id) {
+    Event(e.job_id(), worker_id, "refused",
+          "exit report of rank " + std::to_string(rank) + ", which does not run on " + worker_id, e.step());
+    return;
+  }
+  if (g.ended[rank] >= 0) return;  // already known (a journal replay)
+  g.ended[rank] = e.outcome();
+  const std::string why = "rank " + std::to_string(rank) + " on " + worker_id + ": " +
+                          (e.reason().empty() ? pb::AttemptOutcome_Name(e.outcome()) : e.reason());
+  if (g.first_end_mono == 0) {
+    g.first_end_mono = clock_->MonotonicMs();
+    g.first_reason = why;
+  }
+  Event(e.job_id(), worker_id, "rank_exited", pb::AttemptOutcome_Name(e.outcome()) + ": " + why, e.step());
+  bool still_here = false;
+  for (size_t r = 0; r < g.workers.size(); ++r) still_here |= g.workers[r] == worker_id && g.ended[r] < 0;
+  if (!still_here && s.running_job == e.job_id()) {
+    s.running_job.clear();
+    s.running_epoch = 0;
+  }
+  const std::string job_id = e.job_id();
+  const int64_t epoch = e.epoch();
+  switch (e.outcome()) {
+    case pb::ATTEMPT_FAILED:
+    case pb::ATTEMPT_SUPERSEDED:
+    case pb::ATTEMPT_ENVIRONMENT:
+      // This rank's own failure decides the attempt; the others stop.
+      return EndRunning(job_id, epoch, ToOutcomeCode(e.outcome()), why, e.step());
+    case pb::ATTEMPT_FINISHED:
+    case pb::ATTEMPT_PREEMPTED:
+      // Rank 0 wrote the outputs or the checkpoint; the others' exits follow its word.
+      if (rank == 0) return EndRunning(job_id, epoch, ToOutcomeCode(e.outcome()), e.reason(), e.step());
+      break;
+    default: break;
+  }
+  if (std::find(g.ended.begin(), g.ended.end(), -1) != g.ended.end()) return;  // wait for the others
+  // Every rank ended without a decisive report.
+  const bool all_lost_peers =
+      std::all_of(g.ended.begin(), g.ended.end(), [](int o) { return o == pb::ATTEMPT_RANK_LOST; });
+  if (all_lost_peers) {
+    return EndRunning(job_id, epoch, AttemptOutcomeCode::kEnvironment,
+                      "every rank lost the others (" + g.first_reason + ")", e.step());
+  }
+  EndLostAttempt(job_id, epoch, g.first_reason, e.step());
+}
+
+void Daemon::ExpireGangs() {
+  const int64_t now = clock_->MonotonicMs();
+  std::vector<std::pair<std::string, Gang>> late;
+  for (const auto& [job_id, g] : gangs_) {
+    if (g.first_end_mono > 0 && now - g.first_end_mono > 2 * options_.lease_ms) late.emplace_back(job_id, g);
+  }
+  for (const auto& [job_id, g] : late) {
+    int64_t step = 0;
+    if (auto a = store_->ListAttempts(job_id); a.ok() && !a->empty()) step = a->back().end_step;
+    EndLostAttempt(job_id, g.epoch,
+                   g.first_reason + "; the other ranks did not end within " +
+                       std::to_string(2 * options_.lease_ms / 1000) + " s",
+                   step);
+  }
+}
+
+void Daemon::TrackGang(const AttemptRow& a) {
+  if (a.rank_workers.size() <= 1) return;
+  Gang& g = gangs_[a.job_id];
+  if (g.epoch > a.epoch) return;  // a crash may have left an older one marked running
+  g = Gang{a.epoch, a.rank_workers, std::vector<int>(a.rank_workers.size(), -1), 0, ""};
+}
+
+void Daemon::ReleaseGang(const std::string& job_id, int64_t epoch, const std::string& reason) {
+  auto it = gangs_.find(job_id);
+  if (it == gangs_.end() || it->second.epoch != epoch) return;
+  const Gang g = std::move(it->second);
+  gangs_.erase(it);
+  std::set<std::string> refused;
+  for (size_t r = 0; r < g.workers.size(); ++r) {
+    auto session = sessions_.find(g.workers[r]);
+    if (session == sessions_.end()) continue;
+    Session& s = session->second;
+    if (g.ended[r] < 0 && refused.insert(g.workers[r]).second) {
+      Refuse(s.sink, job_id, epoch, "the attempt ended (" + reason + "): stopping its other ranks");
+    }
+    if (s.running_job == job_id && s.running_epoch == epoch) {
+      s.running_job.clear();
+      s.running_epoch = 0;
+    }
   }
 }
 
@@ -861,6 +995,7 @@ void Daemon::EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcome
     return;
   }
   running_epoch_.erase(current);
+  ReleaseGang(job_id, epoch, reason);
   const int64_t now = clock_->WallMs();
   j->updated_ms = now;
   if (j->state == JobStateCode::kCancelled) {
@@ -927,6 +1062,7 @@ void Daemon::Tick() {
     std::unique_lock<std::mutex> lock(mu_);
     if (RetryStore()) {
       ExpireLeases();
+      ExpireGangs();
       StopForSlotEnds();
       ScheduleQueued();
     }
@@ -1017,7 +1153,7 @@ void Daemon::ScheduleQueued() {
   std::vector<WorkerView> workers;
   for (const auto& [id, s] : sessions_) {
     workers.push_back({id, s.alive && s.sink != nullptr, !s.running_job.empty(), s.draining, s.slot_end_ms,
-                       s.devices, s.host_free_bytes});
+                       s.devices, s.host_free_bytes, s.rendezvous_port_count > 0});
   }
   ScheduleResult result = Schedule(jobs, workers, clock_->WallMs(), {options_.min_slot_ms});
   for (const Placement& p : result.placements) {
@@ -1034,13 +1170,15 @@ void Daemon::ScheduleQueued() {
 }
 
 void Daemon::StartOn(const JobRow& job, const Placement& p) {
-  Session& s = sessions_[p.worker_id];
   auto spec = StoredSpec(job);
   if (!spec.ok()) return;
   auto ckpt = store_->LatestCheckpoint(job.id);
   const int64_t start_step = ckpt.ok() ? ckpt->step : 0;
-  auto attempt = store_->StartAttempt(job.id, p.worker_id, start_step, p.plan.micro_batch,
-                                      p.plan.accumulation, p.plan.world, clock_->WallMs());
+  const bool gang = p.rank_workers.size() > 1;
+  auto attempt =
+      store_->StartAttempt(job.id, p.worker_id, start_step, p.plan.micro_batch, p.plan.accumulation,
+                           p.plan.world, clock_->WallMs(), gang ? p.rank_workers : std::vector<std::string>{},
+                           gang ? p.rank_devices : std::vector<int>{});
   if (!attempt.ok()) {
     Check(attempt.status(), "start attempt");
     return;
@@ -1052,15 +1190,12 @@ void Daemon::StartOn(const JobRow& job, const Placement& p) {
   Check(store_->UpdateJob(j), "job running");
   TrackState(j);
   running_epoch_[job.id] = attempt->epoch;
+  TrackGang(*attempt);
   waiting_.erase(job.id);
   if (auto it = interrupted_mono_.find(job.id); it != interrupted_mono_.end()) {
     recovery_seconds_.Record(static_cast<double>(clock_->MonotonicMs() - it->second) / 1000.0);
     interrupted_mono_.erase(it);
   }
-  s.running_job = job.id;
-  s.running_epoch = attempt->epoch;
-  s.stop_sent = false;
-  s.checkpoint_seconds = 0;  // measured anew for this job
   pb::DaemonCommand cmd;
   pb::StartAttempt* start = cmd.mutable_start();
   start->set_job_id(job.id);
@@ -1073,11 +1208,36 @@ void Daemon::StartOn(const JobRow& job, const Placement& p) {
   start->set_output_dir(spec->output.dir);
   start->set_total_steps(job.total_steps);
   start->set_start_step(start_step);
-  s.sink->Send(cmd);
+  std::string where = p.worker_id;
+  if (gang) {
+    // Rank 0 serves the rendezvous on a port of its worker's range: another one each epoch,
+    // and jobs spread over the range (workers sharing a node should still get ranges of their own).
+    const Session& first = sessions_[p.worker_id];
+    const uint64_t spread = std::hash<std::string>{}(job.id) + static_cast<uint64_t>(attempt->epoch);
+    const int64_t port =
+        first.rendezvous_port_first +
+        static_cast<int64_t>(spread % static_cast<uint64_t>(std::max(1, first.rendezvous_port_count)));
+    start->set_rendezvous(first.address + ":" + std::to_string(port));
+    where = std::to_string(p.rank_workers.size()) + " ranks on";
+    for (const std::string& w : p.rank_workers) where += " " + w;
+  }
+  for (size_t r = 0; r < std::max<size_t>(1, p.rank_workers.size()); ++r) {
+    Session& s = sessions_[gang ? p.rank_workers[r] : p.worker_id];
+    s.running_job = job.id;
+    s.running_epoch = attempt->epoch;
+    s.stop_sent = false;
+    s.checkpoint_seconds = 0;  // measured anew for this job
+    start->set_rank(static_cast<int32_t>(r));
+    start->set_device_index(gang ? p.rank_devices[r] : 0);
+    start->set_dist_host(gang ? s.address : "");
+    s.sink->Send(cmd);
+  }
   Event(job.id, p.worker_id, attempt->number == 1 ? "started" : "resumed",
         (attempt->number == 1 ? "started" : "resumed from step " + std::to_string(start_step)) + " on " +
-            p.worker_id + " (" + p.device_kind + ", micro-batch " + std::to_string(p.plan.micro_batch) +
-            " x " + std::to_string(p.plan.accumulation) + ", epoch " + std::to_string(attempt->epoch) + ")",
+            where + " (" + p.device_kind + ", micro-batch " + std::to_string(p.plan.micro_batch) + " x " +
+            std::to_string(p.plan.accumulation) +
+            (gang ? " x " + std::to_string(p.plan.world) + " ranks" : "") + ", epoch " +
+            std::to_string(attempt->epoch) + ")",
         start_step);
   PublishJob(job.id);
 }

@@ -9,6 +9,18 @@
 // those whose workers do not come back within the lease are requeued from
 // their newest committed checkpoint.
 //
+// Multi-rank jobs run as a gang: one attempt (one epoch) whose ranks run on
+// one or several workers, all started together. Only rank 0 writes output.dir
+// and reports metrics and checkpoints; every rank's worker reports its exit.
+// The attempt ends with the first decisive report: a rank that failed (or was
+// superseded, or hit an environment error), rank 0 finishing or stopping
+// after a checkpoint, or a worker of the gang losing its lease (preempted).
+// A rank that only lost its peers (ATTEMPT_RANK_LOST) waits for the others'
+// word; if none comes within two leases the attempt ends preempted, and when
+// every rank lost the others it is an environment error (the ranks never
+// reached each other). When the attempt ends, every rank still running is
+// refused (killed): the job resumes from its committed checkpoint.
+//
 // Fencing: each attempt has an epoch. A message about (job, epoch) that is not
 // the job's current running attempt is refused (the worker is told to stop
 // it) and never changes the job.
@@ -130,13 +142,24 @@ class Daemon {
     bool draining = false;
     int64_t slot_end_ms = 0;
     std::vector<DeviceView> devices;
-    std::string running_job;  // at most one attempt per worker
+    std::vector<DeviceRow> device_rows;  // as last reported, for ListWorkers (used memory included)
+    std::string running_job;             // at most one attempt per worker
     int64_t running_epoch = 0;
     double checkpoint_seconds = 0;  // last measured write time
     bool stop_sent = false;
     int64_t last_memory_sample_mono = 0;  // when device memory was last stored
     int64_t host_total_bytes = 0;         // the node's host memory as last reported (0 = unknown)
     int64_t host_free_bytes = 0;
+    std::string address;  // where other ranks reach ranks on this worker
+    int32_t rendezvous_port_first = 0, rendezvous_port_count = 0;
+  };
+  // The running attempt of a multi-rank job.
+  struct Gang {
+    int64_t epoch = 0;
+    std::vector<std::string> workers;  // by rank
+    std::vector<int> ended;            // by rank: -1 while it runs, else the outcome it reported
+    int64_t first_end_mono = 0;        // when a rank first ended (0: none has)
+    std::string first_reason;          // and why
   };
 
   // REQUIRES: mu_ held (for all below).
@@ -162,6 +185,13 @@ class Daemon {
   void TrackState(const JobRow& job);
   void EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcomeCode outcome,
                   const std::string& reason, int64_t exit_step);
+  // The gang of (job, epoch) ended: refuses its ranks still running and frees its workers.
+  void ReleaseGang(const std::string& job_id, int64_t epoch, const std::string& reason);
+  // One rank of a gang reported its exit: ends the attempt when that decides it.
+  void OnRankExited(const std::string& worker_id, Session& s, Gang& g, const ftune::v1::AttemptExited& e);
+  // Ends gangs whose ranks did not all follow the first one to end within two leases.
+  void ExpireGangs();
+  void TrackGang(const AttemptRow& a);
   bool IsCurrent(const std::string& job_id, int64_t epoch);
   // Asks the session's running attempt to checkpoint and stop. REQUIRES: s.sink.
   void SendStop(Session& s, int64_t deadline_ms, const std::string& reason);
@@ -220,6 +250,7 @@ class Daemon {
   // epoch of each job's running attempt (fencing without a query).
   std::set<std::string> queued_;                  // GUARDED_BY(mu_)
   std::map<std::string, int64_t> running_epoch_;  // GUARDED_BY(mu_) job id → epoch
+  std::map<std::string, Gang> gangs_;             // GUARDED_BY(mu_) job id → its running multi-rank attempt
   int64_t store_retry_mono_ = 0;                  // GUARDED_BY(mu_) when Recover was last tried
   std::string last_store_error_;                  // GUARDED_BY(mu_) logged once, not per heartbeat
 

@@ -62,6 +62,12 @@ json JobDetailJson(const pb::Job& job, const std::vector<AttemptRow>& attempts,
   json out = JobSummaryJson(job, loss_spark);
   json list = json::array();
   for (const AttemptRow& a : attempts) {
+    json ranks = json::array();
+    for (size_t r = 0; r < a.rank_workers.size(); ++r) {
+      ranks.push_back({{"rank", r},
+                       {"worker_id", a.rank_workers[r]},
+                       {"device", r < a.rank_devices.size() ? a.rank_devices[r] : 0}});
+    }
     list.push_back({
         {"number", a.number},
         {"epoch", a.epoch},
@@ -76,6 +82,7 @@ json JobDetailJson(const pb::Job& job, const std::vector<AttemptRow>& attempts,
         {"micro_batch", a.micro_batch},
         {"accumulation", a.accumulation},
         {"world", a.world},
+        {"ranks", std::move(ranks)},
     });
   }
   out["attempts_list"] = std::move(list);

@@ -6,30 +6,23 @@ namespace ft {
 
 namespace {
 
-// The device kind a job may use on `w`, or "" when none.
-std::string UsableKind(const JobView& job, const WorkerView& w) {
-  auto count = [&](const std::string& kind) {
-    return std::count_if(w.devices.begin(), w.devices.end(),
-                         [&](const DeviceView& d) { return d.kind == kind; });
-  };
-  if (job.device != "cpu" && count("cuda") >= job.gpus) return "cuda";
-  if (job.device != "cuda" && count("cpu") >= 1 && job.gpus == 1) return "cpu";
-  return "";
-}
-
-// The smallest free memory among the devices the job would use.
-int64_t FreeForGang(const WorkerView& w, const std::string& kind, int64_t gpus) {
-  std::vector<int64_t> free;
-  for (const DeviceView& d : w.devices) {
-    if (d.kind == kind) free.push_back(d.free_bytes);
-  }
-  std::sort(free.rbegin(), free.rend());
-  return free.size() >= static_cast<size_t>(gpus) ? free[gpus - 1] : 0;
-}
-
 std::string DoesNotFit(int64_t needs, int64_t largest_free) {
   return "waits: does not fit: needs " + FormatBytes(needs) +
          " per device at micro-batch 1, the largest free is " + FormatBytes(largest_free);
+}
+
+bool KindAllowed(const JobView& job, const std::string& kind) {
+  return job.device == "auto" || job.device == kind;
+}
+
+// The devices of `kind` on `w`, most free memory first.
+std::vector<const DeviceView*> DevicesOf(const WorkerView& w, const std::string& kind) {
+  std::vector<const DeviceView*> out;
+  for (const DeviceView& d : w.devices)
+    if (d.kind == kind) out.push_back(&d);
+  std::stable_sort(out.begin(), out.end(),
+                   [](const DeviceView* a, const DeviceView* b) { return a->free_bytes > b->free_bytes; });
+  return out;
 }
 
 }  // namespace
@@ -78,12 +71,61 @@ StatusOr<BatchPlanChoice> ChoosePlan(const JobView& job, const std::string& kind
                          job.gpus, m, free};
 }
 
-// Places `job` on the first usable worker not yet taken: that worker's index,
-// or -1 with why it waits in *why.
-int PlaceOn(const JobView& job, const std::vector<WorkerView>& workers, const std::vector<bool>& taken,
-            int64_t now_wall_ms, const SchedulerOptions& options, Placement* placement, std::string* why) {
+// The ranks of `job` on `kind` devices: rank r on workers[worker_of[r]]'s
+// device device_of[r]. Fits the plan to the least free memory among them and
+// checks each worker's host memory for its ranks' technique buffers. The
+// placement, or why it waits in *why.
+bool FitGang(const JobView& job, const std::vector<WorkerView>& workers, const std::string& kind,
+             const std::vector<size_t>& worker_of, const std::vector<const DeviceView*>& device_of,
+             Placement* placement, std::string* why) {
+  int64_t free = device_of.front()->free_bytes;
+  for (const DeviceView* d : device_of) free = std::min(free, d->free_bytes);
+  StatusOr<BatchPlanChoice> choice = ChoosePlan(job, kind, free);
+  if (choice.ok() && kind == "cpu" && choice->memory.total() + choice->memory.host_total() > free) {
+    // The host buffers share the CPU device's memory: a plan that leaves them room.
+    choice = ChoosePlan(job, kind, free - choice->memory.host_total());
+  }
+  if (!choice.ok()) {
+    PlanRequest request = job.plan;
+    request.device = kind;
+    request.world = job.gpus;
+    *why = DoesNotFit(PredictMemory(request, 1).total(), free);
+    return false;
+  }
+  // The memory techniques' host buffers: on a CPU device they come out of the
+  // device's memory; each rank on a worker has its own.
+  if (const int64_t per_rank = choice->memory.host_total(); per_rank > 0) {
+    std::map<size_t, int64_t> ranks_on;
+    for (size_t w : worker_of) ranks_on[w] += 1;
+    for (const auto& [index, ranks] : ranks_on) {
+      const WorkerView& w = workers[index];
+      const int64_t host = per_rank * ranks;
+      const int64_t offered = kind == "cpu" ? (free - choice->memory.total()) * ranks : w.host_free_bytes;
+      if ((kind == "cpu" || w.host_free_bytes > 0) && host > offered) {
+        *why = "waits: needs " + FormatBytes(host) +
+               " of host memory for its memory techniques (cpu_offload, paged_adamw, activation offload); "
+               "worker " +
+               w.id + " has " + FormatBytes(std::max<int64_t>(offered, 0)) + " to spare";
+        return false;
+      }
+    }
+  }
+  *placement = {job.id, workers[worker_of.front()].id, *choice, kind, {}, {}};
+  for (size_t r = 0; r < worker_of.size(); ++r) {
+    placement->rank_workers.push_back(workers[worker_of[r]].id);
+    placement->rank_devices.push_back(device_of[r]->index);
+  }
+  return true;
+}
+
+// Places `job` on usable workers not yet taken: on one worker with enough
+// devices when there is one, else (multi-rank jobs) across several. The
+// workers' indices (rank 0's first), or none with why it waits in *why.
+std::vector<size_t> PlaceOn(const JobView& job, const std::vector<WorkerView>& workers,
+                            const std::vector<bool>& taken, int64_t now_wall_ms,
+                            const SchedulerOptions& options, Placement* placement, std::string* why) {
   *why = "waits: no live worker";
-  int64_t best_free = 0;
+  std::vector<size_t> idle;  // usable workers, in order
   for (size_t i = 0; i < workers.size(); ++i) {
     const WorkerView& w = workers[i];
     if (!w.alive || taken[i] || w.busy || w.draining) {
@@ -95,42 +137,72 @@ int PlaceOn(const JobView& job, const std::vector<WorkerView>& workers, const st
              std::to_string(options.min_slot_ms / 1000) + " s";
       continue;
     }
-    const std::string kind = UsableKind(job, w);
-    if (kind.empty()) {
-      *why = "waits: no worker has " + std::to_string(job.gpus) + " " +
-             (job.device == "auto" ? "" : job.device + " ") + "device(s)";
-      continue;
-    }
-    const int64_t free = FreeForGang(w, kind, job.gpus);
-    StatusOr<BatchPlanChoice> choice = ChoosePlan(job, kind, free);
-    if (choice.ok() && kind == "cpu" && choice->memory.total() + choice->memory.host_total() > free) {
-      // The host buffers share the CPU device's memory: a plan that leaves them room.
-      choice = ChoosePlan(job, kind, free - choice->memory.host_total());
-    }
-    if (!choice.ok()) {
-      best_free = std::max(best_free, free);
-      PlanRequest request = job.plan;
-      request.device = kind;
-      request.world = job.gpus;
-      *why = DoesNotFit(PredictMemory(request, 1).total(), best_free);
-      continue;
-    }
-    // The memory techniques' host buffers: on a CPU device they come out of the same memory.
-    // Each rank of a gang on this worker has its own host buffers.
-    if (const int64_t host = choice->memory.host_total() * job.gpus; host > 0) {
-      const int64_t offered = kind == "cpu" ? free - choice->memory.total() : w.host_free_bytes;
-      if ((kind == "cpu" || w.host_free_bytes > 0) && host > offered) {
-        *why = "waits: needs " + FormatBytes(host) +
-               " of host memory for its memory techniques (cpu_offload, paged_adamw, activation offload); "
-               "worker " +
-               w.id + " has " + FormatBytes(std::max<int64_t>(offered, 0)) + " to spare";
+    idle.push_back(i);
+  }
+  if (idle.empty()) return {};
+  const bool gang = job.gpus > 1;
+  const std::string devices = std::to_string(job.gpus) + " " +
+                              (job.device == "auto" ? "" : job.device + " ") +
+                              (gang ? "devices (one per rank)" : "device");
+  *why = "waits: no worker has " + devices;
+  // One worker with every device the job needs.
+  for (size_t i : idle) {
+    for (const std::string kind : {"cuda", "cpu"}) {
+      if (!KindAllowed(job, kind)) continue;
+      std::vector<const DeviceView*> mine = DevicesOf(workers[i], kind);
+      if (mine.size() < static_cast<size_t>(job.gpus)) continue;
+      if (gang && !workers[i].serves_rendezvous) {
+        *why = "waits: worker " + workers[i].id + " reports no rendezvous ports for a multi-rank job";
         continue;
       }
+      mine.resize(static_cast<size_t>(job.gpus));
+      if (FitGang(job, workers, kind, std::vector<size_t>(mine.size(), i), mine, placement, why)) return {i};
+      break;  // the other kind is tried only where this worker has none of this one
     }
-    *placement = {job.id, w.id, *choice, kind};
-    return static_cast<int>(i);
   }
-  return -1;
+  if (!gang) return {};
+  // Across workers: those with the most free devices first, rank 0 on one that serves the rendezvous.
+  for (const std::string kind : {"cuda", "cpu"}) {
+    if (!KindAllowed(job, kind)) continue;
+    std::vector<std::pair<size_t, std::vector<const DeviceView*>>> offers;
+    int64_t offered = 0;
+    for (size_t i : idle) {
+      std::vector<const DeviceView*> mine = DevicesOf(workers[i], kind);
+      if (mine.empty()) continue;
+      offered += static_cast<int64_t>(mine.size());
+      offers.emplace_back(i, std::move(mine));
+    }
+    if (offered < job.gpus) {
+      if (offered > 0 || job.device == kind) {
+        *why = "waits: needs " + std::to_string(job.gpus) + " " + kind +
+               " devices (one per rank); the idle workers offer " + std::to_string(offered);
+      }
+      continue;
+    }
+    std::stable_sort(offers.begin(), offers.end(), [&](const auto& a, const auto& b) {
+      if (workers[a.first].serves_rendezvous != workers[b.first].serves_rendezvous) {
+        return workers[a.first].serves_rendezvous;
+      }
+      return a.second.size() > b.second.size();
+    });
+    if (!workers[offers.front().first].serves_rendezvous) {
+      *why = "waits: no idle worker reports rendezvous ports to host rank 0 of a multi-rank job";
+      continue;
+    }
+    std::vector<size_t> worker_of, chosen;
+    std::vector<const DeviceView*> device_of;
+    for (const auto& [i, mine] : offers) {
+      chosen.push_back(i);
+      for (const DeviceView* d : mine) {
+        if (device_of.size() == static_cast<size_t>(job.gpus)) break;
+        worker_of.push_back(i);
+        device_of.push_back(d);
+      }
+      if (device_of.size() == static_cast<size_t>(job.gpus)) break;
+    }
+    if (FitGang(job, workers, kind, worker_of, device_of, placement, why)) return chosen;
+  }
+  return {};
 }
 
 }  // namespace
@@ -158,13 +230,13 @@ ScheduleResult Schedule(const std::vector<const JobView*>& queued, const std::ve
     }
     Placement placement;
     std::string why;
-    const int at = PlaceOn(*job, workers, taken, now_wall_ms, options, &placement, &why);
-    if (at < 0) {
+    const std::vector<size_t> at = PlaceOn(*job, workers, taken, now_wall_ms, options, &placement, &why);
+    if (at.empty()) {
       result.waiting[job->id] = why;
       continue;
     }
     result.placements.push_back(std::move(placement));
-    taken[static_cast<size_t>(at)] = true;
+    for (size_t i : at) taken[i] = true;
   }
   return result;
 }

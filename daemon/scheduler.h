@@ -7,8 +7,11 @@
 // planner (and, for a job using memory techniques, whose host memory fits
 // what they keep there: on a CPU device the host is the device, so both
 // count against it), whose remaining slot is long enough, and (multi-GPU jobs) which has
-// enough devices of the right kind: gangs are placed whole or not at all. A job
-// that is not placed gets a reason ("waits: ...") for the user.
+// enough devices of the right kind. A multi-rank job (resources.gpus = N) is
+// a gang: its N ranks go to N devices of one worker when one has them, else
+// across several idle workers (rank 0 on one that can serve the rendezvous;
+// every device of the gang must fit the plan) — placed whole or not at all.
+// A job that is not placed gets a reason ("waits: ...") for the user.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +25,7 @@ namespace ft {
 
 struct DeviceView {
   std::string kind;  // cuda | cpu
+  int index = 0;     // the worker's device index
   int64_t total_bytes = 0;
   int64_t free_bytes = 0;
 };
@@ -33,7 +37,8 @@ struct WorkerView {
   bool draining = false;    // preempted / slot ending: no new work
   int64_t slot_end_ms = 0;  // 0 = none
   std::vector<DeviceView> devices;
-  int64_t host_free_bytes = 0;  // the node's available host memory; 0 = not reported (not checked)
+  int64_t host_free_bytes = 0;    // the node's available host memory; 0 = not reported (not checked)
+  bool serves_rendezvous = true;  // may host rank 0 of a multi-rank job (reports rendezvous ports)
 };
 
 struct JobView {
@@ -58,9 +63,12 @@ int64_t MinBytesPerDevice(const JobView& job, const std::string& kind);
 
 struct Placement {
   std::string job_id;
-  std::string worker_id;
+  std::string worker_id;  // rank 0's
   BatchPlanChoice plan;
   std::string device_kind;
+  // Every rank's worker and device index, by rank (one entry for a one-rank job).
+  std::vector<std::string> rank_workers;
+  std::vector<int> rank_devices;
 };
 
 struct ScheduleResult {

@@ -167,6 +167,11 @@ ALTER TABLE metrics ADD COLUMN tokens_seen INTEGER;
 ALTER TABLE metrics ADD COLUMN step_seconds REAL;
 ALTER TABLE metrics ADD COLUMN copy_wait_seconds REAL;
 )sql",
+    // 6: every rank of a multi-rank attempt, by rank, one per line: its
+    // device index, a space, its worker id ('' = one rank, on worker_id).
+    R"sql(
+ALTER TABLE attempts ADD COLUMN ranks TEXT NOT NULL DEFAULT '';
+)sql",
 };
 
 constexpr int kLatestVersion = static_cast<int>(std::size(kMigrations));
@@ -187,7 +192,7 @@ constexpr char kJobColumns[] =
     "not_before_ms, gpus, device";
 constexpr char kAttemptColumns[] =
     "job_id, number, epoch, worker_id, outcome, reason, started_ms, ended_ms, start_step, end_step, "
-    "steps_lost, micro_batch, accumulation, world";
+    "steps_lost, micro_batch, accumulation, world, ranks";
 constexpr char kCheckpointColumns[] =
     "job_id, epoch, step, dir, manifest_sha256, write_seconds, committed_ms";
 constexpr char kEventColumns[] = "seq, time_ms, job_id, worker_id, kind, message, step";
@@ -331,6 +336,28 @@ JobRow ReadJob(const Query& q) {
   return j;
 }
 
+// AttemptRow's ranks in the ranks column: "<device index> <worker id>" per line.
+std::string JoinRanks(const AttemptRow& a) {
+  std::string out;
+  for (size_t r = 0; r < a.rank_workers.size(); ++r) {
+    const int device = r < a.rank_devices.size() ? a.rank_devices[r] : 0;
+    out += (r == 0 ? "" : "\n") + std::to_string(device) + " " + a.rank_workers[r];
+  }
+  return out;
+}
+void SplitRanks(const std::string& text, AttemptRow* a) {
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t nl = text.find('\n', start);
+    if (nl == std::string::npos) nl = text.size();
+    const std::string line = text.substr(start, nl - start);
+    const size_t space = line.find(' ');
+    a->rank_devices.push_back(std::atoi(line.substr(0, space).c_str()));
+    a->rank_workers.push_back(space == std::string::npos ? line : line.substr(space + 1));
+    start = nl + 1;
+  }
+}
+
 AttemptRow ReadAttempt(const Query& q) {
   AttemptRow a;
   int c = 0;
@@ -348,6 +375,7 @@ AttemptRow ReadAttempt(const Query& q) {
   a.micro_batch = q.Int(c++);
   a.accumulation = q.Int(c++);
   a.world = q.Int(c++);
+  SplitRanks(q.Text(c++), &a);
   return a;
 }
 
@@ -712,7 +740,9 @@ Status Store::UpdateJob(const JobRow& j) {
 
 StatusOr<AttemptRow> Store::StartAttempt(const std::string& job_id, const std::string& worker_id,
                                          int64_t start_step, int64_t micro_batch, int64_t accumulation,
-                                         int64_t world, int64_t now_ms) {
+                                         int64_t world, int64_t now_ms,
+                                         const std::vector<std::string>& rank_workers,
+                                         const std::vector<int>& rank_devices) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::string op = "start attempt of " + job_id;
   AttemptRow a{.job_id = job_id,
@@ -723,7 +753,9 @@ StatusOr<AttemptRow> Store::StartAttempt(const std::string& job_id, const std::s
                .end_step = start_step,
                .micro_batch = micro_batch,
                .accumulation = accumulation,
-               .world = world};
+               .world = world,
+               .rank_workers = rank_workers.size() > 1 ? rank_workers : std::vector<std::string>{},
+               .rank_devices = rank_workers.size() > 1 ? rank_devices : std::vector<int>{}};
   FT_RETURN_IF_ERROR(Write(op, [&]() -> Status {
     FT_RETURN_IF_ERROR(RequireJob(job_id, op));
     FT_ASSIGN_OR_RETURN(
@@ -735,10 +767,10 @@ StatusOr<AttemptRow> Store::StartAttempt(const std::string& job_id, const std::s
     a.number = last.Int(0) + 1;
     a.epoch = last.Int(1) + 1;
     FT_ASSIGN_OR_RETURN(Query q, Prepare(std::string("INSERT INTO attempts (") + kAttemptColumns +
-                                             ") VALUES (" + Placeholders(14) + ")",
+                                             ") VALUES (" + Placeholders(15) + ")",
                                          op));
     q.Bind(a.job_id, a.number, a.epoch, a.worker_id, Code(a.outcome), a.reason, a.started_ms, a.ended_ms,
-           a.start_step, a.end_step, a.steps_lost, a.micro_batch, a.accumulation, a.world);
+           a.start_step, a.end_step, a.steps_lost, a.micro_batch, a.accumulation, a.world, JoinRanks(a));
     return q.Run();
   }));
   return a;

@@ -197,7 +197,8 @@ export function mountJob(root, id, app) {
         el('tr', { class: `o-${a.outcome}` },
           el('td', { class: 'num' }, a.number),
           el('td', { class: 'num' }, a.epoch),
-          el('td', {}, a.worker_id),
+          el('td', { 'data-field': 'ranks', title: rankTitle(a) },
+            a.ranks && a.ranks.length ? a.ranks.map((r) => r.worker_id).join(' · ') : a.worker_id),
           el('td', {}, el('span', { class: `badge o-${a.outcome}` }, a.outcome)),
           el('td', {}, a.reason || ''),
           el('td', { class: 'num' }, clock(a.started_ms)),
@@ -207,6 +208,12 @@ export function mountJob(root, id, app) {
           el('td', { class: 'num' }, a.micro_batch ? `${a.micro_batch}×${a.accumulation}×${a.world}` : '–'))));
     }
     if (job.spec_yaml !== undefined) setText(ui.yaml, job.spec_yaml);
+  }
+
+  // A multi-rank attempt's ranks, one per line: "rank 0: w1 device 0".
+  function rankTitle(a) {
+    if (!a.ranks || !a.ranks.length) return '';
+    return a.ranks.map((r) => `rank ${r.rank}: ${r.worker_id} device ${r.device}`).join('\n');
   }
 
   function drawLog() {
@@ -411,7 +418,7 @@ function buildPage(root, id) {
       panel('Device memory: used, predicted, total', ui.memoryChart, ui.memoryNote),
       panel('Events', el('div', { class: 'scroll' }, table(['time', 'event', 'worker', 'step', 'message'], ui.events))),
       panel('Attempts', el('div', { class: 'scroll' },
-        table(['#', 'epoch', 'worker', 'outcome', 'reason', 'started', 'ended', 'steps', 'lost', 'plan'], ui.attempts))),
+        table(['#', 'epoch', 'worker (ranks)', 'outcome', 'reason', 'started', 'ended', 'steps', 'lost', 'plan'], ui.attempts))),
       panel('Log (tail)', ui.log),
       panel('job.yaml', ui.yaml))));
   return ui;

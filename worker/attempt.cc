@@ -63,7 +63,10 @@ bool IsErrorLine(const std::string& line) {
 }  // namespace
 
 Attempt::Attempt(AttemptSpec spec, AttemptListener* listener)
-    : spec_(std::move(spec)), listener_(listener), tail_(spec_.output_dir + "/metrics.jsonl") {
+    : spec_(std::move(spec)),
+      listener_(listener),
+      tail_(spec_.output_dir + "/metrics.jsonl"),
+      log_prefix_(spec_.rank > 0 ? "[rank " + std::to_string(spec_.rank) + "] " : "") {
   progress_.total_steps = spec_.total_steps;
   progress_.step = spec_.start_step;  // until the trainer says where it resumed
 }
@@ -71,12 +74,21 @@ Attempt::Attempt(AttemptSpec spec, AttemptListener* listener)
 StatusOr<std::unique_ptr<Attempt>> Attempt::Start(AttemptSpec spec, AttemptListener* listener) {
   std::unique_ptr<Attempt> a(new Attempt(std::move(spec), listener));
   const AttemptSpec& s = a->spec_;
-  if (Status st = a->tail_.SkipExisting(); !st.ok()) FT_LOG(WARN) << st.ToString();
+  if (!a->follows_metrics()) {
+    // Not rank 0: output.dir is rank 0's to write and its attempt's to report.
+  } else if (Status st = a->tail_.SkipExisting(); !st.ok()) {
+    FT_LOG(WARN) << st.ToString();
+  }
   std::vector<std::string> argv = {s.ft_train, "run", s.job_file, "--control-fd", "3"};
   if (!s.resume_checkpoint.empty()) argv.insert(argv.end(), {"--resume", s.resume_checkpoint});
   argv.insert(argv.end(), {"--stop-grace", std::to_string(s.stop_grace_s)});
   if (s.epoch > 0) argv.insert(argv.end(), {"--job-id", s.job_id, "--epoch", std::to_string(s.epoch)});
-  FT_ASSIGN_OR_RETURN(a->child_, ChildProcess::Spawn(argv));
+  if (s.world > 1) {
+    argv.insert(argv.end(), {"--world", std::to_string(s.world), "--rank", std::to_string(s.rank),
+                             "--rendezvous", s.rendezvous});
+    if (!s.dist_host.empty()) argv.insert(argv.end(), {"--dist-host", s.dist_host});
+  }
+  FT_ASSIGN_OR_RETURN(a->child_, ChildProcess::Spawn(argv, s.env));
   FT_LOG(INFO) << "attempt " << s.job_id << " e" << s.epoch << ": ft-train pid " << a->child_->pid()
                << " running " << s.job_file;
   Attempt* self = a.get();
@@ -159,19 +171,19 @@ void Attempt::ReadOutput() {
       if (batch.empty()) batch_start = Clock::now();
       std::string line = partial.substr(start, std::min(nl - start, kMaxLineBytes));
       HandleOutputLine(line);
-      batch += line + "\n";
+      batch += log_prefix_ + line + "\n";
     }
     partial.erase(0, start);
     if (partial.size() > kMaxLineBytes) {  // a huge unterminated line: pass it on in pieces
       if (batch.empty()) batch_start = Clock::now();
-      batch += partial + "\n";
+      batch += log_prefix_ + partial + "\n";
       partial.clear();
     }
     if (batch.size() >= kLogBatchBytes) FlushLog(&batch);
   }
   if (!partial.empty()) {
     HandleOutputLine(partial);
-    batch += partial + "\n";
+    batch += log_prefix_ + partial + "\n";
   }
   FlushLog(&batch);
 }
@@ -212,6 +224,7 @@ void Attempt::Monitor() {
 }
 
 void Attempt::PollMetrics() {
+  if (!follows_metrics()) return;
   std::vector<std::string> lines;
   if (Status s = tail_.Poll(&lines); !s.ok()) FT_LOG(WARN) << s.ToString();
   std::vector<MetricsLine> steps;
@@ -293,6 +306,9 @@ AttemptExit Attempt::MakeExit(const ExitStatus& status) {
   } else if (!status.signaled && status.code == 4) {
     e.outcome = AttemptOutcome::kSuperseded;
     e.reason = last_error_line_.empty() ? "a newer epoch owns output.dir" : last_error_line_;
+  } else if (!status.signaled && status.code == 6) {
+    e.outcome = AttemptOutcome::kRankLost;
+    e.reason = last_error_line_.empty() ? "a peer rank was lost" : last_error_line_;
   } else {
     e.outcome = !status.signaled && status.code == 5 ? AttemptOutcome::kEnvironment : AttemptOutcome::kFailed;
     if (status.signaled) {

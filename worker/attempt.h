@@ -2,7 +2,11 @@
 // start to exit.
 //
 //   ft-train run JOB_FILE --control-fd 3 [--resume DIR] --stop-grace S --job-id ID --epoch N
+//                         [--world W --rank R --rendezvous HOST:PORT --dist-host ADDR]
 //
+// (the second line for one rank of a multi-rank attempt; only its rank 0
+// writes output.dir, so only rank 0's attempt follows metrics.jsonl, and the
+// output lines of the others are relayed with a "[rank R] " prefix)
 // runs in its own process group. Its stdout+stderr lines are relayed in
 // batches (OnLog) and the last ones kept for the failure reason; its
 // <output_dir>/metrics.jsonl is followed from the current end (step and eval lines →
@@ -11,7 +15,8 @@
 // lines another epoch's trainer wrote are ignored. When it exits, OnExit says
 // how: exit 0 FINISHED, 3 PREEMPTED (stopped after a checkpoint), 4
 // SUPERSEDED (a newer epoch owns output.dir), 5 ENVIRONMENT (an I/O error),
-// anything else FAILED with the trainer's last error line as the reason.
+// 6 RANK_LOST (a peer rank or the rendezvous failed), anything else FAILED with the trainer's last error line
+// as the reason.
 //
 // Listener calls come from the attempt's own threads, in order, and OnExit is
 // the last one. After Kill() returns there are none (the attempt was
@@ -53,6 +58,12 @@ struct AttemptSpec {
   int64_t total_steps = 0;        // reported with progress
   int64_t start_step = 0;         // the committed step it resumes from (progress until the trainer says)
   std::chrono::milliseconds poll_interval{200};  // metrics.jsonl and exit polling
+  // One rank of a multi-rank attempt (world > 1).
+  int world = 1;
+  int rank = 0;
+  std::string rendezvous;        // HOST:PORT rank 0 serves
+  std::string dist_host;         // where the other ranks reach this one ("" = ft-train's default)
+  std::vector<std::string> env;  // NAME=VALUE added to the trainer's environment
 };
 
 struct AttemptProgress {
@@ -72,7 +83,7 @@ struct CommittedCheckpoint {
   double write_seconds = 0;
 };
 
-enum class AttemptOutcome { kFinished, kPreempted, kFailed, kSuperseded, kEnvironment };
+enum class AttemptOutcome { kFinished, kPreempted, kFailed, kSuperseded, kEnvironment, kRankLost };
 
 // How the trainer resumed, when it is worth an event (see Trainer::set_fencing).
 struct AttemptNote {
@@ -132,6 +143,8 @@ class Attempt {
   // True once the trainer exited and OnExit was delivered (or suppressed).
   bool done() const { return done_.load(); }
   AttemptProgress progress() const;
+  // Rank 0 (or a single-rank attempt): follows metrics.jsonl and reports progress.
+  bool follows_metrics() const { return spec_.rank == 0; }
 
  private:
   Attempt(AttemptSpec spec, AttemptListener* listener);
@@ -155,6 +168,7 @@ class Attempt {
   AttemptListener* const listener_;
   std::unique_ptr<ChildProcess> child_;
   MetricsTail tail_;
+  const std::string log_prefix_;  // "[rank R] " for ranks > 0
   std::thread reader_;
   std::thread monitor_;
   std::atomic<bool> done_{false};

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <string_view>
 #include <thread>
 
 namespace ft::worker {
@@ -78,7 +80,8 @@ void CloseAll(std::initializer_list<int> fds) {
 }
 
 // In the forked child: only async-signal-safe calls until exec.
-[[noreturn]] void ExecChild(char* const* argv, pid_t parent, int devnull, int out_w, int ctl, int err_w) {
+[[noreturn]] void ExecChild(char* const* argv, char* const* envp, pid_t parent, int devnull, int out_w,
+                            int ctl, int err_w) {
   ::setpgid(0, 0);
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   if (::getppid() != parent) ::_exit(127);  // the worker died before prctl
@@ -96,7 +99,7 @@ void CloseAll(std::initializer_list<int> fds) {
   ::fcntl(4, F_SETFD, FD_CLOEXEC);
   if (::close_range(5, ~0U, 0) != 0)
     for (int fd = 5; fd < 4096; ++fd) ::close(fd);
-  ::execv(argv[0], argv);
+  ::execve(argv[0], argv, envp);
   const int e = errno;
   [[maybe_unused]] ssize_t w = ::write(4, &e, sizeof(e));
   ::_exit(127);
@@ -109,11 +112,25 @@ std::string ExitStatus::ToString() const {
   return "killed by signal " + std::to_string(code) + " (" + strsignal(code) + ")";
 }
 
-StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Spawn(const std::vector<std::string>& argv) {
+StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Spawn(const std::vector<std::string>& argv,
+                                                            const std::vector<std::string>& env) {
   if (argv.empty()) return Status::InvalidArgument("spawn: empty argv");
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  // The environment, built before the fork (the child may only make async-signal-safe calls):
+  // ours, with `env`'s names replaced.
+  std::vector<char*> envp;
+  for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    const std::string_view name = entry.substr(0, entry.find('='));
+    const bool replaced = std::any_of(env.begin(), env.end(), [&](const std::string& o) {
+      return o.size() > name.size() && o.compare(0, name.size(), name) == 0 && o[name.size()] == '=';
+    });
+    if (!replaced) envp.push_back(*e);
+  }
+  envp.push_back(nullptr);
 
   int out[2] = {-1, -1}, err[2] = {-1, -1}, ctl[2] = {-1, -1};
   if (::pipe2(out, O_CLOEXEC) != 0) return Errno("pipe");
@@ -129,7 +146,7 @@ StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Spawn(const std::vector<st
   int fork_errno = 0;
   ForkThread::Get().Run([&] {
     pid = ::fork();
-    if (pid == 0) ExecChild(args.data(), parent, devnull, out_w, ctl_child, err_w);
+    if (pid == 0) ExecChild(args.data(), envp.data(), parent, devnull, out_w, ctl_child, err_w);
     fork_errno = errno;
   });
   CloseAll({devnull, out_w, err_w, ctl_child});

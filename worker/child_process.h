@@ -33,9 +33,12 @@ struct ExitStatus {
 
 class ChildProcess {
  public:
-  // Starts argv[0] (a path) with arguments argv[1..]. IOError when a pipe or
-  // fork fails; NotFound/FailedPrecondition when exec fails (errno's text).
-  static StatusOr<std::unique_ptr<ChildProcess>> Spawn(const std::vector<std::string>& argv);
+  // Starts argv[0] (a path) with arguments argv[1..], in our environment with
+  // `env`'s "NAME=VALUE" entries added (replacing ours of the same name).
+  // IOError when a pipe or fork fails; NotFound/FailedPrecondition when exec
+  // fails (errno's text).
+  static StatusOr<std::unique_ptr<ChildProcess>> Spawn(const std::vector<std::string>& argv,
+                                                       const std::vector<std::string>& env = {});
 
   // Kills the process group (SIGKILL) when it still runs, reaps, closes fds.
   ~ChildProcess();

@@ -86,19 +86,32 @@ StatusOr<std::vector<Device>> CudaDevices() {
 
 }  // namespace
 
-StatusOr<Device> CpuDevice(const DeviceOptions& options, int64_t trainers_resident_bytes) {
+StatusOr<Device> CpuDevice(const DeviceOptions& options, int64_t trainers_resident_bytes, int index) {
+  const int64_t n = std::max(1, options.cpu_devices);
   Device d;
+  d.index = index;
   d.kind = "cpu";
   d.name = CpuModelName();
   if (options.cpu_memory_bytes > 0) {
     d.total_bytes = options.cpu_memory_bytes;
-    d.used_bytes = std::max<int64_t>(0, trainers_resident_bytes);  // may exceed the budget: say so
+    d.used_bytes = std::max<int64_t>(0, trainers_resident_bytes) / n;  // may exceed the budget: say so
     d.free_bytes = std::max<int64_t>(0, d.total_bytes - d.used_bytes);
     return d;
   }
   FT_RETURN_IF_ERROR(ReadMemInfo(&d.total_bytes, &d.free_bytes));
+  d.total_bytes /= n;
+  d.free_bytes /= n;
   d.used_bytes = d.total_bytes - d.free_bytes;
   return d;
+}
+
+StatusOr<std::vector<Device>> CpuDevices(const DeviceOptions& options, int64_t trainers_resident_bytes) {
+  std::vector<Device> out;
+  for (int i = 0; i < std::max(1, options.cpu_devices); ++i) {
+    FT_ASSIGN_OR_RETURN(Device d, CpuDevice(options, trainers_resident_bytes, i));
+    out.push_back(std::move(d));
+  }
+  return out;
 }
 
 StatusOr<std::vector<Device>> DiscoverDevices(const DeviceOptions& options) {
@@ -108,8 +121,7 @@ StatusOr<std::vector<Device>> DiscoverDevices(const DeviceOptions& options) {
     if (!gpus.empty()) return gpus;
   }
 #endif
-  FT_ASSIGN_OR_RETURN(Device cpu, CpuDevice(options));
-  return std::vector<Device>{cpu};
+  return CpuDevices(options);
 }
 
 Status DeviceMonitor::Init() {
@@ -131,8 +143,8 @@ const std::vector<Device>& DeviceMonitor::Current(const std::vector<pid_t>& trai
       }
       resident = *bytes;
     }
-    auto fresh = CpuDevice(options_, resident);
-    if (fresh.ok()) devices_ = {*fresh};
+    auto fresh = CpuDevices(options_, resident);
+    if (fresh.ok()) devices_ = std::move(*fresh);
     return devices_;
   }
   const auto now = std::chrono::steady_clock::now();

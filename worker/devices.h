@@ -7,6 +7,9 @@
 // --cpu-memory the device is a budget, not the host: total is the budget,
 // used is the resident memory of the running trainers' process trees (0 when
 // idle; see process_memory.h) and free = total - used (never below 0).
+// With --cpu-devices N the CPU is offered as N devices (indices 0..N-1, one
+// rank of a multi-rank job each): each has 1/N of the host's memory (or the
+// whole --cpu-memory budget) and 1/N of the trainers' resident memory as used.
 //
 // A CUDA query creates a context on every GPU (hundreds of MiB each), so the
 // monitor releases the contexts right away and re-queries GPUs only while no
@@ -36,7 +39,8 @@ struct Device {
 };
 
 struct DeviceOptions {
-  int64_t cpu_memory_bytes = 0;  // > 0: the CPU device's total and free memory (--cpu-memory)
+  int64_t cpu_memory_bytes = 0;  // > 0: each CPU device's total and free memory (--cpu-memory)
+  int cpu_devices = 1;           // the CPU offered as this many devices (--cpu-devices)
   bool allow_cuda = true;        // false: report the CPU even when GPUs are visible
 };
 
@@ -53,10 +57,12 @@ StatusOr<HostMemory> ReadHostMemory();
 // no override) or a GPU query fails after GPUs were found.
 StatusOr<std::vector<Device>> DiscoverDevices(const DeviceOptions& options);
 
-// The CPU device alone (index 0). `trainers_resident_bytes`: the running
-// trainers' resident memory, used only with cpu_memory_bytes. Errors as
-// DiscoverDevices.
-StatusOr<Device> CpuDevice(const DeviceOptions& options, int64_t trainers_resident_bytes = 0);
+// The CPU device `index` of options.cpu_devices. `trainers_resident_bytes`:
+// the running trainers' resident memory (all of them), used only with
+// cpu_memory_bytes. Errors as DiscoverDevices.
+StatusOr<Device> CpuDevice(const DeviceOptions& options, int64_t trainers_resident_bytes = 0, int index = 0);
+// Every CPU device (options.cpu_devices of them).
+StatusOr<std::vector<Device>> CpuDevices(const DeviceOptions& options, int64_t trainers_resident_bytes = 0);
 
 // Keeps the device list and refreshes its free memory.
 class DeviceMonitor {

@@ -3,8 +3,14 @@
 // and stops them cleanly when the node is going away.
 //
 //   ft-worker --daemon HOST:PORT [--token T] [--id ID] [--ft-train PATH] [--work-dir DIR]
-//             [--cpu-memory 8GiB] [--slot-end T|+20s|+5m] [--aws-metadata-url URL]
+//             [--cpu-memory 8GiB] [--cpu-devices N] [--slot-end T|+20s|+5m] [--aws-metadata-url URL]
 //             [--gcp-metadata-url URL] [--notice-poll-ms N] [--stop-grace S]
+//             [--address ADDR] [--rendezvous-ports FIRST-LAST]
+//
+// Multi-rank jobs: ftd places a job's ranks on the devices of one worker or
+// of several, and hands each rank the rendezvous its rank 0 serves on a port
+// of that worker's --rendezvous-ports (default 29400-29499); ranks reach each
+// other at each worker's --address (default: the host name).
 //
 // Stops on SIGTERM, SIGUSR1, SIGINT or a cloud preemption notice: every
 // trainer is told to checkpoint and stop, their exits are reported, the
@@ -58,6 +64,9 @@ struct Flags {
   std::string ft_train;
   std::string work_dir;
   std::string cpu_memory;
+  int cpu_devices = 1;
+  std::string address;
+  std::string rendezvous_ports = "29400-29499";
   std::string slot_end;
   std::string aws_url;
   std::string gcp_url;
@@ -192,6 +201,19 @@ bool MakeOptions(const Flags& f, ft::worker::WorkerOptions* w, ft::worker::Sessi
       return bad("--cpu-memory '" + f.cpu_memory + "': expected a size like 8GiB");
     w->devices.cpu_memory_bytes = *bytes;
   }
+  if (f.cpu_devices < 1 || f.cpu_devices > 64) return bad("--cpu-devices must be 1..64");
+  w->devices.cpu_devices = f.cpu_devices;
+  w->address = f.address.empty() ? w->hostname : f.address;
+  {
+    int first = 0, last = 0;
+    char extra = 0;
+    if (std::sscanf(f.rendezvous_ports.c_str(), "%d-%d%c", &first, &last, &extra) != 2 || first < 1 ||
+        last > 65535 || last < first) {
+      return bad("--rendezvous-ports '" + f.rendezvous_ports + "': expected FIRST-LAST, e.g. 29400-29499");
+    }
+    w->rendezvous_port_first = first;
+    w->rendezvous_port_count = last - first + 1;
+  }
   int64_t flag_end = 0;
   if (!f.slot_end.empty()) {
     auto end = ft::worker::ParseSlotEnd(f.slot_end, NowMs());
@@ -218,7 +240,12 @@ void AddFlags(CLI::App* app, Flags* f) {
   app->add_option("--id", f->id, "worker id (default: the hostname)");
   app->add_option("--ft-train", f->ft_train, "ft-train binary (default: next to ft-worker)");
   app->add_option("--work-dir", f->work_dir, "scratch directory (default: /tmp/ft-worker-<id>)");
-  app->add_option("--cpu-memory", f->cpu_memory, "report the CPU device with this much memory, e.g. 8GiB");
+  app->add_option("--cpu-memory", f->cpu_memory, "report each CPU device with this much memory, e.g. 8GiB");
+  app->add_option("--cpu-devices", f->cpu_devices,
+                  "offer the CPU as N devices (one rank of a multi-rank job each; default 1)");
+  app->add_option("--address", f->address, "where other ranks reach this node's ranks (default: host name)");
+  app->add_option("--rendezvous-ports", f->rendezvous_ports,
+                  "ports a rank 0 here may serve its rendezvous on, FIRST-LAST (default 29400-29499)");
   app->add_option("--slot-end", f->slot_end, "end of this node's slot: Unix seconds, or +20s / +5m / +2h");
   app->add_option("--aws-metadata-url", f->aws_url, "poll AWS spot interruption notices at this base URL");
   app->add_option("--gcp-metadata-url", f->gcp_url, "poll GCP preemption notices at this base URL");

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
+#include <tuple>
 
 #include "common/file_util.h"
 #include "common/logging.h"
@@ -19,15 +20,16 @@ std::string FileSafe(const std::string& id) {
   return out.empty() ? "job" : out;
 }
 
-std::string ReportJournal::Path(const std::string& job_id, int64_t epoch) const {
-  return (fs::path(dir_) / (FileSafe(job_id) + "-e" + std::to_string(epoch) + ".exit")).string();
+std::string ReportJournal::Path(const std::string& job_id, int64_t epoch, int rank) const {
+  const std::string r = rank > 0 ? "-r" + std::to_string(rank) : "";
+  return (fs::path(dir_) / (FileSafe(job_id) + "-e" + std::to_string(epoch) + r + ".exit")).string();
 }
 
 Status ReportJournal::Record(const ftune::v1::AttemptExited& e) {
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec) return Status::IOError(dir_ + ": cannot create the report journal: " + ec.message());
-  return ReplaceFileAtomically(Path(e.job_id(), e.epoch()), e.SerializeAsString());
+  return ReplaceFileAtomically(Path(e.job_id(), e.epoch(), e.rank()), e.SerializeAsString());
 }
 
 std::vector<ftune::v1::AttemptExited> ReportJournal::Entries() const {
@@ -44,14 +46,15 @@ std::vector<ftune::v1::AttemptExited> ReportJournal::Entries() const {
     out.push_back(std::move(e));
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
-    return a.job_id() != b.job_id() ? a.job_id() < b.job_id() : a.epoch() < b.epoch();
+    return std::make_tuple(a.job_id(), a.epoch(), a.rank()) <
+           std::make_tuple(b.job_id(), b.epoch(), b.rank());
   });
   return out;
 }
 
-void ReportJournal::Forget(const std::string& job_id, int64_t epoch) {
+void ReportJournal::Forget(const std::string& job_id, int64_t epoch, int rank) {
   std::error_code ec;
-  fs::remove(Path(job_id, epoch), ec);
+  fs::remove(Path(job_id, epoch, rank), ec);
 }
 
 }  // namespace ft::worker

@@ -1,4 +1,5 @@
-// The worker's journal of attempt exits: <work_dir>/journal/<job>-e<epoch>.exit,
+// The worker's journal of attempt exits: <work_dir>/journal/<job>-e<epoch>.exit
+// (rank r > 0 of a multi-rank attempt: <job>-e<epoch>-r<r>.exit),
 // one serialized AttemptExited each, written durably before the report is
 // sent. A worker restarted before ftd got the report (killed right after its
 // trainer exited, or while ftd was down) puts the journal's exits into its
@@ -29,11 +30,11 @@ class ReportJournal {
   Status Record(const ftune::v1::AttemptExited& e);
   // Every entry, oldest attempt first; unreadable entries are skipped (and logged).
   std::vector<ftune::v1::AttemptExited> Entries() const;
-  // Removes the entry of one attempt (absent: nothing to do).
-  void Forget(const std::string& job_id, int64_t epoch);
+  // Removes the entry of one rank of an attempt (absent: nothing to do).
+  void Forget(const std::string& job_id, int64_t epoch, int rank = 0);
 
  private:
-  std::string Path(const std::string& job_id, int64_t epoch) const;
+  std::string Path(const std::string& job_id, int64_t epoch, int rank) const;
   std::string dir_;
 };
 

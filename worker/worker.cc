@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <filesystem>
+#include <sstream>
 #include <thread>
 
 #include "common/file_util.h"
@@ -32,6 +34,7 @@ pb::AttemptOutcome ToProto(AttemptOutcome o) {
     case AttemptOutcome::kFailed: return pb::ATTEMPT_FAILED;
     case AttemptOutcome::kSuperseded: return pb::ATTEMPT_SUPERSEDED;
     case AttemptOutcome::kEnvironment: return pb::ATTEMPT_ENVIRONMENT;
+    case AttemptOutcome::kRankLost: return pb::ATTEMPT_RANK_LOST;
   }
   return pb::ATTEMPT_FAILED;
 }
@@ -97,6 +100,16 @@ std::vector<std::shared_ptr<Attempt>> Worker::Running() const {
 
 size_t Worker::running() const { return Running().size(); }
 
+std::vector<std::shared_ptr<Attempt>> Worker::RanksOf(const std::string& job_id, int64_t epoch) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<Attempt>> out;
+  for (const auto& [key, entry] : attempts_) {
+    if (std::get<0>(key) == job_id && std::get<1>(key) == epoch && !entry.exited)
+      out.push_back(entry.attempt);
+  }
+  return out;
+}
+
 // ---------------------------------------------------------------- session delegate
 
 namespace {
@@ -127,11 +140,15 @@ pb::Register Worker::MakeRegister() {
     ra->set_job_id(a->spec().job_id);
     ra->set_epoch(a->spec().epoch);
     ra->set_step(a->progress().step);
+    ra->set_rank(a->spec().rank);
   }
+  r.set_address(options_.address.empty() ? options_.hostname : options_.address);
+  r.set_rendezvous_port_first(options_.rendezvous_port_first);
+  r.set_rendezvous_port_count(options_.rendezvous_port_count);
   std::lock_guard<std::mutex> lock(mu_);
   journaled_in_register_.clear();
   for (pb::AttemptExited& e : journal_.Entries()) {
-    journaled_in_register_.emplace_back(e.job_id(), e.epoch());
+    journaled_in_register_.emplace_back(e.job_id(), e.epoch(), e.rank());
     *r.add_exited() = std::move(e);
   }
   return r;
@@ -139,7 +156,7 @@ pb::Register Worker::MakeRegister() {
 
 void Worker::OnRegistered() {
   std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& [job, epoch] : journaled_in_register_) journal_.Forget(job, epoch);
+  for (const auto& [job, epoch, rank] : journaled_in_register_) journal_.Forget(job, epoch, rank);
   journaled_in_register_.clear();
 }
 
@@ -153,6 +170,7 @@ pb::Heartbeat Worker::MakeHeartbeat() {
   }
   SetHostMemory(&h);
   for (const auto& a : running) {
+    if (!a->follows_metrics()) continue;  // rank 0's attempt reports the job's progress
     const AttemptProgress p = a->progress();
     pb::Progress* out = h.add_progress();
     out->set_job_id(a->spec().job_id);
@@ -187,12 +205,13 @@ std::string Worker::StartRefusal(int64_t now_ms) {
   return "";
 }
 
-void Worker::Reject(const std::string& job_id, int64_t epoch, const std::string& reason) {
-  FT_LOG(WARN) << "not starting " << job_id << " e" << epoch << ": " << reason;
+void Worker::Reject(const std::string& job_id, int64_t epoch, int rank, const std::string& reason) {
+  FT_LOG(WARN) << "not starting " << job_id << " e" << epoch << " rank " << rank << ": " << reason;
   pb::WorkerMessage m;
   pb::AttemptExited* e = m.mutable_exited();
   e->set_job_id(job_id);
   e->set_epoch(epoch);
+  e->set_rank(rank);
   e->set_outcome(pb::ATTEMPT_PREEMPTED);
   e->set_reason(reason);
   Send(std::move(m));
@@ -203,7 +222,7 @@ void Worker::SupersedeOlder(const std::string& job_id, int64_t epoch) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto it = attempts_.begin(); it != attempts_.end();) {
-      if (it->first.first == job_id && it->first.second < epoch) {
+      if (std::get<0>(it->first) == job_id && std::get<1>(it->first) < epoch) {
         older.emplace_back(it->first, it->second.attempt);
         retired_.push_back(it->second.attempt);
         it = attempts_.erase(it);
@@ -213,10 +232,10 @@ void Worker::SupersedeOlder(const std::string& job_id, int64_t epoch) {
     }
   }
   for (auto& [key, attempt] : older) {
-    FT_LOG(WARN) << "attempt " << key.first << " e" << key.second << " superseded by e" << epoch
+    FT_LOG(WARN) << "attempt " << std::get<0>(key) << " e" << std::get<1>(key) << " superseded by e" << epoch
                  << ": killing it";
     attempt->Kill();
-    if (sink_ != nullptr) sink_->DropQueued(key.first, key.second);
+    if (sink_ != nullptr) sink_->DropQueued(std::get<0>(key), std::get<1>(key));
   }
   idle_cv_.notify_all();
   const auto deadline = std::chrono::steady_clock::now() + kSupersedeWait;
@@ -232,15 +251,27 @@ StatusOr<AttemptSpec> Worker::PrepareAttempt(const pb::StartAttempt& s) {
   spec.job_id = s.job_id();
   spec.epoch = s.epoch();
   spec.ft_train = options_.ft_train;
-  spec.job_file =
-      (fs::path(options_.work_dir) / (FileSafe(s.job_id()) + "-e" + std::to_string(s.epoch()) + ".yaml"))
-          .string();
+  const std::string rank = s.rank() > 0 ? "-r" + std::to_string(s.rank()) : "";
+  spec.job_file = (fs::path(options_.work_dir) /
+                   (FileSafe(s.job_id()) + "-e" + std::to_string(s.epoch()) + rank + ".yaml"))
+                      .string();
   spec.output_dir = s.output_dir();
   spec.resume_checkpoint = s.resume_checkpoint();
   spec.stop_grace_s = options_.stop_grace_s;
   spec.total_steps = s.total_steps();
   spec.start_step = s.start_step();
   spec.poll_interval = options_.poll_interval;
+  spec.world = static_cast<int>(std::max<int64_t>(1, s.plan().world()));
+  if (spec.world > 1) {
+    if (s.rendezvous().empty()) {
+      return Status::InvalidArgument("rank " + std::to_string(s.rank()) + " of a " +
+                                     std::to_string(spec.world) + "-rank attempt has no rendezvous address");
+    }
+    spec.rank = s.rank();
+    spec.rendezvous = s.rendezvous();
+    spec.dist_host = s.dist_host();
+    spec.env = RankEnvironment(s.device_index());
+  }
   FT_RETURN_IF_ERROR(WriteFileDurably(spec.job_file, s.spec_yaml()));
   if (spec.output_dir.empty() || spec.total_steps <= 0) {
     // Older daemons: read them from the spec itself.
@@ -251,16 +282,39 @@ StatusOr<AttemptSpec> Worker::PrepareAttempt(const pb::StartAttempt& s) {
   return spec;
 }
 
+std::vector<std::string> Worker::RankEnvironment(int device_index) {
+  std::lock_guard<std::mutex> lock(devices_mu_);
+  const std::vector<Device>& devices = devices_.Current({});
+  if (!devices.empty() && devices[0].kind == "cuda") {
+    // Device indices count the GPUs this worker sees: under its own CUDA_VISIBLE_DEVICES, that list's entry.
+    std::string visible = std::to_string(device_index);
+    if (const char* mine = std::getenv("CUDA_VISIBLE_DEVICES"); mine != nullptr && *mine != '\0') {
+      std::stringstream list(mine);
+      std::string entry;
+      for (int i = 0; std::getline(list, entry, ','); ++i) {
+        if (i == device_index) visible = entry;
+      }
+    }
+    return {"CUDA_VISIBLE_DEVICES=" + visible};
+  }
+  // CPU devices share the cores: each rank gets its share of the threads.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const std::string threads = std::to_string(std::max(1, cores / std::max<int>(1, devices.size())));
+  return {"OMP_NUM_THREADS=" + threads, "OPENBLAS_NUM_THREADS=" + threads};
+}
+
 void Worker::HandleStart(const pb::StartAttempt& s) {
   Reap();
   std::lock_guard<std::mutex> start_lock(start_mu_);
-  if (std::string why = StartRefusal(NowMs()); !why.empty()) return Reject(s.job_id(), s.epoch(), why);
+  if (std::string why = StartRefusal(NowMs()); !why.empty())
+    return Reject(s.job_id(), s.epoch(), s.rank(), why);
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [key, entry] : attempts_) {
-      if (key.first != s.job_id() || key.second < s.epoch()) continue;
-      FT_LOG(INFO) << "StartAttempt " << s.job_id() << " e" << s.epoch() << " ignored: e" << key.second
-                   << " is already here";
+      const auto& [job, epoch, rank] = key;
+      if (job != s.job_id() || epoch < s.epoch() || (epoch == s.epoch() && rank != s.rank())) continue;
+      FT_LOG(INFO) << "StartAttempt " << s.job_id() << " e" << s.epoch() << " rank " << s.rank()
+                   << " ignored: e" << epoch << " rank " << rank << " is already here";
       return;
     }
   }
@@ -274,23 +328,19 @@ void Worker::HandleStart(const pb::StartAttempt& s) {
     pb::AttemptExited* e = m.mutable_exited();
     e->set_job_id(s.job_id());
     e->set_epoch(s.epoch());
+    e->set_rank(s.rank());
     e->set_outcome(pb::ATTEMPT_FAILED);
     e->set_exit_code(-1);
     e->set_reason("cannot start ft-train: " + attempt.status().ToString());
     return Send(std::move(m));
   }
   std::lock_guard<std::mutex> lock(mu_);
-  attempts_[{s.job_id(), s.epoch()}].attempt = std::move(*attempt);
+  attempts_[{s.job_id(), s.epoch(), s.rank()}].attempt = std::move(*attempt);
 }
 
 void Worker::HandleCheckpointNow(const pb::CheckpointNow& c) {
-  std::shared_ptr<Attempt> attempt;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = attempts_.find({c.job_id(), c.epoch()});
-    if (it != attempts_.end() && !it->second.exited) attempt = it->second.attempt;
-  }
-  if (!attempt) {
+  const std::vector<std::shared_ptr<Attempt>> ranks = RanksOf(c.job_id(), c.epoch());
+  if (ranks.empty()) {
     FT_LOG(WARN) << "CheckpointNow for " << c.job_id() << " e" << c.epoch() << ", which is not running here";
     return;
   }
@@ -300,36 +350,38 @@ void Worker::HandleCheckpointNow(const pb::CheckpointNow& c) {
   const std::string reason = c.reason().empty() ? "requested by the daemon" : c.reason();
   FT_LOG(INFO) << cmd << " " << c.job_id() << " e" << c.epoch() << " within " << deadline_s
                << " s: " << reason;
-  if (Status s = attempt->Control(cmd, deadline_s, reason); !s.ok()) FT_LOG(WARN) << s.ToString();
+  for (const auto& attempt : ranks) {
+    if (Status s = attempt->Control(cmd, deadline_s, reason); !s.ok()) FT_LOG(WARN) << s.ToString();
+  }
 }
 
 void Worker::HandleAccepted(const pb::CheckpointAccepted& c) {
-  std::shared_ptr<Attempt> attempt;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = attempts_.find({c.job_id(), c.epoch()});
-    if (it != attempts_.end() && !it->second.exited) attempt = it->second.attempt;
+  // Rank 0 keeps the checkpoints. Ended meanwhile: the next attempt gets the commit as its --resume.
+  for (const auto& attempt : RanksOf(c.job_id(), c.epoch())) {
+    if (!attempt->follows_metrics()) continue;
+    if (Status s = attempt->NotifyCommitted(c.step(), c.dir()); !s.ok()) FT_LOG(DEBUG) << s.ToString();
   }
-  if (!attempt) return;  // it ended meanwhile: the next attempt gets the commit as its --resume
-  if (Status s = attempt->NotifyCommitted(c.step(), c.dir()); !s.ok()) FT_LOG(DEBUG) << s.ToString();
 }
 
 void Worker::HandleRefused(const pb::Refused& r) {
-  std::shared_ptr<Attempt> attempt;
+  std::vector<std::shared_ptr<Attempt>> ranks;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = attempts_.find({r.job_id(), r.epoch()});
-    if (it != attempts_.end()) {
-      attempt = it->second.attempt;
-      retired_.push_back(attempt);
-      attempts_.erase(it);
+    for (auto it = attempts_.begin(); it != attempts_.end();) {
+      if (std::get<0>(it->first) == r.job_id() && std::get<1>(it->first) == r.epoch()) {
+        ranks.push_back(it->second.attempt);
+        retired_.push_back(it->second.attempt);
+        it = attempts_.erase(it);
+      } else {
+        ++it;
+      }
     }
   }
   if (sink_ != nullptr) sink_->DropQueued(r.job_id(), r.epoch());
-  if (!attempt) return;
+  if (ranks.empty()) return;
   FT_LOG(WARN) << "attempt " << r.job_id() << " e" << r.epoch() << " refused by the daemon (" << r.reason()
                << "): killing it";
-  attempt->Kill();
+  for (const auto& attempt : ranks) attempt->Kill();
   idle_cv_.notify_all();
 }
 
@@ -407,6 +459,7 @@ void Worker::OnExit(const AttemptSpec& a, const AttemptExit& e) {
   pb::AttemptExited* r = m.mutable_exited();
   r->set_job_id(a.job_id);
   r->set_epoch(a.epoch);
+  r->set_rank(a.rank);
   r->set_outcome(ToProto(e.outcome));
   r->set_exit_code(e.exit_code);
   r->set_reason(e.reason);
@@ -419,7 +472,7 @@ void Worker::OnExit(const AttemptSpec& a, const AttemptExit& e) {
   Send(std::move(m));  // before it leaves Register's running list: the daemon sees the exit either way
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = attempts_.find({a.job_id, a.epoch});
+    auto it = attempts_.find({a.job_id, a.epoch, a.rank});
     if (it != attempts_.end()) it->second.exited = true;
   }
   idle_cv_.notify_all();

@@ -3,13 +3,16 @@
 // commands) and every attempt's listener (reports become WorkerMessages sent
 // through a ReportSink).
 //
-//   StartAttempt   writes <work_dir>/<job_id>-e<epoch>.yaml and starts an
-//                  Attempt (one per job; a newer epoch of a running job
-//                  supersedes the older one). Refused at once, as AttemptExited
+//   StartAttempt   writes <work_dir>/<job_id>-e<epoch>[-r<rank>].yaml and
+//                  starts an Attempt (one per job and rank: a multi-rank job
+//                  may run several ranks here, one per device; a newer epoch
+//                  of a running job supersedes the older one). Refused at once, as AttemptExited
 //                  PREEMPTED, while the worker stops or when the slot ends too
 //                  soon ("slot ends too soon").
-//   CheckpointNow  {"cmd": "checkpoint"|"stop"} on that attempt's control channel.
-//   Refused        that attempt is superseded: killed, nothing more reported.
+//   CheckpointNow  {"cmd": "checkpoint"|"stop"} on the control channel of
+//                  every rank of that attempt here.
+//   Refused        that attempt is superseded (or its gang ended): every rank
+//                  of it here is killed, nothing more reported.
 //
 // Every exit report is journaled first (<work_dir>/journal, see
 // worker/report_journal.h) and replayed in the next Register.
@@ -31,6 +34,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -52,6 +56,9 @@ struct WorkerOptions {
   int64_t slot_end_ms = 0;  // 0 = no known end
   DeviceOptions devices;
   std::chrono::milliseconds poll_interval{200};  // each attempt's metrics/exit polling
+  std::string address;                           // where other ranks reach this node's ranks ("" = hostname)
+  int rendezvous_port_first = 0;                 // ports a rank 0 here may serve its rendezvous on
+  int rendezvous_port_count = 0;                 // 0 = none: no rank 0 of a multi-rank job here
 };
 
 class Worker : public SessionDelegate, public AttemptListener {
@@ -93,7 +100,7 @@ class Worker : public SessionDelegate, public AttemptListener {
   size_t running() const;
 
  private:
-  using Key = std::pair<std::string, int64_t>;  // job id, epoch
+  using Key = std::tuple<std::string, int64_t, int>;  // job id, epoch, rank
   struct Entry {
     std::shared_ptr<Attempt> attempt;
     bool exited = false;  // OnExit was delivered
@@ -109,9 +116,15 @@ class Worker : public SessionDelegate, public AttemptListener {
   // and waits (bounded) until they are gone, so two trainers never share an output dir.
   void SupersedeOlder(const std::string& job_id, int64_t epoch);
   StatusOr<AttemptSpec> PrepareAttempt(const ftune::v1::StartAttempt& s);
-  void Reject(const std::string& job_id, int64_t epoch, const std::string& reason);
+  // The environment of one rank of a multi-rank attempt on device
+  // `device_index`: CUDA_VISIBLE_DEVICES on GPUs; on CPU devices, which share
+  // the cores, each rank's share of the threads.
+  std::vector<std::string> RankEnvironment(int device_index);
+  void Reject(const std::string& job_id, int64_t epoch, int rank, const std::string& reason);
   // Running attempts (shared pointers, so callers need no lock).
   std::vector<std::shared_ptr<Attempt>> Running() const;
+  // The running ranks of (job_id, epoch) here.
+  std::vector<std::shared_ptr<Attempt>> RanksOf(const std::string& job_id, int64_t epoch) const;
   void Send(ftune::v1::WorkerMessage m);
 
   const WorkerOptions options_;
@@ -131,7 +144,7 @@ class Worker : public SessionDelegate, public AttemptListener {
   bool slot_closed_ = false;                       // GUARDED_BY(mu_)
   double max_checkpoint_seconds_ = 0;              // GUARDED_BY(mu_): newest measurements' max
   ReportJournal journal_;                          // GUARDED_BY(mu_)
-  std::vector<std::pair<std::string, int64_t>> journaled_in_register_;  // GUARDED_BY(mu_)
+  std::vector<std::tuple<std::string, int64_t, int>> journaled_in_register_;  // GUARDED_BY(mu_)
 };
 
 }  // namespace ft::worker

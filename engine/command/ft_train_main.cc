@@ -20,7 +20,8 @@
 // Exit codes (engine/train/trainer.h): 0 finished; 1 failed (reason on stderr);
 // 2 bad input or usage; 3 preempted: stopped after a checkpoint on SIGTERM,
 // SIGUSR1, SIGINT or a "stop" on the control channel; 4 superseded: a newer
-// epoch owns output.dir; 5 environment: an I/O error (disk full, file gone).
+// epoch owns output.dir; 5 environment: an I/O error (disk full, file gone);
+// 6 rank lost: one rank of a multi-rank run whose peers or rendezvous failed.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -41,9 +42,11 @@
 
 namespace {
 
-int Fail(const ft::Status& s) {
+int Fail(const ft::Status& s, bool multi_rank = false) {
   std::fprintf(stderr, "ft-train: %s\n", s.ToString().c_str());
   if (s.IsAborted()) return ft::kExitSuperseded;
+  // Collectives and the rendezvous fail Unavailable (engine/dist/collective.h).
+  if (multi_rank && s.code() == ft::Status::Code::kUnavailable) return ft::kExitRankLost;
   if (s.code() == ft::Status::Code::kIOError) return ft::kExitEnvironment;
   const bool bad_input =
       s.IsInvalidArgument() || s.IsNotFound() || s.code() == ft::Status::Code::kUnimplemented;
@@ -83,17 +86,19 @@ int RunJob(const RunFlags& flags) {
         "ftune/" + (flags.epoch > 0 ? flags.job_id + "/" + std::to_string(flags.epoch) : std::string("run"));
     r.timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.dist_timeout * 1000));
     auto connected = ft::ConnectGloo(r);
-    if (!connected.ok()) return Fail(connected.status().WithContext("--rendezvous " + flags.rendezvous));
+    if (!connected.ok()) {
+      return Fail(connected.status().WithContext("--rendezvous " + flags.rendezvous), /*multi_rank=*/true);
+    }
     ranks = std::move(*connected);
   } else if (flags.rank != 0) {
     return Fail(ft::Status::InvalidArgument("--rank " + std::to_string(flags.rank) + " needs --world > 1"));
   }
   auto trainer = ft::Trainer::Create(job->spec, std::move(ranks));
-  if (!trainer.ok()) return Fail(trainer.status());
+  if (!trainer.ok()) return Fail(trainer.status(), flags.world > 1);
   (*trainer)->set_control(&control);
   if (flags.epoch > 0) (*trainer)->set_fencing(flags.job_id, flags.epoch);
   auto outcome = (*trainer)->Run(flags.resume_dir);
-  if (!outcome.ok()) return Fail(outcome.status());
+  if (!outcome.ok()) return Fail(outcome.status(), flags.world > 1);
   if (*outcome == ft::RunOutcome::kPreempted) return ft::kExitPreempted;
   std::fprintf(stderr, "ft-train: finished %lld steps; outputs in %s\n",
                static_cast<long long>((*trainer)->steps_done()), job->spec.output.dir.c_str());

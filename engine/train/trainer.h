@@ -90,6 +90,10 @@ constexpr int kExitBadInput = 2;
 constexpr int kExitPreempted = 3;
 constexpr int kExitSuperseded = 4;   // a newer epoch owns output.dir: stopped without writing
 constexpr int kExitEnvironment = 5;  // I/O error, a system-owned file gone: not the job's fault
+// One rank of a multi-rank run: a collective or the rendezvous failed (a peer
+// rank vanished, never came, or the store's port was taken). The rank's own
+// work was sound; what the attempt's outcome is depends on the other ranks.
+constexpr int kExitRankLost = 6;
 
 class Trainer {
  public:

@@ -226,17 +226,225 @@ TEST_F(DaemonTest, AJobUsingMemoryTechniquesWaitsForHostMemory) {
   EXPECT_EQ(gpu.Last(pb::DaemonCommand::kStart)->start().job_id(), id);
 }
 
-TEST_F(DaemonTest, MultiRankJobsAreRefusedAtSubmissionUntilFtdLaunchesThem) {
+// A gang member: `devices` CPU devices, an address and rendezvous ports.
+void RegisterForRanks(Daemon* daemon, const std::string& id, FakeSink* sink, int devices, bool ports = true) {
+  pb::Register reg;
+  reg.set_worker_id(id);
+  reg.set_address("10.0.0." + id.substr(1));
+  if (ports) {
+    reg.set_rendezvous_port_first(30000);
+    reg.set_rendezvous_port_count(10);
+  }
+  for (int i = 0; i < devices; ++i) {
+    pb::Device* d = reg.add_devices();
+    d->set_index(i);
+    d->set_kind("cpu");
+    d->set_total_bytes(int64_t{8} << 30);
+    d->set_free_bytes(int64_t{8} << 30);
+  }
+  ASSERT_TRUE(daemon->OnRegister(reg, sink).ok());
+}
+
+void RankExit(Daemon* daemon, const std::string& worker, FakeSink* sink, const std::string& job,
+              int64_t epoch, int rank, pb::AttemptOutcome o, int64_t step) {
+  pb::WorkerMessage m;
+  auto* e = m.mutable_exited();
+  e->set_job_id(job);
+  e->set_epoch(epoch);
+  e->set_rank(rank);
+  e->set_outcome(o);
+  e->set_step(step);
+  e->set_reason("rank test");
+  daemon->OnWorkerMessage(worker, sink, m);
+}
+
+int PortOf(const std::string& host_port) {
+  return std::atoi(host_port.substr(host_port.rfind(':') + 1).c_str());
+}
+
+StatusOr<pb::SubmitReply> SubmitRanks(Daemon* daemon, const std::string& dir, int ranks,
+                                      const std::string& strategy = "ddp") {
   pb::SubmitRequest req;
   req.set_spec_yaml(
       "name: t\nmodel: {path: model, dtype: fp32}\nadapter: {type: lora, r: 4, alpha: 8}\n"
       "data: {train: data.jsonl, format: tokens, seq_len: 64}\n"
-      "train: {max_steps: 10, global_batch_size: 4}\nresources: {gpus: 2}\noutput: {dir: out}\n");
-  req.set_spec_dir(dir_ + "/job");
-  auto r = daemon_->Submit(req);
-  ASSERT_FALSE(r.ok());
-  EXPECT_THAT(r.status().message(), HasSubstr("resources.gpus: 2: ftd does not launch multi-rank jobs yet"));
-  EXPECT_THAT(r.status().message(), HasSubstr("ft-train run --world N"));
+      "train: {max_steps: 10, global_batch_size: 4, micro_batch_size: 1}\nresources: {device: cpu, gpus: " +
+      std::to_string(ranks) + "}\ndistributed: {strategy: " + strategy + "}\noutput: {dir: out}\n");
+  req.set_spec_dir(dir + "/job");
+  return daemon->Submit(req);
+}
+
+// A two-rank job and two one-device workers for it ("w1", "w2"); the job's id ("" if refused).
+std::string SubmitGangOfTwo(Daemon* daemon, const std::string& dir, FakeSink* w1, FakeSink* w2) {
+  auto submitted = SubmitRanks(daemon, dir, 2);
+  EXPECT_TRUE(submitted.ok()) << submitted.status().ToString();
+  RegisterForRanks(daemon, "w1", w1, 1);
+  RegisterForRanks(daemon, "w2", w2, 1);
+  return submitted.ok() ? submitted->job().id() : "";
+}
+
+TEST_F(DaemonTest, AGangIsPlacedWholeAcrossWorkersOrWaitsSayingWhy) {
+  auto fsdp = SubmitRanks(daemon_.get(), dir_, 2, "fsdp");
+  ASSERT_FALSE(fsdp.ok());
+  EXPECT_THAT(fsdp.status().message(), HasSubstr("distributed.strategy: fsdp with resources.gpus 2"));
+  auto submitted = SubmitRanks(daemon_.get(), dir_, 2);
+  ASSERT_TRUE(submitted.ok()) << submitted.status().ToString();
+  const std::string id = submitted->job().id();
+  FakeSink w1, w2, w3;
+  RegisterForRanks(daemon_.get(), "w1", &w1, 1);
+  daemon_->Tick();
+  EXPECT_EQ(Job(id).state(), pb::QUEUED);
+  EXPECT_THAT(Job(id).reason(), HasSubstr("needs 2 cpu devices (one per rank); the idle workers offer 1"));
+  EXPECT_EQ(w1.Count(pb::DaemonCommand::kStart), 0) << "all ranks start or none";
+  // A worker without rendezvous ports may hold rank 1, not rank 0.
+  RegisterForRanks(daemon_.get(), "w2", &w2, 1, /*ports=*/false);
+  daemon_->Tick();
+  ASSERT_EQ(w1.Count(pb::DaemonCommand::kStart), 1);
+  ASSERT_EQ(w2.Count(pb::DaemonCommand::kStart), 1);
+  const pb::StartAttempt& r0 = w1.Last(pb::DaemonCommand::kStart)->start();
+  const pb::StartAttempt& r1 = w2.Last(pb::DaemonCommand::kStart)->start();
+  EXPECT_EQ(r0.rank(), 0);
+  EXPECT_EQ(r1.rank(), 1);
+  EXPECT_EQ(r0.epoch(), r1.epoch());
+  EXPECT_THAT(r0.rendezvous(), ::testing::StartsWith("10.0.0.1:")) << "rank 0's worker";
+  EXPECT_GE(PortOf(r0.rendezvous()), 30000) << "a port of its range";
+  EXPECT_LT(PortOf(r0.rendezvous()), 30010);
+  EXPECT_EQ(r1.rendezvous(), r0.rendezvous());
+  EXPECT_EQ(r0.dist_host(), "10.0.0.1");
+  EXPECT_EQ(r1.dist_host(), "10.0.0.2");
+  EXPECT_EQ(r0.plan().world(), 2);
+  EXPECT_EQ(r0.plan().micro_batch() * r0.plan().accumulation() * 2, 4) << "the global batch is kept";
+  pb::Job j = Job(id);
+  EXPECT_EQ(j.state(), pb::RUNNING);
+  ASSERT_EQ(j.attempts(0).ranks_size(), 2);
+  EXPECT_EQ(j.attempts(0).ranks(1).worker_id(), "w2");
+  // Both workers are taken: another job waits.
+  auto other = SubmitRanks(daemon_.get(), dir_, 1);
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  daemon_->Tick();
+  EXPECT_THAT(Job(other->job().id()).reason(), HasSubstr("every worker is busy"));
+  // One worker with two devices takes a whole gang.
+  RegisterForRanks(daemon_.get(), "w3", &w3, 2);
+  auto pair = SubmitRanks(daemon_.get(), dir_, 2);
+  ASSERT_TRUE(pair.ok()) << pair.status().ToString();
+  daemon_->Tick();
+  EXPECT_EQ(w3.Count(pb::DaemonCommand::kStart), 1) << "the one-rank job";
+  RankExit(daemon_.get(), "w3", &w3, other->job().id(), 1, 0, pb::ATTEMPT_FINISHED, 10);
+  daemon_->Tick();
+  ASSERT_EQ(w3.Count(pb::DaemonCommand::kStart), 3);
+  EXPECT_EQ(w3.commands[w3.commands.size() - 2].start().device_index(), 0);
+  EXPECT_EQ(w3.commands.back().start().device_index(), 1);
+  EXPECT_THAT(w3.commands.back().start().rendezvous(), ::testing::StartsWith("10.0.0.3:"));
+  EXPECT_EQ(Job(pair->job().id()).state(), pb::RUNNING);
+}
+
+TEST_F(DaemonTest, AGangEndsOnItsFirstDecisiveReportAndItsOtherRanksAreStopped) {
+  FakeSink w1, w2;
+  const std::string id = SubmitGangOfTwo(daemon_.get(), dir_, &w1, &w2);
+  ASSERT_FALSE(id.empty());
+  auto epoch_on = [&](FakeSink& w) { return w.Last(pb::DaemonCommand::kStart)->start().epoch(); };
+  auto refused = [&](const FakeSink& w, int64_t epoch) {
+    return std::count_if(w.commands.begin(), w.commands.end(), [&](const pb::DaemonCommand& c) {
+      return c.has_refused() && c.refused().job_id() == id && c.refused().epoch() == epoch;
+    });
+  };
+  auto restart = [&] {
+    const int port = PortOf(w1.Last(pb::DaemonCommand::kStart)->start().rendezvous());
+    clock_.Advance(60'000);
+    Heartbeat("w1", &w1, "", 0, 0);
+    Heartbeat("w2", &w2, "", 0, 0);
+    daemon_->Tick();
+    ASSERT_EQ(epoch_on(w1), epoch_on(w2));
+    EXPECT_NE(PortOf(w1.Last(pb::DaemonCommand::kStart)->start().rendezvous()), port)
+        << "each epoch's rendezvous on another port";
+  };
+  daemon_->Tick();
+  // 1. A rank that lost its peer waits for the others' word; its peer's failure decides.
+  int64_t e = epoch_on(w1);
+  RankExit(daemon_.get(), "w1", &w1, id, e, 0, pb::ATTEMPT_RANK_LOST, 3);
+  EXPECT_EQ(Job(id).state(), pb::RUNNING);
+  RankExit(daemon_.get(), "w2", &w2, id, e, 1, pb::ATTEMPT_FAILED, 3);
+  EXPECT_EQ(Job(id).state(), pb::QUEUED);
+  EXPECT_EQ(Job(id).failures(), 1);
+  EXPECT_THAT(Job(id).attempts(0).reason(), HasSubstr("rank 1 on w2"));
+  // 2. Every rank lost the others: the ranks never reached each other (environment, not counted).
+  restart();
+  e = epoch_on(w1);
+  RankExit(daemon_.get(), "w2", &w2, id, e, 1, pb::ATTEMPT_RANK_LOST, 0);
+  RankExit(daemon_.get(), "w1", &w1, id, e, 0, pb::ATTEMPT_RANK_LOST, 0);
+  EXPECT_EQ(Job(id).attempts(1).outcome(), pb::ATTEMPT_ENVIRONMENT);
+  EXPECT_THAT(Job(id).attempts(1).reason(), HasSubstr("every rank lost the others"));
+  EXPECT_EQ(Job(id).failures(), 1);
+  // 3. A node is lost (lease): the attempt is preempted and the surviving rank refused.
+  restart();
+  e = epoch_on(w1);
+  clock_.Advance(6'000);
+  Heartbeat("w1", &w1, id, e, 5);
+  clock_.Advance(5'000);  // w2 silent for 11 s: past the 10 s lease
+  daemon_->Tick();
+  EXPECT_EQ(Job(id).state(), pb::QUEUED);
+  EXPECT_EQ(Job(id).attempts(2).outcome(), pb::ATTEMPT_PREEMPTED);
+  EXPECT_THAT(Job(id).attempts(2).reason(), HasSubstr("worker w2 lost"));
+  EXPECT_EQ(refused(w1, e), 1);
+  EXPECT_EQ(Job(id).failures(), 1);
+  // 4. A rank stops after a checkpoint but rank 0 never says so: after two leases the attempt ends.
+  RegisterForRanks(daemon_.get(), "w2", &w2, 1);
+  restart();
+  e = epoch_on(w1);
+  RankExit(daemon_.get(), "w2", &w2, id, e, 1, pb::ATTEMPT_PREEMPTED, 4);
+  for (int i = 0; i < 21; ++i) {
+    EXPECT_EQ(Job(id).state(), pb::RUNNING) << "rank 0 gets two leases to follow";
+    clock_.Advance(1'000);
+    Heartbeat("w1", &w1, id, e, 4);
+    Heartbeat("w2", &w2, "", 0, 0);
+    daemon_->Tick();
+  }
+  EXPECT_EQ(Job(id).attempts(3).outcome(), pb::ATTEMPT_PREEMPTED);
+  EXPECT_THAT(Job(id).attempts(3).reason(), HasSubstr("did not end within 20 s"));
+  EXPECT_EQ(refused(w1, e), 1);
+  EXPECT_EQ(refused(w2, e), 0) << "its rank had ended";
+  // 5. Rank 0 finishing decides: the job succeeded, rank 1 (still running) is stopped.
+  restart();
+  e = epoch_on(w1);
+  RankExit(daemon_.get(), "w1", &w1, id, e, 0, pb::ATTEMPT_FINISHED, 10);
+  EXPECT_EQ(Job(id).state(), pb::SUCCEEDED);
+  EXPECT_EQ(refused(w2, e), 1);
+  EXPECT_EQ(refused(w1, e), 0);
+  EXPECT_EQ(Job(id).failures(), 1);
+}
+
+TEST_F(DaemonTest, AfterARestartAGangIsReattachedRankByRankAndAMissingRankEndsIt) {
+  FakeSink w1, w2;
+  const std::string id = SubmitGangOfTwo(daemon_.get(), dir_, &w1, &w2);
+  ASSERT_FALSE(id.empty());
+  daemon_->Tick();
+  ASSERT_EQ(w2.Count(pb::DaemonCommand::kStart), 1);
+  Reopen();  // ftd restarted: the gang comes back from the store
+  auto reregister = [&](const std::string& worker, FakeSink* sink, std::vector<int> ranks) {
+    pb::Register reg;
+    reg.set_worker_id(worker);
+    reg.set_rendezvous_port_first(30000);
+    reg.set_rendezvous_port_count(10);
+    reg.add_devices()->set_kind("cpu");
+    for (int r : ranks) {
+      auto* a = reg.add_running();
+      a->set_job_id(id);
+      a->set_epoch(1);
+      a->set_rank(r);
+    }
+    ASSERT_TRUE(daemon_->OnRegister(reg, sink).ok());
+  };
+  FakeSink w1_again, w2_again;
+  reregister("w1", &w1_again, {0});
+  daemon_->Tick();
+  EXPECT_EQ(Job(id).state(), pb::RUNNING) << "rank 1's worker has a lease to come back";
+  EXPECT_EQ(Job(id).attempts(0).ranks_size(), 2);
+  reregister("w2", &w2_again, {});  // back, without its rank
+  EXPECT_EQ(Job(id).state(), pb::QUEUED);
+  EXPECT_THAT(Job(id).attempts(0).reason(), HasSubstr("worker restarted without rank 1"));
+  ASSERT_EQ(w1_again.Count(pb::DaemonCommand::kRefused), 1) << "rank 0 is stopped";
+  EXPECT_EQ(w1_again.Last(pb::DaemonCommand::kRefused)->refused().epoch(), 1);
+  EXPECT_EQ(Job(id).failures(), 0);
 }
 
 TEST_F(DaemonTest, FailuresHaveABudgetButPreemptionsDoNot) {

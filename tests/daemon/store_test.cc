@@ -211,7 +211,9 @@ TEST_F(StoreTest, EpochsIncreasePerJobAndAttemptsListInOrder) {
   ASSERT_OK_AND_ASSIGN(AttemptRow a1, store_->StartAttempt(a.id, "w1", 0, 2, 4, 1, 100));
   ASSERT_OK_AND_ASSIGN(AttemptRow b1, store_->StartAttempt(b.id, "w2", 0, 1, 8, 1, 110));
   ASSERT_OK(store_->EndAttempt(a.id, a1.epoch, AttemptOutcomeCode::kPreempted, "spot reclaim", 30, 5, 200));
-  ASSERT_OK_AND_ASSIGN(AttemptRow a2, store_->StartAttempt(a.id, "w3", 25, 4, 2, 2, 300));
+  // A two-rank attempt: rank 0 on w3, rank 1 on device 1 of "w 4" (ids may hold spaces).
+  ASSERT_OK_AND_ASSIGN(AttemptRow a2,
+                       store_->StartAttempt(a.id, "w3", 25, 4, 2, 2, 300, {"w3", "w 4"}, {0, 1}));
   EXPECT_EQ(a1.number, 1);
   EXPECT_EQ(a1.epoch, 1);
   EXPECT_EQ(b1.number, 1);
@@ -233,6 +235,11 @@ TEST_F(StoreTest, EpochsIncreasePerJobAndAttemptsListInOrder) {
   EXPECT_EQ(attempts[1].worker_id, "w3");
   EXPECT_EQ(attempts[1].world, 2);
   EXPECT_EQ(attempts[1].started_ms, 300);
+  EXPECT_EQ(attempts[1].rank_workers, (std::vector<std::string>{"w3", "w 4"}));
+  EXPECT_EQ(attempts[1].rank_devices, (std::vector<int>{0, 1}));
+  EXPECT_EQ(attempts[1].Workers(), (std::vector<std::string>{"w3", "w 4"}));
+  EXPECT_TRUE(attempts[0].rank_workers.empty()) << "one rank: on worker_id";
+  EXPECT_EQ(attempts[0].Workers(), (std::vector<std::string>{"w1"}));
 
   ASSERT_OK_AND_ASSIGN(auto running, store_->RunningAttempts());
   ASSERT_EQ(running.size(), 2u);
@@ -524,7 +531,7 @@ TEST_F(StoreTest, CloseAndReopenKeepsEverything) {
   ASSERT_OK(store_->AddMetrics({MetricRow{.job_id = a.id, .epoch = 1, .step = 1, .loss = 2.5}}));
 
   Reopen();
-  EXPECT_EQ(store_->schema_version(), 5);
+  EXPECT_EQ(store_->schema_version(), 6);
   ASSERT_OK_AND_ASSIGN(auto jobs, store_->ListJobs({}));
   EXPECT_EQ(Ids(jobs), (std::vector<std::string>{a.id, b.id}));
   ASSERT_OK_AND_ASSIGN(JobRow got_b, store_->GetJob(b.id));
@@ -831,18 +838,18 @@ TEST_F(StoreTest, VersionZeroDatabaseIsMigratedToTheLatest) {
   {
     auto store = OpenStore(old_path);
     ASSERT_NE(store, nullptr);
-    EXPECT_EQ(store->schema_version(), 5);
+    EXPECT_EQ(store->schema_version(), 6);
     ASSERT_OK_AND_ASSIGN(JobRow j, store->CreateJob(NewJob("x"), nullptr));
     EXPECT_EQ(j.id, "j-000001");
   }
-  EXPECT_EQ(RawPragma(old_path, "user_version"), "5");
+  EXPECT_EQ(RawPragma(old_path, "user_version"), "6");
   EXPECT_EQ(RawPragma(old_path, "journal_mode"), "wal");
   EXPECT_EQ(RawPragma(old_path, "integrity_check"), "ok");
 
   // Reopening at the latest version runs no migration (it would fail: tables exist).
   auto again = OpenStore(old_path);
   ASSERT_NE(again, nullptr);
-  EXPECT_EQ(again->schema_version(), 5);
+  EXPECT_EQ(again->schema_version(), 6);
   again.reset();
 
   // A database from a newer ftd is refused, naming the path.

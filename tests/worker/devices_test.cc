@@ -124,6 +124,31 @@ TEST(DevicesTest, CpuDeviceFromProcMeminfo) {
   EXPECT_EQ(d->used_bytes, d->total_bytes - d->free_bytes);
 }
 
+TEST(DevicesTest, CpuDevicesSplitTheHostOrEachGetTheBudget) {
+  DeviceOptions options{.allow_cuda = false};
+  options.cpu_devices = 2;
+  auto split = CpuDevices(options);
+  ASSERT_TRUE(split.ok()) << split.status().ToString();
+  ASSERT_EQ(split->size(), 2u);
+  EXPECT_EQ((*split)[0].index, 0);
+  EXPECT_EQ((*split)[1].index, 1);
+  auto host = ReadHostMemory();
+  ASSERT_TRUE(host.ok());
+  EXPECT_EQ((*split)[1].total_bytes, host->total_bytes / 2) << "each a half of the host";
+  // With a budget, each device has all of it; the trainers' resident memory is shared out.
+  options.cpu_memory_bytes = int64_t{4} << 30;
+  auto budget = CpuDevices(options, int64_t{2} << 30);
+  ASSERT_TRUE(budget.ok());
+  for (const Device& d : *budget) {
+    EXPECT_EQ(d.total_bytes, int64_t{4} << 30);
+    EXPECT_EQ(d.used_bytes, int64_t{1} << 30);
+    EXPECT_EQ(d.free_bytes, int64_t{3} << 30);
+  }
+  auto discovered = DiscoverDevices(options);
+  ASSERT_TRUE(discovered.ok());
+  EXPECT_EQ(discovered->size(), 2u) << "--cpu-devices 2 is what the worker registers";
+}
+
 TEST(DevicesTest, HostMemoryIsTheNodesMeminfo) {
   auto h = ReadHostMemory();
   ASSERT_TRUE(h.ok()) << h.status().ToString();

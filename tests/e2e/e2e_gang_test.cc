@@ -1,0 +1,148 @@
+// A multi-rank job end to end: ftd gang-places its two ranks on two workers
+// (real ftd, ft-worker and ft-train processes; Gloo over loopback), a node is
+// killed mid-run, every rank of the attempt stops, the job waits until two
+// devices are free again, resumes from its committed checkpoint and ends with
+// the adapter of an uninterrupted two-rank run.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "tests/e2e/cluster.h"
+#include "tests/support/free_port.h"
+
+namespace ft::e2e {
+namespace {
+
+namespace pb = ftune::v1;
+using ::testing::HasSubstr;
+using testing_support::FreeLoopbackPort;
+
+std::string Adapter(const std::string& out) { return Slurp(out + "/adapter/adapter_model.safetensors"); }
+
+bool Done(const pb::Job& j) {
+  return j.state() == pb::SUCCEEDED || j.state() == pb::FAILED || j.state() == pb::CANCELLED;
+}
+
+// A worker that can hold ranks: reachable on loopback, one rendezvous port of its own.
+Proc& StartRankWorker(Cluster& c, const std::string& id) {
+  const int port = FreeLoopbackPort();
+  return c.StartWorker(id, {"--address", "127.0.0.1", "--rendezvous-ports",
+                            std::to_string(port) + "-" + std::to_string(port)});
+}
+
+// Kills a worker and every trainer it started: what a node loss looks like.
+void KillNode(Cluster& c, const std::string& id) {
+  c.worker(id).Signal(SIGKILL);
+  std::system(("pkill -9 -f '" + c.dir() + "[/]w-" + id + "/' >/dev/null 2>&1").c_str());
+}
+
+// The same job run by two ft-train ranks by hand, without ftd: the uninterrupted reference.
+std::string RunTwoRankReference(const std::string& job_yaml) {
+  std::string text = Slurp(job_yaml);
+  text = std::regex_replace(text, std::regex("output: \\{dir: ([^}]*)\\}"), "output: {dir: $1-reference}");
+  const std::string ref = job_yaml.substr(0, job_yaml.size() - 5) + "-reference.yaml";
+  std::ofstream(ref) << text;
+  const std::string rendezvous = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
+  std::vector<Proc> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(Spawn({FT_TRAIN_BIN, "run", ref, "--world", "2", "--rank", std::to_string(r),
+                           "--rendezvous", rendezvous, "--dist-host", "127.0.0.1"},
+                          {.log = ref + "-rank" + std::to_string(r) + ".log",
+                           .env = {"OMP_NUM_THREADS=1", "OPENBLAS_NUM_THREADS=1"}}));
+  }
+  for (int r = 0; r < 2; ++r) {
+    if (ranks[r].Wait() != 0) throw std::runtime_error("reference rank failed: " + Slurp(ranks[r].log));
+  }
+  std::smatch m;
+  std::regex_search(text, m, std::regex("output: \\{dir: ([^}]*)\\}"));
+  return (std::filesystem::path(job_yaml).parent_path() / m[1].str()).string();
+}
+
+TEST(E2EGang, TwoRanksOnTwoWorkersSurviveANodeKillAndMatchTheUninterruptedRun) {
+  Cluster c("gang");
+  const std::string job = c.WriteJob("gang", 120, 10, "resources: {device: cpu, gpus: 2}\n");
+  StartRankWorker(c, "w1");
+  const std::string id = c.Submit(job);
+  // More ranks than the cluster has devices: it waits, saying so.
+  pb::Job j = c.WaitFor(
+      id, [](const pb::Job& j) { return j.reason().find("needs 2 cpu devices") != std::string::npos; },
+      10'000);
+  EXPECT_EQ(j.state(), pb::QUEUED);
+  EXPECT_THAT(j.reason(), HasSubstr("needs 2 cpu devices (one per rank); the idle workers offer 1"));
+
+  StartRankWorker(c, "w2");
+  j = c.WaitFor(
+      id, [](const pb::Job& j) { return j.committed_step() >= 20; }, 120'000);
+  ASSERT_EQ(j.state(), pb::RUNNING) << j.reason() << "\n" << Slurp(c.dir() + "/worker-w1.log");
+  ASSERT_EQ(j.attempts_size(), 1);
+  ASSERT_EQ(j.attempts(0).ranks_size(), 2);
+  std::set<std::string> gang = {j.attempts(0).ranks(0).worker_id(), j.attempts(0).ranks(1).worker_id()};
+  EXPECT_EQ(gang, (std::set<std::string>{"w1", "w2"})) << "one rank on each worker";
+  EXPECT_EQ(j.plan().world(), 2);
+  // ftctl status lists the ranks and their devices' memory.
+  const std::string status_log = c.dir() + "/ftctl-status.log";
+  Proc status = Spawn({FTCTL_BIN, "--addr", c.address(), "status", id}, {.log = status_log});
+  ASSERT_EQ(status.Wait(), 0) << Slurp(status_log);
+  EXPECT_THAT(Slurp(status_log), HasSubstr("rank 1 on"));
+  EXPECT_THAT(Slurp(status_log), HasSubstr("cpu:0"));
+
+  // The node of rank 1 dies: rank 0 loses its peer at once, the lease tells ftd.
+  const std::string victim = j.attempts(0).ranks(1).worker_id();
+  const std::string survivor = j.attempts(0).ranks(0).worker_id();
+  KillNode(c, victim);
+  j = c.WaitFor(
+      id, [](const pb::Job& j) { return j.state() == pb::QUEUED; }, c.lease_ms() + 15'000);
+  ASSERT_EQ(j.state(), pb::QUEUED) << j.reason();
+  EXPECT_EQ(j.attempts(0).outcome(), pb::ATTEMPT_PREEMPTED) << j.attempts(0).reason();
+  // Rank 0 was stopped too: no trainer of the first attempt is left on the survivor.
+  const std::string pattern = c.dir() + "[/]w-" + survivor + "/.*-e1\\.yaml";
+  for (int i = 0; i < 100 && std::system(("pgrep -f '" + pattern + "' >/dev/null").c_str()) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_NE(std::system(("pgrep -f '" + pattern + "' >/dev/null").c_str()), 0) << "rank 0 still runs";
+  // One device is not enough: it waits for a second one.
+  j = c.WaitFor(
+      id, [](const pb::Job& j) { return j.reason().find("needs 2 cpu devices") != std::string::npos; },
+      10'000);
+  EXPECT_EQ(j.state(), pb::QUEUED) << j.reason();
+
+  StartRankWorker(c, victim);
+  j = c.WaitFor(id, Done, 240'000);
+  ASSERT_EQ(j.state(), pb::SUCCEEDED) << j.reason() << "\n"
+                                      << Slurp(c.dir() + "/worker-" + survivor + ".log");
+  EXPECT_EQ(j.failures(), 0);
+  EXPECT_GE(j.preemptions(), 1);
+  EXPECT_GE(j.attempts_size(), 2);
+  EXPECT_EQ(j.attempts(j.attempts_size() - 1).ranks_size(), 2);
+  EXPECT_LE(j.attempts(0).steps_lost(), 10) << "at most one checkpoint interval";
+  EXPECT_EQ(Adapter(j.output_dir()), Adapter(RunTwoRankReference(job)))
+      << "the resumed 2-rank run differs from an uninterrupted one";
+}
+
+TEST(E2EGang, OneWorkerWithTwoCpuDevicesRunsBothRanks) {
+  Cluster c("gang-one");
+  const std::string job = c.WriteJob("pair", 30, 10, "resources: {device: cpu, gpus: 2}\n");
+  const int port = FreeLoopbackPort();
+  c.StartWorker("w1", {"--cpu-devices", "2", "--address", "127.0.0.1", "--rendezvous-ports",
+                       std::to_string(port) + "-" + std::to_string(port + 9)});
+  const std::string id = c.Submit(job);
+  pb::Job j = c.WaitFor(id, Done, 120'000);
+  ASSERT_EQ(j.state(), pb::SUCCEEDED) << j.reason() << "\n" << Slurp(c.dir() + "/worker-w1.log");
+  ASSERT_EQ(j.attempts_size(), 1);
+  ASSERT_EQ(j.attempts(0).ranks_size(), 2);
+  EXPECT_EQ(j.attempts(0).ranks(0).worker_id(), "w1");
+  EXPECT_EQ(j.attempts(0).ranks(1).worker_id(), "w1");
+  EXPECT_NE(j.attempts(0).ranks(0).device_index(), j.attempts(0).ranks(1).device_index());
+  // Rank 1's output reaches the job's log, marked as its own.
+  EXPECT_THAT(Slurp(c.data_dir() + "/logs/" + id + ".log"), HasSubstr("[rank 1] "));
+  EXPECT_EQ(Adapter(j.output_dir()), Adapter(RunTwoRankReference(job)));
+}
+
+}  // namespace
+}  // namespace ft::e2e
