@@ -10,7 +10,9 @@
 #   bench/ddp_scaling.sh [BUILD_DIR]      (default: build)
 #
 # Environment: FT_BENCH_STEPS (default 12; the medians are over steps 3..N),
-# FT_BENCH_KEEP=1 keeps the scratch folder. No target: the figures go into the
+# FT_BENCH_KEEP=1 keeps the scratch folder, FT_BENCH_STRATEGY=fsdp runs
+# both worlds as FSDP (frozen weights and optimizer sharded; its per-layer
+# all-gathers count as communication too). No target: the figures go into the
 # notes (bench/README.md).
 set -euo pipefail
 
@@ -20,6 +22,7 @@ BUILD="${1:-build}"
 case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
 FT="$BUILD/engine/ft-train"
 STEPS="${FT_BENCH_STEPS:-12}"
+STRATEGY="${FT_BENCH_STRATEGY:-ddp}"
 SKIP=2
 SEQ=256
 GLOBAL=8
@@ -50,6 +53,7 @@ data: {train: data.jsonl, format: tokens, seq_len: $SEQ, packing: false, shuffle
 train: {max_steps: $STEPS, global_batch_size: $GLOBAL, micro_batch_size: $MICRO, lr: 1.0e-4, warmup_steps: 0}
 checkpoint: {every_steps: 1000}
 resources: {device: cpu, gpus: $1}
+distributed: {strategy: $STRATEGY}
 output: {dir: out-$1}
 EOF
   echo "$WORK/job-$1.yaml"
@@ -65,21 +69,24 @@ for r in 0 1; do
 done
 for p in "${pids[@]}"; do wait "$p"; done
 
-python3 - "$WORK" "$SKIP" "$GLOBAL" "$SEQ" "$(nproc --all)" << 'EOF'
+python3 - "$WORK" "$SKIP" "$GLOBAL" "$SEQ" "$(nproc --all)" "$STRATEGY" << 'EOF'
 import json, statistics, sys
 work, skip, batch, seq, cores = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+strategy = sys.argv[6]
 def steps(world):
     rows = [json.loads(l) for l in open(f"{work}/out-{world}/metrics.jsonl") if l.strip()]
     return [r for r in rows if "step_seconds" in r]
 one, two = steps(1), steps(2)
 t1 = statistics.median(r["step_seconds"] for r in one if r["step"] > skip)
 t2 = statistics.median(r["step_seconds"] for r in two if r["step"] > skip)
-comm = statistics.median(r["allreduce_seconds"] / r["step_seconds"] for r in two if r["step"] > skip)
+comm = statistics.median((r["allreduce_seconds"] + r.get("gather_seconds", 0)) / r["step_seconds"]
+                         for r in two if r["step"] > skip)
 loss = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(two, one))
+print(f"strategy: {strategy}")
 print(f"config: bench preset (4 layers, hidden 256, vocab 2048), LoRA r=16 all linears, seq {seq}, "
       f"global batch {batch} (micro 2), fp32, one thread per rank, {cores} cores")
 print(f"world 1: {batch * seq / t1:.0f} tokens/s (median step {t1:.3f} s)")
 print(f"world 2: {batch * seq / t2:.0f} tokens/s (median step {t2:.3f} s), speed-up {t1 / t2:.2f}x, "
-      f"all-reduce {100 * comm:.1f}% of a step")
+      f"communication {100 * comm:.1f}% of a step (all-reduce" + (" + weight all-gathers)" if strategy == "fsdp" else ")"))
 print(f"losses world 2 vs 1: worst relative difference {loss:.2e}")
 EOF

@@ -233,12 +233,6 @@ StatusOr<pb::SubmitReply> Daemon::Submit(const pb::SubmitRequest& req) {
     return Status::InvalidArgument(file +
                                    ": train.max_steps: ftd needs max_steps (epochs are not planned yet)");
   }
-  if (spec.resources.gpus > 1 && spec.distributed.strategy == "fsdp") {
-    // The trainer refuses it: refused here rather than failing at every start.
-    return Status::Unimplemented(file + ": distributed.strategy: fsdp with resources.gpus " +
-                                 std::to_string(spec.resources.gpus) +
-                                 ": sharded multi-rank training is not implemented yet; use strategy: ddp");
-  }
   JobRow row;
   row.name = spec.name;
   row.priority = spec.resources.priority;

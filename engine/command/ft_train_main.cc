@@ -2,7 +2,8 @@
 //
 //   ft-train run JOB.yaml [--resume DIR] [--control-fd N] [--stop-grace S]
 //                         [--job-id ID --epoch N]
-//                         [--world N --rank R --rendezvous HOST:PORT [--dist-host ADDR]]
+//                         [--world N --rank R --rendezvous HOST:PORT [--dist-host ADDR]
+//                          [--dist-backend gloo|nccl]]
 //                                              train locally, no daemon; resumes from
 //                                              the newest valid checkpoint (with an
 //                                              epoch: an attempt under ftd, fenced);
@@ -66,6 +67,7 @@ struct RunFlags {
   std::string rendezvous;  // host:port of rank 0's store
   std::string dist_host;   // the address the other ranks reach this one at ("" = the host name's)
   double dist_timeout = 120;
+  std::string dist_backend = "gloo";  // gloo (any device) | nccl (CUDA ranks, one GPU each)
 };
 
 int RunJob(const RunFlags& flags) {
@@ -85,7 +87,7 @@ int RunJob(const RunFlags& flags) {
     r.name =
         "ftune/" + (flags.epoch > 0 ? flags.job_id + "/" + std::to_string(flags.epoch) : std::string("run"));
     r.timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.dist_timeout * 1000));
-    auto connected = ft::ConnectGloo(r);
+    auto connected = flags.dist_backend == "nccl" ? ft::ConnectNccl(r) : ft::ConnectGloo(r);
     if (!connected.ok()) {
       return Fail(connected.status().WithContext("--rendezvous " + flags.rendezvous), /*multi_rank=*/true);
     }
@@ -207,6 +209,9 @@ int main(int argc, char** argv) {
                   "HOST:PORT where rank 0 serves the rendezvous store (every rank gives the same)");
   run->add_option("--dist-host", flags.dist_host,
                   "the address the other ranks reach this rank at (default: the host name's)");
+  run->add_option("--dist-backend", flags.dist_backend,
+                  "collectives over gloo (TCP, any device; default) or nccl (CUDA ranks, one GPU each)")
+      ->check(CLI::IsMember({"gloo", "nccl"}));
   run->add_option("--dist-timeout", flags.dist_timeout,
                   "seconds to wait for the other ranks (rendezvous and each collective)")
       ->check(CLI::PositiveNumber);

@@ -1,6 +1,7 @@
 // Collectives across the ranks of one training job (multi-rank training,
-// issue #14), on an existing library: Gloo over TCP for CPU ranks
-// (engine/dist/gloo_collective.cc). Rendezvous: rank 0 hosts a key-value
+// issue #14), on existing libraries: Gloo over TCP for CPU ranks
+// (engine/dist/gloo_collective.cc), NCCL for CUDA ranks
+// (engine/dist/nccl_collective.cc). Rendezvous: rank 0 hosts a key-value
 // store (engine/dist/tcp_store.h) at the address every rank is given (ftd's,
 // or the user's for a hand-launched job); the ranks exchange their Gloo
 // addresses through it, under a name (job and attempt) so two attempts
@@ -46,6 +47,9 @@ class Collective {
   virtual Status AllReduceSum(double* x, int64_t n) = 0;
   // data[0..bytes) = root's data[0..bytes) on every rank.
   virtual Status Broadcast(void* data, int64_t bytes, int root) = 0;
+  // out[r·bytes .. (r+1)·bytes) = rank r's mine[0..bytes), on every rank
+  // (out holds world·bytes; FSDP gathers its shards so).
+  virtual Status AllGather(const void* mine, int64_t bytes, void* out) = 0;
   // Returns when every rank has called it. `timeout` > 0 replaces the
   // spec's for this call: how ranks wait out a phase only rank 0 works in
   // (checking outputs, writing a checkpoint).
@@ -59,6 +63,12 @@ std::unique_ptr<Collective> SingleRank();
 // InvalidArgument for a bad rank/world/address; Unavailable when the ranks do
 // not all arrive within the timeout.
 StatusOr<std::unique_ptr<Collective>> ConnectGloo(const RendezvousSpec& spec);
+
+// The ranks of `spec` connected over NCCL (CUDA ranks: one GPU each, the
+// current device; engine/dist/nccl_collective.cc). Unimplemented in a build
+// without NCCL; Unavailable without a visible GPU or when the ranks do not
+// all arrive.
+StatusOr<std::unique_ptr<Collective>> ConnectNccl(const RendezvousSpec& spec);
 
 // "host:port" split; InvalidArgument naming `what` otherwise.
 Status ParseHostPort(const std::string& text, const std::string& what, std::string* host, int* port);

@@ -5,6 +5,7 @@
 
 #include "engine/dist/collective.h"
 #include "engine/dist/tcp_store.h"
+#include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/barrier.h"
 #include "gloo/broadcast.h"
@@ -34,6 +35,18 @@ class GlooCollective final : public Collective {
       opts.setRoot(root);
       opts.setOutput(static_cast<char*>(data), static_cast<size_t>(bytes));
       gloo::broadcast(opts);
+    });
+  }
+
+  Status AllGather(const void* mine, int64_t bytes, void* out) override {
+    if (bytes == 0) return Status::OK();
+    return Run("all-gather", [&] {
+      gloo::AllgatherOptions opts(context_);
+      opts.setTag(NextTag());
+      // Gloo copies the input into the output's own slot first; its input is not written.
+      opts.setInput(const_cast<char*>(static_cast<const char*>(mine)), static_cast<size_t>(bytes));
+      opts.setOutput(static_cast<char*>(out), static_cast<size_t>(bytes * world()));
+      gloo::allgather(opts);
     });
   }
 

@@ -1,6 +1,7 @@
 #include "engine/model/model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -176,6 +177,10 @@ Status Model::EnableFullTraining() {
     return Status::FailedPrecondition(
         "cpu_offload keeps frozen weights off the device; a full fine-tune "
         "trains them: use LoRA, or cpu_offload: false");
+  if (options_.shard.world > 1)
+    return Status::FailedPrecondition(
+        "FSDP here shards the frozen base weights; a full fine-tune trains them: use LoRA/QLoRA, or "
+        "distributed.strategy: ddp");
   full_training_ = true;
   for (auto& layer : layers_) {
     for (auto& lin : layer.proj) WidenLinear(lin);  // trained weights are fp32 masters
@@ -195,8 +200,10 @@ Status Model::EnableFullTraining() {
 }
 
 DeviceBuffer Model::AllocFrozen(int64_t bytes) {
-  return options_.cpu_offload ? backend_->AllocHost(bytes, MemCategory::kWeights)
-                              : backend_->AllocBytes(bytes, MemCategory::kWeights);
+  // Sharded models load into host memory too: ShardFrozenWeights keeps 1/world of it on the device.
+  return options_.cpu_offload || options_.shard.world > 1
+             ? backend_->AllocHost(bytes, MemCategory::kWeights)
+             : backend_->AllocBytes(bytes, MemCategory::kWeights);
 }
 
 void Model::SetLinearWeight(Linear* lin, const float* values) {
@@ -248,6 +255,7 @@ DeviceBuffer& Model::FrozenStorage(Linear& lin) {
 }
 
 void Model::BringToDevice(Linear& lin) {
+  FT_CHECK(!sharded_);  // a sharded model holds 1/world of it: merge a fresh copy instead
   DeviceBuffer& b = FrozenStorage(lin);
   if (!b.host()) return;
   DeviceBuffer d = backend_->AllocBytes(b.bytes(), MemCategory::kWeights);
@@ -256,23 +264,63 @@ void Model::BringToDevice(Linear& lin) {
   b = std::move(d);
 }
 
+void Model::EnsureStages() {
+  if (!stage_[0].empty()) return;
+  // Every layer's linears have the same shapes, so the same storage sizes.
+  int64_t at = 0;
+  for (int m = 0; m < kNumModules; ++m) {
+    stage_at_[m] = at;
+    at += (FrozenStorage(layers_[0].proj[m]).bytes() + 255) / 256 * 256;
+  }
+  stage_bytes_ = at;
+  for (DeviceBuffer& stage : stage_) stage = backend_->AllocBytes(at, MemCategory::kWeights);
+}
+
 void Model::StageLayer(int l) {
-  if (l < 0 || l >= config_.num_layers || !FrozenStorage(layers_[l].proj[0]).host()) return;
+  if (l < 0 || l >= config_.num_layers || !(sharded_ || FrozenStorage(layers_[l].proj[0]).host())) return;
   const int slot = l % 2;
   if (staged_[slot] == l) return;
-  if (stage_[slot].empty()) {  // every layer's linears have the same shapes, so the same storage sizes
-    int64_t at = 0;
+  EnsureStages();
+  if (sharded_) {
+    // Collective: every rank gathers the same layers in the same order.
+    const auto start = std::chrono::steady_clock::now();
+    backend_->CopyToHost(gather_mine_.data(), shards_[l].data(), shard_bytes_);
+    options_.shard.all_gather(gather_mine_.data(), shard_bytes_, gather_all_.data());
+    backend_->CopyToDevice(stage_[slot].data(), gather_all_.data(), stage_bytes_);
+    FT_CHECK(backend_->Synchronize().ok());  // gather_all_ is reused by the next gather
+    gather_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  } else {
     for (int m = 0; m < kNumModules; ++m) {
-      stage_at_[m] = at;
-      at += (FrozenStorage(layers_[0].proj[m]).bytes() + 255) / 256 * 256;
+      const DeviceBuffer& b = FrozenStorage(layers_[l].proj[m]);
+      backend_->CopyToDeviceAsync(stage_[slot].as<char>() + stage_at_[m], b.data(), b.bytes());
     }
-    for (DeviceBuffer& stage : stage_) stage = backend_->AllocBytes(at, MemCategory::kWeights);
-  }
-  for (int m = 0; m < kNumModules; ++m) {
-    const DeviceBuffer& b = FrozenStorage(layers_[l].proj[m]);
-    backend_->CopyToDeviceAsync(stage_[slot].as<char>() + stage_at_[m], b.data(), b.bytes());
   }
   staged_[slot] = l;
+}
+
+void Model::ShardFrozenWeights() {
+  const int world = options_.shard.world, rank = options_.shard.rank;
+  FT_CHECK(world > 1 && !sharded_ && !full_training_ && options_.shard.all_gather);
+  EnsureStages();
+  shard_bytes_ = ((stage_bytes_ + world - 1) / world + 255) / 256 * 256;
+  gather_mine_.resize(static_cast<size_t>(shard_bytes_));
+  gather_all_.assign(static_cast<size_t>(shard_bytes_ * world), 0);
+  std::vector<char>& image = gather_all_;  // one layer's storage as a stage holds it
+  for (DecoderLayer& layer : layers_) {
+    std::fill(image.begin(), image.end(), 0);
+    for (int m = 0; m < kNumModules; ++m) {
+      DeviceBuffer& b = FrozenStorage(layer.proj[m]);
+      FT_CHECK(b.host());  // loaded into host memory (AllocFrozen)
+      std::memcpy(image.data() + stage_at_[m], b.data(), static_cast<size_t>(b.bytes()));
+      b = DeviceBuffer();  // the whole is freed: this rank keeps its shard
+    }
+    DeviceBuffer shard = backend_->AllocBytes(shard_bytes_, MemCategory::kWeights);
+    backend_->CopyToDevice(shard.data(), image.data() + rank * shard_bytes_, shard_bytes_);
+    FT_CHECK(backend_->Synchronize().ok());  // `image` is refilled next
+    shards_.push_back(std::move(shard));
+  }
+  sharded_ = true;
+  staged_[0] = staged_[1] = -1;
 }
 
 void Model::WidenLinear(Linear& lin) {
@@ -312,12 +360,15 @@ const float* Model::LinearWeight(int l, ModuleKind m) {
   Linear& lin = layers_[l][m];
   const DeviceBuffer& b = FrozenStorage(lin);
   const void* storage = b.data();
-  if (b.host()) {  // offloaded: the copy in this layer's stage (StageLayer, then WaitForCopies)
+  if (sharded_ || b.host()) {  // offloaded or sharded: this layer's stage (StageLayer, then WaitForCopies)
     FT_CHECK(staged_[l % 2] == l);
     storage = stage_[l % 2].as<char>() + stage_at_[static_cast<int>(m)];
   }
-  if (!lin.w.empty()) return static_cast<const float*>(storage);
-  if (!lin.w16.empty()) {  // typed storage: widened (exactly) into the scratch for this linear's GEMMs
+  // Which storage the linear has (a sharded one keeps none of its own: the options say).
+  const bool nf4 = sharded_ ? options_.nf4 : !lin.nf4.empty();
+  const bool codes16 = sharded_ ? !nf4 && weight_format_.has_value() : !lin.w16.empty();
+  if (!nf4 && !codes16) return static_cast<const float*>(storage);
+  if (codes16) {  // typed storage: widened (exactly) into the scratch for this linear's GEMMs
     backend_->Widen16(*weight_format_, static_cast<const uint16_t*>(storage), lin.in * lin.out,
                       dequant_.data());
     return dequant_.data();

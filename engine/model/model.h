@@ -21,6 +21,7 @@
 // parallelise internally.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -153,6 +154,21 @@ struct ModelOptions {
   // one of two device stages per layer on the copy stream, the next layer's
   // while this one computes; the device holds two layers of them.
   bool cpu_offload = false;
+  // FSDP (distributed.strategy: fsdp; LoRA/QLoRA): each of `world` ranks
+  // keeps 1/world of every layer's frozen linear storage on the device
+  // (Model::ShardFrozenWeights splits it once loaded). A layer's whole
+  // storage is all-gathered into one of two device stages just before its
+  // forward, and again for its backward (or recompute), the next layer's
+  // right after this one's: the device holds two layers, not all. Every
+  // rank must run the same forwards and backwards (the gathers are
+  // collective). A failed gather leaves the stage as it was and is the
+  // caller's to report (its collective stays failed: the step's gradient
+  // all-reduce returns the error).
+  struct Sharding {
+    int rank = 0, world = 1;
+    // out[r·bytes ..] = rank r's `mine` for every rank (Collective::AllGather); false on failure.
+    std::function<bool(const void* mine, int64_t bytes, void* out)> all_gather;
+  } shard;
   bool naive_attention = false;  // reference attention (materialises scores)
   int64_t loss_chunk_rows = 0;   // rows per cross-entropy chunk; 0 = auto (bounded memory)
   // The device the ops run on (engine/model/backend.h); null = CreateBackend(kCpu)
@@ -252,7 +268,18 @@ class Model {
 
   // Folds every adapter into its base weight (W += s·B·A) and drops the
   // adapters; an NF4 weight is dequantized first (what the adapter trained on).
+  // Not on a sharded model (merge a fresh, unsharded copy).
   void MergeLora();
+
+  // FSDP (options().shard.world > 1): keeps this rank's 1/world of each
+  // layer's frozen linear storage on the device and frees the whole (held in
+  // host memory while loading). Call once, after the weights are loaded.
+  void ShardFrozenWeights();
+  bool sharded() const { return sharded_; }
+  // Bytes of one layer's frozen storage this rank keeps (0 when not sharded).
+  int64_t shard_bytes() const { return shard_bytes_; }
+  // Wall time spent in those gathers so far (the host copies included).
+  double gather_seconds() const { return gather_seconds_; }
 
  private:
   struct Activations;
@@ -289,8 +316,11 @@ class Model {
   static DeviceBuffer& FrozenStorage(Linear& lin);
   // cpu_offload: layer l's host-resident frozen storage copied into stage
   // l % 2 on the copy stream (nothing when it is there already, or l is out
-  // of range). Ops reading it must follow a WaitForCopies.
+  // of range). Ops reading it must follow a WaitForCopies. Sharded: the
+  // layer's shards all-gathered into the stage.
   void StageLayer(int l);
+  // The stages' layout (stage_at_, stage_bytes_) and the two stages, once.
+  void EnsureStages();
   // Offloaded storage moved back into device memory for good (merging).
   void BringToDevice(Linear& lin);
   // Device pointer of saved layer input l (a slot of three when offloading).
@@ -312,7 +342,14 @@ class Model {
   // offset of each module's storage in a stage, and the layer each holds.
   DeviceBuffer stage_[2];
   int64_t stage_at_[kNumModules] = {};
+  int64_t stage_bytes_ = 0;
   int staged_[2] = {-1, -1};
+  // FSDP: this rank's shard of each layer's stage image, and host buffers for the gathers.
+  bool sharded_ = false;
+  int64_t shard_bytes_ = 0;
+  std::vector<DeviceBuffer> shards_;
+  std::vector<char> gather_mine_, gather_all_;
+  double gather_seconds_ = 0;
   // The 16-bit format of typed base weights, when the model has them (Linear::w16).
   std::optional<Format16> weight_format_;
   // Replaces lin's 16-bit codes by floats (full training, merging).

@@ -88,8 +88,11 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
   }
   const int64_t embed = V * D;
   const bool cpu_offload = r.cpu_offload && !r.full;
-  m.weights = L * per_layer_weights + (cpu_offload ? 2 * stage : L * per_layer_linears) +
-              (embed + D + (c.tie_word_embeddings ? 0 : embed)) * act;
+  const bool fsdp = r.fsdp && r.world > 1 && !r.full;
+  // FSDP: this rank's shard of each layer's stage image (engine/model/model.cc), and two stages.
+  const int64_t shard = Align((stage + r.world - 1) / r.world, 256);
+  const int64_t linears = cpu_offload ? 2 * stage : fsdp ? L * shard + 2 * stage : L * per_layer_linears;
+  m.weights = L * per_layer_weights + linears + (embed + D + (c.tie_word_embeddings ? 0 : embed)) * act;
   m.host_weights = cpu_offload ? L * per_layer_linears : 0;
   if (r.full) {
     trainable += L * 2 * D + embed + D + (c.tie_word_embeddings ? 0 : embed);
@@ -98,8 +101,12 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
   m.adapter = r.full ? 0 : trainable * kF32;
   m.gradients = trainable * kF32;
   // Paged: two device pages of [m | v] for the largest parameter; the moments on the host.
-  m.optimizer = r.paged_optimizer ? 2 * 2 * largest_param * kF32 : 2 * trainable * kF32;
-  m.host_optimizer = r.paged_optimizer ? 2 * trainable * kF32 : 0;
+  // FSDP: rank 0's range of the flat trainable vector (engine/train/optimizer.h); its largest
+  // piece of one parameter is at most the largest parameter.
+  const int64_t kept = fsdp ? (trainable + r.world - 1) / r.world : trainable;
+  const int64_t largest_kept = std::min(largest_param, kept);
+  m.optimizer = r.paged_optimizer ? 2 * 2 * largest_kept * kF32 : 2 * kept * kF32;
+  m.host_optimizer = r.paged_optimizer ? 2 * kept * kF32 : 0;
 
   const int64_t rows = micro * r.seq_len;
   const int64_t lora_r = r.full ? 0 : r.lora_r;
@@ -170,6 +177,7 @@ PlanRequest PlanRequestFromJob(const JobSpec& spec, const ModelConfig& model, co
   r.offload_activations = spec.train.activation_checkpointing == "offload";
   r.cpu_offload = spec.train.cpu_offload;
   r.paged_optimizer = spec.train.optimizer == "paged_adamw";
+  r.fsdp = spec.distributed.strategy == "fsdp";
   r.global_batch = spec.train.global_batch_size;
   r.world = world;
   return r;
@@ -243,8 +251,9 @@ std::string FormatPlan(const PlanRequest& r, const BatchPlanChoice& c) {
     << (r.offload_activations        ? "offload"
         : r.activation_checkpointing ? "on"
                                      : "off")
-    << (r.cpu_offload ? ", cpu_offload" : "") << (r.paged_optimizer ? ", paged_adamw" : "") << ", device "
-    << r.device << "\n";
+    << (r.cpu_offload ? ", cpu_offload" : "") << (r.paged_optimizer ? ", paged_adamw" : "")
+    << (r.fsdp && r.world > 1 ? ", FSDP over " + std::to_string(r.world) + " ranks (per rank)" : "")
+    << ", device " << r.device << "\n";
   auto row = [&](const char* name, int64_t v) {
     char line[96];
     std::snprintf(line, sizeof(line), "  %-12s %12s\n", name, FormatBytes(v).c_str());

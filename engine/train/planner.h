@@ -36,12 +36,16 @@ struct PlanRequest {
   bool offload_activations = false;  // checkpointing with the layer inputs in host memory
   bool cpu_offload = false;          // frozen linear weights in host memory, two layers staged
   bool paged_optimizer = false;      // Adam moments in host memory, two parameters paged in
+  // distributed.strategy fsdp at world > 1 (LoRA/QLoRA): each rank keeps 1/world of every layer's
+  // frozen linear storage (plus two gathered layers) and 1/world of the Adam moments.
+  bool fsdp = false;
   int64_t global_batch = 1;
   int64_t world = 1;
   int64_t loss_chunk_rows = 0;  // 0 = the engine's default budget
 };
 
-// Bytes by category for one micro-batch size (device memory of one rank).
+// Bytes by category for one micro-batch size (device memory of one rank; under
+// FSDP, of rank 0, whose optimizer range is never smaller than another's).
 struct MemoryBreakdown {
   int64_t micro_batch = 0;
   int64_t weights = 0;  // frozen base weights (NF4 or compute dtype), embeddings, norms, head

@@ -111,10 +111,17 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, std::uni
   tr->ranks_ = ranks ? std::move(ranks) : SingleRank();
   const std::string& f = spec.file;
   const int world = tr->ranks_->world();
-  if (world > 1 && spec.distributed.strategy == "fsdp") {
-    return Status::Unimplemented(f +
-                                 ": distributed.strategy: fsdp is not implemented yet; use ddp "
-                                 "(every rank holds the whole model)");
+  const bool fsdp = world > 1 && spec.distributed.strategy == "fsdp";
+  if (fsdp && spec.adapter.type == "full") {
+    return Status::Unimplemented(
+        f +
+        ": distributed.strategy: fsdp shards the frozen base weights and the optimizer "
+        "of LoRA/QLoRA; a full fine-tune is not sharded yet: use strategy: ddp");
+  }
+  if (fsdp && spec.train.cpu_offload) {
+    return Status::InvalidArgument(f +
+                                   ": train.cpu_offload and distributed.strategy: fsdp both take the frozen "
+                                   "weights off the device; use one of them");
   }
   if (spec.model.quantization == "nf4" && spec.adapter.type == "full") {
     return Status::InvalidArgument(f +
@@ -155,6 +162,12 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, std::uni
   options.nf4 = spec.model.quantization == "nf4";
   options.nf4_config = {64, spec.model.double_quant, 256};
   options.backend = backend;
+  // FSDP's gathers (frozen weights per layer, the optimizer's ranges) on the job's collective.
+  Collective* collective = tr->ranks_.get();
+  auto all_gather = [collective](const void* mine, int64_t bytes, void* out) {
+    return collective->AllGather(mine, bytes, out).ok();  // a failure stays with the collective
+  };
+  if (fsdp) options.shard = {collective->rank(), world, all_gather};
   tr->model_ = std::make_unique<Model>(config, options);
   FT_RETURN_IF_ERROR(LoadHfWeights(spec.model.path, tr->model_.get()));
   tr->model_->RoundWeightsToComputeDType();
@@ -170,6 +183,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, std::uni
           LoadPeftAdapter(spec.adapter.init, tr->model_.get()).WithContext(f + ": adapter.init"));
     }
   }
+  if (fsdp) tr->model_->ShardFrozenWeights();
   FT_ASSIGN_OR_RETURN(tr->data_, OpenJobData(spec, config, spec.data.train, &tr->tokenizer_));
   if (!spec.data.eval.empty()) {
     auto eval = OpenJobData(spec, config, spec.data.eval, &tr->tokenizer_);
@@ -188,8 +202,10 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, std::uni
   tr->total_steps_ = spec.train.max_steps > 0 ? spec.train.max_steps : spec.train.epochs * steps_per_epoch;
   OptimizerConfig oc{spec.train.adam_beta1, spec.train.adam_beta2, spec.train.adam_eps,
                      spec.train.weight_decay, spec.train.max_grad_norm};
+  OptimizerSharding optimizer_shard;
+  if (fsdp) optimizer_shard = {collective->rank(), world, all_gather};
   tr->optimizer_ = std::make_unique<AdamWOptimizer>(tr->model_->TrainableParams(), oc, backend,
-                                                    spec.train.optimizer == "paged_adamw");
+                                                    spec.train.optimizer == "paged_adamw", optimizer_shard);
   FT_RETURN_IF_ERROR(
       backend->Synchronize().WithContext(f + ": loading the model onto " + backend->Describe()));
   FT_LOG(INFO) << "training on " << backend->Describe();
@@ -200,6 +216,7 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
   if (interrupted) *interrupted = false;
   const auto start = std::chrono::steady_clock::now();
   const double copy_wait_before = model_->backend().copy_stats().wait_seconds;
+  const double gather_before = model_->gather_seconds();
   const int64_t global = spec_.train.global_batch_size;
   const bool shuffle = spec_.data.shuffle;
   const uint64_t seed = static_cast<uint64_t>(spec_.train.seed);
@@ -248,7 +265,8 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
   if (skipped) {
     optimizer_->SkipStep();
   } else {
-    optimizer_->ClipAndStep(norm, lr, 1.0 / scale);
+    FT_RETURN_IF_ERROR(
+        optimizer_->ClipAndStep(norm, lr, 1.0 / scale).WithContext(spec_.file + ": optimizer"));
   }
   UpdateLossScale(skipped);
   FT_RETURN_IF_ERROR(model_->backend().Synchronize().WithContext(spec_.file + ": training step on " +
@@ -265,6 +283,7 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
   m->skipped = skipped;
   m->copy_wait_seconds = model_->backend().copy_stats().wait_seconds - copy_wait_before;
   m->allreduce_seconds = ranks_->world() > 1 ? reduce_seconds : 0.0;
+  m->gather_seconds = model_->gather_seconds() - gather_before;
   for (int c = 0; c < static_cast<int>(MemCategory::kCount); ++c) {
     m->peak_by_category[MemCategoryName(static_cast<MemCategory>(c))] =
         GlobalMemoryTracker().peak(static_cast<MemCategory>(c));
@@ -326,20 +345,25 @@ Status Trainer::Evaluate(EvalMetrics* m, bool* interrupted) {
   int64_t batches = (rows + micro - 1) / micro;
   if (spec_.train.eval_max_batches > 0) batches = std::min(batches, spec_.train.eval_max_batches);
   // Several ranks: rank r evaluates batches r, r + world, ...; the sums are all-reduced.
+  // Sharded weights are gathered per layer by every rank together, so then every rank runs
+  // the same number of forwards (a rank past the last batch runs one it does not count).
   const int world = ranks_->world();
+  const int64_t rounds = (batches + world - 1) / world;
+  const int64_t end = model_->sharded() ? rounds * world : batches;
   double loss_sum = 0;
   int64_t tokens = 0;
-  for (int64_t b = ranks_->rank(); b < batches; b += world) {
+  for (int64_t b = ranks_->rank(); b < end; b += world) {
     if (b > ranks_->rank() && control_ && interrupted && world == 1) {
       if (auto req = control_->Pending(); req && req->stop) {
         *interrupted = true;  // a stop needs the time more than an evaluation does
         return Status::OK();
       }
     }
-    const int64_t first = b * micro;
+    const int64_t first = (b < batches ? b : 0) * micro;
     FT_ASSIGN_OR_RETURN(MicroBatch mb, eval_data_->MakeBatch(first, std::min(micro, rows - first),
                                                              /*shuffle=*/false, /*seed=*/0));
     const LossResult r = model_->EvalForward(mb);
+    if (b >= batches) continue;  // only to join the gathers
     loss_sum += r.loss_sum;
     tokens += r.tokens;
   }
@@ -595,6 +619,8 @@ Status Trainer::OpenMetrics() {
 }
 
 Status Trainer::CheckpointNow(const std::string& reason, bool wait) {
+  // Sharded optimizer state: every rank's moments to every rank first (every rank calls this).
+  FT_RETURN_IF_ERROR(optimizer_->GatherMoments().WithContext(spec_.file + ": checkpoint"));
   if (!leader()) return Status::OK();  // the replicas are identical: rank 0 writes for all
   if (!writer_) writer_ = std::make_unique<CheckpointWriter>(checkpoint_root());
   Retention retention;
@@ -713,7 +739,8 @@ StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
   }
   FT_LOG(INFO) << "training " << spec_.model.path << ": steps " << steps_done() + 1 << ".." << total_steps_
                << ", micro-batch " << plan_.micro_batch << " x accumulation " << plan_.accumulation
-               << " x world " << plan_.world << (plan_.world > 1 ? " (DDP, rank " : "")
+               << " x world " << plan_.world
+               << (plan_.world > 1 ? (model_->sharded() ? " (FSDP, rank " : " (DDP, rank ") : "")
                << (plan_.world > 1 ? std::to_string(ranks_->rank()) + ")" : "");
   auto last_checkpoint = std::chrono::steady_clock::now();
   while (steps_done() < total_steps_) {
@@ -756,6 +783,7 @@ StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
     if (ranks_->world() > 1) {
       j["world"] = ranks_->world();
       j["allreduce_seconds"] = m.allreduce_seconds;
+      if (model_->sharded()) j["gather_seconds"] = m.gather_seconds;
     }
     if (spec_.model.dtype == "fp16") {
       j["loss_scale"] = m.loss_scale;
@@ -782,8 +810,15 @@ StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
       last_checkpoint = std::chrono::steady_clock::now();
     }
   }
-  if (ListCheckpoints(checkpoint_root()).empty() ||
-      ListCheckpoints(checkpoint_root()).front().step < steps_done()) {
+  // Rank 0 decides (its writer may still be finishing one); every rank takes part in the checkpoint.
+  if (leader() && writer_) FT_RETURN_IF_ERROR(writer_->Wait());
+  std::vector<double> final_needed = {leader() &&
+                                              (ListCheckpoints(checkpoint_root()).empty() ||
+                                               ListCheckpoints(checkpoint_root()).front().step < steps_done())
+                                          ? 1.0
+                                          : 0.0};
+  FT_RETURN_IF_ERROR(Agree(&final_needed));
+  if (final_needed[0] > 0) {
     FT_RETURN_IF_ERROR(CheckpointNow("final", /*wait=*/true));
   } else if (writer_) {
     FT_RETURN_IF_ERROR(writer_->Wait());
@@ -833,6 +868,7 @@ Status Trainer::WriteOutputs() {
     // Merge into a copy so the training model keeps its adapters. A job that offloads its
     // frozen weights has no room for a whole model on the device: it merges on the host.
     ModelOptions merge_options = model_->options();
+    merge_options.shard = {};  // rank 0 merges alone, from the files
     if (merge_options.cpu_offload) {
       merge_options.cpu_offload = merge_options.offload_activations = false;
       merge_options.backend = CpuBackendInstance();

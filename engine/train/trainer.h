@@ -59,6 +59,8 @@ struct StepMetrics {
   // Several ranks: of step_seconds, the time spent all-reducing the gradients
   // and the loss (host copies included); 0 with one rank.
   double allreduce_seconds = 0;
+  double gather_seconds =
+      0;  // FSDP: the step's all-gathers of frozen-weight shards (in forward and backward)
 };
 
 // One evaluation on data.eval (a metrics.jsonl line of its own:

@@ -86,6 +86,21 @@ TEST(CollectiveTest, BroadcastAndBarrier) {
 
 // A phase only one rank works in outlasts the per-collective timeout: a
 // barrier with its own, longer timeout waits it out.
+TEST(CollectiveTest, AllGatherPutsEveryRanksBytesInRankOrder) {
+  for (int world : {1, 3}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    OnRanks(world, [&](int r, Collective& c) {
+      std::vector<char> mine(1001, static_cast<char>('a' + r));  // not a multiple of anything
+      std::vector<char> all(mine.size() * world, 0);
+      ASSERT_TRUE(c.AllGather(mine.data(), static_cast<int64_t>(mine.size()), all.data()).ok());
+      for (int from = 0; from < world; ++from) {
+        EXPECT_EQ(all[from * mine.size()], 'a' + from);
+        EXPECT_EQ(all[(from + 1) * mine.size() - 1], 'a' + from);
+      }
+    });
+  }
+}
+
 TEST(CollectiveTest, ABarrierWithItsOwnTimeoutOutlastsTheDefault) {
   const int port = FreePort();
   std::vector<std::thread> threads;

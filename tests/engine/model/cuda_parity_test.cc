@@ -126,7 +126,7 @@ struct Trained {
     model->ZeroGrads();
     const LossResult r = model->ForwardBackward(mb, static_cast<float>(1.0 / static_cast<double>(tokens)));
     const double norm = opt->GradNorm();
-    opt->ClipAndStep(norm, 2e-3);
+    EXPECT_TRUE(opt->ClipAndStep(norm, 2e-3).ok());
     EXPECT_TRUE(model->backend().Synchronize().ok()) << model->backend().Synchronize().ToString();
     return {r.loss_sum / static_cast<double>(tokens), norm};
   }

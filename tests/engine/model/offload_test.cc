@@ -111,7 +111,7 @@ Result Train(const RunSetup& s, const Technique& t, const std::shared_ptr<Backen
         loss += model.ForwardBackward(Batch(s, step * s.accumulation + a), 1.0f / 512).loss_sum;
       }
       out.losses.push_back(loss);
-      opt.ClipAndStep(opt.GradNorm(), 2e-3);
+      EXPECT_TRUE(opt.ClipAndStep(opt.GradNorm(), 2e-3).ok());
     }
     const auto& params = opt.params();
     for (const TrainableParam& p : params) out.state.push_back(model.Download(p.data, p.numel));
