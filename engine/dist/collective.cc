@@ -25,6 +25,12 @@ class SingleRankCollective final : public Collective {
 
 std::unique_ptr<Collective> SingleRank() { return std::make_unique<SingleRankCollective>(); }
 
+Status CheckRank(const RendezvousSpec& spec) {
+  if (spec.world >= 1 && spec.rank >= 0 && spec.rank < spec.world) return Status::OK();
+  return Status::InvalidArgument("rank " + std::to_string(spec.rank) + " of world " +
+                                 std::to_string(spec.world) + ": need 0 <= rank < world");
+}
+
 Status ParseHostPort(const std::string& text, const std::string& what, std::string* host, int* port) {
   const size_t colon = text.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) {

@@ -70,6 +70,9 @@ StatusOr<std::unique_ptr<Collective>> ConnectGloo(const RendezvousSpec& spec);
 // all arrive.
 StatusOr<std::unique_ptr<Collective>> ConnectNccl(const RendezvousSpec& spec);
 
+// InvalidArgument unless 0 <= spec.rank < spec.world.
+Status CheckRank(const RendezvousSpec& spec);
+
 // "host:port" split; InvalidArgument naming `what` otherwise.
 Status ParseHostPort(const std::string& text, const std::string& what, std::string* host, int* port);
 

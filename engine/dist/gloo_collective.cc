@@ -97,19 +97,11 @@ class GlooCollective final : public Collective {
 }  // namespace
 
 StatusOr<std::unique_ptr<Collective>> ConnectGloo(const RendezvousSpec& spec) {
-  if (spec.world < 1 || spec.rank < 0 || spec.rank >= spec.world) {
-    return Status::InvalidArgument("rank " + std::to_string(spec.rank) + " of world " +
-                                   std::to_string(spec.world) + ": need 0 <= rank < world");
-  }
+  FT_RETURN_IF_ERROR(CheckRank(spec));
   if (spec.world == 1) return SingleRank();
-  std::string host;
-  int port = 0;
-  FT_RETURN_IF_ERROR(ParseHostPort(spec.address, "rendezvous address", &host, &port));
-  std::unique_ptr<TcpStoreServer> server;
-  if (spec.rank == 0) {
-    FT_ASSIGN_OR_RETURN(server, TcpStoreServer::Start(port));
-  }
-  FT_ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> store, TcpStore::Connect(host, port, spec.timeout));
+  FT_ASSIGN_OR_RETURN(StoreConnection connection, ConnectStore(spec));
+  std::unique_ptr<TcpStoreServer>& server = connection.server;
+  TcpStore* store = connection.store.get();
   try {
     gloo::transport::tcp::attr attr;
     if (!spec.host.empty()) attr.hostname = spec.host;

@@ -137,14 +137,8 @@ StatusOr<ncclUniqueId> ExchangeId(const RendezvousSpec& spec) {
     return id;
   }
 #ifdef FT_DIST_HAVE_GLOO
-  std::string host;
-  int port = 0;
-  FT_RETURN_IF_ERROR(ParseHostPort(spec.address, "rendezvous address", &host, &port));
-  std::unique_ptr<TcpStoreServer> server;
-  if (spec.rank == 0) {
-    FT_ASSIGN_OR_RETURN(server, TcpStoreServer::Start(port));
-  }
-  FT_ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> store, TcpStore::Connect(host, port, spec.timeout));
+  FT_ASSIGN_OR_RETURN(StoreConnection connection, ConnectStore(spec));
+  TcpStore* store = connection.store.get();
   const std::string key = (spec.name.empty() ? std::string("ftune") : spec.name) + "/nccl-id";
   try {
     if (spec.rank == 0) {
@@ -177,10 +171,7 @@ StatusOr<ncclUniqueId> ExchangeId(const RendezvousSpec& spec) {
 }  // namespace
 
 StatusOr<std::unique_ptr<Collective>> ConnectNccl(const RendezvousSpec& spec) {
-  if (spec.world < 1 || spec.rank < 0 || spec.rank >= spec.world) {
-    return Status::InvalidArgument("rank " + std::to_string(spec.rank) + " of world " +
-                                   std::to_string(spec.world) + ": need 0 <= rank < world");
-  }
+  FT_RETURN_IF_ERROR(CheckRank(spec));
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     return Status::Unavailable("NCCL needs a CUDA device; none is visible");

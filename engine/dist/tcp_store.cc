@@ -212,4 +212,16 @@ void TcpStore::wait(const std::vector<std::string>& keys, const std::chrono::mil
   }
 }
 
+StatusOr<StoreConnection> ConnectStore(const RendezvousSpec& spec) {
+  std::string host;
+  int port = 0;
+  FT_RETURN_IF_ERROR(ParseHostPort(spec.address, "rendezvous address", &host, &port));
+  StoreConnection c;
+  if (spec.rank == 0) {
+    FT_ASSIGN_OR_RETURN(c.server, TcpStoreServer::Start(port));
+  }
+  FT_ASSIGN_OR_RETURN(c.store, TcpStore::Connect(host, port, spec.timeout));
+  return c;
+}
+
 }  // namespace ft

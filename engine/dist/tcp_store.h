@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/dist/collective.h"
 #include "gloo/rendezvous/store.h"
 
 namespace ft {
@@ -78,5 +79,14 @@ class TcpStore final : public gloo::rendezvous::Store {
   int fd_ = -1;
   std::chrono::milliseconds timeout_;
 };
+
+// The store of `spec`'s attempt: rank 0 serves it at spec.address, and every
+// rank (rank 0 too) connects to it within spec.timeout. The server lives as
+// long as the result.
+struct StoreConnection {
+  std::unique_ptr<TcpStoreServer> server;  // rank 0 only
+  std::unique_ptr<TcpStore> store;
+};
+StatusOr<StoreConnection> ConnectStore(const RendezvousSpec& spec);
 
 }  // namespace ft
