@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Packs the Debian libraries the engine needs beyond what a GPU machine has
-# (PCRE2 and ICU for the tokenizers, CLI11 for ft-train) into
+# (PCRE2 and ICU for the tokenizers, CLI11 for ft-train, Gloo with its
+# runtime libraries for the multi-rank tests) into
 # .carry/ftdeps.tar.xz, for bench/gpu/run.sh to unpack under /tmp/ftdeps and
 # build ft-train and the engine tests against. The GPU machine has no network
 # and none of our Debian packages; it does have nvcc, CMake, yaml-cpp,
@@ -12,7 +13,8 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 prefix=/tmp/ftdeps  # where run.sh unpacks it; the .pc files name it
-(cd "$work" && apt-get download libpcre2-dev libpcre2-8-0 libicu-dev libicu72 libcli11-dev > /dev/null 2>&1)
+(cd "$work" && apt-get download libpcre2-dev libpcre2-8-0 libicu-dev libicu72 libcli11-dev \
+  libgloo-dev libgloo0 libhiredis0.14 libibverbs1 libnl-3-200 libnl-route-3-200 > /dev/null 2>&1)
 mkdir -p "$work/x"
 for f in "$work"/*.deb; do dpkg -x "$f" "$work/x"; done
 lib=usr/lib/x86_64-linux-gnu
@@ -21,6 +23,12 @@ mkdir -p "$keep/$lib/pkgconfig" "$keep/usr/share"
 cp -a "$work/x/usr/include" "$keep/usr/"
 cp -a "$work/x/usr/share/cmake" "$work/x/usr/share/pkgconfig" "$keep/usr/share/"
 for l in libpcre2-8 libicuuc libicudata; do cp -a "$work/x/$lib/$l".so* "$keep/$lib/"; done
+for l in libhiredis libibverbs libnl-route-3; do cp -a "$work/x/$lib/$l".so* "$keep/$lib/"; done
+cp -a "$work/x/lib/x86_64-linux-gnu/libnl-3".so* "$keep/$lib/"
+# Gloo installs into /usr/lib and names that path in its CMake package: point it at the carried copy.
+mkdir -p "$keep/usr/lib"
+cp -a "$work/x/usr/lib/libgloo.so"* "$keep/usr/lib/"
+sed -i "s|\"/usr/lib/libgloo|\"$prefix/usr/lib/libgloo|" "$keep/usr/share/cmake/Gloo/GlooTargets-"*.cmake
 for pc in libpcre2-8 icu-uc; do
   sed "s|^prefix=.*|prefix=$prefix/usr|; s|^prefix = .*|prefix = $prefix/usr|" "$work/x/$lib/pkgconfig/$pc.pc" \
     > "$keep/$lib/pkgconfig/$pc.pc"

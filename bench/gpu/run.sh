@@ -91,7 +91,7 @@ if [ -f "$root/.carry/ftdeps.tar.xz" ]; then
   tar -C / -xJf "$root/.carry/ftdeps.tar.xz"
   export PKG_CONFIG_PATH=/tmp/ftdeps/usr/lib/x86_64-linux-gnu/pkgconfig:/tmp/ftdeps/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
   export CMAKE_PREFIX_PATH=/tmp/ftdeps/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
-  export LD_LIBRARY_PATH=/tmp/ftdeps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export LD_LIBRARY_PATH=/tmp/ftdeps/usr/lib/x86_64-linux-gnu:/tmp/ftdeps/usr/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 device=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)
 arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d '.')

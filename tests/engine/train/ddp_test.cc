@@ -23,6 +23,7 @@
 #include "engine/train/job_spec.h"
 #include "engine/train/planner.h"
 #include "engine/train/trainer.h"
+#include "tests/support/cuda_or_skip.h"
 #include "tests/support/free_port.h"
 #include "tests/support/ft_train.h"
 
@@ -292,6 +293,34 @@ TEST(DdpTest, FsdpShardsEachRanksMemoryAsThePlannerPredicts) {
             << "the frozen weights shrink with the ranks";
       }
     }
+  }
+}
+
+// One GPU, two ranks (both on it, Gloo between them): DDP and FSDP with resources.device cuda
+// against one rank on the same GPU (label gpu through engine_ddp_gpu_test; skips without a GPU).
+TEST(DdpTest, OneGpuSmokeRunOfDdpAndFsdp) {
+  std::string skip;
+  if (testing_support::CudaOrSkip(&skip) == nullptr) GTEST_SKIP() << skip;
+  auto on_cuda = [](const std::string& job) {
+    std::string text = Slurp(job);
+    text.replace(text.find("resources: {gpus: "), 18, "resources: {device: cuda, gpus: ");
+    std::ofstream(job) << text;
+    return job;
+  };
+  const std::string ref = FreshDir("gpu-w1");
+  ASSERT_EQ(WaitAll(StartRanks(ref, on_cuda(Job(ref, 1, false)), 1))[0], kExitFinished)
+      << Slurp(ref + "/stderr.txt");
+  EXPECT_THAT(Slurp(ref + "/stderr.txt"), HasSubstr("training on cuda"));
+  for (const std::string strategy : {"ddp", "fsdp"}) {
+    SCOPED_TRACE(strategy);
+    const std::string dir = FreshDir("gpu-" + strategy + "-w2");
+    for (int code : WaitAll(StartRanks(dir, on_cuda(Job(dir, 2, false, kSteps, strategy)), 2))) {
+      ASSERT_EQ(code, kExitFinished) << Slurp(dir + "/stderr.txt");
+    }
+    const Bounds b = Compare(dir + "/out", ref + "/out");
+    std::printf("GPU %s world 2 vs 1: losses %.2e, adapter %.2e\n", strategy.c_str(), b.loss, b.adapter);
+    EXPECT_LE(b.loss, 1e-5);
+    EXPECT_LE(b.adapter, 1e-4);
   }
 }
 
