@@ -297,7 +297,9 @@ std::vector<std::string> Worker::RankEnvironment(int device_index) {
     }
     return {"CUDA_VISIBLE_DEVICES=" + visible};
   }
-  // CPU devices share the cores: each rank gets its share of the threads.
+  // CPU devices share the cores: each rank gets its share of the threads (unless the
+  // operator set OMP_NUM_THREADS for the worker: its trainers inherit that).
+  if (std::getenv("OMP_NUM_THREADS") != nullptr) return {};
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const std::string threads = std::to_string(std::max(1, cores / std::max<int>(1, devices.size())));
   return {"OMP_NUM_THREADS=" + threads, "OPENBLAS_NUM_THREADS=" + threads};

@@ -118,7 +118,8 @@ class Worker : public SessionDelegate, public AttemptListener {
   StatusOr<AttemptSpec> PrepareAttempt(const ftune::v1::StartAttempt& s);
   // The environment of one rank of a multi-rank attempt on device
   // `device_index`: CUDA_VISIBLE_DEVICES on GPUs; on CPU devices, which share
-  // the cores, each rank's share of the threads.
+  // the cores, each rank's share of the threads (unless the worker's own
+  // environment sets OMP_NUM_THREADS).
   std::vector<std::string> RankEnvironment(int device_index);
   void Reject(const std::string& job_id, int64_t epoch, int rank, const std::string& reason);
   // Running attempts (shared pointers, so callers need no lock).
