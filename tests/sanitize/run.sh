@@ -35,7 +35,7 @@ case "$kind" in
     export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
     ;;
   tsan)
-    select=(-R "^(daemon_|worker_|e2e_test_shard)")
+    select=(-R "^(daemon_|worker_|e2e_test_shard|e2e_gang_test)")
     export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$src/tests/sanitize/tsan.supp"
     # ft-train's threads are OpenMP's, and clang's libomp is not built with
     # TSan (its barriers are invisible to it): one thread per trainer here.
