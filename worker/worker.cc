@@ -283,8 +283,9 @@ StatusOr<AttemptSpec> Worker::PrepareAttempt(const pb::StartAttempt& s) {
 }
 
 std::vector<std::string> Worker::RankEnvironment(int device_index) {
+  const std::vector<pid_t> trainers = TrainerPids(Running());  // while any runs, GPUs are not re-queried
   std::lock_guard<std::mutex> lock(devices_mu_);
-  const std::vector<Device>& devices = devices_.Current({});
+  const std::vector<Device>& devices = devices_.Current(trainers);
   if (!devices.empty() && devices[0].kind == "cuda") {
     // Device indices count the GPUs this worker sees: under its own CUDA_VISIBLE_DEVICES, that list's entry.
     std::string visible = std::to_string(device_index);
