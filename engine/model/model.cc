@@ -284,8 +284,12 @@ void Model::StageLayer(int l) {
   if (sharded_) {
     // Collective: every rank gathers the same layers in the same order.
     const auto start = std::chrono::steady_clock::now();
-    backend_->CopyToHost(gather_mine_.data(), shards_[l].data(), shard_bytes_);
-    options_.shard.all_gather(gather_mine_.data(), shard_bytes_, gather_all_.data());
+    const void* mine = shards_[l].data();  // offloaded shards are in host memory already
+    if (!shards_[l].host()) {
+      backend_->CopyToHost(gather_mine_.data(), shards_[l].data(), shard_bytes_);
+      mine = gather_mine_.data();
+    }
+    options_.shard.all_gather(mine, shard_bytes_, gather_all_.data());
     backend_->CopyToDevice(stage_[slot].data(), gather_all_.data(), stage_bytes_);
     FT_CHECK(backend_->Synchronize().ok());  // gather_all_ is reused by the next gather
     gather_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -314,9 +318,15 @@ void Model::ShardFrozenWeights() {
       std::memcpy(image.data() + stage_at_[m], b.data(), static_cast<size_t>(b.bytes()));
       b = DeviceBuffer();  // the whole is freed: this rank keeps its shard
     }
-    DeviceBuffer shard = backend_->AllocBytes(shard_bytes_, MemCategory::kWeights);
-    backend_->CopyToDevice(shard.data(), image.data() + rank * shard_bytes_, shard_bytes_);
-    FT_CHECK(backend_->Synchronize().ok());  // `image` is refilled next
+    // With cpu_offload the shard stays in host memory: only the two stages are on the device.
+    DeviceBuffer shard = options_.cpu_offload ? backend_->AllocHost(shard_bytes_, MemCategory::kWeights)
+                                              : backend_->AllocBytes(shard_bytes_, MemCategory::kWeights);
+    if (shard.host()) {
+      std::memcpy(shard.data(), image.data() + rank * shard_bytes_, static_cast<size_t>(shard_bytes_));
+    } else {
+      backend_->CopyToDevice(shard.data(), image.data() + rank * shard_bytes_, shard_bytes_);
+      FT_CHECK(backend_->Synchronize().ok());  // `image` is refilled next
+    }
     shards_.push_back(std::move(shard));
   }
   sharded_ = true;

@@ -161,7 +161,8 @@ struct ModelOptions {
   // forward, and again for its backward (or recompute), the next layer's
   // right after this one's: the device holds two layers, not all. Every
   // rank must run the same forwards and backwards (the gathers are
-  // collective). A failed gather leaves the stage as it was and is the
+  // collective). With cpu_offload too, the shards stay in host memory and
+  // only the two stages are on the device. A failed gather leaves the stage as it was and is the
   // caller's to report (its collective stays failed: the step's gradient
   // all-reduce returns the error).
   struct Sharding {

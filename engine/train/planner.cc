@@ -91,9 +91,10 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
   const bool fsdp = r.fsdp && r.world > 1 && !r.full;
   // FSDP: this rank's shard of each layer's stage image (engine/model/model.cc), and two stages.
   const int64_t shard = Align((stage + r.world - 1) / r.world, 256);
+  // cpu_offload keeps the frozen linears (FSDP: this rank's shards of them) in host memory.
   const int64_t linears = cpu_offload ? 2 * stage : fsdp ? L * shard + 2 * stage : L * per_layer_linears;
   m.weights = L * per_layer_weights + linears + (embed + D + (c.tie_word_embeddings ? 0 : embed)) * act;
-  m.host_weights = cpu_offload ? L * per_layer_linears : 0;
+  m.host_weights = cpu_offload ? (fsdp ? L * shard : L * per_layer_linears) : 0;
   if (r.full) {
     trainable += L * 2 * D + embed + D + (c.tie_word_embeddings ? 0 : embed);
     largest_param = std::max(largest_param, embed);

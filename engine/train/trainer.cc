@@ -118,11 +118,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, std::uni
         ": distributed.strategy: fsdp shards the frozen base weights and the optimizer "
         "of LoRA/QLoRA; a full fine-tune is not sharded yet: use strategy: ddp");
   }
-  if (fsdp && spec.train.cpu_offload) {
-    return Status::InvalidArgument(f +
-                                   ": train.cpu_offload and distributed.strategy: fsdp both take the frozen "
-                                   "weights off the device; use one of them");
-  }
+
   if (spec.model.quantization == "nf4" && spec.adapter.type == "full") {
     return Status::InvalidArgument(f +
                                    ": model.quantization: nf4 freezes the base weights, so it needs "
