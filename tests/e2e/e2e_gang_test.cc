@@ -29,11 +29,12 @@ bool Done(const pb::Job& j) {
   return j.state() == pb::SUCCEEDED || j.state() == pb::FAILED || j.state() == pb::CANCELLED;
 }
 
-// A worker that can hold ranks: reachable on loopback, one rendezvous port of its own.
+// A worker that can hold ranks: reachable on loopback, rendezvous ports of its own (a range, so
+// that an epoch whose port another process took moves to another one).
 Proc& StartRankWorker(Cluster& c, const std::string& id) {
   const int port = FreeLoopbackPort();
   return c.StartWorker(id, {"--address", "127.0.0.1", "--rendezvous-ports",
-                            std::to_string(port) + "-" + std::to_string(port)});
+                            std::to_string(port) + "-" + std::to_string(port + 9)});
 }
 
 // Kills a worker and every trainer it started: what a node loss looks like.
