@@ -20,9 +20,12 @@ std::string FileSafe(const std::string& id) {
   return out.empty() ? "job" : out;
 }
 
+std::string AttemptFileStem(const std::string& job_id, int64_t epoch, int rank) {
+  return FileSafe(job_id) + "-e" + std::to_string(epoch) + (rank > 0 ? "-r" + std::to_string(rank) : "");
+}
+
 std::string ReportJournal::Path(const std::string& job_id, int64_t epoch, int rank) const {
-  const std::string r = rank > 0 ? "-r" + std::to_string(rank) : "";
-  return (fs::path(dir_) / (FileSafe(job_id) + "-e" + std::to_string(epoch) + r + ".exit")).string();
+  return (fs::path(dir_) / (AttemptFileStem(job_id, epoch, rank) + ".exit")).string();
 }
 
 Status ReportJournal::Record(const ftune::v1::AttemptExited& e) {

@@ -22,6 +22,10 @@ namespace ft::worker {
 // becomes '_' ("job" when empty). Job files and journal entries use it.
 std::string FileSafe(const std::string& id);
 
+// "<FileSafe(job)>-e<epoch>", and "-r<rank>" for a rank > 0 of a multi-rank
+// attempt: how a worker names an attempt's files (job file, journal entry).
+std::string AttemptFileStem(const std::string& job_id, int64_t epoch, int rank);
+
 class ReportJournal {
  public:
   explicit ReportJournal(std::string dir) : dir_(std::move(dir)) {}

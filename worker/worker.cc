@@ -217,20 +217,24 @@ void Worker::Reject(const std::string& job_id, int64_t epoch, int rank, const st
   Send(std::move(m));
 }
 
-void Worker::SupersedeOlder(const std::string& job_id, int64_t epoch) {
-  std::vector<std::pair<Key, std::shared_ptr<Attempt>>> older;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = attempts_.begin(); it != attempts_.end();) {
-      if (std::get<0>(it->first) == job_id && std::get<1>(it->first) < epoch) {
-        older.emplace_back(it->first, it->second.attempt);
-        retired_.push_back(it->second.attempt);
-        it = attempts_.erase(it);
-      } else {
-        ++it;
-      }
+std::vector<std::pair<Worker::Key, std::shared_ptr<Attempt>>> Worker::Retire(
+    const std::string& job_id, const std::function<bool(int64_t)>& epoch_matches) {
+  std::vector<std::pair<Key, std::shared_ptr<Attempt>>> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = attempts_.begin(); it != attempts_.end();) {
+    if (std::get<0>(it->first) == job_id && epoch_matches(std::get<1>(it->first))) {
+      out.emplace_back(it->first, it->second.attempt);
+      retired_.push_back(it->second.attempt);
+      it = attempts_.erase(it);
+    } else {
+      ++it;
     }
   }
+  return out;
+}
+
+void Worker::SupersedeOlder(const std::string& job_id, int64_t epoch) {
+  const auto older = Retire(job_id, [epoch](int64_t e) { return e < epoch; });
   for (auto& [key, attempt] : older) {
     FT_LOG(WARN) << "attempt " << std::get<0>(key) << " e" << std::get<1>(key) << " superseded by e" << epoch
                  << ": killing it";
@@ -251,10 +255,8 @@ StatusOr<AttemptSpec> Worker::PrepareAttempt(const pb::StartAttempt& s) {
   spec.job_id = s.job_id();
   spec.epoch = s.epoch();
   spec.ft_train = options_.ft_train;
-  const std::string rank = s.rank() > 0 ? "-r" + std::to_string(s.rank()) : "";
-  spec.job_file = (fs::path(options_.work_dir) /
-                   (FileSafe(s.job_id()) + "-e" + std::to_string(s.epoch()) + rank + ".yaml"))
-                      .string();
+  spec.job_file =
+      (fs::path(options_.work_dir) / (AttemptFileStem(s.job_id(), s.epoch(), s.rank()) + ".yaml")).string();
   spec.output_dir = s.output_dir();
   spec.resume_checkpoint = s.resume_checkpoint();
   spec.stop_grace_s = options_.stop_grace_s;
@@ -367,24 +369,12 @@ void Worker::HandleAccepted(const pb::CheckpointAccepted& c) {
 }
 
 void Worker::HandleRefused(const pb::Refused& r) {
-  std::vector<std::shared_ptr<Attempt>> ranks;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = attempts_.begin(); it != attempts_.end();) {
-      if (std::get<0>(it->first) == r.job_id() && std::get<1>(it->first) == r.epoch()) {
-        ranks.push_back(it->second.attempt);
-        retired_.push_back(it->second.attempt);
-        it = attempts_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
+  const auto ranks = Retire(r.job_id(), [&](int64_t e) { return e == r.epoch(); });
   if (sink_ != nullptr) sink_->DropQueued(r.job_id(), r.epoch());
   if (ranks.empty()) return;
   FT_LOG(WARN) << "attempt " << r.job_id() << " e" << r.epoch() << " refused by the daemon (" << r.reason()
                << "): killing it";
-  for (const auto& attempt : ranks) attempt->Kill();
+  for (const auto& [key, attempt] : ranks) attempt->Kill();
   idle_cv_.notify_all();
 }
 

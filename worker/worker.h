@@ -30,6 +30,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -112,6 +113,10 @@ class Worker : public SessionDelegate, public AttemptListener {
   void HandleAccepted(const ftune::v1::CheckpointAccepted& c);
   // Empty when the attempt may start, else why not (the slot or a stop).
   std::string StartRefusal(int64_t now_ms);
+  // Takes the attempts (every rank) of `job_id` whose epoch matches out of
+  // attempts_ into retired_ (freed once done): what it took. REQUIRES: not mu_.
+  std::vector<std::pair<Key, std::shared_ptr<Attempt>>> Retire(
+      const std::string& job_id, const std::function<bool(int64_t)>& epoch_matches);
   // Kills running attempts of `job_id` with an epoch below `epoch` (superseded)
   // and waits (bounded) until they are gone, so two trainers never share an output dir.
   void SupersedeOlder(const std::string& job_id, int64_t epoch);
