@@ -330,11 +330,11 @@ StatusOr<pb::Job> Daemon::ToProto(const JobRow& j) {
     p->set_start_step(a.start_step);
     p->set_end_step(a.end_step);
     p->set_steps_lost(a.steps_lost);
-    for (size_t r = 0; r < a.rank_workers.size(); ++r) {
+    for (size_t r = 0; r < a.ranks.size(); ++r) {
       pb::AttemptRank* rank = p->add_ranks();
       rank->set_rank(static_cast<int32_t>(r));
-      rank->set_worker_id(a.rank_workers[r]);
-      rank->set_device_index(r < a.rank_devices.size() ? a.rank_devices[r] : 0);
+      rank->set_worker_id(a.ranks[r].worker_id);
+      rank->set_device_index(a.ranks[r].device);
     }
     out.mutable_plan()->set_micro_batch(a.micro_batch);
     out.mutable_plan()->set_accumulation(a.accumulation);
@@ -421,8 +421,8 @@ StatusOr<pb::ListWorkersReply> Daemon::ListWorkers() {
       info->set_host_free_bytes(it->second.host_free_bytes);
     }
     // A live worker's devices as it last reported them (memory in use now), else as registered.
-    const bool live = it != sessions_.end() && it->second.alive && !it->second.device_rows.empty();
-    for (const DeviceRow& d : live ? it->second.device_rows : w.devices) {
+    const bool live = it != sessions_.end() && it->second.alive && !it->second.devices.empty();
+    for (const DeviceRow& d : live ? it->second.devices : w.devices) {
       pb::Device* p = info->add_devices();
       p->set_index(d.index);
       p->set_kind(d.kind);
@@ -560,7 +560,6 @@ Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
     s.address = reg.address().empty() ? reg.hostname() : reg.address();
     s.rendezvous_port_first = reg.rendezvous_port_first();
     s.rendezvous_port_count = reg.rendezvous_port_count();
-    s.devices.clear();
     WorkerRow row;
     row.id = reg.worker_id();
     row.hostname = reg.hostname();
@@ -568,11 +567,8 @@ Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
     row.last_seen_ms = clock_->WallMs();
     row.slot_end_ms = reg.slot_end_ms();
     row.alive = true;
-    for (const pb::Device& d : reg.devices()) {
-      s.devices.push_back({d.kind(), d.index(), d.total_bytes(), d.free_bytes()});
-      row.devices.push_back(ToDeviceRow(d));
-    }
-    s.device_rows = row.devices;
+    for (const pb::Device& d : reg.devices()) row.devices.push_back(ToDeviceRow(d));
+    s.devices = row.devices;
     if (Status upserted = store_->UpsertWorker(row); !upserted.ok()) {
       // E.g. two devices with one index: the worker must fix what it reports.
       s.sink = nullptr;
@@ -615,14 +611,14 @@ Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
       for (const AttemptRow& a : *running) {
         auto gang = gangs_.find(a.job_id);
         const bool tracked = gang != gangs_.end() && gang->second.epoch == a.epoch;
-        const size_t ranks = std::max<size_t>(1, a.rank_workers.size());
+        const size_t ranks = std::max<size_t>(1, a.ranks.size());
         for (size_t r = 0; r < ranks; ++r) {
-          const std::string& worker = a.rank_workers.empty() ? a.worker_id : a.rank_workers[r];
+          const std::string& worker = a.ranks.empty() ? a.worker_id : a.ranks[r].worker_id;
           if (worker != reg.worker_id() || reported_ranks.count({a.job_id, static_cast<int>(r)})) continue;
           if (tracked && gang->second.ended[r] >= 0) continue;  // its exit is known
           EndLostAttempt(a.job_id, a.epoch,
-                         a.rank_workers.empty() ? "worker restarted without the attempt"
-                                                : "worker restarted without rank " + std::to_string(r),
+                         a.ranks.empty() ? "worker restarted without the attempt"
+                                         : "worker restarted without rank " + std::to_string(r),
                          a.end_step);
           break;
         }
@@ -677,11 +673,7 @@ void Daemon::OnWorkerMessage(const std::string& worker_id, WorkerSink* sink, con
 void Daemon::OnHeartbeat(const std::string& worker_id, Session& s, const pb::Heartbeat& hb) {
   if (hb.devices_size() > 0) {
     s.devices.clear();
-    s.device_rows.clear();
-    for (const pb::Device& d : hb.devices()) {
-      s.devices.push_back({d.kind(), d.index(), d.total_bytes(), d.free_bytes()});
-      s.device_rows.push_back(ToDeviceRow(d));
-    }
+    for (const pb::Device& d : hb.devices()) s.devices.push_back(ToDeviceRow(d));
   }
   if (hb.slot_end_ms() > 0) s.slot_end_ms = hb.slot_end_ms();
   if (hb.host_total_bytes() > 0) {
@@ -705,11 +697,8 @@ void Daemon::RecordDeviceMemory(const std::string& worker_id, Session& s, const 
   const int64_t now = clock_->MonotonicMs();
   if (hb.devices_size() == 0 || now - s.last_memory_sample_mono < options_.memory_sample_ms) return;
   s.last_memory_sample_mono = now;
-  std::vector<DeviceRow> devices;
-  for (const pb::Device& d : hb.devices()) {
-    devices.push_back(ToDeviceRow(d));
-  }
-  Check(store_->RecordDeviceMemory(worker_id, s.running_job, clock_->WallMs(), devices), "device memory");
+  // OnHeartbeat has just taken them into s.devices.
+  Check(store_->RecordDeviceMemory(worker_id, s.running_job, clock_->WallMs(), s.devices), "device memory");
 }
 
 StatusOr<int64_t> Daemon::PredictedBytes(const std::string& job_id) {
@@ -895,10 +884,11 @@ void Daemon::ExpireGangs() {
 }
 
 void Daemon::TrackGang(const AttemptRow& a) {
-  if (a.rank_workers.size() <= 1) return;
+  if (a.ranks.size() <= 1) return;
   Gang& g = gangs_[a.job_id];
   if (g.epoch > a.epoch) return;  // a crash may have left an older one marked running
-  g = Gang{a.epoch, a.rank_workers, std::vector<int>(a.rank_workers.size(), -1), 0, ""};
+  g = Gang{a.epoch, {}, std::vector<int>(a.ranks.size(), -1), 0, ""};
+  for (const RankSlot& r : a.ranks) g.workers.push_back(r.worker_id);
 }
 
 void Daemon::ReleaseGang(const std::string& job_id, int64_t epoch, const std::string& reason) {
@@ -1146,8 +1136,10 @@ void Daemon::ScheduleQueued() {
   for (const std::string& id : queued_) jobs.push_back(&plan_inputs_.at(id));
   std::vector<WorkerView> workers;
   for (const auto& [id, s] : sessions_) {
+    std::vector<DeviceView> devices;
+    for (const DeviceRow& d : s.devices) devices.push_back({d.kind, d.index, d.total_bytes, d.free_bytes});
     workers.push_back({id, s.alive && s.sink != nullptr, !s.running_job.empty(), s.draining, s.slot_end_ms,
-                       s.devices, s.host_free_bytes, s.rendezvous_port_count > 0});
+                       std::move(devices), s.host_free_bytes, s.rendezvous_port_count > 0});
   }
   ScheduleResult result = Schedule(jobs, workers, clock_->WallMs(), {options_.min_slot_ms});
   for (const Placement& p : result.placements) {
@@ -1168,11 +1160,9 @@ void Daemon::StartOn(const JobRow& job, const Placement& p) {
   if (!spec.ok()) return;
   auto ckpt = store_->LatestCheckpoint(job.id);
   const int64_t start_step = ckpt.ok() ? ckpt->step : 0;
-  const bool gang = p.rank_workers.size() > 1;
-  auto attempt =
-      store_->StartAttempt(job.id, p.worker_id, start_step, p.plan.micro_batch, p.plan.accumulation,
-                           p.plan.world, clock_->WallMs(), gang ? p.rank_workers : std::vector<std::string>{},
-                           gang ? p.rank_devices : std::vector<int>{});
+  const bool gang = p.ranks.size() > 1;
+  auto attempt = store_->StartAttempt(job.id, p.worker_id, start_step, p.plan.micro_batch,
+                                      p.plan.accumulation, p.plan.world, clock_->WallMs(), p.ranks);
   if (!attempt.ok()) {
     Check(attempt.status(), "start attempt");
     return;
@@ -1212,17 +1202,17 @@ void Daemon::StartOn(const JobRow& job, const Placement& p) {
         first.rendezvous_port_first +
         static_cast<int64_t>(spread % static_cast<uint64_t>(std::max(1, first.rendezvous_port_count)));
     start->set_rendezvous(first.address + ":" + std::to_string(port));
-    where = std::to_string(p.rank_workers.size()) + " ranks on";
-    for (const std::string& w : p.rank_workers) where += " " + w;
+    where = std::to_string(p.ranks.size()) + " ranks on";
+    for (const RankSlot& r : p.ranks) where += " " + r.worker_id;
   }
-  for (size_t r = 0; r < std::max<size_t>(1, p.rank_workers.size()); ++r) {
-    Session& s = sessions_[gang ? p.rank_workers[r] : p.worker_id];
+  for (size_t r = 0; r < std::max<size_t>(1, p.ranks.size()); ++r) {
+    Session& s = sessions_[gang ? p.ranks[r].worker_id : p.worker_id];
     s.running_job = job.id;
     s.running_epoch = attempt->epoch;
     s.stop_sent = false;
     s.checkpoint_seconds = 0;  // measured anew for this job
     start->set_rank(static_cast<int32_t>(r));
-    start->set_device_index(gang ? p.rank_devices[r] : 0);
+    start->set_device_index(gang ? p.ranks[r].device : 0);
     start->set_dist_host(gang ? s.address : "");
     s.sink->Send(cmd);
   }

@@ -141,9 +141,8 @@ class Daemon {
     bool alive = false;
     bool draining = false;
     int64_t slot_end_ms = 0;
-    std::vector<DeviceView> devices;
-    std::vector<DeviceRow> device_rows;  // as last reported, for ListWorkers (used memory included)
-    std::string running_job;             // at most one attempt per worker
+    std::vector<DeviceRow> devices;  // as last reported (used memory included)
+    std::string running_job;         // at most one attempt per worker
     int64_t running_epoch = 0;
     double checkpoint_seconds = 0;  // last measured write time
     bool stop_sent = false;

@@ -63,10 +63,8 @@ json JobDetailJson(const pb::Job& job, const std::vector<AttemptRow>& attempts,
   json list = json::array();
   for (const AttemptRow& a : attempts) {
     json ranks = json::array();
-    for (size_t r = 0; r < a.rank_workers.size(); ++r) {
-      ranks.push_back({{"rank", r},
-                       {"worker_id", a.rank_workers[r]},
-                       {"device", r < a.rank_devices.size() ? a.rank_devices[r] : 0}});
+    for (size_t r = 0; r < a.ranks.size(); ++r) {
+      ranks.push_back({{"rank", r}, {"worker_id", a.ranks[r].worker_id}, {"device", a.ranks[r].device}});
     }
     list.push_back({
         {"number", a.number},

@@ -110,11 +110,9 @@ bool FitGang(const JobView& job, const std::vector<WorkerView>& workers, const s
       }
     }
   }
-  *placement = {job.id, workers[worker_of.front()].id, *choice, kind, {}, {}};
-  for (size_t r = 0; r < worker_of.size(); ++r) {
-    placement->rank_workers.push_back(workers[worker_of[r]].id);
-    placement->rank_devices.push_back(device_of[r]->index);
-  }
+  *placement = {job.id, workers[worker_of.front()].id, *choice, kind, {}};
+  for (size_t r = 0; r < worker_of.size(); ++r)
+    placement->ranks.push_back({workers[worker_of[r]].id, device_of[r]->index});
   return true;
 }
 

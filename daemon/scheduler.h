@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/store.h"
 #include "engine/train/planner.h"
 
 namespace ft {
@@ -66,9 +67,8 @@ struct Placement {
   std::string worker_id;  // rank 0's
   BatchPlanChoice plan;
   std::string device_kind;
-  // Every rank's worker and device index, by rank (one entry for a one-rank job).
-  std::vector<std::string> rank_workers;
-  std::vector<int> rank_devices;
+  // Where every rank runs, by rank (one entry for a one-rank job).
+  std::vector<RankSlot> ranks;
 };
 
 struct ScheduleResult {

@@ -339,10 +339,8 @@ JobRow ReadJob(const Query& q) {
 // AttemptRow's ranks in the ranks column: "<device index> <worker id>" per line.
 std::string JoinRanks(const AttemptRow& a) {
   std::string out;
-  for (size_t r = 0; r < a.rank_workers.size(); ++r) {
-    const int device = r < a.rank_devices.size() ? a.rank_devices[r] : 0;
-    out += (r == 0 ? "" : "\n") + std::to_string(device) + " " + a.rank_workers[r];
-  }
+  for (const RankSlot& r : a.ranks)
+    out += (out.empty() ? "" : "\n") + std::to_string(r.device) + " " + r.worker_id;
   return out;
 }
 void SplitRanks(const std::string& text, AttemptRow* a) {
@@ -352,8 +350,8 @@ void SplitRanks(const std::string& text, AttemptRow* a) {
     if (nl == std::string::npos) nl = text.size();
     const std::string line = text.substr(start, nl - start);
     const size_t space = line.find(' ');
-    a->rank_devices.push_back(std::atoi(line.substr(0, space).c_str()));
-    a->rank_workers.push_back(space == std::string::npos ? line : line.substr(space + 1));
+    a->ranks.push_back({space == std::string::npos ? line : line.substr(space + 1),
+                        std::atoi(line.substr(0, space).c_str())});
     start = nl + 1;
   }
 }
@@ -740,9 +738,7 @@ Status Store::UpdateJob(const JobRow& j) {
 
 StatusOr<AttemptRow> Store::StartAttempt(const std::string& job_id, const std::string& worker_id,
                                          int64_t start_step, int64_t micro_batch, int64_t accumulation,
-                                         int64_t world, int64_t now_ms,
-                                         const std::vector<std::string>& rank_workers,
-                                         const std::vector<int>& rank_devices) {
+                                         int64_t world, int64_t now_ms, const std::vector<RankSlot>& ranks) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::string op = "start attempt of " + job_id;
   AttemptRow a{.job_id = job_id,
@@ -754,8 +750,7 @@ StatusOr<AttemptRow> Store::StartAttempt(const std::string& job_id, const std::s
                .micro_batch = micro_batch,
                .accumulation = accumulation,
                .world = world,
-               .rank_workers = rank_workers.size() > 1 ? rank_workers : std::vector<std::string>{},
-               .rank_devices = rank_workers.size() > 1 ? rank_devices : std::vector<int>{}};
+               .ranks = ranks.size() > 1 ? ranks : std::vector<RankSlot>{}};
   FT_RETURN_IF_ERROR(Write(op, [&]() -> Status {
     FT_RETURN_IF_ERROR(RequireJob(job_id, op));
     FT_ASSIGN_OR_RETURN(

@@ -85,6 +85,13 @@ struct JobRow {
   std::string device;  // "auto" | "cuda" | "cpu"
 };
 
+// Where one rank of a multi-rank attempt runs: a worker and its device index.
+struct RankSlot {
+  std::string worker_id;
+  int device = 0;
+  bool operator==(const RankSlot&) const = default;
+};
+
 struct AttemptRow {
   std::string job_id;
   int64_t number = 0;
@@ -98,15 +105,14 @@ struct AttemptRow {
   int64_t end_step = 0;
   int64_t steps_lost = 0;
   int64_t micro_batch = 0, accumulation = 0, world = 1;
-  // A multi-rank attempt: the worker and device index of each rank, by rank
-  // (rank 0's worker is worker_id). Empty: one rank, on worker_id.
-  std::vector<std::string> rank_workers;
-  std::vector<int> rank_devices;
+  // A multi-rank attempt: where each rank runs, by rank (rank 0's worker is
+  // worker_id). Empty: one rank, on worker_id.
+  std::vector<RankSlot> ranks;
   // The workers this attempt runs on (each once; worker_id first).
   std::vector<std::string> Workers() const {
     std::vector<std::string> out = {worker_id};
-    for (const std::string& w : rank_workers)
-      if (std::find(out.begin(), out.end(), w) == out.end()) out.push_back(w);
+    for (const RankSlot& r : ranks)
+      if (std::find(out.begin(), out.end(), r.worker_id) == out.end()) out.push_back(r.worker_id);
     return out;
   }
 };
@@ -233,13 +239,11 @@ class Store {
 
   // ---- attempts
   // Starts attempt number n+1 with epoch = (the job's highest epoch) + 1; returns it
-  // (outcome RUNNING, end_step = start_step). `rank_workers`: the worker of
-  // each rank of a multi-rank attempt (AttemptRow). NotFound for an unknown job.
+  // (outcome RUNNING, end_step = start_step). `ranks`: where each rank of a
+  // multi-rank attempt runs (AttemptRow). NotFound for an unknown job.
   StatusOr<AttemptRow> StartAttempt(const std::string& job_id, const std::string& worker_id,
                                     int64_t start_step, int64_t micro_batch, int64_t accumulation,
-                                    int64_t world, int64_t now_ms,
-                                    const std::vector<std::string>& rank_workers = {},
-                                    const std::vector<int>& rank_devices = {});
+                                    int64_t world, int64_t now_ms, const std::vector<RankSlot>& ranks = {});
   // NotFound when the job has no attempt with this epoch.
   Status EndAttempt(const std::string& job_id, int64_t epoch, AttemptOutcomeCode outcome,
                     const std::string& reason, int64_t end_step, int64_t steps_lost, int64_t now_ms);

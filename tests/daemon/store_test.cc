@@ -213,7 +213,7 @@ TEST_F(StoreTest, EpochsIncreasePerJobAndAttemptsListInOrder) {
   ASSERT_OK(store_->EndAttempt(a.id, a1.epoch, AttemptOutcomeCode::kPreempted, "spot reclaim", 30, 5, 200));
   // A two-rank attempt: rank 0 on w3, rank 1 on device 1 of "w 4" (ids may hold spaces).
   ASSERT_OK_AND_ASSIGN(AttemptRow a2,
-                       store_->StartAttempt(a.id, "w3", 25, 4, 2, 2, 300, {"w3", "w 4"}, {0, 1}));
+                       store_->StartAttempt(a.id, "w3", 25, 4, 2, 2, 300, {{"w3", 0}, {"w 4", 1}}));
   EXPECT_EQ(a1.number, 1);
   EXPECT_EQ(a1.epoch, 1);
   EXPECT_EQ(b1.number, 1);
@@ -235,10 +235,9 @@ TEST_F(StoreTest, EpochsIncreasePerJobAndAttemptsListInOrder) {
   EXPECT_EQ(attempts[1].worker_id, "w3");
   EXPECT_EQ(attempts[1].world, 2);
   EXPECT_EQ(attempts[1].started_ms, 300);
-  EXPECT_EQ(attempts[1].rank_workers, (std::vector<std::string>{"w3", "w 4"}));
-  EXPECT_EQ(attempts[1].rank_devices, (std::vector<int>{0, 1}));
+  EXPECT_EQ(attempts[1].ranks, (std::vector<RankSlot>{{"w3", 0}, {"w 4", 1}}));
   EXPECT_EQ(attempts[1].Workers(), (std::vector<std::string>{"w3", "w 4"}));
-  EXPECT_TRUE(attempts[0].rank_workers.empty()) << "one rank: on worker_id";
+  EXPECT_TRUE(attempts[0].ranks.empty()) << "one rank: on worker_id";
   EXPECT_EQ(attempts[0].Workers(), (std::vector<std::string>{"w1"}));
 
   ASSERT_OK_AND_ASSIGN(auto running, store_->RunningAttempts());
