@@ -115,6 +115,10 @@ if ! grep -q "building engine/model only" "$work/configure.log"; then
   targets+=(ft-train engine_cuda_parity_test)
   have_train=1
 fi
+# Every other test labelled gpu that this configuration defines (ctest -L gpu runs them all).
+for t in engine_typed_ops_cuda_test engine_offload_cuda_test engine_nccl_test engine_ddp_test; do
+  if cmake --build "$build" --target help 2>/dev/null | grep -qE "^(\.\.\. )?$t(:| )"; then targets+=("$t"); fi
+done
 log "build ${targets[*]}"
 if ! timed "build" cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" > "$work/build.log" 2>&1; then
   tail -40 "$work/build.log"

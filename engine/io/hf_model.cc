@@ -194,11 +194,7 @@ Status LoadHfWeights(const std::string& dir, Model* model) {
     const int64_t n = t.numel();
     std::vector<float> staging(static_cast<size_t>(n));
     FT_RETURN_IF_ERROR(file_it->second->ReadFloat(t.name, t.shape, staging.data()));
-    if (t.linear) {
-      model->SetLinearWeight(t.linear, staging.data());
-    } else {
-      model->Upload(t.data, staging.data(), n);
-    }
+    model->SetWeight(t, staging.data());
     used.insert(t.name);
   }
   for (const auto& [name, file] : where) {
@@ -235,12 +231,8 @@ Status SaveHfModel(const std::string& dir, Model& model, DType dtype) {
   std::vector<TensorToWrite> tensors;
   std::vector<std::vector<float>> host;  // the weights copied off the model's backend
   for (NamedTensor& t : model.NamedWeights()) {
-    if (t.linear) {
-      FT_ASSIGN_OR_RETURN(std::vector<float> values, model.LinearValues(*t.linear));
-      host.push_back(std::move(values));
-    } else {
-      host.push_back(model.Download(t.data, t.numel()));
-    }
+    FT_ASSIGN_OR_RETURN(std::vector<float> values, model.WeightValues(t));
+    host.push_back(std::move(values));
     tensors.push_back({t.name, t.shape, host.back().data(), dtype});
   }
   return WriteSafetensors((fs::path(dir) / "model.safetensors").string(), std::move(tensors),
@@ -276,11 +268,7 @@ void RandomInitModel(Model* model, uint64_t seed) {
             static_cast<float>(stddev * std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * std::numbers::pi * u2));
       }
     }
-    if (t.linear) {
-      model->SetLinearWeight(t.linear, values.data());
-    } else {
-      model->Upload(t.data, values.data(), n);
-    }
+    model->SetWeight(t, values.data());
     ++tensor_index;
   }
 }

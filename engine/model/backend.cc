@@ -16,6 +16,12 @@ StatusOr<std::shared_ptr<Backend>> CreateCudaBackend();
 
 const char* DeviceKindName(DeviceKind kind) { return kind == DeviceKind::kCuda ? "cuda" : "cpu"; }
 
+int64_t ActDTypeBytes(ActDType t) { return t == ActDType::kF32 ? 4 : 2; }
+const char* ActDTypeName(ActDType t) {
+  static constexpr const char* kNames[] = {"fp32", "bf16", "fp16"};
+  return kNames[static_cast<int>(t)];
+}
+
 StatusOr<DeviceKind> ParseDeviceKind(const std::string& name) {
   if (name == "cpu") return DeviceKind::kCpu;
   if (name == "cuda") return DeviceKind::kCuda;

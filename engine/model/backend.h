@@ -18,10 +18,15 @@
 //     On the CPU backend device and host memory are the same, so host
 //     pointers work everywhere; code meant for every backend must not rely
 //     on it.
-//   - Storage is fp32 (the engine's master and compute storage). With
-//     ComputeDType::kBF16 (kF16) the model calls RoundToBf16 (RoundToFp16)
-//     after each op that makes an activation, which is the CPU's bf16 (fp16)
-//     emulation; a device backend does the same rounding on the device.
+//   - Storage: weights' masters, gradients and optimizer states are fp32.
+//     Activations are typed (Act / ConstAct: a pointer and its ActDType): with
+//     ComputeDType::kBF16 (kF16) the model keeps the tensors it saves for the
+//     backward (and the layer inputs, the KV cache) as 16-bit codes, half the
+//     bytes; an op reads them exactly, computes in fp32 and stores its typed
+//     output rounded to nearest even. Gradient workspaces of one layer stay
+//     fp32, rounded by the model (RoundToBf16/RoundToFp16) where PyTorch's
+//     bf16 tensors would be. Every backend stores the same types (the CPU one
+//     included), so a CPU run has the bytes and rounding points of a GPU one.
 //   - Ordering: ops and copies run in the order they are called (one stream
 //     per backend). Ops return without waiting; CopyToHost and Synchronize
 //     wait for everything before them.
@@ -54,6 +59,41 @@ enum class DeviceKind { kCpu, kCuda };
 const char* DeviceKindName(DeviceKind kind);  // "cpu", "cuda"
 
 class Backend;
+
+// The storage type of an activation: fp32, or bf16 / fp16 codes (2 bytes).
+enum class ActDType { kF32, kBF16, kF16 };
+int64_t ActDTypeBytes(ActDType t);
+const char* ActDTypeName(ActDType t);  // "fp32", "bf16", "fp16"
+
+// An activation tensor in backend memory: where it starts and how its
+// elements are stored. Made implicitly from a float* (an fp32 tensor), so
+// fp32 code reads as before.
+struct Act {
+  void* data = nullptr;
+  ActDType dtype = ActDType::kF32;
+  Act(float* p) : data(p) {}  // NOLINT(google-explicit-constructor): fp32 is the common case
+  Act(void* p, ActDType t) : data(p), dtype(t) {}
+  // The tensor from element `i` on.
+  Act At(int64_t i) const { return Act(static_cast<char*>(data) + i * ActDTypeBytes(dtype), dtype); }
+  template <typename S>
+  S* as() const {
+    return static_cast<S*>(data);
+  }
+};
+struct ConstAct {
+  const void* data = nullptr;
+  ActDType dtype = ActDType::kF32;
+  ConstAct(const float* p) : data(p) {}              // NOLINT(google-explicit-constructor)
+  ConstAct(Act a) : data(a.data), dtype(a.dtype) {}  // NOLINT(google-explicit-constructor)
+  ConstAct(const void* p, ActDType t) : data(p), dtype(t) {}
+  ConstAct At(int64_t i) const {
+    return ConstAct(static_cast<const char*>(data) + i * ActDTypeBytes(dtype), dtype);
+  }
+  template <typename S>
+  const S* as() const {
+    return static_cast<const S*>(data);
+  }
+};
 
 // A tracked allocation of a backend's memory (floats, or raw bytes for
 // integer inputs and NF4 codes). Zero-initialised, move-only; returns its
@@ -107,8 +147,9 @@ struct DropoutKey {
   uint64_t module_key = 0;     // layer * kNumModules + module
 };
 
-// How a GEMM takes its fp32-stored operands: as they are (true fp32
-// products), or each rounded to bf16 (fp16) first (round-to-nearest-even).
+// How a GEMM takes its operands: as their values are (true fp32 products), or
+// each fp32-stored one rounded to bf16 (fp16) first (round-to-nearest-even;
+// a 16-bit stored operand is already such a value).
 // bf16 and fp16 products are exact in fp32 and accumulate in fp32, so kBF16
 // (kF16) is the tensor-core GEMM of torch.autocast(bfloat16 / float16) on
 // every backend: backends differ only in the order of the fp32 sums.
@@ -180,19 +221,22 @@ class Backend {
   // MemAvailable and its total; the guarded one: what its capacity has left).
   virtual StatusOr<std::pair<int64_t, int64_t>> MemoryInfo() = 0;
 
-  // ---- Ops (float storage; definitions in kernels/cpu/ops.h) --------------
+  // ---- Ops (definitions in kernels/cpu/ops.h) ------------------------------
+  // Act / ConstAct arguments may be stored in any ActDType; those of one op
+  // that the definition pairs (x and y of a norm, q k v out of attention,
+  // gate up h of SwiGLU) share one. Every other pointer is fp32.
   // C[M,N] = alpha * op(A) op(B) + beta * C (cpu::Gemm's convention), with
   // A and B taken as `operands` says; C is fp32 storage either way.
   virtual void Gemm(GemmOperands operands, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-                    float alpha, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
-                    float* C, int64_t ldc) = 0;
-  virtual void RmsNormForward(const float* x, const float* w, int64_t rows, int64_t D, float eps, float* y,
+                    float alpha, ConstAct A, int64_t lda, ConstAct B, int64_t ldb, float beta, float* C,
+                    int64_t ldc) = 0;
+  virtual void RmsNormForward(ConstAct x, const float* w, int64_t rows, int64_t D, float eps, Act y,
                               float* rstd) = 0;
   // dx overwritten; dw (nullable) accumulated.
-  virtual void RmsNormBackward(const float* x, const float* w, const float* rstd, const float* dy,
-                               int64_t rows, int64_t D, float* dx, float* dw) = 0;
+  virtual void RmsNormBackward(ConstAct x, const float* w, const float* rstd, const float* dy, int64_t rows,
+                               int64_t D, float* dx, float* dw) = 0;
   // positions: device int32 [rows]; cos/sin tables device [max_pos, hd/2].
-  virtual void RopeApply(float* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions,
+  virtual void RopeApply(Act x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions,
                          const float* cos_table, const float* sin_table, bool inverse) = 0;
   // `naive` asks for the reference form that materialises the scores; a
   // backend without one runs its flash form (the same definition).
@@ -200,18 +244,16 @@ class Backend {
   // operands kBF16: q, k, v and dout hold bf16-rounded values, and the
   // backend may multiply them, and the probabilities, as bf16 with fp32
   // accumulation (CUDA: the tensor-core kernels); the CPU computes in fp32.
-  virtual void AttentionForward(GemmOperands operands, const cpu::AttentionShape& s, const float* q,
-                                const float* k, const float* v, const int32_t* segments, float* out,
-                                float* lse, bool naive) = 0;
-  virtual void AttentionBackward(GemmOperands operands, const cpu::AttentionShape& s, const float* q,
-                                 const float* k, const float* v, const int32_t* segments, const float* out,
-                                 const float* lse, const float* dout, float* dq, float* dk, float* dv) = 0;
-  virtual void SwiGluForward(const float* gate, const float* up, int64_t n, float* h) = 0;
-  virtual void SwiGluBackward(const float* gate, const float* up, const float* dh, int64_t n, float* dgate,
+  virtual void AttentionForward(GemmOperands operands, const cpu::AttentionShape& s, ConstAct q, ConstAct k,
+                                ConstAct v, const int32_t* segments, Act out, float* lse, bool naive) = 0;
+  virtual void AttentionBackward(GemmOperands operands, const cpu::AttentionShape& s, ConstAct q, ConstAct k,
+                                 ConstAct v, const int32_t* segments, ConstAct out, const float* lse,
+                                 const float* dout, float* dq, float* dk, float* dv) = 0;
+  virtual void SwiGluForward(ConstAct gate, ConstAct up, int64_t n, Act h) = 0;
+  virtual void SwiGluBackward(ConstAct gate, ConstAct up, const float* dh, int64_t n, float* dgate,
                               float* dup) = 0;
-  // ids: device int32 [rows].
-  virtual void EmbeddingForward(const float* table, const int32_t* ids, int64_t rows, int64_t D,
-                                float* out) = 0;
+  // ids: device int32 [rows]. The table is fp32 (out any type) or stored in out's type.
+  virtual void EmbeddingForward(ConstAct table, const int32_t* ids, int64_t rows, int64_t D, Act out) = 0;
   virtual void EmbeddingBackward(const float* dout, const int32_t* ids, int64_t rows, int64_t D,
                                  float* dtable) = 0;
   // One chunk of the loss head: *loss_sum (a device double) += Σ token
@@ -227,8 +269,8 @@ class Backend {
   virtual void DequantizeNf4(const cpu::Nf4Layout& layout, const void* blob, float* out) = 0;
 
   // ---- Elementwise and reductions -----------------------------------------
-  virtual void Axpy(int64_t n, float alpha, const float* x, float* y) = 0;  // y += alpha x
-  virtual void Scale(int64_t n, float alpha, float* x) = 0;                 // x *= alpha
+  virtual void Axpy(int64_t n, float alpha, ConstAct x, float* y) = 0;  // y += alpha x
+  virtual void Scale(int64_t n, float alpha, float* x) = 0;             // x *= alpha
   // y[rows, n] += bias[n] per row.
   virtual void AddBias(float* y, const float* bias, int64_t rows, int64_t n) = 0;
   // dbias[n] += Σ_rows dy[r, n], rows in order.
@@ -238,8 +280,11 @@ class Backend {
   virtual void RoundToFp16(float* x, int64_t n) = 0;
   // out[i] = the value of the 16-bit code x[i] (exact).
   virtual void Widen16(Format16 format, const uint16_t* x, int64_t n, float* out) = 0;
+  // out[i] = x[i] in out's storage (fp32 <-> bf16/fp16; narrowing rounds to
+  // nearest even, as RoundToBf16/RoundToFp16 do). Same types: a copy.
+  virtual void Convert(ConstAct x, int64_t n, Act out) = 0;
   // out[r, c] = x[r, c] * keep_scale or 0 by the mask of `key` for x[rows, in].
-  virtual void Dropout(const DropoutKey& key, const float* x, int64_t rows, int64_t in, float* out) = 0;
+  virtual void Dropout(const DropoutKey& key, ConstAct x, int64_t rows, int64_t in, float* out) = 0;
   // dx[i] += d[i] * mask[i] (mask = Dropout of ones): the gradient through the dropout.
   virtual void DropoutBackwardAdd(const DropoutKey& key, const float* d, int64_t rows, int64_t in,
                                   float* dx) = 0;

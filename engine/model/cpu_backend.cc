@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "engine/model/backend.h"
@@ -13,15 +14,33 @@
 namespace ft {
 namespace {
 
-// x[rows, cols] (row stride ld) rounded to bf16 or fp16, packed (row stride cols).
-std::vector<float> RoundedCopy(GemmOperands to, const float* x, int64_t rows, int64_t cols, int64_t ld) {
-  std::vector<float> out(static_cast<size_t>(rows * cols));
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(out.data() + r * cols, x + r * ld, sizeof(float) * cols);
-  if (to == GemmOperands::kF16) {
-    cpu::RoundToFp16(out.data(), rows * cols);
-  } else {
-    cpu::RoundToBf16(out.data(), rows * cols);
+// Calls f(S{}) with S the storage type of `t`: float, cpu::Bf16 or cpu::Half.
+template <typename F>
+void WithStorage(ActDType t, F&& f) {
+  switch (t) {
+    case ActDType::kF32: return f(float{});
+    case ActDType::kBF16: return f(cpu::Bf16{});
+    case ActDType::kF16: return f(cpu::Half{});
   }
+}
+
+// x[rows, cols] (row stride ld) as floats, packed (row stride cols): widened
+// from 16-bit storage, and fp32 values rounded to bf16 or fp16 when `to` says.
+std::vector<float> OperandCopy(GemmOperands to, ConstAct x, int64_t rows, int64_t cols, int64_t ld) {
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  WithStorage(x.dtype, [&](auto tag) {
+    using S = decltype(tag);
+    for (int64_t r = 0; r < rows; ++r) {
+      if constexpr (std::is_same_v<S, float>) {
+        std::memcpy(out.data() + r * cols, x.as<float>() + r * ld, sizeof(float) * cols);
+      } else {
+        cpu::Convert(x.as<S>() + r * ld, cols, out.data() + r * cols);
+      }
+    }
+  });
+  if (x.dtype != ActDType::kF32) return out;  // 16-bit values: exact in either operand type
+  if (to == GemmOperands::kF16) cpu::RoundToFp16(out.data(), rows * cols);
+  if (to == GemmOperands::kBF16) cpu::RoundToBf16(out.data(), rows * cols);
   return out;
 }
 
@@ -57,54 +76,91 @@ class CpuBackend final : public Backend {
   }
 
   void Gemm(GemmOperands operands, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-            const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-            int64_t ldc) override {
-    if (operands == GemmOperands::kF32 || K == 0) {
-      cpu::Gemm<float>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+            ConstAct A, int64_t lda, ConstAct B, int64_t ldb, float beta, float* C, int64_t ldc) override {
+    const bool as_is =
+        (operands == GemmOperands::kF32 && A.dtype == ActDType::kF32 && B.dtype == ActDType::kF32);
+    if (as_is || K == 0) {
+      cpu::Gemm<float>(trans_a, trans_b, M, N, K, alpha, A.as<float>(), lda, B.as<float>(), ldb, beta, C,
+                       ldc);
       return;
     }
-    // bf16/fp16 operands: rounded packed copies, then the fp32 GEMM (exact products, fp32 sums).
-    const std::vector<float> a = RoundedCopy(operands, A, trans_a ? K : M, trans_a ? M : K, lda);
-    const std::vector<float> b = RoundedCopy(operands, B, trans_b ? N : K, trans_b ? K : N, ldb);
+    // 16-bit operands: packed float copies (widened, or rounded), then the fp32 GEMM (exact products, fp32
+    // sums).
+    const std::vector<float> a = OperandCopy(operands, A, trans_a ? K : M, trans_a ? M : K, lda);
+    const std::vector<float> b = OperandCopy(operands, B, trans_b ? N : K, trans_b ? K : N, ldb);
     cpu::Gemm<float>(trans_a, trans_b, M, N, K, alpha, a.data(), trans_a ? M : K, b.data(), trans_b ? K : N,
                      beta, C, ldc);
   }
-  void RmsNormForward(const float* x, const float* w, int64_t rows, int64_t D, float eps, float* y,
+  void RmsNormForward(ConstAct x, const float* w, int64_t rows, int64_t D, float eps, Act y,
                       float* rstd) override {
-    cpu::RmsNormForward<float>(x, w, rows, D, eps, y, rstd);
+    FT_CHECK(x.dtype == y.dtype);
+    WithStorage(x.dtype, [&](auto tag) {
+      using S = decltype(tag);
+      cpu::RmsNormForward<float, S>(x.as<S>(), w, rows, D, eps, y.as<S>(), rstd);
+    });
   }
-  void RmsNormBackward(const float* x, const float* w, const float* rstd, const float* dy, int64_t rows,
+  void RmsNormBackward(ConstAct x, const float* w, const float* rstd, const float* dy, int64_t rows,
                        int64_t D, float* dx, float* dw) override {
-    cpu::RmsNormBackward<float>(x, w, rstd, dy, rows, D, dx, dw);
+    WithStorage(x.dtype, [&](auto tag) {
+      using S = decltype(tag);
+      cpu::RmsNormBackward<float, S>(x.as<S>(), w, rstd, dy, rows, D, dx, dw);
+    });
   }
-  void RopeApply(float* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions,
+  void RopeApply(Act x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions,
                  const float* cos_table, const float* sin_table, bool inverse) override {
-    cpu::RopeApply<float>(x, rows, heads, hd, positions, cos_table, sin_table, inverse);
+    WithStorage(x.dtype, [&](auto tag) {
+      using S = decltype(tag);
+      cpu::RopeApply<float, S>(x.as<S>(), rows, heads, hd, positions, cos_table, sin_table, inverse);
+    });
   }
-  void AttentionForward(GemmOperands /*fp32 math either way*/, const cpu::AttentionShape& s, const float* q,
-                        const float* k, const float* v, const int32_t* segments, float* out, float* lse,
+  void AttentionForward(GemmOperands /*fp32 math either way*/, const cpu::AttentionShape& s, ConstAct q,
+                        ConstAct k, ConstAct v, const int32_t* segments, Act out, float* lse,
                         bool naive) override {
-    if (naive) {
-      cpu::AttentionForwardNaive<float>(s, q, k, v, segments, out, lse);
-    } else {
-      cpu::AttentionForward<float>(s, q, k, v, segments, out, lse);
-    }
+    FT_CHECK(q.dtype == k.dtype && k.dtype == v.dtype && v.dtype == out.dtype);
+    WithStorage(q.dtype, [&](auto tag) {
+      using S = decltype(tag);
+      if (naive) {
+        cpu::AttentionForwardNaive<float, S>(s, q.as<S>(), k.as<S>(), v.as<S>(), segments, out.as<S>(), lse);
+      } else {
+        cpu::AttentionForward<float, S>(s, q.as<S>(), k.as<S>(), v.as<S>(), segments, out.as<S>(), lse);
+      }
+    });
   }
-  void AttentionBackward(GemmOperands /*fp32 math either way*/, const cpu::AttentionShape& s, const float* q,
-                         const float* k, const float* v, const int32_t* segments, const float* out,
-                         const float* lse, const float* dout, float* dq, float* dk, float* dv) override {
-    cpu::AttentionBackward<float>(s, q, k, v, segments, out, lse, dout, dq, dk, dv);
+  void AttentionBackward(GemmOperands /*fp32 math either way*/, const cpu::AttentionShape& s, ConstAct q,
+                         ConstAct k, ConstAct v, const int32_t* segments, ConstAct out, const float* lse,
+                         const float* dout, float* dq, float* dk, float* dv) override {
+    FT_CHECK(q.dtype == k.dtype && k.dtype == v.dtype && v.dtype == out.dtype);
+    WithStorage(q.dtype, [&](auto tag) {
+      using S = decltype(tag);
+      cpu::AttentionBackward<float, S>(s, q.as<S>(), k.as<S>(), v.as<S>(), segments, out.as<S>(), lse, dout,
+                                       dq, dk, dv);
+    });
   }
-  void SwiGluForward(const float* gate, const float* up, int64_t n, float* h) override {
-    cpu::SwiGluForward<float>(gate, up, n, h);
+  void SwiGluForward(ConstAct gate, ConstAct up, int64_t n, Act h) override {
+    FT_CHECK(gate.dtype == up.dtype && up.dtype == h.dtype);
+    WithStorage(h.dtype, [&](auto tag) {
+      using S = decltype(tag);
+      cpu::SwiGluForward<S>(gate.as<S>(), up.as<S>(), n, h.as<S>());
+    });
   }
-  void SwiGluBackward(const float* gate, const float* up, const float* dh, int64_t n, float* dgate,
+  void SwiGluBackward(ConstAct gate, ConstAct up, const float* dh, int64_t n, float* dgate,
                       float* dup) override {
-    cpu::SwiGluBackward<float>(gate, up, dh, n, dgate, dup);
+    FT_CHECK(gate.dtype == up.dtype);
+    WithStorage(gate.dtype, [&](auto tag) {
+      using S = decltype(tag);
+      cpu::SwiGluBackward<float, S>(gate.as<S>(), up.as<S>(), dh, n, dgate, dup);
+    });
   }
-  void EmbeddingForward(const float* table, const int32_t* ids, int64_t rows, int64_t D,
-                        float* out) override {
-    cpu::EmbeddingForward<float>(table, ids, rows, D, out);
+  void EmbeddingForward(ConstAct table, const int32_t* ids, int64_t rows, int64_t D, Act out) override {
+    FT_CHECK(table.dtype == ActDType::kF32 || table.dtype == out.dtype);
+    WithStorage(out.dtype, [&](auto tag) {
+      using S = decltype(tag);
+      if (table.dtype == ActDType::kF32) {
+        cpu::EmbeddingForward<float, S>(table.as<float>(), ids, rows, D, out.as<S>());
+      } else {
+        cpu::EmbeddingForward<S, S>(table.as<S>(), ids, rows, D, out.as<S>());  // rows of codes copied
+      }
+    });
   }
   void EmbeddingBackward(const float* dout, const int32_t* ids, int64_t rows, int64_t D,
                          float* dtable) override {
@@ -118,7 +174,12 @@ class CpuBackend final : public Backend {
     cpu::DequantizeNf4Blob(layout, static_cast<const uint8_t*>(blob), out);
   }
 
-  void Axpy(int64_t n, float alpha, const float* x, float* y) override { cpu::Axpy<float>(n, alpha, x, y); }
+  void Axpy(int64_t n, float alpha, ConstAct x, float* y) override {
+    WithStorage(x.dtype, [&](auto tag) {
+      using S = decltype(tag);
+      cpu::Axpy<float, S>(n, alpha, x.as<S>(), y);
+    });
+  }
   void Scale(int64_t n, float alpha, float* x) override { cpu::Scale<float>(n, alpha, x); }
   void AddBias(float* y, const float* bias, int64_t rows, int64_t n) override {
     for (int64_t r = 0; r < rows; ++r) {
@@ -135,7 +196,30 @@ class CpuBackend final : public Backend {
   void Widen16(Format16 format, const uint16_t* x, int64_t n, float* out) override {
     cpu::WidenFrom16(format == Format16::kBF16, x, n, out);
   }
-  void Dropout(const DropoutKey& key, const float* x, int64_t rows, int64_t in, float* out) override {
+  void Convert(ConstAct x, int64_t n, Act out) override {
+    if (x.dtype == out.dtype) {
+      Copy(out.data, x.data, n * ActDTypeBytes(x.dtype));
+      return;
+    }
+    WithStorage(x.dtype, [&](auto in_tag) {
+      WithStorage(out.dtype, [&](auto out_tag) {
+        using SIn = decltype(in_tag);
+        using SOut = decltype(out_tag);
+        if constexpr (std::is_same_v<SIn, float> != std::is_same_v<SOut, float>) {
+          cpu::Convert(x.as<SIn>(), n, out.as<SOut>());
+        } else {
+          FT_CHECK(false && "Convert: between two 16-bit types");
+        }
+      });
+    });
+  }
+  void Dropout(const DropoutKey& key, ConstAct x_act, int64_t rows, int64_t in, float* out) override {
+    // A typed input is widened first (into out: the same values, then masked in place).
+    const float* x = x_act.as<float>();
+    if (x_act.dtype != ActDType::kF32) {
+      Convert(x_act, rows * in, out);
+      x = out;
+    }
     const double p = key.p;
     const float keep_scale = static_cast<float>(1.0 / (1.0 - p));
     for (int64_t r = 0; r < rows; ++r) {

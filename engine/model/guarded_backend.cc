@@ -103,49 +103,46 @@ class GuardedCpuBackend final : public Backend {
 
   // ---- ops: the CPU reference inside the open window ----
   void Gemm(GemmOperands operands, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-            const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-            int64_t ldc) override {
+            ConstAct A, int64_t lda, ConstAct B, int64_t ldb, float beta, float* C, int64_t ldc) override {
     Open o(this);
     inner_->Gemm(operands, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
-  void RmsNormForward(const float* x, const float* w, int64_t rows, int64_t D, float eps, float* y,
+  void RmsNormForward(ConstAct x, const float* w, int64_t rows, int64_t D, float eps, Act y,
                       float* rstd) override {
     Open o(this);
     inner_->RmsNormForward(x, w, rows, D, eps, y, rstd);
   }
-  void RmsNormBackward(const float* x, const float* w, const float* rstd, const float* dy, int64_t rows,
+  void RmsNormBackward(ConstAct x, const float* w, const float* rstd, const float* dy, int64_t rows,
                        int64_t D, float* dx, float* dw) override {
     Open o(this);
     inner_->RmsNormBackward(x, w, rstd, dy, rows, D, dx, dw);
   }
-  void RopeApply(float* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions,
+  void RopeApply(Act x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions,
                  const float* cos_table, const float* sin_table, bool inverse) override {
     Open o(this);
     inner_->RopeApply(x, rows, heads, hd, positions, cos_table, sin_table, inverse);
   }
-  void AttentionForward(GemmOperands operands, const cpu::AttentionShape& s, const float* q, const float* k,
-                        const float* v, const int32_t* segments, float* out, float* lse,
-                        bool naive) override {
+  void AttentionForward(GemmOperands operands, const cpu::AttentionShape& s, ConstAct q, ConstAct k,
+                        ConstAct v, const int32_t* segments, Act out, float* lse, bool naive) override {
     Open o(this);
     inner_->AttentionForward(operands, s, q, k, v, segments, out, lse, naive);
   }
-  void AttentionBackward(GemmOperands operands, const cpu::AttentionShape& s, const float* q, const float* k,
-                         const float* v, const int32_t* segments, const float* out, const float* lse,
+  void AttentionBackward(GemmOperands operands, const cpu::AttentionShape& s, ConstAct q, ConstAct k,
+                         ConstAct v, const int32_t* segments, ConstAct out, const float* lse,
                          const float* dout, float* dq, float* dk, float* dv) override {
     Open o(this);
     inner_->AttentionBackward(operands, s, q, k, v, segments, out, lse, dout, dq, dk, dv);
   }
-  void SwiGluForward(const float* gate, const float* up, int64_t n, float* h) override {
+  void SwiGluForward(ConstAct gate, ConstAct up, int64_t n, Act h) override {
     Open o(this);
     inner_->SwiGluForward(gate, up, n, h);
   }
-  void SwiGluBackward(const float* gate, const float* up, const float* dh, int64_t n, float* dgate,
+  void SwiGluBackward(ConstAct gate, ConstAct up, const float* dh, int64_t n, float* dgate,
                       float* dup) override {
     Open o(this);
     inner_->SwiGluBackward(gate, up, dh, n, dgate, dup);
   }
-  void EmbeddingForward(const float* table, const int32_t* ids, int64_t rows, int64_t D,
-                        float* out) override {
+  void EmbeddingForward(ConstAct table, const int32_t* ids, int64_t rows, int64_t D, Act out) override {
     Open o(this);
     inner_->EmbeddingForward(table, ids, rows, D, out);
   }
@@ -164,7 +161,7 @@ class GuardedCpuBackend final : public Backend {
     inner_->DequantizeNf4(layout, blob, out);
   }
 
-  void Axpy(int64_t n, float alpha, const float* x, float* y) override {
+  void Axpy(int64_t n, float alpha, ConstAct x, float* y) override {
     Open o(this);
     inner_->Axpy(n, alpha, x, y);
   }
@@ -192,7 +189,11 @@ class GuardedCpuBackend final : public Backend {
     Open o(this);
     inner_->Widen16(format, x, n, out);
   }
-  void Dropout(const DropoutKey& key, const float* x, int64_t rows, int64_t in, float* out) override {
+  void Convert(ConstAct x, int64_t n, Act out) override {
+    Open o(this);
+    inner_->Convert(x, n, out);
+  }
+  void Dropout(const DropoutKey& key, ConstAct x, int64_t rows, int64_t in, float* out) override {
     Open o(this);
     inner_->Dropout(key, x, rows, in, out);
   }

@@ -42,11 +42,13 @@ const char* ModuleName(ModuleKind m);  // "q_proj", ...
 std::string ModulePath(ModuleKind m);
 StatusOr<ModuleKind> ParseModuleName(const std::string& name);
 
-// The compute dtype: fp32, or bf16/fp16 emulated on fp32 storage (every
-// activation rounded, GEMM operands rounded: backend.h).
+// The compute dtype: fp32, or bf16/fp16 storage with fp32 arithmetic
+// (activations stored in it, GEMM operands taken in it: backend.h).
 enum class ComputeDType { kF32, kBF16, kF16 };
 // "fp32", "bf16", "fp16" (job.yaml's model.dtype); InvalidArgument otherwise.
 StatusOr<ComputeDType> ParseComputeDType(const std::string& name);
+// The storage type of a model's activations under a compute dtype.
+ActDType ActivationDType(ComputeDType dtype);
 
 struct LoraSpec {
   int64_t r = 16;
@@ -99,14 +101,16 @@ struct DecoderLayer {
   const Linear& operator[](ModuleKind m) const { return proj[static_cast<int>(m)]; }
 };
 
-// A named weight tensor of the base model, in HF naming.
+// A named weight tensor of the base model, in HF naming. Read and write its
+// values with Model::WeightValues / SetWeight, whatever its storage.
 struct NamedTensor {
   std::string name;  // e.g. "model.layers.0.self_attn.q_proj.weight"
   std::vector<int64_t> shape;
-  // Backend memory (Model::Download/Upload); nullptr for a linear held in
-  // NF4 or 16-bit codes: give its values to Model::SetLinearWeight.
+  // fp32 backend memory (Model::Download/Upload); nullptr for a linear held in
+  // NF4 or 16-bit codes, and for 16-bit embeddings and head.
   float* data = nullptr;
-  Linear* linear = nullptr;  // that linear (data is nullptr)
+  Linear* linear = nullptr;       // that linear (data is nullptr)
+  DeviceBuffer* codes = nullptr;  // embeddings or head as 16-bit codes of the activation dtype
   int64_t numel() const {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
@@ -211,6 +215,8 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   const ModelOptions& options() const { return options_; }
+  // How the activations are stored (ActivationDType of the compute dtype).
+  ActDType activation_dtype() const { return act_dtype_; }
   Backend& backend() const { return *backend_; }
   const std::shared_ptr<Backend>& shared_backend() const { return backend_; }
   void set_options(const ModelOptions& options) { options_ = options; }
@@ -233,6 +239,11 @@ class Model {
   // The values of a linear held in 16-bit codes, on the host (exact).
   // FailedPrecondition for an NF4 one (merge it first: MergeLora).
   StatusOr<std::vector<float>> LinearValues(const Linear& lin) const;
+  // A named weight's values from the host (quantized, rounded to 16 bits or
+  // copied as its storage says), and back on the host (exact for 16-bit
+  // storage; FailedPrecondition for NF4, as LinearValues).
+  void SetWeight(const NamedTensor& t, const float* values);
+  StatusOr<std::vector<float>> WeightValues(const NamedTensor& t) const;
 
   // Host <-> backend copies of n floats of a model tensor (NamedTensor::data,
   // TrainableParam::data/grad). Download waits for the copy; after Upload the
@@ -289,25 +300,32 @@ class Model {
   void EnsureActivations(int64_t rows, int64_t batch);
   void EnsureRope(int64_t max_pos);
   void UploadBatch(const MicroBatch& mb);  // ids, targets, positions, segments into acts_
-  void EmbedForward(const MicroBatch& mb, float* x);
+  void EmbedForward(const MicroBatch& mb, Act x);
   // Uploads the batch and runs the embedding and every layer forward; returns the last layer's output.
   // `for_backward`: a backward follows (offloaded layer inputs are copied out for it).
-  const float* ForwardLayers(const MicroBatch& mb, bool for_backward);
-  void LayerForward(int l, const MicroBatch& mb, const float* x_in, LayerActs& a, float* x_out);
-  void LayerBackward(int l, const MicroBatch& mb, const float* x_in, LayerActs& a, float* dx);
-  LossResult HeadForwardBackward(const MicroBatch& mb, const float* x_last, float grad_scale, bool backward,
+  ConstAct ForwardLayers(const MicroBatch& mb, bool for_backward);
+  void LayerForward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs& a, Act x_out);
+  void LayerBackward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs& a, float* dx);
+  LossResult HeadForwardBackward(const MicroBatch& mb, ConstAct x_last, float grad_scale, bool backward,
                                  std::vector<float>* logits);
-  void LinearForward(int l, ModuleKind m, const float* x, int64_t rows, float* y, float* xa);
-  void LinearBackward(int l, ModuleKind m, const float* x, const float* xa, const float* dy, int64_t rows,
-                      float* dx, bool accumulate_dx);
+  // y = x Wᵀ (+ bias) (+ LoRA), plus *residual when given; xa receives LoRA's x·Aᵀ.
+  void LinearForward(int l, ModuleKind m, ConstAct x, int64_t rows, Act y, Act xa,
+                     const ConstAct* residual = nullptr);
+  void LinearBackward(int l, ModuleKind m, ConstAct x, ConstAct xa, const float* dy, int64_t rows, float* dx,
+                      bool accumulate_dx);
   GemmOperands LinearOperands() const;
   DropoutKey DropoutKeyFor(int l, ModuleKind m) const;
-  const float* DropoutInput(int l, ModuleKind m, const float* x, int64_t rows, int64_t in, float* buf);
+  ConstAct DropoutInput(int l, ModuleKind m, ConstAct x, int64_t rows, int64_t in, float* buf);
   const MicroBatch* current_batch_ = nullptr;  // the micro-batch being processed (for dropout keys)
   KvCache* decode_cache_ = nullptr;            // Decode in progress: attention appends to and reads it
   bool eval_mode_ = false;                     // EvalForward in progress: no dropout
   void Round(float* x, int64_t n) const;
-  const float* HeadWeight() const;
+  // The head's weight (the embeddings when tied), in its storage type.
+  ConstAct HeadWeight() const;
+  // How the head's GEMMs take their operands: as the decoder's linears when
+  // the head is stored in 16 bits (logits and their gradient rounded to it,
+  // as a bf16 lm_head in PyTorch), else fp32.
+  GemmOperands HeadOperands() const;
   // The float weight of linear m of layer l: its own buffer, or its NF4 codes
   // dequantized (16-bit codes widened) into scratch; from the stage when offloaded.
   const float* LinearWeight(int l, ModuleKind m);
@@ -324,16 +342,23 @@ class Model {
   void EnsureStages();
   // Offloaded storage moved back into device memory for good (merging).
   void BringToDevice(Linear& lin);
-  // Device pointer of saved layer input l (a slot of three when offloading).
-  float* LayerInput(int l);
+  // Saved layer input l (a slot of three when offloading).
+  Act LayerInput(int l);
+  // An activation buffer of n elements in the activation dtype, and a view of one.
+  DeviceBuffer AllocAct(int64_t n, MemCategory category);
+  Act A(DeviceBuffer& b) const;
   float* HeadGrad();
 
   ModelConfig config_;
   ModelOptions options_;
-  std::shared_ptr<Backend> backend_;              // every op and (later) every buffer goes through it
-  DeviceBuffer embed_;                            // (V, D)
-  DeviceBuffer final_norm_;                       // (D)
-  DeviceBuffer lm_head_;                          // (V, D) or empty when tied
+  ActDType act_dtype_ = ActDType::kF32;
+  std::shared_ptr<Backend> backend_;  // every op and (later) every buffer goes through it
+  // Embeddings and head: fp32, or (LoRA/QLoRA under bf16/fp16: frozen)
+  // 16-bit codes of the activation dtype (embed_typed_).
+  DeviceBuffer embed_;       // (V, D)
+  DeviceBuffer final_norm_;  // (D)
+  DeviceBuffer lm_head_;     // (V, D) or empty when tied
+  bool embed_typed_ = false;
   DeviceBuffer dembed_, dfinal_norm_, dlm_head_;  // full fine-tune only
   std::vector<DecoderLayer> layers_;
   bool lora_enabled_ = false;

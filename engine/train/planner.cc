@@ -55,8 +55,10 @@ int64_t Nf4Bytes(int64_t n, int64_t block, bool double_quant) {
 MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
   const ModelConfig& c = r.model;
   const bool cuda = r.device == "cuda";
-  // The CPU backend stores every compute-dtype tensor as float (bf16 is emulated).
-  const int64_t act = cuda && r.dtype != "fp32" ? 2 : kF32;
+  // Activations are stored in the compute dtype on every backend (typed storage: 2 bytes under
+  // bf16/fp16); norms and biases as fp32, and so are the gradient workspaces.
+  const bool low = r.dtype != "fp32";
+  const int64_t act = low ? 2 : kF32;
   // Frozen linear weights are stored in the compute dtype on every backend (Linear::w16), and
   // widened into one float scratch per linear for its GEMMs.
   const bool typed = r.dtype != "fp32" && !r.nf4 && !r.full;
@@ -67,7 +69,7 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
   MemoryBreakdown m;
   m.micro_batch = micro;
   int64_t trainable = 0, adapted = 0, max_linear = 0, largest_param = 0;
-  int64_t per_layer_weights = 2 * D * act;   // two norms
+  int64_t per_layer_weights = 2 * D * kF32;  // two norms
   int64_t per_layer_linears = 0, stage = 0;  // frozen linear storage; one cpu_offload stage
   for (const LinearShape& s : lin) {
     const int64_t n = s.in * s.out;
@@ -75,7 +77,7 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
     const int64_t bytes = r.nf4 ? Nf4Bytes(n, r.nf4_block, r.double_quant) : n * (typed ? 2 : act);
     per_layer_linears += bytes;
     stage += Align(bytes, 256);
-    if (s.bias) per_layer_weights += s.out * act;
+    if (s.bias) per_layer_weights += s.out * kF32;
     if (s.adapted) {
       trainable += L * r.lora_r * (s.in + s.out);
       largest_param = std::max({largest_param, r.lora_r * s.in, r.lora_r * s.out});
@@ -93,7 +95,9 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
   const int64_t shard = Align((stage + r.world - 1) / r.world, 256);
   // cpu_offload keeps the frozen linears (FSDP: this rank's shards of them) in host memory.
   const int64_t linears = cpu_offload ? 2 * stage : fsdp ? L * shard + 2 * stage : L * per_layer_linears;
-  m.weights = L * per_layer_weights + linears + (embed + D + (c.tie_word_embeddings ? 0 : embed)) * act;
+  // Embeddings and head: frozen under LoRA/QLoRA, so stored in the compute dtype.
+  const int64_t embed_bytes = (low && !r.full ? 2 : kF32) * embed * (c.tie_word_embeddings ? 1 : 2);
+  m.weights = L * per_layer_weights + linears + embed_bytes + D * kF32;
   m.host_weights = cpu_offload ? (fsdp ? L * shard : L * per_layer_linears) : 0;
   if (r.full) {
     trainable += L * 2 * D + embed + D + (c.tie_word_embeddings ? 0 : embed);
@@ -123,14 +127,18 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
 
   const int64_t chunk =
       r.loss_chunk_rows > 0 ? r.loss_chunk_rows : std::max<int64_t>(1, kLossChunkFloats / V);
+  const int64_t widest = rows * std::max({D, I, Q});
   m.workspace =
-      rows * (4 * D + 2 * Q + 2 * KV + 3 * I) * act  // grad, dh, dn, dxf; dq, datt; dk, dv; dg, du, dact
-      + rows * lora_r * act                          // dxa
-      + (r.lora_dropout > 0 ? rows * std::max({D, I, Q}) * act : 0) +
-      std::min(rows, chunk) * V * kF32           // logits chunk
-      + 2 * r.seq_len * (c.head_dim / 2) * kF32  // RoPE cos/sin
-      + (r.nf4 ? max_linear * act : 0)           // dequantised weight of one linear
-      + (typed ? max_linear * kF32 : 0);         // widened weight of one linear
+      rows * (4 * D + 2 * Q + 2 * KV + 3 * I) * kF32  // grad, dh, dn, dxf; dq, datt; dk, dv; dg, du, dact
+      + rows * lora_r * kF32                          // dxa
+      + (r.lora_dropout > 0 ? widest * kF32 : 0)      // dropped-out input
+      + (low ? (widest + rows * lora_r) * kF32 : 0)   // a linear's and LoRA's fp32 results before storing
+      + std::min(rows, chunk) * V * kF32              // logits chunk
+      + 2 * r.seq_len * (c.head_dim / 2) * kF32       // RoPE cos/sin
+      + (r.nf4 || typed ? max_linear * kF32 : 0)      // one linear's weight dequantised / widened
+      // CUDA under bf16/fp16 (engine/model/cuda_backend.cu): fp32 staging of 16-bit operands (three
+      // of the widest, one of q's), and the 16-bit copies of fp32 GEMM operands (a weight, a gradient).
+      + (cuda && low ? (3 * widest + rows * Q) * kF32 + (max_linear + widest) * 2 : 0);
   m.runtime = cuda ? kCudaRuntimeBytes : 0;
   return m;
 }

@@ -17,30 +17,38 @@ T Sigmoid(T x) {
 
 }  // namespace
 
-template <typename T>
-void SwiGluForward(const T* gate, const T* up, int64_t n, T* h) {
+template <typename S>
+void SwiGluForward(const S* gate, const S* up, int64_t n, S* h) {
+  using T = decltype(Load(S{}));
   FT_CHECK(n >= 0);
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i) h[i] = gate[i] * Sigmoid(gate[i]) * up[i];
+  for (int64_t i = 0; i < n; ++i) {
+    const T g = Load(gate[i]);
+    Store(g * Sigmoid(g) * Load(up[i]), h + i);
+  }
 }
 
 // d silu(g)/dg = σ(g) + g σ(g) (1 - σ(g)) = σ(g) (1 + g (1 - σ(g))).
-template <typename T>
-void SwiGluBackward(const T* gate, const T* up, const T* dh, int64_t n, T* dgate, T* dup) {
+template <typename T, typename S>
+void SwiGluBackward(const S* gate, const S* up, const T* dh, int64_t n, T* dgate, T* dup) {
   FT_CHECK(n >= 0);
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     // Read everything before writing: dgate/dup may alias gate/up.
-    const T g = gate[i], u = up[i], d = dh[i];
+    const T g = Load(gate[i]), u = Load(up[i]), d = dh[i];
     const T sig = Sigmoid(g);
     dgate[i] = d * u * sig * (T(1) + g * (T(1) - sig));
     dup[i] = d * g * sig;
   }
 }
 
-template void SwiGluForward<float>(const float*, const float*, int64_t, float*);
-template void SwiGluForward<double>(const double*, const double*, int64_t, double*);
-template void SwiGluBackward<float>(const float*, const float*, const float*, int64_t, float*, float*);
-template void SwiGluBackward<double>(const double*, const double*, const double*, int64_t, double*, double*);
+#define FT_INSTANTIATE_SWIGLU(T, S)                                \
+  template void SwiGluForward<S>(const S*, const S*, int64_t, S*); \
+  template void SwiGluBackward<T, S>(const S*, const S*, const T*, int64_t, T*, T*);
+FT_INSTANTIATE_SWIGLU(float, float)
+FT_INSTANTIATE_SWIGLU(double, double)
+FT_INSTANTIATE_SWIGLU(float, Bf16)
+FT_INSTANTIATE_SWIGLU(float, Half)
+#undef FT_INSTANTIATE_SWIGLU
 
 }  // namespace ft::cpu

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "common/status.h"
@@ -230,47 +231,78 @@ const int32_t* BatchSegments(const int32_t* segments, const AttentionShape& s, i
   return segments == nullptr ? nullptr : segments + b * s.seq;
 }
 
-}  // namespace
-
-// Runs `head_fn` (the flash or the naive form) on every (batch, query head),
-// in parallel: the outputs of different heads are disjoint.
-template <typename T, typename HeadFn>
-void ForwardEachHead(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
-                     T* out, T* lse, HeadFn head_fn) {
-  CheckShape(s, segments);
-  const int64_t group = s.q_heads / s.kv_heads, keys = s.keys();
-#pragma omp parallel for schedule(dynamic)
-  for (int64_t bh = 0; bh < s.batch * s.q_heads; ++bh) {
-    const int64_t b = bh / s.q_heads, h = bh % s.q_heads, kvh = h / group;
-    head_fn(s, Head(q, s, s.seq, s.q_heads, b, h), Head(k, s, keys, s.kv_heads, b, kvh),
-            Head(v, s, keys, s.kv_heads, b, kvh), BatchSegments(segments, s, b),
-            Head(out, s, s.seq, s.q_heads, b, h), lse + bh * s.seq);
+// One (batch, head) of a stored tensor as float rows: the tensor itself when
+// it is stored as T, else widened into `buf` (rows x head_dim, packed).
+template <typename T, typename S>
+HeadView<const T> HeadAsT(const S* x, const AttentionShape& s, int64_t rows, int64_t heads, int64_t b,
+                          int64_t h, std::vector<T>& buf) {
+  const HeadView<const S> view = Head(x, s, rows, heads, b, h);
+  if constexpr (std::is_same_v<S, T>) {
+    return view;
+  } else {
+    buf.resize(static_cast<size_t>(rows * s.head_dim));
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t d = 0; d < s.head_dim; ++d) buf[i * s.head_dim + d] = Load(view.Row(i)[d]);
+    }
+    return {buf.data(), s.head_dim};
   }
 }
 
-template <typename T>
-void AttentionForward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
-                      T* out, T* lse) {
-  ForwardEachHead(s, q, k, v, segments, out, lse, [](auto&&... args) { FlashForwardHead(args...); });
+}  // namespace
+
+// Runs `head_fn` (the flash or the naive form) on every (batch, query head),
+// in parallel: the outputs of different heads are disjoint. With 16-bit
+// storage a head's q, k and v are widened first and its output computed in
+// float, then stored.
+template <typename T, typename S, typename HeadFn>
+void ForwardEachHead(const AttentionShape& s, const S* q, const S* k, const S* v, const int32_t* segments,
+                     S* out, T* lse, HeadFn head_fn) {
+  CheckShape(s, segments);
+  const int64_t group = s.q_heads / s.kv_heads, keys = s.keys(), hd = s.head_dim;
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t bh = 0; bh < s.batch * s.q_heads; ++bh) {
+    const int64_t b = bh / s.q_heads, h = bh % s.q_heads, kvh = h / group;
+    std::vector<T> qb, kb, vb;
+    const HeadView<const T> qv = HeadAsT(q, s, s.seq, s.q_heads, b, h, qb),
+                            kv = HeadAsT(k, s, keys, s.kv_heads, b, kvh, kb),
+                            vv = HeadAsT(v, s, keys, s.kv_heads, b, kvh, vb);
+    const HeadView<S> ov = Head(out, s, s.seq, s.q_heads, b, h);
+    if constexpr (std::is_same_v<S, T>) {
+      head_fn(s, qv, kv, vv, BatchSegments(segments, s, b), ov, lse + bh * s.seq);
+    } else {
+      std::vector<T> ob(static_cast<size_t>(s.seq * hd));
+      head_fn(s, qv, kv, vv, BatchSegments(segments, s, b), HeadView<T>{ob.data(), hd}, lse + bh * s.seq);
+      for (int64_t i = 0; i < s.seq; ++i) {
+        for (int64_t d = 0; d < hd; ++d) Store(ob[i * hd + d], ov.Row(i) + d);
+      }
+    }
+  }
 }
 
-template <typename T>
-void AttentionForwardNaive(const AttentionShape& s, const T* q, const T* k, const T* v,
-                           const int32_t* segments, T* out, T* lse) {
-  ForwardEachHead(s, q, k, v, segments, out, lse, [](auto&&... args) { NaiveForwardHead(args...); });
+template <typename T, typename S>
+void AttentionForward(const AttentionShape& s, const S* q, const S* k, const S* v, const int32_t* segments,
+                      S* out, T* lse) {
+  ForwardEachHead(s, q, k, v, segments, out, lse, [](auto&&... args) { FlashForwardHead<T>(args...); });
 }
 
-template <typename T>
-void AttentionBackward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
-                       const T* out, const T* lse, const T* dout, T* dq, T* dk, T* dv) {
+template <typename T, typename S>
+void AttentionForwardNaive(const AttentionShape& s, const S* q, const S* k, const S* v,
+                           const int32_t* segments, S* out, T* lse) {
+  ForwardEachHead(s, q, k, v, segments, out, lse, [](auto&&... args) { NaiveForwardHead<T>(args...); });
+}
+
+template <typename T, typename S>
+void AttentionBackward(const AttentionShape& s, const S* q, const S* k, const S* v, const int32_t* segments,
+                       const S* out, const T* lse, const T* dout, T* dq, T* dk, T* dv) {
   CheckShape(s, segments);
   FT_CHECK(s.past() == 0);  // no backward with a KV cache
   const int64_t group = s.q_heads / s.kv_heads;
 #pragma omp parallel for schedule(dynamic)
   for (int64_t bk = 0; bk < s.batch * s.kv_heads; ++bk) {
     const int64_t b = bk / s.kv_heads, kvh = bk % s.kv_heads;
-    BackwardHead<T> h{.k = Head(k, s, s.seq, s.kv_heads, b, kvh),
-                      .v = Head(v, s, s.seq, s.kv_heads, b, kvh),
+    std::vector<T> kb, vb, qb, ob;
+    BackwardHead<T> h{.k = HeadAsT(k, s, s.seq, s.kv_heads, b, kvh, kb),
+                      .v = HeadAsT(v, s, s.seq, s.kv_heads, b, kvh, vb),
                       .seg = BatchSegments(segments, s, b),
                       .dk = Head(dk, s, s.seq, s.kv_heads, b, kvh),
                       .dv = Head(dv, s, s.seq, s.kv_heads, b, kvh)};
@@ -280,8 +312,8 @@ void AttentionBackward(const AttentionShape& s, const T* q, const T* k, const T*
     }
     // The kv head's query heads in increasing order: dK and dV sum over them deterministically.
     for (int64_t qh = kvh * group; qh < (kvh + 1) * group; ++qh) {
-      h.q = Head(q, s, s.seq, s.q_heads, b, qh);
-      h.out = Head(out, s, s.seq, s.q_heads, b, qh);
+      h.q = HeadAsT(q, s, s.seq, s.q_heads, b, qh, qb);
+      h.out = HeadAsT(out, s, s.seq, s.q_heads, b, qh, ob);
       h.dout = Head(dout, s, s.seq, s.q_heads, b, qh);
       h.dq = Head(dq, s, s.seq, s.q_heads, b, qh);
       h.lse = lse + (b * s.q_heads + qh) * s.seq;
@@ -290,15 +322,17 @@ void AttentionBackward(const AttentionShape& s, const T* q, const T* k, const T*
   }
 }
 
-#define FT_INSTANTIATE_ATTENTION(T)                                                                          \
-  template void AttentionForward<T>(const AttentionShape&, const T*, const T*, const T*, const int32_t*, T*, \
-                                    T*);                                                                     \
-  template void AttentionForwardNaive<T>(const AttentionShape&, const T*, const T*, const T*,                \
-                                         const int32_t*, T*, T*);                                            \
-  template void AttentionBackward<T>(const AttentionShape&, const T*, const T*, const T*, const int32_t*,    \
-                                     const T*, const T*, const T*, T*, T*, T*);
-FT_INSTANTIATE_ATTENTION(float)
-FT_INSTANTIATE_ATTENTION(double)
+#define FT_INSTANTIATE_ATTENTION(T, S)                                                                       \
+  template void AttentionForward<T, S>(const AttentionShape&, const S*, const S*, const S*, const int32_t*,  \
+                                       S*, T*);                                                              \
+  template void AttentionForwardNaive<T, S>(const AttentionShape&, const S*, const S*, const S*,             \
+                                            const int32_t*, S*, T*);                                         \
+  template void AttentionBackward<T, S>(const AttentionShape&, const S*, const S*, const S*, const int32_t*, \
+                                        const S*, const T*, const T*, T*, T*, T*);
+FT_INSTANTIATE_ATTENTION(float, float)
+FT_INSTANTIATE_ATTENTION(double, double)
+FT_INSTANTIATE_ATTENTION(float, Bf16)
+FT_INSTANTIATE_ATTENTION(float, Half)
 #undef FT_INSTANTIATE_ATTENTION
 
 }  // namespace ft::cpu

@@ -34,11 +34,11 @@ double SumSquares(const T* x, int64_t n) {
   return total;
 }
 
-template <typename T>
-void Axpy(int64_t n, T alpha, const T* x, T* y) {
+template <typename T, typename S>
+void Axpy(int64_t n, T alpha, const S* x, T* y) {
   FT_CHECK(n >= 0);
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * Load(x[i]);
 }
 
 template <typename T>
@@ -50,8 +50,10 @@ void Scale(int64_t n, T alpha, T* x) {
 
 template double SumSquares<float>(const float*, int64_t);
 template double SumSquares<double>(const double*, int64_t);
-template void Axpy<float>(int64_t, float, const float*, float*);
-template void Axpy<double>(int64_t, double, const double*, double*);
+template void Axpy<float, float>(int64_t, float, const float*, float*);
+template void Axpy<double, double>(int64_t, double, const double*, double*);
+template void Axpy<float, Bf16>(int64_t, float, const Bf16*, float*);
+template void Axpy<float, Half>(int64_t, float, const Half*, float*);
 template void Scale<float>(int64_t, float, float*);
 template void Scale<double>(int64_t, double, double*);
 

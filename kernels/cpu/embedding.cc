@@ -1,19 +1,25 @@
 // Token embedding lookup and its scatter-add backward.
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "common/status.h"
 #include "kernels/cpu/ops.h"
 
 namespace ft::cpu {
 
-template <typename T>
-void EmbeddingForward(const T* table, const int32_t* ids, int64_t rows, int64_t D, T* out) {
+template <typename T, typename S>
+void EmbeddingForward(const T* table, const int32_t* ids, int64_t rows, int64_t D, S* out) {
   FT_CHECK(rows >= 0 && D > 0);
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     FT_CHECK(ids[r] >= 0);
-    std::memcpy(out + r * D, table + static_cast<int64_t>(ids[r]) * D, sizeof(T) * D);
+    const T* row = table + static_cast<int64_t>(ids[r]) * D;
+    if constexpr (std::is_same_v<S, T>) {
+      std::memcpy(out + r * D, row, sizeof(T) * D);
+    } else {
+      for (int64_t j = 0; j < D; ++j) Store(row[j], out + r * D + j);
+    }
   }
 }
 
@@ -36,8 +42,12 @@ void EmbeddingBackward(const T* dout, const int32_t* ids, int64_t rows, int64_t 
   }
 }
 
-template void EmbeddingForward<float>(const float*, const int32_t*, int64_t, int64_t, float*);
-template void EmbeddingForward<double>(const double*, const int32_t*, int64_t, int64_t, double*);
+template void EmbeddingForward<float, float>(const float*, const int32_t*, int64_t, int64_t, float*);
+template void EmbeddingForward<double, double>(const double*, const int32_t*, int64_t, int64_t, double*);
+template void EmbeddingForward<float, Bf16>(const float*, const int32_t*, int64_t, int64_t, Bf16*);
+template void EmbeddingForward<float, Half>(const float*, const int32_t*, int64_t, int64_t, Half*);
+template void EmbeddingForward<Bf16, Bf16>(const Bf16*, const int32_t*, int64_t, int64_t, Bf16*);
+template void EmbeddingForward<Half, Half>(const Half*, const int32_t*, int64_t, int64_t, Half*);
 template void EmbeddingBackward<float>(const float*, const int32_t*, int64_t, int64_t, float*);
 template void EmbeddingBackward<double>(const double*, const int32_t*, int64_t, int64_t, double*);
 

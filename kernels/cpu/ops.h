@@ -2,7 +2,11 @@
 //
 // Every op exists for T = float (what the engine runs) and T = double (what the
 // finite-difference gradient checks run). Each is the definition the CUDA
-// backend is checked against. Layout conventions, row-major throughout:
+// backend is checked against. Ops that read or write activations also take
+// their storage type S (kernels/cpu/dtype.h): S = T, or with T = float the
+// 16-bit Bf16 and Half (typed storage: loaded exactly, computed in float,
+// stored rounded to nearest even, so the result is the float op's rounded). Layout conventions, row-major
+// throughout:
 //   activations  [rows, D] with rows = batch * seq (token-major)
 //   q            [rows, Hq * hd], k and v [rows, Hkv * hd] (head-major inside a row)
 //   lse          [batch, Hq, seq] (natural-log sum of exp of the scaled scores)
@@ -14,6 +18,8 @@
 
 #include <cstddef>
 #include <cstdint>
+
+#include "kernels/cpu/dtype.h"
 
 namespace ft::cpu {
 
@@ -29,19 +35,19 @@ void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
           const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
 
 // y = x * rsqrt(mean(x²) + eps) * w, per row of x[rows, D]; saves rstd[rows].
-template <typename T>
-void RmsNormForward(const T* x, const T* w, int64_t rows, int64_t D, T eps, T* y, T* rstd);
+template <typename T, typename S = T>
+void RmsNormForward(const S* x, const T* w, int64_t rows, int64_t D, T eps, S* y, T* rstd);
 // dx = gradient w.r.t. x (overwritten); dw += gradient w.r.t. w when dw != nullptr.
-template <typename T>
-void RmsNormBackward(const T* x, const T* w, const T* rstd, const T* dy, int64_t rows, int64_t D, T* dx,
+template <typename T, typename S = T>
+void RmsNormBackward(const S* x, const T* w, const T* rstd, const T* dy, int64_t rows, int64_t D, T* dx,
                      T* dw);
 
 // Rotary embedding in place on x[rows, heads * hd], HF rotate_half pairing
 // (i, i + hd/2): x1' = x1*cos - x2*sin, x2' = x2*cos + x1*sin, with
 // cos/sin[pos, hd/2] looked up at positions[row]. `inverse` applies the
 // transposed rotation (angle -θ), which is the backward of the forward.
-template <typename T>
-void RopeApply(T* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions, const T* cos_table,
+template <typename T, typename S = T>
+void RopeApply(S* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions, const T* cos_table,
                const T* sin_table, bool inverse);
 
 // Causal attention for batch sequences of length seq, GQA (Hq % Hkv == 0, query
@@ -61,25 +67,27 @@ struct AttentionShape {
   int64_t past() const { return keys() - seq; }  // keys before the first query
 };
 // The "flash" form: tiles of keys, online softmax, O(seq) extra memory.
-template <typename T>
-void AttentionForward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
-                      T* out, T* lse);
+template <typename T, typename S = T>
+void AttentionForward(const AttentionShape& s, const S* q, const S* k, const S* v, const int32_t* segments,
+                      S* out, T* lse);
 // Reference: materialises the [seq, seq] score matrix per head.
-template <typename T>
-void AttentionForwardNaive(const AttentionShape& s, const T* q, const T* k, const T* v,
-                           const int32_t* segments, T* out, T* lse);
+template <typename T, typename S = T>
+void AttentionForwardNaive(const AttentionShape& s, const S* q, const S* k, const S* v,
+                           const int32_t* segments, S* out, T* lse);
 // Backward from saved out and lse (recomputes probabilities tile by tile).
-// dq, dk, dv are overwritten.
-template <typename T>
-void AttentionBackward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
-                       const T* out, const T* lse, const T* dout, T* dq, T* dk, T* dv);
+// dq, dk, dv are overwritten. With 16-bit S, each (batch, head) of q, k, v
+// and out is widened into float scratch of one head (seq x head_dim) first.
+template <typename T, typename S = T>
+void AttentionBackward(const AttentionShape& s, const S* q, const S* k, const S* v, const int32_t* segments,
+                       const S* out, const T* lse, const T* dout, T* dq, T* dk, T* dv);
 
 // h = silu(gate) * up, elementwise over n.
-template <typename T>
-void SwiGluForward(const T* gate, const T* up, int64_t n, T* h);
+// (Computed in Load(S)'s type: float for the 16-bit S.)
+template <typename S>
+void SwiGluForward(const S* gate, const S* up, int64_t n, S* h);
 // dgate, dup overwritten (may alias gate/up only if the caller no longer needs them).
-template <typename T>
-void SwiGluBackward(const T* gate, const T* up, const T* dh, int64_t n, T* dgate, T* dup);
+template <typename T, typename S = T>
+void SwiGluBackward(const S* gate, const S* up, const T* dh, int64_t n, T* dgate, T* dup);
 
 // Cross-entropy over logits[rows, V] with targets[rows] (-100 = ignored).
 // Returns the SUM of -log softmax(logits)[target] over non-ignored rows (in
@@ -90,9 +98,10 @@ template <typename T>
 double CrossEntropy(const T* logits, const int32_t* targets, int64_t rows, int64_t V, T grad_scale,
                     T* dlogits);
 
-// out[rows, D] = table[ids[r], :].
-template <typename T>
-void EmbeddingForward(const T* table, const int32_t* ids, int64_t rows, int64_t D, T* out);
+// out[rows, D] = table[ids[r], :] (T = S: the stored rows copied; T = float
+// and a 16-bit S: rounded).
+template <typename T, typename S = T>
+void EmbeddingForward(const T* table, const int32_t* ids, int64_t rows, int64_t D, S* out);
 // dtable[ids[r], :] += dout[r, :] (rows in order: deterministic).
 template <typename T>
 void EmbeddingBackward(const T* dout, const int32_t* ids, int64_t rows, int64_t D, T* dtable);
@@ -102,8 +111,8 @@ template <typename T>
 double SumSquares(const T* x, int64_t n);
 
 // y += alpha * x; x *= alpha.
-template <typename T>
-void Axpy(int64_t n, T alpha, const T* x, T* y);
+template <typename T, typename S = T>
+void Axpy(int64_t n, T alpha, const S* x, T* y);
 template <typename T>
 void Scale(int64_t n, T alpha, T* x);
 
@@ -122,11 +131,6 @@ void AdamW(const AdamWParams& hp, int64_t n, T* param, const T* grad, T* m, T* v
 // NaN kept) and stores it back as float. This is how the CPU backend runs the
 // bf16 compute path: bf16 values, fp32 arithmetic.
 void RoundToBf16(float* x, int64_t n);
-uint16_t FloatToBf16(float f);
-float Bf16ToFloat(uint16_t b);
-// IEEE half conversions (for F16 safetensors and fp16 compute).
-uint16_t FloatToHalf(float f);
-float HalfToFloat(uint16_t h);
 // fp16 emulation, as RoundToBf16: each float rounded to the nearest half
 // (round-to-nearest-even; beyond 65504 to infinity, below 2^-24 to zero).
 void RoundToFp16(float* x, int64_t n);
@@ -134,5 +138,8 @@ void RoundToFp16(float* x, int64_t n);
 // and back (exact).
 void NarrowTo16(bool bf16, const float* x, int64_t n, uint16_t* out);
 void WidenFrom16(bool bf16, const uint16_t* x, int64_t n, float* out);
+// out[i] = x[i] in SOut's storage: float <-> Bf16 / Half (narrowing rounds to nearest even).
+template <typename SIn, typename SOut>
+void Convert(const SIn* x, int64_t n, SOut* out);
 
 }  // namespace ft::cpu

@@ -6,8 +6,8 @@
 
 namespace ft::cpu {
 
-template <typename T>
-void RopeApply(T* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions, const T* cos_table,
+template <typename T, typename S>
+void RopeApply(S* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions, const T* cos_table,
                const T* sin_table, bool inverse) {
   FT_CHECK(rows >= 0 && heads > 0 && hd > 0 && hd % 2 == 0);
   const int64_t half = hd / 2;
@@ -17,22 +17,25 @@ void RopeApply(T* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* pos
     const T* c = cos_table + static_cast<int64_t>(positions[r]) * half;
     const T* s = sin_table + static_cast<int64_t>(positions[r]) * half;
     for (int64_t h = 0; h < heads; ++h) {
-      T* x1 = x + (r * heads + h) * hd;
-      T* x2 = x1 + half;
+      S* x1 = x + (r * heads + h) * hd;
+      S* x2 = x1 + half;
       for (int64_t i = 0; i < half; ++i) {
         // The rotation by -θ (cos, -sin) is the transpose of the one by θ.
         const T sn = inverse ? -s[i] : s[i];
-        const T a = x1[i], b = x2[i];
-        x1[i] = a * c[i] - b * sn;
-        x2[i] = b * c[i] + a * sn;
+        const T a = Load(x1[i]), b = Load(x2[i]);
+        Store(a * c[i] - b * sn, x1 + i);
+        Store(b * c[i] + a * sn, x2 + i);
       }
     }
   }
 }
 
-template void RopeApply<float>(float*, int64_t, int64_t, int64_t, const int32_t*, const float*, const float*,
-                               bool);
-template void RopeApply<double>(double*, int64_t, int64_t, int64_t, const int32_t*, const double*,
-                                const double*, bool);
+#define FT_INSTANTIATE_ROPE(T, S) \
+  template void RopeApply<T, S>(S*, int64_t, int64_t, int64_t, const int32_t*, const T*, const T*, bool);
+FT_INSTANTIATE_ROPE(float, float)
+FT_INSTANTIATE_ROPE(double, double)
+FT_INSTANTIATE_ROPE(float, Bf16)
+FT_INSTANTIATE_ROPE(float, Half)
+#undef FT_INSTANTIATE_ROPE
 
 }  // namespace ft::cpu
