@@ -170,6 +170,11 @@ CASES = [
          quant=dict(type="nf4", block=64, double_quant=True, dq_block=256),
          adapter=dict(type="lora", r=4, alpha=8, rslora=False, targets=ALL_LINEARS),
          steps=6, lr=1e-2, max_grad_norm=1.6),
+    # bf16 storage (model.dtype: bf16): llama_gqa's model, data and initial adapter, the
+    # reference storing bf16 where the engine does (see BF16 STORAGE below), in float64 otherwise.
+    dict(name="llama_bf16", seed=1001, model=LLAMA_GQA_MODEL, reuse="llama_gqa", compute="bf16",
+         adapter=dict(type="lora", r=4, alpha=8, rslora=False, targets=ALL_LINEARS),
+         steps=6, lr=1e-2, max_grad_norm=1.5),
 ]
 
 # Training settings shared by all cases.
@@ -237,9 +242,12 @@ def is_base_linear(name):
 def base_params(case, w32):
     """The float64 base weights the reference computes with: the stored values,
     and for an NF4 case the base linears replaced by their NF4 round trip
-    (each weight flattened row-major and quantized as one vector)."""
+    (each weight flattened row-major and quantized as one vector); a bf16
+    compute case rounds every base weight to bf16, as the engine stores it."""
     m = case["model"]
     P = round_to_storage(w32, m["st_dtype"])
+    if case.get("compute") == "bf16":
+        P = {k: to_bf16(v) for k, v in P.items()}
     q = case.get("quant")
     if q is None:
         return P
@@ -336,14 +344,85 @@ def rms_norm(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
+# ----------------------------------------------------------------------------
+# BF16 STORAGE: where a bf16 run of the engine stores bf16 (docs/ENGINE.md,
+# "Precision"). Arithmetic stays float64 here; a value is rounded to bf16
+# (round-to-nearest-even, through float32 as the engine's fp32 results are)
+# where the engine stores it:
+#   stored(x)   a stored activation: x rounded, and its gradient rounded too
+#               (the engine's fp32 gradient workspaces are rounded at the
+#               same tensors);
+#   attention   FlashAttention-2's backward (_FlashAttention: D from the
+#               stored output);
+#   operand(x)  rounded in the forward only: a GEMM operand taken as bf16
+#               (LoRA's fp32 masters A and B) or a value rounded where its
+#               gradient is not (q and k after RoPE: the engine rounds their
+#               gradients before the inverse rotation; a linear's output
+#               before its residual add).
+# fp32 cases use neither (identity).
+# ----------------------------------------------------------------------------
+
+def to_bf16(x):
+    return x.to(torch.float32).to(torch.bfloat16).to(x.dtype)
+
+
+def _bf16_rounding(round_gradient):
+    """An autograd op rounding its input to bf16, and its gradient too when asked."""
+    class Round(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return to_bf16(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return to_bf16(g) if round_gradient else g
+    return Round
+
+
+_Stored = _bf16_rounding(True)
+_Operand = _bf16_rounding(False)
+
+
+class _FlashAttention(torch.autograd.Function):
+    """Softmax attention whose backward is FlashAttention-2's, as the engine
+    computes it: D_i = dO_i · O_i from the STORED (bf16) output O, so dS =
+    P ∘ (dP - D) carries O's rounding (dV = Pᵀ dO does not)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale):
+        p = torch.softmax(((q @ k.transpose(-1, -2)) * scale).masked_fill(causal, float("-inf")), dim=-1)
+        out = p @ v
+        ctx.save_for_backward(q, k, v, p, out)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, p, out = ctx.saved_tensors
+        dv = p.transpose(-1, -2) @ dout
+        delta = (dout * to_bf16(out)).sum(-1, keepdim=True)
+        ds = p * (dout @ v.transpose(-1, -2) - delta) * ctx.scale
+        return ds @ k, ds.transpose(-1, -2) @ q, dv, None, None
+
+
+def stored(ctx, x):
+    return _Stored.apply(x) if ctx["bf16"] else x
+
+
+def operand(ctx, x):
+    return _Operand.apply(x) if ctx["bf16"] else x
+
+
 def linear(P, ctx, hf_module, x):
-    """Base linear (+ bias) plus the PEFT LoRA branch if the module is targeted."""
+    """Base linear (+ bias) plus the PEFT LoRA branch if the module is targeted
+    (bf16: A and B taken as bf16 operands, x·Aᵀ stored)."""
     y = x @ P[hf_module + ".weight"].T
     if hf_module + ".bias" in P:
         y = y + P[hf_module + ".bias"]
     a = lora_key(hf_module, "A")
     if a in P:
-        y = y + ctx["lora_scale"] * ((x @ P[a].T) @ P[lora_key(hf_module, "B")].T)
+        xa = stored(ctx, x @ operand(ctx, P[a]).T)
+        y = y + ctx["lora_scale"] * (xa @ operand(ctx, P[lora_key(hf_module, "B")]).T)
     return y
 
 
@@ -357,30 +436,34 @@ def forward(P, ctx, ids):
     cos, sin = rope_cos_sin(m, T)                   # position ids 0..T-1 per row
     causal = torch.ones(T, T, dtype=torch.bool).triu(1)
 
-    x = P["model.embed_tokens.weight"][ids]
+    x = stored(ctx, P["model.embed_tokens.weight"][ids])
     for i in range(m["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        n = rms_norm(x, P[p + "input_layernorm.weight"], eps)
-        q = linear(P, ctx, p + "self_attn.q_proj", n).view(B, T, nH, hd).transpose(1, 2)
-        k = linear(P, ctx, p + "self_attn.k_proj", n).view(B, T, nKV, hd).transpose(1, 2)
-        v = linear(P, ctx, p + "self_attn.v_proj", n).view(B, T, nKV, hd).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        n = stored(ctx, rms_norm(x, P[p + "input_layernorm.weight"], eps))
+        q = stored(ctx, linear(P, ctx, p + "self_attn.q_proj", n)).view(B, T, nH, hd).transpose(1, 2)
+        k = stored(ctx, linear(P, ctx, p + "self_attn.k_proj", n)).view(B, T, nKV, hd).transpose(1, 2)
+        v = stored(ctx, linear(P, ctx, p + "self_attn.v_proj", n)).view(B, T, nKV, hd).transpose(1, 2)
+        q = operand(ctx, q * cos + rotate_half(q) * sin)
+        k = operand(ctx, k * cos + rotate_half(k) * sin)
         # GQA: query head h uses kv head h // (nH / nKV).
         k = k.repeat_interleave(nH // nKV, dim=1)
         v = v.repeat_interleave(nH // nKV, dim=1)
-        s = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
-        s = s.masked_fill(causal, float("-inf"))
-        a = torch.softmax(s, dim=-1) @ v            # [B, nH, T, hd]
-        a = a.transpose(1, 2).reshape(B, T, nH * hd)
-        h = x + linear(P, ctx, p + "self_attn.o_proj", a)
-        n = rms_norm(h, P[p + "post_attention_layernorm.weight"], eps)
-        g = linear(P, ctx, p + "mlp.gate_proj", n)
-        u = linear(P, ctx, p + "mlp.up_proj", n)
-        x = h + linear(P, ctx, p + "mlp.down_proj", F.silu(g) * u)
-    x = rms_norm(x, P["model.norm.weight"], eps)
+        if ctx["bf16"]:
+            a = _FlashAttention.apply(q, k, v, causal, 1.0 / math.sqrt(hd))
+        else:
+            s = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+            s = s.masked_fill(causal, float("-inf"))
+            a = torch.softmax(s, dim=-1) @ v        # [B, nH, T, hd]
+        a = stored(ctx, a.transpose(1, 2).reshape(B, T, nH * hd))
+        h = stored(ctx, x + operand(ctx, linear(P, ctx, p + "self_attn.o_proj", a)))
+        n = stored(ctx, rms_norm(h, P[p + "post_attention_layernorm.weight"], eps))
+        g = stored(ctx, linear(P, ctx, p + "mlp.gate_proj", n))
+        u = stored(ctx, linear(P, ctx, p + "mlp.up_proj", n))
+        act = stored(ctx, F.silu(g) * u)
+        x = stored(ctx, h + operand(ctx, linear(P, ctx, p + "mlp.down_proj", act)))
+    x = stored(ctx, rms_norm(x, P["model.norm.weight"], eps))
     head = P["model.embed_tokens.weight"] if m["tie_word_embeddings"] else P["lm_head.weight"]
-    return x @ head.T
+    return stored(ctx, x @ head.T)  # bf16: logits rounded, their gradient taken as a bf16 operand
 
 
 def make_micro_batch(seqs):
@@ -549,7 +632,7 @@ def job_yaml(case):
     else:
         lines += ["  quantization: none"]
     lines += [
-        "  dtype: fp32",
+        f"  dtype: {case.get('compute', 'fp32')}",
         "adapter:",
         f"  type: {ad['type']}",
     ]
@@ -689,7 +772,7 @@ def run_case(case):
             f.write(json.dumps({"input_ids": s}) + "\n")
     assert all(MIN_LEN <= len(s) <= min(MAX_LEN, SEQ_LEN) for s in data)
 
-    ctx = {"model": m, "full": ad["type"] == "full", "lora_scale": 0.0}
+    ctx = {"model": m, "full": ad["type"] == "full", "lora_scale": 0.0, "bf16": case.get("compute") == "bf16"}
     if ad["type"] == "lora":
         init = make_init_adapter(m, ad, gen)
         GENERATED[case["name"]]["init"] = init
@@ -737,12 +820,18 @@ def run_case(case):
         write_safetensors(os.path.join(out, "expected", "nf4_base.safetensors"),
                           f32({k: v for k, v in P.items() if is_base_linear(k)}), "F32")
 
-    # Finite-difference check of the step-0 gradients on the initial parameters.
+    # Finite-difference check of the step-0 gradients on the initial parameters (not through
+    # bf16 rounding: piecewise constant, its gradient is the convention BF16 STORAGE states).
+    if ctx["bf16"]:
+        return print_metrics(case, metrics, clipped)
     P0 = base_params(case, w32)
     t0 = {k: v.to(F64) for k, v in init.items()} if ad["type"] == "lora" else P0
     P0.update(t0)
     check_finite_difference(P0, ctx, t0, grads0, data)
+    print_metrics(case, metrics, clipped)
 
+
+def print_metrics(case, metrics, clipped):
     print(f"  loss      {[round(x, 6) for x in metrics['loss']]}")
     print(f"  grad_norm {[round(x, 6) for x in metrics['grad_norm']]}  (max {case['max_grad_norm']},"
           f" clipped {clipped})")

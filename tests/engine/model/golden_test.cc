@@ -63,10 +63,27 @@ JobSpec LoadCase(const std::string& c) {
   return *spec;
 }
 
+// Relative bounds per case: logits of sequence 0, per-step loss and grad
+// norm, step-1 gradients, final adapter. fp32 cases: float32 against
+// float64. llama_bf16 stores bf16 where the reference does (make_golden.py,
+// BF16 STORAGE); what is left is float32 against float64 arithmetic, which
+// now and then puts a value on the other side of a bf16 rounding boundary
+// (one bf16 ulp, 2^-8 relative, on that element).
+struct Bounds {
+  double logits = 1e-5, loss = 1e-5, grad_norm = 1e-4, grads = 1e-4, tensors = 1e-4;
+};
+Bounds BoundsFor(const std::string& c) {
+  // Measured: logits 0, losses 1.5e-4 (steps 1-2: 1e-8), grad norms 3.0e-3, step-1 gradients 1.4e-3
+  // (layer 0's attention; layer 1's: 1e-7), final adapter 7.3e-3.
+  if (c == "llama_bf16") return {1e-5, 5e-4, 5e-3, 5e-3, 1.5e-2};
+  return {};
+}
+
 class GoldenTest : public testing::TestWithParam<std::string> {};
 
 TEST_P(GoldenTest, LogitsLossesGradientsAndFinalAdapterMatchPyTorch) {
   const std::string c = GetParam();
+  const Bounds bound = BoundsFor(c);
   JobSpec spec = LoadCase(c);
   auto trainer = Trainer::Create(spec);
   ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
@@ -90,13 +107,13 @@ TEST_P(GoldenTest, LogitsLossesGradientsAndFinalAdapterMatchPyTorch) {
     std::vector<float> want(logits.size());
     ASSERT_TRUE((*ref)->ReadFloat("logits", {mb.seq, tr.model().config().vocab_size}, want.data()).ok());
     const double rel = RelDiff(logits.data(), want.data(), static_cast<int64_t>(want.size()));
-    std::printf("TENSOR %s logits: maxdiff(rel) = %.3e\n", rel <= 1e-5 ? "OK" : "NOT OK", rel);
-    EXPECT_LE(rel, 1e-5);
+    std::printf("TENSOR %s logits: maxdiff(rel) = %.3e\n", rel <= bound.logits ? "OK" : "NOT OK", rel);
+    EXPECT_LE(rel, bound.logits);
   }
 
   tr.set_grad_hook([&](int64_t step) {
     if (step == 1)
-      ExpectTensorsMatch(tr.model(), kGolden + c + "/expected/grads_step1.safetensors", true, 1e-4);
+      ExpectTensorsMatch(tr.model(), kGolden + c + "/expected/grads_step1.safetensors", true, bound.grads);
   });
   const Expected want = ReadMetrics(c);
   ASSERT_EQ(tr.total_steps(), static_cast<int64_t>(want.loss.size()));
@@ -105,18 +122,18 @@ TEST_P(GoldenTest, LogitsLossesGradientsAndFinalAdapterMatchPyTorch) {
     ASSERT_TRUE(tr.Step(&m).ok());
     EXPECT_EQ(m.step, static_cast<int64_t>(s + 1));
     EXPECT_EQ(m.tokens, want.tokens[s]);
-    EXPECT_NEAR(m.loss, want.loss[s], 1e-5 * want.loss[s]) << "step " << s + 1;
+    EXPECT_NEAR(m.loss, want.loss[s], bound.loss * want.loss[s]) << "step " << s + 1;
     EXPECT_NEAR(m.lr, want.lr[s], 1e-12) << "step " << s + 1;
-    EXPECT_NEAR(m.grad_norm, want.grad_norm[s], 1e-4 * want.grad_norm[s]) << "step " << s + 1;
+    EXPECT_NEAR(m.grad_norm, want.grad_norm[s], bound.grad_norm * want.grad_norm[s]) << "step " << s + 1;
     std::printf("step %zu: loss %.7f (torch %.7f)  grad_norm %.6f (torch %.6f)\n", s + 1, m.loss,
                 want.loss[s], m.grad_norm, want.grad_norm[s]);
   }
-  ExpectTensorsMatch(tr.model(), kGolden + c + "/expected/final.safetensors", false, 1e-4);
+  ExpectTensorsMatch(tr.model(), kGolden + c + "/expected/final.safetensors", false, bound.tensors);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GoldenTest,
                          testing::Values("llama_gqa", "qwen2_bias", "tied_rslora", "llama_full",
-                                         "llama_qlora"));
+                                         "llama_qlora", "llama_bf16"));
 
 // Runs `spec` to the end and returns the per-step losses.
 std::vector<double> Losses(const JobSpec& spec, Trainer** keep = nullptr) {
