@@ -166,10 +166,6 @@ struct CopyStats {
   double wait_seconds = 0;
 };
 
-// The 16-bit formats a frozen weight can be stored in (typed storage): as
-// uint16_t codes, 2 bytes a value.
-enum class Format16 { kBF16, kF16 };
-
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -278,10 +274,10 @@ class Backend {
   // bf16 and fp16 emulation in place (cpu::RoundToBf16, cpu::RoundToFp16).
   virtual void RoundToBf16(float* x, int64_t n) = 0;
   virtual void RoundToFp16(float* x, int64_t n) = 0;
-  // out[i] = the value of the 16-bit code x[i] (exact).
-  virtual void Widen16(Format16 format, const uint16_t* x, int64_t n, float* out) = 0;
-  // out[i] = x[i] in out's storage (fp32 <-> bf16/fp16; narrowing rounds to
-  // nearest even, as RoundToBf16/RoundToFp16 do). Same types: a copy.
+  // out[i] = x[i] in out's storage (fp32 <-> bf16/fp16; widening is exact,
+  // narrowing rounds to nearest even, as RoundToBf16/RoundToFp16 do): typed
+  // activations, and 16-bit frozen weights widened for their GEMMs. Same
+  // types: a copy.
   virtual void Convert(ConstAct x, int64_t n, Act out) = 0;
   // out[r, c] = x[r, c] * keep_scale or 0 by the mask of `key` for x[rows, in].
   virtual void Dropout(const DropoutKey& key, ConstAct x, int64_t rows, int64_t in, float* out) = 0;

@@ -193,9 +193,6 @@ class CpuBackend final : public Backend {
   }
   void RoundToBf16(float* x, int64_t n) override { cpu::RoundToBf16(x, n); }
   void RoundToFp16(float* x, int64_t n) override { cpu::RoundToFp16(x, n); }
-  void Widen16(Format16 format, const uint16_t* x, int64_t n, float* out) override {
-    cpu::WidenFrom16(format == Format16::kBF16, x, n, out);
-  }
   void Convert(ConstAct x, int64_t n, Act out) override {
     if (x.dtype == out.dtype) {
       Copy(out.data, x.data, n * ActDTypeBytes(x.dtype));

@@ -97,13 +97,6 @@ __global__ void ToLowPrecisionKernel(const float* src, int64_t rows, int64_t col
   }
 }
 
-__global__ void Widen16Kernel(bool bf16, const uint16_t* x, int64_t n, float* out) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    out[i] = bf16 ? __uint_as_float(static_cast<uint32_t>(x[i]) << 16) : __half2float(__ushort_as_half(x[i]));
-  }
-}
-
 __device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
 
@@ -509,12 +502,6 @@ class CudaBackend final : public Backend {
     FT_TIME_OP(name);
     RoundInPlaceKernel<T><<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(x, n);
     Record(LaunchStatus(name));
-  }
-  void Widen16(Format16 format, const uint16_t* x, int64_t n, float* out) override {
-    if (!status_.ok() || n <= 0) return;
-    FT_TIME_OP("widen 16-bit weight");
-    Widen16Kernel<<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(format == Format16::kBF16, x, n, out);
-    Record(LaunchStatus("Widen16Kernel"));
   }
   void Convert(ConstAct x, int64_t n, Act out) override {
     if (!status_.ok() || n <= 0) return;

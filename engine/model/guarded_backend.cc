@@ -185,10 +185,6 @@ class GuardedCpuBackend final : public Backend {
     Open o(this);
     inner_->RoundToFp16(x, n);
   }
-  void Widen16(Format16 format, const uint16_t* x, int64_t n, float* out) override {
-    Open o(this);
-    inner_->Widen16(format, x, n, out);
-  }
   void Convert(ConstAct x, int64_t n, Act out) override {
     Open o(this);
     inner_->Convert(x, n, out);

@@ -85,7 +85,7 @@ Model::Model(ModelConfig config, ModelOptions options)
   if (!c.tie_word_embeddings) lm_head_ = backend_->AllocBytes(embed_bytes, MemCategory::kWeights);
   layers_.resize(c.num_layers);
   if (!options_.nf4 && options_.dtype != ComputeDType::kF32) {
-    weight_format_ = options_.dtype == ComputeDType::kBF16 ? Format16::kBF16 : Format16::kF16;
+    weight_format_ = act_dtype_;
   }
   const int64_t dims[kNumModules][2] = {{D, c.q_dim()}, {D, c.kv_dim()}, {D, c.kv_dim()}, {c.q_dim(), D},
                                         {D, I},         {D, I},          {I, D}};
@@ -239,7 +239,7 @@ void Model::SetLinearWeight(Linear* lin, const float* values) {
   if (options_.nf4) {
     cpu::PackNf4Blob(q, lin->nf4_layout, out);
   } else if (weight_format_) {
-    cpu::NarrowTo16(*weight_format_ == Format16::kBF16, values, n, reinterpret_cast<uint16_t*>(out));
+    cpu::NarrowTo16(*weight_format_ == ActDType::kBF16, values, n, reinterpret_cast<uint16_t*>(out));
   } else {
     std::memcpy(out, values, static_cast<size_t>(dst.bytes()));
   }
@@ -263,7 +263,7 @@ StatusOr<std::vector<float>> Model::LinearValues(const Linear& lin) const {
   } else {
     backend_->CopyToHost(host, b.data(), b.bytes());
   }
-  if (!codes.empty()) cpu::WidenFrom16(*weight_format_ == Format16::kBF16, codes.data(), n, out.data());
+  if (!codes.empty()) cpu::WidenFrom16(*weight_format_ == ActDType::kBF16, codes.data(), n, out.data());
   return out;
 }
 
@@ -380,7 +380,7 @@ void Model::WidenLinear(Linear& lin) {
   BringToDevice(lin);
   if (lin.w16.empty()) return;
   lin.w = backend_->Alloc(lin.in * lin.out, MemCategory::kWeights);
-  backend_->Widen16(*weight_format_, lin.w16.as<uint16_t>(), lin.in * lin.out, lin.w.data());
+  backend_->Convert(ConstAct(lin.w16.data(), *weight_format_), lin.in * lin.out, lin.w.data());
   lin.w16 = DeviceBuffer();
 }
 
@@ -422,8 +422,7 @@ const float* Model::LinearWeight(int l, ModuleKind m) {
   const bool codes16 = sharded_ ? !nf4 && weight_format_.has_value() : !lin.w16.empty();
   if (!nf4 && !codes16) return static_cast<const float*>(storage);
   if (codes16) {  // typed storage: widened (exactly) into the scratch for this linear's GEMMs
-    backend_->Widen16(*weight_format_, static_cast<const uint16_t*>(storage), lin.in * lin.out,
-                      dequant_.data());
+    backend_->Convert(ConstAct(storage, *weight_format_), lin.in * lin.out, dequant_.data());
     return dequant_.data();
   }
   backend_->DequantizeNf4(lin.nf4_layout, storage, dequant_.data());

@@ -377,7 +377,7 @@ class Model {
   std::vector<char> gather_mine_, gather_all_;
   double gather_seconds_ = 0;
   // The 16-bit format of typed base weights, when the model has them (Linear::w16).
-  std::optional<Format16> weight_format_;
+  std::optional<ActDType> weight_format_;
   // Replaces lin's 16-bit codes by floats (full training, merging).
   void WidenLinear(Linear& lin);
   LoraSpec lora_spec_;
