@@ -299,42 +299,35 @@ class CudaBackend final : public Backend {
                                    N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     }
   }
-  // bf16/fp16 operands: an operand stored in T is read in place; an fp32 one
-  // is rounded into a packed copy in workspace; then cuBLASLt 16-bit x 16-bit
-  // -> fp32 (fp32 compute).
+  // bf16/fp16 operands (Operand16), then cuBLASLt 16-bit x 16-bit -> fp32 (fp32 compute).
   template <typename T>
   void LowPrecisionGemm(const char* convert_name, const char* gemm_name, bool trans_a, bool trans_b,
                         int64_t M, int64_t N, int64_t K, float alpha, ConstAct A, int64_t lda, ConstAct B,
                         int64_t ldb, float beta, float* C, int64_t ldc) {
-    const ActDType t = std::is_same_v<T, cuda::bf16> ? ActDType::kBF16 : ActDType::kF16;
-    const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
-    const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
-    // A 16-bit operand of the other 16-bit type (not made by the model) goes through fp32 first.
-    const float* a32 =
-        A.dtype != t && A.dtype != ActDType::kF32 ? StagedOperand(A, a_rows, a_cols, &lda, 0) : nullptr;
-    const float* b32 =
-        B.dtype != t && B.dtype != ActDType::kF32 ? StagedOperand(B, b_rows, b_cols, &ldb, 1) : nullptr;
-    const T* a16 = A.dtype == t ? A.as<T>() : reinterpret_cast<T*>(Workspace(a16_ws_, a_rows * a_cols * 2));
-    const T* b16 = B.dtype == t ? B.as<T>() : reinterpret_cast<T*>(Workspace(b16_ws_, b_rows * b_cols * 2));
-    if (!status_.ok()) return;
-    if (A.dtype != t) {
-      FT_TIME_OP(convert_name);
-      ToLowPrecisionKernel<T><<<BlocksFor(a_rows * a_cols, kThreads), kThreads, 0, stream_>>>(
-          a32 ? a32 : A.as<float>(), a_rows, a_cols, lda, const_cast<T*>(a16));
-      Record(LaunchStatus(convert_name));
-      lda = a_cols;
-    }
-    if (B.dtype != t) {
-      FT_TIME_OP(convert_name);
-      ToLowPrecisionKernel<T><<<BlocksFor(b_rows * b_cols, kThreads), kThreads, 0, stream_>>>(
-          b32 ? b32 : B.as<float>(), b_rows, b_cols, ldb, const_cast<T*>(b16));
-      Record(LaunchStatus(convert_name));
-      ldb = b_cols;
-    }
+    const T* a16 = Operand16<T>(convert_name, A, trans_a ? K : M, trans_a ? M : K, &lda, a16_ws_, 0);
+    const T* b16 = Operand16<T>(convert_name, B, trans_b ? N : K, trans_b ? K : N, &ldb, b16_ws_, 1);
     if (!status_.ok()) return;
     FT_TIME_OP(gemm_name);
     Record(
         blas_->Gemm<T, float>(stream_, trans_a, trans_b, M, N, K, alpha, a16, lda, b16, ldb, beta, C, ldc));
+  }
+  // A GEMM operand x [rows, cols] (row stride *ld) as T: read in place when stored in T; else
+  // rounded into a packed copy in `ws` (then *ld = cols), from fp32 or, for the other 16-bit type
+  // (not made by the model), through an fp32 staging copy.
+  template <typename T>
+  const T* Operand16(const char* convert_name, ConstAct x, int64_t rows, int64_t cols, int64_t* ld,
+                     DeviceBuffer& ws, int slot) {
+    const ActDType t = std::is_same_v<T, cuda::bf16> ? ActDType::kBF16 : ActDType::kF16;
+    if (x.dtype == t) return x.as<T>();
+    const float* x32 = StagedOperand(x, rows, cols, ld, slot);
+    auto* out = reinterpret_cast<T*>(Workspace(ws, rows * cols * 2));
+    if (!status_.ok()) return nullptr;
+    FT_TIME_OP(convert_name);
+    ToLowPrecisionKernel<T>
+        <<<BlocksFor(rows * cols, kThreads), kThreads, 0, stream_>>>(x32, rows, cols, *ld, out);
+    Record(LaunchStatus(convert_name));
+    *ld = cols;
+    return out;
   }
   void RmsNormForward(ConstAct x, const float* w, int64_t rows, int64_t D, float eps, Act y,
                       float* rstd) override {

@@ -78,7 +78,6 @@ Model::Model(ModelConfig config, ModelOptions options)
   FT_CHECK(c.Validate("config").ok());
   const int64_t D = c.hidden_size, I = c.intermediate_size;
   act_dtype_ = ActivationDType(options_.dtype);
-  embed_typed_ = act_dtype_ != ActDType::kF32;  // until EnableFullTraining makes them fp32 masters
   const int64_t embed_bytes = c.vocab_size * D * ActDTypeBytes(act_dtype_);
   embed_ = backend_->AllocBytes(embed_bytes, MemCategory::kWeights);
   final_norm_ = backend_->Alloc(D, MemCategory::kWeights);
@@ -116,8 +115,9 @@ Model::~Model() = default;
 std::vector<NamedTensor> Model::NamedWeights() {
   const int64_t D = config_.hidden_size, V = config_.vocab_size;
   std::vector<NamedTensor> out;
+  const bool codes = EmbedDType() != ActDType::kF32;
   const auto embedding = [&](const char* name, DeviceBuffer& b) {
-    return NamedTensor{name, {V, D}, embed_typed_ ? nullptr : b.data(), nullptr, embed_typed_ ? &b : nullptr};
+    return NamedTensor{name, {V, D}, codes ? nullptr : b.data(), nullptr, codes ? &b : nullptr};
   };
   out.push_back(embedding("model.embed_tokens.weight", embed_));
   for (int l = 0; l < config_.num_layers; ++l) {
@@ -192,17 +192,18 @@ Status Model::EnableFullTraining() {
     return Status::FailedPrecondition(
         "FSDP here shards the frozen base weights; a full fine-tune trains them: use LoRA/QLoRA, or "
         "distributed.strategy: ddp");
+  const ActDType embed_dtype = EmbedDType();  // fp32 from here on
   full_training_ = true;
   for (auto& layer : layers_) {
     for (auto& lin : layer.proj) WidenLinear(lin);  // trained weights are fp32 masters
   }
   for (DeviceBuffer* b : {&embed_, &lm_head_}) {
-    if (!embed_typed_ || b->empty()) continue;
-    DeviceBuffer wide = backend_->Alloc(b->bytes() / 2, MemCategory::kWeights);
-    backend_->Convert(ConstAct(b->data(), act_dtype_), wide.size(), wide.data());
+    if (embed_dtype == ActDType::kF32 || b->empty()) continue;
+    const int64_t n = b->bytes() / ActDTypeBytes(embed_dtype);
+    DeviceBuffer wide = backend_->Alloc(n, MemCategory::kWeights);
+    backend_->Convert(ConstAct(b->data(), embed_dtype), n, wide.data());
     *b = std::move(wide);
   }
-  embed_typed_ = false;
   dembed_ = backend_->Alloc(embed_.size(), MemCategory::kGradients);
   dfinal_norm_ = backend_->Alloc(final_norm_.size(), MemCategory::kGradients);
   if (!lm_head_.empty()) dlm_head_ = backend_->Alloc(lm_head_.size(), MemCategory::kGradients);
@@ -483,13 +484,17 @@ void Model::Round(float* x, int64_t n) const {
 
 ConstAct Model::HeadWeight() const {
   const DeviceBuffer& w = lm_head_.empty() ? embed_ : lm_head_;
-  return ConstAct(w.data(), embed_typed_ ? act_dtype_ : ActDType::kF32);
+  return ConstAct(w.data(), EmbedDType());
 }
+
+ActDType Model::EmbedDType() const { return full_training_ ? ActDType::kF32 : act_dtype_; }
 
 // fp32 operands for an fp32 head: bf16 operands would convert the whole head
 // weight for every chunk of rows (measured on an H200, QLoRA 8B shape: 985
 // instead of 824 ms a step). A 16-bit head is read as it is stored.
-GemmOperands Model::HeadOperands() const { return embed_typed_ ? LinearOperands() : GemmOperands::kF32; }
+GemmOperands Model::HeadOperands() const {
+  return EmbedDType() != ActDType::kF32 ? LinearOperands() : GemmOperands::kF32;
+}
 float* Model::HeadGrad() {
   if (!full_training_) return nullptr;
   return lm_head_.empty() ? dembed_.data() : dlm_head_.data();
@@ -596,8 +601,8 @@ void Model::UploadBatch(const MicroBatch& mb) {
 }
 
 void Model::EmbedForward(const MicroBatch& mb, Act x) {
-  backend_->EmbeddingForward(ConstAct(embed_.data(), embed_typed_ ? act_dtype_ : ActDType::kF32),
-                             acts_->ids.as<int32_t>(), mb.rows(), config_.hidden_size, x);
+  backend_->EmbeddingForward(ConstAct(embed_.data(), EmbedDType()), acts_->ids.as<int32_t>(), mb.rows(),
+                             config_.hidden_size, x);
 }
 
 ActDType ActivationDType(ComputeDType dtype) {

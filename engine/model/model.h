@@ -320,6 +320,9 @@ class Model {
   KvCache* decode_cache_ = nullptr;            // Decode in progress: attention appends to and reads it
   bool eval_mode_ = false;                     // EvalForward in progress: no dropout
   void Round(float* x, int64_t n) const;
+  // How the embeddings and head are stored: the activation dtype, fp32 once
+  // full training made them trainable masters.
+  ActDType EmbedDType() const;
   // The head's weight (the embeddings when tied), in its storage type.
   ConstAct HeadWeight() const;
   // How the head's GEMMs take their operands: as the decoder's linears when
@@ -354,11 +357,10 @@ class Model {
   ActDType act_dtype_ = ActDType::kF32;
   std::shared_ptr<Backend> backend_;  // every op and (later) every buffer goes through it
   // Embeddings and head: fp32, or (LoRA/QLoRA under bf16/fp16: frozen)
-  // 16-bit codes of the activation dtype (embed_typed_).
-  DeviceBuffer embed_;       // (V, D)
-  DeviceBuffer final_norm_;  // (D)
-  DeviceBuffer lm_head_;     // (V, D) or empty when tied
-  bool embed_typed_ = false;
+  // 16-bit codes of the activation dtype (EmbedDType).
+  DeviceBuffer embed_;                            // (V, D)
+  DeviceBuffer final_norm_;                       // (D)
+  DeviceBuffer lm_head_;                          // (V, D) or empty when tied
   DeviceBuffer dembed_, dfinal_norm_, dlm_head_;  // full fine-tune only
   std::vector<DecoderLayer> layers_;
   bool lora_enabled_ = false;

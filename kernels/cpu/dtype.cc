@@ -17,21 +17,28 @@ void RoundToFp16(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = HalfToFloat(FloatToHalf(x[i]));
 }
 
-void NarrowTo16(bool bf16, const float* x, int64_t n, uint16_t* out) {
-#pragma omp parallel for schedule(static) if (n >= (1 << 15))
-  for (int64_t i = 0; i < n; ++i) out[i] = bf16 ? FloatToBf16(x[i]) : FloatToHalf(x[i]);
-}
-
-void WidenFrom16(bool bf16, const uint16_t* x, int64_t n, float* out) {
-#pragma omp parallel for schedule(static) if (n >= (1 << 15))
-  for (int64_t i = 0; i < n; ++i) out[i] = bf16 ? Bf16ToFloat(x[i]) : HalfToFloat(x[i]);
-}
-
 template <typename SIn, typename SOut>
 void Convert(const SIn* x, int64_t n, SOut* out) {
   FT_CHECK(n >= 0);
 #pragma omp parallel for schedule(static) if (n >= (1 << 15))
   for (int64_t i = 0; i < n; ++i) Store(Load(x[i]), out + i);
+}
+
+// The raw-code forms of Convert (Bf16 and Half are one uint16_t each).
+void NarrowTo16(bool bf16, const float* x, int64_t n, uint16_t* out) {
+  if (bf16) {
+    Convert(x, n, reinterpret_cast<Bf16*>(out));
+  } else {
+    Convert(x, n, reinterpret_cast<Half*>(out));
+  }
+}
+
+void WidenFrom16(bool bf16, const uint16_t* x, int64_t n, float* out) {
+  if (bf16) {
+    Convert(reinterpret_cast<const Bf16*>(x), n, out);
+  } else {
+    Convert(reinterpret_cast<const Half*>(x), n, out);
+  }
 }
 
 template void Convert<float, Bf16>(const float*, int64_t, Bf16*);
