@@ -311,11 +311,19 @@ TEST(DdpTest, FsdpShardsEachRanksMemoryAsThePlannerPredicts) {
 
 // One GPU, two ranks (both on it, Gloo between them): DDP and FSDP with resources.device cuda
 // against one rank on the same GPU (label gpu through engine_ddp_gpu_test; skips without a GPU).
+// The model has a head dim the CUDA attention takes (64: bench/gpu/small-llama).
 TEST(DdpTest, OneGpuSmokeRunOfDdpAndFsdp) {
   std::string skip;
   if (testing_support::CudaOrSkip(&skip) == nullptr) GTEST_SKIP() << skip;
-  auto on_cuda = [](const std::string& job) {
+  const std::string model = FreshDir("gpu-model") + "/model";
+  ASSERT_EQ(WaitExit(Spawn(
+                FreshDir("gpu-make-model"),
+                {"make-model", "--config", std::string(FT_SOURCE_DIR) + "/bench/gpu/small-llama/config.json",
+                 "--out", model, "--seed", "1"})),
+            0);
+  auto on_cuda = [&model](const std::string& job) {
     std::string text = Slurp(job);
+    text.replace(text.find(ModelDir()), ModelDir().size(), model);
     text.replace(text.find("resources: {gpus: "), 18, "resources: {device: cuda, gpus: ");
     std::ofstream(job) << text;
     return job;
