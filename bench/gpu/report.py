@@ -74,8 +74,8 @@ def user_rows(path):
             "predicted GiB (device / host) |",
             "|---|---|---|---|---|---|---|"]
     for r in ours:
-        rows.append(f"| ftune QLoRA NF4+DQ r=16 all linears, seq 2048, batch 1, act. ckpt, fp32 storage "
-                    f"(bf16 rounding), attention on tensor cores{', ' + r['label'] if r.get('label') else ''} | "
+        rows.append(f"| ftune QLoRA NF4+DQ r=16 all linears, seq 2048, batch 1, act. ckpt, bf16 storage "
+                    f"(typed), attention on tensor cores{', ' + r['label'] if r.get('label') else ''} | "
                     f"{f(r.get('tokens_per_s'), 0)} | {f(r.get('step_ms_median'), 0)} | "
                     f"{f(r.get('copy_wait_ms_median'), 1)} | {f(r.get('peak_tracked_gib'))} | "
                     f"{f(r.get('smi_peak_gib'))} | {f(r.get('predicted_gib'))} / {f(r.get('predicted_host_gib'))} |")
@@ -191,12 +191,13 @@ no cp.async pipelining or wgmma yet); its backward is two deterministic
 kernels without atomics (dK/dV, then dQ), so S and dP are computed twice:
 7 tile products where FlashAttention-2 does 5, while the FLOP count above
 credits 5. The GEMM goes through cuBLASLt like torch.matmul, so its ratio
-should be near 1. The engine still stores every tensor in fp32 (bf16 is
-rounding points only); under bf16 the decoder's linears and attention take
-bf16 operands on the tensor cores (converted as they load) while the loss
-head stays fp32. The user's job's remaining gap to PEFT is fp32 storage
-(twice the bytes for every activation, a conversion per GEMM operand: the
-issue "The engine on the device") and the kernels' own gaps in the table.
+should be near 1. Under bf16 the engine stores activations, frozen weights,
+embeddings and head in bf16 (typed storage); 16-bit GEMM operands are read in
+place, but the other ops still run fp32 kernels through staging conversions
+("convert (typed storage)" above), fp32 gradient workspaces are rounded in
+place ("bf16 rounding"), and fp32 operands (dequantized NF4 weights,
+gradients) are converted per GEMM ("operands to bf16"): with the host copies
+and the kernels' own gaps in the table, that is the user's job's gap to PEFT.
 """
     with open(out_path, "w") as f:
         f.write(doc)
