@@ -32,13 +32,18 @@ if(FT_FUZZ)
   add_compile_options(-fsanitize=fuzzer-no-link)  # coverage for libFuzzer in every library
 endif()
 
-# ft_add_test(NAME SOURCES a.cc b.cc LIBS x y [LABELS l] [TIMEOUT s] [SHARDS n])
+# ft_add_test(NAME SOURCES a.cc b.cc LIBS x y [LABELS l] [TIMEOUT s] [SHARDS n] [COST s])
 # Builds one GoogleTest binary and registers it with ctest under NAME, or,
 # with SHARDS n > 1, as NAME_shard0 .. NAME_shard<n-1>: GoogleTest's sharding
 # (GTEST_TOTAL_SHARDS, GTEST_SHARD_INDEX) splits its tests between them, so
 # ctest runs a long suite of slow scenarios side by side.
+# COST: the seconds the test (each shard) takes on a 2-core machine, for the
+# long ones. ctest starts the costliest first, but it learns costs only from
+# earlier runs of the same tree; a fresh clone (CI, and each sanitizer tree)
+# has none and would start tests in declaration order, ending the run with
+# one long test on one core.
 function(ft_add_test name)
-  cmake_parse_arguments(T "" "TIMEOUT;SHARDS" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "" "TIMEOUT;SHARDS;COST" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${name} ${T_SOURCES})
   ft_project_warnings(${name})
   target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gmock GTest::gtest_main)
@@ -61,6 +66,9 @@ function(ft_add_test name)
     add_test(NAME ${name} COMMAND ${name})
   endif()
   set_tests_properties(${tests} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}")
+  if(T_COST)
+    set_tests_properties(${tests} PROPERTIES COST ${T_COST})
+  endif()
   if("gpu" IN_LIST T_LABELS)
     # GPU tests GTEST_SKIP on machines without a GPU; ctest reports them skipped.
     set_tests_properties(${tests} PROPERTIES SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")

@@ -73,6 +73,10 @@ StatusOr<GenerationModel> LoadGenerationModel(const GenerationModelOptions& o) {
     return Status::InvalidArgument("--dtype must be fp32, bf16 or fp16, not '" + o.dtype + "'");
   FT_ASSIGN_OR_RETURN(ModelConfig config, ReadHfConfig(o.model_dir));
   FT_ASSIGN_OR_RETURN(DeviceKind kind, ParseDeviceKind(o.device));
+  if (Status takes = CheckHeadDimForDevice(kind, config.head_dim); !takes.ok()) {
+    return Status::InvalidArgument("--device " + o.device + ": " + o.model_dir + " (config.json) has " +
+                                   takes.message() + "; use --device cpu");
+  }
   FT_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, CreateBackend(kind));
   ModelOptions options;
   options.dtype = *dtype;

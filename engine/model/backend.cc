@@ -6,6 +6,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
+
+#include "kernels/cuda/limits.h"
 
 namespace ft {
 
@@ -40,6 +43,14 @@ std::shared_ptr<Backend> DefaultCpuBackend() {
   return instance;
 }
 }  // namespace
+
+Status CheckHeadDimForDevice(DeviceKind kind, int64_t head_dim) {
+  if (kind == DeviceKind::kCpu || cuda::AttentionTakesHeadDim(head_dim)) return Status::OK();
+  std::string takes;
+  for (int64_t d : cuda::kAttentionHeadDims) takes += (takes.empty() ? "" : " or ") + std::to_string(d);
+  return Status::InvalidArgument("head_dim " + std::to_string(head_dim) + ": the " + DeviceKindName(kind) +
+                                 " attention kernels take head dim " + takes);
+}
 
 StatusOr<std::shared_ptr<Backend>> CreateBackend(DeviceKind kind) {
   if (kind == DeviceKind::kCpu) return DefaultCpuBackend();

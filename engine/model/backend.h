@@ -324,5 +324,11 @@ std::shared_ptr<Backend> MakeGuardedCpuBackend(int64_t capacity_bytes);
 StatusOr<std::shared_ptr<Backend>> CreateBackend(DeviceKind kind);
 // "cpu" or "cuda" (resources.device) to a kind; InvalidArgument otherwise.
 StatusOr<DeviceKind> ParseDeviceKind(const std::string& name);
+// OK when `kind`'s attention takes heads of `head_dim` (the CPU any, CUDA
+// 64 or 128: kernels/cuda/limits.h); InvalidArgument naming the head dim and
+// what the device takes otherwise. Checked before a model is loaded, so a run
+// on a device that would refuse the model's first forward ends at once with
+// that reason (callers add the file and field it came from).
+Status CheckHeadDimForDevice(DeviceKind kind, int64_t head_dim);
 
 }  // namespace ft

@@ -17,6 +17,7 @@
 
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/limits.h"
 #include "kernels/cuda/ops.h"
 
 namespace ft::cuda {

@@ -17,6 +17,7 @@
 
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/limits.h"
 #include "kernels/cuda/ops.h"
 
 namespace ft::cuda {
@@ -139,7 +140,7 @@ Status AttentionForward(const AttentionShape& s, const T* q, const T* k, const T
   }
   if (s.batch == 0 || s.seq == 0) return Status::OK();
   if (s.batch * s.q_heads > 65535) return Status::InvalidArgument("AttentionForward: batch * heads > 65535");
-  if ((s.head_dim == 64 || s.head_dim == 128) && UseTensorCores<T>(math, {q, k, v, out})) {
+  if (AttentionTakesHeadDim(s.head_dim) && UseTensorCores<T>(math, {q, k, v, out})) {
     return TcAttentionForward<T>(s, q, k, v, segments, out, lse, stream);
   }
   switch (s.head_dim) {

@@ -255,6 +255,26 @@ TEST_F(FtTrainCliTest, SetOverridesTheJobAndErrorsNameTheOverride) {
   EXPECT_FALSE(fs::exists(dir_ + "/out/merged")) << "output.merge overridden";
 }
 
+// tiny-llama's heads are 16 wide; the CUDA attention kernels take 64 or 128.
+// Refused before anything is loaded (so on any machine, GPU or not), naming
+// the model, the head dim and the fix; before the check a CUDA run died on a
+// failed synchronisation while it loaded the model.
+TEST_F(FtTrainCliTest, AModelTheCudaKernelsRefuseIsNamedBeforeItLoads) {
+  ASSERT_EQ(FtTrain("make-model --preset tiny-llama --out " + dir_ + "/model", dir_).exit_code, 0);
+  WriteJob();
+  CliResult run = FtTrain("run " + dir_ + "/job.yaml --set resources.device=cuda", dir_);
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.err, HasSubstr(dir_ + "/job.yaml: resources.device: cuda, but model.path " + dir_ +
+                                 "/model (config.json) has head_dim 16: the cuda attention kernels take "
+                                 "head dim 64 or 128; use resources.device: cpu"));
+  EXPECT_FALSE(fs::exists(dir_ + "/out/metrics.jsonl"));
+  CliResult gen = FtTrain("generate --model " + dir_ + "/model --prompt hi --device cuda", dir_);
+  EXPECT_EQ(gen.exit_code, 2);
+  EXPECT_THAT(gen.err, HasSubstr("--device cuda: " + dir_ +
+                                 "/model (config.json) has head_dim 16: the cuda attention kernels take "
+                                 "head dim 64 or 128; use --device cpu"));
+}
+
 TEST_F(FtTrainCliTest, MissingModelIsNamed) {
   WriteJob();
   CliResult run = FtTrain("run " + dir_ + "/job.yaml", dir_);
