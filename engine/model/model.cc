@@ -67,6 +67,9 @@ struct Model::Activations {
   DeviceBuffer y32, xa32;
   // The micro-batch's integer inputs (int32 [rows] each) and the loss sum (one double).
   DeviceBuffer ids, targets, positions, segments, loss_sum;
+  // The loss head on the rows with a target only (HeadForwardBackward): their indices and
+  // targets (int32 [rows]), one chunk of their final-norm outputs (typed) and of its gradient.
+  DeviceBuffer head_rows, head_targets, head_x, head_dx;
   bool has_segments = false;
 };
 
@@ -578,7 +581,10 @@ void Model::EnsureActivations(int64_t rows, int64_t batch) {
   const int64_t chunk =
       options_.loss_chunk_rows > 0 ? options_.loss_chunk_rows : std::max<int64_t>(1, kLossChunkFloats / V);
   a->logits = backend_->Alloc(std::min(rows, chunk) * V, ws);
-  for (DeviceBuffer* b : {&a->ids, &a->targets, &a->positions, &a->segments}) {
+  a->head_x = AllocAct(std::min(rows, chunk) * D, ws);
+  a->head_dx = backend_->Alloc(std::min(rows, chunk) * D, ws);
+  for (DeviceBuffer* b :
+       {&a->ids, &a->targets, &a->positions, &a->segments, &a->head_rows, &a->head_targets}) {
     *b = backend_->AllocBytes(rows * static_cast<int64_t>(sizeof(int32_t)), ws);
   }
   a->loss_sum = backend_->AllocBytes(sizeof(double), ws);
@@ -798,23 +804,50 @@ LossResult Model::HeadForwardBackward(const MicroBatch& mb, ConstAct x_last, flo
   if (logits) logits->assign(static_cast<size_t>(rows * V), 0.0f);
   const int64_t chunk = w.logits.size() / V;
   LossResult result;
+  // Rows without a target (a chat SFT batch's prompt tokens) add nothing to the loss or any
+  // gradient: unless the caller wants every row's logits, the head runs on the rows with a
+  // target alone, gathered a chunk at a time, and their gradients are scattered back into dxf
+  // (zero elsewhere). With a target on every row, the rows are used in place.
+  std::vector<int32_t> picked, picked_targets;
+  for (int64_t i = 0; i < rows; ++i) {
+    if (mb.targets[i] < 0) continue;
+    picked.push_back(static_cast<int32_t>(i));
+    picked_targets.push_back(mb.targets[i]);
+  }
+  result.tokens = static_cast<int64_t>(picked.size());
+  const bool gather = logits == nullptr && result.tokens < rows;
+  const int64_t head_rows = gather ? result.tokens : rows;
+  const int32_t* targets = w.targets.as<int32_t>();
+  if (gather) {
+    const int64_t bytes = result.tokens * static_cast<int64_t>(sizeof(int32_t));
+    if (bytes > 0) {  // the host vectors are read before the CopyToHost below returns
+      backend_->CopyToDevice(w.head_rows.data(), picked.data(), bytes);
+      backend_->CopyToDevice(w.head_targets.data(), picked_targets.data(), bytes);
+    }
+    targets = w.head_targets.as<int32_t>();
+    if (backward) backend_->Zero(w.dxf.data(), rows * D);
+  }
   double* loss_sum = w.loss_sum.as<double>();
   backend_->Zero(w.loss_sum.data(), 2);  // one double
-  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
-    const int64_t n = std::min(chunk, rows - r0);
+  for (int64_t r0 = 0; r0 < head_rows; r0 += chunk) {
+    const int64_t n = std::min(chunk, head_rows - r0);
     float* lg = w.logits.data();
-    const ConstAct xf = A(w.xf).At(r0 * D);
+    ConstAct xf = A(w.xf).At(r0 * D);
+    const int32_t* rows_of_chunk = w.head_rows.as<int32_t>() + r0;
+    if (gather) {
+      backend_->EmbeddingForward(A(w.xf), rows_of_chunk, n, D, A(w.head_x));
+      xf = A(w.head_x);
+    }
     backend_->Gemm(HeadOperands(), false, true, n, V, D, 1.0f, xf, D, HeadWeight(), D, 0.0f, lg, V);
     Round(lg, n * V);
     if (logits)
       backend_->CopyToHost(logits->data() + r0 * V, lg, static_cast<int64_t>(sizeof(float)) * n * V);
-    for (int64_t i = r0; i < r0 + n; ++i) result.tokens += mb.targets[i] >= 0 ? 1 : 0;
-    backend_->CrossEntropy(lg, w.targets.as<int32_t>() + r0, n, V, grad_scale, backward ? lg : nullptr,
-                           loss_sum);
+    backend_->CrossEntropy(lg, targets + r0, n, V, grad_scale, backward ? lg : nullptr, loss_sum);
     if (!backward) continue;
     // lg now holds d(loss)/d(logits) for these rows.
-    backend_->Gemm(HeadOperands(), false, false, n, D, V, 1.0f, lg, V, HeadWeight(), D, 0.0f,
-                   w.dxf.data() + r0 * D, D);
+    float* dx = gather ? w.head_dx.data() : w.dxf.data() + r0 * D;
+    backend_->Gemm(HeadOperands(), false, false, n, D, V, 1.0f, lg, V, HeadWeight(), D, 0.0f, dx, D);
+    if (gather) backend_->EmbeddingBackward(dx, rows_of_chunk, n, D, w.dxf.data());
     if (float* dhead = HeadGrad())
       backend_->Gemm(GemmOperands::kF32, true, false, V, D, n, 1.0f, lg, V, xf, D, 1.0f, dhead, D);
   }

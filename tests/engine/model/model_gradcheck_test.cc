@@ -5,6 +5,7 @@
 // the step is large enough that fp32 rounding stays far below the tolerance.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/io/hf_model.h"
@@ -37,6 +38,7 @@ struct Variant {
   const char* preset;
   bool full, nf4, packed, checkpointing;
   double dropout;
+  int64_t loss_chunk_rows = 0;  // the head's rows per chunk (0: all of them in one)
 };
 
 void CheckDirectionalDerivative(const Variant& v) {
@@ -44,6 +46,7 @@ void CheckDirectionalDerivative(const Variant& v) {
   ModelOptions o;
   o.nf4 = v.nf4;
   o.activation_checkpointing = v.checkpointing;
+  o.loss_chunk_rows = v.loss_chunk_rows;
   Model model(c, o);
   RandomInitModel(&model, 17);
   if (v.full) {
@@ -110,8 +113,49 @@ TEST(ModelGradcheckTest, DirectionalDerivativeMatchesCentralDifference) {
       {"LoRA, activation checkpointing", "tiny-llama", false, false, false, true, 0.0},
       {"full fine-tune", "tiny-llama", true, false, false, false, 0.0},
       {"full fine-tune, tied embeddings", "tiny-tied", true, false, false, false, 0.0},
+      // The head runs on the rows with a target only (Model::HeadForwardBackward), gathered
+      // five at a time here: the scatter of their gradients and the head's accumulation
+      // across chunks are checked as well.
+      {"full fine-tune, tied, head by 5 rows", "tiny-tied", true, false, true, false, 0.0, 5},
+      {"LoRA, head by 5 rows", "tiny-llama", false, false, true, false, 0.0, 5},
   };
   for (const Variant& v : variants) CheckDirectionalDerivative(v);
+}
+
+// The loss of the head run on the target rows alone (what training and evaluation do)
+// equals the loss of every row's logits (what a caller asking for logits gets), one chunk
+// or several, and both equal the cross-entropy of those logits computed here.
+TEST(ModelGradcheckTest, TheHeadOnTheTargetRowsAloneGivesEveryRowsLoss) {
+  const ModelConfig c = *PresetModelConfig("tiny-llama");
+  const MicroBatch mb = Batch(c, /*packed=*/true);
+  int64_t targets = 0;
+  for (int32_t t : mb.targets) targets += t >= 0 ? 1 : 0;
+  ASSERT_LT(targets, mb.rows()) << "the batch needs rows without a target";
+  double reference = 0;
+  for (int64_t chunk_rows : {0, 5}) {
+    ModelOptions o;
+    o.loss_chunk_rows = chunk_rows;
+    Model model(c, o);
+    RandomInitModel(&model, 17);
+    std::vector<float> logits;
+    const LossResult all = model.Forward(mb, &logits);
+    const LossResult picked = model.Forward(mb, nullptr);
+    EXPECT_EQ(all.tokens, targets);
+    EXPECT_EQ(picked.tokens, targets);
+    EXPECT_NEAR(picked.loss_sum, all.loss_sum, 1e-6 * all.loss_sum) << "chunks of " << chunk_rows;
+    double ce = 0;
+    for (int64_t i = 0; i < mb.rows(); ++i) {
+      if (mb.targets[i] < 0) continue;
+      const float* row = logits.data() + i * c.vocab_size;
+      double max = row[0], sum = 0;
+      for (int64_t j = 0; j < c.vocab_size; ++j) max = std::max<double>(max, row[j]);
+      for (int64_t j = 0; j < c.vocab_size; ++j) sum += std::exp(row[j] - max);
+      ce += max + std::log(sum) - row[mb.targets[i]];
+    }
+    EXPECT_NEAR(all.loss_sum, ce, 1e-6 * ce);
+    if (chunk_rows == 0) reference = picked.loss_sum;
+    EXPECT_NEAR(picked.loss_sum, reference, 1e-6 * reference);
+  }
 }
 
 }  // namespace
