@@ -229,6 +229,7 @@ StatusOr<pb::SubmitReply> Daemon::Submit(const pb::SubmitRequest& req) {
   FT_ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(req.spec_yaml(), file));
   FT_RETURN_IF_ERROR(CheckPathRoots(spec, options_.allowed_roots, file));
   FT_ASSIGN_OR_RETURN(ModelConfig model, ReadHfConfig(spec.model.path));
+  if (spec.resources.device == "cuda") FT_RETURN_IF_ERROR(CheckCudaTakesModel(spec, model, "cuda"));
   if (spec.train.max_steps <= 0) {
     return Status::InvalidArgument(file +
                                    ": train.max_steps: ftd needs max_steps (epochs are not planned yet)");

@@ -171,6 +171,14 @@ int64_t FixedMicroBatch(const JobSpec& spec, int64_t world) {
   return 0;
 }
 
+Status CheckCudaTakesModel(const JobSpec& spec, const ModelConfig& model, const std::string& how) {
+  const Status takes = CheckHeadDimForDevice(DeviceKind::kCuda, model.head_dim);
+  if (takes.ok()) return takes;
+  return Status::InvalidArgument(spec.file + ": resources.device: " + how + ", but model.path " +
+                                 spec.model.path + " (config.json) has " + takes.message() +
+                                 "; use resources.device: cpu");
+}
+
 PlanRequest PlanRequestFromJob(const JobSpec& spec, const ModelConfig& model, const std::string& device,
                                int64_t world) {
   PlanRequest r;

@@ -87,6 +87,14 @@ StatusOr<BatchPlanChoice> ChooseMicroBatch(const PlanRequest& r, int64_t device_
 // the one gradient_accumulation implies; 0 when both are auto (the planner picks).
 int64_t FixedMicroBatch(const JobSpec& spec, int64_t world);
 
+// OK unless the job runs on CUDA and the CUDA kernels cannot run the model
+// (the attention's head dims: engine/model/backend.h CheckHeadDimForDevice);
+// then InvalidArgument "<job file>: resources.device: <how>, but model.path
+// <dir> (config.json) has head_dim 16: ...; use resources.device: cpu".
+// `how` says how CUDA was chosen ("cuda", or "auto found a CUDA device").
+// ft-train checks before it loads the model, ftd when the job is submitted.
+Status CheckCudaTakesModel(const JobSpec& spec, const ModelConfig& model, const std::string& how);
+
 // Builds a request from a job and the model's config.
 PlanRequest PlanRequestFromJob(const JobSpec& spec, const ModelConfig& model, const std::string& device,
                                int64_t world);

@@ -133,18 +133,12 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, std::uni
   FT_ASSIGN_OR_RETURN(ModelConfig config, ReadHfConfig(spec.model.path));
   // resources.device: cuda needs a CUDA build and a visible device; auto takes one when there is.
   // A model the CUDA kernels refuse is named now, with the fix, not at its first forward.
-  const Status cuda_takes = CheckHeadDimForDevice(DeviceKind::kCuda, config.head_dim);
-  const auto refuse_cuda = [&](const std::string& why) {
-    return Status::InvalidArgument(f + ": resources.device: " + why + ", but model.path " + spec.model.path +
-                                   " (config.json) has " + cuda_takes.message() +
-                                   "; use resources.device: cpu");
-  };
-  if (spec.resources.device == "cuda" && !cuda_takes.ok()) return refuse_cuda("cuda");
+  if (spec.resources.device == "cuda") FT_RETURN_IF_ERROR(CheckCudaTakesModel(spec, config, "cuda"));
   FT_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, CreateBackend(DeviceKind::kCpu));
   if (spec.resources.device != "cpu") {
     auto cuda = CreateBackend(DeviceKind::kCuda);
     if (cuda.ok()) {
-      if (!cuda_takes.ok()) return refuse_cuda(spec.resources.device + " found a CUDA device");
+      FT_RETURN_IF_ERROR(CheckCudaTakesModel(spec, config, spec.resources.device + " found a CUDA device"));
       backend = std::move(*cuda);
     } else if (spec.resources.device == "cuda") {
       return cuda.status().WithContext(f + ": resources.device: cuda");

@@ -740,6 +740,30 @@ TEST_F(DaemonTest, PathsOutsideTheAllowedRootsAreRefusedNamingTheField) {
   EXPECT_EQ(daemon_->ListJobs({})->jobs_size(), 1);
 }
 
+// A cuda job whose model the CUDA kernels cannot run (tiny-llama's heads are 16 wide; the
+// attention takes 64 or 128) is refused at submission with the reason and the fix, instead
+// of failing on a worker; a cpu (or auto) job of the same model is accepted.
+TEST_F(DaemonTest, ACudaJobOfAModelTheKernelsRefuseIsRefusedAtSubmission) {
+  auto submit = [&](const std::string& device) {
+    pb::SubmitRequest req;
+    req.set_spec_yaml(
+        "model: {path: model}\ndata: {train: data.jsonl, format: tokens}\ntrain: {max_steps: 1, "
+        "global_batch_size: 1}\noutput: {dir: o}\nresources: {device: " +
+        device + "}\n");
+    req.set_spec_dir(dir_ + "/job");
+    return daemon_->Submit(req);
+  };
+  auto refused = submit("cuda");
+  ASSERT_TRUE(refused.status().IsInvalidArgument()) << refused.status().ToString();
+  EXPECT_EQ(refused.status().message(),
+            dir_ + "/job/job.yaml: resources.device: cuda, but model.path " + dir_ +
+                "/job/model (config.json) has head_dim 16: the cuda attention kernels take head dim 64 "
+                "or 128; use resources.device: cpu");
+  EXPECT_EQ(daemon_->ListJobs({})->jobs_size(), 0);
+  EXPECT_TRUE(submit("cpu").ok());
+  EXPECT_TRUE(submit("auto").ok());
+}
+
 TEST_F(DaemonTest, ConcurrentSubmitsAreGroupCommittedWithDistinctIdsAndAllQueued) {
   constexpr int kThreads = 8, kEach = 25;
   std::vector<std::thread> threads;
