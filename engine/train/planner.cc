@@ -135,7 +135,7 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
       + (low ? (widest + rows * lora_r) * kF32 : 0)   // a linear's and LoRA's fp32 results before storing
       + std::min(rows, chunk) * V * kF32              // logits chunk
       + std::min(rows, chunk) * D * (act + kF32)      // the head's gathered rows and their gradient
-      + rows * 6 * 4                                  // int32 ids, targets, positions, segments, head rows
+      + rows * 6 * 4                                  // int32 batch inputs (4), head rows and targets
       + 2 * r.seq_len * (c.head_dim / 2) * kF32       // RoPE cos/sin
       + (r.nf4 || typed ? max_linear * kF32 : 0)      // one linear's weight dequantised / widened
       // CUDA under bf16/fp16 (engine/model/cuda_backend.cu): fp32 staging of 16-bit operands (three

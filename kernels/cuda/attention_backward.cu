@@ -17,7 +17,6 @@
 
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/limits.h"
 #include "kernels/cuda/ops.h"
 
 namespace ft::cuda {
