@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir + "/job/model");
   std::ofstream(dir + "/job/model/config.json") << ft::HfConfigJson(*ft::PresetModelConfig("tiny-llama"));
+  std::ofstream(dir + "/job/d.jsonl") << "{\"input_ids\": [1, 2, 3]}\n";  // ftd refuses a missing data file
   auto store = ft::Store::Open(dir + "/ftd.sqlite");
   if (!store.ok()) {
     std::fprintf(stderr, "submit_bench: %s\n", store.status().ToString().c_str());

@@ -26,6 +26,7 @@
 
 #include "cli/client.h"
 #include "cli/embedded.h"
+#include "common/untrusted_text.h"
 #include "engine/train/job_spec.h"
 #include "engine/train/planner.h"
 #include "proto/names.h"
@@ -50,6 +51,10 @@ std::string Json(const google::protobuf::Message& m) {
   (void)google::protobuf::util::MessageToJsonString(m, &out, o);
   return out;
 }
+
+// Names, reasons, worker ids and messages come from job files and workers:
+// printed with terminal control characters escaped (common/untrusted_text.h).
+std::string Safe(const std::string& text) { return ft::EscapeControlChars(text); }
 
 bool Ended(pb::JobState s) { return s == pb::SUCCEEDED || s == pb::FAILED || s == pb::CANCELLED; }
 
@@ -99,8 +104,8 @@ void PrintProgress(const pb::Job& j, int64_t step, double loss, double tokens_pe
   bar += std::string(width - filled, '.');
   const double eta = steps_per_s > 0 ? static_cast<double>(total - step) / steps_per_s : -1;
   std::printf("%s%s [%s] step %lld/%lld  loss %.4f  %.0f tok/s  %s  %s", tty ? "\r\033[K" : "",
-              j.id().c_str(), bar.c_str(), static_cast<long long>(step), static_cast<long long>(total), loss,
-              tokens_per_s, FormatEta(eta).c_str(), ft::JobStateName(j.state()).c_str());
+              Safe(j.id()).c_str(), bar.c_str(), static_cast<long long>(step), static_cast<long long>(total),
+              loss, tokens_per_s, FormatEta(eta).c_str(), ft::JobStateName(j.state()).c_str());
   if (!tty) std::printf("\n");
   std::fflush(stdout);
 }
@@ -128,8 +133,8 @@ int Follow(ft::JobsClient& client, const std::string& id) {
   };
   ft::Status s = client.Watch(id, 0, [&](const pb::JobUpdate& u) {
     if (u.has_event()) {
-      std::printf("%s[%s] %s\n", tty ? "\r\033[K" : "", u.event().kind().c_str(),
-                  u.event().message().c_str());
+      std::printf("%s[%s] %s\n", tty ? "\r\033[K" : "", Safe(u.event().kind()).c_str(),
+                  Safe(u.event().message()).c_str());
     } else if (u.has_metric()) {
       if (u.metric().eval_only()) return true;  // an evaluation of a step already shown
       step = u.metric().step();
@@ -153,8 +158,8 @@ int Follow(ft::JobsClient& client, const std::string& id) {
   if (!s.ok()) return Fail(s);
   auto done = client.Get(id);
   if (done.ok()) {
-    std::printf("%s %s; outputs in %s\n", id.c_str(), ft::JobStateName(done->state()).c_str(),
-                done->output_dir().c_str());
+    std::printf("%s %s; outputs in %s\n", Safe(id).c_str(), ft::JobStateName(done->state()).c_str(),
+                Safe(done->output_dir()).c_str());
     final_state = done->state();
   }
   return final_state == pb::SUCCEEDED ? kOk : kJobNotSucceeded;
@@ -179,7 +184,7 @@ int Submit(ft::JobsClient& client, const std::string& file, const std::vector<st
   if (json) {
     std::printf("%s\n", Json(*reply).c_str());
   } else {
-    std::printf("%s%s\n", reply->job().id().c_str(), reply->duplicate() ? " (already submitted)" : "");
+    std::printf("%s%s\n", Safe(reply->job().id()).c_str(), reply->duplicate() ? " (already submitted)" : "");
   }
   return follow ? Follow(client, reply->job().id()) : kOk;
 }
@@ -198,12 +203,12 @@ void PrintRanks(ft::JobsClient& client, const pb::Job& j) {
         if (w.id() != r.worker_id()) continue;
         for (const pb::Device& d : w.devices()) {
           if (d.index() != r.device_index()) continue;
-          memory = d.kind() + ":" + std::to_string(d.index()) + " " + ft::FormatBytes(d.used_bytes()) +
+          memory = Safe(d.kind()) + ":" + std::to_string(d.index()) + " " + ft::FormatBytes(d.used_bytes()) +
                    " used of " + ft::FormatBytes(d.total_bytes());
         }
       }
     }
-    std::printf("  rank %d on %-12s %s\n", r.rank(), r.worker_id().c_str(), memory.c_str());
+    std::printf("  rank %d on %-12s %s\n", r.rank(), Safe(r.worker_id()).c_str(), memory.c_str());
   }
 }
 
@@ -214,19 +219,20 @@ int Status(ft::JobsClient& client, const std::string& id, bool json) {
     std::printf("%s\n", Json(*j).c_str());
     return kOk;
   }
-  std::printf(
-      "%s %s  %s\nstate     %s%s\nprogress  step %lld/%lld (committed %lld), loss %.4f\n", j->id().c_str(),
-      j->name().c_str(), j->output_dir().c_str(), ft::JobStateName(j->state()).c_str(),
-      j->reason().empty() ? "" : ("  (" + j->reason() + ")").c_str(), static_cast<long long>(j->steps_done()),
-      static_cast<long long>(j->total_steps()), static_cast<long long>(j->committed_step()), j->last_loss());
+  std::printf("%s %s  %s\nstate     %s%s\nprogress  step %lld/%lld (committed %lld), loss %.4f\n",
+              Safe(j->id()).c_str(), Safe(j->name()).c_str(), Safe(j->output_dir()).c_str(),
+              ft::JobStateName(j->state()).c_str(),
+              j->reason().empty() ? "" : ("  (" + Safe(j->reason()) + ")").c_str(),
+              static_cast<long long>(j->steps_done()), static_cast<long long>(j->total_steps()),
+              static_cast<long long>(j->committed_step()), j->last_loss());
   std::printf("attempts  %d, preemptions %lld, failures %lld\n", j->attempts_size(),
               static_cast<long long>(j->preemptions()), static_cast<long long>(j->failures()));
   for (const pb::Attempt& a : j->attempts()) {
     std::printf("  #%lld epoch %lld on %-12s %-10s steps %lld..%lld lost %lld  %s\n",
-                static_cast<long long>(a.number()), static_cast<long long>(a.epoch()), a.worker_id().c_str(),
-                ft::AttemptOutcomeName(a.outcome()).c_str(), static_cast<long long>(a.start_step()),
-                static_cast<long long>(a.end_step()), static_cast<long long>(a.steps_lost()),
-                a.reason().c_str());
+                static_cast<long long>(a.number()), static_cast<long long>(a.epoch()),
+                Safe(a.worker_id()).c_str(), ft::AttemptOutcomeName(a.outcome()).c_str(),
+                static_cast<long long>(a.start_step()), static_cast<long long>(a.end_step()),
+                static_cast<long long>(a.steps_lost()), Safe(a.reason()).c_str());
   }
   PrintRanks(client, *j);
   return kOk;
@@ -241,9 +247,10 @@ int List(ft::JobsClient& client, bool json) {
   }
   std::printf("%-10s %-10s %8s %6s %10s  %s\n", "ID", "STATE", "PRIORITY", "STEP", "LOSS", "NAME / REASON");
   for (const pb::Job& j : r->jobs()) {
-    std::printf("%-10s %-10s %8lld %6lld %10.4f  %s%s\n", j.id().c_str(), ft::JobStateName(j.state()).c_str(),
-                static_cast<long long>(j.priority()), static_cast<long long>(j.steps_done()), j.last_loss(),
-                j.name().c_str(), j.reason().empty() ? "" : (" — " + j.reason()).c_str());
+    std::printf("%-10s %-10s %8lld %6lld %10.4f  %s%s\n", Safe(j.id()).c_str(),
+                ft::JobStateName(j.state()).c_str(), static_cast<long long>(j.priority()),
+                static_cast<long long>(j.steps_done()), j.last_loss(), Safe(j.name()).c_str(),
+                j.reason().empty() ? "" : (" — " + Safe(j.reason())).c_str());
   }
   return kOk;
 }
@@ -256,16 +263,17 @@ int Workers(ft::JobsClient& client, bool json) {
     return kOk;
   }
   for (const pb::WorkerInfo& w : r->workers()) {
-    std::printf("%-16s %-5s job %-10s slot %s\n", w.id().c_str(), w.alive() ? "alive" : "LOST",
-                w.running_job_id().empty() ? "-" : w.running_job_id().c_str(),
+    std::printf("%-16s %-5s job %-10s slot %s\n", Safe(w.id()).c_str(), w.alive() ? "alive" : "LOST",
+                w.running_job_id().empty() ? "-" : Safe(w.running_job_id()).c_str(),
                 w.slot_end_ms() ? (std::to_string(w.slot_end_ms()) + " ms").c_str() : "-");
     for (const pb::Device& d : w.devices()) {
       const double used =
           d.total_bytes() > 0 ? 1.0 - static_cast<double>(d.free_bytes()) / d.total_bytes() : 0;
       const int filled = static_cast<int>(used * 20);
-      std::printf("   %s:%d %-30s [%s%s] %s free of %s\n", d.kind().c_str(), d.index(), d.name().c_str(),
-                  std::string(filled, '#').c_str(), std::string(20 - filled, '.').c_str(),
-                  ft::FormatBytes(d.free_bytes()).c_str(), ft::FormatBytes(d.total_bytes()).c_str());
+      std::printf("   %s:%d %-30s [%s%s] %s free of %s\n", Safe(d.kind()).c_str(), d.index(),
+                  Safe(d.name()).c_str(), std::string(filled, '#').c_str(),
+                  std::string(20 - filled, '.').c_str(), ft::FormatBytes(d.free_bytes()).c_str(),
+                  ft::FormatBytes(d.total_bytes()).c_str());
     }
     if (w.host_total_bytes() > 0) {  // what the memory techniques (cpu_offload, paged_adamw) draw on
       std::printf("   host memory %s free of %s\n", ft::FormatBytes(w.host_free_bytes()).c_str(),
@@ -283,8 +291,8 @@ int Events(ft::JobsClient& client, const std::string& id, bool json) {
     return kOk;
   }
   for (const pb::Event& e : r->events()) {
-    std::printf("%6lld %-10s %-14s %s\n", static_cast<long long>(e.seq()), e.job_id().c_str(),
-                e.kind().c_str(), e.message().c_str());
+    std::printf("%6lld %-10s %-14s %s\n", static_cast<long long>(e.seq()), Safe(e.job_id()).c_str(),
+                Safe(e.kind()).c_str(), Safe(e.message()).c_str());
   }
   return kOk;
 }
@@ -353,7 +361,7 @@ int main(int argc, char** argv) {
   if (*cancel) {
     auto j = client.Cancel(id);
     if (!j.ok()) return Fail(j.status());
-    std::printf("%s %s\n", j->id().c_str(), ft::JobStateName(j->state()).c_str());
+    std::printf("%s %s\n", Safe(j->id()).c_str(), ft::JobStateName(j->state()).c_str());
     return kOk;
   }
   if (*workers) return Workers(client, json);

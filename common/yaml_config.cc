@@ -1,7 +1,9 @@
 #include "common/yaml_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 namespace ft {
@@ -29,7 +31,9 @@ StatusOr<YamlMap> YamlMap::Parse(std::string_view text, std::string file) {
   if (!root.IsMap()) {
     return Status::InvalidArgument(file + ": expected a mapping of keys at the top level");
   }
-  return YamlMap(root, std::move(file), "");
+  YamlMap map(root, std::move(file), "");
+  FT_RETURN_IF_ERROR(map.CheckDuplicateKeys());
+  return map;
 }
 
 namespace {
@@ -149,6 +153,17 @@ Status YamlMap::Get(std::string_view key, int64_t* out, bool required) const {
   FT_YAML_GET_(key, out, required, "an integer", v->IsScalar());
 }
 Status YamlMap::Get(std::string_view key, double* out, bool required) const {
+  double value = *out;
+  FT_RETURN_IF_ERROR(GetAnyNumber(key, &value, required));
+  if (auto v = Lookup(key); v && !std::isfinite(value)) {
+    return Status::InvalidArgument(
+        Where(key) + ": " + KeyPath(key) + ": '" + Scalar(*v) +
+        "' is not a finite number; write a finite number (e.g. 1e-4), not .inf or .nan");
+  }
+  *out = value;
+  return Status::OK();
+}
+Status YamlMap::GetAnyNumber(std::string_view key, double* out, bool required) const {
   FT_YAML_GET_(key, out, required, "a number", v->IsScalar());
 }
 Status YamlMap::Get(std::string_view key, bool* out, bool required) const {
@@ -178,7 +193,25 @@ StatusOr<YamlMap> YamlMap::Child(std::string_view key) const {
   auto v = Lookup(key);
   if (!v) return Status::NotFound(Where() + ": no '" + KeyPath(key) + "' section");
   if (!v->IsMap()) return TypeError(key, "a mapping of keys");
-  return YamlMap(*v, file_, KeyPath(key));
+  YamlMap child(*v, file_, KeyPath(key));
+  FT_RETURN_IF_ERROR(child.CheckDuplicateKeys());
+  return child;
+}
+
+Status YamlMap::CheckDuplicateKeys() const {
+  // yaml-cpp keeps every pair of a mapping, and a lookup finds the first: a
+  // repeated key would silently lose its later value.
+  std::map<std::string, YAML::Mark> seen;
+  for (auto it = node_.begin(); it != node_.end(); ++it) {
+    if (!it->first.IsScalar()) continue;
+    const std::string& key = it->first.Scalar();
+    auto [first, inserted] = seen.emplace(key, it->first.Mark());
+    if (inserted) continue;
+    return Status::InvalidArgument(Location(file_, it->first.Mark()) + ": " + KeyPath(key) +
+                                   ": duplicate key (first at " + Location(file_, first->second) +
+                                   "); YAML keeps only one of them: remove one");
+  }
+  return Status::OK();
 }
 
 Status YamlMap::CheckKnownKeys(const std::vector<std::string>& known) const {

@@ -29,7 +29,8 @@ class YamlMap {
   YamlMap(YAML::Node node, std::string file, std::string path)
       : node_(std::move(node)), file_(std::move(file)), path_(std::move(path)) {}
 
-  // Parses `text` (named `file` in messages); the root must be a mapping.
+  // Parses `text` (named `file` in messages); the root must be a mapping
+  // without a repeated key (InvalidArgument naming both lines).
   static StatusOr<YamlMap> Parse(std::string_view text, std::string file);
   // Reads and parses a file. NotFound/IOError when unreadable.
   static StatusOr<YamlMap> LoadFile(const std::string& file);
@@ -39,7 +40,8 @@ class YamlMap {
   // Typed getters. A missing or null key leaves *out untouched and returns OK
   // (so defaults set by the caller stay), unless `required` is set, in which
   // case it is InvalidArgument naming the key. A value of the wrong type is
-  // InvalidArgument with file:line:col.
+  // InvalidArgument with file:line:col. A number must be finite: .inf, .nan and
+  // values beyond a double's range are InvalidArgument naming the key.
   Status Get(std::string_view key, std::string* out, bool required = false) const;
   Status Get(std::string_view key, int64_t* out, bool required = false) const;
   Status Get(std::string_view key, double* out, bool required = false) const;
@@ -48,7 +50,8 @@ class YamlMap {
   // Like Get(string) but the value must be one of `allowed`.
   Status GetEnum(std::string_view key, const std::vector<std::string>& allowed, std::string* out) const;
 
-  // The mapping under `key`; NotFound when absent or null, InvalidArgument when not a mapping.
+  // The mapping under `key`; NotFound when absent or null, InvalidArgument when
+  // not a mapping or when it repeats a key (Parse checks the root the same way).
   StatusOr<YamlMap> Child(std::string_view key) const;
 
   // InvalidArgument for the first key not in `known`, with its location and
@@ -66,6 +69,10 @@ class YamlMap {
  private:
   std::optional<YAML::Node> Lookup(std::string_view key) const;
   Status TypeError(std::string_view key, std::string_view expected) const;
+  // Get(double) without the finite-number rule.
+  Status GetAnyNumber(std::string_view key, double* out, bool required) const;
+  // InvalidArgument naming both places when a key of this mapping repeats.
+  Status CheckDuplicateKeys() const;
 
   YAML::Node node_;
   std::string file_;

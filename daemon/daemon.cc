@@ -8,8 +8,11 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/confined_path.h"
 #include "common/file_util.h"
+#include "common/ids.h"
 #include "common/logging.h"
+#include "common/untrusted_text.h"
 #include "engine/io/hf_model.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/completion.h"
@@ -23,6 +26,11 @@ namespace pb = ftune::v1;
 
 namespace {
 
+// A cancelled trainer has 10 s to checkpoint and stop; its worker SIGKILLs its process group when
+// it still runs 5 s (ft-worker's kill grace) after that, so it is gone within 15 s and the worker is
+// free (worker/attempt.h), even when it is stuck outside its step loop.
+constexpr int64_t kCancelStopMs = 10'000;
+
 pb::JobState ToProtoState(JobStateCode s) { return static_cast<pb::JobState>(static_cast<int>(s)); }
 // How a worker's exit report ends an attempt (RANK_LOST only where the gang's other ranks say nothing).
 AttemptOutcomeCode ToOutcomeCode(pb::AttemptOutcome o) {
@@ -31,6 +39,7 @@ AttemptOutcomeCode ToOutcomeCode(pb::AttemptOutcome o) {
       {pb::ATTEMPT_PREEMPTED, AttemptOutcomeCode::kPreempted},
       {pb::ATTEMPT_SUPERSEDED, AttemptOutcomeCode::kSuperseded},
       {pb::ATTEMPT_ENVIRONMENT, AttemptOutcomeCode::kEnvironment},
+      {pb::ATTEMPT_BAD_INPUT, AttemptOutcomeCode::kBadInput},
       {pb::ATTEMPT_RANK_LOST, AttemptOutcomeCode::kPreempted},
   };
   auto it = kCodes.find(o);
@@ -54,6 +63,7 @@ std::string ResolvedSpec(const JobSpec& spec, const std::string& yaml, const Bat
   root["data"]["train"] = spec.data.train;
   if (!spec.data.eval.empty()) root["data"]["eval"] = spec.data.eval;
   if (!spec.adapter.init.empty()) root["adapter"]["init"] = spec.adapter.init;
+  if (!spec.data.chat_template.empty()) root["data"]["chat_template"] = spec.data.chat_template;
   root["output"]["dir"] = spec.output.dir;
   root["train"]["micro_batch_size"] = plan.micro_batch;
   root["train"]["gradient_accumulation"] = plan.accumulation;
@@ -74,8 +84,7 @@ Status CheckPathRoots(const JobSpec& spec, const std::vector<std::string>& roots
     for (const std::string& root : roots) {
       const fs::path r = fs::weakly_canonical(root, ec);
       if (ec || r.empty() || !r.is_absolute()) continue;  // ftd checks its roots at startup
-      auto [ri, pi] = std::mismatch(r.begin(), r.end(), p.begin(), p.end());
-      if (ri == r.end() || (std::next(ri) == r.end() && ri->empty())) return true;
+      if (PathIsBeneath(p.string(), r.string())) return true;
     }
     return false;
   };
@@ -90,6 +99,43 @@ Status CheckPathRoots(const JobSpec& spec, const std::vector<std::string>& roots
     return Status::InvalidArgument(file + ": " + field + ": '" + path +
                                    "' is outside the directories this ftd allows (" + list +
                                    "); move it under one of them or ask the operator to add --allowed-root");
+  }
+  return Status::OK();
+}
+
+// OK when the job's files can be what they claim: output.dir a directory (or
+// absent) that neither lies in nor holds ftd's data dir; the data files and
+// the chat template existing regular files. Else InvalidArgument naming the
+// file, the key and the fix, so the job is refused at submit instead of
+// failing (or being retried) once it runs.
+Status CheckJobFiles(const JobSpec& spec, const std::string& data_dir, const std::string& file) {
+  std::error_code ec;
+  const std::string& out = spec.output.dir;
+  if (out.empty())
+    return Status::InvalidArgument(file + ": output.dir: is empty; name a directory for the outputs");
+  if (fs::exists(out, ec) && !fs::is_directory(out, ec)) {
+    return Status::InvalidArgument(file + ": output.dir: '" + out +
+                                   "' exists and is not a directory; name a directory (new or existing)");
+  }
+  const std::string o = fs::weakly_canonical(out, ec).string(),
+                    d = fs::weakly_canonical(data_dir, ec).string();
+  if (!data_dir.empty() && !d.empty() && (PathIsBeneath(o, d) || PathIsBeneath(d, o))) {
+    return Status::InvalidArgument(file + ": output.dir: '" + out + "' overlaps ftd's data dir " + data_dir +
+                                   "; put the outputs elsewhere");
+  }
+  const std::pair<const char*, std::string> files[] = {{"data.train", spec.data.train},
+                                                       {"data.eval", spec.data.eval},
+                                                       {"data.chat_template", spec.data.chat_template}};
+  for (const auto& [key, path] : files) {
+    if (path.empty()) continue;
+    const fs::file_status st = fs::status(path, ec);
+    if (!fs::exists(st)) {
+      return Status::InvalidArgument(file + ": " + key + ": '" + path + "' does not exist; fix the path");
+    }
+    if (!fs::is_regular_file(st)) {
+      return Status::InvalidArgument(file + ": " + key + ": '" + path +
+                                     "' is not a regular file (a directory, FIFO or device); name a file");
+    }
   }
   return Status::OK();
 }
@@ -218,7 +264,8 @@ void Daemon::Check(const Status& s, const char* what) {
   FT_LOG(ERROR) << "store: " << what << ": " << s.ToString();
 }
 
-std::string Daemon::LogPath(const std::string& job_id) const {
+StatusOr<std::string> Daemon::LogPath(const std::string& job_id) const {
+  FT_RETURN_IF_ERROR(CheckJobId(job_id, "job_id"));
   return (fs::path(options_.data_dir) / "logs" / (job_id + ".log")).string();
 }
 
@@ -228,7 +275,8 @@ StatusOr<pb::SubmitReply> Daemon::Submit(const pb::SubmitRequest& req) {
   const std::string file = (fs::path(req.spec_dir().empty() ? "." : req.spec_dir()) / "job.yaml").string();
   FT_ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(req.spec_yaml(), file));
   FT_RETURN_IF_ERROR(CheckPathRoots(spec, options_.allowed_roots, file));
-  FT_ASSIGN_OR_RETURN(ModelConfig model, ReadHfConfig(spec.model.path));
+  FT_RETURN_IF_ERROR(CheckJobFiles(spec, options_.data_dir, file));
+  FT_ASSIGN_OR_RETURN(ModelConfig model, ReadHfConfig(spec.model.path));  // bounded: no FIFO, no /dev/zero
   if (spec.resources.device == "cuda") FT_RETURN_IF_ERROR(CheckCudaTakesModel(spec, model, "cuda"));
   if (spec.train.max_steps <= 0) {
     return Status::InvalidArgument(file +
@@ -387,7 +435,7 @@ StatusOr<pb::Job> Daemon::Cancel(const std::string& id) {
     if (j.state == JobStateCode::kRunning) {
       for (auto& [wid, s] : sessions_) {
         if (s.running_job != id || !s.sink) continue;
-        SendStop(s, 30'000, "cancelled");
+        SendStop(s, kCancelStopMs, "cancelled");
       }
     }
     j.state = JobStateCode::kCancelled;
@@ -548,7 +596,17 @@ Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
   if (reg.worker_id().empty()) return Status::InvalidArgument("register: worker_id is empty");
   {
     std::unique_lock<std::mutex> lock(mu_);
+    const std::string implausible =
+        ImplausibleMemory(reg.worker_id(), reg.devices(), reg.host_total_bytes(), reg.host_free_bytes());
+    if (!implausible.empty()) {
+      Event("", reg.worker_id(), "worker_refused", "registration refused: " + implausible, 0);
+      ReleaseAndPublish(lock);
+      return Status::InvalidArgument(
+          "register: " + implausible +
+          "; fix what the worker reports (ft-worker --cpu-memory, the device driver)");
+    }
     Session& s = sessions_[reg.worker_id()];
+    WorkerSink* const previous = s.sink;  // another session still holding this id, if any
     const bool was_alive = s.alive;
     s.sink = sink;
     s.alive = true;
@@ -576,6 +634,17 @@ Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
       s.alive = was_alive;
       return upserted;
     }
+    if (previous != nullptr && previous != sink) {
+      // The newer session takes over (a restarted worker may reconnect before
+      // its old stream is seen dead); the older one is told why it ends.
+      const std::string why = "worker id '" + EscapeControlChars(reg.worker_id(), 128) +
+                              "' was registered by a newer session (hostname '" +
+                              EscapeControlChars(reg.hostname(), 128) +
+                              "'), which replaces this one; if two ft-worker processes share this --id, give "
+                              "each its own";
+      previous->Evict(why);
+      Event("", reg.worker_id(), "worker_replaced", why, 0);
+    }
     if (!was_alive)
       Event("", reg.worker_id(), "worker_joined", "worker " + reg.worker_id() + " registered", 0);
     // Exits the worker journaled before it restarted: how those attempts really ended.
@@ -599,7 +668,7 @@ Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
         // A cancel (or slot-end stop) sent while the worker was away never reached it.
         auto job = store_->GetJob(a.job_id());
         if (job.ok() && job->state == JobStateCode::kCancelled) {
-          SendStop(s, 30'000, "cancelled");
+          SendStop(s, kCancelStopMs, "cancelled");
           s.stop_sent = true;
         }
       } else {
@@ -672,12 +741,19 @@ void Daemon::OnWorkerMessage(const std::string& worker_id, WorkerSink* sink, con
 }
 
 void Daemon::OnHeartbeat(const std::string& worker_id, Session& s, const pb::Heartbeat& hb) {
-  if (hb.devices_size() > 0) {
+  const std::string implausible =
+      ImplausibleMemory(worker_id, hb.devices(), hb.host_total_bytes(), hb.host_free_bytes());
+  if (implausible != s.memory_problem && !implausible.empty()) {
+    Event("", worker_id, "memory_refused", implausible + "; the report is ignored (the last good one stands)",
+          0);
+  }
+  s.memory_problem = implausible;
+  if (hb.devices_size() > 0 && implausible.empty()) {
     s.devices.clear();
     for (const pb::Device& d : hb.devices()) s.devices.push_back(ToDeviceRow(d));
   }
   if (hb.slot_end_ms() > 0) s.slot_end_ms = hb.slot_end_ms();
-  if (hb.host_total_bytes() > 0) {
+  if (hb.host_total_bytes() > 0 && implausible.empty()) {
     s.host_total_bytes = hb.host_total_bytes();
     s.host_free_bytes = hb.host_free_bytes();
   }
@@ -696,10 +772,39 @@ void Daemon::OnHeartbeat(const std::string& worker_id, Session& s, const pb::Hea
 
 void Daemon::RecordDeviceMemory(const std::string& worker_id, Session& s, const pb::Heartbeat& hb) {
   const int64_t now = clock_->MonotonicMs();
-  if (hb.devices_size() == 0 || now - s.last_memory_sample_mono < options_.memory_sample_ms) return;
+  if (hb.devices_size() == 0 || !s.memory_problem.empty() ||
+      now - s.last_memory_sample_mono < options_.memory_sample_ms) {
+    return;
+  }
   s.last_memory_sample_mono = now;
   // OnHeartbeat has just taken them into s.devices.
   Check(store_->RecordDeviceMemory(worker_id, s.running_job, clock_->WallMs(), s.devices), "device memory");
+}
+
+std::string Daemon::ImplausibleMemory(const std::string& worker_id,
+                                      const google::protobuf::RepeatedPtrField<pb::Device>& devices,
+                                      int64_t host_total, int64_t host_free) {
+  constexpr int64_t kPiB = int64_t{1} << 50;
+  const std::string worker = "worker '" + EscapeControlChars(worker_id, 128) + "'";
+  for (const pb::Device& d : devices) {
+    const std::string device = worker + " device " + EscapeControlChars(d.kind(), 32) + ":" +
+                               std::to_string(d.index()) + " reports ";
+    if (d.total_bytes() < 0 || d.total_bytes() > kPiB) {
+      return device + "total_bytes " + std::to_string(d.total_bytes()) + " (must be 0..1 PiB)";
+    }
+    if (d.free_bytes() < 0 || d.free_bytes() > d.total_bytes()) {
+      return device + "free_bytes " + std::to_string(d.free_bytes()) + " (must be 0..total_bytes " +
+             std::to_string(d.total_bytes()) + ")";
+    }
+    if (d.used_bytes() < 0 || d.used_bytes() > kPiB) {
+      return device + "used_bytes " + std::to_string(d.used_bytes()) + " (must be 0..1 PiB)";
+    }
+  }
+  if (host_total < 0 || host_total > kPiB || host_free < 0 || (host_total > 0 && host_free > host_total)) {
+    return worker + " reports host memory free " + std::to_string(host_free) + " of total " +
+           std::to_string(host_total) + " (must be 0 <= free <= total <= 1 PiB)";
+  }
+  return "";
 }
 
 StatusOr<int64_t> Daemon::PredictedBytes(const std::string& job_id) {
@@ -774,8 +879,10 @@ void Daemon::EndLostAttempt(const std::string& job_id, int64_t epoch, const std:
   if (!job.ok()) return EndRunning(job_id, epoch, AttemptOutcomeCode::kPreempted, reason, step);
   auto spec = StoredSpec(*job);
   if (!spec.ok()) return EndRunning(job_id, epoch, AttemptOutcomeCode::kPreempted, reason, step);
+  // The data's content is in the hash (read once per file version: about 0.2 s per 200 MB, see
+  // JobMathKeys); the outputs' sizes, not checksums: this runs under the daemon's lock, and the
+  // trainer checks SHA-256s.
   const std::string hash = JobHash(*spec);
-  // Sizes, not checksums: this runs under the daemon's lock; the trainer checks SHA-256s.
   if (auto done = VerifyCompletion(spec->output.dir, hash, /*checksums=*/false); done.ok()) {
     Event(job_id, "", "reconciled",
           reason + "; " + spec->output.dir + "/COMPLETE.json shows the run finished (epoch " +
@@ -848,6 +955,7 @@ void Daemon::OnRankExited(const std::string& worker_id, Session& s, Gang& g, con
     case pb::ATTEMPT_FAILED:
     case pb::ATTEMPT_SUPERSEDED:
     case pb::ATTEMPT_ENVIRONMENT:
+    case pb::ATTEMPT_BAD_INPUT:
       // This rank's own failure decides the attempt; the others stop.
       return EndRunning(job_id, epoch, ToOutcomeCode(e.outcome()), why, e.step());
     case pb::ATTEMPT_FINISHED:
@@ -959,8 +1067,9 @@ void Daemon::OnLog(WorkerSink* sink, const pb::LogReport& l) {
     Refuse(sink, l.job_id(), l.epoch(), "logs from superseded epoch");
     return;
   }
-  if (options_.data_dir.empty()) return;
-  std::ofstream(LogPath(l.job_id()), std::ios::app) << l.text();
+  auto path = LogPath(l.job_id());
+  if (options_.data_dir.empty() || !path.ok()) return;
+  std::ofstream(*path, std::ios::app) << l.text();
 }
 
 void Daemon::EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcomeCode outcome,
@@ -1020,6 +1129,12 @@ void Daemon::EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcome
     j->not_before_ms =
         now + std::min<int64_t>(options_.requeue_backoff_ms << std::min<int64_t>(in_a_row, 8), 300'000);
     Event(job_id, "", "attempt_environment", reason, exit_step);
+  } else if (outcome == AttemptOutcomeCode::kBadInput) {
+    // Deterministic: another attempt would fail the same way, so the first one decides.
+    j->failures += 1;
+    j->state = JobStateCode::kFailed;
+    j->reason = "bad input: " + reason;
+    Event(job_id, "", "failed", j->reason, exit_step);
   } else {
     j->failures += 1;
     if (j->failures > j->max_failures) {
@@ -1191,6 +1306,7 @@ void Daemon::StartOn(const JobRow& job, const Placement& p) {
   start->mutable_plan()->set_world(p.plan.world);
   if (ckpt.ok()) start->set_resume_checkpoint(ckpt->dir);
   start->set_output_dir(spec->output.dir);
+  for (const std::string& root : options_.allowed_roots) start->add_allowed_roots(root);
   start->set_total_steps(job.total_steps);
   start->set_start_step(start_step);
   std::string where = p.worker_id;

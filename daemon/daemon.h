@@ -71,6 +71,10 @@ class WorkerSink {
  public:
   virtual ~WorkerSink() = default;
   virtual void Send(const ftune::v1::DaemonCommand& cmd) = 0;
+  // Another session registered this worker's id and replaced this one: end
+  // the session telling the worker `reason` (the gRPC side finishes the stream
+  // with ALREADY_EXISTS). Like Send, must not block or call back.
+  virtual void Evict(const std::string& reason) { (void)reason; }
 };
 
 class Daemon {
@@ -91,7 +95,9 @@ class Daemon {
   StatusOr<ftune::v1::Job> Cancel(const std::string& id);
   StatusOr<ftune::v1::ListWorkersReply> ListWorkers();
   StatusOr<ftune::v1::ListEventsReply> ListEvents(const ftune::v1::ListEventsRequest& req);
-  std::string LogPath(const std::string& job_id) const;
+  // DATA_DIR/logs/<job_id>.log; InvalidArgument (common/ids.h) for a malformed
+  // id, so no caller can make it name a file elsewhere.
+  StatusOr<std::string> LogPath(const std::string& job_id) const;
 
   // Live updates: `fn` is called (from any thread, with no daemon lock held)
   // for every event, metric point and job summary change of `job_id` ("" = all).
@@ -151,6 +157,7 @@ class Daemon {
     int64_t host_free_bytes = 0;
     std::string address;  // where other ranks reach ranks on this worker
     int32_t rendezvous_port_first = 0, rendezvous_port_count = 0;
+    std::string memory_problem;  // the last implausible memory report (evented once per change)
   };
   // The running attempt of a multi-rank job.
   struct Gang {
@@ -206,6 +213,11 @@ class Daemon {
   void ReleaseAndPublish(std::unique_lock<std::mutex>& lock);
   StatusOr<ftune::v1::Job> ToProto(const JobRow& job);
   void OnHeartbeat(const std::string& worker_id, Session& s, const ftune::v1::Heartbeat& hb);
+  // Empty when the reported devices' and host's memory are plausible (0 <= free
+  // <= total <= 1 PiB, 0 <= used <= total); else what is wrong, naming the worker and field.
+  static std::string ImplausibleMemory(const std::string& worker_id,
+                                       const google::protobuf::RepeatedPtrField<ftune::v1::Device>& devices,
+                                       int64_t host_total, int64_t host_free);
   // Stores the heartbeat's device memory (throttled to options_.memory_sample_ms per worker).
   void RecordDeviceMemory(const std::string& worker_id, Session& s, const ftune::v1::Heartbeat& hb);
   void OnCheckpoint(const std::string& worker_id, Session& s, const ftune::v1::CheckpointCommitted& c);

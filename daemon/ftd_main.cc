@@ -3,7 +3,13 @@
 // scheduler tick (leases, slot ends, placements).
 //
 //   ftd --listen 127.0.0.1:7070 --data-dir ~/.local/share/ftune [--client-token T] [--worker-token W]
-//       [--http 127.0.0.1:7071] [--web-dir DIR] [--http-view-token V]
+//       [--http 127.0.0.1:7071] [--web-dir DIR] [--http-view-token V] [--http-allowed-host NAME]...
+//
+// One ftd per data dir: it holds an exclusive lock on DATA_DIR/ftd.lock for
+// its life; a second one exits 2 naming the holder's pid. A client token
+// without a worker token exits 2 (anyone reaching --listen could take jobs as
+// a worker) unless --allow-tokenless-workers and --listen is loopback. A
+// database that PRAGMA quick_check finds damaged stops it (exit 1).
 //
 // Prints "ftd: listening on HOST:PORT" on stdout once serving (port 0 picks a
 // free one), then "ftd: dashboard at http://HOST:PORT/" for the HTTP side
@@ -12,13 +18,18 @@
 // files come from --web-dir, else the source tree's web/ (FT_WEB_DIR, fixed at
 // build time) when it exists, else <exe dir>/../share/ftune/web.
 // SIGTERM/SIGINT shut it down cleanly; kill -9 loses nothing acknowledged.
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -54,6 +65,8 @@ struct Flags {
   int64_t tick_ms = 200;
   bool log_json = false;
   std::string http = "127.0.0.1:7071", web_dir, http_view_token;
+  std::vector<std::string> http_allowed_hosts;
+  bool allow_tokenless_workers = false;
   ft::ServerTls tls;
 };
 
@@ -87,7 +100,74 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "dashboard files (default: the source tree's web/, else <exe dir>/../share/ftune/web)");
   app.add_option(
       "--http-view-token", f.http_view_token,
-      "token needed to view the dashboard and read /api (default: open; actions need --client-token)");
+      "token needed to view the dashboard and read /api (default: the client token when one is set, else "
+      "open)");
+  app.add_option(
+      "--http-allowed-host", f.http_allowed_hosts,
+      "a host name the dashboard and /api answer to besides IP addresses, localhost and the --http "
+      "host (DNS-rebinding guard); repeatable");
+  app.add_flag("--allow-tokenless-workers", f.allow_tokenless_workers,
+               "with --client-token but no --worker-token, accept workers without a token (only when "
+               "--listen is a loopback address)");
+}
+
+// The host part of HOST:PORT ("[::1]:7070" -> "::1").
+std::string HostOf(const std::string& address) {
+  if (!address.empty() && address[0] == '[') return address.substr(1, address.find(']') - 1);
+  return address.substr(0, address.rfind(':'));
+}
+
+bool IsLoopback(const std::string& host) {
+  return host.rfind("127.", 0) == 0 || host == "::1" || host == "localhost";
+}
+
+// A client token guards the Jobs API; without a worker token any process that
+// reaches --listen could register as a worker and be handed job specs.
+// 0, or 2 after saying how to fix it.
+int CheckWorkerToken(const Flags& f) {
+  if (f.auth.client_token.empty() || !f.auth.worker_token.empty()) return 0;
+  if (f.allow_tokenless_workers && IsLoopback(HostOf(f.listen))) {
+    FT_LOG(WARN) << "ftd: --allow-tokenless-workers: any local process may register as a worker";
+    return 0;
+  }
+  std::fprintf(stderr,
+               "ftd: --client-token is set but --worker-token is not: any process that reaches %s could "
+               "register as a worker and be handed job specs. Pass --worker-token W (env FTUNE_WORKER_TOKEN) "
+               "and start each ft-worker with --token W%s\n",
+               f.listen.c_str(),
+               f.allow_tokenless_workers
+                   ? " (--allow-tokenless-workers is only accepted with a loopback --listen)"
+                   : ", or, with a loopback --listen, pass --allow-tokenless-workers");
+  return 2;
+}
+
+// Takes DATA_DIR/ftd.lock (flock, exclusive) for the life of the process and
+// writes this pid into it: one ftd per data dir. 0, or 2 naming the holder.
+int LockDataDir(const std::string& data_dir) {
+  const std::string path = (std::filesystem::path(data_dir) / "ftd.lock").string();
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    std::fprintf(stderr, "ftd: --data-dir %s: cannot open %s: %s\n", data_dir.c_str(), path.c_str(),
+                 std::strerror(errno));
+    return 2;
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    char pid[32] = {};
+    const ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
+    std::string holder = n > 0 ? std::string(pid, static_cast<size_t>(n)) : "unknown";
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    std::fprintf(stderr,
+                 "ftd: --data-dir %s is in use by another ftd (pid %s holds %s): one ftd per data dir; stop "
+                 "that one or pass another --data-dir\n",
+                 data_dir.c_str(), holder.c_str(), path.c_str());
+    close(fd);
+    return 2;
+  }
+  const std::string pid = std::to_string(getpid()) + "\n";
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+    FT_LOG(WARN) << "ftd: cannot write the pid into " << path << ": " << std::strerror(errno);
+  }
+  return 0;  // fd stays open (and locked) until the process exits
 }
 
 // --allowed-root directories made canonical; false (after saying which) when one is not a directory.
@@ -152,8 +232,11 @@ int StartHttp(const Flags& f, const char* argv0, ft::Daemon* daemon, HttpSide* o
     return 2;
   }
   if (web_dir.empty()) FT_LOG(WARN) << "ftd: no dashboard files found (pass --web-dir); the API still serves";
+  std::vector<std::string> hosts = f.http_allowed_hosts;
+  hosts.push_back(HostOf(f.http));
   out->api = std::make_unique<ft::HttpApi>(
-      daemon, ft::HttpApiOptions{f.auth.client_token, f.http_view_token, web_dir, !f.tls.cert_file.empty()});
+      daemon,
+      ft::HttpApiOptions{f.auth.client_token, f.http_view_token, web_dir, !f.tls.cert_file.empty(), hosts});
   ft::HttpServerOptions http_options;
   http_options.address = f.http;
   http_options.tls_cert_file = f.tls.cert_file;
@@ -169,11 +252,11 @@ int StartHttp(const Flags& f, const char* argv0, ft::Daemon* daemon, HttpSide* o
   std::printf("ftd: dashboard at %s://%s:%d/\n", out->server->tls() ? "https" : "http", url_host.c_str(),
               out->server->port());
   std::fflush(stdout);
-  const bool loopback = h.rfind("127.", 0) == 0 || h == "::1" || h == "localhost";
-  if (!loopback && f.http_view_token.empty()) {
+  if (!IsLoopback(h) && f.http_view_token.empty() && f.auth.client_token.empty()) {
     FT_LOG(WARN) << "ftd: the dashboard on " << h
-                 << " has no view token: anyone who can reach this address can read jobs, logs and metrics "
-                    "(pass --http-view-token; actions still need --client-token; see docs/OPERATIONS.md)";
+                 << " has no view token or client token: anyone who can reach this address can read jobs, "
+                    "logs and metrics and cancel jobs (pass --client-token, and --http-view-token for "
+                    "read-only viewers; see docs/OPERATIONS.md)";
   }
   return 0;
 }
@@ -193,7 +276,10 @@ int main(int argc, char** argv) {
   // A file-size limit fails the write (EFBIG: the store turns sticky-failed and
   // /ready says 503, nothing acknowledged is lost) instead of killing ftd.
   std::signal(SIGXFSZ, SIG_IGN);
-  std::filesystem::create_directories(f.data_dir);
+  if (int rc = CheckWorkerToken(f); rc != 0) return rc;
+  std::error_code mkdir_error;
+  std::filesystem::create_directories(f.data_dir, mkdir_error);
+  if (int rc = LockDataDir(f.data_dir); rc != 0) return rc;
   f.options.data_dir = f.data_dir;
   if (f.db.empty()) f.db = (std::filesystem::path(f.data_dir) / "ftd.sqlite").string();
   auto store = ft::Store::Open(f.db);

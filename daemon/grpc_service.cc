@@ -8,6 +8,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/ids.h"
 #include "common/secret.h"
 #include "daemon/grpc_status.h"
 
@@ -49,6 +50,15 @@ class SessionReactor : public grpc::ServerBidiReactor<pb::WorkerMessage, pb::Dae
     }
   }
 
+  void Evict(const std::string& reason) override {
+    // Called with the daemon's lock held: no call back into it (OnDone's
+    // OnDisconnect finds another session under this id and changes nothing).
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    finished_ = true;
+    Finish(grpc::Status(grpc::StatusCode::ALREADY_EXISTS, reason));
+  }
+
   void OnReadDone(bool ok) override {
     if (!ok) {
       Close(grpc::Status::OK);
@@ -67,6 +77,10 @@ class SessionReactor : public grpc::ServerBidiReactor<pb::WorkerMessage, pb::Dae
       }
     } else {
       daemon_->OnWorkerMessage(worker_id_, this, in_);
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finished_) return;  // evicted: the stream is ending
     }
     StartRead(&in_);
   }
@@ -194,7 +208,12 @@ class LogsReactor : public grpc::ServerWriteReactor<pb::LogChunk> {
 
  private:
   void Run() {
-    const std::string path = daemon_->LogPath(req_.job_id());
+    auto log_path = daemon_->LogPath(req_.job_id());  // Logs() checked the id; this refuses a bad one too
+    if (!log_path.ok()) {
+      Finish(ToGrpcStatus(log_path.status()));
+      return;
+    }
+    const std::string path = *log_path;
     std::streamoff pos = 0;
     while (!cancelled_) {
       std::ifstream in(path, std::ios::binary);
@@ -257,7 +276,10 @@ class JobsService : public pb::Jobs::CallbackService {
   }
   grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* ctx, const pb::GetJobRequest* req,
                                 pb::Job* reply) override {
-    return Unary(ctx, reply, [&] { return daemon_->GetJob(req->id()); });
+    return Unary(ctx, reply, [&]() -> StatusOr<pb::Job> {
+      FT_RETURN_IF_ERROR(CheckJobId(req->id(), "id"));
+      return daemon_->GetJob(req->id());
+    });
   }
   grpc::ServerUnaryReactor* List(grpc::CallbackServerContext* ctx, const pb::ListJobsRequest* req,
                                  pb::ListJobsReply* reply) override {
@@ -265,7 +287,10 @@ class JobsService : public pb::Jobs::CallbackService {
   }
   grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* ctx, const pb::CancelRequest* req,
                                    pb::Job* reply) override {
-    return Unary(ctx, reply, [&] { return daemon_->Cancel(req->id()); });
+    return Unary(ctx, reply, [&]() -> StatusOr<pb::Job> {
+      FT_RETURN_IF_ERROR(CheckJobId(req->id(), "id"));
+      return daemon_->Cancel(req->id());
+    });
   }
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx, const pb::ListWorkersRequest*,
                                         pb::ListWorkersReply* reply) override {
@@ -273,28 +298,40 @@ class JobsService : public pb::Jobs::CallbackService {
   }
   grpc::ServerUnaryReactor* ListEvents(grpc::CallbackServerContext* ctx, const pb::ListEventsRequest* req,
                                        pb::ListEventsReply* reply) override {
-    return Unary(ctx, reply, [&] { return daemon_->ListEvents(*req); });
+    return Unary(ctx, reply, [&]() -> StatusOr<pb::ListEventsReply> {
+      if (!req->job_id().empty()) FT_RETURN_IF_ERROR(CheckJobId(req->job_id(), "job_id"));
+      return daemon_->ListEvents(*req);
+    });
   }
   grpc::ServerWriteReactor<pb::JobUpdate>* Watch(grpc::CallbackServerContext* ctx,
                                                  const pb::WatchRequest* req) override {
-    if (!Authorised(ctx, auth_.client_token)) return Refuse<pb::JobUpdate>();
+    if (!Authorised(ctx, auth_.client_token)) return Refuse<pb::JobUpdate>(kUnauthenticated);
+    if (!req->job_id().empty()) {  // "" = every job
+      if (Status bad = CheckJobId(req->job_id(), "job_id"); !bad.ok())
+        return Refuse<pb::JobUpdate>(ToGrpcStatus(bad));
+    }
     return new WatchReactor(daemon_, *req);
   }
   grpc::ServerWriteReactor<pb::LogChunk>* Logs(grpc::CallbackServerContext* ctx,
                                                const pb::LogsRequest* req) override {
-    if (!Authorised(ctx, auth_.client_token)) return Refuse<pb::LogChunk>();
+    if (!Authorised(ctx, auth_.client_token)) return Refuse<pb::LogChunk>(kUnauthenticated);
+    if (Status bad = CheckJobId(req->job_id(), "job_id"); !bad.ok())
+      return Refuse<pb::LogChunk>(ToGrpcStatus(bad));
+    if (auto job = daemon_->GetJob(req->job_id()); !job.ok())
+      return Refuse<pb::LogChunk>(ToGrpcStatus(job.status()));
     return new LogsReactor(daemon_, *req);
   }
 
  private:
+  // A stream answered with `status` alone.
   template <typename T>
-  static grpc::ServerWriteReactor<T>* Refuse() {
+  static grpc::ServerWriteReactor<T>* Refuse(const grpc::Status& status) {
     class Refuser : public grpc::ServerWriteReactor<T> {
      public:
-      Refuser() { this->Finish(kUnauthenticated); }
+      explicit Refuser(const grpc::Status& s) { this->Finish(s); }
       void OnDone() override { delete this; }
     };
-    return new Refuser();
+    return new Refuser(status);
   }
 
   Daemon* daemon_;

@@ -1,13 +1,18 @@
 #include "daemon/http_api.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 
+#include "common/ids.h"
 #include "common/logging.h"
 #include "common/secret.h"
+#include "common/untrusted_text.h"
 #include "daemon/json_views.h"
 #include "daemon/prometheus.h"
 
@@ -109,14 +114,35 @@ StatusOr<int64_t> IntParam(const std::map<std::string, std::string>& query, cons
   return n;
 }
 
-// "j-" followed by digits.
-bool ValidJobId(const std::string& id) {
-  return id.size() > 2 && id.compare(0, 2, "j-") == 0 &&
-         std::all_of(id.begin() + 2, id.end(), [](char c) { return c >= '0' && c <= '9'; });
+// The one job id rule (common/ids.h, IsValidJobId) as a 400.
+HttpResponse BadJobId(const std::string& id) { return Error(400, CheckJobId(id, "job id").message()); }
+
+std::string Lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
 }
 
-HttpResponse BadJobId(const std::string& id) {
-  return Error(400, "malformed job id '" + id + "': job ids look like j-000001 (see GET /api/jobs)");
+// The host part of a Host header, lowercased, without its port or a trailing dot.
+std::string HostName(const std::string& header) {
+  std::string host = Lower(header);
+  if (!host.empty() && host[0] == '[') {
+    host = host.substr(1, host.find(']') == std::string::npos ? std::string::npos : host.find(']') - 1);
+  } else if (std::count(host.begin(), host.end(), ':') == 1) {
+    host = host.substr(0, host.find(':'));
+  }
+  if (!host.empty() && host.back() == '.') host.pop_back();
+  return host;
+}
+
+bool IsIpLiteral(const std::string& host) {
+  unsigned char buf[sizeof(in6_addr)];
+  return inet_pton(AF_INET, host.c_str(), buf) == 1 || inet_pton(AF_INET6, host.c_str(), buf) == 1;
+}
+
+HttpResponse Refused403(const std::string& why) {
+  return Error(403, "cross-site request refused: " + why +
+                        "; actions must come from the dashboard's own page or a non-browser client (curl, on "
+                        "an ftd without tokens: add -H 'Content-Type: application/json')");
 }
 
 std::string ContentType(const std::string& file) {
@@ -290,9 +316,17 @@ std::optional<HttpResponse> ParseTarget(const HttpRequest& req, std::string* pat
                                         std::vector<std::string>* segments,
                                         std::map<std::string, std::string>* query) {
   const size_t qmark = req.target.find('?');
-  if (!PercentDecode(std::string_view(req.target).substr(0, qmark), false, path) || path->empty() ||
-      (*path)[0] != '/') {
+  const std::string raw = req.target.substr(0, qmark);
+  if (!PercentDecode(raw, false, path) || path->empty() || (*path)[0] != '/') {
     return Error(400, "bad request path '" + req.target + "': use an absolute path with valid %XX escapes");
+  }
+  // Split before decoding: an encoded '/' stays inside its segment (a job id
+  // "..%2Fx" is one malformed id, not two segments).
+  *segments = Split(raw.substr(1), '/');
+  for (std::string& segment : *segments) {
+    std::string decoded;
+    (void)PercentDecode(segment, false, &decoded);  // the whole path decoded above
+    segment = std::move(decoded);
   }
   if (qmark != std::string::npos) {
     for (const std::string& pair : Split(req.target.substr(qmark + 1), '&')) {
@@ -306,7 +340,6 @@ std::optional<HttpResponse> ParseTarget(const HttpRequest& req, std::string* pat
       (*query)[key] = value;
     }
   }
-  *segments = Split(path->substr(1), '/');
   if (segments->size() == 1 && (*segments)[0].empty()) segments->clear();  // "/"
   for (const std::string& s : *segments) {
     if (s == ".." || s == ".") return Error(400, "bad path '" + *path + "': '.' and '..' are not allowed");
@@ -362,40 +395,71 @@ StatusOr<const HttpApi::Endpoint*> Route(const std::vector<HttpApi::Endpoint>& e
 
 }  // namespace
 
+bool HttpApi::HostAllowed(const std::string& host_header) const {
+  const std::string host = HostName(host_header);
+  const std::string suffix = ".localhost";
+  if (host.empty() || host == "localhost" || IsIpLiteral(host) ||
+      (host.size() > suffix.size() &&
+       host.compare(host.size() - suffix.size(), suffix.size(), suffix) == 0)) {
+    return true;
+  }
+  return std::any_of(options_.allowed_hosts.begin(), options_.allowed_hosts.end(),
+                     [&](const std::string& allowed) { return HostName(allowed) == host; });
+}
+
+std::optional<HttpResponse> HttpApi::RefuseCrossSite(const HttpRequest& req, bool token_guarded) const {
+  const std::string& site = req.sec_fetch_site;
+  if (!site.empty() && site != "same-origin" && site != "none") {
+    return Refused403("the browser marks it Sec-Fetch-Site: " + EscapeControlChars(site, 64));
+  }
+  const std::string origin = Lower(req.origin), self = Lower(req.host);
+  if (!origin.empty()) {
+    if (self.empty() || (origin != "http://" + self && origin != "https://" + self)) {
+      return Refused403("its Origin '" + EscapeControlChars(req.origin, 128) + "' is not this server ('" +
+                        EscapeControlChars(req.host, 128) + "')");
+    }
+  }
+  // A form or a simple fetch() from any page can send neither of these without
+  // a CORS preflight, which ftd never grants.
+  const bool json = Lower(req.content_type).rfind("application/json", 0) == 0;
+  if (!token_guarded && req.authorization.empty() && !json) {
+    return Refused403(
+        "without a token, an Authorization header or 'Content-Type: application/json' it is a "
+        "request any page on another site can send");
+  }
+  return std::nullopt;
+}
+
 std::optional<HttpResponse> HttpApi::Authorize(const Endpoint& e, const HttpRequest& req,
                                                const std::map<std::string, std::string>& query,
                                                const std::string** cookie_token) const {
   // Actions need the client token (the view token when only that one is set),
-  // never from the cookie; reads need the view (or client) token.
+  // never from the cookie; reads need the view or the client token whenever
+  // either is configured (docs/HTTP_API.md, "Tokens").
   if (e.access == Access::kAction) {
-    // A browser on another site may POST here without any preflight: refuse
-    // cross-site requests outright (curl and ftctl send neither header).
-    const bool cross_site =
-        req.sec_fetch_site == "cross-site" || req.sec_fetch_site == "same-site" ||
-        (!req.origin.empty() && req.origin != "http://" + req.host && req.origin != "https://" + req.host);
-    if (cross_site) {
-      return Error(403,
-                   "cross-site request refused: actions must come from the dashboard's own origin or a "
-                   "non-browser client");
-    }
     const std::string& needed = !options_.client_token.empty() ? options_.client_token : options_.view_token;
+    if (auto refused = RefuseCrossSite(req, !needed.empty())) return refused;
     if (!needed.empty() && !HasToken(req, query, needed, false)) {
       return Error(401,
                    "this action needs the client token: send 'Authorization: Bearer <token>' or "
                    "?token=<token> (ftd --client-token / FTUNE_TOKEN)");
     }
   }
-  if (e.access == Access::kView && !options_.view_token.empty()) {
-    const bool view = HasToken(req, query, options_.view_token, true);
+  const bool guarded = !options_.view_token.empty() || !options_.client_token.empty();
+  if (e.access == Access::kView && guarded) {
+    const bool view = !options_.view_token.empty() && HasToken(req, query, options_.view_token, true);
     const bool client = !options_.client_token.empty() && HasToken(req, query, options_.client_token, true);
     if (!view && !client) {
       return Error(401,
-                   "viewing needs the view token: send 'Authorization: Bearer <token>', ?token=<token> "
-                   "or open the dashboard as /?token=<token> (ftd --http-view-token)");
+                   "viewing needs a token (this ftd has a client or view token): send 'Authorization: Bearer "
+                   "<token>', ?token=<token> or open the dashboard as /?token=<token>, with the view token "
+                   "(ftd --http-view-token) or the client token (ftd --client-token / FTUNE_TOKEN)");
     }
     auto query_token = query.find("token");
     if (query_token != query.end()) {
-      if (SecretEquals(query_token->second, options_.view_token)) *cookie_token = &options_.view_token;
+      if (!options_.view_token.empty() && SecretEquals(query_token->second, options_.view_token)) {
+        *cookie_token = &options_.view_token;
+      }
       if (!options_.client_token.empty() && SecretEquals(query_token->second, options_.client_token)) {
         *cookie_token = &options_.client_token;
       }
@@ -405,8 +469,8 @@ std::optional<HttpResponse> HttpApi::Authorize(const Endpoint& e, const HttpRequ
     if (key == "token" || std::find(e.params.begin(), e.params.end(), key) != e.params.end()) continue;
     std::string takes;
     for (const std::string& a : e.params) takes += (takes.empty() ? "" : ", ") + a;
-    return Error(400, "unknown query parameter '" + key + "' for " + e.method + " " + e.path +
-                          (takes.empty() ? "; it takes none" : "; it takes: " + takes));
+    return Error(400, "unknown query parameter '" + EscapeControlChars(key, 64) + "' for " + e.method + " " +
+                          e.path + (takes.empty() ? "; it takes none" : "; it takes: " + takes));
   }
   return std::nullopt;
 }
@@ -420,6 +484,15 @@ HttpResponse HttpApi::Handle(const HttpRequest& req) {
   HttpResponse refusal;
   StatusOr<const Endpoint*> found = Route(endpoints_, req.method, path, segments, &p, &refusal);
   if (!found.ok()) return refusal;
+  if ((*found)->access != Access::kOpen && !HostAllowed(req.host)) {
+    // DNS rebinding: a page whose name resolves to this address is another site.
+    return Error(421,
+                 "Host '" + EscapeControlChars(req.host, 128) +
+                     "' is not served here: ftd answers its API and pages only for IP addresses, localhost "
+                     "and the names given with --http-allowed-host; to open it under this name, start ftd "
+                     "with --http-allowed-host " +
+                     EscapeControlChars(HostName(req.host), 128));
+  }
   const std::string* cookie_token = nullptr;  // the configured token a ?token= matched
   if (auto refused = Authorize(**found, req, p.query, &cookie_token)) return *refused;
   HttpResponse r = (*found)->handler(p);
@@ -515,7 +588,7 @@ HttpResponse HttpApi::ListJobs(const Params& p) {
 }
 
 HttpResponse HttpApi::GetJob(const Params& p) {
-  if (!ValidJobId(p.id)) return BadJobId(p.id);
+  if (!IsValidJobId(p.id)) return BadJobId(p.id);
   auto job = daemon_->GetJob(p.id);
   if (!job.ok()) return FromStatus(job.status());
   auto attempts = daemon_->store().ListAttempts(p.id);
@@ -531,7 +604,7 @@ HttpResponse HttpApi::GetJob(const Params& p) {
 }
 
 HttpResponse HttpApi::JobMetrics(const Params& p) {
-  if (!ValidJobId(p.id)) return BadJobId(p.id);
+  if (!IsValidJobId(p.id)) return BadJobId(p.id);
   auto after = IntParam(p.query, "after_step", 0, INT64_MAX / 2);
   if (!after.ok()) return Error(400, after.status().message());
   auto limit = IntParam(p.query, "limit", kMaxLimit, kMaxLimit);
@@ -545,7 +618,7 @@ HttpResponse HttpApi::JobMetrics(const Params& p) {
 }
 
 HttpResponse HttpApi::JobMemory(const Params& p) {
-  if (!ValidJobId(p.id)) return BadJobId(p.id);
+  if (!IsValidJobId(p.id)) return BadJobId(p.id);
   auto after = IntParam(p.query, "after_ms", 0, INT64_MAX / 2);
   if (!after.ok()) return Error(400, after.status().message());
   auto limit = IntParam(p.query, "limit", kMaxLimit, kMaxLimit);
@@ -560,7 +633,7 @@ HttpResponse HttpApi::JobMemory(const Params& p) {
 }
 
 HttpResponse HttpApi::JobEvents(const Params& p) {
-  if (!ValidJobId(p.id)) return BadJobId(p.id);
+  if (!IsValidJobId(p.id)) return BadJobId(p.id);
   if (auto j = daemon_->store().GetJob(p.id); !j.ok()) return FromStatus(j.status());
   Params all = p;
   all.query["job"] = p.id;
@@ -574,7 +647,7 @@ HttpResponse HttpApi::ListEvents(const Params& p) {
   if (!limit.ok()) return Error(400, limit.status().message());
   pb::ListEventsRequest req;
   if (auto it = p.query.find("job"); it != p.query.end() && !it->second.empty()) {
-    if (!ValidJobId(it->second)) return BadJobId(it->second);
+    if (!IsValidJobId(it->second)) return BadJobId(it->second);
     if (auto j = daemon_->store().GetJob(it->second); !j.ok()) return FromStatus(j.status());
     req.set_job_id(it->second);
   }
@@ -588,13 +661,15 @@ HttpResponse HttpApi::ListEvents(const Params& p) {
 }
 
 HttpResponse HttpApi::JobLog(const Params& p) {
-  if (!ValidJobId(p.id)) return BadJobId(p.id);
+  if (!IsValidJobId(p.id)) return BadJobId(p.id);
   auto tail = IntParam(p.query, "tail_bytes", kDefaultLogTail, kMaxLogTail);
   if (!tail.ok()) return Error(400, tail.status().message());
   if (auto j = daemon_->store().GetJob(p.id); !j.ok()) return FromStatus(j.status());
   HttpResponse r;
   r.content_type = "text/plain; charset=utf-8";
-  std::ifstream in(daemon_->LogPath(p.id), std::ios::binary | std::ios::ate);
+  auto path = daemon_->LogPath(p.id);
+  if (!path.ok()) return FromStatus(path.status());
+  std::ifstream in(*path, std::ios::binary | std::ios::ate);
   if (!in) return r;  // no log yet
   const std::streamoff size = in.tellg();
   const std::streamoff start = std::max<std::streamoff>(0, size - *tail);
@@ -606,7 +681,7 @@ HttpResponse HttpApi::JobLog(const Params& p) {
 }
 
 HttpResponse HttpApi::CancelJob(const Params& p) {
-  if (!ValidJobId(p.id)) return BadJobId(p.id);
+  if (!IsValidJobId(p.id)) return BadJobId(p.id);
   auto job = daemon_->Cancel(p.id);
   if (!job.ok()) return FromStatus(job.status());
   FT_LOG(INFO) << "http: job " << p.id << " cancelled";
@@ -622,7 +697,7 @@ HttpResponse HttpApi::ListWorkers(const Params&) {
 HttpResponse HttpApi::Stream(const Params& p) {
   HttpResponse r;
   if (auto it = p.query.find("job"); it != p.query.end() && !it->second.empty()) {
-    if (!ValidJobId(it->second)) return BadJobId(it->second);
+    if (!IsValidJobId(it->second)) return BadJobId(it->second);
     if (auto j = daemon_->store().GetJob(it->second); !j.ok()) return FromStatus(j.status());
     r.stream_job = it->second;
   }

@@ -7,14 +7,26 @@
 // Handle() never fails and never throws: every answer is a response. Errors
 // are JSON `{"error": "..."}` naming what was wrong and how to fix it: 400 bad
 // query parameter / malformed job id / bad path, 401 missing or wrong token,
-// 404 unknown path or job, 405 wrong method (with Allow), 409 cancel of a
-// finished job, 500 store errors, 503 /ready while the store is sticky-failed.
+// 403 cross-site action, 404 unknown path or job, 405 wrong method (with
+// Allow), 409 cancel of a finished job, 421 a Host not served (DNS rebinding),
+// 500 store errors, 503 /ready while the store is sticky-failed.
 //
 // Tokens: "Authorization: Bearer T", `?token=T`, or the `ftune_token` cookie
 // (set when a page is fetched with a good ?token, so the page's own scripts
 // and styles load). Actions (changes_state) need the client token when one is
-// configured; reads under /api and the pages need the view token (or the
-// client token) when one is configured; /metrics, /healthz and /ready are open.
+// configured (else the view token when that one is); reads under /api and the
+// pages need the view token or the client token whenever either is
+// configured; /metrics, /healthz and /ready are open.
+//
+// Browsers: everything but the open endpoints is answered only for a Host
+// that is an IP address, localhost (or *.localhost) or one of allowed_hosts,
+// else 421 (a DNS-rebinding page is another site under a name that resolves
+// here). Actions are refused (403) when the browser marks them cross-site
+// (Sec-Fetch-Site other than same-origin/none, an Origin that is not
+// http(s)://<Host>), and, on an ftd without tokens, unless they carry
+// `Content-Type: application/json` or an Authorization header: a page on
+// another site cannot send either without a CORS preflight, which ftd never
+// grants.
 //
 // Thread safety: Handle() may run concurrently on any threads.
 #pragma once
@@ -41,6 +53,7 @@ struct HttpRequest {
   std::string origin;          // the Origin header ("" when absent)
   std::string host;            // the Host header
   std::string sec_fetch_site;  // the Sec-Fetch-Site header a browser sends
+  std::string content_type;    // the Content-Type header
 };
 
 struct HttpResponse {
@@ -61,6 +74,9 @@ struct HttpApiOptions {
   std::string view_token;    // reads under /api and pages need it ("" = open)
   std::string web_dir;       // static files; "" = no dashboard pages (404)
   bool tls = false;          // served over HTTPS (the token cookie is then Secure)
+  // Host names served besides IP addresses and localhost (ftd's --http host
+  // and --http-allowed-host); a port in a name is ignored.
+  std::vector<std::string> allowed_hosts;
 };
 
 class HttpApi {
@@ -116,6 +132,11 @@ class HttpApi {
   std::optional<HttpResponse> Authorize(const Endpoint& e, const HttpRequest& req,
                                         const std::map<std::string, std::string>& query,
                                         const std::string** cookie_token) const;
+  // Whether a request with this Host header may reach the API and pages.
+  bool HostAllowed(const std::string& host_header) const;
+  // A 403 for an action a page on another site could have sent; `token_guarded`:
+  // the action needs a token (which such a page cannot know).
+  std::optional<HttpResponse> RefuseCrossSite(const HttpRequest& req, bool token_guarded) const;
   // Whether the request carries `token` (header, query or cookie).
   static bool HasToken(const HttpRequest& req, const std::map<std::string, std::string>& query,
                        const std::string& token, bool allow_cookie);

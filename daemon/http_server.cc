@@ -607,6 +607,7 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
     r.origin = std::string(req[http::field::origin]);
     r.host = std::string(req[http::field::host]);
     r.sec_fetch_site = std::string(req["Sec-Fetch-Site"]);
+    r.content_type = std::string(req[http::field::content_type]);
     HttpResponse out;
     try {
       out = shared_->api->Handle(r);

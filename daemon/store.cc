@@ -435,8 +435,11 @@ auto Collect(Query& q, Read read) -> StatusOr<std::vector<decltype(read(q))>> {
 
 // ---- plumbing
 
-StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
+StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) { return Open(path, true); }
+
+StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path, bool quick_check) {
   std::unique_ptr<Store> store(new Store(path));
+  store->quick_check_ = quick_check;
   std::lock_guard<std::mutex> lock(store->mu_);
   FT_RETURN_IF_ERROR(store->Init());
   return store;
@@ -469,6 +472,7 @@ Status Store::Init() {
   }
   sqlite3_extended_result_codes(db_, 1);
   sqlite3_busy_timeout(db_, kBusyTimeoutMs);
+  if (quick_check_) FT_RETURN_IF_ERROR(QuickCheck());
   if (read_only) {
     FT_ASSIGN_OR_RETURN(std::string version, QueryText("PRAGMA user_version", "read schema version"));
     schema_version_ = static_cast<int>(std::strtol(version.c_str(), nullptr, 10));
@@ -490,6 +494,26 @@ Status Store::Init() {
   FT_RETURN_IF_ERROR(Exec("PRAGMA synchronous=FULL", "set synchronous=FULL"));
   FT_RETURN_IF_ERROR(Exec("PRAGMA foreign_keys=ON", "enable foreign keys"));
   return Migrate();
+}
+
+Status Store::QuickCheck() {
+  // quick_check reads every page once (no index cross-checks): a damaged page
+  // is found now, not by a query in the middle of serving.
+  const std::string fix =
+      "; ftd will not serve from a damaged database: restore DATA_DIR/ftd.sqlite from a backup, or move "
+      "it (and its -wal/-shm files) aside to start empty (docs/OPERATIONS.md)";
+  auto q = Prepare("PRAGMA quick_check(8)", "integrity check (PRAGMA quick_check)");
+  if (!q.ok()) return Status::IOError(q.status().message() + fix);  // e.g. not a database at all
+  std::string problems;
+  for (;;) {
+    bool row = false;
+    if (Status s = q->Next(&row); !s.ok()) return Status::Corruption(s.message() + fix);
+    if (!row) break;
+    const std::string line = q->Text(0);
+    if (line != "ok") problems += (problems.empty() ? "" : "; ") + line;
+  }
+  if (problems.empty()) return Status::OK();
+  return Status::Corruption(path_ + ": PRAGMA quick_check found damage: " + problems + fix);
 }
 
 Status Store::Migrate() {
@@ -1156,7 +1180,7 @@ Status Store::Recover() {
                            " KiB free on its filesystem; waiting for " +
                            std::to_string(kRecoveryFreeBytes >> 20) + " MiB");
   }
-  auto fresh = Open(path_);
+  auto fresh = Open(path_, false);  // checked at start; not again on every retry of the tick
   Status probe = fresh.ok() ? (*fresh)->ProbeWrite() : fresh.status();
   if (!probe.ok())
     return probe.IsIOError() ? probe : Status::IOError(path_ + ": recover: " + probe.ToString());

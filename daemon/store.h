@@ -59,6 +59,7 @@ enum class AttemptOutcomeCode {
   kCancelled = 5,
   kSuperseded = 6,   // a newer epoch took output.dir
   kEnvironment = 7,  // failed for the environment: retried with backoff, not counted
+  kBadInput = 9,     // the job's input is wrong: the job fails at once, whatever max_failures says
 };
 
 struct JobRow {
@@ -202,7 +203,8 @@ class Store {
  public:
   // Opens (creating and migrating) the database at `path`. IOError naming
   // the path when it cannot be opened or migrated; FailedPrecondition when
-  // the file has a newer schema than this build knows.
+  // the file has a newer schema than this build knows; Corruption naming the
+  // damage when PRAGMA quick_check finds a damaged page (checked at every open).
   static StatusOr<std::unique_ptr<Store>> Open(const std::string& path);
   ~Store();
   Store(const Store&) = delete;
@@ -325,7 +327,10 @@ class Store {
   using Query = store_internal::Query;
 
   explicit Store(std::string path) : path_(std::move(path)) {}
+  // Open, with PRAGMA quick_check or (Recover: the file was checked at start) without.
+  static StatusOr<std::unique_ptr<Store>> Open(const std::string& path, bool quick_check);
   Status Init();        // opens, sets the pragmas, migrates
+  Status QuickCheck();  // Corruption when PRAGMA quick_check finds damage
   Status Migrate();     // applies the missing migrations, one transaction each
   Status ProbeWrite();  // one synced write of a counter the daemon never reads
   // The first column of the first row of `sql` as text ("" when no row).
@@ -356,7 +361,8 @@ class Store {
   Status InsertJob(JobRow& job, bool* dup, const std::string& op);
 
   const std::string path_;
-  int schema_version_ = 0;  // set by Open
+  int schema_version_ = 0;   // set by Open
+  bool quick_check_ = true;  // Init runs PRAGMA quick_check
   std::mutex mu_;
   sqlite3* db_ = nullptr;                                 // GUARDED_BY(mu_)
   std::unordered_map<std::string, sqlite3_stmt*> stmts_;  // GUARDED_BY(mu_); by SQL text

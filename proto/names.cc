@@ -35,6 +35,7 @@ std::string AttemptOutcomeName(pb::AttemptOutcome outcome) {
     case pb::ATTEMPT_CANCELLED: return "cancelled";
     case pb::ATTEMPT_SUPERSEDED: return "superseded";
     case pb::ATTEMPT_ENVIRONMENT: return "environment";
+    case pb::ATTEMPT_BAD_INPUT: return "bad input";
     default: return "unknown";
   }
 }

@@ -34,6 +34,8 @@ function storeToken(key, value) {
 async function request(method, path, tokenKey, what) {
   for (let asked = false; ; asked = true) {
     const headers = { Accept: 'application/json' };
+    // ftd refuses an action without it on an ftd without tokens: a page on another site cannot send it.
+    if (method !== 'GET') headers['Content-Type'] = 'application/json';
     const token = storedToken(tokenKey) || storedToken(VIEW_TOKEN_KEY);
     if (token) headers.Authorization = `Bearer ${token}`;
     const res = await fetch(path, { method, headers });

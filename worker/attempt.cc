@@ -3,10 +3,12 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "common/file_util.h"
 #include "common/logging.h"
@@ -83,6 +85,7 @@ StatusOr<std::unique_ptr<Attempt>> Attempt::Start(AttemptSpec spec, AttemptListe
   if (!s.resume_checkpoint.empty()) argv.insert(argv.end(), {"--resume", s.resume_checkpoint});
   argv.insert(argv.end(), {"--stop-grace", std::to_string(s.stop_grace_s)});
   if (s.epoch > 0) argv.insert(argv.end(), {"--job-id", s.job_id, "--epoch", std::to_string(s.epoch)});
+  for (const std::string& root : s.allowed_roots) argv.insert(argv.end(), {"--allowed-root", root});
   if (s.world > 1) {
     argv.insert(argv.end(), {"--world", std::to_string(s.world), "--rank", std::to_string(s.rank),
                              "--rendezvous", s.rendezvous});
@@ -105,10 +108,23 @@ Attempt::~Attempt() {
 
 Status Attempt::Control(const std::string& cmd, double deadline_s, const std::string& reason) {
   nlohmann::json j = {{"cmd", cmd}, {"deadline_s", deadline_s}, {"reason", reason}};
-  FT_RETURN_IF_ERROR(child_->WriteControl(j.dump() + "\n"));
+  Status sent = child_->WriteControl(j.dump() + "\n");
+  if (cmd != "stop") return sent;
+  // Armed even when the channel is closed: a trainer that cannot hear the stop is killed all the same.
+  const double kill_after_s = std::max(0.0, deadline_s) + std::max(0.0, spec_.kill_grace_s);
+  const Clock::time_point kill_at =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(kill_after_s));
   std::lock_guard<std::mutex> lock(mu_);
-  if (cmd == "stop") progress_.stop_sent = true;
-  return Status::OK();
+  if (sent.ok()) progress_.stop_sent = true;
+  if (!kill_at_ || kill_at < *kill_at_) {
+    kill_at_ = kill_at;
+    std::ostringstream why;
+    why << reason << ": killed (SIGKILL to its process group): the trainer did not stop within "
+        << kill_after_s << " s (the stop's " << deadline_s << " s deadline + " << spec_.kill_grace_s
+        << " s grace)";
+    kill_reason_ = why.str();
+  }
+  return sent;
 }
 
 Status Attempt::NotifyCommitted(int64_t step, const std::string& dir) {
@@ -210,6 +226,7 @@ void Attempt::Monitor() {
   while (true) {
     PollMetrics();
     if (child_->Poll(&status)) break;
+    EnforceKillDeadline();
     std::unique_lock<std::mutex> lock(mu_);
     wake_.wait_for(lock, spec_.poll_interval, [this] { return kill_requested_; });
   }
@@ -221,6 +238,18 @@ void Attempt::Monitor() {
                << (explained ? ": " + e.reason : "");
   Report([&] { listener_->OnExit(spec_, e); });
   done_ = true;
+}
+
+void Attempt::EnforceKillDeadline() {
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!kill_at_ || Clock::now() < *kill_at_ || !abort_reason_.empty()) return;
+    abort_reason_ = reason = kill_reason_;
+  }
+  FT_LOG(ERROR) << "attempt " << spec_.job_id << " e" << spec_.epoch << ": ft-train pid " << child_->pid()
+                << ": " << reason;
+  child_->Signal(SIGKILL);
 }
 
 void Attempt::PollMetrics() {
@@ -310,7 +339,11 @@ AttemptExit Attempt::MakeExit(const ExitStatus& status) {
     e.outcome = AttemptOutcome::kRankLost;
     e.reason = last_error_line_.empty() ? "a peer rank was lost" : last_error_line_;
   } else {
-    e.outcome = !status.signaled && status.code == 5 ? AttemptOutcome::kEnvironment : AttemptOutcome::kFailed;
+    // ft-train's exit 5: the environment (retried); 2: the job's own input (fails the job at once).
+    e.outcome = status.signaled    ? AttemptOutcome::kFailed
+                : status.code == 5 ? AttemptOutcome::kEnvironment
+                : status.code == 2 ? AttemptOutcome::kBadInput
+                                   : AttemptOutcome::kFailed;
     if (status.signaled) {
       e.reason = "ft-train " + status.ToString();
     } else if (!failed_reason_.empty()) {

@@ -18,6 +18,14 @@
 // 6 RANK_LOST (a peer rank or the rendezvous failed), anything else FAILED with the trainer's last error line
 // as the reason.
 //
+// A stop has a deadline: a trainer still running kill_grace_s after the
+// deadline of the earliest stop sent (Control("stop", ...)) is stuck outside
+// its step loop (blocked reading a FIFO, a huge planner pass, a chat template
+// that does enormous total work) and gets SIGKILL, its whole process group
+// with it; its exit is reported as PREEMPTED with the stop's reason and
+// "killed". So every stop, whoever sent it (cancel, preemption, slot end),
+// frees the worker within its deadline plus kill_grace_s.
+//
 // Listener calls come from the attempt's own threads, in order, and OnExit is
 // the last one. After Kill() returns there are none (the attempt was
 // superseded: nothing more is reported for it).
@@ -36,6 +44,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -55,6 +64,7 @@ struct AttemptSpec {
   std::string output_dir;         // the job's output.dir: metrics.jsonl is followed there
   std::string resume_checkpoint;  // "" = ft-train resumes from the newest valid checkpoint, if any
   double stop_grace_s = 30;       // ft-train's --stop-grace (for signals it receives itself)
+  double kill_grace_s = 5;        // a stop not honoured this long past its deadline: SIGKILL (see above)
   int64_t total_steps = 0;        // reported with progress
   int64_t start_step = 0;         // the committed step it resumes from (progress until the trainer says)
   std::chrono::milliseconds poll_interval{200};  // metrics.jsonl and exit polling
@@ -64,6 +74,8 @@ struct AttemptSpec {
   std::string rendezvous;        // HOST:PORT rank 0 serves
   std::string dist_host;         // where the other ranks reach this one ("" = ft-train's default)
   std::vector<std::string> env;  // NAME=VALUE added to the trainer's environment
+  // ft-train --allowed-root: ftd's roots (and the worker's own); empty = not confined.
+  std::vector<std::string> allowed_roots;
 };
 
 struct AttemptProgress {
@@ -83,7 +95,7 @@ struct CommittedCheckpoint {
   double write_seconds = 0;
 };
 
-enum class AttemptOutcome { kFinished, kPreempted, kFailed, kSuperseded, kEnvironment, kRankLost };
+enum class AttemptOutcome { kFinished, kPreempted, kFailed, kSuperseded, kEnvironment, kRankLost, kBadInput };
 
 // How the trainer resumed, when it is worth an event (see Trainer::set_fencing).
 struct AttemptNote {
@@ -129,7 +141,8 @@ class Attempt {
 
   // Sends {"cmd": cmd, "deadline_s": deadline_s, "reason": reason} on the
   // control channel; cmd is "checkpoint" or "stop". IOError when the trainer
-  // has gone.
+  // has gone. A stop also arms the kill deadline (deadline_s + kill_grace_s
+  // from now; the earliest one stays), even when the channel is closed.
   Status Control(const std::string& cmd, double deadline_s, const std::string& reason);
   // Tells the trainer ftd committed the checkpoint in `dir` (its retention keeps it).
   Status NotifyCommitted(int64_t step, const std::string& dir);
@@ -154,6 +167,8 @@ class Attempt {
   void HandleOutputLine(const std::string& line);
   void FlushLog(std::string* batch);
   void PollMetrics();
+  // SIGKILLs the process group once the kill deadline of a stop has passed.
+  void EnforceKillDeadline();
   void HandleCheckpoint(const MetricsLine& m);
   AttemptExit MakeExit(const ExitStatus& status);
 
@@ -177,9 +192,12 @@ class Attempt {
   bool killed_ = false;  // GUARDED_BY(report_mu_)
 
   mutable std::mutex mu_;
-  std::condition_variable wake_;        // the monitor's poll sleep; Kill() wakes it
-  bool kill_requested_ = false;         // GUARDED_BY(mu_)
-  std::string abort_reason_;            // GUARDED_BY(mu_): set by Abort()
+  std::condition_variable wake_;  // the monitor's poll sleep; Kill() wakes it
+  bool kill_requested_ = false;   // GUARDED_BY(mu_)
+  std::string abort_reason_;      // GUARDED_BY(mu_): set by Abort() or at the kill deadline
+  // GUARDED_BY(mu_): when an unanswered stop turns into SIGKILL, and the reason reported then.
+  std::optional<std::chrono::steady_clock::time_point> kill_at_;
+  std::string kill_reason_;
   AttemptProgress progress_;            // GUARDED_BY(mu_)
   std::deque<std::string> last_lines_;  // GUARDED_BY(mu_): the newest output lines
   std::string last_error_line_;         // GUARDED_BY(mu_): newest "ft-train: ..." line

@@ -170,6 +170,11 @@ void Session::LogStreamEnd(bool registered, const grpc::Status& status, int fail
     if (closing_) return;
   }
   const std::string why = status.ok() ? "the daemon closed it" : status.error_message();
+  if (status.error_code() == grpc::StatusCode::ALREADY_EXISTS) {  // another worker registered this --id
+    FT_LOG(ERROR) << "the daemon at " << options_.target << " replaced this worker's session: " << why
+                  << "; reconnecting";
+    return;
+  }
   if (registered) {
     FT_LOG(WARN) << "session with " << options_.target << " ended: " << why << "; reconnecting";
     return;

@@ -35,6 +35,7 @@ pb::AttemptOutcome ToProto(AttemptOutcome o) {
     case AttemptOutcome::kSuperseded: return pb::ATTEMPT_SUPERSEDED;
     case AttemptOutcome::kEnvironment: return pb::ATTEMPT_ENVIRONMENT;
     case AttemptOutcome::kRankLost: return pb::ATTEMPT_RANK_LOST;
+    case AttemptOutcome::kBadInput: return pb::ATTEMPT_BAD_INPUT;
   }
   return pb::ATTEMPT_FAILED;
 }
@@ -259,7 +260,9 @@ StatusOr<AttemptSpec> Worker::PrepareAttempt(const pb::StartAttempt& s) {
       (fs::path(options_.work_dir) / (AttemptFileStem(s.job_id(), s.epoch(), s.rank()) + ".yaml")).string();
   spec.output_dir = s.output_dir();
   spec.resume_checkpoint = s.resume_checkpoint();
+  spec.allowed_roots.assign(s.allowed_roots().begin(), s.allowed_roots().end());
   spec.stop_grace_s = options_.stop_grace_s;
+  spec.kill_grace_s = options_.kill_grace_s;
   spec.total_steps = s.total_steps();
   spec.start_step = s.start_step();
   spec.poll_interval = options_.poll_interval;

@@ -10,7 +10,9 @@
 //                  PREEMPTED, while the worker stops or when the slot ends too
 //                  soon ("slot ends too soon").
 //   CheckpointNow  {"cmd": "checkpoint"|"stop"} on the control channel of
-//                  every rank of that attempt here.
+//                  every rank of that attempt here. A rank still running
+//                  kill_grace_s past a stop's deadline is SIGKILLed (its
+//                  process group) and reported PREEMPTED ("... killed").
 //   Refused        that attempt is superseded (or its gang ended): every rank
 //                  of it here is killed, nothing more reported.
 //
@@ -54,6 +56,10 @@ struct WorkerOptions {
   std::string ft_train;  // path of the ft-train binary
   std::string work_dir;  // job files are written here
   double stop_grace_s = 30;
+  // A trainer that has not stopped this long after a stop's deadline (cancel,
+  // preemption, slot end, StopAll) is SIGKILLed with its process group and
+  // reported ended, so the worker is free again (worker/attempt.h).
+  double kill_grace_s = 5;
   int64_t slot_end_ms = 0;  // 0 = no known end
   DeviceOptions devices;
   std::chrono::milliseconds poll_interval{200};  // each attempt's metrics/exit polling

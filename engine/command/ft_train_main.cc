@@ -1,7 +1,7 @@
 // ft-train: the training engine's command line (the same binary the worker spawns).
 //
 //   ft-train run JOB.yaml [--resume DIR] [--control-fd N] [--stop-grace S]
-//                         [--job-id ID --epoch N]
+//                         [--job-id ID --epoch N] [--allowed-root DIR ...]
 //                         [--world N --rank R --rendezvous HOST:PORT [--dist-host ADDR]
 //                          [--dist-backend gloo|nccl]]
 //                                              train locally, no daemon; resumes from
@@ -9,7 +9,10 @@
 //                                              epoch: an attempt under ftd, fenced);
 //                                              with --world, one rank of a DDP job
 //                                              (one process per rank; rank 0 serves
-//                                              the rendezvous at HOST:PORT)
+//                                              the rendezvous at HOST:PORT); with
+//                                              --allowed-root, every file the run
+//                                              opens or writes must resolve under
+//                                              one of them when opened (ftd's roots)
 //   ft-train plan JOB.yaml --device-memory 24GiB [--device cpu|cuda] [--world N]
 //                                              memory breakdown and batch plan (config.json only)
 //   ft-train make-model (--preset tiny-llama | --config CONFIG.json) --out DIR [--dtype f32|bf16] [--seed N]
@@ -23,6 +26,8 @@
 // SIGUSR1, SIGINT or a "stop" on the control channel; 4 superseded: a newer
 // epoch owns output.dir; 5 environment: an I/O error (disk full, file gone);
 // 6 rank lost: one rank of a multi-rank run whose peers or rendezvous failed.
+// An I/O error while an input the job names (data.train, model.path, ...) is
+// gone is the job's (2), not the environment's: retrying would not help.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -31,6 +36,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "common/confined_path.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "engine/command/generate_command.h"
@@ -54,6 +60,38 @@ int Fail(const ft::Status& s, bool multi_rank = false) {
   return bad_input ? ft::kExitBadInput : ft::kExitFailed;
 }
 
+// `s` unchanged, unless it is an I/O error and an input file the job names is
+// gone: then NotFound naming the key and the path, so the job fails with the
+// reason instead of being retried as an environment failure without end.
+ft::Status ExplainMissingInput(const ft::Status& s, const ft::JobSpec& spec) {
+  if (s.code() != ft::Status::Code::kIOError) return s;
+  const std::pair<const char*, std::string> inputs[] = {{"data.train", spec.data.train},
+                                                        {"data.eval", spec.data.eval},
+                                                        {"model.path", spec.model.path},
+                                                        {"adapter.init", spec.adapter.init},
+                                                        {"data.chat_template", spec.data.chat_template}};
+  for (const auto& [key, path] : inputs) {
+    std::error_code ec;
+    if (path.empty() || std::filesystem::exists(path, ec) || ec) continue;
+    return ft::Status::NotFound(spec.file + ": " + key + ": '" + path + "' no longer exists (" +
+                                std::string(s.message()) +
+                                "); restore it or submit the job again with another path");
+  }
+  return s;
+}
+
+// OK when every root is an existing directory; they become the process's roots.
+ft::Status SetRoots(const std::vector<std::string>& roots) {
+  for (const std::string& r : roots) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(r, ec)) {
+      return ft::Status::InvalidArgument("--allowed-root " + r + ": not a directory");
+    }
+  }
+  ft::SetProcessAllowedRoots(roots);
+  return ft::Status::OK();
+}
+
 struct RunFlags {
   std::string job_file;
   std::vector<std::string> overrides;  // --set KEY=VALUE
@@ -67,7 +105,8 @@ struct RunFlags {
   std::string rendezvous;  // host:port of rank 0's store
   std::string dist_host;   // the address the other ranks reach this one at ("" = the host name's)
   double dist_timeout = 120;
-  std::string dist_backend = "gloo";  // gloo (any device) | nccl (CUDA ranks, one GPU each)
+  std::string dist_backend = "gloo";       // gloo (any device) | nccl (CUDA ranks, one GPU each)
+  std::vector<std::string> allowed_roots;  // --allowed-root: confine every open to these
 };
 
 int RunJob(const RunFlags& flags) {
@@ -76,6 +115,8 @@ int RunJob(const RunFlags& flags) {
   if (flags.control_fd >= 0) control.StartControlFd(flags.control_fd);
   auto job = ft::LoadJobWithOverrides(flags.job_file, flags.overrides);
   if (!job.ok()) return Fail(job.status());
+  // After the job file (the worker's, outside the roots): from here on every open is confined.
+  if (ft::Status s = SetRoots(flags.allowed_roots); !s.ok()) return Fail(s);
   std::unique_ptr<ft::Collective> ranks;
   if (flags.world > 1) {
     ft::RendezvousSpec r;
@@ -96,11 +137,11 @@ int RunJob(const RunFlags& flags) {
     return Fail(ft::Status::InvalidArgument("--rank " + std::to_string(flags.rank) + " needs --world > 1"));
   }
   auto trainer = ft::Trainer::Create(job->spec, std::move(ranks));
-  if (!trainer.ok()) return Fail(trainer.status(), flags.world > 1);
+  if (!trainer.ok()) return Fail(ExplainMissingInput(trainer.status(), job->spec), flags.world > 1);
   (*trainer)->set_control(&control);
   if (flags.epoch > 0) (*trainer)->set_fencing(flags.job_id, flags.epoch);
   auto outcome = (*trainer)->Run(flags.resume_dir);
-  if (!outcome.ok()) return Fail(outcome.status(), flags.world > 1);
+  if (!outcome.ok()) return Fail(ExplainMissingInput(outcome.status(), job->spec), flags.world > 1);
   if (*outcome == ft::RunOutcome::kPreempted) return ft::kExitPreempted;
   std::fprintf(stderr, "ft-train: finished %lld steps; outputs in %s\n",
                static_cast<long long>((*trainer)->steps_done()), job->spec.output.dir.c_str());
@@ -215,6 +256,9 @@ int main(int argc, char** argv) {
   run->add_option("--dist-timeout", flags.dist_timeout,
                   "seconds to wait for the other ranks (rendezvous and each collective)")
       ->check(CLI::PositiveNumber);
+  run->add_option("--allowed-root", flags.allowed_roots,
+                  "confine every file the run opens or writes to these directories, checked when each is "
+                  "opened (repeatable; ft-worker passes ftd's --allowed-root)");
 
   auto* plan = app.add_subcommand("plan", "print the memory breakdown and batch plan of a job");
   std::string plan_job, device_memory, plan_device = "cpu";

@@ -1,11 +1,14 @@
 #include "engine/data/dataset.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
 
+#include "common/confined_path.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "engine/data/data_format.h"
@@ -13,9 +16,15 @@
 
 namespace ft {
 
+namespace fs = std::filesystem;
+
 namespace {
 
-constexpr char kIndexMagic[8] = {'F', 'T', 'I', 'D', 'X', '0', '0', '1'};
+// Version 2 ends with the SHA-256 (hex) of everything before it.
+constexpr char kIndexMagic[8] = {'F', 'T', 'I', 'D', 'X', '0', '0', '2'};
+constexpr size_t kIndexChecksumBytes = 64;
+// One line's record: offset (8), bytes (4), tokens (4), targets (4).
+constexpr size_t kIndexLineBytes = 20;
 
 // Appends a POD value's bytes / reads one back.
 template <typename T>
@@ -28,6 +37,13 @@ bool Get(const std::string& in, size_t* pos, T* v) {
   std::memcpy(v, in.data() + *pos, sizeof(T));
   *pos += sizeof(T);
   return true;
+}
+
+// The targets of the first n tokens of `seq` (labels[1..n) that are not -100).
+int32_t TargetCount(const TokenSequence& seq, int64_t n) {
+  if (seq.labels.empty()) return static_cast<int32_t>(n - 1);
+  return static_cast<int32_t>(
+      std::count_if(seq.labels.begin() + 1, seq.labels.begin() + n, [](int32_t v) { return v != -100; }));
 }
 
 }  // namespace
@@ -45,8 +61,17 @@ StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const DatasetOptions& options, 
   // Token counts depend on truncation, so seq_len is part of what the index is for.
   ds->options_.cache_key = options.cache_key + ";seq_len=" + std::to_string(options.seq_len);
   ds->encode_ = std::move(encode);
-  FT_ASSIGN_OR_RETURN(std::string sha, Sha256File(options.path));
-  if (!options.use_cache || !ds->LoadCache(sha).ok()) {
+  FT_ASSIGN_OR_RETURN(std::string sha, Sha256File(options.path, &ds->file_bytes_));
+  ds->sha256_ = sha;
+  Status cached = options.use_cache ? ds->LoadCache(sha) : Status::NotFound("not cached");
+  if (cached.code() == Status::Code::kCorruption) {
+    // Loud: a damaged index would otherwise abort or train on wrong counts; it is rebuilt.
+    FT_LOG(ERROR) << "DAMAGED DATA INDEX " << options.path << ".ftidx (" << cached.message()
+                  << "): rebuilding it from " << options.path;
+    std::fprintf(stderr, "ft-train: WARNING: damaged data index %s.ftidx (%s): rebuilt from the data\n",
+                 options.path.c_str(), std::string(cached.message()).c_str());
+  }
+  if (!cached.ok()) {
     FT_RETURN_IF_ERROR(ds->BuildIndex(sha));
     if (options.use_cache) ds->SaveCache(sha);
   }
@@ -93,12 +118,7 @@ Status Dataset::BuildIndex(const std::string& sha) {
     }
     const int64_t n = std::min<int64_t>(static_cast<int64_t>(seq->ids.size()), options_.seq_len);
     entry.tokens = static_cast<int32_t>(n);
-    if (seq->labels.empty()) {
-      entry.targets = static_cast<int32_t>(n - 1);
-    } else {
-      entry.targets = static_cast<int32_t>(std::count_if(seq->labels.begin() + 1, seq->labels.begin() + n,
-                                                         [](int32_t v) { return v != -100; }));
-    }
+    entry.targets = TargetCount(*seq, n);
     lines_.push_back(entry);
   }
   if (in.bad()) return Status::IOError(options_.path + ": read failed");
@@ -107,39 +127,77 @@ Status Dataset::BuildIndex(const std::string& sha) {
 
 Status Dataset::LoadCache(const std::string& sha) {
   auto data = ReadFileToString(options_.path + ".ftidx");
-  if (!data.ok()) return data.status();
+  if (!data.ok())
+    return data.status().IsNotFound() ? data.status() : Status::Corruption(data.status().message());
   const std::string& s = *data;
-  size_t pos = 0;
-  if (s.size() < sizeof(kIndexMagic) || std::memcmp(s.data(), kIndexMagic, sizeof(kIndexMagic)) != 0) {
-    return Status::Corruption("bad index magic");
+  if (s.size() >= sizeof(kIndexMagic) && std::memcmp(s.data(), kIndexMagic, 5) == 0 &&
+      std::memcmp(s.data(), kIndexMagic, sizeof(kIndexMagic)) != 0) {
+    return Status::NotFound("an index of another version");  // rebuilt quietly
   }
-  pos = sizeof(kIndexMagic);
+  if (s.size() < sizeof(kIndexMagic) + kIndexChecksumBytes ||
+      std::memcmp(s.data(), kIndexMagic, sizeof(kIndexMagic)) != 0) {
+    return Status::Corruption("not an index (bad magic or too short)");
+  }
+  const size_t body = s.size() - kIndexChecksumBytes;
+  if (Sha256Hex(s.substr(0, body)) != s.substr(body)) return Status::Corruption("checksum mismatch");
+  size_t pos = sizeof(kIndexMagic);
   auto get_string = [&](std::string* out) {
     uint32_t len = 0;
-    if (!Get(s, &pos, &len) || pos + len > s.size()) return false;
+    if (!Get(s, &pos, &len) || len > body - pos) return false;
     out->assign(s.data() + pos, len);
     pos += len;
     return true;
   };
   std::string file_sha, key;
   uint64_t count = 0;
-  if (!get_string(&file_sha) || !get_string(&key) || !Get(s, &pos, &count))
-    return Status::Corruption("short index");
+  if (!get_string(&file_sha) || !get_string(&key) || !Get(s, &pos, &count) || pos > body) {
+    return Status::Corruption("short header");
+  }
   if (file_sha != sha || key != options_.cache_key)
     return Status::NotFound("index is for other data or settings");
-  std::vector<Line> lines(count);
-  int64_t skipped = 0;
-  for (Line& l : lines) {
-    if (!Get(s, &pos, &l.offset) || !Get(s, &pos, &l.bytes) || !Get(s, &pos, &l.tokens) ||
-        !Get(s, &pos, &l.targets)) {
-      return Status::Corruption("short index");
-    }
-    if (l.tokens < 0) ++skipped;
+  // The count must be what the file holds, checked before anything is allocated for it.
+  if (count != (body - pos) / kIndexLineBytes || (body - pos) % kIndexLineBytes != 0) {
+    return Status::Corruption("it claims " + std::to_string(count) + " lines but holds " +
+                              std::to_string((body - pos) / kIndexLineBytes));
   }
+  std::vector<Line> lines(count);
+  for (Line& l : lines) {
+    Get(s, &pos, &l.offset);
+    Get(s, &pos, &l.bytes);
+    Get(s, &pos, &l.tokens);
+    Get(s, &pos, &l.targets);
+  }
+  FT_RETURN_IF_ERROR(CheckIndexLines(lines));
+  const int64_t skipped =
+      std::count_if(lines.begin(), lines.end(), [](const Line& l) { return l.tokens < 0; });
   if (skipped > 0 && !options_.skip_bad_lines) return Status::NotFound("index skips lines; re-validate");
   lines_ = std::move(lines);
   skipped_ = skipped;
   from_cache_ = true;
+  return Status::OK();
+}
+
+Status Dataset::CheckIndexLines(const std::vector<Line>& lines) const {
+  // Each line inside the data file, after the one before it; counts as BuildIndex makes them.
+  uint64_t next = 0;  // the first byte a line may start at
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const Line& l = lines[i];
+    auto which = [i] { return "line entry " + std::to_string(i) + ": "; };
+    if (l.offset < next || l.offset > file_bytes_ || l.bytes > file_bytes_ - l.offset) {
+      return Status::Corruption(which() + "bytes [" + std::to_string(l.offset) + ", +" +
+                                std::to_string(l.bytes) + ") are out of order or beyond the file's " +
+                                std::to_string(file_bytes_));
+    }
+    next = l.offset + l.bytes + 1;
+    const bool bad_line = l.tokens == -1 && l.targets == 0;
+    const bool example =
+        l.tokens >= 2 && l.tokens <= options_.seq_len && l.targets >= 0 && l.targets < l.tokens;
+    if (!bad_line && !example) {
+      return Status::Corruption(which() + std::to_string(l.tokens) + " tokens and " +
+                                std::to_string(l.targets) + " targets are impossible at seq_len " +
+                                std::to_string(options_.seq_len));
+    }
+  }
   return Status::OK();
 }
 
@@ -156,6 +214,7 @@ void Dataset::SaveCache(const std::string& sha) const {
     Put(&out, l.tokens);
     Put(&out, l.targets);
   }
+  out += Sha256Hex(out);
   Status s = ReplaceFileAtomically(options_.path + ".ftidx", out);
   if (!s.ok()) FT_LOG(WARN) << "cannot cache the data index (it will be rebuilt next time): " << s.ToString();
 }
@@ -207,8 +266,16 @@ StatusOr<TokenSequence> Dataset::ReadExample(std::istream& in, int64_t example) 
     seq.ids.resize(options_.seq_len);
     if (!seq.labels.empty()) seq.labels.resize(options_.seq_len);
   }
-  if (static_cast<int32_t>(seq.ids.size()) != l.tokens) {
-    return Status::Corruption(options_.path + ": changed since it was indexed (restart to re-index)");
+  const int64_t n = static_cast<int64_t>(seq.ids.size());
+  if (n != l.tokens || (n >= 1 && TargetCount(seq, n) != l.targets)) {
+    // The data changed since Open, or the index lies: either way the next Open must re-index.
+    std::error_code ec;
+    if (options_.use_cache) fs::remove(options_.path + ".ftidx", ec);
+    return Status::Corruption(options_.path + ": changed since it was indexed (the line at byte " +
+                              std::to_string(l.offset) + " has " + std::to_string(n) + " tokens, " +
+                              std::to_string(n >= 1 ? TargetCount(seq, n) : 0) + " targets; the index says " +
+                              std::to_string(l.tokens) + ", " + std::to_string(l.targets) +
+                              "); its index was removed: restart to re-index");
   }
   return seq;
 }
@@ -221,7 +288,8 @@ StatusOr<MicroBatch> Dataset::MakeBatch(int64_t first, int64_t count, bool shuff
   MicroBatch mb;
   mb.batch = count;
   mb.first_sequence = first;
-  std::ifstream in(options_.path, std::ios::binary);
+  FT_ASSIGN_OR_RETURN(const std::string confined, Confine(options_.path));  // at every open (roots)
+  std::ifstream in(confined, std::ios::binary);
   if (!in) return Status::IOError(options_.path + ": cannot open training data");
   for (int64_t b = 0; b < count; ++b) {
     const int64_t r = RowAt(first + b, shuffle, seed);

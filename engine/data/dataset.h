@@ -7,7 +7,10 @@
 // and to find bad lines. The result is cached beside the data as
 // <file>.ftidx, keyed by the file's SHA-256 and by `cache_key` (format,
 // tokenizer, seq_len), so a restart or a second epoch does not re-tokenize to
-// plan. Rows are re-read and re-encoded from their byte offsets on demand.
+// plan. A damaged index (its own checksum, or a field the data file cannot
+// hold) is rebuilt, with a warning; a line that no longer matches the index
+// when read removes the index, so the next open re-indexes. Rows are re-read and re-encoded from their byte
+// offsets on demand.
 //
 // Rows: without packing, one example per row (right-padded in a micro-batch,
 // targets -100 on padding). With packing, examples are placed greedily in
@@ -68,6 +71,9 @@ class Dataset {
   int64_t examples() const { return static_cast<int64_t>(example_line_.size()); }
   int64_t skipped_lines() const { return skipped_; }
   bool from_cache() const { return from_cache_; }
+  // Lowercase hex SHA-256 of the data file's contents when it was opened.
+  const std::string& sha256() const { return sha256_; }
+  uint64_t file_bytes() const { return file_bytes_; }  // its size then
 
   // Row index at global position `cursor` (epoch = cursor / size()).
   int64_t RowAt(int64_t cursor, bool shuffle, uint64_t seed) const;
@@ -86,7 +92,11 @@ class Dataset {
   };
   Dataset() = default;
   Status BuildIndex(const std::string& sha);
+  // The cached index when it is for this data and settings: NotFound when
+  // absent or for other data; Corruption when damaged (bad checksum, a count
+  // or offset the data file cannot hold, impossible token counts).
   Status LoadCache(const std::string& sha);
+  Status CheckIndexLines(const std::vector<Line>& lines) const;
   void SaveCache(const std::string& sha) const;
   void PlanRows();
   // Re-reads and encodes one example from `in` (the data file, opened once per batch).
@@ -99,6 +109,8 @@ class Dataset {
   std::vector<int64_t> row_first_;     // row r holds examples [row_first_[r], row_first_[r + 1])
   std::vector<int64_t> row_targets_;
   int64_t skipped_ = 0;
+  uint64_t file_bytes_ = 0;  // the data file's size when indexed
+  std::string sha256_;       // of the data file's contents
   bool from_cache_ = false;
   mutable std::vector<int64_t> perm_;
   mutable int64_t perm_epoch_ = -1;

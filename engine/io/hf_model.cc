@@ -2,13 +2,13 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <numbers>
 #include <set>
 #include <sstream>
 
+#include "common/confined_path.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "engine/model/rng.h"
@@ -107,7 +107,7 @@ StatusOr<ModelConfig> ParseHfConfig(const std::string& text, const std::string& 
 
 StatusOr<ModelConfig> ReadHfConfig(const std::string& dir) {
   const std::string file = (fs::path(dir) / "config.json").string();
-  FT_ASSIGN_OR_RETURN(std::string text, ReadFileToString(file));
+  FT_ASSIGN_OR_RETURN(std::string text, ReadFileToString(file, kMaxConfigFileBytes));
   return ParseHfConfig(text, file);
 }
 
@@ -149,25 +149,54 @@ std::string HfConfigJson(const ModelConfig& c) {
   return j.dump(2) + "\n";
 }
 
+namespace {
+
+// At most this much of a name taken from a file goes into an error message.
+std::string Clip(const std::string& s) { return s.size() <= 200 ? s : s.substr(0, 200) + "..."; }
+
+// OK when `shard` names a file inside the model directory: relative, no "..",
+// no empty or "." components. (Lexical on purpose: Hugging Face's cache links
+// each shard to ../../blobs/, so where a link leads is the allowed roots'
+// business, checked at open time, not the index's.)
+Status CheckShardName(const std::string& index, const std::string& tensor, const std::string& shard) {
+  fs::path p(shard);
+  bool ok = !shard.empty() && p.is_relative() && shard.find('\0') == std::string::npos && !p.has_root_name();
+  for (const fs::path& part : p) ok = ok && !part.empty() && part != ".." && part != ".";
+  if (ok) return Status::OK();
+  return Status::InvalidArgument(index + ": weight_map['" + Clip(tensor) + "'] = '" + Clip(shard) +
+                                 "': a shard must be a file name inside the model directory (no absolute "
+                                 "path, no '..'); fix the index");
+}
+
+// The tensor -> shard map of model.safetensors.index.json, each shard name checked.
+StatusOr<std::map<std::string, std::string>> ReadWeightMap(const std::string& index) {
+  FT_ASSIGN_OR_RETURN(std::string text, ReadFileToString(index, kMaxConfigFileBytes));
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+    return Status::InvalidArgument(index + ": needs a 'weight_map' object {tensor: shard file}");
+  }
+  std::map<std::string, std::string> where;
+  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+    if (!it->is_string())
+      return Status::InvalidArgument(index + ": weight_map['" + Clip(it.key()) + "'] must be a file name");
+    FT_RETURN_IF_ERROR(CheckShardName(index, it.key(), it->get<std::string>()));
+    where[it.key()] = it->get<std::string>();
+  }
+  return where;
+}
+
+}  // namespace
+
 Status LoadHfWeights(const std::string& dir, Model* model) {
   // tensor name -> shard file
   std::map<std::string, std::string> where;
   std::vector<std::string> files;
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
-  if (fs::exists(index)) {
-    FT_ASSIGN_OR_RETURN(std::string text, ReadFileToString(index.string()));
-    json j = json::parse(text, nullptr, false);
-    if (j.is_discarded() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
-      return Status::InvalidArgument(index.string() + ": needs a 'weight_map' object {tensor: shard file}");
-    }
+  const bool sharded = fs::exists(index);
+  if (sharded) {
+    FT_ASSIGN_OR_RETURN(where, ReadWeightMap(index.string()));
     std::set<std::string> unique;
-    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-      if (!it->is_string())
-        return Status::InvalidArgument(index.string() + ": weight_map['" + it.key() +
-                                       "'] must be a file name");
-      where[it.key()] = it->get<std::string>();
-      unique.insert(it->get<std::string>());
-    }
+    for (const auto& [tensor, shard] : where) unique.insert(shard);
     files.assign(unique.begin(), unique.end());
   } else {
     files.push_back("model.safetensors");
@@ -176,7 +205,7 @@ Status LoadHfWeights(const std::string& dir, Model* model) {
   for (const auto& f : files) {
     const std::string path = (fs::path(dir) / f).string();
     FT_ASSIGN_OR_RETURN(opened[f], SafetensorsFile::Open(path));
-    if (!fs::exists(index)) {
+    if (!sharded) {
       for (const auto& t : opened[f]->tensors()) where[t.name] = f;
     }
   }
@@ -209,25 +238,18 @@ Status CopyTokenizerFiles(const std::string& from_dir, const std::string& to_dir
                            "tokenizer.model", "generation_config.json"}) {
     const fs::path from = fs::path(from_dir) / name;
     if (!fs::exists(from)) continue;
-    std::error_code ec;
-    fs::copy_file(from, fs::path(to_dir) / name, fs::copy_options::overwrite_existing, ec);
-    if (ec) return Status::IOError(from.string() + ": cannot copy to " + to_dir + ": " + ec.message());
+    auto text = ReadFileToString(from.string());
+    if (!text.ok()) return text.status().WithContext("copying the tokenizer to " + to_dir);
+    FT_RETURN_IF_ERROR(WriteFileDurably((fs::path(to_dir) / name).string(), *text));
   }
   return Status::OK();
 }
 
 Status SaveHfModel(const std::string& dir, Model& model, DType dtype) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return Status::IOError(dir + ": cannot create directory: " + ec.message());
+  FT_RETURN_IF_ERROR(CreateDirectoriesConfined(dir));
   ModelConfig c = model.config();
   c.torch_dtype = dtype == DType::kBF16 ? "bfloat16" : dtype == DType::kF16 ? "float16" : "float32";
-  const std::string cfg_path = (fs::path(dir) / "config.json").string();
-  {
-    std::ofstream out(cfg_path, std::ios::binary | std::ios::trunc);
-    out << HfConfigJson(c);
-    if (!out) return Status::IOError(cfg_path + ": write failed");
-  }
+  FT_RETURN_IF_ERROR(WriteFileDurably((fs::path(dir) / "config.json").string(), HfConfigJson(c)));
   std::vector<TensorToWrite> tensors;
   std::vector<std::vector<float>> host;  // the weights copied off the model's backend
   for (NamedTensor& t : model.NamedWeights()) {

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/confined_path.h"
 #include "common/file_util.h"
 #include "engine/io/safetensors.h"
 
@@ -37,9 +38,7 @@ std::string PeftAdapterConfigJson(const LoraSpec& spec, const std::string& base_
 Status SavePeftAdapter(const std::string& dir, Model& model, const std::string& base_model) {
   const LoraSpec* spec = model.lora_spec();
   if (!spec) return Status::FailedPrecondition("model has no LoRA adapters to save");
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return Status::IOError(dir + ": cannot create directory: " + ec.message());
+  FT_RETURN_IF_ERROR(CreateDirectoriesConfined(dir));
   FT_RETURN_IF_ERROR(WriteFileDurably((fs::path(dir) / "adapter_config.json").string(),
                                       PeftAdapterConfigJson(*spec, base_model)));
   std::vector<TensorToWrite> tensors;

@@ -1,9 +1,46 @@
 #include "engine/model/model_config.h"
 
 #include <cmath>
+#include <cstdio>
 #include <numbers>
 
 namespace ft {
+
+namespace {
+
+// InvalidArgument naming the key unless every number of `c` is finite and in range.
+Status ValidateNumbers(const ModelConfig& c, const std::string& file) {
+  // Each a finite number in (low, high]: far wider than any released model's, narrow enough that
+  // the norms and RoPE stay finite. The rope_scaling keys count only when rope_scaling is used.
+  struct Range {
+    double value;
+    const char* key;
+    double low, high;
+    bool used;
+  };
+  const RopeScaling& r = c.rope_scaling;
+  const bool llama3 = r.type == "llama3";
+  const Range ranges[] = {
+      {c.rms_norm_eps, "rms_norm_eps", 0, 1, true},
+      {c.rope_theta, "rope_theta", 0, 1e12, true},
+      {r.factor, "rope_scaling.factor", 0, 1e6, !r.type.empty()},
+      {r.low_freq_factor, "rope_scaling.low_freq_factor", 0, 1e6, llama3},
+      {r.high_freq_factor, "rope_scaling.high_freq_factor", 0, 1e6, llama3},
+      {static_cast<double>(r.original_max_position_embeddings),
+       "rope_scaling.original_max_position_embeddings", 0, double{1 << 24}, llama3},
+      {static_cast<double>(c.sliding_window), "sliding_window", -1, double{1 << 24}, true},
+  };
+  for (const Range& b : ranges) {
+    if (!b.used || (std::isfinite(b.value) && b.value > b.low && b.value <= b.high)) continue;
+    char text[160];
+    std::snprintf(text, sizeof(text), "'%s' must be a finite number in (%g, %g], got %g", b.key, b.low,
+                  b.high, b.value);
+    return Status::InvalidArgument(file + ": " + text + "; correct the model's config.json");
+  }
+  return Status::OK();
+}
+
+}  // namespace
 
 Status ModelConfig::Validate(const std::string& file) const {
   // Each size positive and at most a bound far above any released model's
@@ -36,21 +73,10 @@ Status ModelConfig::Validate(const std::string& file) const {
   }
   if (head_dim % 2 != 0)
     return Status::InvalidArgument(file + ": head_dim must be even for rotary embeddings");
-  if (!(rms_norm_eps > 0) || !std::isfinite(rms_norm_eps)) {
-    return Status::InvalidArgument(file + ": rms_norm_eps must be a finite number > 0");
-  }
-  if (!(rope_theta > 0) || !std::isfinite(rope_theta)) {
-    return Status::InvalidArgument(file + ": rope_theta must be a finite number > 0");
-  }
+  FT_RETURN_IF_ERROR(ValidateNumbers(*this, file));
   const RopeScaling& r = rope_scaling;
-  if (!r.type.empty() && (!(r.factor > 0) || !std::isfinite(r.factor))) {
-    return Status::InvalidArgument(file + ": rope_scaling.factor must be a finite number > 0");
-  }
-  if (r.type == "llama3" && !(r.low_freq_factor > 0 && r.high_freq_factor > r.low_freq_factor &&
-                              r.original_max_position_embeddings > 0 && std::isfinite(r.high_freq_factor))) {
-    return Status::InvalidArgument(file +
-                                   ": rope_scaling (llama3) needs 0 < low_freq_factor < high_freq_factor "
-                                   "and original_max_position_embeddings > 0");
+  if (r.type == "llama3" && !(r.high_freq_factor > r.low_freq_factor)) {
+    return Status::InvalidArgument(file + ": rope_scaling (llama3) needs low_freq_factor < high_freq_factor");
   }
   return Status::OK();
 }

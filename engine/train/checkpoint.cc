@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "common/confined_path.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "engine/io/safetensors.h"
@@ -118,9 +119,7 @@ Status CheckFence(const Fence& fence) { return fence ? fence() : Status::OK(); }
 Status RemoveCheckpointDir(const fs::path& dir, int64_t epoch) {
   const fs::path trash = dir.parent_path() / ScratchName("trash", dir.filename().string(), epoch);
   FT_RETURN_IF_ERROR(RenameDurably(dir.string(), trash.string()));
-  std::error_code ec;
-  fs::remove_all(trash, ec);
-  if (ec) FT_LOG(WARN) << trash.string() << ": cannot delete: " << ec.message();
+  if (Status s = RemoveAllConfined(trash.string()); !s.ok()) FT_LOG(WARN) << s.ToString();
   return Status::OK();
 }
 
@@ -136,9 +135,7 @@ Status WriteCheckpoint(const std::string& root, const CheckpointContents& c, con
                        double* seconds) {
   const auto start = std::chrono::steady_clock::now();
   FT_RETURN_IF_ERROR(CheckFence(fence));
-  std::error_code ec;
-  fs::create_directories(root, ec);
-  if (ec) return Status::IOError(root + ": cannot create checkpoint directory: " + ec.message());
+  FT_RETURN_IF_ERROR(CreateDirectoriesConfined(root).WithContext("the checkpoint directory"));
   const std::string name = CheckpointName(c.state.step);
   const fs::path final_dir = fs::path(root) / name;
   if (fs::exists(final_dir) && VerifyCheckpoint(final_dir.string()).ok()) {
@@ -150,9 +147,8 @@ Status WriteCheckpoint(const std::string& root, const CheckpointContents& c, con
     }
   }
   const fs::path tmp = fs::path(root) / ScratchName("tmp", name, c.state.epoch);
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) return Status::IOError(tmp.string() + ": cannot create: " + ec.message());
+  FT_RETURN_IF_ERROR(RemoveAllConfined(tmp.string()));
+  FT_RETURN_IF_ERROR(CreateDirectoriesConfined(tmp.string()));
 
   std::vector<std::string> files;
   if (!c.adapter_config_json.empty()) {
@@ -182,7 +178,7 @@ Status WriteCheckpoint(const std::string& root, const CheckpointContents& c, con
   FT_RETURN_IF_ERROR(SyncDirectory(tmp.string()));
 
   if (Status owned = CheckFence(fence); !owned.ok()) {
-    fs::remove_all(tmp, ec);  // our own temporary: nobody else's to clean up
+    (void)RemoveAllConfined(tmp.string());  // our own temporary: nobody else's to clean up
     return owned;
   }
   if (fs::exists(final_dir)) {
@@ -196,7 +192,7 @@ Status WriteCheckpoint(const std::string& root, const CheckpointContents& c, con
 
 Status VerifyCheckpoint(const std::string& dir) {
   const std::string manifest_path = (fs::path(dir) / kManifest).string();
-  auto text = ReadFileToString(manifest_path);
+  auto text = ReadFileToString(manifest_path, kMaxConfigFileBytes);
   if (!text.ok()) return Status::Corruption(manifest_path + ": missing (checkpoint incomplete)");
   json m = json::parse(*text, nullptr, false);
   if (m.is_discarded() || !m.contains("files") || !m["files"].is_object()) {
@@ -265,7 +261,7 @@ StatusOr<TrainerState> ReadCheckpointState(const std::string& dir) {
     return Status::Corruption((fs::path(dir) / kManifest).string() + ": missing (checkpoint incomplete)");
   }
   const std::string file = (fs::path(dir) / "trainer_state.json").string();
-  FT_ASSIGN_OR_RETURN(std::string text, ReadFileToString(file));
+  FT_ASSIGN_OR_RETURN(std::string text, ReadFileToString(file, kMaxConfigFileBytes));
   return StateFromJson(text, file);
 }
 
@@ -296,8 +292,7 @@ Status PruneCheckpoints(const std::string& root, const Retention& r) {
     if (!ParseScratchName(name, &epoch, &pid)) continue;
     if (pid == ::getpid() || (r.epoch > 0 && epoch > r.epoch)) continue;
     FT_RETURN_IF_ERROR(CheckFence(r.fence));
-    std::error_code rm;
-    fs::remove_all(e.path(), rm);
+    (void)RemoveAllConfined(e.path().string());
   }
   return Status::OK();
 }

@@ -1,6 +1,7 @@
 #include "engine/train/job_spec.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -18,6 +19,33 @@ namespace {
 Status Require(bool ok, const YamlMap& m, const std::string& key, const std::string& what) {
   if (ok) return Status::OK();
   return Status::InvalidArgument(m.Where(key) + ": " + m.KeyPath(key) + ": " + what);
+}
+
+// The largest step count any step-valued key may hold (max_steps, warmup_steps,
+// every_steps, ...): a billion steps is decades at one step a second, and the
+// bound keeps every product of steps and batches far inside int64.
+constexpr int64_t kMaxSteps = 1'000'000'000;
+
+// Reads the integer `key` (when present) and requires it in [lo, hi].
+Status GetInt(const YamlMap& m, const std::string& key, int64_t lo, int64_t hi, int64_t* out,
+              const std::string& meaning = "") {
+  FT_RETURN_IF_ERROR(m.Get(key, out));
+  return Require(*out >= lo && *out <= hi, m, key,
+                 "must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]" + meaning +
+                     ", got " + std::to_string(*out));
+}
+
+// Reads the finite number `key` (when present) and requires it in [lo, hi]
+// (`open_low`: in (lo, hi]).
+Status GetNumber(const YamlMap& m, const std::string& key, double lo, double hi, bool open_low, double* out,
+                 const std::string& meaning = "") {
+  FT_RETURN_IF_ERROR(m.Get(key, out));
+  char range[96];
+  std::snprintf(range, sizeof(range), "%s%g, %g]", open_low ? "(" : "[", lo, hi);
+  char got[48];
+  std::snprintf(got, sizeof(got), "%g", *out);
+  return Require((open_low ? *out > lo : *out >= lo) && *out <= hi, m, key,
+                 std::string("must be a number in ") + range + meaning + ", got " + got);
 }
 
 std::string Resolve(const std::string& base_dir, const std::string& path) {
@@ -45,7 +73,7 @@ Status ParseAdapter(const YamlMap& m, JobSpec::Adapter* s) {
   FT_RETURN_IF_ERROR(m.GetEnum("type", {"lora", "full"}, &s->type));
   FT_RETURN_IF_ERROR(m.Get("r", &s->r));
   FT_RETURN_IF_ERROR(Require(s->r > 0 && s->r <= 65536, m, "r", "must be an integer in [1, 65536]"));
-  FT_RETURN_IF_ERROR(m.Get("alpha", &s->alpha));
+  FT_RETURN_IF_ERROR(GetNumber(m, "alpha", 0, 1e6, true, &s->alpha, " (the LoRA scale is alpha / r)"));
   FT_RETURN_IF_ERROR(m.Get("dropout", &s->dropout));
   FT_RETURN_IF_ERROR(Require(s->dropout >= 0 && s->dropout < 1, m, "dropout", "must be in [0, 1)"));
   FT_RETURN_IF_ERROR(m.Get("rslora", &s->rslora));
@@ -116,25 +144,25 @@ const std::vector<std::string> kTrainKeys = {
 // clang-format on
 
 Status ParseTrain(const YamlMap& m, JobSpec::Train* s) {
-  FT_RETURN_IF_ERROR(m.Get("max_steps", &s->max_steps));
-  FT_RETURN_IF_ERROR(m.Get("epochs", &s->epochs));
-  FT_RETURN_IF_ERROR(Require(s->max_steps >= 0, m, "max_steps", "must be >= 0"));
-  FT_RETURN_IF_ERROR(Require(s->epochs >= 0, m, "epochs", "must be >= 0"));
+  FT_RETURN_IF_ERROR(GetInt(m, "max_steps", 0, kMaxSteps, &s->max_steps));
+  FT_RETURN_IF_ERROR(GetInt(m, "epochs", 0, 1'000'000, &s->epochs));
   FT_RETURN_IF_ERROR(m.Get("global_batch_size", &s->global_batch_size));
   FT_RETURN_IF_ERROR(Require(s->global_batch_size > 0 && s->global_batch_size <= (int64_t{1} << 24), m,
                              "global_batch_size", "must be an integer in [1, 16777216]"));
   FT_RETURN_IF_ERROR(GetAutoInt(m, "micro_batch_size", &s->micro_batch_size));
   FT_RETURN_IF_ERROR(GetAutoInt(m, "gradient_accumulation", &s->gradient_accumulation));
-  FT_RETURN_IF_ERROR(m.Get("lr", &s->lr));
-  FT_RETURN_IF_ERROR(Require(s->lr >= 0, m, "lr", "must be >= 0"));
+  // AdamW moves every weight by about lr per step whatever the gradient's size: fine-tuning uses
+  // 1e-6..1e-2, and past 1 each step moves the weights farther than their own scale.
+  FT_RETURN_IF_ERROR(GetNumber(m, "lr", 0, 1, false, &s->lr, " (typical: 1e-5 to 1e-3)"));
   FT_RETURN_IF_ERROR(m.GetEnum("lr_schedule", {"cosine", "linear", "constant"}, &s->lr_schedule));
-  FT_RETURN_IF_ERROR(m.Get("warmup_steps", &s->warmup_steps));
-  FT_RETURN_IF_ERROR(Require(s->warmup_steps >= 0, m, "warmup_steps", "must be >= 0"));
-  FT_RETURN_IF_ERROR(m.Get("weight_decay", &s->weight_decay));
+  FT_RETURN_IF_ERROR(GetInt(m, "warmup_steps", 0, kMaxSteps, &s->warmup_steps));
+  // Decoupled decay shrinks each weight by lr * weight_decay per step: at most 1 (lr <= 1) never flips it.
+  FT_RETURN_IF_ERROR(GetNumber(m, "weight_decay", 0, 1, false, &s->weight_decay, " (typical: 0 to 0.1)"));
   FT_RETURN_IF_ERROR(m.Get("max_grad_norm", &s->max_grad_norm));
   FT_RETURN_IF_ERROR(m.Get("adam_beta1", &s->adam_beta1));
   FT_RETURN_IF_ERROR(m.Get("adam_beta2", &s->adam_beta2));
-  FT_RETURN_IF_ERROR(m.Get("adam_eps", &s->adam_eps));
+  // The update divides by sqrt(v) + eps: 0 would divide zero by zero.
+  FT_RETURN_IF_ERROR(GetNumber(m, "adam_eps", 0, 1, true, &s->adam_eps, " (typical: 1e-8)"));
   FT_RETURN_IF_ERROR(Require(s->adam_beta1 >= 0 && s->adam_beta1 < 1, m, "adam_beta1", "must be in [0, 1)"));
   FT_RETURN_IF_ERROR(Require(s->adam_beta2 >= 0 && s->adam_beta2 < 1, m, "adam_beta2", "must be in [0, 1)"));
   FT_RETURN_IF_ERROR(m.GetEnum("optimizer", {"adamw", "paged_adamw"}, &s->optimizer));
@@ -142,16 +170,13 @@ Status ParseTrain(const YamlMap& m, JobSpec::Train* s) {
   FT_RETURN_IF_ERROR(
       m.GetEnum("activation_checkpointing", {"false", "true", "offload"}, &s->activation_checkpointing));
   FT_RETURN_IF_ERROR(m.Get("cpu_offload", &s->cpu_offload));
-  FT_RETURN_IF_ERROR(m.Get("eval_every_steps", &s->eval_every_steps));
-  FT_RETURN_IF_ERROR(Require(s->eval_every_steps >= 0, m, "eval_every_steps", "must be >= 0"));
-  FT_RETURN_IF_ERROR(m.Get("eval_max_batches", &s->eval_max_batches));
-  FT_RETURN_IF_ERROR(Require(s->eval_max_batches >= 0, m, "eval_max_batches", "must be >= 0 (0 = all)"));
+  FT_RETURN_IF_ERROR(GetInt(m, "eval_every_steps", 0, kMaxSteps, &s->eval_every_steps));
+  FT_RETURN_IF_ERROR(GetInt(m, "eval_max_batches", 0, kMaxSteps, &s->eval_max_batches, " (0 = all)"));
   FT_RETURN_IF_ERROR(m.Get("loss_scale_init", &s->loss_scale_init));
   FT_RETURN_IF_ERROR(Require(s->loss_scale_init >= 1 && s->loss_scale_init <= 1e30, m, "loss_scale_init",
                              "must be in [1, 1e30] (65536 is torch's default)"));
-  FT_RETURN_IF_ERROR(m.Get("loss_scale_growth_interval", &s->loss_scale_growth_interval));
-  FT_RETURN_IF_ERROR(Require(s->loss_scale_growth_interval >= 1, m, "loss_scale_growth_interval",
-                             "must be >= 1 (good steps before the scale doubles)"));
+  FT_RETURN_IF_ERROR(GetInt(m, "loss_scale_growth_interval", 1, kMaxSteps, &s->loss_scale_growth_interval,
+                            " (good steps before the scale doubles)"));
   return m.GetEnum("attention", {"flash", "naive"}, &s->attention);
 }
 
@@ -182,10 +207,9 @@ Status ResolveEval(const YamlMap& root, JobSpec* spec) {
 }
 
 Status ParseCheckpoint(const YamlMap& m, JobSpec::Checkpoint* s) {
-  FT_RETURN_IF_ERROR(m.Get("every_steps", &s->every_steps));
-  FT_RETURN_IF_ERROR(m.Get("every_minutes", &s->every_minutes));
-  FT_RETURN_IF_ERROR(m.Get("keep", &s->keep));
-  return Require(s->keep >= 1, m, "keep", "must be at least 1");
+  FT_RETURN_IF_ERROR(GetInt(m, "every_steps", 0, kMaxSteps, &s->every_steps, " (0 = not by steps)"));
+  FT_RETURN_IF_ERROR(GetNumber(m, "every_minutes", 0, 1e6, false, &s->every_minutes, " (0 = not by time)"));
+  return GetInt(m, "keep", 1, 1'000'000, &s->keep, " (checkpoints kept)");
 }
 
 Status ParseResources(const YamlMap& m, JobSpec::Resources* s) {
@@ -193,8 +217,8 @@ Status ParseResources(const YamlMap& m, JobSpec::Resources* s) {
   FT_RETURN_IF_ERROR(
       Require(s->gpus >= 1 && s->gpus <= 65536, m, "gpus", "must be an integer in [1, 65536]"));
   FT_RETURN_IF_ERROR(m.GetEnum("device", {"auto", "cuda", "cpu"}, &s->device));
-  FT_RETURN_IF_ERROR(m.Get("priority", &s->priority));
-  return m.Get("max_failures", &s->max_failures);
+  FT_RETURN_IF_ERROR(GetInt(m, "priority", -1'000'000, 1'000'000, &s->priority, " (higher runs first)"));
+  return GetInt(m, "max_failures", 0, 1000, &s->max_failures, " (failed attempts before the job fails)");
 }
 
 Status CheckBatchPlan(const YamlMap& train, const JobSpec& spec) {

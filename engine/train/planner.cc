@@ -164,6 +164,27 @@ StatusOr<BatchPlanChoice> ChooseMicroBatch(const PlanRequest& r, int64_t device_
       FormatBytes(device_bytes) + "; try activation_checkpointing, quantization: nf4 or a shorter seq_len");
 }
 
+StatusOr<BatchPlanChoice> CheckFixedMicroBatch(const PlanRequest& r, int64_t micro_batch,
+                                               int64_t device_bytes) {
+  const MemoryBreakdown m = PredictMemory(r, micro_batch);
+  const int64_t accumulation = r.global_batch / (micro_batch * r.world);
+  if (m.total() <= device_bytes) return BatchPlanChoice{micro_batch, accumulation, r.world, m, device_bytes};
+  std::string fix;
+  auto fits = ChooseMicroBatch(r, device_bytes);
+  if (fits.ok()) {
+    fix = "set micro_batch_size: " + std::to_string(fits->micro_batch) + " (the largest that fits, " +
+          FormatBytes(fits->memory.total()) + ") or micro_batch_size: auto";
+  } else {
+    fix = "even micro-batch 1 needs " + FormatBytes(PredictMemory(r, 1).total()) +
+          ": try activation_checkpointing, quantization: nf4 or a shorter seq_len";
+  }
+  return Status::ResourceExhausted(
+      "micro-batch " + std::to_string(micro_batch) + " needs " + FormatBytes(m.total()) + " (weights " +
+      FormatBytes(m.weights) + ", activations " + FormatBytes(m.activations) + ", workspace " +
+      FormatBytes(m.workspace) + ") but the device offers " + FormatBytes(device_bytes) + "; " + fix +
+      " (ft-train plan shows the breakdown)");
+}
+
 int64_t FixedMicroBatch(const JobSpec& spec, int64_t world) {
   const auto& t = spec.train;
   if (t.micro_batch_size > 0) return t.micro_batch_size;

@@ -83,6 +83,15 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro_batch);
 // not divide the global batch.
 StatusOr<BatchPlanChoice> ChooseMicroBatch(const PlanRequest& r, int64_t device_bytes);
 
+// The plan at a micro-batch the job fixed (`micro_batch` per rank) when its
+// prediction fits in `device_bytes` (as `ft-train plan` judges it: no
+// margin). ResourceExhausted otherwise, before anything is allocated: the
+// bytes it needs (weights, activations, workspace), what the device offers,
+// and the fix (the largest micro-batch that fits, or auto; when none fits,
+// the memory techniques).
+StatusOr<BatchPlanChoice> CheckFixedMicroBatch(const PlanRequest& r, int64_t micro_batch,
+                                               int64_t device_bytes);
+
 // The micro-batch a job fixes itself for `world` ranks: micro_batch_size, or
 // the one gradient_accumulation implies; 0 when both are auto (the planner picks).
 int64_t FixedMicroBatch(const JobSpec& spec, int64_t world);

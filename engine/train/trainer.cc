@@ -1,5 +1,6 @@
 #include "engine/train/trainer.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,12 +10,15 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <new>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/confined_path.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "engine/data/chat_format.h"
@@ -34,6 +38,60 @@ namespace {
 // outputs and checkpoints, a checkpoint write on request): far beyond the
 // per-collective timeout, which is for lost ranks.
 constexpr std::chrono::milliseconds kRankZeroPhase = std::chrono::hours(1);
+
+// A diverged run stops instead of finishing with NaN weights: FailedPrecondition
+// naming the step and the quantity, unless `value` is finite.
+Status RequireFinite(const JobSpec& spec, int64_t step, const std::string& what, double value) {
+  if (std::isfinite(value)) return Status::OK();
+  char text[256];
+  std::snprintf(text, sizeof(text),
+                ": step %" PRId64
+                ": %s is %g: training diverged and stops (no adapter is written); "
+                "lower train.lr (now %g), keep train.max_grad_norm > 0, or check the data",
+                step, what.c_str(), value, spec.train.lr);
+  return Status::FailedPrecondition(spec.file + text);
+}
+
+// RequireFinite for every value of the weights a checkpoint is about to save.
+Status RequireFiniteWeights(const JobSpec& spec, const CheckpointContents& c) {
+  for (const HostTensor& t : c.model) {
+    for (float v : t.data) {
+      if (!std::isfinite(v))
+        return RequireFinite(spec, c.state.step, "a value of weight '" + t.name + "'", v);
+    }
+  }
+  return Status::OK();
+}
+
+// SHA-256 of a data file's contents ("?" when unreadable), for a caller that
+// has no Dataset (ftd). A result is kept per file version (device, inode,
+// size, mtime, ctime) once the version is 2 s old, so each version is hashed
+// once; a younger one is hashed every time (a rewrite within the clock's
+// granularity can leave all five the same).
+std::string DataFileSha256(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return "?";
+  const std::string version = std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" +
+                              std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
+                              std::to_string(st.st_mtim.tv_nsec) + ":" + std::to_string(st.st_ctim.tv_sec) +
+                              "." + std::to_string(st.st_ctim.tv_nsec);
+  static std::mutex mu;
+  static std::map<std::string, std::pair<std::string, std::string>> known;  // path → {version, SHA-256}
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = known.find(path); it != known.end() && it->second.first == version)
+      return it->second.second;
+  }
+  auto sha = Sha256File(path);
+  if (!sha.ok()) return "?";
+  const time_t newest = std::max(st.st_mtim.tv_sec, st.st_ctim.tv_sec);
+  if (std::time(nullptr) - newest >= 2) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (known.size() >= 1024) known.clear();
+    known[path] = {version, *sha};
+  }
+  return *sha;
+}
 }  // namespace
 
 StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec, const ModelConfig& model, int64_t device_bytes,
@@ -55,7 +113,13 @@ StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec, const ModelConfig& mode
         ") must divide global_batch_size (" + std::to_string(t.global_batch_size) + ")");
   }
   plan.micro_batch = FixedMicroBatch(spec, plan.world);
-  if (plan.micro_batch == 0) {
+  if (plan.micro_batch > 0) {
+    // A fixed micro-batch is checked against the device too: refused here, not by bad_alloc later.
+    PlanRequest request = PlanRequestFromJob(spec, model, "cpu", plan.world);
+    auto fits = CheckFixedMicroBatch(request, plan.micro_batch, device_bytes);
+    const char* key = t.micro_batch_size > 0 ? ": train.micro_batch_size" : ": train.gradient_accumulation";
+    if (!fits.ok()) return fits.status().WithContext(spec.file + key);
+  } else {
     // micro_batch_size: auto: the planner picks the largest that fits the device.
     PlanRequest request = PlanRequestFromJob(spec, model, "cpu", plan.world);
     auto choice = ChooseMicroBatch(request, device_bytes);
@@ -93,7 +157,7 @@ StatusOr<std::unique_ptr<Dataset>> OpenJobData(const JobSpec& spec, const ModelC
     auto tok_sha = Sha256File((fs::path(spec.model.path) / "tokenizer.json").string());
     options.cache_key += ";tokenizer=" + (tok_sha.ok() ? *tok_sha : std::string("?"));
     if (!spec.data.chat_template.empty()) {
-      auto text = ReadFileToString(spec.data.chat_template);
+      auto text = ReadFileToString(spec.data.chat_template, kMaxConfigFileBytes);
       if (!text.ok()) return text.status().WithContext(f + ": data.chat_template");
       chat.chat_template = *text;
     }
@@ -260,7 +324,11 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
   const double scale = loss_scale_;
   const double norm = optimizer_->GradNorm() / scale;
   const bool fp16 = spec_.model.dtype == "fp16";
-  const bool skipped = fp16 && !std::isfinite(norm);  // fp32/bf16 keep applying what they computed
+  const bool skipped = fp16 && !std::isfinite(norm);  // fp16's overflow: skipped by design, not divergence
+  if (!skipped) {
+    FT_RETURN_IF_ERROR(RequireFinite(spec_, update + 1, "the loss", loss_sum / static_cast<double>(tokens)));
+    FT_RETURN_IF_ERROR(RequireFinite(spec_, update + 1, "the gradient norm", norm));
+  }
   if (skipped) {
     optimizer_->SkipStep();
   } else {
@@ -379,7 +447,7 @@ Status Trainer::Evaluate(EvalMetrics* m, bool* interrupted) {
   return Status::OK();
 }
 
-std::map<std::string, std::string> JobMathKeys(const JobSpec& spec) {
+std::map<std::string, std::string> JobMathKeys(const JobSpec& spec, const std::string& data_sha256) {
   auto num = [](double v) {
     char buf[64];
     std::snprintf(buf, sizeof(buf), "%.17g", v);
@@ -389,8 +457,6 @@ std::map<std::string, std::string> JobMathKeys(const JobSpec& spec) {
   std::vector<std::string> sorted = spec.adapter.target_modules;
   std::sort(sorted.begin(), sorted.end());
   for (const auto& t : sorted) targets += (targets.empty() ? "" : ",") + t;
-  std::error_code ec;
-  const auto data_bytes = fs::file_size(spec.data.train, ec);
   const bool lora = spec.adapter.type == "lora";
   std::map<std::string, std::string> m = {
       {"model.path", spec.model.path},
@@ -398,7 +464,7 @@ std::map<std::string, std::string> JobMathKeys(const JobSpec& spec) {
       {"model.dtype", spec.model.dtype},
       {"adapter.type", spec.adapter.type},
       {"data.train", spec.data.train},
-      {"data.train (size in bytes)", ec ? "?" : std::to_string(data_bytes)},
+      {"data.train (SHA-256)", data_sha256.empty() ? DataFileSha256(spec.data.train) : data_sha256},
       {"data.format", spec.data.format},
       {"data.seq_len", std::to_string(spec.data.seq_len)},
       {"data.packing", spec.data.packing ? "true" : "false"},
@@ -433,9 +499,9 @@ std::map<std::string, std::string> JobMathKeys(const JobSpec& spec) {
   return m;
 }
 
-std::string JobHash(const JobSpec& spec) {
+std::string JobHash(const JobSpec& spec, const std::string& data_sha256) {
   std::string canonical;
-  for (const auto& [k, v] : JobMathKeys(spec)) canonical += k + "=" + v + "\n";
+  for (const auto& [k, v] : JobMathKeys(spec, data_sha256)) canonical += k + "=" + v + "\n";
   return Sha256Hex(canonical);
 }
 
@@ -453,8 +519,8 @@ CheckpointContents Trainer::Capture(const std::string& reason) {
   st.micro_batch = plan_.micro_batch;
   st.accumulation = plan_.accumulation;
   st.world = plan_.world;
-  st.job_math = JobMathKeys(spec_);
-  st.job_hash = JobHash(spec_);
+  st.job_math = JobMathKeys(spec_, data_->sha256());
+  st.job_hash = JobHash(spec_, data_->sha256());
   st.epoch = owner_->epoch();
   st.last_checkpoint_seconds = writer_ ? writer_->last_seconds() : 0.0;
   st.reason = reason;
@@ -474,7 +540,9 @@ CheckpointContents Trainer::Capture(const std::string& reason) {
 }
 
 Status Trainer::Restore(const CheckpointContents& c, const std::string& from) {
-  const std::map<std::string, std::string> now = JobMathKeys(spec_);
+  std::map<std::string, std::string> now = JobMathKeys(spec_, data_->sha256());
+  // Checkpoints made before the data was identified by content name it by its size.
+  now["data.train (size in bytes)"] = std::to_string(data_->file_bytes());
   for (const auto& [key, saved] : c.state.job_math) {
     auto it = now.find(key);
     const std::string current = it == now.end() ? "(unset)" : it->second;
@@ -612,7 +680,8 @@ Status Trainer::OpenMetrics() {
     }
   }
   FT_RETURN_IF_ERROR(ReplaceFileAtomically(path, kept));  // a kill here must not lose the kept lines
-  metrics_.open(path, std::ios::app);
+  FT_ASSIGN_OR_RETURN(const std::string confined, Confine(path));
+  metrics_.open(confined, std::ios::app);
   if (!metrics_) return Status::IOError(path + ": cannot write metrics");
   return Status::OK();
 }
@@ -632,7 +701,9 @@ Status Trainer::CheckpointNow(const std::string& reason, bool wait) {
   retention.epoch = owner_->epoch();
   OutputOwner* owner = owner_.get();
   retention.fence = [owner] { return owner->Check(); };
-  FT_RETURN_IF_ERROR(writer_->Submit(Capture(reason), std::move(retention)));
+  CheckpointContents contents = Capture(reason);
+  FT_RETURN_IF_ERROR(RequireFiniteWeights(spec_, contents));  // every checkpoint, the final one too
+  FT_RETURN_IF_ERROR(writer_->Submit(std::move(contents), std::move(retention)));
   if (wait) FT_RETURN_IF_ERROR(writer_->Wait());
   LogCompletedCheckpoints();
   return Status::OK();
@@ -669,7 +740,7 @@ Status Trainer::WriteMetricsLine(nlohmann::json j) {
 }
 
 StatusOr<bool> Trainer::AlreadyComplete() {
-  const std::string hash = JobHash(spec_);
+  const std::string hash = JobHash(spec_, data_->sha256());
   auto done = VerifyCompletion(spec_.output.dir, hash, /*checksums=*/true);
   if (done.ok() && owner_->fenced() && done->steps == total_steps_) {
     std::fprintf(stderr, "ft-train: already complete at step %lld (COMPLETE.json of epoch %lld)\n",
@@ -716,9 +787,12 @@ StatusOr<RunOutcome> Trainer::Run(const std::string& resume_dir) {
 StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
   std::vector<double> complete = {0};
   if (leader()) {  // rank 0 owns output.dir
-    std::error_code ec;
-    fs::create_directories(spec_.output.dir, ec);
-    if (ec) return Status::IOError(spec_.output.dir + ": cannot create output.dir: " + ec.message());
+    // The user's own output.dir being a file is bad input; anything below it is the filesystem's state.
+    if (std::error_code ec; fs::exists(spec_.output.dir, ec) && !fs::is_directory(spec_.output.dir, ec)) {
+      return Status::InvalidArgument(spec_.file + ": output.dir: " + spec_.output.dir +
+                                     ": exists and is not a directory; name a directory");
+    }
+    FT_RETURN_IF_ERROR(CreateDirectoriesConfined(spec_.output.dir).WithContext(spec_.file + ": output.dir"));
     FT_RETURN_IF_ERROR(owner_->Claim());
     FT_ASSIGN_OR_RETURN(bool done, AlreadyComplete());
     complete[0] = done ? 1 : 0;
@@ -832,18 +906,17 @@ namespace {
 // place, checking ownership before the write and before the swap.
 Status WriteDirAtomically(OutputOwner& owner, const fs::path& final_dir,
                           const std::function<Status(const std::string&)>& write) {
-  std::error_code ec;
   FT_RETURN_IF_ERROR(owner.Check());
   const fs::path tmp =
       final_dir.string() + ".tmp.e" + std::to_string(owner.epoch()) + "." + std::to_string(::getpid());
-  fs::remove_all(tmp, ec);
+  FT_RETURN_IF_ERROR(RemoveAllConfined(tmp.string()));
   FT_RETURN_IF_ERROR(write(tmp.string()));
   FT_RETURN_IF_ERROR(SyncDirectory(tmp.string()));
   if (Status owned = owner.Check(); !owned.ok()) {
-    fs::remove_all(tmp, ec);
+    (void)RemoveAllConfined(tmp.string());
     return owned;
   }
-  fs::remove_all(final_dir, ec);
+  FT_RETURN_IF_ERROR(RemoveAllConfined(final_dir.string()));
   return RenameDurably(tmp.string(), final_dir.string());
 }
 }  // namespace
@@ -883,8 +956,9 @@ Status Trainer::WriteOutputs() {
     written.push_back("merged");
   }
   FT_RETURN_IF_ERROR(owner_->Check());
-  return WriteCompletion(spec_.output.dir,
-                         {owner_->job_id(), JobHash(spec_), owner_->epoch(), steps_done(), {}}, written);
+  return WriteCompletion(
+      spec_.output.dir,
+      {owner_->job_id(), JobHash(spec_, data_->sha256()), owner_->epoch(), steps_done(), {}}, written);
 }
 
 Status Trainer::WriteMerged(const ModelOptions& options) {

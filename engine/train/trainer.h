@@ -108,7 +108,9 @@ class Trainer {
 
   // Runs one optimizer step. When `control` has a stop request whose deadline
   // does not leave time to finish this step's accumulation, the step is
-  // abandoned (nothing changes) and *interrupted is set.
+  // abandoned (nothing changes) and *interrupted is set. FailedPrecondition
+  // naming the step when the loss or the gradient norm is not finite (nothing
+  // is applied), except an fp16 overflow, which skips the update by design.
   Status Step(StepMetrics* metrics, bool* interrupted = nullptr);
   // Evaluates the current weights on data.eval: the rows in file order (no
   // shuffle) in micro-batches of the plan's size, at most
@@ -127,7 +129,9 @@ class Trainer {
   // With data.eval, an evaluation line follows the step line of every
   // train.eval_every_steps-th step and of the last step.
   // Aborted when a newer epoch took output.dir (fenced runs): nothing more
-  // was written.
+  // was written. FailedPrecondition when training diverges (Step's check, or
+  // a non-finite weight when a checkpoint is taken): no such checkpoint and no
+  // output is written.
   StatusOr<RunOutcome> Run(const std::string& resume_dir = "");
   // Writes the final outputs only (each directory atomically).
   Status WriteOutputs();
@@ -233,9 +237,12 @@ StatusOr<std::unique_ptr<Dataset>> OpenJobData(const JobSpec& spec, const ModelC
                                                std::unique_ptr<Tokenizer>* tokenizer);
 
 // The job keys that define the training math, with their values; a resume
-// refuses a checkpoint whose values differ (naming the key).
-std::map<std::string, std::string> JobMathKeys(const JobSpec& spec);
+// refuses a checkpoint whose values differ (naming the key). The data is
+// identified by its content: `data_sha256` is the SHA-256 of data.train
+// (Dataset::sha256()); when empty, the file is read and hashed here (about
+// 1 GB/s; the result is kept per file version, see trainer.cc).
+std::map<std::string, std::string> JobMathKeys(const JobSpec& spec, const std::string& data_sha256 = "");
 // SHA-256 of JobMathKeys (a checkpoint's and COMPLETE.json's job_hash).
-std::string JobHash(const JobSpec& spec);
+std::string JobHash(const JobSpec& spec, const std::string& data_sha256 = "");
 
 }  // namespace ft

@@ -55,6 +55,41 @@ TEST(YamlConfigTest, WrongTypeNamesFileLineColumnAndKey) {
   EXPECT_EQ(s.message(), "job.yaml:2:7: train.lr: expected a number, got 'fast'");
 }
 
+TEST(YamlConfigTest, NonFiniteNumbersAreRefusedNamingTheKey) {
+  // YAML spells infinity and NaN .inf and .nan; no number read from a config may be either.
+  for (const char* text : {".inf", "-.inf", ".nan", ".NaN", "+.Inf"}) {
+    auto root = YamlMap::Parse(std::string("train:\n  lr: ") + text + "\n", "job.yaml");
+    ASSERT_TRUE(root.ok());
+    double lr = 1e-4;
+    Status s = root->Child("train")->Get("lr", &lr);
+    ASSERT_TRUE(s.IsInvalidArgument()) << text;
+    EXPECT_EQ(s.message(),
+              std::string("job.yaml:2:7: train.lr: '") + text +
+                  "' is not a finite number; write a finite number (e.g. 1e-4), not .inf or .nan");
+    EXPECT_EQ(lr, 1e-4) << "the default is kept";
+  }
+  // Beyond a double's range is no number at all.
+  auto huge = YamlMap::Parse("lr: 1e999\n", "job.yaml");
+  double lr = 0;
+  EXPECT_EQ(huge->Get("lr", &lr).message(), "job.yaml:1:5: lr: expected a number, got '1e999'");
+}
+
+TEST(YamlConfigTest, DuplicatedKeyIsAnErrorNamingBothLines) {
+  // yaml-cpp keeps both pairs and a lookup finds the first: the later value would be lost silently.
+  auto top = YamlMap::Parse("name: a\ntrain: {lr: 1}\nname: b\n", "job.yaml");
+  ASSERT_FALSE(top.ok());
+  EXPECT_EQ(
+      top.status().message(),
+      "job.yaml:3:1: name: duplicate key (first at job.yaml:1:1); YAML keeps only one of them: remove one");
+  auto root = YamlMap::Parse("train:\n  lr: 1.0e-4\n  max_steps: 5\n  lr: 3.0e-4\n", "job.yaml");
+  ASSERT_TRUE(root.ok());
+  auto train = root->Child("train");
+  ASSERT_FALSE(train.ok());
+  EXPECT_EQ(train.status().message(),
+            "job.yaml:4:3: train.lr: duplicate key (first at job.yaml:2:3); YAML keeps only one of them: "
+            "remove one");
+}
+
 TEST(YamlConfigTest, UnknownKeyGetsLineAndSuggestion) {
   auto root = YamlMap::Parse(kJob, "job.yaml");
   ASSERT_TRUE(root.ok());

@@ -471,6 +471,25 @@ TEST_F(DaemonTest, FailuresHaveABudgetButPreemptionsDoNot) {
   EXPECT_EQ(Job(id).failures(), 4);
 }
 
+TEST_F(DaemonTest, BadInputFailsTheJobOnceWithTheReasonInsteadOfRetrying) {
+  // A data file gone after submit, a value out of range: ft-train exits 2 and another attempt would
+  // fail the same way, so the first one decides, whatever max_failures (3) says.
+  std::string id = Submit();
+  FakeSink w;
+  Register("w", &w);
+  daemon_->Tick();
+  ASSERT_EQ(w.Count(pb::DaemonCommand::kStart), 1);
+  const int64_t epoch = w.Last(pb::DaemonCommand::kStart)->start().epoch();
+  Exit("w", &w, id, epoch, pb::ATTEMPT_BAD_INPUT, 1);
+  EXPECT_EQ(Job(id).state(), pb::FAILED);
+  EXPECT_EQ(Job(id).attempts_size(), 1);
+  EXPECT_THAT(Job(id).reason(), HasSubstr("bad input"));
+  clock_.Advance(600'000);
+  Heartbeat("w", &w, "", 0, 0);
+  daemon_->Tick();
+  EXPECT_EQ(w.Count(pb::DaemonCommand::kStart), 1) << "never started again";
+}
+
 TEST_F(DaemonTest, EnvironmentFailuresBackOffAndNeverExhaustMaxFailures) {
   std::string id = Submit();
   FakeSink w;
@@ -568,6 +587,23 @@ TEST_F(DaemonTest, ALostAttemptWhoseRunCompletedMakesTheJobSucceedWithoutRerunni
   EXPECT_EQ(j.steps_done(), 10);
   EXPECT_EQ(j.failures(), 0);
   EXPECT_EQ(w2.Count(pb::DaemonCommand::kStart), 0) << "nothing re-run";
+}
+
+TEST_F(DaemonTest, ACompletedOutputOfOtherDataOfTheSameSizeIsNotCalledComplete) {
+  // The data file was rewritten in place with the same byte size after that run: its output is stale.
+  std::string id = Submit();
+  FakeSink w1, w2;
+  Register("w1", &w1);
+  daemon_->Tick();
+  Heartbeat("w1", &w1, id, 1, 9);
+  WriteCompletedOutput(dir_ + "/job", Job(id).spec_yaml());
+  std::ofstream(dir_ + "/job/data.jsonl", std::ios::trunc) << "{\"input_ids\": [1, 2, 4]}\n";
+  clock_.Advance(10'001);
+  Register("w2", &w2);
+  daemon_->Tick();
+  pb::Job j = Job(id);
+  EXPECT_NE(j.state(), pb::SUCCEEDED) << "a stale adapter was returned as this job's";
+  EXPECT_EQ(j.state(), pb::QUEUED) << j.reason();
 }
 
 TEST_F(DaemonTest, ALostAttemptsNewerCheckpointBecomesTheResumePoint) {

@@ -86,7 +86,7 @@ class HttpApiTest : public testing::Test {
     ASSERT_GT(epoch_, 0);
     SendMetrics(1, 4);
     Heartbeat(4, int64_t{3} << 30);
-    std::ofstream(daemon_->LogPath(running_)) << "step 1\nstep 2\nstep 3\nstep 4 loss 2.5\n";
+    std::ofstream(*daemon_->LogPath(running_)) << "step 1\nstep 2\nstep 3\nstep 4 loss 2.5\n";
   }
 
   void TearDown() override {
@@ -396,20 +396,21 @@ TEST_F(HttpApiTest, LogTailIsPlainTextOfTheLastBytes) {
 
 TEST_F(HttpApiTest, CancelChangesStateOnceAndNeedsPost) {
   Serve();
-  Reply r = Fetch(port_, "POST", "/api/jobs/" + queued_ + "/cancel");
+  const std::vector<std::pair<std::string, std::string>> json_body = {{"Content-Type", "application/json"}};
+  Reply r = Fetch(port_, "POST", "/api/jobs/" + queued_ + "/cancel", json_body);
   ASSERT_EQ(r.status, 200) << r.body;
   json j = json::parse(r.body);
   EXPECT_EQ(j["state"], "cancelled");
   EXPECT_TRUE(j.contains("attempts_list"));
   EXPECT_EQ(GetJson("/api/jobs/" + queued_)["state"], "cancelled");
-  Reply again = Fetch(port_, "POST", "/api/jobs/" + queued_ + "/cancel");
+  Reply again = Fetch(port_, "POST", "/api/jobs/" + queued_ + "/cancel", json_body);
   EXPECT_EQ(again.status, 409) << again.body;
   EXPECT_THAT(again.body, HasSubstr("already ended"));
   Reply get = Get("/api/jobs/" + running_ + "/cancel");
   EXPECT_EQ(get.status, 405);
   EXPECT_EQ(get.headers["Allow"], "POST");
-  EXPECT_EQ(Fetch(port_, "POST", "/api/jobs/j-424242/cancel").status, 404);
-  EXPECT_EQ(Fetch(port_, "POST", "/api/jobs/bad/cancel").status, 400);
+  EXPECT_EQ(Fetch(port_, "POST", "/api/jobs/j-424242/cancel", json_body).status, 404);
+  EXPECT_EQ(Fetch(port_, "POST", "/api/jobs/bad/cancel", json_body).status, 400);
 }
 
 TEST_F(HttpApiTest, WrongMethodIs405AndUnknownPathIs404) {
@@ -467,10 +468,37 @@ TEST_F(HttpApiTest, TokensGuardActionsAndOptionallyViewing) {
   EXPECT_EQ(Fetch(port_, "POST", cancel, {{"Authorization", "Bearer act"}}).status, 200);
   EXPECT_EQ(Fetch(port_, "POST", "/api/jobs/" + running_ + "/cancel?token=act").status, 200);
 
-  // With only a client token, viewing is open and actions are not.
+  // With only a client token, actions and reads need it (ReadsNeedATokenWhenOnlyAClientTokenIsSet).
   Serve({.client_token = "act"});
-  EXPECT_EQ(Get("/api/jobs").status, 200);
+  EXPECT_EQ(Get("/api/jobs").status, 401);
+  EXPECT_EQ(Get("/api/jobs?token=act").status, 200);
   EXPECT_EQ(Fetch(port_, "POST", "/api/jobs/" + running_ + "/cancel").status, 401);
+}
+
+// gRPC refuses every read without the client token; HTTP must not serve job
+// specs, output paths, logs or events to anyone who can reach it instead.
+TEST_F(HttpApiTest, ReadsNeedATokenWhenOnlyAClientTokenIsSet) {
+  Serve({.client_token = "act"});
+  for (const std::string& target : std::vector<std::string>{
+           "/api/jobs", "/api/jobs/" + running_, "/api/jobs/" + running_ + "/log",
+           "/api/jobs/" + running_ + "/events", "/api/jobs/" + running_ + "/metrics",
+           "/api/jobs/" + running_ + "/memory", std::string("/api/events"), std::string("/api/workers"),
+           std::string("/api/endpoints"), std::string("/"), std::string("/app.js")}) {
+    Reply open = Get(target);
+    EXPECT_EQ(open.status, 401) << target << ": " << open.body;
+    EXPECT_THAT(open.body, Not(HasSubstr("out-alpha"))) << target;    // no output path
+    EXPECT_THAT(open.body, Not(HasSubstr("step 4 loss"))) << target;  // no log
+    EXPECT_THAT(open.body, HasSubstr("--client-token")) << target;    // says which token works
+    EXPECT_EQ(Get(target, {{"Authorization", "Bearer act"}}).status, 200) << target;
+  }
+  SseReader sse(port_);
+  ASSERT_TRUE(sse.Get("/api/stream"));
+  EXPECT_TRUE(sse.ReadUntil("401", std::chrono::seconds(5))) << sse.text();
+  // The dashboard opened with the token gets its cookie; the open endpoints stay open.
+  Reply page = Get("/?token=act");
+  ASSERT_EQ(page.status, 200);
+  EXPECT_EQ(Get("/api/jobs", {{"Cookie", "ftune_token=act"}}).status, 200);
+  for (const char* open : {"/metrics", "/healthz", "/ready"}) EXPECT_EQ(Get(open).status, 200) << open;
 }
 
 TEST_F(HttpApiTest, OnlyAViewTokenStillGuardsActionsAndTheCookieIsNeverTheRequestsBytes) {
@@ -496,14 +524,64 @@ TEST_F(HttpApiTest, CrossSiteActionsAreRefusedEvenWithoutTokens) {
   EXPECT_EQ(Fetch(port_, "POST", cancel, {{"Sec-Fetch-Site", "cross-site"}}).status, 403);
   EXPECT_EQ(Fetch(port_, "POST", cancel, {{"Sec-Fetch-Site", "same-site"}}).status, 403);
   EXPECT_EQ(GetJson("/api/jobs/" + queued_)["state"], "queued");
-  // The dashboard itself (same origin) and non-browser clients may.
+  // The dashboard itself (same origin, as web/api.js posts) and non-browser clients may.
   const std::string self = "http://127.0.0.1:" + std::to_string(port_);
   EXPECT_EQ(Fetch(port_, "POST", cancel,
                   {{"Origin", self},
                    {"Host", "127.0.0.1:" + std::to_string(port_)},
-                   {"Sec-Fetch-Site", "same-origin"}})
+                   {"Sec-Fetch-Site", "same-origin"},
+                   {"Content-Type", "application/json"}})
                 .status,
             200);
+}
+
+// What got through before: a page on another site POSTing text/plain (a form,
+// sendBeacon, fetch no-cors) where the browser sends no Sec-Fetch-Site and the
+// Origin is dropped or "null"-ed away by a redirect or an old browser, and a
+// DNS-rebinding page (its own name resolving to 127.0.0.1) whose Origin
+// matches its Host. ftd without tokens must refuse both.
+TEST_F(HttpApiTest, TokenlessCrossSiteCancelIsRefused) {
+  Serve();
+  const std::string cancel = "/api/jobs/" + queued_ + "/cancel";
+  Reply plain = Fetch(port_, "POST", cancel, {{"Content-Type", "text/plain"}});
+  EXPECT_EQ(plain.status, 403) << plain.body;
+  EXPECT_THAT(plain.body, HasSubstr("Content-Type: application/json"));
+  EXPECT_EQ(Fetch(port_, "POST", cancel, {{"Content-Type", "application/x-www-form-urlencoded"}}).status,
+            403);
+  EXPECT_EQ(Fetch(port_, "POST", cancel, {{"Origin", "null"}, {"Content-Type", "application/json"}}).status,
+            403);
+  const std::string rebound = "rebind.example:" + std::to_string(port_);
+  Reply rebinding = Fetch(port_, "POST", cancel,
+                          {{"Host", rebound},
+                           {"Origin", "http://" + rebound},
+                           {"Sec-Fetch-Site", "same-origin"},
+                           {"Content-Type", "application/json"}});
+  EXPECT_EQ(rebinding.status, 421) << rebinding.body;
+  EXPECT_EQ(GetJson("/api/jobs/" + queued_)["state"], "queued");
+  // curl with the header it documents.
+  EXPECT_EQ(Fetch(port_, "POST", cancel, {{"Content-Type", "application/json"}}).status, 200);
+}
+
+TEST_F(HttpApiTest, ForeignHostIsRefusedUnlessAllowedByFlag) {
+  Serve();
+  const std::string port = std::to_string(port_);
+  Reply foreign = Get("/api/jobs", {{"Host", "attacker.example:" + port}});
+  EXPECT_EQ(foreign.status, 421) << foreign.body;
+  EXPECT_THAT(foreign.body, HasSubstr("--http-allowed-host attacker.example"));
+  EXPECT_EQ(Get("/", {{"Host", "attacker.example"}}).status, 421);
+  for (const std::string& host :
+       std::vector<std::string>{"127.0.0.1:" + port, "localhost:" + port, "LOCALHOST", "127.0.0.5:" + port,
+                                "[::1]:" + port, "10.1.2.3", "dash.localhost:" + port, std::string()}) {
+    EXPECT_EQ(Get("/api/jobs", {{"Host", host}}).status, 200) << host;
+  }
+  // Probes and Prometheus scraping by name reach the open endpoints.
+  EXPECT_EQ(Get("/metrics", {{"Host", "ftd-host:" + port}}).status, 200);
+  EXPECT_EQ(Get("/healthz", {{"Host", "ftd-host"}}).status, 200);
+  // A name the operator allows (ftd --http-allowed-host).
+  Serve({.allowed_hosts = {"ftd.example.org"}});
+  EXPECT_EQ(Get("/api/jobs", {{"Host", "ftd.example.org:" + std::to_string(port_)}}).status, 200);
+  EXPECT_EQ(Get("/api/jobs", {{"Host", "FTD.example.org."}}).status, 200);
+  EXPECT_EQ(Get("/api/jobs", {{"Host", "other.example.org"}}).status, 421);
 }
 
 TEST_F(HttpApiTest, StaticFilesAndNoWayOutOfTheWebDir) {

@@ -2,21 +2,31 @@
 // target, the headers the API reads — through parsing, routing, the token
 // rules and every handler's parameter checks, against a daemon holding one
 // job. The input is "METHOD TARGET" then "Name: value" lines; "$JOB" in the
-// target stands for the job's id; the first byte picks which tokens ftd has.
+// target stands for the job's id; the first byte picks which tokens ftd has
+// (and, for 4..7, an allowed host name). Each request's last path segment and
+// ?job= value also go through the one job id rule (common/ids.h) and
+// Daemon::LogPath: an id the rule takes must give a path inside DATA_DIR/logs,
+// any other must be refused (abort = finding).
+#include <cstdlib>
 #include <memory>
 #include <sstream>
 
+#include "common/ids.h"
 #include "daemon/http_api.h"
 #include "tests/fuzz/daemon_fixture.h"
 #include "tests/fuzz/fuzz.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::unique_ptr<ft::fuzz::DaemonFixture> fixture = ft::fuzz::MakeDaemon("http");
-  static const std::unique_ptr<ft::HttpApi> apis[4] = {
+  static const std::unique_ptr<ft::HttpApi> apis[8] = {
       std::make_unique<ft::HttpApi>(fixture->daemon.get(), ft::HttpApiOptions{"", "", "", false}),
       std::make_unique<ft::HttpApi>(fixture->daemon.get(), ft::HttpApiOptions{"ct", "", "", false}),
       std::make_unique<ft::HttpApi>(fixture->daemon.get(), ft::HttpApiOptions{"", "vt", "", true}),
-      std::make_unique<ft::HttpApi>(fixture->daemon.get(), ft::HttpApiOptions{"ct", "vt", "", false})};
+      std::make_unique<ft::HttpApi>(fixture->daemon.get(), ft::HttpApiOptions{"ct", "vt", "", false}),
+      std::make_unique<ft::HttpApi>(fixture->daemon.get(), ft::HttpApiOptions{"", "", "", false, {"h"}}),
+      std::make_unique<ft::HttpApi>(fixture->daemon.get(), ft::HttpApiOptions{"ct", "", "", false, {"h"}}),
+      std::make_unique<ft::HttpApi>(fixture->daemon.get(), ft::HttpApiOptions{"", "vt", "", true, {"h"}}),
+      std::make_unique<ft::HttpApi>(fixture->daemon.get(), ft::HttpApiOptions{"ct", "vt", "", false, {"h"}})};
   if (size == 0) return 0;
   std::istringstream in(std::string(ft::fuzz::AsText(data + 1, size - 1)));
   ft::HttpRequest req;
@@ -37,7 +47,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (name == "Origin") req.origin = value;
     if (name == "Host") req.host = value;
     if (name == "Sec-Fetch-Site") req.sec_fetch_site = value;
+    if (name == "Content-Type") req.content_type = value;
   }
-  (void)apis[data[0] % 4]->Handle(req);
+  (void)apis[data[0] % 8]->Handle(req);
+  const std::string path = req.target.substr(0, req.target.find('?'));
+  const size_t job = req.target.find("job=");
+  for (const std::string& id : {path.substr(path.rfind('/') + 1),
+                                job == std::string::npos ? std::string() : req.target.substr(job + 4)}) {
+    auto log = fixture->daemon->LogPath(id);
+    if (ft::IsValidJobId(id) != log.ok() || ft::CheckJobId(id, "id").ok() != log.ok()) std::abort();
+    const std::string logs = fixture->daemon->options().data_dir + "/logs/";
+    if (log.ok() && (log->compare(0, logs.size(), logs) != 0 || log->find("..") != std::string::npos ||
+                     log->find('\0') != std::string::npos)) {
+      std::abort();  // an id the rule takes named a file outside DATA_DIR/logs
+    }
+  }
   return 0;
 }

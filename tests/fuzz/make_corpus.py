@@ -92,6 +92,16 @@ output: {dir: out}
 """)
     write("job_spec", "bad-key.yaml", "model: {path: m}\ntrian: {lr: 1}\n")
     write("job_spec", "anchors.yaml", "a: &x {path: m}\nmodel: *x\nadapter: {type: lora, r: 99999999999999999999}\n")
+    # Numbers that would corrupt a run silently (each refused), and repeated keys (refused, naming both lines).
+    base = "model: {path: m}\ndata: {train: d.jsonl}\noutput: {dir: o}\n"
+    write("job_spec", "nonfinite-lr.yaml", base + "train: {max_steps: 4, lr: .inf}\n")
+    write("job_spec", "nonfinite-nan.yaml", base + "adapter: {alpha: .nan}\ntrain: {max_steps: 4, adam_eps: .NaN, "
+          "weight_decay: -.Inf}\ncheckpoint: {every_minutes: .nan}\n")
+    write("job_spec", "out-of-range.yaml", base + "train: {max_steps: 4, lr: 1e308, warmup_steps: 9223372036854775807}"
+          "\ncheckpoint: {every_steps: -5}\nresources: {max_failures: -1}\n")
+    write("job_spec", "overflow.yaml", base + "train: {max_steps: 4, lr: 1e999}\n")
+    write("job_spec", "duplicate-key.yaml", base + "train:\n  max_steps: 4\n  lr: 1.0e-4\n  lr: 1.0\n")
+    write("job_spec", "duplicate-section.yaml", base + "train: {max_steps: 4}\noutput: {dir: elsewhere}\n")
     # safetensors
     f32 = struct.pack("<4f", 1, 2, 3, 4)
     write("safetensors", "f32", safetensors({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
@@ -107,6 +117,17 @@ output: {dir: out}
     write("safetensors", "empty-shape", safetensors({"s": {"dtype": "F32", "shape": [], "data_offsets": [0, 4]},
                                                      "z": {"dtype": "F32", "shape": [0, 3], "data_offsets": [4, 4]}},
                                                     f32[:4]))
+    # model.safetensors.index.json of the tiny-llama directory the safetensors target makes
+    tiny = ["lm_head", "model.embed_tokens", "model.norm"] + [
+        f"model.layers.{i}.{m}" for i in range(2) for m in (
+            "input_layernorm", "post_attention_layernorm", "mlp.down_proj", "mlp.gate_proj", "mlp.up_proj",
+            "self_attn.k_proj", "self_attn.o_proj", "self_attn.q_proj", "self_attn.v_proj")]
+    index = lambda shard: json.dumps({"weight_map": {f"{t}.weight": shard for t in tiny}})
+    write("safetensors", "index-valid.json", index("model.safetensors"))
+    write("safetensors", "index-dotdot.json", index("../index-model/model.safetensors"))
+    write("safetensors", "index-absolute.json", index("/etc/passwd"))
+    write("safetensors", "index-dot-subdir.json", index("./sub/../model.safetensors"))
+    write("safetensors", "index-not-a-string.json", json.dumps({"weight_map": {"lm_head.weight": 7}}))
     # config.json
     llama = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256, "hidden_size": 64,
              "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -120,6 +141,10 @@ output: {dir: out}
     write("hf_config", "qwen2.json", json.dumps(qwen))
     write("hf_config", "huge.json", json.dumps(dict(llama, vocab_size=2 ** 40, hidden_size=2 ** 31,
                                                     num_hidden_layers=10 ** 6)))
+    write("hf_config", "out-of-range.json", json.dumps(dict(llama, rms_norm_eps=1e300, rope_theta=1e300)))
+    write("hf_config", "overflow.json", json.dumps(llama).replace('"rms_norm_eps": 1e-05', '"rms_norm_eps": 1e999'))
+    write("hf_config", "nan-literal.json", json.dumps(llama).replace('"rope_theta": 500000.0', '"rope_theta": NaN'))
+    write("hf_config", "duplicate-key.json", json.dumps(llama)[:-1] + ', "rms_norm_eps": -1}')
     # tokenizer.json
     tok = open(os.path.join(HERE, "data/tokenizer.json"), encoding="utf-8").read()
     write("tokenizer_load", "bytelevel.json", tok)
@@ -190,6 +215,21 @@ output: {dir: out}
         ("prometheus", "\x00GET /metrics"),
         ("escapes", "\x00GET /api/jobs/%2e%2e/x?%zz=1"),
         ("workers", "\x00GET /api/workers"),
+        # job ids that must be refused alike by every entry point (common/ids.h)
+        ("id-traversal", "\x00GET /api/jobs/..%2F..%2F..%2Fetc%2Fpasswd/log"),
+        ("id-absolute", "\x01GET /api/jobs/%2Fetc%2Fpasswd/log\nAuthorization: Bearer ct"),
+        ("id-nul", "\x00GET /api/jobs/j-1%00.txt/log"),
+        ("id-empty", "\x00GET /api/events?job="),
+        ("id-long", "\x00GET /api/jobs/j-" + "1" * 4096 + "/log"),
+        ("id-unicode", "\x00GET /api/jobs/j-%D9%A1%D9%A2/log"),
+        ("id-dotted", "\x00GET /api/events?job=j-1/../.."),
+        ("id-newline", "\x00GET /api/jobs/j-1%0A/events"),
+        # browsers: a tokenless cross-site text/plain cancel, DNS rebinding, an allowed host
+        ("cancel-text-plain", "\x00POST /api/jobs/$JOB/cancel\nContent-Type: text/plain"),
+        ("cancel-json", "\x00POST /api/jobs/$JOB/cancel\nContent-Type: application/json\nHost: [::1]:7071"),
+        ("rebinding", "\x00POST /api/jobs/$JOB/cancel\nHost: evil.example:7071\n"
+                      "Origin: http://evil.example:7071\nContent-Type: application/json"),
+        ("allowed-host", "\x04GET /api/jobs\nHost: H.:7071"),
     ]:
         write("http_api", name, req)
     session()

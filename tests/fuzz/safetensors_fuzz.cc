@@ -1,13 +1,56 @@
 // A .safetensors file (header length, JSON header, tensor table, data area):
 // opened, validated, and every small tensor read as float
-// (engine/io/safetensors.h).
+// (engine/io/safetensors.h). An input that mentions "weight_map" is also
+// model.safetensors.index.json of a tiny model directory (engine/io/hf_model.h):
+// a weight map that loads must have named only shards inside that directory
+// (no absolute path, no ".."), whatever the input.
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <vector>
 
+#include "engine/io/hf_model.h"
 #include "engine/io/safetensors.h"
 #include "tests/fuzz/fuzz.h"
 
+namespace {
+
+namespace fs = std::filesystem;
+
+// A tiny model directory in the scratch area, written once.
+const std::string& IndexModelDir() {
+  static const std::string dir = [] {
+    const std::string d =
+        (fs::path(ft::fuzz::ScratchFile("unused", "")).parent_path() / "index-model").string();
+    ft::Model model(*ft::PresetModelConfig("tiny-llama"), {});
+    ft::RandomInitModel(&model, 1);
+    if (!ft::SaveHfModel(d, model, ft::DType::kF32).ok()) std::abort();
+    return d;
+  }();
+  return dir;
+}
+
+void FuzzIndex(std::string_view text) {
+  const std::string& dir = IndexModelDir();
+  ft::fuzz::ScratchFile("index-model/model.safetensors.index.json", text);
+  ft::Model model(*ft::ReadHfConfig(dir), {});
+  if (!ft::LoadHfWeights(dir, &model).ok()) return;
+  const auto j = nlohmann::json::parse(text, nullptr, false);
+  for (const auto& shard : j.at("weight_map")) {
+    const fs::path p(shard.get<std::string>());
+    if (p.is_absolute()) std::abort();  // loaded a shard outside the model directory
+    for (const fs::path& part : p) {
+      if (part == "..") std::abort();
+    }
+  }
+}
+
+}  // namespace
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string path = ft::fuzz::ScratchFile("model.safetensors", ft::fuzz::AsText(data, size));
+  const std::string_view text = ft::fuzz::AsText(data, size);
+  if (text.find("weight_map") != std::string_view::npos) FuzzIndex(text);
+  const std::string path = ft::fuzz::ScratchFile("model.safetensors", text);
   auto file = ft::SafetensorsFile::Open(path);
   if (!file.ok()) return 0;
   std::vector<float> out;

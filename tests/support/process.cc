@@ -62,7 +62,13 @@ Proc Spawn(const std::vector<std::string>& argv, const SpawnOptions& options) {
       if (options.stdout_to_log) dup2(fd, 1);
       dup2(fd, 2);
     }
-    for (const auto& [here, there] : options.fds) dup2(here, there);
+    for (const auto& [here, there] : options.fds) {
+      if (here == there) {
+        fcntl(here, F_SETFD, 0);  // dup2 onto itself would leave close-on-exec set
+      } else {
+        dup2(here, there);
+      }
+    }
     for (const std::string& e : options.env) putenv(const_cast<char*>(e.c_str()));
     std::vector<char*> args;
     for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));

@@ -109,7 +109,8 @@ export class Cluster {
       path.join(this.dir, 'ftd'), '--lease-ms', String(this.lease_ms), '--heartbeat-ms', '300', '--tick-ms', '100',
       '--requeue-backoff-ms', '200', '--min-slot-ms', '10000', ...extra];
     if (this.bins.source) argv.push('--web-dir', path.join(this.bins.source, 'web'));
-    if (this.token) argv.push('--client-token', this.token);
+    // A client token needs a worker token too (ftd refuses to start otherwise).
+    if (this.token) argv.push('--client-token', this.token, '--worker-token', `${this.token}-worker`);
     await new Promise((resolve, reject) => {
       const timer = setTimeout(() => reject(new Error(
         `ftd did not print 'ftd: listening on' and 'ftd: dashboard at' within 20 s; log:\n${this.logOf('ftd')}`)), 20000);
@@ -130,7 +131,8 @@ export class Cluster {
   // Without --cpu-memory the worker reports the host's real memory (total and used).
   startWorker(id, extra = []) {
     return this.spawnLogged(`worker-${id}`, [this.bins.worker, '--daemon', this.address, '--id', id, '--ft-train',
-      this.bins.train, '--work-dir', path.join(this.dir, `w-${id}`), ...extra]);
+      this.bins.train, '--work-dir', path.join(this.dir, `w-${id}`),
+      ...(this.token ? ['--token', `${this.token}-worker`] : []), ...extra]);
   }
 
   // SIGKILL a worker and every process under it (its trainers): a node lost without notice.
@@ -176,7 +178,9 @@ ${extra}`);
 
   // GET a JSON resource from ftd's HTTP API (the test's own view of the truth).
   async api(pathAndQuery) {
-    const res = await fetch(new URL(pathAndQuery, this.url));
+    // Reads need a token whenever ftd has one.
+    const res = await fetch(new URL(pathAndQuery, this.url),
+      { headers: this.token ? { Authorization: `Bearer ${this.token}` } : {} });
     if (!res.ok) throw new Error(`GET ${pathAndQuery}: HTTP ${res.status} ${await res.text()}`);
     return res.json();
   }

@@ -52,7 +52,9 @@ async function main() {
   });
 
   // 1. The jobs list shows the job.
-  await page.goto(`${cluster.url}#/jobs`);
+  // With a client token ftd serves the dashboard only with a token: opened as
+  // /?token=... the page gets its read cookie (actions still ask, step 6).
+  await page.goto(`${cluster.url}?token=${TOKEN}#/jobs`);
   const row = `tr[data-job-id="${id}"]`;
   await page.waitForSelector(row, { timeout: 15000 });
   check((await page.textContent(`${row} .name`)) === 'web', 'the jobs list shows the job by name');

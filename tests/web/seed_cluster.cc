@@ -109,6 +109,7 @@ int main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   std::filesystem::create_directories(dir + "/model");
   std::ofstream(dir + "/model/config.json") << ft::HfConfigJson(*ft::PresetModelConfig("tiny-llama"));
+  std::ofstream(dir + "/d.jsonl") << "{\"input_ids\": [1, 2, 3]}\n";  // ftd refuses a missing data file
 
   auto channel = grpc::CreateChannel(daemon, grpc::InsecureChannelCredentials());
   auto stub = pb::Workers::NewStub(channel);

@@ -1,6 +1,7 @@
 // An Attempt runs a real ft-train on a tiny CPU job: stop over the control
 // channel (checkpoint, then PREEMPTED), resume to the end (FINISHED, only new
-// steps reported), failures with the trainer's reason, and Kill/Abort.
+// steps reported), failures with the trainer's reason, Kill/Abort, and a
+// stop the trainer does not honour in time (SIGKILL of its process group).
 #include "worker/attempt.h"
 
 #include <gmock/gmock.h>
@@ -11,6 +12,9 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <thread>
+
+#include "tests/worker/process_gone.h"
 
 namespace ft::worker {
 namespace {
@@ -18,6 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
+using testing_util::GoneWithin;
 
 // Records every callback, in order.
 class Recorder : public AttemptListener {
@@ -195,8 +200,8 @@ TEST_F(AttemptTest, FailureCarriesTheTrainersErrorLine) {
   ASSERT_TRUE(attempt.ok()) << attempt.status().ToString();
   ASSERT_TRUE(r.WaitForExit());
   std::lock_guard<std::mutex> lock(r.mu_);
-  EXPECT_EQ(r.exit_.outcome, AttemptOutcome::kFailed);
-  EXPECT_EQ(r.exit_.exit_code, 2);  // bad input
+  EXPECT_EQ(r.exit_.outcome, AttemptOutcome::kBadInput);  // the job fails once, not max_failures times
+  EXPECT_EQ(r.exit_.exit_code, 2);
   EXPECT_THAT(r.exit_.reason, HasSubstr("no-such-data.jsonl"));
   EXPECT_THAT(r.exit_.reason, ::testing::Not(HasSubstr("ft-train: ")));
 }
@@ -237,6 +242,46 @@ TEST_F(AttemptTest, AbortReportsPreemptedWithTheReason) {
   EXPECT_EQ(r.exit_.exit_code, 128 + 9);
   EXPECT_EQ(r.exit_.reason, "SIGTERM: no checkpoint in time");
   EXPECT_GE(r.exit_.step, 1);
+}
+
+// A "trainer" that ignores SIGTERM and the control channel and has a child of
+// its own (a grandchild of the worker) that would keep the output pipe open:
+// the stop's deadline passes, then kill_grace_s, then the whole process group
+// is SIGKILLed and the exit is reported, with the stop's reason.
+TEST_F(AttemptTest, StopNotHonouredByItsDeadlineKillsTheWholeProcessGroup) {
+  const std::string script = root_ + "/stuck-trainer.sh", pid_file = root_ + "/stuck-grandchild.pid";
+  fs::remove(pid_file);
+  std::ofstream(script) << "#!/bin/sh\ntrap '' TERM\nsleep 100000 &\necho $! > " << pid_file << ".tmp\nmv "
+                        << pid_file << ".tmp " << pid_file << "\nwait\n";
+  fs::permissions(script, fs::perms::owner_all);
+  AttemptSpec spec = Job("stuck", 20);
+  spec.ft_train = script;
+  spec.kill_grace_s = 0.5;
+  Recorder r;
+  auto attempt = Attempt::Start(spec, &r);
+  ASSERT_TRUE(attempt.ok()) << attempt.status().ToString();
+  const auto started = std::chrono::steady_clock::now();
+  while (!fs::exists(pid_file) && std::chrono::steady_clock::now() < started + std::chrono::seconds(30)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(fs::exists(pid_file)) << r.log_;
+  pid_t grandchild = 0;
+  std::ifstream(pid_file) >> grandchild;
+  ASSERT_GT(grandchild, 0);
+  const pid_t trainer = (*attempt)->pid();
+  const auto stop = std::chrono::steady_clock::now();
+  ASSERT_TRUE((*attempt)->Control("stop", 0.5, "cancelled").ok());
+  ASSERT_TRUE(r.WaitForExit(std::chrono::seconds(30))) << "a stuck trainer outlived its stop";
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - stop).count();
+  EXPECT_GE(took, 1.0) << "killed before the deadline + grace";
+  EXPECT_LT(took, 10.0);
+  EXPECT_TRUE(GoneWithin(trainer, std::chrono::seconds(5)));
+  EXPECT_TRUE(GoneWithin(grandchild, std::chrono::seconds(5))) << "the process group's other member lives on";
+  std::lock_guard<std::mutex> lock(r.mu_);
+  EXPECT_EQ(r.exit_.outcome, AttemptOutcome::kPreempted);
+  EXPECT_EQ(r.exit_.exit_code, 128 + 9);
+  EXPECT_THAT(r.exit_.reason, HasSubstr("cancelled: killed (SIGKILL to its process group)"));
+  EXPECT_THAT(r.exit_.reason, HasSubstr("did not stop within 1 s"));
 }
 
 TEST_F(AttemptTest, MissingBinaryIsNotFound) {

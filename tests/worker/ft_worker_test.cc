@@ -7,7 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +19,7 @@
 #include "tests/support/process.h"
 #include "tests/worker/fake_daemon.h"
 #include "tests/worker/fake_http_server.h"
+#include "tests/worker/process_gone.h"
 
 namespace ft::worker {
 namespace {
@@ -27,6 +30,7 @@ using testing_util::Count;
 using testing_util::FakeDaemon;
 using testing_util::FakeDaemonServer;
 using testing_util::FakeHttpServer;
+using testing_util::GoneWithin;
 using Messages = std::vector<pb::WorkerMessage>;
 using ::testing::HasSubstr;
 
@@ -243,6 +247,65 @@ TEST_F(FtWorkerTest, SlotEndStopsTheRunningAttemptAndRefusesNewOnes) {
   EXPECT_TRUE(worker.Running());
   worker.Signal(SIGTERM);
   EXPECT_EQ(worker.Wait(std::chrono::seconds(30)), 0) << worker.Log();
+}
+
+// A trainer stuck outside its step loop (here: one that ignores SIGTERM and
+// the control channel, with a child of its own) is stopped by the daemon
+// (a cancel's CheckpointNow): the worker SIGKILLs its process group at the
+// stop's deadline plus the 5 s kill grace, reports the attempt ended, and
+// runs the next job (a real ft-train) to the end.
+TEST_F(FtWorkerTest, StopOfAStuckTrainerKillsItsProcessGroupAtTheDeadlineAndTheWorkerRunsTheNextJob) {
+  const std::string script = root_ + "/stuck-or-real-ft-train.sh", pid_file = root_ + "/stuck-child.pid";
+  fs::remove(pid_file);
+  std::ofstream(script)
+      << "#!/bin/sh\ncase \"$2\" in */j-stuck-*)\n  trap '' TERM\n  sleep 100000 &\n  echo $! > " << pid_file
+      << ".tmp && mv " << pid_file << ".tmp " << pid_file << "\n  wait\nesac\nexec " << FT_TRAIN_BIN
+      << " \"$@\"\n";
+  fs::permissions(script, fs::perms::owner_all);
+  FakeDaemon daemon(/*heartbeat_ms=*/100);
+  FakeDaemonServer server(&daemon);
+  std::vector<std::string> args = Args(server, "stuck");
+  *(std::find(args.begin(), args.end(), "--ft-train") + 1) = script;
+  WorkerProcess worker(args, root_ + "/stuck.log");
+  ASSERT_TRUE(daemon.WaitFor(HasRegister)) << worker.Log();
+  daemon.Push(Start("j-stuck", 1, 100000));
+  for (int i = 0; i < 3000 && !fs::exists(pid_file); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(fs::exists(pid_file)) << worker.Log();
+  pid_t child = 0;
+  std::ifstream(pid_file) >> child;
+  ASSERT_GT(child, 0);
+
+  pb::DaemonCommand stop;
+  stop.mutable_checkpoint_now()->set_job_id("j-stuck");
+  stop.mutable_checkpoint_now()->set_epoch(1);
+  stop.mutable_checkpoint_now()->set_stop(true);
+  stop.mutable_checkpoint_now()->set_deadline_ms(500);
+  stop.mutable_checkpoint_now()->set_reason("cancelled");
+  const auto sent = std::chrono::steady_clock::now();
+  daemon.Push(stop);
+  ASSERT_TRUE(daemon.WaitFor([](const Messages& ms) { return FindExit(ms, "j-stuck") != nullptr; },
+                             std::chrono::seconds(30)))
+      << "the stuck trainer outlived its stop's deadline\n"
+      << worker.Log();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
+  std::printf("stuck trainer reported ended %.2f s after the stop (deadline 0.5 s + 5 s grace)\n", took);
+  EXPECT_GE(took, 5.0);
+  EXPECT_LT(took, 15.0);
+  const pb::AttemptExited exit = *FindExit(daemon.messages(), "j-stuck");
+  EXPECT_EQ(exit.outcome(), pb::ATTEMPT_PREEMPTED);
+  EXPECT_EQ(exit.exit_code(), 128 + SIGKILL);
+  EXPECT_THAT(exit.reason(), HasSubstr("cancelled: killed (SIGKILL to its process group)"));
+  EXPECT_TRUE(GoneWithin(child, std::chrono::seconds(5))) << "the trainer's child outlived it";
+
+  // The same worker is free: the next job runs to the end.
+  daemon.Push(Start("j-next", 1, 3));
+  ASSERT_TRUE(daemon.WaitFor([](const Messages& ms) { return FindExit(ms, "j-next") != nullptr; },
+                             std::chrono::seconds(120)))
+      << worker.Log();
+  const pb::AttemptExited next = *FindExit(daemon.messages(), "j-next");
+  EXPECT_EQ(next.outcome(), pb::ATTEMPT_FINISHED) << next.reason();
+  EXPECT_EQ(next.step(), 3);
 }
 
 }  // namespace

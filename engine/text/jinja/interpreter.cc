@@ -1,5 +1,6 @@
 #include "engine/text/jinja/interpreter.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -30,6 +31,20 @@ constexpr uintptr_t kStackFactor = 1;
 constexpr uintptr_t kMaxStackBytes = kStackFactor * (uintptr_t{2} << 20);
 
 uintptr_t StackPointer() { return reinterpret_cast<uintptr_t>(__builtin_frame_address(0)); }
+
+// Expressions that return a value that already exists: their work is the operation alone.
+bool Refers(Expr::Kind k) {
+  return k == Expr::Kind::kLiteral || k == Expr::Kind::kName || k == Expr::Kind::kGetAttr ||
+         k == Expr::Kind::kGetItem || k == Expr::Kind::kAnd || k == Expr::Kind::kOr || k == Expr::Kind::kCond;
+}
+
+// What reading the arguments of a call costs.
+uint64_t ArgsWork(const CallArgs& args) {
+  uint64_t units = 0;
+  for (const Value& v : args.pos) units += ScanWork(v);
+  for (const auto& [name, v] : args.kw) units += ScanWork(v);
+  return units;
+}
 
 // Source-like text of simple expressions, for error messages.
 std::string Describe(const Expr& e) {
@@ -76,6 +91,13 @@ class CallerFn : public Callable {
 };
 
 }  // namespace
+
+uint64_t ScanWork(const Value& v) {
+  if (v.is_string()) return v.str().size();
+  if (v.is_list()) return v.list().size();
+  if (v.is_dict() || v.is_namespace()) return v.dict().size();
+  return 0;
+}
 
 Status ErrorAt(int line, const std::string& message) {
   return Status::InvalidArgument("line " + std::to_string(line) + ": " + message);
@@ -191,6 +213,7 @@ Value Interpreter::NewNamespace(Dict attrs) {
 Status Interpreter::Render(const NodeList& nodes, std::string* out) {
   flow_ = Flow::kNormal;
   iterations_ = 0;
+  work_ = 0;
   stack_base_ = StackPointer();
   return Exec(nodes, *root_, out);
 }
@@ -201,6 +224,20 @@ Status Interpreter::CheckStack(int line) const {
   if (used <= kMaxStackBytes) return Status::OK();
   return ErrorAt(line, "the template nests too deeply (more than " + std::to_string(kMaxStackBytes >> 20) +
                            " MiB of stack: macros calling macros inside deep expressions?)");
+}
+
+Status Interpreter::Charge(uint64_t units, int line) {
+  work_ = units > kMaxRenderWork ? kMaxRenderWork + 1 : work_ + units;  // no overflow: work_ <= the budget
+  if (work_ <= kMaxRenderWork) return Status::OK();
+  return ErrorAt(line, "the render exceeds its work budget of " + std::to_string(kMaxRenderWork >> 20) +
+                           " Mi units (about a byte each of the values it makes, reads and prints, " +
+                           std::to_string(kWorkPerOperation) + " per operation): a runaway template?");
+}
+
+Status Interpreter::Append(std::string_view text, int line, std::string* out) {
+  FT_RETURN_IF_ERROR(Charge(text.size(), line));
+  out->append(text);
+  return Status::OK();
 }
 
 StatusOr<Value> Interpreter::CallValue(const Value& fn, CallArgs args) {
@@ -231,12 +268,12 @@ Status Interpreter::Exec(const NodeList& nodes, Scope& scope, std::string* out) 
 
 Status Interpreter::ExecNode(const Node& node, Scope& scope, std::string* out) {
   FT_RETURN_IF_ERROR(CheckStack(node.line));
+  FT_RETURN_IF_ERROR(Charge(kWorkPerOperation, node.line));
   switch (node.kind) {
-    case Node::Kind::kText: out->append(node.text); return Status::OK();
+    case Node::Kind::kText: return Append(node.text, node.line, out);
     case Node::Kind::kOutput: {
       FT_ASSIGN_OR_RETURN(Value v, Eval(*node.expr, scope));
-      out->append(v.ToStr());
-      return Status::OK();
+      return Append(v.ToStr(), node.line, out);
     }
     case Node::Kind::kIf:
       for (size_t i = 0; i < node.conds.size(); ++i) {
@@ -269,8 +306,7 @@ Status Interpreter::ExecNode(const Node& node, Scope& scope, std::string* out) {
       FT_RETURN_IF_ERROR(Exec(node.body, scope, &s));
       const Value body = Value::Str(std::move(s));
       FT_ASSIGN_OR_RETURN(Value v, EvalFilterChain(*node.expr, scope, &body));
-      out->append(v.ToStr());
-      return Status::OK();
+      return Append(v.ToStr(), node.line, out);
     }
     case Node::Kind::kWith: {
       Scope inner(&scope);
@@ -313,6 +349,7 @@ Status Interpreter::ExecSet(const Node& node, Scope& scope, Value value) {
 
 Status Interpreter::ExecFor(const Node& node, Scope& scope, std::string* out) {
   FT_ASSIGN_OR_RETURN(Value iterable, Eval(*node.expr, scope));
+  FT_RETURN_IF_ERROR(Charge(ScanWork(iterable), node.line));
   StatusOr<std::vector<Value>> all = Iterate(iterable);
   if (!all.ok()) return AtLine(node.line, all.status());
   auto bind = [&](Scope& s, const Value& item) -> Status {
@@ -350,6 +387,7 @@ Status Interpreter::ExecFor(const Node& node, Scope& scope, std::string* out) {
       return ErrorAt(node.line, "more than " + std::to_string(kMaxLoopIterations) +
                                     " loop iterations in one render (a runaway template?)");
     }
+    FT_RETURN_IF_ERROR(Charge(kWorkPerOperation, node.line));
     Scope s(&scope);
     FT_RETURN_IF_ERROR(bind(s, items[i]));
     Dict loop;
@@ -389,8 +427,7 @@ Status Interpreter::ExecCallBlock(const Node& node, Scope& scope, std::string* o
   args.kw.emplace_back("caller", Value::Func(std::make_shared<CallerFn>(&node, &scope)));
   StatusOr<Value> r = CallValue(fn, std::move(args));
   if (!r.ok()) return AtLine(node.line, r.status());
-  out->append(r->ToStr());
-  return Status::OK();
+  return Append(r->ToStr(), node.line, out);
 }
 
 StatusOr<CallArgs> Interpreter::EvalArgs(const Expr& e, Scope& scope) {
@@ -418,6 +455,7 @@ StatusOr<Value> Interpreter::GetAttr(const Expr& at, const Value& obj, const std
 StatusOr<Value> Interpreter::GetItem(const Expr& at, const Value& obj, const Value& key) {
   if (obj.is_undefined()) return Undefined(*at.target, "reading item " + key.Repr());
   if ((obj.is_list() || obj.is_string()) && (key.is_int() || key.is_bool())) {
+    if (obj.is_string()) FT_RETURN_IF_ERROR(Charge(ScanWork(obj), at.line));  // code points are counted
     int64_t i = key.int_value();
     if (obj.is_list()) {
       const int64_t n = static_cast<int64_t>(obj.list().size());
@@ -446,8 +484,11 @@ StatusOr<Value> Interpreter::Eval(const Expr& e, Scope& scope) {
   StatusOr<Value> v = EvalExpr(e, scope);
   // Every value a template makes passes here, so a loop that wraps a value
   // in itself (`{% set ns.a = [ns.a] %}`) stops at the bound instead of
-  // growing until printing or freeing it exhausts the stack.
-  if (v.ok()) FT_RETURN_IF_ERROR(CheckValue(*v, e.line));
+  // growing until printing or freeing it exhausts the stack, and every
+  // operation is charged to the render's work.
+  if (!v.ok()) return v;
+  FT_RETURN_IF_ERROR(CheckValue(*v, e.line));
+  FT_RETURN_IF_ERROR(Charge(kWorkPerOperation + (Refers(e.kind) ? 0 : ScanWork(*v)), e.line));
   return v;
 }
 
@@ -505,6 +546,7 @@ StatusOr<Value> Interpreter::EvalExpr(const Expr& e, Scope& scope) {
     case Expr::Kind::kTest: {
       FT_ASSIGN_OR_RETURN(Value v, Eval(*e.target, scope));
       FT_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e, scope));
+      FT_RETURN_IF_ERROR(Charge(ScanWork(v) + ArgsWork(args), e.line));
       StatusOr<bool> r = ApplyTest(e.name, v, std::move(args));
       if (!r.ok()) return AtLine(e.line, r.status());
       return Value::Bool(*r != e.negate);
@@ -547,6 +589,7 @@ StatusOr<Value> Interpreter::EvalSlice(const Expr& e, Scope& scope) {
   }
   const int64_t step = parts[2].value_or(1);
   if (step == 0) return ErrorAt(e.line, "slice step cannot be zero");
+  FT_RETURN_IF_ERROR(Charge(ScanWork(obj), e.line));
   if (obj.is_list()) {
     std::vector<Value> out;
     for (int64_t i : SliceIndices(static_cast<int64_t>(obj.list().size()), parts[0], parts[1], step)) {
@@ -591,6 +634,7 @@ StatusOr<Value> Interpreter::EvalCall(const Expr& e, Scope& scope) {
     if (obj.is_undefined()) return Undefined(*callee.target, "calling '" + callee.name + "()' on it");
     if (HasMethod(obj, callee.name)) {
       FT_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e, scope));
+      FT_RETURN_IF_ERROR(Charge(ScanWork(obj) + ArgsWork(args), e.line));
       StatusOr<Value> r = CallMethod(*this, obj, callee.name, std::move(args));
       if (!r.ok()) return AtLine(e.line, r.status());
       return r;
@@ -623,6 +667,7 @@ StatusOr<Value> Interpreter::EvalFilterChain(const Expr& e, Scope& scope, const 
     FT_ASSIGN_OR_RETURN(input, Eval(*e.target, scope));
   }
   FT_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e, scope));
+  FT_RETURN_IF_ERROR(Charge(ScanWork(input) + ArgsWork(args), e.line));
   StatusOr<Value> r = ApplyFilter(e.name, input, std::move(args));
   if (!r.ok()) return AtLine(e.line, r.status());
   FT_RETURN_IF_ERROR(CheckValue(*r, e.line));  // each filter of a chain, not only the last
@@ -633,6 +678,8 @@ StatusOr<Value> Interpreter::EvalCompare(const Expr& e, Scope& scope) {
   FT_ASSIGN_OR_RETURN(Value left, Eval(*e.items[0], scope));
   for (size_t i = 0; i < e.ops.size(); ++i) {
     FT_ASSIGN_OR_RETURN(Value right, Eval(*e.items[i + 1], scope));
+    // Comparisons and `in` read their operands as deep as they go.
+    FT_RETURN_IF_ERROR(Charge(left.size() + right.size(), e.line));
     const std::string& op = e.ops[i];
     bool r;
     if (op == "==" || op == "!=") {
@@ -665,8 +712,12 @@ StatusOr<Value> Repeat(const Value& seq, int64_t n) {
     return Status::InvalidArgument("repetition result is too large");
   }
   if (seq.is_string()) {
+    // By doubling: a copy per byte, not an append per repetition ('x' * 1000000 is a million of those).
+    const size_t total = unit * static_cast<size_t>(std::max<int64_t>(n, 0));
     std::string out;
-    for (int64_t i = 0; i < n; ++i) out += seq.str();
+    out.reserve(total);
+    if (total > 0) out = seq.str();
+    while (out.size() < total) out.append(out, 0, std::min(out.size(), total - out.size()));
     return Value::Str(std::move(out));
   }
   std::vector<Value> out;

@@ -8,7 +8,16 @@
 // Errors are InvalidArgument "line N: ..." with N the template source line of
 // the failing expression or statement. A render is bounded: 64 nested macro
 // calls, 1,000,000 loop iterations, 16 MiB of output, values nested 256 deep
-// (kMaxValueDepth) or larger than 16 MiB (kMaxValueBytes), 2 MiB of stack.
+// (kMaxValueDepth) or larger than 16 MiB (kMaxValueBytes), 2 MiB of stack,
+// and its total work (kMaxRenderWork): each bound above alone leaves a
+// render that copies an 8 MiB string a million times running for minutes.
+// Work is counted in units of about one byte: the bytes (strings) or items
+// (lists, dicts) of every value an expression makes and of what filters,
+// tests, methods, string subscripts and slices and loops read; both operands
+// of a comparison or `in` in full (Value::size()); the bytes written to the
+// output; and kWorkPerOperation for each expression, statement and loop
+// iteration. Over budget, the render fails with "line N: the render exceeds
+// its work budget of 1024 Mi units ...".
 #pragma once
 
 #include <cstdint>
@@ -76,6 +85,10 @@ class Interpreter {
   Status CheckValue(const Value& v, int line) const;
   // Fails once the render has used more than 2 MiB of stack.
   Status CheckStack(int line) const;
+  // Adds `units` to the render's work; fails once it exceeds kMaxRenderWork.
+  Status Charge(uint64_t units, int line);
+  // Appends `text` to *out, charging its bytes.
+  Status Append(std::string_view text, int line, std::string* out);
   StatusOr<Value> EvalExpr(const Expr& e, Scope& scope);
   StatusOr<Value> EvalCall(const Expr& e, Scope& scope);
   StatusOr<Value> EvalSlice(const Expr& e, Scope& scope);
@@ -91,9 +104,20 @@ class Interpreter {
   Flow flow_ = Flow::kNormal;
   int call_depth_ = 0;
   int64_t iterations_ = 0;         // loop iterations in this render (bounded)
+  uint64_t work_ = 0;              // work units of this render (bounded, see Charge)
   uintptr_t stack_base_ = 0;       // the stack pointer where Render began
   std::vector<Value> namespaces_;  // every namespace NewNamespace made
 };
+
+// The work budget of one render (see the file comment) and what each
+// expression, statement and loop iteration costs in it. 2^30 units take about
+// a second or two; the real chat templates of tests/golden/chat use well
+// under 1/1000 of it.
+constexpr uint64_t kMaxRenderWork = uint64_t{1} << 30;
+constexpr uint64_t kWorkPerOperation = 64;
+
+// What reading `v` costs an operation: a string's bytes, a list's or dict's items.
+uint64_t ScanWork(const Value& v);
 
 // Makes a Status message carry the line: "line N: msg" (kept as is when it
 // already names one).

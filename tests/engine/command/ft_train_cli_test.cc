@@ -255,6 +255,42 @@ TEST_F(FtTrainCliTest, SetOverridesTheJobAndErrorsNameTheOverride) {
   EXPECT_FALSE(fs::exists(dir_ + "/out/merged")) << "output.merge overridden";
 }
 
+// A fixed micro-batch is checked against the device like an auto one: before
+// the check, ft-train skipped the planner and ran into std::bad_alloc (rc 134)
+// on a job that `ft-train plan` said does not fit. The CPU device's capacity
+// is FT_GUARDED_DEVICE_MEMORY (MiB) on the guarded backend, MemAvailable
+// otherwise: 64 MiB here, where micro-batch 8 at seq_len 2048 needs 146 MiB.
+TEST_F(FtTrainCliTest, AFixedMicroBatchThatDoesNotFitIsRefusedWithThePlanAndTheFix) {
+  ASSERT_EQ(FtTrain("make-model --preset tiny-llama --out " + dir_ + "/model", dir_).exit_code, 0);
+  WriteJob("  micro_batch_size: 8\n");
+  const std::vector<std::string> set = {"--set", "data.seq_len=2048", "--set", "resources.device=cpu"};
+  auto ft_train = [&](const std::string& command, const std::string& log) {
+    std::vector<std::string> argv = {FT_TRAIN_BIN, command, dir_ + "/job.yaml"};
+    argv.insert(argv.end(), set.begin(), set.end());
+    if (command == "plan") argv.insert(argv.end(), {"--device-memory", "64MiB"});
+    const int code =
+        testing_support::Spawn(argv, {.log = log, .env = {"FT_GUARDED_DEVICE_MEMORY=64"}}).Wait();
+    return CliResult{code, testing_support::Slurp(log)};
+  };
+  CliResult plan = ft_train("plan", dir_ + "/plan.txt");
+  EXPECT_EQ(plan.exit_code, 1) << plan.err;
+  EXPECT_THAT(plan.err, HasSubstr("does NOT fit: micro_batch_size 8 needs 145.6 MiB"));
+  CliResult run = ft_train("run", dir_ + "/run.txt");
+  EXPECT_EQ(run.exit_code, 1) << run.err;
+  EXPECT_THAT(run.err,
+              HasSubstr("ft-train: ResourceExhausted: " + dir_ +
+                        "/job.yaml: train.micro_batch_size: micro-batch 8 needs 145.6 MiB (weights "));
+  EXPECT_THAT(run.err, HasSubstr("but the device offers 64.0 MiB; set micro_batch_size: 2 (the largest that "
+                                 "fits, 37.0 MiB) or micro_batch_size: auto"));
+  EXPECT_FALSE(fs::exists(dir_ + "/out/metrics.jsonl")) << "refused before training";
+  // The suggested fix runs.
+  CliResult fixed =
+      FtTrain("run " + dir_ + "/job.yaml --set data.seq_len=2048 --set train.micro_batch_size=2 " +
+                  "--set train.max_steps=1 --set output.merge=false --set resources.device=cpu",
+              dir_);
+  EXPECT_EQ(fixed.exit_code, 0) << fixed.err;
+}
+
 // tiny-llama's heads are 16 wide; the CUDA attention kernels take 64 or 128.
 // Refused before anything is loaded (so on any machine, GPU or not), naming
 // the model, the head dim and the fix; before the check a CUDA run died on a

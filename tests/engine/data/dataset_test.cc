@@ -7,9 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
+#include "common/file_util.h"
 #include "engine/io/hf_model.h"
 #include "engine/model/rng.h"
 
@@ -91,6 +94,109 @@ TEST(DatasetIndexTest, CacheIsReusedAndRebuiltWhenTheDataChanges) {
   auto changed = Open(path, false, 16);
   EXPECT_FALSE(changed->from_cache()) << "content hash changed";
   EXPECT_EQ(changed->examples(), 11);
+}
+
+// The fields of line record `line` in an .ftidx (engine/data/dataset.cc's layout).
+struct IndexFields {
+  std::string bytes;
+  size_t lines_at = 0;  // where the first line record starts; the count is the 8 bytes before
+  template <typename T>
+  void Set(size_t at, T v) {
+    std::memcpy(bytes.data() + at, &v, sizeof(T));
+  }
+  void SetCount(uint64_t count) { Set(lines_at - 8, count); }
+  void SetOffset(int line, uint64_t v) { Set(lines_at + line * 20, v); }
+  void SetTokens(int line, int32_t v) { Set(lines_at + line * 20 + 12, v); }
+  void SetTargets(int line, int32_t v) { Set(lines_at + line * 20 + 16, v); }
+  int32_t Tokens(int line) const {
+    int32_t v = 0;
+    std::memcpy(&v, bytes.data() + lines_at + line * 20 + 12, sizeof(v));
+    return v;
+  }
+};
+
+// Rewrites the cached index of `path` with `edit` applied; its trailing checksum is
+// recomputed unless `fix_checksum` is false (so that the field checks, not the checksum, catch it).
+void EditIndex(const std::string& path, const std::function<void(IndexFields*)>& edit,
+               bool fix_checksum = true) {
+  IndexFields f;
+  f.bytes = *ReadFileToString(path + ".ftidx");
+  size_t at = 8;
+  for (int s = 0; s < 2; ++s) {  // the data's SHA-256 and the cache key, each after its u32 length
+    uint32_t len = 0;
+    std::memcpy(&len, f.bytes.data() + at, sizeof(len));
+    at += sizeof(len) + len;
+  }
+  f.lines_at = at + 8;
+  edit(&f);
+  const bool checksummed = f.bytes.compare(0, 8, "FTIDX002") == 0;
+  if (fix_checksum && checksummed) {
+    f.bytes.resize(f.bytes.size() - 64);
+    f.bytes += Sha256Hex(f.bytes);
+  }
+  ASSERT_TRUE(ReplaceFileAtomically(path + ".ftidx", f.bytes).ok());
+}
+
+// Opens `path` after `edit` damaged its index: the index must be rebuilt, with the counts of the data.
+void ExpectRebuilt(const std::string& path, const std::function<void(IndexFields*)>& edit,
+                   bool fix_checksum = true) {
+  const auto good = Open(path, false);
+  const int64_t targets = good->CountTargets(0, good->size(), false, 0);
+  EditIndex(path, edit, fix_checksum);
+  auto reopened = Open(path, false);
+  ASSERT_NE(reopened, nullptr);
+  EXPECT_FALSE(reopened->from_cache()) << "a damaged index was used";
+  EXPECT_EQ(reopened->examples(), good->examples());
+  EXPECT_EQ(reopened->CountTargets(0, reopened->size(), false, 0), targets);
+  EXPECT_TRUE(Open(path, false)->from_cache()) << "the rebuilt index is cached again";
+}
+
+TEST(DatasetIndexTest, AHugeLineCountIsRebuiltInsteadOfAborting) {
+  // Was: std::vector(count) threw length_error and ft-train aborted (rc 134).
+  const std::string path = WriteData("huge-count", 10);
+  ExpectRebuilt(path, [](IndexFields* f) { f->SetCount(uint64_t{1} << 62); });
+  ExpectRebuilt(path, [](IndexFields* f) { f->SetCount(11); });
+}
+
+TEST(DatasetIndexTest, NegativeOrImpossibleCountsAreRebuilt) {
+  // Was: negative targets trained to a negative loss and the job reported "finished".
+  const std::string path = WriteData("negative", 10);
+  ExpectRebuilt(path, [](IndexFields* f) { f->SetTargets(0, -1000); });
+  ExpectRebuilt(path, [](IndexFields* f) { f->SetTokens(1, -7); });
+  ExpectRebuilt(path, [](IndexFields* f) { f->SetTokens(2, 1 << 30); });
+  ExpectRebuilt(path, [](IndexFields* f) { f->SetTargets(3, f->Tokens(3)); });
+}
+
+TEST(DatasetIndexTest, OffsetsBeyondTheFileOrOutOfOrderAreRebuilt) {
+  const std::string path = WriteData("offsets", 10);
+  ExpectRebuilt(path, [&](IndexFields* f) { f->SetOffset(9, fs::file_size(path) + 100); });
+  ExpectRebuilt(path, [](IndexFields* f) { f->SetOffset(4, 0); });
+}
+
+TEST(DatasetIndexTest, AnIndexFailingItsChecksumIsRebuilt) {
+  // A plausible but different token count, the checksum left as it was.
+  const std::string path = WriteData("checksum", 10);
+  ExpectRebuilt(
+      path, [](IndexFields* f) { f->SetTokens(0, f->Tokens(0) - 1); }, /*fix_checksum=*/false);
+}
+
+TEST(DatasetIndexTest, AnIndexThatDisagreesWithTheDataIsRemovedSoARestartReindexes) {
+  // Every field plausible and the checksum right, but line 0's token count is not the data's:
+  // reading it fails, and the next open (a restart) must re-index rather than load it again.
+  const std::string path = WriteData("lying", 10);
+  Open(path, false);
+  EditIndex(path, [](IndexFields* f) {
+    f->SetTokens(0, f->Tokens(0) - 1);
+    f->SetTargets(0, 0);
+  });
+  auto lying = Open(path, false);
+  ASSERT_TRUE(lying->from_cache());
+  auto batch = lying->MakeBatch(0, lying->size(), false, 0);
+  ASSERT_FALSE(batch.ok());
+  EXPECT_THAT(batch.status().message(), ::testing::HasSubstr("its index was removed: restart to re-index"));
+  auto restarted = Open(path, false);
+  EXPECT_FALSE(restarted->from_cache()) << "the restart loaded the same index again";
+  EXPECT_TRUE(restarted->MakeBatch(0, restarted->size(), false, 0).ok());
 }
 
 TEST(DatasetPackingTest, RowsHoldWholeDocumentsWithRestartingPositionsAndSegments) {

@@ -265,7 +265,8 @@ TEST(EvalTest, EvalKeysNeedAnEvalFileAndAreNamedWhenWrong) {
               HasSubstr("/j/job.yaml:6:21: train.eval_every_steps: needs data.eval"));
   auto negative = ParseJobSpec(base + "  eval_max_batches: -1\n", "/j/job.yaml");
   ASSERT_FALSE(negative.ok());
-  EXPECT_THAT(negative.status().message(), HasSubstr("train.eval_max_batches: must be >= 0"));
+  EXPECT_THAT(negative.status().message(),
+              HasSubstr("train.eval_max_batches: must be an integer in [0, 1000000000] (0 = all), got -1"));
   auto typo = ParseJobSpec(base + "  eval_every_step: 5\n", "/j/job.yaml");
   ASSERT_FALSE(typo.ok());
   EXPECT_THAT(typo.status().message(), HasSubstr("eval_every_steps"));

@@ -13,6 +13,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -379,6 +381,50 @@ TEST(JinjaTest, SandboxLimits) {
               HasSubstr("output exceeds 16 MiB"));
   // Just under the limits renders.
   EXPECT_EQ(Render("{% for i in range(1000) %}{% for j in range(999) %}{% endfor %}{% endfor %}ok"), "ok");
+}
+
+// Each bound above alone leaves a render that runs for minutes (an 8 MB
+// string copied a million times, a million loop iterations of a long body, a
+// 16 MB string searched a million times): the render's total work is bounded,
+// so each fails within seconds with an error naming the template and the
+// budget, while the same templates doing a little less render.
+TEST(JinjaTest, RunawayTemplatesFailFastOnTheWorkBudget) {
+  const std::string budget = "t: line 1: the render exceeds its work budget of 1024 Mi units";
+  const std::string loops = "{% for i in range(1000) %}{% for j in range(1000) %}";
+  const std::string body40 = [] {
+    std::string b;
+    for (int k = 0; k < 40; ++k) b += "{{ '' }}";
+    return b;
+  }();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"copies", "{% set big = 'x' * 8000000 %}" + loops + "{% set s = big ~ j %}{% endfor %}{% endfor %}"},
+      {"operations", loops + body40 + "{% endfor %}{% endfor %}"},
+      {"scans",
+       "{% set big = 'x' * 16000000 %}" + loops + "{% if 'y' in big %}{% endif %}{% endfor %}{% endfor %}"},
+  };
+  for (const auto& [what, source] : cases) {
+    const auto start = std::chrono::steady_clock::now();
+    const std::string out = Render(source);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("%s: %.2f s\n", what.c_str(), s);
+    EXPECT_THAT(out, HasSubstr(budget)) << what;
+    EXPECT_LT(s, 30) << what << " took too long to hit the budget";
+  }
+  // Through chat rendering (what the trainer runs for each example), naming the chat template.
+  const auto start = std::chrono::steady_clock::now();
+  StatusOr<std::string> chat = RenderChat(cases[0].second, ordered_json::array(), ChatVars());
+  EXPECT_THAT(chat.status().message(),
+              HasSubstr("chat template: line 1: the render exceeds its work budget"));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30);
+  // A little less work renders.
+  EXPECT_EQ(
+      Render("{% set big = 'x' * 8000000 %}{% for i in range(40) %}{% set s = big ~ i %}{% endfor %}ok"),
+      "ok");
+  EXPECT_EQ(Render("{% set big = 'x' * 16000000 %}{% for i in range(40) %}{{ 'y' in big }}{% endfor %}"), [] {
+    std::string f;
+    for (int i = 0; i < 40; ++i) f += "False";
+    return f;
+  }());
 }
 
 // Each case was a stack overflow or an unbounded allocation (the first found
