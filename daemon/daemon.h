@@ -40,8 +40,8 @@
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/status.h"
-#include "daemon/clock.h"
 #include "daemon/latency.h"
 #include "daemon/scheduler.h"
 #include "daemon/store.h"

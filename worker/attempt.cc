@@ -10,12 +10,42 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/clock.h"
 #include "common/file_util.h"
 #include "common/logging.h"
+#include "engine/train/exit_codes.h"
 
 namespace ft::worker {
 
 namespace {
+
+// How each of ft-train's exit codes (engine/train/exit_codes.h) ends an
+// attempt, and where its reason comes from; any other code is FAILED with the
+// trainer's last error.
+struct ExitMeaning {
+  enum class Reason { kNone, kPreempted, kErrorLine, kFailure };
+  int code;
+  AttemptOutcome outcome;
+  Reason reason;
+  const char* fallback;  // when the trainer said nothing more
+};
+constexpr ExitMeaning kExitMeanings[] = {
+    {kExitFinished, AttemptOutcome::kFinished, ExitMeaning::Reason::kNone, ""},
+    {kExitPreempted, AttemptOutcome::kPreempted, ExitMeaning::Reason::kPreempted,
+     "stopped after a checkpoint"},
+    {kExitSuperseded, AttemptOutcome::kSuperseded, ExitMeaning::Reason::kErrorLine,
+     "a newer epoch owns output.dir"},
+    {kExitRankLost, AttemptOutcome::kRankLost, ExitMeaning::Reason::kErrorLine, "a peer rank was lost"},
+    {kExitEnvironment, AttemptOutcome::kEnvironment, ExitMeaning::Reason::kFailure, ""},  // retried
+    {kExitBadInput, AttemptOutcome::kBadInput, ExitMeaning::Reason::kFailure, ""},  // fails the job at once
+};
+
+const ExitMeaning* FindExitMeaning(int code) {
+  for (const ExitMeaning& m : kExitMeanings) {
+    if (m.code == code) return &m;
+  }
+  return nullptr;
+}
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -24,12 +54,6 @@ constexpr size_t kLastLines = 20;                                // kept for the
 constexpr size_t kLogBatchBytes = 16 << 10;                      // a LogReport is sent at this size ...
 constexpr auto kLogBatchDelay = std::chrono::milliseconds(250);  // ... or this long after its first line
 constexpr size_t kMaxLineBytes = 64 << 10;                       // longer output lines are cut
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 // "ft-train: resumed from DIR at step N" or "ft-train: already complete at step N" → N, else -1.
 int64_t ResumedStep(const std::string& line) {
@@ -259,7 +283,7 @@ void Attempt::PollMetrics() {
   std::vector<MetricsLine> steps;
   auto flush_steps = [&] {
     if (steps.empty()) return;
-    Report([&] { listener_->OnMetrics(spec_, steps, NowMs()); });
+    Report([&] { listener_->OnMetrics(spec_, steps, WallNowMs()); });
     steps.clear();
   };
   for (const std::string& line : lines) {
@@ -327,34 +351,23 @@ AttemptExit Attempt::MakeExit(const ExitStatus& status) {
   if (status.signaled && !abort_reason_.empty()) {
     e.outcome = AttemptOutcome::kPreempted;
     e.reason = abort_reason_;
-  } else if (!status.signaled && status.code == 0) {
-    e.outcome = AttemptOutcome::kFinished;
-  } else if (!status.signaled && status.code == 3) {
-    e.outcome = AttemptOutcome::kPreempted;
-    e.reason = preempted_reason_.empty() ? "stopped after a checkpoint" : preempted_reason_;
-  } else if (!status.signaled && status.code == 4) {
-    e.outcome = AttemptOutcome::kSuperseded;
-    e.reason = last_error_line_.empty() ? "a newer epoch owns output.dir" : last_error_line_;
-  } else if (!status.signaled && status.code == 6) {
-    e.outcome = AttemptOutcome::kRankLost;
-    e.reason = last_error_line_.empty() ? "a peer rank was lost" : last_error_line_;
+    return e;
+  }
+  const ExitMeaning* meaning = status.signaled ? nullptr : FindExitMeaning(status.code);
+  e.outcome = meaning ? meaning->outcome : AttemptOutcome::kFailed;
+  if (meaning && meaning->reason == ExitMeaning::Reason::kNone) return e;
+  if (meaning && meaning->reason == ExitMeaning::Reason::kPreempted) {
+    e.reason = preempted_reason_.empty() ? meaning->fallback : preempted_reason_;
+  } else if (meaning && meaning->reason == ExitMeaning::Reason::kErrorLine) {
+    e.reason = last_error_line_.empty() ? meaning->fallback : last_error_line_;
+  } else if (!status.signaled && !failed_reason_.empty()) {  // a failure: the trainer's own words
+    e.reason = failed_reason_;
+  } else if (!status.signaled && !last_error_line_.empty()) {
+    e.reason = last_error_line_;
+  } else if (!status.signaled && !last_lines_.empty()) {
+    e.reason = last_lines_.back();
   } else {
-    // ft-train's exit 5: the environment (retried); 2: the job's own input (fails the job at once).
-    e.outcome = status.signaled    ? AttemptOutcome::kFailed
-                : status.code == 5 ? AttemptOutcome::kEnvironment
-                : status.code == 2 ? AttemptOutcome::kBadInput
-                                   : AttemptOutcome::kFailed;
-    if (status.signaled) {
-      e.reason = "ft-train " + status.ToString();
-    } else if (!failed_reason_.empty()) {
-      e.reason = failed_reason_;
-    } else if (!last_error_line_.empty()) {
-      e.reason = last_error_line_;
-    } else if (!last_lines_.empty()) {
-      e.reason = last_lines_.back();
-    } else {
-      e.reason = "ft-train " + status.ToString();
-    }
+    e.reason = "ft-train " + status.ToString();
   }
   return e;
 }

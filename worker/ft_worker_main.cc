@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/logging.h"
 #include "engine/train/planner.h"
 #include "proto/credentials.h"
@@ -75,12 +76,6 @@ struct Flags {
   std::string log_level = "info";
   bool log_json = false;
 };
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 // The first reason to stop, posted from any thread.
 class StopRequest {
@@ -216,7 +211,7 @@ bool MakeOptions(const Flags& f, ft::worker::WorkerOptions* w, ft::worker::Sessi
   }
   int64_t flag_end = 0;
   if (!f.slot_end.empty()) {
-    auto end = ft::worker::ParseSlotEnd(f.slot_end, NowMs());
+    auto end = ft::worker::ParseSlotEnd(f.slot_end, ft::WallNowMs());
     if (!end.ok()) return bad("--slot-end: " + end.status().message());
     flag_end = *end;
   }
@@ -311,13 +306,14 @@ int Run(const Flags& flags, const ft::worker::WorkerOptions& options, const ft::
   auto pollers = StartPollers(flags, &stop);
   FT_LOG(INFO) << "ft-worker " << options.id << " (" << options.version << ") serving " << so.target
                << (options.slot_end_ms > 0
-                       ? "; slot ends in " + std::to_string((options.slot_end_ms - NowMs()) / 1000) + " s"
+                       ? "; slot ends in " + std::to_string((options.slot_end_ms - ft::WallNowMs()) / 1000) +
+                             " s"
                        : "");
   std::string reason;
   double deadline_s = 0;
   while (!stop.Wait(kTick, &reason, &deadline_s)) {
     worker.Reap();
-    worker.CheckSlotEnd(NowMs());
+    worker.CheckSlotEnd(ft::WallNowMs());
   }
   for (auto& p : pollers) p->Stop();
   StopCleanly(&worker, &session, reason, deadline_s);

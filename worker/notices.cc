@@ -5,6 +5,7 @@
 #include <ctime>
 #include <nlohmann/json.hpp>
 
+#include "common/clock.h"
 #include "common/logging.h"
 #include "worker/http_get.h"
 
@@ -23,12 +24,6 @@ std::string Join(std::string base, const char* path) {
 
 Status Unexpected(const std::string& url, const HttpResponse& r) {
   return Status::Unavailable(url + ": unexpected HTTP " + std::to_string(r.status));
-}
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
 }
 
 }  // namespace
@@ -62,7 +57,7 @@ StatusOr<std::optional<Notice>> AwsNoticeChecker::Check() {
   nlohmann::json j = nlohmann::json::parse(r.body, nullptr, /*allow_exceptions=*/false);
   Notice n{"AWS spot interruption", 0};
   if (j.is_object() && j.contains("time") && j["time"].is_string()) {
-    n.deadline_s = AwsDeadlineSeconds(j["time"].get<std::string>(), NowMs());
+    n.deadline_s = AwsDeadlineSeconds(j["time"].get<std::string>(), WallNowMs());
   }
   return std::optional<Notice>(n);
 }

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/clock.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "engine/train/job_spec.h"
@@ -20,12 +21,6 @@ namespace fs = std::filesystem;
 namespace pb = ftune::v1;
 
 constexpr auto kSupersedeWait = std::chrono::seconds(10);  // for a killed older epoch to exit
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 pb::AttemptOutcome ToProto(AttemptOutcome o) {
   switch (o) {
@@ -314,7 +309,7 @@ std::vector<std::string> Worker::RankEnvironment(int device_index) {
 void Worker::HandleStart(const pb::StartAttempt& s) {
   Reap();
   std::lock_guard<std::mutex> start_lock(start_mu_);
-  if (std::string why = StartRefusal(NowMs()); !why.empty())
+  if (std::string why = StartRefusal(WallNowMs()); !why.empty())
     return Reject(s.job_id(), s.epoch(), s.rank(), why);
   {
     std::lock_guard<std::mutex> lock(mu_);

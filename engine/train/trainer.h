@@ -32,6 +32,7 @@
 #include "engine/model/model.h"
 #include "engine/text/tokenizer.h"
 #include "engine/train/checkpoint.h"
+#include "engine/train/exit_codes.h"
 #include "engine/train/job_spec.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/output_owner.h"
@@ -84,18 +85,6 @@ enum class RunOutcome {
   kFinished,   // all steps done, outputs written
   kPreempted,  // a stop request: state checkpointed, process should exit "preempted"
 };
-
-// ft-train's exit codes, read by the worker.
-constexpr int kExitFinished = 0;
-constexpr int kExitFailed = 1;
-constexpr int kExitBadInput = 2;
-constexpr int kExitPreempted = 3;
-constexpr int kExitSuperseded = 4;   // a newer epoch owns output.dir: stopped without writing
-constexpr int kExitEnvironment = 5;  // I/O error, a system-owned file gone: not the job's fault
-// One rank of a multi-rank run: a collective or the rendezvous failed (a peer
-// rank vanished, never came, or the store's port was taken). The rank's own
-// work was sound; what the attempt's outcome is depends on the other ranks.
-constexpr int kExitRankLost = 6;
 
 class Trainer {
  public:

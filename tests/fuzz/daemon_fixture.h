@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "daemon/clock.h"
+#include "common/clock.h"
 #include "daemon/daemon.h"
 
 namespace ft::fuzz {

@@ -1,4 +1,6 @@
-// Time as the daemon sees it, injected so tests can run leases on simulated time.
+// Time for ftd and ft-worker. The daemon's is injected (Clock) so tests can run
+// leases on simulated time; WallNowMs() is the plain wall clock for code that
+// needs no injection (the worker's reports and slot ends).
 //   MonotonicMs(): for leases and timeouts (never jumps).
 //   WallMs():      Unix milliseconds, for what users see and for slot ends.
 // Thread safety: implementations are thread-safe.
@@ -9,6 +11,13 @@
 #include <cstdint>
 
 namespace ft {
+
+// Unix milliseconds now (the system clock: may jump; never for timeouts).
+inline int64_t WallNowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 
 class Clock {
  public:
@@ -24,11 +33,7 @@ class SystemClock : public Clock {
                std::chrono::steady_clock::now().time_since_epoch())
         .count();
   }
-  int64_t WallMs() const override {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(
-               std::chrono::system_clock::now().time_since_epoch())
-        .count();
-  }
+  int64_t WallMs() const override { return WallNowMs(); }
 };
 
 // Simulated time for tests: starts at the given values, moves only by Advance().
