@@ -88,10 +88,8 @@ Status CheckPathRoots(const JobSpec& spec, const std::vector<std::string>& roots
     }
     return false;
   };
-  const std::pair<const char*, std::string> fields[] = {
-      {"model.path", spec.model.path},     {"data.train", spec.data.train},
-      {"data.eval", spec.data.eval},       {"data.chat_template", spec.data.chat_template},
-      {"adapter.init", spec.adapter.init}, {"output.dir", spec.output.dir}};
+  auto fields = JobInputPaths(spec);
+  fields.emplace_back("output.dir", spec.output.dir);
   for (const auto& [field, path] : fields) {
     if (path.empty() || under(path)) continue;
     std::string list;

@@ -65,12 +65,7 @@ int Fail(const ft::Status& s, bool multi_rank = false) {
 // reason instead of being retried as an environment failure without end.
 ft::Status ExplainMissingInput(const ft::Status& s, const ft::JobSpec& spec) {
   if (s.code() != ft::Status::Code::kIOError) return s;
-  const std::pair<const char*, std::string> inputs[] = {{"data.train", spec.data.train},
-                                                        {"data.eval", spec.data.eval},
-                                                        {"model.path", spec.model.path},
-                                                        {"adapter.init", spec.adapter.init},
-                                                        {"data.chat_template", spec.data.chat_template}};
-  for (const auto& [key, path] : inputs) {
+  for (const auto& [key, path] : ft::JobInputPaths(spec)) {
     std::error_code ec;
     if (path.empty() || std::filesystem::exists(path, ec) || ec) continue;
     return ft::Status::NotFound(spec.file + ": " + key + ": '" + path + "' no longer exists (" +

@@ -267,13 +267,14 @@ StatusOr<TokenSequence> Dataset::ReadExample(std::istream& in, int64_t example) 
     if (!seq.labels.empty()) seq.labels.resize(options_.seq_len);
   }
   const int64_t n = static_cast<int64_t>(seq.ids.size());
-  if (n != l.tokens || (n >= 1 && TargetCount(seq, n) != l.targets)) {
+  const int32_t targets = n >= 1 ? TargetCount(seq, n) : 0;
+  if (n != l.tokens || (n >= 1 && targets != l.targets)) {
     // The data changed since Open, or the index lies: either way the next Open must re-index.
     std::error_code ec;
     if (options_.use_cache) fs::remove(options_.path + ".ftidx", ec);
     return Status::Corruption(options_.path + ": changed since it was indexed (the line at byte " +
                               std::to_string(l.offset) + " has " + std::to_string(n) + " tokens, " +
-                              std::to_string(n >= 1 ? TargetCount(seq, n) : 0) + " targets; the index says " +
+                              std::to_string(targets) + " targets; the index says " +
                               std::to_string(l.tokens) + ", " + std::to_string(l.targets) +
                               "); its index was removed: restart to re-index");
   }

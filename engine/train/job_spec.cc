@@ -298,6 +298,14 @@ StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& 
   return spec;
 }
 
+std::vector<std::pair<const char*, std::string>> JobInputPaths(const JobSpec& spec) {
+  return {{"model.path", spec.model.path},
+          {"data.train", spec.data.train},
+          {"data.eval", spec.data.eval},
+          {"data.chat_template", spec.data.chat_template},
+          {"adapter.init", spec.adapter.init}};
+}
+
 StatusOr<JobSpec> LoadJobSpec(const std::string& file) {
   FT_ASSIGN_OR_RETURN(std::string text, ReadFileToString(file));
   return ParseJobSpec(text, file);

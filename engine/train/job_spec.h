@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -116,6 +117,11 @@ constexpr size_t kMaxJobSpecBytes = size_t{1} << 20;
 StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& file);
 // Reads and parses a job file.
 StatusOr<JobSpec> LoadJobSpec(const std::string& file);
+
+// The files and directories a job reads, each with its job.yaml key:
+// model.path, data.train, data.eval, data.chat_template, adapter.init (a path
+// may be "" when the key is unset). output.dir, which it writes, is not among them.
+std::vector<std::pair<const char*, std::string>> JobInputPaths(const JobSpec& spec);
 
 // Job text with command-line overrides ("train.lr=1e-4", ftctl submit --set
 // and ft-train run --set; common/yaml_config.h's ApplyYamlOverrides).

@@ -113,15 +113,14 @@ StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec, const ModelConfig& mode
         ") must divide global_batch_size (" + std::to_string(t.global_batch_size) + ")");
   }
   plan.micro_batch = FixedMicroBatch(spec, plan.world);
+  const PlanRequest request = PlanRequestFromJob(spec, model, "cpu", plan.world);
   if (plan.micro_batch > 0) {
     // A fixed micro-batch is checked against the device too: refused here, not by bad_alloc later.
-    PlanRequest request = PlanRequestFromJob(spec, model, "cpu", plan.world);
     auto fits = CheckFixedMicroBatch(request, plan.micro_batch, device_bytes);
     const char* key = t.micro_batch_size > 0 ? ": train.micro_batch_size" : ": train.gradient_accumulation";
     if (!fits.ok()) return fits.status().WithContext(spec.file + key);
   } else {
     // micro_batch_size: auto: the planner picks the largest that fits the device.
-    PlanRequest request = PlanRequestFromJob(spec, model, "cpu", plan.world);
     auto choice = ChooseMicroBatch(request, device_bytes);
     if (!choice.ok()) return choice.status().WithContext(spec.file + ": train.micro_batch_size: auto");
     plan.micro_batch = choice->micro_batch;
