@@ -1,6 +1,5 @@
 #include "cli/embedded.h"
 
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,6 +10,8 @@
 #include <regex>
 #include <thread>
 #include <vector>
+
+#include "common/subprocess.h"
 
 namespace ft {
 
@@ -31,24 +32,15 @@ std::string FindSibling(const std::string& name, const std::string& build_rel) {
   return (self.parent_path().parent_path() / build_rel).string();
 }
 
-// Starts argv[0] with stdout+stderr appended to `log`. -1 when fork fails.
+// Starts args[0] with stdout+stderr appended to `log`, in a process group of
+// its own: a Ctrl-C at the terminal reaches only ftctl, which then stops the
+// worker first (so its trainer checkpoints) and ftd last. -1 (after saying
+// why) when it cannot be started.
 pid_t Start(const std::vector<std::string>& args, const std::string& log) {
-  const pid_t pid = fork();
-  if (pid != 0) return pid;
-  // Its own process group: a Ctrl-C at the terminal reaches only ftctl, which
-  // then stops the worker first (so its trainer checkpoints) and ftd last.
-  setpgid(0, 0);
-  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  if (fd >= 0) {
-    dup2(fd, STDOUT_FILENO);
-    dup2(fd, STDERR_FILENO);
-  }
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  execv(argv[0], argv.data());
-  std::fprintf(stderr, "cannot run %s\n", argv[0]);
-  _exit(127);
+  const StatusOr<pid_t> pid = SpawnChild(args, {.log = log, .new_process_group = true});
+  if (pid.ok()) return *pid;
+  std::fprintf(stderr, "ftctl up: %s\n", pid.status().message().c_str());
+  return -1;
 }
 
 std::string Slurp(const std::string& path, size_t from) {
@@ -105,6 +97,7 @@ int RunEmbedded(const EmbeddedOptions& o) {
   const size_t log_start = fs::exists(ftd_log) ? fs::file_size(ftd_log) : 0;
   const pid_t daemon =
       Start({ftd, "--listen", o.listen, "--http", o.http, "--data-dir", o.data_dir}, ftd_log);
+  if (daemon < 0) return 1;
   // ftd prints where it listens once it serves (the port may have been 0).
   const std::regex grpc_re("ftd: listening on ([^\\s]+)"), http_re("ftd: dashboard at ([^\\s]+)");
   std::string address, dashboard;
@@ -129,6 +122,10 @@ int RunEmbedded(const EmbeddedOptions& o) {
                                    ft_train, "--work-dir", (fs::path(o.data_dir) / "worker").string()};
   if (!o.cpu_memory.empty()) args.insert(args.end(), {"--cpu-memory", o.cpu_memory});
   const pid_t local = Start(args, (fs::path(o.data_dir) / "worker.log").string());
+  if (local < 0) {
+    Stop(daemon, kDaemonGrace);
+    return 1;
+  }
   std::printf(
       "ftune is up: ftd on %s, dashboard at %s, worker 'local' (state and logs in %s). "
       "Ctrl-C stops both.\n",

@@ -27,8 +27,8 @@
 #include "cli/client.h"
 #include "cli/embedded.h"
 #include "common/untrusted_text.h"
-#include "engine/train/job_spec.h"
-#include "engine/train/planner.h"
+#include "engine/job/job_spec.h"
+#include "engine/job/planner.h"
 #include "proto/names.h"
 
 namespace {

@@ -29,6 +29,8 @@
 // workers go through WorkerSink::Send, which must not block or call back.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -64,7 +66,25 @@ struct DaemonOptions {
   // While the store is sticky-failed (disk full, read-only): how often a tick
   // tries Store::Recover.
   int64_t store_retry_ms = 2'000;
+  // A hold of the daemon's lock longer than this is ftd's own stall (a slow
+  // store commit, a long tick): every lease is extended by the hold's length.
+  int64_t stall_credit_after_ms = 500;
 };
+
+// Failures ftd handles without failing a job: each is logged and counted
+// (Daemon::error_count; GET /metrics exports ftune_daemon_errors_total{what}).
+enum class DaemonError {
+  kLogWrite,   // a worker's log lines could not be appended to DATA_DIR/logs/<job>.log
+  kPlanInput,  // after a restart, a running job's spec or model did not load (no planning input)
+  kCount
+};
+struct DaemonErrorInfo {
+  DaemonError error;
+  const char* name;     // the `what` label in /metrics
+  const char* meaning;  // one line, for /metrics' HELP and the docs
+};
+// One entry per DaemonError, in enum order.
+const std::array<DaemonErrorInfo, static_cast<size_t>(DaemonError::kCount)>& DaemonErrorTable();
 
 // Where the daemon sends commands for one connected worker.
 class WorkerSink {
@@ -75,6 +95,12 @@ class WorkerSink {
   // the session telling the worker `reason` (the gRPC side finishes the stream
   // with ALREADY_EXISTS). Like Send, must not block or call back.
   virtual void Evict(const std::string& reason) { (void)reason; }
+
+  // When (the daemon's monotonic clock, Daemon::MonotonicMs) the transport
+  // handed ftd the message it is now processing, or 0. Set before the message
+  // waits for ftd's lock, so a message that arrived but waits behind a busy
+  // daemon keeps its worker's lease: that wait is ftd's, not the worker's.
+  std::atomic<int64_t> arrived_mono_ms{0};
 };
 
 class Daemon {
@@ -83,6 +109,8 @@ class Daemon {
   // OK when the state was loaded from the store; otherwise the daemon must not
   // serve (it would refuse every running attempt and never place a queued job).
   const Status& startup_status() const { return startup_; }
+  // The daemon's monotonic clock (leases are measured on it).
+  int64_t MonotonicMs() const { return clock_->MonotonicMs(); }
 
   // ---- client API (InvalidArgument/NotFound/FailedPrecondition map to gRPC codes)
   StatusOr<ftune::v1::SubmitReply> Submit(const ftune::v1::SubmitRequest& req);
@@ -130,7 +158,11 @@ class Daemon {
   // preemption or worker loss to its next attempt starting.
   const LatencyHistogram& checkpoint_seconds() const { return checkpoint_seconds_; }
   const LatencyHistogram& recovery_seconds() const { return recovery_seconds_; }
+  // The sum of ftd's own stalls credited to the leases (see DaemonOptions::stall_credit_after_ms).
+  int64_t stall_ms_total() const { return stall_credit_ms_.load(); }
   Store& store() { return *store_; }
+  // How often `e` happened since ftd started (see DaemonError).
+  int64_t error_count(DaemonError e) const { return errors_[static_cast<size_t>(e)].load(); }
 
   // The planner's predicted device bytes for the job's newest attempt's plan
   // (micro-batch and device kind of that attempt); 0 before any attempt.
@@ -144,6 +176,7 @@ class Daemon {
   struct Session {
     WorkerSink* sink = nullptr;  // nullptr while disconnected
     int64_t last_message_mono = 0;
+    int64_t credit_at_message = 0;  // stall_credit_ms_ then: ftd's stalls since are not the worker's
     bool alive = false;
     bool draining = false;
     int64_t slot_end_ms = 0;
@@ -166,9 +199,38 @@ class Daemon {
     std::vector<int> ended;            // by rank: -1 while it runs, else the outcome it reported
     int64_t first_end_mono = 0;        // when a rank first ended (0: none has)
     std::string first_reason;          // and why
+    int64_t first_end_credit = 0;      // stall_credit_ms_ then (ftd's stalls since are not the ranks')
+  };
+
+  // The daemon's lock, held. A hold longer than options_.stall_credit_after_ms
+  // is ftd's own stall (a slow store commit, a long tick): when it ends it is
+  // credited to every lease (CreditStall), so a worker whose messages waited
+  // meanwhile is not declared lost for it.
+  class Held {
+   public:
+    explicit Held(Daemon* d) : d_(d), lock_(d->mu_), since_mono_(d->clock_->MonotonicMs()) {}
+    ~Held() {
+      if (lock_.owns_lock()) d_->CreditStall(since_mono_);
+    }
+    Held(const Held&) = delete;
+    Held& operator=(const Held&) = delete;
+    void Unlock() {
+      d_->CreditStall(since_mono_);
+      lock_.unlock();
+    }
+
+   private:
+    Daemon* d_;
+    std::unique_lock<std::mutex> lock_;
+    int64_t since_mono_;
   };
 
   // REQUIRES: mu_ held (for all below).
+  // Ends a hold of mu_ that began at `since_mono`: a stall is added to
+  // stall_credit_ms_ and logged as ftd's.
+  void CreditStall(int64_t since_mono);
+  // A message (or registration) from the session's worker: its lease starts again.
+  void Heard(Session& s);
   // Running attempts and queued jobs from the store into the scheduler's
   // state (the constructor; again after the store recovered). Error: the
   // store could not be read.
@@ -187,6 +249,8 @@ class Daemon {
   void StopForSlotEnds();
   void ScheduleQueued();
   void StartOn(const JobRow& job, const Placement& p);
+  // Fails a job that can never run (its spec or model no longer loads), with `reason`.
+  void FailUnrunnable(const JobRow& job, const std::string& reason);
   // Keeps queued_ and the job's plan input in step with `job` as just stored.
   void TrackState(const JobRow& job);
   void EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcomeCode outcome,
@@ -210,8 +274,21 @@ class Daemon {
   void PublishStoredEvents(const std::string& job_id);
   void Publish(const std::string& job_id, const ftune::v1::JobUpdate& update);
   // Releases `lock` (on mu_) and delivers pending_updates_, in order across threads.
-  void ReleaseAndPublish(std::unique_lock<std::mutex>& lock);
+  void ReleaseAndPublish(Held& lock);
   StatusOr<ftune::v1::Job> ToProto(const JobRow& job);
+  // OnRegister's steps. AdoptSession: the session takes the registration's
+  // facts and the worker's row is stored (its error when the store refuses
+  // the row); an older session holding the id is evicted.
+  Status AdoptSession(const ftune::v1::Register& reg, WorkerSink* sink, Session& s);
+  // Reattaches the current attempts the worker reports and refuses
+  // superseded ones; returns the (job, rank) pairs reattached and adds their
+  // jobs to *reported.
+  std::set<std::pair<std::string, int>> ReattachReported(const ftune::v1::Register& reg, WorkerSink* sink,
+                                                         Session& s, std::set<std::string>* reported);
+  // Ends as lost every running attempt (rank) the store places on `worker_id`
+  // that the worker did not report and whose exit is not known.
+  void EndUnreported(const std::string& worker_id,
+                     const std::set<std::pair<std::string, int>>& reported_ranks);
   void OnHeartbeat(const std::string& worker_id, Session& s, const ftune::v1::Heartbeat& hb);
   // Empty when the reported devices' and host's memory are plausible (0 <= free
   // <= total <= 1 PiB, 0 <= used <= total); else what is wrong, naming the worker and field.
@@ -232,6 +309,7 @@ class Daemon {
   void EndLostAttempt(const std::string& job_id, int64_t epoch, const std::string& reason, int64_t step);
   // Reports an internal store failure loudly (the store is sticky-failed after one).
   void Check(const Status& s, const char* what);
+  void Count(DaemonError e) { errors_[static_cast<size_t>(e)].fetch_add(1); }
 
   std::unique_ptr<Store> store_;
   const Clock* clock_;
@@ -241,6 +319,7 @@ class Daemon {
   LatencyHistogram checkpoint_seconds_;
   LatencyHistogram recovery_seconds_;
   DaemonOptions options_;
+  std::array<std::atomic<int64_t>, static_cast<size_t>(DaemonError::kCount)> errors_{};
 
   std::mutex mu_;
   std::map<std::string, Session> sessions_;          // GUARDED_BY(mu_) worker id →
@@ -264,6 +343,8 @@ class Daemon {
   std::map<std::string, Gang> gangs_;             // GUARDED_BY(mu_) job id → its running multi-rank attempt
   int64_t store_retry_mono_ = 0;                  // GUARDED_BY(mu_) when Recover was last tried
   std::string last_store_error_;                  // GUARDED_BY(mu_) logged once, not per heartbeat
+  std::atomic<int64_t> stall_credit_ms_{0};       // written under mu_: ftd's stalls so far (CreditStall)
+  std::set<std::string> log_write_failing_;       // GUARDED_BY(mu_) jobs whose last log append failed
 
   // Group commit: concurrent submits are written in one transaction (one
   // fsync) by whichever is first in the queue (LevelDB's writer queue).

@@ -64,6 +64,7 @@ class SessionReactor : public grpc::ServerBidiReactor<pb::WorkerMessage, pb::Dae
       Close(grpc::Status::OK);
       return;
     }
+    arrived_mono_ms = daemon_->MonotonicMs();  // before it waits for the daemon's lock
     if (worker_id_.empty()) {
       if (in_.msg_case() != pb::WorkerMessage::kRegister) {
         Close(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the first message must be register"));

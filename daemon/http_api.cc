@@ -173,88 +173,104 @@ std::string CookieValue(const std::string& header, const std::string& name) {
 }  // namespace
 
 HttpApi::HttpApi(Daemon* daemon, HttpApiOptions options) : daemon_(daemon), options_(std::move(options)) {
-  auto bind = [this](HttpResponse (HttpApi::*fn)(const Params&)) {
-    return [this, fn](const Params& p) { return (this->*fn)(p); };
-  };
-  endpoints_ = {
-      {"GET", "/api/endpoints", "this table", false, Access::kView, {}, bind(&HttpApi::EndpointList)},
+  // In match order: the dashboard's catch-all "/{file}" comes last.
+  for (auto group : {&HttpApi::JobEndpoints, &HttpApi::ServiceEndpoints, &HttpApi::DashboardEndpoints}) {
+    for (Endpoint& e : (this->*group)()) endpoints_.push_back(std::move(e));
+  }
+}
+
+std::function<HttpResponse(const HttpApi::Params&)> HttpApi::Bind(
+    HttpResponse (HttpApi::*fn)(const Params&)) {
+  return [this, fn](const Params& p) { return (this->*fn)(p); };
+}
+
+// The endpoint table and the job API.
+std::vector<HttpApi::Endpoint> HttpApi::JobEndpoints() {
+  return {
+      {"GET", "/api/endpoints", "this table", false, Access::kView, {}, Bind(&HttpApi::EndpointList)},
       {"GET",
        "/api/jobs",
        "jobs, newest first, with counts per state; ?state=a,b&q=substring&limit=N",
        false,
        Access::kView,
        {"state", "q", "limit"},
-       bind(&HttpApi::ListJobs)},
+       Bind(&HttpApi::ListJobs)},
       {"GET",
        "/api/jobs/{id}",
        "one job: summary, attempts, plan, spec, predicted memory",
        false,
        Access::kView,
        {},
-       bind(&HttpApi::GetJob)},
+       Bind(&HttpApi::GetJob)},
       {"GET",
        "/api/jobs/{id}/metrics",
        "training metrics in step order; ?after_step=N&limit=N",
        false,
        Access::kView,
        {"after_step", "limit"},
-       bind(&HttpApi::JobMetrics)},
+       Bind(&HttpApi::JobMetrics)},
       {"GET",
        "/api/jobs/{id}/memory",
        "device memory samples and the planner's prediction; ?after_ms=N&limit=N",
        false,
        Access::kView,
        {"after_ms", "limit"},
-       bind(&HttpApi::JobMemory)},
+       Bind(&HttpApi::JobMemory)},
       {"GET",
        "/api/jobs/{id}/events",
        "the job's events; ?after_seq=N&limit=N",
        false,
        Access::kView,
        {"after_seq", "limit"},
-       bind(&HttpApi::JobEvents)},
+       Bind(&HttpApi::JobEvents)},
       {"GET",
        "/api/jobs/{id}/log",
        "the tail of the job's log (text); ?tail_bytes=N",
        false,
        Access::kView,
        {"tail_bytes"},
-       bind(&HttpApi::JobLog)},
+       Bind(&HttpApi::JobLog)},
       {"POST",
        "/api/jobs/{id}/cancel",
        "cancel the job (checkpoint and stop if running)",
        true,
        Access::kAction,
        {},
-       bind(&HttpApi::CancelJob)},
+       Bind(&HttpApi::CancelJob)},
+  };
+}
+
+// Workers, all events, the live stream, and what monitors read.
+std::vector<HttpApi::Endpoint> HttpApi::ServiceEndpoints() {
+  return {
       {"GET",
        "/api/workers",
        "workers with their devices",
        false,
        Access::kView,
        {},
-       bind(&HttpApi::ListWorkers)},
+       Bind(&HttpApi::ListWorkers)},
       {"GET",
        "/api/events",
        "events of every job (or ?job=ID); ?after_seq=N&limit=N",
        false,
        Access::kView,
        {"job", "after_seq", "limit"},
-       bind(&HttpApi::ListEvents)},
+       Bind(&HttpApi::ListEvents)},
       {"GET",
        "/api/stream",
        "server-sent events: job, event, metric, workers; ?job=ID&after_seq=N",
        false,
        Access::kView,
        {"job", "after_seq"},
-       bind(&HttpApi::Stream)},
+       Bind(&HttpApi::Stream)},
       {"GET",
        "/metrics",
        "Prometheus metrics (text format 0.0.4)",
        false,
        Access::kOpen,
        {},
-       bind(&HttpApi::Metrics)},
+       Bind(&HttpApi::Metrics)},
       {"GET",
        "/healthz",
        "200 while the process serves",
@@ -273,7 +289,13 @@ HttpApi::HttpApi(Daemon* daemon, HttpApiOptions options) : daemon_(daemon), opti
        false,
        Access::kOpen,
        {},
-       bind(&HttpApi::Ready)},
+       Bind(&HttpApi::Ready)},
+  };
+}
+
+// The dashboard's page and files.
+std::vector<HttpApi::Endpoint> HttpApi::DashboardEndpoints() {
+  return {
       {"GET",
        "/",
        "the dashboard",

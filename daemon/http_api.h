@@ -125,6 +125,12 @@ class HttpApi {
   HttpResponse Ready(const Params& p);
   HttpResponse EndpointList(const Params& p);
   HttpResponse StaticFile(const std::string& dir, const std::string& file);
+  // The route table's groups (the constructor joins them in match order).
+  std::vector<Endpoint> JobEndpoints();
+  std::vector<Endpoint> ServiceEndpoints();
+  std::vector<Endpoint> DashboardEndpoints();
+  // A handler calling member `fn` of this HttpApi.
+  std::function<HttpResponse(const Params&)> Bind(HttpResponse (HttpApi::*fn)(const Params&));
 
   // Refuses a request `e` may not take (cross-site action, missing token, a
   // query parameter it does not take); else sets *cookie_token to the

@@ -5,6 +5,7 @@
 // Thread safety: Record and the readers may run concurrently.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cmath>
@@ -36,15 +37,17 @@ class LatencyHistogram {
   int64_t bucket_count(int b) const { return counts_[b].load(); }
   // Upper edge of bucket b in seconds (the last bucket also holds everything above).
   static double UpperEdge(int b) { return std::pow(10.0, (b + 1) / 20.0) * 1e-6; }
-  // Upper edge of the bucket holding the q-quantile (0 < q <= 1), in seconds.
+  // The q-quantile (0 < q <= 1) in seconds: the upper edge of the bucket that
+  // holds it (within 12% above the true value), never above the largest value
+  // recorded (so p99 <= max), 0 before any record.
   double Quantile(double q) const {
     const int64_t n = total_.load();
     if (n == 0) return 0;
-    const int64_t rank = static_cast<int64_t>(std::ceil(q * static_cast<double>(n)));
+    const int64_t rank = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(q * static_cast<double>(n))));
     int64_t seen = 0;
     for (int b = 0; b < kBuckets; ++b) {
       seen += counts_[b].load();
-      if (seen >= rank) return std::pow(10.0, (b + 1) / 20.0) * 1e-6;
+      if (seen >= rank) return std::min(UpperEdge(b), max_seconds());
     }
     return max_seconds();
   }

@@ -101,6 +101,18 @@ StatusOr<std::string> RenderPrometheus(Daemon& daemon) {
   Family(&out, "ftune_device_memory_bytes", "gauge", "Device memory as the newest heartbeat reported it.");
   out += memory;
 
+  Family(&out, "ftune_daemon_errors_total", "counter",
+         "Failures ftd handled without failing a job (each also logged), by what failed.");
+  for (const DaemonErrorInfo& e : DaemonErrorTable()) {
+    out += "ftune_daemon_errors_total{what=\"" + std::string(e.name) + "\"} " +
+           std::to_string(daemon.error_count(e.error)) + "\n";
+  }
+
+  Family(&out, "ftune_daemon_stall_seconds_total", "counter",
+         "ftd's own stalls (its lock held too long), credited to every worker's lease.");
+  out +=
+      "ftune_daemon_stall_seconds_total " + Num(static_cast<double>(daemon.stall_ms_total()) / 1000.0) + "\n";
+
   out += PrometheusHistogram("ftune_checkpoint_duration_seconds", "Checkpoint write time, as committed.",
                              daemon.checkpoint_seconds(), 0.01, 1000);
   out += PrometheusHistogram("ftune_recovery_seconds",

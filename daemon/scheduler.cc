@@ -6,17 +6,70 @@ namespace ft {
 
 namespace {
 
-std::string DoesNotFit(int64_t needs, int64_t largest_free) {
-  return "waits: does not fit: needs " + FormatBytes(needs) +
-         " per device at micro-batch 1, the largest free is " + FormatBytes(largest_free);
+using Why = WaitReason::Why;
+
+// "" for any kind, else "cuda " or "cpu ".
+std::string KindWord(const std::optional<DeviceKind>& kind) {
+  return kind ? std::string(DeviceKindName(*kind)) + " " : "";
 }
 
-bool KindAllowed(const JobView& job, const std::string& kind) {
-  return job.device == "auto" || job.device == kind;
+// The text of each reason, by Why (FormatWaitReason).
+struct WaitText {
+  Why why;
+  std::string (*text)(const WaitReason& r);
+};
+constexpr WaitText kWaitTexts[] = {
+    {Why::kBackoff,
+     [](const WaitReason& r) {
+       return "waits: backing off after the last attempt (" + std::to_string(r.needs) + " s)";
+     }},
+    {Why::kDoesNotFit,
+     [](const WaitReason& r) {
+       return "waits: does not fit: needs " + FormatBytes(r.needs) +
+              " per device at micro-batch 1, the largest free is " + FormatBytes(r.offered);
+     }},
+    {Why::kNoLiveWorker, [](const WaitReason&) { return std::string("waits: no live worker"); }},
+    {Why::kEveryWorkerBusy, [](const WaitReason&) { return std::string("waits: every worker is busy"); }},
+    {Why::kSlotEndsSoon,
+     [](const WaitReason& r) {
+       return "waits: worker " + r.worker + "'s slot ends in less than " + std::to_string(r.needs) + " s";
+     }},
+    {Why::kNoWorkerHasDevices,
+     [](const WaitReason& r) {
+       return "waits: no worker has " + std::to_string(r.needs) + " " + KindWord(r.device) +
+              (r.needs > 1 ? "devices (one per rank)" : "device");
+     }},
+    {Why::kWorkerNoRendezvous,
+     [](const WaitReason& r) {
+       return "waits: worker " + r.worker + " reports no rendezvous ports for a multi-rank job";
+     }},
+    {Why::kHostMemory,
+     [](const WaitReason& r) {
+       return "waits: needs " + FormatBytes(r.needs) +
+              " of host memory for its memory techniques (cpu_offload, paged_adamw, activation offload); "
+              "worker " +
+              r.worker + " has " + FormatBytes(r.offered) + " to spare";
+     }},
+    {Why::kTooFewDevices,
+     [](const WaitReason& r) {
+       return "waits: needs " + std::to_string(r.needs) + " " + KindWord(r.device) +
+              "devices (one per rank); the idle workers offer " + std::to_string(r.offered);
+     }},
+    {Why::kNoRendezvousHost,
+     [](const WaitReason&) {
+       return std::string(
+           "waits: no idle worker reports rendezvous ports to host rank 0 of a multi-rank job");
+     }},
+};
+
+WaitReason DoesNotFit(int64_t needs, int64_t largest_free) {
+  return {Why::kDoesNotFit, "", needs, largest_free, std::nullopt};
 }
+
+bool KindAllowed(const JobView& job, DeviceKind kind) { return DeviceRequestAccepts(job.device, kind); }
 
 // The devices of `kind` on `w`, most free memory first.
-std::vector<const DeviceView*> DevicesOf(const WorkerView& w, const std::string& kind) {
+std::vector<const DeviceView*> DevicesOf(const WorkerView& w, DeviceKind kind) {
   std::vector<const DeviceView*> out;
   for (const DeviceView& d : w.devices)
     if (d.kind == kind) out.push_back(&d);
@@ -27,8 +80,21 @@ std::vector<const DeviceView*> DevicesOf(const WorkerView& w, const std::string&
 
 }  // namespace
 
-int64_t MinBytesPerDevice(const JobView& job, const std::string& kind) {
-  const int64_t cached = kind == "cuda" ? job.min_bytes_cuda : job.min_bytes_cpu;
+std::optional<DeviceView> DeviceViewOf(const DeviceRow& d) {
+  StatusOr<DeviceKind> kind = ParseDeviceKind(d.kind);
+  if (!kind.ok()) return std::nullopt;
+  return DeviceView{*kind, d.index, d.total_bytes, d.free_bytes};
+}
+
+std::string FormatWaitReason(const WaitReason& reason) {
+  for (const WaitText& t : kWaitTexts) {
+    if (t.why == reason.why) return t.text(reason);
+  }
+  return "";
+}
+
+int64_t MinBytesPerDevice(const JobView& job, DeviceKind kind) {
+  const int64_t cached = kind == DeviceKind::kCuda ? job.min_bytes_cuda : job.min_bytes_cpu;
   if (cached > 0) return cached;
   PlanRequest request = job.plan;
   request.device = kind;
@@ -39,28 +105,27 @@ int64_t MinBytesPerDevice(const JobView& job, const std::string& kind) {
 namespace {
 
 // Why `job` waits before any worker is tried (backoff, or more memory than
-// any available worker offers at micro-batch 1), or "" when it may be placed.
-std::string WaitsBeforePlacement(const JobView& job, const std::map<std::string, int64_t>& best_free,
-                                 int64_t now_wall_ms) {
+// any available worker offers at micro-batch 1), or kNone when it may be placed.
+WaitReason WaitsBeforePlacement(const JobView& job, const std::map<DeviceKind, int64_t>& best_free,
+                                int64_t now_wall_ms) {
   if (job.not_before_ms > now_wall_ms) {
-    return "waits: backing off after the last attempt (" +
-           std::to_string((job.not_before_ms - now_wall_ms + 999) / 1000) + " s)";
+    return {Why::kBackoff, "", (job.not_before_ms - now_wall_ms + 999) / 1000, 0, std::nullopt};
   }
-  if (best_free.empty()) return "";
+  if (best_free.empty()) return {};
   bool may_fit = false;
   int64_t needs = 0, offered = 0;
   for (const auto& [kind, free] : best_free) {
-    if ((job.device == "cpu" && kind != "cpu") || (job.device == "cuda" && kind != "cuda")) continue;
+    if (!KindAllowed(job, kind)) continue;
     needs = MinBytesPerDevice(job, kind);
     offered = std::max(offered, free);
     may_fit |= needs <= free;
   }
-  return !may_fit && offered > 0 ? DoesNotFit(needs, offered) : "";
+  return !may_fit && offered > 0 ? DoesNotFit(needs, offered) : WaitReason{};
 }
 
 // The batch plan for `job` on `kind` devices with `free` bytes each: the
 // user's fixed micro-batch when it fits, else the largest that fits.
-StatusOr<BatchPlanChoice> ChoosePlan(const JobView& job, const std::string& kind, int64_t free) {
+StatusOr<BatchPlanChoice> ChoosePlan(const JobView& job, DeviceKind kind, int64_t free) {
   PlanRequest request = job.plan;
   request.device = kind;
   request.world = job.gpus;
@@ -75,13 +140,14 @@ StatusOr<BatchPlanChoice> ChoosePlan(const JobView& job, const std::string& kind
 // device device_of[r]. Fits the plan to the least free memory among them and
 // checks each worker's host memory for its ranks' technique buffers. The
 // placement, or why it waits in *why.
-bool FitGang(const JobView& job, const std::vector<WorkerView>& workers, const std::string& kind,
+bool FitGang(const JobView& job, const std::vector<WorkerView>& workers, DeviceKind kind,
              const std::vector<size_t>& worker_of, const std::vector<const DeviceView*>& device_of,
-             Placement* placement, std::string* why) {
+             Placement* placement, WaitReason* why) {
   int64_t free = device_of.front()->free_bytes;
   for (const DeviceView* d : device_of) free = std::min(free, d->free_bytes);
   StatusOr<BatchPlanChoice> choice = ChoosePlan(job, kind, free);
-  if (choice.ok() && kind == "cpu" && choice->memory.total() + choice->memory.host_total() > free) {
+  const bool on_cpu = kind == DeviceKind::kCpu;
+  if (choice.ok() && on_cpu && choice->memory.total() + choice->memory.host_total() > free) {
     // The host buffers share the CPU device's memory: a plan that leaves them room.
     choice = ChoosePlan(job, kind, free - choice->memory.host_total());
   }
@@ -100,12 +166,9 @@ bool FitGang(const JobView& job, const std::vector<WorkerView>& workers, const s
     for (const auto& [index, ranks] : ranks_on) {
       const WorkerView& w = workers[index];
       const int64_t host = per_rank * ranks;
-      const int64_t offered = kind == "cpu" ? (free - choice->memory.total()) * ranks : w.host_free_bytes;
-      if ((kind == "cpu" || w.host_free_bytes > 0) && host > offered) {
-        *why = "waits: needs " + FormatBytes(host) +
-               " of host memory for its memory techniques (cpu_offload, paged_adamw, activation offload); "
-               "worker " +
-               w.id + " has " + FormatBytes(std::max<int64_t>(offered, 0)) + " to spare";
+      const int64_t offered = on_cpu ? (free - choice->memory.total()) * ranks : w.host_free_bytes;
+      if ((on_cpu || w.host_free_bytes > 0) && host > offered) {
+        *why = {Why::kHostMemory, w.id, host, std::max<int64_t>(offered, 0), std::nullopt};
         return false;
       }
     }
@@ -121,36 +184,32 @@ bool FitGang(const JobView& job, const std::vector<WorkerView>& workers, const s
 // workers' indices (rank 0's first), or none with why it waits in *why.
 std::vector<size_t> PlaceOn(const JobView& job, const std::vector<WorkerView>& workers,
                             const std::vector<bool>& taken, int64_t now_wall_ms,
-                            const SchedulerOptions& options, Placement* placement, std::string* why) {
-  *why = "waits: no live worker";
+                            const SchedulerOptions& options, Placement* placement, WaitReason* why) {
+  *why = {Why::kNoLiveWorker};
   std::vector<size_t> idle;  // usable workers, in order
   for (size_t i = 0; i < workers.size(); ++i) {
     const WorkerView& w = workers[i];
     if (!w.alive || taken[i] || w.busy || w.draining) {
-      if (w.alive && *why == "waits: no live worker") *why = "waits: every worker is busy";
+      if (w.alive && why->why == Why::kNoLiveWorker) *why = {Why::kEveryWorkerBusy};
       continue;
     }
     if (w.slot_end_ms > 0 && w.slot_end_ms - now_wall_ms < options.min_slot_ms) {
-      *why = "waits: worker " + w.id + "'s slot ends in less than " +
-             std::to_string(options.min_slot_ms / 1000) + " s";
+      *why = {Why::kSlotEndsSoon, w.id, options.min_slot_ms / 1000, 0, std::nullopt};
       continue;
     }
     idle.push_back(i);
   }
   if (idle.empty()) return {};
   const bool gang = job.gpus > 1;
-  const std::string devices = std::to_string(job.gpus) + " " +
-                              (job.device == "auto" ? "" : job.device + " ") +
-                              (gang ? "devices (one per rank)" : "device");
-  *why = "waits: no worker has " + devices;
+  *why = {Why::kNoWorkerHasDevices, "", job.gpus, 0, RequiredDeviceKind(job.device)};
   // One worker with every device the job needs.
   for (size_t i : idle) {
-    for (const std::string kind : {"cuda", "cpu"}) {
+    for (const DeviceKind kind : {DeviceKind::kCuda, DeviceKind::kCpu}) {
       if (!KindAllowed(job, kind)) continue;
       std::vector<const DeviceView*> mine = DevicesOf(workers[i], kind);
       if (mine.size() < static_cast<size_t>(job.gpus)) continue;
       if (gang && !workers[i].serves_rendezvous) {
-        *why = "waits: worker " + workers[i].id + " reports no rendezvous ports for a multi-rank job";
+        *why = {Why::kWorkerNoRendezvous, workers[i].id};
         continue;
       }
       mine.resize(static_cast<size_t>(job.gpus));
@@ -160,7 +219,7 @@ std::vector<size_t> PlaceOn(const JobView& job, const std::vector<WorkerView>& w
   }
   if (!gang) return {};
   // Across workers: those with the most free devices first, rank 0 on one that serves the rendezvous.
-  for (const std::string kind : {"cuda", "cpu"}) {
+  for (const DeviceKind kind : {DeviceKind::kCuda, DeviceKind::kCpu}) {
     if (!KindAllowed(job, kind)) continue;
     std::vector<std::pair<size_t, std::vector<const DeviceView*>>> offers;
     int64_t offered = 0;
@@ -171,9 +230,8 @@ std::vector<size_t> PlaceOn(const JobView& job, const std::vector<WorkerView>& w
       offers.emplace_back(i, std::move(mine));
     }
     if (offered < job.gpus) {
-      if (offered > 0 || job.device == kind) {
-        *why = "waits: needs " + std::to_string(job.gpus) + " " + kind +
-               " devices (one per rank); the idle workers offer " + std::to_string(offered);
+      if (offered > 0 || RequiredDeviceKind(job.device) == kind) {
+        *why = {Why::kTooFewDevices, "", job.gpus, offered, kind};
       }
       continue;
     }
@@ -184,7 +242,7 @@ std::vector<size_t> PlaceOn(const JobView& job, const std::vector<WorkerView>& w
       return a.second.size() > b.second.size();
     });
     if (!workers[offers.front().first].serves_rendezvous) {
-      *why = "waits: no idle worker reports rendezvous ports to host rank 0 of a multi-rank job";
+      *why = {Why::kNoRendezvousHost};
       continue;
     }
     std::vector<size_t> worker_of, chosen;
@@ -216,21 +274,21 @@ ScheduleResult Schedule(const std::vector<const JobView*>& queued, const std::ve
   std::vector<bool> taken(workers.size(), false);
   // The most free memory any available worker offers per device kind: a job
   // that needs more at micro-batch 1 waits without a walk over the workers.
-  std::map<std::string, int64_t> best_free;
+  std::map<DeviceKind, int64_t> best_free;
   for (const WorkerView& w : workers) {
     if (!w.alive || w.busy || w.draining) continue;
     for (const DeviceView& d : w.devices) best_free[d.kind] = std::max(best_free[d.kind], d.free_bytes);
   }
   for (const JobView* job : jobs) {
-    if (std::string why = WaitsBeforePlacement(*job, best_free, now_wall_ms); !why.empty()) {
-      result.waiting[job->id] = why;
+    if (WaitReason why = WaitsBeforePlacement(*job, best_free, now_wall_ms); why.why != Why::kNone) {
+      result.waiting[job->id] = FormatWaitReason(why);
       continue;
     }
     Placement placement;
-    std::string why;
+    WaitReason why;
     const std::vector<size_t> at = PlaceOn(*job, workers, taken, now_wall_ms, options, &placement, &why);
     if (at.empty()) {
-      result.waiting[job->id] = why;
+      result.waiting[job->id] = FormatWaitReason(why);
       continue;
     }
     result.placements.push_back(std::move(placement));

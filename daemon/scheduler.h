@@ -11,25 +11,31 @@
 // a gang: its N ranks go to N devices of one worker when one has them, else
 // across several idle workers (rank 0 on one that can serve the rendezvous;
 // every device of the gang must fit the plan) — placed whole or not at all.
-// A job that is not placed gets a reason ("waits: ...") for the user.
+// A job that is not placed gets a reason (WaitReason, shown as "waits: ...").
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "common/device_kind.h"
 #include "daemon/store.h"
-#include "engine/train/planner.h"
+#include "engine/job/planner.h"
 
 namespace ft {
 
 struct DeviceView {
-  std::string kind;  // cuda | cpu
-  int index = 0;     // the worker's device index
+  DeviceKind kind = DeviceKind::kCpu;
+  int index = 0;  // the worker's device index
   int64_t total_bytes = 0;
   int64_t free_bytes = 0;
 };
+
+// The scheduler's view of a device a worker reported (its kind as on the
+// wire); nullopt for a kind this ftd does not know, which no job is placed on.
+std::optional<DeviceView> DeviceViewOf(const DeviceRow& d);
 
 struct WorkerView {
   std::string id;
@@ -48,7 +54,7 @@ struct JobView {
   int64_t created_ms = 0;
   int64_t not_before_ms = 0;  // backoff after a preemption or failure
   int64_t gpus = 1;
-  std::string device = "auto";    // auto | cuda | cpu
+  DeviceRequest device = DeviceRequest::kAuto;
   int64_t fixed_micro_batch = 0;  // the job's own micro_batch_size (0 = auto: the planner picks)
   PlanRequest plan;               // model shape and job settings for the planner
   // The least memory the job needs per device of each kind (its smallest
@@ -58,22 +64,51 @@ struct JobView {
   int64_t min_bytes_cuda = 0;
 };
 
-// The least memory `job` needs per device of `kind` ("cpu" | "cuda"): the
-// planner's prediction at its fixed micro-batch, or at micro-batch 1.
-int64_t MinBytesPerDevice(const JobView& job, const std::string& kind);
+// The least memory `job` needs per device of `kind`: the planner's
+// prediction at its fixed micro-batch, or at micro-batch 1.
+int64_t MinBytesPerDevice(const JobView& job, DeviceKind kind);
 
 struct Placement {
   std::string job_id;
   std::string worker_id;  // rank 0's
   BatchPlanChoice plan;
-  std::string device_kind;
+  DeviceKind device_kind = DeviceKind::kCpu;
   // Where every rank runs, by rank (one entry for a one-rank job).
   std::vector<RankSlot> ranks;
 };
 
+// Why a queued job is not placed in a pass: the state the pass keeps while
+// it tries workers (a later reason replaces an earlier one), shown to the
+// user through FormatWaitReason.
+struct WaitReason {
+  enum class Why {
+    kNone,                // placed, or not yet tried
+    kBackoff,             // needs = seconds left
+    kDoesNotFit,          // needs = bytes per device at micro-batch 1, offered = the largest free
+    kNoLiveWorker,        //
+    kEveryWorkerBusy,     //
+    kSlotEndsSoon,        // worker; needs = the least slot (seconds)
+    kNoWorkerHasDevices,  // needs = devices; device = the kind asked for (none: any)
+    kWorkerNoRendezvous,  // worker (a multi-rank job on one worker)
+    kHostMemory,          // worker; needs = host bytes, offered = bytes to spare
+    kTooFewDevices,       // needs = devices, offered = devices the idle workers have; device
+    kNoRendezvousHost,    // no idle worker can host rank 0
+  };
+  Why why = Why::kNone;
+  std::string worker;
+  int64_t needs = 0;
+  int64_t offered = 0;
+  std::optional<DeviceKind> device;
+};
+
+// The user's text: "waits: every worker is busy", "waits: does not fit:
+// needs 2.00 GiB per device at micro-batch 1, the largest free is ..."; ""
+// for kNone.
+std::string FormatWaitReason(const WaitReason& reason);
+
 struct ScheduleResult {
   std::vector<Placement> placements;
-  std::map<std::string, std::string> waiting;  // job id -> why it waits
+  std::map<std::string, std::string> waiting;  // job id -> FormatWaitReason of why it waits
 };
 
 struct SchedulerOptions {

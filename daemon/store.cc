@@ -582,6 +582,7 @@ Status Store::Write(const std::string& op, Body&& body, Durability durability) {
   // later with SQLITE_BUSY when another connection wrote in between.
   if (s.ok()) s = Exec("BEGIN IMMEDIATE", op);
   if (s.ok()) s = body();
+  if (s.ok() && commit_hook_) commit_hook_();
   if (s.ok()) s = Exec("COMMIT", op);
   if (!s.ok()) {
     // SQLite may already have rolled back (e.g. after an I/O error).
@@ -1156,6 +1157,11 @@ StatusOr<StoreTotals> Store::Totals() {
 Status Store::sticky_error() {
   std::lock_guard<std::mutex> lock(mu_);
   return sticky_;
+}
+
+void Store::SetCommitHookForTest(std::function<void()> hook) {
+  std::lock_guard<std::mutex> lock(mu_);
+  commit_hook_ = std::move(hook);
 }
 
 Status Store::ProbeWrite() {

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -322,6 +323,9 @@ class Store {
   // The connection's PRAGMA synchronous (2 = FULL, what every synced write
   // relies on); for health checks and tests.
   StatusOr<int> SynchronousLevel();
+  // Tests only: `hook` runs inside every later write transaction, just before
+  // its COMMIT (e.g. to stall a commit); an empty function removes it.
+  void SetCommitHookForTest(std::function<void()> hook);
 
  private:
   using Query = store_internal::Query;
@@ -367,6 +371,7 @@ class Store {
   sqlite3* db_ = nullptr;                                 // GUARDED_BY(mu_)
   std::unordered_map<std::string, sqlite3_stmt*> stmts_;  // GUARDED_BY(mu_); by SQL text
   Status sticky_;                                         // GUARDED_BY(mu_)
+  std::function<void()> commit_hook_;                     // GUARDED_BY(mu_) SetCommitHookForTest
 };
 
 }  // namespace ft

@@ -33,6 +33,8 @@ packages=(
   chromium
   # tests/deploy: `systemd-analyze verify` on deploy/systemd's units; the k8s manifests parsed by PyYAML
   systemd python3-yaml
+  # tests/slurm: a one-node Slurm cluster on loopback runs deploy/slurm/ftune-worker.sbatch
+  slurmctld slurmd slurm-client munge
 )
 
 for arg in "$@"; do
@@ -46,7 +48,7 @@ done
 if [ -n "${build_only:-}" ]; then
   kept=()
   for p in "${packages[@]}"; do
-    case "$p" in chromium | prometheus | systemd | python3-yaml | clang | libclang-rt-14-dev) ;; *) kept+=("$p") ;; esac
+    case "$p" in chromium | prometheus | systemd | python3-yaml | clang | libclang-rt-14-dev | slurm* | munge) ;; *) kept+=("$p") ;; esac
   done
   packages=("${kept[@]}")
 fi

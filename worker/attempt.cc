@@ -13,13 +13,13 @@
 #include "common/clock.h"
 #include "common/file_util.h"
 #include "common/logging.h"
-#include "engine/train/exit_codes.h"
+#include "engine/job/exit_codes.h"
 
 namespace ft::worker {
 
 namespace {
 
-// How each of ft-train's exit codes (engine/train/exit_codes.h) ends an
+// How each of ft-train's exit codes (engine/job/exit_codes.h) ends an
 // attempt, and where its reason comes from; any other code is FAILED with the
 // trainer's last error.
 struct ExitMeaning {

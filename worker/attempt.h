@@ -50,8 +50,8 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/job/metrics_line.h"
 #include "worker/child_process.h"
-#include "worker/metrics_line.h"
 #include "worker/metrics_tail.h"
 
 namespace ft::worker {

@@ -74,7 +74,7 @@ StatusOr<std::vector<Device>> CudaDevices() {
   if (infos.ok()) {
     for (const ft::cuda::DeviceInfo& d : *infos) {
       const auto total = static_cast<int64_t>(d.total_bytes), free = static_cast<int64_t>(d.free_bytes);
-      out.push_back({d.index, "cuda", d.name, total, free, total - free});
+      out.push_back({d.index, DeviceKind::kCuda, d.name, total, free, total - free});
       if (cudaSetDevice(d.index) == cudaSuccess) cudaDeviceReset();
     }
   }
@@ -90,7 +90,7 @@ StatusOr<Device> CpuDevice(const DeviceOptions& options, int64_t trainers_reside
   const int64_t n = std::max(1, options.cpu_devices);
   Device d;
   d.index = index;
-  d.kind = "cpu";
+  d.kind = DeviceKind::kCpu;
   d.name = CpuModelName();
   if (options.cpu_memory_bytes > 0) {
     d.total_bytes = options.cpu_memory_bytes;
@@ -132,7 +132,7 @@ Status DeviceMonitor::Init() {
 
 const std::vector<Device>& DeviceMonitor::Current(const std::vector<pid_t>& trainers) {
   const bool busy = !trainers.empty();
-  const bool cpu = !devices_.empty() && devices_[0].kind == "cpu";
+  const bool cpu = !devices_.empty() && devices_[0].kind == DeviceKind::kCpu;
   if (cpu) {
     int64_t resident = 0;
     if (options_.cpu_memory_bytes > 0 && busy) {

@@ -25,13 +25,14 @@
 #include <string>
 #include <vector>
 
+#include "common/device_kind.h"
 #include "common/status.h"
 
 namespace ft::worker {
 
 struct Device {
   int index = 0;
-  std::string kind;  // "cuda" | "cpu"
+  DeviceKind kind = DeviceKind::kCpu;  // DeviceKindName on the wire
   std::string name;
   int64_t total_bytes = 0;
   int64_t free_bytes = 0;

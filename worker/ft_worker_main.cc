@@ -37,7 +37,7 @@
 
 #include "common/clock.h"
 #include "common/logging.h"
-#include "engine/train/planner.h"
+#include "engine/job/planner.h"
 #include "proto/credentials.h"
 #include "worker/notices.h"
 #include "worker/session.h"

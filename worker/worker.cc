@@ -10,7 +10,7 @@
 #include "common/clock.h"
 #include "common/file_util.h"
 #include "common/logging.h"
-#include "engine/train/job_spec.h"
+#include "engine/job/job_spec.h"
 #include "worker/slot_end.h"
 
 namespace ft::worker {
@@ -39,7 +39,7 @@ void AddDevices(const std::vector<Device>& devices, google::protobuf::RepeatedPt
   for (const Device& d : devices) {
     pb::Device* p = out->Add();
     p->set_index(d.index);
-    p->set_kind(d.kind);
+    p->set_kind(DeviceKindName(d.kind));
     p->set_name(d.name);
     p->set_total_bytes(d.total_bytes);
     p->set_free_bytes(d.free_bytes);
@@ -76,7 +76,7 @@ Status Worker::Init() {
   std::lock_guard<std::mutex> lock(devices_mu_);
   FT_RETURN_IF_ERROR(devices_.Init());
   for (const Device& d : devices_.Current({})) {
-    FT_LOG(INFO) << "device " << d.kind << ":" << d.index << " " << d.name << ", "
+    FT_LOG(INFO) << "device " << DeviceKindName(d.kind) << ":" << d.index << " " << d.name << ", "
                  << d.total_bytes / (1 << 20) << " MiB total, " << d.free_bytes / (1 << 20) << " MiB free";
   }
   return Status::OK();
@@ -253,7 +253,6 @@ StatusOr<AttemptSpec> Worker::PrepareAttempt(const pb::StartAttempt& s) {
   spec.ft_train = options_.ft_train;
   spec.job_file =
       (fs::path(options_.work_dir) / (AttemptFileStem(s.job_id(), s.epoch(), s.rank()) + ".yaml")).string();
-  spec.output_dir = s.output_dir();
   spec.resume_checkpoint = s.resume_checkpoint();
   spec.allowed_roots.assign(s.allowed_roots().begin(), s.allowed_roots().end());
   spec.stop_grace_s = options_.stop_grace_s;
@@ -273,12 +272,10 @@ StatusOr<AttemptSpec> Worker::PrepareAttempt(const pb::StartAttempt& s) {
     spec.env = RankEnvironment(s.device_index());
   }
   FT_RETURN_IF_ERROR(WriteFileDurably(spec.job_file, s.spec_yaml()));
-  if (spec.output_dir.empty() || spec.total_steps <= 0) {
-    // Older daemons: read them from the spec itself.
-    FT_ASSIGN_OR_RETURN(JobSpec job, ParseJobSpec(s.spec_yaml(), spec.job_file));
-    if (spec.output_dir.empty()) spec.output_dir = job.output.dir;
-    if (spec.total_steps <= 0) spec.total_steps = job.train.max_steps;
-  }
+  // output.dir travels once, in the job's YAML (ftd resolved it to an absolute path).
+  FT_ASSIGN_OR_RETURN(JobSpec job, ParseJobSpec(s.spec_yaml(), spec.job_file));
+  spec.output_dir = job.output.dir;
+  if (spec.total_steps <= 0) spec.total_steps = job.train.max_steps;  // older daemons: the spec's own
   return spec;
 }
 
@@ -286,7 +283,7 @@ std::vector<std::string> Worker::RankEnvironment(int device_index) {
   const std::vector<pid_t> trainers = TrainerPids(Running());  // while any runs, GPUs are not re-queried
   std::lock_guard<std::mutex> lock(devices_mu_);
   const std::vector<Device>& devices = devices_.Current(trainers);
-  if (!devices.empty() && devices[0].kind == "cuda") {
+  if (!devices.empty() && devices[0].kind == DeviceKind::kCuda) {
     // Device indices count the GPUs this worker sees: under its own CUDA_VISIBLE_DEVICES, that list's entry.
     std::string visible = std::to_string(device_index);
     if (const char* mine = std::getenv("CUDA_VISIBLE_DEVICES"); mine != nullptr && *mine != '\0') {

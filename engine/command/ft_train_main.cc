@@ -35,6 +35,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 
 #include "common/confined_path.h"
 #include "common/file_util.h"
@@ -42,9 +43,9 @@
 #include "engine/command/generate_command.h"
 #include "engine/command/tokenize_command.h"
 #include "engine/io/hf_model.h"
+#include "engine/job/job_spec.h"
+#include "engine/job/planner.h"
 #include "engine/model/memory.h"
-#include "engine/train/job_spec.h"
-#include "engine/train/planner.h"
 #include "engine/train/trainer.h"
 
 namespace {
@@ -169,7 +170,9 @@ int Plan(const std::string& job_file, const std::vector<std::string>& overrides,
     if (!parsed.ok()) return Fail(parsed.status().WithContext("--device-memory"));
     bytes = *parsed;
   }
-  ft::PlanRequest request = ft::PlanRequestFromJob(*spec, *config, device, world);
+  auto kind = ft::ParseDeviceKind(device);
+  if (!kind.ok()) return Fail(kind.status().WithContext("--device"));
+  ft::PlanRequest request = ft::PlanRequestFromJob(*spec, *config, *kind, world);
   if (spec->train.micro_batch_size > 0) {
     // A fixed micro-batch: report its memory and whether it fits.
     ft::BatchPlanChoice fixed{spec->train.micro_batch_size,
@@ -190,7 +193,7 @@ int Plan(const std::string& job_file, const std::vector<std::string>& overrides,
 }
 
 int MakeModel(const std::string& preset, const std::string& config_file, const std::string& out,
-              const std::string& dtype, uint64_t seed, int64_t vocab) {
+              ft::DType dtype, uint64_t seed, int64_t vocab) {
   // A preset, or a real architecture's config.json (or the directory holding one); random weights.
   std::string what = preset;
   auto read = [&]() -> ft::StatusOr<ft::ModelConfig> {
@@ -205,10 +208,76 @@ int MakeModel(const std::string& preset, const std::string& config_file, const s
   if (vocab > 0) config->vocab_size = vocab;
   ft::Model model(*config, {});
   ft::RandomInitModel(&model, seed);
-  ft::Status s = ft::SaveHfModel(out, model, dtype == "bf16" ? ft::DType::kBF16 : ft::DType::kF32);
+  ft::Status s = ft::SaveHfModel(out, model, dtype);
   if (!s.ok()) return Fail(s);
   std::fprintf(stderr, "ft-train: wrote %s model to %s\n", what.c_str(), out.c_str());
   return 0;
+}
+
+// ft-train run's options into *flags.
+CLI::App* AddRunCommand(CLI::App& app, RunFlags* flags) {
+  CLI::App* run =
+      app.add_subcommand("run", "train a job.yaml locally (resuming from its newest valid checkpoint)");
+  run->add_option("job", flags->job_file, "job.yaml")->required();
+  run->add_option("--set", flags->overrides,
+                  "override a job.yaml key, e.g. --set train.lr=1e-4 --set data.seq_len=1024 (repeatable)");
+  run->add_option("--resume", flags->resume_dir,
+                  "resume from this checkpoint directory instead of the newest");
+  run->add_option("--control-fd", flags->control_fd,
+                  "read JSON-line control commands from this file descriptor");
+  run->add_option("--stop-grace", flags->stop_grace,
+                  "seconds a stop signal allows to finish the current step");
+  run->add_option("--job-id", flags->job_id, "the job this run is an attempt of (with --epoch)");
+  run->add_option("--epoch", flags->epoch,
+                  "the attempt's fencing epoch: claim output.dir, stop when a newer epoch owns it")
+      ->check(CLI::PositiveNumber);
+  run->add_option("--world", flags->world, "ranks of a multi-rank (DDP) job: one ft-train per rank")
+      ->check(CLI::Range(1, 65536));
+  run->add_option("--rank", flags->rank, "this process's rank, 0 .. world-1 (rank 0 writes the outputs)")
+      ->check(CLI::NonNegativeNumber);
+  run->add_option("--rendezvous", flags->rendezvous,
+                  "HOST:PORT where rank 0 serves the rendezvous store (every rank gives the same)");
+  run->add_option("--dist-host", flags->dist_host,
+                  "the address the other ranks reach this rank at (default: the host name's)");
+  run->add_option("--dist-backend", flags->dist_backend,
+                  "collectives over gloo (TCP, any device; default) or nccl (CUDA ranks, one GPU each)")
+      ->check(CLI::IsMember({"gloo", "nccl"}));
+  run->add_option("--dist-timeout", flags->dist_timeout,
+                  "seconds to wait for the other ranks (rendezvous and each collective)")
+      ->check(CLI::PositiveNumber);
+  run->add_option("--allowed-root", flags->allowed_roots,
+                  "confine every file the run opens or writes to these directories, checked when each is "
+                  "opened (repeatable; ft-worker passes ftd's --allowed-root)");
+  return run;
+}
+
+// ft-train generate's options into *gen.
+CLI::App* AddGenerateCommand(CLI::App& app, ft::GenerateFlags* gen) {
+  CLI::App* generate = app.add_subcommand("generate", "generate text with a model and an adapter (streamed)");
+  generate->add_option("--model", gen->model.model_dir, "base (or merged) HF model directory")->required();
+  generate->add_option("--adapter", gen->model.adapter_dir,
+                       "PEFT adapter directory (e.g. OUTPUT_DIR/adapter)");
+  generate->add_option("--prompt", gen->prompt, "the prompt (default: --prompt-file, else stdin)")
+      ->each([gen](const std::string&) { gen->has_prompt = true; });
+  generate->add_option("--prompt-file", gen->prompt_file, "a file holding the prompt");
+  generate->add_flag("--chat", gen->prompt_options.chat,
+                     "render the prompt as a user message with the chat template");
+  generate->add_option("--system", gen->prompt_options.system, "with --chat: a system message");
+  generate->add_option("--chat-var", gen->chat_vars,
+                       "with --chat: a template variable, KEY=VALUE (repeatable)");
+  generate->add_option("--max-new-tokens", gen->generate.max_new_tokens, "tokens to generate at most")
+      ->check(CLI::PositiveNumber);
+  generate->add_option("--temperature", gen->generate.sampling.temperature, "0 = greedy (default)");
+  generate->add_option("--top-k", gen->generate.sampling.top_k, "sample among the k likeliest (0 = all)");
+  generate->add_option("--top-p", gen->generate.sampling.top_p, "nucleus sampling threshold (1 = off)");
+  generate->add_option("--seed", gen->generate.sampling.seed, "sampling seed (same seed, same text)");
+  generate->add_option("--stop", gen->generate.stop, "stop when the text contains this (repeatable)");
+  generate->add_option("--device", gen->model.device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  generate->add_option("--dtype", gen->model.dtype, "fp32 | bf16 | fp16")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  generate->add_flag("--nf4", gen->model.nf4, "hold the base weights in NF4 (as QLoRA trained on them)");
+  generate->add_flag("--json", gen->json, "print one JSON object at the end instead of streaming");
+  return generate;
 }
 
 }  // namespace
@@ -221,39 +290,8 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "debug | info | warn | error");
   app.add_flag("--log-json", log_json, "log one JSON object per line");
 
-  auto* run =
-      app.add_subcommand("run", "train a job.yaml locally (resuming from its newest valid checkpoint)");
   RunFlags flags;
-  run->add_option("job", flags.job_file, "job.yaml")->required();
-  run->add_option("--set", flags.overrides,
-                  "override a job.yaml key, e.g. --set train.lr=1e-4 --set data.seq_len=1024 (repeatable)");
-  run->add_option("--resume", flags.resume_dir,
-                  "resume from this checkpoint directory instead of the newest");
-  run->add_option("--control-fd", flags.control_fd,
-                  "read JSON-line control commands from this file descriptor");
-  run->add_option("--stop-grace", flags.stop_grace,
-                  "seconds a stop signal allows to finish the current step");
-  run->add_option("--job-id", flags.job_id, "the job this run is an attempt of (with --epoch)");
-  run->add_option("--epoch", flags.epoch,
-                  "the attempt's fencing epoch: claim output.dir, stop when a newer epoch owns it")
-      ->check(CLI::PositiveNumber);
-  run->add_option("--world", flags.world, "ranks of a multi-rank (DDP) job: one ft-train per rank")
-      ->check(CLI::Range(1, 65536));
-  run->add_option("--rank", flags.rank, "this process's rank, 0 .. world-1 (rank 0 writes the outputs)")
-      ->check(CLI::NonNegativeNumber);
-  run->add_option("--rendezvous", flags.rendezvous,
-                  "HOST:PORT where rank 0 serves the rendezvous store (every rank gives the same)");
-  run->add_option("--dist-host", flags.dist_host,
-                  "the address the other ranks reach this rank at (default: the host name's)");
-  run->add_option("--dist-backend", flags.dist_backend,
-                  "collectives over gloo (TCP, any device; default) or nccl (CUDA ranks, one GPU each)")
-      ->check(CLI::IsMember({"gloo", "nccl"}));
-  run->add_option("--dist-timeout", flags.dist_timeout,
-                  "seconds to wait for the other ranks (rendezvous and each collective)")
-      ->check(CLI::PositiveNumber);
-  run->add_option("--allowed-root", flags.allowed_roots,
-                  "confine every file the run opens or writes to these directories, checked when each is "
-                  "opened (repeatable; ft-worker passes ftd's --allowed-root)");
+  CLI::App* run = AddRunCommand(app, &flags);
 
   auto* plan = app.add_subcommand("plan", "print the memory breakdown and batch plan of a job");
   std::string plan_job, device_memory, plan_device = "cpu";
@@ -267,7 +305,8 @@ int main(int argc, char** argv) {
   plan->add_option("--world", plan_world, "number of ranks")->check(CLI::PositiveNumber);
 
   auto* make = app.add_subcommand("make-model", "write a random-initialised HF model directory");
-  std::string preset = "tiny-llama", config_file, out, dtype = "f32";
+  std::string preset = "tiny-llama", config_file, out;
+  ft::DType dtype = ft::DType::kF32;
   uint64_t seed = 1234;
   int64_t vocab = 0;
   auto* preset_opt = make->add_option("--preset", preset, "tiny-llama | tiny-qwen2 | tiny-tied | bench");
@@ -275,7 +314,9 @@ int main(int argc, char** argv) {
                    "an HF config.json (or its directory) to take the architecture from, e.g. Llama-3-8B's")
       ->excludes(preset_opt);
   make->add_option("--out", out, "output directory")->required();
-  make->add_option("--dtype", dtype, "f32 | bf16")->check(CLI::IsMember({"f32", "bf16"}));
+  make->add_option("--dtype", dtype, "f32 | bf16")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, ft::DType>{{"f32", ft::DType::kF32}, {"bf16", ft::DType::kBF16}}));
   make->add_option("--seed", seed, "random seed");
   make->add_option("--vocab", vocab, "override vocab_size");
 
@@ -287,31 +328,8 @@ int main(int argc, char** argv) {
   tokenize->add_flag("--add-special-tokens", add_special, "apply the post-processor (e.g. BOS)");
   tokenize->add_flag("--decode", decode, "read id arrays and print strings instead");
 
-  auto* generate = app.add_subcommand("generate", "generate text with a model and an adapter (streamed)");
   ft::GenerateFlags gen;
-  generate->add_option("--model", gen.model.model_dir, "base (or merged) HF model directory")->required();
-  generate->add_option("--adapter", gen.model.adapter_dir,
-                       "PEFT adapter directory (e.g. OUTPUT_DIR/adapter)");
-  generate->add_option("--prompt", gen.prompt, "the prompt (default: --prompt-file, else stdin)")
-      ->each([&](const std::string&) { gen.has_prompt = true; });
-  generate->add_option("--prompt-file", gen.prompt_file, "a file holding the prompt");
-  generate->add_flag("--chat", gen.prompt_options.chat,
-                     "render the prompt as a user message with the chat template");
-  generate->add_option("--system", gen.prompt_options.system, "with --chat: a system message");
-  generate->add_option("--chat-var", gen.chat_vars,
-                       "with --chat: a template variable, KEY=VALUE (repeatable)");
-  generate->add_option("--max-new-tokens", gen.generate.max_new_tokens, "tokens to generate at most")
-      ->check(CLI::PositiveNumber);
-  generate->add_option("--temperature", gen.generate.sampling.temperature, "0 = greedy (default)");
-  generate->add_option("--top-k", gen.generate.sampling.top_k, "sample among the k likeliest (0 = all)");
-  generate->add_option("--top-p", gen.generate.sampling.top_p, "nucleus sampling threshold (1 = off)");
-  generate->add_option("--seed", gen.generate.sampling.seed, "sampling seed (same seed, same text)");
-  generate->add_option("--stop", gen.generate.stop, "stop when the text contains this (repeatable)");
-  generate->add_option("--device", gen.model.device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-  generate->add_option("--dtype", gen.model.dtype, "fp32 | bf16 | fp16")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  generate->add_flag("--nf4", gen.model.nf4, "hold the base weights in NF4 (as QLoRA trained on them)");
-  generate->add_flag("--json", gen.json, "print one JSON object at the end instead of streaming");
+  CLI::App* generate = AddGenerateCommand(app, &gen);
 
   CLI11_PARSE(app, argc, argv);
   auto level = ft::log::ParseLevel(log_level);

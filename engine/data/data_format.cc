@@ -47,24 +47,9 @@ StatusOr<std::string> StringField(const nlohmann::ordered_json& r, const char* k
 
 }  // namespace
 
-StatusOr<DataFormat> ParseDataFormat(std::string_view name) {
-  if (name == "tokens") return DataFormat::kTokens;
-  if (name == "text") return DataFormat::kText;
-  if (name == "alpaca") return DataFormat::kAlpaca;
-  if (name == "chat") return DataFormat::kChat;
-  return Status::InvalidArgument("unknown data format '" + std::string(name) +
-                                 "' (use one of: tokens, text, alpaca, chat)");
-}
+StatusOr<DataFormat> ParseDataFormat(std::string_view name) { return ParseEnum<DataFormat>(name); }
 
-const char* DataFormatName(DataFormat format) {
-  switch (format) {
-    case DataFormat::kTokens: return "tokens";
-    case DataFormat::kText: return "text";
-    case DataFormat::kAlpaca: return "alpaca";
-    case DataFormat::kChat: return "chat";
-  }
-  return "?";
-}
+const char* DataFormatName(DataFormat format) { return EnumName(format).data(); }
 
 std::string AlpacaPrompt(const std::string& instruction, const std::string& input) {
   if (!input.empty()) {

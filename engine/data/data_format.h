@@ -36,13 +36,13 @@
 #include "common/status.h"
 #include "engine/data/chat_format.h"
 #include "engine/data/dataset.h"
+#include "engine/job/job_choices.h"
 #include "engine/text/tokenizer.h"
 
 namespace ft {
 
-enum class DataFormat { kTokens, kText, kAlpaca, kChat };
-
-// "tokens", "text", "alpaca", "chat".
+// DataFormat and its table (job.yaml's data.format): engine/job/job_choices.h.
+// "tokens", "text", "alpaca", "chat"; InvalidArgument naming them otherwise.
 StatusOr<DataFormat> ParseDataFormat(std::string_view name);
 const char* DataFormatName(DataFormat format);
 

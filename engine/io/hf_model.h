@@ -1,4 +1,4 @@
-// Hugging Face model directories: config.json + model.safetensors (or a
+// Hugging Face model directories: config.json (engine/job/hf_config.h) + model.safetensors (or a
 // sharded model.safetensors.index.json), read into and written from a Model.
 //
 // Errors name the file and the field or tensor, e.g.
@@ -10,18 +10,11 @@
 
 #include "common/status.h"
 #include "engine/io/safetensors.h"
+#include "engine/job/hf_config.h"
 #include "engine/model/model.h"
 #include "engine/model/model_config.h"
 
 namespace ft {
-
-// Parses config.json text (named `file` in errors). Supports model_type llama,
-// mistral and qwen2 (q/k/v bias), rope_scaling types linear and llama3.
-StatusOr<ModelConfig> ParseHfConfig(const std::string& json_text, const std::string& file);
-// Reads <dir>/config.json.
-StatusOr<ModelConfig> ReadHfConfig(const std::string& dir);
-// config.json text for `config` (what HF's from_pretrained expects).
-std::string HfConfigJson(const ModelConfig& config);
 
 // Fills every base weight of `model` from <dir>/model.safetensors or the
 // shards listed in <dir>/model.safetensors.index.json. Every weight must be

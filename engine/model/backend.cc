@@ -8,8 +8,6 @@
 #include <new>
 #include <string>
 
-#include "kernels/cuda/limits.h"
-
 namespace ft {
 
 #ifdef FT_HAVE_CUDA
@@ -17,18 +15,10 @@ namespace ft {
 StatusOr<std::shared_ptr<Backend>> CreateCudaBackend();
 #endif
 
-const char* DeviceKindName(DeviceKind kind) { return kind == DeviceKind::kCuda ? "cuda" : "cpu"; }
-
 int64_t ActDTypeBytes(ActDType t) { return t == ActDType::kF32 ? 4 : 2; }
 const char* ActDTypeName(ActDType t) {
   static constexpr const char* kNames[] = {"fp32", "bf16", "fp16"};
   return kNames[static_cast<int>(t)];
-}
-
-StatusOr<DeviceKind> ParseDeviceKind(const std::string& name) {
-  if (name == "cpu") return DeviceKind::kCpu;
-  if (name == "cuda") return DeviceKind::kCuda;
-  return Status::InvalidArgument("unknown device '" + name + "' (known: cpu, cuda)");
 }
 
 namespace {
@@ -43,14 +33,6 @@ std::shared_ptr<Backend> DefaultCpuBackend() {
   return instance;
 }
 }  // namespace
-
-Status CheckHeadDimForDevice(DeviceKind kind, int64_t head_dim) {
-  if (kind == DeviceKind::kCpu || cuda::AttentionTakesHeadDim(head_dim)) return Status::OK();
-  std::string takes;
-  for (int64_t d : cuda::kAttentionHeadDims) takes += (takes.empty() ? "" : " or ") + std::to_string(d);
-  return Status::InvalidArgument("head_dim " + std::to_string(head_dim) + ": the " + DeviceKindName(kind) +
-                                 " attention kernels take head dim " + takes);
-}
 
 StatusOr<std::shared_ptr<Backend>> CreateBackend(DeviceKind kind) {
   if (kind == DeviceKind::kCpu) return DefaultCpuBackend();

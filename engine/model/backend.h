@@ -48,15 +48,13 @@
 #include <string>
 #include <utility>
 
+#include "common/device_kind.h"
 #include "common/status.h"
 #include "engine/model/memory.h"
 #include "kernels/cpu/nf4.h"
 #include "kernels/cpu/ops.h"
 
 namespace ft {
-
-enum class DeviceKind { kCpu, kCuda };
-const char* DeviceKindName(DeviceKind kind);  // "cpu", "cuda"
 
 class Backend;
 
@@ -322,13 +320,5 @@ std::shared_ptr<Backend> MakeGuardedCpuBackend(int64_t capacity_bytes);
 // and a device is visible (FailedPrecondition "no CUDA device: ..." when
 // none is, Unimplemented "built without CUDA" when the build has no CUDA).
 StatusOr<std::shared_ptr<Backend>> CreateBackend(DeviceKind kind);
-// "cpu" or "cuda" (resources.device) to a kind; InvalidArgument otherwise.
-StatusOr<DeviceKind> ParseDeviceKind(const std::string& name);
-// OK when `kind`'s attention takes heads of `head_dim` (the CPU any, CUDA
-// 64 or 128: kernels/cuda/limits.h); InvalidArgument naming the head dim and
-// what the device takes otherwise. Checked before a model is loaded, so a run
-// on a device that would refuse the model's first forward ends at once with
-// that reason (callers add the file and field it came from).
-Status CheckHeadDimForDevice(DeviceKind kind, int64_t head_dim);
 
 }  // namespace ft

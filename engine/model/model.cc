@@ -11,32 +11,14 @@
 namespace ft {
 
 namespace {
-constexpr const char* kModuleNames[kNumModules] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                                   "gate_proj", "up_proj", "down_proj"};
 constexpr int64_t kLossChunkFloats = int64_t{1} << 22;  // 16 MiB of logits per chunk
 // Offloaded activations: device slots for layer inputs. Layer l reads slot
 // l % 3 and writes l + 1's; the third holds the input being copied in or out.
 constexpr int kOffloadSlots = 3;
 
-bool IsAttention(ModuleKind m) { return static_cast<int>(m) <= static_cast<int>(ModuleKind::kO); }
-
 std::string LayerPrefix(int l) { return "model.layers." + std::to_string(l) + "."; }
 
 }  // namespace
-
-const char* ModuleName(ModuleKind m) { return kModuleNames[static_cast<int>(m)]; }
-
-std::string ModulePath(ModuleKind m) {
-  return std::string(IsAttention(m) ? "self_attn." : "mlp.") + ModuleName(m);
-}
-
-StatusOr<ModuleKind> ParseModuleName(const std::string& name) {
-  for (int i = 0; i < kNumModules; ++i) {
-    if (name == kModuleNames[i]) return static_cast<ModuleKind>(i);
-  }
-  return Status::InvalidArgument("unknown module '" + name +
-                                 "' (known: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
-}
 
 float LoraSpec::Scale() const {
   return static_cast<float>(rslora ? alpha / std::sqrt(static_cast<double>(r))
@@ -400,12 +382,7 @@ void Model::Upload(float* tensor, const float* host, int64_t n) {
   FT_CHECK(backend_->Synchronize().ok());
 }
 
-StatusOr<ComputeDType> ParseComputeDType(const std::string& name) {
-  if (name == "fp32") return ComputeDType::kF32;
-  if (name == "bf16") return ComputeDType::kBF16;
-  if (name == "fp16") return ComputeDType::kF16;
-  return Status::InvalidArgument("unknown compute dtype '" + name + "' (fp32, bf16 or fp16)");
-}
+StatusOr<ComputeDType> ParseComputeDType(const std::string& name) { return ParseEnum<ComputeDType>(name); }
 
 void Model::RoundWeightsToComputeDType() {
   for (NamedTensor& t : NamedWeights()) {

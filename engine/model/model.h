@@ -28,24 +28,15 @@
 #include <vector>
 
 #include "engine/model/backend.h"
+#include "engine/model/compute_dtype.h"
 #include "engine/model/memory.h"
 #include "engine/model/model_config.h"
 #include "kernels/cpu/nf4.h"
 
 namespace ft {
 
-// The seven linear modules of a decoder layer, in HF order.
-enum class ModuleKind { kQ = 0, kK, kV, kO, kGate, kUp, kDown };
-constexpr int kNumModules = 7;
-const char* ModuleName(ModuleKind m);  // "q_proj", ...
-// "self_attn.q_proj", "mlp.down_proj", ...
-std::string ModulePath(ModuleKind m);
-StatusOr<ModuleKind> ParseModuleName(const std::string& name);
-
-// The compute dtype: fp32, or bf16/fp16 storage with fp32 arithmetic
-// (activations stored in it, GEMM operands taken in it: backend.h).
-enum class ComputeDType { kF32, kBF16, kF16 };
-// "fp32", "bf16", "fp16" (job.yaml's model.dtype); InvalidArgument otherwise.
+// "fp32", "bf16", "fp16" (ComputeDType's table, engine/model/compute_dtype.h);
+// InvalidArgument naming the accepted names otherwise.
 StatusOr<ComputeDType> ParseComputeDType(const std::string& name);
 // The storage type of a model's activations under a compute dtype.
 ActDType ActivationDType(ComputeDType dtype);

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <numbers>
 
+#include "kernels/cuda/limits.h"
+
 namespace ft {
 
 namespace {
@@ -148,6 +150,34 @@ StatusOr<ModelConfig> PresetModelConfig(const std::string& name) {
                             "' (known: tiny-llama, tiny-qwen2, tiny-tied, bench, bench16)");
   }
   return c;
+}
+
+namespace {
+constexpr const char* kModuleNames[kNumModules] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                   "gate_proj", "up_proj", "down_proj"};
+bool IsAttention(ModuleKind m) { return static_cast<int>(m) <= static_cast<int>(ModuleKind::kO); }
+}  // namespace
+
+const char* ModuleName(ModuleKind m) { return kModuleNames[static_cast<int>(m)]; }
+
+std::string ModulePath(ModuleKind m) {
+  return std::string(IsAttention(m) ? "self_attn." : "mlp.") + ModuleName(m);
+}
+
+StatusOr<ModuleKind> ParseModuleName(const std::string& name) {
+  for (int i = 0; i < kNumModules; ++i) {
+    if (name == kModuleNames[i]) return static_cast<ModuleKind>(i);
+  }
+  return Status::InvalidArgument("unknown module '" + name +
+                                 "' (known: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
+}
+
+Status CheckHeadDimForDevice(DeviceKind kind, int64_t head_dim) {
+  if (kind == DeviceKind::kCpu || cuda::AttentionTakesHeadDim(head_dim)) return Status::OK();
+  std::string takes;
+  for (int64_t d : cuda::kAttentionHeadDims) takes += (takes.empty() ? "" : " or ") + std::to_string(d);
+  return Status::InvalidArgument("head_dim " + std::to_string(head_dim) + ": the " + DeviceKindName(kind) +
+                                 " attention kernels take head dim " + takes);
 }
 
 }  // namespace ft

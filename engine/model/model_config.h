@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/device_kind.h"
 #include "common/status.h"
 
 namespace ft {
@@ -51,5 +52,21 @@ std::vector<double> RopeInverseFrequencies(const ModelConfig& c);
 // rope llama3), "tiny-qwen2" (q/k/v bias), "tiny-tied" (tied embeddings),
 // "bench" (4 layers, hidden 256). NotFound for unknown names (listing them).
 StatusOr<ModelConfig> PresetModelConfig(const std::string& name);
+
+// The seven linear modules of a decoder layer, in HF order.
+enum class ModuleKind { kQ = 0, kK, kV, kO, kGate, kUp, kDown };
+constexpr int kNumModules = 7;
+const char* ModuleName(ModuleKind m);  // "q_proj", ...
+// "self_attn.q_proj", "mlp.down_proj", ...
+std::string ModulePath(ModuleKind m);
+// InvalidArgument "unknown module 'x' (known: q_proj, ...)" for other names.
+StatusOr<ModuleKind> ParseModuleName(const std::string& name);
+
+// OK when `kind`'s attention takes heads of `head_dim` (the CPU any, CUDA
+// 64 or 128: kernels/cuda/limits.h); InvalidArgument naming the head dim and
+// what the device takes otherwise. Checked before a model is loaded, so a run
+// on a device that would refuse the model's first forward ends at once with
+// that reason (callers add the file and field it came from).
+Status CheckHeadDimForDevice(DeviceKind kind, int64_t head_dim);
 
 }  // namespace ft

@@ -2,17 +2,14 @@
 
 #include <algorithm>
 
+#include "common/utf8.h"
 #include "engine/text/unicode_text.h"
 
 namespace ft {
 namespace {
 
 // Start of the code point that ends at s[end - 1].
-size_t PrevCharStart(std::string_view s, size_t end) {
-  size_t i = end - 1;
-  while (i > 0 && (static_cast<uint8_t>(s[i]) & 0xC0) == 0x80) --i;
-  return i;
-}
+size_t PrevCharStart(std::string_view s, size_t end) { return Utf8CharStart(s, end - 1); }
 
 bool EndsWithWordChar(std::string_view s, size_t end) {
   if (end == 0) return false;

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "common/utf8.h"
 #include "engine/text/unicode_text.h"
 
 namespace ft {
@@ -234,8 +235,7 @@ constexpr uint32_t kMetaspaceCp = 0x2581;
 
 // Last code point of a (valid UTF-8, non-empty) string.
 uint32_t LastCodePoint(std::string_view s) {
-  size_t i = s.size() - 1;
-  while (i > 0 && (static_cast<uint8_t>(s[i]) & 0xC0) == 0x80) --i;
+  size_t i = Utf8CharStart(s, s.size() - 1);
   return text::NextCodePoint(s, &i);
 }
 }  // namespace

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "common/utf8.h"
 #include "engine/text/tokenizer_regex.h"
 
 namespace ft::tok {
@@ -145,8 +146,7 @@ class StripNormalizer : public Normalizer {
       b = i;
     }
     while (right_ && e > b) {
-      size_t start = e - 1;
-      while (start > b && (static_cast<uint8_t>(t->text[start]) & 0xC0) == 0x80) --start;
+      const size_t start = Utf8CharStart(t->text, e - 1, b);
       size_t i = start;
       if (!text::IsWhiteSpace(text::NextCodePoint(t->text, &i))) break;
       e = start;

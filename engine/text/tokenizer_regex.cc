@@ -3,6 +3,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include "common/utf8.h"
+
 namespace ft {
 namespace {
 
@@ -94,8 +96,7 @@ void TokenizerRegex::FindAll(std::string_view subject, std::vector<std::pair<siz
       start = e;
     } else {  // empty match: step over one character
       if (b >= subject.size()) break;
-      start = b + 1;
-      while (start < subject.size() && (static_cast<uint8_t>(subject[start]) & 0xC0) == 0x80) ++start;
+      start = Utf8SkipContinuation(subject, b + 1);
     }
   }
 }

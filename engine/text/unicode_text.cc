@@ -9,39 +9,6 @@
 namespace ft::text {
 namespace {
 
-// Decodes one UTF-8 sequence at p[0..n). Returns its length when well-formed
-// (and sets *cp), or minus the length of its maximal ill-formed subpart.
-int DecodeUtf8(const uint8_t* p, size_t n, uint32_t* cp) {
-  const uint8_t b0 = p[0];
-  if (b0 < 0x80) {
-    *cp = b0;
-    return 1;
-  }
-  int len = 0;
-  uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    len = 2;
-  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-    len = 3;
-    if (b0 == 0xE0) lo = 0xA0;  // no overlongs
-    if (b0 == 0xED) hi = 0x9F;  // no surrogates
-  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-    len = 4;
-    if (b0 == 0xF0) lo = 0x90;
-    if (b0 == 0xF4) hi = 0x8F;  // <= U+10FFFF
-  } else {
-    return -1;
-  }
-  uint32_t v = b0 & (0x7F >> len);
-  for (int k = 1; k < len; ++k) {
-    const uint8_t lo_k = k == 1 ? lo : 0x80, hi_k = k == 1 ? hi : 0xBF;
-    if (static_cast<size_t>(k) >= n || p[k] < lo_k || p[k] > hi_k) return -k;
-    v = (v << 6) | (p[k] & 0x3F);
-  }
-  *cp = v;
-  return len;
-}
-
 constexpr char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD
 
 struct ByteMaps {
@@ -121,24 +88,6 @@ bool NormalizeUtf16(const UNormalizer2* n2, const std::u16string& in, std::u16st
 
 }  // namespace
 
-void AppendUtf8(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
 bool IsValidUtf8(std::string_view s) {
   const auto* p = reinterpret_cast<const uint8_t*>(s.data());
   const size_t n = s.size();
@@ -156,10 +105,9 @@ bool IsValidUtf8(std::string_view s) {
       ++i;
       continue;
     }
-    uint32_t cp;
-    const int len = DecodeUtf8(p + i, n - i, &cp);
-    if (len < 0) return false;
-    i += len;
+    const Utf8Char c = DecodeUtf8(s, i, Utf8Policy::kReplace);
+    if (!c.valid) return false;
+    i += c.len;
   }
   return true;
 }
@@ -252,25 +200,22 @@ AlignedText MakeAlignedText(std::string_view s, int64_t base, bool track) {
     out.text.assign(s);
     return out;
   }
-  const auto* p = reinterpret_cast<const uint8_t*>(s.data());
   size_t i = 0;
   out.text.reserve(s.size() + 8);
   if (track) out.align.reserve(s.size() + 8);
   while (i < s.size()) {
-    uint32_t cp;
-    const int len = DecodeUtf8(p + i, s.size() - i, &cp);
+    const Utf8Char c = DecodeUtf8(s, i, Utf8Policy::kReplace);
     const int64_t at = base + static_cast<int64_t>(i);
-    if (len > 0) {
-      out.text.append(s.substr(i, len));
+    if (c.valid) {
+      out.text.append(s.substr(i, c.len));
       if (track) {
-        for (int k = 0; k < len; ++k) out.align.push_back({at + k, at + k + 1});
+        for (uint32_t k = 0; k < c.len; ++k) out.align.push_back({at + k, at + k + 1});
       }
-      i += len;
     } else {
       out.text.append(kReplacement);
-      if (track) out.align.insert(out.align.end(), 3, SrcRange{at, at - len});
-      i += -len;
+      if (track) out.align.insert(out.align.end(), 3, SrcRange{at, at + c.len});
     }
+    i += c.len;
   }
   return out;
 }

@@ -1,4 +1,4 @@
-// Unicode text helpers for the tokenizer: UTF-8 decoding and repair, the
+// Unicode text helpers for the tokenizer: UTF-8 validation and repair, the
 // GPT-2 byte<->unicode map of byte-level BPE, Unicode normalization forms
 // (through ICU), and the character classes Hugging Face tokenizers use.
 //
@@ -14,32 +14,21 @@
 #include <string_view>
 #include <vector>
 
+#include "common/utf8.h"
+
 namespace ft::text {
 
 // ---- UTF-8 -----------------------------------------------------------------
-// Byte length of the UTF-8 sequence that starts with `lead` (1 for stray bytes).
-inline int Utf8SeqLength(uint8_t lead) {
-  if (lead < 0x80) return 1;
-  if (lead >= 0xF0) return 4;
-  if (lead >= 0xE0) return 3;
-  if (lead >= 0xC0) return 2;
-  return 1;
-}
+// The decoder, encoder and lead-byte length are common/utf8.h's.
+using ::ft::AppendUtf8;
+using ::ft::Utf8SeqLength;
 
 // Decodes the code point at s[*i] (s must be valid UTF-8) and advances *i.
 inline uint32_t NextCodePoint(std::string_view s, size_t* i) {
-  const auto* p = reinterpret_cast<const uint8_t*>(s.data()) + *i;
-  const int n = Utf8SeqLength(p[0]);
-  *i += n;
-  switch (n) {
-    case 1: return p[0];
-    case 2: return ((p[0] & 0x1Fu) << 6) | (p[1] & 0x3Fu);
-    case 3: return ((p[0] & 0x0Fu) << 12) | ((p[1] & 0x3Fu) << 6) | (p[2] & 0x3Fu);
-    default: return ((p[0] & 0x07u) << 18) | ((p[1] & 0x3Fu) << 12) | ((p[2] & 0x3Fu) << 6) | (p[3] & 0x3Fu);
-  }
+  const Utf8Char c = DecodeUtf8(s, *i, Utf8Policy::kAssumeValid);
+  *i += c.len;
+  return c.cp;
 }
-
-void AppendUtf8(uint32_t cp, std::string* out);
 
 // Whether `s` is well-formed UTF-8 (no overlongs, surrogates or values > U+10FFFF).
 bool IsValidUtf8(std::string_view s);

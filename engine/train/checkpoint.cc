@@ -21,58 +21,6 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kFormatVersion = 1;
-constexpr const char* kManifest = "MANIFEST.json";
-
-json StateToJson(const TrainerState& s) {
-  return {{"format", "ftune-checkpoint"},
-          {"version", kFormatVersion},
-          {"step", s.step},
-          {"cursor", s.cursor},
-          {"tokens_seen", s.tokens_seen},
-          {"plan", {{"micro_batch", s.micro_batch}, {"accumulation", s.accumulation}, {"world", s.world}}},
-          {"loss_scale", s.loss_scale},
-          {"loss_scale_growth_tracker", s.loss_scale_growth_tracker},
-          {"skipped_steps", s.skipped_steps},
-          {"job_hash", s.job_hash},
-          {"job_math", s.job_math},
-          {"last_checkpoint_seconds", s.last_checkpoint_seconds},
-          {"reason", s.reason},
-          {"epoch", s.epoch}};
-}
-
-StatusOr<TrainerState> StateFromJson(const std::string& text, const std::string& file) {
-  json j = json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || j.value("format", "") != "ftune-checkpoint") {
-    return Status::Corruption(file + ": not an ftune trainer_state.json");
-  }
-  if (j.value("version", 0) != kFormatVersion) {
-    return Status::InvalidArgument(
-        file + ": checkpoint format version " + std::to_string(j.value("version", 0)) +
-        " is not supported (this build reads " + std::to_string(kFormatVersion) + ")");
-  }
-  TrainerState s;
-  try {
-    s.step = j.at("step").get<int64_t>();
-    s.cursor = j.at("cursor").get<int64_t>();
-    s.tokens_seen = j.at("tokens_seen").get<int64_t>();
-    s.micro_batch = j.at("plan").at("micro_batch").get<int64_t>();
-    s.accumulation = j.at("plan").at("accumulation").get<int64_t>();
-    s.world = j.at("plan").at("world").get<int64_t>();
-    s.loss_scale = j.at("loss_scale").get<double>();
-    s.loss_scale_growth_tracker = j.value("loss_scale_growth_tracker", int64_t{0});
-    s.skipped_steps = j.value("skipped_steps", int64_t{0});
-    s.job_hash = j.at("job_hash").get<std::string>();
-    s.job_math = j.at("job_math").get<std::map<std::string, std::string>>();
-    s.last_checkpoint_seconds = j.value("last_checkpoint_seconds", 0.0);
-    s.reason = j.value("reason", "");
-    s.epoch = j.value("epoch", int64_t{0});
-  } catch (const json::exception& e) {
-    return Status::Corruption(file + ": " + e.what());
-  }
-  return s;
-}
-
 Status WriteTensors(const std::string& path, const std::vector<HostTensor>& tensors) {
   std::vector<TensorToWrite> out;
   for (const HostTensor& t : tensors) out.push_back({t.name, t.shape, t.data.data(), DType::kF32});
@@ -125,12 +73,6 @@ Status RemoveCheckpointDir(const fs::path& dir, int64_t epoch) {
 
 }  // namespace
 
-std::string CheckpointName(int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "step-%08" PRId64, step);
-  return buf;
-}
-
 Status WriteCheckpoint(const std::string& root, const CheckpointContents& c, const Fence& fence,
                        double* seconds) {
   const auto start = std::chrono::steady_clock::now();
@@ -161,20 +103,19 @@ Status WriteCheckpoint(const std::string& root, const CheckpointContents& c, con
     files = {"config.json", "model.safetensors"};
   }
   FT_RETURN_IF_ERROR(WriteTensors((tmp / "optimizer.safetensors").string(), c.optimizer));
-  FT_RETURN_IF_ERROR(
-      WriteFileDurably((tmp / "trainer_state.json").string(), StateToJson(c.state).dump(2) + "\n"));
+  FT_RETURN_IF_ERROR(WriteFileDurably((tmp / "trainer_state.json").string(), TrainerStateToJson(c.state)));
   files.push_back("optimizer.safetensors");
   files.push_back("trainer_state.json");
 
   // The manifest is written last: its presence (verified) is what makes the directory a checkpoint.
   json manifest = {
-      {"format", "ftune-checkpoint-manifest"}, {"version", kFormatVersion}, {"step", c.state.step}};
+      {"format", "ftune-checkpoint-manifest"}, {"version", kCheckpointFormatVersion}, {"step", c.state.step}};
   for (const std::string& f : files) {
     uint64_t size = 0;
     FT_ASSIGN_OR_RETURN(std::string sha, Sha256File((tmp / f).string(), &size));
     manifest["files"][f] = {{"bytes", size}, {"sha256", sha}};
   }
-  FT_RETURN_IF_ERROR(WriteFileDurably((tmp / kManifest).string(), manifest.dump(2) + "\n"));
+  FT_RETURN_IF_ERROR(WriteFileDurably((tmp / kCheckpointManifest).string(), manifest.dump(2) + "\n"));
   FT_RETURN_IF_ERROR(SyncDirectory(tmp.string()));
 
   if (Status owned = CheckFence(fence); !owned.ok()) {
@@ -191,7 +132,7 @@ Status WriteCheckpoint(const std::string& root, const CheckpointContents& c, con
 }
 
 Status VerifyCheckpoint(const std::string& dir) {
-  const std::string manifest_path = (fs::path(dir) / kManifest).string();
+  const std::string manifest_path = (fs::path(dir) / kCheckpointManifest).string();
   auto text = ReadFileToString(manifest_path, kMaxConfigFileBytes);
   if (!text.ok()) return Status::Corruption(manifest_path + ": missing (checkpoint incomplete)");
   json m = json::parse(*text, nullptr, false);
@@ -219,7 +160,7 @@ StatusOr<CheckpointContents> ReadCheckpoint(const std::string& dir) {
   CheckpointContents c;
   const fs::path d(dir);
   FT_ASSIGN_OR_RETURN(std::string state_text, ReadFileToString((d / "trainer_state.json").string()));
-  FT_ASSIGN_OR_RETURN(c.state, StateFromJson(state_text, (d / "trainer_state.json").string()));
+  FT_ASSIGN_OR_RETURN(c.state, TrainerStateFromJson(state_text, (d / "trainer_state.json").string()));
   if (fs::exists(d / "adapter_model.safetensors")) {
     FT_ASSIGN_OR_RETURN(c.adapter_config_json, ReadFileToString((d / "adapter_config.json").string()));
     FT_ASSIGN_OR_RETURN(c.model, ReadTensors((d / "adapter_model.safetensors").string()));
@@ -231,21 +172,6 @@ StatusOr<CheckpointContents> ReadCheckpoint(const std::string& dir) {
   return c;
 }
 
-std::vector<CheckpointEntry> ListCheckpoints(const std::string& root) {
-  std::vector<CheckpointEntry> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(root, ec)) {
-    const std::string name = e.path().filename().string();
-    int64_t step = 0;
-    char tail = 0;
-    if (!e.is_directory() || name.rfind("step-", 0) != 0) continue;
-    if (std::sscanf(name.c_str(), "step-%" SCNd64 "%c", &step, &tail) != 1) continue;
-    out.push_back({step, e.path().string()});
-  }
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.step > b.step; });
-  return out;
-}
-
 StatusOr<CheckpointEntry> FindNewestValidCheckpoint(const std::string& root,
                                                     std::vector<std::string>* skipped) {
   for (const CheckpointEntry& e : ListCheckpoints(root)) {
@@ -254,20 +180,6 @@ StatusOr<CheckpointEntry> FindNewestValidCheckpoint(const std::string& root,
     if (skipped) skipped->push_back(s.message());
   }
   return Status::NotFound(root + ": no valid checkpoint");
-}
-
-StatusOr<TrainerState> ReadCheckpointState(const std::string& dir) {
-  if (!fs::exists(fs::path(dir) / kManifest)) {
-    return Status::Corruption((fs::path(dir) / kManifest).string() + ": missing (checkpoint incomplete)");
-  }
-  const std::string file = (fs::path(dir) / "trainer_state.json").string();
-  FT_ASSIGN_OR_RETURN(std::string text, ReadFileToString(file, kMaxConfigFileBytes));
-  return StateFromJson(text, file);
-}
-
-int64_t CheckpointEpoch(const std::string& dir) {
-  auto state = ReadCheckpointState(dir);
-  return state.ok() ? state->epoch : -1;
 }
 
 Status PruneCheckpoints(const std::string& root, const Retention& r) {

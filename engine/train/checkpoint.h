@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/job/checkpoint_state.h"
 
 namespace ft {
 
@@ -41,24 +42,6 @@ struct HostTensor {
   std::vector<float> data;
 };
 
-// The non-tensor state of a run (trainer_state.json).
-struct TrainerState {
-  int64_t step = 0;         // optimizer steps completed
-  int64_t cursor = 0;       // sequences consumed: the data position
-  int64_t tokens_seen = 0;  // target tokens trained on
-  int64_t micro_batch = 0;  // the plan that produced this state (informative)
-  int64_t accumulation = 0;
-  int64_t world = 1;
-  double loss_scale = 1.0;                      // dynamic loss scale (fp16); 1 otherwise
-  int64_t loss_scale_growth_tracker = 0;        // good steps in a row at this scale (fp16)
-  int64_t skipped_steps = 0;                    // steps skipped for overflow (fp16): not Adam updates
-  std::string job_hash;                         // SHA-256 of the job's math keys
-  std::map<std::string, std::string> job_math;  // key -> value of every key that defines the math
-  double last_checkpoint_seconds = 0;           // measured write time of the previous checkpoint
-  std::string reason;                           // "every_steps", "every_minutes", "signal", "final", ...
-  int64_t epoch = 0;                            // the attempt that wrote it (0: a plain ft-train run)
-};
-
 struct CheckpointContents {
   TrainerState state;
   std::vector<HostTensor> model;      // adapter (PEFT keys) or full weights (HF names)
@@ -66,9 +49,6 @@ struct CheckpointContents {
   std::string adapter_config_json;    // LoRA: adapter_config.json text
   std::string model_config_json;      // full: config.json text
 };
-
-// "step-00001234".
-std::string CheckpointName(int64_t step);
 
 // OK while the caller may write in the directory; Aborted once superseded.
 using Fence = std::function<Status()>;
@@ -85,27 +65,13 @@ Status WriteCheckpoint(const std::string& root, const CheckpointContents& c, con
 // and SHA-256; Corruption naming the file otherwise.
 Status VerifyCheckpoint(const std::string& dir);
 
-// The trainer_state.json of a checkpoint that has its manifest (sizes and
-// checksums not verified: cheap enough for ftd's reconciliation).
-StatusOr<TrainerState> ReadCheckpointState(const std::string& dir);
-
 // Reads a verified checkpoint back into host copies.
 StatusOr<CheckpointContents> ReadCheckpoint(const std::string& dir);
-
-struct CheckpointEntry {
-  int64_t step = 0;
-  std::string dir;
-};
-// step-* directories under root, newest first (temporary ones ignored).
-std::vector<CheckpointEntry> ListCheckpoints(const std::string& root);
 
 // The newest checkpoint that verifies, or NotFound. Each damaged one skipped
 // on the way is described in *skipped (file and reason).
 StatusOr<CheckpointEntry> FindNewestValidCheckpoint(const std::string& root,
                                                     std::vector<std::string>* skipped);
-
-// The epoch of the checkpoint in `dir` (its trainer_state.json), or -1 when unreadable.
-int64_t CheckpointEpoch(const std::string& dir);
 
 // What retention may remove.
 struct Retention {

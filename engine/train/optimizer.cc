@@ -9,12 +9,15 @@
 
 namespace ft {
 
-double LrMultiplier(const std::string& schedule, int64_t step, int64_t warmup, int64_t total) {
+double LrMultiplier(LrSchedule schedule, int64_t step, int64_t warmup, int64_t total) {
   if (step < warmup) return static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, warmup));
-  if (schedule == "constant") return 1.0;
   const double span = static_cast<double>(std::max<int64_t>(1, total - warmup));
-  if (schedule == "linear") return std::max(0.0, static_cast<double>(total - step) / span);
-  // cosine, num_cycles = 0.5
+  switch (schedule) {
+    case LrSchedule::kConstant: return 1.0;
+    case LrSchedule::kLinear: return std::max(0.0, static_cast<double>(total - step) / span);
+    case LrSchedule::kCosine:  // num_cycles = 0.5
+      break;
+  }
   const double progress = static_cast<double>(step - warmup) / span;
   return std::max(0.0, 0.5 * (1.0 + std::cos(std::numbers::pi * 2.0 * 0.5 * progress)));
 }

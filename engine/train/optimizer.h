@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/job/job_choices.h"
 #include "engine/model/memory.h"
 #include "engine/model/model.h"
 
@@ -38,7 +39,7 @@ struct OptimizerConfig {
 
 // LR multiplier for update number `step` (from 0) of `total`, HF semantics:
 // warmup step/warmup, then cosine (half wave), linear decay to 0, or constant.
-double LrMultiplier(const std::string& schedule, int64_t step, int64_t warmup, int64_t total);
+double LrMultiplier(LrSchedule schedule, int64_t step, int64_t warmup, int64_t total);
 
 // This rank's place among the ranks sharing the optimizer's state.
 struct OptimizerSharding {

@@ -13,9 +13,9 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <new>
-#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "common/confined_path.h"
@@ -25,8 +25,8 @@
 #include "engine/data/data_format.h"
 #include "engine/io/hf_model.h"
 #include "engine/io/peft_adapter.h"
-#include "engine/train/completion.h"
-#include "engine/train/planner.h"
+#include "engine/job/completion.h"
+#include "engine/job/planner.h"
 #include "kernels/cpu/ops.h"
 
 namespace ft {
@@ -63,35 +63,6 @@ Status RequireFiniteWeights(const JobSpec& spec, const CheckpointContents& c) {
   return Status::OK();
 }
 
-// SHA-256 of a data file's contents ("?" when unreadable), for a caller that
-// has no Dataset (ftd). A result is kept per file version (device, inode,
-// size, mtime, ctime) once the version is 2 s old, so each version is hashed
-// once; a younger one is hashed every time (a rewrite within the clock's
-// granularity can leave all five the same).
-std::string DataFileSha256(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return "?";
-  const std::string version = std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" +
-                              std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
-                              std::to_string(st.st_mtim.tv_nsec) + ":" + std::to_string(st.st_ctim.tv_sec) +
-                              "." + std::to_string(st.st_ctim.tv_nsec);
-  static std::mutex mu;
-  static std::map<std::string, std::pair<std::string, std::string>> known;  // path → {version, SHA-256}
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (auto it = known.find(path); it != known.end() && it->second.first == version)
-      return it->second.second;
-  }
-  auto sha = Sha256File(path);
-  if (!sha.ok()) return "?";
-  const time_t newest = std::max(st.st_mtim.tv_sec, st.st_ctim.tv_sec);
-  if (std::time(nullptr) - newest >= 2) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (known.size() >= 1024) known.clear();
-    known[path] = {version, *sha};
-  }
-  return *sha;
-}
 }  // namespace
 
 StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec, const ModelConfig& model, int64_t device_bytes,
@@ -113,7 +84,7 @@ StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec, const ModelConfig& mode
         ") must divide global_batch_size (" + std::to_string(t.global_batch_size) + ")");
   }
   plan.micro_batch = FixedMicroBatch(spec, plan.world);
-  const PlanRequest request = PlanRequestFromJob(spec, model, "cpu", plan.world);
+  const PlanRequest request = PlanRequestFromJob(spec, model, DeviceKind::kCpu, plan.world);
   if (plan.micro_batch > 0) {
     // A fixed micro-batch is checked against the device too: refused here, not by bad_alloc later.
     auto fits = CheckFixedMicroBatch(request, plan.micro_batch, device_bytes);
@@ -138,19 +109,21 @@ StatusOr<std::unique_ptr<Dataset>> OpenJobData(const JobSpec& spec, const ModelC
                                                const std::string& path,
                                                std::unique_ptr<Tokenizer>* tokenizer) {
   const std::string& f = spec.file;
-  FT_ASSIGN_OR_RETURN(DataFormat format, ParseDataFormat(spec.data.format));
+  const DataFormat format = spec.data.format;
   DatasetOptions options;
   options.path = path;
   options.seq_len = spec.data.seq_len;
   options.packing = spec.data.packing;
   options.skip_bad_lines = spec.data.skip_bad_lines;
-  options.cache_key = "format=" + spec.data.format + ";vocab=" + std::to_string(config.vocab_size);
+  options.cache_key =
+      "format=" + std::string(EnumName(format)) + ";vocab=" + std::to_string(config.vocab_size);
   ChatOptions chat;
   if (format != DataFormat::kTokens) {
     if (!*tokenizer) {
       auto loaded = Tokenizer::Load(spec.model.path);
       if (!loaded.ok())
-        return loaded.status().WithContext(f + ": data.format " + spec.data.format + " needs the tokenizer");
+        return loaded.status().WithContext(f + ": data.format " + std::string(EnumName(format)) +
+                                           " needs the tokenizer");
       *tokenizer = std::move(*loaded);
     }
     auto tok_sha = Sha256File((fs::path(spec.model.path) / "tokenizer.json").string());
@@ -168,108 +141,131 @@ StatusOr<std::unique_ptr<Dataset>> OpenJobData(const JobSpec& spec, const ModelC
   return Dataset::Open(options, std::move(encode));
 }
 
-StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, std::unique_ptr<Collective> ranks) {
-  std::unique_ptr<Trainer> tr(new Trainer());
-  tr->spec_ = spec;
-  tr->ranks_ = ranks ? std::move(ranks) : SingleRank();
-  const std::string& f = spec.file;
-  const int world = tr->ranks_->world();
-  const bool fsdp = world > 1 && spec.distributed.strategy == "fsdp";
-  if (fsdp && spec.adapter.type == "full") {
-    return Status::Unimplemented(
-        f +
-        ": distributed.strategy: fsdp shards the frozen base weights and the optimizer "
-        "of LoRA/QLoRA; a full fine-tune is not sharded yet: use strategy: ddp");
-  }
+namespace {
 
-  if (spec.model.quantization == "nf4" && spec.adapter.type == "full") {
-    return Status::InvalidArgument(f +
-                                   ": model.quantization: nf4 freezes the base weights, so it needs "
-                                   "adapter.type: lora (QLoRA); use quantization: none for a full fine-tune");
-  }
-  if (spec.train.cpu_offload && spec.adapter.type == "full") {
-    return Status::InvalidArgument(
-        f +
-        ": train.cpu_offload keeps the frozen base weights in host memory, but "
-        "adapter.type: full trains them; use adapter.type: lora, or cpu_offload: false");
-  }
-  FT_ASSIGN_OR_RETURN(ModelConfig config, ReadHfConfig(spec.model.path));
-  // resources.device: cuda needs a CUDA build and a visible device; auto takes one when there is.
-  // A model the CUDA kernels refuse is named now, with the fix, not at its first forward.
-  if (spec.resources.device == "cuda") FT_RETURN_IF_ERROR(CheckCudaTakesModel(spec, config, "cuda"));
+// The device a job runs on (resources.device): cuda needs a CUDA build and a
+// visible device; auto takes one when there is. A model the CUDA kernels
+// refuse is named now, with the fix, not at its first forward.
+StatusOr<std::shared_ptr<Backend>> ChooseBackend(const JobSpec& spec, const ModelConfig& config) {
+  const std::string& f = spec.file;
+  if (spec.resources.device == DeviceRequest::kCuda)
+    FT_RETURN_IF_ERROR(CheckCudaTakesModel(spec, config, "cuda"));
   FT_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, CreateBackend(DeviceKind::kCpu));
-  if (spec.resources.device != "cpu") {
+  if (spec.resources.device != DeviceRequest::kCpu) {
     auto cuda = CreateBackend(DeviceKind::kCuda);
     if (cuda.ok()) {
-      FT_RETURN_IF_ERROR(CheckCudaTakesModel(spec, config, spec.resources.device + " found a CUDA device"));
+      FT_RETURN_IF_ERROR(CheckCudaTakesModel(
+          spec, config, std::string(EnumName(spec.resources.device)) + " found a CUDA device"));
       backend = std::move(*cuda);
-    } else if (spec.resources.device == "cuda") {
+    } else if (spec.resources.device == DeviceRequest::kCuda) {
       return cuda.status().WithContext(f + ": resources.device: cuda");
     }
   }
-  FT_ASSIGN_OR_RETURN(auto memory, backend->MemoryInfo());  // {free, total} bytes of the device
-  FT_ASSIGN_OR_RETURN(tr->plan_, ChooseBatchPlan(spec, config, memory.first, world));
-  if (config.sliding_window > 0 && spec.data.seq_len > config.sliding_window) {
-    return Status::Unimplemented(
-        f + ": data.seq_len " + std::to_string(spec.data.seq_len) + " exceeds the model's sliding_window " +
-        std::to_string(config.sliding_window) +
-        " (sliding-window attention is not implemented); use seq_len <= sliding_window");
-  }
-  ModelOptions options;
-  FT_ASSIGN_OR_RETURN(options.dtype, ParseComputeDType(spec.model.dtype));
-  options.activation_checkpointing = spec.train.activation_checkpointing != "false";
-  options.offload_activations = spec.train.activation_checkpointing == "offload";
-  options.cpu_offload = spec.train.cpu_offload;
-  options.naive_attention = spec.train.attention == "naive";
-  options.nf4 = spec.model.quantization == "nf4";
-  options.nf4_config = {64, spec.model.double_quant, 256};
-  options.backend = backend;
-  // FSDP's gathers (frozen weights per layer, the optimizer's ranges) on the job's collective.
-  Collective* collective = tr->ranks_.get();
-  auto all_gather = [collective](const void* mine, int64_t bytes, void* out) {
+  return backend;
+}
+
+// FSDP's gathers (frozen weights per layer, the optimizer's ranges) on the job's collective.
+auto GatherOn(Collective* collective) {
+  return [collective](const void* mine, int64_t bytes, void* out) {
     return collective->AllGather(mine, bytes, out).ok();  // a failure stays with the collective
   };
+}
+
+}  // namespace
+
+Status Trainer::BuildModel(const ModelConfig& config, std::shared_ptr<Backend> backend) {
+  const JobSpec& spec = spec_;
+  const std::string& f = spec.file;
+  const int world = ranks_->world();
+  const bool fsdp = world > 1 && spec.distributed.strategy == DistributedStrategy::kFsdp;
+  ModelOptions options;
+  options.dtype = spec.model.dtype;
+  options.activation_checkpointing = spec.train.activation_checkpointing != ActivationCheckpointing::kOff;
+  options.offload_activations = spec.train.activation_checkpointing == ActivationCheckpointing::kOffload;
+  options.cpu_offload = spec.train.cpu_offload;
+  options.naive_attention = spec.train.attention == AttentionKind::kNaive;
+  options.nf4 = spec.model.quantization == Quantization::kNf4;
+  options.nf4_config = {64, spec.model.double_quant, 256};
+  options.backend = backend;
+  Collective* collective = ranks_.get();
+  auto all_gather = GatherOn(collective);
   if (fsdp) options.shard = {collective->rank(), world, all_gather};
-  tr->model_ = std::make_unique<Model>(config, options);
-  FT_RETURN_IF_ERROR(LoadHfWeights(spec.model.path, tr->model_.get()));
-  tr->model_->RoundWeightsToComputeDType();
-  if (options.dtype == ComputeDType::kF16) tr->loss_scale_ = spec.train.loss_scale_init;
-  if (spec.adapter.type == "full") {
-    FT_RETURN_IF_ERROR(tr->model_->EnableFullTraining());
+  model_ = std::make_unique<Model>(config, options);
+  FT_RETURN_IF_ERROR(LoadHfWeights(spec.model.path, model_.get()));
+  model_->RoundWeightsToComputeDType();
+  if (options.dtype == ComputeDType::kF16) loss_scale_ = spec.train.loss_scale_init;
+  if (spec.adapter.type == AdapterType::kFull) {
+    FT_RETURN_IF_ERROR(model_->EnableFullTraining());
   } else {
     LoraSpec lora{spec.adapter.r,       spec.adapter.alpha,          spec.adapter.rslora,
                   spec.adapter.dropout, spec.adapter.target_modules, static_cast<uint64_t>(spec.train.seed)};
-    FT_RETURN_IF_ERROR(tr->model_->EnableLora(lora));
+    FT_RETURN_IF_ERROR(model_->EnableLora(lora));
     if (!spec.adapter.init.empty()) {
-      FT_RETURN_IF_ERROR(
-          LoadPeftAdapter(spec.adapter.init, tr->model_.get()).WithContext(f + ": adapter.init"));
+      FT_RETURN_IF_ERROR(LoadPeftAdapter(spec.adapter.init, model_.get()).WithContext(f + ": adapter.init"));
     }
   }
-  if (fsdp) tr->model_->ShardFrozenWeights();
-  FT_ASSIGN_OR_RETURN(tr->data_, OpenJobData(spec, config, spec.data.train, &tr->tokenizer_));
+  if (fsdp) model_->ShardFrozenWeights();
+  return Status::OK();
+}
+
+Status Trainer::OpenData(const ModelConfig& config) {
+  const JobSpec& spec = spec_;
+  const std::string& f = spec.file;
+  FT_ASSIGN_OR_RETURN(data_, OpenJobData(spec, config, spec.data.train, &tokenizer_));
   if (!spec.data.eval.empty()) {
-    auto eval = OpenJobData(spec, config, spec.data.eval, &tr->tokenizer_);
+    auto eval = OpenJobData(spec, config, spec.data.eval, &tokenizer_);
     if (!eval.ok()) return eval.status().WithContext(f + ": data.eval");
-    tr->eval_data_ = std::move(*eval);
-    int64_t rows = tr->eval_data_->size();
+    eval_data_ = std::move(*eval);
+    int64_t rows = eval_data_->size();
     if (spec.train.eval_max_batches > 0)
-      rows = std::min(rows, spec.train.eval_max_batches * tr->plan_.micro_batch);
-    if (tr->eval_data_->CountTargets(0, rows, false, 0) == 0) {
+      rows = std::min(rows, spec.train.eval_max_batches * plan_.micro_batch);
+    if (eval_data_->CountTargets(0, rows, false, 0) == 0) {
       return Status::InvalidArgument(f + ": data.eval: the evaluated rows of " + spec.data.eval +
                                      " have no target tokens (see train.eval_max_batches)");
     }
   }
   const int64_t steps_per_epoch =
-      (tr->data_->size() + spec.train.global_batch_size - 1) / spec.train.global_batch_size;
-  tr->total_steps_ = spec.train.max_steps > 0 ? spec.train.max_steps : spec.train.epochs * steps_per_epoch;
+      (data_->size() + spec.train.global_batch_size - 1) / spec.train.global_batch_size;
+  total_steps_ = spec.train.max_steps > 0 ? spec.train.max_steps : spec.train.epochs * steps_per_epoch;
+  return Status::OK();
+}
+
+void Trainer::BuildOptimizer(std::shared_ptr<Backend> backend) {
+  const JobSpec& spec = spec_;
+  const int world = ranks_->world();
+  const bool fsdp = world > 1 && spec.distributed.strategy == DistributedStrategy::kFsdp;
+  Collective* collective = ranks_.get();
+  auto all_gather = GatherOn(collective);
   OptimizerConfig oc{spec.train.adam_beta1, spec.train.adam_beta2, spec.train.adam_eps,
                      spec.train.weight_decay, spec.train.max_grad_norm};
   OptimizerSharding optimizer_shard;
   if (fsdp) optimizer_shard = {collective->rank(), world, all_gather};
-  tr->optimizer_ = std::make_unique<AdamWOptimizer>(tr->model_->TrainableParams(), oc, backend,
-                                                    spec.train.optimizer == "paged_adamw", optimizer_shard);
+  optimizer_ =
+      std::make_unique<AdamWOptimizer>(model_->TrainableParams(), oc, backend,
+                                       spec.train.optimizer == OptimizerKind::kPagedAdamW, optimizer_shard);
+}
+
+StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, std::unique_ptr<Collective> ranks) {
+  std::unique_ptr<Trainer> tr(new Trainer());
+  tr->spec_ = spec;
+  tr->ranks_ = ranks ? std::move(ranks) : SingleRank();
+  // Choices that do not combine (full with nf4, cpu_offload or multi-rank fsdp) were refused by
+  // ParseJobSpec (engine/job/job_spec.cc), at submit; the model refuses them again for a spec built in code.
+  FT_ASSIGN_OR_RETURN(ModelConfig config, ReadHfConfig(spec.model.path));
+  FT_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, ChooseBackend(spec, config));
+  FT_ASSIGN_OR_RETURN(auto memory, backend->MemoryInfo());  // {free, total} bytes of the device
+  FT_ASSIGN_OR_RETURN(tr->plan_, ChooseBatchPlan(spec, config, memory.first, tr->ranks_->world()));
+  if (config.sliding_window > 0 && spec.data.seq_len > config.sliding_window) {
+    return Status::Unimplemented(
+        spec.file + ": data.seq_len " + std::to_string(spec.data.seq_len) +
+        " exceeds the model's sliding_window " + std::to_string(config.sliding_window) +
+        " (sliding-window attention is not implemented); use seq_len <= sliding_window");
+  }
+  FT_RETURN_IF_ERROR(tr->BuildModel(config, backend));
+  FT_RETURN_IF_ERROR(tr->OpenData(config));
+  tr->BuildOptimizer(backend);
   FT_RETURN_IF_ERROR(
-      backend->Synchronize().WithContext(f + ": loading the model onto " + backend->Describe()));
+      backend->Synchronize().WithContext(spec.file + ": loading the model onto " + backend->Describe()));
   FT_LOG(INFO) << "training on " << backend->Describe();
   return tr;
 }
@@ -322,7 +318,7 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
                                                   spec_.train.warmup_steps, total_steps_);
   const double scale = loss_scale_;
   const double norm = optimizer_->GradNorm() / scale;
-  const bool fp16 = spec_.model.dtype == "fp16";
+  const bool fp16 = spec_.model.dtype == ComputeDType::kF16;
   const bool skipped = fp16 && !std::isfinite(norm);  // fp16's overflow: skipped by design, not divergence
   if (!skipped) {
     FT_RETURN_IF_ERROR(RequireFinite(spec_, update + 1, "the loss", loss_sum / static_cast<double>(tokens)));
@@ -388,7 +384,8 @@ Status Trainer::Agree(std::vector<double>* flags) {
 }
 
 void Trainer::UpdateLossScale(bool overflow) {
-  if (spec_.model.dtype != "fp16") return;  // the scale stays 1: nothing can overflow fp32 this way
+  if (spec_.model.dtype != ComputeDType::kF16)
+    return;  // the scale stays 1: nothing can overflow fp32 this way
   if (overflow) {
     loss_scale_ *= 0.5;
     growth_tracker_ = 0;
@@ -444,64 +441,6 @@ Status Trainer::Evaluate(EvalMetrics* m, bool* interrupted) {
   *m = EvalMetrics{optimizer_->step(), loss_sum / static_cast<double>(tokens), tokens, batches,
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
   return Status::OK();
-}
-
-std::map<std::string, std::string> JobMathKeys(const JobSpec& spec, const std::string& data_sha256) {
-  auto num = [](double v) {
-    char buf[64];
-    std::snprintf(buf, sizeof(buf), "%.17g", v);
-    return std::string(buf);
-  };
-  std::string targets;
-  std::vector<std::string> sorted = spec.adapter.target_modules;
-  std::sort(sorted.begin(), sorted.end());
-  for (const auto& t : sorted) targets += (targets.empty() ? "" : ",") + t;
-  const bool lora = spec.adapter.type == "lora";
-  std::map<std::string, std::string> m = {
-      {"model.path", spec.model.path},
-      {"model.quantization", spec.model.quantization},
-      {"model.dtype", spec.model.dtype},
-      {"adapter.type", spec.adapter.type},
-      {"data.train", spec.data.train},
-      {"data.train (SHA-256)", data_sha256.empty() ? DataFileSha256(spec.data.train) : data_sha256},
-      {"data.format", spec.data.format},
-      {"data.seq_len", std::to_string(spec.data.seq_len)},
-      {"data.packing", spec.data.packing ? "true" : "false"},
-      {"data.shuffle", spec.data.shuffle ? "true" : "false"},
-      {"data.skip_bad_lines", spec.data.skip_bad_lines ? "true" : "false"},
-      {"data.chat_template", spec.data.chat_template},
-      {"train.global_batch_size", std::to_string(spec.train.global_batch_size)},
-      {"train.lr", num(spec.train.lr)},
-      {"train.lr_schedule", spec.train.lr_schedule},
-      {"train.warmup_steps", std::to_string(spec.train.warmup_steps)},
-      {"train.weight_decay", num(spec.train.weight_decay)},
-      {"train.max_grad_norm", num(spec.train.max_grad_norm)},
-      {"train.adam_beta1", num(spec.train.adam_beta1)},
-      {"train.adam_beta2", num(spec.train.adam_beta2)},
-      {"train.adam_eps", num(spec.train.adam_eps)},
-      {"train.seed", std::to_string(spec.train.seed)},
-      {"train.attention", spec.train.attention},
-  };
-  if (spec.model.quantization == "nf4") m["model.double_quant"] = spec.model.double_quant ? "true" : "false";
-  if (spec.model.dtype == "fp16") {
-    m["train.loss_scale_init"] = num(spec.train.loss_scale_init);
-    m["train.loss_scale_growth_interval"] = std::to_string(spec.train.loss_scale_growth_interval);
-  }
-  if (lora) {
-    m["adapter.r"] = std::to_string(spec.adapter.r);
-    m["adapter.alpha"] = num(spec.adapter.alpha);
-    m["adapter.dropout"] = num(spec.adapter.dropout);
-    m["adapter.rslora"] = spec.adapter.rslora ? "true" : "false";
-    m["adapter.target_modules"] = targets;
-    m["adapter.init"] = spec.adapter.init;
-  }
-  return m;
-}
-
-std::string JobHash(const JobSpec& spec, const std::string& data_sha256) {
-  std::string canonical;
-  for (const auto& [k, v] : JobMathKeys(spec, data_sha256)) canonical += k + "=" + v + "\n";
-  return Sha256Hex(canonical);
 }
 
 std::string Trainer::checkpoint_root() const { return (fs::path(spec_.output.dir) / "checkpoints").string(); }
@@ -574,7 +513,7 @@ Status Trainer::Restore(const CheckpointContents& c, const std::string& from) {
     optimizer_->SetMoment(i, 1, v);
   }
   optimizer_->set_step(c.state.step, c.state.skipped_steps);
-  if (spec_.model.dtype == "fp16") {
+  if (spec_.model.dtype == ComputeDType::kF16) {
     loss_scale_ = c.state.loss_scale;
     growth_tracker_ = c.state.loss_scale_growth_tracker;
   }
@@ -630,7 +569,10 @@ std::string Trainer::ChooseResumePoint(const std::string& committed) {
     std::fprintf(stderr, "ft-train: %s\n", note.c_str());
   }
   if (!note.empty() && owner_->fenced()) {
-    resume_note_ = {{"event", "resume"}, {"kind", kind}, {"note", note}, {"dir", dir}};
+    MetricsLine line = MetricsEvent(MetricsLine::Kind::kResume, 0, note);  // the step is set when written
+    line.resume_kind = kind;
+    line.dir = dir;
+    resume_note_ = line;
   }
   return dir;
 }
@@ -668,21 +610,13 @@ Status Trainer::ResumeIfPossible(const std::string& resume_dir) {
 }
 
 Status Trainer::OpenMetrics() {
+  OutputOwner* owner = owner_.get();
+  metrics_ =
+      std::make_unique<MetricsLog>((fs::path(spec_.output.dir) / "metrics.jsonl").string(),
+                                   [owner]() { return owner->fenced() ? owner->Check() : Status::OK(); },
+                                   owner_->fenced() ? owner_->epoch() : 0);
   // Keep the lines of steps the restored state includes; drop what a killed run logged past it.
-  const std::string path = (fs::path(spec_.output.dir) / "metrics.jsonl").string();
-  std::string kept;
-  if (auto old = ReadFileToString(path); old.ok()) {
-    std::istringstream in(*old);
-    for (std::string line; std::getline(in, line);) {
-      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-      if (j.is_object() && j.value("step", int64_t{-1}) <= steps_done()) kept += line + "\n";
-    }
-  }
-  FT_RETURN_IF_ERROR(ReplaceFileAtomically(path, kept));  // a kill here must not lose the kept lines
-  FT_ASSIGN_OR_RETURN(const std::string confined, Confine(path));
-  metrics_.open(confined, std::ios::app);
-  if (!metrics_) return Status::IOError(path + ": cannot write metrics");
-  return Status::OK();
+  return metrics_->Open(steps_done());
 }
 
 Status Trainer::CheckpointNow(const std::string& reason, bool wait) {
@@ -704,38 +638,24 @@ Status Trainer::CheckpointNow(const std::string& reason, bool wait) {
   FT_RETURN_IF_ERROR(RequireFiniteWeights(spec_, contents));  // every checkpoint, the final one too
   FT_RETURN_IF_ERROR(writer_->Submit(std::move(contents), std::move(retention)));
   if (wait) FT_RETURN_IF_ERROR(writer_->Wait());
-  LogCompletedCheckpoints();
-  return Status::OK();
+  return LogCompletedCheckpoints();
 }
 
-void Trainer::LogCompletedCheckpoints() {
-  // One event line per durable checkpoint: the worker reports these as committed.
-  if (!writer_) return;
+Status Trainer::LogCompletedCheckpoints() {
+  if (!writer_) return Status::OK();
   for (const CheckpointWriter::Completed& c : writer_->TakeCompleted()) {
-    nlohmann::json j = {{"event", "checkpoint"},
-                        {"step", c.step},
-                        {"reason", c.reason},
-                        {"dir", c.dir},
-                        {"checkpoint_seconds", c.seconds}};
-    (void)WriteMetricsLine(std::move(j));
-  }
-}
-
-Status Trainer::WriteMetricsLine(nlohmann::json j) {
-  if (!leader()) return Status::OK();
-  // The epoch lets a worker tell its own trainer's lines from a superseded one's.
-  if (owner_->fenced()) {
-    FT_RETURN_IF_ERROR(owner_->Check());
-    j["epoch"] = owner_->epoch();
-  }
-  errno = 0;
-  metrics_ << j.dump() << "\n";
-  metrics_.flush();
-  if (!metrics_) {
-    return Status::IOError(spec_.output.dir + "/metrics.jsonl: write failed" +
-                           (errno ? std::string(": ") + std::strerror(errno) : std::string()));
+    MetricsLine line = MetricsEvent(MetricsLine::Kind::kCheckpoint, c.step, c.reason);
+    line.dir = c.dir;
+    line.checkpoint_seconds = c.seconds;
+    FT_RETURN_IF_ERROR(Log(line).WithContext("the event line of checkpoint " + c.dir));
   }
   return Status::OK();
+}
+
+Status Trainer::Log(const MetricsLine& line) {
+  if (!leader()) return Status::OK();
+  if (!metrics_) return Status::FailedPrecondition(spec_.output.dir + "/metrics.jsonl: not open yet");
+  return metrics_->Write(line);
 }
 
 StatusOr<bool> Trainer::AlreadyComplete() {
@@ -764,9 +684,13 @@ Status Trainer::EvaluateIfDue(int64_t step) {
     FT_LOG(WARN) << "evaluation at step " << step << " abandoned for a stop request";
     return Status::OK();
   }
-  nlohmann::json j = {
-      {"step", e.step}, {"eval_loss", e.loss}, {"eval_tokens", e.tokens}, {"eval_seconds", e.seconds}};
-  FT_RETURN_IF_ERROR(WriteMetricsLine(std::move(j)));
+  MetricsLine line;
+  line.kind = MetricsLine::Kind::kEval;
+  line.step = e.step;
+  line.eval_loss = e.loss;
+  line.eval_tokens = e.tokens;
+  line.eval_seconds = e.seconds;
+  FT_RETURN_IF_ERROR(Log(line));
   std::fprintf(stderr, "eval at step %" PRId64 ": loss %.4f over %" PRId64 " tokens (%.2f s)\n", e.step,
                e.loss, e.tokens, e.seconds);
   return Status::OK();
@@ -775,15 +699,42 @@ Status Trainer::EvaluateIfDue(int64_t step) {
 StatusOr<RunOutcome> Trainer::Run(const std::string& resume_dir) {
   StatusOr<RunOutcome> outcome = RunSteps(resume_dir);
   // A superseded run leaves the directory to its new owner: not even a metrics line.
-  if (!outcome.ok() && metrics_.is_open() && !outcome.status().IsAborted()) {
-    // The worker and the dashboard read why a run failed from the metrics too.
-    nlohmann::json j = {{"event", "failed"}, {"step", steps_done()}, {"reason", outcome.status().ToString()}};
-    (void)WriteMetricsLine(std::move(j));
+  if (!outcome.ok() && metrics_ && metrics_->is_open() && !outcome.status().IsAborted()) {
+    // The worker and the dashboard read why a run failed from the metrics too; the run has failed
+    // already, so a failure to say so is only logged (the exit code and stderr still carry it).
+    const MetricsLine line =
+        MetricsEvent(MetricsLine::Kind::kFailed, steps_done(), outcome.status().ToString());
+    if (Status logged = Log(line); !logged.ok()) FT_LOG(ERROR) << logged.ToString();
   }
   return outcome;
 }
 
-StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
+MetricsLine Trainer::StepLine(const StepMetrics& m) const {
+  MetricsLine line;
+  line.kind = MetricsLine::Kind::kStep;
+  line.step = m.step;
+  line.loss = m.loss;
+  line.lr = m.lr;
+  line.grad_norm = m.skipped ? std::numeric_limits<double>::quiet_NaN() : m.grad_norm;  // written as null
+  line.tokens = m.tokens;
+  line.tokens_seen = m.tokens_seen;
+  line.tokens_per_s = m.tokens_per_s;
+  line.step_seconds = m.step_seconds;
+  line.copy_wait_seconds = m.copy_wait_seconds;
+  line.peak_bytes = m.peak_bytes;
+  line.peak_bytes_by_category = m.peak_by_category;
+  line.checkpoint_seconds = writer_ ? writer_->last_seconds() : 0;
+  line.world = ranks_->world();
+  line.allreduce_seconds = m.allreduce_seconds;
+  line.gather_seconds = m.gather_seconds;
+  line.sharded = model_->sharded();
+  line.fp16 = spec_.model.dtype == ComputeDType::kF16;
+  line.loss_scale = m.loss_scale;
+  line.skipped = m.skipped;
+  return line;
+}
+
+StatusOr<bool> Trainer::ClaimOutput() {
   std::vector<double> complete = {0};
   if (leader()) {  // rank 0 owns output.dir
     // The user's own output.dir being a file is bad input; anything below it is the filesystem's state.
@@ -799,89 +750,58 @@ StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
   // Also where ranks that loaded the model faster wait for the slower ones.
   FT_RETURN_IF_ERROR(ranks_->Barrier(kRankZeroPhase));
   FT_RETURN_IF_ERROR(Agree(&complete));
-  if (complete[0] > 0) return RunOutcome::kFinished;
+  return complete[0] > 0;
+}
+
+Status Trainer::StartLog(const std::string& resume_dir) {
   FT_RETURN_IF_ERROR(ResumeIfPossible(resume_dir));
   if (leader()) {
     FT_RETURN_IF_ERROR(owner_->Check());
     FT_RETURN_IF_ERROR(OpenMetrics());
   }
-  if (!resume_note_.is_null()) {
-    resume_note_["step"] = steps_done();
-    FT_RETURN_IF_ERROR(WriteMetricsLine(resume_note_));
+  if (resume_note_) {
+    resume_note_->step = steps_done();
+    FT_RETURN_IF_ERROR(Log(*resume_note_));
   }
   FT_LOG(INFO) << "training " << spec_.model.path << ": steps " << steps_done() + 1 << ".." << total_steps_
                << ", micro-batch " << plan_.micro_batch << " x accumulation " << plan_.accumulation
                << " x world " << plan_.world
                << (plan_.world > 1 ? (model_->sharded() ? " (FSDP, rank " : " (DDP, rank ") : "")
                << (plan_.world > 1 ? std::to_string(ranks_->rank()) + ")" : "");
-  auto last_checkpoint = std::chrono::steady_clock::now();
-  while (steps_done() < total_steps_) {
-    if (control_) {
-      // A request at any rank holds for all: every rank checkpoints (rank 0 writes) and stops together.
-      auto req = control_->Take();
-      std::vector<double> wanted = {req ? 1.0 : 0.0, req && req->stop ? 1.0 : 0.0};
-      FT_RETURN_IF_ERROR(Agree(&wanted));
-      if (wanted[0] > 0) {
-        const std::string reason = req ? req->reason : "a request at another rank";
-        FT_RETURN_IF_ERROR(CheckpointNow(reason, /*wait=*/true));
-        FT_RETURN_IF_ERROR(ranks_->Barrier(kRankZeroPhase));  // rank 0 wrote it
-        last_checkpoint = std::chrono::steady_clock::now();
-        if (wanted[1] > 0) {
-          nlohmann::json j = {{"event", "preempted"}, {"step", steps_done()}, {"reason", reason}};
-          FT_RETURN_IF_ERROR(WriteMetricsLine(std::move(j)));
-          std::fprintf(stderr, "ft-train: stopped after checkpoint at step %lld (%s)\n",
-                       static_cast<long long>(steps_done()), reason.c_str());
-          return RunOutcome::kPreempted;
-        }
-        continue;
-      }
-    }
-    StepMetrics m;
-    bool interrupted = false;
-    FT_RETURN_IF_ERROR(Step(&m, &interrupted));
-    if (interrupted) continue;  // the stop request is handled at the top of the loop
-    nlohmann::json j = {{"step", m.step},
-                        {"loss", m.loss},
-                        {"lr", m.lr},
-                        {"grad_norm", m.grad_norm},
-                        {"tokens", m.tokens},
-                        {"tokens_seen", m.tokens_seen},
-                        {"tokens_per_s", m.tokens_per_s},
-                        {"step_seconds", m.step_seconds},
-                        {"copy_wait_seconds", m.copy_wait_seconds},
-                        {"peak_bytes", m.peak_bytes},
-                        {"peak_bytes_by_category", m.peak_by_category}};
-    if (writer_ && writer_->last_seconds() > 0) j["checkpoint_seconds"] = writer_->last_seconds();
-    if (ranks_->world() > 1) {
-      j["world"] = ranks_->world();
-      j["allreduce_seconds"] = m.allreduce_seconds;
-      if (model_->sharded()) j["gather_seconds"] = m.gather_seconds;
-    }
-    if (spec_.model.dtype == "fp16") {
-      j["loss_scale"] = m.loss_scale;
-      j["skipped"] = m.skipped;
-      if (m.skipped) j["grad_norm"] = nullptr;  // not finite: JSON has no inf
-    }
-    FT_RETURN_IF_ERROR(WriteMetricsLine(std::move(j)));
-    std::fprintf(stderr,
-                 "step %" PRId64 "/%" PRId64
-                 "  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tok/s  peak %.1f MiB\n",
-                 m.step, total_steps_, m.loss, m.lr, m.grad_norm, m.tokens_per_s,
-                 static_cast<double>(m.peak_bytes) / (1 << 20));
-    FT_RETURN_IF_ERROR(EvaluateIfDue(m.step));
-    const bool by_steps = spec_.checkpoint.every_steps > 0 && m.step % spec_.checkpoint.every_steps == 0;
-    const double minutes =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - last_checkpoint).count() / 60.0;
-    std::vector<double> due = {
-        spec_.checkpoint.every_minutes > 0 && minutes >= spec_.checkpoint.every_minutes ? 1.0 : 0.0};
-    if (spec_.checkpoint.every_minutes > 0) FT_RETURN_IF_ERROR(Agree(&due));  // the ranks' clocks differ
-    const bool by_time = due[0] > 0;
-    LogCompletedCheckpoints();
-    if ((by_steps || by_time) && m.step < total_steps_) {
-      FT_RETURN_IF_ERROR(CheckpointNow(by_steps ? "every_steps" : "every_minutes", /*wait=*/false));
-      last_checkpoint = std::chrono::steady_clock::now();
-    }
-  }
+  return Status::OK();
+}
+
+StatusOr<Trainer::Request> Trainer::HandleRequest() {
+  if (!control_) return Request::kNone;
+  // A request at any rank holds for all: every rank checkpoints (rank 0 writes) and stops together.
+  auto req = control_->Take();
+  std::vector<double> wanted = {req ? 1.0 : 0.0, req && req->stop ? 1.0 : 0.0};
+  FT_RETURN_IF_ERROR(Agree(&wanted));
+  if (wanted[0] == 0) return Request::kNone;
+  const std::string reason = req ? req->reason : "a request at another rank";
+  FT_RETURN_IF_ERROR(CheckpointNow(reason, /*wait=*/true));
+  FT_RETURN_IF_ERROR(ranks_->Barrier(kRankZeroPhase));  // rank 0 wrote it
+  if (wanted[1] == 0) return Request::kCheckpointed;
+  FT_RETURN_IF_ERROR(Log(MetricsEvent(MetricsLine::Kind::kPreempted, steps_done(), reason)));
+  std::fprintf(stderr, "ft-train: stopped after checkpoint at step %lld (%s)\n",
+               static_cast<long long>(steps_done()), reason.c_str());
+  return Request::kStop;
+}
+
+StatusOr<bool> Trainer::CheckpointDue(int64_t step, std::chrono::steady_clock::time_point last_checkpoint) {
+  const bool by_steps = spec_.checkpoint.every_steps > 0 && step % spec_.checkpoint.every_steps == 0;
+  const double minutes =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - last_checkpoint).count() / 60.0;
+  std::vector<double> due = {
+      spec_.checkpoint.every_minutes > 0 && minutes >= spec_.checkpoint.every_minutes ? 1.0 : 0.0};
+  if (spec_.checkpoint.every_minutes > 0) FT_RETURN_IF_ERROR(Agree(&due));  // the ranks' clocks differ
+  FT_RETURN_IF_ERROR(LogCompletedCheckpoints());
+  if ((!by_steps && due[0] == 0) || step >= total_steps_) return false;
+  FT_RETURN_IF_ERROR(CheckpointNow(by_steps ? "every_steps" : "every_minutes", /*wait=*/false));
+  return true;
+}
+
+Status Trainer::Finish() {
   // Rank 0 decides (its writer may still be finishing one); every rank takes part in the checkpoint.
   if (leader() && writer_) FT_RETURN_IF_ERROR(writer_->Wait());
   std::vector<double> final_needed = {leader() &&
@@ -894,9 +814,38 @@ StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
     FT_RETURN_IF_ERROR(CheckpointNow("final", /*wait=*/true));
   } else if (writer_) {
     FT_RETURN_IF_ERROR(writer_->Wait());
-    LogCompletedCheckpoints();
+    FT_RETURN_IF_ERROR(LogCompletedCheckpoints());
   }
-  FT_RETURN_IF_ERROR(WriteOutputs());
+  return WriteOutputs();
+}
+
+StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
+  FT_ASSIGN_OR_RETURN(const bool complete, ClaimOutput());
+  if (complete) return RunOutcome::kFinished;
+  FT_RETURN_IF_ERROR(StartLog(resume_dir));
+  auto last_checkpoint = std::chrono::steady_clock::now();
+  while (steps_done() < total_steps_) {
+    FT_ASSIGN_OR_RETURN(const Request request, HandleRequest());
+    if (request == Request::kStop) return RunOutcome::kPreempted;
+    if (request == Request::kCheckpointed) {
+      last_checkpoint = std::chrono::steady_clock::now();
+      continue;
+    }
+    StepMetrics m;
+    bool interrupted = false;
+    FT_RETURN_IF_ERROR(Step(&m, &interrupted));
+    if (interrupted) continue;  // the stop request is handled at the top of the loop
+    FT_RETURN_IF_ERROR(Log(StepLine(m)));
+    std::fprintf(stderr,
+                 "step %" PRId64 "/%" PRId64
+                 "  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tok/s  peak %.1f MiB\n",
+                 m.step, total_steps_, m.loss, m.lr, m.grad_norm, m.tokens_per_s,
+                 static_cast<double>(m.peak_bytes) / (1 << 20));
+    FT_RETURN_IF_ERROR(EvaluateIfDue(m.step));
+    FT_ASSIGN_OR_RETURN(const bool checkpointed, CheckpointDue(m.step, last_checkpoint));
+    if (checkpointed) last_checkpoint = std::chrono::steady_clock::now();
+  }
+  FT_RETURN_IF_ERROR(Finish());
   return RunOutcome::kFinished;
 }
 

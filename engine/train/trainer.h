@@ -18,22 +18,24 @@
 // Thread safety: one thread at a time.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "common/status.h"
 #include "engine/data/dataset.h"
 #include "engine/dist/collective.h"
+#include "engine/job/exit_codes.h"
+#include "engine/job/job_hash.h"
+#include "engine/job/job_spec.h"
 #include "engine/model/model.h"
 #include "engine/text/tokenizer.h"
 #include "engine/train/checkpoint.h"
-#include "engine/train/exit_codes.h"
-#include "engine/train/job_spec.h"
+#include "engine/train/metrics_log.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/output_owner.h"
 #include "engine/train/train_control.h"
@@ -114,7 +116,7 @@ class Trainer {
   // the job's cadence and on requests, writes <output.dir>/metrics.jsonl and a
   // progress line per step on stderr, then a final checkpoint and the outputs
   // (adapter/, model/ for full fine-tunes, merged/ when output.merge), and
-  // COMPLETE.json last (engine/train/completion.h).
+  // COMPLETE.json last (engine/job/completion.h).
   // With data.eval, an evaluation line follows the step line of every
   // train.eval_every_steps-th step and of the last step.
   // Aborted when a newer epoch took output.dir (fenced runs): nothing more
@@ -176,21 +178,42 @@ class Trainer {
   Status AllReduceGradients(double* loss_sum);
   // Multi-rank: whether any rank wants `flags` (each 0 or 1), agreed by every rank.
   Status Agree(std::vector<double>* flags);
+  // The steps of Create: the model with its weights and adapter (sharded under FSDP), the
+  // training (and evaluation) data with the step count, the optimizer.
+  Status BuildModel(const ModelConfig& config, std::shared_ptr<Backend> backend);
+  Status OpenData(const ModelConfig& config);
+  void BuildOptimizer(std::shared_ptr<Backend> backend);
+  // The steps of Run: claim output.dir (true when the job is complete already), resume and open
+  // the log, then step, with requests, checkpoints and evaluations between steps, and finish
+  // (the final checkpoint and outputs).
   StatusOr<RunOutcome> RunSteps(const std::string& resume_dir);
+  StatusOr<bool> ClaimOutput();
+  Status StartLog(const std::string& resume_dir);
+  // A checkpoint (and stop) asked for through the control channel, agreed by every rank.
+  enum class Request { kNone, kCheckpointed, kStop };
+  StatusOr<Request> HandleRequest();
+  // Logs the checkpoints made durable meanwhile and starts one when due after `step` (true then).
+  StatusOr<bool> CheckpointDue(int64_t step, std::chrono::steady_clock::time_point last_checkpoint);
+  Status Finish();
   Status ResumeIfPossible(const std::string& resume_dir);
   // The checkpoint to resume from ("" = step 0): `committed` or the newest
   // verified one; a fenced run also records the resume note for metrics.
   std::string ChooseResumePoint(const std::string& committed);
   // True when COMPLETE.json shows this job finished (fenced runs); removes a stale one.
   StatusOr<bool> AlreadyComplete();
-  Status WriteMetricsLine(nlohmann::json j);
+  // Rank 0 appends `line` to metrics.jsonl (other ranks: OK, nothing written).
+  Status Log(const MetricsLine& line);
+  // The metrics.jsonl line of a step.
+  MetricsLine StepLine(const StepMetrics& m) const;
   // fp16: after a step, halves the loss scale on overflow, or doubles it
   // after loss_scale_growth_interval good steps in a row (torch's GradScaler).
   void UpdateLossScale(bool overflow);
   Status CheckpointNow(const std::string& reason, bool wait);
   // output.merge: the base model with the adapter folded in, written to <output.dir>/merged.
   Status WriteMerged(const ModelOptions& options);
-  void LogCompletedCheckpoints();
+  // One event line per checkpoint made durable since the last call: the worker reports these as
+  // committed, so a failed write fails the run.
+  Status LogCompletedCheckpoints();
   Status OpenMetrics();
   // Evaluates when `step` is due (every eval_every_steps, and the last) and logs the line.
   Status EvaluateIfDue(int64_t step);
@@ -203,11 +226,11 @@ class Trainer {
   std::function<void(int64_t)> grad_hook_;
   TrainControl* control_ = nullptr;
   std::unique_ptr<OutputOwner> owner_ = std::make_unique<OutputOwner>();  // unfenced until set_fencing
-  std::string committed_dir_;   // the checkpoint ftd committed: retention keeps it
-  nlohmann::json resume_note_;  // fenced runs: a "resume" event for metrics.jsonl, or null
+  std::string committed_dir_;               // the checkpoint ftd committed: retention keeps it
+  std::optional<MetricsLine> resume_note_;  // fenced runs: a "resume" event for metrics.jsonl
+  std::unique_ptr<MetricsLog> metrics_;     // rank 0, once open
   // Last: its destructor waits for a write in flight, which uses the members above.
   std::unique_ptr<CheckpointWriter> writer_;
-  std::ofstream metrics_;
 };
 
 // Chooses micro-batch and accumulation for `spec` (micro × accumulation ×
@@ -224,14 +247,5 @@ StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec, const ModelConfig& mode
 StatusOr<std::unique_ptr<Dataset>> OpenJobData(const JobSpec& spec, const ModelConfig& config,
                                                const std::string& path,
                                                std::unique_ptr<Tokenizer>* tokenizer);
-
-// The job keys that define the training math, with their values; a resume
-// refuses a checkpoint whose values differ (naming the key). The data is
-// identified by its content: `data_sha256` is the SHA-256 of data.train
-// (Dataset::sha256()); when empty, the file is read and hashed here (about
-// 1 GB/s; the result is kept per file version, see trainer.cc).
-std::map<std::string, std::string> JobMathKeys(const JobSpec& spec, const std::string& data_sha256 = "");
-// SHA-256 of JobMathKeys (a checkpoint's and COMPLETE.json's job_hash).
-std::string JobHash(const JobSpec& spec, const std::string& data_sha256 = "");
 
 }  // namespace ft

@@ -4,6 +4,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 
 #include <filesystem>
 #include <fstream>
@@ -13,9 +14,9 @@
 
 #include "common/file_util.h"
 #include "engine/io/hf_model.h"
+#include "engine/job/completion.h"
+#include "engine/job/job_spec.h"
 #include "engine/train/checkpoint.h"
-#include "engine/train/completion.h"
-#include "engine/train/job_spec.h"
 #include "engine/train/trainer.h"
 
 namespace ft {
@@ -24,6 +25,7 @@ namespace {
 namespace fs = std::filesystem;
 namespace pb = ftune::v1;
 using ::testing::HasSubstr;
+using ::testing::StartsWith;
 
 class FakeSink : public WorkerSink {
  public:
@@ -63,6 +65,7 @@ class DaemonTest : public testing::Test {
     o.data_dir = dir_ + "/data";
     o.requeue_backoff_ms = 1000;
     o.allowed_roots = std::move(allowed_roots);
+    if (lease_ms_ > 0) o.lease_ms = lease_ms_;
     daemon_ = std::make_unique<Daemon>(std::move(*store), &clock_, o);
   }
   std::string Submit(int priority = 0, const std::string& extra = "", const std::string& train_extra = "") {
@@ -119,6 +122,7 @@ class DaemonTest : public testing::Test {
   pb::Job Job(const std::string& id) { return *daemon_->GetJob(id); }
 
   std::string dir_;
+  int64_t lease_ms_ = 0;  // 0: DaemonOptions' default
   FakeClock clock_;
   std::unique_ptr<Daemon> daemon_;
 };
@@ -800,6 +804,37 @@ TEST_F(DaemonTest, ACudaJobOfAModelTheKernelsRefuseIsRefusedAtSubmission) {
   EXPECT_TRUE(submit("auto").ok());
 }
 
+// Choices no trainer combines (a full fine-tune of NF4 weights, of offloaded weights, or sharded
+// over ranks by fsdp) used to be queued and fail when a trainer started (Trainer::Create); ftd now
+// refuses them at submission with the job file's line, and queues nothing.
+TEST_F(DaemonTest, FullFineTuneCombinationsAreRefusedAtSubmissionWithFileLine) {
+  auto submit = [&](const std::string& model, const std::string& train, const std::string& rest) {
+    pb::SubmitRequest req;
+    req.set_spec_yaml(
+        "model: {path: model" + model +
+        "}\ndata: {train: data.jsonl, format: tokens}\ntrain: {max_steps: 1, global_batch_size: 2" + train +
+        "}\noutput: {dir: o}\n" + rest);
+    req.set_spec_dir(dir_ + "/job");
+    return daemon_->Submit(req);
+  };
+  const std::string file = dir_ + "/job/job.yaml", full = "adapter: {type: full}\n";
+  struct Case {
+    std::string model, train, rest, line, says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {", quantization: nf4", "", full, ":1:", "model.quantization: nf4 freezes the base weights"},
+           {"", ", cpu_offload: true", full, ":3:", "train.cpu_offload keeps the frozen base weights"},
+           {"", "", full + "resources: {gpus: 2}\ndistributed: {strategy: fsdp}\n",
+            ":7:", "distributed.strategy: fsdp shards the frozen base weights"}}) {
+    auto refused = submit(c.model, c.train, c.rest);
+    ASSERT_TRUE(refused.status().IsInvalidArgument()) << c.says << ": " << refused.status().ToString();
+    EXPECT_THAT(refused.status().message(), StartsWith(file + c.line));
+    EXPECT_THAT(refused.status().message(), HasSubstr(c.says));
+  }
+  EXPECT_EQ(daemon_->ListJobs({})->jobs_size(), 0);
+  EXPECT_TRUE(submit("", "", full).ok());  // a full fine-tune alone is queued
+}
+
 TEST_F(DaemonTest, ConcurrentSubmitsAreGroupCommittedWithDistinctIdsAndAllQueued) {
   constexpr int kThreads = 8, kEach = 25;
   std::vector<std::thread> threads;
@@ -837,6 +872,136 @@ TEST_F(DaemonTest, ConcurrentSubmitsAreGroupCommittedWithDistinctIdsAndAllQueued
   daemon_->Tick();
   ASSERT_EQ(w2.Count(pb::DaemonCommand::kStart), 1);
   EXPECT_EQ(w2.Last(pb::DaemonCommand::kStart)->start().job_id(), "j-000002");
+}
+
+// The kinds of a job's events, oldest first.
+std::vector<std::string> EventKinds(Daemon& daemon, const std::string& job_id) {
+  pb::ListEventsRequest r;
+  r.set_job_id(job_id);
+  auto events = daemon.ListEvents(r);
+  EXPECT_TRUE(events.ok()) << events.status().ToString();
+  std::vector<std::string> kinds;
+  if (events.ok()) {
+    for (const auto& e : events->events()) kinds.push_back(e.kind());
+  }
+  return kinds;
+}
+
+TEST_F(DaemonTest, AWorkersLogThatCannotBeAppendedIsCountedAndSaidOnce) {
+  const std::string id = Submit();
+  FakeSink w;
+  Register("w", &w);
+  daemon_->Tick();
+  ASSERT_EQ(Job(id).state(), pb::RUNNING);
+  // A directory where the log file belongs: the append fails (also as root).
+  const std::string log = *daemon_->LogPath(id);
+  fs::create_directories(log);
+  pb::WorkerMessage m;
+  m.mutable_log()->set_job_id(id);
+  m.mutable_log()->set_epoch(1);
+  m.mutable_log()->set_text("step 1\n");
+  daemon_->OnWorkerMessage("w", &w, m);
+  daemon_->OnWorkerMessage("w", &w, m);
+  EXPECT_EQ(daemon_->error_count(DaemonError::kLogWrite), 2);
+  const auto kinds = EventKinds(*daemon_, id);
+  EXPECT_EQ(std::count(kinds.begin(), kinds.end(), "log_write_failed"), 1);
+  // Writable again: the lines land and the next failure is said again.
+  fs::remove(log);
+  daemon_->OnWorkerMessage("w", &w, m);
+  EXPECT_EQ(daemon_->error_count(DaemonError::kLogWrite), 2);
+  std::ifstream in(log);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "step 1\n");
+}
+
+TEST_F(DaemonTest, AJobWhoseStoredSpecNoLongerParsesFailsAtStartInsteadOfWaitingForever) {
+  const std::string id = Submit();
+  {
+    // The row changed behind ftd's back (a damaged or hand-edited database).
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open((dir_ + "/ftd.sqlite").c_str(), &db), SQLITE_OK);
+    const std::string sql = "UPDATE jobs SET spec_yaml = 'name: [' WHERE id = '" + id + "'";
+    EXPECT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(db);
+    sqlite3_close(db);
+  }
+  FakeSink w;
+  Register("w", &w);
+  daemon_->Tick();
+  EXPECT_EQ(w.Count(pb::DaemonCommand::kStart), 0);
+  EXPECT_EQ(Job(id).state(), pb::FAILED);
+  EXPECT_THAT(Job(id).reason(), HasSubstr("cannot start"));
+  const auto kinds = EventKinds(*daemon_, id);
+  EXPECT_EQ(std::count(kinds.begin(), kinds.end(), "failed"), 1);
+}
+
+TEST_F(DaemonTest, ARunningJobWhosePlanInputNoLongerLoadsAfterARestartIsCountedAndKeepsRunning) {
+  const std::string id = Submit();
+  FakeSink w;
+  Register("w", &w);
+  daemon_->Tick();
+  ASSERT_EQ(Job(id).state(), pb::RUNNING);
+  fs::remove(dir_ + "/job/model/config.json");
+  Reopen();
+  ASSERT_TRUE(daemon_->startup_status().ok());
+  EXPECT_EQ(daemon_->error_count(DaemonError::kPlanInput), 1);
+  EXPECT_EQ(Job(id).state(), pb::RUNNING);  // the attempt is not the daemon's to end for this
+  EXPECT_FALSE(daemon_->PredictedBytes(id).ok());
+}
+
+TEST_F(DaemonTest, ADaemonStallLongerThanTheLeaseCostsNoWorkerItsLease) {
+  lease_ms_ = 3'000;
+  Reopen();
+  const std::string id = Submit();
+  FakeSink w1, w2;
+  Register("w1", &w1);
+  daemon_->Tick();
+  Register("w2", &w2);  // idle
+  ASSERT_EQ(Job(id).state(), pb::RUNNING);
+  // w1's heartbeat waits 5 s in ftd's database commit, under ftd's lock: no
+  // other message could be handled meanwhile.
+  bool stalled = false;
+  daemon_->store().SetCommitHookForTest([&] {
+    if (!stalled) clock_.Advance(5'000);
+    stalled = true;
+  });
+  Heartbeat("w1", &w1, id, 1, 3);
+  daemon_->store().SetCommitHookForTest(nullptr);
+  ASSERT_TRUE(stalled);
+  daemon_->Tick();
+  auto workers = daemon_->ListWorkers();
+  ASSERT_TRUE(workers.ok());
+  for (const auto& w : workers->workers()) EXPECT_TRUE(w.alive()) << w.id();
+  EXPECT_EQ(Job(id).state(), pb::RUNNING);
+  EXPECT_EQ(Job(id).preemptions(), 0);
+  EXPECT_EQ(w1.Count(pb::DaemonCommand::kRefused), 0);
+  EXPECT_GE(daemon_->stall_ms_total(), 5'000);
+  // The credit is ftd's stall only: silence beyond it still expires the leases.
+  clock_.Advance(3'500);
+  daemon_->Tick();
+  EXPECT_EQ(Job(id).state(), pb::QUEUED);
+  EXPECT_EQ(Job(id).preemptions(), 1);
+}
+
+TEST_F(DaemonTest, AMessageThatArrivedAndWaitsForTheDaemonKeepsItsWorkersLease) {
+  // Many short holds of ftd's lock (none a stall on its own) can keep a heartbeat that has
+  // arrived waiting past the lease; the transport stamped its arrival, so the wait is ftd's.
+  lease_ms_ = 3'000;
+  Reopen();
+  const std::string id = Submit();
+  FakeSink w1;
+  Register("w1", &w1);
+  daemon_->Tick();
+  ASSERT_EQ(Job(id).state(), pb::RUNNING);
+  clock_.Advance(2'500);
+  w1.arrived_mono_ms = daemon_->MonotonicMs();  // a heartbeat reached ftd, not yet handled
+  clock_.Advance(2'000);                        // 4.5 s since w1's last handled message
+  daemon_->Tick();
+  EXPECT_EQ(Job(id).state(), pb::RUNNING);
+  EXPECT_EQ(Job(id).preemptions(), 0);
+  // A worker that is silent past the lease from its last arrival is lost all the same.
+  clock_.Advance(1'500);
+  daemon_->Tick();
+  EXPECT_EQ(Job(id).state(), pb::QUEUED);
+  EXPECT_EQ(Job(id).preemptions(), 1);
 }
 
 }  // namespace

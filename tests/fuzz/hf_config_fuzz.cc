@@ -1,5 +1,5 @@
 // A model's config.json → ModelConfig, and the memory planner on what parses
-// (engine/io/hf_model.h, engine/train/planner.h): errors, never a crash or an
+// (engine/job/hf_config.h, engine/job/planner.h): errors, never a crash or an
 // overflow, whatever the sizes say. A config that parses has finite numbers
 // (rms_norm_eps, rope_theta, the rope_scaling factors) in their ranges.
 #include <cmath>
@@ -7,7 +7,7 @@
 #include <cstdlib>
 
 #include "engine/io/hf_model.h"
-#include "engine/train/planner.h"
+#include "engine/job/planner.h"
 #include "tests/fuzz/fuzz.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,12 +1,12 @@
 // job.yaml → JobSpec: any bytes parse to a spec or to an error naming the
-// file, line and key (engine/train/job_spec.h). A spec that parses holds only
+// file, line and key (engine/job/job_spec.h). A spec that parses holds only
 // finite numbers inside their documented ranges (no .inf, .nan or 1e308 lr
 // gets through, and a repeated key is an error, not a silent first value).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
-#include "engine/train/job_spec.h"
+#include "engine/job/job_spec.h"
 #include "tests/fuzz/fuzz.h"
 
 namespace {

@@ -1,21 +1,14 @@
 #include "tests/support/process.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <stdlib.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
 namespace ft::testing_support {
-
-namespace fs = std::filesystem;
 
 namespace {
 int ExitCode(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
@@ -52,31 +45,9 @@ int Proc::WaitFor(std::chrono::milliseconds timeout) {
 std::string Proc::Log() const { return Slurp(log); }
 
 Proc Spawn(const std::vector<std::string>& argv, const SpawnOptions& options) {
-  Proc p;
-  p.log = options.log;
-  p.pid = fork();
-  if (p.pid == 0) {
-    const int flags = O_WRONLY | O_CREAT | (options.truncate_log ? O_TRUNC : O_APPEND);
-    const int fd = open(options.log.c_str(), flags, 0644);
-    if (fd >= 0) {
-      if (options.stdout_to_log) dup2(fd, 1);
-      dup2(fd, 2);
-    }
-    for (const auto& [here, there] : options.fds) {
-      if (here == there) {
-        fcntl(here, F_SETFD, 0);  // dup2 onto itself would leave close-on-exec set
-      } else {
-        dup2(here, there);
-      }
-    }
-    for (const std::string& e : options.env) putenv(const_cast<char*>(e.c_str()));
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  return p;
+  const StatusOr<pid_t> pid = SpawnChild(argv, options);
+  if (!pid.ok()) ADD_FAILURE() << pid.status().ToString();
+  return {pid.ok() ? *pid : -1, options.log};
 }
 
 ScopedProc::~ScopedProc() {
@@ -91,21 +62,6 @@ std::string Slurp(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-
-std::string TempPath(const std::string& name) {
-  std::string prefix = program_invocation_short_name;
-  // A sharded test (GTEST_SHARD_INDEX, ft_add_test's SHARDS) runs as several
-  // processes of one binary at once: each shard has directories of its own.
-  if (const char* shard = std::getenv("GTEST_SHARD_INDEX")) prefix += std::string("-shard") + shard;
-  return (fs::path(testing::TempDir()) / (prefix + "-" + name)).lexically_normal().string();
-}
-
-std::string FreshDir(const std::string& name) {
-  const std::string d = TempPath(name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
 }
 
 }  // namespace ft::testing_support

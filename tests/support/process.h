@@ -1,6 +1,7 @@
 // Test support for every test that runs real processes (ft-train, ftd,
-// ft-worker): spawning with output to a log file, signalling, waiting with and
-// without a deadline, reading files whole, and per-binary temporary paths.
+// ft-worker): spawning with output to a log file (common/subprocess.h),
+// signalling, waiting with and without a deadline, reading files whole, and
+// (temp_dir.h) per-binary temporary paths.
 //
 // A Proc is a plain handle (copyable, no ownership): whoever starts one kills
 // or waits for it; ScopedProc kills and reaps a still-running child when it
@@ -16,17 +17,13 @@
 #include <utility>
 #include <vector>
 
+#include "common/subprocess.h"
+#include "tests/support/temp_dir.h"  // TempPath, FreshDir
+
 namespace ft::testing_support {
 
-struct SpawnOptions {
-  std::string log;               // stderr (and stdout, unless !stdout_to_log) go here, appended
-  std::vector<std::string> env;  // NAME=value entries added to (and overriding) the inherited ones
-  bool stdout_to_log = true;     // false: stdout stays the test's own
-  bool truncate_log = false;     // start the log empty instead of appending
-  // {descriptor here, descriptor in the child} pairs, dup2'ed in the child
-  // (e.g. a pipe's read end as ft-train's --control-fd 3).
-  std::vector<std::pair<int, int>> fds;
-};
+// How to start a child: its log, environment, extra descriptors (common/subprocess.h).
+using SpawnOptions = ChildOptions;
 
 // A child process.
 struct Proc {
@@ -44,7 +41,9 @@ struct Proc {
   std::string Log() const;
 };
 
-// Starts argv[0] (a path) with argv. A child that cannot exec exits 127.
+// Starts argv[0] (a path) with argv. When it cannot be started (a missing
+// binary, a log that cannot be opened) the test fails with the reason and the
+// Proc has pid -1.
 Proc Spawn(const std::vector<std::string>& argv, const SpawnOptions& options);
 
 // A Proc that is killed (SIGKILL) and reaped when it goes out of scope.
@@ -63,10 +62,5 @@ class ScopedProc {
 
 // A file's contents ("" when unreadable).
 std::string Slurp(const std::string& path);
-// <testing::TempDir()>/<this test binary's name>[-shard<i>]-<name>, so test
-// binaries (and shards of one) running side by side never share a directory.
-std::string TempPath(const std::string& name);
-// TempPath(name), emptied and created.
-std::string FreshDir(const std::string& name);
 
 }  // namespace ft::testing_support

@@ -106,7 +106,7 @@ TEST(DevicesTest, CpuDeviceWithOverriddenMemory) {
   ASSERT_TRUE(devices.ok()) << devices.status().ToString();
   ASSERT_EQ(devices->size(), 1u);
   const Device& d = (*devices)[0];
-  EXPECT_EQ(d.kind, "cpu");
+  EXPECT_EQ(d.kind, DeviceKind::kCpu);
   EXPECT_EQ(d.index, 0);
   EXPECT_FALSE(d.name.empty());
   EXPECT_EQ(d.total_bytes, int64_t{8} << 30);
@@ -167,7 +167,7 @@ TEST(DevicesTest, DiscoveryFindsSomething) {
   ASSERT_TRUE(devices.ok()) << devices.status().ToString();
   ASSERT_FALSE(devices->empty());
   for (const Device& d : *devices) {
-    EXPECT_TRUE(d.kind == "cpu" || d.kind == "cuda") << d.kind;
+    EXPECT_TRUE(d.kind == DeviceKind::kCpu || d.kind == DeviceKind::kCuda) << DeviceKindName(d.kind);
     EXPECT_GT(d.total_bytes, 0);
   }
 }
@@ -179,7 +179,7 @@ TEST(DevicesTest, MonitorRefreshesCpuMemory) {
   ASSERT_TRUE(monitor.Init().ok());
   const std::vector<Device>& now = monitor.Current({getpid()});
   ASSERT_EQ(now.size(), 1u);
-  EXPECT_EQ(now[0].kind, "cpu");
+  EXPECT_EQ(now[0].kind, DeviceKind::kCpu);
   EXPECT_GT(now[0].free_bytes, 0);
   // Without --cpu-memory the host's numbers stand, trainers or not.
   EXPECT_EQ(now[0].used_bytes, now[0].total_bytes - now[0].free_bytes);

@@ -104,7 +104,6 @@ class FtWorkerTest : public testing::Test {
     s->set_job_id(job);
     s->set_epoch(epoch);
     s->set_spec_yaml(yaml.str());
-    s->set_output_dir(out);
     s->set_total_steps(steps);
     return c;
   }

@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "worker/metrics_line.h"
+#include "engine/job/metrics_line.h"
 
 namespace ft::worker {
 namespace {

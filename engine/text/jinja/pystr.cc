@@ -5,52 +5,21 @@
 #include <cmath>
 #include <cstdio>
 
-#include "engine/text/unicode_text.h"
+#include "common/utf8.h"
 
 namespace ft::jinja {
 
 uint32_t DecodeCodePoint(std::string_view s, size_t* pos) {
-  const size_t i = *pos;
-  const auto b0 = static_cast<unsigned char>(s[i]);
-  auto invalid = [&]() {
-    *pos = i + 1;
-    return 0xDC00u + b0;
-  };
-  if (b0 < 0x80) {
-    *pos = i + 1;
-    return b0;
-  }
-  int len = 0;
-  uint32_t cp = 0;
-  if ((b0 & 0xE0) == 0xC0) {
-    len = 2;
-    cp = b0 & 0x1F;
-  } else if ((b0 & 0xF0) == 0xE0) {
-    len = 3;
-    cp = b0 & 0x0F;
-  } else if ((b0 & 0xF8) == 0xF0) {
-    len = 4;
-    cp = b0 & 0x07;
-  } else {
-    return invalid();
-  }
-  if (i + len > s.size()) return invalid();
-  for (int k = 1; k < len; ++k) {
-    const auto b = static_cast<unsigned char>(s[i + k]);
-    if ((b & 0xC0) != 0x80) return invalid();
-    cp = (cp << 6) | (b & 0x3F);
-  }
-  static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-  if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return invalid();
-  *pos = i + len;
-  return cp;
+  const Utf8Char c = DecodeUtf8(s, *pos, Utf8Policy::kEscapeByte);
+  *pos += c.len;
+  return c.cp;
 }
 
 void AppendUtf8(uint32_t cp, std::string* out) {
   if (cp >= 0xDC80 && cp <= 0xDCFF) {  // an invalid byte carried through
     out->push_back(static_cast<char>(cp - 0xDC00));
   } else {
-    ft::text::AppendUtf8(cp, out);
+    ft::AppendUtf8(cp, out);
   }
 }
 

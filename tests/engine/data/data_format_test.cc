@@ -88,7 +88,7 @@ TEST_F(DataFormatTest, FormatNames) {
     EXPECT_STREQ(DataFormatName(*f), name);
   }
   EXPECT_THAT(ParseDataFormat("sharegpt").status().message(),
-              HasSubstr("unknown data format 'sharegpt' (use one of: tokens, text, alpaca, chat)"));
+              HasSubstr("data.format 'sharegpt' is not one of: text, alpaca, chat, tokens"));
 }
 
 TEST_F(DataFormatTest, TokensRecords) {

@@ -8,8 +8,8 @@
 #include <fstream>
 
 #include "engine/io/hf_model.h"
+#include "engine/job/job_spec.h"
 #include "engine/text/tokenizer.h"
-#include "engine/train/job_spec.h"
 #include "engine/train/trainer.h"
 
 namespace ft {

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/io/safetensors.h"
-#include "engine/train/job_spec.h"
+#include "engine/job/job_spec.h"
 #include "engine/train/trainer.h"
 
 namespace ft {
@@ -153,7 +153,7 @@ std::vector<double> Losses(const JobSpec& spec, Trainer** keep = nullptr) {
 
 TEST(GoldenVariantsTest, Bf16EmulationTracksFp32WithinBf16Tolerance) {
   JobSpec spec = LoadCase("llama_gqa");
-  spec.model.dtype = "bf16";
+  spec.model.dtype = ComputeDType::kBF16;
   const Expected want = ReadMetrics("llama_gqa");
   std::vector<double> got = Losses(spec);
   ASSERT_EQ(got.size(), want.loss.size());
@@ -187,8 +187,8 @@ TEST(GoldenVariantsTest, MicroBatchPlanDoesNotChangeTheMath) {
 TEST(GoldenVariantsTest, ActivationCheckpointingIsBitIdentical) {
   JobSpec a = LoadCase("tied_rslora");
   JobSpec b = a;
-  a.train.activation_checkpointing = "false";
-  b.train.activation_checkpointing = "true";
+  a.train.activation_checkpointing = ActivationCheckpointing::kOff;
+  b.train.activation_checkpointing = ActivationCheckpointing::kOn;
   Trainer* ta = nullptr;
   std::vector<double> la = Losses(a, &ta);
   std::vector<std::vector<float>> final_a;
@@ -205,7 +205,7 @@ TEST(GoldenVariantsTest, ActivationCheckpointingIsBitIdentical) {
 
 TEST(GoldenVariantsTest, NaiveAttentionAgreesWithFlash) {
   JobSpec spec = LoadCase("qwen2_bias");
-  spec.train.attention = "naive";
+  spec.train.attention = AttentionKind::kNaive;
   const Expected want = ReadMetrics("qwen2_bias");
   std::vector<double> got = Losses(spec);
   for (size_t s = 0; s < got.size(); ++s) EXPECT_NEAR(got[s], want.loss[s], 1e-5 * want.loss[s]);

@@ -7,10 +7,10 @@
 #include <cstring>
 
 #include "engine/io/hf_model.h"
+#include "engine/job/planner.h"
 #include "engine/model/model.h"
 #include "engine/model/rng.h"
 #include "engine/train/optimizer.h"
-#include "engine/train/planner.h"
 
 namespace ft {
 namespace {
@@ -105,7 +105,7 @@ Measured Measure(const MemCase& s) {
 PlanRequest RequestFor(const MemCase& s) {
   PlanRequest r;
   r.model = s.config;
-  r.device = "cpu";
+  r.device = DeviceKind::kCpu;
   r.full = s.full;
   r.lora_r = s.r;
   r.lora_targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
@@ -114,7 +114,7 @@ PlanRequest RequestFor(const MemCase& s) {
   r.loss_chunk_rows = s.loss_chunk_rows;
   r.global_batch = s.micro;
   r.nf4 = s.nf4;
-  r.dtype = s.dtype == ComputeDType::kF32 ? "fp32" : s.dtype == ComputeDType::kBF16 ? "bf16" : "fp16";
+  r.dtype = s.dtype;
   return r;
 }
 

@@ -23,10 +23,10 @@
 #include <new>
 
 #include "engine/io/hf_model.h"
+#include "engine/job/planner.h"
 #include "engine/model/model.h"
 #include "engine/model/rng.h"
 #include "engine/train/optimizer.h"
-#include "engine/train/planner.h"
 #include "tests/support/cuda_or_skip.h"
 
 namespace ft {
@@ -137,8 +137,8 @@ Result Train(const RunSetup& s, const Technique& t, const std::shared_ptr<Backen
 PlanRequest RequestFor(const RunSetup& s, const Technique& t) {
   PlanRequest r;
   r.model = s.config;
-  r.device = kOnCuda ? "cuda" : "cpu";
-  r.dtype = s.dtype == ComputeDType::kBF16 ? "bf16" : s.dtype == ComputeDType::kF16 ? "fp16" : "fp32";
+  r.device = kOnCuda ? DeviceKind::kCuda : DeviceKind::kCpu;
+  r.dtype = s.dtype;
   r.nf4 = t.nf4;
   r.lora_r = s.r;
   r.lora_targets = kAllModules;

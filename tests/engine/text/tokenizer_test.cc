@@ -26,6 +26,7 @@
 #include "engine/command/tokenize_command.h"
 #include "engine/text/tokenizer_regex.h"
 #include "engine/text/unicode_text.h"
+#include "tests/support/temp_dir.h"
 
 #ifndef FT_TOKENIZERS_NODE_MODULES
 #define FT_TOKENIZERS_NODE_MODULES FT_BINARY_DIR "/npm-tokenizers/node_modules"
@@ -37,6 +38,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using ::testing::HasSubstr;
+using testing_support::FreshDir;
 
 const std::string kGoldenDir = std::string(FT_SOURCE_DIR) + "/tests/golden/tokenizers";
 
@@ -272,13 +274,6 @@ TEST(TokenizerTest, SpecialTokensAndConfig) {
   EXPECT_EQ(llama3.vocab_size(), 128256);
 }
 
-std::string TempDir(const std::string& name) {
-  std::string d = testing::TempDir() + "/tokenizer-test-" + name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
 void WriteFile(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
 }
@@ -293,7 +288,7 @@ TEST(TokenizerTest, TemplatePostProcessorAddsBos) {
        "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
        "pair": [],
        "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [128000], "tokens": ["<|begin_of_text|>"]}}}]})");
-  const std::string dir = TempDir("llama3-bos");
+  const std::string dir = FreshDir("llama3-bos");
   WriteFile(dir + "/tokenizer.json", j.dump());
   auto tok = Tokenizer::Load(dir);
   ASSERT_TRUE(tok.ok()) << tok.status().ToString();
@@ -307,7 +302,7 @@ TEST(TokenizerTest, TemplatePostProcessorAddsBos) {
 
 // LlamaTokenizer(Fast) takes BOS/EOS from add_bos_token / add_eos_token.
 TEST(TokenizerTest, LlamaConfigAddEos) {
-  const std::string dir = TempDir("llama2-eos");
+  const std::string dir = FreshDir("llama2-eos");
   fs::copy_file(ModelDir("llama2") + "/tokenizer.json", dir + "/tokenizer.json");
   json config = ReadJson(ModelDir("llama2") + "/tokenizer_config.json");
   config["add_eos_token"] = true;
@@ -324,7 +319,7 @@ TEST(TokenizerTest, LlamaConfigAddEos) {
 
 // split_special_tokens: special tokens written in the text are plain text.
 TEST(TokenizerTest, SplitSpecialTokens) {
-  const std::string dir = TempDir("llama2-split");
+  const std::string dir = FreshDir("llama2-split");
   fs::copy_file(ModelDir("llama2") + "/tokenizer.json", dir + "/tokenizer.json");
   json config = ReadJson(ModelDir("llama2") + "/tokenizer_config.json");
   config["split_special_tokens"] = true;
@@ -349,7 +344,7 @@ std::unique_ptr<Tokenizer> TinyTokenizer(const std::string& name, const json& mo
   model.update(model_extra);
   j["model"] = model;
   j.update(extra);
-  const std::string dir = TempDir(name);
+  const std::string dir = FreshDir(name);
   WriteFile(dir + "/tokenizer.json", j.dump());
   auto tok = Tokenizer::Load(dir);
   EXPECT_TRUE(tok.ok()) << tok.status().ToString();
@@ -427,7 +422,7 @@ TEST(TokenizerTest, NormalizersKeepOffsets) {
 }
 
 TEST(TokenizerTest, MetaspacePreTokenizerAndDecoder) {
-  const std::string dir = TempDir("metaspace");
+  const std::string dir = FreshDir("metaspace");
   WriteFile(dir + "/tokenizer.json", R"({
     "normalizer": null,
     "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": true},
@@ -519,7 +514,7 @@ TEST(TokenizeCommandTest, EncodesAndDecodesJsonLines) {
 // ---- load errors name the file and the field ----------------------------------
 
 Status LoadError(const std::string& name, const std::string& content) {
-  const std::string dir = TempDir(name);
+  const std::string dir = FreshDir(name);
   WriteFile(dir + "/tokenizer.json", content);
   auto tok = Tokenizer::Load(dir);
   EXPECT_FALSE(tok.ok());
@@ -531,7 +526,7 @@ TEST(TokenizerErrorTest, MissingFile) {
   ASSERT_FALSE(tok.ok());
   EXPECT_TRUE(tok.status().IsNotFound());
   EXPECT_THAT(tok.status().message(), HasSubstr("/nonexistent/dir/tokenizer.json"));
-  const std::string empty = TempDir("empty");
+  const std::string empty = FreshDir("empty");
   auto dir = Tokenizer::Load(empty);
   EXPECT_TRUE(dir.status().IsNotFound());
   EXPECT_THAT(dir.status().message(), HasSubstr(empty + "/tokenizer.json"));

@@ -10,20 +10,15 @@
 #include "engine/io/hf_model.h"
 #include "engine/io/peft_adapter.h"
 #include "engine/io/safetensors.h"
-#include "engine/train/job_spec.h"
+#include "engine/job/job_spec.h"
+#include "tests/support/temp_dir.h"
 
 namespace ft {
 namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
-
-std::string TempDir(const std::string& name) {
-  std::string d = testing::TempDir() + "/bad-input-" + name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+using testing_support::FreshDir;
 
 void WriteFile(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
@@ -31,7 +26,7 @@ void WriteFile(const std::string& path, const std::string& text) {
 
 // A valid tiny model directory.
 std::string MakeModelDir(const std::string& name) {
-  std::string dir = TempDir(name);
+  std::string dir = FreshDir(name);
   Model model(*PresetModelConfig("tiny-llama"), {});
   RandomInitModel(&model, 7);
   EXPECT_TRUE(SaveHfModel(dir, model, DType::kF32).ok());
@@ -79,7 +74,7 @@ TEST(HfModelBadInputTest, ShapeMismatchNamesTensorAndShapes) {
 }
 
 TEST(HfModelBadInputTest, WrongDtypeIsRejected) {
-  std::string dir = TempDir("dtype");
+  std::string dir = FreshDir("dtype");
   std::vector<int32_t> ints(4, 1);
   // Hand-write a safetensors file with an I32 tensor.
   std::string header = R"({"w":{"dtype":"I32","shape":[4],"data_offsets":[0,16]}})";
@@ -128,7 +123,7 @@ TEST(HfModelBadInputTest, RoundTripPreservesWeightsBitForBit) {
   std::string dir = MakeModelDir("roundtrip");
   Model a(*ReadHfConfig(dir), {});
   ASSERT_TRUE(LoadHfWeights(dir, &a).ok());
-  std::string dir2 = TempDir("roundtrip2");
+  std::string dir2 = FreshDir("roundtrip2");
   ASSERT_TRUE(SaveHfModel(dir2, a, DType::kF32).ok());
   Model b(*ReadHfConfig(dir2), {});
   ASSERT_TRUE(LoadHfWeights(dir2, &b).ok());
@@ -245,7 +240,7 @@ StatusOr<std::unique_ptr<Dataset>> OpenTokens(const std::string& path, bool skip
 }
 
 TEST(TokenDataBadInputTest, BadLinesNameFileAndLine) {
-  std::string dir = TempDir("data");
+  std::string dir = FreshDir("data");
   WriteFile(dir + "/d.jsonl", "{\"input_ids\": [1, 2, 3]}\n{\"input_ids\": [1, 999]}\n");
   EXPECT_THAT(OpenTokens(dir + "/d.jsonl").status().message(),
               HasSubstr(dir + "/d.jsonl:2: 'input_ids'[1] = 999 is outside [0, 256)"));
@@ -258,7 +253,7 @@ TEST(TokenDataBadInputTest, BadLinesNameFileAndLine) {
 }
 
 TEST(TokenDataBadInputTest, SkipBadLinesCountsThemAndKeepsTheRest) {
-  std::string dir = TempDir("skip");
+  std::string dir = FreshDir("skip");
   WriteFile(dir + "/d.jsonl",
             "{\"input_ids\": [1, 2, 3]}\nnot json\n{\"input_ids\": [4, 5]}\n{\"input_ids\": [7]}\n");
   auto ds = OpenTokens(dir + "/d.jsonl", true);
@@ -271,7 +266,7 @@ TEST(TokenDataBadInputTest, SkipBadLinesCountsThemAndKeepsTheRest) {
 }
 
 TEST(PeftBadInputTest, MismatchedAdapterConfigIsNamed) {
-  std::string dir = TempDir("peft");
+  std::string dir = FreshDir("peft");
   WriteFile(dir + "/adapter_config.json",
             R"({"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]})");
   Model model(*PresetModelConfig("tiny-llama"), {});

@@ -19,9 +19,9 @@
 
 #include "engine/io/hf_model.h"
 #include "engine/io/safetensors.h"
+#include "engine/job/job_spec.h"
+#include "engine/job/planner.h"
 #include "engine/train/checkpoint.h"
-#include "engine/train/job_spec.h"
-#include "engine/train/planner.h"
 #include "engine/train/trainer.h"
 #include "tests/support/cuda_or_skip.h"
 #include "tests/support/free_port.h"
@@ -37,17 +37,6 @@ using namespace ::ft::testing_support;  // NOLINT: the harness is this test's vo
 constexpr int64_t kSteps = 12;
 
 int FreePort() { return testing_support::FreeLoopbackPort(); }
-
-std::string FreshDirName(const std::string& name) {
-  return (fs::path(testing::TempDir()) / ("ddp-" + name)).string();
-}
-
-std::string FreshDir(const std::string& name) {
-  const std::string dir = FreshDirName(name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
 
 // The lines of <out>/metrics.jsonl that have `key` (evaluation lines: "eval_loss").
 std::vector<nlohmann::json> LinesWithKey(const std::string& out, const std::string& key) {
@@ -204,9 +193,18 @@ TEST(DdpTest, KillNineThenResumeAtAnotherWorldSize) {
     SCOPED_TRACE(strategy + " resumed at world " + std::to_string(resume_world));
     const std::string dir = FreshDir("resume-" + strategy + "-w" + std::to_string(resume_world));
     const std::vector<pid_t> pids = StartRanks(dir, Job(dir, 2, false, kSteps, strategy), 2);
-    for (int i = 0; i < 20000 && TrainLines(dir + "/out").size() < 5; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // Killed once a checkpoint is durable (its event line is written after the commit), so the
+    // resume has one to start from however slowly the ranks ran.
+    auto committed = [&] {
+      for (const nlohmann::json& j : LinesWithKey(dir + "/out", "event"))
+        if (j["event"] == "checkpoint") return true;
+      return false;
+    };
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(3);
+    while (!committed() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
+    ASSERT_TRUE(committed()) << Slurp(dir + "/stderr.txt");
     for (pid_t p : pids) kill(p, SIGKILL);
     const std::vector<int> codes = WaitAll(pids);
     ASSERT_EQ(codes[0], 128 + SIGKILL) << "finished before the kill: " << Slurp(dir + "/stderr.txt");
@@ -275,7 +273,8 @@ TEST(DdpTest, FsdpShardsEachRanksMemoryAsThePlannerPredicts) {
       ASSERT_TRUE(spec.ok()) << spec.status().ToString();
       auto config = ReadHfConfig(model);
       ASSERT_TRUE(config.ok());
-      const MemoryBreakdown want = PredictMemory(PlanRequestFromJob(*spec, *config, "cpu", world), 1);
+      const MemoryBreakdown want =
+          PredictMemory(PlanRequestFromJob(*spec, *config, DeviceKind::kCpu, world), 1);
       const nlohmann::json& got = lines[0]["peak_bytes_by_category"];
       const int64_t total = lines[0]["peak_bytes"].get<int64_t>();
       std::printf("| %s | %s%s | %d | %.2f / %.2f MiB | %.3f / %.3f MiB | %.2f / %.2f MiB |\n",
@@ -289,10 +288,9 @@ TEST(DdpTest, FsdpShardsEachRanksMemoryAsThePlannerPredicts) {
       measured[world] = got;
       if (world > 1) {
         // Layers gathered again and again (more layers than stages): still the one-rank model.
-        const Bounds b =
-            Compare(dir + "/out", FreshDirName("fsdp-memory-" + preset + (nf4 ? "-qlora" : "-lora") +
-                                               (offload ? "-offload" : "") + "-w1") +
-                                      "/out");
+        const Bounds b = Compare(dir + "/out", TempPath("fsdp-memory-" + preset + (nf4 ? "-qlora" : "-lora") +
+                                                        (offload ? "-offload" : "") + "-w1") +
+                                                   "/out");
         EXPECT_LE(b.loss, 1e-6);
         EXPECT_LE(b.adapter, 1e-5);
       }

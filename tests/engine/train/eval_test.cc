@@ -15,8 +15,9 @@
 #include "common/file_util.h"
 #include "engine/io/hf_model.h"
 #include "engine/io/peft_adapter.h"
-#include "engine/train/job_spec.h"
+#include "engine/job/job_spec.h"
 #include "engine/train/trainer.h"
+#include "tests/support/temp_dir.h"
 
 namespace ft {
 namespace {
@@ -42,9 +43,7 @@ const std::string& ModelDir() {
 
 // A fresh folder with the tiny example split 80/16 into train.jsonl and eval.jsonl.
 std::string FreshDir(const std::string& name) {
-  const std::string d = (fs::path(testing::TempDir()) / ("eval-" + name)).lexically_normal().string();
-  fs::remove_all(d);
-  fs::create_directories(d);
+  const std::string d = testing_support::FreshDir(name);
   std::ifstream in(std::string(FT_SOURCE_DIR) + "/examples/tiny-lora/data.jsonl");
   std::ofstream train(d + "/train.jsonl"), eval(d + "/eval.jsonl");
   int n = 0;

@@ -18,9 +18,9 @@
 #include <thread>
 
 #include "common/file_util.h"
+#include "engine/job/completion.h"
+#include "engine/job/job_spec.h"
 #include "engine/train/checkpoint.h"
-#include "engine/train/completion.h"
-#include "engine/train/job_spec.h"
 #include "engine/train/output_owner.h"
 #include "engine/train/trainer.h"
 #include "tests/support/ft_train.h"

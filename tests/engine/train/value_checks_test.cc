@@ -13,8 +13,8 @@
 
 #include "common/file_util.h"
 #include "engine/io/hf_model.h"
+#include "engine/job/job_spec.h"
 #include "engine/train/checkpoint.h"
-#include "engine/train/job_spec.h"
 #include "engine/train/trainer.h"
 
 namespace ft {

@@ -1,4 +1,6 @@
-#include "engine/train/job_spec.h"
+#include "engine/job/job_spec.h"
+
+#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -25,6 +27,18 @@ Status Require(bool ok, const YamlMap& m, const std::string& key, const std::str
 // every_steps, ...): a billion steps is decades at one step a second, and the
 // bound keeps every product of steps and batches far inside int64.
 constexpr int64_t kMaxSteps = 1'000'000'000;
+
+// Reads the choice `key` (when present) through E's table: its names, in the
+// table's order, make the "'x' is not one of a | b (did you mean ...)" error.
+template <typename E>
+Status GetChoice(const YamlMap& m, const std::string& key, E* out) {
+  std::vector<std::string> names;
+  for (const EnumEntry<E>& e : EnumTraits<E>::kTable) names.emplace_back(e.name);
+  std::string text(EnumName(*out));
+  FT_RETURN_IF_ERROR(m.GetEnum(key, names, &text));
+  FT_ASSIGN_OR_RETURN(*out, ParseEnum<E>(text));
+  return Status::OK();
+}
 
 // Reads the integer `key` (when present) and requires it in [lo, hi].
 Status GetInt(const YamlMap& m, const std::string& key, int64_t lo, int64_t hi, int64_t* out,
@@ -64,13 +78,13 @@ Status Section(const YamlMap& root, const std::string& name, const std::vector<s
 
 Status ParseModel(const YamlMap& m, JobSpec::Model* s) {
   FT_RETURN_IF_ERROR(m.Get("path", &s->path, /*required=*/true));
-  FT_RETURN_IF_ERROR(m.GetEnum("quantization", {"none", "nf4"}, &s->quantization));
+  FT_RETURN_IF_ERROR(GetChoice(m, "quantization", &s->quantization));
   FT_RETURN_IF_ERROR(m.Get("double_quant", &s->double_quant));
-  return m.GetEnum("dtype", {"fp32", "bf16", "fp16"}, &s->dtype);
+  return GetChoice(m, "dtype", &s->dtype);
 }
 
 Status ParseAdapter(const YamlMap& m, JobSpec::Adapter* s) {
-  FT_RETURN_IF_ERROR(m.GetEnum("type", {"lora", "full"}, &s->type));
+  FT_RETURN_IF_ERROR(GetChoice(m, "type", &s->type));
   FT_RETURN_IF_ERROR(m.Get("r", &s->r));
   FT_RETURN_IF_ERROR(Require(s->r > 0 && s->r <= 65536, m, "r", "must be an integer in [1, 65536]"));
   FT_RETURN_IF_ERROR(GetNumber(m, "alpha", 0, 1e6, true, &s->alpha, " (the LoRA scale is alpha / r)"));
@@ -96,7 +110,7 @@ Status ParseAdapter(const YamlMap& m, JobSpec::Adapter* s) {
 
 Status ParseData(const YamlMap& m, JobSpec::Data* s) {
   FT_RETURN_IF_ERROR(m.Get("train", &s->train, /*required=*/true));
-  FT_RETURN_IF_ERROR(m.GetEnum("format", {"text", "alpaca", "chat", "tokens"}, &s->format));
+  FT_RETURN_IF_ERROR(GetChoice(m, "format", &s->format));
   FT_RETURN_IF_ERROR(m.Get("seq_len", &s->seq_len));
   FT_RETURN_IF_ERROR(Require(s->seq_len >= 2 && s->seq_len <= (int64_t{1} << 24), m, "seq_len",
                              "must be an integer in [2, 16777216]"));
@@ -154,7 +168,7 @@ Status ParseTrain(const YamlMap& m, JobSpec::Train* s) {
   // AdamW moves every weight by about lr per step whatever the gradient's size: fine-tuning uses
   // 1e-6..1e-2, and past 1 each step moves the weights farther than their own scale.
   FT_RETURN_IF_ERROR(GetNumber(m, "lr", 0, 1, false, &s->lr, " (typical: 1e-5 to 1e-3)"));
-  FT_RETURN_IF_ERROR(m.GetEnum("lr_schedule", {"cosine", "linear", "constant"}, &s->lr_schedule));
+  FT_RETURN_IF_ERROR(GetChoice(m, "lr_schedule", &s->lr_schedule));
   FT_RETURN_IF_ERROR(GetInt(m, "warmup_steps", 0, kMaxSteps, &s->warmup_steps));
   // Decoupled decay shrinks each weight by lr * weight_decay per step: at most 1 (lr <= 1) never flips it.
   FT_RETURN_IF_ERROR(GetNumber(m, "weight_decay", 0, 1, false, &s->weight_decay, " (typical: 0 to 0.1)"));
@@ -165,10 +179,9 @@ Status ParseTrain(const YamlMap& m, JobSpec::Train* s) {
   FT_RETURN_IF_ERROR(GetNumber(m, "adam_eps", 0, 1, true, &s->adam_eps, " (typical: 1e-8)"));
   FT_RETURN_IF_ERROR(Require(s->adam_beta1 >= 0 && s->adam_beta1 < 1, m, "adam_beta1", "must be in [0, 1)"));
   FT_RETURN_IF_ERROR(Require(s->adam_beta2 >= 0 && s->adam_beta2 < 1, m, "adam_beta2", "must be in [0, 1)"));
-  FT_RETURN_IF_ERROR(m.GetEnum("optimizer", {"adamw", "paged_adamw"}, &s->optimizer));
+  FT_RETURN_IF_ERROR(GetChoice(m, "optimizer", &s->optimizer));
   FT_RETURN_IF_ERROR(m.Get("seed", &s->seed));
-  FT_RETURN_IF_ERROR(
-      m.GetEnum("activation_checkpointing", {"false", "true", "offload"}, &s->activation_checkpointing));
+  FT_RETURN_IF_ERROR(GetChoice(m, "activation_checkpointing", &s->activation_checkpointing));
   FT_RETURN_IF_ERROR(m.Get("cpu_offload", &s->cpu_offload));
   FT_RETURN_IF_ERROR(GetInt(m, "eval_every_steps", 0, kMaxSteps, &s->eval_every_steps));
   FT_RETURN_IF_ERROR(GetInt(m, "eval_max_batches", 0, kMaxSteps, &s->eval_max_batches, " (0 = all)"));
@@ -177,7 +190,7 @@ Status ParseTrain(const YamlMap& m, JobSpec::Train* s) {
                              "must be in [1, 1e30] (65536 is torch's default)"));
   FT_RETURN_IF_ERROR(GetInt(m, "loss_scale_growth_interval", 1, kMaxSteps, &s->loss_scale_growth_interval,
                             " (good steps before the scale doubles)"));
-  return m.GetEnum("attention", {"flash", "naive"}, &s->attention);
+  return GetChoice(m, "attention", &s->attention);
 }
 
 // The evaluation keys need data.eval; eval_every_steps defaults to checkpoint.every_steps.
@@ -191,11 +204,11 @@ Status ResolveEval(const YamlMap& root, JobSpec* spec) {
     }
   }
   for (const char* key : {"loss_scale_init", "loss_scale_growth_interval"}) {
-    if (spec->model.dtype != "fp16" && train.Has(key)) {
+    if (spec->model.dtype != ComputeDType::kF16 && train.Has(key)) {
       return Status::InvalidArgument(
           train.Where(key) + ": train." + key +
-          ": loss scaling is used only with model.dtype: fp16 (this job trains in " + spec->model.dtype +
-          "); remove the key or set model.dtype: fp16");
+          ": loss scaling is used only with model.dtype: fp16 (this job trains in " +
+          std::string(EnumName(spec->model.dtype)) + "); remove the key or set model.dtype: fp16");
     }
   }
   if (spec->data.eval.empty()) {
@@ -216,7 +229,7 @@ Status ParseResources(const YamlMap& m, JobSpec::Resources* s) {
   FT_RETURN_IF_ERROR(m.Get("gpus", &s->gpus));
   FT_RETURN_IF_ERROR(
       Require(s->gpus >= 1 && s->gpus <= 65536, m, "gpus", "must be an integer in [1, 65536]"));
-  FT_RETURN_IF_ERROR(m.GetEnum("device", {"auto", "cuda", "cpu"}, &s->device));
+  FT_RETURN_IF_ERROR(GetChoice(m, "device", &s->device));
   FT_RETURN_IF_ERROR(GetInt(m, "priority", -1'000'000, 1'000'000, &s->priority, " (higher runs first)"));
   return GetInt(m, "max_failures", 0, 1000, &s->max_failures, " (failed attempts before the job fails)");
 }
@@ -240,6 +253,45 @@ Status CheckBatchPlan(const YamlMap& train, const JobSpec& spec) {
                                    std::to_string(t.gradient_accumulation) + ") x resources.gpus (" +
                                    std::to_string(spec.resources.gpus) + ") must equal global_batch_size (" +
                                    std::to_string(t.global_batch_size) + "); set one of them to auto");
+  }
+  return Status::OK();
+}
+
+// A combination of choices no trainer runs: refused at parse time, so ftctl
+// and ftd refuse it at submit with the key's file:line, not a trainer at start.
+struct RefusedCombination {
+  bool (*refused)(const JobSpec&);
+  const char* section;  // where the key the message names lives
+  const char* key;
+  const char* message;  // after "<file:line:col>: "
+};
+
+constexpr RefusedCombination kRefusedCombinations[] = {
+    {[](const JobSpec& s) {
+       return s.model.quantization == Quantization::kNf4 && s.adapter.type == AdapterType::kFull;
+     },
+     "model", "quantization",
+     "model.quantization: nf4 freezes the base weights, so it needs adapter.type: lora (QLoRA); "
+     "use quantization: none for a full fine-tune"},
+    {[](const JobSpec& s) { return s.train.cpu_offload && s.adapter.type == AdapterType::kFull; }, "train",
+     "cpu_offload",
+     "train.cpu_offload keeps the frozen base weights in host memory, but adapter.type: full trains them; "
+     "use adapter.type: lora, or cpu_offload: false"},
+    {[](const JobSpec& s) {
+       return s.distributed.strategy == DistributedStrategy::kFsdp && s.resources.gpus > 1 &&
+              s.adapter.type == AdapterType::kFull;
+     },
+     "distributed", "strategy",
+     "distributed.strategy: fsdp shards the frozen base weights and the optimizer of LoRA/QLoRA; "
+     "a full fine-tune is not sharded yet: use strategy: ddp (or resources.gpus: 1)"},
+};
+
+Status CheckCombinations(const YamlMap& root, const JobSpec& spec) {
+  for (const RefusedCombination& c : kRefusedCombinations) {
+    if (!c.refused(spec)) continue;
+    StatusOr<YamlMap> section = root.Child(c.section);
+    const std::string where = section.ok() ? section->Where(c.key) : root.Where();
+    return Status::InvalidArgument(where + ": " + c.message);
   }
   return Status::OK();
 }
@@ -280,7 +332,7 @@ StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& 
   FT_RETURN_IF_ERROR(Section(root, "resources", {"gpus", "device", "priority", "max_failures"},
                              [&](const YamlMap& m) { return ParseResources(m, &spec.resources); }));
   FT_RETURN_IF_ERROR(Section(root, "distributed", {"strategy"}, [&](const YamlMap& m) {
-    return m.GetEnum("strategy", {"ddp", "fsdp"}, &spec.distributed.strategy);
+    return GetChoice(m, "strategy", &spec.distributed.strategy);
   }));
   FT_RETURN_IF_ERROR(Section(root, "output", {"dir", "merge"}, [&](const YamlMap& m) {
     FT_RETURN_IF_ERROR(m.Get("dir", &spec.output.dir, /*required=*/true));
@@ -288,6 +340,7 @@ StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& 
   }));
   FT_RETURN_IF_ERROR(CheckBatchPlan(*root.Child("train"), spec));
   FT_RETURN_IF_ERROR(ResolveEval(root, &spec));
+  FT_RETURN_IF_ERROR(CheckCombinations(root, spec));
   const std::string base = fs::path(file).parent_path().string();
   spec.model.path = Resolve(base, spec.model.path);
   spec.adapter.init = Resolve(base, spec.adapter.init);
@@ -365,6 +418,22 @@ StatusOr<MergedJob> ParseJobWithOverrides(const std::string& yaml_text, const st
 StatusOr<MergedJob> LoadJobWithOverrides(const std::string& file, const std::vector<std::string>& overrides) {
   FT_ASSIGN_OR_RETURN(std::string text, ReadFileToString(file));
   return ParseJobWithOverrides(text, file, overrides);
+}
+
+std::string ResolvedJobYaml(const JobSpec& spec, const std::string& yaml, int64_t micro_batch,
+                            int64_t accumulation) {
+  YAML::Node root = YAML::Load(yaml);
+  root["model"]["path"] = spec.model.path;
+  root["data"]["train"] = spec.data.train;
+  if (!spec.data.eval.empty()) root["data"]["eval"] = spec.data.eval;
+  if (!spec.adapter.init.empty()) root["adapter"]["init"] = spec.adapter.init;
+  if (!spec.data.chat_template.empty()) root["data"]["chat_template"] = spec.data.chat_template;
+  root["output"]["dir"] = spec.output.dir;
+  root["train"]["micro_batch_size"] = micro_batch;
+  root["train"]["gradient_accumulation"] = accumulation;
+  YAML::Emitter out;
+  out << root;
+  return std::string(out.c_str()) + "\n";
 }
 
 }  // namespace ft

@@ -15,15 +15,15 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/job/job_spec.h"
 #include "engine/model/model_config.h"
-#include "engine/train/job_spec.h"
 
 namespace ft {
 
 struct PlanRequest {
   ModelConfig model;
-  std::string device = "cpu";  // cpu | cuda
-  std::string dtype = "fp32";  // compute dtype: fp32 | bf16 | fp16
+  DeviceKind device = DeviceKind::kCpu;
+  ComputeDType dtype = ComputeDType::kF32;
   bool nf4 = false;
   bool double_quant = true;
   int64_t nf4_block = 64;
@@ -105,7 +105,7 @@ int64_t FixedMicroBatch(const JobSpec& spec, int64_t world);
 Status CheckCudaTakesModel(const JobSpec& spec, const ModelConfig& model, const std::string& how);
 
 // Builds a request from a job and the model's config.
-PlanRequest PlanRequestFromJob(const JobSpec& spec, const ModelConfig& model, const std::string& device,
+PlanRequest PlanRequestFromJob(const JobSpec& spec, const ModelConfig& model, DeviceKind device,
                                int64_t world);
 
 // "24GiB", "512MiB", "8e9", "16G" → bytes. InvalidArgument otherwise.

@@ -2,7 +2,11 @@
 // shared/DESIGN.md), parsed and validated.
 //
 // Unknown keys are rejected with file:line and a suggestion; values of the
-// wrong type or out of range name file:line:col and the key. Relative paths
+// wrong type or out of range name file:line:col and the key. Every named
+// choice is an enum of engine/job/job_choices.h, parsed through its table.
+// Choices a trainer cannot combine (adapter.type: full with nf4, cpu_offload
+// or multi-rank fsdp) are refused here with file:line, so ftctl and ftd refuse
+// them at submit. Relative paths
 // (model.path, adapter.init, data.*, output.dir) are resolved against the
 // folder that holds the job file.
 #pragma once
@@ -14,6 +18,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/job/job_choices.h"
 
 namespace ft {
 
@@ -23,13 +28,13 @@ struct JobSpec {
 
   struct Model {
     std::string path;
-    std::string quantization = "none";  // none | nf4
+    Quantization quantization = Quantization::kNone;
     bool double_quant = true;
-    std::string dtype = "bf16";  // fp32 | bf16 | fp16
+    ComputeDType dtype = ComputeDType::kBF16;
   } model;
 
   struct Adapter {
-    std::string type = "lora";  // lora | full
+    AdapterType type = AdapterType::kLora;
     int64_t r = 16;
     double alpha = 32;
     double dropout = 0.0;
@@ -41,7 +46,7 @@ struct JobSpec {
 
   struct Data {
     std::string train;
-    std::string format = "text";  // text | alpaca | chat | tokens
+    DataFormat format = DataFormat::kText;
     int64_t seq_len = 2048;
     bool packing = true;
     bool shuffle = true;
@@ -58,16 +63,16 @@ struct JobSpec {
     int64_t micro_batch_size = 0;       // 0 = auto
     int64_t gradient_accumulation = 0;  // 0 = auto
     double lr = 2e-4;
-    std::string lr_schedule = "cosine";  // cosine | linear | constant
+    LrSchedule lr_schedule = LrSchedule::kCosine;
     int64_t warmup_steps = 0;
     double weight_decay = 0.0;
     double max_grad_norm = 1.0;  // <= 0 disables clipping
     double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
-    std::string optimizer = "adamw";  // adamw | paged_adamw
+    OptimizerKind optimizer = OptimizerKind::kAdamW;
     int64_t seed = 42;
-    std::string activation_checkpointing = "true";  // false | true | offload
+    ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kOn;
     bool cpu_offload = false;
-    std::string attention = "flash";  // flash | naive
+    AttentionKind attention = AttentionKind::kFlash;
     // Evaluation on data.eval (mean token cross-entropy, no gradient, no dropout): every
     // eval_every_steps steps and at the last step. Unset in the file: checkpoint.every_steps when
     // data.eval is set (after parsing it is always resolved); 0 = only at the last step, or never
@@ -89,16 +94,17 @@ struct JobSpec {
 
   struct Resources {
     int64_t gpus = 1;
-    std::string device = "auto";  // auto | cuda | cpu
+    DeviceRequest device = DeviceRequest::kAuto;
     int64_t priority = 0;
     int64_t max_failures = 3;
   } resources;
 
   // Multi-rank training (resources.gpus ranks): ddp replicates the model and
-  // all-reduces gradients once per optimizer step; fsdp (sharded) is not
-  // implemented yet and is refused when more than one rank runs.
+  // all-reduces gradients once per optimizer step; fsdp shards the frozen
+  // weights and the optimizer of LoRA/QLoRA (a full fine-tune with more than
+  // one rank is refused).
   struct Distributed {
-    std::string strategy = "ddp";  // ddp | fsdp
+    DistributedStrategy strategy = DistributedStrategy::kDdp;
   } distributed;
 
   struct Output {
@@ -136,5 +142,12 @@ struct MergedJob {
 StatusOr<MergedJob> ParseJobWithOverrides(const std::string& yaml_text, const std::string& file,
                                           const std::vector<std::string>& overrides);
 StatusOr<MergedJob> LoadJobWithOverrides(const std::string& file, const std::vector<std::string>& overrides);
+
+// The job.yaml ftd hands a worker: `yaml` (the stored job text, which parsed
+// as `spec`) with every path absolute, as `spec` resolved them, and the
+// batch plan fixed (train.micro_batch_size, train.gradient_accumulation), so
+// every attempt runs exactly what was planned for it.
+std::string ResolvedJobYaml(const JobSpec& spec, const std::string& yaml, int64_t micro_batch,
+                            int64_t accumulation);
 
 }  // namespace ft

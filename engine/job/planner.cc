@@ -1,4 +1,4 @@
-#include "engine/train/planner.h"
+#include "engine/job/planner.h"
 
 #include <algorithm>
 #include <cctype>
@@ -54,14 +54,14 @@ int64_t Nf4Bytes(int64_t n, int64_t block, bool double_quant) {
 
 MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
   const ModelConfig& c = r.model;
-  const bool cuda = r.device == "cuda";
+  const bool cuda = r.device == DeviceKind::kCuda;
   // Activations are stored in the compute dtype on every backend (typed storage: 2 bytes under
   // bf16/fp16); norms and biases as fp32, and so are the gradient workspaces.
-  const bool low = r.dtype != "fp32";
+  const bool low = r.dtype != ComputeDType::kF32;
   const int64_t act = low ? 2 : kF32;
   // Frozen linear weights are stored in the compute dtype on every backend (Linear::w16), and
   // widened into one float scratch per linear for its GEMMs.
-  const bool typed = r.dtype != "fp32" && !r.nf4 && !r.full;
+  const bool typed = r.dtype != ComputeDType::kF32 && !r.nf4 && !r.full;
   const int64_t L = c.num_layers, D = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
   const int64_t Q = c.q_dim(), KV = c.kv_dim(), H = c.num_heads;
   const std::vector<LinearShape> lin = Linears(r);
@@ -200,24 +200,24 @@ Status CheckCudaTakesModel(const JobSpec& spec, const ModelConfig& model, const 
                                  "; use resources.device: cpu");
 }
 
-PlanRequest PlanRequestFromJob(const JobSpec& spec, const ModelConfig& model, const std::string& device,
+PlanRequest PlanRequestFromJob(const JobSpec& spec, const ModelConfig& model, DeviceKind device,
                                int64_t world) {
   PlanRequest r;
   r.model = model;
   r.device = device;
   r.dtype = spec.model.dtype;
-  r.nf4 = spec.model.quantization == "nf4";
+  r.nf4 = spec.model.quantization == Quantization::kNf4;
   r.double_quant = spec.model.double_quant;
-  r.full = spec.adapter.type == "full";
+  r.full = spec.adapter.type == AdapterType::kFull;
   r.lora_r = spec.adapter.r;
   r.lora_targets = spec.adapter.target_modules;
   r.lora_dropout = spec.adapter.dropout;
   r.seq_len = spec.data.seq_len;
-  r.activation_checkpointing = spec.train.activation_checkpointing != "false";
-  r.offload_activations = spec.train.activation_checkpointing == "offload";
+  r.activation_checkpointing = spec.train.activation_checkpointing != ActivationCheckpointing::kOff;
+  r.offload_activations = spec.train.activation_checkpointing == ActivationCheckpointing::kOffload;
   r.cpu_offload = spec.train.cpu_offload;
-  r.paged_optimizer = spec.train.optimizer == "paged_adamw";
-  r.fsdp = spec.distributed.strategy == "fsdp";
+  r.paged_optimizer = spec.train.optimizer == OptimizerKind::kPagedAdamW;
+  r.fsdp = spec.distributed.strategy == DistributedStrategy::kFsdp;
   r.global_batch = spec.train.global_batch_size;
   r.world = world;
   return r;
@@ -286,14 +286,15 @@ std::string FormatPlan(const PlanRequest& r, const BatchPlanChoice& c) {
     << (r.full ? std::string("full fine-tune")
                : "LoRA r=" + std::to_string(r.lora_r) + " on " + std::to_string(r.lora_targets.size()) +
                      " modules")
-    << ", " << (r.nf4 ? (r.double_quant ? "NF4 + double quant" : "NF4") : r.dtype + " weights")
-    << ", compute " << r.dtype << ", seq " << r.seq_len << ", activation checkpointing "
+    << ", "
+    << (r.nf4 ? (r.double_quant ? "NF4 + double quant" : "NF4") : std::string(EnumName(r.dtype)) + " weights")
+    << ", compute " << EnumName(r.dtype) << ", seq " << r.seq_len << ", activation checkpointing "
     << (r.offload_activations        ? "offload"
         : r.activation_checkpointing ? "on"
                                      : "off")
     << (r.cpu_offload ? ", cpu_offload" : "") << (r.paged_optimizer ? ", paged_adamw" : "")
     << (r.fsdp && r.world > 1 ? ", FSDP over " + std::to_string(r.world) + " ranks (per rank)" : "")
-    << ", device " << r.device << "\n";
+    << ", device " << DeviceKindName(r.device) << "\n";
   auto row = [&](const char* name, int64_t v) {
     char line[96];
     std::snprintf(line, sizeof(line), "  %-12s %12s\n", name, FormatBytes(v).c_str());

@@ -1,4 +1,4 @@
-#include "engine/train/completion.h"
+#include "engine/job/completion.h"
 
 #include <unistd.h>
 

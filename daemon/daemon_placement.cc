@@ -1,0 +1,159 @@
+// The daemon's placement: planning inputs, one scheduling pass over the
+// queued jobs and starting an attempt (one rank or a gang) on its workers.
+#include <algorithm>
+#include <filesystem>
+#include <functional>
+
+#include "common/logging.h"
+#include "daemon/daemon.h"
+#include "daemon/daemon_internal.h"
+#include "engine/job/hf_config.h"
+#include "engine/job/job_spec.h"
+
+namespace ft {
+
+namespace fs = std::filesystem;
+namespace pb = ftune::v1;
+
+using daemon_internal::MakeJobView;
+using daemon_internal::StoredSpec;
+
+StatusOr<int64_t> Daemon::PredictedBytes(const std::string& job_id) {
+  Held lock(this);
+  FT_ASSIGN_OR_RETURN(JobRow job, store_->GetJob(job_id));
+  FT_ASSIGN_OR_RETURN(auto attempts, store_->ListAttempts(job_id));
+  if (attempts.empty() || attempts.back().micro_batch <= 0) return int64_t{0};
+  FT_RETURN_IF_ERROR(EnsurePlanInput(job));
+  PlanRequest plan = plan_inputs_[job_id].plan;
+  auto session = sessions_.find(attempts.back().worker_id);
+  if (session != sessions_.end() && !session->second.devices.empty()) {
+    if (auto d = DeviceViewOf(session->second.devices.front())) plan.device = d->kind;
+  }
+  plan.world = std::max<int64_t>(1, attempts.back().world);
+  return PredictMemory(plan, attempts.back().micro_batch).total();
+}
+
+double Daemon::EstimateCheckpointSeconds(const std::string& job_id) {
+  auto last = store_->LatestCheckpoint(job_id);
+  if (last.ok() && last->write_seconds > 0) return last->write_seconds;
+  auto view = plan_inputs_.find(job_id);
+  if (view == plan_inputs_.end()) return 10.0;
+  // What a checkpoint writes: the trainable weights and their Adam moments
+  // (all weights in a full fine-tune), at a conservative 100 MB/s, plus 1 s.
+  const MemoryBreakdown m = PredictMemory(view->second.plan, 1);
+  const int64_t bytes = m.adapter + m.optimizer + (view->second.plan.full ? m.weights : 0);
+  return 1.0 + static_cast<double>(bytes) / 100e6;
+}
+
+Status Daemon::EnsurePlanInput(const JobRow& job) {
+  if (plan_inputs_.count(job.id)) return Status::OK();
+  FT_ASSIGN_OR_RETURN(JobSpec spec, StoredSpec(job));
+  FT_ASSIGN_OR_RETURN(ModelConfig model, ReadHfConfig(spec.model.path));
+  plan_inputs_[job.id] = MakeJobView(job, spec, model);
+  return Status::OK();
+}
+
+void Daemon::ScheduleQueued() {
+  if (queued_.empty()) return;
+  std::vector<const JobView*> jobs;
+  jobs.reserve(queued_.size());
+  for (const std::string& id : queued_) jobs.push_back(&plan_inputs_.at(id));
+  std::vector<WorkerView> workers;
+  for (const auto& [id, s] : sessions_) {
+    std::vector<DeviceView> devices;
+    for (const DeviceRow& d : s.devices) {
+      if (auto view = DeviceViewOf(d)) devices.push_back(*view);
+    }
+    workers.push_back({id, s.alive && s.sink != nullptr, !s.running_job.empty(), s.draining, s.slot_end_ms,
+                       std::move(devices), s.host_free_bytes, s.rendezvous_port_count > 0});
+  }
+  ScheduleResult result = Schedule(jobs, workers, clock_->WallMs(), {options_.min_slot_ms});
+  for (const Placement& p : result.placements) {
+    auto job = store_->GetJob(p.job_id);
+    if (job.ok()) StartOn(*job, p);
+    Check(job.status(), "load job to start");
+  }
+  for (const auto& [job_id, why] : result.waiting) {
+    // Why a job waits is recomputed every tick: kept in memory, not fsynced.
+    if (waiting_[job_id] == why) continue;
+    waiting_[job_id] = why;
+    PublishJob(job_id);
+  }
+}
+
+void Daemon::StartOn(const JobRow& job, const Placement& p) {
+  auto spec = StoredSpec(job);
+  if (!spec.ok()) {
+    // Planned from the view taken at submit, but its stored spec no longer parses: it never can.
+    FailUnrunnable(job, "cannot start: " + spec.status().message());
+    return;
+  }
+  auto ckpt = store_->LatestCheckpoint(job.id);
+  const int64_t start_step = ckpt.ok() ? ckpt->step : 0;
+  const bool gang = p.ranks.size() > 1;
+  auto attempt = store_->StartAttempt(job.id, p.worker_id, start_step, p.plan.micro_batch,
+                                      p.plan.accumulation, p.plan.world, clock_->WallMs(), p.ranks);
+  if (!attempt.ok()) {
+    Check(attempt.status(), "start attempt");
+    return;
+  }
+  JobRow j = job;
+  j.state = JobStateCode::kRunning;
+  j.reason = "";
+  j.updated_ms = clock_->WallMs();
+  Check(store_->UpdateJob(j), "job running");
+  TrackState(j);
+  running_epoch_[job.id] = attempt->epoch;
+  TrackGang(*attempt);
+  waiting_.erase(job.id);
+  if (auto it = interrupted_mono_.find(job.id); it != interrupted_mono_.end()) {
+    recovery_seconds_.Record(static_cast<double>(clock_->MonotonicMs() - it->second) / 1000.0);
+    interrupted_mono_.erase(it);
+  }
+  pb::DaemonCommand cmd;
+  pb::StartAttempt* start = cmd.mutable_start();
+  start->set_job_id(job.id);
+  start->set_epoch(attempt->epoch);
+  start->set_spec_yaml(ResolvedJobYaml(*spec, job.spec_yaml, p.plan.micro_batch, p.plan.accumulation));
+  start->mutable_plan()->set_micro_batch(p.plan.micro_batch);
+  start->mutable_plan()->set_accumulation(p.plan.accumulation);
+  start->mutable_plan()->set_world(p.plan.world);
+  if (ckpt.ok()) start->set_resume_checkpoint(ckpt->dir);
+  for (const std::string& root : options_.allowed_roots) start->add_allowed_roots(root);
+  start->set_total_steps(job.total_steps);
+  start->set_start_step(start_step);
+  std::string where = p.worker_id;
+  if (gang) {
+    // Rank 0 serves the rendezvous on a port of its worker's range: another one each epoch,
+    // and jobs spread over the range (workers sharing a node should still get ranges of their own).
+    const Session& first = sessions_[p.worker_id];
+    const uint64_t spread = std::hash<std::string>{}(job.id) + static_cast<uint64_t>(attempt->epoch);
+    const int64_t port =
+        first.rendezvous_port_first +
+        static_cast<int64_t>(spread % static_cast<uint64_t>(std::max(1, first.rendezvous_port_count)));
+    start->set_rendezvous(first.address + ":" + std::to_string(port));
+    where = std::to_string(p.ranks.size()) + " ranks on";
+    for (const RankSlot& r : p.ranks) where += " " + r.worker_id;
+  }
+  for (size_t r = 0; r < std::max<size_t>(1, p.ranks.size()); ++r) {
+    Session& s = sessions_[gang ? p.ranks[r].worker_id : p.worker_id];
+    s.running_job = job.id;
+    s.running_epoch = attempt->epoch;
+    s.stop_sent = false;
+    s.checkpoint_seconds = 0;  // measured anew for this job
+    start->set_rank(static_cast<int32_t>(r));
+    start->set_device_index(gang ? p.ranks[r].device : 0);
+    start->set_dist_host(gang ? s.address : "");
+    s.sink->Send(cmd);
+  }
+  Event(job.id, p.worker_id, attempt->number == 1 ? "started" : "resumed",
+        (attempt->number == 1 ? "started" : "resumed from step " + std::to_string(start_step)) + " on " +
+            where + " (" + DeviceKindName(p.device_kind) + ", micro-batch " +
+            std::to_string(p.plan.micro_batch) + " x " + std::to_string(p.plan.accumulation) +
+            (gang ? " x " + std::to_string(p.plan.world) + " ranks" : "") + ", epoch " +
+            std::to_string(attempt->epoch) + ")",
+        start_step);
+  PublishJob(job.id);
+}
+
+}  // namespace ft

@@ -1,0 +1,470 @@
+// The daemon's worker sessions: registration (reattach, replayed exits),
+// messages (heartbeats, checkpoints, exits, metrics, logs, notes), leases and
+// slot ends.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "common/file_util.h"
+#include "common/logging.h"
+#include "common/untrusted_text.h"
+#include "daemon/daemon.h"
+#include "daemon/daemon_internal.h"
+
+namespace ft {
+
+namespace fs = std::filesystem;
+namespace pb = ftune::v1;
+
+namespace {
+
+DeviceRow ToDeviceRow(const pb::Device& d) {
+  return {d.index(), d.kind(), d.name(), d.total_bytes(), d.free_bytes(), d.used_bytes()};
+}
+
+}  // namespace
+
+using daemon_internal::kCancelStopMs;
+using daemon_internal::ToOutcomeCode;
+
+void Daemon::SendStop(Session& s, int64_t deadline_ms, const std::string& reason) {
+  pb::DaemonCommand cmd;
+  pb::CheckpointNow* c = cmd.mutable_checkpoint_now();
+  c->set_job_id(s.running_job);
+  c->set_epoch(s.running_epoch);
+  c->set_deadline_ms(deadline_ms);
+  c->set_stop(true);
+  c->set_reason(reason);
+  s.sink->Send(cmd);
+}
+
+void Daemon::Refuse(WorkerSink* sink, const std::string& job_id, int64_t epoch, const std::string& why) {
+  if (!sink) return;
+  pb::DaemonCommand cmd;
+  cmd.mutable_refused()->set_job_id(job_id);
+  cmd.mutable_refused()->set_epoch(epoch);
+  cmd.mutable_refused()->set_reason(why);
+  sink->Send(cmd);
+}
+
+bool Daemon::IsCurrent(const std::string& job_id, int64_t epoch) {
+  auto it = running_epoch_.find(job_id);
+  return it != running_epoch_.end() && it->second == epoch;
+}
+
+Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
+  if (reg.worker_id().empty()) return Status::InvalidArgument("register: worker_id is empty");
+  Held lock(this);
+  const std::string implausible =
+      ImplausibleMemory(reg.worker_id(), reg.devices(), reg.host_total_bytes(), reg.host_free_bytes());
+  if (!implausible.empty()) {
+    Event("", reg.worker_id(), "worker_refused", "registration refused: " + implausible, 0);
+    ReleaseAndPublish(lock);
+    return Status::InvalidArgument(
+        "register: " + implausible +
+        "; fix what the worker reports (ft-worker --cpu-memory, the device driver)");
+  }
+  Session& s = sessions_[reg.worker_id()];
+  FT_RETURN_IF_ERROR(AdoptSession(reg, sink, s));
+  // Exits the worker journaled before it restarted: how those attempts really ended.
+  for (const pb::AttemptExited& e : reg.exited()) {
+    if (!IsCurrent(e.job_id(), e.epoch())) continue;  // already known (or superseded)
+    Event(e.job_id(), reg.worker_id(), "replayed",
+          "exit of epoch " + std::to_string(e.epoch()) + " replayed from the worker's journal", e.step());
+    OnExited(reg.worker_id(), s, e);
+  }
+  std::set<std::string> reported;
+  EndUnreported(reg.worker_id(), ReattachReported(reg, sink, s, &reported));
+  if (s.running_job.empty() || !reported.count(s.running_job)) {
+    s.running_job.clear();
+    s.running_epoch = 0;
+  }
+  pb::DaemonCommand cmd;
+  cmd.mutable_registered()->set_lease_ms(options_.lease_ms);
+  cmd.mutable_registered()->set_heartbeat_ms(options_.heartbeat_ms);
+  sink->Send(cmd);
+  ReleaseAndPublish(lock);
+  return Status::OK();
+}
+
+Status Daemon::AdoptSession(const pb::Register& reg, WorkerSink* sink, Session& s) {
+  WorkerSink* const previous = s.sink;  // another session still holding this id, if any
+  const bool was_alive = s.alive;
+  s.sink = sink;
+  s.alive = true;
+  s.draining = false;
+  s.stop_sent = false;
+  Heard(s);
+  s.slot_end_ms = reg.slot_end_ms();
+  s.host_total_bytes = reg.host_total_bytes();
+  s.host_free_bytes = reg.host_free_bytes();
+  s.address = reg.address().empty() ? reg.hostname() : reg.address();
+  s.rendezvous_port_first = reg.rendezvous_port_first();
+  s.rendezvous_port_count = reg.rendezvous_port_count();
+  WorkerRow row;
+  row.id = reg.worker_id();
+  row.hostname = reg.hostname();
+  row.version = reg.version();
+  row.last_seen_ms = clock_->WallMs();
+  row.slot_end_ms = reg.slot_end_ms();
+  row.alive = true;
+  for (const pb::Device& d : reg.devices()) row.devices.push_back(ToDeviceRow(d));
+  s.devices = row.devices;
+  if (Status upserted = store_->UpsertWorker(row); !upserted.ok()) {
+    // E.g. two devices with one index: the worker must fix what it reports.
+    s.sink = nullptr;
+    s.alive = was_alive;
+    return upserted;
+  }
+  if (previous != nullptr && previous != sink) {
+    // The newer session takes over (a restarted worker may reconnect before
+    // its old stream is seen dead); the older one is told why it ends.
+    const std::string why = "worker id '" + EscapeControlChars(reg.worker_id(), 128) +
+                            "' was registered by a newer session (hostname '" +
+                            EscapeControlChars(reg.hostname(), 128) +
+                            "'), which replaces this one; if two ft-worker processes share this --id, give "
+                            "each its own";
+    previous->Evict(why);
+    Event("", reg.worker_id(), "worker_replaced", why, 0);
+  }
+  if (!was_alive) Event("", reg.worker_id(), "worker_joined", "worker " + reg.worker_id() + " registered", 0);
+  return Status::OK();
+}
+
+std::set<std::pair<std::string, int>> Daemon::ReattachReported(const pb::Register& reg, WorkerSink* sink,
+                                                               Session& s, std::set<std::string>* reported) {
+  std::set<std::pair<std::string, int>> reported_ranks;
+  for (const pb::RunningAttempt& a : reg.running()) {
+    if (!IsCurrent(a.job_id(), a.epoch())) {
+      Refuse(sink, a.job_id(), a.epoch(), "epoch " + std::to_string(a.epoch()) + " is superseded");
+      continue;
+    }
+    s.running_job = a.job_id();
+    s.running_epoch = a.epoch();
+    reported_ranks.insert({a.job_id(), a.rank()});
+    if (!reported->insert(a.job_id()).second) continue;  // another rank of a gang already reattached
+    Event(a.job_id(), reg.worker_id(), "reattached",
+          "attempt epoch " + std::to_string(a.epoch()) + " reattached after reconnect", a.step());
+    // A cancel (or slot-end stop) sent while the worker was away never reached it.
+    auto job = store_->GetJob(a.job_id());
+    if (job.ok() && job->state == JobStateCode::kCancelled) {
+      SendStop(s, kCancelStopMs, "cancelled");
+      s.stop_sent = true;
+    }
+  }
+  return reported_ranks;
+}
+
+void Daemon::EndUnreported(const std::string& worker_id,
+                           const std::set<std::pair<std::string, int>>& reported_ranks) {
+  auto running = store_->RunningAttempts();
+  if (!running.ok()) return;
+  for (const AttemptRow& a : *running) {
+    auto gang = gangs_.find(a.job_id);
+    const bool tracked = gang != gangs_.end() && gang->second.epoch == a.epoch;
+    const size_t ranks = std::max<size_t>(1, a.ranks.size());
+    for (size_t r = 0; r < ranks; ++r) {
+      const std::string& worker = a.ranks.empty() ? a.worker_id : a.ranks[r].worker_id;
+      if (worker != worker_id || reported_ranks.count({a.job_id, static_cast<int>(r)})) continue;
+      if (tracked && gang->second.ended[r] >= 0) continue;  // its exit is known
+      EndLostAttempt(a.job_id, a.epoch,
+                     a.ranks.empty() ? "worker restarted without the attempt"
+                                     : "worker restarted without rank " + std::to_string(r),
+                     a.end_step);
+      break;
+    }
+  }
+}
+
+void Daemon::OnDisconnect(const std::string& worker_id, WorkerSink* sink) {
+  Held lock(this);
+  auto it = sessions_.find(worker_id);
+  if (it != sessions_.end() && it->second.sink == sink) it->second.sink = nullptr;
+}
+
+void Daemon::OnWorkerMessage(const std::string& worker_id, WorkerSink* sink, const pb::WorkerMessage& msg) {
+  const auto start = std::chrono::steady_clock::now();
+  {
+    Held lock(this);
+    auto it = sessions_.find(worker_id);
+    if (it == sessions_.end() || it->second.sink != sink) return;  // a stale session
+    Session& s = it->second;
+    if (!s.alive) {
+      // Its lease expired: everything it reports about earlier attempts is refused below.
+      s.alive = true;
+      Event("", worker_id, "worker_joined", "worker " + worker_id + " is back", 0);
+    }
+    Heard(s);
+    switch (msg.msg_case()) {
+      case pb::WorkerMessage::kHeartbeat: OnHeartbeat(worker_id, s, msg.heartbeat()); break;
+      case pb::WorkerMessage::kCheckpoint: OnCheckpoint(worker_id, s, msg.checkpoint()); break;
+      case pb::WorkerMessage::kExited: OnExited(worker_id, s, msg.exited()); break;
+      case pb::WorkerMessage::kMetrics: OnMetrics(sink, msg.metrics()); break;
+      case pb::WorkerMessage::kLog: OnLog(sink, msg.log()); break;
+      case pb::WorkerMessage::kNote: OnNote(worker_id, sink, msg.note()); break;
+      default: break;
+    }
+    ReleaseAndPublish(lock);
+  }
+  message_latency_.Record(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+}
+
+void Daemon::OnHeartbeat(const std::string& worker_id, Session& s, const pb::Heartbeat& hb) {
+  const std::string implausible =
+      ImplausibleMemory(worker_id, hb.devices(), hb.host_total_bytes(), hb.host_free_bytes());
+  if (implausible != s.memory_problem && !implausible.empty()) {
+    Event("", worker_id, "memory_refused", implausible + "; the report is ignored (the last good one stands)",
+          0);
+  }
+  s.memory_problem = implausible;
+  if (hb.devices_size() > 0 && implausible.empty()) {
+    s.devices.clear();
+    for (const pb::Device& d : hb.devices()) s.devices.push_back(ToDeviceRow(d));
+  }
+  if (hb.slot_end_ms() > 0) s.slot_end_ms = hb.slot_end_ms();
+  if (hb.host_total_bytes() > 0 && implausible.empty()) {
+    s.host_total_bytes = hb.host_total_bytes();
+    s.host_free_bytes = hb.host_free_bytes();
+  }
+  Check(store_->TouchWorker(worker_id, clock_->WallMs()), "worker alive");
+  RecordDeviceMemory(worker_id, s, hb);
+  for (const pb::Progress& p : hb.progress()) {
+    if (!IsCurrent(p.job_id(), p.epoch())) {
+      Refuse(s.sink, p.job_id(), p.epoch(), "epoch " + std::to_string(p.epoch()) + " is superseded");
+      continue;
+    }
+    Check(store_->RecordProgress({p.job_id(), p.epoch(), p.step(), p.total_steps(), p.loss(),
+                                  p.tokens_per_s(), clock_->WallMs()}),
+          "progress");
+  }
+}
+
+void Daemon::RecordDeviceMemory(const std::string& worker_id, Session& s, const pb::Heartbeat& hb) {
+  const int64_t now = clock_->MonotonicMs();
+  if (hb.devices_size() == 0 || !s.memory_problem.empty() ||
+      now - s.last_memory_sample_mono < options_.memory_sample_ms) {
+    return;
+  }
+  s.last_memory_sample_mono = now;
+  // OnHeartbeat has just taken them into s.devices.
+  Check(store_->RecordDeviceMemory(worker_id, s.running_job, clock_->WallMs(), s.devices), "device memory");
+}
+
+std::string Daemon::ImplausibleMemory(const std::string& worker_id,
+                                      const google::protobuf::RepeatedPtrField<pb::Device>& devices,
+                                      int64_t host_total, int64_t host_free) {
+  constexpr int64_t kPiB = int64_t{1} << 50;
+  const std::string worker = "worker '" + EscapeControlChars(worker_id, 128) + "'";
+  for (const pb::Device& d : devices) {
+    const std::string device = worker + " device " + EscapeControlChars(d.kind(), 32) + ":" +
+                               std::to_string(d.index()) + " reports ";
+    if (d.total_bytes() < 0 || d.total_bytes() > kPiB) {
+      return device + "total_bytes " + std::to_string(d.total_bytes()) + " (must be 0..1 PiB)";
+    }
+    if (d.free_bytes() < 0 || d.free_bytes() > d.total_bytes()) {
+      return device + "free_bytes " + std::to_string(d.free_bytes()) + " (must be 0..total_bytes " +
+             std::to_string(d.total_bytes()) + ")";
+    }
+    if (d.used_bytes() < 0 || d.used_bytes() > kPiB) {
+      return device + "used_bytes " + std::to_string(d.used_bytes()) + " (must be 0..1 PiB)";
+    }
+  }
+  if (host_total < 0 || host_total > kPiB || host_free < 0 || (host_total > 0 && host_free > host_total)) {
+    return worker + " reports host memory free " + std::to_string(host_free) + " of total " +
+           std::to_string(host_total) + " (must be 0 <= free <= total <= 1 PiB)";
+  }
+  return "";
+}
+
+void Daemon::OnCheckpoint(const std::string& worker_id, Session& s, const pb::CheckpointCommitted& c) {
+  if (!IsCurrent(c.job_id(), c.epoch())) {
+    Refuse(s.sink, c.job_id(), c.epoch(),
+           "checkpoint from superseded epoch " + std::to_string(c.epoch()) + " refused");
+    Event(
+        c.job_id(), worker_id, "refused",
+        "checkpoint step " + std::to_string(c.step()) + " from superseded epoch " + std::to_string(c.epoch()),
+        c.step());
+    return;
+  }
+  // The manifest on the shared filesystem must be the one the worker saw.
+  auto sha = Sha256File((fs::path(c.dir()) / "MANIFEST.json").string());
+  if (!sha.ok()) {
+    // checkpoint.keep rotated it away before the report arrived: a newer one follows.
+    FT_LOG(DEBUG) << "checkpoint " << c.dir() << " gone before its commit (retention)";
+    return;
+  }
+  if (*sha != c.manifest_sha256()) {
+    Event(c.job_id(), worker_id, "refused", "checkpoint " + c.dir() + " does not verify", c.step());
+    return;
+  }
+  CheckpointRow row{c.job_id(),          c.epoch(),         c.step(),        c.dir(),
+                    c.manifest_sha256(), c.write_seconds(), clock_->WallMs()};
+  if (Status added = store_->AddCheckpoint(row); !added.ok()) {
+    // Not committed, so not accepted either: the trainer's retention must keep
+    // the resume point ftd has. The worker sends it again after reconnecting.
+    Check(added, "add checkpoint");
+    return;
+  }
+  s.checkpoint_seconds = c.write_seconds();
+  checkpoint_seconds_.Record(c.write_seconds());
+  Event(c.job_id(), worker_id, "checkpoint", "checkpoint committed at step " + std::to_string(c.step()),
+        c.step());
+  // The trainer's retention keeps what ftd committed.
+  pb::DaemonCommand accepted;
+  accepted.mutable_accepted()->set_job_id(c.job_id());
+  accepted.mutable_accepted()->set_epoch(c.epoch());
+  accepted.mutable_accepted()->set_step(c.step());
+  accepted.mutable_accepted()->set_dir(c.dir());
+  if (s.sink) s.sink->Send(accepted);
+  PublishJob(c.job_id());
+}
+
+void Daemon::OnNote(const std::string& worker_id, WorkerSink* sink, const pb::AttemptNote& n) {
+  if (!IsCurrent(n.job_id(), n.epoch())) {
+    Refuse(sink, n.job_id(), n.epoch(), "note from superseded epoch");
+    return;
+  }
+  Event(n.job_id(), worker_id, n.kind(), n.message(), n.step());
+}
+
+void Daemon::OnExited(const std::string& worker_id, Session& s, const pb::AttemptExited& e) {
+  if (!IsCurrent(e.job_id(), e.epoch())) {
+    Event(e.job_id(), worker_id, "refused", "exit report of superseded epoch " + std::to_string(e.epoch()),
+          e.step());
+    return;
+  }
+  if (auto gang = gangs_.find(e.job_id()); gang != gangs_.end() && gang->second.epoch == e.epoch()) {
+    return OnRankExited(worker_id, s, gang->second, e);
+  }
+  AttemptOutcomeCode outcome = ToOutcomeCode(e.outcome());
+  EndRunning(e.job_id(), e.epoch(), outcome, e.reason(), e.step());
+  if (s.running_job == e.job_id()) {
+    s.running_job.clear();
+    s.running_epoch = 0;
+  }
+}
+
+void Daemon::OnMetrics(WorkerSink* sink, const pb::MetricsReport& m) {
+  if (!IsCurrent(m.job_id(), m.epoch())) {
+    Refuse(sink, m.job_id(), m.epoch(), "metrics from superseded epoch");
+    return;
+  }
+  std::vector<MetricRow> rows;
+  for (const pb::MetricPoint& p : m.points()) {
+    MetricRow row{m.job_id(),       m.epoch(),      p.step(),
+                  p.loss(),         p.lr(),         p.grad_norm(),
+                  p.tokens_per_s(), p.peak_bytes(), p.time_ms() ? p.time_ms() : clock_->WallMs()};
+    if (p.has_eval_loss()) row.eval_loss = p.eval_loss();
+    row.eval_only = p.eval_only();
+    row.tokens_seen = p.tokens_seen();
+    if (p.has_step_seconds()) row.step_seconds = p.step_seconds();
+    if (p.has_copy_wait_seconds()) row.copy_wait_seconds = p.copy_wait_seconds();
+    rows.push_back(row);
+  }
+  std::vector<MetricRow> stored;
+  const Status added = store_->AddMetrics(rows, &stored);
+  Check(added, "add metrics");
+  if (!added.ok()) return;
+  // Watchers get each step's point as stored: an evaluation arrives merged into its step.
+  for (const MetricRow& r : stored) {
+    pb::JobUpdate u;
+    u.set_job_id(m.job_id());
+    pb::MetricPoint* p = u.mutable_metric();
+    p->set_step(r.step);
+    p->set_loss(r.loss);
+    p->set_lr(r.lr);
+    p->set_grad_norm(r.grad_norm);
+    p->set_tokens_per_s(r.tokens_per_s);
+    p->set_peak_bytes(r.peak_bytes);
+    p->set_time_ms(r.time_ms);
+    p->set_epoch(r.epoch);
+    p->set_tokens_seen(r.tokens_seen);
+    if (!std::isnan(r.eval_loss)) p->set_eval_loss(r.eval_loss);
+    if (!std::isnan(r.step_seconds)) p->set_step_seconds(r.step_seconds);
+    if (!std::isnan(r.copy_wait_seconds)) p->set_copy_wait_seconds(r.copy_wait_seconds);
+    pending_updates_.push_back(std::move(u));
+  }
+}
+
+void Daemon::OnLog(WorkerSink* sink, const pb::LogReport& l) {
+  if (!IsCurrent(l.job_id(), l.epoch())) {
+    Refuse(sink, l.job_id(), l.epoch(), "logs from superseded epoch");
+    return;
+  }
+  auto path = LogPath(l.job_id());
+  if (options_.data_dir.empty() || !path.ok()) return;  // no data dir: logs are not kept
+  std::ofstream out(*path, std::ios::app);
+  out << l.text();
+  out.flush();
+  if (out) {
+    log_write_failing_.erase(l.job_id());
+    return;
+  }
+  Count(DaemonError::kLogWrite);
+  if (!log_write_failing_.insert(l.job_id()).second) return;  // said once until an append succeeds
+  const std::string why = "cannot append the worker's log lines to " + *path +
+                          " (lines are dropped until it can); check that ftd's --data-dir/logs is writable "
+                          "and has free space";
+  FT_LOG(ERROR) << "job " << l.job_id() << ": " << why;
+  Event(l.job_id(), "", "log_write_failed", why, 0);
+}
+
+void Daemon::Heard(Session& s) {
+  s.last_message_mono = clock_->MonotonicMs();
+  s.credit_at_message = stall_credit_ms_.load();
+}
+
+void Daemon::CreditStall(int64_t since_mono) {
+  const int64_t held = clock_->MonotonicMs() - since_mono;
+  if (held <= options_.stall_credit_after_ms) return;
+  // Messages that arrived meanwhile waited for the lock: the time is ftd's, not the workers'.
+  stall_credit_ms_ += held;
+  FT_LOG(WARN) << "ftd stalled: its lock was held " << held
+               << " ms (a slow database commit or a long tick); every worker's lease is extended by as much";
+}
+
+void Daemon::ExpireLeases() {
+  const int64_t now = clock_->MonotonicMs();
+  const int64_t credit_now = stall_credit_ms_.load();
+  for (auto& [id, s] : sessions_) {
+    // A message that reached ftd and waits for this lock counts as heard.
+    const int64_t heard = std::max(s.last_message_mono, s.sink ? s.sink->arrived_mono_ms.load() : int64_t{0});
+    const int64_t silent = now - heard, ftd_stalled = credit_now - s.credit_at_message;
+    if (!s.alive || silent - ftd_stalled <= options_.lease_ms) continue;
+    s.alive = false;
+    Check(store_->SetWorkerAlive(id, false, clock_->WallMs()), "worker lost");
+    Event("", id, "worker_lost",
+          "no message from worker " + id + " for " + std::to_string(silent / 1000) + " s" +
+              (ftd_stalled > 0
+                   ? " (ftd's own stalls of " + std::to_string(ftd_stalled / 1000) + " s not counted)"
+                   : ""),
+          0);
+    if (!s.running_job.empty()) {
+      auto a = store_->ListAttempts(s.running_job);
+      int64_t step = 0;
+      if (a.ok() && !a->empty()) step = a->back().end_step;
+      EndLostAttempt(s.running_job, s.running_epoch, "worker " + id + " lost (lease expired)", step);
+      s.running_job.clear();
+      s.running_epoch = 0;
+    }
+  }
+}
+
+void Daemon::StopForSlotEnds() {
+  const int64_t now = clock_->WallMs();
+  for (auto& [id, s] : sessions_) {
+    if (!s.alive || !s.sink || s.slot_end_ms <= 0 || s.running_job.empty() || s.stop_sent) continue;
+    const double ckpt_s =
+        s.checkpoint_seconds > 0 ? s.checkpoint_seconds : EstimateCheckpointSeconds(s.running_job);
+    const int64_t ckpt_ms = static_cast<int64_t>(1.5 * ckpt_s * 1000);
+    if (now < s.slot_end_ms - ckpt_ms - options_.checkpoint_margin_ms) continue;
+    SendStop(s, std::max<int64_t>(1000, s.slot_end_ms - now), "slot end");
+    s.stop_sent = true;
+    s.draining = true;
+    Event(s.running_job, id, "slot_end", "worker " + id + "'s slot ends: checkpoint and stop", 0);
+  }
+}
+
+}  // namespace ft

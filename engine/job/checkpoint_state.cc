@@ -1,0 +1,103 @@
+#include "engine/job/checkpoint_state.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "common/file_util.h"
+
+namespace ft {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string TrainerStateToJson(const TrainerState& s) {
+  const json j = {
+      {"format", "ftune-checkpoint"},
+      {"version", kCheckpointFormatVersion},
+      {"step", s.step},
+      {"cursor", s.cursor},
+      {"tokens_seen", s.tokens_seen},
+      {"plan", {{"micro_batch", s.micro_batch}, {"accumulation", s.accumulation}, {"world", s.world}}},
+      {"loss_scale", s.loss_scale},
+      {"loss_scale_growth_tracker", s.loss_scale_growth_tracker},
+      {"skipped_steps", s.skipped_steps},
+      {"job_hash", s.job_hash},
+      {"job_math", s.job_math},
+      {"last_checkpoint_seconds", s.last_checkpoint_seconds},
+      {"reason", s.reason},
+      {"epoch", s.epoch}};
+  return j.dump(2) + "\n";
+}
+
+StatusOr<TrainerState> TrainerStateFromJson(const std::string& text, const std::string& file) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || j.value("format", "") != "ftune-checkpoint") {
+    return Status::Corruption(file + ": not an ftune trainer_state.json");
+  }
+  if (j.value("version", 0) != kCheckpointFormatVersion) {
+    return Status::InvalidArgument(
+        file + ": checkpoint format version " + std::to_string(j.value("version", 0)) +
+        " is not supported (this build reads " + std::to_string(kCheckpointFormatVersion) + ")");
+  }
+  TrainerState s;
+  try {
+    s.step = j.at("step").get<int64_t>();
+    s.cursor = j.at("cursor").get<int64_t>();
+    s.tokens_seen = j.at("tokens_seen").get<int64_t>();
+    s.micro_batch = j.at("plan").at("micro_batch").get<int64_t>();
+    s.accumulation = j.at("plan").at("accumulation").get<int64_t>();
+    s.world = j.at("plan").at("world").get<int64_t>();
+    s.loss_scale = j.at("loss_scale").get<double>();
+    s.loss_scale_growth_tracker = j.value("loss_scale_growth_tracker", int64_t{0});
+    s.skipped_steps = j.value("skipped_steps", int64_t{0});
+    s.job_hash = j.at("job_hash").get<std::string>();
+    s.job_math = j.at("job_math").get<std::map<std::string, std::string>>();
+    s.last_checkpoint_seconds = j.value("last_checkpoint_seconds", 0.0);
+    s.reason = j.value("reason", "");
+    s.epoch = j.value("epoch", int64_t{0});
+  } catch (const json::exception& e) {
+    return Status::Corruption(file + ": " + e.what());
+  }
+  return s;
+}
+
+std::string CheckpointName(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "step-%08" PRId64, step);
+  return buf;
+}
+
+std::vector<CheckpointEntry> ListCheckpoints(const std::string& root) {
+  std::vector<CheckpointEntry> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    int64_t step = 0;
+    char tail = 0;
+    if (!e.is_directory() || name.rfind("step-", 0) != 0) continue;
+    if (std::sscanf(name.c_str(), "step-%" SCNd64 "%c", &step, &tail) != 1) continue;
+    out.push_back({step, e.path().string()});
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.step > b.step; });
+  return out;
+}
+
+StatusOr<TrainerState> ReadCheckpointState(const std::string& dir) {
+  if (!fs::exists(fs::path(dir) / kCheckpointManifest)) {
+    return Status::Corruption((fs::path(dir) / kCheckpointManifest).string() +
+                              ": missing (checkpoint incomplete)");
+  }
+  const std::string file = (fs::path(dir) / "trainer_state.json").string();
+  FT_ASSIGN_OR_RETURN(std::string text, ReadFileToString(file, kMaxConfigFileBytes));
+  return TrainerStateFromJson(text, file);
+}
+
+int64_t CheckpointEpoch(const std::string& dir) {
+  auto state = ReadCheckpointState(dir);
+  return state.ok() ? state->epoch : -1;
+}
+
+}  // namespace ft

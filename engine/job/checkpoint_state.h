@@ -1,0 +1,65 @@
+// What a checkpoint says about the run that wrote it, readable without the
+// engine: trainer_state.json's format, the step-N directory names and the
+// listing of a checkpoint root. ftd reads these to reconcile what a trainer
+// committed; the trainer writes them (engine/train/checkpoint.h holds the
+// rest of the format: tensors, MANIFEST.json, atomic writes, pruning).
+//
+// Failure: Corruption naming the file for an unreadable or foreign
+// trainer_state.json; InvalidArgument for a format version this build does
+// not read. Thread safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace ft {
+
+// Written last into a checkpoint directory: only a directory that has it counts.
+inline constexpr const char* kCheckpointManifest = "MANIFEST.json";
+// The version of trainer_state.json and MANIFEST.json this build writes and reads.
+inline constexpr int kCheckpointFormatVersion = 1;
+
+// The non-tensor state of a run (trainer_state.json).
+struct TrainerState {
+  int64_t step = 0;         // optimizer steps completed
+  int64_t cursor = 0;       // sequences consumed: the data position
+  int64_t tokens_seen = 0;  // target tokens trained on
+  int64_t micro_batch = 0;  // the plan that produced this state (informative)
+  int64_t accumulation = 0;
+  int64_t world = 1;
+  double loss_scale = 1.0;                      // dynamic loss scale (fp16); 1 otherwise
+  int64_t loss_scale_growth_tracker = 0;        // good steps in a row at this scale (fp16)
+  int64_t skipped_steps = 0;                    // steps skipped for overflow (fp16): not Adam updates
+  std::string job_hash;                         // SHA-256 of the job's math keys
+  std::map<std::string, std::string> job_math;  // key -> value of every key that defines the math
+  double last_checkpoint_seconds = 0;           // measured write time of the previous checkpoint
+  std::string reason;                           // "every_steps", "every_minutes", "signal", "final", ...
+  int64_t epoch = 0;                            // the attempt that wrote it (0: a plain ft-train run)
+};
+
+// trainer_state.json text, and back (`file` names it in errors).
+std::string TrainerStateToJson(const TrainerState& s);
+StatusOr<TrainerState> TrainerStateFromJson(const std::string& text, const std::string& file);
+
+// "step-00001234".
+std::string CheckpointName(int64_t step);
+
+struct CheckpointEntry {
+  int64_t step = 0;
+  std::string dir;
+};
+// step-* directories under root, newest first (temporary ones ignored).
+std::vector<CheckpointEntry> ListCheckpoints(const std::string& root);
+
+// The trainer_state.json of a checkpoint that has its manifest (sizes and
+// checksums not verified: cheap enough for ftd's reconciliation).
+StatusOr<TrainerState> ReadCheckpointState(const std::string& dir);
+
+// The epoch of the checkpoint in `dir` (its trainer_state.json), or -1 when unreadable.
+int64_t CheckpointEpoch(const std::string& dir);
+
+}  // namespace ft

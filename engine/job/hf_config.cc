@@ -1,0 +1,144 @@
+#include "engine/job/hf_config.h"
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "common/file_util.h"
+
+namespace ft {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// Reads key as T into *out; missing keeps *out unless required.
+template <typename T>
+Status GetKey(const json& j, const std::string& key, const std::string& file, T* out, bool required) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    if (required) return Status::InvalidArgument(file + ": missing required key '" + key + "'");
+    return Status::OK();
+  }
+  bool type_ok = std::is_same_v<T, bool>       ? it->is_boolean()
+                 : std::is_integral_v<T>       ? it->is_number_integer()
+                 : std::is_floating_point_v<T> ? it->is_number()
+                                               : it->is_string();
+  if (!type_ok)
+    return Status::InvalidArgument(file + ": key '" + key + "' has the wrong type (" + it->dump() + ")");
+  *out = it->get<T>();
+  return Status::OK();
+}
+
+}  // namespace
+
+StatusOr<ModelConfig> ParseHfConfig(const std::string& text, const std::string& file) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Status::InvalidArgument(file + ": not a JSON object");
+  ModelConfig c;
+  FT_RETURN_IF_ERROR(GetKey(j, "model_type", file, &c.model_type, true));
+  if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2") {
+    return Status::InvalidArgument(file + ": model_type '" + c.model_type +
+                                   "' is not supported (supported: llama, mistral, qwen2)");
+  }
+  FT_RETURN_IF_ERROR(GetKey(j, "vocab_size", file, &c.vocab_size, true));
+  FT_RETURN_IF_ERROR(GetKey(j, "hidden_size", file, &c.hidden_size, true));
+  FT_RETURN_IF_ERROR(GetKey(j, "intermediate_size", file, &c.intermediate_size, true));
+  FT_RETURN_IF_ERROR(GetKey(j, "num_hidden_layers", file, &c.num_layers, true));
+  FT_RETURN_IF_ERROR(GetKey(j, "num_attention_heads", file, &c.num_heads, true));
+  c.num_kv_heads = c.num_heads;
+  FT_RETURN_IF_ERROR(GetKey(j, "num_key_value_heads", file, &c.num_kv_heads, false));
+  c.head_dim = c.num_heads > 0 ? c.hidden_size / c.num_heads : 0;
+  FT_RETURN_IF_ERROR(GetKey(j, "head_dim", file, &c.head_dim, false));
+  FT_RETURN_IF_ERROR(GetKey(j, "max_position_embeddings", file, &c.max_position_embeddings, false));
+  FT_RETURN_IF_ERROR(GetKey(j, "rms_norm_eps", file, &c.rms_norm_eps, false));
+  FT_RETURN_IF_ERROR(GetKey(j, "rope_theta", file, &c.rope_theta, false));
+  FT_RETURN_IF_ERROR(GetKey(j, "tie_word_embeddings", file, &c.tie_word_embeddings, false));
+  FT_RETURN_IF_ERROR(GetKey(j, "torch_dtype", file, &c.torch_dtype, false));
+  FT_RETURN_IF_ERROR(GetKey(j, "bos_token_id", file, &c.bos_token_id, false));
+  if (j.contains("eos_token_id") && j["eos_token_id"].is_array()) {
+    if (!j["eos_token_id"].empty()) c.eos_token_id = j["eos_token_id"][0].get<int64_t>();
+  } else {
+    FT_RETURN_IF_ERROR(GetKey(j, "eos_token_id", file, &c.eos_token_id, false));
+  }
+  c.attention_bias = c.model_type == "qwen2";
+  FT_RETURN_IF_ERROR(GetKey(j, "attention_bias", file, &c.attention_bias, false));
+  bool mlp_bias = false;
+  FT_RETURN_IF_ERROR(GetKey(j, "mlp_bias", file, &mlp_bias, false));
+  if (mlp_bias) return Status::InvalidArgument(file + ": mlp_bias: true is not supported");
+  std::string act = "silu";
+  FT_RETURN_IF_ERROR(GetKey(j, "hidden_act", file, &act, false));
+  if (act != "silu")
+    return Status::InvalidArgument(file + ": hidden_act '" + act + "' is not supported (only silu)");
+  bool use_sliding = c.model_type == "mistral";
+  FT_RETURN_IF_ERROR(GetKey(j, "use_sliding_window", file, &use_sliding, false));
+  if (use_sliding) FT_RETURN_IF_ERROR(GetKey(j, "sliding_window", file, &c.sliding_window, false));
+  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return Status::InvalidArgument(file + ": rope_scaling must be an object or null");
+    const std::string where = file + " rope_scaling";
+    std::string type;
+    FT_RETURN_IF_ERROR(GetKey(*it, "type", where, &type, false));
+    FT_RETURN_IF_ERROR(GetKey(*it, "rope_type", where, &type, false));
+    if (type == "llama3") {
+      FT_RETURN_IF_ERROR(GetKey(*it, "factor", where, &c.rope_scaling.factor, true));
+      FT_RETURN_IF_ERROR(GetKey(*it, "low_freq_factor", where, &c.rope_scaling.low_freq_factor, true));
+      FT_RETURN_IF_ERROR(GetKey(*it, "high_freq_factor", where, &c.rope_scaling.high_freq_factor, true));
+      FT_RETURN_IF_ERROR(GetKey(*it, "original_max_position_embeddings", where,
+                                &c.rope_scaling.original_max_position_embeddings, true));
+    } else if (type == "linear") {
+      FT_RETURN_IF_ERROR(GetKey(*it, "factor", where, &c.rope_scaling.factor, true));
+    } else if (type != "default" && !type.empty()) {
+      return Status::InvalidArgument(file + ": rope_scaling type '" + type +
+                                     "' is not supported (supported: linear, llama3)");
+    }
+    c.rope_scaling.type = type == "default" ? "" : type;
+  }
+  FT_RETURN_IF_ERROR(c.Validate(file));
+  return c;
+}
+
+StatusOr<ModelConfig> ReadHfConfig(const std::string& dir) {
+  const std::string file = (fs::path(dir) / "config.json").string();
+  FT_ASSIGN_OR_RETURN(std::string text, ReadFileToString(file, kMaxConfigFileBytes));
+  return ParseHfConfig(text, file);
+}
+
+std::string HfConfigJson(const ModelConfig& c) {
+  json j;
+  j["architectures"] = {c.model_type == "qwen2"     ? "Qwen2ForCausalLM"
+                        : c.model_type == "mistral" ? "MistralForCausalLM"
+                                                    : "LlamaForCausalLM"};
+  j["model_type"] = c.model_type;
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["num_hidden_layers"] = c.num_layers;
+  j["num_attention_heads"] = c.num_heads;
+  j["num_key_value_heads"] = c.num_kv_heads;
+  j["head_dim"] = c.head_dim;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["rope_theta"] = c.rope_theta;
+  if (c.rope_scaling.type == "llama3") {
+    j["rope_scaling"] = {
+        {"rope_type", "llama3"},
+        {"factor", c.rope_scaling.factor},
+        {"low_freq_factor", c.rope_scaling.low_freq_factor},
+        {"high_freq_factor", c.rope_scaling.high_freq_factor},
+        {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+  } else if (c.rope_scaling.type == "linear") {
+    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}};
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  if (c.model_type != "qwen2") j["attention_bias"] = c.attention_bias;
+  j["hidden_act"] = "silu";
+  j["torch_dtype"] = c.torch_dtype;
+  if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
+  if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
+  if (c.sliding_window > 0) j["sliding_window"] = c.sliding_window;
+  return j.dump(2) + "\n";
+}
+
+}  // namespace ft

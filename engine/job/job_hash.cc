@@ -1,0 +1,101 @@
+#include "engine/job/job_hash.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <mutex>
+#include <vector>
+
+#include "common/file_util.h"
+
+namespace ft {
+
+std::string DataFileSha256(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return "?";
+  const std::string version = std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" +
+                              std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
+                              std::to_string(st.st_mtim.tv_nsec) + ":" + std::to_string(st.st_ctim.tv_sec) +
+                              "." + std::to_string(st.st_ctim.tv_nsec);
+  static std::mutex mu;
+  static std::map<std::string, std::pair<std::string, std::string>> known;  // path → {version, SHA-256}
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = known.find(path); it != known.end() && it->second.first == version)
+      return it->second.second;
+  }
+  auto sha = Sha256File(path);
+  if (!sha.ok()) return "?";
+  const time_t newest = std::max(st.st_mtim.tv_sec, st.st_ctim.tv_sec);
+  if (std::time(nullptr) - newest >= 2) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (known.size() >= 1024) known.clear();
+    known[path] = {version, *sha};
+  }
+  return *sha;
+}
+
+std::map<std::string, std::string> JobMathKeys(const JobSpec& spec, const std::string& data_sha256) {
+  auto num = [](double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.17g", v);
+    return std::string(buf);
+  };
+  std::string targets;
+  std::vector<std::string> sorted = spec.adapter.target_modules;
+  std::sort(sorted.begin(), sorted.end());
+  for (const auto& t : sorted) targets += (targets.empty() ? "" : ",") + t;
+  const bool lora = spec.adapter.type == AdapterType::kLora;
+  // A choice hashes as its job.yaml name (the table's), as it always has: a checkpoint's hash never changes.
+  auto name = [](auto choice) { return std::string(EnumName(choice)); };
+  std::map<std::string, std::string> m = {
+      {"model.path", spec.model.path},
+      {"model.quantization", name(spec.model.quantization)},
+      {"model.dtype", name(spec.model.dtype)},
+      {"adapter.type", name(spec.adapter.type)},
+      {"data.train", spec.data.train},
+      {"data.train (SHA-256)", data_sha256.empty() ? DataFileSha256(spec.data.train) : data_sha256},
+      {"data.format", name(spec.data.format)},
+      {"data.seq_len", std::to_string(spec.data.seq_len)},
+      {"data.packing", spec.data.packing ? "true" : "false"},
+      {"data.shuffle", spec.data.shuffle ? "true" : "false"},
+      {"data.skip_bad_lines", spec.data.skip_bad_lines ? "true" : "false"},
+      {"data.chat_template", spec.data.chat_template},
+      {"train.global_batch_size", std::to_string(spec.train.global_batch_size)},
+      {"train.lr", num(spec.train.lr)},
+      {"train.lr_schedule", name(spec.train.lr_schedule)},
+      {"train.warmup_steps", std::to_string(spec.train.warmup_steps)},
+      {"train.weight_decay", num(spec.train.weight_decay)},
+      {"train.max_grad_norm", num(spec.train.max_grad_norm)},
+      {"train.adam_beta1", num(spec.train.adam_beta1)},
+      {"train.adam_beta2", num(spec.train.adam_beta2)},
+      {"train.adam_eps", num(spec.train.adam_eps)},
+      {"train.seed", std::to_string(spec.train.seed)},
+      {"train.attention", name(spec.train.attention)},
+  };
+  if (spec.model.quantization == Quantization::kNf4)
+    m["model.double_quant"] = spec.model.double_quant ? "true" : "false";
+  if (spec.model.dtype == ComputeDType::kF16) {
+    m["train.loss_scale_init"] = num(spec.train.loss_scale_init);
+    m["train.loss_scale_growth_interval"] = std::to_string(spec.train.loss_scale_growth_interval);
+  }
+  if (lora) {
+    m["adapter.r"] = std::to_string(spec.adapter.r);
+    m["adapter.alpha"] = num(spec.adapter.alpha);
+    m["adapter.dropout"] = num(spec.adapter.dropout);
+    m["adapter.rslora"] = spec.adapter.rslora ? "true" : "false";
+    m["adapter.target_modules"] = targets;
+    m["adapter.init"] = spec.adapter.init;
+  }
+  return m;
+}
+
+std::string JobHash(const JobSpec& spec, const std::string& data_sha256) {
+  std::string canonical;
+  for (const auto& [k, v] : JobMathKeys(spec, data_sha256)) canonical += k + "=" + v + "\n";
+  return Sha256Hex(canonical);
+}
+
+}  // namespace ft

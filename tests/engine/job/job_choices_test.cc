@@ -1,0 +1,138 @@
+// job.yaml's named choices (engine/job/job_choices.h): every table drives the
+// parser and the hash, docs/JOB_YAML.md lists every value, and choices a
+// trainer cannot combine are refused at parse time with file:line.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/job/job_hash.h"
+#include "engine/job/job_spec.h"
+
+namespace ft {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+// A valid job: `model` and `train` lines go under their sections, `adapter`
+// lines make an adapter section, `rest` follows the required sections.
+std::string Job(const std::string& model = "", const std::string& adapter = "", const std::string& train = "",
+                const std::string& rest = "") {
+  return "model:\n  path: /m\n" + model + (adapter.empty() ? "" : "adapter:\n" + adapter) +
+         "data:\n  train: /d.jsonl\ntrain:\n  max_steps: 10\n" + train + "output:\n  dir: /o\n" + rest;
+}
+
+template <typename E>
+std::vector<std::string> Names() {
+  std::vector<std::string> out;
+  for (const EnumEntry<E>& e : EnumTraits<E>::kTable) out.emplace_back(e.name);
+  return out;
+}
+
+// Every job.yaml choice key with its table's names.
+std::vector<std::pair<std::string, std::vector<std::string>>> ChoiceKeys() {
+  return {{"model.quantization", Names<Quantization>()},
+          {"model.dtype", Names<ComputeDType>()},
+          {"adapter.type", Names<AdapterType>()},
+          {"data.format", Names<DataFormat>()},
+          {"train.lr_schedule", Names<LrSchedule>()},
+          {"train.optimizer", Names<OptimizerKind>()},
+          {"train.activation_checkpointing", Names<ActivationCheckpointing>()},
+          {"train.attention", Names<AttentionKind>()},
+          {"resources.device", Names<DeviceRequest>()},
+          {"distributed.strategy", Names<DistributedStrategy>()}};
+}
+
+TEST(JobChoicesTest, DocsListEveryValueOfEveryChoice) {
+  std::ifstream in(std::string(FT_SOURCE_DIR) + "/docs/JOB_YAML.md");
+  ASSERT_TRUE(in) << "docs/JOB_YAML.md";
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string doc = text.str();
+  for (const auto& [key, names] : ChoiceKeys()) {
+    const size_t start = doc.find("### " + key + "\n");
+    ASSERT_NE(start, std::string::npos) << "docs/JOB_YAML.md has no '### " << key << "' section";
+    const size_t end = doc.find("\n#", start + 4);
+    std::istringstream lines(doc.substr(start, end == std::string::npos ? std::string::npos : end - start));
+    std::set<std::string> listed;  // the values of the section's rows "| `name` | meaning |"
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("| `", 0) == 0) listed.insert(line.substr(3, line.find('`', 3) - 3));
+    }
+    EXPECT_EQ(listed, std::set<std::string>(names.begin(), names.end())) << key;
+  }
+}
+
+TEST(JobChoicesTest, EveryNameOfEveryTableParsesAndOthersAreRefused) {
+  for (const auto& [key, names] : ChoiceKeys()) {
+    for (const std::string& name : names) {
+      StatusOr<MergedJob> job = ParseJobWithOverrides(Job(), "job.yaml", {key + "=" + name});
+      EXPECT_TRUE(job.ok()) << key << "=" << name << ": " << job.status().ToString();
+    }
+    StatusOr<MergedJob> bad = ParseJobWithOverrides(Job(), "job.yaml", {key + "=bogus"});
+    ASSERT_FALSE(bad.ok()) << key;
+    std::string list;
+    for (const std::string& n : names) list += (list.empty() ? "" : " | ") + n;
+    EXPECT_THAT(bad.status().message(), HasSubstr(key + ": 'bogus' is not one of " + list));
+  }
+}
+
+// The math hash names each choice as job.yaml spells it, as it did when the
+// choices were strings: the hash of every existing checkpoint stays the same.
+TEST(JobChoicesTest, HashKeysSpellChoicesAsTheFileDoes) {
+  StatusOr<JobSpec> spec = ParseJobSpec(
+      Job("  quantization: nf4\n  dtype: fp16\n", "", "  lr_schedule: linear\n  attention: naive\n"),
+      "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  spec->data.format = DataFormat::kChat;
+  const std::map<std::string, std::string> keys = JobMathKeys(*spec, "sha");
+  EXPECT_EQ(keys.at("model.quantization"), "nf4");
+  EXPECT_EQ(keys.at("model.dtype"), "fp16");
+  EXPECT_EQ(keys.at("adapter.type"), "lora");
+  EXPECT_EQ(keys.at("data.format"), "chat");
+  EXPECT_EQ(keys.at("train.lr_schedule"), "linear");
+  EXPECT_EQ(keys.at("train.attention"), "naive");
+  EXPECT_EQ(keys.at("model.double_quant"), "true");    // only with nf4
+  EXPECT_EQ(keys.count("train.loss_scale_init"), 1u);  // only with fp16
+  EXPECT_EQ(keys.count("adapter.r"), 1u);              // only with lora
+}
+
+// Combinations Trainer::Create refused only when a trainer started (ftctl
+// and ftd accepted them): refused by the parser, at the key's file:line:col.
+TEST(JobChoicesTest, FullFineTuneCombinationsAreRefusedWithFileLine) {
+  struct Case {
+    std::string yaml;
+    std::string where;  // file:line:col of the key's value
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {Job("  quantization: nf4\n", "  type: full\n"), "job.yaml:3:17",
+       "model.quantization: nf4 freezes the base weights, so it needs adapter.type: lora (QLoRA)"},
+      {Job("", "  type: full\n", "  cpu_offload: true\n"), "job.yaml:9:16",
+       "train.cpu_offload keeps the frozen base weights in host memory, but adapter.type: full trains them"},
+      {Job("", "  type: full\n", "", "resources:\n  gpus: 2\ndistributed:\n  strategy: fsdp\n"),
+       "job.yaml:14:13",
+       "distributed.strategy: fsdp shards the frozen base weights and the optimizer of LoRA"},
+  };
+  for (const Case& c : cases) {
+    StatusOr<JobSpec> spec = ParseJobSpec(c.yaml, "job.yaml");
+    ASSERT_FALSE(spec.ok()) << c.yaml;
+    EXPECT_TRUE(spec.status().IsInvalidArgument());
+    EXPECT_THAT(spec.status().message(), StartsWith(c.where + ": ")) << c.yaml;
+    EXPECT_THAT(spec.status().message(), HasSubstr(c.message));
+  }
+  // Each choice apart is accepted: fsdp with one rank, cpu_offload with LoRA, a full fine-tune alone.
+  EXPECT_TRUE(
+      ParseJobSpec(Job("", "  type: full\n", "", "distributed:\n  strategy: fsdp\n"), "job.yaml").ok());
+  EXPECT_TRUE(ParseJobSpec(Job("", "", "  cpu_offload: true\n", "resources:\n  gpus: 2\n"), "job.yaml").ok());
+  EXPECT_TRUE(ParseJobSpec(Job("  quantization: nf4\n"), "job.yaml").ok());
+}
+
+}  // namespace
+}  // namespace ft
