@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/status.h"
 #include "common/untrusted_text.h"
@@ -56,6 +57,14 @@ std::string EnumNames(std::string_view separator = ", ") {
     if (!out.empty()) out += separator;
     out += e.name;
   }
+  return out;
+}
+
+// Every name, in the table's order (e.g. for a command line's list of accepted values).
+template <typename E>
+std::vector<std::string> EnumNameList() {
+  std::vector<std::string> out;
+  for (const EnumEntry<E>& e : EnumTraits<E>::kTable) out.emplace_back(e.name);
   return out;
 }
 

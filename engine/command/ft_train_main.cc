@@ -38,6 +38,7 @@
 #include <map>
 
 #include "common/confined_path.h"
+#include "common/device_kind.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "engine/command/generate_command.h"
@@ -45,6 +46,7 @@
 #include "engine/io/hf_model.h"
 #include "engine/job/job_spec.h"
 #include "engine/job/planner.h"
+#include "engine/model/compute_dtype.h"
 #include "engine/model/memory.h"
 #include "engine/train/trainer.h"
 
@@ -272,9 +274,10 @@ CLI::App* AddGenerateCommand(CLI::App& app, ft::GenerateFlags* gen) {
   generate->add_option("--top-p", gen->generate.sampling.top_p, "nucleus sampling threshold (1 = off)");
   generate->add_option("--seed", gen->generate.sampling.seed, "sampling seed (same seed, same text)");
   generate->add_option("--stop", gen->generate.stop, "stop when the text contains this (repeatable)");
-  generate->add_option("--device", gen->model.device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-  generate->add_option("--dtype", gen->model.dtype, "fp32 | bf16 | fp16")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  generate->add_option("--device", gen->model.device, ft::EnumNames<ft::DeviceKind>(" | "))
+      ->check(CLI::IsMember(ft::EnumNameList<ft::DeviceKind>()));
+  generate->add_option("--dtype", gen->model.dtype, ft::EnumNames<ft::ComputeDType>(" | "))
+      ->check(CLI::IsMember(ft::EnumNameList<ft::ComputeDType>()));
   generate->add_flag("--nf4", gen->model.nf4, "hold the base weights in NF4 (as QLoRA trained on them)");
   generate->add_flag("--json", gen->json, "print one JSON object at the end instead of streaming");
   return generate;
@@ -301,7 +304,8 @@ int main(int argc, char** argv) {
   plan->add_option("--set", plan_overrides, "override a job.yaml key, as for run (repeatable)");
   plan->add_option("--device-memory", device_memory,
                    "memory of one device, e.g. 24GiB (default: this host's)");
-  plan->add_option("--device", plan_device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  plan->add_option("--device", plan_device, ft::EnumNames<ft::DeviceKind>(" | "))
+      ->check(CLI::IsMember(ft::EnumNameList<ft::DeviceKind>()));
   plan->add_option("--world", plan_world, "number of ranks")->check(CLI::PositiveNumber);
 
   auto* make = app.add_subcommand("make-model", "write a random-initialised HF model directory");
