@@ -124,11 +124,15 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(dir + "/job/model");
   std::ofstream(dir + "/job/model/config.json") << ft::HfConfigJson(*ft::PresetModelConfig("tiny-llama"));
   std::ofstream(dir + "/job/d.jsonl") << "{\"input_ids\": [1, 2, 3]}\n";  // ftd refuses a missing data file
-  auto store = ft::Store::Open(dir + "/ftd.sqlite");
-  if (!store.ok()) return 1;
+  std::filesystem::create_directories(dir + "/ftd");  // ftd's data dir apart from the job's files
+  auto store = ft::Store::Open(dir + "/ftd/ftd.sqlite");
+  if (!store.ok()) {
+    std::fprintf(stderr, "heartbeat_bench: %s\n", store.status().ToString().c_str());
+    return 1;
+  }
   ft::SystemClock clock;
   ft::DaemonOptions options;
-  options.data_dir = dir;
+  options.data_dir = dir + "/ftd";
   options.lease_ms = 10'000;
   ft::Daemon daemon(std::move(*store), &clock, options);
 
@@ -137,9 +141,13 @@ int main(int argc, char** argv) {
     pb::SubmitRequest req;
     req.set_spec_yaml(
         "model: {path: model}\ndata: {train: d.jsonl, format: tokens, seq_len: 512}\n"
-        "train: {max_steps: 10, global_batch_size: 8}\noutput: {dir: out}\n");
+        "train: {max_steps: 10, global_batch_size: 8}\noutput: {dir: out/" +
+        std::to_string(i) + "}\n");  // every job an output.dir of its own: ftd refuses a shared one
     req.set_spec_dir(dir + "/job");
-    if (!daemon.Submit(req).ok()) return 1;
+    if (auto submitted = daemon.Submit(req); !submitted.ok()) {
+      std::fprintf(stderr, "heartbeat_bench: submit %d: %s\n", i, submitted.status().ToString().c_str());
+      return 1;
+    }
   }
   const double submit_s = std::chrono::duration<double>(Clock::now() - submit_start).count();
 

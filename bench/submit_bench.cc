@@ -37,14 +37,15 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(dir + "/job/model");
   std::ofstream(dir + "/job/model/config.json") << ft::HfConfigJson(*ft::PresetModelConfig("tiny-llama"));
   std::ofstream(dir + "/job/d.jsonl") << "{\"input_ids\": [1, 2, 3]}\n";  // ftd refuses a missing data file
-  auto store = ft::Store::Open(dir + "/ftd.sqlite");
+  std::filesystem::create_directories(dir + "/ftd");  // ftd's data dir apart from the job's files
+  auto store = ft::Store::Open(dir + "/ftd/ftd.sqlite");
   if (!store.ok()) {
     std::fprintf(stderr, "submit_bench: %s\n", store.status().ToString().c_str());
     return 1;
   }
   ft::SystemClock clock;
   ft::DaemonOptions options;
-  options.data_dir = dir;
+  options.data_dir = dir + "/ftd";
   ft::Daemon daemon(std::move(*store), &clock, options);
   auto jobs_service = ft::MakeJobsService(&daemon, {});
   grpc::ServerBuilder builder;
@@ -53,9 +54,12 @@ int main(int argc, char** argv) {
   builder.RegisterService(jobs_service.get());
   auto server = builder.BuildAndStart();
 
-  const std::string spec =
-      "model: {path: model}\ndata: {train: d.jsonl, format: tokens, seq_len: 512}\n"
-      "train: {max_steps: 10, global_batch_size: 8}\noutput: {dir: out}\n";
+  // Every job an output.dir of its own: ftd refuses one another job writes.
+  auto spec = [](int i) {
+    return "model: {path: model}\ndata: {train: d.jsonl, format: tokens, seq_len: 512}\n"
+           "train: {max_steps: 10, global_batch_size: 8}\noutput: {dir: out/" +
+           std::to_string(i) + "}\n";
+  };
   std::atomic<int> next{0}, acked{0}, failed{0};
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::thread> threads;
@@ -67,13 +71,14 @@ int main(int argc, char** argv) {
                                                               grpc::InsecureChannelCredentials(), args));
       for (int i = next++; i < jobs; i = next++) {
         pb::SubmitRequest req;
-        req.set_spec_yaml(spec);
+        req.set_spec_yaml(spec(i));
         req.set_spec_dir(dir + "/job");
         req.set_client_request_id("bench-" + std::to_string(i));
         pb::SubmitReply reply;
         grpc::ClientContext ctx;
         grpc::Status s = stub->Submit(&ctx, req, &reply);
         (s.ok() && !reply.duplicate() ? acked : failed)++;
+        if (!s.ok() && failed == 1) std::fprintf(stderr, "submit_bench: %s\n", s.error_message().c_str());
       }
     });
   }
