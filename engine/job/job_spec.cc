@@ -10,6 +10,7 @@
 
 #include "common/file_util.h"
 #include "common/yaml_config.h"
+#include "engine/model/model_config.h"
 
 namespace ft {
 
@@ -32,10 +33,8 @@ constexpr int64_t kMaxSteps = 1'000'000'000;
 // table's order, make the "'x' is not one of a | b (did you mean ...)" error.
 template <typename E>
 Status GetChoice(const YamlMap& m, const std::string& key, E* out) {
-  std::vector<std::string> names;
-  for (const EnumEntry<E>& e : EnumTraits<E>::kTable) names.emplace_back(e.name);
   std::string text(EnumName(*out));
-  FT_RETURN_IF_ERROR(m.GetEnum(key, names, &text));
+  FT_RETURN_IF_ERROR(m.GetEnum(key, EnumNameList<E>(), &text));
   FT_ASSIGN_OR_RETURN(*out, ParseEnum<E>(text));
   return Status::OK();
 }
@@ -92,15 +91,18 @@ Status ParseAdapter(const YamlMap& m, JobSpec::Adapter* s) {
   FT_RETURN_IF_ERROR(Require(s->dropout >= 0 && s->dropout < 1, m, "dropout", "must be in [0, 1)"));
   FT_RETURN_IF_ERROR(m.Get("rslora", &s->rslora));
   FT_RETURN_IF_ERROR(m.Get("target_modules", &s->target_modules));
-  const std::vector<std::string> known = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                          "gate_proj", "up_proj", "down_proj"};
+  std::vector<std::string> known;  // the model's module names (engine/model/model_config.h)
+  std::string listed;
+  for (int i = 0; i < kNumModules; ++i) {
+    known.emplace_back(ModuleName(static_cast<ModuleKind>(i)));
+    listed += " " + known.back();
+  }
   for (const auto& t : s->target_modules) {
     if (std::find(known.begin(), known.end(), t) == known.end()) {
       std::string hint = ClosestMatch(t, known);
-      return Status::InvalidArgument(m.Where("target_modules") +
-                                     ": adapter.target_modules: unknown module '" + t + "'" +
-                                     (hint.empty() ? "" : " (did you mean '" + hint + "'?)") +
-                                     "; known: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj");
+      return Status::InvalidArgument(
+          m.Where("target_modules") + ": adapter.target_modules: unknown module '" + t + "'" +
+          (hint.empty() ? "" : " (did you mean '" + hint + "'?)") + "; known:" + listed);
     }
   }
   FT_RETURN_IF_ERROR(
