@@ -21,12 +21,16 @@
 // ft-train run of the same spec.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <filesystem>
 #include <map>
+#include <mutex>
 #include <regex>
 #include <string>
 #include <thread>
@@ -47,9 +51,12 @@ using testing_support::TempPath;
 constexpr char kScript[] = FT_SOURCE_DIR "/deploy/slurm/ftune-worker.sbatch";
 constexpr int64_t kKillWaitMs = 30'000;  // slurm_cluster.cc's KillWait
 // Each job's length, in seconds of training here with three ft-train side by
-// side: the cases need both jobs running until about 55 s after they start
-// (the 1-minute allocation's stop point; the chain's requeue after a signal
-// that comes within 30 s), with a margin for a machine that speeds up.
+// side: the cases need both jobs running until about 50 s after they are
+// submitted (the 1-minute allocation's stop point; the chain's requeue after
+// a signal that comes within 30 s). Calibration alone cannot promise that (a
+// CI run whose load eased after it trained 1.5x faster and finished the
+// time-limit job before its slot end), so a Pacer also holds each job to
+// this length at the most.
 constexpr double kTrainSeconds = 70;
 
 int64_t WallMs() {
@@ -109,6 +116,111 @@ int64_t StepsForSeconds(Cluster& c, double seconds) {
   if (per_step >= 1e9) throw std::runtime_error("calibration runs wrote no steps");
   return static_cast<int64_t>(seconds / per_step);
 }
+
+// The arguments of a running process (from /proc); empty once it is gone.
+std::vector<std::string> Cmdline(const std::string& pid) {
+  const std::string raw = Slurp("/proc/" + pid + "/cmdline");
+  std::vector<std::string> args;
+  for (size_t at = 0; at < raw.size();) {
+    const size_t end = raw.find('\0', at);
+    args.push_back(raw.substr(at, end == std::string::npos ? std::string::npos : end - at));
+    at = end == std::string::npos ? raw.size() : end + 1;
+  }
+  return args;
+}
+
+// Holds jobs to at most `steps` steps in `seconds` from when they are paced:
+// while a job's metrics.jsonl shows it ahead of that pace, every ft-train of
+// the job (`--job-id ID` on its command line) is stopped (SIGSTOP), and it is
+// continued (SIGCONT) as soon as it is not. A machine faster than the
+// calibration said then cannot end a job before the cases that need it
+// running are over; a slower one only makes the job later. The stops last
+// about a step, so a trainer still checkpoints as soon as it is asked to.
+// Everything stopped is continued when pacing ends or the Pacer goes.
+class Pacer {
+ public:
+  Pacer(int64_t steps, double seconds) : steps_per_s_(steps / seconds) {}
+  ~Pacer() {
+    done_ = true;
+    if (thread_.joinable()) thread_.join();
+    for (auto& [id, job] : jobs_) Signal(id, SIGCONT);
+  }
+
+  // Paces the job from now on; `out` is its output dir.
+  void Pace(const std::string& id, const std::string& out) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_[id] = Job{out + "/metrics.jsonl", std::chrono::steady_clock::now()};
+    }
+    if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+  }
+  int64_t stops() const { return stops_; }
+
+ private:
+  struct Job {
+    std::string metrics;
+    std::chrono::steady_clock::time_point from;
+    int64_t steps = 0;
+    std::streamoff read = 0;  // bytes of metrics counted
+    bool stopped = false;
+  };
+
+  void Loop() {
+    while (!done_) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (auto& [id, job] : jobs_) Step(id, job);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
+  void Step(const std::string& id, Job& job) {
+    std::ifstream in(job.metrics, std::ios::binary);
+    in.seekg(0, std::ios::end);
+    const std::streamoff size = in.tellg();
+    if (size < job.read) job.read = 0, job.steps = 0;  // a new file
+    if (size > job.read) {
+      in.seekg(job.read);
+      std::string chunk(static_cast<size_t>(size - job.read), '\0');
+      in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+      const size_t whole = chunk.rfind('\n');  // count whole lines only
+      if (whole != std::string::npos) {
+        for (size_t at = 0; (at = chunk.find("\"step_seconds\"", at)) < whole; ++at) ++job.steps;
+        job.read += static_cast<std::streamoff>(whole + 1);
+      }
+    }
+    const double allowed =
+        steps_per_s_ * std::chrono::duration<double>(std::chrono::steady_clock::now() - job.from).count();
+    const bool ahead = job.steps > allowed;
+    if (ahead) Signal(id, SIGSTOP);  // also a trainer that started since the last stop
+    if (ahead && !job.stopped) ++stops_;
+    if (!ahead && job.stopped) Signal(id, SIGCONT);
+    job.stopped = ahead;
+  }
+
+  // Sends `sig` to every ft-train of the job.
+  static void Signal(const std::string& id, int sig) {
+    for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+      const std::string pid = entry.path().filename();
+      if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+      const std::vector<std::string> args = Cmdline(pid);
+      for (size_t i = 1; i + 1 < args.size(); ++i) {
+        if (args[i] == "--job-id" && args[i + 1] == id && args[0] == FT_TRAIN_BIN) {
+          ::kill(std::stoi(pid), sig);
+          break;
+        }
+      }
+    }
+  }
+
+  const double steps_per_s_;
+  std::mutex mu_;
+  std::map<std::string, Job> jobs_;
+  std::atomic<bool> done_{false};
+  std::atomic<int64_t> stops_{0};
+  std::thread thread_;
+};
 
 // Slurm allocations of the shipped script, each an ft-worker of the cluster's ftd.
 class SbatchWorkers {
@@ -241,7 +353,10 @@ TEST(SlurmSqueueEndTime, ShippedSbatchLosesNoStepAtTimeLimitSignalScancelRequeue
       << sbatch.Log(limit_alloc);
   EXPECT_EQ(signal_worker.slot_end_ms(), 0) << "the end should be hidden from this worker";
 
+  Pacer pacer(steps, kTrainSeconds);
   const std::string a = c.Submit(spec_a), b = c.Submit(spec_b);
+  pacer.Pace(a, c.dir() + "/job/out-a");
+  pacer.Pace(b, c.dir() + "/job/out-b");
   for (const std::string& id : {a, b}) {
     ASSERT_EQ(c.WaitFor(
                    id, [](const pb::Job& j) { return j.state() == pb::RUNNING; }, 60'000)
@@ -358,6 +473,7 @@ TEST(SlurmSqueueEndTime, ShippedSbatchLosesNoStepAtTimeLimitSignalScancelRequeue
   EXPECT_EQ(s.state, "TIMEOUT") << "Slurm's time limit ends allocation " << limit_alloc << ": " << s.raw;
   EXPECT_THAT(sbatch.Log(limit_alloc), HasSubstr("ft-worker stopped (SIGTERM)"));
   for (const auto& [what, n] : lost) t.Note(what + ": steps lost " + std::to_string(n));
+  t.Note("the pacer stopped a job ahead of its pace " + std::to_string(pacer.stops()) + " times");
   t.Note("done");
 }
 
