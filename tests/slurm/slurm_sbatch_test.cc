@@ -27,8 +27,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <regex>
