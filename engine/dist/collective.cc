@@ -13,6 +13,8 @@ class SingleRankCollective final : public Collective {
   int world() const override { return 1; }
   Status AllReduceSum(float*, int64_t) override { return Status::OK(); }
   Status AllReduceSum(double*, int64_t) override { return Status::OK(); }
+  Status AllReduceSum(int64_t*, int64_t) override { return Status::OK(); }
+  Status AllReduceMax(int8_t*, int64_t) override { return Status::OK(); }
   Status Broadcast(void*, int64_t, int) override { return Status::OK(); }
   Status AllGather(const void* mine, int64_t bytes, void* out) override {
     if (bytes > 0 && out != mine) std::memmove(out, mine, static_cast<size_t>(bytes));

@@ -45,6 +45,12 @@ class Collective {
   // x[0..n) = the element-wise sum over the ranks' x.
   virtual Status AllReduceSum(float* x, int64_t n) = 0;
   virtual Status AllReduceSum(double* x, int64_t n) = 0;
+  // Integer sums are exact, so their result does not depend on the order
+  // the ranks' values meet in (the order-independent sums of
+  // engine/dist/exact_sum.h are built on them).
+  virtual Status AllReduceSum(int64_t* x, int64_t n) = 0;
+  // x[0..n) = the element-wise maximum over the ranks' x.
+  virtual Status AllReduceMax(int8_t* x, int64_t n) = 0;
   // data[0..bytes) = root's data[0..bytes) on every rank.
   virtual Status Broadcast(void* data, int64_t bytes, int root) = 0;
   // out[r·bytes .. (r+1)·bytes) = rank r's mine[0..bytes), on every rank

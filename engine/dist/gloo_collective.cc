@@ -27,6 +27,11 @@ class GlooCollective final : public Collective {
 
   Status AllReduceSum(float* x, int64_t n) override { return Reduce(x, n, "all-reduce (float)"); }
   Status AllReduceSum(double* x, int64_t n) override { return Reduce(x, n, "all-reduce (double)"); }
+  Status AllReduceSum(int64_t* x, int64_t n) override { return Reduce(x, n, "all-reduce (int64)"); }
+  Status AllReduceMax(int8_t* x, int64_t n) override {
+    return Reduce(x, n, "all-reduce (int8 max)",
+                  static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::max<int8_t>));
+  }
 
   Status Broadcast(void* data, int64_t bytes, int root) override {
     return Run("broadcast", [&] {
@@ -61,13 +66,14 @@ class GlooCollective final : public Collective {
 
  private:
   template <typename T>
-  Status Reduce(T* x, int64_t n, const char* what) {
+  Status Reduce(T* x, int64_t n, const char* what,
+                void (*reduce)(void*, const void*, const void*, size_t) = &gloo::sum<T>) {
     if (n == 0) return Status::OK();
     return Run(what, [&] {
       gloo::AllreduceOptions opts(context_);
       opts.setTag(NextTag());
       opts.setOutput(x, static_cast<size_t>(n));
-      opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<T>));
+      opts.setReduceFunction(reduce);
       gloo::allreduce(opts);
     });
   }

@@ -62,6 +62,16 @@ class NcclCollective final : public Collective {
       return ncclAllReduce(d, d, static_cast<size_t>(n), ncclDouble, ncclSum, comm_, stream_);
     });
   }
+  Status AllReduceSum(int64_t* x, int64_t n) override {
+    return InPlace(x, n * static_cast<int64_t>(sizeof(int64_t)), "all-reduce (int64)", [&](void* d) {
+      return ncclAllReduce(d, d, static_cast<size_t>(n), ncclInt64, ncclSum, comm_, stream_);
+    });
+  }
+  Status AllReduceMax(int8_t* x, int64_t n) override {
+    return InPlace(x, n, "all-reduce (int8 max)", [&](void* d) {
+      return ncclAllReduce(d, d, static_cast<size_t>(n), ncclInt8, ncclMax, comm_, stream_);
+    });
+  }
   Status Broadcast(void* data, int64_t bytes, int root) override {
     return InPlace(data, bytes, "broadcast", [&](void* d) {
       return ncclBroadcast(d, d, static_cast<size_t>(bytes), ncclChar, root, comm_, stream_);

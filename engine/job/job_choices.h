@@ -100,6 +100,20 @@ struct EnumTraits<AttentionKind> {
   };
 };
 
+// train.gradient_sum: how gradients and reduced scalars are summed over
+// micro-batches and ranks (engine/dist/exact_sum.h).
+enum class GradientSum { kAuto, kExact, kFloat };
+template <>
+struct EnumTraits<GradientSum> {
+  static constexpr std::string_view kWhat = "train.gradient_sum";
+  static constexpr EnumEntry<GradientSum> kTable[] = {
+      {"auto", GradientSum::kAuto, "exact for LoRA and QLoRA, float for a full fine-tune"},
+      {"exact", GradientSum::kExact,
+       "order-independent: the same bits at any world size (17 bytes per trainable value)"},
+      {"float", GradientSum::kFloat, "fp32 sums in the order they come (bits depend on the world size)"},
+  };
+};
+
 // resources.device: a DeviceKind, or auto.
 enum class DeviceRequest { kAuto, kCuda, kCpu };
 template <>

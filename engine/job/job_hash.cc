@@ -74,6 +74,7 @@ std::map<std::string, std::string> JobMathKeys(const JobSpec& spec, const std::s
       {"train.adam_eps", num(spec.train.adam_eps)},
       {"train.seed", std::to_string(spec.train.seed)},
       {"train.attention", name(spec.train.attention)},
+      {"train.gradient_sum", ExactGradientSum(spec) ? "exact" : "float"},
   };
   if (spec.model.quantization == Quantization::kNf4)
     m["model.double_quant"] = spec.model.double_quant ? "true" : "false";

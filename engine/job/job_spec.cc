@@ -155,7 +155,7 @@ const std::vector<std::string> kTrainKeys = {
     "max_steps", "epochs", "global_batch_size", "micro_batch_size", "gradient_accumulation",
     "lr", "lr_schedule", "warmup_steps", "weight_decay", "max_grad_norm",
     "adam_beta1", "adam_beta2", "adam_eps", "optimizer", "seed",
-    "activation_checkpointing", "cpu_offload", "attention",
+    "activation_checkpointing", "cpu_offload", "attention", "gradient_sum",
     "eval_every_steps", "eval_max_batches", "loss_scale_init", "loss_scale_growth_interval"};
 // clang-format on
 
@@ -192,6 +192,7 @@ Status ParseTrain(const YamlMap& m, JobSpec::Train* s) {
                              "must be in [1, 1e30] (65536 is torch's default)"));
   FT_RETURN_IF_ERROR(GetInt(m, "loss_scale_growth_interval", 1, kMaxSteps, &s->loss_scale_growth_interval,
                             " (good steps before the scale doubles)"));
+  FT_RETURN_IF_ERROR(GetChoice(m, "gradient_sum", &s->gradient_sum));
   return GetChoice(m, "attention", &s->attention);
 }
 
@@ -351,6 +352,11 @@ StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& 
   spec.data.chat_template = Resolve(base, spec.data.chat_template);
   spec.output.dir = Resolve(base, spec.output.dir);
   return spec;
+}
+
+bool ExactGradientSum(const JobSpec& spec) {
+  if (spec.train.gradient_sum == GradientSum::kAuto) return spec.adapter.type != AdapterType::kFull;
+  return spec.train.gradient_sum == GradientSum::kExact;
 }
 
 std::vector<std::pair<const char*, std::string>> JobInputPaths(const JobSpec& spec) {

@@ -73,6 +73,7 @@ struct JobSpec {
     ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kOn;
     bool cpu_offload = false;
     AttentionKind attention = AttentionKind::kFlash;
+    GradientSum gradient_sum = GradientSum::kAuto;  // ExactGradientSum() resolves auto
     // Evaluation on data.eval (mean token cross-entropy, no gradient, no dropout): every
     // eval_every_steps steps and at the last step. Unset in the file: checkpoint.every_steps when
     // data.eval is set (after parsing it is always resolved); 0 = only at the last step, or never
@@ -128,6 +129,10 @@ StatusOr<JobSpec> LoadJobSpec(const std::string& file);
 // model.path, data.train, data.eval, data.chat_template, adapter.init (a path
 // may be "" when the key is unset). output.dir, which it writes, is not among them.
 std::vector<std::pair<const char*, std::string>> JobInputPaths(const JobSpec& spec);
+
+// Whether train.gradient_sum is exact once auto is resolved (exact for an
+// adapter, float for a full fine-tune).
+bool ExactGradientSum(const JobSpec& spec);
 
 // Job text with command-line overrides ("train.lr=1e-4", ftctl submit --set
 // and ft-train run --set; common/yaml_config.h's ApplyYamlOverrides).

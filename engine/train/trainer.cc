@@ -243,6 +243,10 @@ void Trainer::BuildOptimizer(std::shared_ptr<Backend> backend) {
   optimizer_ =
       std::make_unique<AdamWOptimizer>(model_->TrainableParams(), oc, backend,
                                        spec.train.optimizer == OptimizerKind::kPagedAdamW, optimizer_shard);
+  int64_t trainable = 0;
+  for (const TrainableParam& p : model_->TrainableParams()) trainable += p.numel;
+  if (ExactGradientSum(spec)) grad_sum_ = std::make_unique<ExactSum<float>>(trainable);
+  if (grad_sum_ || world > 1) grad_host_.assign(static_cast<size_t>(trainable), 0.0f);
 }
 
 StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, std::unique_ptr<Collective> ranks) {
@@ -281,34 +285,28 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
   const int64_t tokens = data_->CountTargets(cursor_, global, shuffle, seed);
   if (tokens == 0) return Status::InvalidArgument(spec_.data.train + ": a global batch has no target tokens");
   model_->ZeroGrads();
-  double loss_sum = 0;
+  if (grad_sum_) grad_sum_->Clear();
+  ExactSum<double> loss(1);  // every reduced scalar is summed order-independently
   // Under fp16 the loss gradient is multiplied by the loss scale so that small gradients
   // survive fp16's range; they are unscaled before clipping (UpdateLossScale, docs/ENGINE.md).
   const float grad_scale = static_cast<float>(loss_scale_ / static_cast<double>(tokens));
   for (int64_t a = 0; a < plan_.accumulation; ++a) {
-    if (a > 0 && control_ && interrupted && ranks_->world() == 1) {
-      // (With several ranks the step always completes: one rank alone cannot abandon it.)
-      // A stop request mid-accumulation: finish the step only if the deadline allows.
-      if (auto req = control_->Pending(); req && req->stop) {
-        const double left =
-            std::chrono::duration<double>(req->deadline - std::chrono::steady_clock::now()).count();
-        const double need = static_cast<double>(plan_.accumulation - a) * micro_seconds_ +
-                            (writer_ ? writer_->last_seconds() : 0.0);
-        if (need > left) {
-          *interrupted = true;  // nothing was applied: the state is still at the last step boundary
-          return Status::OK();
-        }
-      }
+    if (a > 0 && interrupted && StopMidStep(a)) {
+      *interrupted = true;  // nothing was applied: the state is still at the last step boundary
+      return Status::OK();
     }
     const auto micro_start = std::chrono::steady_clock::now();
     const int64_t first = cursor_ + (ranks_->rank() * plan_.accumulation + a) * plan_.micro_batch;
     FT_ASSIGN_OR_RETURN(MicroBatch mb, data_->MakeBatch(first, plan_.micro_batch, shuffle, seed));
-    loss_sum += model_->ForwardBackward(mb, grad_scale).loss_sum;
+    const double micro_loss = model_->ForwardBackward(mb, grad_scale).loss_sum;
+    loss.Add(&micro_loss);
+    if (grad_sum_) FoldGradients();
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - micro_start).count();
     micro_seconds_ = micro_seconds_ == 0 ? t : 0.8 * micro_seconds_ + 0.2 * t;
   }
   const auto reduce_start = std::chrono::steady_clock::now();
-  if (ranks_->world() > 1) FT_RETURN_IF_ERROR(AllReduceGradients(&loss_sum));
+  double loss_sum = 0;
+  FT_RETURN_IF_ERROR(SumGradients(&loss, &loss_sum));
   const double reduce_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - reduce_start).count();
   const int64_t update = optimizer_->step();
@@ -353,25 +351,53 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
   return Status::OK();
 }
 
-Status Trainer::AllReduceGradients(double* loss_sum) {
-  // One flat host buffer for every gradient: one all-reduce per step (DDP's bucket is the whole
-  // set: LoRA gradients are small), through host memory whatever the backend.
-  const std::vector<TrainableParam> params = model_->TrainableParams();
-  int64_t total = 0;
-  for (const TrainableParam& p : params) total += p.numel;
-  std::vector<float> flat(static_cast<size_t>(total));
+bool Trainer::StopMidStep(int64_t done) {
+  // (With several ranks the step always completes: one rank alone cannot abandon it.)
+  if (!control_ || ranks_->world() > 1) return false;
+  // A stop request mid-accumulation: finish the step only if the deadline allows.
+  auto req = control_->Pending();
+  if (!req || !req->stop) return false;
+  const double left = std::chrono::duration<double>(req->deadline - std::chrono::steady_clock::now()).count();
+  const double need = static_cast<double>(plan_.accumulation - done) * micro_seconds_ +
+                      (writer_ ? writer_->last_seconds() : 0.0);
+  return need > left;
+}
+
+void Trainer::CopyGradients(bool to_host) {
   int64_t at = 0;
-  for (const TrainableParam& p : params) {
-    model_->backend().CopyToHost(flat.data() + at, p.grad, p.numel * static_cast<int64_t>(sizeof(float)));
+  for (const TrainableParam& p : model_->TrainableParams()) {
+    if (to_host) {
+      model_->backend().CopyToHost(grad_host_.data() + at, p.grad,
+                                   p.numel * static_cast<int64_t>(sizeof(float)));
+    } else {
+      model_->Upload(p.grad, grad_host_.data() + at, p.numel);
+    }
     at += p.numel;
   }
-  FT_RETURN_IF_ERROR(ranks_->AllReduceSum(flat.data(), total).WithContext(spec_.file + ": gradients"));
-  FT_RETURN_IF_ERROR(ranks_->AllReduceSum(loss_sum, 1).WithContext(spec_.file + ": loss"));
-  at = 0;
-  for (const TrainableParam& p : params) {
-    model_->Upload(p.grad, flat.data() + at, p.numel);
-    at += p.numel;
+}
+
+void Trainer::FoldGradients() {
+  CopyGradients(/*to_host=*/true);
+  grad_sum_->Add(grad_host_.data());
+  model_->ZeroGrads();
+}
+
+Status Trainer::SumGradients(ExactSum<double>* loss, double* loss_sum) {
+  FT_RETURN_IF_ERROR(loss->AllReduce(ranks_.get()).WithContext(spec_.file + ": loss"));
+  loss->Round(loss_sum);
+  if (grad_sum_) {
+    FT_RETURN_IF_ERROR(grad_sum_->AllReduce(ranks_.get()).WithContext(spec_.file + ": gradients"));
+    grad_sum_->Round(grad_host_.data());
+  } else if (ranks_->world() > 1) {
+    // One flat host buffer for every gradient: one all-reduce per step (DDP's bucket is the whole
+    // set: LoRA gradients are small), through host memory whatever the backend.
+    CopyGradients(/*to_host=*/true);
+    FT_RETURN_IF_ERROR(ranks_->AllReduceSum(grad_host_.data(), static_cast<int64_t>(grad_host_.size()))
+                           .WithContext(spec_.file + ": gradients"));
+  } else {
+    return Status::OK();  // one rank, fp32 sums: the gradients are where backward left them
   }
+  CopyGradients(/*to_host=*/false);
   return Status::OK();
 }
 
@@ -413,7 +439,7 @@ Status Trainer::Evaluate(EvalMetrics* m, bool* interrupted) {
   const int world = ranks_->world();
   const int64_t rounds = (batches + world - 1) / world;
   const int64_t end = model_->sharded() ? rounds * world : batches;
-  double loss_sum = 0;
+  ExactSum<double> loss(1);  // the same bits however the batches fall on the ranks
   int64_t tokens = 0;
   for (int64_t b = ranks_->rank(); b < end; b += world) {
     if (b > ranks_->rank() && control_ && interrupted && world == 1) {
@@ -427,15 +453,13 @@ Status Trainer::Evaluate(EvalMetrics* m, bool* interrupted) {
                                                              /*shuffle=*/false, /*seed=*/0));
     const LossResult r = model_->EvalForward(mb);
     if (b >= batches) continue;  // only to join the gathers
-    loss_sum += r.loss_sum;
+    loss.Add(&r.loss_sum);
     tokens += r.tokens;
   }
-  if (world > 1) {
-    std::vector<double> sums = {loss_sum, static_cast<double>(tokens)};
-    FT_RETURN_IF_ERROR(ranks_->AllReduceSum(sums.data(), 2).WithContext(spec_.data.eval + ": evaluation"));
-    loss_sum = sums[0];
-    tokens = static_cast<int64_t>(sums[1]);
-  }
+  FT_RETURN_IF_ERROR(loss.AllReduce(ranks_.get()).WithContext(spec_.data.eval + ": evaluation"));
+  FT_RETURN_IF_ERROR(ranks_->AllReduceSum(&tokens, 1).WithContext(spec_.data.eval + ": evaluation"));
+  double loss_sum = 0;
+  loss.Round(&loss_sum);
   if (tokens == 0)
     return Status::InvalidArgument(spec_.data.eval + ": the evaluated rows have no target tokens");
   *m = EvalMetrics{optimizer_->step(), loss_sum / static_cast<double>(tokens), tokens, batches,
@@ -519,12 +543,27 @@ Status Trainer::Restore(const CheckpointContents& c, const std::string& from) {
   }
   cursor_ = c.state.cursor;
   tokens_seen_ = c.state.tokens_seen;
-  if (c.state.micro_batch != plan_.micro_batch || c.state.accumulation != plan_.accumulation) {
-    FT_LOG(INFO) << "batch plan changed from micro-batch " << c.state.micro_batch << " x "
-                 << c.state.accumulation << " to " << plan_.micro_batch << " x " << plan_.accumulation
-                 << " (same global batch: same math)";
-  }
+  LogResumeGuarantee(c.state);
   return Status::OK();
+}
+
+void Trainer::LogResumeGuarantee(const TrainerState& saved) const {
+  const std::string was = "micro-batch " + std::to_string(saved.micro_batch) + " x accumulation " +
+                          std::to_string(saved.accumulation) + " x world " + std::to_string(saved.world);
+  const std::string now = "micro-batch " + std::to_string(plan_.micro_batch) + " x accumulation " +
+                          std::to_string(plan_.accumulation) + " x world " + std::to_string(plan_.world);
+  const std::string plan =
+      was == now ? "batch plan unchanged (" + now + ")" : "batch plan " + was + " -> " + now;
+  if (saved.micro_batch != plan_.micro_batch) {
+    FT_LOG(INFO) << plan << ": another micro-batch size changes the GEMMs' sums, so training "
+                 << "continues within 1e-6 of the uninterrupted run, not byte for byte";
+  } else if (grad_sum_) {
+    FT_LOG(INFO) << plan << ": same micro-batch size and exact gradient sums, so training continues "
+                 << "byte for byte as the uninterrupted run would";
+  } else {
+    FT_LOG(INFO) << plan << ": train.gradient_sum is float, so a new split of the batch continues "
+                 << "within 1e-6 of the uninterrupted run (byte for byte only at the same split)";
+  }
 }
 
 void Trainer::set_fencing(const std::string& job_id, int64_t epoch) {

@@ -29,6 +29,7 @@
 #include "common/status.h"
 #include "engine/data/dataset.h"
 #include "engine/dist/collective.h"
+#include "engine/dist/exact_sum.h"
 #include "engine/job/exit_codes.h"
 #include "engine/job/job_hash.h"
 #include "engine/job/job_spec.h"
@@ -173,9 +174,19 @@ class Trainer {
   std::unique_ptr<Dataset> eval_data_;  // data.eval, or null
   BatchPlan plan_;
   int64_t total_steps_ = 0;
-  std::unique_ptr<Collective> ranks_;  // the job's ranks (SingleRank when alone)
-  // Multi-rank: the gradients and the loss of this rank's micro-batches summed over all ranks.
-  Status AllReduceGradients(double* loss_sum);
+  std::unique_ptr<Collective> ranks_;          // the job's ranks (SingleRank when alone)
+  std::unique_ptr<ExactSum<float>> grad_sum_;  // train.gradient_sum exact: the step's gradients
+  std::vector<float> grad_host_;               // every gradient, flat, in host memory
+  // Whether a stop request asks this one rank to abandon its step after `done` micro-batches
+  // (the rest would not fit in the request's deadline).
+  bool StopMidStep(int64_t done);
+  // Every gradient to grad_host_ (to_host) or back from it.
+  void CopyGradients(bool to_host);
+  // train.gradient_sum exact: this micro-batch's gradients into grad_sum_, and zeroed.
+  void FoldGradients();
+  // The step's gradients and `loss` summed over every micro-batch of every rank (exactly, or in
+  // fp32 with train.gradient_sum float), left in the trainable params' grads; `loss_sum` its sum.
+  Status SumGradients(ExactSum<double>* loss, double* loss_sum);
   // Multi-rank: whether any rank wants `flags` (each 0 or 1), agreed by every rank.
   Status Agree(std::vector<double>* flags);
   // The steps of Create: the model with its weights and adapter (sharded under FSDP), the
@@ -209,6 +220,9 @@ class Trainer {
   // after loss_scale_growth_interval good steps in a row (torch's GradScaler).
   void UpdateLossScale(bool overflow);
   Status CheckpointNow(const std::string& reason, bool wait);
+  // Logs which promise a resume from `saved` keeps: byte-identical training (same micro-batch
+  // size, exact sums) or within 1e-6 (another micro-batch size, or fp32 sums at a new split).
+  void LogResumeGuarantee(const TrainerState& saved) const;
   // output.merge: the base model with the adapter folded in, written to <output.dir>/merged.
   Status WriteMerged(const ModelOptions& options);
   // One event line per checkpoint made durable since the last call: the worker reports these as

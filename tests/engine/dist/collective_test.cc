@@ -11,41 +11,21 @@
 #include <thread>
 #include <vector>
 
-#include "tests/support/free_port.h"
+#include "tests/support/loopback_ranks.h"
 
 namespace ft {
 namespace {
 
 using ::testing::HasSubstr;
 
-// A port nothing listens on right now.
 int FreePort() { return testing_support::FreeLoopbackPort(); }
 
 RendezvousSpec Spec(int rank, int world, int port, int timeout_ms = 20000) {
-  RendezvousSpec s;
-  s.rank = rank;
-  s.world = world;
-  s.address = "127.0.0.1:" + std::to_string(port);
-  s.host = "127.0.0.1";
-  s.name = "test";
-  s.timeout = std::chrono::milliseconds(timeout_ms);
-  return s;
+  return testing_support::LoopbackSpec(rank, world, port, timeout_ms);
 }
 
-// Runs body(rank, collective) on `world` connected ranks, one thread each.
 void OnRanks(int world, const std::function<void(int, Collective&)>& body) {
-  const int port = FreePort();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      auto c = ConnectGloo(Spec(r, world, port));
-      ASSERT_TRUE(c.ok()) << c.status().ToString();
-      EXPECT_EQ((*c)->rank(), r);
-      EXPECT_EQ((*c)->world(), world);
-      body(r, **c);
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  testing_support::OnLoopbackRanks(world, body);
 }
 
 TEST(CollectiveTest, AllReduceSumsAndEveryRankGetsTheSameBits) {
@@ -61,6 +41,16 @@ TEST(CollectiveTest, AllReduceSumsAndEveryRankGetsTheSameBits) {
       ASSERT_TRUE(c.AllReduceSum(d.data(), 2).ok());
       EXPECT_EQ(d[0], 1.5 * world * (world + 1) / 2);
       EXPECT_EQ(d[1], -2.0 * world);
+      // Integers (exact sums) and int8 maxima: past 2^53, where a double sum would round.
+      std::vector<int64_t> i = {(int64_t{1} << 60) + r, -r};
+      ASSERT_TRUE(c.AllReduceSum(i.data(), 2).ok());
+      EXPECT_EQ(i[0], world * (int64_t{1} << 60) + world * (world - 1) / 2);
+      EXPECT_EQ(i[1], -world * (world - 1) / 2);
+      std::vector<int8_t> m = {static_cast<int8_t>(r), static_cast<int8_t>(-1 - r), 127};
+      ASSERT_TRUE(c.AllReduceMax(m.data(), 3).ok());
+      EXPECT_EQ(m[0], world - 1);
+      EXPECT_EQ(m[1], -1);
+      EXPECT_EQ(m[2], 127);
       results[r] = std::move(x);
     });
     for (int r = 0; r < world; ++r) {

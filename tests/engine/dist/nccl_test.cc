@@ -34,6 +34,14 @@ TEST(NcclTest, OneRankRunsEveryCollective) {
   ASSERT_TRUE(nccl.AllReduceSum(d, 2).ok());
   EXPECT_EQ(d[0], 1.25);
   EXPECT_EQ(d[1], -3.5);
+  int64_t i[2] = {(int64_t{1} << 60) + 1, -7};
+  ASSERT_TRUE(nccl.AllReduceSum(i, 2).ok());
+  EXPECT_EQ(i[0], (int64_t{1} << 60) + 1);
+  EXPECT_EQ(i[1], -7);
+  int8_t m[2] = {-1, 127};
+  ASSERT_TRUE(nccl.AllReduceMax(m, 2).ok());
+  EXPECT_EQ(m[0], -1);
+  EXPECT_EQ(m[1], 127);
   char text[8] = "nccl";
   ASSERT_TRUE(nccl.Broadcast(text, sizeof(text), 0).ok());
   EXPECT_STREQ(text, "nccl");

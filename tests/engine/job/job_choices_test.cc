@@ -46,6 +46,7 @@ std::vector<std::pair<std::string, std::vector<std::string>>> ChoiceKeys() {
           {"train.optimizer", Names<OptimizerKind>()},
           {"train.activation_checkpointing", Names<ActivationCheckpointing>()},
           {"train.attention", Names<AttentionKind>()},
+          {"train.gradient_sum", Names<GradientSum>()},
           {"resources.device", Names<DeviceRequest>()},
           {"distributed.strategy", Names<DistributedStrategy>()}};
 }
