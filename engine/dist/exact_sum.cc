@@ -8,9 +8,6 @@
 namespace ft {
 namespace {
 
-__extension__ typedef __int128 Int128;  // GCC's and Clang's 128-bit integers (not ISO C++)
-__extension__ typedef unsigned __int128 UInt128;
-
 constexpr int8_t kEmpty = -1;      // nothing added yet: the sum is 0
 constexpr int8_t kPoisoned = 127;  // a NaN or infinity was added; the max of indices spreads it
 
@@ -92,16 +89,15 @@ void ExactSum<T>::AddOne(int64_t k, T x) {
   }
   const int8_t needed = static_cast<int8_t>((p.pos + Layout<T>::kMantBits - 1) / kBinBits);
   if (top < needed) Raise(k, needed);
-  // The magnitude on the window's grid: shifted up into it, or truncated below its base.
-  const int shift = p.pos - (top - 1) * kBinBits;
-  UInt128 v = 0;
-  if (shift >= 0) {
-    v = static_cast<UInt128>(p.mantissa) << shift;
-  } else if (shift > -64) {
-    v = p.mantissa >> -shift;
-  }
-  const auto high = static_cast<int64_t>(v >> kBinBits);
-  const auto low = static_cast<int64_t>(v & ((static_cast<UInt128>(1) << kBinBits) - 1));
+  // The magnitude M·2^s on the window's grid (s: its lowest bit above the window's base), cut
+  // at the bin boundary; bits below the base are truncated. At most 2·kBinBits - 24 for
+  // float and 2·kBinBits - 53 for double, so the shifts stay under 64 (left shifts drop only
+  // bits the mask drops too).
+  const int s = p.pos - (top - 1) * kBinBits;
+  constexpr uint64_t kMask = (uint64_t{1} << kBinBits) - 1;
+  const auto shifted = [](uint64_t m, int by) { return by >= 0 ? m << by : by > -64 ? m >> -by : 0; };
+  const auto high = static_cast<int64_t>(shifted(p.mantissa, s - kBinBits));
+  const auto low = static_cast<int64_t>(shifted(p.mantissa, s) & kMask);
   bin[0] += p.negative ? -high : high;
   bin[1] += p.negative ? -low : low;
 }
@@ -109,6 +105,8 @@ void ExactSum<T>::AddOne(int64_t k, T x) {
 template <typename T>
 void ExactSum<T>::Add(const T* x) {
   const int64_t n = size();
+  // Elements are independent: threads change the time, never a bit.
+#pragma omp parallel for schedule(static) if (n > (int64_t{1} << 16))
   for (int64_t k = 0; k < n; ++k) AddOne(k, x[k]);
 }
 
@@ -131,22 +129,33 @@ Status ExactSum<T>::AllReduce(Collective* ranks) {
 
 template <typename T>
 void ExactSum<T>::Round(T* out) const {
-  for (int64_t k = 0; k < size(); ++k) {
+  // 2^(base of the window) for each top bin: multiplying by a power of two is exact, so it is
+  // ldexp's result wherever that power is a normal double (always for float; a double sum
+  // within 2^-1000 of zero goes through ldexp).
+  constexpr int kTops = ((1 << Layout<T>::kExpBits) - 3 + Layout<T>::kMantBits - 1) / kBinBits + 1;
+  double scale[kTops];
+  for (int t = 0; t < kTops; ++t) scale[t] = std::ldexp(1.0, (t - 1) * kBinBits + Layout<T>::kMinExp);
+  const auto place = [&scale](double whole, int top) {
+    return std::isnormal(scale[top]) ? whole * scale[top]
+                                     : std::ldexp(whole, (top - 1) * kBinBits + Layout<T>::kMinExp);
+  };
+  const int64_t n = size();
+#pragma omp parallel for schedule(static) if (n > (int64_t{1} << 16))
+  for (int64_t k = 0; k < n; ++k) {
     const int8_t top = top_[static_cast<size_t>(k)];
     if (top == kPoisoned) {
       out[k] = std::numeric_limits<T>::quiet_NaN();
-      continue;
-    }
-    if (top == kEmpty) {
+    } else if (top == kEmpty) {
       out[k] = 0;
-      continue;
+    } else {
+      // The two bins as one double (each int64 → double, then their sum: two roundings at most,
+      // both at 2^-52 of the sum or finer, a function of the bins alone), placed on the grid,
+      // then rounded to T.
+      const int64_t* bin = &bins_[static_cast<size_t>(2 * k)];
+      constexpr auto kHigh = static_cast<double>(int64_t{1} << kBinBits);
+      const double whole = static_cast<double>(bin[0]) * kHigh + static_cast<double>(bin[1]);
+      out[k] = static_cast<T>(place(whole, top));
     }
-    const int64_t* bin = &bins_[static_cast<size_t>(2 * k)];
-    // Both bins in one integer (the top one is at most 2^63 · 2^40: 103 bits), rounded once to
-    // double, then placed on the grid; the last rounding to float comes after.
-    const Int128 whole = static_cast<Int128>(bin[0]) * (static_cast<Int128>(1) << kBinBits) + bin[1];
-    const double placed = std::ldexp(static_cast<double>(whole), (top - 1) * kBinBits + Layout<T>::kMinExp);
-    out[k] = static_cast<T>(placed);
   }
 }
 

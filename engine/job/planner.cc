@@ -105,6 +105,8 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
   }
   m.adapter = r.full ? 0 : trainable * kF32;
   m.gradients = trainable * kF32;
+  m.trainable_values = trainable;
+  m.host_gradient_sum = r.exact_gradient_sum ? trainable * (kExactSumBytesPerValue + kF32) : 0;
   // Paged: two device pages of [m | v] for the largest parameter; the moments on the host.
   // FSDP: rank 0's range of the flat trainable vector (engine/train/optimizer.h); its largest
   // piece of one parameter is at most the largest parameter.
@@ -217,6 +219,7 @@ PlanRequest PlanRequestFromJob(const JobSpec& spec, const ModelConfig& model, De
   r.offload_activations = spec.train.activation_checkpointing == ActivationCheckpointing::kOffload;
   r.cpu_offload = spec.train.cpu_offload;
   r.paged_optimizer = spec.train.optimizer == OptimizerKind::kPagedAdamW;
+  r.exact_gradient_sum = ExactGradientSum(spec);
   r.fsdp = spec.distributed.strategy == DistributedStrategy::kFsdp;
   r.global_batch = spec.train.global_batch_size;
   r.world = world;
@@ -310,12 +313,21 @@ std::string FormatPlan(const PlanRequest& r, const BatchPlanChoice& c) {
   if (b.runtime) row("runtime", b.runtime);
   row("total", b.total());
   if (b.host_total() > 0) {
-    o << "host memory (techniques):\n";
+    o << "host memory (techniques, exact gradient sums):\n";
     row("weights", b.host_weights);
     row("optimizer", b.host_optimizer);
     row("activations", b.host_activations);
+    if (b.host_gradient_sum) row("gradient sum", b.host_gradient_sum);
     row("total", b.host_total());
   }
+  const int64_t per_value = r.exact_gradient_sum ? kExactSumBytesPerValue : kF32SumBytesPerValue;
+  o << "gradient sums: " << (r.exact_gradient_sum ? "exact (the same bits at any world size)" : "fp32 (in order)")
+    << ", " << b.trainable_values << " values; "
+    << (r.world > 1 ? "each step all-reduces " + FormatBytes(b.trainable_values * per_value) + " across " +
+                          std::to_string(r.world) + " ranks (fp32: " +
+                          FormatBytes(b.trainable_values * kF32SumBytesPerValue) + ")"
+                    : std::string("one rank: no all-reduce"))
+    << "\n";
   o << "device offers " << FormatBytes(c.device_bytes) << "\n";
   o << "plan: micro-batch " << c.micro_batch << " x accumulation " << c.accumulation << " x world " << c.world
     << " = global batch " << c.micro_batch * c.accumulation * c.world << "\n";

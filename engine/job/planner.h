@@ -36,6 +36,7 @@ struct PlanRequest {
   bool offload_activations = false;  // checkpointing with the layer inputs in host memory
   bool cpu_offload = false;          // frozen linear weights in host memory, two layers staged
   bool paged_optimizer = false;      // Adam moments in host memory, two parameters paged in
+  bool exact_gradient_sum = false;   // train.gradient_sum exact: host accumulators, wider all-reduce
   // distributed.strategy fsdp at world > 1 (LoRA/QLoRA): each rank keeps 1/world of every layer's
   // frozen linear storage (plus two gathered layers) and 1/world of the Adam moments.
   bool fsdp = false;
@@ -63,8 +64,17 @@ struct MemoryBreakdown {
   int64_t host_weights = 0;
   int64_t host_optimizer = 0;
   int64_t host_activations = 0;
-  int64_t host_total() const { return host_weights + host_optimizer + host_activations; }
+  // train.gradient_sum exact: the binned accumulators and the host copy of every gradient.
+  int64_t host_gradient_sum = 0;
+  int64_t host_total() const { return host_weights + host_optimizer + host_activations + host_gradient_sum; }
+  int64_t trainable_values = 0;  // adapter (or every weight, full) values with a gradient
 };
+
+// Bytes per trainable value of an exact gradient sum (engine/dist/exact_sum.h:
+// two int64 bins and an int8 index), in host memory and in each step's
+// all-reduce; an fp32 sum's all-reduce carries kF32SumBytesPerValue.
+constexpr int64_t kExactSumBytesPerValue = 17;
+constexpr int64_t kF32SumBytesPerValue = 4;
 
 struct BatchPlanChoice {
   int64_t micro_batch = 0;

@@ -351,6 +351,9 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
   return Status::OK();
 }
 
+static_assert(ExactSum<float>::kWireBytesPerElement == kExactSumBytesPerValue,
+              "the planner's cost of an exact sum is ExactSum's");
+
 bool Trainer::StopMidStep(int64_t done) {
   // (With several ranks the step always completes: one rank alone cannot abandon it.)
   if (!control_ || ranks_->world() > 1) return false;

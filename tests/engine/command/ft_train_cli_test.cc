@@ -235,11 +235,20 @@ TEST_F(FtTrainCliTest, SetOverridesTheJobAndErrorsNameTheOverride) {
   CliResult bad = FtTrain("run " + dir_ + "/job.yaml --set train.lr=fast", dir_);
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_THAT(bad.err, HasSubstr("--set train.lr=fast: train.lr: expected a number, got 'fast'"));
-  CliResult plan =
-      FtTrainOutput("plan " + dir_ + "/job.yaml --set data.seq_len=32 --device-memory 1GiB", dir_);
+  CliResult plan = FtTrainOutput(
+      "plan " + dir_ + "/job.yaml --set data.seq_len=32 --set train.gradient_sum=float --device-memory 1GiB",
+      dir_);
   EXPECT_EQ(plan.exit_code, 0) << plan.err;
   EXPECT_THAT(plan.err, HasSubstr("memory at micro-batch"));
   EXPECT_THAT(plan.err, Not(HasSubstr("host memory"))) << "no technique, no host bytes";
+  EXPECT_THAT(plan.err, HasSubstr("gradient sums: fp32 (in order), 16384 values; one rank: no all-reduce"));
+  // LoRA's default: exact sums, their host bytes (17 + 4 per value) and the all-reduce's payload.
+  CliResult exact = FtTrainOutput("plan " + dir_ + "/job.yaml --world 2 --device-memory 1GiB", dir_);
+  EXPECT_EQ(exact.exit_code, 0) << exact.err;
+  EXPECT_THAT(exact.err, HasSubstr("  gradient sum    336.0 KiB\n"));
+  EXPECT_THAT(exact.err,
+              HasSubstr("gradient sums: exact (the same bits at any world size), 16384 values; each "
+                        "step all-reduces 272.0 KiB across 2 ranks (fp32: 64.0 KiB)"));
   // With the memory techniques the plan states host bytes beside the device's.
   CliResult offload =
       FtTrainOutput("plan " + dir_ +
@@ -248,7 +257,7 @@ TEST_F(FtTrainCliTest, SetOverridesTheJobAndErrorsNameTheOverride) {
                     dir_);
   ASSERT_EQ(offload.exit_code, 0) << offload.err;
   EXPECT_THAT(offload.err, HasSubstr("activation checkpointing offload, cpu_offload, paged_adamw"));
-  EXPECT_THAT(offload.err, HasSubstr("host memory (techniques):"));
+  EXPECT_THAT(offload.err, HasSubstr("host memory (techniques, exact gradient sums):"));
   CliResult run = FtTrain("run " + dir_ + "/job.yaml --set train.max_steps=5 --set output.merge=false", dir_);
   ASSERT_EQ(run.exit_code, 0) << run.err;
   EXPECT_EQ(testing_support::StepLines(dir_ + "/out").size(), 5u) << "max_steps 30 in the file, 5 by --set";
