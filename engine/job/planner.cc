@@ -321,11 +321,12 @@ std::string FormatPlan(const PlanRequest& r, const BatchPlanChoice& c) {
     row("total", b.host_total());
   }
   const int64_t per_value = r.exact_gradient_sum ? kExactSumBytesPerValue : kF32SumBytesPerValue;
-  o << "gradient sums: " << (r.exact_gradient_sum ? "exact (the same bits at any world size)" : "fp32 (in order)")
-    << ", " << b.trainable_values << " values; "
+  o << "gradient sums: "
+    << (r.exact_gradient_sum ? "exact (the same bits at any world size)" : "fp32 (in order)") << ", "
+    << b.trainable_values << " values; "
     << (r.world > 1 ? "each step all-reduces " + FormatBytes(b.trainable_values * per_value) + " across " +
-                          std::to_string(r.world) + " ranks (fp32: " +
-                          FormatBytes(b.trainable_values * kF32SumBytesPerValue) + ")"
+                          std::to_string(r.world) +
+                          " ranks (fp32: " + FormatBytes(b.trainable_values * kF32SumBytesPerValue) + ")"
                     : std::string("one rank: no all-reduce"))
     << "\n";
   o << "device offers " << FormatBytes(c.device_bytes) << "\n";
