@@ -212,6 +212,21 @@ void PrintRanks(ft::JobsClient& client, const pb::Job& j) {
   }
 }
 
+// Where the job's device time went (daemon/goodput.h), and its recoveries.
+void PrintGoodput(const pb::Goodput& g) {
+  const pb::GoodputSplit& d = g.device();
+  std::printf(
+      "goodput   %.1f%% of %.1f device-s: productive %.1f, lost %.1f, checkpoint %.1f, restart %.1f; "
+      "queued %.1f s\n",
+      100 * g.goodput(), d.productive_s() + d.lost_s() + d.checkpoint_s() + d.restart_s(), d.productive_s(),
+      d.lost_s(), d.checkpoint_s(), d.restart_s(), g.queue_s());
+  if (g.recovery_s().empty()) return;
+  std::vector<double> r(g.recovery_s().begin(), g.recovery_s().end());
+  std::sort(r.begin(), r.end());
+  std::printf("recovery  %zu preemptions: p50 %.1f s, max %.1f s (loss known → next first step)\n", r.size(),
+              r[(r.size() - 1) / 2], r.back());
+}
+
 int Status(ft::JobsClient& client, const std::string& id, bool json) {
   auto j = client.Get(id);
   if (!j.ok()) return Fail(j.status());
@@ -227,29 +242,41 @@ int Status(ft::JobsClient& client, const std::string& id, bool json) {
               static_cast<long long>(j->committed_step()), j->last_loss());
   std::printf("attempts  %d, preemptions %lld, failures %lld\n", j->attempts_size(),
               static_cast<long long>(j->preemptions()), static_cast<long long>(j->failures()));
+  PrintGoodput(j->goodput());
   for (const pb::Attempt& a : j->attempts()) {
-    std::printf("  #%lld epoch %lld on %-12s %-10s steps %lld..%lld lost %lld  %s\n",
-                static_cast<long long>(a.number()), static_cast<long long>(a.epoch()),
-                Safe(a.worker_id()).c_str(), ft::AttemptOutcomeName(a.outcome()).c_str(),
-                static_cast<long long>(a.start_step()), static_cast<long long>(a.end_step()),
-                static_cast<long long>(a.steps_lost()), Safe(a.reason()).c_str());
+    const pb::GoodputSplit& g = a.goodput();
+    std::printf(
+        "  #%lld epoch %lld on %-12s %-10s steps %lld..%lld lost %lld (%.1f s), overhead %.1f s "
+        "(restart %.1f, checkpoint %.1f)  %s\n",
+        static_cast<long long>(a.number()), static_cast<long long>(a.epoch()), Safe(a.worker_id()).c_str(),
+        ft::AttemptOutcomeName(a.outcome()).c_str(), static_cast<long long>(a.start_step()),
+        static_cast<long long>(a.end_step()), static_cast<long long>(a.steps_lost()), g.lost_s(),
+        g.restart_s() + g.checkpoint_s(), g.restart_s(), g.checkpoint_s(), Safe(a.reason()).c_str());
   }
   PrintRanks(client, *j);
   return kOk;
 }
 
 int List(ft::JobsClient& client, bool json) {
-  auto r = client.List({});
+  pb::ListJobsRequest req;
+  req.set_with_goodput(true);
+  auto r = client.List(req);
   if (!r.ok()) return Fail(r.status());
   if (json) {
     std::printf("%s\n", Json(*r).c_str());
     return kOk;
   }
-  std::printf("%-10s %-10s %8s %6s %10s  %s\n", "ID", "STATE", "PRIORITY", "STEP", "LOSS", "NAME / REASON");
+  std::printf("%-10s %-10s %8s %6s %10s %7s  %s\n", "ID", "STATE", "PRIORITY", "STEP", "LOSS", "GOODPUT",
+              "NAME / REASON");
   for (const pb::Job& j : r->jobs()) {
-    std::printf("%-10s %-10s %8lld %6lld %10.4f  %s%s\n", Safe(j.id()).c_str(),
+    const pb::GoodputSplit& d = j.goodput().device();
+    char goodput[16] = "      -";  // no device time yet
+    if (d.productive_s() + d.lost_s() + d.checkpoint_s() + d.restart_s() > 0) {
+      std::snprintf(goodput, sizeof(goodput), "%6.1f%%", 100 * j.goodput().goodput());
+    }
+    std::printf("%-10s %-10s %8lld %6lld %10.4f %7s  %s%s\n", Safe(j.id()).c_str(),
                 ft::JobStateName(j.state()).c_str(), static_cast<long long>(j.priority()),
-                static_cast<long long>(j.steps_done()), j.last_loss(), Safe(j.name()).c_str(),
+                static_cast<long long>(j.steps_done()), j.last_loss(), goodput, Safe(j.name()).c_str(),
                 j.reason().empty() ? "" : (" — " + Safe(j.reason())).c_str());
   }
   return kOk;

@@ -389,10 +389,41 @@ StatusOr<pb::Job> Daemon::ToProto(const JobRow& j) {
   return out;
 }
 
+StatusOr<JobGoodput> Daemon::GoodputOf(const JobRow& job) {
+  FT_ASSIGN_OR_RETURN(auto attempts, store_->ListAttempts(job.id));
+  FT_ASSIGN_OR_RETURN(auto metrics, store_->ListMetrics(job.id, 0, 0));
+  FT_ASSIGN_OR_RETURN(auto checkpoints, store_->ListCheckpointRows(job.id));
+  return ComputeGoodput(job, attempts, metrics, checkpoints, clock_->WallMs());
+}
+
+namespace {
+void SetSplit(const GoodputSplit& s, pb::GoodputSplit* out) {
+  out->set_productive_s(s.productive_s);
+  out->set_checkpoint_s(s.checkpoint_s);
+  out->set_restart_s(s.restart_s);
+  out->set_lost_s(s.lost_s);
+}
+}  // namespace
+
+Status Daemon::AddGoodput(const JobRow& job, pb::Job* out) {
+  FT_ASSIGN_OR_RETURN(const JobGoodput g, GoodputOf(job));
+  pb::Goodput* p = out->mutable_goodput();
+  SetSplit(g.device, p->mutable_device());
+  p->set_goodput(g.goodput());
+  p->set_queue_s(g.queue_s);
+  for (double r : g.recovery_s) p->add_recovery_s(r);
+  for (int i = 0; i < out->attempts_size() && i < static_cast<int>(g.attempts.size()); ++i) {
+    SetSplit(g.attempts[static_cast<size_t>(i)], out->mutable_attempts(i)->mutable_goodput());
+  }
+  return Status::OK();
+}
+
 StatusOr<pb::Job> Daemon::GetJob(const std::string& id) {
   Held lock(this);
   FT_ASSIGN_OR_RETURN(JobRow j, store_->GetJob(id));
-  return ToProto(j);
+  FT_ASSIGN_OR_RETURN(pb::Job out, ToProto(j));
+  FT_RETURN_IF_ERROR(AddGoodput(j, &out));
+  return out;
 }
 
 StatusOr<pb::ListJobsReply> Daemon::ListJobs(const pb::ListJobsRequest& req) {
@@ -402,7 +433,9 @@ StatusOr<pb::ListJobsReply> Daemon::ListJobs(const pb::ListJobsRequest& req) {
   FT_ASSIGN_OR_RETURN(auto jobs, store_->ListJobs(states, req.limit()));
   pb::ListJobsReply reply;
   for (const JobRow& j : jobs) {
-    FT_ASSIGN_OR_RETURN(*reply.add_jobs(), ToProto(j));
+    pb::Job* out = reply.add_jobs();
+    FT_ASSIGN_OR_RETURN(*out, ToProto(j));
+    if (req.with_goodput()) FT_RETURN_IF_ERROR(AddGoodput(j, out));
   }
   return reply;
 }
@@ -492,9 +525,11 @@ StatusOr<pb::ListEventsReply> Daemon::ListEvents(const pb::ListEventsRequest& re
 void Daemon::EndLostAttempt(const std::string& job_id, int64_t epoch, const std::string& reason,
                             int64_t step) {
   auto job = store_->GetJob(job_id);
-  if (!job.ok()) return EndRunning(job_id, epoch, AttemptOutcomeCode::kPreempted, reason, step);
+  if (!job.ok())
+    return EndRunning(job_id, epoch, AttemptOutcomeCode::kPreempted, reason, step, /*lost=*/true);
   auto spec = StoredSpec(*job);
-  if (!spec.ok()) return EndRunning(job_id, epoch, AttemptOutcomeCode::kPreempted, reason, step);
+  if (!spec.ok())
+    return EndRunning(job_id, epoch, AttemptOutcomeCode::kPreempted, reason, step, /*lost=*/true);
   // The data's content is in the hash (read once per file version: about 0.2 s per 200 MB, see
   // JobMathKeys); the outputs' sizes, not checksums: this runs under the daemon's lock, and the
   // trainer checks SHA-256s.
@@ -523,18 +558,18 @@ void Daemon::EndLostAttempt(const std::string& job_id, int64_t epoch, const std:
           c.step);
     break;
   }
-  EndRunning(job_id, epoch, AttemptOutcomeCode::kPreempted, reason, step);
+  EndRunning(job_id, epoch, AttemptOutcomeCode::kPreempted, reason, step, /*lost=*/true);
 }
 
 void Daemon::EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcomeCode outcome,
-                        const std::string& reason, int64_t exit_step) {
+                        const std::string& reason, int64_t exit_step, bool lost) {
   auto j = store_->GetJob(job_id);
   if (!j.ok()) return;
   auto ckpt = store_->LatestCheckpoint(job_id);
   const int64_t committed = ckpt.ok() ? ckpt->step : 0;
-  const int64_t lost = std::max<int64_t>(0, exit_step - committed);
+  const int64_t steps_lost = std::max<int64_t>(0, exit_step - committed);
   Check(store_->EndAttempt(job_id, epoch, outcome, reason, exit_step,
-                           outcome == AttemptOutcomeCode::kFinished ? 0 : lost, clock_->WallMs()),
+                           outcome == AttemptOutcomeCode::kFinished ? 0 : steps_lost, clock_->WallMs(), lost),
         "end attempt");
   auto current = running_epoch_.find(job_id);
   if (current == running_epoch_.end() || current->second != epoch) {
@@ -560,7 +595,7 @@ void Daemon::EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcome
     j->not_before_ms = now + options_.requeue_backoff_ms;
     interrupted_mono_[job_id] = clock_->MonotonicMs();
     Event(job_id, "", "preempted",
-          reason + " (resumes from step " + std::to_string(committed) + ", " + std::to_string(lost) +
+          reason + " (resumes from step " + std::to_string(committed) + ", " + std::to_string(steps_lost) +
               " steps lost)",
           exit_step);
   } else if (outcome == AttemptOutcomeCode::kSuperseded) {

@@ -44,6 +44,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "daemon/goodput.h"
 #include "daemon/latency.h"
 #include "daemon/scheduler.h"
 #include "daemon/store.h"
@@ -253,8 +254,9 @@ class Daemon {
   void FailUnrunnable(const JobRow& job, const std::string& reason);
   // Keeps queued_ and the job's plan input in step with `job` as just stored.
   void TrackState(const JobRow& job);
+  // `lost`: ftd ends it for a loss, not on the attempt's own report (goodput, AttemptRow::lost).
   void EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcomeCode outcome,
-                  const std::string& reason, int64_t exit_step);
+                  const std::string& reason, int64_t exit_step, bool lost = false);
   // The gang of (job, epoch) ended: refuses its ranks still running and frees its workers.
   void ReleaseGang(const std::string& job_id, int64_t epoch, const std::string& reason);
   // One rank of a gang reported its exit: ends the attempt when that decides it.
@@ -276,6 +278,10 @@ class Daemon {
   // Releases `lock` (on mu_) and delivers pending_updates_, in order across threads.
   void ReleaseAndPublish(Held& lock);
   StatusOr<ftune::v1::Job> ToProto(const JobRow& job);
+  // The job's goodput from its stored attempts, step times and checkpoints (daemon/goodput.h).
+  StatusOr<JobGoodput> GoodputOf(const JobRow& job);
+  // `out` (ToProto of `job`) with its goodput filled in.
+  Status AddGoodput(const JobRow& job, ftune::v1::Job* out);
   // OnRegister's steps. AdoptSession: the session takes the registration's
   // facts and the worker's row is stored (its error when the store refuses
   // the row); an older session holding the id is evicted.

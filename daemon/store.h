@@ -107,6 +107,7 @@ struct AttemptRow {
   int64_t end_step = 0;
   int64_t steps_lost = 0;
   int64_t micro_batch = 0, accumulation = 0, world = 1;
+  bool lost = false;  // ended by ftd for a loss (lease, lost rank), not by the attempt's own report
   // A multi-rank attempt: where each rank runs, by rank (rank 0's worker is
   // worker_id). Empty: one rank, on worker_id.
   std::vector<RankSlot> ranks;
@@ -247,9 +248,11 @@ class Store {
   StatusOr<AttemptRow> StartAttempt(const std::string& job_id, const std::string& worker_id,
                                     int64_t start_step, int64_t micro_batch, int64_t accumulation,
                                     int64_t world, int64_t now_ms, const std::vector<RankSlot>& ranks = {});
-  // NotFound when the job has no attempt with this epoch.
+  // NotFound when the job has no attempt with this epoch. `lost`: ftd ended it for a loss
+  // (AttemptRow::lost).
   Status EndAttempt(const std::string& job_id, int64_t epoch, AttemptOutcomeCode outcome,
-                    const std::string& reason, int64_t end_step, int64_t steps_lost, int64_t now_ms);
+                    const std::string& reason, int64_t end_step, int64_t steps_lost, int64_t now_ms,
+                    bool lost = false);
   StatusOr<std::vector<AttemptRow>> ListAttempts(const std::string& job_id);
   // Attempts with outcome RUNNING (any job), e.g. to reattach after a restart.
   StatusOr<std::vector<AttemptRow>> RunningAttempts();
@@ -259,6 +262,8 @@ class Store {
   Status AddCheckpoint(const CheckpointRow& c);
   // Newest committed checkpoint of a job (highest step), or NotFound.
   StatusOr<CheckpointRow> LatestCheckpoint(const std::string& job_id);
+  // Every committed checkpoint of a job, by step (empty for none).
+  StatusOr<std::vector<CheckpointRow>> ListCheckpointRows(const std::string& job_id);
 
   // ---- workers
   // Replaces its device list. InvalidArgument when two devices share an index.

@@ -32,6 +32,7 @@ constexpr NumberKey kMetricsKeys[] = {
     {"tokens_seen", Kind::kStep, nullptr, &MetricsLine::tokens_seen},
     {"tokens_per_s", Kind::kStep, &MetricsLine::tokens_per_s},
     {"step_seconds", Kind::kStep, &MetricsLine::step_seconds},
+    {"time_ms", Kind::kStep, nullptr, &MetricsLine::time_ms, When::kPositive},
     {"copy_wait_seconds", Kind::kStep, &MetricsLine::copy_wait_seconds},
     {"peak_bytes", Kind::kStep, nullptr, &MetricsLine::peak_bytes},
     {"checkpoint_seconds", Kind::kStep, &MetricsLine::checkpoint_seconds, nullptr, When::kPositive},
@@ -65,7 +66,7 @@ constexpr EventKey kEvents[] = {
 bool Written(const NumberKey& k, const MetricsLine& m) {
   switch (k.when) {
     case When::kAlways: return true;
-    case When::kPositive: return m.*k.real > 0;
+    case When::kPositive: return k.real != nullptr ? m.*k.real > 0 : m.*k.integer > 0;
     case When::kMultiRank: return m.world > 1;
     case When::kSharded: return m.world > 1 && m.sharded;
     case When::kFp16: return m.fp16;

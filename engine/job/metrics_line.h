@@ -36,6 +36,7 @@ struct MetricsLine {
   int64_t tokens_seen = 0;  // target tokens trained on in the run so far (0: an older trainer)
   double tokens_per_s = 0;
   double step_seconds = 0;       // wall time of the step (0: not reported)
+  int64_t time_ms = 0;           // the trainer's clock (Unix ms) when the step ended (0: not reported)
   double copy_wait_seconds = 0;  // of which waiting for copy-stream transfers
   int64_t peak_bytes = 0;
   std::map<std::string, int64_t> peak_bytes_by_category;

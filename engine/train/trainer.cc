@@ -762,6 +762,9 @@ MetricsLine Trainer::StepLine(const StepMetrics& m) const {
   line.tokens_seen = m.tokens_seen;
   line.tokens_per_s = m.tokens_per_s;
   line.step_seconds = m.step_seconds;
+  line.time_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                     std::chrono::system_clock::now().time_since_epoch())
+                     .count();  // written right after the step: goodput's timeline (daemon/goodput.h)
   line.copy_wait_seconds = m.copy_wait_seconds;
   line.peak_bytes = m.peak_bytes;
   line.peak_bytes_by_category = m.peak_by_category;

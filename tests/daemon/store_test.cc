@@ -251,7 +251,7 @@ TEST_F(StoreTest, EpochsIncreasePerJobAndAttemptsListInOrder) {
   ASSERT_OK(store_->CreateJob(NewJob("c"), nullptr).status());
 }
 
-TEST_F(StoreTest, EndAttemptUpdatesOutcomeReasonAndStepsLost) {
+TEST_F(StoreTest, EndAttemptUpdatesOutcomeReasonStepsLostAndLoss) {
   ASSERT_OK_AND_ASSIGN(JobRow a, store_->CreateJob(NewJob("a"), nullptr));
   ASSERT_OK_AND_ASSIGN(AttemptRow a1, store_->StartAttempt(a.id, "w1", 10, 2, 4, 1, 100));
   ASSERT_OK(store_->RecordProgress(ProgressRow{.job_id = a.id, .epoch = a1.epoch, .step = 17}));
@@ -271,6 +271,24 @@ TEST_F(StoreTest, EndAttemptUpdatesOutcomeReasonAndStepsLost) {
   EXPECT_EQ(attempts[0].start_step, 10);
   ASSERT_OK_AND_ASSIGN(auto running, store_->RunningAttempts());
   EXPECT_TRUE(running.empty());
+
+  EXPECT_FALSE(attempts[0].lost);
+  // An attempt ftd ends for a loss keeps that (goodput counts its tail as lost), across a reopen.
+  ASSERT_OK_AND_ASSIGN(AttemptRow a2, store_->StartAttempt(a.id, "w1", 15, 2, 4, 1, 600));
+  ASSERT_OK(
+      store_->EndAttempt(a.id, a2.epoch, AttemptOutcomeCode::kPreempted, "lease", 16, 1, 700, /*lost=*/true));
+  ASSERT_OK(store_->AddCheckpoint({a.id, a2.epoch, 15, "/c15", "sha", 0.5, 650}));
+  ASSERT_OK(store_->AddCheckpoint({a.id, a1.epoch, 12, "/c12", "sha", 0.25, 300}));
+  Reopen();
+  ASSERT_OK_AND_ASSIGN(attempts, store_->ListAttempts(a.id));
+  ASSERT_EQ(attempts.size(), 2u);
+  EXPECT_FALSE(attempts[0].lost);
+  EXPECT_TRUE(attempts[1].lost);
+  ASSERT_OK_AND_ASSIGN(auto checkpoints, store_->ListCheckpointRows(a.id));
+  ASSERT_EQ(checkpoints.size(), 2u);
+  EXPECT_EQ(checkpoints[0].step, 12) << "by step";
+  EXPECT_EQ(checkpoints[1].epoch, a2.epoch);
+  EXPECT_EQ(checkpoints[1].committed_ms, 650);
 
   EXPECT_TRUE(store_->EndAttempt(a.id, 9, AttemptOutcomeCode::kFinished, "", 0, 0, 0).IsNotFound());
   EXPECT_TRUE(store_->RecordProgress(ProgressRow{.job_id = a.id, .epoch = 9, .step = 1}).IsNotFound());
@@ -530,7 +548,7 @@ TEST_F(StoreTest, CloseAndReopenKeepsEverything) {
   ASSERT_OK(store_->AddMetrics({MetricRow{.job_id = a.id, .epoch = 1, .step = 1, .loss = 2.5}}));
 
   Reopen();
-  EXPECT_EQ(store_->schema_version(), 6);
+  EXPECT_EQ(store_->schema_version(), 7);
   ASSERT_OK_AND_ASSIGN(auto jobs, store_->ListJobs({}));
   EXPECT_EQ(Ids(jobs), (std::vector<std::string>{a.id, b.id}));
   ASSERT_OK_AND_ASSIGN(JobRow got_b, store_->GetJob(b.id));
@@ -837,18 +855,18 @@ TEST_F(StoreTest, VersionZeroDatabaseIsMigratedToTheLatest) {
   {
     auto store = OpenStore(old_path);
     ASSERT_NE(store, nullptr);
-    EXPECT_EQ(store->schema_version(), 6);
+    EXPECT_EQ(store->schema_version(), 7);
     ASSERT_OK_AND_ASSIGN(JobRow j, store->CreateJob(NewJob("x"), nullptr));
     EXPECT_EQ(j.id, "j-000001");
   }
-  EXPECT_EQ(RawPragma(old_path, "user_version"), "6");
+  EXPECT_EQ(RawPragma(old_path, "user_version"), "7");
   EXPECT_EQ(RawPragma(old_path, "journal_mode"), "wal");
   EXPECT_EQ(RawPragma(old_path, "integrity_check"), "ok");
 
   // Reopening at the latest version runs no migration (it would fail: tables exist).
   auto again = OpenStore(old_path);
   ASSERT_NE(again, nullptr);
-  EXPECT_EQ(again->schema_version(), 6);
+  EXPECT_EQ(again->schema_version(), 7);
   again.reset();
 
   // A database from a newer ftd is refused, naming the path.
