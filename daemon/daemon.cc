@@ -171,6 +171,7 @@ Daemon::Daemon(std::unique_ptr<Store> store, const Clock* clock, DaemonOptions o
 }
 
 Status Daemon::LoadState() {
+  FT_ASSIGN_OR_RETURN(history_, store_->EndedAttemptTotals());  // checkpoint.every auto's M
   // Attempts that were running when ftd stopped: their workers get one lease to reconnect.
   FT_ASSIGN_OR_RETURN(std::vector<AttemptRow> running, store_->RunningAttempts());
   for (const AttemptRow& a : running) {
@@ -568,6 +569,13 @@ void Daemon::EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcome
   auto ckpt = store_->LatestCheckpoint(job_id);
   const int64_t committed = ckpt.ok() ? ckpt->step : 0;
   const int64_t steps_lost = std::max<int64_t>(0, exit_step - committed);
+  if (auto attempts = store_->ListAttempts(job_id); attempts.ok()) {  // M's history (checkpoint.every auto)
+    for (const AttemptRow& a : *attempts) {
+      if (a.epoch != epoch || a.outcome != AttemptOutcomeCode::kRunning) continue;
+      history_.seconds += static_cast<double>(std::max<int64_t>(0, clock_->WallMs() - a.started_ms)) / 1000.0;
+      history_.preemptions += outcome == AttemptOutcomeCode::kPreempted ? 1 : 0;
+    }
+  }
   Check(store_->EndAttempt(job_id, epoch, outcome, reason, exit_step,
                            outcome == AttemptOutcomeCode::kFinished ? 0 : steps_lost, clock_->WallMs(), lost),
         "end attempt");

@@ -278,6 +278,9 @@ class Daemon {
   // Releases `lock` (on mu_) and delivers pending_updates_, in order across threads.
   void ReleaseAndPublish(Held& lock);
   StatusOr<ftune::v1::Job> ToProto(const JobRow& job);
+  // Every ended attempt's seconds and preemptions: M of checkpoint.every auto, handed to each
+  // attempt (loaded at start, added to as attempts end).
+  Store::AttemptTotals history_;
   // The job's goodput from its stored attempts, step times and checkpoints (daemon/goodput.h).
   StatusOr<JobGoodput> GoodputOf(const JobRow& job);
   // `out` (ToProto of `job`) with its goodput filled in.

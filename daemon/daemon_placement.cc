@@ -7,6 +7,7 @@
 #include "common/logging.h"
 #include "daemon/daemon.h"
 #include "daemon/daemon_internal.h"
+#include "engine/job/checkpoint_interval.h"
 #include "engine/job/hf_config.h"
 #include "engine/job/job_spec.h"
 
@@ -122,6 +123,8 @@ void Daemon::StartOn(const JobRow& job, const Placement& p) {
   for (const std::string& root : options_.allowed_roots) start->add_allowed_roots(root);
   start->set_total_steps(job.total_steps);
   start->set_start_step(start_step);
+  const double mtbf = MeanTimeBetweenPreemptions(history_.seconds, history_.preemptions);
+  start->set_mtbf_seconds(mtbf);
   std::string where = p.worker_id;
   if (gang) {
     // Rank 0 serves the rendezvous on a port of its worker's range: another one each epoch,
@@ -151,7 +154,8 @@ void Daemon::StartOn(const JobRow& job, const Placement& p) {
             where + " (" + DeviceKindName(p.device_kind) + ", micro-batch " +
             std::to_string(p.plan.micro_batch) + " x " + std::to_string(p.plan.accumulation) +
             (gang ? " x " + std::to_string(p.plan.world) + " ranks" : "") + ", epoch " +
-            std::to_string(attempt->epoch) + ")",
+            std::to_string(attempt->epoch) + "; preemptions: M = " + FormatMinutes(mtbf) + " from " +
+            std::to_string(history_.preemptions) + " in " + FormatMinutes(history_.seconds) + " of attempts)",
         start_step);
   PublishJob(job.id);
 }

@@ -830,6 +830,18 @@ StatusOr<std::vector<AttemptRow>> Store::ListAttempts(const std::string& job_id)
   return Collect(q.Bind(job_id), ReadAttempt);
 }
 
+StatusOr<Store::AttemptTotals> Store::EndedAttemptTotals() {
+  std::lock_guard<std::mutex> lock(mu_);
+  static_assert(static_cast<int>(AttemptOutcomeCode::kRunning) == 1 &&
+                static_cast<int>(AttemptOutcomeCode::kPreempted) == 3);
+  FT_ASSIGN_OR_RETURN(Query q, Prepare("SELECT COALESCE(SUM(ended_ms - started_ms), 0), "
+                                       "COALESCE(SUM(outcome = 3), 0) FROM attempts WHERE outcome != 1",
+                                       "attempt totals"));
+  bool row = false;
+  FT_RETURN_IF_ERROR(q.Next(&row));
+  return AttemptTotals{static_cast<double>(q.Int(0)) / 1000.0, q.Int(1)};
+}
+
 StatusOr<std::vector<AttemptRow>> Store::RunningAttempts() {
   std::lock_guard<std::mutex> lock(mu_);
   // "outcome = 1" literally, so that the partial index attempts_running applies.

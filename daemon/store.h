@@ -256,6 +256,13 @@ class Store {
   StatusOr<std::vector<AttemptRow>> ListAttempts(const std::string& job_id);
   // Attempts with outcome RUNNING (any job), e.g. to reattach after a restart.
   StatusOr<std::vector<AttemptRow>> RunningAttempts();
+  // Over every ended attempt: its wall seconds summed, and how many ended preempted
+  // (checkpoint.every auto's M, engine/job/checkpoint_interval.h).
+  struct AttemptTotals {
+    double seconds = 0;
+    int64_t preemptions = 0;
+  };
+  StatusOr<AttemptTotals> EndedAttemptTotals();
 
   // ---- checkpoints
   // Idempotent: committing the same (job, epoch, step) again replaces the row. NotFound for an unknown job.

@@ -108,6 +108,7 @@ StatusOr<std::unique_ptr<Attempt>> Attempt::Start(AttemptSpec spec, AttemptListe
   std::vector<std::string> argv = {s.ft_train, "run", s.job_file, "--control-fd", "3"};
   if (!s.resume_checkpoint.empty()) argv.insert(argv.end(), {"--resume", s.resume_checkpoint});
   argv.insert(argv.end(), {"--stop-grace", std::to_string(s.stop_grace_s)});
+  if (s.mtbf_seconds > 0) argv.insert(argv.end(), {"--mtbf-seconds", std::to_string(s.mtbf_seconds)});
   if (s.epoch > 0) argv.insert(argv.end(), {"--job-id", s.job_id, "--epoch", std::to_string(s.epoch)});
   for (const std::string& root : s.allowed_roots) argv.insert(argv.end(), {"--allowed-root", root});
   if (s.world > 1) {
@@ -319,6 +320,11 @@ void Attempt::PollMetrics() {
       case MetricsLine::Kind::kFailed: failed_reason_ = m->reason; break;
       case MetricsLine::Kind::kResume: {
         const AttemptNote note{m->resume_kind, m->reason, m->step, m->dir};
+        Report([&] { listener_->OnNote(spec_, note); });
+        break;
+      }
+      case MetricsLine::Kind::kInterval: {  // ftd records it as the job's event
+        const AttemptNote note{"checkpoint_interval", m->reason, m->step, ""};
         Report([&] { listener_->OnNote(spec_, note); });
         break;
       }

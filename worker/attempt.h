@@ -66,6 +66,7 @@ struct AttemptSpec {
   double stop_grace_s = 30;       // ft-train's --stop-grace (for signals it receives itself)
   double kill_grace_s = 5;        // a stop not honoured this long past its deadline: SIGKILL (see above)
   int64_t total_steps = 0;        // reported with progress
+  double mtbf_seconds = 0;        // ftd's M for checkpoint.every auto (ft-train --mtbf-seconds; 0 = none)
   int64_t start_step = 0;         // the committed step it resumes from (progress until the trainer says)
   std::chrono::milliseconds poll_interval{200};  // metrics.jsonl and exit polling
   // One rank of a multi-rank attempt (world > 1).

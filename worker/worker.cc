@@ -258,6 +258,7 @@ StatusOr<AttemptSpec> Worker::PrepareAttempt(const pb::StartAttempt& s) {
   spec.stop_grace_s = options_.stop_grace_s;
   spec.kill_grace_s = options_.kill_grace_s;
   spec.total_steps = s.total_steps();
+  spec.mtbf_seconds = s.mtbf_seconds();
   spec.start_step = s.start_step();
   spec.poll_interval = options_.poll_interval;
   spec.world = static_cast<int>(std::max<int64_t>(1, s.plan().world()));

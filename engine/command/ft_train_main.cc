@@ -105,6 +105,7 @@ struct RunFlags {
   double dist_timeout = 120;
   std::string dist_backend = "gloo";       // gloo (any device) | nccl (CUDA ranks, one GPU each)
   std::vector<std::string> allowed_roots;  // --allowed-root: confine every open to these
+  double mtbf_seconds = 0;                 // checkpoint.every auto's M (0 = the prior)
 };
 
 int RunJob(const RunFlags& flags) {
@@ -137,6 +138,7 @@ int RunJob(const RunFlags& flags) {
   auto trainer = ft::Trainer::Create(job->spec, std::move(ranks));
   if (!trainer.ok()) return Fail(ExplainMissingInput(trainer.status(), job->spec), flags.world > 1);
   (*trainer)->set_control(&control);
+  (*trainer)->set_mtbf_seconds(flags.mtbf_seconds);
   if (flags.epoch > 0) (*trainer)->set_fencing(flags.job_id, flags.epoch);
   auto outcome = (*trainer)->Run(flags.resume_dir);
   if (!outcome.ok()) return Fail(ExplainMissingInput(outcome.status(), job->spec), flags.world > 1);
@@ -229,6 +231,10 @@ CLI::App* AddRunCommand(CLI::App& app, RunFlags* flags) {
                   "read JSON-line control commands from this file descriptor");
   run->add_option("--stop-grace", flags->stop_grace,
                   "seconds a stop signal allows to finish the current step");
+  run->add_option("--mtbf-seconds", flags->mtbf_seconds,
+                  "checkpoint.every auto: the mean time between preemptions of this run's workers (ftd "
+                  "hands it over; default: the 1-hour prior)")
+      ->check(CLI::NonNegativeNumber);
   run->add_option("--job-id", flags->job_id, "the job this run is an attempt of (with --epoch)");
   run->add_option("--epoch", flags->epoch,
                   "the attempt's fencing epoch: claim output.dir, stop when a newer epoch owns it")

@@ -114,6 +114,18 @@ struct EnumTraits<GradientSum> {
   };
 };
 
+// checkpoint.every: how the interval between checkpoints is chosen.
+enum class CheckpointEvery { kFixed, kAuto };
+template <>
+struct EnumTraits<CheckpointEvery> {
+  static constexpr std::string_view kWhat = "checkpoint.every";
+  static constexpr EnumEntry<CheckpointEvery> kTable[] = {
+      {"fixed", CheckpointEvery::kFixed, "every_steps and every_minutes as written"},
+      {"auto", CheckpointEvery::kAuto,
+       "sqrt(2 C M): C the measured checkpoint time, M the pool's mean time between preemptions"},
+  };
+};
+
 // resources.device: a DeviceKind, or auto.
 enum class DeviceRequest { kAuto, kCuda, kCpu };
 template <>

@@ -225,6 +225,20 @@ Status ResolveEval(const YamlMap& root, JobSpec* spec) {
 Status ParseCheckpoint(const YamlMap& m, JobSpec::Checkpoint* s) {
   FT_RETURN_IF_ERROR(GetInt(m, "every_steps", 0, kMaxSteps, &s->every_steps, " (0 = not by steps)"));
   FT_RETURN_IF_ERROR(GetNumber(m, "every_minutes", 0, 1e6, false, &s->every_minutes, " (0 = not by time)"));
+  FT_RETURN_IF_ERROR(GetChoice(m, "every", &s->every));
+  FT_RETURN_IF_ERROR(
+      GetNumber(m, "min_minutes", 0, 1e6, false, &s->min_minutes, " (0 = as often as every step)"));
+  FT_RETURN_IF_ERROR(GetNumber(m, "max_minutes", 0, 1e6, true, &s->max_minutes, " (the longest interval)"));
+  FT_RETURN_IF_ERROR(
+      Require(s->min_minutes <= s->max_minutes, m, "min_minutes", "must not exceed checkpoint.max_minutes"));
+  for (const char* key : {"every_steps", "every_minutes"}) {
+    FT_RETURN_IF_ERROR(Require(s->every == CheckpointEvery::kFixed || !m.Has(key), m, key,
+                               "is not used with checkpoint.every: auto; remove it, or remove every: auto"));
+  }
+  for (const char* key : {"min_minutes", "max_minutes"}) {
+    FT_RETURN_IF_ERROR(Require(s->every == CheckpointEvery::kAuto || !m.Has(key), m, key,
+                               "bounds checkpoint.every: auto only; add every: auto, or remove it"));
+  }
   return GetInt(m, "keep", 1, 1'000'000, &s->keep, " (checkpoints kept)");
 }
 
@@ -330,7 +344,8 @@ StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& 
                              [&](const YamlMap& m) { return ParseData(m, &spec.data); }));
   FT_RETURN_IF_ERROR(
       Section(root, "train", kTrainKeys, [&](const YamlMap& m) { return ParseTrain(m, &spec.train); }));
-  FT_RETURN_IF_ERROR(Section(root, "checkpoint", {"every_steps", "every_minutes", "keep"},
+  FT_RETURN_IF_ERROR(Section(root, "checkpoint",
+                             {"every_steps", "every_minutes", "keep", "every", "min_minutes", "max_minutes"},
                              [&](const YamlMap& m) { return ParseCheckpoint(m, &spec.checkpoint); }));
   FT_RETURN_IF_ERROR(Section(root, "resources", {"gpus", "device", "priority", "max_failures"},
                              [&](const YamlMap& m) { return ParseResources(m, &spec.resources); }));

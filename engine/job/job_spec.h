@@ -91,6 +91,11 @@ struct JobSpec {
     int64_t every_steps = 50;
     double every_minutes = 10;
     int64_t keep = 3;
+    // every: auto (engine/train/checkpoint_interval.h): the Young/Daly interval, kept within
+    // [min_minutes, max_minutes]; every_steps and every_minutes are then not used.
+    CheckpointEvery every = CheckpointEvery::kFixed;
+    double min_minutes = 0;
+    double max_minutes = 60;
   } checkpoint;
 
   struct Resources {

@@ -61,6 +61,7 @@ constexpr EventKey kEvents[] = {
     {"preempted", Kind::kPreempted, "reason"},
     {"failed", Kind::kFailed, "reason"},
     {"resume", Kind::kResume, "note", true, true},
+    {"interval", Kind::kInterval, "why"},
 };
 
 bool Written(const NumberKey& k, const MetricsLine& m) {

@@ -24,7 +24,7 @@
 namespace ft {
 
 struct MetricsLine {
-  enum class Kind { kStep, kEval, kCheckpoint, kPreempted, kFailed, kResume, kOtherEvent };
+  enum class Kind { kStep, kEval, kCheckpoint, kPreempted, kFailed, kResume, kInterval, kOtherEvent };
   Kind kind = Kind::kOtherEvent;
   int64_t step = 0;   // every kind
   int64_t epoch = 0;  // every kind: the attempt that wrote it (0: not recorded, and not written)
@@ -54,7 +54,8 @@ struct MetricsLine {
   double eval_seconds = 0;
   // kCheckpoint: the checkpoint directory, as the trainer wrote it; kResume: the one resumed from
   std::string dir;
-  // kCheckpoint (why it was taken), kPreempted (why it stopped), kFailed (the error), kResume (the note)
+  // kCheckpoint (why it was taken), kPreempted (why it stopped), kFailed (the error), kResume (the note),
+  // kInterval (checkpoint.every: auto's interval and why, engine/job/checkpoint_interval.h)
   std::string reason;
   // kResume: "resume" | "resume_ahead" | "resume_fallback" | "restart_from_zero"
   std::string resume_kind;

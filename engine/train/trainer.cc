@@ -25,6 +25,7 @@
 #include "engine/data/data_format.h"
 #include "engine/io/hf_model.h"
 #include "engine/io/peft_adapter.h"
+#include "engine/job/checkpoint_interval.h"
 #include "engine/job/completion.h"
 #include "engine/job/planner.h"
 #include "kernels/cpu/ops.h"
@@ -834,6 +835,7 @@ StatusOr<Trainer::Request> Trainer::HandleRequest() {
 }
 
 StatusOr<bool> Trainer::CheckpointDue(int64_t step, std::chrono::steady_clock::time_point last_checkpoint) {
+  if (spec_.checkpoint.every == CheckpointEvery::kAuto) return AutoCheckpointDue(step, last_checkpoint);
   const bool by_steps = spec_.checkpoint.every_steps > 0 && step % spec_.checkpoint.every_steps == 0;
   const double minutes =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - last_checkpoint).count() / 60.0;
@@ -843,6 +845,31 @@ StatusOr<bool> Trainer::CheckpointDue(int64_t step, std::chrono::steady_clock::t
   FT_RETURN_IF_ERROR(LogCompletedCheckpoints());
   if ((!by_steps && due[0] == 0) || step >= total_steps_) return false;
   FT_RETURN_IF_ERROR(CheckpointNow(by_steps ? "every_steps" : "every_minutes", /*wait=*/false));
+  return true;
+}
+
+StatusOr<bool> Trainer::AutoCheckpointDue(int64_t step,
+                                          std::chrono::steady_clock::time_point last_checkpoint) {
+  // Rank 0 decides (it measures C: its writer writes); the others follow through Agree.
+  std::vector<double> due = {0.0};
+  if (leader()) {
+    const CheckpointInterval interval =
+        ChooseCheckpointInterval(writer_ ? writer_->last_seconds() : 0.0, mtbf_seconds_,
+                                 spec_.checkpoint.min_minutes, spec_.checkpoint.max_minutes);
+    // Noted when it first applies and when it moves by more than a fifth (C is measured anew each time).
+    if (noted_interval_s_ < 0 || std::fabs(interval.seconds - noted_interval_s_) > 0.2 * noted_interval_s_) {
+      noted_interval_s_ = interval.seconds;
+      FT_LOG(INFO) << "checkpoint.every auto: " << interval.why;
+      FT_RETURN_IF_ERROR(Log(MetricsEvent(MetricsLine::Kind::kInterval, step, interval.why)));
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - last_checkpoint).count();
+    due[0] = seconds >= interval.seconds ? 1.0 : 0.0;
+  }
+  FT_RETURN_IF_ERROR(Agree(&due));
+  FT_RETURN_IF_ERROR(LogCompletedCheckpoints());
+  if (due[0] == 0 || step >= total_steps_) return false;
+  FT_RETURN_IF_ERROR(CheckpointNow("every_auto", /*wait=*/false));
   return true;
 }
 

@@ -150,6 +150,9 @@ class Trainer {
   // Called in Step() after the gradients of the global batch are complete and
   // before clipping and the update (tests compare gradients with a reference).
   void set_grad_hook(std::function<void(int64_t step)> hook) { grad_hook_ = std::move(hook); }
+  // checkpoint.every auto: the mean time between preemptions of the workers this run is on (ftd's
+  // estimate, ft-train --mtbf-seconds); unset or 0, the prior (engine/job/checkpoint_interval.h).
+  void set_mtbf_seconds(double seconds) { mtbf_seconds_ = seconds; }
 
   Model& model() { return *model_; }
   const Dataset& data() const { return *data_; }
@@ -205,6 +208,8 @@ class Trainer {
   StatusOr<Request> HandleRequest();
   // Logs the checkpoints made durable meanwhile and starts one when due after `step` (true then).
   StatusOr<bool> CheckpointDue(int64_t step, std::chrono::steady_clock::time_point last_checkpoint);
+  // checkpoint.every: auto: the Young/Daly interval from C (the last write) and mtbf_seconds_.
+  StatusOr<bool> AutoCheckpointDue(int64_t step, std::chrono::steady_clock::time_point last_checkpoint);
   Status Finish();
   Status ResumeIfPossible(const std::string& resume_dir);
   // The checkpoint to resume from ("" = step 0): `committed` or the newest
@@ -232,11 +237,13 @@ class Trainer {
   // Evaluates when `step` is due (every eval_every_steps, and the last) and logs the line.
   Status EvaluateIfDue(int64_t step);
 
-  int64_t cursor_ = 0;          // sequences consumed
-  int64_t tokens_seen_ = 0;     // target tokens trained on
-  double micro_seconds_ = 0;    // measured time of one micro-batch (moving average)
-  double loss_scale_ = 1;       // fp16's dynamic loss scale (train.loss_scale_init, then halved/doubled)
-  int64_t growth_tracker_ = 0;  // good fp16 steps in a row at this scale
+  int64_t cursor_ = 0;            // sequences consumed
+  int64_t tokens_seen_ = 0;       // target tokens trained on
+  double micro_seconds_ = 0;      // measured time of one micro-batch (moving average)
+  double mtbf_seconds_ = 0;       // checkpoint.every auto's M (set_mtbf_seconds; 0 = the prior)
+  double noted_interval_s_ = -1;  // the auto interval last written to metrics.jsonl
+  double loss_scale_ = 1;         // fp16's dynamic loss scale (train.loss_scale_init, then halved/doubled)
+  int64_t growth_tracker_ = 0;    // good fp16 steps in a row at this scale
   std::function<void(int64_t)> grad_hook_;
   TrainControl* control_ = nullptr;
   std::unique_ptr<OutputOwner> owner_ = std::make_unique<OutputOwner>();  // unfenced until set_fencing

@@ -14,6 +14,7 @@
 
 #include "common/file_util.h"
 #include "engine/io/hf_model.h"
+#include "engine/job/checkpoint_interval.h"
 #include "engine/job/completion.h"
 #include "engine/job/job_spec.h"
 #include "engine/train/checkpoint.h"
@@ -638,6 +639,39 @@ TEST_F(DaemonTest, ALostAttemptsNewerCheckpointBecomesTheResumePoint) {
   ASSERT_EQ(w2.Count(pb::DaemonCommand::kStart), 1);
   EXPECT_THAT(w2.Last(pb::DaemonCommand::kStart)->start().resume_checkpoint(), HasSubstr("step-00000006"));
   EXPECT_EQ(w2.Last(pb::DaemonCommand::kStart)->start().start_step(), 6) << "progress starts there, not at 0";
+}
+
+// checkpoint.every auto's M (engine/job/checkpoint_interval.h): the first attempt gets the
+// 1-hour prior; after a worker is lost 30 s into its attempt, the next gets 30 s (that attempt's
+// time over its one preemption), also from a restarted ftd, which reads the history from SQLite.
+// The lost attempt's time, without a step, is restart overhead in the job's goodput.
+TEST_F(DaemonTest, EachAttemptCarriesTheMeanTimeBetweenPreemptionsAndGoodputSplitsItsTime) {
+  std::string id = Submit();
+  FakeSink w1, w2, w3;
+  Register("w1", &w1);
+  daemon_->Tick();
+  ASSERT_EQ(w1.Count(pb::DaemonCommand::kStart), 1);
+  EXPECT_EQ(w1.Last(pb::DaemonCommand::kStart)->start().mtbf_seconds(), kPriorMtbfSeconds);
+  clock_.Advance(20'000);
+  Heartbeat("w1", &w1, id, 1, 0);
+  clock_.Advance(10'001);  // the lease (10 s) passes: w1 is lost 30.001 s after the start
+  Register("w2", &w2);
+  daemon_->Tick();
+  pb::Job j = Job(id);
+  ASSERT_EQ(j.preemptions(), 1) << j.reason();
+  EXPECT_NEAR(j.attempts(0).goodput().restart_s(), 30.001, 1e-9) << "no step: all of it was starting";
+  EXPECT_EQ(j.attempts(0).goodput().lost_s(), 0);
+  EXPECT_NEAR(j.goodput().device().restart_s(), 30.001, 1e-9);
+  EXPECT_EQ(j.goodput().goodput(), 0) << "nothing productive yet";
+  Reopen();  // ftd restarts: M comes from the attempts table
+  Register("w3", &w3);
+  clock_.Advance(1'001);
+  daemon_->Tick();
+  const pb::DaemonCommand* start = w3.Last(pb::DaemonCommand::kStart);
+  if (start == nullptr) start = w2.Last(pb::DaemonCommand::kStart);
+  ASSERT_NE(start, nullptr);
+  EXPECT_NEAR(start->start().mtbf_seconds(), 30.001, 1e-9);
+  EXPECT_NEAR(Job(id).goodput().queue_s(), 1.001, 1e-9) << "lost at 30.001 s, started again 1.001 s later";
 }
 
 TEST_F(DaemonTest, AnExitReplayedFromTheWorkersJournalEndsTheAttemptAsItEnded) {

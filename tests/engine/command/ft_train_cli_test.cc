@@ -220,6 +220,37 @@ TEST_F(FtTrainCliTest, HeldOutEvalLossIsLoggedAndFalls) {
   EXPECT_LT(evals[2]["eval_loss"].get<double>(), evals[1]["eval_loss"].get<double>());
 }
 
+// checkpoint.every auto (engine/job/checkpoint_interval.h): the first checkpoint comes after the
+// first step (min_minutes 0) to measure C; then sqrt(2·C·M) decides. With a vanishing M every
+// step is due; with a huge one, max_minutes bounds it and nothing more comes before the final
+// checkpoint (the run is far shorter). Each run writes the interval and why in metrics.jsonl.
+TEST_F(FtTrainCliTest, CheckpointEveryAutoFollowsMeasuredCostAndTheGivenMeanTimeBetweenPreemptions) {
+  ASSERT_EQ(FtTrain("make-model --preset tiny-llama --out " + dir_ + "/model", dir_).exit_code, 0);
+  WriteJob("  micro_batch_size: 8\ncheckpoint: {every: auto, max_minutes: 30, keep: 100}\n");
+  auto auto_checkpoints = [&](const std::string& mtbf) {
+    fs::remove_all(dir_ + "/out");
+    CliResult run = FtTrain("run " + dir_ + "/job.yaml --mtbf-seconds " + mtbf, dir_);
+    EXPECT_EQ(run.exit_code, 0) << run.err;
+    std::vector<int64_t> steps;
+    std::istringstream in(testing_support::Slurp(dir_ + "/out/metrics.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (j.value("event", "") == "checkpoint" && j.value("reason", "") == "every_auto") {
+        steps.push_back(j["step"].get<int64_t>());
+      }
+    }
+    return steps;
+  };
+  std::vector<int64_t> every = auto_checkpoints("1e-12");
+  EXPECT_EQ(every.size(), 29u) << "every step but the last (the final checkpoint covers it)";
+  const std::string metrics = testing_support::Slurp(dir_ + "/out/metrics.jsonl");
+  EXPECT_THAT(metrics, HasSubstr("\"event\":\"interval\""));
+  EXPECT_THAT(metrics, HasSubstr("C not measured yet: first checkpoint after 0.0 min"));
+  EXPECT_THAT(metrics, HasSubstr("M = 0.0 min -> every 0.00 min"));
+  EXPECT_EQ(auto_checkpoints("1e9"), std::vector<int64_t>{1}) << "step 1 measures C; then 30 min";
+  EXPECT_THAT(testing_support::Slurp(dir_ + "/out/metrics.jsonl"), HasSubstr("(checkpoint.max_minutes)"));
+}
+
 TEST_F(FtTrainCliTest, BadJobExitsTwoNamingFileAndLine) {
   ASSERT_EQ(FtTrain("make-model --preset tiny-llama --out " + dir_ + "/model", dir_).exit_code, 0);
   WriteJob("  learning_rate: 3\n");

@@ -47,6 +47,7 @@ std::vector<std::pair<std::string, std::vector<std::string>>> ChoiceKeys() {
           {"train.activation_checkpointing", Names<ActivationCheckpointing>()},
           {"train.attention", Names<AttentionKind>()},
           {"train.gradient_sum", Names<GradientSum>()},
+          {"checkpoint.every", Names<CheckpointEvery>()},
           {"resources.device", Names<DeviceRequest>()},
           {"distributed.strategy", Names<DistributedStrategy>()}};
 }
@@ -133,6 +134,31 @@ TEST(JobChoicesTest, FullFineTuneCombinationsAreRefusedWithFileLine) {
       ParseJobSpec(Job("", "  type: full\n", "", "distributed:\n  strategy: fsdp\n"), "job.yaml").ok());
   EXPECT_TRUE(ParseJobSpec(Job("", "", "  cpu_offload: true\n", "resources:\n  gpus: 2\n"), "job.yaml").ok());
   EXPECT_TRUE(ParseJobSpec(Job("  quantization: nf4\n"), "job.yaml").ok());
+}
+
+// checkpoint.every auto takes its bounds and refuses the fixed keys beside it (and the bounds
+// without it), naming file:line and the fix.
+TEST(JobChoicesTest, CheckpointEveryAutoAndItsBounds) {
+  auto spec = ParseJobSpec(
+      Job("", "", "", "checkpoint:\n  every: auto\n  min_minutes: 0.5\n  max_minutes: 30\n"), "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  EXPECT_EQ(spec->checkpoint.every, CheckpointEvery::kAuto);
+  EXPECT_EQ(spec->checkpoint.min_minutes, 0.5);
+  EXPECT_EQ(spec->checkpoint.max_minutes, 30);
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"checkpoint:\n  every: auto\n  every_steps: 10\n",
+       "job.yaml:11:16: checkpoint.every_steps: is not used with checkpoint.every: auto"},
+      {"checkpoint:\n  min_minutes: 1\n",
+       "job.yaml:10:16: checkpoint.min_minutes: bounds checkpoint.every: auto only"},
+      {"checkpoint:\n  every: auto\n  min_minutes: 5\n  max_minutes: 1\n",
+       "job.yaml:11:16: checkpoint.min_minutes: must not exceed checkpoint.max_minutes"},
+      {"checkpoint:\n  every: sometimes\n", "'sometimes' is not one of fixed | auto"},
+  };
+  for (const auto& [rest, message] : bad) {
+    auto refused = ParseJobSpec(Job("", "", "", rest), "job.yaml");
+    ASSERT_FALSE(refused.ok()) << rest;
+    EXPECT_THAT(refused.status().message(), HasSubstr(message));
+  }
 }
 
 }  // namespace

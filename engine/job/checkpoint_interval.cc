@@ -1,0 +1,43 @@
+// Young/Daly checkpoint intervals (engine/job/checkpoint_interval.h).
+#include "engine/job/checkpoint_interval.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+
+namespace ft {
+
+CheckpointInterval ChooseCheckpointInterval(double checkpoint_seconds, double mtbf_seconds,
+                                            double min_minutes, double max_minutes) {
+  const double lo = 60 * min_minutes, hi = 60 * max_minutes;
+  const double m = mtbf_seconds > 0 ? mtbf_seconds : kPriorMtbfSeconds;
+  char why[160];
+  if (checkpoint_seconds <= 0) {
+    std::snprintf(why, sizeof(why),
+                  "C not measured yet: first checkpoint after %.1f min (checkpoint.min_minutes)",
+                  min_minutes);
+    return {lo, why};
+  }
+  const double optimum = std::sqrt(2 * checkpoint_seconds * m);
+  const double chosen = std::clamp(optimum, lo, hi);
+  std::snprintf(why, sizeof(why), "C = %.2f s, M = %.1f min%s -> every %.2f min%s", checkpoint_seconds,
+                m / 60, mtbf_seconds > 0 ? "" : " (prior)", chosen / 60,
+                chosen > optimum   ? " (checkpoint.min_minutes)"
+                : chosen < optimum ? " (checkpoint.max_minutes)"
+                                   : "");
+  return {chosen, why};
+}
+
+std::string FormatMinutes(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f min", seconds / 60);
+  return text;
+}
+
+double MeanTimeBetweenPreemptions(double seconds, int64_t preemptions) {
+  if (preemptions > 0) return seconds / static_cast<double>(preemptions);
+  return std::max(kPriorMtbfSeconds, seconds);
+}
+
+}  // namespace ft

@@ -1,0 +1,38 @@
+// checkpoint.every: auto (issue #31): the interval between checkpoints that
+// minimises the expected time lost to preemptions, Young/Daly's first-order
+// optimum sqrt(2·C·M) — C the checkpoint's measured cost (its write time, the
+// time it takes to become durable), M the mean time between preemptions of the
+// workers the job runs on (ftd's attempt history, handed to every attempt; the
+// prior below before there is any) — kept within the job's
+// [checkpoint.min_minutes, checkpoint.max_minutes].
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ft {
+
+// M before any preemption was seen, and for a run ftd did not start.
+constexpr double kPriorMtbfSeconds = 3600;
+
+struct CheckpointInterval {
+  double seconds = 0;  // checkpoint when this long has passed since the last one
+  std::string why;     // "C = 0.80 s, M = 41.0 min -> every 8.1 min" (bounds and unknowns named)
+};
+
+// `checkpoint_seconds` <= 0: not measured yet, so the first checkpoint comes
+// at min_minutes (it measures C). `mtbf_seconds` <= 0: the prior.
+CheckpointInterval ChooseCheckpointInterval(double checkpoint_seconds, double mtbf_seconds,
+                                            double min_minutes, double max_minutes);
+
+// M from an attempt history: `seconds` of attempts with `preemptions` among
+// their ends: seconds / preemptions, or, with none, the larger of the prior
+// and the time seen without one.
+double MeanTimeBetweenPreemptions(double seconds, int64_t preemptions);
+
+// "41.0 min".
+std::string FormatMinutes(double seconds);
+
+}  // namespace ft

@@ -1,0 +1,46 @@
+// checkpoint.every auto's interval (engine/job/checkpoint_interval.h):
+// Young/Daly's sqrt(2·C·M) against hand-computed values, its bounds, the
+// unmeasured first checkpoint, and M from an attempt history.
+#include "engine/job/checkpoint_interval.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace ft {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(CheckpointIntervalTest, YoungDalyWithinTheBoundsAndSaysWhy) {
+  // C = 0.8 s, M = 41 min: sqrt(2 · 0.8 · 2460) = 62.74 s.
+  CheckpointInterval i = ChooseCheckpointInterval(0.8, 41 * 60, 0, 60);
+  EXPECT_NEAR(i.seconds, std::sqrt(2 * 0.8 * 2460), 1e-9);
+  EXPECT_EQ(i.why, "C = 0.80 s, M = 41.0 min -> every 1.05 min");
+  // Bounded: a tiny C would checkpoint every 2 s; min_minutes 1 holds it at 60 s.
+  i = ChooseCheckpointInterval(0.002, 1000, 1, 60);
+  EXPECT_EQ(i.seconds, 60);
+  EXPECT_THAT(i.why, HasSubstr("(checkpoint.min_minutes)"));
+  i = ChooseCheckpointInterval(50, 1e6, 0, 10);
+  EXPECT_EQ(i.seconds, 600);
+  EXPECT_THAT(i.why, HasSubstr("(checkpoint.max_minutes)"));
+  // No M from ftd: the prior.
+  i = ChooseCheckpointInterval(2, 0, 0, 600);
+  EXPECT_NEAR(i.seconds, std::sqrt(2 * 2 * kPriorMtbfSeconds), 1e-9);
+  EXPECT_THAT(i.why, HasSubstr("(prior)"));
+  // C not measured yet: the first checkpoint at min_minutes, to measure it.
+  i = ChooseCheckpointInterval(0, 600, 0.5, 60);
+  EXPECT_EQ(i.seconds, 30);
+  EXPECT_THAT(i.why, HasSubstr("C not measured yet"));
+}
+
+TEST(CheckpointIntervalTest, MeanTimeBetweenPreemptionsFromHistory) {
+  EXPECT_EQ(MeanTimeBetweenPreemptions(3000, 4), 750);
+  EXPECT_EQ(MeanTimeBetweenPreemptions(0, 0), kPriorMtbfSeconds) << "no history: the prior";
+  EXPECT_EQ(MeanTimeBetweenPreemptions(7200, 0), 7200) << "two hours without one: at least that";
+  EXPECT_EQ(FormatMinutes(90), "1.5 min");
+}
+
+}  // namespace
+}  // namespace ft
