@@ -390,6 +390,16 @@ StatusOr<pb::Job> Daemon::ToProto(const JobRow& j) {
   return out;
 }
 
+void Daemon::CountGoodput(const std::string& job_id, int64_t epoch) {
+  auto job = store_->GetJob(job_id);
+  auto attempts = job.ok() ? store_->ListAttempts(job_id) : job.status();
+  auto g = job.ok() ? GoodputOf(*job) : job.status();
+  if (!attempts.ok() || !g.ok()) return;  // only /metrics' counters miss it; GetJob recomputes
+  for (size_t i = 0; i < attempts->size() && i < g->attempts.size(); ++i) {
+    if ((*attempts)[i].epoch == epoch) goodput_total_.Add(g->attempts[i]);
+  }
+}
+
 StatusOr<JobGoodput> Daemon::GoodputOf(const JobRow& job) {
   FT_ASSIGN_OR_RETURN(auto attempts, store_->ListAttempts(job.id));
   FT_ASSIGN_OR_RETURN(auto metrics, store_->ListMetrics(job.id, 0, 0));
@@ -576,9 +586,11 @@ void Daemon::EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcome
       history_.preemptions += outcome == AttemptOutcomeCode::kPreempted ? 1 : 0;
     }
   }
-  Check(store_->EndAttempt(job_id, epoch, outcome, reason, exit_step,
-                           outcome == AttemptOutcomeCode::kFinished ? 0 : steps_lost, clock_->WallMs(), lost),
-        "end attempt");
+  const Status ended =
+      store_->EndAttempt(job_id, epoch, outcome, reason, exit_step,
+                         outcome == AttemptOutcomeCode::kFinished ? 0 : steps_lost, clock_->WallMs(), lost);
+  Check(ended, "end attempt");
+  if (ended.ok()) CountGoodput(job_id, epoch);
   auto current = running_epoch_.find(job_id);
   if (current == running_epoch_.end() || current->second != epoch) {
     // A superseded attempt (e.g. one left marked running by a crash between

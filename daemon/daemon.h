@@ -48,6 +48,7 @@
 #include "daemon/latency.h"
 #include "daemon/scheduler.h"
 #include "daemon/store.h"
+#include "engine/job/checkpoint_interval.h"
 #include "proto/ftune.pb.h"
 
 namespace ft {
@@ -159,6 +160,16 @@ class Daemon {
   // preemption or worker loss to its next attempt starting.
   const LatencyHistogram& checkpoint_seconds() const { return checkpoint_seconds_; }
   const LatencyHistogram& recovery_seconds() const { return recovery_seconds_; }
+  // Device-seconds of the attempts ended since ftd started, by goodput category (daemon/goodput.h).
+  GoodputSplit goodput_total() {
+    Held lock(this);
+    return goodput_total_;
+  }
+  // M of checkpoint.every auto: the mean time between preemptions over ftd's attempt history.
+  double mtbf_seconds() {
+    Held lock(this);
+    return MeanTimeBetweenPreemptions(history_.seconds, history_.preemptions);
+  }
   // The sum of ftd's own stalls credited to the leases (see DaemonOptions::stall_credit_after_ms).
   int64_t stall_ms_total() const { return stall_credit_ms_.load(); }
   Store& store() { return *store_; }
@@ -281,6 +292,9 @@ class Daemon {
   // Every ended attempt's seconds and preemptions: M of checkpoint.every auto, handed to each
   // attempt (loaded at start, added to as attempts end).
   Store::AttemptTotals history_;
+  GoodputSplit goodput_total_;  // of the attempts ended since ftd started (/metrics)
+  // Adds the ended attempt `epoch` of `job_id` to goodput_total_.
+  void CountGoodput(const std::string& job_id, int64_t epoch);
   // The job's goodput from its stored attempts, step times and checkpoints (daemon/goodput.h).
   StatusOr<JobGoodput> GoodputOf(const JobRow& job);
   // `out` (ToProto of `job`) with its goodput filled in.

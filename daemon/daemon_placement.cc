@@ -107,10 +107,6 @@ void Daemon::StartOn(const JobRow& job, const Placement& p) {
   running_epoch_[job.id] = attempt->epoch;
   TrackGang(*attempt);
   waiting_.erase(job.id);
-  if (auto it = interrupted_mono_.find(job.id); it != interrupted_mono_.end()) {
-    recovery_seconds_.Record(static_cast<double>(clock_->MonotonicMs() - it->second) / 1000.0);
-    interrupted_mono_.erase(it);
-  }
   pb::DaemonCommand cmd;
   pb::StartAttempt* start = cmd.mutable_start();
   start->set_job_id(job.id);

@@ -367,6 +367,11 @@ void Daemon::OnMetrics(WorkerSink* sink, const pb::MetricsReport& m) {
   const Status added = store_->AddMetrics(rows, &stored);
   Check(added, "add metrics");
   if (!added.ok()) return;
+  // The first step after a preemption: the job has recovered (goodput's recovery time).
+  if (auto it = interrupted_mono_.find(m.job_id()); it != interrupted_mono_.end() && !rows.empty()) {
+    recovery_seconds_.Record(static_cast<double>(clock_->MonotonicMs() - it->second) / 1000.0);
+    interrupted_mono_.erase(it);
+  }
   // Watchers get each step's point as stored: an evaluation arrives merged into its step.
   for (const MetricRow& r : stored) {
     pb::JobUpdate u;

@@ -1,6 +1,8 @@
 #include "daemon/prometheus.h"
 
 #include <cstdio>
+#include <utility>
+#include <vector>
 
 #include "daemon/json_views.h"
 
@@ -113,10 +115,24 @@ StatusOr<std::string> RenderPrometheus(Daemon& daemon) {
   out +=
       "ftune_daemon_stall_seconds_total " + Num(static_cast<double>(daemon.stall_ms_total()) / 1000.0) + "\n";
 
+  Family(&out, "ftune_goodput_seconds_total", "counter",
+         "Device-seconds of the attempts ended since ftd started, by what they bought (productive, "
+         "checkpoint, restart, lost; docs/OPERATIONS.md, Goodput).");
+  const GoodputSplit g = daemon.goodput_total();
+  for (const auto& [category, seconds] :
+       std::vector<std::pair<const char*, double>>{{"productive", g.productive_s},
+                                                   {"checkpoint", g.checkpoint_s},
+                                                   {"restart", g.restart_s},
+                                                   {"lost", g.lost_s}}) {
+    out += "ftune_goodput_seconds_total{category=\"" + std::string(category) + "\"} " + Num(seconds) + "\n";
+  }
+  Family(&out, "ftune_pool_mtbf_seconds", "gauge",
+         "Mean time between preemptions over ftd's attempt history: checkpoint.every auto's M.");
+  out += "ftune_pool_mtbf_seconds " + Num(daemon.mtbf_seconds()) + "\n";
   out += PrometheusHistogram("ftune_checkpoint_duration_seconds", "Checkpoint write time, as committed.",
                              daemon.checkpoint_seconds(), 0.01, 1000);
   out += PrometheusHistogram("ftune_recovery_seconds",
-                             "Time from a worker loss or preemption to the job running again.",
+                             "Time from a worker loss or preemption to the job's next trained step.",
                              daemon.recovery_seconds(), 0.1, 1000);
   out += PrometheusHistogram("ftune_scheduler_tick_seconds", "Time of one scheduler tick.",
                              daemon.tick_latency(), 1e-5, 10);

@@ -663,6 +663,8 @@ TEST_F(DaemonTest, EachAttemptCarriesTheMeanTimeBetweenPreemptionsAndGoodputSpli
   EXPECT_EQ(j.attempts(0).goodput().lost_s(), 0);
   EXPECT_NEAR(j.goodput().device().restart_s(), 30.001, 1e-9);
   EXPECT_EQ(j.goodput().goodput(), 0) << "nothing productive yet";
+  EXPECT_NEAR(daemon_->goodput_total().restart_s, 30.001, 1e-9) << "/metrics' counter";
+  EXPECT_NEAR(daemon_->mtbf_seconds(), 30.001, 1e-9) << "/metrics' gauge";
   Reopen();  // ftd restarts: M comes from the attempts table
   Register("w3", &w3);
   clock_.Advance(1'001);
