@@ -220,6 +220,10 @@ void PrintGoodput(const pb::Goodput& g) {
       "queued %.1f s\n",
       100 * g.goodput(), d.productive_s() + d.lost_s() + d.checkpoint_s() + d.restart_s(), d.productive_s(),
       d.lost_s(), d.checkpoint_s(), d.restart_s(), g.queue_s());
+  if (g.notices() > 0) {
+    std::printf("notices   %lld, caught %lld (their checkpoint made it: no step lost)\n",
+                static_cast<long long>(g.notices()), static_cast<long long>(g.notices_caught()));
+  }
   if (g.recovery_s().empty()) return;
   std::vector<double> r(g.recovery_s().begin(), g.recovery_s().end());
   std::sort(r.begin(), r.end());

@@ -422,7 +422,10 @@ Status Daemon::AddGoodput(const JobRow& job, pb::Job* out) {
   SetSplit(g.device, p->mutable_device());
   p->set_goodput(g.goodput());
   p->set_queue_s(g.queue_s);
+  p->set_notices(g.notices);
+  p->set_notices_caught(g.notices_caught);
   for (double r : g.recovery_s) p->add_recovery_s(r);
+  for (int64_t a : g.recovery_after) p->add_recovery_after(a);
   for (int i = 0; i < out->attempts_size() && i < static_cast<int>(g.attempts.size()); ++i) {
     SetSplit(g.attempts[static_cast<size_t>(i)], out->mutable_attempts(i)->mutable_goodput());
   }
@@ -586,9 +589,14 @@ void Daemon::EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcome
       history_.preemptions += outcome == AttemptOutcomeCode::kPreempted ? 1 : 0;
     }
   }
-  const Status ended =
-      store_->EndAttempt(job_id, epoch, outcome, reason, exit_step,
-                         outcome == AttemptOutcomeCode::kFinished ? 0 : steps_lost, clock_->WallMs(), lost);
+  int64_t notice_ms = 0;
+  if (auto n = notices_.find(job_id); n != notices_.end()) {
+    notice_ms = n->second;
+    notices_.erase(n);
+  }
+  const Status ended = store_->EndAttempt(job_id, epoch, outcome, reason, exit_step,
+                                          outcome == AttemptOutcomeCode::kFinished ? 0 : steps_lost,
+                                          clock_->WallMs(), lost, notice_ms);
   Check(ended, "end attempt");
   if (ended.ok()) CountGoodput(job_id, epoch);
   auto current = running_epoch_.find(job_id);

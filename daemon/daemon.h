@@ -293,6 +293,13 @@ class Daemon {
   // attempt (loaded at start, added to as attempts end).
   Store::AttemptTotals history_;
   GoodputSplit goodput_total_;  // of the attempts ended since ftd started (/metrics)
+  // job id → when a preemption notice reached a worker running it (the earliest; kept with the
+  // attempt it ends, then dropped).
+  std::map<std::string, int64_t> notices_;
+  void NoticeFor(const std::string& job_id, int64_t notice_ms) {
+    auto [it, added] = notices_.emplace(job_id, notice_ms);
+    if (!added) it->second = std::min(it->second, notice_ms);
+  }
   // Adds the ended attempt `epoch` of `job_id` to goodput_total_.
   void CountGoodput(const std::string& job_id, int64_t epoch);
   // The job's goodput from its stored attempts, step times and checkpoints (daemon/goodput.h).

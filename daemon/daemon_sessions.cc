@@ -224,6 +224,7 @@ void Daemon::OnHeartbeat(const std::string& worker_id, Session& s, const pb::Hea
     for (const pb::Device& d : hb.devices()) s.devices.push_back(ToDeviceRow(d));
   }
   if (hb.slot_end_ms() > 0) s.slot_end_ms = hb.slot_end_ms();
+  if (hb.notice_ms() > 0 && !s.running_job.empty()) NoticeFor(s.running_job, hb.notice_ms());
   if (hb.host_total_bytes() > 0 && implausible.empty()) {
     s.host_total_bytes = hb.host_total_bytes();
     s.host_free_bytes = hb.host_free_bytes();
@@ -338,6 +339,7 @@ void Daemon::OnExited(const std::string& worker_id, Session& s, const pb::Attemp
   if (auto gang = gangs_.find(e.job_id()); gang != gangs_.end() && gang->second.epoch == e.epoch()) {
     return OnRankExited(worker_id, s, gang->second, e);
   }
+  if (e.notice_ms() > 0) NoticeFor(e.job_id(), e.notice_ms());
   AttemptOutcomeCode outcome = ToOutcomeCode(e.outcome());
   EndRunning(e.job_id(), e.epoch(), outcome, e.reason(), e.step());
   if (s.running_job == e.job_id()) {

@@ -100,8 +100,13 @@ JobGoodput ComputeGoodput(const JobRow& job, const std::vector<AttemptRow>& atte
                                         checkpointed, now_ms, &first_step_end_ms);
     g.attempts.push_back(s);
     g.device.Add(s);
+    if (a.notice_ms > 0 && a.outcome != AttemptOutcomeCode::kRunning) {
+      ++g.notices;
+      g.notices_caught += a.steps_lost == 0 ? 1 : 0;
+    }
     if (preempted != nullptr && first_step_end_ms > 0) {
       g.recovery_s.push_back((first_step_end_ms - static_cast<double>(preempted->ended_ms)) / 1000.0);
+      g.recovery_after.push_back(preempted->number);
     }
     // An attempt without a step keeps the recovery open for the next one.
     if (first_step_end_ms > 0 || a.outcome != AttemptOutcomeCode::kPreempted) preempted = nullptr;

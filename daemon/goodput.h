@@ -52,6 +52,10 @@ struct JobGoodput {
   double queue_s = 0;                  // wall seconds queued
   // Per preempted attempt with a next attempt that has trained a step: seconds to recover.
   std::vector<double> recovery_s;
+  std::vector<int64_t> recovery_after;  // the preempted attempt's number, per recovery
+  // Attempts a cloud preemption notice reached, and of them those that lost no step (the
+  // checkpoint made it in time).
+  int64_t notices = 0, notices_caught = 0;
   // productive ÷ device total (1 when there is no device time yet).
   double goodput() const { return device.total_s() > 0 ? device.productive_s / device.total_s() : 1.0; }
 };

@@ -1,6 +1,7 @@
 #include "daemon/json_views.h"
 
 #include <cmath>
+#include <map>
 
 namespace ft {
 
@@ -32,6 +33,24 @@ json Eta(const pb::Job& job) {
   return nullptr;
 }
 
+json SplitJson(const pb::GoodputSplit& s) {
+  return {{"productive_s", Number(s.productive_s())},
+          {"checkpoint_s", Number(s.checkpoint_s())},
+          {"restart_s", Number(s.restart_s())},
+          {"lost_s", Number(s.lost_s())}};
+}
+
+json GoodputJson(const pb::Goodput& g) {
+  json out = SplitJson(g.device());
+  out["goodput"] = Number(g.goodput());
+  out["queue_s"] = Number(g.queue_s());
+  out["recovery_s"] = Spark({g.recovery_s().begin(), g.recovery_s().end()});
+  out["recovery_after"] = std::vector<int64_t>(g.recovery_after().begin(), g.recovery_after().end());
+  out["notices"] = g.notices();
+  out["notices_caught"] = g.notices_caught();
+  return out;
+}
+
 }  // namespace
 
 json JobSummaryJson(const pb::Job& job, const std::vector<double>& loss_spark) {
@@ -60,8 +79,11 @@ json JobSummaryJson(const pb::Job& job, const std::vector<double>& loss_spark) {
 json JobDetailJson(const pb::Job& job, const std::vector<AttemptRow>& attempts,
                    const std::vector<double>& loss_spark, int64_t predicted_bytes) {
   json out = JobSummaryJson(job, loss_spark);
+  std::map<int64_t, const pb::GoodputSplit*> split_of;  // attempt number → its goodput split
+  for (const pb::Attempt& a : job.attempts()) split_of[a.number()] = &a.goodput();
   json list = json::array();
   for (const AttemptRow& a : attempts) {
+    auto split = split_of.find(a.number);
     json ranks = json::array();
     for (size_t r = 0; r < a.ranks.size(); ++r) {
       ranks.push_back({{"rank", r}, {"worker_id", a.ranks[r].worker_id}, {"device", a.ranks[r].device}});
@@ -81,6 +103,8 @@ json JobDetailJson(const pb::Job& job, const std::vector<AttemptRow>& attempts,
         {"accumulation", a.accumulation},
         {"world", a.world},
         {"ranks", std::move(ranks)},
+        {"goodput",
+         SplitJson(split == split_of.end() ? pb::GoodputSplit::default_instance() : *split->second)},
     });
   }
   out["attempts_list"] = std::move(list);
@@ -91,6 +115,7 @@ json JobDetailJson(const pb::Job& job, const std::vector<AttemptRow>& attempts,
                                         {"accumulation", attempts.back().accumulation},
                                         {"world", attempts.back().world}};
   out["predicted_bytes"] = predicted_bytes;
+  out["goodput"] = GoodputJson(job.goodput());
   return out;
 }
 

@@ -27,7 +27,10 @@ nlohmann::json JobSummaryJson(const ftune::v1::Job& job, const std::vector<doubl
 
 // A job's detail: the summary plus attempts_list (from the store's rows, which
 // carry each attempt's plan), spec_yaml, output_dir, plan (the newest
-// attempt's; null before any) and predicted_bytes.
+// attempt's; null before any), predicted_bytes and goodput (job.goodput(), as
+// Daemon::GetJob fills it: the device-second split, goodput, queue_s and
+// recovery_s). Each attempt gets its split from the job's attempt of the same
+// number (zeros when the job has none).
 nlohmann::json JobDetailJson(const ftune::v1::Job& job, const std::vector<AttemptRow>& attempts,
                              const std::vector<double>& loss_spark, int64_t predicted_bytes);
 

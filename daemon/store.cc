@@ -174,9 +174,11 @@ ALTER TABLE attempts ADD COLUMN ranks TEXT NOT NULL DEFAULT '';
 )sql",
     // 7: whether ftd ended the attempt for a loss (its worker's lease, a lost
     // rank) rather than on the attempt's own report: goodput counts the time
-    // after its last surviving step as lost (daemon/goodput.h).
+    // after its last surviving step as lost (daemon/goodput.h); and when a
+    // cloud preemption notice reached its worker (0 = none).
     R"sql(
 ALTER TABLE attempts ADD COLUMN lost INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE attempts ADD COLUMN notice_ms INTEGER NOT NULL DEFAULT 0;
 )sql",
 };
 
@@ -198,7 +200,7 @@ constexpr char kJobColumns[] =
     "not_before_ms, gpus, device";
 constexpr char kAttemptColumns[] =
     "job_id, number, epoch, worker_id, outcome, reason, started_ms, ended_ms, start_step, end_step, "
-    "steps_lost, micro_batch, accumulation, world, ranks, lost";
+    "steps_lost, micro_batch, accumulation, world, ranks, lost, notice_ms";
 constexpr char kCheckpointColumns[] =
     "job_id, epoch, step, dir, manifest_sha256, write_seconds, committed_ms";
 constexpr char kEventColumns[] = "seq, time_ms, job_id, worker_id, kind, message, step";
@@ -381,6 +383,7 @@ AttemptRow ReadAttempt(const Query& q) {
   a.world = q.Int(c++);
   SplitRanks(q.Text(c++), &a);
   a.lost = q.Int(c++) != 0;
+  a.notice_ms = q.Int(c++);
   return a;
 }
 
@@ -794,11 +797,11 @@ StatusOr<AttemptRow> Store::StartAttempt(const std::string& job_id, const std::s
     a.number = last.Int(0) + 1;
     a.epoch = last.Int(1) + 1;
     FT_ASSIGN_OR_RETURN(Query q, Prepare(std::string("INSERT INTO attempts (") + kAttemptColumns +
-                                             ") VALUES (" + Placeholders(16) + ")",
+                                             ") VALUES (" + Placeholders(17) + ")",
                                          op));
     q.Bind(a.job_id, a.number, a.epoch, a.worker_id, Code(a.outcome), a.reason, a.started_ms, a.ended_ms,
            a.start_step, a.end_step, a.steps_lost, a.micro_batch, a.accumulation, a.world, JoinRanks(a),
-           int64_t{a.lost ? 1 : 0});
+           int64_t{a.lost ? 1 : 0}, a.notice_ms);
     return q.Run();
   }));
   return a;
@@ -806,17 +809,18 @@ StatusOr<AttemptRow> Store::StartAttempt(const std::string& job_id, const std::s
 
 Status Store::EndAttempt(const std::string& job_id, int64_t epoch, AttemptOutcomeCode outcome,
                          const std::string& reason, int64_t end_step, int64_t steps_lost, int64_t now_ms,
-                         bool lost) {
+                         bool lost, int64_t notice_ms) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::string op = "end attempt " + std::to_string(epoch) + " of " + job_id;
   return Write(op, [&]() -> Status {
-    FT_ASSIGN_OR_RETURN(Query q,
-                        Prepare("UPDATE attempts SET outcome = ?, reason = ?, end_step = ?, "
-                                "steps_lost = ?, ended_ms = ?, lost = ? WHERE job_id = ? AND epoch = ?",
-                                op));
-    FT_RETURN_IF_ERROR(
-        q.Bind(Code(outcome), reason, end_step, steps_lost, now_ms, int64_t{lost ? 1 : 0}, job_id, epoch)
-            .Run());
+    FT_ASSIGN_OR_RETURN(
+        Query q,
+        Prepare("UPDATE attempts SET outcome = ?, reason = ?, end_step = ?, "
+                "steps_lost = ?, ended_ms = ?, lost = ?, notice_ms = ? WHERE job_id = ? AND epoch = ?",
+                op));
+    FT_RETURN_IF_ERROR(q.Bind(Code(outcome), reason, end_step, steps_lost, now_ms, int64_t{lost ? 1 : 0},
+                              notice_ms, job_id, epoch)
+                           .Run());
     if (q.Changes() == 1) return Status::OK();
     return Status::NotFound("job " + job_id + " has no attempt with epoch " + std::to_string(epoch));
   });

@@ -107,7 +107,8 @@ struct AttemptRow {
   int64_t end_step = 0;
   int64_t steps_lost = 0;
   int64_t micro_batch = 0, accumulation = 0, world = 1;
-  bool lost = false;  // ended by ftd for a loss (lease, lost rank), not by the attempt's own report
+  bool lost = false;      // ended by ftd for a loss (lease, lost rank), not by the attempt's own report
+  int64_t notice_ms = 0;  // when a cloud preemption notice reached its worker (0 = none)
   // A multi-rank attempt: where each rank runs, by rank (rank 0's worker is
   // worker_id). Empty: one rank, on worker_id.
   std::vector<RankSlot> ranks;
@@ -249,10 +250,10 @@ class Store {
                                     int64_t start_step, int64_t micro_batch, int64_t accumulation,
                                     int64_t world, int64_t now_ms, const std::vector<RankSlot>& ranks = {});
   // NotFound when the job has no attempt with this epoch. `lost`: ftd ended it for a loss
-  // (AttemptRow::lost).
+  // (AttemptRow::lost); `notice_ms`: a preemption notice came first (AttemptRow::notice_ms).
   Status EndAttempt(const std::string& job_id, int64_t epoch, AttemptOutcomeCode outcome,
                     const std::string& reason, int64_t end_step, int64_t steps_lost, int64_t now_ms,
-                    bool lost = false);
+                    bool lost = false, int64_t notice_ms = 0);
   StatusOr<std::vector<AttemptRow>> ListAttempts(const std::string& job_id);
   // Attempts with outcome RUNNING (any job), e.g. to reattach after a restart.
   StatusOr<std::vector<AttemptRow>> RunningAttempts();

@@ -2,13 +2,15 @@
 // as points when the job has one) with the event timeline drawn on their time
 // axis, tokens/s, step time against the time spent waiting for the memory
 // techniques' copies (whether prefetching hides them), device memory (used, the planner's prediction and the device
-// total on one chart), the plan, attempts, the event list, the job's YAML, a
+// total on one chart), goodput (where the device time went, as a stacked bar,
+// and each preemption's recovery time, also drawn as a band on the loss
+// chart's timeline), the plan, attempts, the event list, the job's YAML, a
 // live log tail and a cancel button.
 //
 // Live: the stream's job/event/metric messages for this job update the stores
 // below (deduplicated, so replays and the initial load may overlap); memory
-// samples and the log are polled every two seconds while the job is not
-// finished. Redraws are batched to at most three a second.
+// samples, the log and the full job (for its goodput, which grows with the
+// running attempt) are polled every two seconds while the job is not finished. Redraws are batched to at most three a second.
 
 import { ApiError, getJSON, postJSON, openStream } from './api.js';
 import { axisFormats, eventMarkers, timeChart } from './charts.js';
@@ -17,6 +19,15 @@ import { el, setText, FINISHED, ago, bytes, clock, duration, number } from './fo
 const REDRAW_MS = 300;
 const POLL_MS = 2000;
 const PAGE = 10000;
+
+// Goodput's categories of device-seconds (docs/HTTP_API.md): key, name, colour.
+const GOODPUT_PARTS = [
+  ['productive_s', 'productive', '#188038'],
+  ['checkpoint_s', 'checkpoint', '#1a73e8'],
+  ['restart_s', 'restart', '#7b1fa2'],
+  ['lost_s', 'lost', '#d93025'],
+];
+const RECOVERY_COLOUR = '#e37400';
 
 export function mountJob(root, id, app) {
   const store = {
@@ -51,7 +62,7 @@ export function mountJob(root, id, app) {
         { scale: 'loss', label: 'loss', size: 60, values: axisFormats.number },
         { scale: 'lr', label: 'learning rate', side: 1, size: 70, grid: { show: false }, values: axisFormats.number },
       ],
-      plugins: [markers],
+      plugins: [markers, recoveryBands(() => recoveries())],
       xRange: (min, max) => eventRange(min, max),
     }),
     tokens: timeChart(ui.tokensChart, {
@@ -205,8 +216,10 @@ export function mountJob(root, id, app) {
           el('td', { class: 'num' }, a.ended_ms ? clock(a.ended_ms) : '–'),
           el('td', { class: 'num' }, `${a.start_step} → ${a.end_step}`),
           el('td', { class: 'num' }, a.steps_lost),
-          el('td', { class: 'num' }, a.micro_batch ? `${a.micro_batch}×${a.accumulation}×${a.world}` : '–'))));
+          el('td', { class: 'num' }, a.micro_batch ? `${a.micro_batch}×${a.accumulation}×${a.world}` : '–'),
+          el('td', { class: 'num', 'data-field': 'goodput' }, attemptGoodput(a)))));
     }
+    drawGoodput();
     if (job.spec_yaml !== undefined) setText(ui.yaml, job.spec_yaml);
   }
 
@@ -216,10 +229,68 @@ export function mountJob(root, id, app) {
     return a.ranks.map((r) => `rank ${r.rank}: ${r.worker_id} device ${r.device}`).join('\n');
   }
 
+  // The job's recoveries, each placed on the time axis: recovery_s[i] began when
+  // attempt recovery_after[i] ended (its preemption; daemon/goodput.h). Each:
+  // {seconds, from_ms (that attempt's end; null if the page has not its row), after}.
+  function recoveries() {
+    const g = store.job && store.job.goodput;
+    if (!g || !g.recovery_s) return [];
+    const byNumber = new Map((store.job.attempts_list || []).map((a) => [a.number, a]));
+    return g.recovery_s.map((seconds, i) => {
+      const after = (g.recovery_after || [])[i];
+      const a = byNumber.get(after);
+      return { seconds, from_ms: a ? a.ended_ms : null, after: a ? after : null };
+    });
+  }
+
+  function drawGoodput() {
+    const g = store.job && store.job.goodput;
+    const view = ui.goodput;
+    if (!g) {
+      setText(view.line, 'This ftd does not report goodput.');
+      return;
+    }
+    const total = GOODPUT_PARTS.reduce((sum, [key]) => sum + (g[key] || 0), 0);
+    for (const [key, name] of GOODPUT_PARTS) {
+      const value = g[key] || 0;
+      const share = total > 0 ? (100 * value) / total : 0;
+      const segment = view.segments[key];
+      segment.style.width = `${share.toFixed(2)}%`;
+      segment.title = `${name}: ${seconds(value)} (${share.toFixed(1)}%)`;
+      segment.dataset.seconds = value.toFixed(1);
+      setText(view.values[key], `${seconds(value)} (${share.toFixed(1)}%)`);
+      view.values[key].dataset.seconds = value.toFixed(1);
+    }
+    setText(view.line, total > 0
+      ? `goodput ${(100 * g.goodput).toFixed(1)}% of ${seconds(total)} device time · queued ${seconds(g.queue_s)}`
+      : `no device time yet · queued ${seconds(g.queue_s)}`);
+    const list = recoveries();
+    const sorted = list.map((r) => r.seconds).sort((a, b) => a - b);
+    setText(view.recoverySummary, sorted.length
+      ? `${sorted.length} ${sorted.length === 1 ? 'recovery' : 'recoveries'} (loss known → next first step): ` +
+        `p50 ${seconds(sorted[Math.floor((sorted.length - 1) / 2)])}, max ${seconds(sorted[sorted.length - 1])}` +
+        ' (orange bands on the loss chart)'
+      : 'no recovery from a preemption yet');
+    const key = list.map((r) => `${r.after}:${r.seconds}`).join('|');
+    if (view.recoveryList.dataset.key !== key) {
+      view.recoveryList.dataset.key = key;
+      view.recoveryList.replaceChildren(...list.map((r) => el('li', { 'data-seconds': r.seconds.toFixed(1) },
+        r.after ? `after attempt ${r.after} (ended ${clock(r.from_ms)}): ${seconds(r.seconds)}` : seconds(r.seconds))));
+      charts.loss.redraw(false, false);
+    }
+  }
+
   function drawLog() {
     const atBottom = ui.log.scrollTop + ui.log.clientHeight >= ui.log.scrollHeight - 4;
     setText(ui.log, store.log || '(no log yet)');
     if (atBottom) ui.log.scrollTop = ui.log.scrollHeight;
+  }
+
+  // An attempt's device-seconds: productive · overhead (checkpoint + restart) · lost.
+  function attemptGoodput(a) {
+    const g = a.goodput;
+    if (!g) return '–';
+    return `${g.productive_s.toFixed(1)} · ${(g.checkpoint_s + g.restart_s).toFixed(1)} · ${g.lost_s.toFixed(1)}`;
   }
 
   const drawers = { metrics: drawMetrics, memory: drawMemory, events: drawEvents, job: drawJob, log: drawLog };
@@ -319,7 +390,7 @@ export function mountJob(root, id, app) {
     pollTimer = null;
     if (disposed) return;
     try {
-      await Promise.all([loadMemory(), loadLog()]);
+      await Promise.all([loadMemory(), loadLog(), loadDetail()]);
     } catch (err) {
       console.warn('ftune: poll failed', err);
     }
@@ -402,6 +473,7 @@ function buildPage(root, id) {
     attempts: el('tbody'),
     log: el('pre', { class: 'log', id: 'log' }),
     yaml: el('pre', { class: 'yaml' }),
+    goodput: goodputView(),
   };
   const panel = (title, ...children) => el('section', { class: 'panel' }, el('h2', {}, title), ...children);
   const table = (heads, body) =>
@@ -412,14 +484,77 @@ function buildPage(root, id) {
     el('div', { class: 'progress-line' }, el('div', { class: 'bar wide' }, ui.bar), ui.steps),
     el('div', { class: 'panels' },
       panel('Summary', ui.summary),
+      ui.goodput.panel,
       panel('Loss, eval loss and learning rate (markers: events)', ui.lossChart),
       panel('Tokens per second', ui.tokensChart),
       panel('Step time and copy wait (memory techniques)', ui.timingChart),
       panel('Device memory: used, predicted, total', ui.memoryChart, ui.memoryNote),
       panel('Events', el('div', { class: 'scroll' }, table(['time', 'event', 'worker', 'step', 'message'], ui.events))),
       panel('Attempts', el('div', { class: 'scroll' },
-        table(['#', 'epoch', 'worker (ranks)', 'outcome', 'reason', 'started', 'ended', 'steps', 'lost', 'plan'], ui.attempts))),
+        table(['#', 'epoch', 'worker (ranks)', 'outcome', 'reason', 'started', 'ended', 'steps', 'lost', 'plan',
+          'productive · overhead · lost (device s)'], ui.attempts))),
       panel('Log (tail)', ui.log),
       panel('job.yaml', ui.yaml))));
   return ui;
+}
+
+// The goodput panel's elements: a stacked bar with one segment per category,
+// its legend (seconds and share), the goodput line and the recoveries.
+function goodputView() {
+  const view = {
+    segments: {},
+    values: {},
+    bar: el('div', { class: 'gp-bar', id: 'goodput-bar' }),
+    legend: el('ul', { class: 'gp-legend' }),
+    line: el('p', { class: 'gp-line', 'data-field': 'goodput' }),
+    recoverySummary: el('p', { class: 'note', 'data-field': 'recoveries' }),
+    recoveryList: el('ul', { class: 'gp-recoveries' }),
+  };
+  for (const [key, name, colour] of GOODPUT_PARTS) {
+    view.segments[key] = el('div', { class: 'gp-seg', 'data-part': key, style: `background: ${colour}` });
+    view.values[key] = el('span', { class: 'num' });
+    view.bar.append(view.segments[key]);
+    view.legend.append(el('li', { 'data-part': key },
+      el('span', { class: 'swatch', style: `background: ${colour}` }), `${name} `, view.values[key]));
+  }
+  view.panel = el('section', { class: 'panel', id: 'goodput' },
+    el('h2', {}, 'Goodput: where the device time went'), view.line, view.bar, view.legend,
+    view.recoverySummary, view.recoveryList);
+  return view;
+}
+
+// 4.25 → "4.3 s", 4523 → "4523 s (1h 15m)".
+function seconds(s) {
+  if (s === null || s === undefined || !Number.isFinite(s)) return '–';
+  return s < 60 ? `${s.toFixed(1)} s` : `${s.toFixed(0)} s (${duration(s)})`;
+}
+
+// A uPlot plugin: each recovery as a translucent band from the preempted
+// attempt's end to the next attempt's first step, labelled with its length.
+// The bands drawn last are kept on u.ftRecoveries (read by tests).
+function recoveryBands(getRecoveries) {
+  function draw(u) {
+    const { ctx, bbox } = u;
+    const drawn = [];
+    ctx.save();
+    ctx.font = `${Math.round(11 * devicePixelRatio)}px system-ui, sans-serif`;
+    ctx.textBaseline = 'bottom';
+    for (const r of getRecoveries()) {
+      if (r.from_ms === null) continue;
+      const from = u.valToPos(r.from_ms / 1000, 'x', true);
+      const to = u.valToPos(r.from_ms / 1000 + r.seconds, 'x', true);
+      const left = Math.max(bbox.left, Math.min(from, to));
+      const right = Math.min(bbox.left + bbox.width, Math.max(from, to));
+      if (right <= left) continue;
+      ctx.fillStyle = `${RECOVERY_COLOUR}33`;
+      ctx.fillRect(left, bbox.top, right - left, bbox.height);
+      const label = `recovery ${seconds(r.seconds)}`;
+      ctx.fillStyle = RECOVERY_COLOUR;
+      ctx.fillText(label, left + 3 * devicePixelRatio, bbox.top + bbox.height - 2 * devicePixelRatio);
+      drawn.push({ from_ms: r.from_ms, seconds: r.seconds, label });
+    }
+    ctx.restore();
+    u.ftRecoveries = drawn;
+  }
+  return { hooks: { draw: [draw] } };
 }

@@ -251,11 +251,13 @@ void AddFlags(CLI::App* app, Flags* f) {
   app->add_flag("--log-json", f->log_json, "log one JSON object per line");
 }
 
-std::vector<std::unique_ptr<ft::worker::NoticePoller>> StartPollers(const Flags& f, StopRequest* stop) {
+std::vector<std::unique_ptr<ft::worker::NoticePoller>> StartPollers(const Flags& f, StopRequest* stop,
+                                                                    ft::worker::Worker* worker) {
   std::vector<std::unique_ptr<ft::worker::NoticePoller>> pollers;
   const auto interval = std::chrono::milliseconds(f.notice_poll_ms);
   const auto timeout = std::chrono::milliseconds(std::min<int64_t>(f.notice_poll_ms, 1000));
-  auto on_notice = [stop, grace = f.stop_grace](const Notice& n) {
+  auto on_notice = [stop, worker, grace = f.stop_grace](const Notice& n) {
+    worker->NoticeReceived(ft::WallNowMs());
     stop->Post(n.reason, n.deadline_s > 0 ? n.deadline_s : grace);
   };
   if (!f.aws_url.empty()) {
@@ -303,7 +305,7 @@ int Run(const Flags& flags, const ft::worker::WorkerOptions& options, const ft::
   ft::worker::Session session(so, &worker);
   worker.set_sink(&session);
   session.Start();
-  auto pollers = StartPollers(flags, &stop);
+  auto pollers = StartPollers(flags, &stop, &worker);
   FT_LOG(INFO) << "ft-worker " << options.id << " (" << options.version << ") serving " << so.target
                << (options.slot_end_ms > 0
                        ? "; slot ends in " + std::to_string((options.slot_end_ms - ft::WallNowMs()) / 1000) +

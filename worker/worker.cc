@@ -159,6 +159,7 @@ void Worker::OnRegistered() {
 pb::Heartbeat Worker::MakeHeartbeat() {
   pb::Heartbeat h;
   h.set_slot_end_ms(options_.slot_end_ms);
+  h.set_notice_ms(notice_ms_.load());
   const std::vector<std::shared_ptr<Attempt>> running = Running();
   {
     std::lock_guard<std::mutex> lock(devices_mu_);
@@ -453,6 +454,7 @@ void Worker::OnExit(const AttemptSpec& a, const AttemptExit& e) {
   r->set_exit_code(e.exit_code);
   r->set_reason(e.reason);
   r->set_step(e.step);
+  r->set_notice_ms(notice_ms_.load());
   {
     // Journaled first: a restart before the daemon has it replays it in the next Register.
     std::lock_guard<std::mutex> lock(mu_);

@@ -30,6 +30,7 @@
 #pragma once
 
 #include <chrono>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -94,6 +95,9 @@ class Worker : public SessionDelegate, public AttemptListener {
   // Tells every running attempt to checkpoint and stop within deadline_s
   // (reason is reported with their exits); refuses new attempts from now on.
   void StopAll(const std::string& reason, double deadline_s);
+  // A cloud preemption notice reached this node at `wall_ms`: heartbeats and exit reports carry
+  // it from now on (ftd's notice catch rate, daemon/goodput.h).
+  void NoticeReceived(int64_t wall_ms) { notice_ms_.store(wall_ms); }
   // Stops each attempt whose slot-end stop point (slot_end.h) has come, and
   // refuses new attempts once the slot's end is that near.
   void CheckSlotEnd(int64_t now_ms);
@@ -153,6 +157,7 @@ class Worker : public SessionDelegate, public AttemptListener {
   std::vector<std::shared_ptr<Attempt>> retired_;  // GUARDED_BY(mu_): killed, waiting to be freed
   bool stopping_ = false;                          // GUARDED_BY(mu_)
   std::string stop_reason_;                        // GUARDED_BY(mu_)
+  std::atomic<int64_t> notice_ms_{0};              // NoticeReceived
   bool slot_closed_ = false;                       // GUARDED_BY(mu_)
   double max_checkpoint_seconds_ = 0;              // GUARDED_BY(mu_): newest measurements' max
   ReportJournal journal_;                          // GUARDED_BY(mu_)

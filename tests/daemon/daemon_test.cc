@@ -676,6 +676,43 @@ TEST_F(DaemonTest, EachAttemptCarriesTheMeanTimeBetweenPreemptionsAndGoodputSpli
   EXPECT_NEAR(Job(id).goodput().queue_s(), 1.001, 1e-9) << "lost at 30.001 s, started again 1.001 s later";
 }
 
+// Notice catch rate: a notice that reached the worker (its heartbeat or its exit report) is kept
+// with the attempt it ended; caught when no step was lost. Attempt 1 stops at once after its
+// notice (nothing lost: caught); attempt 2's node is lost after the notice with 5 steps done since
+// the last checkpoint (not caught). Both survive a restart of ftd.
+TEST_F(DaemonTest, PreemptionNoticesAreKeptWithTheirAttemptsAndCountedCaughtWhenNothingWasLost) {
+  std::string id = Submit();
+  FakeSink w1;
+  Register("w1", &w1);
+  daemon_->Tick();
+  pb::WorkerMessage exit;
+  pb::AttemptExited* e = exit.mutable_exited();
+  e->set_job_id(id);
+  e->set_epoch(1);
+  e->set_outcome(pb::ATTEMPT_PREEMPTED);
+  e->set_reason("GCP preemption");
+  e->set_notice_ms(clock_.WallMs() - 5);
+  daemon_->OnWorkerMessage("w1", &w1, exit);
+  clock_.Advance(1'001);
+  daemon_->Tick();
+  ASSERT_EQ(w1.Count(pb::DaemonCommand::kStart), 2) << "the next attempt, on the same worker";
+  pb::WorkerMessage hb;
+  auto* p = hb.mutable_heartbeat()->add_progress();
+  p->set_job_id(id);
+  p->set_epoch(2);
+  p->set_step(5);
+  hb.mutable_heartbeat()->set_notice_ms(clock_.WallMs());
+  daemon_->OnWorkerMessage("w1", &w1, hb);
+  clock_.Advance(10'001);  // w1 is lost before it reports anything more
+  daemon_->Tick();
+  Reopen();
+  pb::Job j = Job(id);
+  ASSERT_EQ(j.attempts_size(), 2);
+  EXPECT_EQ(j.attempts(1).steps_lost(), 5);
+  EXPECT_EQ(j.goodput().notices(), 2);
+  EXPECT_EQ(j.goodput().notices_caught(), 1);
+}
+
 TEST_F(DaemonTest, AnExitReplayedFromTheWorkersJournalEndsTheAttemptAsItEnded) {
   std::string id = Submit();
   FakeSink w, again;

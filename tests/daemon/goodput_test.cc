@@ -83,6 +83,7 @@ TEST(GoodputTest, APreemptedThenFinishedJobSplitsAsLaidOut) {
   EXPECT_NEAR(g.queue_s, 1 + 4, 1e-9) << "created → first start, end → next start";
   ASSERT_EQ(g.recovery_s.size(), 1u);
   EXPECT_NEAR(g.recovery_s[0], 22.0 - 16.0, 1e-9) << "loss known at 16 s, first step again at 22 s";
+  EXPECT_EQ(g.recovery_after, std::vector<int64_t>{1});
 }
 
 TEST(GoodputTest, RunningQueuedAndStepLessAttempts) {
@@ -110,6 +111,7 @@ TEST(GoodputTest, RunningQueuedAndStepLessAttempts) {
   ExpectSplit(g.attempts[2], 2.5, 0, 1, 0);  // the step in flight counts as productive until it ends
   ASSERT_EQ(g.recovery_s.size(), 1u);
   EXPECT_NEAR(g.recovery_s[0], 15 - 9, 1e-9);
+  EXPECT_EQ(g.recovery_after, std::vector<int64_t>{1}) << "attempt 2 trained nothing: it recovered nothing";
   EXPECT_NEAR(g.queue_s, 1 + 1, 1e-9);
 }
 

@@ -292,11 +292,28 @@ TEST_F(HttpApiTest, JobDetailHasAttemptsPlanSpecAndPrediction) {
   EXPECT_GT(j["predicted_bytes"].get<int64_t>(), 0);
   EXPECT_THAT(j["spec_yaml"].get<std::string>(), HasSubstr("max_steps: 10"));
   EXPECT_THAT(j["output_dir"].get<std::string>(), HasSubstr("out-alpha"));
+  // Goodput (#31): the job's device-second split, and the one attempt's, which is all of it.
+  const char* kSplit[] = {"productive_s", "checkpoint_s", "restart_s", "lost_s"};
+  ASSERT_TRUE(j.contains("goodput")) << j.dump();
+  const json& g = j["goodput"];
+  for (const char* k : kSplit) {
+    ASSERT_TRUE(g[k].is_number()) << k << ": " << g.dump();
+    EXPECT_GE(g[k].get<double>(), 0) << k;
+    ASSERT_TRUE(a["goodput"][k].is_number()) << k << ": " << a.dump();
+    EXPECT_EQ(a["goodput"][k], g[k]) << k;
+  }
+  EXPECT_EQ(g["lost_s"], 0);  // a running attempt has lost nothing yet
+  EXPECT_GE(g["goodput"].get<double>(), 0);
+  EXPECT_LE(g["goodput"].get<double>(), 1);
+  EXPECT_GE(g["queue_s"].get<double>(), 0);
+  EXPECT_TRUE(g["recovery_s"].is_array() && g["recovery_s"].empty()) << g.dump();
 
   json q = GetJson("/api/jobs/" + queued_);
   EXPECT_TRUE(q["plan"].is_null());
   EXPECT_EQ(q["predicted_bytes"], 0);
   EXPECT_TRUE(q["attempts_list"].empty());
+  for (const char* k : kSplit) EXPECT_EQ(q["goodput"][k], 0) << k;
+  EXPECT_EQ(q["goodput"]["goodput"], 1);  // no device time yet
 
   for (const char* bad : {"x", "j-", "j-12a", "J-000001", "j-000001x"})
     ExpectBad(std::string("/api/jobs/") + bad, bad);
@@ -867,7 +884,9 @@ TEST_F(HttpApiTest, PrometheusMetricsPassPromtool) {
         "ftune_device_memory_bytes{worker=\"w1\",device=\"0\",kind=\"used\"} 3221225472",
         "ftune_device_memory_bytes{worker=\"w1\",device=\"0\",kind=\"total\"} 8589934592",
         "# TYPE ftune_checkpoint_duration_seconds histogram", "# TYPE ftune_recovery_seconds histogram",
-        "ftune_scheduler_tick_seconds_count 1", "# TYPE ftune_worker_message_seconds histogram"}) {
+        "# TYPE ftune_goodput_seconds_total counter", "ftune_goodput_seconds_total{category=\"lost\"} 0",
+        "ftune_pool_mtbf_seconds 3600", "ftune_scheduler_tick_seconds_count 1",
+        "# TYPE ftune_worker_message_seconds histogram"}) {
     EXPECT_THAT(m.body, HasSubstr(line));
   }
   const std::string file = dir_ + "/metrics.txt";

@@ -533,9 +533,11 @@ class FakeMetadata {
   std::thread thread_;
 };
 
-// SIGTERM or a cloud notice: checkpoint now, report "preempted", lose no step.
+// SIGTERM or a cloud notice: checkpoint now, report "preempted", lose no step. A notice is kept
+// with the attempt and counted caught (goodput's notice catch rate); a signal is no notice.
 void ExpectGracefulPreemption(const std::string& name, const std::vector<std::string>& flags,
-                              const std::function<void(Cluster&)>& trigger, const std::string& reason) {
+                              const std::function<void(Cluster&)>& trigger, const std::string& reason,
+                              bool notice) {
   Cluster c(name);
   const std::string job = c.WriteJob(name, 400, 1000);  // no periodic checkpoint: only the notice makes one
   c.StartWorker("w1", flags);
@@ -556,26 +558,50 @@ void ExpectGracefulPreemption(const std::string& name, const std::vector<std::st
   c.StartWorker("w2");
   j = c.WaitFor(id, Done, 120'000);
   ASSERT_EQ(j.state(), pb::SUCCEEDED);
+  EXPECT_EQ(j.goodput().notices(), notice ? 1 : 0);
+  EXPECT_EQ(j.goodput().notices_caught(), notice ? 1 : 0);
   EXPECT_EQ(Adapter(j.output_dir()), Adapter(c.RunReference(job)));
 }
 
 TEST(E2E, SigtermToTheWorkerCheckpointsAndLosesNoStep) {
   ExpectGracefulPreemption(
-      "sigterm", {}, [](Cluster& c) { c.worker("w1").Signal(SIGTERM); }, "SIGTERM");
+      "sigterm", {}, [](Cluster& c) { c.worker("w1").Signal(SIGTERM); }, "SIGTERM", /*notice=*/false);
 }
 
 TEST(E2E, AwsSpotNoticeCheckpointsAndLosesNoStep) {
   FakeMetadata aws;
   ExpectGracefulPreemption(
       "aws", {"--aws-metadata-url", aws.url(), "--notice-poll-ms", "200"},
-      [&](Cluster&) { aws.notice = true; }, "AWS");
+      [&](Cluster&) { aws.notice = true; }, "AWS", /*notice=*/true);
 }
 
 TEST(E2E, GcpPreemptionNoticeCheckpointsAndLosesNoStep) {
   FakeMetadata gcp;
   ExpectGracefulPreemption(
       "gcp", {"--gcp-metadata-url", gcp.url(), "--notice-poll-ms", "200"},
-      [&](Cluster&) { gcp.notice = true; }, "GCP");
+      [&](Cluster&) { gcp.notice = true; }, "GCP", /*notice=*/true);
+}
+
+// A notice the trainer cannot meet (it is frozen, so it never checkpoints within the worker's
+// 2 s stop grace): the worker kills it, steps are lost, and ftd counts the notice, not caught.
+TEST(E2E, ANoticeTheTrainerCannotMeetIsCountedButNotCaught) {
+  FakeMetadata gcp;
+  Cluster c("gcp-late");
+  const std::string job = c.WriteJob("gcp-late", 400, 1000);  // no periodic checkpoint
+  c.StartWorker("w1", {"--gcp-metadata-url", gcp.url(), "--notice-poll-ms", "200", "--stop-grace", "2"});
+  const std::string id = c.Submit(job);
+  pb::Job j = c.WaitFor(
+      id, [](const pb::Job& j) { return j.steps_done() >= 30; }, 60'000);
+  ASSERT_EQ(j.worker_id(), "w1");
+  ASSERT_EQ(std::system(("pkill -STOP -f '" + c.dir() + "[/]w-w1/' >/dev/null").c_str()), 0);
+  gcp.notice = true;
+  j = c.WaitFor(
+      id, [](const pb::Job& j) { return j.preemptions() + j.failures() >= 1; }, 60'000);
+  std::system(("pkill -CONT -f '" + c.dir() + "[/]w-w1/' >/dev/null 2>&1").c_str());
+  ASSERT_EQ(j.attempts_size(), 1) << Slurp(c.dir() + "/worker-w1.log");
+  EXPECT_GT(j.attempts(0).steps_lost(), 0) << j.attempts(0).reason();
+  EXPECT_EQ(j.goodput().notices(), 1);
+  EXPECT_EQ(j.goodput().notices_caught(), 0);
 }
 
 TEST(E2E, SlotEndingSoonYieldsWithACheckpointAndTheJobMovesOn) {

@@ -214,7 +214,8 @@ ${extra}`);
 }
 
 // The frame of a browser test: check() prints each check and throws on the
-// first that fails; shot() keeps a full-page screenshot under `out`;
+// first that fails; shot() keeps a full-page screenshot under `out`, shotOf()
+// one of an element;
 // pageWaitFor() polls a value read from the page. run(main) runs the test and
 // exits: 0 and "PASS: <title>" when main resolved, 1 and "FAIL: <reason>"
 // (with a screenshot of the page and the tail of ftd's log) when it threw.
@@ -236,6 +237,13 @@ export class BrowserTest {
   async shot(page, name) {
     const file = path.join(this.out, `${name}.png`);
     await page.screenshot({ path: file, fullPage: true });
+    this.shots.push(file);
+  }
+
+  // A screenshot of the element `selector` alone (e.g. one panel).
+  async shotOf(page, selector, name) {
+    const file = path.join(this.out, `${name}.png`);
+    await page.locator(selector).screenshot({ path: file });
     this.shots.push(file);
   }
 

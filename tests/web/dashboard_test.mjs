@@ -10,7 +10,10 @@
 //      marker on the loss chart's timeline and the job resumes on the other
 //      worker,
 //   6. cancel from the page works (it asks for the client token on 401) and
-//      the job ends cancelled.
+//      the job ends cancelled,
+//   7. the goodput panel (issue #31) shows the device time split as a stacked
+//      bar whose seconds are /api/jobs/ID's goodput, live while running and
+//      exactly once the job ended, and the kill's recovery on the timeline.
 // Screenshots of every stage are written under --out and their paths printed.
 //
 //   node dashboard_test.mjs --ftd BIN --worker BIN --ftctl BIN --train BIN
@@ -137,6 +140,20 @@ async function main() {
   await page.waitForTimeout(1000);  // one more redraw so the screenshot has the resumed run
   await shot(page, '3-job-preempted-resumed');
 
+  // 7a. Goodput while running: the kill's recovery (its end → the next attempt's first step) is
+  // listed and drawn as a band on the loss chart; the bar has productive time and the kill's cost.
+  const running = await pageWaitFor(page, 'the recovery in the goodput panel and on the timeline', () => ({
+    recoveries: [...document.querySelectorAll('#goodput .gp-recoveries li')].map((li) => Number(li.dataset.seconds)),
+    bands: window.ftune.charts.loss.ftRecoveries || [],
+    productive: Number(document.querySelector('#goodput-bar [data-part="productive_s"]').dataset.seconds),
+  }), (x) => x.recoveries.length >= 1 && x.bands.length >= 1 && x.productive > 0, cluster.lease_ms + 30000);
+  const apiRunning = (await cluster.api(`api/jobs/${id}`)).goodput;
+  check(apiRunning.recovery_s.length >= 1 && running.recoveries[0] === round1(apiRunning.recovery_s[0]),
+    `the goodput panel lists the recovery ${running.recoveries[0]} s (API ${apiRunning.recovery_s[0]} s) and the ` +
+    `loss chart draws it (${running.bands.map((b) => b.label).join(', ')})`);
+  check(apiRunning.recovery_s[0] > 0 && apiRunning.recovery_s[0] < (cluster.lease_ms / 1000) + 60,
+    `the recovery took ${apiRunning.recovery_s[0].toFixed(1)} s (lease ${cluster.lease_ms} ms)`);
+
   // 6. Cancel from the page; ftd wants the client token, the page asks for it once and keeps it.
   const dialogs = [];
   page.on('dialog', async (dialog) => {
@@ -159,6 +176,33 @@ async function main() {
   check(await page.isDisabled('#cancel'), 'the cancel button is disabled once the job ended');
   await shot(page, '4-job-cancelled');
 
+  // 7b. Goodput once the job ended: the figures are final, and the panel shows exactly the API's.
+  const apiFinal = await cluster.waitFor('every attempt of the cancelled job to have ended', async () => {
+    const job = await cluster.api(`api/jobs/${id}`);
+    return job.attempts_list.every((a) => a.outcome !== 'running' && a.ended_ms > 0) ? job.goodput : null;
+  }, 15000);
+  // The page refetches the job on the attempt's end (its "stopped" event), which may come after the cancel.
+  const parts = ['productive_s', 'checkpoint_s', 'restart_s', 'lost_s'];
+  const shown = await pageWaitFor(page, "the goodput panel to show the ended job's figures", readGoodputPanel,
+    (x) => parts.every((part) => x.parts[part] === round1(apiFinal[part])), 15000);
+  for (const part of parts) {
+    check(shown.parts[part] === round1(apiFinal[part]) && shown.legend[part] === round1(apiFinal[part]),
+      `the panel's ${part} is the API's ${apiFinal[part].toFixed(3)} s (bar ${shown.parts[part]}, ` +
+      `legend ${shown.legend[part]}, ${shown.widths[part]} wide)`);
+  }
+  const deviceTotal = parts.reduce((sum, part) => sum + apiFinal[part], 0);
+  check(apiFinal.productive_s > 0 && apiFinal.restart_s > 0 && apiFinal.lost_s > 0,
+    'the bar has productive, restart and lost time (the kill lost the steps after the last checkpoint)');
+  for (const part of parts) {
+    const expected = (100 * apiFinal[part]) / deviceTotal;
+    check(Math.abs(parseFloat(shown.widths[part]) - expected) < 0.01,
+      `the ${part} segment is ${expected.toFixed(2)}% of the bar`);
+  }
+  check(shown.line.includes(`goodput ${(100 * apiFinal.goodput).toFixed(1)}%`),
+    `the panel says "${shown.line}" (API goodput ${apiFinal.goodput.toFixed(4)}, queued ${apiFinal.queue_s} s)`);
+  check(/^1 recovery .*p50 .*max /.test(shown.recoveries), `the panel sums up the recoveries: "${shown.recoveries}"`);
+  await test.shotOf(page, '#goodput', '6-goodput-panel');
+
   // The workers page: both workers, the killed one greyed out as lost.
   await page.goto(`${cluster.url}#/workers`);
   await page.waitForSelector('body[data-rendered="workers"]', { timeout: 15000 });
@@ -170,6 +214,23 @@ async function main() {
   await shot(page, '5-workers');
 
   check(pageErrors.length === 0, `no JavaScript errors in the page${pageErrors.length ? `: ${pageErrors.join('; ')}` : ''}`);
+}
+
+function round1(x) {
+  return Number(x.toFixed(1));
+}
+
+// What the goodput panel shows: each segment's seconds and width, the legend's seconds, its text lines.
+function readGoodputPanel() {
+  const of = (selector, read) =>
+    Object.fromEntries([...document.querySelectorAll(selector)].map((n) => [n.dataset.part, read(n)]));
+  return {
+    parts: of('#goodput-bar .gp-seg', (n) => Number(n.dataset.seconds)),
+    widths: of('#goodput-bar .gp-seg', (n) => n.style.width),
+    legend: of('#goodput .gp-legend li', (n) => Number(n.querySelector('.num').dataset.seconds)),
+    line: document.querySelector('#goodput [data-field="goodput"]').textContent,
+    recoveries: document.querySelector('#goodput [data-field="recoveries"]').textContent,
+  };
 }
 
 await test.run(main);
