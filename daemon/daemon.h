@@ -170,6 +170,11 @@ class Daemon {
     Held lock(this);
     return MeanTimeBetweenPreemptions(history_.seconds, history_.preemptions);
   }
+  // That history: every ended attempt's seconds and how many ended preempted.
+  Store::AttemptTotals attempt_history() {
+    Held lock(this);
+    return history_;
+  }
   // The sum of ftd's own stalls credited to the leases (see DaemonOptions::stall_credit_after_ms).
   int64_t stall_ms_total() const { return stall_credit_ms_.load(); }
   Store& store() { return *store_; }
