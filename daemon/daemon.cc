@@ -575,13 +575,14 @@ void Daemon::EndLostAttempt(const std::string& job_id, int64_t epoch, const std:
   EndRunning(job_id, epoch, AttemptOutcomeCode::kPreempted, reason, step, /*lost=*/true);
 }
 
-void Daemon::EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcomeCode outcome,
-                        const std::string& reason, int64_t exit_step, bool lost) {
-  auto j = store_->GetJob(job_id);
-  if (!j.ok()) return;
-  auto ckpt = store_->LatestCheckpoint(job_id);
-  const int64_t committed = ckpt.ok() ? ckpt->step : 0;
-  const int64_t steps_lost = std::max<int64_t>(0, exit_step - committed);
+int64_t Daemon::StoreAttemptEnd(const std::string& job_id, int64_t epoch, AttemptOutcomeCode outcome,
+                                const std::string& reason, int64_t committed, bool lost, int64_t* exit_step) {
+  // The last progress report may lag the steps the worker already forwarded as metrics.
+  if (auto rows = store_->ListMetrics(job_id, std::max(committed, *exit_step), 0); rows.ok()) {
+    for (const MetricRow& r : *rows)
+      if (r.epoch == epoch && !r.eval_only) *exit_step = std::max(*exit_step, r.step);
+  }
+  const int64_t steps_lost = std::max<int64_t>(0, *exit_step - committed);
   if (auto attempts = store_->ListAttempts(job_id); attempts.ok()) {  // M's history (checkpoint.every auto)
     for (const AttemptRow& a : *attempts) {
       if (a.epoch != epoch || a.outcome != AttemptOutcomeCode::kRunning) continue;
@@ -594,11 +595,25 @@ void Daemon::EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcome
     notice_ms = n->second;
     notices_.erase(n);
   }
-  const Status ended = store_->EndAttempt(job_id, epoch, outcome, reason, exit_step,
+  const Status ended = store_->EndAttempt(job_id, epoch, outcome, reason, *exit_step,
                                           outcome == AttemptOutcomeCode::kFinished ? 0 : steps_lost,
                                           clock_->WallMs(), lost, notice_ms);
   Check(ended, "end attempt");
   if (ended.ok()) CountGoodput(job_id, epoch);
+  return steps_lost;
+}
+
+void Daemon::EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcomeCode outcome,
+                        const std::string& reason, int64_t exit_step, bool lost) {
+  auto j = store_->GetJob(job_id);
+  if (!j.ok()) return;
+  // A cancelled job's attempt stopped because the user asked: no preemption (M, goodput).
+  if (j->state == JobStateCode::kCancelled && outcome == AttemptOutcomeCode::kPreempted) {
+    outcome = AttemptOutcomeCode::kCancelled;
+  }
+  auto ckpt = store_->LatestCheckpoint(job_id);
+  const int64_t committed = ckpt.ok() ? ckpt->step : 0;
+  const int64_t steps_lost = StoreAttemptEnd(job_id, epoch, outcome, reason, committed, lost, &exit_step);
   auto current = running_epoch_.find(job_id);
   if (current == running_epoch_.end() || current->second != epoch) {
     // A superseded attempt (e.g. one left marked running by a crash between

@@ -307,6 +307,10 @@ class Daemon {
   }
   // Adds the ended attempt `epoch` of `job_id` to goodput_total_.
   void CountGoodput(const std::string& job_id, int64_t epoch);
+  // EndRunning's record of the attempt's end: its last step (*exit_step, raised to the steps it
+  // forwarded), steps lost past `committed` (returned), loss and notice, M's history, /metrics.
+  int64_t StoreAttemptEnd(const std::string& job_id, int64_t epoch, AttemptOutcomeCode outcome,
+                          const std::string& reason, int64_t committed, bool lost, int64_t* exit_step);
   // The job's goodput from its stored attempts, step times and checkpoints (daemon/goodput.h).
   StatusOr<JobGoodput> GoodputOf(const JobRow& job);
   // `out` (ToProto of `job`) with its goodput filled in.

@@ -40,9 +40,18 @@ bool EndedByItself(const AttemptRow& a) {
 }
 
 // One attempt's device time, split; `first_step_end_ms` receives its first step's end (0: none).
+// The step an ended attempt's work survives through: the newest checkpoint committed by its end
+// (its last progress report may lag behind both its steps and its checkpoints).
+int64_t ResumePointAtEnd(const AttemptRow& a, const std::vector<CheckpointRow>& checkpoints) {
+  int64_t step = 0;
+  for (const CheckpointRow& c : checkpoints)
+    if (c.committed_ms <= a.ended_ms) step = std::max(step, c.step);
+  return step;
+}
+
 GoodputSplit SplitAttempt(const AttemptRow& a, const std::vector<StepTime>& steps,
-                          const std::set<std::pair<int64_t, int64_t>>& checkpointed, int64_t now_ms,
-                          double* first_step_end_ms) {
+                          const std::set<std::pair<int64_t, int64_t>>& checkpointed, int64_t survives,
+                          int64_t now_ms, double* first_step_end_ms) {
   const auto t0 = static_cast<double>(a.started_ms);
   const double t1 =
       std::max(t0, static_cast<double>(a.outcome == AttemptOutcomeCode::kRunning ? now_ms : a.ended_ms));
@@ -55,10 +64,6 @@ GoodputSplit SplitAttempt(const AttemptRow& a, const std::vector<StepTime>& step
   }
   const auto clamp = [t0, t1](double t) { return std::min(t1, std::max(t0, t)); };
   const double first_start = clamp(steps.front().start_ms);
-  // A running attempt's steps count as surviving until it ends.
-  const int64_t survives = a.outcome == AttemptOutcomeCode::kRunning    ? INT64_MAX
-                           : a.outcome == AttemptOutcomeCode::kFinished ? a.end_step
-                                                                        : a.end_step - a.steps_lost;
   double surviving_end = first_start, waits = 0;
   for (size_t i = 0; i < steps.size() && steps[i].step <= survives; ++i) {
     surviving_end = std::max(surviving_end, clamp(steps[i].end_ms));
@@ -96,8 +101,12 @@ JobGoodput ComputeGoodput(const JobRow& job, const std::vector<AttemptRow>& atte
     g.queue_s += static_cast<double>(std::max<int64_t>(0, a.started_ms - queued_since)) / 1000.0;
     const auto it = steps.find(a.epoch);
     double first_step_end_ms = 0;
+    // A running attempt's steps count as surviving until it ends; a finished one's all do.
+    const int64_t survives = a.outcome == AttemptOutcomeCode::kRunning    ? INT64_MAX
+                             : a.outcome == AttemptOutcomeCode::kFinished ? INT64_MAX
+                                                                          : ResumePointAtEnd(a, checkpoints);
     const GoodputSplit s = SplitAttempt(a, it == steps.end() ? std::vector<StepTime>() : it->second,
-                                        checkpointed, now_ms, &first_step_end_ms);
+                                        checkpointed, survives, now_ms, &first_step_end_ms);
     g.attempts.push_back(s);
     g.device.Add(s);
     if (a.notice_ms > 0 && a.outcome != AttemptOutcomeCode::kRunning) {

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <map>
 
+#include "engine/job/checkpoint_interval.h"
+
 namespace ft {
 
 namespace pb = ftune::v1;
@@ -190,6 +192,16 @@ json WorkerJson(const pb::WorkerInfo& w) {
           {"host_total_bytes", w.host_total_bytes()},
           {"host_free_bytes", w.host_free_bytes()},
           {"devices", std::move(devices)}};
+}
+
+json PoolJson(const Store::AttemptTotals& history) {
+  const double per_hour =
+      history.seconds > 0 ? static_cast<double>(history.preemptions) / (history.seconds / 3600.0) : 0.0;
+  return {{"attempt_seconds", history.seconds},
+          {"preemptions", history.preemptions},
+          {"preemptions_per_hour", per_hour},
+          {"mtbf_s", MeanTimeBetweenPreemptions(history.seconds, history.preemptions)},
+          {"mtbf_is_prior", history.preemptions == 0}};
 }
 
 }  // namespace ft

@@ -42,5 +42,11 @@ nlohmann::json MetricJson(const ftune::v1::MetricPoint& p, const std::string& jo
 nlohmann::json MetricJson(const MetricRow& m);
 nlohmann::json DeviceMemoryJson(const DeviceMemoryRow& d);
 nlohmann::json WorkerJson(const ftune::v1::WorkerInfo& w);
+// The pool's preemption figures (one pool today: every worker of this ftd),
+// from ftd's attempt history: attempt_seconds, preemptions,
+// preemptions_per_hour (0 when no attempt time), mtbf_s (checkpoint.every
+// auto's M, MeanTimeBetweenPreemptions) and mtbf_is_prior (no preemption yet:
+// M is the prior, or the time seen without one).
+nlohmann::json PoolJson(const Store::AttemptTotals& history);
 
 }  // namespace ft

@@ -2,6 +2,9 @@
 // its host memory (what cpu_offload / paged_adamw / activation offload use), current job, slot time left and last heartbeat; lost workers are greyed.
 // Loads /api/workers once, then applies the stream's `workers` messages row by
 // row; a one-second timer keeps "ago" and "left" texts current.
+// Above the table, the Pool panel: the preemption rate and the mean time
+// between preemptions M over ftd's attempt history (the response's `pool`,
+// issue #31), which checkpoint.every: auto uses. One pool: every worker of this ftd.
 
 import { getJSON, openStream } from './api.js';
 import { el, setText, ago, bytes, duration } from './format.js';
@@ -12,11 +15,13 @@ export function mountWorkers(root, _query, app) {
   const summary = el('p', { class: 'status' }, 'Loading workers…');
   const empty = el('p', { class: 'empty', hidden: true },
     'No workers have registered. Start one with: ft-worker --daemon HOST:PORT');
+  const pool = poolPanel();
   let closeStream = null;
   let disposed = false;
   root.replaceChildren(
     el('section', { class: 'workers' },
       summary,
+      pool.panel,
       el('table', { class: 'grid workers-table' },
         el('thead', {}, el('tr', {},
           ...['Worker', 'Devices', 'Job', 'Slot left', 'Last heartbeat'].map((h) => el('th', {}, h)))),
@@ -106,7 +111,13 @@ export function mountWorkers(root, _query, app) {
       const list = await getJSON('api/workers');
       if (disposed) return;
       apply(list.workers);
-      closeStream = openStream('', { workers: (msg) => apply(msg.workers) });
+      pool.show(list.pool);
+      closeStream = openStream('', {
+        workers: (msg) => {
+          apply(msg.workers);
+          pool.show(msg.pool);
+        },
+      });
       app.rendered('workers', rows.size);
     } catch (err) {
       summary.textContent = `Could not load workers: ${err.message}`;
@@ -119,4 +130,40 @@ export function mountWorkers(root, _query, app) {
     clearInterval(timer);
     if (closeStream) closeStream();
   };
+}
+
+// "41.0 min", as ftd writes M in its events and `ftctl status`.
+function minutes(seconds) {
+  return `${(seconds / 60).toFixed(1)} min`;
+}
+
+// The Pool panel: preemptions per hour, M, and the attempt time they come from.
+// show(pool) fills it from /api/workers' `pool`; hidden while there is none (an older ftd).
+function poolPanel() {
+  const field = (name) => el('dd', { 'data-field': name });
+  const fields = { rate: field('rate'), mtbf: field('mtbf'), history: field('history') };
+  const panel = el('section', { class: 'panel pool', id: 'pool', hidden: true },
+    el('h2', {}, 'Pool'),
+    el('dl', { class: 'summary' },
+      el('dt', {}, 'Preemptions per hour'), fields.rate,
+      el('dt', {}, 'Mean time between preemptions'), fields.mtbf,
+      el('dt', {}, 'From'), fields.history),
+    el('p', { class: 'note' },
+      'M is what checkpoint.every: auto uses: each job checkpoints about every √(2·C·M), ' +
+      'C its measured checkpoint write time. One pool: every worker of this ftd.'));
+
+  function show(p) {
+    panel.hidden = !p;
+    if (!p) return;
+    const rate = p.preemptions_per_hour;
+    setText(fields.rate, rate.toFixed(rate < 10 ? 2 : 1));
+    fields.rate.dataset.value = rate;
+    setText(fields.mtbf, p.mtbf_is_prior ? `${minutes(p.mtbf_s)} (prior: no preemption yet)` : minutes(p.mtbf_s));
+    fields.mtbf.dataset.seconds = p.mtbf_s;
+    fields.mtbf.dataset.prior = p.mtbf_is_prior;
+    setText(fields.history, `${p.preemptions} preemption${p.preemptions === 1 ? '' : 's'} in ` +
+      `${duration(p.attempt_seconds)} of attempts`);
+    fields.history.dataset.preemptions = p.preemptions;
+  }
+  return { panel, show };
 }

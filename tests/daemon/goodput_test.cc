@@ -90,23 +90,30 @@ TEST(GoodputTest, RunningQueuedAndStepLessAttempts) {
   // A stop with a notice that made its checkpoint (nothing lost): the tail is the final save.
   std::vector<AttemptRow> attempts = {Attempt(1, 0, 9000, AttemptOutcomeCode::kPreempted, 0, 5, 0)};
   std::vector<MetricRow> metrics;
-  Steps(&metrics, 1, 1, 5, 1000);  // 1 s → 6 s
-  JobGoodput g = ComputeGoodput(Job(JobStateCode::kQueued), attempts, metrics, {}, 20000);
+  Steps(&metrics, 1, 1, 5, 1000);                                               // 1 s → 6 s
+  const std::vector<CheckpointRow> at_stop = {{"j", 1, 5, "", "", 0.1, 8900}};  // the stop's checkpoint
+  JobGoodput g = ComputeGoodput(Job(JobStateCode::kQueued), attempts, metrics, at_stop, 20000);
   ExpectSplit(g.device, 5, 3, 1, 0);
   EXPECT_NEAR(g.queue_s, 11, 1e-9) << "queued since 9 s, now 20 s";
   EXPECT_TRUE(g.recovery_s.empty()) << "no step since";
 
   // The same end found by ftd (lease lost after the checkpoint at step 5): the tail is lost.
   attempts[0].lost = true;
-  g = ComputeGoodput(Job(JobStateCode::kQueued), attempts, metrics, {}, 20000);
+  g = ComputeGoodput(Job(JobStateCode::kQueued), attempts, metrics, at_stop, 20000);
   ExpectSplit(g.device, 5, 0, 1, 3);
+  // Its steps survive through the newest checkpoint committed by its end, whatever its last
+  // progress report said (end_step may lag): one at step 3 only, so steps 4 and 5 are lost.
+  attempts[0].end_step = 1;
+  g = ComputeGoodput(Job(JobStateCode::kQueued), attempts, metrics, {{"j", 1, 3, "", "", 0.1, 4500}}, 20000);
+  ExpectSplit(g.device, 3, 0, 1, 5);
 
   // A second attempt that died before its first step, then a running third one: recovery from
   // the first preemption to the third attempt's first step; the running one counts up to now.
   attempts.push_back(Attempt(2, 10000, 12000, AttemptOutcomeCode::kPreempted, 5, 5, 0, 1, true));
   attempts.push_back(Attempt(3, 13000, 0, AttemptOutcomeCode::kRunning, 5, 7, 0));
   Steps(&metrics, 3, 6, 7, 14000);  // 15 s, 16 s
-  g = ComputeGoodput(Job(JobStateCode::kRunning), attempts, metrics, {}, 16500);
+  attempts[0].end_step = 5;
+  g = ComputeGoodput(Job(JobStateCode::kRunning), attempts, metrics, at_stop, 16500);
   ExpectSplit(g.attempts[1], 0, 0, 2, 0);
   ExpectSplit(g.attempts[2], 2.5, 0, 1, 0);  // the step in flight counts as productive until it ends
   ASSERT_EQ(g.recovery_s.size(), 1u);

@@ -460,6 +460,40 @@ TEST_F(HttpApiTest, WorkersShowDevicesAndTheRunningJob) {
   ExpectBad("/api/workers?all=1", "all");
 }
 
+TEST_F(HttpApiTest, WorkersPoolShowsThePriorUntilAPreemptionThenTheMeasuredMtbf) {
+  Serve();
+  // No attempt has ended: M is the 1-hour prior (checkpoint.every auto, engine/job/checkpoint_interval.h).
+  json pool = GetJson("/api/workers")["pool"];
+  for (const char* key :
+       {"attempt_seconds", "preemptions", "preemptions_per_hour", "mtbf_s", "mtbf_is_prior"}) {
+    EXPECT_TRUE(pool.contains(key)) << key << " in " << pool.dump();
+  }
+  EXPECT_EQ(pool["attempt_seconds"], 0.0);
+  EXPECT_EQ(pool["preemptions"], 0);
+  EXPECT_EQ(pool["preemptions_per_hour"], 0.0);
+  EXPECT_EQ(pool["mtbf_s"], 3600.0);
+  EXPECT_TRUE(pool["mtbf_is_prior"].get<bool>());
+
+  // The running attempt ends preempted: M is its wall time, the rate one per that time.
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the attempt lasts a measurable time
+  pb::WorkerMessage m;
+  pb::AttemptExited* e = m.mutable_exited();
+  e->set_job_id(running_);
+  e->set_epoch(epoch_);
+  e->set_outcome(pb::ATTEMPT_PREEMPTED);
+  e->set_step(4);
+  e->set_reason("spot reclaimed");
+  daemon_->OnWorkerMessage("w1", &sink_, m);
+  pool = GetJson("/api/workers")["pool"];
+  const double seconds = pool["attempt_seconds"].get<double>();
+  EXPECT_GT(seconds, 0.0);
+  EXPECT_LT(seconds, 600.0);
+  EXPECT_EQ(pool["preemptions"], 1);
+  EXPECT_DOUBLE_EQ(pool["mtbf_s"].get<double>(), seconds);
+  EXPECT_DOUBLE_EQ(pool["preemptions_per_hour"].get<double>(), 3600.0 / seconds);
+  EXPECT_FALSE(pool["mtbf_is_prior"].get<bool>());
+}
+
 TEST_F(HttpApiTest, TokensGuardActionsAndOptionallyViewing) {
   Serve({.client_token = "act", .view_token = "look"});
   EXPECT_EQ(Get("/api/jobs").status, 401);
@@ -676,8 +710,10 @@ TEST_F(HttpApiTest, StreamDeliversLiveJobEventMetricAndWorkerUpdates) {
   ASSERT_TRUE(sse.ReadUntil("retry:", std::chrono::seconds(5))) << sse.text();
   EXPECT_THAT(sse.text(), HasSubstr("Content-Type: text/event-stream"));
   ASSERT_TRUE(Eventually([&] { return server_->open_streams() == 1; }));
-  // Workers come within a period.
-  ASSERT_TRUE(sse.ReadUntil("event: workers\ndata: {\"workers\":[{", std::chrono::seconds(5))) << sse.text();
+  // Workers come within a period, with the pool's figures as in GET /api/workers (keys in order).
+  ASSERT_TRUE(sse.ReadUntil("event: workers\ndata: {\"pool\":{\"attempt_seconds\"", std::chrono::seconds(5)))
+      << sse.text();
+  ASSERT_TRUE(sse.ReadUntil("\"workers\":[{", std::chrono::seconds(5))) << sse.text();
   // A live change: the queued job is cancelled.
   ASSERT_TRUE(daemon_->Cancel(queued_).ok());
   ASSERT_TRUE(sse.ReadUntil("\"kind\":\"cancelled\"", std::chrono::seconds(5))) << sse.text();

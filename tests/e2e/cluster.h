@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/types.h>
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -77,5 +78,18 @@ class Cluster {
   std::map<std::string, Proc> workers_;
   std::unique_ptr<JobsClient> client_;
 };
+
+// Whether the job reached a final state (succeeded, failed, cancelled).
+inline bool Done(const ftune::v1::Job& j) {
+  return j.state() == ftune::v1::SUCCEEDED || j.state() == ftune::v1::FAILED ||
+         j.state() == ftune::v1::CANCELLED;
+}
+
+// The wall clock in Unix milliseconds (what ftd stamps attempts with).
+inline int64_t WallMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 
 }  // namespace ft::e2e

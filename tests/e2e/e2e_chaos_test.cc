@@ -42,10 +42,6 @@ int64_t EnvInt(const char* name, int64_t fallback) {
   return v && *v ? std::strtoll(v, nullptr, 10) : fallback;
 }
 
-bool Done(const pb::Job& j) {
-  return j.state() == pb::SUCCEEDED || j.state() == pb::FAILED || j.state() == pb::CANCELLED;
-}
-
 // Signals a node's trainers (the ft-train processes under its work dir).
 void SignalTrainers(Cluster& c, const std::string& id, int sig) {
   std::system(

@@ -25,10 +25,6 @@ using testing_support::FreeLoopbackPort;
 
 std::string Adapter(const std::string& out) { return Slurp(out + "/adapter/adapter_model.safetensors"); }
 
-bool Done(const pb::Job& j) {
-  return j.state() == pb::SUCCEEDED || j.state() == pb::FAILED || j.state() == pb::CANCELLED;
-}
-
 // A worker that can hold ranks: reachable on loopback, rendezvous ports of its own (a range, so
 // that an epoch whose port another process took moves to another one).
 Proc& StartRankWorker(Cluster& c, const std::string& id) {

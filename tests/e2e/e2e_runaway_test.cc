@@ -38,10 +38,6 @@ constexpr double kStatedDeadlineS = 10 + 5;
 // The worker's exit polling (200 ms), its report and a loaded 2-core machine.
 constexpr double kSlackS = 3;
 
-bool Done(const pb::Job& j) {
-  return j.state() == pb::SUCCEEDED || j.state() == pb::FAILED || j.state() == pb::CANCELLED;
-}
-
 // The ft-train processes that run an attempt of job `id` on worker `worker`
 // (their command line names the job file the worker wrote for it).
 std::vector<pid_t> TrainerPids(const Cluster& c, const std::string& worker, const std::string& id) {

@@ -24,17 +24,7 @@ namespace pb = ftune::v1;
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
 
-int64_t WallMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 std::string Adapter(const std::string& out) { return Slurp(out + "/adapter/adapter_model.safetensors"); }
-
-bool Done(const pb::Job& j) {
-  return j.state() == pb::SUCCEEDED || j.state() == pb::FAILED || j.state() == pb::CANCELLED;
-}
 
 // Kills a worker and every trainer it started: what a node loss looks like.
 void KillNode(Cluster& c, const std::string& id, int sig = SIGKILL) {

@@ -44,6 +44,8 @@ namespace {
 
 namespace pb = ftune::v1;
 using e2e::Cluster;
+using e2e::Done;
+using e2e::WallMs;
 using ::testing::HasSubstr;
 using testing_support::Slurp;
 using testing_support::TempPath;
@@ -58,16 +60,6 @@ constexpr int64_t kKillWaitMs = 30'000;  // slurm_cluster.cc's KillWait
 // time-limit job before its slot end), so a Pacer also holds each job to
 // this length at the most.
 constexpr double kTrainSeconds = 70;
-
-int64_t WallMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-bool Done(const pb::Job& j) {
-  return j.state() == pb::SUCCEEDED || j.state() == pb::FAILED || j.state() == pb::CANCELLED;
-}
 
 // The job's n-th attempt (from 0); an empty one when it has not that many.
 pb::Attempt Nth(const pb::Job& j, int n) { return n < j.attempts_size() ? j.attempts(n) : pb::Attempt(); }

@@ -13,7 +13,9 @@
 //      the job ends cancelled,
 //   7. the goodput panel (issue #31) shows the device time split as a stacked
 //      bar whose seconds are /api/jobs/ID's goodput, live while running and
-//      exactly once the job ended, and the kill's recovery on the timeline.
+//      exactly once the job ended, and the kill's recovery on the timeline,
+//   8. the workers page's Pool panel (issue #31) counts the kill's preemption
+//      and shows the mean time between preemptions M that /api/workers reports.
 // Screenshots of every stage are written under --out and their paths printed.
 //
 //   node dashboard_test.mjs --ftd BIN --worker BIN --ftctl BIN --train BIN
@@ -212,6 +214,33 @@ async function main() {
   const hostLine = await page.textContent(`tr[data-worker-id="${other}"] .c-worker .reason`);
   check(/host memory .* free of /.test(hostLine), `${other} shows the host memory it reports (${hostLine})`);
   await shot(page, '5-workers');
+
+  // 8. The Pool panel: the kill's preemption counted, M as /api/workers' pool says (every attempt
+  // has ended, so the history no longer moves; the panel follows it through the stream).
+  const pool = await cluster.waitFor('the Pool panel to show the preemption and the API\'s M', async () => {
+    const api = (await cluster.api('api/workers')).pool;
+    const shown = await page.evaluate(() => {
+      const field = (name) => document.querySelector(`#pool [data-field="${name}"]`);
+      return field('mtbf') && {
+        visible: !document.getElementById('pool').hidden,
+        preemptions: Number(field('history').dataset.preemptions),
+        rate: field('rate').textContent,
+        mtbf: field('mtbf').textContent,
+        history: field('history').textContent,
+      };
+    });
+    const ready = api && shown && shown.visible && shown.preemptions === api.preemptions && api.preemptions >= 1 &&
+      shown.mtbf === `${(api.mtbf_s / 60).toFixed(1)} min`;
+    return ready ? { api, shown } : null;
+  }, 15000);
+  check(pool.shown.preemptions >= 1 && !pool.api.mtbf_is_prior,
+    `the Pool panel counts ${pool.shown.preemptions} preemption(s): "${pool.shown.history}"`);
+  check(pool.shown.mtbf === `${(pool.api.mtbf_s / 60).toFixed(1)} min`,
+    `the Pool panel's M is "${pool.shown.mtbf}" (API mtbf_s ${pool.api.mtbf_s.toFixed(1)} s = ` +
+    `${pool.api.attempt_seconds.toFixed(1)} s of attempts / ${pool.api.preemptions})`);
+  check(Math.abs(Number(pool.shown.rate) - pool.api.preemptions_per_hour) < 0.1,
+    `the Pool panel shows ${pool.shown.rate} preemptions per hour (API ${pool.api.preemptions_per_hour.toFixed(3)})`);
+  await test.shotOf(page, '#pool', '7-pool-panel');
 
   check(pageErrors.length === 0, `no JavaScript errors in the page${pageErrors.length ? `: ${pageErrors.join('; ')}` : ''}`);
 }
