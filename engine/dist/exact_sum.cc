@@ -154,7 +154,11 @@ void ExactSum<T>::Round(T* out) const {
       const int64_t* bin = &bins_[static_cast<size_t>(2 * k)];
       constexpr auto kHigh = static_cast<double>(int64_t{1} << kBinBits);
       const double whole = static_cast<double>(bin[0]) * kHigh + static_cast<double>(bin[1]);
-      out[k] = static_cast<T>(place(whole, top));
+      const double sum = place(whole, top);
+      // Past T's range the sum is infinite (a cast would be undefined there).
+      out[k] = std::fabs(sum) <= std::numeric_limits<T>::max()
+                   ? static_cast<T>(sum)
+                   : std::copysign(std::numeric_limits<T>::infinity(), static_cast<T>(sum > 0 ? 1 : -1));
     }
   }
 }

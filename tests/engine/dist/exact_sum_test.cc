@@ -155,6 +155,18 @@ TEST(ExactSumTest, ANaNOrInfinityOnOneRankIsNaNOnEveryRank) {
   }
 }
 
+TEST(ExactSumTest, ASumPastFloatsRangeIsInfinite) {
+  const float big = std::numeric_limits<float>::max();
+  ExactSum<float> s(2);
+  const float a[2] = {big, -big}, b[2] = {big, -big * 0.5f};
+  s.Add(a);
+  s.Add(b);
+  float out[2] = {0, 0};
+  s.Round(out);
+  EXPECT_EQ(out[0], std::numeric_limits<float>::infinity());
+  EXPECT_EQ(out[1], -std::numeric_limits<float>::infinity());
+}
+
 TEST(ExactSumTest, DoublesToo) {
   // Loss sums: 1 + 2^-60 then -1 gives 2^-60 exactly, in any order (a double sum in this order: 0).
   const std::vector<std::vector<double>> v = {{1.0}, {std::ldexp(1.0, -60)}, {-1.0}};
