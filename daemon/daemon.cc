@@ -433,9 +433,14 @@ Status Daemon::AddGoodput(const JobRow& job, pb::Job* out) {
 }
 
 StatusOr<pb::Job> Daemon::GetJob(const std::string& id) {
-  Held lock(this);
-  FT_ASSIGN_OR_RETURN(JobRow j, store_->GetJob(id));
-  FT_ASSIGN_OR_RETURN(pb::Job out, ToProto(j));
+  JobRow j;
+  pb::Job out;
+  {
+    Held lock(this);
+    FT_ASSIGN_OR_RETURN(j, store_->GetJob(id));
+    FT_ASSIGN_OR_RETURN(out, ToProto(j));
+  }
+  // Goodput reads only the store (its own lock): a long step history never holds the daemon's.
   FT_RETURN_IF_ERROR(AddGoodput(j, &out));
   return out;
 }
@@ -443,13 +448,18 @@ StatusOr<pb::Job> Daemon::GetJob(const std::string& id) {
 StatusOr<pb::ListJobsReply> Daemon::ListJobs(const pb::ListJobsRequest& req) {
   std::vector<JobStateCode> states;
   for (int s : req.states()) states.push_back(static_cast<JobStateCode>(s));
-  Held lock(this);
-  FT_ASSIGN_OR_RETURN(auto jobs, store_->ListJobs(states, req.limit()));
+  std::vector<JobRow> jobs;
   pb::ListJobsReply reply;
-  for (const JobRow& j : jobs) {
-    pb::Job* out = reply.add_jobs();
-    FT_ASSIGN_OR_RETURN(*out, ToProto(j));
-    if (req.with_goodput()) FT_RETURN_IF_ERROR(AddGoodput(j, out));
+  {
+    Held lock(this);
+    FT_ASSIGN_OR_RETURN(jobs, store_->ListJobs(states, req.limit()));
+    for (const JobRow& j : jobs) {
+      FT_ASSIGN_OR_RETURN(*reply.add_jobs(), ToProto(j));
+    }
+  }
+  if (!req.with_goodput()) return reply;
+  for (size_t i = 0; i < jobs.size(); ++i) {  // outside the daemon's lock, as in GetJob
+    FT_RETURN_IF_ERROR(AddGoodput(jobs[i], reply.mutable_jobs(static_cast<int>(i))));
   }
   return reply;
 }

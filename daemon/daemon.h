@@ -313,7 +313,8 @@ class Daemon {
                           const std::string& reason, int64_t committed, bool lost, int64_t* exit_step);
   // The job's goodput from its stored attempts, step times and checkpoints (daemon/goodput.h).
   StatusOr<JobGoodput> GoodputOf(const JobRow& job);
-  // `out` (ToProto of `job`) with its goodput filled in.
+  // `out` (ToProto of `job`) with its goodput filled in. Reads only the store and the clock:
+  // callers need not (and should not) hold the daemon's lock.
   Status AddGoodput(const JobRow& job, ftune::v1::Job* out);
   // OnRegister's steps. AdoptSession: the session takes the registration's
   // facts and the worker's row is stored (its error when the store refuses
