@@ -390,16 +390,6 @@ StatusOr<pb::Job> Daemon::ToProto(const JobRow& j) {
   return out;
 }
 
-void Daemon::CountGoodput(const std::string& job_id, int64_t epoch) {
-  auto job = store_->GetJob(job_id);
-  auto attempts = job.ok() ? store_->ListAttempts(job_id) : job.status();
-  auto g = job.ok() ? GoodputOf(*job) : job.status();
-  if (!attempts.ok() || !g.ok()) return;  // only /metrics' counters miss it; GetJob recomputes
-  for (size_t i = 0; i < attempts->size() && i < g->attempts.size(); ++i) {
-    if ((*attempts)[i].epoch == epoch) goodput_total_.Add(g->attempts[i]);
-  }
-}
-
 StatusOr<JobGoodput> Daemon::GoodputOf(const JobRow& job) {
   FT_ASSIGN_OR_RETURN(auto attempts, store_->ListAttempts(job.id));
   FT_ASSIGN_OR_RETURN(auto metrics, store_->ListMetrics(job.id, 0, 0));
@@ -587,29 +577,41 @@ void Daemon::EndLostAttempt(const std::string& job_id, int64_t epoch, const std:
 
 int64_t Daemon::StoreAttemptEnd(const std::string& job_id, int64_t epoch, AttemptOutcomeCode outcome,
                                 const std::string& reason, int64_t committed, bool lost, int64_t* exit_step) {
-  // The last progress report may lag the steps the worker already forwarded as metrics.
-  if (auto rows = store_->ListMetrics(job_id, std::max(committed, *exit_step), 0); rows.ok()) {
+  auto attempts = store_->ListAttempts(job_id);
+  const AttemptRow* running = nullptr;
+  if (attempts.ok()) {
+    for (const AttemptRow& a : *attempts)
+      if (a.epoch == epoch && a.outcome == AttemptOutcomeCode::kRunning) running = &a;
+  }
+  // This attempt's step rows: its last progress report may lag the steps the worker forwarded.
+  auto rows = store_->ListMetrics(job_id, running != nullptr ? running->start_step : committed, 0);
+  if (rows.ok()) {
     for (const MetricRow& r : *rows)
       if (r.epoch == epoch && !r.eval_only) *exit_step = std::max(*exit_step, r.step);
   }
   const int64_t steps_lost = std::max<int64_t>(0, *exit_step - committed);
-  if (auto attempts = store_->ListAttempts(job_id); attempts.ok()) {  // M's history (checkpoint.every auto)
-    for (const AttemptRow& a : *attempts) {
-      if (a.epoch != epoch || a.outcome != AttemptOutcomeCode::kRunning) continue;
-      history_.seconds += static_cast<double>(std::max<int64_t>(0, clock_->WallMs() - a.started_ms)) / 1000.0;
-      history_.preemptions += outcome == AttemptOutcomeCode::kPreempted ? 1 : 0;
-    }
-  }
   int64_t notice_ms = 0;
   if (auto n = notices_.find(job_id); n != notices_.end()) {
     notice_ms = n->second;
     notices_.erase(n);
   }
-  const Status ended = store_->EndAttempt(job_id, epoch, outcome, reason, *exit_step,
-                                          outcome == AttemptOutcomeCode::kFinished ? 0 : steps_lost,
-                                          clock_->WallMs(), lost, notice_ms);
-  Check(ended, "end attempt");
-  if (ended.ok()) CountGoodput(job_id, epoch);
+  const int64_t now = clock_->WallMs();
+  AttemptRow ended = running != nullptr ? *running : AttemptRow{};
+  ended.outcome = outcome;
+  ended.ended_ms = now;
+  ended.end_step = *exit_step;
+  ended.steps_lost = outcome == AttemptOutcomeCode::kFinished ? 0 : steps_lost;
+  ended.lost = lost;
+  ended.notice_ms = notice_ms;
+  const Status stored = store_->EndAttempt(job_id, epoch, outcome, reason, ended.end_step, ended.steps_lost,
+                                           now, lost, notice_ms);
+  Check(stored, "end attempt");
+  if (running == nullptr || !stored.ok()) return steps_lost;
+  // M's history (checkpoint.every auto) and /metrics' goodput counters take the attempt as ended.
+  history_.seconds += static_cast<double>(std::max<int64_t>(0, now - ended.started_ms)) / 1000.0;
+  history_.preemptions += outcome == AttemptOutcomeCode::kPreempted ? 1 : 0;
+  auto checkpoints = store_->ListCheckpointRows(job_id);
+  if (rows.ok() && checkpoints.ok()) goodput_total_.Add(AttemptGoodput(ended, *rows, *checkpoints, now));
   return steps_lost;
 }
 

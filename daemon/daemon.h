@@ -48,7 +48,6 @@
 #include "daemon/latency.h"
 #include "daemon/scheduler.h"
 #include "daemon/store.h"
-#include "engine/job/checkpoint_interval.h"
 #include "proto/ftune.pb.h"
 
 namespace ft {
@@ -165,12 +164,8 @@ class Daemon {
     Held lock(this);
     return goodput_total_;
   }
-  // M of checkpoint.every auto: the mean time between preemptions over ftd's attempt history.
-  double mtbf_seconds() {
-    Held lock(this);
-    return MeanTimeBetweenPreemptions(history_.seconds, history_.preemptions);
-  }
-  // That history: every ended attempt's seconds and how many ended preempted.
+  // Every ended attempt's seconds and how many ended preempted: M of checkpoint.every auto is
+  // MeanTimeBetweenPreemptions of them (engine/job/checkpoint_interval.h).
   Store::AttemptTotals attempt_history() {
     Held lock(this);
     return history_;
@@ -305,8 +300,6 @@ class Daemon {
     auto [it, added] = notices_.emplace(job_id, notice_ms);
     if (!added) it->second = std::min(it->second, notice_ms);
   }
-  // Adds the ended attempt `epoch` of `job_id` to goodput_total_.
-  void CountGoodput(const std::string& job_id, int64_t epoch);
   // EndRunning's record of the attempt's end: its last step (*exit_step, raised to the steps it
   // forwarded), steps lost past `committed` (returned), loss and notice, M's history, /metrics.
   int64_t StoreAttemptEnd(const std::string& job_id, int64_t epoch, AttemptOutcomeCode outcome,

@@ -336,10 +336,10 @@ void Daemon::OnExited(const std::string& worker_id, Session& s, const pb::Attemp
           e.step());
     return;
   }
+  if (e.notice_ms() > 0) NoticeFor(e.job_id(), e.notice_ms());  // every rank's report too
   if (auto gang = gangs_.find(e.job_id()); gang != gangs_.end() && gang->second.epoch == e.epoch()) {
     return OnRankExited(worker_id, s, gang->second, e);
   }
-  if (e.notice_ms() > 0) NoticeFor(e.job_id(), e.notice_ms());
   AttemptOutcomeCode outcome = ToOutcomeCode(e.outcome());
   EndRunning(e.job_id(), e.epoch(), outcome, e.reason(), e.step());
   if (s.running_job == e.job_id()) {

@@ -39,16 +39,25 @@ bool EndedByItself(const AttemptRow& a) {
          a.outcome == AttemptOutcomeCode::kCancelled;
 }
 
-// One attempt's device time, split; `first_step_end_ms` receives its first step's end (0: none).
-// The step an ended attempt's work survives through: the newest checkpoint committed by its end
-// (its last progress report may lag behind both its steps and its checkpoints).
-int64_t ResumePointAtEnd(const AttemptRow& a, const std::vector<CheckpointRow>& checkpoints) {
+// The step the attempt's work survives through: every step while it runs or once it finished;
+// else the newest checkpoint committed by its end (its last progress report may lag behind
+// both its steps and its checkpoints).
+int64_t SurvivesThrough(const AttemptRow& a, const std::vector<CheckpointRow>& checkpoints) {
+  if (a.outcome == AttemptOutcomeCode::kRunning || a.outcome == AttemptOutcomeCode::kFinished)
+    return INT64_MAX;
   int64_t step = 0;
   for (const CheckpointRow& c : checkpoints)
     if (c.committed_ms <= a.ended_ms) step = std::max(step, c.step);
   return step;
 }
 
+std::set<std::pair<int64_t, int64_t>> Checkpointed(const std::vector<CheckpointRow>& checkpoints) {
+  std::set<std::pair<int64_t, int64_t>> out;
+  for (const CheckpointRow& c : checkpoints) out.insert({c.epoch, c.step});
+  return out;
+}
+
+// One attempt's device time, split; `first_step_end_ms` receives its first step's end (0: none).
 GoodputSplit SplitAttempt(const AttemptRow& a, const std::vector<StepTime>& steps,
                           const std::set<std::pair<int64_t, int64_t>>& checkpointed, int64_t survives,
                           int64_t now_ms, double* first_step_end_ms) {
@@ -93,20 +102,16 @@ JobGoodput ComputeGoodput(const JobRow& job, const std::vector<AttemptRow>& atte
                           const std::vector<CheckpointRow>& checkpoints, int64_t now_ms) {
   JobGoodput g;
   const auto steps = StepsByEpoch(metrics);
-  std::set<std::pair<int64_t, int64_t>> checkpointed;
-  for (const CheckpointRow& c : checkpoints) checkpointed.insert({c.epoch, c.step});
+  const auto checkpointed = Checkpointed(checkpoints);
   int64_t queued_since = job.created_ms;
   const AttemptRow* preempted = nullptr;  // the previous attempt, when it was preempted
   for (const AttemptRow& a : attempts) {
     g.queue_s += static_cast<double>(std::max<int64_t>(0, a.started_ms - queued_since)) / 1000.0;
     const auto it = steps.find(a.epoch);
     double first_step_end_ms = 0;
-    // A running attempt's steps count as surviving until it ends; a finished one's all do.
-    const int64_t survives = a.outcome == AttemptOutcomeCode::kRunning    ? INT64_MAX
-                             : a.outcome == AttemptOutcomeCode::kFinished ? INT64_MAX
-                                                                          : ResumePointAtEnd(a, checkpoints);
-    const GoodputSplit s = SplitAttempt(a, it == steps.end() ? std::vector<StepTime>() : it->second,
-                                        checkpointed, survives, now_ms, &first_step_end_ms);
+    const GoodputSplit s =
+        SplitAttempt(a, it == steps.end() ? std::vector<StepTime>() : it->second, checkpointed,
+                     SurvivesThrough(a, checkpoints), now_ms, &first_step_end_ms);
     g.attempts.push_back(s);
     g.device.Add(s);
     if (a.notice_ms > 0 && a.outcome != AttemptOutcomeCode::kRunning) {
@@ -126,6 +131,15 @@ JobGoodput ComputeGoodput(const JobRow& job, const std::vector<AttemptRow>& atte
     g.queue_s += static_cast<double>(std::max<int64_t>(0, now_ms - queued_since)) / 1000.0;
   }
   return g;
+}
+
+GoodputSplit AttemptGoodput(const AttemptRow& a, const std::vector<MetricRow>& metrics,
+                            const std::vector<CheckpointRow>& checkpoints, int64_t now_ms) {
+  const auto steps = StepsByEpoch(metrics);
+  const auto it = steps.find(a.epoch);
+  double first_step_end_ms = 0;
+  return SplitAttempt(a, it == steps.end() ? std::vector<StepTime>() : it->second, Checkpointed(checkpoints),
+                      SurvivesThrough(a, checkpoints), now_ms, &first_step_end_ms);
 }
 
 }  // namespace ft

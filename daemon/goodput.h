@@ -67,4 +67,8 @@ JobGoodput ComputeGoodput(const JobRow& job, const std::vector<AttemptRow>& atte
                           const std::vector<MetricRow>& metrics,
                           const std::vector<CheckpointRow>& checkpoints, int64_t now_ms);
 
+// One attempt's split, as ComputeGoodput gives it (`metrics` may hold other epochs' rows).
+GoodputSplit AttemptGoodput(const AttemptRow& a, const std::vector<MetricRow>& metrics,
+                            const std::vector<CheckpointRow>& checkpoints, int64_t now_ms);
+
 }  // namespace ft

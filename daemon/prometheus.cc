@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "daemon/json_views.h"
+#include "engine/job/checkpoint_interval.h"
 
 namespace ft {
 
@@ -128,7 +129,9 @@ StatusOr<std::string> RenderPrometheus(Daemon& daemon) {
   }
   Family(&out, "ftune_pool_mtbf_seconds", "gauge",
          "Mean time between preemptions over ftd's attempt history: checkpoint.every auto's M.");
-  out += "ftune_pool_mtbf_seconds " + Num(daemon.mtbf_seconds()) + "\n";
+  const Store::AttemptTotals history = daemon.attempt_history();
+  out += "ftune_pool_mtbf_seconds " + Num(MeanTimeBetweenPreemptions(history.seconds, history.preemptions)) +
+         "\n";
   out += PrometheusHistogram("ftune_checkpoint_duration_seconds", "Checkpoint write time, as committed.",
                              daemon.checkpoint_seconds(), 0.01, 1000);
   out += PrometheusHistogram("ftune_recovery_seconds",
