@@ -44,7 +44,6 @@ class ExactSum {
  public:
   static constexpr int kBinBits = 40;
   static constexpr int64_t kWireBytesPerElement = 2 * sizeof(int64_t) + sizeof(int8_t);
-  static constexpr int64_t kMaxAddsPerSum = int64_t{1} << 22;
 
   explicit ExactSum(int64_t n);
   int64_t size() const { return static_cast<int64_t>(top_.size()); }

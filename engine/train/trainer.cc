@@ -18,6 +18,7 @@
 #include <new>
 #include <sstream>
 
+#include "common/clock.h"
 #include "common/confined_path.h"
 #include "common/file_util.h"
 #include "common/logging.h"
@@ -763,9 +764,7 @@ MetricsLine Trainer::StepLine(const StepMetrics& m) const {
   line.tokens_seen = m.tokens_seen;
   line.tokens_per_s = m.tokens_per_s;
   line.step_seconds = m.step_seconds;
-  line.time_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                     std::chrono::system_clock::now().time_since_epoch())
-                     .count();  // written right after the step: goodput's timeline (daemon/goodput.h)
+  line.time_ms = WallNowMs();  // written right after the step: goodput's timeline (daemon/goodput.h)
   line.copy_wait_seconds = m.copy_wait_seconds;
   line.peak_bytes = m.peak_bytes;
   line.peak_bytes_by_category = m.peak_by_category;
@@ -835,42 +834,41 @@ StatusOr<Trainer::Request> Trainer::HandleRequest() {
 }
 
 StatusOr<bool> Trainer::CheckpointDue(int64_t step, std::chrono::steady_clock::time_point last_checkpoint) {
-  if (spec_.checkpoint.every == CheckpointEvery::kAuto) return AutoCheckpointDue(step, last_checkpoint);
-  const bool by_steps = spec_.checkpoint.every_steps > 0 && step % spec_.checkpoint.every_steps == 0;
-  const double minutes =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - last_checkpoint).count() / 60.0;
-  std::vector<double> due = {
-      spec_.checkpoint.every_minutes > 0 && minutes >= spec_.checkpoint.every_minutes ? 1.0 : 0.0};
-  if (spec_.checkpoint.every_minutes > 0) FT_RETURN_IF_ERROR(Agree(&due));  // the ranks' clocks differ
+  const JobSpec::Checkpoint& c = spec_.checkpoint;
+  const bool automatic = c.every == CheckpointEvery::kAuto;
+  const bool by_steps = !automatic && c.every_steps > 0 && step % c.every_steps == 0;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - last_checkpoint).count();
+  std::vector<double> due = {0.0};
+  if (automatic) {
+    FT_ASSIGN_OR_RETURN(const bool passed, AutoIntervalPassed(step, seconds));
+    due[0] = passed ? 1.0 : 0.0;
+  } else {
+    due[0] = c.every_minutes > 0 && seconds / 60.0 >= c.every_minutes ? 1.0 : 0.0;
+  }
+  if (automatic || c.every_minutes > 0) FT_RETURN_IF_ERROR(Agree(&due));  // the ranks' clocks differ
   FT_RETURN_IF_ERROR(LogCompletedCheckpoints());
   if ((!by_steps && due[0] == 0) || step >= total_steps_) return false;
-  FT_RETURN_IF_ERROR(CheckpointNow(by_steps ? "every_steps" : "every_minutes", /*wait=*/false));
+  FT_RETURN_IF_ERROR(CheckpointNow(automatic  ? "every_auto"
+                                   : by_steps ? "every_steps"
+                                              : "every_minutes",
+                                   /*wait=*/false));
   return true;
 }
 
-StatusOr<bool> Trainer::AutoCheckpointDue(int64_t step,
-                                          std::chrono::steady_clock::time_point last_checkpoint) {
-  // Rank 0 decides (it measures C: its writer writes); the others follow through Agree.
-  std::vector<double> due = {0.0};
-  if (leader()) {
-    const CheckpointInterval interval =
-        ChooseCheckpointInterval(writer_ ? writer_->last_seconds() : 0.0, mtbf_seconds_,
-                                 spec_.checkpoint.min_minutes, spec_.checkpoint.max_minutes);
-    // Noted when it first applies and when it moves by more than a fifth (C is measured anew each time).
-    if (noted_interval_s_ < 0 || std::fabs(interval.seconds - noted_interval_s_) > 0.2 * noted_interval_s_) {
-      noted_interval_s_ = interval.seconds;
-      FT_LOG(INFO) << "checkpoint.every auto: " << interval.why;
-      FT_RETURN_IF_ERROR(Log(MetricsEvent(MetricsLine::Kind::kInterval, step, interval.why)));
-    }
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - last_checkpoint).count();
-    due[0] = seconds >= interval.seconds ? 1.0 : 0.0;
+StatusOr<bool> Trainer::AutoIntervalPassed(int64_t step, double seconds) {
+  // Rank 0 decides (it measures C: its writer writes); the others vote no and follow through Agree.
+  if (!leader()) return false;
+  const CheckpointInterval interval =
+      ChooseCheckpointInterval(writer_ ? writer_->last_seconds() : 0.0, mtbf_seconds_,
+                               spec_.checkpoint.min_minutes, spec_.checkpoint.max_minutes);
+  // Noted when it first applies and when it moves by more than a fifth (C is measured anew each time).
+  if (noted_interval_s_ < 0 || std::fabs(interval.seconds - noted_interval_s_) > 0.2 * noted_interval_s_) {
+    noted_interval_s_ = interval.seconds;
+    FT_LOG(INFO) << "checkpoint.every auto: " << interval.why;
+    FT_RETURN_IF_ERROR(Log(MetricsEvent(MetricsLine::Kind::kInterval, step, interval.why)));
   }
-  FT_RETURN_IF_ERROR(Agree(&due));
-  FT_RETURN_IF_ERROR(LogCompletedCheckpoints());
-  if (due[0] == 0 || step >= total_steps_) return false;
-  FT_RETURN_IF_ERROR(CheckpointNow("every_auto", /*wait=*/false));
-  return true;
+  return seconds >= interval.seconds;
 }
 
 Status Trainer::Finish() {

@@ -208,8 +208,10 @@ class Trainer {
   StatusOr<Request> HandleRequest();
   // Logs the checkpoints made durable meanwhile and starts one when due after `step` (true then).
   StatusOr<bool> CheckpointDue(int64_t step, std::chrono::steady_clock::time_point last_checkpoint);
-  // checkpoint.every: auto: the Young/Daly interval from C (the last write) and mtbf_seconds_.
-  StatusOr<bool> AutoCheckpointDue(int64_t step, std::chrono::steady_clock::time_point last_checkpoint);
+  // checkpoint.every: auto: whether the Young/Daly interval from C (the last write) and
+  // mtbf_seconds_ has passed `seconds` after the last checkpoint (rank 0's vote; it notes the
+  // interval in metrics.jsonl when it moves).
+  StatusOr<bool> AutoIntervalPassed(int64_t step, double seconds);
   Status Finish();
   Status ResumeIfPossible(const std::string& resume_dir);
   // The checkpoint to resume from ("" = step 0): `committed` or the newest

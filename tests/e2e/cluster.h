@@ -5,7 +5,6 @@
 #include <signal.h>
 #include <sys/types.h>
 
-#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include "cli/client.h"
+#include "common/clock.h"
 #include "tests/support/process.h"
 
 namespace ft::e2e {
@@ -83,13 +83,6 @@ class Cluster {
 inline bool Done(const ftune::v1::Job& j) {
   return j.state() == ftune::v1::SUCCEEDED || j.state() == ftune::v1::FAILED ||
          j.state() == ftune::v1::CANCELLED;
-}
-
-// The wall clock in Unix milliseconds (what ftd stamps attempts with).
-inline int64_t WallMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
 }
 
 }  // namespace ft::e2e

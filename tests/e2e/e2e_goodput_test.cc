@@ -300,7 +300,7 @@ void Preempt(Preemptions& r, size_t k) {
   const Kill kill{Last(j)->epoch(), 0, Last(j)->worker_id()};
   KillNode(c, kill.worker);
   r.kills.push_back(kill);
-  r.kills.back().at_ms = WallMs();
+  r.kills.back().at_ms = WallNowMs();
   r.killed.insert(kill.epoch);
   r.timeline.Read(r.metrics);
   // Read before any next attempt existed: no trainer has truncated the killed one's lines.

@@ -597,7 +597,7 @@ TEST(E2E, ANoticeTheTrainerCannotMeetIsCountedButNotCaught) {
 TEST(E2E, SlotEndingSoonYieldsWithACheckpointAndTheJobMovesOn) {
   Cluster c("slot");
   const std::string job = c.WriteJob("slot", 3000, 1000);
-  const int64_t before_ms = WallMs();
+  const int64_t before_ms = WallNowMs();
   c.StartWorker("short", {"--slot-end", "+20s"});
   const std::string id = c.Submit(job);
   pb::Job j = c.WaitFor(

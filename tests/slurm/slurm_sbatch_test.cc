@@ -45,7 +45,6 @@ namespace {
 namespace pb = ftune::v1;
 using e2e::Cluster;
 using e2e::Done;
-using e2e::WallMs;
 using ::testing::HasSubstr;
 using testing_support::Slurp;
 using testing_support::TempPath;
@@ -388,7 +387,7 @@ TEST(SlurmSqueueEndTime, ShippedSbatchLosesNoStepAtTimeLimitSignalScancelRequeue
   j = RunningWithProgress(c, chain_id, 10);
   ASSERT_EQ(j.state(), pb::RUNNING);
   const std::string cancelled = SbatchWorkers::SlurmJobOf(j.worker_id());
-  const int64_t cancel_ms = WallMs();
+  const int64_t cancel_ms = WallNowMs();
   slurm.Run({"scancel", cancelled});
   j = c.WaitFor(
       chain_id, [](const pb::Job& j) { return j.preemptions() >= 2; }, kKillWaitMs + 10'000);
