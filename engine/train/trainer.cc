@@ -859,6 +859,9 @@ StatusOr<bool> Trainer::CheckpointDue(int64_t step, std::chrono::steady_clock::t
 StatusOr<bool> Trainer::AutoIntervalPassed(int64_t step, double seconds) {
   // Rank 0 decides (it measures C: its writer writes); the others vote no and follow through Agree.
   if (!leader()) return false;
+  // C unmeasured while the first checkpoint is still being written: its cost is known once it
+  // lands, so wait for it rather than read "not measured" as "due now" and queue another.
+  if (writer_ && writer_->last_seconds() <= 0) FT_RETURN_IF_ERROR(writer_->Wait());
   const CheckpointInterval interval =
       ChooseCheckpointInterval(writer_ ? writer_->last_seconds() : 0.0, mtbf_seconds_,
                                spec_.checkpoint.min_minutes, spec_.checkpoint.max_minutes);
