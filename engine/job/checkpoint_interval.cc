@@ -9,10 +9,10 @@
 namespace ft {
 
 CheckpointInterval ChooseCheckpointInterval(double checkpoint_seconds, double mtbf_seconds,
-                                            double min_minutes, double max_minutes) {
+                                            double min_minutes, double max_minutes, bool async) {
   const double lo = 60 * min_minutes, hi = 60 * max_minutes;
   const double m = mtbf_seconds > 0 ? mtbf_seconds : kPriorMtbfSeconds;
-  char why[160];
+  char why[224];
   if (checkpoint_seconds <= 0) {
     std::snprintf(why, sizeof(why),
                   "C not measured yet: first checkpoint after %.1f min (checkpoint.min_minutes)",
@@ -21,11 +21,13 @@ CheckpointInterval ChooseCheckpointInterval(double checkpoint_seconds, double mt
   }
   const double optimum = std::sqrt(2 * checkpoint_seconds * m);
   const double chosen = std::clamp(optimum, lo, hi);
-  std::snprintf(why, sizeof(why), "C = %.2f s, M = %.1f min%s -> every %.2f min%s", checkpoint_seconds,
+  std::snprintf(why, sizeof(why), "C = %.3g s, M = %.1f min%s -> every %.2f min%s; %s", checkpoint_seconds,
                 m / 60, mtbf_seconds > 0 ? "" : " (prior)", chosen / 60,
                 chosen > optimum   ? " (checkpoint.min_minutes)"
                 : chosen < optimum ? " (checkpoint.max_minutes)"
-                                   : "");
+                                   : "",
+                async ? "written in the background, the step does not wait for it"
+                      : "checkpoint.async false, the step waits for each write");
   return {chosen, why};
 }
 

@@ -23,9 +23,10 @@ struct CheckpointInterval {
 };
 
 // `checkpoint_seconds` <= 0: not measured yet, so the first checkpoint comes
-// at min_minutes (it measures C). `mtbf_seconds` <= 0: the prior.
+// at min_minutes (it measures C). `mtbf_seconds` <= 0: the prior. `async`
+// (checkpoint.async) only changes `why`: whether the step waits for C.
 CheckpointInterval ChooseCheckpointInterval(double checkpoint_seconds, double mtbf_seconds,
-                                            double min_minutes, double max_minutes);
+                                            double min_minutes, double max_minutes, bool async = true);
 
 // M from an attempt history: `seconds` of attempts with `preemptions` among
 // their ends: seconds / preemptions, or, with none, the larger of the prior

@@ -239,6 +239,7 @@ Status ParseCheckpoint(const YamlMap& m, JobSpec::Checkpoint* s) {
     FT_RETURN_IF_ERROR(Require(s->every == CheckpointEvery::kAuto || !m.Has(key), m, key,
                                "bounds checkpoint.every: auto only; add every: auto, or remove it"));
   }
+  FT_RETURN_IF_ERROR(m.Get("async", &s->async));
   return GetInt(m, "keep", 1, 1'000'000, &s->keep, " (checkpoints kept)");
 }
 
@@ -344,9 +345,10 @@ StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& 
                              [&](const YamlMap& m) { return ParseData(m, &spec.data); }));
   FT_RETURN_IF_ERROR(
       Section(root, "train", kTrainKeys, [&](const YamlMap& m) { return ParseTrain(m, &spec.train); }));
-  FT_RETURN_IF_ERROR(Section(root, "checkpoint",
-                             {"every_steps", "every_minutes", "keep", "every", "min_minutes", "max_minutes"},
-                             [&](const YamlMap& m) { return ParseCheckpoint(m, &spec.checkpoint); }));
+  FT_RETURN_IF_ERROR(
+      Section(root, "checkpoint",
+              {"every_steps", "every_minutes", "keep", "every", "min_minutes", "max_minutes", "async"},
+              [&](const YamlMap& m) { return ParseCheckpoint(m, &spec.checkpoint); }));
   FT_RETURN_IF_ERROR(Section(root, "resources", {"gpus", "device", "priority", "max_failures"},
                              [&](const YamlMap& m) { return ParseResources(m, &spec.resources); }));
   FT_RETURN_IF_ERROR(Section(root, "distributed", {"strategy"}, [&](const YamlMap& m) {

@@ -96,6 +96,10 @@ struct JobSpec {
     CheckpointEvery every = CheckpointEvery::kFixed;
     double min_minutes = 0;
     double max_minutes = 60;
+    // false: the step loop waits for each periodic checkpoint to be durable (no host copy of
+    // the state; C is then what each checkpoint costs the step). true: written in the
+    // background while training goes on (the next checkpoint waits for the previous write).
+    bool async = true;
   } checkpoint;
 
   struct Resources {

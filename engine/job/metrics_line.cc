@@ -44,6 +44,9 @@ constexpr NumberKey kMetricsKeys[] = {
     {"eval_tokens", Kind::kEval, nullptr, &MetricsLine::eval_tokens},
     {"eval_seconds", Kind::kEval, &MetricsLine::eval_seconds},
     {"checkpoint_seconds", Kind::kCheckpoint, &MetricsLine::checkpoint_seconds},
+    {"interval_seconds", Kind::kInterval, &MetricsLine::interval_seconds},
+    {"checkpoint_seconds", Kind::kInterval, &MetricsLine::checkpoint_seconds},
+    {"mtbf_seconds", Kind::kInterval, &MetricsLine::mtbf_seconds},
 };
 constexpr const char* kPeakByCategory = "peak_bytes_by_category";  // step: {category: bytes}
 constexpr const char* kSkipped = "skipped";                        // step, fp16: a bool

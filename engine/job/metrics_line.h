@@ -8,7 +8,9 @@
 //           "gather_seconds" (several ranks; gathers under FSDP), "loss_scale", "skipped" (fp16;
 //           "grad_norm" is null for a skipped step)
 //   eval:  {"step","eval_loss","eval_tokens","eval_seconds"} after the step line of the same step
-//   event: {"event":"checkpoint"|"preempted"|"failed"|"resume", "step", ...}
+//   event: {"event":"checkpoint"|"preempted"|"failed"|"resume"|"interval", "step", ...}; an
+//          interval line (checkpoint.every: auto) has "why", "interval_seconds",
+//          "checkpoint_seconds" (C, 0 = not measured yet) and "mtbf_seconds" (M)
 // Attempts under ftd add "epoch" to every line (engine/train/output_owner.h).
 //
 // Thread safety: pure functions.
@@ -40,7 +42,9 @@ struct MetricsLine {
   double copy_wait_seconds = 0;  // of which waiting for copy-stream transfers
   int64_t peak_bytes = 0;
   std::map<std::string, int64_t> peak_bytes_by_category;
-  double checkpoint_seconds = 0;  // kStep (newest measured, 0 = none yet) and kCheckpoint
+  double checkpoint_seconds = 0;  // kStep (newest measured, 0 = none yet), kCheckpoint, kInterval (C)
+  double interval_seconds = 0;    // kInterval: the interval chosen
+  double mtbf_seconds = 0;        // kInterval: M
   int64_t world = 0;              // several ranks: how many (0/1: written only above 1)
   double allreduce_seconds = 0;   // several ranks
   double gather_seconds = 0;      // several ranks under FSDP (written when sharded is set)

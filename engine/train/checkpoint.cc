@@ -7,6 +7,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <filesystem>
+#include <numeric>
 #include <nlohmann/json.hpp>
 
 #include "common/confined_path.h"
@@ -251,6 +252,13 @@ double CheckpointWriter::last_seconds() {
   return last_seconds_;
 }
 
+double CheckpointWriter::mean_seconds() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (recent_seconds_.empty()) return 0;
+  return std::accumulate(recent_seconds_.begin(), recent_seconds_.end(), 0.0) /
+         static_cast<double>(recent_seconds_.size());
+}
+
 void CheckpointWriter::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
@@ -274,6 +282,8 @@ void CheckpointWriter::Loop() {
     last_status_ = s;
     if (s.ok()) {
       last_seconds_ = seconds;
+      recent_seconds_.push_back(seconds);
+      if (recent_seconds_.size() > kRecentWrites) recent_seconds_.pop_front();
       completed_.push_back({job.state.step, seconds, job.state.reason,
                             (fs::path(root_) / CheckpointName(job.state.step)).string()});
     }

@@ -24,6 +24,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -101,6 +102,10 @@ class CheckpointWriter {
   Status Wait();
   // Seconds the last finished write took (0 before the first).
   double last_seconds();
+  // The mean of the last kRecentWrites finished writes' seconds (0 before the first): one write
+  // time is noisy (a slow fsync), their mean is the checkpoint's expected cost.
+  double mean_seconds();
+  static constexpr size_t kRecentWrites = 8;
 
   struct Completed {
     int64_t step = 0;
@@ -124,6 +129,7 @@ class CheckpointWriter {
   Retention retention_;               // GUARDED_BY(mu_)
   Status last_status_;                // GUARDED_BY(mu_)
   double last_seconds_ = 0;           // GUARDED_BY(mu_)
+  std::deque<double> recent_seconds_;  // GUARDED_BY(mu_), at most kRecentWrites
   std::vector<Completed> completed_;  // GUARDED_BY(mu_)
   std::thread thread_;
 };

@@ -852,7 +852,7 @@ StatusOr<bool> Trainer::CheckpointDue(int64_t step, std::chrono::steady_clock::t
   FT_RETURN_IF_ERROR(CheckpointNow(automatic  ? "every_auto"
                                    : by_steps ? "every_steps"
                                               : "every_minutes",
-                                   /*wait=*/false));
+                                   /*wait=*/!c.async));
   return true;
 }
 
@@ -861,15 +861,20 @@ StatusOr<bool> Trainer::AutoIntervalPassed(int64_t step, double seconds) {
   if (!leader()) return false;
   // C unmeasured while the first checkpoint is still being written: its cost is known once it
   // lands, so wait for it rather than read "not measured" as "due now" and queue another.
-  if (writer_ && writer_->last_seconds() <= 0) FT_RETURN_IF_ERROR(writer_->Wait());
-  const CheckpointInterval interval =
-      ChooseCheckpointInterval(writer_ ? writer_->last_seconds() : 0.0, mtbf_seconds_,
-                               spec_.checkpoint.min_minutes, spec_.checkpoint.max_minutes);
-  // Noted when it first applies and when it moves by more than a fifth (C is measured anew each time).
-  if (noted_interval_s_ < 0 || std::fabs(interval.seconds - noted_interval_s_) > 0.2 * noted_interval_s_) {
+  if (writer_ && writer_->mean_seconds() <= 0) FT_RETURN_IF_ERROR(writer_->Wait());
+  // C: the mean of the recent writes (one fsync can be slow).
+  const double c = writer_ ? writer_->mean_seconds() : 0.0;
+  const CheckpointInterval interval = ChooseCheckpointInterval(
+      c, mtbf_seconds_, spec_.checkpoint.min_minutes, spec_.checkpoint.max_minutes, spec_.checkpoint.async);
+  // Noted when it first applies and when it moves by more than a tenth (C is measured anew each time).
+  if (noted_interval_s_ < 0 || std::fabs(interval.seconds - noted_interval_s_) > 0.1 * noted_interval_s_) {
     noted_interval_s_ = interval.seconds;
     FT_LOG(INFO) << "checkpoint.every auto: " << interval.why;
-    FT_RETURN_IF_ERROR(Log(MetricsEvent(MetricsLine::Kind::kInterval, step, interval.why)));
+    MetricsLine line = MetricsEvent(MetricsLine::Kind::kInterval, step, interval.why);
+    line.interval_seconds = interval.seconds;
+    line.checkpoint_seconds = c;
+    line.mtbf_seconds = mtbf_seconds_ > 0 ? mtbf_seconds_ : kPriorMtbfSeconds;
+    FT_RETURN_IF_ERROR(Log(line));
   }
   return seconds >= interval.seconds;
 }

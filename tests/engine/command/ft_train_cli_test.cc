@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -249,6 +250,44 @@ TEST_F(FtTrainCliTest, CheckpointEveryAutoFollowsMeasuredCostAndTheGivenMeanTime
   EXPECT_THAT(metrics, HasSubstr("M = 0.0 min -> every 0.00 min"));
   EXPECT_EQ(auto_checkpoints("1e9"), std::vector<int64_t>{1}) << "step 1 measures C; then 30 min";
   EXPECT_THAT(testing_support::Slurp(dir_ + "/out/metrics.jsonl"), HasSubstr("(checkpoint.max_minutes)"));
+}
+
+// checkpoint.async false: the step loop waits for each periodic checkpoint (its event line comes
+// before the next step's), and checkpoint.every auto's C is the mean of the last 8 writes: each
+// interval line's C is that mean of the checkpoint lines before it, and its interval sqrt(2·C·M).
+TEST_F(FtTrainCliTest, SynchronousCheckpointsAndTheAutoIntervalFromTheMeanOfRecentWrites) {
+  ASSERT_EQ(FtTrain("make-model --preset tiny-llama --out " + dir_ + "/model", dir_).exit_code, 0);
+  WriteJob("  micro_batch_size: 8\ncheckpoint: {every: auto, async: false, keep: 2}\n");
+  constexpr double kM = 0.05;  // seconds: an interval near one step's time, so it moves with C
+  CliResult run = FtTrain("run " + dir_ + "/job.yaml --mtbf-seconds 0.05", dir_);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  std::vector<double> writes;
+  int64_t checkpointed = -1, intervals = 0;
+  std::istringstream in(testing_support::Slurp(dir_ + "/out/metrics.jsonl"));
+  for (std::string text; std::getline(in, text);) {
+    auto j = nlohmann::json::parse(text);
+    const std::string event = j.value("event", "");
+    const int64_t step = j["step"].get<int64_t>();
+    if (event == "checkpoint") {
+      writes.push_back(j["checkpoint_seconds"].get<double>());
+      checkpointed = step;
+    } else if (event == "interval" && !writes.empty()) {
+      ++intervals;
+      const size_t n = std::min<size_t>(writes.size(), 8);
+      double mean = 0;
+      for (size_t i = writes.size() - n; i < writes.size(); ++i) mean += writes[i] / static_cast<double>(n);
+      EXPECT_NEAR(j["checkpoint_seconds"].get<double>(), mean, 1e-9 * mean) << text;
+      EXPECT_NEAR(j["interval_seconds"].get<double>(), std::sqrt(2 * mean * kM), 1e-9) << text;
+      EXPECT_EQ(j["mtbf_seconds"].get<double>(), kM);
+      EXPECT_THAT(j["why"].get<std::string>(), HasSubstr("checkpoint.async false, the step waits")) << text;
+    } else if (event.empty() && checkpointed >= 0 && !j.contains("eval_loss")) {
+      EXPECT_EQ(checkpointed, step - 1) << "the checkpoint after step " << checkpointed
+                                        << " was written before step " << step << " began";
+      checkpointed = -1;
+    }
+  }
+  EXPECT_GE(writes.size(), 5u);
+  EXPECT_GE(intervals, 2) << "the interval moved with the measured C";
 }
 
 TEST_F(FtTrainCliTest, BadJobExitsTwoNamingFileAndLine) {

@@ -17,7 +17,14 @@ TEST(CheckpointIntervalTest, YoungDalyWithinTheBoundsAndSaysWhy) {
   // C = 0.8 s, M = 41 min: sqrt(2 · 0.8 · 2460) = 62.74 s.
   CheckpointInterval i = ChooseCheckpointInterval(0.8, 41 * 60, 0, 60);
   EXPECT_NEAR(i.seconds, std::sqrt(2 * 0.8 * 2460), 1e-9);
-  EXPECT_EQ(i.why, "C = 0.80 s, M = 41.0 min -> every 1.05 min");
+  EXPECT_EQ(i.why,
+            "C = 0.8 s, M = 41.0 min -> every 1.05 min; written in the background, the step does not wait "
+            "for it");
+  // checkpoint.async false: the same interval, and the step waits (said so).
+  const CheckpointInterval sync = ChooseCheckpointInterval(0.0123, 41 * 60, 0, 60, /*async=*/false);
+  EXPECT_NEAR(sync.seconds, std::sqrt(2 * 0.0123 * 2460), 1e-9);
+  EXPECT_THAT(sync.why, HasSubstr("C = 0.0123 s"));
+  EXPECT_THAT(sync.why, HasSubstr("checkpoint.async false, the step waits for each write"));
   // Bounded: a tiny C would checkpoint every 2 s; min_minutes 1 holds it at 60 s.
   i = ChooseCheckpointInterval(0.002, 1000, 1, 60);
   EXPECT_EQ(i.seconds, 60);

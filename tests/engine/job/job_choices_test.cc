@@ -145,6 +145,10 @@ TEST(JobChoicesTest, CheckpointEveryAutoAndItsBounds) {
   EXPECT_EQ(spec->checkpoint.every, CheckpointEvery::kAuto);
   EXPECT_EQ(spec->checkpoint.min_minutes, 0.5);
   EXPECT_EQ(spec->checkpoint.max_minutes, 30);
+  EXPECT_TRUE(spec->checkpoint.async) << "checkpoints are written in the background by default";
+  auto sync = ParseJobSpec(Job("", "", "", "checkpoint:\n  async: false\n"), "job.yaml");
+  ASSERT_TRUE(sync.ok()) << sync.status().ToString();
+  EXPECT_FALSE(sync->checkpoint.async);
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"checkpoint:\n  every: auto\n  every_steps: 10\n",
        "job.yaml:11:16: checkpoint.every_steps: is not used with checkpoint.every: auto"},
@@ -153,6 +157,7 @@ TEST(JobChoicesTest, CheckpointEveryAutoAndItsBounds) {
       {"checkpoint:\n  every: auto\n  min_minutes: 5\n  max_minutes: 1\n",
        "job.yaml:11:16: checkpoint.min_minutes: must not exceed checkpoint.max_minutes"},
       {"checkpoint:\n  every: sometimes\n", "'sometimes' is not one of fixed | auto"},
+      {"checkpoint:\n  async: sometimes\n", "checkpoint.async"},
   };
   for (const auto& [rest, message] : bad) {
     auto refused = ParseJobSpec(Job("", "", "", rest), "job.yaml");
