@@ -7,8 +7,8 @@
 #include <cinttypes>
 #include <cstdio>
 #include <filesystem>
-#include <numeric>
 #include <nlohmann/json.hpp>
+#include <numeric>
 
 #include "common/confined_path.h"
 #include "common/file_util.h"

@@ -122,15 +122,15 @@ class CheckpointWriter {
   std::string root_;
   std::mutex mu_;
   std::condition_variable cv_;
-  bool busy_ = false;                 // GUARDED_BY(mu_)
-  bool has_job_ = false;              // GUARDED_BY(mu_)
-  bool quit_ = false;                 // GUARDED_BY(mu_)
-  CheckpointContents job_;            // GUARDED_BY(mu_)
-  Retention retention_;               // GUARDED_BY(mu_)
-  Status last_status_;                // GUARDED_BY(mu_)
-  double last_seconds_ = 0;           // GUARDED_BY(mu_)
+  bool busy_ = false;                  // GUARDED_BY(mu_)
+  bool has_job_ = false;               // GUARDED_BY(mu_)
+  bool quit_ = false;                  // GUARDED_BY(mu_)
+  CheckpointContents job_;             // GUARDED_BY(mu_)
+  Retention retention_;                // GUARDED_BY(mu_)
+  Status last_status_;                 // GUARDED_BY(mu_)
+  double last_seconds_ = 0;            // GUARDED_BY(mu_)
   std::deque<double> recent_seconds_;  // GUARDED_BY(mu_), at most kRecentWrites
-  std::vector<Completed> completed_;  // GUARDED_BY(mu_)
+  std::vector<Completed> completed_;   // GUARDED_BY(mu_)
   std::thread thread_;
 };
 

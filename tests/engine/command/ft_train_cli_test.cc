@@ -281,8 +281,8 @@ TEST_F(FtTrainCliTest, SynchronousCheckpointsAndTheAutoIntervalFromTheMeanOfRece
       EXPECT_EQ(j["mtbf_seconds"].get<double>(), kM);
       EXPECT_THAT(j["why"].get<std::string>(), HasSubstr("checkpoint.async false, the step waits")) << text;
     } else if (event.empty() && checkpointed >= 0 && !j.contains("eval_loss")) {
-      EXPECT_EQ(checkpointed, step - 1) << "the checkpoint after step " << checkpointed
-                                        << " was written before step " << step << " began";
+      EXPECT_EQ(checkpointed, step - 1)
+          << "the checkpoint after step " << checkpointed << " was written before step " << step << " began";
       checkpointed = -1;
     }
   }
