@@ -28,6 +28,8 @@ std::string TrainerStateToJson(const TrainerState& s) {
       {"job_math", s.job_math},
       {"last_checkpoint_seconds", s.last_checkpoint_seconds},
       {"reason", s.reason},
+      {"interval_seconds", s.interval_seconds},
+      {"mtbf_seconds", s.mtbf_seconds},
       {"epoch", s.epoch}};
   return j.dump(2) + "\n";
 }
@@ -57,6 +59,8 @@ StatusOr<TrainerState> TrainerStateFromJson(const std::string& text, const std::
     s.job_math = j.at("job_math").get<std::map<std::string, std::string>>();
     s.last_checkpoint_seconds = j.value("last_checkpoint_seconds", 0.0);
     s.reason = j.value("reason", "");
+    s.interval_seconds = j.value("interval_seconds", 0.0);
+    s.mtbf_seconds = j.value("mtbf_seconds", 0.0);
     s.epoch = j.value("epoch", int64_t{0});
   } catch (const json::exception& e) {
     return Status::Corruption(file + ": " + e.what());

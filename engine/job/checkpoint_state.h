@@ -38,6 +38,8 @@ struct TrainerState {
   std::map<std::string, std::string> job_math;  // key -> value of every key that defines the math
   double last_checkpoint_seconds = 0;           // measured write time of the previous checkpoint
   std::string reason;                           // "every_steps", "every_minutes", "signal", "final", ...
+  double interval_seconds = 0;                  // every_auto: the interval in force when it was taken
+  double mtbf_seconds = 0;                      // every_auto: the M it was chosen with
   int64_t epoch = 0;                            // the attempt that wrote it (0: a plain ft-train run)
 };
 

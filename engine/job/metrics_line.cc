@@ -44,6 +44,8 @@ constexpr NumberKey kMetricsKeys[] = {
     {"eval_tokens", Kind::kEval, nullptr, &MetricsLine::eval_tokens},
     {"eval_seconds", Kind::kEval, &MetricsLine::eval_seconds},
     {"checkpoint_seconds", Kind::kCheckpoint, &MetricsLine::checkpoint_seconds},
+    {"interval_seconds", Kind::kCheckpoint, &MetricsLine::interval_seconds, nullptr, When::kPositive},
+    {"mtbf_seconds", Kind::kCheckpoint, &MetricsLine::mtbf_seconds, nullptr, When::kPositive},
     {"interval_seconds", Kind::kInterval, &MetricsLine::interval_seconds},
     {"checkpoint_seconds", Kind::kInterval, &MetricsLine::checkpoint_seconds},
     {"mtbf_seconds", Kind::kInterval, &MetricsLine::mtbf_seconds},

@@ -10,7 +10,8 @@
 //   eval:  {"step","eval_loss","eval_tokens","eval_seconds"} after the step line of the same step
 //   event: {"event":"checkpoint"|"preempted"|"failed"|"resume"|"interval", "step", ...}; an
 //          interval line (checkpoint.every: auto) has "why", "interval_seconds",
-//          "checkpoint_seconds" (C, 0 = not measured yet) and "mtbf_seconds" (M)
+//          "checkpoint_seconds" (C, 0 = not measured yet) and "mtbf_seconds" (M); an every_auto
+//          checkpoint line has the "interval_seconds" and "mtbf_seconds" it was taken at
 // Attempts under ftd add "epoch" to every line (engine/train/output_owner.h).
 //
 // Thread safety: pure functions.
@@ -43,8 +44,8 @@ struct MetricsLine {
   int64_t peak_bytes = 0;
   std::map<std::string, int64_t> peak_bytes_by_category;
   double checkpoint_seconds = 0;  // kStep (newest measured, 0 = none yet), kCheckpoint, kInterval (C)
-  double interval_seconds = 0;    // kInterval: the interval chosen
-  double mtbf_seconds = 0;        // kInterval: M
+  double interval_seconds = 0;    // kInterval: the interval chosen; kCheckpoint (every_auto): in force
+  double mtbf_seconds = 0;        // kInterval: M; kCheckpoint (every_auto): the M it was chosen with
   int64_t world = 0;              // several ranks: how many (0/1: written only above 1)
   double allreduce_seconds = 0;   // several ranks
   double gather_seconds = 0;      // several ranks under FSDP (written when sharded is set)

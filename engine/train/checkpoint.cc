@@ -285,7 +285,8 @@ void CheckpointWriter::Loop() {
       recent_seconds_.push_back(seconds);
       if (recent_seconds_.size() > kRecentWrites) recent_seconds_.pop_front();
       completed_.push_back({job.state.step, seconds, job.state.reason,
-                            (fs::path(root_) / CheckpointName(job.state.step)).string()});
+                            (fs::path(root_) / CheckpointName(job.state.step)).string(),
+                            job.state.interval_seconds, job.state.mtbf_seconds});
     }
     busy_ = false;
     cv_.notify_all();

@@ -105,13 +105,15 @@ class CheckpointWriter {
   // The mean of the last kRecentWrites finished writes' seconds (0 before the first): one write
   // time is noisy (a slow fsync), their mean is the checkpoint's expected cost.
   double mean_seconds();
-  static constexpr size_t kRecentWrites = 8;
+  static constexpr size_t kRecentWrites = 16;
 
   struct Completed {
     int64_t step = 0;
     double seconds = 0;
     std::string reason;
     std::string dir;
+    double interval_seconds = 0;  // TrainerState::interval_seconds and mtbf_seconds
+    double mtbf_seconds = 0;
   };
   // Checkpoints made durable since the last call, oldest first.
   std::vector<Completed> TakeCompleted();

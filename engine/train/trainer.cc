@@ -491,6 +491,8 @@ CheckpointContents Trainer::Capture(const std::string& reason) {
   st.epoch = owner_->epoch();
   st.last_checkpoint_seconds = writer_ ? writer_->last_seconds() : 0.0;
   st.reason = reason;
+  st.interval_seconds = reason == "every_auto" ? auto_interval_s_ : 0.0;
+  st.mtbf_seconds = reason == "every_auto" ? (mtbf_seconds_ > 0 ? mtbf_seconds_ : kPriorMtbfSeconds) : 0.0;
   const auto& params = optimizer_->params();
   for (size_t i = 0; i < params.size(); ++i) {
     const TrainableParam& p = params[i];
@@ -691,6 +693,8 @@ Status Trainer::LogCompletedCheckpoints() {
     MetricsLine line = MetricsEvent(MetricsLine::Kind::kCheckpoint, c.step, c.reason);
     line.dir = c.dir;
     line.checkpoint_seconds = c.seconds;
+    line.interval_seconds = c.interval_seconds;
+    line.mtbf_seconds = c.mtbf_seconds;
     FT_RETURN_IF_ERROR(Log(line).WithContext("the event line of checkpoint " + c.dir));
   }
   return Status::OK();
@@ -867,6 +871,7 @@ StatusOr<bool> Trainer::AutoIntervalPassed(int64_t step, double seconds) {
   const CheckpointInterval interval = ChooseCheckpointInterval(
       c, mtbf_seconds_, spec_.checkpoint.min_minutes, spec_.checkpoint.max_minutes, spec_.checkpoint.async);
   // Noted when it first applies and when it moves by more than a tenth (C is measured anew each time).
+  auto_interval_s_ = interval.seconds;
   if (noted_interval_s_ < 0 || std::fabs(interval.seconds - noted_interval_s_) > 0.1 * noted_interval_s_) {
     noted_interval_s_ = interval.seconds;
     FT_LOG(INFO) << "checkpoint.every auto: " << interval.why;
