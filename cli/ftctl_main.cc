@@ -294,9 +294,14 @@ int Workers(ft::JobsClient& client, bool json) {
     return kOk;
   }
   for (const pb::WorkerInfo& w : r->workers()) {
-    std::printf("%-16s %-5s job %-10s slot %s\n", Safe(w.id()).c_str(), w.alive() ? "alive" : "LOST",
+    const pb::GoodputSplit& g = w.goodput();
+    const double device = g.productive_s() + g.checkpoint_s() + g.restart_s() + g.lost_s();
+    const std::string goodput =
+        device > 0 ? std::to_string(static_cast<int>(100 * g.productive_s() / device + 0.5)) + "%" : "-";
+    std::printf("%-16s %-5s pool %-12s job %-10s slot %s  goodput %s\n", Safe(w.id()).c_str(),
+                w.alive() ? "alive" : "LOST", Safe(w.pool()).c_str(),
                 w.running_job_id().empty() ? "-" : Safe(w.running_job_id()).c_str(),
-                w.slot_end_ms() ? (std::to_string(w.slot_end_ms()) + " ms").c_str() : "-");
+                w.slot_end_ms() ? (std::to_string(w.slot_end_ms()) + " ms").c_str() : "-", goodput.c_str());
     for (const pb::Device& d : w.devices()) {
       const double used =
           d.total_bytes() > 0 ? 1.0 - static_cast<double>(d.free_bytes()) / d.total_bytes() : 0;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <optional>
 
 #include "common/confined_path.h"
 #include "common/file_util.h"
@@ -171,7 +172,8 @@ Daemon::Daemon(std::unique_ptr<Store> store, const Clock* clock, DaemonOptions o
 }
 
 Status Daemon::LoadState() {
-  FT_ASSIGN_OR_RETURN(history_, store_->EndedAttemptTotals());  // checkpoint.every auto's M
+  // checkpoint.every auto's M and the pools' goodput.
+  FT_ASSIGN_OR_RETURN(history_, store_->EndedAttemptTotals(Store::AttemptGroup::kPool));
   // Attempts that were running when ftd stopped: their workers get one lease to reconnect.
   FT_ASSIGN_OR_RETURN(std::vector<AttemptRow> running, store_->RunningAttempts());
   for (const AttemptRow& a : running) {
@@ -494,13 +496,25 @@ StatusOr<pb::Job> Daemon::Cancel(const std::string& id) {
   return out;
 }
 
+std::map<std::string, int64_t> Daemon::live_pools() {
+  Held lock(this);
+  std::map<std::string, int64_t> out;
+  for (const auto& [id, s] : sessions_)
+    if (s.alive) ++out[s.pool];
+  return out;
+}
+
 StatusOr<pb::ListWorkersReply> Daemon::ListWorkers() {
+  // Each worker's ended attempts (a query over every attempt: before the lock).
+  FT_ASSIGN_OR_RETURN(auto ended, store_->EndedAttemptTotals(Store::AttemptGroup::kWorker));
   Held lock(this);
   FT_ASSIGN_OR_RETURN(auto workers, store_->ListWorkers());
   pb::ListWorkersReply reply;
   for (const WorkerRow& w : workers) {
     pb::WorkerInfo* info = reply.add_workers();
     info->set_id(w.id);
+    info->set_pool(w.pool);
+    if (auto t = ended.find(w.id); t != ended.end()) SetSplit(t->second.device, info->mutable_goodput());
     info->set_hostname(w.hostname);
     info->set_version(w.version);
     info->set_last_heartbeat_ms(w.last_seen_ms);
@@ -603,15 +617,31 @@ int64_t Daemon::StoreAttemptEnd(const std::string& job_id, int64_t epoch, Attemp
   ended.steps_lost = outcome == AttemptOutcomeCode::kFinished ? 0 : steps_lost;
   ended.lost = lost;
   ended.notice_ms = notice_ms;
+  // Its goodput split, final now (its steps and the checkpoints committed by its end are known).
+  auto checkpoints = store_->ListCheckpointRows(job_id);
+  std::optional<GoodputSplit> split;
+  if (running != nullptr && rows.ok() && checkpoints.ok())
+    split = AttemptGoodput(ended, *rows, *checkpoints, now);
+  // A lost attempt was alive until its worker's last message: M counts it until then, not until ftd knew.
+  int64_t seen = now;
+  if (auto s = sessions_.find(ended.worker_id);
+      lost && s != sessions_.end() && s->second.last_message_mono > 0) {
+    seen =
+        std::max(ended.started_ms, now - std::max<int64_t>(0, MonotonicMs() - s->second.last_message_mono));
+  }
   const Status stored = store_->EndAttempt(job_id, epoch, outcome, reason, ended.end_step, ended.steps_lost,
-                                           now, lost, notice_ms);
+                                           now, lost, notice_ms, split ? &*split : nullptr, seen);
   Check(stored, "end attempt");
   if (running == nullptr || !stored.ok()) return steps_lost;
-  // M's history (checkpoint.every auto) and /metrics' goodput counters take the attempt as ended.
-  history_.seconds += static_cast<double>(std::max<int64_t>(0, now - ended.started_ms)) / 1000.0;
-  history_.preemptions += outcome == AttemptOutcomeCode::kPreempted ? 1 : 0;
-  auto checkpoints = store_->ListCheckpointRows(job_id);
-  if (rows.ok() && checkpoints.ok()) goodput_total_.Add(AttemptGoodput(ended, *rows, *checkpoints, now));
+  // Its pool's history (checkpoint.every auto's M, the pool's goodput) and /metrics' counters.
+  Store::AttemptTotals& pool = history_[ended.pool];
+  pool.seconds += static_cast<double>(std::max<int64_t>(0, seen - ended.started_ms)) / 1000.0;
+  pool.preemptions += outcome == AttemptOutcomeCode::kPreempted ? 1 : 0;
+  pool.attempts += 1;
+  if (split) {
+    pool.device.Add(*split);
+    goodput_total_.Add(*split);
+  }
   return steps_lost;
 }
 

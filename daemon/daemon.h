@@ -164,12 +164,14 @@ class Daemon {
     Held lock(this);
     return goodput_total_;
   }
-  // Every ended attempt's seconds and how many ended preempted: M of checkpoint.every auto is
-  // MeanTimeBetweenPreemptions of them (engine/job/checkpoint_interval.h).
-  Store::AttemptTotals attempt_history() {
+  // By pool: every ended attempt's seconds, how many ended preempted and their goodput: M of
+  // checkpoint.every auto is MeanTimeBetweenPreemptions of the pool's (engine/job/checkpoint_interval.h).
+  std::map<std::string, Store::AttemptTotals> attempt_history() {
     Held lock(this);
     return history_;
   }
+  // The pools of the live workers, with how many are alive in each.
+  std::map<std::string, int64_t> live_pools();
   // The sum of ftd's own stalls credited to the leases (see DaemonOptions::stall_credit_after_ms).
   int64_t stall_ms_total() const { return stall_credit_ms_.load(); }
   Store& store() { return *store_; }
@@ -202,7 +204,8 @@ class Daemon {
     int64_t host_free_bytes = 0;
     std::string address;  // where other ranks reach ranks on this worker
     int32_t rendezvous_port_first = 0, rendezvous_port_count = 0;
-    std::string memory_problem;  // the last implausible memory report (evented once per change)
+    std::string memory_problem;    // the last implausible memory report (evented once per change)
+    std::string pool = "default";  // ft-worker --pool
   };
   // The running attempt of a multi-rank job.
   struct Gang {
@@ -291,8 +294,8 @@ class Daemon {
   StatusOr<ftune::v1::Job> ToProto(const JobRow& job);
   // Every ended attempt's seconds and preemptions: M of checkpoint.every auto, handed to each
   // attempt (loaded at start, added to as attempts end).
-  Store::AttemptTotals history_;
-  GoodputSplit goodput_total_;  // of the attempts ended since ftd started (/metrics)
+  std::map<std::string, Store::AttemptTotals> history_;  // by pool
+  GoodputSplit goodput_total_;                           // of the attempts ended since ftd started (/metrics)
   // job id → when a preemption notice reached a worker running it (the earliest; kept with the
   // attempt it ends, then dropped).
   std::map<std::string, int64_t> notices_;

@@ -92,8 +92,9 @@ void Daemon::StartOn(const JobRow& job, const Placement& p) {
   auto ckpt = store_->LatestCheckpoint(job.id);
   const int64_t start_step = ckpt.ok() ? ckpt->step : 0;
   const bool gang = p.ranks.size() > 1;
+  const std::string pool = sessions_[p.worker_id].pool;  // rank 0's worker's
   auto attempt = store_->StartAttempt(job.id, p.worker_id, start_step, p.plan.micro_batch,
-                                      p.plan.accumulation, p.plan.world, clock_->WallMs(), p.ranks);
+                                      p.plan.accumulation, p.plan.world, clock_->WallMs(), p.ranks, pool);
   if (!attempt.ok()) {
     Check(attempt.status(), "start attempt");
     return;
@@ -119,7 +120,8 @@ void Daemon::StartOn(const JobRow& job, const Placement& p) {
   for (const std::string& root : options_.allowed_roots) start->add_allowed_roots(root);
   start->set_total_steps(job.total_steps);
   start->set_start_step(start_step);
-  const double mtbf = MeanTimeBetweenPreemptions(history_.seconds, history_.preemptions);
+  const Store::AttemptTotals& history = history_[pool];
+  const double mtbf = MeanTimeBetweenPreemptions(history.seconds, history.preemptions);
   start->set_mtbf_seconds(mtbf);
   std::string where = p.worker_id;
   if (gang) {
@@ -150,8 +152,9 @@ void Daemon::StartOn(const JobRow& job, const Placement& p) {
             where + " (" + DeviceKindName(p.device_kind) + ", micro-batch " +
             std::to_string(p.plan.micro_batch) + " x " + std::to_string(p.plan.accumulation) +
             (gang ? " x " + std::to_string(p.plan.world) + " ranks" : "") + ", epoch " +
-            std::to_string(attempt->epoch) + "; preemptions: M = " + FormatMinutes(mtbf) + " from " +
-            std::to_string(history_.preemptions) + " in " + FormatMinutes(history_.seconds) + " of attempts)",
+            std::to_string(attempt->epoch) + "; preemptions in pool " + pool +
+            ": M = " + FormatMinutes(mtbf) + " from " + std::to_string(history.preemptions) + " in " +
+            FormatMinutes(history.seconds) + " of attempts)",
         start_step);
   PublishJob(job.id);
 }

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "common/file_util.h"
+#include "common/ids.h"
 #include "common/logging.h"
 #include "common/untrusted_text.h"
 #include "daemon/daemon.h"
@@ -56,6 +57,9 @@ bool Daemon::IsCurrent(const std::string& job_id, int64_t epoch) {
 
 Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
   if (reg.worker_id().empty()) return Status::InvalidArgument("register: worker_id is empty");
+  if (!reg.pool().empty()) {
+    FT_RETURN_IF_ERROR(CheckPoolName(reg.pool(), "register: pool (ft-worker --pool)"));
+  }
   Held lock(this);
   const std::string implausible =
       ImplausibleMemory(reg.worker_id(), reg.devices(), reg.host_total_bytes(), reg.host_free_bytes());
@@ -103,6 +107,7 @@ Status Daemon::AdoptSession(const pb::Register& reg, WorkerSink* sink, Session& 
   s.address = reg.address().empty() ? reg.hostname() : reg.address();
   s.rendezvous_port_first = reg.rendezvous_port_first();
   s.rendezvous_port_count = reg.rendezvous_port_count();
+  s.pool = reg.pool().empty() ? std::string(kDefaultPool) : reg.pool();
   WorkerRow row;
   row.id = reg.worker_id();
   row.hostname = reg.hostname();
@@ -110,6 +115,7 @@ Status Daemon::AdoptSession(const pb::Register& reg, WorkerSink* sink, Session& 
   row.last_seen_ms = clock_->WallMs();
   row.slot_end_ms = reg.slot_end_ms();
   row.alive = true;
+  row.pool = s.pool;
   for (const pb::Device& d : reg.devices()) row.devices.push_back(ToDeviceRow(d));
   s.devices = row.devices;
   if (Status upserted = store_->UpsertWorker(row); !upserted.ok()) {

@@ -35,16 +35,7 @@
 
 namespace ft {
 
-struct GoodputSplit {
-  double productive_s = 0, checkpoint_s = 0, restart_s = 0, lost_s = 0;  // device-seconds
-  double total_s() const { return productive_s + checkpoint_s + restart_s + lost_s; }
-  void Add(const GoodputSplit& o) {
-    productive_s += o.productive_s;
-    checkpoint_s += o.checkpoint_s;
-    restart_s += o.restart_s;
-    lost_s += o.lost_s;
-  }
-};
+// GoodputSplit (device-seconds by category) is defined in daemon/store.h: ended attempts keep theirs.
 
 struct JobGoodput {
   GoodputSplit device;                 // every attempt's

@@ -558,7 +558,8 @@ StatusOr<json> HttpApi::Workers() {
   FT_ASSIGN_OR_RETURN(pb::ListWorkersReply reply, daemon_->ListWorkers());
   json workers = json::array();
   for (const pb::WorkerInfo& w : reply.workers()) workers.push_back(WorkerJson(w));
-  return json{{"workers", std::move(workers)}, {"pool", PoolJson(daemon_->attempt_history())}};
+  return json{{"workers", std::move(workers)},
+              {"pools", PoolsJson(daemon_->attempt_history(), daemon_->live_pools())}};
 }
 
 // ------------------------------------------------------------------ handlers

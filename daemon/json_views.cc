@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 
 #include "engine/job/checkpoint_interval.h"
 
@@ -191,17 +192,44 @@ json WorkerJson(const pb::WorkerInfo& w) {
           {"running_job_id", w.running_job_id()},
           {"host_total_bytes", w.host_total_bytes()},
           {"host_free_bytes", w.host_free_bytes()},
+          {"pool", w.pool()},
+          {"goodput", SplitJson(w.goodput())},
           {"devices", std::move(devices)}};
 }
 
-json PoolJson(const Store::AttemptTotals& history) {
+json PoolJson(const std::string& name, const Store::AttemptTotals& history, int64_t workers_alive) {
   const double per_hour =
       history.seconds > 0 ? static_cast<double>(history.preemptions) / (history.seconds / 3600.0) : 0.0;
-  return {{"attempt_seconds", history.seconds},
+  const GoodputSplit& d = history.device;
+  return {{"pool", name},
+          {"workers_alive", workers_alive},
+          {"attempts", history.attempts},
+          {"attempt_seconds", history.seconds},
           {"preemptions", history.preemptions},
           {"preemptions_per_hour", per_hour},
           {"mtbf_s", MeanTimeBetweenPreemptions(history.seconds, history.preemptions)},
-          {"mtbf_is_prior", history.preemptions == 0}};
+          {"mtbf_is_prior", history.preemptions == 0},
+          {"goodput",
+           {{"productive_s", d.productive_s},
+            {"checkpoint_s", d.checkpoint_s},
+            {"restart_s", d.restart_s},
+            {"lost_s", d.lost_s},
+            {"goodput", d.total_s() > 0 ? d.productive_s / d.total_s() : 1.0}}}};
+}
+
+json PoolsJson(const std::map<std::string, Store::AttemptTotals>& history,
+               const std::map<std::string, int64_t>& alive) {
+  std::set<std::string> names;
+  for (const auto& [name, totals] : history) names.insert(name);
+  for (const auto& [name, count] : alive) names.insert(name);
+  json out = json::array();
+  for (const std::string& name : names) {
+    auto h = history.find(name);
+    auto a = alive.find(name);
+    out.push_back(PoolJson(name, h == history.end() ? Store::AttemptTotals{} : h->second,
+                           a == alive.end() ? 0 : a->second));
+  }
+  return out;
 }
 
 }  // namespace ft

@@ -9,6 +9,7 @@
 // Thread safety: free functions over values; safe from any thread.
 #pragma once
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -42,11 +43,15 @@ nlohmann::json MetricJson(const ftune::v1::MetricPoint& p, const std::string& jo
 nlohmann::json MetricJson(const MetricRow& m);
 nlohmann::json DeviceMemoryJson(const DeviceMemoryRow& d);
 nlohmann::json WorkerJson(const ftune::v1::WorkerInfo& w);
-// The pool's preemption figures (one pool today: every worker of this ftd),
-// from ftd's attempt history: attempt_seconds, preemptions,
+// Each worker pool's figures, by name, over every pool with history or a live
+// worker: pool, workers_alive, and from ftd's attempt history (the attempts
+// that ended in it): attempts, attempt_seconds, preemptions,
 // preemptions_per_hour (0 when no attempt time), mtbf_s (checkpoint.every
-// auto's M, MeanTimeBetweenPreemptions) and mtbf_is_prior (no preemption yet:
-// M is the prior, or the time seen without one).
-nlohmann::json PoolJson(const Store::AttemptTotals& history);
+// auto's M, MeanTimeBetweenPreemptions), mtbf_is_prior (no preemption yet: M
+// is the prior, or the time seen without one), and goodput (device-seconds
+// productive_s, checkpoint_s, restart_s, lost_s, and goodput = productive ÷
+// their sum, 1 with none).
+nlohmann::json PoolsJson(const std::map<std::string, Store::AttemptTotals>& history,
+                         const std::map<std::string, int64_t>& alive);
 
 }  // namespace ft

@@ -128,10 +128,26 @@ StatusOr<std::string> RenderPrometheus(Daemon& daemon) {
     out += "ftune_goodput_seconds_total{category=\"" + std::string(category) + "\"} " + Num(seconds) + "\n";
   }
   Family(&out, "ftune_pool_mtbf_seconds", "gauge",
-         "Mean time between preemptions over ftd's attempt history: checkpoint.every auto's M.");
-  const Store::AttemptTotals history = daemon.attempt_history();
-  out += "ftune_pool_mtbf_seconds " + Num(MeanTimeBetweenPreemptions(history.seconds, history.preemptions)) +
-         "\n";
+         "Mean time between preemptions over a worker pool's attempt history: checkpoint.every auto's M.");
+  std::map<std::string, Store::AttemptTotals> pools = daemon.attempt_history();
+  for (const auto& [pool, alive] : daemon.live_pools()) pools.try_emplace(pool);  // the prior, until one ends
+  for (const auto& [pool, history] : pools) {
+    out += "ftune_pool_mtbf_seconds{pool=\"" + pool + "\"} " +
+           Num(MeanTimeBetweenPreemptions(history.seconds, history.preemptions)) + "\n";
+  }
+  Family(&out, "ftune_pool_goodput_seconds_total", "counter",
+         "Device-seconds of the attempts ended in a worker pool, by goodput category (from SQLite).");
+  for (const auto& [pool, history] : pools) {
+    const GoodputSplit& d = history.device;
+    for (const auto& [category, seconds] :
+         std::vector<std::pair<const char*, double>>{{"productive", d.productive_s},
+                                                     {"checkpoint", d.checkpoint_s},
+                                                     {"restart", d.restart_s},
+                                                     {"lost", d.lost_s}}) {
+      out += "ftune_pool_goodput_seconds_total{pool=\"" + pool + "\",category=\"" + category + "\"} " +
+             Num(seconds) + "\n";
+    }
+  }
   out += PrometheusHistogram("ftune_checkpoint_duration_seconds", "Checkpoint write time, as committed.",
                              daemon.checkpoint_seconds(), 0.01, 1000);
   out += PrometheusHistogram("ftune_recovery_seconds",

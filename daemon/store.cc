@@ -180,6 +180,20 @@ ALTER TABLE attempts ADD COLUMN ranks TEXT NOT NULL DEFAULT '';
 ALTER TABLE attempts ADD COLUMN lost INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE attempts ADD COLUMN notice_ms INTEGER NOT NULL DEFAULT 0;
 )sql",
+    // 8: worker pools (ft-worker --pool): each worker's, and each attempt's
+    // when it started (M and goodput per pool); an ended attempt's goodput
+    // split in device-seconds (NULL: running, or ended before this version);
+    // and a lost attempt's last sign of life (its worker's last message; 0:
+    // its end), which M's history counts up to.
+    R"sql(
+ALTER TABLE workers ADD COLUMN pool TEXT NOT NULL DEFAULT 'default';
+ALTER TABLE attempts ADD COLUMN pool TEXT NOT NULL DEFAULT 'default';
+ALTER TABLE attempts ADD COLUMN productive_s REAL;
+ALTER TABLE attempts ADD COLUMN checkpoint_s REAL;
+ALTER TABLE attempts ADD COLUMN restart_s REAL;
+ALTER TABLE attempts ADD COLUMN lost_s REAL;
+ALTER TABLE attempts ADD COLUMN seen_ms INTEGER NOT NULL DEFAULT 0;
+)sql",
 };
 
 constexpr int kLatestVersion = static_cast<int>(std::size(kMigrations));
@@ -200,7 +214,7 @@ constexpr char kJobColumns[] =
     "not_before_ms, gpus, device";
 constexpr char kAttemptColumns[] =
     "job_id, number, epoch, worker_id, outcome, reason, started_ms, ended_ms, start_step, end_step, "
-    "steps_lost, micro_batch, accumulation, world, ranks, lost, notice_ms";
+    "steps_lost, micro_batch, accumulation, world, ranks, lost, notice_ms, pool";
 constexpr char kCheckpointColumns[] =
     "job_id, epoch, step, dir, manifest_sha256, write_seconds, committed_ms";
 constexpr char kEventColumns[] = "seq, time_ms, job_id, worker_id, kind, message, step";
@@ -296,6 +310,7 @@ class Query {
   void BindOne(int i, int64_t v) { Check(sqlite3_bind_int64(stmt_, i, v)); }
   void BindOne(int i, int v) { Check(sqlite3_bind_int64(stmt_, i, v)); }
   void BindOne(int i, double v) { Check(sqlite3_bind_double(stmt_, i, v)); }
+  void BindOne(int i, std::nullptr_t) { Check(sqlite3_bind_null(stmt_, i)); }
   void BindOne(int i, const std::string& v) {
     Check(sqlite3_bind_text64(stmt_, i, v.data(), v.size(), SQLITE_TRANSIENT, SQLITE_UTF8));
   }
@@ -384,6 +399,7 @@ AttemptRow ReadAttempt(const Query& q) {
   SplitRanks(q.Text(c++), &a);
   a.lost = q.Int(c++) != 0;
   a.notice_ms = q.Int(c++);
+  a.pool = q.Text(c++);
   return a;
 }
 
@@ -773,7 +789,8 @@ Status Store::UpdateJob(const JobRow& j) {
 
 StatusOr<AttemptRow> Store::StartAttempt(const std::string& job_id, const std::string& worker_id,
                                          int64_t start_step, int64_t micro_batch, int64_t accumulation,
-                                         int64_t world, int64_t now_ms, const std::vector<RankSlot>& ranks) {
+                                         int64_t world, int64_t now_ms, const std::vector<RankSlot>& ranks,
+                                         const std::string& pool) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::string op = "start attempt of " + job_id;
   AttemptRow a{.job_id = job_id,
@@ -786,6 +803,7 @@ StatusOr<AttemptRow> Store::StartAttempt(const std::string& job_id, const std::s
                .accumulation = accumulation,
                .world = world,
                .ranks = ranks.size() > 1 ? ranks : std::vector<RankSlot>{}};
+  a.pool = pool;
   FT_RETURN_IF_ERROR(Write(op, [&]() -> Status {
     FT_RETURN_IF_ERROR(RequireJob(job_id, op));
     FT_ASSIGN_OR_RETURN(
@@ -797,11 +815,11 @@ StatusOr<AttemptRow> Store::StartAttempt(const std::string& job_id, const std::s
     a.number = last.Int(0) + 1;
     a.epoch = last.Int(1) + 1;
     FT_ASSIGN_OR_RETURN(Query q, Prepare(std::string("INSERT INTO attempts (") + kAttemptColumns +
-                                             ") VALUES (" + Placeholders(17) + ")",
+                                             ") VALUES (" + Placeholders(18) + ")",
                                          op));
     q.Bind(a.job_id, a.number, a.epoch, a.worker_id, Code(a.outcome), a.reason, a.started_ms, a.ended_ms,
            a.start_step, a.end_step, a.steps_lost, a.micro_batch, a.accumulation, a.world, JoinRanks(a),
-           int64_t{a.lost ? 1 : 0}, a.notice_ms);
+           int64_t{a.lost ? 1 : 0}, a.notice_ms, a.pool);
     return q.Run();
   }));
   return a;
@@ -809,18 +827,22 @@ StatusOr<AttemptRow> Store::StartAttempt(const std::string& job_id, const std::s
 
 Status Store::EndAttempt(const std::string& job_id, int64_t epoch, AttemptOutcomeCode outcome,
                          const std::string& reason, int64_t end_step, int64_t steps_lost, int64_t now_ms,
-                         bool lost, int64_t notice_ms) {
+                         bool lost, int64_t notice_ms, const GoodputSplit* goodput, int64_t seen_ms) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::string op = "end attempt " + std::to_string(epoch) + " of " + job_id;
   return Write(op, [&]() -> Status {
-    FT_ASSIGN_OR_RETURN(
-        Query q,
-        Prepare("UPDATE attempts SET outcome = ?, reason = ?, end_step = ?, "
-                "steps_lost = ?, ended_ms = ?, lost = ?, notice_ms = ? WHERE job_id = ? AND epoch = ?",
-                op));
-    FT_RETURN_IF_ERROR(q.Bind(Code(outcome), reason, end_step, steps_lost, now_ms, int64_t{lost ? 1 : 0},
-                              notice_ms, job_id, epoch)
-                           .Run());
+    FT_ASSIGN_OR_RETURN(Query q, Prepare("UPDATE attempts SET outcome = ?, reason = ?, end_step = ?, "
+                                         "steps_lost = ?, ended_ms = ?, lost = ?, notice_ms = ?, "
+                                         "productive_s = ?, checkpoint_s = ?, restart_s = ?, lost_s = ?, "
+                                         "seen_ms = ? WHERE job_id = ? AND epoch = ?",
+                                         op));
+    q.Bind(Code(outcome), reason, end_step, steps_lost, now_ms, int64_t{lost ? 1 : 0}, notice_ms);
+    if (goodput != nullptr) {
+      q.Bind(goodput->productive_s, goodput->checkpoint_s, goodput->restart_s, goodput->lost_s);
+    } else {
+      q.Bind(nullptr, nullptr, nullptr, nullptr);
+    }
+    FT_RETURN_IF_ERROR(q.Bind(seen_ms, job_id, epoch).Run());
     if (q.Changes() == 1) return Status::OK();
     return Status::NotFound("job " + job_id + " has no attempt with epoch " + std::to_string(epoch));
   });
@@ -834,16 +856,29 @@ StatusOr<std::vector<AttemptRow>> Store::ListAttempts(const std::string& job_id)
   return Collect(q.Bind(job_id), ReadAttempt);
 }
 
-StatusOr<Store::AttemptTotals> Store::EndedAttemptTotals() {
+StatusOr<std::map<std::string, Store::AttemptTotals>> Store::EndedAttemptTotals(AttemptGroup by) {
   std::lock_guard<std::mutex> lock(mu_);
   static_assert(static_cast<int>(AttemptOutcomeCode::kRunning) == 1 &&
                 static_cast<int>(AttemptOutcomeCode::kPreempted) == 3);
-  FT_ASSIGN_OR_RETURN(Query q, Prepare("SELECT COALESCE(SUM(ended_ms - started_ms), 0), "
-                                       "COALESCE(SUM(outcome = 3), 0) FROM attempts WHERE outcome != 1",
-                                       "attempt totals"));
-  bool row = false;
-  FT_RETURN_IF_ERROR(q.Next(&row));
-  return AttemptTotals{static_cast<double>(q.Int(0)) / 1000.0, q.Int(1)};
+  const std::string key = by == AttemptGroup::kPool ? "pool" : "worker_id";
+  FT_ASSIGN_OR_RETURN(
+      Query q, Prepare("SELECT " + key +
+                           ", SUM(MAX(started_ms, CASE WHEN seen_ms > 0 AND seen_ms < ended_ms "
+                           "THEN seen_ms ELSE ended_ms END) - started_ms), SUM(outcome = 3), COUNT(*), "
+                           "TOTAL(productive_s), TOTAL(checkpoint_s), TOTAL(restart_s), "
+                           "TOTAL(lost_s) FROM attempts WHERE outcome != 1 GROUP BY " +
+                           key,
+                       "attempt totals by " + key));
+  std::map<std::string, AttemptTotals> out;
+  for (;;) {
+    bool row = false;
+    FT_RETURN_IF_ERROR(q.Next(&row));
+    if (!row) return out;
+    out[q.Text(0)] = AttemptTotals{.seconds = static_cast<double>(q.Int(1)) / 1000.0,
+                                   .preemptions = q.Int(2),
+                                   .attempts = q.Int(3),
+                                   .device = {q.Real(4), q.Real(5), q.Real(6), q.Real(7)}};
+  }
 }
 
 StatusOr<std::vector<AttemptRow>> Store::RunningAttempts() {
@@ -906,13 +941,13 @@ Status Store::UpsertWorker(const WorkerRow& w) {
   return Write(op, [&]() -> Status {
     FT_ASSIGN_OR_RETURN(Query q,
                         Prepare("INSERT INTO workers (id, hostname, version, last_seen_ms, slot_end_ms, "
-                                "alive) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+                                "alive, pool) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
                                 "hostname = excluded.hostname, version = excluded.version, "
                                 "last_seen_ms = excluded.last_seen_ms, slot_end_ms = "
-                                "excluded.slot_end_ms, alive = excluded.alive",
+                                "excluded.slot_end_ms, alive = excluded.alive, pool = excluded.pool",
                                 op));
     FT_RETURN_IF_ERROR(
-        q.Bind(w.id, w.hostname, w.version, w.last_seen_ms, w.slot_end_ms, int{w.alive}).Run());
+        q.Bind(w.id, w.hostname, w.version, w.last_seen_ms, w.slot_end_ms, int{w.alive}, w.pool).Run());
     FT_ASSIGN_OR_RETURN(Query del, Prepare("DELETE FROM devices WHERE worker_id = ?", op));
     FT_RETURN_IF_ERROR(del.Bind(w.id).Run());
     for (const DeviceRow& d : w.devices) {
@@ -980,7 +1015,7 @@ StatusOr<std::vector<WorkerRow>> Store::ListWorkers() {
   FT_ASSIGN_OR_RETURN(Query q,
                       Prepare("SELECT w.id, w.hostname, w.version, w.last_seen_ms, w.slot_end_ms, "
                               "w.alive, d.idx, d.kind, d.name, d.total_bytes, d.free_bytes, "
-                              "d.used_bytes FROM workers w LEFT JOIN devices d ON d.worker_id = w.id "
+                              "d.used_bytes, w.pool FROM workers w LEFT JOIN devices d ON d.worker_id = w.id "
                               "ORDER BY w.id, d.idx",
                               "list workers"));
   std::vector<WorkerRow> workers;
@@ -994,7 +1029,8 @@ StatusOr<std::vector<WorkerRow>> Store::ListWorkers() {
                                   .version = q.Text(2),
                                   .last_seen_ms = q.Int(3),
                                   .slot_end_ms = q.Int(4),
-                                  .alive = q.Int(5) != 0});
+                                  .alive = q.Int(5) != 0,
+                                  .pool = q.Text(12)});
     }
     if (q.IsNull(6)) continue;  // a worker without devices
     workers.back().devices.push_back(DeviceRow{.index = static_cast<int32_t>(q.Int(6)),

@@ -94,6 +94,18 @@ struct RankSlot {
   bool operator==(const RankSlot&) const = default;
 };
 
+// An attempt's device-seconds by goodput category (daemon/goodput.h says what each holds).
+struct GoodputSplit {
+  double productive_s = 0, checkpoint_s = 0, restart_s = 0, lost_s = 0;  // device-seconds
+  double total_s() const { return productive_s + checkpoint_s + restart_s + lost_s; }
+  void Add(const GoodputSplit& o) {
+    productive_s += o.productive_s;
+    checkpoint_s += o.checkpoint_s;
+    restart_s += o.restart_s;
+    lost_s += o.lost_s;
+  }
+};
+
 struct AttemptRow {
   std::string job_id;
   int64_t number = 0;
@@ -109,6 +121,7 @@ struct AttemptRow {
   int64_t micro_batch = 0, accumulation = 0, world = 1;
   bool lost = false;      // ended by ftd for a loss (lease, lost rank), not by the attempt's own report
   int64_t notice_ms = 0;  // when a cloud preemption notice reached its worker (0 = none)
+  std::string pool = "default";  // the pool of its (rank 0's) worker when it started
   // A multi-rank attempt: where each rank runs, by rank (rank 0's worker is
   // worker_id). Empty: one rank, on worker_id.
   std::vector<RankSlot> ranks;
@@ -136,6 +149,7 @@ struct WorkerRow {
   int64_t slot_end_ms = 0;
   bool alive = false;
   std::vector<DeviceRow> devices;
+  std::string pool = "default";  // ft-worker --pool
 };
 
 struct CheckpointRow {
@@ -248,22 +262,38 @@ class Store {
   // multi-rank attempt runs (AttemptRow). NotFound for an unknown job.
   StatusOr<AttemptRow> StartAttempt(const std::string& job_id, const std::string& worker_id,
                                     int64_t start_step, int64_t micro_batch, int64_t accumulation,
-                                    int64_t world, int64_t now_ms, const std::vector<RankSlot>& ranks = {});
+                                    int64_t world, int64_t now_ms, const std::vector<RankSlot>& ranks = {},
+                                    const std::string& pool = "default");
   // NotFound when the job has no attempt with this epoch. `lost`: ftd ended it for a loss
-  // (AttemptRow::lost); `notice_ms`: a preemption notice came first (AttemptRow::notice_ms).
+  // (AttemptRow::lost); `notice_ms`: a preemption notice came first (AttemptRow::notice_ms);
+  // `goodput`: its split (kept for the pool and worker totals; nullptr = not known); `seen_ms`:
+  // a lost attempt's last sign of life (0 = its end).
   Status EndAttempt(const std::string& job_id, int64_t epoch, AttemptOutcomeCode outcome,
                     const std::string& reason, int64_t end_step, int64_t steps_lost, int64_t now_ms,
-                    bool lost = false, int64_t notice_ms = 0);
+                    bool lost = false, int64_t notice_ms = 0, const GoodputSplit* goodput = nullptr,
+                    int64_t seen_ms = 0);
   StatusOr<std::vector<AttemptRow>> ListAttempts(const std::string& job_id);
   // Attempts with outcome RUNNING (any job), e.g. to reattach after a restart.
   StatusOr<std::vector<AttemptRow>> RunningAttempts();
-  // Over every ended attempt: its wall seconds summed, and how many ended preempted
-  // (checkpoint.every auto's M, engine/job/checkpoint_interval.h).
+  // Over ended attempts: their wall seconds summed (a lost attempt's up to its last sign of life:
+  // after that its node was gone), how many ended preempted (checkpoint.every auto's M,
+  // engine/job/checkpoint_interval.h), and their goodput splits summed (attempts that
+  // ended before ftd kept splits count as none).
   struct AttemptTotals {
     double seconds = 0;
     int64_t preemptions = 0;
+    int64_t attempts = 0;
+    GoodputSplit device;
+    void Add(const AttemptTotals& o) {
+      seconds += o.seconds;
+      preemptions += o.preemptions;
+      attempts += o.attempts;
+      device.Add(o.device);
+    }
   };
-  StatusOr<AttemptTotals> EndedAttemptTotals();
+  // Grouped by the attempt's pool, or by its (rank 0's) worker.
+  enum class AttemptGroup { kPool, kWorker };
+  StatusOr<std::map<std::string, AttemptTotals>> EndedAttemptTotals(AttemptGroup by);
 
   // ---- checkpoints
   // Idempotent: committing the same (job, epoch, step) again replaces the row. NotFound for an unknown job.

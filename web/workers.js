@@ -2,9 +2,11 @@
 // its host memory (what cpu_offload / paged_adamw / activation offload use), current job, slot time left and last heartbeat; lost workers are greyed.
 // Loads /api/workers once, then applies the stream's `workers` messages row by
 // row; a one-second timer keeps "ago" and "left" texts current.
-// Above the table, the Pool panel: the preemption rate and the mean time
-// between preemptions M over ftd's attempt history (the response's `pool`,
-// issue #31), which checkpoint.every: auto uses. One pool: every worker of this ftd.
+// Above the table, the Pools panel: per worker pool (ft-worker --pool), its
+// live workers, preemption rate, the mean time between preemptions M over its
+// attempt history, which checkpoint.every: auto uses, and the goodput of the
+// attempts that ended in it (the response's `pools`, issue #31). Each worker's
+// row names its pool and the goodput of the attempts that ended on it.
 
 import { getJSON, openStream } from './api.js';
 import { el, setText, ago, bytes, duration } from './format.js';
@@ -24,7 +26,7 @@ export function mountWorkers(root, _query, app) {
       pool.panel,
       el('table', { class: 'grid workers-table' },
         el('thead', {}, el('tr', {},
-          ...['Worker', 'Devices', 'Job', 'Slot left', 'Last heartbeat'].map((h) => el('th', {}, h)))),
+          ...['Worker', 'Pool', 'Devices', 'Job', 'Goodput', 'Slot left', 'Last heartbeat'].map((h) => el('th', {}, h)))),
         tbody),
       empty));
 
@@ -48,6 +50,11 @@ export function mountWorkers(root, _query, app) {
       ? `host memory ${bytes(worker.host_free_bytes)} free of ${bytes(worker.host_total_bytes)}` : '';
     setText(c.host, [worker.hostname, worker.version, hostMemory].filter(Boolean).join(' · '));
     setText(c.alive, worker.alive ? '' : 'lost');
+    setText(c.pool, worker.pool || 'default');
+    const g = worker.goodput;
+    const device = g ? g.productive_s + g.checkpoint_s + g.restart_s + g.lost_s : 0;
+    setText(c.goodput, device > 0 ? `${((100 * g.productive_s) / device).toFixed(1)}%` : '–');
+    c.goodput.title = device > 0 ? splitTitle(g) : 'no attempt has ended on this worker';
     const devicesKey = JSON.stringify(worker.devices);
     if (!previous || JSON.stringify(previous.devices) !== devicesKey) {
       c.devices.replaceChildren(...worker.devices.map(deviceCell));
@@ -70,14 +77,16 @@ export function mountWorkers(root, _query, app) {
       id: el('span', { class: 'name' }),
       alive: el('span', { class: 'badge s-failed lost-badge' }),
       host: el('div', { class: 'reason' }),
+      pool: el('td', { class: 'c-pool' }),
       devices: el('td', { class: 'c-devices' }),
       job: el('td', { class: 'c-job' }),
+      goodput: el('td', { class: 'c-goodput num' }),
       slot: el('td', { class: 'c-slot num' }),
       heartbeat: el('td', { class: 'c-heartbeat num' }),
     };
     const tr = el('tr', { 'data-worker-id': worker.id },
       el('td', { class: 'c-worker' }, cells.id, ' ', cells.alive, cells.host),
-      cells.devices, cells.job, cells.slot, cells.heartbeat);
+      cells.pool, cells.devices, cells.job, cells.goodput, cells.slot, cells.heartbeat);
     const row = { worker: null, tr, cells };
     fillRow(row, worker);
     return row;
@@ -111,11 +120,11 @@ export function mountWorkers(root, _query, app) {
       const list = await getJSON('api/workers');
       if (disposed) return;
       apply(list.workers);
-      pool.show(list.pool);
+      pool.show(list.pools);
       closeStream = openStream('', {
         workers: (msg) => {
           apply(msg.workers);
-          pool.show(msg.pool);
+          pool.show(msg.pools);
         },
       });
       app.rendered('workers', rows.size);
@@ -137,33 +146,49 @@ function minutes(seconds) {
   return `${(seconds / 60).toFixed(1)} min`;
 }
 
-// The Pool panel: preemptions per hour, M, and the attempt time they come from.
-// show(pool) fills it from /api/workers' `pool`; hidden while there is none (an older ftd).
-function poolPanel() {
-  const field = (name) => el('dd', { 'data-field': name });
-  const fields = { rate: field('rate'), mtbf: field('mtbf'), history: field('history') };
-  const panel = el('section', { class: 'panel pool', id: 'pool', hidden: true },
-    el('h2', {}, 'Pool'),
-    el('dl', { class: 'summary' },
-      el('dt', {}, 'Preemptions per hour'), fields.rate,
-      el('dt', {}, 'Mean time between preemptions'), fields.mtbf,
-      el('dt', {}, 'From'), fields.history),
-    el('p', { class: 'note' },
-      'M is what checkpoint.every: auto uses: each job checkpoints about every √(2·C·M), ' +
-      'C its measured checkpoint write time. One pool: every worker of this ftd.'));
+// "productive 12.0 s · checkpoint 0.4 s · restart 3.1 s · lost 2.2 s" (device-seconds).
+function splitTitle(g) {
+  return ['productive', 'checkpoint', 'restart', 'lost']
+    .map((k) => `${k} ${duration(g[`${k}_s`])}`).join(' · ');
+}
 
-  function show(p) {
-    panel.hidden = !p;
-    if (!p) return;
+// The Pools panel: one row per pool with its live workers, preemptions per hour, M, the attempt
+// time they come from, and the goodput of its ended attempts. show(pools) fills it from
+// /api/workers' `pools`; hidden while there is none (an older ftd).
+function poolPanel() {
+  const tbody = el('tbody');
+  const panel = el('section', { class: 'panel pool', id: 'pool', hidden: true },
+    el('h2', {}, 'Pools'),
+    el('table', { class: 'grid pools-table' },
+      el('thead', {}, el('tr', {},
+        ...['Pool', 'Workers', 'Preemptions per hour', 'Mean time between preemptions', 'From', 'Goodput']
+          .map((h) => el('th', {}, h)))),
+      tbody),
+    el('p', { class: 'note' },
+      'M is what checkpoint.every: auto uses: a job checkpoints about every √(2·C·M), C its measured ' +
+      'checkpoint write time, M its worker\'s pool\'s. Goodput: productive ÷ all device time of the ' +
+      'attempts that ended in the pool.'));
+
+  function row(p) {
+    const cell = (name, text, data = {}) => el('td', { 'data-field': name, ...data }, text);
     const rate = p.preemptions_per_hour;
-    setText(fields.rate, rate.toFixed(rate < 10 ? 2 : 1));
-    fields.rate.dataset.value = rate;
-    setText(fields.mtbf, p.mtbf_is_prior ? `${minutes(p.mtbf_s)} (prior: no preemption yet)` : minutes(p.mtbf_s));
-    fields.mtbf.dataset.seconds = p.mtbf_s;
-    fields.mtbf.dataset.prior = p.mtbf_is_prior;
-    setText(fields.history, `${p.preemptions} preemption${p.preemptions === 1 ? '' : 's'} in ` +
-      `${duration(p.attempt_seconds)} of attempts`);
-    fields.history.dataset.preemptions = p.preemptions;
+    const g = p.goodput;
+    return el('tr', { 'data-pool': p.pool },
+      cell('pool', p.pool),
+      cell('workers', String(p.workers_alive)),
+      cell('rate', rate.toFixed(rate < 10 ? 2 : 1), { 'data-value': rate }),
+      cell('mtbf', p.mtbf_is_prior ? `${minutes(p.mtbf_s)} (prior: no preemption yet)` : minutes(p.mtbf_s),
+        { 'data-seconds': p.mtbf_s, 'data-prior': p.mtbf_is_prior }),
+      cell('history', `${p.preemptions} preemption${p.preemptions === 1 ? '' : 's'} in ` +
+        `${duration(p.attempt_seconds)} of attempts`, { 'data-preemptions': p.preemptions }),
+      cell('goodput', p.attempts > 0 ? `${(100 * g.goodput).toFixed(1)}%` : '–',
+        { 'data-value': g.goodput, title: splitTitle(g) }));
+  }
+
+  function show(pools) {
+    panel.hidden = !pools || pools.length === 0;
+    if (panel.hidden) return;
+    tbody.replaceChildren(...pools.map(row));
   }
   return { panel, show };
 }

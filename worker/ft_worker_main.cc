@@ -5,7 +5,7 @@
 //   ft-worker --daemon HOST:PORT [--token T] [--id ID] [--ft-train PATH] [--work-dir DIR]
 //             [--cpu-memory 8GiB] [--cpu-devices N] [--slot-end T|+20s|+5m] [--aws-metadata-url URL]
 //             [--gcp-metadata-url URL] [--notice-poll-ms N] [--stop-grace S]
-//             [--address ADDR] [--rendezvous-ports FIRST-LAST]
+//             [--address ADDR] [--rendezvous-ports FIRST-LAST] [--pool NAME]
 //
 // Multi-rank jobs: ftd places a job's ranks on the devices of one worker or
 // of several, and hands each rank the rendezvous its rank 0 serves on a port
@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/ids.h"
 #include "common/logging.h"
 #include "engine/job/planner.h"
 #include "proto/credentials.h"
@@ -68,6 +69,7 @@ struct Flags {
   int cpu_devices = 1;
   std::string address;
   std::string rendezvous_ports = "29400-29499";
+  std::string pool = std::string(ft::kDefaultPool);
   std::string slot_end;
   std::string aws_url;
   std::string gcp_url;
@@ -199,6 +201,8 @@ bool MakeOptions(const Flags& f, ft::worker::WorkerOptions* w, ft::worker::Sessi
   if (f.cpu_devices < 1 || f.cpu_devices > 64) return bad("--cpu-devices must be 1..64");
   w->devices.cpu_devices = f.cpu_devices;
   w->address = f.address.empty() ? w->hostname : f.address;
+  if (ft::Status pool = ft::CheckPoolName(f.pool, "--pool"); !pool.ok()) return bad(pool.message());
+  w->pool = f.pool;
   {
     int first = 0, last = 0;
     char extra = 0;
@@ -241,6 +245,9 @@ void AddFlags(CLI::App* app, Flags* f) {
   app->add_option("--address", f->address, "where other ranks reach this node's ranks (default: host name)");
   app->add_option("--rendezvous-ports", f->rendezvous_ports,
                   "ports a rank 0 here may serve its rendezvous on, FIRST-LAST (default 29400-29499)");
+  app->add_option("--pool", f->pool,
+                  "the pool this node belongs to (instance type, zone, spot or on-demand): ftd keeps the "
+                  "mean time between preemptions and goodput per pool (default: default)");
   app->add_option("--slot-end", f->slot_end, "end of this node's slot: Unix seconds, or +20s / +5m / +2h");
   app->add_option("--aws-metadata-url", f->aws_url, "poll AWS spot interruption notices at this base URL");
   app->add_option("--gcp-metadata-url", f->gcp_url, "poll GCP preemption notices at this base URL");

@@ -141,6 +141,7 @@ pb::Register Worker::MakeRegister() {
   r.set_address(options_.address.empty() ? options_.hostname : options_.address);
   r.set_rendezvous_port_first(options_.rendezvous_port_first);
   r.set_rendezvous_port_count(options_.rendezvous_port_count);
+  r.set_pool(options_.pool);
   std::lock_guard<std::mutex> lock(mu_);
   journaled_in_register_.clear();
   for (pb::AttemptExited& e : journal_.Entries()) {

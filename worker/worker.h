@@ -67,6 +67,7 @@ struct WorkerOptions {
   std::string address;                           // where other ranks reach this node's ranks ("" = hostname)
   int rendezvous_port_first = 0;                 // ports a rank 0 here may serve its rendezvous on
   int rendezvous_port_count = 0;                 // 0 = none: no rank 0 of a multi-rank job here
+  std::string pool;                              // ft-worker --pool ("" = the default pool)
 };
 
 class Worker : public SessionDelegate, public AttemptListener {

@@ -27,6 +27,7 @@ std::string TrainerStateToJson(const TrainerState& s) {
       {"job_hash", s.job_hash},
       {"job_math", s.job_math},
       {"last_checkpoint_seconds", s.last_checkpoint_seconds},
+      {"mean_checkpoint_seconds", s.mean_checkpoint_seconds},
       {"reason", s.reason},
       {"interval_seconds", s.interval_seconds},
       {"mtbf_seconds", s.mtbf_seconds},
@@ -58,6 +59,7 @@ StatusOr<TrainerState> TrainerStateFromJson(const std::string& text, const std::
     s.job_hash = j.at("job_hash").get<std::string>();
     s.job_math = j.at("job_math").get<std::map<std::string, std::string>>();
     s.last_checkpoint_seconds = j.value("last_checkpoint_seconds", 0.0);
+    s.mean_checkpoint_seconds = j.value("mean_checkpoint_seconds", 0.0);
     s.reason = j.value("reason", "");
     s.interval_seconds = j.value("interval_seconds", 0.0);
     s.mtbf_seconds = j.value("mtbf_seconds", 0.0);

@@ -37,6 +37,7 @@ struct TrainerState {
   std::string job_hash;                         // SHA-256 of the job's math keys
   std::map<std::string, std::string> job_math;  // key -> value of every key that defines the math
   double last_checkpoint_seconds = 0;           // measured write time of the previous checkpoint
+  double mean_checkpoint_seconds = 0;           // and the mean of the recent ones (checkpoint.every auto's C)
   std::string reason;                           // "every_steps", "every_minutes", "signal", "final", ...
   double interval_seconds = 0;                  // every_auto: the interval in force when it was taken
   double mtbf_seconds = 0;                      // every_auto: the M it was chosen with

@@ -252,6 +252,11 @@ double CheckpointWriter::last_seconds() {
   return last_seconds_;
 }
 
+void CheckpointWriter::Seed(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  recent_seconds_.assign(kRecentWrites, seconds);
+}
+
 double CheckpointWriter::mean_seconds() {
   std::lock_guard<std::mutex> lock(mu_);
   if (recent_seconds_.empty()) return 0;

@@ -106,6 +106,9 @@ class CheckpointWriter {
   // time is noisy (a slow fsync), their mean is the checkpoint's expected cost.
   double mean_seconds();
   static constexpr size_t kRecentWrites = 16;
+  // Starts the mean at `seconds` (a resumed run's measured mean): it stands in for each of the
+  // kRecentWrites writes until new ones replace it. Call before the first Submit.
+  void Seed(double seconds);
 
   struct Completed {
     int64_t step = 0;

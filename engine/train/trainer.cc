@@ -490,6 +490,7 @@ CheckpointContents Trainer::Capture(const std::string& reason) {
   st.job_hash = JobHash(spec_, data_->sha256());
   st.epoch = owner_->epoch();
   st.last_checkpoint_seconds = writer_ ? writer_->last_seconds() : 0.0;
+  st.mean_checkpoint_seconds = writer_ ? writer_->mean_seconds() : restored_mean_c_;
   st.reason = reason;
   st.interval_seconds = reason == "every_auto" ? auto_interval_s_ : 0.0;
   st.mtbf_seconds = reason == "every_auto" ? (mtbf_seconds_ > 0 ? mtbf_seconds_ : kPriorMtbfSeconds) : 0.0;
@@ -509,6 +510,8 @@ CheckpointContents Trainer::Capture(const std::string& reason) {
 }
 
 Status Trainer::Restore(const CheckpointContents& c, const std::string& from) {
+  restored_mean_c_ =
+      c.state.mean_checkpoint_seconds;  // C for checkpoint.every auto until writes are measured
   std::map<std::string, std::string> now = JobMathKeys(spec_, data_->sha256());
   // Checkpoints made before the data was identified by content name it by its size.
   now["data.train (size in bytes)"] = std::to_string(data_->file_bytes());
@@ -669,7 +672,10 @@ Status Trainer::CheckpointNow(const std::string& reason, bool wait) {
   // Sharded optimizer state: every rank's moments to every rank first (every rank calls this).
   FT_RETURN_IF_ERROR(optimizer_->GatherMoments().WithContext(spec_.file + ": checkpoint"));
   if (!leader()) return Status::OK();  // the replicas are identical: rank 0 writes for all
-  if (!writer_) writer_ = std::make_unique<CheckpointWriter>(checkpoint_root());
+  if (!writer_) {
+    writer_ = std::make_unique<CheckpointWriter>(checkpoint_root());
+    if (restored_mean_c_ > 0) writer_->Seed(restored_mean_c_);
+  }
   Retention retention;
   retention.keep = spec_.checkpoint.keep;
   // Read when the prune runs (a commit may arrive while the checkpoint is written).
@@ -866,8 +872,9 @@ StatusOr<bool> Trainer::AutoIntervalPassed(int64_t step, double seconds) {
   // C unmeasured while the first checkpoint is still being written: its cost is known once it
   // lands, so wait for it rather than read "not measured" as "due now" and queue another.
   if (writer_ && writer_->mean_seconds() <= 0) FT_RETURN_IF_ERROR(writer_->Wait());
-  // C: the mean of the recent writes (one fsync can be slow).
-  const double c = writer_ ? writer_->mean_seconds() : 0.0;
+  // C: the mean of the recent writes (one fsync can be slow); after a resume, the resumed
+  // checkpoint's stands in for the writes not yet measured.
+  const double c = writer_ ? writer_->mean_seconds() : restored_mean_c_;
   const CheckpointInterval interval = ChooseCheckpointInterval(
       c, mtbf_seconds_, spec_.checkpoint.min_minutes, spec_.checkpoint.max_minutes, spec_.checkpoint.async);
   // Noted when it first applies and when it moves by more than a tenth (C is measured anew each time).

@@ -243,6 +243,7 @@ class Trainer {
   int64_t tokens_seen_ = 0;       // target tokens trained on
   double micro_seconds_ = 0;      // measured time of one micro-batch (moving average)
   double mtbf_seconds_ = 0;       // checkpoint.every auto's M (set_mtbf_seconds; 0 = the prior)
+  double restored_mean_c_ = 0;    // the resumed checkpoint's mean write time (0: none)
   double auto_interval_s_ = 0;    // the auto interval in force (its checkpoints record it)
   double noted_interval_s_ = -1;  // the auto interval last written to metrics.jsonl
   double loss_scale_ = 1;         // fp16's dynamic loss scale (train.loss_scale_init, then halved/doubled)

@@ -84,9 +84,10 @@ class DaemonTest : public testing::Test {
   }
   void Register(const std::string& id, FakeSink* sink, int64_t memory = int64_t{8} << 30,
                 int64_t slot_end = 0, std::vector<std::pair<std::string, int64_t>> running = {},
-                std::vector<pb::AttemptExited> exited = {}) {
+                std::vector<pb::AttemptExited> exited = {}, const std::string& pool = "") {
     pb::Register reg;
     reg.set_worker_id(id);
+    reg.set_pool(pool);
     reg.set_slot_end_ms(slot_end);
     pb::Device* d = reg.add_devices();
     d->set_kind("cpu");
@@ -642,9 +643,10 @@ TEST_F(DaemonTest, ALostAttemptsNewerCheckpointBecomesTheResumePoint) {
 }
 
 // checkpoint.every auto's M (engine/job/checkpoint_interval.h): the first attempt gets the
-// 1-hour prior; after a worker is lost 30 s into its attempt, the next gets 30 s (that attempt's
-// time over its one preemption), also from a restarted ftd, which reads the history from SQLite.
-// The lost attempt's time, without a step, is restart overhead in the job's goodput.
+// 1-hour prior; after a worker last heard 20 s into its attempt is found lost at 30 s, the next
+// gets 20 s (that attempt's time alive over its one preemption), also from a restarted ftd, which
+// reads the history from SQLite. The lost attempt's time until ftd knew, without a step, is
+// restart overhead in the job's goodput.
 TEST_F(DaemonTest, EachAttemptCarriesTheMeanTimeBetweenPreemptionsAndGoodputSplitsItsTime) {
   std::string id = Submit();
   FakeSink w1, w2, w3;
@@ -664,9 +666,10 @@ TEST_F(DaemonTest, EachAttemptCarriesTheMeanTimeBetweenPreemptionsAndGoodputSpli
   EXPECT_NEAR(j.goodput().device().restart_s(), 30.001, 1e-9);
   EXPECT_EQ(j.goodput().goodput(), 0) << "nothing productive yet";
   EXPECT_NEAR(daemon_->goodput_total().restart_s, 30.001, 1e-9) << "/metrics' counter";
-  const Store::AttemptTotals history = daemon_->attempt_history();
-  EXPECT_NEAR(MeanTimeBetweenPreemptions(history.seconds, history.preemptions), 30.001, 1e-9)
-      << "/metrics' gauge";
+  const Store::AttemptTotals history = daemon_->attempt_history()["default"];
+  EXPECT_NEAR(MeanTimeBetweenPreemptions(history.seconds, history.preemptions), 20.0, 1e-9)
+      << "/metrics' gauge: until its last heartbeat";
+  EXPECT_NEAR(history.device.restart_s, 30.001, 1e-9) << "the pool's goodput";
   Reopen();  // ftd restarts: M comes from the attempts table
   Register("w3", &w3);
   clock_.Advance(1'001);
@@ -674,8 +677,51 @@ TEST_F(DaemonTest, EachAttemptCarriesTheMeanTimeBetweenPreemptionsAndGoodputSpli
   const pb::DaemonCommand* start = w3.Last(pb::DaemonCommand::kStart);
   if (start == nullptr) start = w2.Last(pb::DaemonCommand::kStart);
   ASSERT_NE(start, nullptr);
-  EXPECT_NEAR(start->start().mtbf_seconds(), 30.001, 1e-9);
+  EXPECT_NEAR(start->start().mtbf_seconds(), 20.0, 1e-9);
   EXPECT_NEAR(Job(id).goodput().queue_s(), 1.001, 1e-9) << "lost at 30.001 s, started again 1.001 s later";
+}
+
+// M is kept per worker pool (ft-worker --pool): a loss in pool "spot" sets the next spot attempt's
+// M to that attempt's time alive, while an attempt started in pool "ondemand" keeps the prior; the
+// pools' histories come back from SQLite after a restart. A malformed pool name is refused.
+TEST_F(DaemonTest, MeanTimeBetweenPreemptionsIsKeptPerWorkerPool) {
+  const std::string id = Submit();
+  Submit();
+  FakeSink w1, w2, w3;
+  Register("w1", &w1, int64_t{8} << 30, 0, {}, {}, "spot");
+  daemon_->Tick();
+  ASSERT_EQ(w1.Count(pb::DaemonCommand::kStart), 1);
+  EXPECT_EQ(w1.Last(pb::DaemonCommand::kStart)->start().mtbf_seconds(), kPriorMtbfSeconds);
+  clock_.Advance(30'000);
+  Heartbeat("w1", &w1, id, 1, 0);  // last heard 30 s after the start
+  clock_.Advance(10'001);          // then nothing for its lease (10 s): lost
+  Register("w2", &w2, int64_t{8} << 30, 0, {}, {}, "ondemand");
+  Register("w3", &w3, int64_t{8} << 30, 0, {}, {}, "spot");
+  daemon_->Tick();
+  clock_.Advance(1'001);  // the requeue backoff
+  daemon_->Tick();
+  ASSERT_EQ(w2.Count(pb::DaemonCommand::kStart), 1);
+  ASSERT_EQ(w3.Count(pb::DaemonCommand::kStart), 1);
+  EXPECT_EQ(w2.Last(pb::DaemonCommand::kStart)->start().mtbf_seconds(), kPriorMtbfSeconds)
+      << "no preemption in pool ondemand";
+  EXPECT_NEAR(w3.Last(pb::DaemonCommand::kStart)->start().mtbf_seconds(), 30.0, 1e-9) << "pool spot's loss";
+  auto history = daemon_->attempt_history();
+  EXPECT_EQ(history["spot"].preemptions, 1);
+  EXPECT_EQ(history["spot"].attempts, 1);
+  EXPECT_EQ(history["ondemand"].attempts, 0) << "no attempt has ended there";
+  Reopen();
+  history = daemon_->attempt_history();
+  EXPECT_EQ(history["spot"].preemptions, 1) << "from SQLite";
+  EXPECT_NEAR(history["spot"].seconds, 30.0, 1e-9) << "alive until its last heartbeat";
+  EXPECT_NEAR(history["spot"].device.restart_s, 40.001, 1e-9) << "its stored split: until ftd knew";
+
+  pb::Register bad;
+  bad.set_worker_id("w4");
+  bad.set_pool("spot pool/../x");
+  FakeSink w4;
+  const Status refused = daemon_->OnRegister(bad, &w4);
+  EXPECT_TRUE(refused.IsInvalidArgument()) << refused.ToString();
+  EXPECT_THAT(refused.message(), HasSubstr("ft-worker --pool"));
 }
 
 // Notice catch rate: a notice that reached the worker (its heartbeat or its exit report) is kept

@@ -460,14 +460,33 @@ TEST_F(HttpApiTest, WorkersShowDevicesAndTheRunningJob) {
   ExpectBad("/api/workers?all=1", "all");
 }
 
-TEST_F(HttpApiTest, WorkersPoolShowsThePriorUntilAPreemptionThenTheMeasuredMtbf) {
+// The pool named `name` in /api/workers' pools (null when absent).
+json PoolNamed(const json& workers, const std::string& name) {
+  for (const json& p : workers["pools"])
+    if (p["pool"] == name) return p;
+  return nullptr;
+}
+
+TEST_F(HttpApiTest, WorkersPoolsShowThePriorUntilAPreemptionThenTheMeasuredMtbfAndGoodput) {
+  // A second worker in a pool of its own (ft-worker --pool): listed with its live worker and the prior.
+  pb::Register reg;
+  reg.set_worker_id("w2");
+  reg.set_hostname("node-2");
+  reg.set_pool("a100-spot");
+  FakeSink other;
+  ASSERT_TRUE(daemon_->OnRegister(reg, &other).ok());
   Serve();
   // No attempt has ended: M is the 1-hour prior (checkpoint.every auto, engine/job/checkpoint_interval.h).
-  json pool = GetJson("/api/workers")["pool"];
-  for (const char* key :
-       {"attempt_seconds", "preemptions", "preemptions_per_hour", "mtbf_s", "mtbf_is_prior"}) {
+  json workers = GetJson("/api/workers");
+  ASSERT_EQ(workers["pools"].size(), 2u) << workers.dump();
+  json pool = PoolNamed(workers, "default");
+  for (const char* key : {"pool", "workers_alive", "attempts", "attempt_seconds", "preemptions",
+                          "preemptions_per_hour", "mtbf_s", "mtbf_is_prior", "goodput"}) {
     EXPECT_TRUE(pool.contains(key)) << key << " in " << pool.dump();
   }
+  EXPECT_EQ(pool["workers_alive"], 1);
+  EXPECT_EQ(PoolNamed(workers, "a100-spot")["workers_alive"], 1);
+  EXPECT_EQ(workers["workers"][1]["pool"], "a100-spot");
   EXPECT_EQ(pool["attempt_seconds"], 0.0);
   EXPECT_EQ(pool["preemptions"], 0);
   EXPECT_EQ(pool["preemptions_per_hour"], 0.0);
@@ -484,7 +503,8 @@ TEST_F(HttpApiTest, WorkersPoolShowsThePriorUntilAPreemptionThenTheMeasuredMtbf)
   e->set_step(4);
   e->set_reason("spot reclaimed");
   daemon_->OnWorkerMessage("w1", &sink_, m);
-  pool = GetJson("/api/workers")["pool"];
+  workers = GetJson("/api/workers");
+  pool = PoolNamed(workers, "default");
   const double seconds = pool["attempt_seconds"].get<double>();
   EXPECT_GT(seconds, 0.0);
   EXPECT_LT(seconds, 600.0);
@@ -492,6 +512,16 @@ TEST_F(HttpApiTest, WorkersPoolShowsThePriorUntilAPreemptionThenTheMeasuredMtbf)
   EXPECT_DOUBLE_EQ(pool["mtbf_s"].get<double>(), seconds);
   EXPECT_DOUBLE_EQ(pool["preemptions_per_hour"].get<double>(), 3600.0 / seconds);
   EXPECT_FALSE(pool["mtbf_is_prior"].get<bool>());
+  // The ended attempt's goodput split, in its pool and on its worker: the same device time.
+  const json& g = pool["goodput"];
+  const double device = g["productive_s"].get<double>() + g["checkpoint_s"].get<double>() +
+                        g["restart_s"].get<double>() + g["lost_s"].get<double>();
+  EXPECT_NEAR(device, seconds, 1e-9) << g.dump();
+  EXPECT_EQ(pool["attempts"], 1);
+  EXPECT_EQ(workers["workers"][0]["id"], "w1");
+  EXPECT_EQ(workers["workers"][0]["goodput"]["restart_s"], g["restart_s"]);
+  EXPECT_EQ(workers["workers"][0]["goodput"]["productive_s"], g["productive_s"]);
+  EXPECT_TRUE(PoolNamed(workers, "a100-spot")["mtbf_is_prior"].get<bool>()) << "another pool's M is its own";
 }
 
 TEST_F(HttpApiTest, TokensGuardActionsAndOptionallyViewing) {
@@ -710,8 +740,9 @@ TEST_F(HttpApiTest, StreamDeliversLiveJobEventMetricAndWorkerUpdates) {
   ASSERT_TRUE(sse.ReadUntil("retry:", std::chrono::seconds(5))) << sse.text();
   EXPECT_THAT(sse.text(), HasSubstr("Content-Type: text/event-stream"));
   ASSERT_TRUE(Eventually([&] { return server_->open_streams() == 1; }));
-  // Workers come within a period, with the pool's figures as in GET /api/workers (keys in order).
-  ASSERT_TRUE(sse.ReadUntil("event: workers\ndata: {\"pool\":{\"attempt_seconds\"", std::chrono::seconds(5)))
+  // Workers come within a period, with the pools' figures as in GET /api/workers (keys in order).
+  ASSERT_TRUE(
+      sse.ReadUntil("event: workers\ndata: {\"pools\":[{\"attempt_seconds\"", std::chrono::seconds(5)))
       << sse.text();
   ASSERT_TRUE(sse.ReadUntil("\"workers\":[{", std::chrono::seconds(5))) << sse.text();
   // A live change: the queued job is cancelled.
@@ -921,7 +952,7 @@ TEST_F(HttpApiTest, PrometheusMetricsPassPromtool) {
         "ftune_device_memory_bytes{worker=\"w1\",device=\"0\",kind=\"total\"} 8589934592",
         "# TYPE ftune_checkpoint_duration_seconds histogram", "# TYPE ftune_recovery_seconds histogram",
         "# TYPE ftune_goodput_seconds_total counter", "ftune_goodput_seconds_total{category=\"lost\"} 0",
-        "ftune_pool_mtbf_seconds 3600", "ftune_scheduler_tick_seconds_count 1",
+        "ftune_pool_mtbf_seconds{pool=\"default\"} 3600", "ftune_scheduler_tick_seconds_count 1",
         "# TYPE ftune_worker_message_seconds histogram"}) {
     EXPECT_THAT(m.body, HasSubstr(line));
   }

@@ -296,6 +296,52 @@ TEST_F(StoreTest, EndAttemptUpdatesOutcomeReasonStepsLostAndLoss) {
       store_->RecordProgress(ProgressRow{.job_id = a.id, .epoch = a1.epoch, .step = 20}));  // still writable
 }
 
+// Worker pools and stored goodput splits (schema 8): each attempt keeps the pool it started in
+// and, once ended, its split; EndedAttemptTotals sums seconds, preemptions and splits by pool or
+// by worker, skipping running attempts, a lost one's seconds up to its last sign of life; an
+// attempt ended without a split counts as none.
+TEST_F(StoreTest, EndedAttemptsAreTotalledByPoolAndByWorkerWithTheirGoodput) {
+  ASSERT_OK_AND_ASSIGN(JobRow a, store_->CreateJob(NewJob("a"), nullptr));
+  ASSERT_OK_AND_ASSIGN(AttemptRow a1, store_->StartAttempt(a.id, "w1", 0, 1, 1, 1, 1'000, {}, "spot"));
+  EXPECT_EQ(a1.pool, "spot");
+  const GoodputSplit s1{.productive_s = 6, .checkpoint_s = 0.5, .restart_s = 1, .lost_s = 2.5};
+  ASSERT_OK(store_->EndAttempt(a.id, a1.epoch, AttemptOutcomeCode::kPreempted, "lease", 5, 2, 11'000, true, 0,
+                               &s1, /*seen_ms=*/9'000));  // lost: last heard at 9 s
+  ASSERT_OK_AND_ASSIGN(AttemptRow a2, store_->StartAttempt(a.id, "w2", 3, 1, 1, 1, 12'000, {}, "spot"));
+  const GoodputSplit s2{.productive_s = 3, .checkpoint_s = 0, .restart_s = 1, .lost_s = 0};
+  ASSERT_OK(
+      store_->EndAttempt(a.id, a2.epoch, AttemptOutcomeCode::kFinished, "", 9, 0, 16'000, false, 0, &s2));
+  ASSERT_OK_AND_ASSIGN(AttemptRow a3, store_->StartAttempt(a.id, "w1", 9, 1, 1, 1, 20'000, {}, "ondemand"));
+  ASSERT_OK(
+      store_->EndAttempt(a.id, a3.epoch, AttemptOutcomeCode::kFailed, "bug", 9, 0, 22'000));  // no split
+  ASSERT_OK(
+      store_->StartAttempt(a.id, "w3", 9, 1, 1, 1, 30'000, {}, "spot").status());  // running: not counted
+  ASSERT_OK(store_->UpsertWorker(WorkerRow{.id = "w1", .pool = "spot"}));
+  Reopen();
+  ASSERT_OK_AND_ASSIGN(auto by_pool, store_->EndedAttemptTotals(Store::AttemptGroup::kPool));
+  ASSERT_EQ(by_pool.size(), 2u);
+  const Store::AttemptTotals& spot = by_pool["spot"];
+  EXPECT_EQ(spot.seconds, 12.0) << "8 s alive (lost) + 4 s";
+  EXPECT_EQ(spot.preemptions, 1);
+  EXPECT_EQ(spot.attempts, 2);
+  EXPECT_EQ(spot.device.productive_s, 9);
+  EXPECT_EQ(spot.device.checkpoint_s, 0.5);
+  EXPECT_EQ(spot.device.restart_s, 2);
+  EXPECT_EQ(spot.device.lost_s, 2.5);
+  EXPECT_EQ(by_pool["ondemand"].seconds, 2.0);
+  EXPECT_EQ(by_pool["ondemand"].device.total_s(), 0) << "ended without a split";
+  ASSERT_OK_AND_ASSIGN(auto by_worker, store_->EndedAttemptTotals(Store::AttemptGroup::kWorker));
+  EXPECT_EQ(by_worker["w1"].device.productive_s, 6);
+  EXPECT_EQ(by_worker["w1"].attempts, 2);
+  EXPECT_EQ(by_worker["w2"].device.productive_s, 3);
+  EXPECT_EQ(by_worker.count("w3"), 0u);
+  ASSERT_OK_AND_ASSIGN(auto attempts, store_->ListAttempts(a.id));
+  EXPECT_EQ(attempts[2].pool, "ondemand");
+  ASSERT_OK_AND_ASSIGN(auto workers, store_->ListWorkers());
+  ASSERT_EQ(workers.size(), 1u);
+  EXPECT_EQ(workers[0].pool, "spot");
+}
+
 TEST_F(StoreTest, LatestCheckpointPicksTheHighestStep) {
   ASSERT_OK_AND_ASSIGN(JobRow a, store_->CreateJob(NewJob("a"), nullptr));
   ASSERT_OK_AND_ASSIGN(JobRow b, store_->CreateJob(NewJob("b"), nullptr));
@@ -548,7 +594,7 @@ TEST_F(StoreTest, CloseAndReopenKeepsEverything) {
   ASSERT_OK(store_->AddMetrics({MetricRow{.job_id = a.id, .epoch = 1, .step = 1, .loss = 2.5}}));
 
   Reopen();
-  EXPECT_EQ(store_->schema_version(), 7);
+  EXPECT_EQ(store_->schema_version(), 8);
   ASSERT_OK_AND_ASSIGN(auto jobs, store_->ListJobs({}));
   EXPECT_EQ(Ids(jobs), (std::vector<std::string>{a.id, b.id}));
   ASSERT_OK_AND_ASSIGN(JobRow got_b, store_->GetJob(b.id));
@@ -855,18 +901,18 @@ TEST_F(StoreTest, VersionZeroDatabaseIsMigratedToTheLatest) {
   {
     auto store = OpenStore(old_path);
     ASSERT_NE(store, nullptr);
-    EXPECT_EQ(store->schema_version(), 7);
+    EXPECT_EQ(store->schema_version(), 8);
     ASSERT_OK_AND_ASSIGN(JobRow j, store->CreateJob(NewJob("x"), nullptr));
     EXPECT_EQ(j.id, "j-000001");
   }
-  EXPECT_EQ(RawPragma(old_path, "user_version"), "7");
+  EXPECT_EQ(RawPragma(old_path, "user_version"), "8");
   EXPECT_EQ(RawPragma(old_path, "journal_mode"), "wal");
   EXPECT_EQ(RawPragma(old_path, "integrity_check"), "ok");
 
   // Reopening at the latest version runs no migration (it would fail: tables exist).
   auto again = OpenStore(old_path);
   ASSERT_NE(again, nullptr);
-  EXPECT_EQ(again->schema_version(), 7);
+  EXPECT_EQ(again->schema_version(), 8);
   again.reset();
 
   // A database from a newer ftd is refused, naming the path.

@@ -380,6 +380,24 @@ TEST(E2EGoodput, TwelvePreemptionsAndDaemonRestartsAccountedAsTheTestsOwnTimelin
   EXPECT_DOUBLE_EQ(after.queue, ftd.queue);
   EXPECT_EQ(after.recovery, ftd.recovery);
 
+  // Per worker: each attempt's split was stored when it ended; over the workers they add up to the
+  // job's (every attempt has ended, each on one worker).
+  auto workers = c.client().Workers();
+  ASSERT_TRUE(workers.ok()) << workers.status().ToString();
+  Split on_workers;
+  for (const pb::WorkerInfo& w : workers->workers()) {
+    const Split s = FromSplit(w.goodput());
+    on_workers = {on_workers.restart + s.restart, on_workers.productive + s.productive,
+                  on_workers.checkpoint + s.checkpoint, on_workers.lost + s.lost};
+    EXPECT_EQ(w.pool(), "default");
+  }
+  Print("workers", Account{on_workers, {}, 0, {}});
+  const double tolerance = 0.02 * ftd.device.total();
+  EXPECT_NEAR(on_workers.productive, ftd.device.productive, tolerance);
+  EXPECT_NEAR(on_workers.checkpoint, ftd.device.checkpoint, tolerance);
+  EXPECT_NEAR(on_workers.restart, ftd.device.restart, tolerance);
+  EXPECT_NEAR(on_workers.lost, ftd.device.lost, tolerance);
+
   ASSERT_EQ(reference.Wait(), 0) << Slurp(reference.log);
   EXPECT_EQ(Slurp(j.output_dir() + "/adapter/adapter_model.safetensors"),
             Slurp(reference_out + "/adapter/adapter_model.safetensors"))

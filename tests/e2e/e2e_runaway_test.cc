@@ -110,7 +110,10 @@ TEST(E2ERunaway, CancelledTrainerWhoseDataFileIsAFifoIsGoneByTheDeadlineAndTheWo
   const pb::Job j = c.WaitFor(
       id, [](const pb::Job& j) { return j.attempts_size() > 0; }, 60'000);
   ASSERT_GT(j.attempts_size(), 0) << j.reason();
-  const double took = CancelAndTimeTheTrainersEnd(c, id, TrainerPids(c, "w", id));
+  // The attempt exists before its trainer does: cancel the trainer once it runs (stuck on the fifo).
+  const std::vector<pid_t> pids = WaitForTrainer(c, "w", id);
+  ASSERT_FALSE(pids.empty()) << "no trainer started for " << id;
+  const double took = CancelAndTimeTheTrainersEnd(c, id, pids);
   EXPECT_LE(took, kStatedDeadlineS + kSlackS);
   EXPECT_TRUE(TrainerPids(c, "w", id).empty()) << "a trainer of the cancelled job still runs";
   ExpectTheWorkerRunsTheNextJob(c, id, "w");

@@ -43,8 +43,9 @@ async function main() {
   test.browser = browser;
   await cluster.startDaemon();
   console.log(`ftd: gRPC ${cluster.address}, dashboard ${cluster.url}`);
-  cluster.startWorker('w1');
-  cluster.startWorker('w2');
+  const pools = { w1: 'spot-a', w2: 'spot-b' };  // a pool each: M and goodput are kept per pool
+  cluster.startWorker('w1', ['--pool', pools.w1]);
+  cluster.startWorker('w2', ['--pool', pools.w2]);
   const id = cluster.ftctl('submit', cluster.writeJob('web', { steps: 20000, every_steps: 200, eval_every: 25,
     train_extra: 'optimizer: paged_adamw, activation_checkpointing: offload' })).split(/\s/)[0];
   check(/^j-\d+$/.test(id), `ftctl submitted job ${id}`);
@@ -213,33 +214,53 @@ async function main() {
   check((await page.$$(`tr[data-worker-id="${other}"] .device .bar`)).length === 1, `${other} shows its device's memory bar`);
   const hostLine = await page.textContent(`tr[data-worker-id="${other}"] .c-worker .reason`);
   check(/host memory .* free of /.test(hostLine), `${other} shows the host memory it reports (${hostLine})`);
+  for (const w of [victim, other]) {
+    const shownPool = await page.textContent(`tr[data-worker-id="${w}"] .c-pool`);
+    check(shownPool === pools[w], `${w}'s row names its pool ${pools[w]} ("${shownPool}")`);
+  }
+  // The victim's ended attempt: its goodput on its row, as /api/workers' split says.
+  const victimGoodput = await cluster.waitFor(`${victim}'s goodput`, async () => {
+    const api = (await cluster.api('api/workers')).workers.find((w) => w.id === victim).goodput;
+    const device = api.productive_s + api.checkpoint_s + api.restart_s + api.lost_s;
+    const shown = await page.textContent(`tr[data-worker-id="${victim}"] .c-goodput`);
+    return device > 0 && shown === `${((100 * api.productive_s) / device).toFixed(1)}%` ? { api, shown } : null;
+  }, 15000);
+  check(victimGoodput.api.lost_s > 0, `${victim}'s row shows goodput ${victimGoodput.shown} of its ended attempt ` +
+    `(lost ${victimGoodput.api.lost_s.toFixed(1)} s)`);
   await shot(page, '5-workers');
 
-  // 8. The Pool panel: the kill's preemption counted, M as /api/workers' pool says (every attempt
-  // has ended, so the history no longer moves; the panel follows it through the stream).
-  const pool = await cluster.waitFor('the Pool panel to show the preemption and the API\'s M', async () => {
-    const api = (await cluster.api('api/workers')).pool;
-    const shown = await page.evaluate(() => {
-      const field = (name) => document.querySelector(`#pool [data-field="${name}"]`);
+  // 8. The Pools panel: the kill's preemption counted in the victim's pool, M as /api/workers'
+  // pools say (every attempt there has ended, so its history no longer moves; the panel follows
+  // it through the stream); the other pool still has the prior.
+  const pool = await cluster.waitFor('the Pools panel to show the preemption and the API\'s M', async () => {
+    const api = (await cluster.api('api/workers')).pools.find((p) => p.pool === pools[victim]);
+    const shown = await page.evaluate((name) => {
+      const field = (f) => document.querySelector(`#pool tr[data-pool="${name}"] [data-field="${f}"]`);
       return field('mtbf') && {
         visible: !document.getElementById('pool').hidden,
         preemptions: Number(field('history').dataset.preemptions),
         rate: field('rate').textContent,
         mtbf: field('mtbf').textContent,
         history: field('history').textContent,
+        goodput: field('goodput').textContent,
       };
-    });
+    }, pools[victim]);
     const ready = api && shown && shown.visible && shown.preemptions === api.preemptions && api.preemptions >= 1 &&
       shown.mtbf === `${(api.mtbf_s / 60).toFixed(1)} min`;
     return ready ? { api, shown } : null;
   }, 15000);
   check(pool.shown.preemptions >= 1 && !pool.api.mtbf_is_prior,
-    `the Pool panel counts ${pool.shown.preemptions} preemption(s): "${pool.shown.history}"`);
+    `the ${pools[victim]} row counts ${pool.shown.preemptions} preemption(s): "${pool.shown.history}"`);
   check(pool.shown.mtbf === `${(pool.api.mtbf_s / 60).toFixed(1)} min`,
-    `the Pool panel's M is "${pool.shown.mtbf}" (API mtbf_s ${pool.api.mtbf_s.toFixed(1)} s = ` +
+    `the ${pools[victim]} row's M is "${pool.shown.mtbf}" (API mtbf_s ${pool.api.mtbf_s.toFixed(1)} s = ` +
     `${pool.api.attempt_seconds.toFixed(1)} s of attempts / ${pool.api.preemptions})`);
   check(Math.abs(Number(pool.shown.rate) - pool.api.preemptions_per_hour) < 0.1,
-    `the Pool panel shows ${pool.shown.rate} preemptions per hour (API ${pool.api.preemptions_per_hour.toFixed(3)})`);
+    `the ${pools[victim]} row shows ${pool.shown.rate} preemptions per hour (API ` +
+    `${pool.api.preemptions_per_hour.toFixed(3)})`);
+  check(pool.shown.goodput === `${(100 * pool.api.goodput.goodput).toFixed(1)}%`,
+    `the ${pools[victim]} row shows goodput ${pool.shown.goodput} of its ended attempts`);
+  const otherMtbf = await page.textContent(`#pool tr[data-pool="${pools[other]}"] [data-field="mtbf"]`);
+  check(/prior: no preemption yet/.test(otherMtbf), `the ${pools[other]} row keeps the prior M ("${otherMtbf}")`);
   await test.shotOf(page, '#pool', '7-pool-panel');
 
   check(pageErrors.length === 0, `no JavaScript errors in the page${pageErrors.length ? `: ${pageErrors.join('; ')}` : ''}`);

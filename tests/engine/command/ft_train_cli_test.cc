@@ -297,6 +297,12 @@ TEST_F(FtTrainCliTest, SynchronousCheckpointsAndTheAutoIntervalFromTheMeanOfRece
     }
   }
   EXPECT_GE(intervals, 1) << "the interval is noted with its C";
+  // The final checkpoint keeps the mean of the writes before it: a resumed run's C until it measures.
+  ASSERT_GE(writes.size(), 2u);
+  writes.pop_back();  // the final checkpoint's own write
+  const auto state = nlohmann::json::parse(
+      testing_support::Slurp(dir_ + "/out/checkpoints/step-00000030/trainer_state.json"));
+  EXPECT_NEAR(state["mean_checkpoint_seconds"].get<double>(), recent_mean(), 1e-12);
   EXPECT_GE(auto_checked, 5) << "every_auto checkpoints after the first, each at sqrt(2·C·M)";
 }
 
