@@ -174,6 +174,7 @@ Daemon::Daemon(std::unique_ptr<Store> store, const Clock* clock, DaemonOptions o
 Status Daemon::LoadState() {
   // checkpoint.every auto's M and the pools' goodput.
   FT_ASSIGN_OR_RETURN(history_, store_->EndedAttemptTotals(Store::AttemptGroup::kPool));
+  FT_ASSIGN_OR_RETURN(worker_totals_, store_->EndedAttemptTotals(Store::AttemptGroup::kWorker));
   // Attempts that were running when ftd stopped: their workers get one lease to reconnect.
   FT_ASSIGN_OR_RETURN(std::vector<AttemptRow> running, store_->RunningAttempts());
   for (const AttemptRow& a : running) {
@@ -505,8 +506,6 @@ std::map<std::string, int64_t> Daemon::live_pools() {
 }
 
 StatusOr<pb::ListWorkersReply> Daemon::ListWorkers() {
-  // Each worker's ended attempts (a query over every attempt: before the lock).
-  FT_ASSIGN_OR_RETURN(auto ended, store_->EndedAttemptTotals(Store::AttemptGroup::kWorker));
   Held lock(this);
   FT_ASSIGN_OR_RETURN(auto workers, store_->ListWorkers());
   pb::ListWorkersReply reply;
@@ -514,7 +513,9 @@ StatusOr<pb::ListWorkersReply> Daemon::ListWorkers() {
     pb::WorkerInfo* info = reply.add_workers();
     info->set_id(w.id);
     info->set_pool(w.pool);
-    if (auto t = ended.find(w.id); t != ended.end()) SetSplit(t->second.device, info->mutable_goodput());
+    if (auto t = worker_totals_.find(w.id); t != worker_totals_.end()) {
+      SetSplit(t->second.device, info->mutable_goodput());
+    }
     info->set_hostname(w.hostname);
     info->set_version(w.version);
     info->set_last_heartbeat_ms(w.last_seen_ms);
@@ -633,15 +634,16 @@ int64_t Daemon::StoreAttemptEnd(const std::string& job_id, int64_t epoch, Attemp
                                            now, lost, notice_ms, split ? &*split : nullptr, seen);
   Check(stored, "end attempt");
   if (running == nullptr || !stored.ok()) return steps_lost;
-  // Its pool's history (checkpoint.every auto's M, the pool's goodput) and /metrics' counters.
-  Store::AttemptTotals& pool = history_[ended.pool];
-  pool.seconds += static_cast<double>(std::max<int64_t>(0, seen - ended.started_ms)) / 1000.0;
-  pool.preemptions += outcome == AttemptOutcomeCode::kPreempted ? 1 : 0;
-  pool.attempts += 1;
-  if (split) {
-    pool.device.Add(*split);
-    goodput_total_.Add(*split);
-  }
+  // Its pool's history (checkpoint.every auto's M, the pool's goodput), its worker's totals (as
+  // the store would sum them) and /metrics' counters.
+  Store::AttemptTotals totals{
+      .seconds = static_cast<double>(std::max<int64_t>(0, seen - ended.started_ms)) / 1000.0,
+      .preemptions = outcome == AttemptOutcomeCode::kPreempted ? 1 : 0,
+      .attempts = 1,
+      .device = split.value_or(GoodputSplit{})};
+  history_[ended.pool].Add(totals);
+  worker_totals_[ended.worker_id].Add(totals);
+  goodput_total_.Add(totals.device);
   return steps_lost;
 }
 

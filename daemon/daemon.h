@@ -294,8 +294,9 @@ class Daemon {
   StatusOr<ftune::v1::Job> ToProto(const JobRow& job);
   // Every ended attempt's seconds and preemptions: M of checkpoint.every auto, handed to each
   // attempt (loaded at start, added to as attempts end).
-  std::map<std::string, Store::AttemptTotals> history_;  // by pool
-  GoodputSplit goodput_total_;                           // of the attempts ended since ftd started (/metrics)
+  std::map<std::string, Store::AttemptTotals> history_;        // by pool
+  std::map<std::string, Store::AttemptTotals> worker_totals_;  // by (rank 0's) worker: its ended attempts
+  GoodputSplit goodput_total_;  // of the attempts ended since ftd started (/metrics)
   // job id → when a preemption notice reached a worker running it (the earliest; kept with the
   // attempt it ends, then dropped).
   std::map<std::string, int64_t> notices_;
