@@ -107,6 +107,21 @@ Proc& Cluster::StartWorker(const std::string& id, const std::vector<std::string>
   return workers_[id];
 }
 
+void Cluster::SignalTrainers(const std::string& id, int sig) {
+  std::system(
+      ("pkill -" + std::to_string(sig) + " -f '" + dir_ + "[/]w-" + id + "/' >/dev/null 2>&1").c_str());
+}
+
+void Cluster::KillNode(const std::string& id) {
+  worker(id).Signal(SIGKILL);
+  SignalTrainers(id, SIGKILL);
+  worker(id).Wait();
+  const std::string pgrep = "pgrep -f '" + dir_ + "[/]w-" + id + "/' >/dev/null";
+  for (int i = 0; i < 200 && std::system(pgrep.c_str()) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
 std::string Cluster::WriteJob(const std::string& name, int64_t steps, int64_t every_steps,
                               const std::string& extra, double dropout, int64_t keep) {
   const std::string job = dir_ + "/job";

@@ -46,6 +46,10 @@ class Cluster {
   // Starts a worker; extra flags appended (e.g. {"--slot-end", "+20s"}).
   Proc& StartWorker(const std::string& id, const std::vector<std::string>& extra = {});
   Proc& worker(const std::string& id) { return workers_.at(id); }
+  // Sends `sig` to every ft-train the worker started (the processes under its work dir).
+  void SignalTrainers(const std::string& id, int sig);
+  // A node loss: SIGKILLs the worker and every trainer it started, and waits until none is left.
+  void KillNode(const std::string& id);
 
   // A tiny model and data under dir()/job, and a job.yaml with these train keys.
   std::string WriteJob(const std::string& name, int64_t steps, int64_t every_steps,

@@ -42,12 +42,6 @@ int64_t EnvInt(const char* name, int64_t fallback) {
   return v && *v ? std::strtoll(v, nullptr, 10) : fallback;
 }
 
-// Signals a node's trainers (the ft-train processes under its work dir).
-void SignalTrainers(Cluster& c, const std::string& id, int sig) {
-  std::system(
-      ("pkill -" + std::to_string(sig) + " -f '" + c.dir() + "[/]w-" + id + "/' >/dev/null 2>&1").c_str());
-}
-
 void Sleep(int64_t ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
 
 struct Tally {
@@ -126,7 +120,7 @@ void RunChaos(uint64_t seed, int events) {
                 kind == "daemon" ? "ftd" : w.c_str());
     if (kind == "node") {
       c.worker(w).Signal(SIGKILL);
-      SignalTrainers(c, w, SIGKILL);
+      c.SignalTrainers(w, SIGKILL);
       c.worker(w).Wait();
       Sleep(static_cast<int64_t>(pick(1000)));
       c.StartWorker(w);
@@ -137,9 +131,9 @@ void RunChaos(uint64_t seed, int events) {
       c.StartWorker(w);
     } else if (kind == "freeze") {
       c.worker(w).Signal(SIGSTOP);
-      SignalTrainers(c, w, SIGSTOP);
+      c.SignalTrainers(w, SIGSTOP);
       Sleep(kLeaseMs + 800 + static_cast<int64_t>(pick(1000)));
-      SignalTrainers(c, w, SIGCONT);
+      c.SignalTrainers(w, SIGCONT);
       c.worker(w).Signal(SIGCONT);
     } else if (kind == "sigterm") {
       c.worker(w).Signal(SIGTERM);

@@ -33,12 +33,6 @@ Proc& StartRankWorker(Cluster& c, const std::string& id) {
                             std::to_string(port) + "-" + std::to_string(port + 9)});
 }
 
-// Kills a worker and every trainer it started: what a node loss looks like.
-void KillNode(Cluster& c, const std::string& id) {
-  c.worker(id).Signal(SIGKILL);
-  std::system(("pkill -9 -f '" + c.dir() + "[/]w-" + id + "/' >/dev/null 2>&1").c_str());
-}
-
 // The same job trained by one ft-train alone (resources.gpus 1), uninterrupted: the reference.
 std::string RunOneRankReference(Cluster& c, const std::string& job_yaml) {
   std::string text = Slurp(job_yaml);
@@ -79,7 +73,7 @@ TEST(E2EGang, TwoRanksOnTwoWorkersSurviveANodeKillAndMatchTheUninterruptedRun) {
   // The node of rank 1 dies: rank 0 loses its peer at once, the lease tells ftd.
   const std::string victim = j.attempts(0).ranks(1).worker_id();
   const std::string survivor = j.attempts(0).ranks(0).worker_id();
-  KillNode(c, victim);
+  c.KillNode(victim);
   j = c.WaitFor(
       id, [](const pb::Job& j) { return j.state() == pb::QUEUED; }, c.lease_ms() + 15'000);
   ASSERT_EQ(j.state(), pb::QUEUED) << j.reason();

@@ -53,17 +53,6 @@ const pb::Attempt* Last(const pb::Job& j) {
   return j.attempts_size() > 0 ? &j.attempts(j.attempts_size() - 1) : nullptr;
 }
 
-// Kills a worker and every trainer it started (a node loss) and waits until none is left.
-void KillNode(Cluster& c, const std::string& id) {
-  c.worker(id).Signal(SIGKILL);
-  const std::string pattern = "'" + c.dir() + "[/]w-" + id + "/'";
-  std::system(("pkill -9 -f " + pattern + " >/dev/null 2>&1").c_str());
-  c.worker(id).Wait();
-  for (int i = 0; i < 200 && std::system(("pgrep -f " + pattern + " >/dev/null").c_str()) == 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-}
-
 void RestartDaemon(Cluster& c) {
   c.daemon().Signal(SIGKILL);
   c.daemon().Wait();
@@ -298,7 +287,7 @@ void Preempt(Preemptions& r, size_t k) {
                            << Describe(j, r.kills);
   r.metrics = j.output_dir() + "/metrics.jsonl";
   const Kill kill{Last(j)->epoch(), 0, Last(j)->worker_id()};
-  KillNode(c, kill.worker);
+  c.KillNode(kill.worker);
   r.kills.push_back(kill);
   r.kills.back().at_ms = WallNowMs();
   r.killed.insert(kill.epoch);

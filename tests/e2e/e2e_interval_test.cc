@@ -82,17 +82,6 @@ std::vector<KillAt> KillSchedule(const Settings& s) {
   return out;
 }
 
-// Kills a worker and every trainer it started (a node loss) and waits until none is left.
-void KillNode(Cluster& c, const std::string& id) {
-  c.worker(id).Signal(SIGKILL);
-  const std::string pattern = "'" + c.dir() + "[/]w-" + id + "/'";
-  std::system(("pkill -9 -f " + pattern + " >/dev/null 2>&1").c_str());
-  c.worker(id).Wait();
-  for (int i = 0; i < 200 && std::system(("pgrep -f " + pattern + " >/dev/null").c_str()) == 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-}
-
 struct Arm {
   std::string name;
   std::string checkpoint;  // the job's checkpoint section
@@ -165,7 +154,7 @@ void RunArm(Cluster& c, Pool& pool, const Settings& s, const std::vector<KillAt>
   for (const KillAt& k : kills) {
     std::this_thread::sleep_until(t0 + std::chrono::duration<double>(k.at_s));
     const std::string victim = pool.ids[k.slot];
-    KillNode(c, victim);
+    c.KillNode(victim);
     arm->killed_ms[victim] = WallNowMs();
     pool.Replace(k.slot);
   }
