@@ -48,7 +48,7 @@ struct JobGoodput {
   // checkpoint made it in time).
   int64_t notices = 0, notices_caught = 0;
   // productive ÷ device total (1 when there is no device time yet).
-  double goodput() const { return device.total_s() > 0 ? device.productive_s / device.total_s() : 1.0; }
+  double goodput() const { return device.goodput(); }
 };
 
 // The job's goodput at `now_ms` (a running attempt counts up to now, a queued

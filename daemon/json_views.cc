@@ -214,7 +214,7 @@ json PoolJson(const std::string& name, const Store::AttemptTotals& history, int6
             {"checkpoint_s", d.checkpoint_s},
             {"restart_s", d.restart_s},
             {"lost_s", d.lost_s},
-            {"goodput", d.total_s() > 0 ? d.productive_s / d.total_s() : 1.0}}}};
+            {"goodput", d.goodput()}}}};
 }
 
 json PoolsJson(const std::map<std::string, Store::AttemptTotals>& history,

@@ -24,6 +24,18 @@ void Family(std::string* out, const std::string& name, const std::string& type, 
   *out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
 }
 
+// One sample per goodput category of `split`; `head` is the metric name and the labels before
+// category, e.g. `ftune_pool_goodput_seconds_total{pool="spot",`.
+void GoodputSamples(std::string* out, const std::string& head, const GoodputSplit& split) {
+  for (const auto& [category, seconds] :
+       std::vector<std::pair<const char*, double>>{{"productive", split.productive_s},
+                                                   {"checkpoint", split.checkpoint_s},
+                                                   {"restart", split.restart_s},
+                                                   {"lost", split.lost_s}}) {
+    *out += head + "category=\"" + category + "\"} " + Num(seconds) + "\n";
+  }
+}
+
 }  // namespace
 
 std::string PrometheusLabelValue(const std::string& value) {
@@ -119,14 +131,7 @@ StatusOr<std::string> RenderPrometheus(Daemon& daemon) {
   Family(&out, "ftune_goodput_seconds_total", "counter",
          "Device-seconds of the attempts ended since ftd started, by what they bought (productive, "
          "checkpoint, restart, lost; docs/OPERATIONS.md, Goodput).");
-  const GoodputSplit g = daemon.goodput_total();
-  for (const auto& [category, seconds] :
-       std::vector<std::pair<const char*, double>>{{"productive", g.productive_s},
-                                                   {"checkpoint", g.checkpoint_s},
-                                                   {"restart", g.restart_s},
-                                                   {"lost", g.lost_s}}) {
-    out += "ftune_goodput_seconds_total{category=\"" + std::string(category) + "\"} " + Num(seconds) + "\n";
-  }
+  GoodputSamples(&out, "ftune_goodput_seconds_total{", daemon.goodput_total());
   Family(&out, "ftune_pool_mtbf_seconds", "gauge",
          "Mean time between preemptions over a worker pool's attempt history: checkpoint.every auto's M.");
   std::map<std::string, Store::AttemptTotals> pools = daemon.attempt_history();
@@ -138,15 +143,7 @@ StatusOr<std::string> RenderPrometheus(Daemon& daemon) {
   Family(&out, "ftune_pool_goodput_seconds_total", "counter",
          "Device-seconds of the attempts ended in a worker pool, by goodput category (from SQLite).");
   for (const auto& [pool, history] : pools) {
-    const GoodputSplit& d = history.device;
-    for (const auto& [category, seconds] :
-         std::vector<std::pair<const char*, double>>{{"productive", d.productive_s},
-                                                     {"checkpoint", d.checkpoint_s},
-                                                     {"restart", d.restart_s},
-                                                     {"lost", d.lost_s}}) {
-      out += "ftune_pool_goodput_seconds_total{pool=\"" + pool + "\",category=\"" + category + "\"} " +
-             Num(seconds) + "\n";
-    }
+    GoodputSamples(&out, "ftune_pool_goodput_seconds_total{pool=\"" + pool + "\",", history.device);
   }
   out += PrometheusHistogram("ftune_checkpoint_duration_seconds", "Checkpoint write time, as committed.",
                              daemon.checkpoint_seconds(), 0.01, 1000);

@@ -98,6 +98,8 @@ struct RankSlot {
 struct GoodputSplit {
   double productive_s = 0, checkpoint_s = 0, restart_s = 0, lost_s = 0;  // device-seconds
   double total_s() const { return productive_s + checkpoint_s + restart_s + lost_s; }
+  // productive ÷ all of it (1 when there is no device time yet).
+  double goodput() const { return total_s() > 0 ? productive_s / total_s() : 1.0; }
   void Add(const GoodputSplit& o) {
     productive_s += o.productive_s;
     checkpoint_s += o.checkpoint_s;
