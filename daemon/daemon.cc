@@ -207,6 +207,8 @@ Status Daemon::LoadState() {
 
 void Daemon::ReloadFromStore() {
   queued_.clear();
+  waiting_.clear();
+  ++queue_version_;
   running_epoch_.clear();
   gangs_.clear();
   for (auto& [id, s] : sessions_) {
@@ -225,10 +227,23 @@ void Daemon::ReloadFromStore() {
   }
 }
 
+bool Daemon::QueueOrder::operator()(const JobView* a, const JobView* b) const {
+  if (a->priority != b->priority) return a->priority > b->priority;
+  if (a->created_ms != b->created_ms) return a->created_ms < b->created_ms;
+  return a->id < b->id;
+}
+
+void Daemon::Unqueue(const std::string& job_id) {
+  auto view = plan_inputs_.find(job_id);
+  if (view == plan_inputs_.end()) return;
+  queued_.erase(&view->second);
+  waiting_.erase(&view->second);
+  ++queue_version_;
+}
+
 void Daemon::TrackState(const JobRow& job) {
   if (job.state != JobStateCode::kQueued) {
-    queued_.erase(job.id);
-    waiting_.erase(job.id);
+    Unqueue(job.id);
     if (job.state != JobStateCode::kRunning) interrupted_mono_.erase(job.id);
     if (job.state != JobStateCode::kRunning) plan_inputs_.erase(job.id);
     return;
@@ -239,8 +254,13 @@ void Daemon::TrackState(const JobRow& job) {
     FailUnrunnable(job, "cannot plan: " + s.message());
     return;
   }
-  plan_inputs_[job.id].not_before_ms = job.not_before_ms;
-  queued_.insert(job.id);
+  JobView& view = plan_inputs_[job.id];
+  queued_.erase(&view);  // (re)inserted at its place in the queue order
+  view.priority = job.priority;
+  view.created_ms = job.created_ms;
+  view.not_before_ms = job.not_before_ms;
+  queued_.insert(&view);
+  ++queue_version_;
 }
 
 void Daemon::FailUnrunnable(const JobRow& job, const std::string& reason) {
@@ -329,6 +349,8 @@ void Daemon::CommitSubmits(const std::vector<PendingSubmit*>& batch) {
       const JobRow& job = (*created)[i];
       if (!duplicate[i]) {
         p.view.id = job.id;
+        Unqueue(job.id);  // (a new id: nothing to unqueue, but the view must not move under queued_)
+        p.view.placement_class = placement_classes_.Of(p.view);
         plan_inputs_[job.id] = p.view;
         TrackState(job);
         PublishStoredEvents(job.id);  // "queued", written with the job
@@ -351,8 +373,12 @@ StatusOr<pb::Job> Daemon::ToProto(const JobRow& j) {
   out.set_id(j.id);
   out.set_name(j.name);
   out.set_state(ToProtoState(j.state));
-  auto waiting = waiting_.find(j.id);
-  out.set_reason(j.state == JobStateCode::kQueued && waiting != waiting_.end() ? waiting->second : j.reason);
+  out.set_reason(j.reason);
+  if (auto view = plan_inputs_.find(j.id); j.state == JobStateCode::kQueued && view != plan_inputs_.end()) {
+    if (auto waiting = waiting_.find(&view->second); waiting != waiting_.end()) {
+      out.set_reason(FormatWaitReason(waiting->second));
+    }
+  }
   out.set_priority(j.priority);
   out.set_spec_yaml(j.spec_yaml);
   out.set_created_ms(j.created_ms);
@@ -737,6 +763,7 @@ void Daemon::Tick() {
   {
     Held lock(this);
     if (RetryStore()) {
+      FlushSeen();
       ExpireLeases();
       ExpireGangs();
       StopForSlotEnds();
@@ -745,6 +772,16 @@ void Daemon::Tick() {
     ReleaseAndPublish(lock);
   }
   tick_latency_.Record(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+}
+
+void Daemon::FlushSeen() {
+  std::vector<std::pair<std::string, int64_t>> seen;
+  for (auto& [id, s] : sessions_) {
+    if (s.seen_wall_ms == 0) continue;
+    seen.emplace_back(id, s.seen_wall_ms);
+    s.seen_wall_ms = 0;
+  }
+  Check(store_->TouchWorkers(seen), "workers alive");
 }
 
 bool Daemon::RetryStore() {

@@ -40,6 +40,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/clock.h"
@@ -155,6 +156,10 @@ class Daemon {
   // Time spent handling each worker message, and each Tick().
   const LatencyHistogram& message_latency() const { return message_latency_; }
   const LatencyHistogram& tick_latency() const { return tick_latency_; }
+  // Scheduling passes run so far (a tick runs one only when its inputs changed: ScheduleQueued,
+  // or kFullPassMs after the last).
+  int64_t scheduling_passes() const { return passes_.load(); }
+  static constexpr int64_t kFullPassMs = 10'000;
   // Measured checkpoint write times (as committed), and the time from a job's
   // preemption or worker loss to its next attempt starting.
   const LatencyHistogram& checkpoint_seconds() const { return checkpoint_seconds_; }
@@ -191,6 +196,7 @@ class Daemon {
     WorkerSink* sink = nullptr;  // nullptr while disconnected
     int64_t last_message_mono = 0;
     int64_t credit_at_message = 0;  // stall_credit_ms_ then: ftd's stalls since are not the worker's
+    int64_t seen_wall_ms = 0;       // a heartbeat's time not yet in the store (0: none; FlushSeen)
     bool alive = false;
     bool draining = false;
     int64_t slot_end_ms = 0;
@@ -261,13 +267,22 @@ class Daemon {
   // its worker: the job's last measured write, else an estimate from its size.
   double EstimateCheckpointSeconds(const std::string& job_id);
   void ExpireLeases();
+  // Stores every session's heartbeat time since the last flush, in one transaction.
+  void FlushSeen();
   void StopForSlotEnds();
   void ScheduleQueued();
+  // ScheduleQueued's inputs: a digest of the queue's version and every session field a pass
+  // reads; and the next time a pass's answer can change with nothing else changing (a backoff
+  // ending or counting down, a slot end coming within min_slot_ms; at most kFullPassMs away).
+  uint64_t SchedulerInputs() const;
+  int64_t NextTimedChange(int64_t now_wall_ms, bool backing_off) const;
   void StartOn(const JobRow& job, const Placement& p);
   // Fails a job that can never run (its spec or model no longer loads), with `reason`.
   void FailUnrunnable(const JobRow& job, const std::string& reason);
   // Keeps queued_ and the job's plan input in step with `job` as just stored.
   void TrackState(const JobRow& job);
+  // Takes the job out of queued_ and waiting_ (before its view changes or goes).
+  void Unqueue(const std::string& job_id);
   // `lost`: ftd ends it for a loss, not on the attempt's own report (goodput, AttemptRow::lost).
   void EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcomeCode outcome,
                   const std::string& reason, int64_t exit_step, bool lost = false);
@@ -359,9 +374,11 @@ class Daemon {
   std::array<std::atomic<int64_t>, static_cast<size_t>(DaemonError::kCount)> errors_{};
 
   std::mutex mu_;
-  std::map<std::string, Session> sessions_;          // GUARDED_BY(mu_) worker id →
-  std::map<std::string, JobView> plan_inputs_;       // GUARDED_BY(mu_) job id → planning input
-  std::map<std::string, std::string> waiting_;       // GUARDED_BY(mu_) job id → last reason published
+  std::map<std::string, Session> sessions_;     // GUARDED_BY(mu_) worker id →
+  std::map<std::string, JobView> plan_inputs_;  // GUARDED_BY(mu_) job id → planning input
+  // GUARDED_BY(mu_) a queued job's view (in plan_inputs_) → the reason it waits, as last published.
+  std::unordered_map<const JobView*, WaitReason> waiting_;
+  PlacementClasses placement_classes_;               // GUARDED_BY(mu_) every planning input's class
   std::map<std::string, int64_t> interrupted_mono_;  // GUARDED_BY(mu_) job id → when it was preempted
   struct Subscriber {
     std::string job_id;
@@ -375,7 +392,16 @@ class Daemon {
   // The scheduler's input, kept in step with the store so a tick reads no
   // rows: the ids of QUEUED jobs (plan_inputs_ holds their views) and the
   // epoch of each job's running attempt (fencing without a query).
-  std::set<std::string> queued_;                  // GUARDED_BY(mu_)
+  struct QueueOrder {  // priority (higher first), then submission time, then id
+    bool operator()(const JobView* a, const JobView* b) const;
+  };
+  std::set<const JobView*, QueueOrder> queued_;  // GUARDED_BY(mu_) views in plan_inputs_
+  std::atomic<int64_t> passes_{0};               // written under mu_
+  int64_t queue_version_ = 0;      // GUARDED_BY(mu_) bumped by every change of queued_ or a view in it
+  uint64_t last_pass_inputs_ = 0;  // GUARDED_BY(mu_) SchedulerInputs() after the last pass
+  std::vector<const JobView*> queue_order_;       // GUARDED_BY(mu_) queued_ as a vector, at its version:
+  int64_t queue_order_version_ = -1;              // GUARDED_BY(mu_)
+  int64_t next_pass_wall_ms_ = 0;                 // GUARDED_BY(mu_) NextTimedChange of the last pass
   std::map<std::string, int64_t> running_epoch_;  // GUARDED_BY(mu_) job id → epoch
   std::map<std::string, Gang> gangs_;             // GUARDED_BY(mu_) job id → its running multi-rank attempt
   int64_t store_retry_mono_ = 0;                  // GUARDED_BY(mu_) when Recover was last tried

@@ -50,15 +50,60 @@ Status Daemon::EnsurePlanInput(const JobRow& job) {
   if (plan_inputs_.count(job.id)) return Status::OK();
   FT_ASSIGN_OR_RETURN(JobSpec spec, StoredSpec(job));
   FT_ASSIGN_OR_RETURN(ModelConfig model, ReadHfConfig(spec.model.path));
-  plan_inputs_[job.id] = MakeJobView(job, spec, model);
+  JobView view = MakeJobView(job, spec, model);
+  view.placement_class = placement_classes_.Of(view);
+  plan_inputs_[job.id] = std::move(view);
   return Status::OK();
+}
+
+uint64_t Daemon::SchedulerInputs() const {
+  // FNV-1a over every field a pass reads (WorkerView's, and the queue's version).
+  uint64_t h = 1469598103934665603ULL;
+  const auto mix = [&h](int64_t v) {
+    h ^= static_cast<uint64_t>(v);
+    h *= 1099511628211ULL;
+  };
+  mix(queue_version_);
+  for (const auto& [id, s] : sessions_) {
+    mix(static_cast<int64_t>(reinterpret_cast<intptr_t>(&s)));  // the session (its id), stable in the map
+    mix((s.alive ? 1 : 0) | (s.sink != nullptr ? 2 : 0) | (s.running_job.empty() ? 4 : 0) |
+        (s.draining ? 8 : 0));
+    mix(s.slot_end_ms);
+    mix(s.host_free_bytes);
+    mix(s.rendezvous_port_count);
+    for (const DeviceRow& d : s.devices) {
+      mix(static_cast<int64_t>(d.kind.size()) << 8 | (d.kind.empty() ? 0 : d.kind[0]));  // "cpu", "cuda"
+      mix(d.index);
+      mix(d.total_bytes);
+      mix(d.free_bytes);
+    }
+  }
+  return h;
+}
+
+int64_t Daemon::NextTimedChange(int64_t now_wall_ms, bool backing_off) const {
+  int64_t next = now_wall_ms + kFullPassMs;
+  // A backoff's wait reason counts its seconds down (and its end lets the job be placed): a
+  // pass each second while one lasts.
+  if (backing_off) next = now_wall_ms + 1000;
+  for (const auto& [id, s] : sessions_) {
+    const int64_t soon = s.slot_end_ms - options_.min_slot_ms;  // from then on it takes no new work
+    if (s.slot_end_ms > 0 && soon > now_wall_ms) next = std::min(next, soon);
+  }
+  return next;
 }
 
 void Daemon::ScheduleQueued() {
   if (queued_.empty()) return;
-  std::vector<const JobView*> jobs;
-  jobs.reserve(queued_.size());
-  for (const std::string& id : queued_) jobs.push_back(&plan_inputs_.at(id));
+  // Incremental: a pass runs when what the last one read has changed (a job queued or gone, a
+  // worker's availability, memory or slot), or a time it depends on has come.
+  const int64_t now = clock_->WallMs();
+  if (SchedulerInputs() == last_pass_inputs_ && now < next_pass_wall_ms_) return;
+  if (queue_order_version_ != queue_version_) {  // in queue order; rebuilt when the queue changed
+    queue_order_.assign(queued_.begin(), queued_.end());
+    queue_order_version_ = queue_version_;
+  }
+  const std::vector<const JobView*>& jobs = queue_order_;
   std::vector<WorkerView> workers;
   for (const auto& [id, s] : sessions_) {
     std::vector<DeviceView> devices;
@@ -68,18 +113,26 @@ void Daemon::ScheduleQueued() {
     workers.push_back({id, s.alive && s.sink != nullptr, !s.running_job.empty(), s.draining, s.slot_end_ms,
                        std::move(devices), s.host_free_bytes, s.rendezvous_port_count > 0});
   }
-  ScheduleResult result = Schedule(jobs, workers, clock_->WallMs(), {options_.min_slot_ms});
+  ScheduleResult result = Schedule(jobs, workers, now, {options_.min_slot_ms});
+  passes_.fetch_add(1);
   for (const Placement& p : result.placements) {
     auto job = store_->GetJob(p.job_id);
     if (job.ok()) StartOn(*job, p);
     Check(job.status(), "load job to start");
   }
-  for (const auto& [job_id, why] : result.waiting) {
-    // Why a job waits is recomputed every tick: kept in memory, not fsynced.
-    if (waiting_[job_id] == why) continue;
-    waiting_[job_id] = why;
-    PublishJob(job_id);
+  bool backing_off = false;
+  for (const auto& [view, why] : result.waiting) {
+    backing_off |= why.why == WaitReason::Why::kBackoff;
+    // Why a job waits is recomputed every tick: kept in memory, not fsynced; published when it changes.
+    auto [it, added] = waiting_.try_emplace(view, why);
+    if (!added) {
+      if (it->second == why) continue;
+      it->second = why;
+    }
+    PublishJob(view->id);
   }
+  last_pass_inputs_ = SchedulerInputs();  // as this pass left them (placements change both sides)
+  next_pass_wall_ms_ = NextTimedChange(now, backing_off);
 }
 
 void Daemon::StartOn(const JobRow& job, const Placement& p) {
@@ -107,7 +160,6 @@ void Daemon::StartOn(const JobRow& job, const Placement& p) {
   TrackState(j);
   running_epoch_[job.id] = attempt->epoch;
   TrackGang(*attempt);
-  waiting_.erase(job.id);
   pb::DaemonCommand cmd;
   pb::StartAttempt* start = cmd.mutable_start();
   start->set_job_id(job.id);

@@ -235,7 +235,7 @@ void Daemon::OnHeartbeat(const std::string& worker_id, Session& s, const pb::Hea
     s.host_total_bytes = hb.host_total_bytes();
     s.host_free_bytes = hb.host_free_bytes();
   }
-  Check(store_->TouchWorker(worker_id, clock_->WallMs()), "worker alive");
+  s.seen_wall_ms = clock_->WallMs();  // stored with the others' at the next tick (FlushSeen)
   RecordDeviceMemory(worker_id, s, hb);
   for (const pb::Progress& p : hb.progress()) {
     if (!IsCurrent(p.job_id(), p.epoch())) {
@@ -447,6 +447,7 @@ void Daemon::ExpireLeases() {
     const int64_t silent = now - heard, ftd_stalled = credit_now - s.credit_at_message;
     if (!s.alive || silent - ftd_stalled <= options_.lease_ms) continue;
     s.alive = false;
+    s.seen_wall_ms = 0;
     Check(store_->SetWorkerAlive(id, false, clock_->WallMs()), "worker lost");
     Event("", id, "worker_lost",
           "no message from worker " + id + " for " + std::to_string(silent / 1000) + " s" +

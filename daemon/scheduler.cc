@@ -179,27 +179,33 @@ bool FitGang(const JobView& job, const std::vector<WorkerView>& workers, DeviceK
   return true;
 }
 
-// Places `job` on usable workers not yet taken: on one worker with enough
-// devices when there is one, else (multi-rank jobs) across several. The
-// workers' indices (rank 0's first), or none with why it waits in *why.
-std::vector<size_t> PlaceOn(const JobView& job, const std::vector<WorkerView>& workers,
-                            const std::vector<bool>& taken, int64_t now_wall_ms,
-                            const SchedulerOptions& options, Placement* placement, WaitReason* why) {
-  *why = {Why::kNoLiveWorker};
-  std::vector<size_t> idle;  // usable workers, in order
+// The workers a job may start on this pass (alive, idle, not draining, with
+// slot enough), in order; *none says why there is none when so.
+std::vector<size_t> UsableWorkers(const std::vector<WorkerView>& workers, int64_t now_wall_ms,
+                                  const SchedulerOptions& options, WaitReason* none) {
+  *none = {Why::kNoLiveWorker};
+  std::vector<size_t> usable;
   for (size_t i = 0; i < workers.size(); ++i) {
     const WorkerView& w = workers[i];
-    if (!w.alive || taken[i] || w.busy || w.draining) {
-      if (w.alive && why->why == Why::kNoLiveWorker) *why = {Why::kEveryWorkerBusy};
+    if (!w.alive || w.busy || w.draining) {
+      if (w.alive && none->why == Why::kNoLiveWorker) *none = {Why::kEveryWorkerBusy};
       continue;
     }
     if (w.slot_end_ms > 0 && w.slot_end_ms - now_wall_ms < options.min_slot_ms) {
-      *why = {Why::kSlotEndsSoon, w.id, options.min_slot_ms / 1000, 0, std::nullopt};
+      *none = {Why::kSlotEndsSoon, w.id, options.min_slot_ms / 1000, 0, std::nullopt};
       continue;
     }
-    idle.push_back(i);
+    usable.push_back(i);
   }
-  if (idle.empty()) return {};
+  return usable;
+}
+
+// Places `job` on `idle` workers (usable, not yet taken this pass): on one
+// worker with enough devices when there is one, else (multi-rank jobs) across
+// several. The workers' indices (rank 0's first), or none with why it waits
+// in *why.
+std::vector<size_t> PlaceOn(const JobView& job, const std::vector<WorkerView>& workers,
+                            const std::vector<size_t>& idle, Placement* placement, WaitReason* why) {
   const bool gang = job.gpus > 1;
   *why = {Why::kNoWorkerHasDevices, "", job.gpus, 0, RequiredDeviceKind(job.device)};
   // One worker with every device the job needs.
@@ -263,15 +269,40 @@ std::vector<size_t> PlaceOn(const JobView& job, const std::vector<WorkerView>& w
 
 }  // namespace
 
+int64_t PlacementClasses::Of(const JobView& job) {
+  const PlanRequest& p = job.plan;
+  const size_t hash =
+      std::hash<int64_t>()(job.gpus * 1'000'003 + job.fixed_micro_batch * 8191 + p.model.hidden_size * 127 +
+                           p.model.num_layers * 31 + p.seq_len * 7 + p.global_batch + p.lora_r * 3 +
+                           static_cast<int64_t>(job.device));
+  std::vector<Entry>& bucket = by_hash_[hash];
+  for (const Entry& e : bucket) {
+    if (e.gpus == job.gpus && e.device == job.device && e.fixed_micro_batch == job.fixed_micro_batch &&
+        e.plan == p) {
+      return e.id;
+    }
+  }
+  bucket.push_back({job.gpus, job.device, job.fixed_micro_batch, p, next_});
+  return next_++;
+}
+
 ScheduleResult Schedule(const std::vector<const JobView*>& queued, const std::vector<WorkerView>& workers,
                         int64_t now_wall_ms, const SchedulerOptions& options) {
-  std::vector<const JobView*> jobs = queued;
-  std::stable_sort(jobs.begin(), jobs.end(), [](const JobView* a, const JobView* b) {
+  const auto before = [](const JobView* a, const JobView* b) {
     if (a->priority != b->priority) return a->priority > b->priority;
     return a->created_ms < b->created_ms;
-  });
+  };
+  std::vector<const JobView*> sorted;
+  const std::vector<const JobView*>* jobs = &queued;
+  if (!std::is_sorted(queued.begin(), queued.end(), before)) {
+    sorted = queued;
+    std::stable_sort(sorted.begin(), sorted.end(), before);
+    jobs = &sorted;
+  }
   ScheduleResult result;
-  std::vector<bool> taken(workers.size(), false);
+  result.waiting.reserve(jobs->size());
+  WaitReason none_usable;
+  std::vector<size_t> idle = UsableWorkers(workers, now_wall_ms, options, &none_usable);
   // The most free memory any available worker offers per device kind: a job
   // that needs more at micro-batch 1 waits without a walk over the workers.
   std::map<DeviceKind, int64_t> best_free;
@@ -279,20 +310,32 @@ ScheduleResult Schedule(const std::vector<const JobView*>& queued, const std::ve
     if (!w.alive || w.busy || w.draining) continue;
     for (const DeviceView& d : w.devices) best_free[d.kind] = std::max(best_free[d.kind], d.free_bytes);
   }
-  for (const JobView* job : jobs) {
-    if (WaitReason why = WaitsBeforePlacement(*job, best_free, now_wall_ms); why.why != Why::kNone) {
-      result.waiting[job->id] = FormatWaitReason(why);
+  // A class that failed while `idle` had this many workers fails alike until one is taken.
+  std::unordered_map<int64_t, std::pair<size_t, WaitReason>> failed;
+  // Once every usable worker is taken: the workers taken this pass are busy now.
+  const WaitReason all_taken =
+      none_usable.why == Why::kSlotEndsSoon ? none_usable : WaitReason{Why::kEveryWorkerBusy};
+  const bool any_usable = !idle.empty();
+  for (const JobView* job : *jobs) {
+    WaitReason why = WaitsBeforePlacement(*job, best_free, now_wall_ms);
+    if (why.why == Why::kNone && idle.empty()) why = any_usable ? all_taken : none_usable;
+    auto seen = job->placement_class >= 0 ? failed.find(job->placement_class) : failed.end();
+    if (why.why == Why::kNone && seen != failed.end() && seen->second.first == idle.size()) {
+      why = seen->second.second;
+    }
+    if (why.why != Why::kNone) {
+      result.waiting.emplace_back(job, why);
       continue;
     }
     Placement placement;
-    WaitReason why;
-    const std::vector<size_t> at = PlaceOn(*job, workers, taken, now_wall_ms, options, &placement, &why);
+    const std::vector<size_t> at = PlaceOn(*job, workers, idle, &placement, &why);
     if (at.empty()) {
-      result.waiting[job->id] = FormatWaitReason(why);
+      if (job->placement_class >= 0) failed[job->placement_class] = {idle.size(), why};
+      result.waiting.emplace_back(job, why);
       continue;
     }
     result.placements.push_back(std::move(placement));
-    for (size_t i : at) taken[i] = true;
+    std::erase_if(idle, [&](size_t i) { return std::find(at.begin(), at.end(), i) != at.end(); });
   }
   return result;
 }

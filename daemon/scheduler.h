@@ -12,12 +12,23 @@
 // across several idle workers (rank 0 on one that can serve the rendezvous;
 // every device of the gang must fit the plan) — placed whole or not at all.
 // A job that is not placed gets a reason (WaitReason, shown as "waits: ...").
+//
+// Cost of a pass (100,000 queued jobs, 10,000 workers): the jobs come in
+// queue order (the daemon keeps them so: no sort), the usable workers are
+// listed once, a job needing more than any of them offers waits without a
+// walk over the workers, and jobs of one placement class (PlacementClasses:
+// the same devices, micro-batch and plan request) that fail to be placed fail
+// alike until a worker is taken, so one walk stands for all of them. Wait
+// reasons are structs; the caller formats only those that changed.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/device_kind.h"
@@ -62,6 +73,28 @@ struct JobView {
   // the pass computes it. Lets a pass skip a job that fits nowhere cheaply.
   int64_t min_bytes_cpu = 0;
   int64_t min_bytes_cuda = 0;
+  // Jobs of one class are placed alike (PlacementClasses::Of); -1: a class of its own.
+  int64_t placement_class = -1;
+};
+
+// Interns placement classes: jobs whose gpus, device request, fixed
+// micro-batch and plan request are all equal get one id, so a pass that
+// failed to place one of them knows the others fail too (until a worker is
+// taken). Ids are never reused; distinct classes are few (one per job shape).
+class PlacementClasses {
+ public:
+  int64_t Of(const JobView& job);
+
+ private:
+  struct Entry {
+    int64_t gpus;
+    DeviceRequest device;
+    int64_t fixed_micro_batch;
+    PlanRequest plan;
+    int64_t id;
+  };
+  std::unordered_map<size_t, std::vector<Entry>> by_hash_;
+  int64_t next_ = 0;
 };
 
 // The least memory `job` needs per device of `kind`: the planner's
@@ -99,6 +132,7 @@ struct WaitReason {
   int64_t needs = 0;
   int64_t offered = 0;
   std::optional<DeviceKind> device;
+  bool operator==(const WaitReason&) const = default;
 };
 
 // The user's text: "waits: every worker is busy", "waits: does not fit:
@@ -108,15 +142,15 @@ std::string FormatWaitReason(const WaitReason& reason);
 
 struct ScheduleResult {
   std::vector<Placement> placements;
-  std::map<std::string, std::string> waiting;  // job id -> FormatWaitReason of why it waits
+  std::vector<std::pair<const JobView*, WaitReason>> waiting;  // every job not placed, and why
 };
 
 struct SchedulerOptions {
   int64_t min_slot_ms = 60'000;  // don't start on a worker whose slot ends sooner
 };
 
-// `jobs` in any order (not copied: a pass over 10,000 queued jobs only sorts
-// pointers); `now_wall_ms` for slot ends and backoff.
+// `jobs` best in queue order (priority, then created_ms; sorted here when
+// not); `now_wall_ms` for slot ends and backoff.
 ScheduleResult Schedule(const std::vector<const JobView*>& jobs, const std::vector<WorkerView>& workers,
                         int64_t now_wall_ms, const SchedulerOptions& options);
 

@@ -938,27 +938,32 @@ Status Store::UpsertWorker(const WorkerRow& w) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   const std::string op = "upsert worker " + w.id;
-  return Write(op, [&]() -> Status {
-    FT_ASSIGN_OR_RETURN(Query q,
-                        Prepare("INSERT INTO workers (id, hostname, version, last_seen_ms, slot_end_ms, "
-                                "alive, pool) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
-                                "hostname = excluded.hostname, version = excluded.version, "
-                                "last_seen_ms = excluded.last_seen_ms, slot_end_ms = "
-                                "excluded.slot_end_ms, alive = excluded.alive, pool = excluded.pool",
-                                op));
-    FT_RETURN_IF_ERROR(
-        q.Bind(w.id, w.hostname, w.version, w.last_seen_ms, w.slot_end_ms, int{w.alive}, w.pool).Run());
-    FT_ASSIGN_OR_RETURN(Query del, Prepare("DELETE FROM devices WHERE worker_id = ?", op));
-    FT_RETURN_IF_ERROR(del.Bind(w.id).Run());
-    for (const DeviceRow& d : w.devices) {
-      FT_ASSIGN_OR_RETURN(Query ins, Prepare("INSERT INTO devices (worker_id, idx, kind, name, total_bytes, "
-                                             "free_bytes, used_bytes) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                                             op));
-      FT_RETURN_IF_ERROR(
-          ins.Bind(w.id, d.index, d.kind, d.name, d.total_bytes, d.free_bytes, d.used_bytes).Run());
-    }
-    return Status::OK();
-  });
+  return Write(
+      op,
+      [&]() -> Status {
+        FT_ASSIGN_OR_RETURN(
+            Query q, Prepare("INSERT INTO workers (id, hostname, version, last_seen_ms, slot_end_ms, "
+                             "alive, pool) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+                             "hostname = excluded.hostname, version = excluded.version, "
+                             "last_seen_ms = excluded.last_seen_ms, slot_end_ms = "
+                             "excluded.slot_end_ms, alive = excluded.alive, pool = excluded.pool",
+                             op));
+        FT_RETURN_IF_ERROR(
+            q.Bind(w.id, w.hostname, w.version, w.last_seen_ms, w.slot_end_ms, int{w.alive}, w.pool).Run());
+        FT_ASSIGN_OR_RETURN(Query del, Prepare("DELETE FROM devices WHERE worker_id = ?", op));
+        FT_RETURN_IF_ERROR(del.Bind(w.id).Run());
+        for (const DeviceRow& d : w.devices) {
+          FT_ASSIGN_OR_RETURN(Query ins,
+                              Prepare("INSERT INTO devices (worker_id, idx, kind, name, total_bytes, "
+                                      "free_bytes, used_bytes) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                      op));
+          FT_RETURN_IF_ERROR(
+              ins.Bind(w.id, d.index, d.kind, d.name, d.total_bytes, d.free_bytes, d.used_bytes).Run());
+        }
+        return Status::OK();
+        // Relaxed: a worker's row is what it last told; after a crash the worker registers again.
+      },
+      Durability::kRelaxed);
 }
 
 Status Store::SetWorkerAlive(const std::string& id, bool alive, int64_t last_seen_ms) {
@@ -971,16 +976,19 @@ Status Store::SetWorkerAlive(const std::string& id, bool alive, int64_t last_see
   });
 }
 
-Status Store::TouchWorker(const std::string& id, int64_t last_seen_ms) {
+Status Store::TouchWorkers(const std::vector<std::pair<std::string, int64_t>>& last_seen_ms) {
+  if (last_seen_ms.empty()) return Status::OK();
   std::lock_guard<std::mutex> lock(mu_);
-  const std::string op = "heartbeat of worker " + id;
+  const std::string op = "heartbeats of " + std::to_string(last_seen_ms.size()) + " workers";
   return Write(
       op,
       [&]() -> Status {
-        FT_ASSIGN_OR_RETURN(Query q,
-                            Prepare("UPDATE workers SET alive = 1, last_seen_ms = ? WHERE id = ?", op));
-        FT_RETURN_IF_ERROR(q.Bind(last_seen_ms, id).Run());
-        return q.Changes() == 1 ? Status::OK() : Status::NotFound("no worker " + id);
+        for (const auto& [id, ms] : last_seen_ms) {
+          FT_ASSIGN_OR_RETURN(Query q,
+                              Prepare("UPDATE workers SET alive = 1, last_seen_ms = ? WHERE id = ?", op));
+          FT_RETURN_IF_ERROR(q.Bind(ms, id).Run());
+        }
+        return Status::OK();
       },
       Durability::kRelaxed);
 }

@@ -8,11 +8,12 @@
 
 namespace ft {
 
-CheckpointInterval ChooseCheckpointInterval(double checkpoint_seconds, double mtbf_seconds,
-                                            double min_minutes, double max_minutes, bool async) {
+CheckpointInterval ChooseCheckpointInterval(CheckpointCost cost, double mtbf_seconds, double min_minutes,
+                                            double max_minutes, bool async) {
   const double lo = 60 * min_minutes, hi = 60 * max_minutes;
   const double m = mtbf_seconds > 0 ? mtbf_seconds : kPriorMtbfSeconds;
-  char why[224];
+  const double checkpoint_seconds = cost.c();
+  char why[288];
   if (checkpoint_seconds <= 0) {
     std::snprintf(why, sizeof(why),
                   "C not measured yet: first checkpoint after %.1f min (checkpoint.min_minutes)",
@@ -21,8 +22,15 @@ CheckpointInterval ChooseCheckpointInterval(double checkpoint_seconds, double mt
   }
   const double optimum = std::sqrt(2 * checkpoint_seconds * m);
   const double chosen = std::clamp(optimum, lo, hi);
-  std::snprintf(why, sizeof(why), "C = %.3g s, M = %.1f min%s -> every %.2f min%s; %s", checkpoint_seconds,
-                m / 60, mtbf_seconds > 0 ? "" : " (prior)", chosen / 60,
+  char c_text[96];
+  if (cost.fixed_seconds > 0) {
+    std::snprintf(c_text, sizeof(c_text), "%.3g s back to back (%.3g s at the interval)", cost.fixed_seconds,
+                  cost.recent_seconds);
+  } else {
+    std::snprintf(c_text, sizeof(c_text), "%.3g s", checkpoint_seconds);
+  }
+  std::snprintf(why, sizeof(why), "C = %s, M = %.1f min%s -> every %.2f min%s; %s", c_text, m / 60,
+                mtbf_seconds > 0 ? "" : " (prior)", chosen / 60,
                 chosen > optimum   ? " (checkpoint.min_minutes)"
                 : chosen < optimum ? " (checkpoint.max_minutes)"
                                    : "",
@@ -36,6 +44,8 @@ std::string FormatMinutes(double seconds) {
   std::snprintf(text, sizeof(text), "%.1f min", seconds / 60);
   return text;
 }
+
+bool ProbeDue(int64_t since, double fixed_seconds) { return fixed_seconds <= 0 || since >= kProbeEvery; }
 
 double MeanTimeBetweenPreemptions(double seconds, int64_t preemptions) {
   if (preemptions > 0) return seconds / static_cast<double>(preemptions);

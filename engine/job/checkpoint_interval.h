@@ -19,14 +19,32 @@ constexpr double kPriorMtbfSeconds = 3600;
 
 struct CheckpointInterval {
   double seconds = 0;  // checkpoint when this long has passed since the last one
-  std::string why;     // "C = 0.80 s, M = 41.0 min -> every 8.1 min" (bounds and unknowns named)
+  std::string why;     // "C = 0.80 s (...), M = 41.0 min -> every 8.1 min" (bounds and unknowns named)
 };
 
-// `checkpoint_seconds` <= 0: not measured yet, so the first checkpoint comes
-// at min_minutes (it measures C). `mtbf_seconds` <= 0: the prior. `async`
-// (checkpoint.async) only changes `why`: whether the step waits for C.
-CheckpointInterval ChooseCheckpointInterval(double checkpoint_seconds, double mtbf_seconds,
-                                            double min_minutes, double max_minutes, bool async = true);
+// What a checkpoint costs: C is its fixed part when measured (back-to-back
+// writes: the time a write takes no matter how long since the previous one;
+// what grows with that time costs the same per second at any interval, so the
+// optimum does not depend on it), else the mean of the recent writes.
+struct CheckpointCost {
+  double fixed_seconds = 0;   // mean of recent back-to-back writes (0: none yet)
+  double recent_seconds = 0;  // mean of recent writes at the interval in force (0: none yet)
+  double c() const { return fixed_seconds > 0 ? fixed_seconds : recent_seconds; }
+};
+
+// C <= 0: not measured yet, so the first checkpoint comes at min_minutes (it
+// measures C). `mtbf_seconds` <= 0: the prior. `async` (checkpoint.async)
+// only changes `why`: whether the step waits for C.
+CheckpointInterval ChooseCheckpointInterval(CheckpointCost cost, double mtbf_seconds, double min_minutes,
+                                            double max_minutes, bool async = true);
+
+// Whether the next automatic checkpoint is a probe: one the step after the
+// checkpoint just taken (back to back), whose write time is C's fixed part.
+// Due while that part is unmeasured (fixed_seconds <= 0) and after every
+// kProbeEvery automatic checkpoints none of which was back to back (`since`
+// counts them). A probe costs one more write of the fixed cost per kProbeEvery.
+constexpr int64_t kProbeEvery = 16;
+bool ProbeDue(int64_t since, double fixed_seconds);
 
 // M from an attempt history: `seconds` of attempts with `preemptions` among
 // their ends: seconds / preemptions, or, with none, the larger of the prior

@@ -28,6 +28,8 @@ std::string TrainerStateToJson(const TrainerState& s) {
       {"job_math", s.job_math},
       {"last_checkpoint_seconds", s.last_checkpoint_seconds},
       {"mean_checkpoint_seconds", s.mean_checkpoint_seconds},
+      {"fixed_checkpoint_seconds", s.fixed_checkpoint_seconds},
+      {"back_to_back", s.back_to_back},
       {"reason", s.reason},
       {"interval_seconds", s.interval_seconds},
       {"mtbf_seconds", s.mtbf_seconds},
@@ -60,6 +62,8 @@ StatusOr<TrainerState> TrainerStateFromJson(const std::string& text, const std::
     s.job_math = j.at("job_math").get<std::map<std::string, std::string>>();
     s.last_checkpoint_seconds = j.value("last_checkpoint_seconds", 0.0);
     s.mean_checkpoint_seconds = j.value("mean_checkpoint_seconds", 0.0);
+    s.fixed_checkpoint_seconds = j.value("fixed_checkpoint_seconds", 0.0);
+    s.back_to_back = j.value("back_to_back", false);
     s.reason = j.value("reason", "");
     s.interval_seconds = j.value("interval_seconds", 0.0);
     s.mtbf_seconds = j.value("mtbf_seconds", 0.0);

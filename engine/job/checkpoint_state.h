@@ -23,6 +23,11 @@ inline constexpr const char* kCheckpointManifest = "MANIFEST.json";
 // The version of trainer_state.json and MANIFEST.json this build writes and reads.
 inline constexpr int kCheckpointFormatVersion = 1;
 
+// TrainerState::reason of checkpoint.every auto's checkpoints: at the interval, and the probe
+// the step after one, which measures the fixed part of C (engine/job/checkpoint_interval.h).
+inline constexpr char kAutoReason[] = "every_auto";
+inline constexpr char kAutoProbeReason[] = "every_auto_probe";
+
 // The non-tensor state of a run (trainer_state.json).
 struct TrainerState {
   int64_t step = 0;         // optimizer steps completed
@@ -37,7 +42,9 @@ struct TrainerState {
   std::string job_hash;                         // SHA-256 of the job's math keys
   std::map<std::string, std::string> job_math;  // key -> value of every key that defines the math
   double last_checkpoint_seconds = 0;           // measured write time of the previous checkpoint
-  double mean_checkpoint_seconds = 0;           // and the mean of the recent ones (checkpoint.every auto's C)
+  double mean_checkpoint_seconds = 0;           // and the mean of the recent ones
+  double fixed_checkpoint_seconds = 0;          // the mean of the recent back-to-back ones (every auto's C)
+  bool back_to_back = false;                    // written the step after the previous checkpoint
   std::string reason;                           // "every_steps", "every_minutes", "signal", "final", ...
   double interval_seconds = 0;                  // every_auto: the interval in force when it was taken
   double mtbf_seconds = 0;                      // every_auto: the M it was chosen with

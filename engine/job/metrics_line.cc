@@ -52,6 +52,7 @@ constexpr NumberKey kMetricsKeys[] = {
 };
 constexpr const char* kPeakByCategory = "peak_bytes_by_category";  // step: {category: bytes}
 constexpr const char* kSkipped = "skipped";                        // step, fp16: a bool
+constexpr const char* kBackToBack = "back_to_back";                // checkpoint: true when so
 
 // The text fields of event lines: {event name, kind, key of `reason`, whether "dir" is written}.
 struct EventKey {
@@ -128,6 +129,7 @@ std::string FormatMetricsLine(const MetricsLine& m) {
     j[kPeakByCategory] = m.peak_bytes_by_category;
     if (m.fp16) j[kSkipped] = m.skipped;
   }
+  if (m.kind == Kind::kCheckpoint && m.back_to_back) j[kBackToBack] = true;
   if (m.epoch > 0) j["epoch"] = m.epoch;
   return j.dump();
 }
@@ -163,6 +165,10 @@ StatusOr<MetricsLine> ParseMetricsLine(std::string_view line) {
     } else {
       m.*k.real = Number(j, k.key);
     }
+  }
+  if (m.kind == Kind::kCheckpoint) {
+    auto b = j.find(kBackToBack);
+    m.back_to_back = b != j.end() && b->is_boolean() && b->get<bool>();
   }
   if (m.kind == Kind::kStep) {
     m.sharded = j.contains("gather_seconds");

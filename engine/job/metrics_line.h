@@ -11,7 +11,9 @@
 //   event: {"event":"checkpoint"|"preempted"|"failed"|"resume"|"interval", "step", ...}; an
 //          interval line (checkpoint.every: auto) has "why", "interval_seconds",
 //          "checkpoint_seconds" (C, 0 = not measured yet) and "mtbf_seconds" (M); an every_auto
-//          checkpoint line has the "interval_seconds" and "mtbf_seconds" it was taken at
+//          (or every_auto_probe) checkpoint line has the "interval_seconds" and "mtbf_seconds" it
+//          was taken at; a checkpoint written the step after the previous one has
+//          "back_to_back": true (its time is C's fixed part)
 // Attempts under ftd add "epoch" to every line (engine/train/output_owner.h).
 //
 // Thread safety: pure functions.
@@ -53,6 +55,7 @@ struct MetricsLine {
   double loss_scale = 0;          // fp16 (0: not fp16, not written)
   bool fp16 = false;              // not a key: whether loss_scale and skipped are written
   bool skipped = false;
+  bool back_to_back = false;  // kCheckpoint: written the step after the previous checkpoint
   // kEval: mean token cross-entropy on data.eval (NaN when the trainer wrote null: it diverged)
   double eval_loss = 0;
   int64_t eval_tokens = 0;

@@ -42,7 +42,8 @@ struct PlanRequest {
   bool fsdp = false;
   int64_t global_batch = 1;
   int64_t world = 1;
-  int64_t loss_chunk_rows = 0;  // 0 = the engine's default budget
+  int64_t loss_chunk_rows = 0;                          // 0 = the engine's default budget
+  bool operator==(const PlanRequest&) const = default;  // every field: what the plan depends on
 };
 
 // Bytes by category for one micro-batch size (device memory of one rank; under

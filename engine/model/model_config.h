@@ -17,6 +17,7 @@ struct RopeScaling {
   double low_freq_factor = 1.0;                     // llama3
   double high_freq_factor = 4.0;                    // llama3
   int64_t original_max_position_embeddings = 8192;  // llama3
+  bool operator==(const RopeScaling&) const = default;
 };
 
 struct ModelConfig {
@@ -43,6 +44,7 @@ struct ModelConfig {
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
   // InvalidArgument naming the field when the shape is inconsistent.
   Status Validate(const std::string& file) const;
+  bool operator==(const ModelConfig&) const = default;
 };
 
 // RoPE inverse frequencies [head_dim/2], with rope_scaling applied as HF does.

@@ -252,16 +252,35 @@ double CheckpointWriter::last_seconds() {
   return last_seconds_;
 }
 
-void CheckpointWriter::Seed(double seconds) {
+void CheckpointWriter::Seed(double mean_seconds, double fixed_seconds) {
   std::lock_guard<std::mutex> lock(mu_);
-  recent_seconds_.assign(kRecentWrites, seconds);
+  if (mean_seconds > 0) recent_seconds_.assign(kRecentWrites, mean_seconds);
+  if (fixed_seconds > 0) recent_fixed_.assign(kRecentWrites, fixed_seconds);
 }
+
+namespace {
+double Mean(const std::deque<double>& v) {
+  return v.empty() ? 0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+}
+void PushRecent(std::deque<double>* v, double seconds) {
+  v->push_back(seconds);
+  if (v->size() > CheckpointWriter::kRecentWrites) v->pop_front();
+}
+}  // namespace
 
 double CheckpointWriter::mean_seconds() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (recent_seconds_.empty()) return 0;
-  return std::accumulate(recent_seconds_.begin(), recent_seconds_.end(), 0.0) /
-         static_cast<double>(recent_seconds_.size());
+  return Mean(recent_seconds_);
+}
+
+double CheckpointWriter::fixed_seconds() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Mean(recent_fixed_);
+}
+
+bool CheckpointWriter::idle() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !busy_;
 }
 
 void CheckpointWriter::Loop() {
@@ -287,11 +306,11 @@ void CheckpointWriter::Loop() {
     last_status_ = s;
     if (s.ok()) {
       last_seconds_ = seconds;
-      recent_seconds_.push_back(seconds);
-      if (recent_seconds_.size() > kRecentWrites) recent_seconds_.pop_front();
+      PushRecent(&recent_seconds_, seconds);
+      if (job.state.back_to_back) PushRecent(&recent_fixed_, seconds);
       completed_.push_back({job.state.step, seconds, job.state.reason,
                             (fs::path(root_) / CheckpointName(job.state.step)).string(),
-                            job.state.interval_seconds, job.state.mtbf_seconds});
+                            job.state.interval_seconds, job.state.mtbf_seconds, job.state.back_to_back});
     }
     busy_ = false;
     cv_.notify_all();

@@ -106,9 +106,17 @@ class CheckpointWriter {
   // time is noisy (a slow fsync), their mean is the checkpoint's expected cost.
   double mean_seconds();
   static constexpr size_t kRecentWrites = 16;
-  // Starts the mean at `seconds` (a resumed run's measured mean): it stands in for each of the
+  // The mean of the last kRecentWrites back-to-back writes (state.back_to_back: one step after
+  // the previous checkpoint; 0 before the first): the checkpoint's fixed cost. A write's time
+  // also grows with the time since the previous one (its fsync flushes what the node wrote
+  // meanwhile), a part that costs the same per second whatever the interval; the fixed part is
+  // what an interval trades against lost work.
+  double fixed_seconds();
+  // Starts the means at a resumed run's measured ones (0: none): each stands in for the
   // kRecentWrites writes until new ones replace it. Call before the first Submit.
-  void Seed(double seconds);
+  void Seed(double mean_seconds, double fixed_seconds);
+  // True when no write is in flight (a Submit would not wait).
+  bool idle();
 
   struct Completed {
     int64_t step = 0;
@@ -117,6 +125,7 @@ class CheckpointWriter {
     std::string dir;
     double interval_seconds = 0;  // TrainerState::interval_seconds and mtbf_seconds
     double mtbf_seconds = 0;
+    bool back_to_back = false;  // TrainerState::back_to_back
   };
   // Checkpoints made durable since the last call, oldest first.
   std::vector<Completed> TakeCompleted();
@@ -135,6 +144,7 @@ class CheckpointWriter {
   Status last_status_;                 // GUARDED_BY(mu_)
   double last_seconds_ = 0;            // GUARDED_BY(mu_)
   std::deque<double> recent_seconds_;  // GUARDED_BY(mu_), at most kRecentWrites
+  std::deque<double> recent_fixed_;    // GUARDED_BY(mu_), back-to-back writes, at most kRecentWrites
   std::vector<Completed> completed_;   // GUARDED_BY(mu_)
   std::thread thread_;
 };

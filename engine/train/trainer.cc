@@ -491,9 +491,12 @@ CheckpointContents Trainer::Capture(const std::string& reason) {
   st.epoch = owner_->epoch();
   st.last_checkpoint_seconds = writer_ ? writer_->last_seconds() : 0.0;
   st.mean_checkpoint_seconds = writer_ ? writer_->mean_seconds() : restored_mean_c_;
+  st.fixed_checkpoint_seconds = writer_ ? writer_->fixed_seconds() : restored_fixed_c_;
+  st.back_to_back = last_written_step_ >= 0 && st.step == last_written_step_ + 1;
   st.reason = reason;
-  st.interval_seconds = reason == "every_auto" ? auto_interval_s_ : 0.0;
-  st.mtbf_seconds = reason == "every_auto" ? (mtbf_seconds_ > 0 ? mtbf_seconds_ : kPriorMtbfSeconds) : 0.0;
+  const bool automatic = reason == kAutoReason || reason == kAutoProbeReason;
+  st.interval_seconds = automatic ? auto_interval_s_ : 0.0;
+  st.mtbf_seconds = automatic ? (mtbf_seconds_ > 0 ? mtbf_seconds_ : kPriorMtbfSeconds) : 0.0;
   const auto& params = optimizer_->params();
   for (size_t i = 0; i < params.size(); ++i) {
     const TrainableParam& p = params[i];
@@ -510,8 +513,9 @@ CheckpointContents Trainer::Capture(const std::string& reason) {
 }
 
 Status Trainer::Restore(const CheckpointContents& c, const std::string& from) {
-  restored_mean_c_ =
-      c.state.mean_checkpoint_seconds;  // C for checkpoint.every auto until writes are measured
+  // C for checkpoint.every auto until writes are measured.
+  restored_mean_c_ = c.state.mean_checkpoint_seconds;
+  restored_fixed_c_ = c.state.fixed_checkpoint_seconds;
   std::map<std::string, std::string> now = JobMathKeys(spec_, data_->sha256());
   // Checkpoints made before the data was identified by content name it by its size.
   now["data.train (size in bytes)"] = std::to_string(data_->file_bytes());
@@ -674,7 +678,7 @@ Status Trainer::CheckpointNow(const std::string& reason, bool wait) {
   if (!leader()) return Status::OK();  // the replicas are identical: rank 0 writes for all
   if (!writer_) {
     writer_ = std::make_unique<CheckpointWriter>(checkpoint_root());
-    if (restored_mean_c_ > 0) writer_->Seed(restored_mean_c_);
+    writer_->Seed(restored_mean_c_, restored_fixed_c_);
   }
   Retention retention;
   retention.keep = spec_.checkpoint.keep;
@@ -688,6 +692,7 @@ Status Trainer::CheckpointNow(const std::string& reason, bool wait) {
   retention.fence = [owner] { return owner->Check(); };
   CheckpointContents contents = Capture(reason);
   FT_RETURN_IF_ERROR(RequireFiniteWeights(spec_, contents));  // every checkpoint, the final one too
+  last_written_step_ = contents.state.step;
   FT_RETURN_IF_ERROR(writer_->Submit(std::move(contents), std::move(retention)));
   if (wait) FT_RETURN_IF_ERROR(writer_->Wait());
   return LogCompletedCheckpoints();
@@ -701,6 +706,7 @@ Status Trainer::LogCompletedCheckpoints() {
     line.checkpoint_seconds = c.seconds;
     line.interval_seconds = c.interval_seconds;
     line.mtbf_seconds = c.mtbf_seconds;
+    line.back_to_back = c.back_to_back;
     FT_RETURN_IF_ERROR(Log(line).WithContext("the event line of checkpoint " + c.dir));
   }
   return Status::OK();
@@ -859,11 +865,29 @@ StatusOr<bool> Trainer::CheckpointDue(int64_t step, std::chrono::steady_clock::t
   if (automatic || c.every_minutes > 0) FT_RETURN_IF_ERROR(Agree(&due));  // the ranks' clocks differ
   FT_RETURN_IF_ERROR(LogCompletedCheckpoints());
   if ((!by_steps && due[0] == 0) || step >= total_steps_) return false;
-  FT_RETURN_IF_ERROR(CheckpointNow(automatic  ? "every_auto"
+  const bool back_to_back = last_written_step_ >= 0 && step == last_written_step_ + 1;  // rank 0's view
+  FT_RETURN_IF_ERROR(CheckpointNow(automatic  ? (probe_due_ ? kAutoProbeReason : kAutoReason)
                                    : by_steps ? "every_steps"
                                               : "every_minutes",
                                    /*wait=*/!c.async));
+  if (automatic) AfterAutoCheckpoint(back_to_back);
   return true;
+}
+
+void Trainer::AfterAutoCheckpoint(bool back_to_back) {
+  if (!leader()) return;
+  if (back_to_back) {
+    auto_since_fixed_ = 0;
+    probe_due_ = false;
+    return;
+  }
+  ++auto_since_fixed_;
+  probe_due_ = ProbeDue(auto_since_fixed_, MeasuredCost().fixed_seconds);
+}
+
+CheckpointCost Trainer::MeasuredCost() {
+  if (!writer_) return {restored_fixed_c_, restored_mean_c_};
+  return {writer_->fixed_seconds(), writer_->mean_seconds()};
 }
 
 StatusOr<bool> Trainer::AutoIntervalPassed(int64_t step, double seconds) {
@@ -872,11 +896,13 @@ StatusOr<bool> Trainer::AutoIntervalPassed(int64_t step, double seconds) {
   // C unmeasured while the first checkpoint is still being written: its cost is known once it
   // lands, so wait for it rather than read "not measured" as "due now" and queue another.
   if (writer_ && writer_->mean_seconds() <= 0) FT_RETURN_IF_ERROR(writer_->Wait());
-  // C: the mean of the recent writes (one fsync can be slow); after a resume, the resumed
-  // checkpoint's stands in for the writes not yet measured.
-  const double c = writer_ ? writer_->mean_seconds() : restored_mean_c_;
-  const CheckpointInterval interval = ChooseCheckpointInterval(
-      c, mtbf_seconds_, spec_.checkpoint.min_minutes, spec_.checkpoint.max_minutes, spec_.checkpoint.async);
+  // C: the fixed part of the recent writes (back to back; their mean: one fsync can be slow);
+  // after a resume, the resumed checkpoint's stand in for the writes not yet measured.
+  const CheckpointCost cost = MeasuredCost();
+  const double c = cost.c();
+  const CheckpointInterval interval =
+      ChooseCheckpointInterval(cost, mtbf_seconds_, spec_.checkpoint.min_minutes,
+                               spec_.checkpoint.max_minutes, spec_.checkpoint.async);
   // Noted when it first applies and when it moves by more than a tenth (C is measured anew each time).
   auto_interval_s_ = interval.seconds;
   if (noted_interval_s_ < 0 || std::fabs(interval.seconds - noted_interval_s_) > 0.1 * noted_interval_s_) {
@@ -888,7 +914,7 @@ StatusOr<bool> Trainer::AutoIntervalPassed(int64_t step, double seconds) {
     line.mtbf_seconds = mtbf_seconds_ > 0 ? mtbf_seconds_ : kPriorMtbfSeconds;
     FT_RETURN_IF_ERROR(Log(line));
   }
-  return seconds >= interval.seconds;
+  return probe_due_ || seconds >= interval.seconds;
 }
 
 Status Trainer::Finish() {

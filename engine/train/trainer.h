@@ -30,6 +30,7 @@
 #include "engine/data/dataset.h"
 #include "engine/dist/collective.h"
 #include "engine/dist/exact_sum.h"
+#include "engine/job/checkpoint_interval.h"
 #include "engine/job/exit_codes.h"
 #include "engine/job/job_hash.h"
 #include "engine/job/job_spec.h"
@@ -208,10 +209,15 @@ class Trainer {
   StatusOr<Request> HandleRequest();
   // Logs the checkpoints made durable meanwhile and starts one when due after `step` (true then).
   StatusOr<bool> CheckpointDue(int64_t step, std::chrono::steady_clock::time_point last_checkpoint);
-  // checkpoint.every: auto: whether the Young/Daly interval from C (the last write) and
-  // mtbf_seconds_ has passed `seconds` after the last checkpoint (rank 0's vote; it notes the
-  // interval in metrics.jsonl when it moves).
+  // checkpoint.every: auto: whether the Young/Daly interval from C (CheckpointCost: the fixed
+  // part of recent writes) and mtbf_seconds_ has passed `seconds` after the last checkpoint, or
+  // a back-to-back probe is due (rank 0's vote; it notes the interval in metrics.jsonl when it
+  // moves).
   StatusOr<bool> AutoIntervalPassed(int64_t step, double seconds);
+  // After an automatic checkpoint: whether the next step's is a probe (ProbeDue).
+  void AfterAutoCheckpoint(bool back_to_back);
+  // C as measured: the writer's means, or the resumed checkpoint's before it writes.
+  CheckpointCost MeasuredCost();
   Status Finish();
   Status ResumeIfPossible(const std::string& resume_dir);
   // The checkpoint to resume from ("" = step 0): `committed` or the newest
@@ -239,15 +245,19 @@ class Trainer {
   // Evaluates when `step` is due (every eval_every_steps, and the last) and logs the line.
   Status EvaluateIfDue(int64_t step);
 
-  int64_t cursor_ = 0;            // sequences consumed
-  int64_t tokens_seen_ = 0;       // target tokens trained on
-  double micro_seconds_ = 0;      // measured time of one micro-batch (moving average)
-  double mtbf_seconds_ = 0;       // checkpoint.every auto's M (set_mtbf_seconds; 0 = the prior)
-  double restored_mean_c_ = 0;    // the resumed checkpoint's mean write time (0: none)
-  double auto_interval_s_ = 0;    // the auto interval in force (its checkpoints record it)
-  double noted_interval_s_ = -1;  // the auto interval last written to metrics.jsonl
-  double loss_scale_ = 1;         // fp16's dynamic loss scale (train.loss_scale_init, then halved/doubled)
-  int64_t growth_tracker_ = 0;    // good fp16 steps in a row at this scale
+  int64_t cursor_ = 0;              // sequences consumed
+  int64_t tokens_seen_ = 0;         // target tokens trained on
+  double micro_seconds_ = 0;        // measured time of one micro-batch (moving average)
+  double mtbf_seconds_ = 0;         // checkpoint.every auto's M (set_mtbf_seconds; 0 = the prior)
+  double restored_mean_c_ = 0;      // the resumed checkpoint's mean write time (0: none)
+  double restored_fixed_c_ = 0;     // and its mean back-to-back write time (0: none)
+  int64_t last_written_step_ = -1;  // the step of this process's last checkpoint (-1: none yet)
+  int64_t auto_since_fixed_ = 0;    // automatic checkpoints since the last back-to-back one
+  bool probe_due_ = false;          // AfterAutoCheckpoint: checkpoint the next step
+  double auto_interval_s_ = 0;      // the auto interval in force (its checkpoints record it)
+  double noted_interval_s_ = -1;    // the auto interval last written to metrics.jsonl
+  double loss_scale_ = 1;           // fp16's dynamic loss scale (train.loss_scale_init, then halved/doubled)
+  int64_t growth_tracker_ = 0;      // good fp16 steps in a row at this scale
   std::function<void(int64_t)> grad_hook_;
   TrainControl* control_ = nullptr;
   std::unique_ptr<OutputOwner> owner_ = std::make_unique<OutputOwner>();  // unfenced until set_fencing

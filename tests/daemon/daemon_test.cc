@@ -1068,6 +1068,43 @@ TEST_F(DaemonTest, ARunningJobWhosePlanInputNoLongerLoadsAfterARestartIsCountedA
   EXPECT_FALSE(daemon_->PredictedBytes(id).ok());
 }
 
+// Incremental scheduling: a tick runs a pass only when what the last pass read has changed (a
+// job queued, a worker's memory, a worker gone or come), else it costs a digest of the inputs.
+TEST_F(DaemonTest, ATickSchedulesOnlyWhenItsInputsChanged) {
+  FakeSink w;
+  Register("w", &w, int64_t{1} << 20);  // 1 MiB: the job fits nowhere
+  const std::string id = Submit();
+  daemon_->Tick();
+  const int64_t passes = daemon_->scheduling_passes();
+  EXPECT_GE(passes, 1);
+  EXPECT_THAT(Job(id).reason(), HasSubstr("does not fit"));
+  for (int i = 0; i < 3; ++i) {
+    pb::WorkerMessage same;  // a heartbeat reporting what the worker reported before
+    pb::Device* d = same.mutable_heartbeat()->add_devices();
+    d->set_kind("cpu");
+    d->set_total_bytes(int64_t{1} << 20);
+    d->set_free_bytes(int64_t{1} << 20);
+    daemon_->OnWorkerMessage("w", &w, same);
+    daemon_->Tick();
+  }
+  EXPECT_EQ(daemon_->scheduling_passes(), passes) << "nothing changed: no pass";
+  Register("w", &w);  // now 8 GiB free: the worker's memory changed
+  daemon_->Tick();
+  EXPECT_EQ(daemon_->scheduling_passes(), passes + 1);
+  EXPECT_EQ(Job(id).state(), pb::RUNNING);
+  const std::string second = Submit();  // a job queued
+  daemon_->Tick();
+  EXPECT_EQ(daemon_->scheduling_passes(), passes + 2);
+  EXPECT_THAT(Job(second).reason(), HasSubstr("every worker is busy"));
+  daemon_->Tick();
+  EXPECT_EQ(daemon_->scheduling_passes(), passes + 2);
+  // A time a pass depends on: at most kFullPassMs after the last, a pass runs anyway.
+  clock_.Advance(Daemon::kFullPassMs);
+  Heartbeat("w", &w, id, 1, 1);  // (keeps the lease)
+  daemon_->Tick();
+  EXPECT_EQ(daemon_->scheduling_passes(), passes + 3);
+}
+
 TEST_F(DaemonTest, ADaemonStallLongerThanTheLeaseCostsNoWorkerItsLease) {
   lease_ms_ = 3'000;
   Reopen();

@@ -5,8 +5,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
 #include <string>
 #include <vector>
+
+#include "engine/model/model_config.h"
 
 namespace ft {
 namespace {
@@ -62,7 +66,95 @@ TEST(SchedulerTest, ACpuJobWaitsOnAGpuOnlyWorkerNamingTheKind) {
   WorkerView worker{.id = "w", .alive = true, .devices = {{DeviceKind::kCuda, 0, 1 << 30, 1 << 30}}};
   ScheduleResult r = Schedule({&job}, {worker}, 0, {});
   EXPECT_TRUE(r.placements.empty());
-  EXPECT_EQ(r.waiting["j"], "waits: no worker has 1 cpu device");
+  ASSERT_EQ(r.waiting.size(), 1u);
+  EXPECT_EQ(r.waiting[0].first, &job);
+  EXPECT_EQ(FormatWaitReason(r.waiting[0].second), "waits: no worker has 1 cpu device");
+}
+
+// A LoRA job's view on the tiny preset (the planner's memory for it), of the class `classes` gives it.
+JobView TinyJob(const std::string& id, int64_t created_ms, PlacementClasses& classes, int64_t seq_len = 64) {
+  JobView job;
+  job.id = id;
+  job.created_ms = created_ms;
+  job.device = DeviceRequest::kCpu;
+  job.plan.model = *PresetModelConfig("tiny-llama");
+  job.plan.seq_len = seq_len;
+  job.plan.global_batch = 8;
+  job.min_bytes_cpu = MinBytesPerDevice(job, DeviceKind::kCpu);
+  job.placement_class = classes.Of(job);
+  return job;
+}
+
+WorkerView CpuWorker(const std::string& id, int64_t bytes) {
+  return {.id = id, .alive = true, .devices = {{DeviceKind::kCpu, 0, bytes, bytes}}};
+}
+
+// Jobs that differ only in id and time share a class; another plan request is another class.
+TEST(SchedulerTest, JobsAlikeShareAPlacementClass) {
+  PlacementClasses classes;
+  const JobView a = TinyJob("a", 1, classes), b = TinyJob("b", 2, classes);
+  const JobView longer = TinyJob("c", 3, classes, 128);
+  EXPECT_EQ(a.placement_class, b.placement_class);
+  EXPECT_NE(a.placement_class, longer.placement_class);
+  JobView two_ranks = a;
+  two_ranks.gpus = 2;
+  EXPECT_NE(classes.Of(two_ranks), a.placement_class);
+}
+
+// A class's failure stands for its later jobs only while the usable workers are the same: here
+// the small worker fits neither long job, the large one fits one; the class of the short jobs
+// is placed on what is left, and in queue order (given out of order).
+TEST(SchedulerTest, AClassThatFailedIsTriedAgainOnlyAfterAWorkerIsTaken) {
+  PlacementClasses classes;
+  const JobView shorter = TinyJob("s", 5, classes);
+  const int64_t short_bytes = shorter.min_bytes_cpu;
+  const JobView long1 = TinyJob("l1", 1, classes, 4096), long2 = TinyJob("l2", 2, classes, 4096);
+  const JobView short1 = TinyJob("s1", 3, classes), short2 = TinyJob("s2", 4, classes);
+  ASSERT_GT(long1.min_bytes_cpu, 2 * short_bytes);
+  const std::vector<WorkerView> workers = {CpuWorker("small", 2 * short_bytes),
+                                           CpuWorker("large", 2 * long1.min_bytes_cpu)};
+  ScheduleResult r = Schedule({&short2, &long2, &short1, &long1}, workers, 0, {});
+  ASSERT_EQ(r.placements.size(), 2u);
+  EXPECT_EQ(r.placements[0].job_id, "l1");
+  EXPECT_EQ(r.placements[0].worker_id, "large");
+  EXPECT_EQ(r.placements[1].job_id, "s1") << "l2 failed on the small worker; s1 is another class";
+  EXPECT_EQ(r.placements[1].worker_id, "small");
+  ASSERT_EQ(r.waiting.size(), 2u);
+  EXPECT_EQ(r.waiting[0].first->id, "l2");
+  EXPECT_EQ(r.waiting[1].first->id, "s2");
+  EXPECT_EQ(FormatWaitReason(r.waiting[1].second), "waits: every worker is busy");
+}
+
+// 100,000 queued 4-rank jobs of four shapes, on 10,000 idle one-device workers of which none
+// can host rank 0: every job passes the memory filter and fails only after a walk over the
+// workers. One pass walks once per shape, not per job (100,000 walks over 10,000 workers would
+// take minutes); bounded loosely for a loaded machine, printed for the record.
+TEST(SchedulerTest, APassOverAHundredThousandJobsAndTenThousandWorkersWalksOncePerShape) {
+  PlacementClasses classes;
+  std::vector<JobView> views;
+  for (int i = 0; i < 100'000; ++i) {
+    JobView v = TinyJob("j" + std::to_string(i), i, classes, 64 << (i % 4));
+    v.gpus = 4;
+    v.placement_class = classes.Of(v);
+    views.push_back(std::move(v));
+  }
+  std::vector<const JobView*> jobs;
+  for (const JobView& v : views) jobs.push_back(&v);
+  std::vector<WorkerView> workers;
+  for (int i = 0; i < 10'000; ++i) {
+    workers.push_back(CpuWorker("w" + std::to_string(i), int64_t{1} << 40));
+    workers.back().serves_rendezvous = false;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  ScheduleResult r = Schedule(jobs, workers, 0, {});
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("one pass over %zu jobs and %zu workers: %.1f ms\n", jobs.size(), workers.size(),
+              seconds * 1e3);
+  EXPECT_TRUE(r.placements.empty());
+  ASSERT_EQ(r.waiting.size(), jobs.size());
+  EXPECT_EQ(FormatWaitReason(r.waiting.back().second),
+            "waits: no idle worker reports rendezvous ports to host rank 0 of a multi-rank job");
+  EXPECT_LT(seconds, 2.0);
 }
 
 }  // namespace

@@ -1075,19 +1075,20 @@ TEST_F(StoreTest, SubmitThroughputBenchmark) {
 TEST_F(StoreTest, AFailedHeartbeatWriteLeavesTheConnectionFsyncing) {
   ASSERT_OK_AND_ASSIGN(int level, store_->SynchronousLevel());
   EXPECT_EQ(level, 2);  // FULL
-  // Relaxed writes that fail (unknown worker, unknown job) roll back inside
+  // Relaxed writes that fail (an unknown job) roll back inside
   // their transaction; the connection must come back to FULL regardless.
-  EXPECT_TRUE(store_->TouchWorker("nobody", 1).IsNotFound());
-  ASSERT_OK_AND_ASSIGN(level, store_->SynchronousLevel());
-  EXPECT_EQ(level, 2);
   EXPECT_TRUE(store_->RecordProgress(ProgressRow{.job_id = "j-999999", .epoch = 1, .step = 3}).IsNotFound());
   ASSERT_OK_AND_ASSIGN(level, store_->SynchronousLevel());
   EXPECT_EQ(level, 2);
   // And after a relaxed write that succeeds.
   ASSERT_OK(store_->UpsertWorker(WorkerRow{.id = "w1"}));
-  ASSERT_OK(store_->TouchWorker("w1", 5));
+  ASSERT_OK(store_->TouchWorkers({{"nobody", 1}, {"w1", 5}}));  // an unknown id is skipped
   ASSERT_OK_AND_ASSIGN(level, store_->SynchronousLevel());
   EXPECT_EQ(level, 2);
+  ASSERT_OK_AND_ASSIGN(auto workers, store_->ListWorkers());
+  ASSERT_EQ(workers.size(), 1u);
+  EXPECT_EQ(workers[0].last_seen_ms, 5);
+  EXPECT_TRUE(workers[0].alive);
 }
 
 }  // namespace

@@ -2,21 +2,31 @@
 // process (issue #31, acceptance 1). Three workers on loopback, each killed
 // (kill -9 of the worker and its trainer, a replacement started at once) at
 // exponential inter-arrival times of mean M from its own seeded clock, run
-// four arms in turn with the same kill times: three LoRA jobs (one per worker)
+// four arms with the same kill times: three LoRA jobs (one per worker)
 // checkpointing every step (short), at Young/Daly's sqrt(2·C·M) from the C the
 // short arm measured and the injected M, at four times that (long), and with
-// every: auto (ftd's M from its attempt history, which the fixed arms filled).
+// every: auto (ftd's M from its attempt history, which the arms before it
+// filled). The window is two halves, each with its own seeded kills: short
+// runs the whole window first, then Young/Daly and auto run the halves in the
+// order YD, auto, auto, YD (later arms pay a little more per checkpoint here,
+// so the two compared most closely share positions), then long.
 // Checkpoints are synchronous (checkpoint.async: false), so a checkpoint costs
-// the step loop its write time C, the trade-off Young/Daly's optimum is for.
+// the step loop its write time, the trade-off Young/Daly's optimum is for.
+// C is the fixed part of a write: its time back to back (the step after the
+// previous checkpoint; every step's are). Here a write also costs about 25 ms
+// more per second since the previous one (its fsync flushes what the node
+// wrote meanwhile): a cost per second of training at any interval, which no
+// interval choice changes, so the optimum is sqrt(2·C_fixed·M); auto measures
+// C_fixed with a back-to-back probe (engine/job/checkpoint_interval.h).
 //
 // Each arm's wasted work is what its interval decides, from ftd's own goodput
 // of a snapshot taken at the end of the arm's window: checkpoint waits plus,
 // per kill, the work lost up to the kill (ftd's lost seconds less the time
 // from the kill to ftd's knowing, which no interval changes). Asserted:
 //   - the interval auto had in force (the median over its checkpoints, each
-//     of which records it) converges to within 25% of sqrt(2·C·M), C the mean
-//     write time auto measured, M the injected one: the mean of the seeded
-//     draws (window × workers ÷ kills), which the fixed Young/Daly arm uses too;
+//     of which records it) converges to within 25% of sqrt(2·C·M), C the fixed
+//     part auto measured, M the injected one: the mean of the seeded draws
+//     (window × workers ÷ kills), which the fixed Young/Daly arm uses too;
 //   - auto's wasted work is no worse than the every-step and the long arm's,
 //     within two standard errors of the difference (the kills' phase against
 //     each arm's checkpoints is random: the test measures that spread and
@@ -61,20 +71,22 @@ struct Settings {
   double window_s = EnvNumber("FT_INTERVAL_WINDOW_S", 60);
   double mtbf_s = EnvNumber("FT_INTERVAL_MTBF_S", 10);
   uint64_t seed = static_cast<uint64_t>(EnvNumber("FT_INTERVAL_SEED", 31));
-  // No kill after this: every loss is known to ftd (lease) before the snapshot.
-  double last_kill_s() const { return window_s - kLeaseMs / 1000.0 - 2.0; }
+  double half_s() const { return window_s / 2; }
+  // No kill after this in a half: every loss is known to ftd (lease) before the half's snapshot.
+  double last_kill_s() const { return half_s() - kLeaseMs / 1000.0 - 2.0; }
 };
 
-// The seeded kill process: per slot, exponential inter-arrival times of mean M, as offsets from
-// the arm's start, in time order; the same for every arm.
+// The seeded kill process of one half of the window (0 or 1): per slot, exponential
+// inter-arrival times of mean M, as offsets from the half's start, in time order; the same for
+// every arm.
 struct KillAt {
   double at_s = 0;
   int slot = 0;
 };
-std::vector<KillAt> KillSchedule(const Settings& s) {
+std::vector<KillAt> KillSchedule(const Settings& s, int half) {
   std::vector<KillAt> out;
   for (int slot = 0; slot < kSlots; ++slot) {
-    std::mt19937_64 rng(s.seed * 1000 + static_cast<uint64_t>(slot));
+    std::mt19937_64 rng(s.seed * 1000 + static_cast<uint64_t>(100 * half + slot));
     std::exponential_distribution<double> gap(1.0 / s.mtbf_s);
     for (double t = gap(rng); t < s.last_kill_s(); t += gap(rng)) out.push_back({t, slot});
   }
@@ -91,7 +103,8 @@ struct Arm {
   // Results.
   std::vector<double> lost_per_kill;  // seconds of work lost up to each kill that hit a trained attempt
   double checkpoint_s = 0, lost_s = 0, ftd_lost_s = 0, mean_c = 0;
-  int64_t checkpoints = 0;
+  double fixed_c = 0;  // the mean of its back-to-back writes
+  int64_t checkpoints = 0, back_to_back = 0;
   // Every every_auto checkpoint's interval in force and the M it was chosen with.
   std::vector<std::pair<double, double>> auto_intervals;
   double waste() const { return checkpoint_s + lost_s; }
@@ -139,13 +152,16 @@ struct Pool {
   }
 };
 
-// Runs one arm: submits its jobs, starts the clock once every job trained a step, kills by the
-// schedule, snapshots the jobs at the window's end, then cancels them.
-void RunArm(Cluster& c, Pool& pool, const Settings& s, const std::vector<KillAt>& kills, Arm* arm) {
+// Runs one arm for a window: submits its jobs, starts the clock once every job trained a step,
+// kills by the schedule, snapshots the jobs at the window's end, then cancels them. An arm run
+// in two windows adds the second's jobs to the first's.
+void RunArm(Cluster& c, Pool& pool, double window_s, const std::vector<KillAt>& kills, Arm* arm) {
+  const std::string run = arm->name + (arm->ids.empty() ? "" : "-b");
   for (int k = 0; k < kSlots; ++k) {
-    arm->ids.push_back(c.Submit(WriteArmJob(c, arm->name + std::to_string(k), arm->checkpoint)));
+    arm->ids.push_back(c.Submit(WriteArmJob(c, run + std::to_string(k), arm->checkpoint)));
   }
-  for (const std::string& id : arm->ids) {
+  const std::vector<std::string> ids(arm->ids.end() - kSlots, arm->ids.end());
+  for (const std::string& id : ids) {
     const pb::Job j = c.WaitFor(
         id, [](const pb::Job& j) { return j.steps_done() > 0; }, 120'000);
     ASSERT_GT(j.steps_done(), 0) << arm->name << ": " << id << " trained no step";
@@ -158,16 +174,15 @@ void RunArm(Cluster& c, Pool& pool, const Settings& s, const std::vector<KillAt>
     arm->killed_ms[victim] = WallNowMs();
     pool.Replace(k.slot);
   }
-  std::this_thread::sleep_until(t0 + std::chrono::duration<double>(s.window_s));
-  for (const std::string& id : arm->ids) arm->snapshot.push_back(Get(c, id));
-  for (const std::string& id : arm->ids) ASSERT_TRUE(c.client().Cancel(id).ok());
-  for (const std::string& id : arm->ids)
-    ASSERT_TRUE(Done(c.WaitFor(id, Done, 60'000))) << id << " not cancelled";
+  std::this_thread::sleep_until(t0 + std::chrono::duration<double>(window_s));
+  for (const std::string& id : ids) arm->snapshot.push_back(Get(c, id));
+  for (const std::string& id : ids) ASSERT_TRUE(c.client().Cancel(id).ok());
+  for (const std::string& id : ids) ASSERT_TRUE(Done(c.WaitFor(id, Done, 60'000))) << id << " not cancelled";
 }
 
 // The arm's wasted work from ftd's goodput of its snapshot, and its measured C from the jobs' metrics.
 void Account(Arm* arm) {
-  double c_sum = 0;
+  double c_sum = 0, fixed_sum = 0;
   for (const pb::Job& j : arm->snapshot) {
     for (const pb::Attempt& a : j.attempts()) {
       arm->checkpoint_s += a.goodput().checkpoint_s();
@@ -186,11 +201,16 @@ void Account(Arm* arm) {
       if (!line.ok() || line->kind != MetricsLine::Kind::kCheckpoint) continue;
       c_sum += line->checkpoint_seconds;
       ++arm->checkpoints;
+      if (line->back_to_back) {
+        fixed_sum += line->checkpoint_seconds;
+        ++arm->back_to_back;
+      }
       if (line->reason == "every_auto" && line->interval_seconds > 0)
         arm->auto_intervals.push_back({line->interval_seconds, line->mtbf_seconds});
     }
   }
   arm->mean_c = arm->checkpoints > 0 ? c_sum / static_cast<double>(arm->checkpoints) : 0;
+  arm->fixed_c = arm->back_to_back > 0 ? fixed_sum / static_cast<double>(arm->back_to_back) : 0;
 }
 
 // The last interval each attempt noted with a measured C (C, M and the interval), across the arm's jobs.
@@ -218,9 +238,12 @@ TEST(E2EInterval, AutoConvergesToYoungDalyAndWastesNoMoreThanTheBestFixedInterva
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const auto began = Clock::now();
   const Settings s;
-  const std::vector<KillAt> kills = KillSchedule(s);
-  std::printf("seed %llu: M = %.1f s per worker, %zu kills in %.0f s windows (at most %.1f s in):",
-              static_cast<unsigned long long>(s.seed), s.mtbf_s, kills.size(), s.window_s, s.last_kill_s());
+  const std::vector<KillAt> halves[2] = {KillSchedule(s, 0), KillSchedule(s, 1)};
+  std::vector<KillAt> kills = halves[0];  // the whole window's: the two halves in turn
+  for (const KillAt& k : halves[1]) kills.push_back({k.at_s + s.half_s(), k.slot});
+  std::printf(
+      "seed %llu: M = %.1f s per worker, %zu kills in %.0f s windows (two halves, at most %.1f s into each):",
+      static_cast<unsigned long long>(s.seed), s.mtbf_s, kills.size(), s.window_s, s.last_kill_s());
   for (const KillAt& k : kills) std::printf(" %.1f@s%d", k.at_s, k.slot);
   std::printf("\n");
   ASSERT_GE(kills.size(), 6u) << "too few kills for a comparison: lengthen FT_INTERVAL_WINDOW_S";
@@ -228,49 +251,57 @@ TEST(E2EInterval, AutoConvergesToYoungDalyAndWastesNoMoreThanTheBestFixedInterva
   Pool pool{c, {}, 0};
   pool.Start();
 
-  std::vector<Arm> arms;
-  arms.push_back({"short", "every_steps: 1, every_minutes: 0"});
-  RunArm(c, pool, s, kills, &arms.back());
+  std::vector<Arm> arms = {{"short", "every_steps: 1, every_minutes: 0"},
+                           {"young-daly", ""},
+                           {"long", ""},
+                           {"auto", "every: auto, min_minutes: 0"}};
+  Arm &short_arm = arms[0], &young_daly = arms[1], &long_arm = arms[2], &automatic = arms[3];
+  RunArm(c, pool, s.window_s, kills, &short_arm);
   if (HasFatalFailure()) return;
-  Account(&arms.back());
+  Account(&short_arm);
   // M as injected: the kill process's own mean over its draws (the same in every arm), and the
-  // Young/Daly interval from it and the C the short arm measured.
+  // Young/Daly interval from it and the C the short arm measured (its writes are back to back).
   const double injected_m = kSlots * s.window_s / static_cast<double>(kills.size());
-  const double optimum = std::sqrt(2 * arms[0].mean_c * injected_m);
-  char minutes[64];
-  for (const auto& [name, factor] : {std::pair{"young-daly", 1.0}, std::pair{"long", 4.0}}) {
+  ASSERT_GT(short_arm.back_to_back, 0) << "the every-step arm wrote no back-to-back checkpoint";
+  const double optimum = std::sqrt(2 * short_arm.fixed_c * injected_m);
+  for (auto [arm, factor] : {std::pair{&young_daly, 1.0}, std::pair{&long_arm, 4.0}}) {
+    char minutes[64];
     std::snprintf(minutes, sizeof(minutes), "every_steps: 0, every_minutes: %.6f", factor * optimum / 60);
-    arms.push_back({name, minutes});
-    RunArm(c, pool, s, kills, &arms.back());
-    if (HasFatalFailure()) return;
-    Account(&arms.back());
+    arm->checkpoint = minutes;
   }
-  arms.push_back({"auto", "every: auto, min_minutes: 0"});
-  RunArm(c, pool, s, kills, &arms.back());
+  // Arms later in the run pay more per checkpoint here (a few ms per minute of test), so auto and
+  // the fixed Young/Daly arm, whose difference is the point, share their positions: each runs
+  // both halves, in the order young-daly, auto, auto, young-daly (auto also starts with the M the
+  // arms before it gave ftd's history). The long arm runs last, the whole window at once.
+  const std::pair<Arm*, int> runs[] = {{&young_daly, 0}, {&automatic, 0}, {&automatic, 1}, {&young_daly, 1}};
+  for (const auto& [arm, half] : runs) {
+    RunArm(c, pool, s.half_s(), halves[half], arm);
+    if (HasFatalFailure()) return;
+  }
+  RunArm(c, pool, s.window_s, kills, &long_arm);
   if (HasFatalFailure()) return;
-  Account(&arms.back());
-
-  std::printf("%-10s %5s %6s %9s %11s %9s %9s %9s %10s\n", "arm", "kills", "ckpts", "C mean", "ckpt wait",
-              "lost", "waste", "+-1 SE", "ftd lost");
+  for (Arm* arm : {&young_daly, &long_arm, &automatic}) Account(arm);
+  std::printf("%-10s %5s %6s %9s %9s %11s %9s %9s %9s %10s\n", "arm", "kills", "ckpts", "C mean", "C fixed",
+              "ckpt wait", "lost", "waste", "+-1 SE", "ftd lost");
   for (const Arm& a : arms) {
-    std::printf("%-10s %5zu %6lld %8.4fs %10.2fs %8.2fs %8.2fs %8.2fs %9.2fs  lost per kill:", a.name.c_str(),
-                a.lost_per_kill.size(), static_cast<long long>(a.checkpoints), a.mean_c, a.checkpoint_s,
-                a.lost_s, a.waste(), a.standard_error(), a.ftd_lost_s);
+    std::printf("%-10s %5zu %6lld %8.4fs %8.4fs %10.2fs %8.2fs %8.2fs %8.2fs %9.2fs  lost per kill:",
+                a.name.c_str(), a.lost_per_kill.size(), static_cast<long long>(a.checkpoints), a.mean_c,
+                a.fixed_c, a.checkpoint_s, a.lost_s, a.waste(), a.standard_error(), a.ftd_lost_s);
     for (double l : a.lost_per_kill) std::printf(" %.2f", l);
     std::printf("\n");
   }
-  const Arm& automatic = arms.back();
   for (const Arm& a : arms) EXPECT_GE(a.lost_per_kill.size(), 4u) << a.name << ": too few kills hit training";
 
   // Convergence: the interval in force at each of auto's checkpoints against sqrt(2·C·M) from the
   // C it measured then (C = interval² / 2M̂, M̂ the M ftd handed it) and the injected M; their median.
+  // (The lower bound, min_minutes 0, never binds here, so the interval is sqrt(2·C·M̂) itself.)
   std::vector<double> ratios, chosen;
   for (const auto& [interval, m_hat] : automatic.auto_intervals) {
     const double c_then = interval * interval / (2 * m_hat);
     ratios.push_back(interval / std::sqrt(2 * c_then * injected_m));
     chosen.push_back(interval);
   }
-  const double target = std::sqrt(2 * automatic.mean_c * injected_m);  // from the arm's mean C, printed
+  const double target = std::sqrt(2 * automatic.fixed_c * injected_m);  // from the arm's fixed C, printed
   for (const MetricsLine& l : AutoIntervals(automatic)) {
     std::printf("  auto e%-3lld last noted: C %.4f s, M %6.1f s -> every %.3f s (%.2fx target)\n",
                 static_cast<long long>(l.epoch), l.checkpoint_seconds, l.mtbf_seconds, l.interval_seconds,
@@ -283,25 +314,24 @@ TEST(E2EInterval, AutoConvergesToYoungDalyAndWastesNoMoreThanTheBestFixedInterva
       "drawn, parameter %.1f s): median %.2fx over %zu checkpoints\n",
       injected_m, s.mtbf_s, converged, ratios.size());
   std::printf(
-      "auto's median interval %.3f s; sqrt(2 x mean C %.4f s x M %.1f s) = %.3f s (%.2fx); fixed "
+      "auto's median interval %.3f s; sqrt(2 x fixed C %.4f s x M %.1f s) = %.3f s (%.2fx); fixed "
       "young-daly %.3f s\n",
-      Median(chosen), automatic.mean_c, injected_m, target, Median(chosen) / target, optimum);
+      Median(chosen), automatic.fixed_c, injected_m, target, Median(chosen) / target, optimum);
   EXPECT_NEAR(converged, 1.0, 0.25) << "auto's interval did not converge to Young/Daly's";
 
   // Waste: no worse than every step or four times Young/Daly, within two standard errors of the
-  // difference. Against the fixed Young/Daly arm it is printed, not asserted (issue #31 keeps it
-  // open): here C grows with the interval (each fsync flushes more of the machine's other dirty
-  // pages), so sqrt(2·C·M) at auto's own measured C lands above the fixed arm's, which used the
-  // every-step arm's smaller C, and the fixed arm wastes less.
-  for (const Arm* fixed : {&arms[0], &arms[2]}) {
-    const double margin = 2 * std::hypot(automatic.standard_error(), fixed->standard_error());
-    std::printf("auto wasted %.2f s; %s %.2f s; allowed %.2f s (2 SE of the difference)\n", automatic.waste(),
-                fixed->name.c_str(), fixed->waste(), fixed->waste() + margin);
-    EXPECT_LE(automatic.waste(), fixed->waste() + margin) << "auto wasted more work than " << fixed->name;
+  // difference. Against the fixed Young/Daly arm it is printed, not asserted (issue #31 stays
+  // open): the two intervals agree (auto's median against the fixed one is printed above), but
+  // in three runs auto wasted 2-24% more, by more than two standard errors in two of them.
+  for (const Arm& fixed : arms) {
+    if (&fixed == &automatic) continue;
+    const double margin = 2 * std::hypot(automatic.standard_error(), fixed.standard_error());
+    std::printf("auto wasted %.2f s; %s %.2f s; allowed %.2f s (2 SE of the difference)%s\n",
+                automatic.waste(), fixed.name.c_str(), fixed.waste(), fixed.waste() + margin,
+                &fixed == &young_daly ? " (printed, not asserted)" : "");
+    if (&fixed == &young_daly) continue;
+    EXPECT_LE(automatic.waste(), fixed.waste() + margin) << "auto wasted more work than " << fixed.name;
   }
-  std::printf("auto wasted %.2f s; young-daly (fixed at %.3f s) %.2f s (+-1 SE %.2f s, %.2f s)\n",
-              automatic.waste(), optimum, arms[1].waste(), automatic.standard_error(),
-              arms[1].standard_error());
   std::printf("ran %.0f s\n", std::chrono::duration<double>(Clock::now() - began).count());
 }
 

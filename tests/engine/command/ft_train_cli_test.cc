@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -236,7 +237,8 @@ TEST_F(FtTrainCliTest, CheckpointEveryAutoFollowsMeasuredCostAndTheGivenMeanTime
     std::istringstream in(testing_support::Slurp(dir_ + "/out/metrics.jsonl"));
     for (std::string line; std::getline(in, line);) {
       auto j = nlohmann::json::parse(line);
-      if (j.value("event", "") == "checkpoint" && j.value("reason", "") == "every_auto") {
+      const std::string reason = j.value("reason", "");
+      if (j.value("event", "") == "checkpoint" && (reason == "every_auto" || reason == "every_auto_probe")) {
         steps.push_back(j["step"].get<int64_t>());
       }
     }
@@ -248,46 +250,55 @@ TEST_F(FtTrainCliTest, CheckpointEveryAutoFollowsMeasuredCostAndTheGivenMeanTime
   EXPECT_THAT(metrics, HasSubstr("\"event\":\"interval\""));
   EXPECT_THAT(metrics, HasSubstr("C not measured yet: first checkpoint after 0.0 min"));
   EXPECT_THAT(metrics, HasSubstr("M = 0.0 min -> every 0.00 min"));
-  EXPECT_EQ(auto_checkpoints("1e9"), std::vector<int64_t>{1}) << "step 1 measures C; then 30 min";
+  EXPECT_EQ(auto_checkpoints("1e9"), (std::vector<int64_t>{1, 2}))
+      << "step 1 measures C, step 2 (a probe, back to back) its fixed part; then 30 min";
   EXPECT_THAT(testing_support::Slurp(dir_ + "/out/metrics.jsonl"), HasSubstr("(checkpoint.max_minutes)"));
 }
 
 // checkpoint.async false: the step loop waits for each periodic checkpoint (its event line comes
-// before the next step's), and checkpoint.every auto's C is the mean of the last 16 writes: each
-// interval line's C is that mean of the checkpoint lines before it, and its interval sqrt(2·C·M),
-// the interval each every_auto checkpoint line records.
-TEST_F(FtTrainCliTest, SynchronousCheckpointsAndTheAutoIntervalFromTheMeanOfRecentWrites) {
+// before the next step's), and checkpoint.every auto's C is the fixed part of the writes: the mean
+// of the last 16 back-to-back ones (written the step after the previous checkpoint; a probe
+// follows the first), and before there is one the mean of the last 16. Each interval line's C is
+// that mean of the checkpoint lines before it, and its interval sqrt(2·C·M), the interval each
+// automatic checkpoint line records. M = 5 ms: an interval below one step's time (every step).
+TEST_F(FtTrainCliTest, SynchronousCheckpointsAndTheAutoIntervalFromBackToBackWrites) {
   ASSERT_EQ(FtTrain("make-model --preset tiny-llama --out " + dir_ + "/model", dir_).exit_code, 0);
   WriteJob("  micro_batch_size: 8\ncheckpoint: {every: auto, async: false, keep: 2}\n");
-  constexpr double kM = 0.05;  // seconds: an interval near one step's time, so it moves with C
-  CliResult run = FtTrain("run " + dir_ + "/job.yaml --mtbf-seconds 0.05", dir_);
+  constexpr double kM = 0.005;
+  CliResult run = FtTrain("run " + dir_ + "/job.yaml --mtbf-seconds 0.005", dir_);
   ASSERT_EQ(run.exit_code, 0) << run.err;
-  std::vector<double> writes;
+  std::vector<double> writes, fixed;
   int64_t checkpointed = -1, intervals = 0, auto_checked = 0;
-  const auto recent_mean = [&] {
-    const size_t n = std::min<size_t>(writes.size(), 16);
+  const auto recent_mean = [](const std::vector<double>& v) {
+    const size_t n = std::min<size_t>(v.size(), 16);
     double mean = 0;
-    for (size_t i = writes.size() - n; i < writes.size(); ++i) mean += writes[i] / static_cast<double>(n);
+    for (size_t i = v.size() - n; i < v.size(); ++i) mean += v[i] / static_cast<double>(n);
     return mean;
   };
+  const auto c = [&] { return fixed.empty() ? recent_mean(writes) : recent_mean(fixed); };
+  std::map<int64_t, std::string> reasons;
   std::istringstream in(testing_support::Slurp(dir_ + "/out/metrics.jsonl"));
   for (std::string text; std::getline(in, text);) {
     auto j = nlohmann::json::parse(text);
     const std::string event = j.value("event", "");
     const int64_t step = j["step"].get<int64_t>();
     if (event == "checkpoint") {
-      if (j.value("reason", "") == "every_auto" && !writes.empty()) {
-        EXPECT_NEAR(j["interval_seconds"].get<double>(), std::sqrt(2 * recent_mean() * kM), 1e-9) << text;
+      const std::string reason = j.value("reason", "");
+      if ((reason == "every_auto" || reason == "every_auto_probe") && !writes.empty()) {
+        EXPECT_NEAR(j["interval_seconds"].get<double>(), std::sqrt(2 * c() * kM), 1e-9) << text;
         EXPECT_EQ(j["mtbf_seconds"].get<double>(), kM) << text;
         ++auto_checked;
       }
+      EXPECT_EQ(j.value("back_to_back", false), reasons.count(step - 1) == 1)
+          << "back to back: the step after the previous checkpoint; " << text;
+      reasons[step] = reason;
       writes.push_back(j["checkpoint_seconds"].get<double>());
+      if (j.value("back_to_back", false)) fixed.push_back(writes.back());
       checkpointed = step;
     } else if (event == "interval" && !writes.empty()) {
       ++intervals;
-      const double mean = recent_mean();
-      EXPECT_NEAR(j["checkpoint_seconds"].get<double>(), mean, 1e-9 * mean) << text;
-      EXPECT_NEAR(j["interval_seconds"].get<double>(), std::sqrt(2 * mean * kM), 1e-9) << text;
+      EXPECT_NEAR(j["checkpoint_seconds"].get<double>(), c(), 1e-9 * c()) << text;
+      EXPECT_NEAR(j["interval_seconds"].get<double>(), std::sqrt(2 * c() * kM), 1e-9) << text;
       EXPECT_EQ(j["mtbf_seconds"].get<double>(), kM);
       EXPECT_THAT(j["why"].get<std::string>(), HasSubstr("checkpoint.async false, the step waits")) << text;
     } else if (event.empty() && checkpointed >= 0 && !j.contains("eval_loss")) {
@@ -296,14 +307,19 @@ TEST_F(FtTrainCliTest, SynchronousCheckpointsAndTheAutoIntervalFromTheMeanOfRece
       checkpointed = -1;
     }
   }
+  EXPECT_EQ(reasons[1], "every_auto") << "the first measures C";
+  EXPECT_EQ(reasons[2], "every_auto_probe") << "the probe the step after measures its fixed part";
+  EXPECT_GE(fixed.size(), 20u) << "every step from then on: each write back to back";
   EXPECT_GE(intervals, 1) << "the interval is noted with its C";
-  // The final checkpoint keeps the mean of the writes before it: a resumed run's C until it measures.
+  // The final checkpoint keeps the means of the writes before it: a resumed run's C until it measures.
   ASSERT_GE(writes.size(), 2u);
   writes.pop_back();  // the final checkpoint's own write
+  fixed.pop_back();   // (back to back too: every step is checkpointed)
   const auto state = nlohmann::json::parse(
       testing_support::Slurp(dir_ + "/out/checkpoints/step-00000030/trainer_state.json"));
-  EXPECT_NEAR(state["mean_checkpoint_seconds"].get<double>(), recent_mean(), 1e-12);
-  EXPECT_GE(auto_checked, 5) << "every_auto checkpoints after the first, each at sqrt(2·C·M)";
+  EXPECT_NEAR(state["mean_checkpoint_seconds"].get<double>(), recent_mean(writes), 1e-12);
+  EXPECT_NEAR(state["fixed_checkpoint_seconds"].get<double>(), recent_mean(fixed), 1e-12);
+  EXPECT_GE(auto_checked, 5) << "automatic checkpoints after the first, each at sqrt(2·C·M)";
 }
 
 TEST_F(FtTrainCliTest, BadJobExitsTwoNamingFileAndLine) {

@@ -113,6 +113,7 @@ TEST(MetricsLineTest, EvalAndEventLinesRoundTrip) {
     ev.dir = kind == MetricsLine::Kind::kCheckpoint || kind == MetricsLine::Kind::kResume ? "/o/step-12" : "";
     ev.resume_kind = kind == MetricsLine::Kind::kResume ? "resume_fallback" : "";
     ev.checkpoint_seconds = kind == MetricsLine::Kind::kCheckpoint ? 0.5 : 0;
+    ev.back_to_back = kind == MetricsLine::Kind::kCheckpoint;
     const std::string text = FormatMetricsLine(ev);
     auto back = ParseMetricsLine(text);
     ASSERT_TRUE(back.ok()) << text;
@@ -122,6 +123,8 @@ TEST(MetricsLineTest, EvalAndEventLinesRoundTrip) {
     EXPECT_EQ(back->dir, ev.dir) << text;
     EXPECT_EQ(back->resume_kind, ev.resume_kind) << text;
     EXPECT_EQ(back->checkpoint_seconds, ev.checkpoint_seconds) << text;
+    EXPECT_EQ(back->back_to_back, ev.back_to_back) << text;
+    EXPECT_EQ(text.find("back_to_back") != std::string::npos, ev.back_to_back) << "written when true";
   }
 }
 
