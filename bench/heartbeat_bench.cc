@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -309,7 +310,8 @@ int main(int argc, char** argv) {
   const auto& m = daemon.message_latency();
   const auto& t = daemon.tick_latency();
   const long long due = static_cast<long long>(workers) * seconds;
-  const long long dropped = sent - static_cast<long long>(heartbeats_handled());
+  // Below zero when the daemon handled a heartbeat whose write the client saw fail as it stopped.
+  const long long dropped = std::max(0LL, sent - static_cast<long long>(heartbeats_handled()));
   std::printf("%d workers at 1 Hz for %d s, %d queued jobs\n", workers, seconds, jobs);
   std::printf("submit: %d jobs in %.1f s from %d submitters: %.0f durable jobs/s (aim >= 500)\n", jobs,
               submit_s, submitters, jobs / submit_s);
