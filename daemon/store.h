@@ -5,7 +5,7 @@
 // The database runs in WAL mode with synchronous=FULL: every method that
 // changes state commits (fsynced) before it returns OK, so an acknowledged
 // submit or state transition survives a crash. The exceptions are the
-// heartbeat-rate writes (TouchWorker, RecordProgress, device memory samples):
+// heartbeat-rate writes (TouchWorkers, RecordProgress, device memory samples) and UpsertWorker:
 // atomic but not fsynced, made durable by the next synced commit. The schema is versioned
 // (PRAGMA user_version) and migrated forward on Open. After a failed write
 // the store is "sticky-failed": every later write returns the same IOError
