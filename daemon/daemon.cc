@@ -227,12 +227,6 @@ void Daemon::ReloadFromStore() {
   }
 }
 
-bool Daemon::QueueOrder::operator()(const JobView* a, const JobView* b) const {
-  if (a->priority != b->priority) return a->priority > b->priority;
-  if (a->created_ms != b->created_ms) return a->created_ms < b->created_ms;
-  return a->id < b->id;
-}
-
 void Daemon::Unqueue(const std::string& job_id) {
   auto view = plan_inputs_.find(job_id);
   if (view == plan_inputs_.end()) return;
@@ -349,7 +343,6 @@ void Daemon::CommitSubmits(const std::vector<PendingSubmit*>& batch) {
       const JobRow& job = (*created)[i];
       if (!duplicate[i]) {
         p.view.id = job.id;
-        Unqueue(job.id);  // (a new id: nothing to unqueue, but the view must not move under queued_)
         p.view.placement_class = placement_classes_.Of(p.view);
         plan_inputs_[job.id] = p.view;
         TrackState(job);

@@ -392,9 +392,6 @@ class Daemon {
   // The scheduler's input, kept in step with the store so a tick reads no
   // rows: the ids of QUEUED jobs (plan_inputs_ holds their views) and the
   // epoch of each job's running attempt (fencing without a query).
-  struct QueueOrder {  // priority (higher first), then submission time, then id
-    bool operator()(const JobView* a, const JobView* b) const;
-  };
   std::set<const JobView*, QueueOrder> queued_;  // GUARDED_BY(mu_) views in plan_inputs_
   std::atomic<int64_t> passes_{0};               // written under mu_
   int64_t queue_version_ = 0;      // GUARDED_BY(mu_) bumped by every change of queued_ or a view in it

@@ -269,6 +269,12 @@ std::vector<size_t> PlaceOn(const JobView& job, const std::vector<WorkerView>& w
 
 }  // namespace
 
+bool QueueOrder::operator()(const JobView* a, const JobView* b) const {
+  if (a->priority != b->priority) return a->priority > b->priority;
+  if (a->created_ms != b->created_ms) return a->created_ms < b->created_ms;
+  return a->id < b->id;
+}
+
 int64_t PlacementClasses::Of(const JobView& job) {
   const PlanRequest& p = job.plan;
   const size_t hash =
@@ -288,10 +294,7 @@ int64_t PlacementClasses::Of(const JobView& job) {
 
 ScheduleResult Schedule(const std::vector<const JobView*>& queued, const std::vector<WorkerView>& workers,
                         int64_t now_wall_ms, const SchedulerOptions& options) {
-  const auto before = [](const JobView* a, const JobView* b) {
-    if (a->priority != b->priority) return a->priority > b->priority;
-    return a->created_ms < b->created_ms;
-  };
+  const QueueOrder before;
   std::vector<const JobView*> sorted;
   const std::vector<const JobView*>* jobs = &queued;
   if (!std::is_sorted(queued.begin(), queued.end(), before)) {

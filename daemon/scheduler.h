@@ -77,6 +77,11 @@ struct JobView {
   int64_t placement_class = -1;
 };
 
+// The queue's order: priority (higher first), then submission time, then id.
+struct QueueOrder {
+  bool operator()(const JobView* a, const JobView* b) const;
+};
+
 // Interns placement classes: jobs whose gpus, device request, fixed
 // micro-batch and plan request are all equal get one id, so a pass that
 // failed to place one of them knows the others fail too (until a worker is
@@ -149,8 +154,8 @@ struct SchedulerOptions {
   int64_t min_slot_ms = 60'000;  // don't start on a worker whose slot ends sooner
 };
 
-// `jobs` best in queue order (priority, then created_ms; sorted here when
-// not); `now_wall_ms` for slot ends and backoff.
+// `jobs` best in QueueOrder (sorted here when not); `now_wall_ms` for slot
+// ends and backoff.
 ScheduleResult Schedule(const std::vector<const JobView*>& jobs, const std::vector<WorkerView>& workers,
                         int64_t now_wall_ms, const SchedulerOptions& options);
 

@@ -490,9 +490,10 @@ CheckpointContents Trainer::Capture(const std::string& reason) {
   st.job_hash = JobHash(spec_, data_->sha256());
   st.epoch = owner_->epoch();
   st.last_checkpoint_seconds = writer_ ? writer_->last_seconds() : 0.0;
-  st.mean_checkpoint_seconds = writer_ ? writer_->mean_seconds() : restored_mean_c_;
-  st.fixed_checkpoint_seconds = writer_ ? writer_->fixed_seconds() : restored_fixed_c_;
-  st.back_to_back = last_written_step_ >= 0 && st.step == last_written_step_ + 1;
+  const CheckpointCost cost = MeasuredCost();
+  st.mean_checkpoint_seconds = cost.recent_seconds;
+  st.fixed_checkpoint_seconds = cost.fixed_seconds;
+  st.back_to_back = BackToBack(st.step);
   st.reason = reason;
   const bool automatic = reason == kAutoReason || reason == kAutoProbeReason;
   st.interval_seconds = automatic ? auto_interval_s_ : 0.0;
@@ -865,7 +866,7 @@ StatusOr<bool> Trainer::CheckpointDue(int64_t step, std::chrono::steady_clock::t
   if (automatic || c.every_minutes > 0) FT_RETURN_IF_ERROR(Agree(&due));  // the ranks' clocks differ
   FT_RETURN_IF_ERROR(LogCompletedCheckpoints());
   if ((!by_steps && due[0] == 0) || step >= total_steps_) return false;
-  const bool back_to_back = last_written_step_ >= 0 && step == last_written_step_ + 1;  // rank 0's view
+  const bool back_to_back = BackToBack(step);  // rank 0's view
   FT_RETURN_IF_ERROR(CheckpointNow(automatic  ? (probe_due_ ? kAutoProbeReason : kAutoReason)
                                    : by_steps ? "every_steps"
                                               : "every_minutes",

@@ -218,6 +218,8 @@ class Trainer {
   void AfterAutoCheckpoint(bool back_to_back);
   // C as measured: the writer's means, or the resumed checkpoint's before it writes.
   CheckpointCost MeasuredCost();
+  // Whether a checkpoint of `step` comes the step after this process's last one.
+  bool BackToBack(int64_t step) const { return last_written_step_ >= 0 && step == last_written_step_ + 1; }
   Status Finish();
   Status ResumeIfPossible(const std::string& resume_dir);
   // The checkpoint to resume from ("" = step 0): `committed` or the newest
