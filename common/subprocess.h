@@ -1,12 +1,14 @@
-// Starting a child process with its output in a log file: the one fork/exec
+// Starting a child process with its output in a log file: the one spawn
 // behind `ftctl up` (cli/embedded.cc) and the tests' Spawn
 // (tests/support/process.h). Only libc is used.
 //
-// Everything the child needs (argv, environment, descriptors) is prepared
-// before the fork, so between fork and exec the child makes only
-// async-signal-safe calls (safe in a threaded parent). A close-on-exec pipe
-// tells the parent whether exec worked, so a missing or non-executable
-// program is an error of SpawnChild, not a silent exit of the child.
+// The child is started with posix_spawn, not fork: no pthread_atfork handler
+// runs in it. That matters in a parent that links an OpenMP runtime (the e2e
+// tests, which train in-process): LLVM libomp 14's fork handler registers the
+// child under /dev/shm/__KMP_REGISTERED_LIB_<pid>_<uid>, a file exec never
+// removes, and a later child given the same pid then aborts with "OMP: Error
+// #15 ... already initialized" before it runs. A failed exec is an error of
+// SpawnChild (posix_spawn reports it), not a silent exit of the child.
 //
 // Thread safety: SpawnChild may be called from any thread.
 #pragma once
@@ -38,7 +40,7 @@ struct ChildOptions {
 // Returns the child's pid once argv[0] is executing; the caller waits for it.
 // Errors, each naming argv[0]: InvalidArgument (empty argv), IOError (the log
 // cannot be opened: "cannot open log <path>: <reason>"), ResourceExhausted
-// (fork failed), NotFound / FailedPrecondition ("cannot run <path>: <reason>"
+// (no process could be made), NotFound / FailedPrecondition ("cannot run <path>: <reason>"
 // when exec fails: missing, not executable). After an exec failure the same
 // line is in the log and the child has been reaped.
 StatusOr<pid_t> SpawnChild(const std::vector<std::string>& argv, const ChildOptions& options);

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <limits>
 
+#include "common/openmp_start.h"
+
 namespace ft {
 namespace {
 

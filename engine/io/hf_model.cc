@@ -11,6 +11,7 @@
 #include "common/confined_path.h"
 #include "common/file_util.h"
 #include "common/logging.h"
+#include "common/openmp_start.h"
 #include "engine/model/rng.h"
 
 namespace ft {

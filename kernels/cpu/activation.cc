@@ -1,4 +1,5 @@
 // SwiGLU as in HF's LlamaMLP: h = silu(gate) * up, silu(g) = g * sigmoid(g).
+#include "common/openmp_start.h"
 #include "common/status.h"
 #include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/ops.h"

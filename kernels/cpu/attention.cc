@@ -26,6 +26,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/openmp_start.h"
 #include "common/status.h"
 #include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/ops.h"

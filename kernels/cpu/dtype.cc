@@ -2,6 +2,7 @@
 // inline in kernels/cpu/dtype.h), all round-to-nearest-even.
 #include "kernels/cpu/dtype.h"
 
+#include "common/openmp_start.h"
 #include "common/status.h"
 #include "kernels/cpu/ops.h"
 

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "common/openmp_start.h"
 #include "common/status.h"
 #include "kernels/cpu/ops.h"
 

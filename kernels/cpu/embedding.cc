@@ -3,6 +3,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "common/openmp_start.h"
 #include "common/status.h"
 #include "kernels/cpu/ops.h"
 

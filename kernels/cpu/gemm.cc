@@ -12,6 +12,7 @@
 #include <climits>
 #include <vector>
 
+#include "common/openmp_start.h"
 #include "common/status.h"
 #include "kernels/cpu/ops.h"
 

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/openmp_start.h"
 #include "common/status.h"
 #include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/ops.h"

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/openmp_start.h"
 #include "common/status.h"
 
 namespace ft::cpu {

@@ -8,6 +8,7 @@
 // to float rounding, and for double they are the same formula.)
 #include <cmath>
 
+#include "common/openmp_start.h"
 #include "common/status.h"
 #include "kernels/cpu/ops.h"
 

@@ -1,6 +1,7 @@
 // Rotary position embedding, HF rotate_half convention: element i of a head is
 // paired with element i + hd/2 (not with its neighbour 2i+1), i.e.
 //   x * cos + rotate_half(x) * sin,  rotate_half(x) = cat(-x2, x1).
+#include "common/openmp_start.h"
 #include "common/status.h"
 #include "kernels/cpu/ops.h"
 

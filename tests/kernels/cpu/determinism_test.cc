@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/openmp_start.h"
 #include "kernels/cpu/ops.h"
 #include "tests/kernels/cpu/test_util.h"
 
