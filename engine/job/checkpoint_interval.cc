@@ -45,7 +45,16 @@ std::string FormatMinutes(double seconds) {
   return text;
 }
 
-bool ProbeDue(int64_t since, double fixed_seconds) { return fixed_seconds <= 0 || since >= kProbeEvery; }
+double MedianSeconds(std::vector<double> seconds) {
+  if (seconds.empty()) return 0;
+  std::sort(seconds.begin(), seconds.end());
+  const size_t mid = seconds.size() / 2;
+  return seconds.size() % 2 == 1 ? seconds[mid] : (seconds[mid - 1] + seconds[mid]) / 2;
+}
+
+bool ProbeDue(int64_t since, int64_t samples) {
+  return samples <= 0 || since >= (samples < kSettledSamples ? kEarlyProbeEvery : kProbeEvery);
+}
 
 double MeanTimeBetweenPreemptions(double seconds, int64_t preemptions) {
   if (preemptions > 0) return seconds / static_cast<double>(preemptions);

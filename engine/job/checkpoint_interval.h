@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ft {
 
@@ -27,10 +28,16 @@ struct CheckpointInterval {
 // what grows with that time costs the same per second at any interval, so the
 // optimum does not depend on it), else the mean of the recent writes.
 struct CheckpointCost {
-  double fixed_seconds = 0;   // mean of recent back-to-back writes (0: none yet)
+  double fixed_seconds = 0;   // median of recent back-to-back writes (0: none yet)
   double recent_seconds = 0;  // mean of recent writes at the interval in force (0: none yet)
   double c() const { return fixed_seconds > 0 ? fixed_seconds : recent_seconds; }
 };
+
+// The median of write times (0 for none): C's fixed part from the recent
+// back-to-back writes. The median, not the mean: one slow write (the first
+// probe, while the job starts; an fsync behind another process's) must not
+// set the interval until sixteen more are measured.
+double MedianSeconds(std::vector<double> seconds);
 
 // C <= 0: not measured yet, so the first checkpoint comes at min_minutes (it
 // measures C). `mtbf_seconds` <= 0: the prior. `async` (checkpoint.async)
@@ -40,11 +47,16 @@ CheckpointInterval ChooseCheckpointInterval(CheckpointCost cost, double mtbf_sec
 
 // Whether the next automatic checkpoint is a probe: one the step after the
 // checkpoint just taken (back to back), whose write time is C's fixed part.
-// Due while that part is unmeasured (fixed_seconds <= 0) and after every
-// kProbeEvery automatic checkpoints none of which was back to back (`since`
-// counts them). A probe costs one more write of the fixed cost per kProbeEvery.
+// Due while that part is unmeasured (`samples`, the back-to-back writes
+// measured, is 0), after every kEarlyProbeEvery automatic checkpoints none of
+// which was back to back (`since` counts them, across resumes) while there are
+// fewer than kSettledSamples (the first probe comes while the job starts, when
+// a write costs several times more: the median needs three), then after every
+// kProbeEvery. A probe costs one more write of the fixed cost per kProbeEvery.
 constexpr int64_t kProbeEvery = 16;
-bool ProbeDue(int64_t since, double fixed_seconds);
+constexpr int64_t kEarlyProbeEvery = 4;
+constexpr int64_t kSettledSamples = 3;
+bool ProbeDue(int64_t since, int64_t samples);
 
 // M from an attempt history: `seconds` of attempts with `preemptions` among
 // their ends: seconds / preemptions, or, with none, the larger of the prior

@@ -29,6 +29,8 @@ std::string TrainerStateToJson(const TrainerState& s) {
       {"last_checkpoint_seconds", s.last_checkpoint_seconds},
       {"mean_checkpoint_seconds", s.mean_checkpoint_seconds},
       {"fixed_checkpoint_seconds", s.fixed_checkpoint_seconds},
+      {"recent_fixed_seconds", s.recent_fixed_seconds},
+      {"checkpoints_since_probe", s.checkpoints_since_probe},
       {"back_to_back", s.back_to_back},
       {"reason", s.reason},
       {"interval_seconds", s.interval_seconds},
@@ -63,6 +65,8 @@ StatusOr<TrainerState> TrainerStateFromJson(const std::string& text, const std::
     s.last_checkpoint_seconds = j.value("last_checkpoint_seconds", 0.0);
     s.mean_checkpoint_seconds = j.value("mean_checkpoint_seconds", 0.0);
     s.fixed_checkpoint_seconds = j.value("fixed_checkpoint_seconds", 0.0);
+    s.recent_fixed_seconds = j.value("recent_fixed_seconds", std::vector<double>{});
+    s.checkpoints_since_probe = j.value("checkpoints_since_probe", int64_t{0});
     s.back_to_back = j.value("back_to_back", false);
     s.reason = j.value("reason", "");
     s.interval_seconds = j.value("interval_seconds", 0.0);

@@ -14,6 +14,7 @@
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "engine/io/safetensors.h"
+#include "engine/job/checkpoint_interval.h"
 
 namespace ft {
 
@@ -252,10 +253,11 @@ double CheckpointWriter::last_seconds() {
   return last_seconds_;
 }
 
-void CheckpointWriter::Seed(double mean_seconds, double fixed_seconds) {
+void CheckpointWriter::Seed(double mean_seconds, const std::vector<double>& recent_fixed) {
   std::lock_guard<std::mutex> lock(mu_);
   if (mean_seconds > 0) recent_seconds_.assign(kRecentWrites, mean_seconds);
-  if (fixed_seconds > 0) recent_fixed_.assign(kRecentWrites, fixed_seconds);
+  const size_t keep = std::min(recent_fixed.size(), kRecentWrites);
+  recent_fixed_.assign(recent_fixed.end() - static_cast<ptrdiff_t>(keep), recent_fixed.end());
 }
 
 namespace {
@@ -273,10 +275,12 @@ double CheckpointWriter::mean_seconds() {
   return Mean(recent_seconds_);
 }
 
-double CheckpointWriter::fixed_seconds() {
+std::vector<double> CheckpointWriter::recent_fixed() {
   std::lock_guard<std::mutex> lock(mu_);
-  return Mean(recent_fixed_);
+  return {recent_fixed_.begin(), recent_fixed_.end()};
 }
+
+double CheckpointWriter::fixed_seconds() { return MedianSeconds(recent_fixed()); }
 
 bool CheckpointWriter::idle() {
   std::lock_guard<std::mutex> lock(mu_);

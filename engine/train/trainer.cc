@@ -493,6 +493,8 @@ CheckpointContents Trainer::Capture(const std::string& reason) {
   const CheckpointCost cost = MeasuredCost();
   st.mean_checkpoint_seconds = cost.recent_seconds;
   st.fixed_checkpoint_seconds = cost.fixed_seconds;
+  st.recent_fixed_seconds = writer_ ? writer_->recent_fixed() : restored_fixed_;
+  st.checkpoints_since_probe = auto_since_fixed_;
   st.back_to_back = BackToBack(st.step);
   st.reason = reason;
   const bool automatic = reason == kAutoReason || reason == kAutoProbeReason;
@@ -516,7 +518,11 @@ CheckpointContents Trainer::Capture(const std::string& reason) {
 Status Trainer::Restore(const CheckpointContents& c, const std::string& from) {
   // C for checkpoint.every auto until writes are measured.
   restored_mean_c_ = c.state.mean_checkpoint_seconds;
-  restored_fixed_c_ = c.state.fixed_checkpoint_seconds;
+  restored_fixed_ = c.state.recent_fixed_seconds;
+  if (restored_fixed_.empty() && c.state.fixed_checkpoint_seconds > 0) {  // written before the list was kept
+    restored_fixed_ = {c.state.fixed_checkpoint_seconds};
+  }
+  auto_since_fixed_ = c.state.checkpoints_since_probe;
   std::map<std::string, std::string> now = JobMathKeys(spec_, data_->sha256());
   // Checkpoints made before the data was identified by content name it by its size.
   now["data.train (size in bytes)"] = std::to_string(data_->file_bytes());
@@ -679,7 +685,7 @@ Status Trainer::CheckpointNow(const std::string& reason, bool wait) {
   if (!leader()) return Status::OK();  // the replicas are identical: rank 0 writes for all
   if (!writer_) {
     writer_ = std::make_unique<CheckpointWriter>(checkpoint_root());
-    writer_->Seed(restored_mean_c_, restored_fixed_c_);
+    writer_->Seed(restored_mean_c_, restored_fixed_);
   }
   Retention retention;
   retention.keep = spec_.checkpoint.keep;
@@ -883,11 +889,12 @@ void Trainer::AfterAutoCheckpoint(bool back_to_back) {
     return;
   }
   ++auto_since_fixed_;
-  probe_due_ = ProbeDue(auto_since_fixed_, MeasuredCost().fixed_seconds);
+  probe_due_ = ProbeDue(auto_since_fixed_, static_cast<int64_t>(writer_ ? writer_->recent_fixed().size()
+                                                                        : restored_fixed_.size()));
 }
 
 CheckpointCost Trainer::MeasuredCost() {
-  if (!writer_) return {restored_fixed_c_, restored_mean_c_};
+  if (!writer_) return {MedianSeconds(restored_fixed_), restored_mean_c_};
   return {writer_->fixed_seconds(), writer_->mean_seconds()};
 }
 
@@ -897,7 +904,7 @@ StatusOr<bool> Trainer::AutoIntervalPassed(int64_t step, double seconds) {
   // C unmeasured while the first checkpoint is still being written: its cost is known once it
   // lands, so wait for it rather than read "not measured" as "due now" and queue another.
   if (writer_ && writer_->mean_seconds() <= 0) FT_RETURN_IF_ERROR(writer_->Wait());
-  // C: the fixed part of the recent writes (back to back; their mean: one fsync can be slow);
+  // C: the fixed part of the recent writes (back to back; their median: one fsync can be slow);
   // after a resume, the resumed checkpoint's stand in for the writes not yet measured.
   const CheckpointCost cost = MeasuredCost();
   const double c = cost.c();

@@ -247,19 +247,20 @@ class Trainer {
   // Evaluates when `step` is due (every eval_every_steps, and the last) and logs the line.
   Status EvaluateIfDue(int64_t step);
 
-  int64_t cursor_ = 0;              // sequences consumed
-  int64_t tokens_seen_ = 0;         // target tokens trained on
-  double micro_seconds_ = 0;        // measured time of one micro-batch (moving average)
-  double mtbf_seconds_ = 0;         // checkpoint.every auto's M (set_mtbf_seconds; 0 = the prior)
-  double restored_mean_c_ = 0;      // the resumed checkpoint's mean write time (0: none)
-  double restored_fixed_c_ = 0;     // and its mean back-to-back write time (0: none)
-  int64_t last_written_step_ = -1;  // the step of this process's last checkpoint (-1: none yet)
-  int64_t auto_since_fixed_ = 0;    // automatic checkpoints since the last back-to-back one
-  bool probe_due_ = false;          // AfterAutoCheckpoint: checkpoint the next step
-  double auto_interval_s_ = 0;      // the auto interval in force (its checkpoints record it)
-  double noted_interval_s_ = -1;    // the auto interval last written to metrics.jsonl
-  double loss_scale_ = 1;           // fp16's dynamic loss scale (train.loss_scale_init, then halved/doubled)
-  int64_t growth_tracker_ = 0;      // good fp16 steps in a row at this scale
+  int64_t cursor_ = 0;                  // sequences consumed
+  int64_t tokens_seen_ = 0;             // target tokens trained on
+  double micro_seconds_ = 0;            // measured time of one micro-batch (moving average)
+  double mtbf_seconds_ = 0;             // checkpoint.every auto's M (set_mtbf_seconds; 0 = the prior)
+  double restored_mean_c_ = 0;          // the resumed checkpoint's mean write time (0: none)
+  std::vector<double> restored_fixed_;  // and its recent back-to-back write times (C's fixed part)
+  int64_t last_written_step_ = -1;      // the step of this process's last checkpoint (-1: none yet)
+  int64_t auto_since_fixed_ =
+      0;                        // automatic checkpoints since the last back-to-back one (kept across resumes)
+  bool probe_due_ = false;      // AfterAutoCheckpoint: checkpoint the next step
+  double auto_interval_s_ = 0;  // the auto interval in force (its checkpoints record it)
+  double noted_interval_s_ = -1;  // the auto interval last written to metrics.jsonl
+  double loss_scale_ = 1;         // fp16's dynamic loss scale (train.loss_scale_init, then halved/doubled)
+  int64_t growth_tracker_ = 0;    // good fp16 steps in a row at this scale
   std::function<void(int64_t)> grad_hook_;
   TrainControl* control_ = nullptr;
   std::unique_ptr<OutputOwner> owner_ = std::make_unique<OutputOwner>();  // unfenced until set_fencing

@@ -275,7 +275,15 @@ TEST_F(FtTrainCliTest, SynchronousCheckpointsAndTheAutoIntervalFromBackToBackWri
     for (size_t i = v.size() - n; i < v.size(); ++i) mean += v[i] / static_cast<double>(n);
     return mean;
   };
-  const auto c = [&] { return fixed.empty() ? recent_mean(writes) : recent_mean(fixed); };
+  const auto last16 = [](const std::vector<double>& v) {
+    return std::vector<double>(v.end() - static_cast<ptrdiff_t>(std::min<size_t>(v.size(), 16)), v.end());
+  };
+  const auto recent_median = [&](const std::vector<double>& v) {  // of the last 16: the fixed part
+    std::vector<double> r = last16(v);
+    std::sort(r.begin(), r.end());
+    return r.size() % 2 == 1 ? r[r.size() / 2] : (r[r.size() / 2 - 1] + r[r.size() / 2]) / 2;
+  };
+  const auto c = [&] { return fixed.empty() ? recent_mean(writes) : recent_median(fixed); };
   std::map<int64_t, std::string> reasons;
   std::istringstream in(testing_support::Slurp(dir_ + "/out/metrics.jsonl"));
   for (std::string text; std::getline(in, text);) {
@@ -311,14 +319,16 @@ TEST_F(FtTrainCliTest, SynchronousCheckpointsAndTheAutoIntervalFromBackToBackWri
   EXPECT_EQ(reasons[2], "every_auto_probe") << "the probe the step after measures its fixed part";
   EXPECT_GE(fixed.size(), 20u) << "every step from then on: each write back to back";
   EXPECT_GE(intervals, 1) << "the interval is noted with its C";
-  // The final checkpoint keeps the means of the writes before it: a resumed run's C until it measures.
+  // The final checkpoint keeps the mean of the writes before it and the back-to-back ones
+  // themselves (their median is C): a resumed run's C until it measures.
   ASSERT_GE(writes.size(), 2u);
   writes.pop_back();  // the final checkpoint's own write
   fixed.pop_back();   // (back to back too: every step is checkpointed)
   const auto state = nlohmann::json::parse(
       testing_support::Slurp(dir_ + "/out/checkpoints/step-00000030/trainer_state.json"));
   EXPECT_NEAR(state["mean_checkpoint_seconds"].get<double>(), recent_mean(writes), 1e-12);
-  EXPECT_NEAR(state["fixed_checkpoint_seconds"].get<double>(), recent_mean(fixed), 1e-12);
+  EXPECT_NEAR(state["fixed_checkpoint_seconds"].get<double>(), recent_median(fixed), 1e-12);
+  EXPECT_EQ(state["recent_fixed_seconds"].get<std::vector<double>>(), last16(fixed));
   EXPECT_GE(auto_checked, 5) << "automatic checkpoints after the first, each at sqrt(2·C·M)";
 }
 

@@ -47,12 +47,23 @@ TEST(CheckpointIntervalTest, YoungDalyWithinTheBoundsAndSaysWhy) {
   EXPECT_THAT(i.why, HasSubstr("C not measured yet"));
 }
 
-TEST(CheckpointIntervalTest, AProbeWhileTheFixedPartIsUnmeasuredAndEverySixteenAutomaticCheckpoints) {
+TEST(CheckpointIntervalTest, AProbeWhileTheFixedPartIsUnmeasuredEveryFourUntilThreeAndThenEverySixteen) {
   EXPECT_TRUE(ProbeDue(1, 0)) << "after the first automatic checkpoint";
-  EXPECT_FALSE(ProbeDue(1, 0.01));
-  EXPECT_FALSE(ProbeDue(kProbeEvery - 1, 0.01));
-  EXPECT_TRUE(ProbeDue(kProbeEvery, 0.01));
+  EXPECT_FALSE(ProbeDue(1, 1));
+  EXPECT_FALSE(ProbeDue(3, 2));
+  EXPECT_TRUE(ProbeDue(4, 2)) << "fewer than three measured: every fourth";
+  EXPECT_FALSE(ProbeDue(4, 3));
+  EXPECT_FALSE(ProbeDue(kProbeEvery - 1, 3));
+  EXPECT_TRUE(ProbeDue(kProbeEvery, 3));
   EXPECT_EQ(kProbeEvery, 16);
+  EXPECT_EQ(kEarlyProbeEvery, 4);
+}
+
+TEST(CheckpointIntervalTest, TheFixedPartIsTheMedianSoOneSlowWriteDoesNotSetIt) {
+  EXPECT_EQ(MedianSeconds({}), 0);
+  EXPECT_EQ(MedianSeconds({0.16}), 0.16);
+  EXPECT_EQ(MedianSeconds({0.16, 0.03, 0.04}), 0.04) << "the first probe, while the job started, was slow";
+  EXPECT_DOUBLE_EQ(MedianSeconds({0.16, 0.03, 0.04, 0.05}), 0.045);
 }
 
 TEST(CheckpointIntervalTest, MeanTimeBetweenPreemptionsFromHistory) {

@@ -421,6 +421,29 @@ TEST(CheckpointCorruptionTest, TruncatedFlippedOrUnmanifestedCheckpointsFallBack
   EXPECT_THAT(Slurp(dir + "/stderr.txt"), HasSubstr("no valid checkpoint left; starting from step 0"));
 }
 
+// checkpoint.every auto's C across resumes: the back-to-back writes themselves are kept (their
+// median is C) and the probe count goes on, so a slow first probe (written while the job
+// started) neither stays C for the whole job nor, with attempts shorter than sixteen automatic
+// checkpoints, is never measured again.
+TEST(CheckpointWriterTest, AResumedRunKeepsItsBackToBackWritesTheirMedianAndItsProbeCount) {
+  TrainerState s;
+  s.recent_fixed_seconds = {0.16, 0.03, 0.04};
+  s.fixed_checkpoint_seconds = 0.04;
+  s.checkpoints_since_probe = 7;
+  auto back = TrainerStateFromJson(TrainerStateToJson(s), "trainer_state.json");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->recent_fixed_seconds, s.recent_fixed_seconds);
+  EXPECT_EQ(back->checkpoints_since_probe, 7);
+  CheckpointWriter writer(FreshDir("writer-seed"));
+  writer.Seed(0.05, back->recent_fixed_seconds);
+  EXPECT_EQ(writer.recent_fixed(), s.recent_fixed_seconds);
+  EXPECT_EQ(writer.fixed_seconds(), 0.04) << "the median: the slow first probe does not set C";
+  std::vector<double> twenty;
+  for (int i = 0; i < 20; ++i) twenty.push_back(0.01 * (i + 1));
+  writer.Seed(0, twenty);
+  EXPECT_EQ(writer.recent_fixed(), std::vector<double>(twenty.end() - 16, twenty.end())) << "the last 16";
+}
+
 TEST(CheckpointRetentionTest, KeepsNewestAndNeverTheOneInUse) {
   std::string dir = TrainedOut("retention");
   auto all = ListCheckpoints(dir + "/out/checkpoints");
