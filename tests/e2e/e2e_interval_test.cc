@@ -32,9 +32,9 @@
 //     part auto measured, M the injected one (the kill process's mean as drawn
 //     over both windows, which the fixed Young/Daly arm uses too);
 //   - auto's wasted work is no worse than each fixed arm's, the best of them
-//     included, within two standard errors of the difference (the kills'
-//     phase against each arm's checkpoints is random: the test measures that
-//     spread and prints it).
+//     included, within three standard errors of the difference (the kills'
+//     phase against each arm's checkpoints is random, and so is each write's
+//     time: the test measures both spreads and prints them).
 // FT_INTERVAL_WINDOW_S, FT_INTERVAL_WARMUP_S, FT_INTERVAL_MTBF_S and
 // FT_INTERVAL_SEED set the windows, M and the seed (bench/goodput_interval.sh
 // runs a longer one).
@@ -114,14 +114,18 @@ struct Arm {
   // Every every_auto checkpoint's interval in force and the M it was chosen with.
   std::vector<std::pair<double, double>> auto_intervals;
   double waste() const { return checkpoint_s + lost_s; }
-  // Standard error of the lost work's sum: the kills' phase against the checkpoints is random.
-  double standard_error() const {
-    const auto n = static_cast<double>(lost_per_kill.size());
+  std::vector<double> writes;  // each checkpoint's write time (a synchronous one's wait)
+  // Standard error of the waste: of the lost work's sum (the kills' phase against the checkpoints
+  // is random) and of the checkpoint waits' (one write is slow, the next is not).
+  double standard_error() const { return std::sqrt(SumVariance(lost_per_kill) + SumVariance(writes)); }
+  // The variance of the sum of `xs`, drawn alike and independently: n times theirs.
+  static double SumVariance(const std::vector<double>& xs) {
+    const auto n = static_cast<double>(xs.size());
     if (n < 2) return 0;
     double mean = 0, var = 0;
-    for (double x : lost_per_kill) mean += x / n;
-    for (double x : lost_per_kill) var += (x - mean) * (x - mean) / (n - 1);
-    return std::sqrt(var * n);
+    for (double x : xs) mean += x / n;
+    for (double x : xs) var += (x - mean) * (x - mean) / (n - 1);
+    return var * n;
   }
 };
 
@@ -229,6 +233,7 @@ void Account(Arm* arm) {
       if (!line.ok() || line->kind != MetricsLine::Kind::kCheckpoint) continue;
       c_sum += line->checkpoint_seconds;
       ++arm->checkpoints;
+      arm->writes.push_back(line->checkpoint_seconds);
       if (line->back_to_back) {
         fixed_sum += line->checkpoint_seconds;
         ++arm->back_to_back;
@@ -364,12 +369,16 @@ TEST(E2EInterval, AutoConvergesToYoungDalyAndWastesNoMoreThanTheBestFixedInterva
       Median(chosen), automatic.fixed_c, injected_m, target, Median(chosen) / target, optimum);
   EXPECT_NEAR(converged, 1.0, 0.25) << "auto's interval did not converge to Young/Daly's";
 
-  // Waste: no worse than any fixed arm's, the best of them included, within two standard errors
-  // of the difference.
+  // Waste: no worse than any fixed arm's, the best of them included, within three standard errors
+  // of the difference: a gate CI runs every time, whose false failures for arms equal in
+  // expectation stay near one in a thousand (two would fail about one run in forty; in sixteen runs
+  // over five seeds auto stayed within two). Auto also pays a few percent for measuring C (a
+  // probe per 16 checkpoints, a first checkpoint and its probe per job) that a fixed arm given C
+  // does not.
   for (const Arm& fixed : arms) {
     if (&fixed == &automatic) continue;
-    const double margin = 2 * std::hypot(automatic.standard_error(), fixed.standard_error());
-    std::printf("auto wasted %.2f s; %s %.2f s; allowed %.2f s (2 SE of the difference)\n", automatic.waste(),
+    const double margin = 3 * std::hypot(automatic.standard_error(), fixed.standard_error());
+    std::printf("auto wasted %.2f s; %s %.2f s; allowed %.2f s (3 SE of the difference)\n", automatic.waste(),
                 fixed.name.c_str(), fixed.waste(), fixed.waste() + margin);
     EXPECT_LE(automatic.waste(), fixed.waste() + margin) << "auto wasted more work than " << fixed.name;
   }
