@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <regex>
@@ -31,9 +32,7 @@ bool ClearStaleOpenMpRegistration() {
   } while (n < 0 && errno == EINTR);
   close(fd);
   if (n < 0) return false;
-  std::string text(buffer, static_cast<size_t>(n));
-  text.resize(text.find('\0') == std::string::npos ? text.size() : text.find('\0'));
-  if (CompleteRegistration(text)) return false;
+  if (CompleteRegistration(std::string(buffer, strnlen(buffer, static_cast<size_t>(n))))) return false;
   return unlink(path.c_str()) == 0;
 }
 

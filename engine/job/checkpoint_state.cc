@@ -66,6 +66,9 @@ StatusOr<TrainerState> TrainerStateFromJson(const std::string& text, const std::
     s.mean_checkpoint_seconds = j.value("mean_checkpoint_seconds", 0.0);
     s.fixed_checkpoint_seconds = j.value("fixed_checkpoint_seconds", 0.0);
     s.recent_fixed_seconds = j.value("recent_fixed_seconds", std::vector<double>{});
+    if (!j.contains("recent_fixed_seconds") && s.fixed_checkpoint_seconds > 0) {
+      s.recent_fixed_seconds = {s.fixed_checkpoint_seconds};  // written before the writes were kept
+    }
     s.checkpoints_since_probe = j.value("checkpoints_since_probe", int64_t{0});
     s.back_to_back = j.value("back_to_back", false);
     s.reason = j.value("reason", "");

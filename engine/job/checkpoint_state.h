@@ -44,7 +44,8 @@ struct TrainerState {
   double last_checkpoint_seconds = 0;           // measured write time of the previous checkpoint
   double mean_checkpoint_seconds = 0;           // and the mean of the recent ones
   double fixed_checkpoint_seconds = 0;          // the median of the recent back-to-back ones (every auto's C)
-  std::vector<double> recent_fixed_seconds;     // those back-to-back writes, oldest first (at most 16)
+  std::vector<double> recent_fixed_seconds;     // those back-to-back writes, oldest first (at most 16;
+                                                // an older file's fixed_checkpoint_seconds alone)
   int64_t checkpoints_since_probe = 0;          // every auto: automatic checkpoints since the last probe
   bool back_to_back = false;                    // written the step after the previous checkpoint
   std::string reason;                           // "every_steps", "every_minutes", "signal", "final", ...

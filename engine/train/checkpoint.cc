@@ -14,7 +14,6 @@
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "engine/io/safetensors.h"
-#include "engine/job/checkpoint_interval.h"
 
 namespace ft {
 
@@ -279,8 +278,6 @@ std::vector<double> CheckpointWriter::recent_fixed() {
   std::lock_guard<std::mutex> lock(mu_);
   return {recent_fixed_.begin(), recent_fixed_.end()};
 }
-
-double CheckpointWriter::fixed_seconds() { return MedianSeconds(recent_fixed()); }
 
 bool CheckpointWriter::idle() {
   std::lock_guard<std::mutex> lock(mu_);

@@ -107,12 +107,11 @@ class CheckpointWriter {
   double mean_seconds();
   static constexpr size_t kRecentWrites = 16;
   // The last kRecentWrites back-to-back writes' seconds, oldest first (state.back_to_back: one
-  // step after the previous checkpoint), and their median (MedianSeconds; 0 before the first):
+  // step after the previous checkpoint); their median (MedianSeconds, 0 before the first) is
   // the checkpoint's fixed cost. A write's time also grows with the time since the previous one
   // (its fsync flushes what the node wrote meanwhile), a part that costs the same per second
   // whatever the interval; the fixed part is what an interval trades against lost work.
   std::vector<double> recent_fixed();
-  double fixed_seconds();
   // Starts from a resumed run's measurements: its mean write time (0: none) stands in for the
   // kRecentWrites writes until new ones replace it; its back-to-back writes continue as they
   // were. Call before the first Submit.

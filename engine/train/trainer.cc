@@ -493,7 +493,7 @@ CheckpointContents Trainer::Capture(const std::string& reason) {
   const CheckpointCost cost = MeasuredCost();
   st.mean_checkpoint_seconds = cost.recent_seconds;
   st.fixed_checkpoint_seconds = cost.fixed_seconds;
-  st.recent_fixed_seconds = writer_ ? writer_->recent_fixed() : restored_fixed_;
+  st.recent_fixed_seconds = RecentFixed();
   st.checkpoints_since_probe = auto_since_fixed_;
   st.back_to_back = BackToBack(st.step);
   st.reason = reason;
@@ -519,9 +519,6 @@ Status Trainer::Restore(const CheckpointContents& c, const std::string& from) {
   // C for checkpoint.every auto until writes are measured.
   restored_mean_c_ = c.state.mean_checkpoint_seconds;
   restored_fixed_ = c.state.recent_fixed_seconds;
-  if (restored_fixed_.empty() && c.state.fixed_checkpoint_seconds > 0) {  // written before the list was kept
-    restored_fixed_ = {c.state.fixed_checkpoint_seconds};
-  }
   auto_since_fixed_ = c.state.checkpoints_since_probe;
   std::map<std::string, std::string> now = JobMathKeys(spec_, data_->sha256());
   // Checkpoints made before the data was identified by content name it by its size.
@@ -889,13 +886,13 @@ void Trainer::AfterAutoCheckpoint(bool back_to_back) {
     return;
   }
   ++auto_since_fixed_;
-  probe_due_ = ProbeDue(auto_since_fixed_, static_cast<int64_t>(writer_ ? writer_->recent_fixed().size()
-                                                                        : restored_fixed_.size()));
+  probe_due_ = ProbeDue(auto_since_fixed_, static_cast<int64_t>(RecentFixed().size()));
 }
 
+std::vector<double> Trainer::RecentFixed() { return writer_ ? writer_->recent_fixed() : restored_fixed_; }
+
 CheckpointCost Trainer::MeasuredCost() {
-  if (!writer_) return {MedianSeconds(restored_fixed_), restored_mean_c_};
-  return {writer_->fixed_seconds(), writer_->mean_seconds()};
+  return {MedianSeconds(RecentFixed()), writer_ ? writer_->mean_seconds() : restored_mean_c_};
 }
 
 StatusOr<bool> Trainer::AutoIntervalPassed(int64_t step, double seconds) {

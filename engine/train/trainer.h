@@ -216,7 +216,10 @@ class Trainer {
   StatusOr<bool> AutoIntervalPassed(int64_t step, double seconds);
   // After an automatic checkpoint: whether the next step's is a probe (ProbeDue).
   void AfterAutoCheckpoint(bool back_to_back);
-  // C as measured: the writer's means, or the resumed checkpoint's before it writes.
+  // The recent back-to-back write times: the writer's, or the resumed checkpoint's before it writes.
+  std::vector<double> RecentFixed();
+  // C as measured: the median of RecentFixed() and the mean of the recent writes (the writer's,
+  // or the resumed checkpoint's before it writes).
   CheckpointCost MeasuredCost();
   // Whether a checkpoint of `step` comes the step after this process's last one.
   bool BackToBack(int64_t step) const { return last_written_step_ >= 0 && step == last_written_step_ + 1; }

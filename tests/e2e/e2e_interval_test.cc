@@ -55,6 +55,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/job/checkpoint_interval.h"
 #include "engine/job/metrics_line.h"
 #include "tests/e2e/cluster.h"
 
@@ -160,10 +161,10 @@ struct Side {
   }
 };
 
-// Runs one window on every side at once: submits each side's jobs (`checkpoint` for each side's,
-// the side's own when empty), starts the clock once every job trained a step, kills slot k of
-// every side together by the schedule, snapshots the jobs at the window's end into `arms` (one
-// per side), then cancels them.
+// Runs one window on every side at once: submits each side's jobs with its arm's checkpoint
+// section, starts the clock once every job trained a step, kills slot k of every side together by
+// the schedule, snapshots the jobs at the window's end into `arms` (one per side), then cancels
+// them.
 void RunWindow(std::vector<Side>& sides, const std::string& run, double window_s,
                const std::vector<KillAt>& kills, std::vector<Arm>* arms) {
   arms->clear();
@@ -205,11 +206,6 @@ void RunWindow(std::vector<Side>& sides, const std::string& run, double window_s
   }
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 // The arm's wasted work from ftd's goodput of its snapshot, and its measured C from the jobs' metrics.
 void Account(Arm* arm) {
   double c_sum = 0, fixed_sum = 0, recent_sum = 0;
@@ -244,7 +240,8 @@ void Account(Arm* arm) {
     }
     const size_t last = std::min<size_t>(fixed.size(), 16);
     if (last > 0) {
-      recent_sum += Median(std::vector<double>(fixed.end() - static_cast<ptrdiff_t>(last), fixed.end()));
+      recent_sum +=
+          MedianSeconds(std::vector<double>(fixed.end() - static_cast<ptrdiff_t>(last), fixed.end()));
       ++recent_jobs;
     }
   }
@@ -358,7 +355,7 @@ TEST(E2EInterval, AutoConvergesToYoungDalyAndWastesNoMoreThanTheBestFixedInterva
                 l.interval_seconds / target);
   }
   ASSERT_GE(automatic.auto_intervals.size(), 10u) << "auto took too few checkpoints with a measured C";
-  const double converged = Median(ratios);
+  const double converged = MedianSeconds(ratios);
   std::printf(
       "auto's interval over sqrt(2 C M), C as measured at each checkpoint, M as injected (%.1f s as "
       "drawn, parameter %.1f s): median %.2fx over %zu checkpoints\n",
@@ -366,7 +363,7 @@ TEST(E2EInterval, AutoConvergesToYoungDalyAndWastesNoMoreThanTheBestFixedInterva
   std::printf(
       "auto's median interval %.3f s; sqrt(2 x fixed C %.4f s x M %.1f s) = %.3f s (%.2fx); fixed "
       "young-daly %.3f s\n",
-      Median(chosen), automatic.fixed_c, injected_m, target, Median(chosen) / target, optimum);
+      MedianSeconds(chosen), automatic.fixed_c, injected_m, target, MedianSeconds(chosen) / target, optimum);
   EXPECT_NEAR(converged, 1.0, 0.25) << "auto's interval did not converge to Young/Daly's";
 
   // Waste: no worse than any fixed arm's, the best of them included, within three standard errors

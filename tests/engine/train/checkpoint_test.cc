@@ -24,6 +24,7 @@
 
 #include "common/file_util.h"
 #include "engine/io/hf_model.h"
+#include "engine/job/checkpoint_interval.h"
 #include "engine/job/job_spec.h"
 #include "engine/train/trainer.h"
 #include "tests/support/ft_train.h"
@@ -434,10 +435,16 @@ TEST(CheckpointWriterTest, AResumedRunKeepsItsBackToBackWritesTheirMedianAndItsP
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(back->recent_fixed_seconds, s.recent_fixed_seconds);
   EXPECT_EQ(back->checkpoints_since_probe, 7);
+  // A file written before the writes were kept: its median stands in as one write.
+  nlohmann::json older = nlohmann::json::parse(TrainerStateToJson(s));
+  older.erase("recent_fixed_seconds");
+  auto old_back = TrainerStateFromJson(older.dump(), "trainer_state.json");
+  ASSERT_TRUE(old_back.ok()) << old_back.status().ToString();
+  EXPECT_EQ(old_back->recent_fixed_seconds, std::vector<double>{0.04});
   CheckpointWriter writer(FreshDir("writer-seed"));
   writer.Seed(0.05, back->recent_fixed_seconds);
   EXPECT_EQ(writer.recent_fixed(), s.recent_fixed_seconds);
-  EXPECT_EQ(writer.fixed_seconds(), 0.04) << "the median: the slow first probe does not set C";
+  EXPECT_EQ(MedianSeconds(writer.recent_fixed()), 0.04) << "the median: the slow first probe does not set C";
   std::vector<double> twenty;
   for (int i = 0; i < 20; ++i) twenty.push_back(0.01 * (i + 1));
   writer.Seed(0, twenty);
