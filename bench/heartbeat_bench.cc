@@ -201,24 +201,15 @@ double ResidentMiB(const std::string& key) {
   return 0;
 }
 
-int main(int argc, char** argv) {
-  CLI::App app{"heartbeat_bench: N simulated workers at 1 Hz against an in-process ftd"};
-  int workers = 1000, jobs = 10000, seconds = 20, submitters = 16;
-  app.add_option("--workers", workers);
-  app.add_option("--jobs", jobs);
-  app.add_option("--seconds", seconds);
-  app.add_option("--submitters", submitters, "concurrent submitting threads (group commit)");
-  CLI11_PARSE(app, argc, argv);
-  ft::log::Configure({ft::log::Level::kWarn});
-
-  // The simulated workers' process, forked before either side starts gRPC: it
-  // reads the port, then "go" once its workers are registered.
+// Forks the simulated workers' process, before either side starts gRPC: it
+// reads the port from to_child, then "s" (stop) once the window is over, and
+// writes "<sent> <deferred>" to from_child. -1 when the fork fails.
+pid_t ForkWorkers(int workers, int to_child[2], int from_child[2]) {
   void* shared =
       mmap(nullptr, sizeof(std::atomic<int64_t>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (shared == MAP_FAILED) return 1;
+  if (shared == MAP_FAILED) return -1;
   g_sent = new (shared) std::atomic<int64_t>(0);
-  int to_child[2], from_child[2];
-  if (pipe(to_child) != 0 || pipe(from_child) != 0) return 1;
+  if (pipe(to_child) != 0 || pipe(from_child) != 0) return -1;
   const pid_t child = fork();
   if (child == 0) {
     close(to_child[1]);
@@ -229,13 +220,77 @@ int main(int argc, char** argv) {
   }
   close(to_child[0]);
   close(from_child[1]);
+  return child;
+}
 
+// A fresh directory with the jobs' files (a model's config.json, a data file) and ftd's data dir.
+std::string MakeBenchDir() {
   const std::string dir = (std::filesystem::temp_directory_path() / "ft-heartbeat-bench").string();
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir + "/job/model");
   std::ofstream(dir + "/job/model/config.json") << ft::HfConfigJson(*ft::PresetModelConfig("tiny-llama"));
   std::ofstream(dir + "/job/d.jsonl") << "{\"input_ids\": [1, 2, 3]}\n";  // ftd refuses a missing data file
   std::filesystem::create_directories(dir + "/ftd");  // ftd's data dir apart from the job's files
+  return dir;
+}
+
+// What main measured, for PrintFigures.
+struct Figures {
+  int workers, seconds, jobs, submitters;
+  double submit_s, rss_queued;
+  int64_t registered;
+  double register_s, settle_s, beat_s;
+  long long handled, sent, deferred, dropped;
+};
+
+// Every phase's figures, with the daemon's own latency histograms.
+void PrintFigures(const Figures& f, ft::Daemon& daemon) {
+  const auto& m = daemon.message_latency();
+  const auto& t = daemon.tick_latency();
+  const long long due = static_cast<long long>(f.workers) * f.seconds;
+  std::printf("%d workers at 1 Hz for %d s, %d queued jobs\n", f.workers, f.seconds, f.jobs);
+  std::printf("submit: %d jobs in %.1f s from %d submitters: %.0f durable jobs/s (aim >= 500)\n", f.jobs,
+              f.submit_s, f.submitters, f.jobs / f.submit_s);
+  std::printf(
+      "register: %lld of %d workers alive after %.1f s; the heartbeats sent meanwhile handled %.1f s later\n",
+      static_cast<long long>(f.registered), f.workers, f.register_s, f.settle_s);
+  std::printf("heartbeats in a %.1f s window: due %lld, handled by the daemon %lld\n", f.beat_s, due,
+              f.handled);
+  std::printf(
+      "heartbeats in all (from registration to the end): sent %lld (%lld waited for the previous write), "
+      "dropped %lld\n",
+      f.sent, f.deferred, f.dropped);
+  std::printf(
+      "handling latency of every worker message after its registration: p50 %.2f ms  p99 %.2f ms  max %.2f "
+      "ms   (aim: p99 < 20 ms); %.0f%% handled without the daemon's lock (quiet heartbeats)\n",
+      m.Quantile(0.5) * 1e3, m.Quantile(0.99) * 1e3, m.max_seconds() * 1e3,
+      100.0 * static_cast<double>(daemon.quiet_heartbeats()) /
+          static_cast<double>(std::max<int64_t>(1, m.count())));
+  std::printf(
+      "scheduler tick over %d queued jobs x %d workers: p50 %.1f ms  p99 %.1f ms  max %.1f ms over %lld "
+      "ticks (aim: p50 < 50 ms, p99 < 100 ms)\n",
+      f.jobs, f.workers, t.Quantile(0.5) * 1e3, t.Quantile(0.99) * 1e3, t.max_seconds() * 1e3,
+      static_cast<long long>(t.count()));
+  std::printf(
+      "ftd resident: %.0f MiB with the jobs queued, %.0f MiB at the end, peak %.0f MiB (aim < 1024)\n",
+      f.rss_queued, ResidentMiB("VmRSS"), ResidentMiB("VmHWM"));
+}
+
+int main(int argc, char** argv) {
+  CLI::App app{"heartbeat_bench: N simulated workers at 1 Hz against an in-process ftd"};
+  int workers = 1000, jobs = 10000, seconds = 20, submitters = 16;
+  app.add_option("--workers", workers);
+  app.add_option("--jobs", jobs);
+  app.add_option("--seconds", seconds);
+  app.add_option("--submitters", submitters, "concurrent submitting threads (group commit)");
+  CLI11_PARSE(app, argc, argv);
+  ft::log::Configure({ft::log::Level::kWarn});
+
+  int to_child[2], from_child[2];  // [1] and [0]: this side's ends
+  const pid_t child = ForkWorkers(workers, to_child, from_child);
+  if (child < 0) return 1;
+
+  const std::string dir = MakeBenchDir();
   auto store = ft::Store::Open(dir + "/ftd/ftd.sqlite");
   if (!store.ok()) {
     std::fprintf(stderr, "heartbeat_bench: %s\n", store.status().ToString().c_str());
@@ -245,6 +300,7 @@ int main(int argc, char** argv) {
   ft::DaemonOptions options;
   options.data_dir = dir + "/ftd";
   options.lease_ms = 10'000;
+  options.tick_ms = 200;  // the ticker's period below
   ft::Daemon daemon(std::move(*store), &clock, options);
 
   const auto submit_start = Clock::now();
@@ -307,34 +363,11 @@ int main(int argc, char** argv) {
   const auto heartbeats_handled = [&] { return daemon.message_latency().count(); };  // (not registrations)
   for (int i = 0; i < 100 && heartbeats_handled() < sent; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  const auto& m = daemon.message_latency();
-  const auto& t = daemon.tick_latency();
-  const long long due = static_cast<long long>(workers) * seconds;
+  Figures f{workers,    seconds,  jobs,   submitters, submit_s, rss_queued, registered,
+            register_s, settle_s, beat_s, handled,    sent,     deferred,   0};
   // Below zero when the daemon handled a heartbeat whose write the client saw fail as it stopped.
-  const long long dropped = std::max(0LL, sent - static_cast<long long>(heartbeats_handled()));
-  std::printf("%d workers at 1 Hz for %d s, %d queued jobs\n", workers, seconds, jobs);
-  std::printf("submit: %d jobs in %.1f s from %d submitters: %.0f durable jobs/s (aim >= 500)\n", jobs,
-              submit_s, submitters, jobs / submit_s);
-  std::printf(
-      "register: %lld of %d workers alive after %.1f s; the heartbeats sent meanwhile handled %.1f s later\n",
-      static_cast<long long>(registered), workers, register_s, settle_s);
-  std::printf("heartbeats in a %.1f s window: due %lld, handled by the daemon %lld\n", beat_s, due, handled);
-  std::printf(
-      "heartbeats in all (from registration to the end): sent %lld (%lld waited for the previous write), "
-      "dropped %lld\n",
-      sent, deferred, dropped);
-  std::printf(
-      "handling latency of every worker message after its registration: p50 %.2f ms  p99 %.2f ms  max %.2f "
-      "ms   (aim: p99 < 20 ms)\n",
-      m.Quantile(0.5) * 1e3, m.Quantile(0.99) * 1e3, m.max_seconds() * 1e3);
-  std::printf(
-      "scheduler tick over %d queued jobs x %d workers: p50 %.1f ms  p99 %.1f ms  max %.1f ms over %lld "
-      "ticks (aim: p50 < 50 ms, p99 < 100 ms)\n",
-      jobs, workers, t.Quantile(0.5) * 1e3, t.Quantile(0.99) * 1e3, t.max_seconds() * 1e3,
-      static_cast<long long>(t.count()));
-  std::printf(
-      "ftd resident: %.0f MiB with the jobs queued, %.0f MiB at the end, peak %.0f MiB (aim < 1024)\n",
-      rss_queued, ResidentMiB("VmRSS"), ResidentMiB("VmHWM"));
+  f.dropped = std::max(0LL, sent - static_cast<long long>(daemon.message_latency().count()));
+  PrintFigures(f, daemon);
   stop = true;
   ticker.join();
   int status = 0;

@@ -139,6 +139,10 @@ JobView MakeJobView(const JobRow& job, const JobSpec& spec, const ModelConfig& m
   view.priority = job.priority;
   view.created_ms = job.created_ms;
   view.gpus = spec.resources.gpus;
+  view.min_gpus = spec.resources.min_gpus;
+  view.batch_units = spec.train.micro_batch_size > 0
+                         ? spec.train.global_batch_size / spec.train.micro_batch_size
+                         : spec.train.global_batch_size;
   view.device = spec.resources.device;
   view.plan = PlanRequestFromJob(spec, model, DeviceKind::kCpu, spec.resources.gpus);
   view.fixed_micro_batch = FixedMicroBatch(spec, spec.resources.gpus);
@@ -292,6 +296,7 @@ StatusOr<pb::SubmitReply> Daemon::Submit(const pb::SubmitRequest& req) {
   if (spec.resources.device == DeviceRequest::kCuda) {
     FT_RETURN_IF_ERROR(CheckCudaTakesModel(spec, model, "cuda"));
   }
+  FT_RETURN_IF_ERROR(CheckSeqLenTakesModel(spec, model));
   if (spec.train.max_steps <= 0) {
     return Status::InvalidArgument(file +
                                    ": train.max_steps: ftd needs max_steps (epochs are not planned yet)");
@@ -753,8 +758,11 @@ void Daemon::EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcome
 
 void Daemon::Tick() {
   const auto start = std::chrono::steady_clock::now();
+  const int64_t start_mono =
+      clock_->MonotonicMs();  // before the lock: a wait for it is a stall of its holder
   {
     Held lock(this);
+    CreditTickLateness(start_mono);
     if (RetryStore()) {
       FlushSeen();
       ExpireLeases();
@@ -764,12 +772,27 @@ void Daemon::Tick() {
     }
     ReleaseAndPublish(lock);
   }
+  last_tick_end_mono_ = clock_->MonotonicMs();
   tick_latency_.Record(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+}
+
+void Daemon::CreditTickLateness(int64_t start_mono) {
+  const int64_t previous = last_tick_start_mono_.exchange(start_mono);
+  if (options_.tick_ms <= 0 || previous == 0) return;
+  // Due a period after the previous tick started, or when it ended if it ran longer (its own
+  // hold of the lock is credited by Held, not again here).
+  const int64_t late = start_mono - std::max(previous + options_.tick_ms, last_tick_end_mono_.load());
+  if (late <= options_.stall_credit_after_ms) return;
+  stall_credit_ms_ += late;
+  FT_LOG(WARN) << "ftd stalled: its tick ran " << late
+               << " ms late (the process was descheduled, stopped or swapping); every worker's lease is "
+                  "extended by as much";
 }
 
 void Daemon::FlushSeen() {
   std::vector<std::pair<std::string, int64_t>> seen;
   for (auto& [id, s] : sessions_) {
+    if (s.sink) AbsorbQuiet(s, false);  // the quiet heartbeats' times too
     if (s.seen_wall_ms == 0) continue;
     seen.emplace_back(id, s.seen_wall_ms);
     s.seen_wall_ms = 0;

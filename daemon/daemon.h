@@ -25,8 +25,26 @@
 // the job's current running attempt is refused (the worker is told to stop
 // it) and never changes the job.
 //
-// Thread safety: every public method is thread-safe (one mutex). Commands to
+// Thread safety: every public method is thread-safe (one mutex, mu_). Commands to
 // workers go through WorkerSink::Send, which must not block or call back.
+// The exception is the hot path: a quiet heartbeat (it changes nothing ftd keeps,
+// see OnWorkerMessage) takes only its stream's own mutex (WorkerSink::Quiet),
+// where it stamps its arrival, the stall credit then and its wall time. Before
+// every lease decision and every store of last-seen times the daemon folds those
+// stamps into the session under both locks (the newer of the session's own
+// message and the stamp, each with its own credit), so a quiet heartbeat is heard
+// exactly like one handled under mu_. Races, and why each is safe:
+// - Lease expiry against a quiet heartbeat: ExpireLeases folds the stamps, decides
+//   and, for a lost worker, disarms the sink (Quiet::armed, the daemon's mirror of
+//   the session being alive with this sink) in one hold of the sink's mutex. A
+//   heartbeat stamped before that hold keeps the lease; one after it finds the
+//   sink disarmed and takes the locked path, which announces the worker back.
+// - Whatever can make the next heartbeat not quiet disarms the sink or changes
+//   what it is compared with, under mu_: a registration (the session's facts
+//   change; an evicted older sink is disarmed), a disconnect (the stamps are
+//   folded first), a lost lease; only a heartbeat applied under mu_ arms it again.
+// - A quiet heartbeat reads stall_credit_ms_ (atomic) and the clock only; it
+//   never touches a Session, so no Session field is shared without mu_.
 #pragma once
 
 #include <array>
@@ -70,7 +88,13 @@ struct DaemonOptions {
   int64_t store_retry_ms = 2'000;
   // A hold of the daemon's lock longer than this is ftd's own stall (a slow
   // store commit, a long tick): every lease is extended by the hold's length.
+  // So is a tick that starts later than this past its due time (below).
   int64_t stall_credit_after_ms = 500;
+  // How often the caller runs Tick (ftd --tick-ms); 0: unknown (no tick is late). A tick that
+  // starts more than stall_credit_after_ms after it was due (the period after the previous tick
+  // started, or that tick's end if it ran longer) found ftd itself stalled (descheduled,
+  // stopped, swapping): the lateness is credited to every lease like a stall of the lock.
+  int64_t tick_ms = 0;
 };
 
 // Failures ftd handles without failing a job: each is logged and counted
@@ -103,6 +127,22 @@ class WorkerSink {
   // waits for ftd's lock, so a message that arrived but waits behind a busy
   // daemon keeps its worker's lease: that wait is ftd's, not the worker's.
   std::atomic<int64_t> arrived_mono_ms{0};
+
+ private:
+  friend class Daemon;
+  // The quiet-heartbeat path's state for this stream (see Daemon::OnWorkerMessage), kept by the
+  // Daemon: armed and last_applied are written under the daemon's lock and this mutex; the
+  // stamps by a quiet heartbeat under this mutex alone, and read (and cleared) by the daemon
+  // under both. Lock order: Daemon::mu_ → Quiet::mu.
+  struct Quiet {
+    std::mutex mu;
+    bool armed = false;                        // the session holding this sink is alive (ftd's mirror)
+    std::string last_applied;                  // the last heartbeat ftd applied from this stream, serialized
+    int64_t sample_due_mono = 0;               // when its device-memory sample is next due
+    int64_t heard_mono = 0, heard_credit = 0;  // the newest quiet heartbeat: arrival, stall credit then
+    int64_t seen_wall_ms = 0;                  // and its wall time for FlushSeen (0: none since)
+  };
+  Quiet quiet_;
 };
 
 class Daemon {
@@ -138,7 +178,11 @@ class Daemon {
   // The first message of a session. Reattaches running attempts the worker
   // reports, refuses superseded ones, requeues ones the worker lost.
   Status OnRegister(const ftune::v1::Register& reg, WorkerSink* sink);
-  // Any later message. Messages for a superseded epoch are refused.
+  // Any later message. Messages for a superseded epoch are refused. A quiet
+  // heartbeat is handled without the daemon's lock (see Thread safety above): one
+  // without progress or a notice, byte for byte the last heartbeat ftd applied
+  // from this stream (so the same slot end, devices and host memory), of a live
+  // session, whose device-memory sample (options().memory_sample_ms) is not due.
   void OnWorkerMessage(const std::string& worker_id, WorkerSink* sink, const ftune::v1::WorkerMessage& msg);
   // The session ended (the lease keeps running: a quick reconnect loses nothing).
   void OnDisconnect(const std::string& worker_id, WorkerSink* sink);
@@ -155,6 +199,9 @@ class Daemon {
   const DaemonOptions& options() const { return options_; }
   // Time spent handling each worker message, and each Tick().
   const LatencyHistogram& message_latency() const { return message_latency_; }
+  // Heartbeats handled without the daemon's lock (quiet: see OnWorkerMessage), of
+  // message_latency().count() worker messages in all.
+  int64_t quiet_heartbeats() const { return quiet_heartbeats_.load(); }
   const LatencyHistogram& tick_latency() const { return tick_latency_; }
   // Scheduling passes run so far (a tick runs one only when its inputs changed: ScheduleQueued,
   // or kFullPassMs after the last).
@@ -252,6 +299,25 @@ class Daemon {
   void CreditStall(int64_t since_mono);
   // A message (or registration) from the session's worker: its lease starts again.
   void Heard(Session& s);
+  // The quiet path: true when `msg` is a quiet heartbeat of the stream of `sink`
+  // (see OnWorkerMessage), now stamped in the sink. REQUIRES: mu_ not held.
+  bool TryQuietHeartbeat(WorkerSink* sink, const ftune::v1::WorkerMessage& msg);
+  // After a heartbeat applied under mu_: what the next one is compared with, and
+  // whether it may be quiet at all (the session alive with this sink, its memory plausible).
+  void ArmQuiet(Session& s, const ftune::v1::Heartbeat& hb);
+  // Folds the session's sink's quiet stamps into the session (the newer hearing
+  // wins, with its own credit; the seen time for FlushSeen). REQUIRES: the sink's
+  // Quiet::mu held, s.sink set.
+  static void FoldQuiet(Session& s);
+  // FoldQuiet under the sink's mutex; `disarm`: the sink's heartbeats take the locked path from now on.
+  static void AbsorbQuiet(Session& s, bool disarm);
+  // Whether the session's lease has run out at `now` (folding its quiet stamps
+  // first); if so its sink is disarmed in the same hold of the sink's mutex.
+  // *silent and *ftd_stalled: the silence and ftd's stalls within it.
+  bool LeaseRunOut(Session& s, int64_t now, int64_t credit_now, int64_t* silent, int64_t* ftd_stalled);
+  // A tick that starts late (DaemonOptions::tick_ms) credits its lateness like a stall.
+  // `start_mono`: when this tick was entered, before it waited for the lock.
+  void CreditTickLateness(int64_t start_mono);
   // Running attempts and queued jobs from the store into the scheduler's
   // state (the constructor; again after the store recovered). Error: the
   // store could not be read.
@@ -404,7 +470,10 @@ class Daemon {
   int64_t store_retry_mono_ = 0;                  // GUARDED_BY(mu_) when Recover was last tried
   std::string last_store_error_;                  // GUARDED_BY(mu_) logged once, not per heartbeat
   std::atomic<int64_t> stall_credit_ms_{0};       // written under mu_: ftd's stalls so far (CreditStall)
-  std::set<std::string> log_write_failing_;       // GUARDED_BY(mu_) jobs whose last log append failed
+  std::atomic<int64_t> quiet_heartbeats_{0};      // handled without mu_ (TryQuietHeartbeat)
+  // When the previous tick started and ended (monotonic; 0 before the first): CreditTickLateness.
+  std::atomic<int64_t> last_tick_start_mono_{0}, last_tick_end_mono_{0};
+  std::set<std::string> log_write_failing_;  // GUARDED_BY(mu_) jobs whose last log append failed
 
   // Group commit: concurrent submits are written in one transaction (one
   // fsync) by whichever is first in the queue (LevelDB's writer queue).

@@ -164,7 +164,8 @@ void Daemon::StartOn(const JobRow& job, const Placement& p) {
   pb::StartAttempt* start = cmd.mutable_start();
   start->set_job_id(job.id);
   start->set_epoch(attempt->epoch);
-  start->set_spec_yaml(ResolvedJobYaml(*spec, job.spec_yaml, p.plan.micro_batch, p.plan.accumulation));
+  start->set_spec_yaml(
+      ResolvedJobYaml(*spec, job.spec_yaml, p.plan.micro_batch, p.plan.accumulation, p.plan.world));
   start->mutable_plan()->set_micro_batch(p.plan.micro_batch);
   start->mutable_plan()->set_accumulation(p.plan.accumulation);
   start->mutable_plan()->set_world(p.plan.world);

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <mutex>
 
 #include "common/file_util.h"
 #include "common/ids.h"
@@ -96,6 +98,12 @@ Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
 Status Daemon::AdoptSession(const pb::Register& reg, WorkerSink* sink, Session& s) {
   WorkerSink* const previous = s.sink;  // another session still holding this id, if any
   const bool was_alive = s.alive;
+  // The session's facts change: no heartbeat is quiet until one is applied again.
+  if (previous != nullptr) AbsorbQuiet(s, true);
+  {
+    std::lock_guard<std::mutex> quiet(sink->quiet_.mu);
+    sink->quiet_.armed = false;
+  }
   s.sink = sink;
   s.alive = true;
   s.draining = false;
@@ -187,11 +195,17 @@ void Daemon::EndUnreported(const std::string& worker_id,
 void Daemon::OnDisconnect(const std::string& worker_id, WorkerSink* sink) {
   Held lock(this);
   auto it = sessions_.find(worker_id);
-  if (it != sessions_.end() && it->second.sink == sink) it->second.sink = nullptr;
+  if (it == sessions_.end() || it->second.sink != sink) return;
+  AbsorbQuiet(it->second, true);  // its quiet heartbeats were heard too
+  it->second.sink = nullptr;
 }
 
 void Daemon::OnWorkerMessage(const std::string& worker_id, WorkerSink* sink, const pb::WorkerMessage& msg) {
   const auto start = std::chrono::steady_clock::now();
+  if (TryQuietHeartbeat(sink, msg)) {
+    message_latency_.Record(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    return;
+  }
   {
     Held lock(this);
     auto it = sessions_.find(worker_id);
@@ -246,6 +260,52 @@ void Daemon::OnHeartbeat(const std::string& worker_id, Session& s, const pb::Hea
                                   p.tokens_per_s(), clock_->WallMs()}),
           "progress");
   }
+  ArmQuiet(s, hb);
+}
+
+bool Daemon::TryQuietHeartbeat(WorkerSink* sink, const pb::WorkerMessage& msg) {
+  if (!msg.has_heartbeat()) return false;
+  const pb::Heartbeat& hb = msg.heartbeat();
+  if (hb.progress_size() > 0 || hb.notice_ms() > 0) return false;  // each changes what ftd keeps
+  thread_local std::string bytes;
+  if (!hb.SerializeToString(&bytes)) return false;
+  WorkerSink::Quiet& q = sink->quiet_;
+  std::lock_guard<std::mutex> lock(q.mu);
+  const int64_t now = clock_->MonotonicMs();
+  if (!q.armed || now >= q.sample_due_mono || bytes != q.last_applied) return false;
+  q.heard_mono = now;
+  q.heard_credit = stall_credit_ms_.load();
+  q.seen_wall_ms = clock_->WallMs();
+  quiet_heartbeats_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void Daemon::ArmQuiet(Session& s, const pb::Heartbeat& hb) {
+  if (!s.sink) return;
+  WorkerSink::Quiet& q = s.sink->quiet_;
+  std::lock_guard<std::mutex> lock(q.mu);
+  // An implausible report stays on the locked path (it is ignored there, and said once per change).
+  q.armed = s.alive && s.memory_problem.empty() && hb.SerializeToString(&q.last_applied);
+  q.sample_due_mono = hb.devices_size() == 0 ? std::numeric_limits<int64_t>::max()
+                                             : s.last_memory_sample_mono + options_.memory_sample_ms;
+}
+
+void Daemon::FoldQuiet(Session& s) {
+  WorkerSink::Quiet& q = s.sink->quiet_;
+  // The newer hearing wins, with the stall credit of its own time (credit only grows).
+  if (q.heard_mono != 0 && q.heard_mono >= s.last_message_mono) {
+    s.last_message_mono = q.heard_mono;
+    s.credit_at_message = q.heard_credit;
+  }
+  q.heard_mono = 0;
+  s.seen_wall_ms = std::max(s.seen_wall_ms, q.seen_wall_ms);
+  q.seen_wall_ms = 0;
+}
+
+void Daemon::AbsorbQuiet(Session& s, bool disarm) {
+  std::lock_guard<std::mutex> lock(s.sink->quiet_.mu);
+  FoldQuiet(s);
+  if (disarm) s.sink->quiet_.armed = false;
 }
 
 void Daemon::RecordDeviceMemory(const std::string& worker_id, Session& s, const pb::Heartbeat& hb) {
@@ -438,14 +498,28 @@ void Daemon::CreditStall(int64_t since_mono) {
                << " ms (a slow database commit or a long tick); every worker's lease is extended by as much";
 }
 
+bool Daemon::LeaseRunOut(Session& s, int64_t now, int64_t credit_now, int64_t* silent, int64_t* ftd_stalled) {
+  std::unique_lock<std::mutex> quiet;
+  if (s.sink) {
+    quiet = std::unique_lock<std::mutex>(s.sink->quiet_.mu);
+    FoldQuiet(s);
+  }
+  // A message that reached ftd and waits for this lock counts as heard.
+  const int64_t heard = std::max(s.last_message_mono, s.sink ? s.sink->arrived_mono_ms.load() : int64_t{0});
+  *silent = now - heard;
+  *ftd_stalled = credit_now - s.credit_at_message;
+  if (*silent - *ftd_stalled <= options_.lease_ms) return false;
+  // In the same hold: a quiet heartbeat after this takes the locked path and announces the worker back.
+  if (s.sink) s.sink->quiet_.armed = false;
+  return true;
+}
+
 void Daemon::ExpireLeases() {
   const int64_t now = clock_->MonotonicMs();
   const int64_t credit_now = stall_credit_ms_.load();
   for (auto& [id, s] : sessions_) {
-    // A message that reached ftd and waits for this lock counts as heard.
-    const int64_t heard = std::max(s.last_message_mono, s.sink ? s.sink->arrived_mono_ms.load() : int64_t{0});
-    const int64_t silent = now - heard, ftd_stalled = credit_now - s.credit_at_message;
-    if (!s.alive || silent - ftd_stalled <= options_.lease_ms) continue;
+    int64_t silent = 0, ftd_stalled = 0;
+    if (!s.alive || !LeaseRunOut(s, now, credit_now, &silent, &ftd_stalled)) continue;
     s.alive = false;
     s.seen_wall_ms = 0;
     Check(store_->SetWorkerAlive(id, false, clock_->WallMs()), "worker lost");

@@ -281,6 +281,7 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(f.data_dir, mkdir_error);
   if (int rc = LockDataDir(f.data_dir); rc != 0) return rc;
   f.options.data_dir = f.data_dir;
+  f.options.tick_ms = f.tick_ms;  // a tick later than this (by a stall of ftd itself) extends every lease
   if (f.db.empty()) f.db = (std::filesystem::path(f.data_dir) / "ftd.sqlite").string();
   auto store = ft::Store::Open(f.db);
   if (!store.ok()) {

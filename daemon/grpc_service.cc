@@ -9,7 +9,9 @@
 #include <thread>
 
 #include "common/ids.h"
+#include "common/logging.h"
 #include "common/secret.h"
+#include "common/untrusted_text.h"
 #include "daemon/grpc_status.h"
 
 namespace ft {
@@ -27,7 +29,16 @@ bool Authorised(const grpc::CallbackServerContext* ctx, const std::string& token
 
 const grpc::Status kUnauthenticated(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong bearer token");
 
+// Commands queued for one worker's stream at most (count, bytes): past either the session is closed.
+constexpr size_t kMaxQueuedCommands = 1'000;
+constexpr size_t kMaxQueuedBytes = size_t{4} << 20;
+
 // One worker's session: reads its messages into the daemon, writes the daemon's commands.
+// Commands wait in out_ while the transport cannot take them (the worker does not read, or
+// reads slower than ftd sends); a worker that leaves more than kMaxQueuedCommands or
+// kMaxQueuedBytes unread has its session closed with RESOURCE_EXHAUSTED and a WARN, so one
+// stuck worker cannot grow ftd's memory without bound. Its lease keeps running; ft-worker
+// reconnects and registers again, as after any ended stream.
 class SessionReactor : public grpc::ServerBidiReactor<pb::WorkerMessage, pb::DaemonCommand>,
                        public WorkerSink {
  public:
@@ -43,10 +54,13 @@ class SessionReactor : public grpc::ServerBidiReactor<pb::WorkerMessage, pb::Dae
   void Send(const pb::DaemonCommand& cmd) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_) return;
-    out_.push_back(cmd);
+    const size_t bytes = cmd.ByteSizeLong();
+    if (out_.size() >= kMaxQueuedCommands || out_bytes_ + bytes > kMaxQueuedBytes) return Overflow();
+    out_.push_back({cmd, bytes});
+    out_bytes_ += bytes;
     if (!writing_) {
       writing_ = true;
-      StartWrite(&out_.front());
+      StartWrite(&out_.front().cmd);
     }
   }
 
@@ -88,9 +102,10 @@ class SessionReactor : public grpc::ServerBidiReactor<pb::WorkerMessage, pb::Dae
 
   void OnWriteDone(bool ok) override {
     std::lock_guard<std::mutex> lock(mu_);
+    out_bytes_ -= out_.front().bytes;
     out_.pop_front();
     if (ok && !out_.empty() && !finished_) {
-      StartWrite(&out_.front());
+      StartWrite(&out_.front().cmd);
     } else {
       writing_ = false;
     }
@@ -102,6 +117,18 @@ class SessionReactor : public grpc::ServerBidiReactor<pb::WorkerMessage, pb::Dae
   }
 
  private:
+  // Send's cap was reached. REQUIRES: mu_ held, !finished_. Like Evict: called with the daemon's
+  // lock held, so no call back into it (OnDone, whose OnDisconnect takes that lock, is never run
+  // inline by Finish: this reactor is not inlineable).
+  void Overflow() {
+    finished_ = true;
+    const std::string why = "ftd closed this session: its worker left " + std::to_string(out_.size()) +
+                            " commands (" + std::to_string(out_bytes_) +
+                            " bytes) unread; the worker should reconnect and register again";
+    FT_LOG(WARN) << "worker " << EscapeControlChars(worker_id_, 128) << ": " << why;
+    Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, why));
+  }
+
   void Close(const grpc::Status& status) {
     if (!worker_id_.empty()) daemon_->OnDisconnect(worker_id_, this);  // no Send after this returns
     std::lock_guard<std::mutex> lock(mu_);
@@ -114,9 +141,14 @@ class SessionReactor : public grpc::ServerBidiReactor<pb::WorkerMessage, pb::Dae
   std::string worker_id_;
   pb::WorkerMessage in_;
   std::mutex mu_;
-  std::deque<pb::DaemonCommand> out_;  // GUARDED_BY(mu_); front is being written while writing_
-  bool writing_ = false;               // GUARDED_BY(mu_)
-  bool finished_ = false;              // GUARDED_BY(mu_)
+  struct Queued {
+    pb::DaemonCommand cmd;
+    size_t bytes;
+  };
+  std::deque<Queued> out_;  // GUARDED_BY(mu_); front is being written while writing_
+  size_t out_bytes_ = 0;    // GUARDED_BY(mu_) of out_
+  bool writing_ = false;    // GUARDED_BY(mu_)
+  bool finished_ = false;   // GUARDED_BY(mu_)
 };
 
 // Watch: replays events after `after_seq`, then streams live updates until the client leaves.

@@ -125,15 +125,15 @@ WaitReason WaitsBeforePlacement(const JobView& job, const std::map<DeviceKind, i
 
 // The batch plan for `job` on `kind` devices with `free` bytes each: the
 // user's fixed micro-batch when it fits, else the largest that fits.
-StatusOr<BatchPlanChoice> ChoosePlan(const JobView& job, DeviceKind kind, int64_t free) {
+StatusOr<BatchPlanChoice> ChoosePlan(const JobView& job, DeviceKind kind, int64_t free, int64_t world) {
   PlanRequest request = job.plan;
   request.device = kind;
-  request.world = job.gpus;
+  request.world = world;
   if (job.fixed_micro_batch <= 0) return ChooseMicroBatch(request, free);
   MemoryBreakdown m = PredictMemory(request, job.fixed_micro_batch);
   if (m.total() > free) return Status::ResourceExhausted("does not fit");
-  return BatchPlanChoice{job.fixed_micro_batch, request.global_batch / (job.fixed_micro_batch * job.gpus),
-                         job.gpus, m, free};
+  return BatchPlanChoice{job.fixed_micro_batch, request.global_batch / (job.fixed_micro_batch * world), world,
+                         m, free};
 }
 
 // The ranks of `job` on `kind` devices: rank r on workers[worker_of[r]]'s
@@ -143,18 +143,19 @@ StatusOr<BatchPlanChoice> ChoosePlan(const JobView& job, DeviceKind kind, int64_
 bool FitGang(const JobView& job, const std::vector<WorkerView>& workers, DeviceKind kind,
              const std::vector<size_t>& worker_of, const std::vector<const DeviceView*>& device_of,
              Placement* placement, WaitReason* why) {
+  const int64_t world = static_cast<int64_t>(device_of.size());
   int64_t free = device_of.front()->free_bytes;
   for (const DeviceView* d : device_of) free = std::min(free, d->free_bytes);
-  StatusOr<BatchPlanChoice> choice = ChoosePlan(job, kind, free);
+  StatusOr<BatchPlanChoice> choice = ChoosePlan(job, kind, free, world);
   const bool on_cpu = kind == DeviceKind::kCpu;
   if (choice.ok() && on_cpu && choice->memory.total() + choice->memory.host_total() > free) {
     // The host buffers share the CPU device's memory: a plan that leaves them room.
-    choice = ChoosePlan(job, kind, free - choice->memory.host_total());
+    choice = ChoosePlan(job, kind, free - choice->memory.host_total(), world);
   }
   if (!choice.ok()) {
     PlanRequest request = job.plan;
     request.device = kind;
-    request.world = job.gpus;
+    request.world = world;
     *why = DoesNotFit(PredictMemory(request, 1).total(), free);
     return false;
   }
@@ -200,25 +201,25 @@ std::vector<size_t> UsableWorkers(const std::vector<WorkerView>& workers, int64_
   return usable;
 }
 
-// Places `job` on `idle` workers (usable, not yet taken this pass): on one
-// worker with enough devices when there is one, else (multi-rank jobs) across
-// several. The workers' indices (rank 0's first), or none with why it waits
-// in *why.
-std::vector<size_t> PlaceOn(const JobView& job, const std::vector<WorkerView>& workers,
-                            const std::vector<size_t>& idle, Placement* placement, WaitReason* why) {
-  const bool gang = job.gpus > 1;
-  *why = {Why::kNoWorkerHasDevices, "", job.gpus, 0, RequiredDeviceKind(job.device)};
+// Places `job` with `world` ranks on `idle` workers (usable, not yet taken
+// this pass): on one worker with enough devices when there is one, else
+// (multi-rank) across several. The workers' indices (rank 0's first), or
+// none with why it waits in *why.
+std::vector<size_t> PlaceWorld(const JobView& job, int64_t world, const std::vector<WorkerView>& workers,
+                               const std::vector<size_t>& idle, Placement* placement, WaitReason* why) {
+  const bool gang = world > 1;
+  *why = {Why::kNoWorkerHasDevices, "", world, 0, RequiredDeviceKind(job.device)};
   // One worker with every device the job needs.
   for (size_t i : idle) {
     for (const DeviceKind kind : {DeviceKind::kCuda, DeviceKind::kCpu}) {
       if (!KindAllowed(job, kind)) continue;
       std::vector<const DeviceView*> mine = DevicesOf(workers[i], kind);
-      if (mine.size() < static_cast<size_t>(job.gpus)) continue;
+      if (mine.size() < static_cast<size_t>(world)) continue;
       if (gang && !workers[i].serves_rendezvous) {
         *why = {Why::kWorkerNoRendezvous, workers[i].id};
         continue;
       }
-      mine.resize(static_cast<size_t>(job.gpus));
+      mine.resize(static_cast<size_t>(world));
       if (FitGang(job, workers, kind, std::vector<size_t>(mine.size(), i), mine, placement, why)) return {i};
       break;  // the other kind is tried only where this worker has none of this one
     }
@@ -235,9 +236,9 @@ std::vector<size_t> PlaceOn(const JobView& job, const std::vector<WorkerView>& w
       offered += static_cast<int64_t>(mine.size());
       offers.emplace_back(i, std::move(mine));
     }
-    if (offered < job.gpus) {
+    if (offered < world) {
       if (offered > 0 || RequiredDeviceKind(job.device) == kind) {
-        *why = {Why::kTooFewDevices, "", job.gpus, offered, kind};
+        *why = {Why::kTooFewDevices, "", world, offered, kind};
       }
       continue;
     }
@@ -256,13 +257,27 @@ std::vector<size_t> PlaceOn(const JobView& job, const std::vector<WorkerView>& w
     for (const auto& [i, mine] : offers) {
       chosen.push_back(i);
       for (const DeviceView* d : mine) {
-        if (device_of.size() == static_cast<size_t>(job.gpus)) break;
+        if (device_of.size() == static_cast<size_t>(world)) break;
         worker_of.push_back(i);
         device_of.push_back(d);
       }
-      if (device_of.size() == static_cast<size_t>(job.gpus)) break;
+      if (device_of.size() == static_cast<size_t>(world)) break;
     }
     if (FitGang(job, workers, kind, worker_of, device_of, placement, why)) return chosen;
+  }
+  return {};
+}
+
+// Places `job` with the most ranks it may have (an elastic job: the largest
+// allowed world that can be placed now, resources.gpus first). Why it waits
+// is the smallest world's reason: the least it needs.
+std::vector<size_t> PlaceOn(const JobView& job, const std::vector<WorkerView>& workers,
+                            const std::vector<size_t>& idle, Placement* placement, WaitReason* why) {
+  const int64_t fewest = job.min_gpus > 0 ? std::min(job.min_gpus, job.gpus) : job.gpus;
+  for (int64_t world = job.gpus; world >= std::max<int64_t>(1, fewest); --world) {
+    if (world != job.gpus && job.batch_units % world != 0) continue;
+    std::vector<size_t> at = PlaceWorld(job, world, workers, idle, placement, why);
+    if (!at.empty()) return at;
   }
   return {};
 }
@@ -278,17 +293,17 @@ bool QueueOrder::operator()(const JobView* a, const JobView* b) const {
 int64_t PlacementClasses::Of(const JobView& job) {
   const PlanRequest& p = job.plan;
   const size_t hash =
-      std::hash<int64_t>()(job.gpus * 1'000'003 + job.fixed_micro_batch * 8191 + p.model.hidden_size * 127 +
-                           p.model.num_layers * 31 + p.seq_len * 7 + p.global_batch + p.lora_r * 3 +
-                           static_cast<int64_t>(job.device));
+      std::hash<int64_t>()(job.gpus * 1'000'003 + job.min_gpus * 65'537 + job.fixed_micro_batch * 8191 +
+                           p.model.hidden_size * 127 + p.model.num_layers * 31 + p.seq_len * 7 +
+                           p.global_batch + p.lora_r * 3 + static_cast<int64_t>(job.device));
   std::vector<Entry>& bucket = by_hash_[hash];
   for (const Entry& e : bucket) {
-    if (e.gpus == job.gpus && e.device == job.device && e.fixed_micro_batch == job.fixed_micro_batch &&
-        e.plan == p) {
+    if (e.gpus == job.gpus && e.min_gpus == job.min_gpus && e.device == job.device &&
+        e.fixed_micro_batch == job.fixed_micro_batch && e.plan == p) {
       return e.id;
     }
   }
-  bucket.push_back({job.gpus, job.device, job.fixed_micro_batch, p, next_});
+  bucket.push_back({job.gpus, job.min_gpus, job.device, job.fixed_micro_batch, p, next_});
   return next_++;
 }
 

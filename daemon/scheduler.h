@@ -11,6 +11,8 @@
 // a gang: its N ranks go to N devices of one worker when one has them, else
 // across several idle workers (rank 0 on one that can serve the rendezvous;
 // every device of the gang must fit the plan) — placed whole or not at all.
+// An elastic job (resources.min_gpus < gpus) gets the largest world it can
+// be placed with now; while it waits, its reason is the smallest world's.
 // A job that is not placed gets a reason (WaitReason, shown as "waits: ...").
 //
 // Cost of a pass (100,000 queued jobs, 10,000 workers): the jobs come in
@@ -65,6 +67,11 @@ struct JobView {
   int64_t created_ms = 0;
   int64_t not_before_ms = 0;  // backoff after a preemption or failure
   int64_t gpus = 1;
+  // An elastic job (min_gpus < gpus) starts with the most ranks in
+  // [min_gpus, gpus] that can be placed now and that split its batch_units
+  // (global batch / fixed micro-batch, or the global batch) evenly. 0: gpus.
+  int64_t min_gpus = 0;
+  int64_t batch_units = 1;
   DeviceRequest device = DeviceRequest::kAuto;
   int64_t fixed_micro_batch = 0;  // the job's own micro_batch_size (0 = auto: the planner picks)
   PlanRequest plan;               // model shape and job settings for the planner
@@ -93,6 +100,7 @@ class PlacementClasses {
  private:
   struct Entry {
     int64_t gpus;
+    int64_t min_gpus;
     DeviceRequest device;
     int64_t fixed_micro_batch;
     PlanRequest plan;

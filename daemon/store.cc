@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <chrono>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -15,6 +14,8 @@
 #include <iterator>
 #include <limits>
 #include <set>
+
+#include "common/clock.h"
 
 namespace ft {
 
@@ -233,12 +234,6 @@ std::string JobId(int64_t num) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "j-%06" PRId64, num);
   return buf;
-}
-
-int64_t WallClockMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
 }
 
 // SQLite's LIMIT: a negative value means none.
@@ -706,7 +701,7 @@ Status Store::InsertJob(JobRow& job, bool* dup, const std::string& op) {
   FT_RETURN_IF_ERROR(next.Run());
   job.id = JobId(num);
   job.state = JobStateCode::kQueued;
-  if (job.created_ms == 0) job.created_ms = WallClockMs();
+  if (job.created_ms == 0) job.created_ms = WallNowMs();
   if (job.updated_ms == 0) job.updated_ms = job.created_ms;
   FT_ASSIGN_OR_RETURN(Query q, Prepare(std::string("INSERT INTO jobs (num, ") + kJobColumns + ") VALUES (" +
                                            Placeholders(22) + ")",

@@ -15,6 +15,13 @@
       test status, the whole-model parity, cross-device resume and generation lines, the
       user's job beside PyTorch+PEFT, and the kernel ratios ftune / torch
       (throughput: > 1 means ftune is faster). Rows one side lacks say so.
+  report.py cost PLAN.txt OPTIMES.txt STEPS
+      the cost model's prediction (`ft-train plan --gpu`: calls and roofline
+      ms per category for one step) beside FT_CUDA_OP_TIMES' measurement of
+      a run of STEPS steps (its totals include loading: copies to the device
+      and the conversions that load weights count there), per category:
+      calls per step predicted and measured, ms per step, and measured ÷
+      roofline (the efficiency of each part; 1 = at the roofline).
 """
 import datetime
 import json
@@ -204,7 +211,39 @@ and the kernels' own gaps in the table, that is the user's job's gap to PEFT.
     return 0
 
 
+PLAN_ROW = re.compile(r"^  (\S.{0,31}?) +(\d+) +(\d+) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)%")
+OPTIME_ROW = re.compile(r"^OPTIME (\S.*?) +(\d+) calls +([\d.]+) ms")
+
+
+def cost(plan_path, optimes_path, steps):
+    """Predicted (plan) against measured (OPTIME lines) per category; see the module's doc."""
+    steps = max(1, int(steps))
+    predicted = {}
+    with open(plan_path) as f:
+        for line in f:
+            m = PLAN_ROW.match(line)
+            if m:
+                predicted[m.group(1).strip()] = (int(m.group(2)), float(m.group(6)))
+    measured = {}
+    with open(optimes_path) as f:
+        for line in f:
+            m = OPTIME_ROW.match(line)
+            if m:
+                measured[m.group(1).strip()] = (int(m.group(2)), float(m.group(3)))
+    print("%-32s %12s %12s %12s %12s %10s" % ("category", "calls/step", "measured", "roofline ms",
+                                               "measured ms", "ratio"))
+    for name in sorted(set(predicted) | set(measured), key=lambda n: -measured.get(n, (0, 0))[1]):
+        p_calls, p_ms = predicted.get(name, (0, 0.0))
+        m_calls, m_ms = measured.get(name, (0, 0.0))
+        ratio = "%.2f" % ((m_ms / steps) / p_ms) if p_ms > 0 and m_ms > 0 else "-"
+        print("%-32s %12d %12.1f %12.3f %12.3f %10s" % (name, p_calls, m_calls / steps, p_ms, m_ms / steps,
+                                                          ratio))
+    return 0
+
+
 def main():
+    if len(sys.argv) >= 2 and sys.argv[1] == "cost":
+        return cost(*sys.argv[2:5])
     if len(sys.argv) >= 2 and sys.argv[1] == "user-job":
         return user_job(*sys.argv[2:6])
     if len(sys.argv) >= 2 and sys.argv[1] == "table":

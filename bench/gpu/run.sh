@@ -201,7 +201,10 @@ if want user && [ $have_train = 1 ]; then
   python3 -c "import json,random; r=random.Random(1); [print(json.dumps({'input_ids':[r.randrange(128000) for _ in range(2048)]})) for _ in range($steps+2)]" > "$u/data.jsonl"
   sed -e "s|\${FT_8B_MODEL}|$u/model|; s|\${FT_8B_DATA}|$u/data.jsonl|; s|\${FT_8B_STEPS}|$steps|; s|\${FT_8B_OUT}|$u/out|" \
     "$root/bench/gpu/qlora-8b.yaml" > "$u/job.yaml"
-  "$ft_train" plan "$u/job.yaml" --device cuda --device-memory 80GiB > "$work/plan.txt" 2>&1
+  # The cost model's GPU: this one's published peaks where we have them (H100 otherwise).
+  gpu_key=h100
+  case "$device" in *H200*) gpu_key=h200 ;; *A100*) gpu_key=a100 ;; *L40S*) gpu_key=l40s ;; *4090*) gpu_key=4090 ;; esac
+  "$ft_train" plan "$u/job.yaml" --device cuda --device-memory 80GiB --gpu $gpu_key > "$work/plan.txt" 2>&1
   cat "$work/plan.txt"
   log "ft-train run (resources.device: cuda), $steps steps"
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$work/smi_mem.txt" &
@@ -210,6 +213,8 @@ if want user && [ $have_train = 1 ]; then
     bench_ok=0
   grep -oE "^OPTIME .*" "$work/user_run.log" > "$work/optimes.txt" || true
   kill $smi 2> /dev/null
+  log "measured ÷ roofline per op category (cost model of ft-train plan --gpu $gpu_key)"
+  python3 "$root/bench/gpu/report.py" cost "$work/plan.txt" "$work/optimes.txt" "$steps" | tee "$work/cost_vs_measured.txt"
   tail -n $((steps + 4)) "$work/user_run.log"
   python3 "$root/bench/gpu/report.py" user-job "$u/out/metrics.jsonl" "$work/plan.txt" "$work/smi_mem.txt" \
     > "$work/user_job.jsonl" || bench_ok=0

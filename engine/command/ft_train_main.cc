@@ -13,15 +13,16 @@
 //                                              --allowed-root, every file the run
 //                                              opens or writes must resolve under
 //                                              one of them when opened (ftd's roots)
-//   ft-train plan JOB.yaml --device-memory 24GiB [--device cpu|cuda] [--world N]
-//                                              memory breakdown and batch plan (config.json only)
+//   ft-train plan JOB.yaml --device-memory 24GiB [--device cpu|cuda] [--world N] [--gpu h100|...]
+//                                              memory breakdown and batch plan (config.json only);
+//                                              with --gpu the CUDA step's predicted cost (step_cost.h)
 //   ft-train make-model (--preset tiny-llama | --config CONFIG.json) --out DIR [--dtype f32|bf16] [--seed N]
 //   ft-train tokenize --model DIR|tokenizer.json [--add-special-tokens] [--decode]
 //                                              JSON strings in on stdin, id arrays out (or back)
 //   ft-train generate --model DIR [--adapter DIR] [--prompt TEXT] [--chat] ...
 //                                              text from the model, streamed (generate_command.h)
 //
-// Exit codes (engine/train/trainer.h): 0 finished; 1 failed (reason on stderr);
+// Exit codes (engine/job/exit_codes.h): 0 finished; 1 failed (reason on stderr);
 // 2 bad input or usage; 3 preempted: stopped after a checkpoint on SIGTERM,
 // SIGUSR1, SIGINT or a "stop" on the control channel; 4 superseded: a newer
 // epoch owns output.dir; 5 environment: an I/O error (disk full, file gone);
@@ -44,11 +45,28 @@
 #include "engine/command/generate_command.h"
 #include "engine/command/tokenize_command.h"
 #include "engine/io/hf_model.h"
+#include "engine/job/exit_codes.h"
 #include "engine/job/job_spec.h"
 #include "engine/job/planner.h"
 #include "engine/model/compute_dtype.h"
 #include "engine/model/memory.h"
+#include "engine/train/step_cost.h"
 #include "engine/train/trainer.h"
+
+namespace ft {
+
+// --dist-backend: how the ranks of a multi-rank run talk.
+enum class DistBackend { kGloo, kNccl };
+template <>
+struct EnumTraits<DistBackend> {
+  static constexpr std::string_view kWhat = "--dist-backend";
+  static constexpr EnumEntry<DistBackend> kTable[] = {
+      {"gloo", DistBackend::kGloo, "TCP, any device (the default)"},
+      {"nccl", DistBackend::kNccl, "CUDA ranks, one GPU each"},
+  };
+};
+
+}  // namespace ft
 
 namespace {
 
@@ -103,7 +121,7 @@ struct RunFlags {
   std::string rendezvous;  // host:port of rank 0's store
   std::string dist_host;   // the address the other ranks reach this one at ("" = the host name's)
   double dist_timeout = 120;
-  std::string dist_backend = "gloo";       // gloo (any device) | nccl (CUDA ranks, one GPU each)
+  ft::DistBackend dist_backend = ft::DistBackend::kGloo;
   std::vector<std::string> allowed_roots;  // --allowed-root: confine every open to these
   double mtbf_seconds = 0;                 // checkpoint.every auto's M (0 = the prior)
 };
@@ -127,7 +145,7 @@ int RunJob(const RunFlags& flags) {
     r.name =
         "ftune/" + (flags.epoch > 0 ? flags.job_id + "/" + std::to_string(flags.epoch) : std::string("run"));
     r.timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.dist_timeout * 1000));
-    auto connected = flags.dist_backend == "nccl" ? ft::ConnectNccl(r) : ft::ConnectGloo(r);
+    auto connected = flags.dist_backend == ft::DistBackend::kNccl ? ft::ConnectNccl(r) : ft::ConnectGloo(r);
     if (!connected.ok()) {
       return Fail(connected.status().WithContext("--rendezvous " + flags.rendezvous), /*multi_rank=*/true);
     }
@@ -157,43 +175,62 @@ void PreferPassiveOpenMpThreads(char** argv) {
   execv("/proc/self/exe", argv);  // only returns on failure: carry on as we are
 }
 
+// The CUDA step's cost on `gpu` (engine/train/step_cost.h) for the plan's micro-batch and accumulation.
+int PrintGpuCost(const ft::JobSpec& spec, const ft::ModelConfig& config, const ft::BatchPlanChoice& plan,
+                 const ft::GpuSpec& gpu) {
+  auto cost = ft::PredictCudaStep(spec, config, plan.micro_batch, plan.accumulation);
+  if (!cost.ok()) return Fail(cost.status());
+  std::printf("%s", ft::FormatStepCost(*cost, gpu).c_str());
+  return ft::kExitFinished;
+}
+
 int Plan(const std::string& job_file, const std::vector<std::string>& overrides,
-         const std::string& device_memory, const std::string& device, int64_t world) {
+         const std::string& device_memory, std::string device, int64_t world, const std::string& gpu_key) {
   auto job = ft::LoadJobWithOverrides(job_file, overrides);
   if (!job.ok()) return Fail(job.status());
   const ft::JobSpec* spec = &job->spec;
   auto config = ft::ReadHfConfig(spec->model.path);
   if (!config.ok()) return Fail(config.status());
+  std::optional<ft::GpuSpec> gpu;
+  if (!gpu_key.empty()) {
+    auto found = ft::FindGpu(gpu_key);
+    if (!found.ok()) return Fail(found.status().WithContext("--gpu"));
+    gpu = *found;
+    device = "cuda";
+  }
   int64_t bytes = 0;
-  if (device_memory.empty()) {
-    auto host = ft::HostAvailableBytes();
-    if (!host.ok()) return Fail(host.status());
-    bytes = *host;
-  } else {
+  if (!device_memory.empty()) {
     auto parsed = ft::ParseBytes(device_memory);
     if (!parsed.ok()) return Fail(parsed.status().WithContext("--device-memory"));
     bytes = *parsed;
+  } else if (gpu) {
+    bytes = gpu->memory_bytes;
+  } else {
+    auto host = ft::HostAvailableBytes();
+    if (!host.ok()) return Fail(host.status());
+    bytes = *host;
   }
   auto kind = ft::ParseDeviceKind(device);
   if (!kind.ok()) return Fail(kind.status().WithContext("--device"));
   ft::PlanRequest request = ft::PlanRequestFromJob(*spec, *config, *kind, world);
+  ft::BatchPlanChoice choice;
   if (spec->train.micro_batch_size > 0) {
     // A fixed micro-batch: report its memory and whether it fits.
-    ft::BatchPlanChoice fixed{spec->train.micro_batch_size,
-                              spec->train.global_batch_size / (spec->train.micro_batch_size * world), world,
-                              ft::PredictMemory(request, spec->train.micro_batch_size), bytes};
-    std::printf("%s", ft::FormatPlan(request, fixed).c_str());
-    if (fixed.memory.total() > bytes) {
-      std::printf("does NOT fit: micro_batch_size %lld needs %s\n", static_cast<long long>(fixed.micro_batch),
-                  ft::FormatBytes(fixed.memory.total()).c_str());
-      return ft::kExitFailed;
-    }
-    return ft::kExitFinished;
+    choice = {spec->train.micro_batch_size,
+              spec->train.global_batch_size / (spec->train.micro_batch_size * world), world,
+              ft::PredictMemory(request, spec->train.micro_batch_size), bytes};
+  } else {
+    auto chosen = ft::ChooseMicroBatch(request, bytes);
+    if (!chosen.ok()) return Fail(chosen.status());
+    choice = *chosen;
   }
-  auto choice = ft::ChooseMicroBatch(request, bytes);
-  if (!choice.ok()) return Fail(choice.status());
-  std::printf("%s", ft::FormatPlan(request, *choice).c_str());
-  return ft::kExitFinished;
+  std::printf("%s", ft::FormatPlan(request, choice).c_str());
+  if (choice.memory.total() > bytes) {
+    std::printf("does NOT fit: micro_batch_size %lld needs %s\n", static_cast<long long>(choice.micro_batch),
+                ft::FormatBytes(choice.memory.total()).c_str());
+    return ft::kExitFailed;
+  }
+  return gpu ? PrintGpuCost(*spec, *config, choice, *gpu) : ft::kExitFinished;
 }
 
 int MakeModel(const std::string& preset, const std::string& config_file, const std::string& out,
@@ -247,9 +284,11 @@ CLI::App* AddRunCommand(CLI::App& app, RunFlags* flags) {
                   "HOST:PORT where rank 0 serves the rendezvous store (every rank gives the same)");
   run->add_option("--dist-host", flags->dist_host,
                   "the address the other ranks reach this rank at (default: the host name's)");
-  run->add_option("--dist-backend", flags->dist_backend,
-                  "collectives over gloo (TCP, any device; default) or nccl (CUDA ranks, one GPU each)")
-      ->check(CLI::IsMember({"gloo", "nccl"}));
+  run->add_option_function<std::string>(
+         "--dist-backend",
+         [flags](const std::string& name) { flags->dist_backend = *ft::ParseEnum<ft::DistBackend>(name); },
+         "collectives over gloo (TCP, any device; default) or nccl (CUDA ranks, one GPU each)")
+      ->check(CLI::IsMember(ft::EnumNameList<ft::DistBackend>()));
   run->add_option("--dist-timeout", flags->dist_timeout,
                   "seconds to wait for the other ranks (rendezvous and each collective)")
       ->check(CLI::PositiveNumber);
@@ -280,9 +319,9 @@ CLI::App* AddGenerateCommand(CLI::App& app, ft::GenerateFlags* gen) {
   generate->add_option("--top-p", gen->generate.sampling.top_p, "nucleus sampling threshold (1 = off)");
   generate->add_option("--seed", gen->generate.sampling.seed, "sampling seed (same seed, same text)");
   generate->add_option("--stop", gen->generate.stop, "stop when the text contains this (repeatable)");
-  generate->add_option("--device", gen->model.device, ft::EnumNames<ft::DeviceKind>(" | "))
+  generate->add_option("--device", gen->device, ft::EnumNames<ft::DeviceKind>(" | "))
       ->check(CLI::IsMember(ft::EnumNameList<ft::DeviceKind>()));
-  generate->add_option("--dtype", gen->model.dtype, ft::EnumNames<ft::ComputeDType>(" | "))
+  generate->add_option("--dtype", gen->dtype, ft::EnumNames<ft::ComputeDType>(" | "))
       ->check(CLI::IsMember(ft::EnumNameList<ft::ComputeDType>()));
   generate->add_flag("--nf4", gen->model.nf4, "hold the base weights in NF4 (as QLoRA trained on them)");
   generate->add_flag("--json", gen->json, "print one JSON object at the end instead of streaming");
@@ -313,6 +352,15 @@ int main(int argc, char** argv) {
   plan->add_option("--device", plan_device, ft::EnumNames<ft::DeviceKind>(" | "))
       ->check(CLI::IsMember(ft::EnumNameList<ft::DeviceKind>()));
   plan->add_option("--world", plan_world, "number of ranks")->check(CLI::PositiveNumber);
+  std::string plan_gpu;
+  plan->add_option("--gpu", plan_gpu,
+                   "also predict the CUDA step on this GPU (its memory unless --device-memory): launches, "
+                   "FLOPs, bytes and roofline time per op category")
+      ->check(CLI::IsMember([] {
+        std::vector<std::string> keys;
+        for (const ft::GpuSpec& g : ft::KnownGpus()) keys.emplace_back(g.key);
+        return keys;
+      }()));
 
   auto* make = app.add_subcommand("make-model", "write a random-initialised HF model directory");
   std::string preset = "tiny-llama", config_file, out;
@@ -348,7 +396,7 @@ int main(int argc, char** argv) {
   if (*run) return RunJob(flags);
   if (*tokenize) return ft::RunTokenizeCommand(tokenizer_path, add_special, decode);
   if (*generate) return ft::RunGenerateCommand(gen);
-  if (*plan) return Plan(plan_job, plan_overrides, device_memory, plan_device, plan_world);
+  if (*plan) return Plan(plan_job, plan_overrides, device_memory, plan_device, plan_world, plan_gpu);
   if (*make) return MakeModel(preset, config_file, out, dtype, seed, vocab);
-  return 2;
+  return ft::kExitBadInput;
 }

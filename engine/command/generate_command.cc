@@ -28,6 +28,12 @@ StatusOr<std::string> ReadPrompt(const GenerateFlags& flags) {
 }  // namespace
 
 int RunGenerateCommand(GenerateFlags flags) {
+  auto device = ParseEnum<DeviceKind>(flags.device);
+  if (!device.ok()) return BadInput(device.status().WithContext("--device"));
+  auto dtype = ParseEnum<ComputeDType>(flags.dtype);
+  if (!dtype.ok()) return BadInput(dtype.status().WithContext("--dtype"));
+  flags.model.device = *device;
+  flags.model.dtype = *dtype;
   for (const std::string& kv : flags.chat_vars) {
     const size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) {

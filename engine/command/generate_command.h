@@ -21,7 +21,9 @@
 namespace ft {
 
 struct GenerateFlags {
-  GenerationModelOptions model;
+  GenerationModelOptions model;  // device and dtype: parsed from the two names below
+  std::string device = "cpu";    // --device: a DeviceKind's name
+  std::string dtype = "fp32";    // --dtype: a ComputeDType's name
   std::string prompt;
   std::string prompt_file;
   bool has_prompt = false;  // --prompt given (an empty prompt is then an error, not stdin)
@@ -31,7 +33,8 @@ struct GenerateFlags {
   bool json = false;
 };
 
-// Returns the process exit code: 0; 2 (kExitBadInput) for bad flags, a
+// Returns the process exit code: 0; 2 (kExitBadInput) for bad flags (an
+// unknown --device or --dtype: "--dtype: dtype 'fp8' is not one of: ..."), a
 // prompt that cannot be read or a model that does not load (the message names
 // the file or flag); 1 when generation fails.
 int RunGenerateCommand(GenerateFlags flags);

@@ -68,18 +68,14 @@ size_t FindStop(const std::string& text, const std::vector<std::string>& stop, s
 }  // namespace
 
 StatusOr<GenerationModel> LoadGenerationModel(const GenerationModelOptions& o) {
-  const StatusOr<ComputeDType> dtype = ParseComputeDType(o.dtype);
-  if (!dtype.ok())
-    return Status::InvalidArgument("--dtype must be fp32, bf16 or fp16, not '" + o.dtype + "'");
   FT_ASSIGN_OR_RETURN(ModelConfig config, ReadHfConfig(o.model_dir));
-  FT_ASSIGN_OR_RETURN(DeviceKind kind, ParseDeviceKind(o.device));
-  if (Status takes = CheckHeadDimForDevice(kind, config.head_dim); !takes.ok()) {
-    return Status::InvalidArgument("--device " + o.device + ": " + o.model_dir + " (config.json) has " +
-                                   takes.message() + "; use --device cpu");
+  if (Status takes = CheckHeadDimForDevice(o.device, config.head_dim); !takes.ok()) {
+    return Status::InvalidArgument("--device " + std::string(EnumName(o.device)) + ": " + o.model_dir +
+                                   " (config.json) has " + takes.message() + "; use --device cpu");
   }
-  FT_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, CreateBackend(kind));
+  FT_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, CreateBackend(o.device));
   ModelOptions options;
-  options.dtype = *dtype;
+  options.dtype = o.dtype;
   options.nf4 = o.nf4;
   options.nf4_config = {64, true, 256};  // QLoRA's: blocks of 64, double-quantized scales
   options.backend = std::move(backend);

@@ -29,19 +29,21 @@
 #include <string_view>
 #include <vector>
 
+#include "common/device_kind.h"
 #include "common/status.h"
 #include "engine/generate/sampler.h"
+#include "engine/model/compute_dtype.h"
 #include "engine/model/model.h"
 #include "engine/text/tokenizer.h"
 
 namespace ft {
 
 struct GenerationModelOptions {
-  std::string model_dir;       // HF model directory (config.json, safetensors, tokenizer.json)
-  std::string adapter_dir;     // PEFT adapter directory; "" = none
-  std::string device = "cpu";  // cpu | cuda
-  std::string dtype = "fp32";  // fp32 | bf16 | fp16
-  bool nf4 = false;            // the base in NF4 with double quantization (QLoRA)
+  std::string model_dir;    // HF model directory (config.json, safetensors, tokenizer.json)
+  std::string adapter_dir;  // PEFT adapter directory; "" = none
+  DeviceKind device = DeviceKind::kCpu;
+  ComputeDType dtype = ComputeDType::kF32;
+  bool nf4 = false;  // the base in NF4 with double quantization (QLoRA)
 };
 
 struct GenerationModel {

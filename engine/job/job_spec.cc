@@ -247,9 +247,23 @@ Status ParseResources(const YamlMap& m, JobSpec::Resources* s) {
   FT_RETURN_IF_ERROR(m.Get("gpus", &s->gpus));
   FT_RETURN_IF_ERROR(
       Require(s->gpus >= 1 && s->gpus <= 65536, m, "gpus", "must be an integer in [1, 65536]"));
+  s->min_gpus = s->gpus;
+  FT_RETURN_IF_ERROR(m.Get("min_gpus", &s->min_gpus));
+  FT_RETURN_IF_ERROR(
+      Require(s->min_gpus >= 1 && s->min_gpus <= s->gpus, m, "min_gpus",
+              "must be an integer in [1, resources.gpus] (the fewest ranks an attempt may start "
+              "with; leave it out for a fixed world size)"));
   FT_RETURN_IF_ERROR(GetChoice(m, "device", &s->device));
   FT_RETURN_IF_ERROR(GetInt(m, "priority", -1'000'000, 1'000'000, &s->priority, " (higher runs first)"));
   return GetInt(m, "max_failures", 0, 1000, &s->max_failures, " (failed attempts before the job fails)");
+}
+
+// Whether `world` ranks split the global batch into whole micro-batches each.
+bool SplitsEvenly(const JobSpec& spec, int64_t world) {
+  const JobSpec::Train& t = spec.train;
+  const int64_t units =
+      t.micro_batch_size > 0 ? t.global_batch_size / t.micro_batch_size : t.global_batch_size;
+  return world > 0 && units % world == 0;
 }
 
 Status CheckBatchPlan(const YamlMap& train, const JobSpec& spec) {
@@ -261,6 +275,25 @@ Status CheckBatchPlan(const YamlMap& train, const JobSpec& spec) {
     return Status::InvalidArgument(train.Where("micro_batch_size") + ": train.micro_batch_size (" +
                                    std::to_string(t.micro_batch_size) + ") must divide global_batch_size (" +
                                    std::to_string(t.global_batch_size) + ")");
+  }
+  if (spec.resources.min_gpus < spec.resources.gpus) {
+    if (t.gradient_accumulation > 0) {
+      return Status::InvalidArgument(train.Where("gradient_accumulation") +
+                                     ": train.gradient_accumulation is fixed, but resources.min_gpus (" +
+                                     std::to_string(spec.resources.min_gpus) + ") < gpus (" +
+                                     std::to_string(spec.resources.gpus) +
+                                     ") lets the number of ranks change between attempts: set "
+                                     "gradient_accumulation: auto (ftd picks it for each world size)");
+    }
+    bool any = false;
+    for (int64_t w = spec.resources.min_gpus; w <= spec.resources.gpus && !any; ++w)
+      any = SplitsEvenly(spec, w);
+    if (!any) {
+      return Status::InvalidArgument(train.Where("global_batch_size") + ": train.global_batch_size (" +
+                                     std::to_string(t.global_batch_size) +
+                                     ") cannot be split into whole micro-batches over any number of ranks in "
+                                     "resources.min_gpus..gpus; choose a global_batch_size divisible by one");
+    }
   }
   int64_t product = 0;  // micro x accumulation x gpus, overflow-checked
   const bool overflow = __builtin_mul_overflow(t.micro_batch_size, t.gradient_accumulation, &product) ||
@@ -349,7 +382,7 @@ StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& 
       Section(root, "checkpoint",
               {"every_steps", "every_minutes", "keep", "every", "min_minutes", "max_minutes", "async"},
               [&](const YamlMap& m) { return ParseCheckpoint(m, &spec.checkpoint); }));
-  FT_RETURN_IF_ERROR(Section(root, "resources", {"gpus", "device", "priority", "max_failures"},
+  FT_RETURN_IF_ERROR(Section(root, "resources", {"gpus", "min_gpus", "device", "priority", "max_failures"},
                              [&](const YamlMap& m) { return ParseResources(m, &spec.resources); }));
   FT_RETURN_IF_ERROR(Section(root, "distributed", {"strategy"}, [&](const YamlMap& m) {
     return GetChoice(m, "strategy", &spec.distributed.strategy);
@@ -369,6 +402,11 @@ StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& 
   spec.data.chat_template = Resolve(base, spec.data.chat_template);
   spec.output.dir = Resolve(base, spec.output.dir);
   return spec;
+}
+
+bool AllowedWorld(const JobSpec& spec, int64_t world) {
+  const JobSpec::Resources& r = spec.resources;
+  return world == r.gpus || (world >= r.min_gpus && world < r.gpus && SplitsEvenly(spec, world));
 }
 
 bool ExactGradientSum(const JobSpec& spec) {
@@ -446,16 +484,19 @@ StatusOr<MergedJob> LoadJobWithOverrides(const std::string& file, const std::vec
 }
 
 std::string ResolvedJobYaml(const JobSpec& spec, const std::string& yaml, int64_t micro_batch,
-                            int64_t accumulation) {
+                            int64_t accumulation, int64_t world) {
   YAML::Node root = YAML::Load(yaml);
-  root["model"]["path"] = spec.model.path;
-  root["data"]["train"] = spec.data.train;
-  if (!spec.data.eval.empty()) root["data"]["eval"] = spec.data.eval;
-  if (!spec.adapter.init.empty()) root["adapter"]["init"] = spec.adapter.init;
-  if (!spec.data.chat_template.empty()) root["data"]["chat_template"] = spec.data.chat_template;
+  for (const auto& [key, path] : JobInputPaths(spec)) {  // every "section.key", absolute
+    if (path.empty()) continue;
+    const std::string k = key;
+    const size_t dot = k.find('.');
+    root[k.substr(0, dot)][k.substr(dot + 1)] = path;
+  }
   root["output"]["dir"] = spec.output.dir;
   root["train"]["micro_batch_size"] = micro_batch;
   root["train"]["gradient_accumulation"] = accumulation;
+  root["resources"]["gpus"] = world;
+  root["resources"].remove("min_gpus");
   YAML::Emitter out;
   out << root;
   return std::string(out.c_str()) + "\n";

@@ -104,6 +104,12 @@ struct JobSpec {
 
   struct Resources {
     int64_t gpus = 1;
+    // Elastic jobs: the fewest ranks an attempt may start with (default: gpus).
+    // ftd starts each attempt with the most ranks in [min_gpus, gpus] it can
+    // place then (AllowedWorld), so a job preempted on 4 GPUs resumes on the 2
+    // left; with exact gradient sums and a fixed micro-batch the math is the
+    // same at every world size (issue #30).
+    int64_t min_gpus = 1;  // after parsing: gpus when the key is unset
     DeviceRequest device = DeviceRequest::kAuto;
     int64_t priority = 0;
     int64_t max_failures = 3;
@@ -139,6 +145,13 @@ StatusOr<JobSpec> LoadJobSpec(const std::string& file);
 // may be "" when the key is unset). output.dir, which it writes, is not among them.
 std::vector<std::pair<const char*, std::string>> JobInputPaths(const JobSpec& spec);
 
+// Whether an attempt of `spec` may run with `world` ranks: resources.gpus, or
+// for an elastic job (resources.min_gpus < gpus) any world in [min_gpus, gpus]
+// that splits the global batch into whole micro-batches per rank (with
+// train.micro_batch_size fixed: global_batch_size / micro_batch_size divisible
+// by world; with it auto: global_batch_size divisible by world).
+bool AllowedWorld(const JobSpec& spec, int64_t world);
+
 // Whether train.gradient_sum is exact once auto is resolved (exact for an
 // adapter, float for a full fine-tune).
 bool ExactGradientSum(const JobSpec& spec);
@@ -159,9 +172,10 @@ StatusOr<MergedJob> LoadJobWithOverrides(const std::string& file, const std::vec
 
 // The job.yaml ftd hands a worker: `yaml` (the stored job text, which parsed
 // as `spec`) with every path absolute, as `spec` resolved them, and the
-// batch plan fixed (train.micro_batch_size, train.gradient_accumulation), so
-// every attempt runs exactly what was planned for it.
+// batch plan fixed (train.micro_batch_size, train.gradient_accumulation,
+// resources.gpus = world, resources.min_gpus dropped), so every attempt runs
+// exactly what was planned for it.
 std::string ResolvedJobYaml(const JobSpec& spec, const std::string& yaml, int64_t micro_batch,
-                            int64_t accumulation);
+                            int64_t accumulation, int64_t world);
 
 }  // namespace ft

@@ -2,12 +2,10 @@
 // (FormatMetricsLine), ft-worker reads it back (ParseMetricsLine), both from
 // the one key table in metrics_line.cc (kMetricsKeys), so the two never
 // drift apart. Three shapes:
-//   step:  {"step","loss","lr","grad_norm","tokens","tokens_seen","tokens_per_s","step_seconds",
-//           "copy_wait_seconds","peak_bytes","peak_bytes_by_category"} and, when they apply,
-//           "checkpoint_seconds" (a checkpoint has been measured), "world", "allreduce_seconds",
-//           "gather_seconds" (several ranks; gathers under FSDP), "loss_scale", "skipped" (fp16;
-//           "grad_norm" is null for a skipped step)
-//   eval:  {"step","eval_loss","eval_tokens","eval_seconds"} after the step line of the same step
+//   step:  "step" and the step keys of kMetricsKeys (each with the condition under which it is
+//          written), "peak_bytes_by_category", and "skipped" under fp16 ("grad_norm" is null for
+//          a skipped step)
+//   eval:  "step" and the eval keys of kMetricsKeys, after the step line of the same step
 //   event: {"event":"checkpoint"|"preempted"|"failed"|"resume"|"interval", "step", ...}; an
 //          interval line (checkpoint.every: auto) has "why", "interval_seconds",
 //          "checkpoint_seconds" (C, 0 = not measured yet) and "mtbf_seconds" (M); an every_auto

@@ -202,6 +202,14 @@ Status CheckCudaTakesModel(const JobSpec& spec, const ModelConfig& model, const 
                                  "; use resources.device: cpu");
 }
 
+Status CheckSeqLenTakesModel(const JobSpec& spec, const ModelConfig& model) {
+  if (model.sliding_window <= 0 || spec.data.seq_len <= model.sliding_window) return Status::OK();
+  return Status::Unimplemented(
+      spec.file + ": data.seq_len " + std::to_string(spec.data.seq_len) +
+      " exceeds the model's sliding_window " + std::to_string(model.sliding_window) +
+      " (sliding-window attention is not implemented); use seq_len <= sliding_window");
+}
+
 PlanRequest PlanRequestFromJob(const JobSpec& spec, const ModelConfig& model, DeviceKind device,
                                int64_t world) {
   PlanRequest r;

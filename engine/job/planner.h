@@ -115,6 +115,13 @@ int64_t FixedMicroBatch(const JobSpec& spec, int64_t world);
 // ft-train checks before it loads the model, ftd when the job is submitted.
 Status CheckCudaTakesModel(const JobSpec& spec, const ModelConfig& model, const std::string& how);
 
+// OK unless the model has a sliding_window (config.json) shorter than
+// data.seq_len: then Unimplemented "<job file>: data.seq_len 64 exceeds the
+// model's sliding_window 32 (sliding-window attention is not implemented);
+// use seq_len <= sliding_window". ft-train checks before it loads the model,
+// ftd when the job is submitted.
+Status CheckSeqLenTakesModel(const JobSpec& spec, const ModelConfig& model);
+
 // Builds a request from a job and the model's config.
 PlanRequest PlanRequestFromJob(const JobSpec& spec, const ModelConfig& model, DeviceKind device,
                                int64_t world);

@@ -20,6 +20,11 @@
 // Errors: the first failed call is recorded; every later op is skipped and
 // Synchronize() returns it (engine/model/backend.h).
 //
+// Cost model: engine/model/cuda_cost.cc predicts, method by method, the
+// launches, FLOPs and bytes each op here issues (the same staging and
+// conversions), under the category names of cuda_op_names.h that the
+// FT_TIME_OP scopes here use: a change to what an op launches changes both.
+//
 // Determinism: every kernel here reduces in an order fixed by the shape (the
 // bias gradient walks rows in order, one thread per column), as kernels/cuda
 // does; results are bit-identical run to run, not to the CPU.
@@ -35,6 +40,7 @@
 #include <vector>
 
 #include "engine/model/backend.h"
+#include "engine/model/cuda_op_names.h"
 #include "engine/model/cuda_op_times.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_info.h"
@@ -197,7 +203,7 @@ class CudaBackend final : public Backend {
 
   void CopyToDevice(void* dst, const void* host_src, int64_t bytes) override {
     if (!status_.ok() || bytes <= 0) return;
-    FT_TIME_OP("copy host->device");
+    FT_TIME_OP(cuda_op::kCopyToDevice);
     Record(CudaStatus(
         cudaMemcpyAsync(dst, host_src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_),
         "cudaMemcpyAsync (host to device)"));
@@ -211,14 +217,14 @@ class CudaBackend final : public Backend {
   }
   void Copy(void* dst, const void* src, int64_t bytes) override {
     if (!status_.ok() || bytes <= 0) return;
-    FT_TIME_OP("copy device->device");
+    FT_TIME_OP(cuda_op::kCopy);
     Record(
         CudaStatus(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, stream_),
                    "cudaMemcpyAsync (device to device)"));
   }
   void Zero(float* x, int64_t n) override {
     if (!status_.ok() || n <= 0) return;
-    FT_TIME_OP("zero");
+    FT_TIME_OP(cuda_op::kZero);
     Record(CudaStatus(cudaMemsetAsync(x, 0, sizeof(float) * static_cast<size_t>(n), stream_),
                       "cudaMemsetAsync"));
   }
@@ -286,17 +292,17 @@ class CudaBackend final : public Backend {
       const float* a = StagedOperand(A, a_rows, a_cols, &lda, 0);
       const float* b = StagedOperand(B, b_rows, b_cols, &ldb, 1);
       if (!status_.ok()) return;
-      FT_TIME_OP("gemm fp32 (cuBLASLt)");
+      FT_TIME_OP(cuda_op::kGemmF32);
       Record(
           blas_->Gemm<float, float>(stream_, trans_a, trans_b, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc));
       return;
     }
     if (operands == GemmOperands::kF16) {
-      LowPrecisionGemm<cuda::fp16>("gemm fp16: operands to fp16", "gemm fp16 (cuBLASLt)", trans_a, trans_b, M,
-                                   N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+      LowPrecisionGemm<cuda::fp16>(cuda_op::kOperandsToF16, cuda_op::kGemmF16, trans_a, trans_b, M, N, K,
+                                   alpha, A, lda, B, ldb, beta, C, ldc);
     } else {
-      LowPrecisionGemm<cuda::bf16>("gemm bf16: operands to bf16", "gemm bf16 (cuBLASLt)", trans_a, trans_b, M,
-                                   N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+      LowPrecisionGemm<cuda::bf16>(cuda_op::kOperandsToBf16, cuda_op::kGemmBf16, trans_a, trans_b, M, N, K,
+                                   alpha, A, lda, B, ldb, beta, C, ldc);
     }
   }
   // bf16/fp16 operands (Operand16), then cuBLASLt 16-bit x 16-bit -> fp32 (fp32 compute).
@@ -335,7 +341,7 @@ class CudaBackend final : public Backend {
     float* ys = StagedOut(y, rows * D, 1);
     if (!status_.ok()) return;
     {
-      FT_TIME_OP("rmsnorm forward");
+      FT_TIME_OP(cuda_op::kRmsNormForward);
       Record(cuda::RmsNormForward<float>(xs, w, rows, D, eps, ys, rstd, stream_));
     }
     Unstage(ys, rows * D, y);
@@ -344,7 +350,7 @@ class CudaBackend final : public Backend {
                        int64_t D, float* dx, float* dw) override {
     const float* xs = Staged(x, rows * D, 0);
     if (!status_.ok()) return;
-    FT_TIME_OP("rmsnorm backward");
+    FT_TIME_OP(cuda_op::kRmsNormBackward);
     float* ws = nullptr;
     if (dw != nullptr) ws = Workspace(rms_ws_, cuda::RmsNormBackwardWorkspaceFloats(rows, D) * 4);
     if (!status_.ok()) return;
@@ -356,7 +362,7 @@ class CudaBackend final : public Backend {
     float* xs = const_cast<float*>(Staged(x, n, 0));
     if (!status_.ok()) return;
     {
-      FT_TIME_OP("rope");
+      FT_TIME_OP(cuda_op::kRope);
       Record(cuda::RopeApply<float>(xs, rows, heads, hd, positions, cos_table, sin_table, inverse, stream_));
     }
     Unstage(xs, n, x);
@@ -373,7 +379,7 @@ class CudaBackend final : public Backend {
     float* os = StagedOut(out, q_n, 3);
     if (!status_.ok()) return;
     {
-      FT_TIME_OP("attention forward");
+      FT_TIME_OP(cuda_op::kAttentionForward);
       Record(cuda::AttentionForward<float>(s, qs, ks, vs, segments, os, lse, stream_, Math(operands)));
     }
     Unstage(os, q_n, out);
@@ -386,7 +392,7 @@ class CudaBackend final : public Backend {
     const float *qs = Staged(q, q_n, 0), *ks = Staged(k, kv_n, 1), *vs = Staged(v, kv_n, 2),
                 *os = Staged(out, q_n, 3);
     if (!status_.ok()) return;
-    FT_TIME_OP("attention backward");
+    FT_TIME_OP(cuda_op::kAttentionBackward);
     float* ws = Workspace(att_ws_, cuda::AttentionBackwardWorkspaceFloats(s) * 4);
     if (!status_.ok()) return;
     Record(cuda::AttentionBackward<float>(s, qs, ks, vs, segments, os, lse, dout, dq, dk, dv, ws, stream_,
@@ -397,7 +403,7 @@ class CudaBackend final : public Backend {
     float* hs = StagedOut(h, n, 2);
     if (!status_.ok()) return;
     {
-      FT_TIME_OP("swiglu forward");
+      FT_TIME_OP(cuda_op::kSwiGluForward);
       Record(cuda::SwiGluForward<float>(gs, us, n, hs, stream_));
     }
     Unstage(hs, n, h);
@@ -406,7 +412,7 @@ class CudaBackend final : public Backend {
                       float* dup) override {
     const float *gs = Staged(gate, n, 0), *us = Staged(up, n, 1);
     if (!status_.ok()) return;
-    FT_TIME_OP("swiglu backward");
+    FT_TIME_OP(cuda_op::kSwiGluBackward);
     Record(cuda::SwiGluBackward<float>(gs, us, dh, n, dgate, dup, stream_));
   }
   void EmbeddingForward(ConstAct table, const int32_t* ids, int64_t rows, int64_t D, Act out) override {
@@ -416,7 +422,7 @@ class CudaBackend final : public Backend {
         Record(Status::InvalidArgument("EmbeddingForward: a 16-bit table needs an output of its type"));
         return;
       }
-      FT_TIME_OP("embedding forward (16-bit rows)");
+      FT_TIME_OP(cuda_op::kEmbeddingForward16);
       GatherRows16Kernel<<<BlocksFor(rows * D, kThreads), kThreads, 0, stream_>>>(
           table.as<uint16_t>(), ids, rows, D, out.as<uint16_t>());
       Record(LaunchStatus("GatherRows16Kernel"));
@@ -425,7 +431,7 @@ class CudaBackend final : public Backend {
     float* os = StagedOut(out, rows * D, 0);
     if (!status_.ok()) return;
     {
-      FT_TIME_OP("embedding forward");
+      FT_TIME_OP(cuda_op::kEmbeddingForward);
       Record(cuda::EmbeddingForward<float>(table.as<float>(), ids, rows, D, os, stream_));
     }
     Unstage(os, rows * D, out);
@@ -433,13 +439,13 @@ class CudaBackend final : public Backend {
   void EmbeddingBackward(const float* dout, const int32_t* ids, int64_t rows, int64_t D,
                          float* dtable) override {
     if (!status_.ok()) return;
-    FT_TIME_OP("embedding backward");
+    FT_TIME_OP(cuda_op::kEmbeddingBackward);
     Record(cuda::EmbeddingBackward<float>(dout, ids, rows, D, dtable, stream_));
   }
   void CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V, float grad_scale,
                     float* dlogits, double* loss_sum) override {
     if (!status_.ok()) return;
-    FT_TIME_OP("cross entropy");
+    FT_TIME_OP(cuda_op::kCrossEntropy);
     float* row_loss = Workspace(row_loss_, rows * 4);
     if (!status_.ok()) return;
     Record(cuda::CrossEntropy<float>(logits, targets, rows, V, grad_scale, dlogits, row_loss, loss_sum,
@@ -447,7 +453,7 @@ class CudaBackend final : public Backend {
   }
   void DequantizeNf4(const cpu::Nf4Layout& layout, const void* blob, float* out) override {
     if (!status_.ok()) return;
-    FT_TIME_OP("nf4 dequantize");
+    FT_TIME_OP(cuda_op::kNf4Dequantize);
     const auto* base = static_cast<const uint8_t*>(blob);
     cuda::Nf4DeviceTensor t;
     t.n = layout.n;
@@ -467,28 +473,28 @@ class CudaBackend final : public Backend {
     if (!status_.ok() || n <= 0) return;
     const float* xs = Staged(x, n, 0);
     if (!status_.ok()) return;
-    FT_TIME_OP("axpy");
+    FT_TIME_OP(cuda_op::kAxpy);
     Record(cuda::Axpy<float>(n, alpha, xs, y, stream_));
   }
   void Scale(int64_t n, float alpha, float* x) override {
     if (!status_.ok() || n <= 0) return;
-    FT_TIME_OP("scale");
+    FT_TIME_OP(cuda_op::kScale);
     Record(cuda::Scale<float>(n, alpha, x, stream_));
   }
   void AddBias(float* y, const float* bias, int64_t rows, int64_t n) override {
     if (!status_.ok() || rows * n <= 0) return;
-    FT_TIME_OP("bias add");
+    FT_TIME_OP(cuda_op::kBiasAdd);
     AddBiasKernel<<<BlocksFor(rows * n, kThreads), kThreads, 0, stream_>>>(y, bias, rows, n);
     Record(LaunchStatus("AddBiasKernel"));
   }
   void BiasGrad(const float* dy, int64_t rows, int64_t n, float* dbias) override {
     if (!status_.ok() || n <= 0) return;
-    FT_TIME_OP("bias grad");
+    FT_TIME_OP(cuda_op::kBiasGrad);
     BiasGradKernel<<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(dy, rows, n, dbias);
     Record(LaunchStatus("BiasGradKernel"));
   }
-  void RoundToBf16(float* x, int64_t n) override { RoundInPlace<cuda::bf16>(x, n, "bf16 rounding"); }
-  void RoundToFp16(float* x, int64_t n) override { RoundInPlace<cuda::fp16>(x, n, "fp16 rounding"); }
+  void RoundToBf16(float* x, int64_t n) override { RoundInPlace<cuda::bf16>(x, n, cuda_op::kRoundBf16); }
+  void RoundToFp16(float* x, int64_t n) override { RoundInPlace<cuda::fp16>(x, n, cuda_op::kRoundF16); }
   template <typename T>
   void RoundInPlace(float* x, int64_t n, const char* name) {
     if (!status_.ok() || n <= 0) return;
@@ -502,7 +508,7 @@ class CudaBackend final : public Backend {
       Copy(out.data, x.data, n * ActDTypeBytes(x.dtype));
       return;
     }
-    FT_TIME_OP("convert (typed storage)");
+    FT_TIME_OP(cuda_op::kConvert);
     const unsigned blocks = BlocksFor(n, kThreads);
     if (x.dtype == ActDType::kF32 && out.dtype == ActDType::kBF16) {
       ToLowPrecisionKernel<cuda::bf16>
@@ -534,7 +540,7 @@ class CudaBackend final : public Backend {
   }
   double SumSquares(const float* x, int64_t n) override {
     if (!status_.ok()) return 0.0;
-    FT_TIME_OP("sum of squares");
+    FT_TIME_OP(cuda_op::kSumSquares);
     double* ws = ss_ws_.as<double>();
     double* out = ws + cuda::SumSquaresWorkspaceDoubles();
     Record(cuda::SumSquares<float>(x, n, ws, out, false, stream_));
@@ -545,7 +551,7 @@ class CudaBackend final : public Backend {
   void AdamW(const cpu::AdamWParams& hp, int64_t n, float* param, const float* grad, float* m,
              float* v) override {
     if (!status_.ok() || n <= 0) return;
-    FT_TIME_OP("adamw");
+    FT_TIME_OP(cuda_op::kAdamW);
     Record(cuda::AdamW<float>(hp, n, param, grad, m, v, static_cast<float*>(nullptr), nullptr, nullptr,
                               stream_));
   }
@@ -633,7 +639,7 @@ class CudaBackend final : public Backend {
     if (x.dtype == ActDType::kF32) return x.as<float>();
     float* tmp = Workspace(stage_ws_[slot], rows * cols * 4);
     if (!status_.ok()) return nullptr;
-    FT_TIME_OP("gemm: 16-bit operand to fp32");
+    FT_TIME_OP(cuda_op::kOperandToF32);
     if (x.dtype == ActDType::kBF16) {
       ToFloatKernel<cuda::bf16><<<BlocksFor(rows * cols, kThreads), kThreads, 0, stream_>>>(
           x.as<cuda::bf16>(), rows, cols, *ld, tmp);
@@ -656,7 +662,7 @@ class CudaBackend final : public Backend {
   }
   void LaunchDropout(const DropoutKey& key, const float* x, int64_t rows, int64_t in, float* out, bool add) {
     if (!status_.ok() || rows * in <= 0) return;
-    FT_TIME_OP("dropout");
+    FT_TIME_OP(cuda_op::kDropout);
     const float keep_scale = static_cast<float>(1.0 / (1.0 - key.p));
     DropoutKernel<<<BlocksFor(rows * in, kThreads), kThreads, 0, stream_>>>(key, keep_scale, x, rows, in, out,
                                                                             add);

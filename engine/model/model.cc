@@ -210,6 +210,17 @@ DeviceBuffer Model::AllocFrozen(int64_t bytes) {
              : backend_->AllocBytes(bytes, MemCategory::kWeights);
 }
 
+void Model::ReserveNf4Weights() {
+  if (!options_.nf4) return;
+  for (auto& layer : layers_) {
+    for (Linear& lin : layer.proj) {
+      if (!lin.nf4.empty()) continue;
+      lin.nf4_layout = cpu::Nf4BlobLayoutFor(lin.in * lin.out, options_.nf4_config);
+      lin.nf4 = AllocFrozen(lin.nf4_layout.bytes);
+    }
+  }
+}
+
 void Model::SetLinearWeight(Linear* lin, const float* values) {
   const int64_t n = lin->in * lin->out;
   cpu::Nf4Tensor q;

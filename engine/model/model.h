@@ -227,6 +227,11 @@ class Model {
   // here; they are quantized to NF4 (or rounded to 16 bits, to nearest even)
   // on the host and uploaded to the backend.
   void SetLinearWeight(Linear* lin, const float* values);
+  // With options.nf4: gives every linear without one its NF4 storage at the
+  // layout QuantizeNf4 would give it (cpu::Nf4BlobLayoutFor), its values left
+  // as the backend's memory holds them (zeros): a model of the right shape
+  // without quantizing anything, for the CUDA cost model.
+  void ReserveNf4Weights();
   // The values of a linear held in 16-bit codes, on the host (exact).
   // FailedPrecondition for an NF4 one (merge it first: MergeLora).
   StatusOr<std::vector<float>> LinearValues(const Linear& lin) const;

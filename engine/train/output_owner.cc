@@ -2,10 +2,10 @@
 
 #include <unistd.h>
 
-#include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "common/clock.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 
@@ -44,9 +44,7 @@ OutputOwner::OutputOwner(std::string dir, std::string job_id, int64_t epoch)
     : dir_(std::move(dir)), job_id_(std::move(job_id)), epoch_(epoch) {}
 
 Status OutputOwner::WriteToken() {
-  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          std::chrono::system_clock::now().time_since_epoch())
-                          .count();
+  const int64_t now = WallNowMs();
   nlohmann::json j = {{"job_id", job_id_},
                       {"epoch", epoch_},
                       {"pid", static_cast<int64_t>(::getpid())},

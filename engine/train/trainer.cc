@@ -67,16 +67,38 @@ Status RequireFiniteWeights(const JobSpec& spec, const CheckpointContents& c) {
 
 }  // namespace
 
+ModelOptions JobModelOptions(const JobSpec& spec, std::shared_ptr<Backend> backend) {
+  ModelOptions options;
+  options.dtype = spec.model.dtype;
+  options.activation_checkpointing = spec.train.activation_checkpointing != ActivationCheckpointing::kOff;
+  options.offload_activations = spec.train.activation_checkpointing == ActivationCheckpointing::kOffload;
+  options.cpu_offload = spec.train.cpu_offload;
+  options.naive_attention = spec.train.attention == AttentionKind::kNaive;
+  options.nf4 = spec.model.quantization == Quantization::kNf4;
+  options.nf4_config = {64, spec.model.double_quant, 256};
+  options.backend = std::move(backend);
+  return options;
+}
+
+OptimizerConfig JobOptimizerConfig(const JobSpec& spec) {
+  return {spec.train.adam_beta1, spec.train.adam_beta2, spec.train.adam_eps, spec.train.weight_decay,
+          spec.train.max_grad_norm};
+}
+
 StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec, const ModelConfig& model, int64_t device_bytes,
                                     int64_t world) {
   const auto& t = spec.train;
   BatchPlan plan;
   plan.world = world;
-  if (spec.resources.gpus != world) {
+  if (!AllowedWorld(spec, world)) {
+    const bool elastic = spec.resources.min_gpus < spec.resources.gpus;
     return Status::InvalidArgument(
-        spec.file + ": resources.gpus asks for " + std::to_string(spec.resources.gpus) + " ranks but " +
-        std::to_string(world) + " started; start one ft-train per rank with --world " +
-        std::to_string(spec.resources.gpus) +
+        spec.file + ": resources.gpus asks for " +
+        (elastic ? std::to_string(spec.resources.min_gpus) + ".." : std::string()) +
+        std::to_string(spec.resources.gpus) + " ranks but " + std::to_string(world) + " started" +
+        (elastic ? " (and an elastic job's world must split global_batch_size into whole micro-batches)"
+                 : std::string()) +
+        "; start one ft-train per rank with --world " + std::to_string(spec.resources.gpus) +
         " --rank R --rendezvous HOST:PORT, or set gpus: " + std::to_string(world));
   }
   if (t.micro_batch_size == 0 && t.gradient_accumulation > 0 &&
@@ -180,15 +202,7 @@ Status Trainer::BuildModel(const ModelConfig& config, std::shared_ptr<Backend> b
   const std::string& f = spec.file;
   const int world = ranks_->world();
   const bool fsdp = world > 1 && spec.distributed.strategy == DistributedStrategy::kFsdp;
-  ModelOptions options;
-  options.dtype = spec.model.dtype;
-  options.activation_checkpointing = spec.train.activation_checkpointing != ActivationCheckpointing::kOff;
-  options.offload_activations = spec.train.activation_checkpointing == ActivationCheckpointing::kOffload;
-  options.cpu_offload = spec.train.cpu_offload;
-  options.naive_attention = spec.train.attention == AttentionKind::kNaive;
-  options.nf4 = spec.model.quantization == Quantization::kNf4;
-  options.nf4_config = {64, spec.model.double_quant, 256};
-  options.backend = backend;
+  ModelOptions options = JobModelOptions(spec, backend);
   Collective* collective = ranks_.get();
   auto all_gather = GatherOn(collective);
   if (fsdp) options.shard = {collective->rank(), world, all_gather};
@@ -238,8 +252,7 @@ void Trainer::BuildOptimizer(std::shared_ptr<Backend> backend) {
   const bool fsdp = world > 1 && spec.distributed.strategy == DistributedStrategy::kFsdp;
   Collective* collective = ranks_.get();
   auto all_gather = GatherOn(collective);
-  OptimizerConfig oc{spec.train.adam_beta1, spec.train.adam_beta2, spec.train.adam_eps,
-                     spec.train.weight_decay, spec.train.max_grad_norm};
+  const OptimizerConfig oc = JobOptimizerConfig(spec);
   OptimizerSharding optimizer_shard;
   if (fsdp) optimizer_shard = {collective->rank(), world, all_gather};
   optimizer_ =
@@ -261,12 +274,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, std::uni
   FT_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, ChooseBackend(spec, config));
   FT_ASSIGN_OR_RETURN(auto memory, backend->MemoryInfo());  // {free, total} bytes of the device
   FT_ASSIGN_OR_RETURN(tr->plan_, ChooseBatchPlan(spec, config, memory.first, tr->ranks_->world()));
-  if (config.sliding_window > 0 && spec.data.seq_len > config.sliding_window) {
-    return Status::Unimplemented(
-        spec.file + ": data.seq_len " + std::to_string(spec.data.seq_len) +
-        " exceeds the model's sliding_window " + std::to_string(config.sliding_window) +
-        " (sliding-window attention is not implemented); use seq_len <= sliding_window");
-  }
+  FT_RETURN_IF_ERROR(CheckSeqLenTakesModel(spec, config));
   FT_RETURN_IF_ERROR(tr->BuildModel(config, backend));
   FT_RETURN_IF_ERROR(tr->OpenData(config));
   tr->BuildOptimizer(backend);

@@ -274,6 +274,13 @@ class Trainer {
   std::unique_ptr<CheckpointWriter> writer_;
 };
 
+// The model's options for `spec` on `backend` (dtype, NF4, checkpointing,
+// offloads, attention form; one rank: no sharding) and its optimizer's
+// hyperparameters: what a trainer builds, and what the cost model
+// (engine/train/step_cost.h) runs.
+ModelOptions JobModelOptions(const JobSpec& spec, std::shared_ptr<Backend> backend);
+OptimizerConfig JobOptimizerConfig(const JobSpec& spec);
+
 // Chooses micro-batch and accumulation for `spec` (micro × accumulation ×
 // world = global_batch_size exactly): the job's numbers when given, else the
 // planner's choice for `device_bytes`. InvalidArgument when impossible,

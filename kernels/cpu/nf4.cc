@@ -319,6 +319,19 @@ void Nf4BlockScales(const Nf4Tensor& q, float* scale) { BlockScales(ViewOf(q), s
 
 void DequantizeNf4(const Nf4Tensor& q, float* out) { Dequantize(ViewOf(q), out); }
 
+Nf4Layout Nf4BlobLayoutFor(int64_t n, const Nf4Config& config) {
+  Nf4Layout l;
+  l.n = n;
+  l.config = config;
+  const int64_t blocks = l.num_blocks();
+  l.absmax_at = Align16((n + 1) / 2);
+  const int64_t scales = config.double_quant ? blocks : blocks * static_cast<int64_t>(sizeof(float));
+  l.absmax2_at = Align16(l.absmax_at + scales);
+  l.absmax2_n = config.double_quant ? (blocks + config.dq_block - 1) / config.dq_block : 0;
+  l.bytes = l.absmax2_at + l.absmax2_n * static_cast<int64_t>(sizeof(float));
+  return l;
+}
+
 Nf4Layout Nf4BlobLayout(const Nf4Tensor& q) {
   Nf4Layout l;
   l.n = q.n;

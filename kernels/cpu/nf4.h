@@ -79,6 +79,10 @@ struct Nf4Layout {
   int64_t num_blocks() const { return (n + config.block - 1) / config.block; }
 };
 Nf4Layout Nf4BlobLayout(const Nf4Tensor& q);
+// The layout QuantizeNf4 gives any tensor of n values under `config` (its
+// offset 0): the sizes alone, for what needs the blob's shape without its
+// values (the CUDA cost model).
+Nf4Layout Nf4BlobLayoutFor(int64_t n, const Nf4Config& config);
 // Writes q into blob[layout.bytes] (layout = Nf4BlobLayout(q)); padding is zero.
 void PackNf4Blob(const Nf4Tensor& q, const Nf4Layout& layout, uint8_t* blob);
 // out[layout.n] = DequantizeNf4 of the tensor packed in `blob`, bit for bit.

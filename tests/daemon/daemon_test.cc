@@ -19,6 +19,7 @@
 #include "engine/job/job_spec.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/trainer.h"
+#include "tests/support/temp_dir.h"
 
 namespace ft {
 namespace {
@@ -47,10 +48,7 @@ class FakeSink : public WorkerSink {
 class DaemonTest : public testing::Test {
  protected:
   void SetUp() override {
-    dir_ = (fs::path(testing::TempDir()) /
-            ("daemon-" + std::string(testing::UnitTest::GetInstance()->current_test_info()->name())))
-               .string();
-    fs::remove_all(dir_);
+    dir_ = testing_support::FreshDir(testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_ + "/job");
     Model model(*PresetModelConfig("tiny-llama"), {});
     RandomInitModel(&model, 1);
@@ -67,6 +65,7 @@ class DaemonTest : public testing::Test {
     o.requeue_backoff_ms = 1000;
     o.allowed_roots = std::move(allowed_roots);
     if (lease_ms_ > 0) o.lease_ms = lease_ms_;
+    o.tick_ms = tick_ms_;
     daemon_ = std::make_unique<Daemon>(std::move(*store), &clock_, o);
   }
   std::string Submit(int priority = 0, const std::string& extra = "", const std::string& train_extra = "") {
@@ -125,6 +124,7 @@ class DaemonTest : public testing::Test {
 
   std::string dir_;
   int64_t lease_ms_ = 0;  // 0: DaemonOptions' default
+  int64_t tick_ms_ = 0;   // DaemonOptions::tick_ms (0: no tick is late)
   FakeClock clock_;
   std::unique_ptr<Daemon> daemon_;
 };
@@ -925,6 +925,32 @@ TEST_F(DaemonTest, ACudaJobOfAModelTheKernelsRefuseIsRefusedAtSubmission) {
   EXPECT_TRUE(submit("auto").ok());
 }
 
+// A seq_len past the model's sliding_window (sliding-window attention is not implemented) used
+// to be queued and fail only when a trainer started; ftd now refuses it at submission with the
+// trainer's message, and stores nothing. A seq_len within the window is accepted.
+TEST_F(DaemonTest, ASeqLenPastTheModelsSlidingWindowIsRefusedAtSubmission) {
+  std::string config = *ReadFileToString(dir_ + "/job/model/config.json");
+  config.insert(config.find('{') + 1, "\"use_sliding_window\": true, \"sliding_window\": 32,");
+  fs::create_directories(dir_ + "/job/windowed");
+  std::ofstream(dir_ + "/job/windowed/config.json") << config;
+  auto submit = [&](int seq_len) {
+    pb::SubmitRequest req;
+    req.set_spec_yaml("model: {path: windowed}\ndata: {train: data.jsonl, format: tokens, seq_len: " +
+                      std::to_string(seq_len) +
+                      "}\ntrain: {max_steps: 1, global_batch_size: 1}\noutput: {dir: o}\n");
+    req.set_spec_dir(dir_ + "/job");
+    return daemon_->Submit(req);
+  };
+  auto refused = submit(64);
+  ASSERT_EQ(refused.status().code(), Status::Code::kUnimplemented) << refused.status().ToString();
+  EXPECT_EQ(refused.status().message(),
+            dir_ +
+                "/job/job.yaml: data.seq_len 64 exceeds the model's sliding_window 32 (sliding-window "
+                "attention is not implemented); use seq_len <= sliding_window");
+  EXPECT_EQ(daemon_->ListJobs({})->jobs_size(), 0);
+  EXPECT_TRUE(submit(32).ok());
+}
+
 // Choices no trainer combines (a full fine-tune of NF4 weights, of offloaded weights, or sharded
 // over ranks by fsdp) used to be queued and fail when a trainer started (Trainer::Create); ftd now
 // refuses them at submission with the job file's line, and queues nothing.
@@ -1160,6 +1186,153 @@ TEST_F(DaemonTest, AMessageThatArrivedAndWaitsForTheDaemonKeepsItsWorkersLease) 
   daemon_->Tick();
   EXPECT_EQ(Job(id).state(), pb::QUEUED);
   EXPECT_EQ(Job(id).preemptions(), 1);
+}
+
+// ftd itself stalled (descheduled, SIGSTOP, swap): the tick thread runs 5 s late, longer than the
+// lease, while no lock was held. Workers heard just before lose nothing: the tick's lateness is
+// ftd's stall, credited to every lease; silence past the credit still expires them.
+TEST_F(DaemonTest, ATickRunningLateLongerThanTheLeaseCostsNoWorkerItsLease) {
+  lease_ms_ = 3'000;
+  tick_ms_ = 200;
+  Reopen();
+  const std::string id = Submit();
+  FakeSink w1, w2;
+  Register("w1", &w1);
+  daemon_->Tick();
+  Register("w2", &w2);  // idle
+  ASSERT_EQ(Job(id).state(), pb::RUNNING);
+  clock_.Advance(200);
+  Heartbeat("w1", &w1, id, 1, 3);
+  daemon_->Tick();  // on time
+  const int64_t credited = daemon_->stall_ms_total();
+  clock_.Advance(5'000);  // the next tick was due 200 ms after the last: 4.8 s late
+  daemon_->Tick();
+  auto workers = daemon_->ListWorkers();
+  ASSERT_TRUE(workers.ok());
+  for (const auto& w : workers->workers()) EXPECT_TRUE(w.alive()) << w.id();
+  EXPECT_EQ(Job(id).state(), pb::RUNNING);
+  EXPECT_EQ(Job(id).preemptions(), 0);
+  EXPECT_EQ(w1.Count(pb::DaemonCommand::kRefused), 0);
+  EXPECT_GE(daemon_->stall_ms_total() - credited, 4'800);
+  // Ticks on time from now on: silence past the lease beyond the credit expires it.
+  int64_t silent_ms = 0;
+  while (Job(id).state() == pb::RUNNING && silent_ms < 10'000) {
+    clock_.Advance(200);
+    silent_ms += 200;
+    daemon_->Tick();
+  }
+  EXPECT_EQ(Job(id).state(), pb::QUEUED);
+  EXPECT_EQ(Job(id).preemptions(), 1);
+  EXPECT_GT(silent_ms, 3'000 - 200);  // 200 ms of the 5 s were the worker's own silence
+  EXPECT_LE(silent_ms, 3'000);
+}
+
+// A heartbeat like the worker's previous one (same devices, no progress) with no device-memory
+// sample due.
+pb::WorkerMessage QuietHeartbeat(int64_t free_bytes = int64_t{8} << 30) {
+  pb::WorkerMessage m;
+  pb::Device* d = m.mutable_heartbeat()->add_devices();
+  d->set_kind("cpu");
+  d->set_total_bytes(int64_t{8} << 30);
+  d->set_free_bytes(free_bytes);
+  return m;
+}
+
+// The hot path: a heartbeat that changes nothing ftd keeps is handled without the daemon's lock,
+// and still keeps its worker's lease, for as long as the worker sends it.
+TEST_F(DaemonTest, IdenticalHeartbeatsKeepTheLeaseWithoutTheDaemonsLock) {
+  lease_ms_ = 1'200;  // shorter than the memory sample's period: the quiet heartbeats alone keep it
+  Reopen();
+  FakeSink w;
+  Register("w", &w);
+  daemon_->OnWorkerMessage("w", &w, QuietHeartbeat());  // applied under the lock: the reference
+  const int64_t locked = daemon_->message_latency().count() - daemon_->quiet_heartbeats();
+  const int64_t memory_sample_ms = daemon_->options().memory_sample_ms;
+  constexpr int64_t kHeartbeats = 25;  // every 500 ms: eight leases and more
+  for (int64_t i = 0; i < kHeartbeats; ++i) {
+    clock_.Advance(500);
+    daemon_->OnWorkerMessage("w", &w, QuietHeartbeat());
+    daemon_->Tick();
+  }
+  auto workers = daemon_->ListWorkers();
+  ASSERT_TRUE(workers.ok());
+  ASSERT_EQ(workers->workers_size(), 1);
+  EXPECT_TRUE(workers->workers(0).alive());
+  auto events = daemon_->ListEvents(pb::ListEventsRequest());
+  ASSERT_TRUE(events.ok());
+  for (const pb::Event& e : events->events()) EXPECT_NE(e.kind(), "worker_lost") << e.message();
+  // The store's last-seen time is the quiet heartbeats' (FlushSeen).
+  EXPECT_EQ(workers->workers(0).last_heartbeat_ms(), clock_.WallMs());
+  // Every heartbeat but the device-memory samples (one per memory_sample_ms) was quiet.
+  const int64_t samples = kHeartbeats * 500 / memory_sample_ms;
+  ASSERT_GT(samples, 0);
+  EXPECT_EQ(daemon_->quiet_heartbeats(), kHeartbeats - samples);
+  EXPECT_EQ(daemon_->message_latency().count() - daemon_->quiet_heartbeats(), locked + samples);
+}
+
+// What ftd keeps changes: the heartbeat takes the locked path and is applied.
+TEST_F(DaemonTest, AHeartbeatThatChangesSomethingIsAppliedUnderTheLock) {
+  FakeSink w;
+  Register("w", &w);
+  const std::string id = Submit();
+  daemon_->Tick();
+  ASSERT_EQ(Job(id).state(), pb::RUNNING);
+  daemon_->OnWorkerMessage("w", &w, QuietHeartbeat());
+  daemon_->OnWorkerMessage("w", &w, QuietHeartbeat());
+  ASSERT_EQ(daemon_->quiet_heartbeats(), 1);
+  daemon_->OnWorkerMessage("w", &w, QuietHeartbeat(int64_t{5} << 30));  // memory changed
+  EXPECT_EQ(daemon_->quiet_heartbeats(), 1);
+  auto workers = daemon_->ListWorkers();
+  ASSERT_TRUE(workers.ok());
+  ASSERT_EQ(workers->workers(0).devices_size(), 1);
+  EXPECT_EQ(workers->workers(0).devices(0).free_bytes(), int64_t{5} << 30);
+  Heartbeat("w", &w, id, 1, 7);  // progress
+  EXPECT_EQ(daemon_->quiet_heartbeats(), 1);
+  EXPECT_EQ(Job(id).steps_done(), 7);
+  // A registration changes the session's facts: the same heartbeat is applied again.
+  daemon_->OnWorkerMessage("w", &w, QuietHeartbeat(int64_t{5} << 30));
+  daemon_->OnWorkerMessage("w", &w, QuietHeartbeat(int64_t{5} << 30));
+  ASSERT_EQ(daemon_->quiet_heartbeats(), 2);
+  Register("w", &w, int64_t{16} << 30, 0, {{id, 1}});
+  daemon_->OnWorkerMessage("w", &w, QuietHeartbeat(int64_t{5} << 30));
+  EXPECT_EQ(daemon_->quiet_heartbeats(), 2);
+  workers = daemon_->ListWorkers();
+  ASSERT_TRUE(workers.ok());
+  EXPECT_EQ(workers->workers(0).devices(0).free_bytes(), int64_t{5} << 30);
+}
+
+// A worker declared lost whose next heartbeat is the same as before: it takes the locked path
+// and announces the worker back (the lost lease disarmed its quiet path).
+TEST_F(DaemonTest, AQuietHeartbeatAfterTheWorkerWasLostAnnouncesItBack) {
+  lease_ms_ = 3'000;
+  Reopen();
+  FakeSink w;
+  Register("w", &w);
+  pb::WorkerMessage same;  // no devices: no memory sample is ever due
+  same.mutable_heartbeat()->set_slot_end_ms(clock_.WallMs() + 3'600'000);
+  daemon_->OnWorkerMessage("w", &w, same);
+  clock_.Advance(1'000);
+  daemon_->OnWorkerMessage("w", &w, same);
+  ASSERT_EQ(daemon_->quiet_heartbeats(), 1);
+  clock_.Advance(3'500);
+  daemon_->Tick();
+  auto workers = daemon_->ListWorkers();
+  ASSERT_TRUE(workers.ok());
+  ASSERT_FALSE(workers->workers(0).alive());
+  daemon_->OnWorkerMessage("w", &w, same);
+  EXPECT_EQ(daemon_->quiet_heartbeats(), 1);
+  workers = daemon_->ListWorkers();
+  ASSERT_TRUE(workers.ok());
+  EXPECT_TRUE(workers->workers(0).alive());
+  auto events = daemon_->ListEvents(pb::ListEventsRequest());
+  ASSERT_TRUE(events.ok());
+  std::vector<std::string> kinds;
+  for (const pb::Event& e : events->events()) kinds.push_back(e.kind() + ": " + e.message());
+  EXPECT_THAT(kinds, testing::Contains("worker_joined: worker w is back"));
+  // And the next one is quiet again.
+  clock_.Advance(500);
+  daemon_->OnWorkerMessage("w", &w, same);
+  EXPECT_EQ(daemon_->quiet_heartbeats(), 2);
 }
 
 }  // namespace

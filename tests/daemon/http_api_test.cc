@@ -23,6 +23,7 @@
 #include "daemon/http_server.h"
 #include "engine/io/hf_model.h"
 #include "tests/daemon/http_test_util.h"
+#include "tests/support/temp_dir.h"
 
 namespace ft {
 namespace {
@@ -45,10 +46,7 @@ class FakeSink : public WorkerSink {
 class HttpApiTest : public testing::Test {
  protected:
   void SetUp() override {
-    dir_ = (fs::path(testing::TempDir()) /
-            ("http-" + std::string(testing::UnitTest::GetInstance()->current_test_info()->name())))
-               .string();
-    fs::remove_all(dir_);
+    dir_ = testing_support::FreshDir(testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_ + "/job");
     fs::create_directories(dir_ + "/web/node_modules/uplot/dist");
     Model model(*PresetModelConfig("tiny-llama"), {});

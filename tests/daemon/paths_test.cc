@@ -14,6 +14,7 @@
 
 #include "daemon/daemon.h"
 #include "engine/io/hf_model.h"
+#include "tests/support/temp_dir.h"
 
 namespace ft {
 namespace {
@@ -31,10 +32,7 @@ class FakeSink : public WorkerSink {
 class PathsTest : public testing::Test {
  protected:
   void SetUp() override {
-    dir_ = (fs::path(testing::TempDir()) /
-            ("paths-" + std::string(testing::UnitTest::GetInstance()->current_test_info()->name())))
-               .string();
-    fs::remove_all(dir_);
+    dir_ = testing_support::FreshDir(testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_ + "/job");
     Model model(*PresetModelConfig("tiny-llama"), {});
     RandomInitModel(&model, 1);

@@ -125,6 +125,49 @@ TEST(SchedulerTest, AClassThatFailedIsTriedAgainOnlyAfterAWorkerIsTaken) {
   EXPECT_EQ(FormatWaitReason(r.waiting[1].second), "waits: every worker is busy");
 }
 
+// An elastic job (gpus 4, min_gpus 1, a fixed micro-batch of 2 in a global batch of 8: 4 units)
+// gets the most ranks it can have now: 2 on two one-device workers, 4 once a worker with two more
+// devices comes, 1 on one device; 3 devices give 2 (3 ranks would not split the 4 micro-batches);
+// with none it waits for the least it needs. A rigid 4-rank job of the same shape waits on 3.
+TEST(SchedulerTest, AnElasticJobStartsWithTheMostRanksThatSplitItsBatch) {
+  PlacementClasses classes;
+  JobView job = TinyJob("e", 1, classes);
+  job.gpus = 4;
+  job.min_gpus = 1;
+  job.fixed_micro_batch = 2;
+  job.batch_units = 4;
+  job.placement_class = classes.Of(job);
+  const int64_t bytes = 4 * job.min_bytes_cpu;
+  const auto ranks_with = [&](const std::vector<WorkerView>& workers) -> std::vector<std::string> {
+    ScheduleResult r = Schedule({&job}, workers, 0, {});
+    if (r.placements.empty()) return {FormatWaitReason(r.waiting.at(0).second)};
+    std::vector<std::string> out;
+    for (const RankSlot& s : r.placements[0].ranks) out.push_back(s.worker_id);
+    EXPECT_EQ(r.placements[0].plan.world, static_cast<int64_t>(out.size()));
+    EXPECT_EQ(r.placements[0].plan.micro_batch, 2);
+    EXPECT_EQ(r.placements[0].plan.accumulation, 4 / r.placements[0].plan.world);
+    return out;
+  };
+  WorkerView pair = CpuWorker("pair", bytes);
+  pair.devices.push_back({DeviceKind::kCpu, 1, bytes, bytes});
+  EXPECT_EQ(ranks_with({CpuWorker("a", bytes), CpuWorker("b", bytes)}), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(ranks_with({CpuWorker("a", bytes), CpuWorker("b", bytes), pair}).size(), 4u);
+  EXPECT_EQ(ranks_with({CpuWorker("a", bytes)}), (std::vector<std::string>{"a"}));
+  EXPECT_EQ(ranks_with({CpuWorker("a", bytes), pair}).size(), 2u) << "3 devices: 2 ranks, not 3";
+  EXPECT_EQ(ranks_with({}), (std::vector<std::string>{"waits: no live worker"}));
+  WorkerView gpu_only{.id = "g", .alive = true, .devices = {{DeviceKind::kCuda, 0, bytes, bytes}}};
+  EXPECT_EQ(ranks_with({gpu_only}), (std::vector<std::string>{"waits: no worker has 1 cpu device"}))
+      << "the reason names the smallest world";
+  JobView rigid = job;
+  rigid.min_gpus = 4;
+  rigid.placement_class = classes.Of(rigid);
+  EXPECT_NE(rigid.placement_class, job.placement_class);
+  ScheduleResult r = Schedule({&rigid}, {CpuWorker("a", bytes), pair}, 0, {});
+  EXPECT_TRUE(r.placements.empty());
+  EXPECT_EQ(FormatWaitReason(r.waiting.at(0).second),
+            "waits: needs 4 cpu devices (one per rank); the idle workers offer 3");
+}
+
 // 100,000 queued 4-rank jobs of four shapes, on 10,000 idle one-device workers of which none
 // can host rank 0: every job passes the memory filter and fails only after a walk over the
 // workers. One pass walks once per shape, not per job (100,000 walks over 10,000 workers would

@@ -276,6 +276,40 @@ TEST_F(EntryPointTest, DuplicateWorkerIdEndsTheOlderSessionWithTheReason) {
   second_ctx.TryCancel();
 }
 
+// A worker that leaves ftd's commands unread cannot grow ftd's memory without bound: past the
+// per-stream cap (1,000 commands) ftd closes its session, saying why (the worker registers again).
+TEST_F(EntryPointTest, AWorkerThatLeavesItsCommandsUnreadHasItsSessionClosed) {
+  auto stub = pb::Workers::NewStub(channel_);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto stream = stub->Session(&ctx);
+  pb::WorkerMessage reg;
+  reg.mutable_register_()->set_worker_id("deaf");
+  ASSERT_TRUE(stream->Write(reg));
+  // One heartbeat reporting 20,000 attempts of superseded epochs: ftd refuses each with a command
+  // (about 1 MB in all), none of which the worker reads while ftd sends them.
+  constexpr int kRefusals = 20'000;
+  pb::WorkerMessage hb;
+  for (int i = 0; i < kRefusals; ++i) {
+    pb::Progress* p = hb.mutable_heartbeat()->add_progress();
+    p->set_job_id(job_);
+    p->set_epoch(1'000 + i);
+  }
+  ASSERT_TRUE(stream->Write(hb));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (daemon_->message_latency().count() < 1 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(daemon_->message_latency().count(), 1) << "ftd never handled the heartbeat";
+  int read = 0;
+  pb::DaemonCommand cmd;
+  while (stream->Read(&cmd)) ++read;
+  const grpc::Status why = stream->Finish();
+  EXPECT_EQ(why.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << why.error_message();
+  EXPECT_THAT(why.error_message(), HasSubstr("commands"));
+  EXPECT_THAT(why.error_message(), HasSubstr("unread"));
+  EXPECT_LT(read, kRefusals);
+}
+
 // The kinds of events the daemon recorded for worker `id`.
 std::vector<std::string> WorkerEventKinds(Daemon& d, const std::string& id) {
   std::vector<std::string> kinds;

@@ -272,6 +272,67 @@ void PrintKills(const char* what, const std::vector<KillAt>& kills) {
   std::printf("\n");
 }
 
+// One line per arm: kills, checkpoints, C, the time lost and wasted.
+void PrintArms(const std::vector<Arm>& arms) {
+  std::printf("%-10s %5s %6s %9s %9s %11s %9s %9s %9s %10s\n", "arm", "kills", "ckpts", "C mean", "C fixed",
+              "ckpt wait", "lost", "waste", "+-1 SE", "ftd lost");
+  for (const Arm& a : arms) {
+    std::printf("%-10s %5zu %6lld %8.4fs %8.4fs %10.2fs %8.2fs %8.2fs %8.2fs %9.2fs  lost per kill:",
+                a.name.c_str(), a.lost_per_kill.size(), static_cast<long long>(a.checkpoints), a.mean_c,
+                a.fixed_c, a.checkpoint_s, a.lost_s, a.waste(), a.standard_error(), a.ftd_lost_s);
+    for (double l : a.lost_per_kill) std::printf(" %.2f", l);
+    std::printf("\n");
+  }
+}
+
+// Auto's interval against Young/Daly's from the injected M (`mtbf_s`: the parameter, printed).
+void ExpectAutoConvergedToYoungDaly(const Arm& automatic, double injected_m, double mtbf_s, double optimum) {
+  // Convergence: the interval in force at each of auto's checkpoints against sqrt(2·C·M) from the
+  // C it measured then (C = interval² / 2M̂, M̂ the M ftd handed it) and the injected M; their median.
+  // (The lower bound, min_minutes 0, never binds here, so the interval is sqrt(2·C·M̂) itself.)
+  std::vector<double> ratios, chosen;
+  for (const auto& [interval, m_hat] : automatic.auto_intervals) {
+    const double c_then = interval * interval / (2 * m_hat);
+    ratios.push_back(interval / std::sqrt(2 * c_then * injected_m));
+    chosen.push_back(interval);
+  }
+  const double target = std::sqrt(2 * automatic.fixed_c * injected_m);  // from the arm's fixed C, printed
+  for (const MetricsLine& l : AutoIntervals(automatic)) {
+    std::printf("  auto e%-3lld last noted: C %.4f s, M %6.1f s -> every %.3f s (%.2fx target)\n",
+                static_cast<long long>(l.epoch), l.checkpoint_seconds, l.mtbf_seconds, l.interval_seconds,
+                l.interval_seconds / target);
+  }
+  ASSERT_GE(automatic.auto_intervals.size(), 10u) << "auto took too few checkpoints with a measured C";
+  const double converged = MedianSeconds(ratios);
+  std::printf(
+      "auto's interval over sqrt(2 C M), C as measured at each checkpoint, M as injected (%.1f s as "
+      "drawn, parameter %.1f s): median %.2fx over %zu checkpoints\n",
+      injected_m, mtbf_s, converged, ratios.size());
+  std::printf(
+      "auto's median interval %.3f s; sqrt(2 x fixed C %.4f s x M %.1f s) = %.3f s (%.2fx); fixed "
+      "young-daly %.3f s\n",
+      MedianSeconds(chosen), automatic.fixed_c, injected_m, target, MedianSeconds(chosen) / target, optimum);
+  EXPECT_NEAR(converged, 1.0, 0.25) << "auto's interval did not converge to Young/Daly's";
+}
+
+// arms[3] is auto.
+void ExpectAutoWastesNoMoreThanAnyFixedArm(const std::vector<Arm>& arms) {
+  const Arm& automatic = arms[3];
+  // Waste: no worse than any fixed arm's, the best of them included, within three standard errors
+  // of the difference: a gate CI runs every time, whose false failures for arms equal in
+  // expectation stay near one in a thousand (two would fail about one run in forty; in sixteen runs
+  // over five seeds auto stayed within two). Auto also pays a few percent for measuring C (a
+  // probe per 16 checkpoints, a first checkpoint and its probe per job) that a fixed arm given C
+  // does not.
+  for (const Arm& fixed : arms) {
+    if (&fixed == &automatic) continue;
+    const double margin = 3 * std::hypot(automatic.standard_error(), fixed.standard_error());
+    std::printf("auto wasted %.2f s; %s %.2f s; allowed %.2f s (3 SE of the difference)\n", automatic.waste(),
+                fixed.name.c_str(), fixed.waste(), fixed.waste() + margin);
+    EXPECT_LE(automatic.waste(), fixed.waste() + margin) << "auto wasted more work than " << fixed.name;
+  }
+}
+
 TEST(E2EInterval, AutoConvergesToYoungDalyAndWastesNoMoreThanTheBestFixedInterval) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const auto began = Clock::now();
@@ -328,57 +389,13 @@ TEST(E2EInterval, AutoConvergesToYoungDalyAndWastesNoMoreThanTheBestFixedInterva
   if (HasFatalFailure()) return;
   for (Arm& arm : arms) Account(&arm);
   const Arm& automatic = arms[3];
-  std::printf("%-10s %5s %6s %9s %9s %11s %9s %9s %9s %10s\n", "arm", "kills", "ckpts", "C mean", "C fixed",
-              "ckpt wait", "lost", "waste", "+-1 SE", "ftd lost");
-  for (const Arm& a : arms) {
-    std::printf("%-10s %5zu %6lld %8.4fs %8.4fs %10.2fs %8.2fs %8.2fs %8.2fs %9.2fs  lost per kill:",
-                a.name.c_str(), a.lost_per_kill.size(), static_cast<long long>(a.checkpoints), a.mean_c,
-                a.fixed_c, a.checkpoint_s, a.lost_s, a.waste(), a.standard_error(), a.ftd_lost_s);
-    for (double l : a.lost_per_kill) std::printf(" %.2f", l);
-    std::printf("\n");
-  }
+  PrintArms(arms);
   for (const Arm& a : arms) EXPECT_GE(a.lost_per_kill.size(), 4u) << a.name << ": too few kills hit training";
 
-  // Convergence: the interval in force at each of auto's checkpoints against sqrt(2·C·M) from the
-  // C it measured then (C = interval² / 2M̂, M̂ the M ftd handed it) and the injected M; their median.
-  // (The lower bound, min_minutes 0, never binds here, so the interval is sqrt(2·C·M̂) itself.)
-  std::vector<double> ratios, chosen;
-  for (const auto& [interval, m_hat] : automatic.auto_intervals) {
-    const double c_then = interval * interval / (2 * m_hat);
-    ratios.push_back(interval / std::sqrt(2 * c_then * injected_m));
-    chosen.push_back(interval);
-  }
-  const double target = std::sqrt(2 * automatic.fixed_c * injected_m);  // from the arm's fixed C, printed
-  for (const MetricsLine& l : AutoIntervals(automatic)) {
-    std::printf("  auto e%-3lld last noted: C %.4f s, M %6.1f s -> every %.3f s (%.2fx target)\n",
-                static_cast<long long>(l.epoch), l.checkpoint_seconds, l.mtbf_seconds, l.interval_seconds,
-                l.interval_seconds / target);
-  }
-  ASSERT_GE(automatic.auto_intervals.size(), 10u) << "auto took too few checkpoints with a measured C";
-  const double converged = MedianSeconds(ratios);
-  std::printf(
-      "auto's interval over sqrt(2 C M), C as measured at each checkpoint, M as injected (%.1f s as "
-      "drawn, parameter %.1f s): median %.2fx over %zu checkpoints\n",
-      injected_m, s.mtbf_s, converged, ratios.size());
-  std::printf(
-      "auto's median interval %.3f s; sqrt(2 x fixed C %.4f s x M %.1f s) = %.3f s (%.2fx); fixed "
-      "young-daly %.3f s\n",
-      MedianSeconds(chosen), automatic.fixed_c, injected_m, target, MedianSeconds(chosen) / target, optimum);
-  EXPECT_NEAR(converged, 1.0, 0.25) << "auto's interval did not converge to Young/Daly's";
+  ExpectAutoConvergedToYoungDaly(automatic, injected_m, s.mtbf_s, optimum);
+  if (HasFatalFailure()) return;
+  ExpectAutoWastesNoMoreThanAnyFixedArm(arms);
 
-  // Waste: no worse than any fixed arm's, the best of them included, within three standard errors
-  // of the difference: a gate CI runs every time, whose false failures for arms equal in
-  // expectation stay near one in a thousand (two would fail about one run in forty; in sixteen runs
-  // over five seeds auto stayed within two). Auto also pays a few percent for measuring C (a
-  // probe per 16 checkpoints, a first checkpoint and its probe per job) that a fixed arm given C
-  // does not.
-  for (const Arm& fixed : arms) {
-    if (&fixed == &automatic) continue;
-    const double margin = 3 * std::hypot(automatic.standard_error(), fixed.standard_error());
-    std::printf("auto wasted %.2f s; %s %.2f s; allowed %.2f s (3 SE of the difference)\n", automatic.waste(),
-                fixed.name.c_str(), fixed.waste(), fixed.waste() + margin);
-    EXPECT_LE(automatic.waste(), fixed.waste() + margin) << "auto wasted more work than " << fixed.name;
-  }
   std::printf("ran %.0f s\n", std::chrono::duration<double>(Clock::now() - began).count());
 }
 

@@ -152,7 +152,7 @@ TEST(E2ERunaway,
          "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}";
   std::ofstream(dir + "/chat.yaml")
       << "name: chat\nmodel: {path: model, dtype: fp32}\nadapter: {type: lora, r: 8, alpha: 16}\n"
-      // An absolute template path: ftd's ResolvedSpec does not make data.chat_template absolute (yet).
+      // An absolute template path (ftd would make a relative one absolute too: JobInputPaths).
       << "data: {train: chat.jsonl, format: chat, chat_template: " << dir
       << "/slow.jinja, seq_len: 64, packing: false}\n"
       << "train: {max_steps: 20, global_batch_size: 8, micro_batch_size: 2, lr: 1.0e-2}\n"

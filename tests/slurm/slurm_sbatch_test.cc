@@ -304,6 +304,97 @@ std::string Describe(const pb::Attempt& a) {
          std::to_string(a.steps_lost()) + " (" + a.reason() + ")";
 }
 
+// What the cases below share: the cluster, Slurm, the allocations, the
+// timeline, the job that moves from allocation to allocation, steps lost per case.
+struct Chain {
+  Cluster& c;
+  SlurmCluster& slurm;
+  SbatchWorkers& sbatch;
+  Timeline& t;
+  std::string id;
+  std::map<std::string, int64_t> lost;
+};
+
+// 2. The signal backstop, end hidden (allocation `signal_alloc`): the job's first preemption.
+void SignalBackstop(Chain& x, const std::string& signal_alloc) {
+  ASSERT_EQ(RunningWithProgress(x.c, x.id, 5).state(), pb::RUNNING);
+  x.slurm.Run({"scontrol", "update", "JobId=" + signal_alloc, "EndTime=now+180"});
+  const int64_t signal_end_ms = x.slurm.Job(signal_alloc).end_s * 1000;
+  x.t.Note("allocation " + signal_alloc +
+           " now ends in 180 s: the script's USR1@180 is due at slurmctld's next check");
+  pb::Job j = x.c.WaitFor(
+      x.id, [](const pb::Job& j) { return j.preemptions() >= 1; }, 45'000);
+  ASSERT_EQ(j.preemptions(), 1) << "no SIGUSR1 stop: " << x.sbatch.Log(signal_alloc);
+  x.t.Note("signal: " + Describe(Nth(j, 0)));
+  EXPECT_THAT(Nth(j, 0).reason(), HasSubstr("SIGUSR1"));
+  EXPECT_EQ(Nth(j, 0).worker_id(), SbatchWorkers::WorkerId(signal_alloc));
+  EXPECT_EQ(Nth(j, 0).steps_lost(), 0);
+  EXPECT_LT(Nth(j, 0).ended_ms(), signal_end_ms - 120'000) << "stopped by the signal, not at the end";
+  x.lost["signal"] = Nth(j, 0).steps_lost();
+  SlurmJob s = x.slurm.WaitForJob(
+      signal_alloc, [](const SlurmJob& s) { return s.state == "COMPLETED"; }, 30'000);
+  EXPECT_EQ(s.state, "COMPLETED") << s.raw;
+  EXPECT_EQ(s.exit_code, "0:0") << "ft-worker exits 0 on SIGUSR1";
+  x.sbatch.Start({"--time=10"});
+}
+
+// 3. scancel mid-step.
+void ScancelMidStep(Chain& x) {
+  pb::Job j = RunningWithProgress(x.c, x.id, 10);
+  ASSERT_EQ(j.state(), pb::RUNNING);
+  const std::string cancelled = SbatchWorkers::SlurmJobOf(j.worker_id());
+  const int64_t cancel_ms = WallNowMs();
+  x.slurm.Run({"scancel", cancelled});
+  j = x.c.WaitFor(
+      x.id, [](const pb::Job& j) { return j.preemptions() >= 2; }, kKillWaitMs + 10'000);
+  ASSERT_EQ(j.preemptions(), 2) << x.sbatch.Log(cancelled);
+  x.t.Note("scancel " + cancelled + ": " + Describe(Nth(j, 1)));
+  EXPECT_THAT(Nth(j, 1).reason(), HasSubstr("SIGTERM"));
+  EXPECT_EQ(Nth(j, 1).steps_lost(), 0);
+  EXPECT_LT(Nth(j, 1).ended_ms() - cancel_ms, kKillWaitMs) << "checkpointed within KillWait";
+  x.lost["scancel"] = Nth(j, 1).steps_lost();
+  EXPECT_EQ(x.slurm
+                .WaitForJob(
+                    cancelled, [](const SlurmJob& s) { return s.state == "CANCELLED"; }, 30'000)
+                .state,
+            "CANCELLED");
+  x.sbatch.Start({"--time=10"});
+}
+
+// 4. The node drained under a running allocation, then scontrol requeue.
+void DrainThenRequeue(Chain& x) {
+  pb::Job j = RunningWithProgress(x.c, x.id, 10);
+  ASSERT_EQ(j.state(), pb::RUNNING);
+  const std::string requeued = SbatchWorkers::SlurmJobOf(j.worker_id());
+  x.slurm.DrainNode("ftune-test");
+  const int64_t drained_at = j.steps_done();
+  j = x.c.WaitFor(
+      x.id, [&](const pb::Job& j) { return j.steps_done() >= drained_at + 10; }, 30'000);
+  EXPECT_EQ(j.preemptions(), 2) << "draining the node does not stop a running allocation";
+  x.slurm.Run({"scontrol", "requeue", requeued});
+  j = x.c.WaitFor(
+      x.id, [](const pb::Job& j) { return j.preemptions() >= 3; }, kKillWaitMs + 10'000);
+  ASSERT_EQ(j.preemptions(), 3) << x.sbatch.Log(requeued);
+  x.t.Note("drain + requeue " + requeued + ": " + Describe(Nth(j, 2)));
+  EXPECT_EQ(Nth(j, 2).steps_lost(), 0);
+  x.lost["requeue + drain"] = Nth(j, 2).steps_lost();
+  SlurmJob s = x.slurm.WaitForJob(
+      requeued, [](const SlurmJob& s) { return s.state == "PENDING"; }, 30'000);
+  EXPECT_EQ(s.state, "PENDING") << s.raw;
+  EXPECT_THAT(x.slurm.NodeState(), HasSubstr("DRAIN"));
+  x.slurm.ResumeNode();
+  s = x.slurm.WaitForJob(
+      requeued, [](const SlurmJob& s) { return s.state == "RUNNING"; }, 60'000);
+  EXPECT_EQ(s.state, "RUNNING") << s.raw;
+  EXPECT_EQ(s.restarts, 1);
+  x.sbatch.WaitRegistered(requeued, 60'000);
+  const std::string requeued_log = x.sbatch.Log(requeued);
+  EXPECT_THAT(requeued_log, HasSubstr("ft-worker stopped (SIGTERM)"))
+      << "the first run's log is kept (--open-mode=append)";
+  x.t.Note("node resumed: allocation " + requeued + " runs again (restart " + std::to_string(s.restarts) +
+           ")");
+}
+
 TEST(SlurmSqueueEndTime, ShippedSbatchLosesNoStepAtTimeLimitSignalScancelRequeueAndDrain) {
   if (const std::string missing = MissingForSlurm(); !missing.empty()) {
     GTEST_SKIP()
@@ -357,86 +448,21 @@ TEST(SlurmSqueueEndTime, ShippedSbatchLosesNoStepAtTimeLimitSignalScancelRequeue
   const bool a_on_limit = c.client().Get(a)->worker_id() == SbatchWorkers::WorkerId(limit_alloc);
   const std::string limit_id = a_on_limit ? a : b, chain_id = a_on_limit ? b : a;
   ASSERT_EQ(c.client().Get(chain_id)->worker_id(), SbatchWorkers::WorkerId(signal_alloc));
-  std::map<std::string, int64_t> lost;  // case -> steps lost
   // One allocation more than the jobs need from here on: after each end below
   // a new one is submitted, so a stopped job always finds a worker.
   sbatch.Start({"--time=10"});
 
-  // ---- 2. The signal backstop, end hidden.
-  ASSERT_EQ(RunningWithProgress(c, chain_id, 5).state(), pb::RUNNING);
-  slurm.Run({"scontrol", "update", "JobId=" + signal_alloc, "EndTime=now+180"});
-  const int64_t signal_end_ms = slurm.Job(signal_alloc).end_s * 1000;
-  t.Note("allocation " + signal_alloc +
-         " now ends in 180 s: the script's USR1@180 is due at slurmctld's next check");
-  pb::Job j = c.WaitFor(
-      chain_id, [](const pb::Job& j) { return j.preemptions() >= 1; }, 45'000);
-  ASSERT_EQ(j.preemptions(), 1) << "no SIGUSR1 stop: " << sbatch.Log(signal_alloc);
-  t.Note("signal: " + Describe(Nth(j, 0)));
-  EXPECT_THAT(Nth(j, 0).reason(), HasSubstr("SIGUSR1"));
-  EXPECT_EQ(Nth(j, 0).worker_id(), SbatchWorkers::WorkerId(signal_alloc));
-  EXPECT_EQ(Nth(j, 0).steps_lost(), 0);
-  EXPECT_LT(Nth(j, 0).ended_ms(), signal_end_ms - 120'000) << "stopped by the signal, not at the end";
-  lost["signal"] = Nth(j, 0).steps_lost();
-  SlurmJob s = slurm.WaitForJob(
-      signal_alloc, [](const SlurmJob& s) { return s.state == "COMPLETED"; }, 30'000);
-  EXPECT_EQ(s.state, "COMPLETED") << s.raw;
-  EXPECT_EQ(s.exit_code, "0:0") << "ft-worker exits 0 on SIGUSR1";
-  sbatch.Start({"--time=10"});
-
-  // ---- 3. scancel mid-step.
-  j = RunningWithProgress(c, chain_id, 10);
-  ASSERT_EQ(j.state(), pb::RUNNING);
-  const std::string cancelled = SbatchWorkers::SlurmJobOf(j.worker_id());
-  const int64_t cancel_ms = WallNowMs();
-  slurm.Run({"scancel", cancelled});
-  j = c.WaitFor(
-      chain_id, [](const pb::Job& j) { return j.preemptions() >= 2; }, kKillWaitMs + 10'000);
-  ASSERT_EQ(j.preemptions(), 2) << sbatch.Log(cancelled);
-  t.Note("scancel " + cancelled + ": " + Describe(Nth(j, 1)));
-  EXPECT_THAT(Nth(j, 1).reason(), HasSubstr("SIGTERM"));
-  EXPECT_EQ(Nth(j, 1).steps_lost(), 0);
-  EXPECT_LT(Nth(j, 1).ended_ms() - cancel_ms, kKillWaitMs) << "checkpointed within KillWait";
-  lost["scancel"] = Nth(j, 1).steps_lost();
-  EXPECT_EQ(slurm
-                .WaitForJob(
-                    cancelled, [](const SlurmJob& s) { return s.state == "CANCELLED"; }, 30'000)
-                .state,
-            "CANCELLED");
-  sbatch.Start({"--time=10"});
-
-  // ---- 4. The node drained under a running allocation, then scontrol requeue.
-  j = RunningWithProgress(c, chain_id, 10);
-  ASSERT_EQ(j.state(), pb::RUNNING);
-  const std::string requeued = SbatchWorkers::SlurmJobOf(j.worker_id());
-  slurm.DrainNode("ftune-test");
-  const int64_t drained_at = j.steps_done();
-  j = c.WaitFor(
-      chain_id, [&](const pb::Job& j) { return j.steps_done() >= drained_at + 10; }, 30'000);
-  EXPECT_EQ(j.preemptions(), 2) << "draining the node does not stop a running allocation";
-  slurm.Run({"scontrol", "requeue", requeued});
-  j = c.WaitFor(
-      chain_id, [](const pb::Job& j) { return j.preemptions() >= 3; }, kKillWaitMs + 10'000);
-  ASSERT_EQ(j.preemptions(), 3) << sbatch.Log(requeued);
-  t.Note("drain + requeue " + requeued + ": " + Describe(Nth(j, 2)));
-  EXPECT_EQ(Nth(j, 2).steps_lost(), 0);
-  lost["requeue + drain"] = Nth(j, 2).steps_lost();
-  s = slurm.WaitForJob(
-      requeued, [](const SlurmJob& s) { return s.state == "PENDING"; }, 30'000);
-  EXPECT_EQ(s.state, "PENDING") << s.raw;
-  EXPECT_THAT(slurm.NodeState(), HasSubstr("DRAIN"));
-  slurm.ResumeNode();
-  s = slurm.WaitForJob(
-      requeued, [](const SlurmJob& s) { return s.state == "RUNNING"; }, 60'000);
-  EXPECT_EQ(s.state, "RUNNING") << s.raw;
-  EXPECT_EQ(s.restarts, 1);
-  sbatch.WaitRegistered(requeued, 60'000);
-  const std::string requeued_log = sbatch.Log(requeued);
-  EXPECT_THAT(requeued_log, HasSubstr("ft-worker stopped (SIGTERM)"))
-      << "the first run's log is kept (--open-mode=append)";
-  t.Note("node resumed: allocation " + requeued + " runs again (restart " + std::to_string(s.restarts) + ")");
+  Chain chain{c, slurm, sbatch, t, chain_id, {}};
+  SignalBackstop(chain, signal_alloc);  // case 2
+  if (HasFatalFailure()) return;
+  ScancelMidStep(chain);  // case 3
+  if (HasFatalFailure()) return;
+  DrainThenRequeue(chain);  // case 4
+  if (HasFatalFailure()) return;
+  std::map<std::string, int64_t>& lost = chain.lost;
 
   // ---- 1. The time limit, end from squeue (the stop point came while the cases above ran).
-  j = c.WaitFor(
+  pb::Job j = c.WaitFor(
       limit_id, [](const pb::Job& j) { return j.preemptions() >= 1; }, 90'000);
   ASSERT_EQ(j.preemptions(), 1) << sbatch.Log(limit_alloc);
   t.Note("time limit: " + Describe(Nth(j, 0)));
@@ -459,7 +485,7 @@ TEST(SlurmSqueueEndTime, ShippedSbatchLosesNoStepAtTimeLimitSignalScancelRequeue
     t.Note(id + " succeeded after " + std::to_string(j.attempts_size()) +
            " attempts, adapter byte-identical");
   }
-  s = slurm.WaitForJob(
+  SlurmJob s = slurm.WaitForJob(
       limit_alloc, [](const SlurmJob& s) { return s.state == "TIMEOUT"; }, 60'000);
   EXPECT_EQ(s.state, "TIMEOUT") << "Slurm's time limit ends allocation " << limit_alloc << ": " << s.raw;
   EXPECT_THAT(sbatch.Log(limit_alloc), HasSubstr("ft-worker stopped (SIGTERM)"));

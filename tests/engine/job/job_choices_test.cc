@@ -136,6 +136,48 @@ TEST(JobChoicesTest, FullFineTuneCombinationsAreRefusedWithFileLine) {
   EXPECT_TRUE(ParseJobSpec(Job("  quantization: nf4\n"), "job.yaml").ok());
 }
 
+// resources.min_gpus makes a job elastic: any world in [min_gpus, gpus] that splits the global
+// batch into whole micro-batches per rank is allowed (gpus itself always is); a fixed
+// gradient_accumulation or a batch no allowed world splits is refused at file:line; the YAML a
+// worker runs has gpus = its world and no min_gpus.
+TEST(JobChoicesTest, MinGpusMakesAJobElasticOverTheWorldsThatSplitItsBatch) {
+  auto rigid = ParseJobSpec(Job("", "", "", "resources:\n  gpus: 4\n"), "job.yaml");
+  ASSERT_TRUE(rigid.ok()) << rigid.status().ToString();
+  EXPECT_EQ(rigid->resources.min_gpus, 4) << "min_gpus defaults to gpus";
+  EXPECT_TRUE(AllowedWorld(*rigid, 4));
+  EXPECT_FALSE(AllowedWorld(*rigid, 2));
+  const std::string elastic_yaml = Job("", "", "  global_batch_size: 8\n  micro_batch_size: 2\n",
+                                       "resources:\n  gpus: 4\n  min_gpus: 1\n");
+  auto elastic = ParseJobSpec(elastic_yaml, "job.yaml");
+  ASSERT_TRUE(elastic.ok()) << elastic.status().ToString();
+  EXPECT_EQ(elastic->resources.min_gpus, 1);
+  std::vector<int64_t> allowed;
+  for (int64_t w = 0; w <= 5; ++w) {
+    if (AllowedWorld(*elastic, w)) allowed.push_back(w);
+  }
+  EXPECT_EQ(allowed, (std::vector<int64_t>{1, 2, 4})) << "4 micro-batches: 3 ranks cannot split them";
+  const std::string resolved = ResolvedJobYaml(*elastic, elastic_yaml, 2, 2, 2);
+  auto attempt = ParseJobSpec(resolved, "job.yaml");
+  ASSERT_TRUE(attempt.ok()) << attempt.status().ToString() << "\n" << resolved;
+  EXPECT_EQ(attempt->resources.gpus, 2);
+  EXPECT_EQ(attempt->resources.min_gpus, 2);
+  EXPECT_EQ(attempt->train.gradient_accumulation, 2);
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {Job("", "", "", "resources:\n  gpus: 2\n  min_gpus: 3\n"),
+       "job.yaml:11:13: resources.min_gpus: must be an integer in [1, resources.gpus]"},
+      {Job("", "", "  global_batch_size: 8\n  gradient_accumulation: 2\n",
+           "resources:\n  gpus: 4\n  min_gpus: 2\n"),
+       "job.yaml:8:26: train.gradient_accumulation is fixed, but resources.min_gpus (2) < gpus (4)"},
+      {Job("", "", "  global_batch_size: 5\n", "resources:\n  gpus: 4\n  min_gpus: 2\n"),
+       "train.global_batch_size (5) cannot be split into whole micro-batches over any number of ranks"},
+  };
+  for (const auto& [yaml, message] : bad) {
+    auto refused = ParseJobSpec(yaml, "job.yaml");
+    ASSERT_FALSE(refused.ok()) << yaml;
+    EXPECT_THAT(refused.status().message(), HasSubstr(message));
+  }
+}
+
 // checkpoint.every auto takes its bounds and refuses the fixed keys beside it (and the bounds
 // without it), naming file:line and the fix.
 TEST(JobChoicesTest, CheckpointEveryAutoAndItsBounds) {

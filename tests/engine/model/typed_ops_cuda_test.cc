@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -95,48 +96,44 @@ class TypedOps {
     if (w.dtype == ActDType::kF32) return 1e-4;
     return w.dtype == ActDType::kBF16 ? 2e-2 : 4e-3;
   }
+  // Expects w's copies within `bound`: the output's storage type's, unless the op's own math is coarser.
+  void Check(Twin& w, const char* what, double bound = 0) {
+    const double d = Diff(w);
+    EXPECT_LE(d, bound > 0 ? bound : Bound(w)) << what << " (" << ActDTypeName(w.dtype) << ")";
+    std::printf("TYPED_OP %s %s: %.2e\n", ActDTypeName(t_), what, d);
+  }
+  ActDType t() const { return t_; }
 
  private:
   std::shared_ptr<Backend> gpu_, cpu_;
   ActDType t_;
 };
 
-class TypedOpsCuda : public ::testing::TestWithParam<ActDType> {};
+// The shapes every op runs on.
+constexpr int64_t rows = 96, D = 256, I = 512, heads = 4, kv_heads = 2, hd = 64;
+constexpr int64_t Q = heads * hd, KV = kv_heads * hd;
 
-TEST_P(TypedOpsCuda, MatchTheCpuReference) {
-  std::string skip;
-  std::shared_ptr<Backend> gpu = CudaOrSkip(&skip);
-  if (!gpu) GTEST_SKIP() << skip;
-  const ActDType t = GetParam();
-  TypedOps ops(gpu, t);
-  const int64_t rows = 96, D = 256, I = 512, heads = 4, kv_heads = 2, hd = 64;
-  const int64_t Q = heads * hd, KV = kv_heads * hd;
-  // `bound`: the output's storage type's, unless the op's own math is coarser.
-  auto check = [&](Twin& w, const char* what, double bound = 0) {
-    const double d = ops.Diff(w);
-    EXPECT_LE(d, bound > 0 ? bound : ops.Bound(w)) << what << " (" << ActDTypeName(w.dtype) << ")";
-    std::printf("TYPED_OP %s %s: %.2e\n", ActDTypeName(t), what, d);
-  };
-
-  // Conversions are exact both ways.
+// Conversions (exact both ways) and RMSNorm forward and backward on the typed input x.
+void CheckConvertAndRmsNorm(TypedOps& ops, Twin& x) {
+  const ActDType t = ops.t();
   Twin f = ops.Floats(rows * D, 1), narrow = ops.Make(rows * D, t);
   for (bool g : {false, true}) ops.On(g).Convert(ConstAct(f.On(g)), rows * D, narrow.On(g));
   EXPECT_TRUE(ops.Same(narrow)) << "narrowing";
 
-  // RMSNorm forward and backward on a typed input.
-  Twin x = ops.Typed(rows * D, 2), w = ops.Floats(D, 3), y = ops.Make(rows * D, t),
-       rstd = ops.Make(rows, ActDType::kF32), dy = ops.Floats(rows * D, 4),
-       dx = ops.Make(rows * D, ActDType::kF32);
+  Twin w = ops.Floats(D, 3), y = ops.Make(rows * D, t), rstd = ops.Make(rows, ActDType::kF32),
+       dy = ops.Floats(rows * D, 4), dx = ops.Make(rows * D, ActDType::kF32);
   for (bool g : {false, true}) {
     ops.On(g).RmsNormForward(x.On(g), w.On(g).as<float>(), rows, D, 1e-5f, y.On(g), rstd.On(g).as<float>());
     ops.On(g).RmsNormBackward(x.On(g), w.On(g).as<float>(), rstd.On(g).as<float>(), dy.On(g).as<float>(),
                               rows, D, dx.On(g).as<float>(), nullptr);
   }
-  check(y, "rmsnorm y");
-  check(dx, "rmsnorm dx");
+  ops.Check(y, "rmsnorm y");
+  ops.Check(dx, "rmsnorm dx");
+}
 
-  // RoPE in place on a typed tensor.
-  Twin q = ops.Typed(rows * Q, 5), cos_t = ops.Floats(rows * hd / 2, 6), sin_t = ops.Floats(rows * hd / 2, 7);
+// RoPE in place on the typed q.
+void CheckRope(TypedOps& ops, Twin& q) {
+  Twin cos_t = ops.Floats(rows * hd / 2, 6), sin_t = ops.Floats(rows * hd / 2, 7);
   std::vector<float> pos_values(static_cast<size_t>(rows));
   for (int64_t i = 0; i < rows; ++i) pos_values[i] = static_cast<float>(i % 48);
   std::vector<int32_t> positions(pos_values.begin(), pos_values.end());
@@ -146,9 +143,12 @@ TEST_P(TypedOpsCuda, MatchTheCpuReference) {
     ops.On(g).RopeApply(q.On(g), rows, heads, hd, pos.On(g).as<int32_t>(), cos_t.On(g).as<float>(),
                         sin_t.On(g).as<float>(), false);
   }
-  check(q, "rope");
+  ops.Check(q, "rope");
+}
 
-  // Attention forward and backward on typed q, k, v, out.
+// Attention forward and backward on typed q (as RoPE left it), k, v, out.
+void CheckAttention(TypedOps& ops, Twin& q) {
+  const ActDType t = ops.t();
   cpu::AttentionShape s{2, rows / 2, heads, kv_heads, hd, 1.0 / 8.0};
   Twin k = ops.Typed(rows * KV, 8), v = ops.Typed(rows * KV, 9), out = ops.Make(rows * Q, t),
        lse = ops.Make(rows * heads, ActDType::kF32),
@@ -166,12 +166,16 @@ TEST_P(TypedOpsCuda, MatchTheCpuReference) {
   // bf16 attention multiplies P and dS as bf16 on CUDA (tensor cores), in fp32 on the CPU
   // (backend.h): its fp32 gradients agree to bf16's precision.
   const double grad_bound = t == ActDType::kBF16 ? ops.Bound(out) : 0;
-  check(out, "attention out");
-  check(dq, "attention dq", grad_bound);
-  check(dk, "attention dk", grad_bound);
-  check(dv, "attention dv", grad_bound);
+  ops.Check(out, "attention out");
+  ops.Check(dq, "attention dq", grad_bound);
+  ops.Check(dk, "attention dk", grad_bound);
+  ops.Check(dv, "attention dv", grad_bound);
+}
 
-  // SwiGLU forward and backward.
+// SwiGLU forward and backward; embeddings from an fp32 table (rounded) and
+// from a 16-bit one (rows copied): exact.
+void CheckSwiGluAndEmbedding(TypedOps& ops) {
+  const ActDType t = ops.t();
   Twin gate = ops.Typed(rows * I, 11, 3.0f), up = ops.Typed(rows * I, 12), h = ops.Make(rows * I, t),
        dh = ops.Floats(rows * I, 13), dg = ops.Make(rows * I, ActDType::kF32),
        du = ops.Make(rows * I, ActDType::kF32);
@@ -180,11 +184,10 @@ TEST_P(TypedOpsCuda, MatchTheCpuReference) {
     ops.On(g).SwiGluBackward(gate.On(g), up.On(g), dh.On(g).as<float>(), rows * I, dg.On(g).as<float>(),
                              du.On(g).as<float>());
   }
-  check(h, "swiglu h");
-  check(dg, "swiglu dgate");
-  check(du, "swiglu dup");
+  ops.Check(h, "swiglu h");
+  ops.Check(dg, "swiglu dgate");
+  ops.Check(du, "swiglu dup");
 
-  // Embeddings from an fp32 table (rounded) and from a 16-bit one (rows copied): exact.
   const int64_t vocab = 50;
   std::vector<int32_t> id_values(static_cast<size_t>(rows));
   for (int64_t i = 0; i < rows; ++i) id_values[i] = static_cast<int32_t>(HashKeys(14, i) % vocab);
@@ -197,18 +200,21 @@ TEST_P(TypedOpsCuda, MatchTheCpuReference) {
   }
   EXPECT_TRUE(ops.Same(e32)) << "embedding from an fp32 table";
   EXPECT_TRUE(ops.Same(e16)) << "embedding from a 16-bit table";
+}
 
-  // Axpy of a typed x into fp32; dropout of a typed input (exact: one product).
+// Axpy of the typed x into fp32; dropout of it (exact: one product); GEMMs:
+// typed x typed in the compute dtype's mode, typed x fp32 (rounded), typed in an fp32 GEMM.
+void CheckAxpyDropoutAndGemm(TypedOps& ops, Twin& x) {
   Twin acc = ops.Floats(rows * D, 17), dropped = ops.Make(rows * D, ActDType::kF32);
   const DropoutKey key{0.25, 42, 3, 48, 5};
   for (bool g : {false, true}) {
     ops.On(g).Axpy(rows * D, 0.5f, x.On(g), acc.On(g).as<float>());
     ops.On(g).Dropout(key, x.On(g), rows, D, dropped.On(g).as<float>());
   }
-  check(acc, "axpy");
+  ops.Check(acc, "axpy");
   EXPECT_TRUE(ops.Same(dropped)) << "dropout";
 
-  // GEMMs: typed x typed in the compute dtype's mode; typed x fp32 (rounded); typed in an fp32 GEMM.
+  const GemmOperands mode = ops.t() == ActDType::kBF16 ? GemmOperands::kBF16 : GemmOperands::kF16;
   Twin b16 = ops.Typed(I * D, 18), b32 = ops.Floats(I * D, 19), c1 = ops.Make(rows * I, ActDType::kF32),
        c2 = ops.Make(rows * I, ActDType::kF32), c3 = ops.Make(rows * I, ActDType::kF32);
   for (bool g : {false, true}) {
@@ -219,9 +225,24 @@ TEST_P(TypedOpsCuda, MatchTheCpuReference) {
     ops.On(g).Gemm(GemmOperands::kF32, false, true, rows, I, D, 1.0f, x.On(g), D, b32.On(g), D, 0.0f,
                    c3.On(g).as<float>(), I);
   }
-  check(c1, "gemm 16-bit x 16-bit");
-  check(c2, "gemm 16-bit x fp32 rounded");
-  check(c3, "gemm 16-bit in fp32");
+  ops.Check(c1, "gemm 16-bit x 16-bit");
+  ops.Check(c2, "gemm 16-bit x fp32 rounded");
+  ops.Check(c3, "gemm 16-bit in fp32");
+}
+
+class TypedOpsCuda : public ::testing::TestWithParam<ActDType> {};
+
+TEST_P(TypedOpsCuda, MatchTheCpuReference) {
+  std::string skip;
+  std::shared_ptr<Backend> gpu = CudaOrSkip(&skip);
+  if (!gpu) GTEST_SKIP() << skip;
+  TypedOps ops(gpu, GetParam());
+  Twin x = ops.Typed(rows * D, 2), q = ops.Typed(rows * Q, 5);
+  CheckConvertAndRmsNorm(ops, x);
+  CheckRope(ops, q);
+  CheckAttention(ops, q);
+  CheckSwiGluAndEmbedding(ops);
+  CheckAxpyDropoutAndGemm(ops, x);
 }
 
 INSTANTIATE_TEST_SUITE_P(Storage, TypedOpsCuda, ::testing::Values(ActDType::kBF16, ActDType::kF16),

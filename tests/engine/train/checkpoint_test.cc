@@ -7,12 +7,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -462,6 +464,37 @@ TEST(CheckpointRetentionTest, KeepsNewestAndNeverTheOneInUse) {
   ASSERT_EQ(left.size(), 2u);
   EXPECT_EQ(left[0].step, 12);
   EXPECT_EQ(left[1].step, 8) << "the protected checkpoint survives pruning";
+}
+
+// The line that records a checkpoint in metrics.jsonl is how ftd and the dashboard learn of it: a
+// run that cannot write it fails (as an environment failure, exit 5) naming the file, instead of
+// training on with the checkpoint unrecorded. The filesystem refuses only that line: a long
+// output.dir makes it (it names the checkpoint's directory) longer than any step line, and a
+// file-size limit just above what metrics.jsonl holds before it (512 KiB of step-0 lines kept from
+// an earlier run, more than any file a checkpoint writes) refuses its growth.
+TEST(CheckpointEventTest, ACheckpointWhoseEventLineCannotBeWrittenFailsTheRunNamingTheMetricsFile) {
+  std::string dir = FreshDir("event-line");
+  for (int i = 0; i < 10; ++i) dir += "/" + std::string(200, 'd');
+  const std::string job = WriteJob(dir, "", /*every_steps=*/1, /*steps=*/6);
+  fs::create_directories(dir + "/out");
+  std::string kept;
+  while (kept.size() < (size_t{512} << 10))
+    kept += R"({"step":0,"event":"note","reason":")" + std::string(500, 'k') + "\"}\n";
+  std::ofstream(dir + "/out/metrics.jsonl") << kept;
+  struct rlimit old {};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  struct rlimit limit = old;
+  limit.rlim_cur = static_cast<rlim_t>(kept.size() + 1500);  // room for three step lines, not the event
+  auto* previous = std::signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &limit), 0);
+  const pid_t pid = Spawn(dir, {"run", job});  // inherits the limit
+  setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, previous);
+  EXPECT_EQ(WaitExit(pid), kExitEnvironment);
+  const std::string err = Slurp(dir + "/stderr.txt");
+  EXPECT_THAT(err, HasSubstr("the event line of checkpoint " + dir + "/out/checkpoints/step-00000001"));
+  EXPECT_THAT(err, HasSubstr(dir + "/out/metrics.jsonl: write failed"));
+  EXPECT_FALSE(fs::exists(dir + "/out/COMPLETE.json")) << err;
 }
 
 TEST(CheckpointResumeTest, IncompatibleJobChangeIsRefusedNamingTheKey) {

@@ -1,0 +1,175 @@
+// The CUDA cost model (engine/model/cuda_cost.h, engine/train/step_cost.h)
+// against figures computed by hand from the model's shape: one QLoRA step
+// with activation checkpointing of the Llama-3-8B shape (bench/gpu's job:
+// NF4 + double quant, r = 16 on every linear, seq 2048, micro-batch 1) and of
+// the bench preset. Two ops are checked whole: the attention kernels' FLOPs
+// (causal pairs; forward twice, for the recompute) and NF4 dequantization's
+// bytes (the blob read, fp32 written: forward, recompute and backward each
+// dequantize every linear). Then what the plan prints from it.
+#include "engine/train/step_cost.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "engine/job/hf_config.h"
+#include "engine/model/cuda_op_names.h"
+#include "kernels/cpu/nf4.h"
+
+namespace ft {
+namespace {
+
+using ::testing::HasSubstr;
+
+JobSpec QloraJob(int64_t seq, const std::string& gradient_sum = "auto") {
+  const std::string yaml =
+      "model: {path: /m, dtype: bf16, quantization: nf4, double_quant: true}\n"
+      "adapter: {type: lora, r: 16, alpha: 32, target_modules: [q_proj, k_proj, v_proj, o_proj, gate_proj, "
+      "up_proj, down_proj]}\n"
+      "data: {train: /d.jsonl, format: tokens, seq_len: " +
+      std::to_string(seq) +
+      ", packing: false}\n"
+      "train: {max_steps: 1, global_batch_size: 1, micro_batch_size: 1, activation_checkpointing: true, "
+      "gradient_sum: " +
+      gradient_sum +
+      "}\n"
+      "output: {dir: /o}\n";
+  auto spec = ParseJobSpec(yaml, "job.yaml");
+  EXPECT_TRUE(spec.ok()) << spec.status().ToString();
+  return *spec;
+}
+
+// An NF4 blob's bytes by hand: 4-bit codes, one 8-bit scale per 64 values, one fp32 per 256 scales,
+// each part starting 16-byte aligned.
+double Nf4BlobBytes(int64_t n) {
+  const auto align16 = [](int64_t b) { return (b + 15) / 16 * 16; };
+  const int64_t blocks = (n + 63) / 64;
+  return static_cast<double>(align16(align16((n + 1) / 2) + blocks) + 4 * ((blocks + 255) / 256));
+}
+
+struct Expected {
+  double attention_forward_flops, attention_backward_flops, nf4_bytes;
+  int64_t nf4_calls;
+};
+
+Expected ByHand(const ModelConfig& c, int64_t seq) {
+  const double pairs = static_cast<double>(seq) * static_cast<double>(seq + 1) / 2;  // causal, batch 1
+  const double per_layer = static_cast<double>(c.num_heads * c.head_dim) * pairs;
+  const int64_t D = c.hidden_size, I = c.intermediate_size, q = c.num_heads * c.head_dim,
+                kv = c.num_kv_heads * c.head_dim;
+  const int64_t linears[] = {D * q, D * kv, D * kv, q * D, D * I, D * I, I * D};
+  double nf4 = 0;
+  for (int64_t n : linears) nf4 += Nf4BlobBytes(n) + 4.0 * static_cast<double>(n);
+  const double layers = static_cast<double>(c.num_layers);
+  // QK^T and PV (2 FLOPs a multiply-add) forward and in the recompute; five products backward.
+  return {2 * 4 * per_layer * layers, 10 * per_layer * layers, 3 * nf4 * layers, 3 * 7 * c.num_layers};
+}
+
+void ExpectHandFigures(const ModelConfig& config, int64_t seq) {
+  auto cost = PredictCudaStep(QloraJob(seq), config, 1, 1);
+  ASSERT_TRUE(cost.ok()) << cost.status().ToString();
+  const Expected e = ByHand(config, seq);
+  const OpWork& fwd = cost->ops.at(cuda_op::kAttentionForward);
+  const OpWork& bwd = cost->ops.at(cuda_op::kAttentionBackward);
+  const OpWork& nf4 = cost->ops.at(cuda_op::kNf4Dequantize);
+  EXPECT_DOUBLE_EQ(fwd.flops, e.attention_forward_flops);
+  EXPECT_EQ(fwd.calls, 2 * config.num_layers) << "forward and recompute";
+  EXPECT_TRUE(fwd.tensor) << "bf16 attention runs on tensor cores";
+  EXPECT_DOUBLE_EQ(bwd.flops, e.attention_backward_flops);
+  EXPECT_EQ(bwd.launches, 3 * config.num_layers) << "a delta kernel and two tile kernels a layer";
+  EXPECT_DOUBLE_EQ(nf4.bytes, e.nf4_bytes);
+  EXPECT_EQ(nf4.calls, e.nf4_calls);
+  EXPECT_EQ(cost->tokens, seq);
+}
+
+TEST(StepCostTest, TheEightBillionQloraStepMatchesTheHandComputedAttentionFlopsAndNf4Bytes) {
+  auto config = ReadHfConfig(std::string(FT_SOURCE_DIR) + "/bench/gpu/llama3-8b");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  ExpectHandFigures(*config, 2048);
+}
+
+TEST(StepCostTest, TheBenchPresetQloraStepMatchesTheHandComputedAttentionFlopsAndNf4Bytes) {
+  auto config = PresetModelConfig("bench");
+  ASSERT_TRUE(config.ok());
+  ExpectHandFigures(*config, 128);
+}
+
+// The calls per step the model predicts are the ones the CUDA backend made on an H200: the
+// FT_CUDA_OP_TIMES profile of docs/PERFORMANCE.md (bench/gpu/run.sh, 2026-11-27: model loading and
+// 5 steps of this job, float gradient sums as then). Loading adds host->device copies and one
+// rounding of each float weight (2 norms a layer and the final one); every other call is a step's.
+TEST(StepCostTest, PredictedCallsPerStepAreTheOnesMeasuredOnAnH200) {
+  auto config = ReadHfConfig(std::string(FT_SOURCE_DIR) + "/bench/gpu/llama3-8b");
+  ASSERT_TRUE(config.ok());
+  auto cost = PredictCudaStep(QloraJob(2048, "float"), *config, 1, 1);
+  ASSERT_TRUE(cost.ok()) << cost.status().ToString();
+  const int64_t steps = 5, load_roundings = 2 * config->num_layers + 1;
+  const std::pair<const char*, int64_t> measured[] = {
+      {cuda_op::kGemmBf16, 12960},
+      {cuda_op::kOperandsToBf16, 16000},
+      {cuda_op::kNf4Dequantize, 3360},
+      {cuda_op::kRoundBf16, 7275 - load_roundings},
+      {cuda_op::kConvert, 11215},
+      {cuda_op::kAttentionBackward, 160},
+      {cuda_op::kAttentionForward, 320},
+      {cuda_op::kCrossEntropy, 320},
+      {cuda_op::kSwiGluForward, 320},
+      {cuda_op::kSumSquares, 2240},
+      {cuda_op::kAxpy, 960},
+      {cuda_op::kSwiGluBackward, 160},
+      {cuda_op::kRope, 960},
+      {cuda_op::kRmsNormForward, 645},
+      {cuda_op::kRmsNormBackward, 325},
+      {cuda_op::kAdamW, 2240},
+      {cuda_op::kZero, 2245},
+      {cuda_op::kEmbeddingForward16, 5},
+  };
+  for (const auto& [name, calls] : measured) {
+    ASSERT_TRUE(cost->ops.count(name)) << name;
+    EXPECT_EQ(cost->ops.at(name).calls * steps, calls) << name;
+  }
+}
+
+// The layout the cost model gives an NF4 weight is the one quantizing it gives.
+TEST(StepCostTest, Nf4LayoutFromTheShapeIsTheQuantizedTensorsLayout) {
+  for (const bool dq : {true, false}) {
+    for (const int64_t n : {int64_t{64}, int64_t{1000}, int64_t{65536 + 64}}) {
+      const cpu::Nf4Config config{64, dq, 256};
+      std::vector<float> values(static_cast<size_t>(n), 0.5f);
+      const cpu::Nf4Layout a = cpu::Nf4BlobLayout(cpu::QuantizeNf4(values.data(), n, config));
+      const cpu::Nf4Layout b = cpu::Nf4BlobLayoutFor(n, config);
+      EXPECT_EQ(a.bytes, b.bytes) << n;
+      EXPECT_EQ(a.absmax_at, b.absmax_at);
+      EXPECT_EQ(a.absmax2_at, b.absmax2_at);
+      EXPECT_EQ(a.absmax2_n, b.absmax2_n);
+    }
+  }
+}
+
+// What `ft-train plan --gpu` prints: the categories, the launches and the bytes converted, and a
+// roofline the size of the work (the 8B step's GEMMs alone are ~6·N·tokens FLOPs).
+TEST(StepCostTest, ThePlanSaysLaunchesConversionsAndTheRoofline) {
+  auto config = ReadHfConfig(std::string(FT_SOURCE_DIR) + "/bench/gpu/llama3-8b");
+  ASSERT_TRUE(config.ok());
+  auto cost = PredictCudaStep(QloraJob(2048), *config, 1, 1);
+  ASSERT_TRUE(cost.ok()) << cost.status().ToString();
+  auto h100 = FindGpu("h100");
+  ASSERT_TRUE(h100.ok());
+  const std::string text = FormatStepCost(*cost, *h100);
+  EXPECT_THAT(text, HasSubstr("gemm bf16 (cuBLASLt)"));
+  EXPECT_THAT(text, HasSubstr("nf4 dequantize"));
+  EXPECT_THAT(text, HasSubstr("launches"));
+  EXPECT_THAT(text, HasSubstr("of it conversions"));
+  EXPECT_GT(Launches(*cost), 1000);
+  EXPECT_GT(ConversionBytes(*cost), 0);
+  const OpWork& gemm = cost->ops.at(cuda_op::kGemmBf16);
+  const double six_n_t = 6.0 * static_cast<double>(cost->parameters) * static_cast<double>(cost->tokens);
+  EXPECT_GT(gemm.flops, 0.8 * six_n_t) << "forward, recompute and backward of the frozen linears";
+  EXPECT_LT(gemm.flops, 1.2 * six_n_t);
+  EXPECT_FALSE(FindGpu("v100").ok());
+  std::printf("%s", text.c_str());
+}
+
+}  // namespace
+}  // namespace ft
