@@ -139,7 +139,7 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
       + std::min(rows, chunk) * D * (act + kF32)      // the head's gathered rows and their gradient
       + rows * 6 * 4                                  // int32 batch inputs (4), head rows and targets
       + 2 * r.seq_len * (c.head_dim / 2) * kF32       // RoPE cos/sin
-      + (r.nf4 || typed ? max_linear * kF32 : 0)      // one linear's weight dequantised / widened
+      + (r.nf4 ? max_linear * (low ? 2 : kF32) : 0)   // one NF4 linear dequantised to its GEMM operand type
       // CUDA under bf16/fp16 (engine/model/cuda_backend.cu): fp32 staging of 16-bit operands (three
       // of the widest, one of q's), and the 16-bit copies of fp32 GEMM operands (a weight, a gradient).
       + (cuda && low ? (3 * widest + rows * Q) * kF32 + (max_linear + widest) * 2 : 0);

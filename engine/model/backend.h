@@ -259,8 +259,10 @@ class Backend {
   // out[layout.n] = cpu::DequantizeNf4Blob of the NF4 blob (kernels/cpu/nf4.h)
   // at `blob`, a tensor's codes and scales in this backend's memory, bit for
   // bit: how a QLoRA model's frozen weights, kept at about half a byte per
-  // value, are made float just before their GEMMs.
-  virtual void DequantizeNf4(const cpu::Nf4Layout& layout, const void* blob, float* out) = 0;
+  // value, are made float just before their GEMMs. A bf16 / fp16 `out` gets
+  // those values rounded to nearest even (what RoundToBf16 of the fp32 ones
+  // gives): the 16-bit GEMM operand itself, without an fp32 intermediate.
+  virtual void DequantizeNf4(const cpu::Nf4Layout& layout, const void* blob, Act out) = 0;
 
   // ---- Elementwise and reductions -----------------------------------------
   virtual void Axpy(int64_t n, float alpha, ConstAct x, float* y) = 0;  // y += alpha x

@@ -170,8 +170,15 @@ class CpuBackend final : public Backend {
                     float* dlogits, double* loss_sum) override {
     *loss_sum += cpu::CrossEntropy<float>(logits, targets, rows, V, grad_scale, dlogits);
   }
-  void DequantizeNf4(const cpu::Nf4Layout& layout, const void* blob, float* out) override {
-    cpu::DequantizeNf4Blob(layout, static_cast<const uint8_t*>(blob), out);
+  void DequantizeNf4(const cpu::Nf4Layout& layout, const void* blob, Act out) override {
+    const auto* codes = static_cast<const uint8_t*>(blob);
+    if (out.dtype == ActDType::kF32) {
+      cpu::DequantizeNf4Blob(layout, codes, out.as<float>());
+      return;
+    }
+    std::vector<float> values(static_cast<size_t>(layout.n));
+    cpu::DequantizeNf4Blob(layout, codes, values.data());
+    cpu::NarrowTo16(out.dtype == ActDType::kBF16, values.data(), layout.n, out.as<uint16_t>());
   }
 
   void Axpy(int64_t n, float alpha, ConstAct x, float* y) override {

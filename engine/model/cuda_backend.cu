@@ -451,8 +451,15 @@ class CudaBackend final : public Backend {
     Record(cuda::CrossEntropy<float>(logits, targets, rows, V, grad_scale, dlogits, row_loss, loss_sum,
                                      stream_));
   }
-  void DequantizeNf4(const cpu::Nf4Layout& layout, const void* blob, float* out) override {
+  void DequantizeNf4(const cpu::Nf4Layout& layout, const void* blob, Act out) override {
     if (!status_.ok()) return;
+    if (out.dtype == ActDType::kF16) {  // no fp16 kernel: fp32 into staging, then narrowed
+      float* staged = StagedOut(out, layout.n, 0);
+      if (!status_.ok()) return;
+      DequantizeNf4(layout, blob, Act(staged));
+      Unstage(staged, layout.n, out);
+      return;
+    }
     FT_TIME_OP(cuda_op::kNf4Dequantize);
     const auto* base = static_cast<const uint8_t*>(blob);
     cuda::Nf4DeviceTensor t;
@@ -466,7 +473,9 @@ class CudaBackend final : public Backend {
     } else {
       t.absmax = reinterpret_cast<const float*>(base + layout.absmax_at);
     }
-    Record(cuda::DequantizeNf4<float>(t, out, stream_));
+    // bf16: each value computed in fp32 as the fp32 kernel does, stored rounded to nearest even.
+    Record(out.dtype == ActDType::kBF16 ? cuda::DequantizeNf4<cuda::bf16>(t, out.as<cuda::bf16>(), stream_)
+                                        : cuda::DequantizeNf4<float>(t, out.as<float>(), stream_));
   }
 
   void Axpy(int64_t n, float alpha, ConstAct x, float* y) override {

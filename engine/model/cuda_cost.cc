@@ -279,8 +279,14 @@ void CudaCostBackend::CrossEntropy(const float*, const int32_t*, int64_t rows, i
   Record(op::kCrossEntropy, 2, 5 * D(rows * V), 4 * D(rows * V) * (dlogits != nullptr ? 2 : 1) + 8 * D(rows));
 }
 
-void CudaCostBackend::DequantizeNf4(const cpu::Nf4Layout& layout, const void*, float*) {
-  Record(op::kNf4Dequantize, 1, 2 * D(layout.n), D(layout.bytes) + 4 * D(layout.n));
+void CudaCostBackend::DequantizeNf4(const cpu::Nf4Layout& layout, const void* blob, Act out) {
+  if (out.dtype == ActDType::kF16) {  // fp32 into staging, then narrowed
+    StagedOut(out, layout.n, 0);
+    DequantizeNf4(layout, blob, Act(nullptr, ActDType::kF32));
+    Unstage(layout.n, out);
+    return;
+  }
+  Record(op::kNf4Dequantize, 1, 2 * D(layout.n), D(layout.bytes) + D(layout.n) * D(Bytes(out.dtype)));
 }
 
 void CudaCostBackend::Axpy(int64_t n, float, ConstAct x, float*) {

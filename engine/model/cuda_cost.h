@@ -108,7 +108,7 @@ class CudaCostBackend final : public Backend {
                          float* dtable) override;
   void CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V, float grad_scale,
                     float* dlogits, double* loss_sum) override;
-  void DequantizeNf4(const cpu::Nf4Layout& layout, const void* blob, float* out) override;
+  void DequantizeNf4(const cpu::Nf4Layout& layout, const void* blob, Act out) override;
   void Axpy(int64_t n, float alpha, ConstAct x, float* y) override;
   void Scale(int64_t n, float alpha, float* x) override;
   void AddBias(float* y, const float* bias, int64_t rows, int64_t n) override;

@@ -156,7 +156,7 @@ class GuardedCpuBackend final : public Backend {
     Open o(this);
     inner_->CrossEntropy(logits, targets, rows, V, grad_scale, dlogits, loss_sum);
   }
-  void DequantizeNf4(const cpu::Nf4Layout& layout, const void* blob, float* out) override {
+  void DequantizeNf4(const cpu::Nf4Layout& layout, const void* blob, Act out) override {
     Open o(this);
     inner_->DequantizeNf4(layout, blob, out);
   }

@@ -88,10 +88,10 @@ Model::Model(ModelConfig config, ModelOptions options)
         lin.bias = backend_->Alloc(lin.out, MemCategory::kWeights);
     }
   }
-  if (options_.nf4 || weight_format_) {
+  if (options_.nf4) {  // 16-bit codes need no scratch: their GEMMs read them as they are
     int64_t largest = 0;
     for (const auto& lin : layers_[0].proj) largest = std::max(largest, lin.in * lin.out);
-    dequant_ = backend_->Alloc(largest, MemCategory::kWorkspace);
+    dequant_ = backend_->AllocBytes(largest * ActDTypeBytes(LinearWeightDType()), MemCategory::kWorkspace);
   }
 }
 
@@ -401,7 +401,16 @@ void Model::RoundWeightsToComputeDType() {
   }
 }
 
-const float* Model::LinearWeight(int l, ModuleKind m) {
+ActDType Model::LinearWeightDType() const {
+  switch (LinearOperands()) {
+    case GemmOperands::kBF16: return ActDType::kBF16;
+    case GemmOperands::kF16: return ActDType::kF16;
+    case GemmOperands::kF32: break;
+  }
+  return ActDType::kF32;
+}
+
+ConstAct Model::LinearWeight(int l, ModuleKind m) {
   Linear& lin = layers_[l][m];
   const DeviceBuffer& b = FrozenStorage(lin);
   const void* storage = b.data();
@@ -413,13 +422,14 @@ const float* Model::LinearWeight(int l, ModuleKind m) {
   const bool nf4 = sharded_ ? options_.nf4 : !lin.nf4.empty();
   const bool codes16 = sharded_ ? !nf4 && weight_format_.has_value() : !lin.w16.empty();
   if (!nf4 && !codes16) return static_cast<const float*>(storage);
-  if (codes16) {  // typed storage: widened (exactly) into the scratch for this linear's GEMMs
-    backend_->Convert(ConstAct(storage, *weight_format_), lin.in * lin.out, dequant_.data());
-    return dequant_.data();
-  }
-  backend_->DequantizeNf4(lin.nf4_layout, storage, dequant_.data());
-  Round(dequant_.data(), lin.in * lin.out);
-  return dequant_.data();
+  // Typed storage is in the linears' operand type (weight_format_ is the compute dtype's): the
+  // GEMM reads the codes in place.
+  if (codes16) return ConstAct(storage, *weight_format_);
+  // NF4: dequantized straight to the operand type, rounded to it on the way (as the fp32
+  // values rounded to the compute dtype were).
+  const Act out(dequant_.data(), LinearWeightDType());
+  backend_->DequantizeNf4(lin.nf4_layout, storage, out);
+  return out;
 }
 
 std::vector<TrainableParam> Model::TrainableParams() {

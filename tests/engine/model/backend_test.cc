@@ -120,6 +120,37 @@ TEST(Backend, LowPrecisionOperandGemmRoundsTheOperandsFirst) {
   EXPECT_NE(x16, xb);
 }
 
+// NF4 dequantized straight to a 16-bit operand gives the codes of the fp32 dequantization
+// rounded to nearest even (what the model used to get by dequantizing to fp32 and rounding in
+// place), for bf16 and fp16, with and without double quantization.
+TEST(Backend, Nf4DequantizedToSixteenBitsIsTheFp32ValuesRounded) {
+  Backend& be = *CpuBackendInstance();
+  const int64_t n = 1000;
+  std::vector<float> values(n);
+  for (int64_t i = 0; i < n; ++i) values[i] = 0.37f * static_cast<float>((i * 7919) % 201 - 100) / 100.0f;
+  for (const bool dq : {true, false}) {
+    const cpu::Nf4Tensor q = cpu::QuantizeNf4(values.data(), n, {64, dq, 256});
+    const cpu::Nf4Layout layout = cpu::Nf4BlobLayout(q);
+    std::vector<uint8_t> blob(static_cast<size_t>(layout.bytes));
+    cpu::PackNf4Blob(q, layout, blob.data());
+    std::vector<float> f32(n);
+    be.DequantizeNf4(layout, blob.data(), f32.data());
+    for (const ActDType t : {ActDType::kBF16, ActDType::kF16}) {
+      std::vector<float> rounded = f32;
+      if (t == ActDType::kBF16) {
+        be.RoundToBf16(rounded.data(), n);
+      } else {
+        be.RoundToFp16(rounded.data(), n);
+      }
+      std::vector<uint16_t> codes(n);
+      be.DequantizeNf4(layout, blob.data(), Act(codes.data(), t));
+      std::vector<float> widened(n);
+      be.Convert(ConstAct(codes.data(), t), n, widened.data());
+      EXPECT_EQ(widened, rounded) << ActDTypeName(t) << (dq ? " double quant" : "");
+    }
+  }
+}
+
 // The guarded backend: the CPU's results, device memory out of the host's
 // reach between calls, and a capacity like a device's.
 TEST(GuardedBackend, SameResultsAsTheCpu) {
