@@ -140,9 +140,7 @@ JobView MakeJobView(const JobRow& job, const JobSpec& spec, const ModelConfig& m
   view.created_ms = job.created_ms;
   view.gpus = spec.resources.gpus;
   view.min_gpus = spec.resources.min_gpus;
-  view.batch_units = spec.train.micro_batch_size > 0
-                         ? spec.train.global_batch_size / spec.train.micro_batch_size
-                         : spec.train.global_batch_size;
+  view.batch_units = BatchSplitUnits(spec);
   view.device = spec.resources.device;
   view.plan = PlanRequestFromJob(spec, model, DeviceKind::kCpu, spec.resources.gpus);
   view.fixed_micro_batch = FixedMicroBatch(spec, spec.resources.gpus);

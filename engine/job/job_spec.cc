@@ -260,10 +260,7 @@ Status ParseResources(const YamlMap& m, JobSpec::Resources* s) {
 
 // Whether `world` ranks split the global batch into whole micro-batches each.
 bool SplitsEvenly(const JobSpec& spec, int64_t world) {
-  const JobSpec::Train& t = spec.train;
-  const int64_t units =
-      t.micro_batch_size > 0 ? t.global_batch_size / t.micro_batch_size : t.global_batch_size;
-  return world > 0 && units % world == 0;
+  return world > 0 && BatchSplitUnits(spec) % world == 0;
 }
 
 Status CheckBatchPlan(const YamlMap& train, const JobSpec& spec) {
@@ -402,6 +399,11 @@ StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& 
   spec.data.chat_template = Resolve(base, spec.data.chat_template);
   spec.output.dir = Resolve(base, spec.output.dir);
   return spec;
+}
+
+int64_t BatchSplitUnits(const JobSpec& spec) {
+  const JobSpec::Train& t = spec.train;
+  return t.micro_batch_size > 0 ? t.global_batch_size / t.micro_batch_size : t.global_batch_size;
 }
 
 bool AllowedWorld(const JobSpec& spec, int64_t world) {

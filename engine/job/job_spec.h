@@ -151,6 +151,9 @@ std::vector<std::pair<const char*, std::string>> JobInputPaths(const JobSpec& sp
 // train.micro_batch_size fixed: global_batch_size / micro_batch_size divisible
 // by world; with it auto: global_batch_size divisible by world).
 bool AllowedWorld(const JobSpec& spec, int64_t world);
+// What those worlds must divide: global_batch_size / micro_batch_size when the
+// micro-batch is fixed, else global_batch_size (the scheduler's JobView::batch_units).
+int64_t BatchSplitUnits(const JobSpec& spec);
 
 // Whether train.gradient_sum is exact once auto is resolved (exact for an
 // adapter, float for a full fine-tune).

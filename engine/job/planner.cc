@@ -141,7 +141,8 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
       + 2 * r.seq_len * (c.head_dim / 2) * kF32       // RoPE cos/sin
       + (r.nf4 ? max_linear * (low ? 2 : kF32) : 0)   // one NF4 linear dequantised to its GEMM operand type
       // CUDA under bf16/fp16 (engine/model/cuda_backend.cu): fp32 staging of 16-bit operands (three
-      // of the widest, one of q's), and the 16-bit copies of fp32 GEMM operands (a weight, a gradient).
+      // of the widest, one of q's), and the 16-bit copies of fp32 GEMM operands (a full fine-tune's
+      // weight, a gradient; kept for LoRA too, whose frozen weights need none now: an upper bound).
       + (cuda && low ? (3 * widest + rows * Q) * kF32 + (max_linear + widest) * 2 : 0);
   m.runtime = cuda ? kCudaRuntimeBytes : 0;
   return m;

@@ -176,7 +176,10 @@ class CpuBackend final : public Backend {
       cpu::DequantizeNf4Blob(layout, codes, out.as<float>());
       return;
     }
-    std::vector<float> values(static_cast<size_t>(layout.n));
+    // fp32 values first (the definition), then narrowed: a scratch per thread, kept, so a model's
+    // every weight use does not allocate (and fault in) its own.
+    thread_local std::vector<float> values;
+    if (values.size() < static_cast<size_t>(layout.n)) values.resize(static_cast<size_t>(layout.n));
     cpu::DequantizeNf4Blob(layout, codes, values.data());
     cpu::NarrowTo16(out.dtype == ActDType::kBF16, values.data(), layout.n, out.as<uint16_t>());
   }

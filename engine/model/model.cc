@@ -91,7 +91,7 @@ Model::Model(ModelConfig config, ModelOptions options)
   if (options_.nf4) {  // 16-bit codes need no scratch: their GEMMs read them as they are
     int64_t largest = 0;
     for (const auto& lin : layers_[0].proj) largest = std::max(largest, lin.in * lin.out);
-    dequant_ = backend_->AllocBytes(largest * ActDTypeBytes(LinearWeightDType()), MemCategory::kWorkspace);
+    dequant_ = backend_->AllocBytes(largest * ActDTypeBytes(act_dtype_), MemCategory::kWorkspace);
   }
 }
 
@@ -401,15 +401,6 @@ void Model::RoundWeightsToComputeDType() {
   }
 }
 
-ActDType Model::LinearWeightDType() const {
-  switch (LinearOperands()) {
-    case GemmOperands::kBF16: return ActDType::kBF16;
-    case GemmOperands::kF16: return ActDType::kF16;
-    case GemmOperands::kF32: break;
-  }
-  return ActDType::kF32;
-}
-
 ConstAct Model::LinearWeight(int l, ModuleKind m) {
   Linear& lin = layers_[l][m];
   const DeviceBuffer& b = FrozenStorage(lin);
@@ -425,9 +416,9 @@ ConstAct Model::LinearWeight(int l, ModuleKind m) {
   // Typed storage is in the linears' operand type (weight_format_ is the compute dtype's): the
   // GEMM reads the codes in place.
   if (codes16) return ConstAct(storage, *weight_format_);
-  // NF4: dequantized straight to the operand type, rounded to it on the way (as the fp32
-  // values rounded to the compute dtype were).
-  const Act out(dequant_.data(), LinearWeightDType());
+  // NF4: dequantized straight to the operand type (LinearOperands takes the activation dtype's),
+  // rounded to it on the way (as the fp32 values rounded to the compute dtype were).
+  const Act out(dequant_.data(), act_dtype_);
   backend_->DequantizeNf4(lin.nf4_layout, storage, out);
   return out;
 }

@@ -328,10 +328,8 @@ class Model {
   // The GEMM operand of linear m of layer l's weight: its own fp32 buffer, its
   // 16-bit codes as they are (the linears' GEMMs take 16-bit operands then), or
   // its NF4 codes dequantized into scratch straight to the GEMM's operand type
-  // (LinearWeightDType); from the stage when offloaded or sharded.
+  // (the activation dtype); from the stage when offloaded or sharded.
   ConstAct LinearWeight(int l, ModuleKind m);
-  // The type NF4 weights are dequantized to: the linears' 16-bit operand type, else fp32.
-  ActDType LinearWeightDType() const;
   // Frozen storage of `bytes`: in host memory under cpu_offload, else on the device.
   DeviceBuffer AllocFrozen(int64_t bytes);
   // The frozen storage of a linear (w, w16 or nf4: the one in use).
@@ -365,7 +363,7 @@ class Model {
   std::vector<DecoderLayer> layers_;
   bool lora_enabled_ = false;
   bool full_training_ = false;
-  DeviceBuffer dequant_;  // scratch for one NF4 linear weight dequantized (LinearWeightDType)
+  DeviceBuffer dequant_;  // scratch for one NF4 linear weight dequantized (in act_dtype_)
   // cpu_offload: two device stages of one layer's frozen storage, the byte
   // offset of each module's storage in a stage, and the layer each holds.
   DeviceBuffer stage_[2];

@@ -121,6 +121,26 @@ class DaemonTest : public testing::Test {
     daemon_->OnWorkerMessage(worker, sink, m);
   }
   pb::Job Job(const std::string& id) { return *daemon_->GetJob(id); }
+  // A 3 s lease, a job running on w1, w2 idle: what the stall tests start from. The job's id.
+  std::string RunningOnW1WithW2Idle(FakeSink* w1, FakeSink* w2) {
+    lease_ms_ = 3'000;
+    Reopen();
+    const std::string id = Submit();
+    Register("w1", w1);
+    daemon_->Tick();
+    Register("w2", w2);  // idle
+    EXPECT_EQ(Job(id).state(), pb::RUNNING);
+    return id;
+  }
+  // After a stall of ftd: every worker alive, job `id` still running, nothing preempted or refused.
+  void ExpectNoWorkerLost(const std::string& id, const FakeSink& w1) {
+    auto workers = daemon_->ListWorkers();
+    ASSERT_TRUE(workers.ok());
+    for (const auto& w : workers->workers()) EXPECT_TRUE(w.alive()) << w.id();
+    EXPECT_EQ(Job(id).state(), pb::RUNNING);
+    EXPECT_EQ(Job(id).preemptions(), 0);
+    EXPECT_EQ(w1.Count(pb::DaemonCommand::kRefused), 0);
+  }
 
   std::string dir_;
   int64_t lease_ms_ = 0;  // 0: DaemonOptions' default
@@ -1132,13 +1152,8 @@ TEST_F(DaemonTest, ATickSchedulesOnlyWhenItsInputsChanged) {
 }
 
 TEST_F(DaemonTest, ADaemonStallLongerThanTheLeaseCostsNoWorkerItsLease) {
-  lease_ms_ = 3'000;
-  Reopen();
-  const std::string id = Submit();
   FakeSink w1, w2;
-  Register("w1", &w1);
-  daemon_->Tick();
-  Register("w2", &w2);  // idle
+  const std::string id = RunningOnW1WithW2Idle(&w1, &w2);
   ASSERT_EQ(Job(id).state(), pb::RUNNING);
   // w1's heartbeat waits 5 s in ftd's database commit, under ftd's lock: no
   // other message could be handled meanwhile.
@@ -1151,12 +1166,7 @@ TEST_F(DaemonTest, ADaemonStallLongerThanTheLeaseCostsNoWorkerItsLease) {
   daemon_->store().SetCommitHookForTest(nullptr);
   ASSERT_TRUE(stalled);
   daemon_->Tick();
-  auto workers = daemon_->ListWorkers();
-  ASSERT_TRUE(workers.ok());
-  for (const auto& w : workers->workers()) EXPECT_TRUE(w.alive()) << w.id();
-  EXPECT_EQ(Job(id).state(), pb::RUNNING);
-  EXPECT_EQ(Job(id).preemptions(), 0);
-  EXPECT_EQ(w1.Count(pb::DaemonCommand::kRefused), 0);
+  ExpectNoWorkerLost(id, w1);
   EXPECT_GE(daemon_->stall_ms_total(), 5'000);
   // The credit is ftd's stall only: silence beyond it still expires the leases.
   clock_.Advance(3'500);
@@ -1192,14 +1202,9 @@ TEST_F(DaemonTest, AMessageThatArrivedAndWaitsForTheDaemonKeepsItsWorkersLease) 
 // lease, while no lock was held. Workers heard just before lose nothing: the tick's lateness is
 // ftd's stall, credited to every lease; silence past the credit still expires them.
 TEST_F(DaemonTest, ATickRunningLateLongerThanTheLeaseCostsNoWorkerItsLease) {
-  lease_ms_ = 3'000;
   tick_ms_ = 200;
-  Reopen();
-  const std::string id = Submit();
   FakeSink w1, w2;
-  Register("w1", &w1);
-  daemon_->Tick();
-  Register("w2", &w2);  // idle
+  const std::string id = RunningOnW1WithW2Idle(&w1, &w2);
   ASSERT_EQ(Job(id).state(), pb::RUNNING);
   clock_.Advance(200);
   Heartbeat("w1", &w1, id, 1, 3);
@@ -1207,12 +1212,7 @@ TEST_F(DaemonTest, ATickRunningLateLongerThanTheLeaseCostsNoWorkerItsLease) {
   const int64_t credited = daemon_->stall_ms_total();
   clock_.Advance(5'000);  // the next tick was due 200 ms after the last: 4.8 s late
   daemon_->Tick();
-  auto workers = daemon_->ListWorkers();
-  ASSERT_TRUE(workers.ok());
-  for (const auto& w : workers->workers()) EXPECT_TRUE(w.alive()) << w.id();
-  EXPECT_EQ(Job(id).state(), pb::RUNNING);
-  EXPECT_EQ(Job(id).preemptions(), 0);
-  EXPECT_EQ(w1.Count(pb::DaemonCommand::kRefused), 0);
+  ExpectNoWorkerLost(id, w1);
   EXPECT_GE(daemon_->stall_ms_total() - credited, 4'800);
   // Ticks on time from now on: silence past the lease beyond the credit expires it.
   int64_t silent_ms = 0;
