@@ -273,9 +273,22 @@ std::vector<size_t> PlaceWorld(const JobView& job, int64_t world, const std::vec
 // is the smallest world's reason: the least it needs.
 std::vector<size_t> PlaceOn(const JobView& job, const std::vector<WorkerView>& workers,
                             const std::vector<size_t>& idle, Placement* placement, WaitReason* why) {
-  const int64_t fewest = job.min_gpus > 0 ? std::min(job.min_gpus, job.gpus) : job.gpus;
-  for (int64_t world = job.gpus; world >= std::max<int64_t>(1, fewest); --world) {
-    if (world != job.gpus && job.batch_units % world != 0) continue;
+  const int64_t fewest = std::max<int64_t>(1, job.min_gpus > 0 ? std::min(job.min_gpus, job.gpus) : job.gpus);
+  if (fewest >= job.gpus) return PlaceWorld(job, job.gpus, workers, idle, placement, why);  // a fixed world
+  // An elastic job. A world above the devices the idle workers offer cannot be placed, so it is
+  // skipped (one walk over the workers per world that could fit, not per world allowed), except
+  // the smallest allowed, tried regardless: its reason is the one the job shows.
+  int64_t offered = 0;
+  for (size_t i : idle) {
+    for (const DeviceView& d : workers[i].devices) offered += KindAllowed(job, d.kind) ? 1 : 0;
+  }
+  int64_t smallest = job.gpus;
+  for (int64_t world = fewest; world < job.gpus && smallest == job.gpus; ++world) {
+    if (job.batch_units % world == 0) smallest = world;
+  }
+  for (int64_t world = job.gpus; world >= smallest; --world) {
+    const bool allowed = world == job.gpus || job.batch_units % world == 0;
+    if (!allowed || (world > offered && world != smallest)) continue;
     std::vector<size_t> at = PlaceWorld(job, world, workers, idle, placement, why);
     if (!at.empty()) return at;
   }
