@@ -108,7 +108,8 @@ if ! cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -
   exit 1
 fi
 grep "ftune:" "$work/configure.log"
-targets=(cuda_device_info_test kernels_cuda_ops_test kernels_cuda_attention_test ft_gpu_kernel_bench)
+targets=(cuda_device_info_test kernels_cuda_ops_test kernels_cuda_attention_test kernels_cuda_typed_activations_test
+  ft_gpu_kernel_bench)
 have_train=0
 # engine/CMakeLists.txt says when it leaves ft-train out (no tokenizer libraries).
 if ! grep -q "building engine/model only" "$work/configure.log"; then

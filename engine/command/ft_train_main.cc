@@ -247,9 +247,8 @@ int MakeModel(const std::string& preset, const std::string& config_file, const s
   auto config = read();
   if (!config.ok()) return Fail(config.status());
   if (vocab > 0) config->vocab_size = vocab;
-  ft::Model model(*config, {});
-  ft::RandomInitModel(&model, seed);
-  ft::Status s = ft::SaveHfModel(out, model, dtype);
+  // Streamed: each tensor made and written a chunk at a time, never the whole model in memory.
+  ft::Status s = ft::WriteRandomHfModel(out, *config, dtype, seed);
   if (!s.ok()) return Fail(s);
   std::fprintf(stderr, "ft-train: wrote %s model to %s\n", what.c_str(), out.c_str());
   return 0;

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <numbers>
 #include <set>
@@ -12,6 +13,7 @@
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/openmp_start.h"
+#include "engine/model/cuda_cost.h"
 #include "engine/model/rng.h"
 
 namespace ft {
@@ -115,11 +117,52 @@ Status CopyTokenizerFiles(const std::string& from_dir, const std::string& to_dir
   return Status::OK();
 }
 
-Status SaveHfModel(const std::string& dir, Model& model, DType dtype) {
+namespace {
+
+Status WriteHfConfig(const std::string& dir, ModelConfig c, DType dtype) {
   FT_RETURN_IF_ERROR(CreateDirectoriesConfined(dir));
-  ModelConfig c = model.config();
   c.torch_dtype = dtype == DType::kBF16 ? "bfloat16" : dtype == DType::kF16 ? "float16" : "float32";
-  FT_RETURN_IF_ERROR(WriteFileDurably((fs::path(dir) / "config.json").string(), HfConfigJson(c)));
+  return WriteFileDurably((fs::path(dir) / "config.json").string(), HfConfigJson(c));
+}
+
+Status WriteHfWeights(const std::string& dir, std::vector<TensorToWrite> tensors) {
+  return WriteSafetensors((fs::path(dir) / "model.safetensors").string(), std::move(tensors),
+                          {{"format", "pt"}},
+                          /*sync=*/true);
+}
+
+// Values [begin, begin + count) of weight number `index` of RandomInitModel's walk.
+void RandomWeightValues(const NamedTensor& t, uint64_t seed, uint64_t index, int64_t begin, int64_t count,
+                        float* out) {
+  const bool is_norm = t.name.find("norm") != std::string::npos;
+  // Fan-in scaling keeps activations and logits O(1) at any width, so a
+  // frozen random head still lets a tiny model learn (0.02 would not at width 64).
+  const double stddev = 1.0 / std::sqrt(static_cast<double>(t.shape.back()));
+  const bool is_bias = t.name.size() > 5 && t.name.compare(t.name.size() - 5, 5, ".bias") == 0;
+  // Counter-based: every element is a pure function of (seed, tensor, i), so the loop parallelises.
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (count >= (int64_t{1} << 16))
+#endif
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t i = begin + k;
+    if (is_norm) {
+      out[k] = 1.0f;
+    } else if (is_bias) {
+      out[k] = 0.0f;
+    } else {
+      // Box-Muller from two counter-based uniforms.
+      const double u1 = (static_cast<double>(HashKeys(seed, index, i, 1) >> 11) + 1.0) / 9007199254740993.0;
+      const double u2 = static_cast<double>(HashKeys(seed, index, i, 2) >> 11) / 9007199254740992.0;
+      out[k] =
+          static_cast<float>(stddev * std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * std::numbers::pi * u2));
+    }
+  }
+}
+
+}  // namespace
+
+Status SaveHfModel(const std::string& dir, Model& model, DType dtype) {
+  FT_RETURN_IF_ERROR(WriteHfConfig(dir, model.config(), dtype));
   std::vector<TensorToWrite> tensors;
   std::vector<std::vector<float>> host;  // the weights copied off the model's backend
   for (NamedTensor& t : model.NamedWeights()) {
@@ -127,42 +170,35 @@ Status SaveHfModel(const std::string& dir, Model& model, DType dtype) {
     host.push_back(std::move(values));
     tensors.push_back({t.name, t.shape, host.back().data(), dtype});
   }
-  return WriteSafetensors((fs::path(dir) / "model.safetensors").string(), std::move(tensors),
-                          {{"format", "pt"}},
-                          /*sync=*/true);
+  return WriteHfWeights(dir, std::move(tensors));
 }
 
 void RandomInitModel(Model* model, uint64_t seed) {
   uint64_t tensor_index = 0;
   for (NamedTensor& t : model->NamedWeights()) {
-    const int64_t n = t.numel();
-    std::vector<float> values(static_cast<size_t>(n));  // on the host, then uploaded or quantized
-    const bool is_norm = t.name.find("norm") != std::string::npos;
-    // Fan-in scaling keeps activations and logits O(1) at any width, so a
-    // frozen random head still lets a tiny model learn (0.02 would not at width 64).
-    const double stddev = 1.0 / std::sqrt(static_cast<double>(t.shape.back()));
-    const bool is_bias = t.name.size() > 5 && t.name.compare(t.name.size() - 5, 5, ".bias") == 0;
-    // Counter-based: every element is a pure function of (seed, tensor, i), so the loop parallelises.
-#if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16))
-#endif
-    for (int64_t i = 0; i < n; ++i) {
-      if (is_norm) {
-        values[i] = 1.0f;
-      } else if (is_bias) {
-        values[i] = 0.0f;
-      } else {
-        // Box-Muller from two counter-based uniforms.
-        const double u1 =
-            (static_cast<double>(HashKeys(seed, tensor_index, i, 1) >> 11) + 1.0) / 9007199254740993.0;
-        const double u2 = static_cast<double>(HashKeys(seed, tensor_index, i, 2) >> 11) / 9007199254740992.0;
-        values[i] =
-            static_cast<float>(stddev * std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * std::numbers::pi * u2));
-      }
-    }
+    std::vector<float> values(static_cast<size_t>(t.numel()));  // on the host, then uploaded or quantized
+    RandomWeightValues(t, seed, tensor_index++, 0, t.numel(), values.data());
     model->SetWeight(t, values.data());
-    ++tensor_index;
   }
+}
+
+Status WriteRandomHfModel(const std::string& dir, const ModelConfig& config, DType dtype, uint64_t seed) {
+  // The weights' names and shapes, RandomInitModel's walk, from a model on a backend that holds
+  // nothing (address space reserved, never committed: engine/model/cuda_cost.h).
+  ModelOptions options;
+  options.backend = std::make_shared<CudaCostBackend>();
+  Model shapes(config, options);
+  FT_RETURN_IF_ERROR(WriteHfConfig(dir, config, dtype));
+  std::vector<TensorToWrite> tensors;
+  uint64_t tensor_index = 0;
+  for (const NamedTensor& t : shapes.NamedWeights()) {
+    const NamedTensor named{t.name, t.shape};
+    tensors.push_back({t.name, t.shape, nullptr, dtype,
+                       [named, seed, index = tensor_index++](int64_t begin, int64_t count, float* out) {
+                         RandomWeightValues(named, seed, index, begin, count, out);
+                       }});
+  }
+  return WriteHfWeights(dir, std::move(tensors));
 }
 
 }  // namespace ft

@@ -35,4 +35,11 @@ Status CopyTokenizerFiles(const std::string& from_dir, const std::string& to_dir
 // N(0, 1/fan_in) (fan_in = the last dimension), norms 1, biases 0.
 void RandomInitModel(Model* model, uint64_t seed);
 
+// The HF model directory RandomInitModel then SaveHfModel would write for
+// `config` (the same bytes), written without a model: each tensor is made and
+// encoded a chunk at a time as it is written (safetensors.h's fill), so its
+// memory is a few chunks whatever the model's size, the 8B shape included
+// (`ft-train make-model`). IOError naming the file on failure.
+Status WriteRandomHfModel(const std::string& dir, const ModelConfig& config, DType dtype, uint64_t seed);
+
 }  // namespace ft

@@ -198,17 +198,42 @@ Status SafetensorsFile::ReadFloat(const std::string& name, const std::vector<int
 
 namespace {
 
-std::vector<uint8_t> Encode(const TensorToWrite& t, int64_t n) {
-  std::vector<uint8_t> bytes(static_cast<size_t>(n) * DTypeSize(t.dtype));
-  if (t.dtype == DType::kF32) {
-    std::memcpy(bytes.data(), t.data, bytes.size());
-  } else {
-    for (int64_t i = 0; i < n; ++i) {
-      uint16_t h = t.dtype == DType::kBF16 ? cpu::FloatToBf16(t.data[i]) : cpu::FloatToHalf(t.data[i]);
-      std::memcpy(bytes.data() + 2 * i, &h, 2);
-    }
+// Values [begin, begin + count) of t, encoded as its dtype into `bytes` (`values`: scratch for fill).
+void EncodeChunk(const TensorToWrite& t, int64_t begin, int64_t count, std::vector<float>& values,
+                 std::vector<uint8_t>& bytes) {
+  const float* src = t.data + begin;
+  if (t.data == nullptr) {
+    values.resize(static_cast<size_t>(count));
+    t.fill(begin, count, values.data());
+    src = values.data();
   }
-  return bytes;
+  bytes.resize(static_cast<size_t>(count) * DTypeSize(t.dtype));
+  if (t.dtype == DType::kF32) {
+    std::memcpy(bytes.data(), src, bytes.size());
+    return;
+  }
+  const bool bf16 = t.dtype == DType::kBF16;
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (count >= (int64_t{1} << 16))
+#endif
+  for (int64_t i = 0; i < count; ++i) {
+    const uint16_t h = bf16 ? cpu::FloatToBf16(src[i]) : cpu::FloatToHalf(src[i]);
+    std::memcpy(bytes.data() + 2 * i, &h, 2);
+  }
+}
+
+// Writes tensor t (n values) to fd, a chunk at a time.
+Status WriteTensor(int fd, const TensorToWrite& t, int64_t n, const std::string& path) {
+  if (t.data == nullptr && !t.fill) {
+    return Status::InvalidArgument(path + ": tensor '" + t.name + "' has neither data nor fill");
+  }
+  std::vector<float> values;
+  std::vector<uint8_t> bytes;
+  for (int64_t begin = 0; begin < n; begin += kSafetensorsWriteChunk) {
+    EncodeChunk(t, begin, std::min(kSafetensorsWriteChunk, n - begin), values, bytes);
+    FT_RETURN_IF_ERROR(WriteAll(fd, bytes.data(), bytes.size(), path));
+  }
+  return Status::OK();
 }
 
 }  // namespace
@@ -240,8 +265,7 @@ Status WriteSafetensors(const std::string& path, std::vector<TensorToWrite> tens
     if (!s.ok()) break;
     int64_t n = 1;
     for (int64_t d : t.shape) n *= d;
-    std::vector<uint8_t> bytes = Encode(t, n);
-    s = WriteAll(fd, bytes.data(), bytes.size(), path);
+    s = WriteTensor(fd, t, n, path);
   }
   if (s.ok() && sync && ::fsync(fd) != 0)
     s = Status::IOError(path + ": fsync failed: " + std::strerror(errno));

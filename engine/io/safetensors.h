@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -72,17 +73,24 @@ class SafetensorsFile {
   uint64_t data_size_ = 0;
 };
 
-// One tensor to write: `data` holds numel floats, stored as `dtype` (F32, BF16 or F16).
+// One tensor to write, stored as `dtype` (F32, BF16 or F16): `data` holds its
+// numel floats or, when `data` is null, `fill` produces them a range at a time
+// (fill(begin, count, out) writes values [begin, begin + count) to out), so a
+// tensor made on the fly is never whole in memory.
 struct TensorToWrite {
   std::string name;
   std::vector<int64_t> shape;
   const float* data = nullptr;
   DType dtype = DType::kF32;
+  std::function<void(int64_t begin, int64_t count, float* out)> fill;
 };
 
 // Writes a safetensors file (tensors sorted by name, header padded to 8
-// bytes). When `sync` is set the file is fsynced before returning. IOError
-// names the path on failure; a partly written file is removed.
+// bytes), encoding each tensor in chunks of kSafetensorsWriteChunk values (the
+// memory it takes beside the caller's). When `sync` is set the file is fsynced
+// before returning. IOError names the path on failure; a partly written file
+// is removed.
+constexpr int64_t kSafetensorsWriteChunk = int64_t{1} << 22;
 Status WriteSafetensors(const std::string& path, std::vector<TensorToWrite> tensors,
                         const std::map<std::string, std::string>& metadata, bool sync);
 

@@ -74,7 +74,8 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
   for (const LinearShape& s : lin) {
     const int64_t n = s.in * s.out;
     max_linear = std::max(max_linear, n);
-    const int64_t bytes = r.nf4 ? Nf4Bytes(n, r.nf4_block, r.double_quant) : n * (typed ? 2 : act);
+    // Not typed: fp32 (a full fine-tune's trainable masters, whatever the compute dtype).
+    const int64_t bytes = r.nf4 ? Nf4Bytes(n, r.nf4_block, r.double_quant) : n * (typed ? 2 : kF32);
     per_layer_linears += bytes;
     stage += Align(bytes, 256);
     if (s.bias) per_layer_weights += s.out * kF32;
@@ -140,10 +141,14 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
       + rows * 6 * 4                                  // int32 batch inputs (4), head rows and targets
       + 2 * r.seq_len * (c.head_dim / 2) * kF32       // RoPE cos/sin
       + (r.nf4 ? max_linear * (low ? 2 : kF32) : 0)   // one NF4 linear dequantised to its GEMM operand type
-      // CUDA under bf16/fp16 (engine/model/cuda_backend.cu): fp32 staging of 16-bit operands (three
-      // of the widest, one of q's), and the 16-bit copies of fp32 GEMM operands (a full fine-tune's
-      // weight, a gradient; kept for LoRA too, whose frozen weights need none now: an upper bound).
-      + (cuda && low ? (3 * widest + rows * Q) * kF32 + (max_linear + widest) * 2 : 0);
+      // CUDA under bf16/fp16 (engine/model/cuda_backend.cu): the 16-bit copies of fp32 GEMM operands
+      // (a full fine-tune's weight, a gradient; kept for LoRA too, whose frozen weights need none
+      // now: an upper bound). Its typed ops read 16-bit activations in place: no fp32 staging but
+      // a full fine-tune's loss head (fp32 weights) widening its 16-bit input, forward and backward.
+      + (cuda && low ? (max_linear + widest) * 2 + (r.full ? 2 * std::min(rows, chunk) * D * kF32 : 0) : 0)
+      // CUDA: the attention backward's row deltas, a full fine-tune's RMSNorm weight-gradient partials
+      // (kernels/cuda/norm.cu: one row of D per 64 rows).
+      + (cuda ? rows * H * kF32 + (r.full ? (rows + 63) / 64 * D * kF32 : 0) : 0);
   m.runtime = cuda ? kCudaRuntimeBytes : 0;
   return m;
 }

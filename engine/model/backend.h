@@ -47,6 +47,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common/device_kind.h"
 #include "common/status.h"
@@ -91,6 +92,12 @@ struct ConstAct {
   const S* as() const {
     return static_cast<const S*>(data);
   }
+};
+
+// n floats of backend memory from `data` (one tensor of a list an op reads).
+struct FloatRange {
+  const float* data = nullptr;
+  int64_t n = 0;
 };
 
 // A tracked allocation of a backend's memory (floats, or raw bytes for
@@ -284,8 +291,9 @@ class Backend {
   // dx[i] += d[i] * mask[i] (mask = Dropout of ones): the gradient through the dropout.
   virtual void DropoutBackwardAdd(const DropoutKey& key, const float* d, int64_t rows, int64_t in,
                                   float* dx) = 0;
-  // Σ x² in double, fixed order (global grad norm); waits for the result.
-  virtual double SumSquares(const float* x, int64_t n) = 0;
+  // Σ over `tensors` of Σ x², in double: each tensor's sum in a fixed order, the sums added in the
+  // list's order starting from the first's (the global grad norm). Waits once, for the total.
+  virtual double SumSquares(const std::vector<FloatRange>& tensors) = 0;
   // One AdamW update (cpu::AdamW's definition) on device param/grad/m/v.
   virtual void AdamW(const cpu::AdamWParams& hp, int64_t n, float* param, const float* grad, float* m,
                      float* v) = 0;

@@ -245,7 +245,11 @@ class CpuBackend final : public Backend {
     Dropout(key, mask.data(), rows, in, mask.data());
     for (int64_t i = 0; i < rows * in; ++i) dx[i] += d[i] * mask[i];
   }
-  double SumSquares(const float* x, int64_t n) override { return cpu::SumSquares<float>(x, n); }
+  double SumSquares(const std::vector<FloatRange>& tensors) override {
+    double sum = 0;
+    for (const FloatRange& t : tensors) sum += cpu::SumSquares<float>(t.data, t.n);
+    return sum;
+  }
   void AdamW(const cpu::AdamWParams& hp, int64_t n, float* param, const float* grad, float* m,
              float* v) override {
     cpu::AdamW<float>(hp, n, param, grad, m, v);

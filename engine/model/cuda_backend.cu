@@ -9,6 +9,12 @@
 // masks). Workspaces the ops ask for grow on demand and are counted as
 // workspace bytes.
 //
+// Typed storage: bf16/fp16 activations are read and written in place by
+// every op (kernels/cuda's <T, P> instantiations beside the fp32 weights and
+// gradients), each value computed in fp32 and rounded once where it is
+// stored; only the fp32 GEMM (the loss head) widens a 16-bit operand into a
+// staging copy, and the 16-bit GEMMs round an fp32 operand into one.
+//
 // Memory techniques (issue #16): a second stream, the copy stream, moves
 // data between device memory and page-locked host memory (AllocHost) beside
 // the ops. A transfer waits for an event recorded on the compute stream when
@@ -33,6 +39,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -103,6 +110,7 @@ __global__ void ToLowPrecisionKernel(const float* src, int64_t rows, int64_t col
   }
 }
 
+__device__ __forceinline__ float ToFloat(float x) { return x; }
 __device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
 
@@ -143,15 +151,18 @@ __device__ __forceinline__ bool Keep(const DropoutKey& key, int64_t r, int64_t c
 }
 
 // add = false: out = keep ? x * keep_scale : 0. add = true: out += x * (keep ? keep_scale : 0).
-__global__ void DropoutKernel(DropoutKey key, float keep_scale, const float* x, int64_t rows, int64_t in,
+// x in fp32 or 16-bit storage (read in place, widened exactly).
+template <typename T>
+__global__ void DropoutKernel(DropoutKey key, float keep_scale, const T* x, int64_t rows, int64_t in,
                               float* out, bool add) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * in;
        i += int64_t{gridDim.x} * blockDim.x) {
     const bool keep = Keep(key, i / in, i % in);
+    const float xi = ToFloat(x[i]);
     if (add) {
-      out[i] = __fadd_rn(out[i], __fmul_rn(x[i], keep ? keep_scale : 0.0f));
+      out[i] = __fadd_rn(out[i], __fmul_rn(xi, keep ? keep_scale : 0.0f));
     } else {
-      out[i] = keep ? __fmul_rn(x[i], keep_scale) : 0.0f;
+      out[i] = keep ? __fmul_rn(xi, keep_scale) : 0.0f;
     }
   }
 }
@@ -337,35 +348,33 @@ class CudaBackend final : public Backend {
   }
   void RmsNormForward(ConstAct x, const float* w, int64_t rows, int64_t D, float eps, Act y,
                       float* rstd) override {
-    const float* xs = Staged(x, rows * D, 0);
-    float* ys = StagedOut(y, rows * D, 1);
-    if (!status_.ok()) return;
-    {
-      FT_TIME_OP(cuda_op::kRmsNormForward);
-      Record(cuda::RmsNormForward<float>(xs, w, rows, D, eps, ys, rstd, stream_));
-    }
-    Unstage(ys, rows * D, y);
+    if (!SameStorage("RmsNormForward", {x.dtype, y.dtype})) return;
+    FT_TIME_OP(cuda_op::kRmsNormForward);
+    WithStorage(x.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      Record(cuda::RmsNormForward(x.as<T>(), w, rows, D, eps, y.as<T>(), rstd, stream_));
+    });
   }
   void RmsNormBackward(ConstAct x, const float* w, const float* rstd, const float* dy, int64_t rows,
                        int64_t D, float* dx, float* dw) override {
-    const float* xs = Staged(x, rows * D, 0);
     if (!status_.ok()) return;
     FT_TIME_OP(cuda_op::kRmsNormBackward);
     float* ws = nullptr;
     if (dw != nullptr) ws = Workspace(rms_ws_, cuda::RmsNormBackwardWorkspaceFloats(rows, D) * 4);
     if (!status_.ok()) return;
-    Record(cuda::RmsNormBackward<float>(xs, w, rstd, dy, rows, D, dx, dw, ws, stream_));
+    WithStorage(x.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      Record(cuda::RmsNormBackward(x.as<T>(), w, rstd, dy, rows, D, dx, dw, ws, stream_));
+    });
   }
   void RopeApply(Act x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions,
                  const float* cos_table, const float* sin_table, bool inverse) override {
-    const int64_t n = rows * heads * hd;
-    float* xs = const_cast<float*>(Staged(x, n, 0));
     if (!status_.ok()) return;
-    {
-      FT_TIME_OP(cuda_op::kRope);
-      Record(cuda::RopeApply<float>(xs, rows, heads, hd, positions, cos_table, sin_table, inverse, stream_));
-    }
-    Unstage(xs, n, x);
+    FT_TIME_OP(cuda_op::kRope);
+    WithStorage(x.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      Record(cuda::RopeApply(x.as<T>(), rows, heads, hd, positions, cos_table, sin_table, inverse, stream_));
+    });
   }
   static cuda::AttentionMath Math(GemmOperands operands) {
     return operands == GemmOperands::kBF16 ? cuda::AttentionMath::kBf16 : cuda::AttentionMath::kFp32;
@@ -373,47 +382,43 @@ class CudaBackend final : public Backend {
   void AttentionForward(GemmOperands operands, const cpu::AttentionShape& s, ConstAct q, ConstAct k,
                         ConstAct v, const int32_t* segments, Act out, float* lse,
                         bool /*naive: flash only*/) override {
-    const int64_t hd = s.head_dim, q_n = s.batch * s.seq * s.q_heads * hd,
-                  kv_n = s.batch * s.keys() * s.kv_heads * hd;
-    const float *qs = Staged(q, q_n, 0), *ks = Staged(k, kv_n, 1), *vs = Staged(v, kv_n, 2);
-    float* os = StagedOut(out, q_n, 3);
-    if (!status_.ok()) return;
-    {
-      FT_TIME_OP(cuda_op::kAttentionForward);
-      Record(cuda::AttentionForward<float>(s, qs, ks, vs, segments, os, lse, stream_, Math(operands)));
-    }
-    Unstage(os, q_n, out);
+    if (!SameStorage("AttentionForward", {q.dtype, k.dtype, v.dtype, out.dtype})) return;
+    FT_TIME_OP(cuda_op::kAttentionForward);
+    WithStorage(q.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      Record(cuda::AttentionForward(s, q.as<T>(), k.as<T>(), v.as<T>(), segments, out.as<T>(), lse, stream_,
+                                    Math(operands)));
+    });
   }
   void AttentionBackward(GemmOperands operands, const cpu::AttentionShape& s, ConstAct q, ConstAct k,
                          ConstAct v, const int32_t* segments, ConstAct out, const float* lse,
                          const float* dout, float* dq, float* dk, float* dv) override {
-    const int64_t hd = s.head_dim, q_n = s.batch * s.seq * s.q_heads * hd,
-                  kv_n = s.batch * s.seq * s.kv_heads * hd;
-    const float *qs = Staged(q, q_n, 0), *ks = Staged(k, kv_n, 1), *vs = Staged(v, kv_n, 2),
-                *os = Staged(out, q_n, 3);
-    if (!status_.ok()) return;
+    if (!SameStorage("AttentionBackward", {q.dtype, k.dtype, v.dtype, out.dtype})) return;
     FT_TIME_OP(cuda_op::kAttentionBackward);
     float* ws = Workspace(att_ws_, cuda::AttentionBackwardWorkspaceFloats(s) * 4);
     if (!status_.ok()) return;
-    Record(cuda::AttentionBackward<float>(s, qs, ks, vs, segments, os, lse, dout, dq, dk, dv, ws, stream_,
-                                          Math(operands)));
+    WithStorage(q.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      Record(cuda::AttentionBackward(s, q.as<T>(), k.as<T>(), v.as<T>(), segments, out.as<T>(), lse, dout, dq,
+                                     dk, dv, ws, stream_, Math(operands)));
+    });
   }
   void SwiGluForward(ConstAct gate, ConstAct up, int64_t n, Act h) override {
-    const float *gs = Staged(gate, n, 0), *us = Staged(up, n, 1);
-    float* hs = StagedOut(h, n, 2);
-    if (!status_.ok()) return;
-    {
-      FT_TIME_OP(cuda_op::kSwiGluForward);
-      Record(cuda::SwiGluForward<float>(gs, us, n, hs, stream_));
-    }
-    Unstage(hs, n, h);
+    if (!SameStorage("SwiGluForward", {gate.dtype, up.dtype, h.dtype})) return;
+    FT_TIME_OP(cuda_op::kSwiGluForward);
+    WithStorage(gate.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      Record(cuda::SwiGluForward(gate.as<T>(), up.as<T>(), n, h.as<T>(), stream_));
+    });
   }
   void SwiGluBackward(ConstAct gate, ConstAct up, const float* dh, int64_t n, float* dgate,
                       float* dup) override {
-    const float *gs = Staged(gate, n, 0), *us = Staged(up, n, 1);
-    if (!status_.ok()) return;
+    if (!SameStorage("SwiGluBackward", {gate.dtype, up.dtype})) return;
     FT_TIME_OP(cuda_op::kSwiGluBackward);
-    Record(cuda::SwiGluBackward<float>(gs, us, dh, n, dgate, dup, stream_));
+    WithStorage(gate.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      Record(cuda::SwiGluBackward(gate.as<T>(), up.as<T>(), dh, n, dgate, dup, stream_));
+    });
   }
   void EmbeddingForward(ConstAct table, const int32_t* ids, int64_t rows, int64_t D, Act out) override {
     if (!status_.ok() || rows * D <= 0) return;
@@ -428,13 +433,11 @@ class CudaBackend final : public Backend {
       Record(LaunchStatus("GatherRows16Kernel"));
       return;
     }
-    float* os = StagedOut(out, rows * D, 0);
-    if (!status_.ok()) return;
-    {
-      FT_TIME_OP(cuda_op::kEmbeddingForward);
-      Record(cuda::EmbeddingForward<float>(table.as<float>(), ids, rows, D, os, stream_));
-    }
-    Unstage(os, rows * D, out);
+    FT_TIME_OP(cuda_op::kEmbeddingForward);  // an fp32 table's rows, rounded to out's type
+    WithStorage(out.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      Record(cuda::EmbeddingForward(table.as<float>(), ids, rows, D, out.as<T>(), stream_));
+    });
   }
   void EmbeddingBackward(const float* dout, const int32_t* ids, int64_t rows, int64_t D,
                          float* dtable) override {
@@ -453,13 +456,6 @@ class CudaBackend final : public Backend {
   }
   void DequantizeNf4(const cpu::Nf4Layout& layout, const void* blob, Act out) override {
     if (!status_.ok()) return;
-    if (out.dtype == ActDType::kF16) {  // no fp16 kernel: fp32 into staging, then narrowed
-      float* staged = StagedOut(out, layout.n, 0);
-      if (!status_.ok()) return;
-      DequantizeNf4(layout, blob, Act(staged));
-      Unstage(staged, layout.n, out);
-      return;
-    }
     FT_TIME_OP(cuda_op::kNf4Dequantize);
     const auto* base = static_cast<const uint8_t*>(blob);
     cuda::Nf4DeviceTensor t;
@@ -473,17 +469,20 @@ class CudaBackend final : public Backend {
     } else {
       t.absmax = reinterpret_cast<const float*>(base + layout.absmax_at);
     }
-    // bf16: each value computed in fp32 as the fp32 kernel does, stored rounded to nearest even.
-    Record(out.dtype == ActDType::kBF16 ? cuda::DequantizeNf4<cuda::bf16>(t, out.as<cuda::bf16>(), stream_)
-                                        : cuda::DequantizeNf4<float>(t, out.as<float>(), stream_));
+    // 16-bit: each value computed in fp32 as the fp32 kernel does, stored rounded to nearest even.
+    WithStorage(out.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      Record(cuda::DequantizeNf4(t, out.as<T>(), stream_));
+    });
   }
 
   void Axpy(int64_t n, float alpha, ConstAct x, float* y) override {
     if (!status_.ok() || n <= 0) return;
-    const float* xs = Staged(x, n, 0);
-    if (!status_.ok()) return;
     FT_TIME_OP(cuda_op::kAxpy);
-    Record(cuda::Axpy<float>(n, alpha, xs, y, stream_));
+    WithStorage(x.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      Record(cuda::Axpy(n, alpha, x.as<T>(), y, stream_));
+    });
   }
   void Scale(int64_t n, float alpha, float* x) override {
     if (!status_.ok() || n <= 0) return;
@@ -539,20 +538,24 @@ class CudaBackend final : public Backend {
     Record(LaunchStatus("Convert"));
   }
   void Dropout(const DropoutKey& key, ConstAct x, int64_t rows, int64_t in, float* out) override {
-    // A typed input is widened into out first, then masked in place.
-    if (x.dtype != ActDType::kF32) Convert(x, rows * in, Act(out));
-    LaunchDropout(key, x.dtype == ActDType::kF32 ? x.as<float>() : out, rows, in, out, false);
+    WithStorage(x.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      LaunchDropout(key, x.as<T>(), rows, in, out, false);
+    });
   }
   void DropoutBackwardAdd(const DropoutKey& key, const float* d, int64_t rows, int64_t in,
                           float* dx) override {
     LaunchDropout(key, d, rows, in, dx, true);
   }
-  double SumSquares(const float* x, int64_t n) override {
-    if (!status_.ok()) return 0.0;
-    FT_TIME_OP(cuda_op::kSumSquares);
+  // One device total, each tensor's sum added to it in order (the first's starts it): one read.
+  double SumSquares(const std::vector<FloatRange>& tensors) override {
+    if (!status_.ok() || tensors.empty()) return 0.0;
     double* ws = ss_ws_.as<double>();
     double* out = ws + cuda::SumSquaresWorkspaceDoubles();
-    Record(cuda::SumSquares<float>(x, n, ws, out, false, stream_));
+    for (size_t i = 0; i < tensors.size() && status_.ok(); ++i) {
+      FT_TIME_OP(cuda_op::kSumSquares);
+      Record(cuda::SumSquares<float>(tensors[i].data, tensors[i].n, ws, out, i > 0, stream_));
+    }
     double host = 0.0;
     CopyToHost(&host, out, sizeof(double));
     return host;
@@ -625,22 +628,35 @@ class CudaBackend final : public Backend {
     free_events_.push_back(issued);
     copies_pending_ = true;
   }
-  // Typed storage on this backend, for now: the fp32 kernels run on a 16-bit
-  // tensor widened into staging workspace (`slot`: one per operand of an op),
-  // and a 16-bit output is computed there and narrowed (Convert): the values
-  // the CPU backend stores. kernels/cuda's bf16 kernels reading the codes in
-  // place are the next step (issue #17), without the staging bytes.
-  const float* Staged(ConstAct x, int64_t n, int slot) {
-    if (x.dtype == ActDType::kF32) return x.as<float>();
-    float* tmp = Workspace(stage_ws_[slot], n * 4);
-    Convert(x, n, Act(tmp));
-    return tmp;
+  // Typed storage (issue #33): every op reads and writes its 16-bit activations in place
+  // (kernels/cuda's <T, P> ops: fp32 math, each value rounded once where it is stored), so the
+  // values are the ones an fp32 kernel over the widened tensors, narrowed afterwards, gave: the
+  // CPU backend's. An op's activations share one storage type (the model's activation dtype);
+  // SameStorage refuses a mix, naming the op.
+  bool SameStorage(const char* op, std::initializer_list<ActDType> types) {
+    if (!status_.ok()) return false;
+    for (ActDType t : types) {
+      if (t != *types.begin()) {
+        Record(Status::InvalidArgument(std::string(op) +
+                                       ": its activations must share one storage type, got " +
+                                       ActDTypeName(*types.begin()) + " and " + ActDTypeName(t)));
+        return false;
+      }
+    }
+    return true;
   }
-  float* StagedOut(Act y, int64_t n, int slot) {
-    return y.dtype == ActDType::kF32 ? y.as<float>() : Workspace(stage_ws_[slot], n * 4);
-  }
-  void Unstage(const float* staged, int64_t n, Act y) {
-    if (y.dtype != ActDType::kF32) Convert(ConstAct(staged), n, y);
+  // Calls f(StorageTag<T>{}) with T the CUDA type of storage `t`: float, bf16 or fp16.
+  template <typename T>
+  struct StorageTag {
+    using type = T;
+  };
+  template <typename F>
+  static void WithStorage(ActDType t, F&& f) {
+    switch (t) {
+      case ActDType::kF32: f(StorageTag<float>{}); return;
+      case ActDType::kBF16: f(StorageTag<cuda::bf16>{}); return;
+      case ActDType::kF16: f(StorageTag<cuda::fp16>{}); return;
+    }
   }
   // A GEMM operand [rows, cols] (row stride *ld) as fp32: itself, or widened
   // packed into staging workspace (then *ld = cols).
@@ -669,12 +685,13 @@ class CudaBackend final : public Backend {
     }
     return buf.data();
   }
-  void LaunchDropout(const DropoutKey& key, const float* x, int64_t rows, int64_t in, float* out, bool add) {
+  template <typename T>
+  void LaunchDropout(const DropoutKey& key, const T* x, int64_t rows, int64_t in, float* out, bool add) {
     if (!status_.ok() || rows * in <= 0) return;
     FT_TIME_OP(cuda_op::kDropout);
     const float keep_scale = static_cast<float>(1.0 / (1.0 - key.p));
-    DropoutKernel<<<BlocksFor(rows * in, kThreads), kThreads, 0, stream_>>>(key, keep_scale, x, rows, in, out,
-                                                                            add);
+    DropoutKernel<T>
+        <<<BlocksFor(rows * in, kThreads), kThreads, 0, stream_>>>(key, keep_scale, x, rows, in, out, add);
     Record(LaunchStatus("DropoutKernel"));
   }
 
@@ -692,7 +709,7 @@ class CudaBackend final : public Backend {
   Status status_;
   CudaOpTimes times_;
   DeviceBuffer rms_ws_, att_ws_, row_loss_, ss_ws_, a16_ws_, b16_ws_;
-  DeviceBuffer stage_ws_[4];  // typed storage staging (Staged, StagedOut, StagedOperand)
+  DeviceBuffer stage_ws_[2];  // the fp32 GEMM's 16-bit operands, widened (StagedOperand)
 };
 
 }  // namespace

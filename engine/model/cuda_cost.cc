@@ -127,17 +127,6 @@ void CudaCostBackend::Workspace(DeviceBuffer& buf, int64_t bytes) {
     buf = AllocBytes(bytes, MemCategory::kWorkspace);
   }
 }
-void CudaCostBackend::Staged(ConstAct x, int64_t n, int slot) {
-  if (x.dtype == ActDType::kF32) return;
-  Workspace(stage_ws_[slot], n * 4);
-  Convert(x, n, Act(nullptr, ActDType::kF32));
-}
-void CudaCostBackend::StagedOut(Act y, int64_t n, int slot) {
-  if (y.dtype != ActDType::kF32) Workspace(stage_ws_[slot], n * 4);
-}
-void CudaCostBackend::Unstage(int64_t n, Act y) {
-  if (y.dtype != ActDType::kF32) Convert(ConstAct(nullptr, ActDType::kF32), n, y);
-}
 void CudaCostBackend::StagedOperand(ConstAct x, int64_t rows, int64_t cols, int slot) {
   if (x.dtype == ActDType::kF32) return;
   Workspace(stage_ws_[slot], rows * cols * 4);
@@ -177,32 +166,31 @@ void CudaCostBackend::Gemm(GemmOperands operands, bool trans_a, bool trans_b, in
   Record(f16 ? op::kGemmF16 : op::kGemmBf16, 1, flops, 2 * D(M * K + K * N) + c_bytes, true);
 }
 
+// Typed activations are read and written in place by every op (CudaBackend's WithStorage): their
+// bytes are their storage's.
 void CudaCostBackend::RmsNormForward(ConstAct x, const float*, int64_t rows, int64_t dim, float, Act y,
                                      float*) {
-  Staged(x, rows * dim, 0);
-  StagedOut(y, rows * dim, 1);
-  Record(op::kRmsNormForward, 1, 4 * D(rows * dim), 4 * D(2 * rows * dim + dim + rows));
-  Unstage(rows * dim, y);
+  Record(op::kRmsNormForward, 1, 4 * D(rows * dim),
+         D(rows * dim) * D(Bytes(x.dtype) + Bytes(y.dtype)) + 4 * D(dim + rows));
 }
 
 void CudaCostBackend::RmsNormBackward(ConstAct x, const float*, const float*, const float*, int64_t rows,
                                       int64_t dim, float*, float* dw) {
-  Staged(x, rows * dim, 0);
   const int64_t chunks = (rows + kRmsRowsPerChunk - 1) / kRmsRowsPerChunk;
   if (dw != nullptr) Workspace(rms_ws_, chunks * dim * 4);
   // dx: read x, dy, w, rstd, write dx; dw: partials over x, dy, then their reduction.
-  double bytes = 4 * D(3 * rows * dim + dim + rows), flops = 6 * D(rows * dim);
+  const double x_bytes = D(rows * dim) * D(Bytes(x.dtype));
+  double bytes = x_bytes + 4 * D(2 * rows * dim + dim + rows), flops = 6 * D(rows * dim);
   if (dw != nullptr)
-    bytes += 4 * D(2 * rows * dim + rows + 2 * chunks * dim + 2 * dim), flops += 3 * D(rows * dim);
+    bytes += x_bytes + 4 * D(rows * dim + rows + 2 * chunks * dim + 2 * dim), flops += 3 * D(rows * dim);
   Record(op::kRmsNormBackward, dw != nullptr ? 3 : 1, flops, bytes);
 }
 
 void CudaCostBackend::RopeApply(Act x, int64_t rows, int64_t heads, int64_t hd, const int32_t*, const float*,
                                 const float*, bool) {
   const int64_t n = rows * heads * hd;
-  Staged(x, n, 0);
-  Record(op::kRope, 1, 3 * D(n), 4 * D(3 * n) + 4 * D(rows));
-  Unstage(n, x);
+  // x read and written, the tables' n / 2 (cos, sin) pairs read.
+  Record(op::kRope, 1, 3 * D(n), D(n) * D(2 * Bytes(x.dtype) + 4) + 4 * D(rows));
 }
 
 namespace {
@@ -214,48 +202,35 @@ double CausalPairs(const cpu::AttentionShape& s) {
 }  // namespace
 
 void CudaCostBackend::AttentionForward(GemmOperands operands, const cpu::AttentionShape& s, ConstAct q,
-                                       ConstAct k, ConstAct v, const int32_t*, Act out, float*, bool) {
+                                       ConstAct, ConstAct, const int32_t*, Act, float*, bool) {
   const int64_t hd = s.head_dim, q_n = s.batch * s.seq * s.q_heads * hd,
                 kv_n = s.batch * s.keys() * s.kv_heads * hd;
-  Staged(q, q_n, 0);
-  Staged(k, kv_n, 1);
-  Staged(v, kv_n, 2);
-  StagedOut(out, q_n, 3);
-  // QK^T and PV over the causal pairs; q, k, v read once, out and lse written.
+  // QK^T and PV over the causal pairs; q, k, v read once, out and lse written (k, v, out in q's storage).
   const double flops = 4 * D(s.batch * s.q_heads * hd) * CausalPairs(s);
-  Record(op::kAttentionForward, 1, flops, 4 * D(2 * q_n + 2 * kv_n + s.batch * s.q_heads * s.seq),
+  Record(op::kAttentionForward, 1, flops,
+         D(2 * q_n + 2 * kv_n) * D(Bytes(q.dtype)) + 4 * D(s.batch * s.q_heads * s.seq),
          operands == GemmOperands::kBF16);
-  Unstage(q_n, out);
 }
 
 void CudaCostBackend::AttentionBackward(GemmOperands operands, const cpu::AttentionShape& s, ConstAct q,
-                                        ConstAct k, ConstAct v, const int32_t*, ConstAct out, const float*,
+                                        ConstAct, ConstAct, const int32_t*, ConstAct, const float*,
                                         const float*, float*, float*, float*) {
   const int64_t hd = s.head_dim, q_n = s.batch * s.seq * s.q_heads * hd,
                 kv_n = s.batch * s.seq * s.kv_heads * hd, rows = s.batch * s.q_heads * s.seq;
-  Staged(q, q_n, 0);
-  Staged(k, kv_n, 1);
-  Staged(v, kv_n, 2);
-  Staged(out, q_n, 3);
   Workspace(att_ws_, rows * 4);
   // QK^T recomputed, dV, dP, dQ, dK: five products over the pairs; a delta kernel and two tile kernels.
+  // Read: q, k, v, out (their storage), dout twice; written: dq, dk, dv (fp32); lse, delta.
   const double flops = 10 * D(s.batch * s.q_heads * hd) * CausalPairs(s);
-  const double bytes = 4 * D(5 * q_n + 4 * kv_n + 3 * rows);
+  const double bytes = D(2 * q_n + 2 * kv_n) * D(Bytes(q.dtype)) + 4 * D(3 * q_n + 2 * kv_n + 3 * rows);
   Record(op::kAttentionBackward, 3, flops, bytes, operands == GemmOperands::kBF16);
 }
 
 void CudaCostBackend::SwiGluForward(ConstAct gate, ConstAct up, int64_t n, Act h) {
-  Staged(gate, n, 0);
-  Staged(up, n, 1);
-  StagedOut(h, n, 2);
-  Record(op::kSwiGluForward, 1, 8 * D(n), 12 * D(n));
-  Unstage(n, h);
+  Record(op::kSwiGluForward, 1, 8 * D(n), D(n) * D(Bytes(gate.dtype) + Bytes(up.dtype) + Bytes(h.dtype)));
 }
 
 void CudaCostBackend::SwiGluBackward(ConstAct gate, ConstAct up, const float*, int64_t n, float*, float*) {
-  Staged(gate, n, 0);
-  Staged(up, n, 1);
-  Record(op::kSwiGluBackward, 1, 12 * D(n), 20 * D(n));
+  Record(op::kSwiGluBackward, 1, 12 * D(n), D(n) * D(Bytes(gate.dtype) + Bytes(up.dtype) + 12));
 }
 
 void CudaCostBackend::EmbeddingForward(ConstAct table, const int32_t*, int64_t rows, int64_t dim, Act out) {
@@ -264,9 +239,7 @@ void CudaCostBackend::EmbeddingForward(ConstAct table, const int32_t*, int64_t r
     Record(op::kEmbeddingForward16, 1, 0, 4 * D(rows * dim) + 4 * D(rows));
     return;
   }
-  StagedOut(out, rows * dim, 0);
-  Record(op::kEmbeddingForward, 1, 0, 8 * D(rows * dim) + 4 * D(rows));
-  Unstage(rows * dim, out);
+  Record(op::kEmbeddingForward, 1, 0, D(rows * dim) * D(4 + Bytes(out.dtype)) + 4 * D(rows));
 }
 
 void CudaCostBackend::EmbeddingBackward(const float*, const int32_t*, int64_t rows, int64_t dim, float*) {
@@ -279,20 +252,13 @@ void CudaCostBackend::CrossEntropy(const float*, const int32_t*, int64_t rows, i
   Record(op::kCrossEntropy, 2, 5 * D(rows * V), 4 * D(rows * V) * (dlogits != nullptr ? 2 : 1) + 8 * D(rows));
 }
 
-void CudaCostBackend::DequantizeNf4(const cpu::Nf4Layout& layout, const void* blob, Act out) {
-  if (out.dtype == ActDType::kF16) {  // fp32 into staging, then narrowed
-    StagedOut(out, layout.n, 0);
-    DequantizeNf4(layout, blob, Act(nullptr, ActDType::kF32));
-    Unstage(layout.n, out);
-    return;
-  }
+void CudaCostBackend::DequantizeNf4(const cpu::Nf4Layout& layout, const void*, Act out) {
   Record(op::kNf4Dequantize, 1, 2 * D(layout.n), D(layout.bytes) + D(layout.n) * D(Bytes(out.dtype)));
 }
 
 void CudaCostBackend::Axpy(int64_t n, float, ConstAct x, float*) {
   if (n <= 0) return;
-  Staged(x, n, 0);
-  Record(op::kAxpy, 1, 2 * D(n), 12 * D(n));
+  Record(op::kAxpy, 1, 2 * D(n), D(n) * D(Bytes(x.dtype) + 8));
 }
 void CudaCostBackend::Scale(int64_t n, float, float*) {
   if (n > 0) Record(op::kScale, 1, D(n), 8 * D(n));
@@ -317,16 +283,16 @@ void CudaCostBackend::Convert(ConstAct x, int64_t n, Act out) {
   }
   Record(op::kConvert, 1, 0, D(n) * D(Bytes(x.dtype) + Bytes(out.dtype)));
 }
-void CudaCostBackend::Dropout(const DropoutKey&, ConstAct x, int64_t rows, int64_t in, float* out) {
-  if (x.dtype != ActDType::kF32) Convert(x, rows * in, Act(out));
-  if (rows * in > 0) Record(op::kDropout, 1, D(rows * in), 8 * D(rows * in));
+void CudaCostBackend::Dropout(const DropoutKey&, ConstAct x, int64_t rows, int64_t in, float*) {
+  if (rows * in > 0) Record(op::kDropout, 1, D(rows * in), D(rows * in) * D(Bytes(x.dtype) + 4));
 }
 void CudaCostBackend::DropoutBackwardAdd(const DropoutKey&, const float*, int64_t rows, int64_t in, float*) {
   if (rows * in > 0) Record(op::kDropout, 1, 2 * D(rows * in), 12 * D(rows * in));
 }
-double CudaCostBackend::SumSquares(const float*, int64_t n) {
-  Record(op::kSumSquares, 2, 2 * D(n), 4 * D(n));
-  Link(op::kCopyToHost, sizeof(double), false);  // the result, read at once
+double CudaCostBackend::SumSquares(const std::vector<FloatRange>& tensors) {
+  if (tensors.empty()) return 0.0;
+  for (const FloatRange& t : tensors) Record(op::kSumSquares, 2, 2 * D(t.n), 4 * D(t.n));
+  Link(op::kCopyToHost, sizeof(double), false);  // the total, read at once
   return 0.0;
 }
 void CudaCostBackend::AdamW(const cpu::AdamWParams&, int64_t n, float*, const float*, float*, float*) {

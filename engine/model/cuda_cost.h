@@ -1,9 +1,9 @@
 // The CUDA backend's cost, predicted on any machine (issue #33): a Backend
 // that runs nothing and records, for every op the model calls, what
 // engine/model/cuda_backend.cu would issue for it on a GPU — its kernel
-// launches, FLOPs and bytes moved, the fp32 staging of typed operands, the
-// operand conversions of a 16-bit GEMM, NF4 dequantization to fp32, the
-// rounding passes — under the category names FT_CUDA_OP_TIMES reports
+// launches, FLOPs and bytes moved (typed activations at their storage's
+// size), the operand conversions of a 16-bit GEMM and the fp32 staging of the
+// loss head's, NF4 dequantization, the rounding passes — under the category names FT_CUDA_OP_TIMES reports
 // (engine/model/cuda_op_names.h). A real model (any shape, the 8B one
 // included) runs real training steps on it: device memory is an address
 // range reserved without access (PROT_NONE, nothing committed), so a host
@@ -119,7 +119,7 @@ class CudaCostBackend final : public Backend {
   void Dropout(const DropoutKey& key, ConstAct x, int64_t rows, int64_t in, float* out) override;
   void DropoutBackwardAdd(const DropoutKey& key, const float* d, int64_t rows, int64_t in,
                           float* dx) override;
-  double SumSquares(const float* x, int64_t n) override;
+  double SumSquares(const std::vector<FloatRange>& tensors) override;
   void AdamW(const cpu::AdamWParams& hp, int64_t n, float* param, const float* grad, float* m,
              float* v) override;
 
@@ -133,10 +133,7 @@ class CudaCostBackend final : public Backend {
   // Adds `calls` calls of `launches` launches doing `flops` and moving `bytes` to category `op`.
   void Record(const char* op, int64_t launches, double flops, double bytes, bool tensor = false);
   void Link(const char* op, int64_t bytes, bool timed);
-  // CudaBackend's staging (see its comments), recorded instead of run.
-  void Staged(ConstAct x, int64_t n, int slot);
-  void StagedOut(Act y, int64_t n, int slot);
-  void Unstage(int64_t n, Act y);
+  // CudaBackend's GEMM operand staging (see its comments), recorded instead of run.
   void StagedOperand(ConstAct x, int64_t rows, int64_t cols, int slot);
   void Operand16(const char* convert_name, ActDType t, ConstAct x, int64_t rows, int64_t cols,
                  DeviceBuffer& ws, int slot);
@@ -146,7 +143,7 @@ class CudaCostBackend final : public Backend {
   int64_t reserved_ = 0, used_ = 0;
   CostLedger ledger_;
   DeviceBuffer rms_ws_, att_ws_, row_loss_, a16_ws_, b16_ws_;
-  DeviceBuffer stage_ws_[4];
+  DeviceBuffer stage_ws_[2];
 };
 
 }  // namespace ft

@@ -198,9 +198,9 @@ class GuardedCpuBackend final : public Backend {
     Open o(this);
     inner_->DropoutBackwardAdd(key, d, rows, in, dx);
   }
-  double SumSquares(const float* x, int64_t n) override {
+  double SumSquares(const std::vector<FloatRange>& tensors) override {
     Open o(this);
-    return inner_->SumSquares(x, n);
+    return inner_->SumSquares(tensors);
   }
   void AdamW(const cpu::AdamWParams& hp, int64_t n, float* param, const float* grad, float* m,
              float* v) override {

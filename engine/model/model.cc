@@ -662,23 +662,38 @@ void Model::LinearForward(int l, ModuleKind m, ConstAct x, int64_t rows, Act y, 
   if (typed) backend_->Convert(ConstAct(y32), rows * lin.out, y);
 }
 
-void Model::LinearBackward(int l, ModuleKind m, ConstAct x, ConstAct xa, const float* dy, int64_t rows,
-                           float* dx, bool accumulate_dx) {
+ConstAct Model::RoundedOperand(const float* x, int64_t n, DeviceBuffer& buf) {
+  const Act out(buf.data(), act_dtype_);
+  backend_->Convert(ConstAct(x), n, out);
+  return out;
+}
+
+// Under bf16/fp16 every GEMM of the backward rounds its fp32 gradient operands to the operand type
+// (backend.h): dy and LoRA's dxa are rounded once each instead, into 16-bit copies the GEMMs read
+// (the same values; the conversions a GEMM would make three and two times). The copies live in the
+// forward's fp32 result buffers (y32, xa32), which the backward does not use. `round_dy`: dy is
+// where PyTorch's gradient is a bf16 tensor; only the GEMMs read it but the bias gradient, which
+// then reads it rounded in place (the GEMMs' copy is rounded either way).
+void Model::LinearBackward(int l, ModuleKind m, ConstAct x, ConstAct xa, float* dy, int64_t rows, float* dx,
+                           bool accumulate_dx, bool round_dy) {
   Linear& lin = layers_[l][m];
-  backend_->Gemm(LinearOperands(), false, false, rows, lin.in, lin.out, 1.0f, dy, lin.out, LinearWeight(l, m),
-                 lin.in, accumulate_dx ? 1.0f : 0.0f, dx, lin.in);
+  const bool typed = act_dtype_ != ActDType::kF32;
+  if (round_dy && full_training_ && !lin.bias.empty()) Round(dy, rows * lin.out);
+  const ConstAct dy_op = typed ? RoundedOperand(dy, rows * lin.out, acts_->y32) : ConstAct(dy);
+  backend_->Gemm(LinearOperands(), false, false, rows, lin.in, lin.out, 1.0f, dy_op, lin.out,
+                 LinearWeight(l, m), lin.in, accumulate_dx ? 1.0f : 0.0f, dx, lin.in);
   if (full_training_) {
-    backend_->Gemm(LinearOperands(), true, false, lin.out, lin.in, rows, 1.0f, dy, lin.out, x, lin.in, 1.0f,
-                   lin.dw.data(), lin.in);
+    backend_->Gemm(LinearOperands(), true, false, lin.out, lin.in, rows, 1.0f, dy_op, lin.out, x, lin.in,
+                   1.0f, lin.dw.data(), lin.in);
     if (!lin.bias.empty()) backend_->BiasGrad(dy, rows, lin.out, lin.dbias.data());
   }
   if (!lin.lora) return;
   LoraWeights& lw = *lin.lora;
-  float* dxa = acts_->dxa.data();
-  backend_->Gemm(LinearOperands(), false, false, rows, lw.r, lw.out, 1.0f, dy, lw.out, lw.b.data(), lw.r,
-                 0.0f, dxa, lw.r);
-  Round(dxa, rows * lw.r);
-  backend_->Gemm(LinearOperands(), true, false, lw.out, lw.r, rows, lw.scale, dy, lw.out, xa, lw.r, 1.0f,
+  float* dxa32 = acts_->dxa.data();
+  backend_->Gemm(LinearOperands(), false, false, rows, lw.r, lw.out, 1.0f, dy_op, lw.out, lw.b.data(), lw.r,
+                 0.0f, dxa32, lw.r);
+  const ConstAct dxa = typed ? RoundedOperand(dxa32, rows * lw.r, acts_->xa32) : ConstAct(dxa32);
+  backend_->Gemm(LinearOperands(), true, false, lw.out, lw.r, rows, lw.scale, dy_op, lw.out, xa, lw.r, 1.0f,
                  lw.db.data(), lw.r);
   const ConstAct xd = DropoutInput(l, m, x, rows, lw.in, acts_->drop.data());
   backend_->Gemm(LinearOperands(), true, false, lw.r, lw.in, rows, lw.scale, dxa, lw.r, xd, lw.in, 1.0f,
@@ -748,10 +763,11 @@ void Model::LayerBackward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs&
   LinearBackward(l, ModuleKind::kDown, A(a.act), xa(ModuleKind::kDown), dx, rows, w.dact.data(), false);
   Round(w.dact.data(), rows * I);
   backend_->SwiGluBackward(A(a.g), A(a.u), w.dact.data(), rows * I, w.dg.data(), w.du.data());
-  Round(w.dg.data(), rows * I);
-  Round(w.du.data(), rows * I);
-  LinearBackward(l, ModuleKind::kGate, A(a.n2), xa(ModuleKind::kGate), w.dg.data(), rows, w.dn.data(), false);
-  LinearBackward(l, ModuleKind::kUp, A(a.n2), xa(ModuleKind::kUp), w.du.data(), rows, w.dn.data(), true);
+  // dg and du rounded by their linears' backward (round_dy), as dq, dk and dv below.
+  LinearBackward(l, ModuleKind::kGate, A(a.n2), xa(ModuleKind::kGate), w.dg.data(), rows, w.dn.data(), false,
+                 true);
+  LinearBackward(l, ModuleKind::kUp, A(a.n2), xa(ModuleKind::kUp), w.du.data(), rows, w.dn.data(), true,
+                 true);
   Round(w.dn.data(), rows * D);
   backend_->RmsNormBackward(A(a.h), layer.mlp_norm.data(), a.rstd2.data(), w.dn.data(), rows, D, w.dh.data(),
                             full_training_ ? layer.dmlp_norm.data() : nullptr);
@@ -770,12 +786,9 @@ void Model::LayerBackward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs&
                       rope_cos_.data(), rope_sin_.data(), true);
   backend_->RopeApply(w.dk.data(), rows, c.num_kv_heads, c.head_dim, acts_->positions.as<int32_t>(),
                       rope_cos_.data(), rope_sin_.data(), true);
-  Round(w.dq.data(), rows * c.q_dim());
-  Round(w.dk.data(), rows * c.kv_dim());
-  Round(w.dv.data(), rows * c.kv_dim());
-  LinearBackward(l, ModuleKind::kQ, A(a.n1), xa(ModuleKind::kQ), w.dq.data(), rows, w.dn.data(), false);
-  LinearBackward(l, ModuleKind::kK, A(a.n1), xa(ModuleKind::kK), w.dk.data(), rows, w.dn.data(), true);
-  LinearBackward(l, ModuleKind::kV, A(a.n1), xa(ModuleKind::kV), w.dv.data(), rows, w.dn.data(), true);
+  LinearBackward(l, ModuleKind::kQ, A(a.n1), xa(ModuleKind::kQ), w.dq.data(), rows, w.dn.data(), false, true);
+  LinearBackward(l, ModuleKind::kK, A(a.n1), xa(ModuleKind::kK), w.dk.data(), rows, w.dn.data(), true, true);
+  LinearBackward(l, ModuleKind::kV, A(a.n1), xa(ModuleKind::kV), w.dv.data(), rows, w.dn.data(), true, true);
   Round(w.dn.data(), rows * D);
   backend_->RmsNormBackward(x_in, layer.attn_norm.data(), a.rstd1.data(), w.dn.data(), rows, D, dx,
                             full_training_ ? layer.dattn_norm.data() : nullptr);

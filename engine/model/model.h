@@ -307,11 +307,13 @@ class Model {
   // y = x Wᵀ (+ bias) (+ LoRA), plus *residual when given; xa receives LoRA's x·Aᵀ.
   void LinearForward(int l, ModuleKind m, ConstAct x, int64_t rows, Act y, Act xa,
                      const ConstAct* residual = nullptr);
-  void LinearBackward(int l, ModuleKind m, ConstAct x, ConstAct xa, const float* dy, int64_t rows, float* dx,
-                      bool accumulate_dx);
+  void LinearBackward(int l, ModuleKind m, ConstAct x, ConstAct xa, float* dy, int64_t rows, float* dx,
+                      bool accumulate_dx, bool round_dy = false);
   GemmOperands LinearOperands() const;
   DropoutKey DropoutKeyFor(int l, ModuleKind m) const;
   ConstAct DropoutInput(int l, ModuleKind m, ConstAct x, int64_t rows, int64_t in, float* buf);
+  // x[n] (fp32) rounded into `buf` as the activation dtype: a GEMM operand rounded once for its uses.
+  ConstAct RoundedOperand(const float* x, int64_t n, DeviceBuffer& buf);
   const MicroBatch* current_batch_ = nullptr;  // the micro-batch being processed (for dropout keys)
   KvCache* decode_cache_ = nullptr;            // Decode in progress: attention appends to and reads it
   bool eval_mode_ = false;                     // EvalForward in progress: no dropout

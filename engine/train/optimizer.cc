@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <numbers>
+#include <vector>
 
 #include "kernels/cpu/ops.h"
 
@@ -130,9 +131,9 @@ Status AdamWOptimizer::GatherMoments() {
 }
 
 double AdamWOptimizer::GradNorm() const {
-  double sum = 0;
-  for (const TrainableParam& p : params_) sum += backend_->SumSquares(p.grad, p.numel);
-  return std::sqrt(sum);
+  std::vector<FloatRange> grads;
+  for (const TrainableParam& p : params_) grads.push_back({p.grad, p.numel});
+  return std::sqrt(backend_->SumSquares(grads));
 }
 
 Status AdamWOptimizer::ClipAndStep(double grad_norm, double lr, double grad_multiplier) {

@@ -25,14 +25,14 @@ __global__ void SwiGluForwardKernel(const T* gate, const T* up, int64_t n, T* h)
   }
 }
 
-template <typename T>
-__global__ void SwiGluBackwardKernel(const T* gate, const T* up, const T* dh, int64_t n, T* dgate, T* dup) {
+template <typename T, typename P>
+__global__ void SwiGluBackwardKernel(const T* gate, const T* up, const P* dh, int64_t n, P* dgate, P* dup) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const float g = Load(gate[i]), u = Load(up[i]), d = Load(dh[i]);
     const float sig = Sigmoid(g);
-    dgate[i] = Store<T>(d * u * sig * (1.0f + g * (1.0f - sig)));
-    dup[i] = Store<T>(d * g * sig);
+    dgate[i] = Store<P>(d * u * sig * (1.0f + g * (1.0f - sig)));
+    dup[i] = Store<P>(d * g * sig);
   }
 }
 
@@ -46,21 +46,25 @@ Status SwiGluForward(const T* gate, const T* up, int64_t n, T* h, cudaStream_t s
   return internal::LaunchStatus("SwiGluForwardKernel");
 }
 
-template <typename T>
-Status SwiGluBackward(const T* gate, const T* up, const T* dh, int64_t n, T* dgate, T* dup,
+template <typename T, typename P>
+Status SwiGluBackward(const T* gate, const T* up, const P* dh, int64_t n, P* dgate, P* dup,
                       cudaStream_t stream) {
   FT_CHECK(n >= 0);
   if (n == 0) return Status::OK();
-  SwiGluBackwardKernel<T>
+  SwiGluBackwardKernel<T, P>
       <<<internal::BlocksFor(n, kThreads), kThreads, 0, stream>>>(gate, up, dh, n, dgate, dup);
   return internal::LaunchStatus("SwiGluBackwardKernel");
 }
 
 template Status SwiGluForward<float>(const float*, const float*, int64_t, float*, cudaStream_t);
 template Status SwiGluForward<bf16>(const bf16*, const bf16*, int64_t, bf16*, cudaStream_t);
-template Status SwiGluBackward<float>(const float*, const float*, const float*, int64_t, float*, float*,
-                                      cudaStream_t);
-template Status SwiGluBackward<bf16>(const bf16*, const bf16*, const bf16*, int64_t, bf16*, bf16*,
-                                     cudaStream_t);
+template Status SwiGluForward<fp16>(const fp16*, const fp16*, int64_t, fp16*, cudaStream_t);
+#define FT_INSTANTIATE_SWIGLU_BACKWARD(T, P) \
+  template Status SwiGluBackward<T, P>(const T*, const T*, const P*, int64_t, P*, P*, cudaStream_t);
+FT_INSTANTIATE_SWIGLU_BACKWARD(float, float)
+FT_INSTANTIATE_SWIGLU_BACKWARD(bf16, bf16)
+FT_INSTANTIATE_SWIGLU_BACKWARD(bf16, float)
+FT_INSTANTIATE_SWIGLU_BACKWARD(fp16, float)
+#undef FT_INSTANTIATE_SWIGLU_BACKWARD
 
 }  // namespace ft::cuda

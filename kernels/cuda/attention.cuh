@@ -76,9 +76,16 @@ __device__ __forceinline__ bool Visible(int64_t i, int64_t j, int64_t seq, int32
 }
 
 // The tensor-core kernels take these calls (ops.h's AttentionMath): bf16
-// storage or kBf16 math, with every tensor 16-byte aligned.
+// storage or kBf16 math, with every tensor 16-byte aligned. They load bf16 or
+// fp32 (rounding it to bf16), never fp16: fp16 storage runs the fp32-math
+// kernels (TensorCoreStorage).
+template <typename T>
+constexpr bool TensorCoreStorage() {
+  return std::is_same_v<T, bf16> || std::is_same_v<T, float>;
+}
 template <typename T>
 bool UseTensorCores(AttentionMath math, std::initializer_list<const void*> tensors) {
+  if (!TensorCoreStorage<T>()) return false;
   if (!std::is_same_v<T, bf16> && math != AttentionMath::kBf16) return false;
   for (const void* p : tensors) {
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
@@ -88,13 +95,14 @@ bool UseTensorCores(AttentionMath math, std::initializer_list<const void*> tenso
 
 // attention_tc_forward.cu / attention_tc_backward.cu, for shapes
 // AttentionForward / AttentionBackward accepted (head_dim 64 or 128).
-// delta: D_i = dout_i · out_i per query ([batch, Hq, seq]).
+// delta: D_i = dout_i · out_i per query ([batch, Hq, seq]). q, k, v, out in
+// T, dout and the gradients in P (TensorCoreStorage both).
 template <typename T>
 Status TcAttentionForward(const AttentionShape& s, const T* q, const T* k, const T* v,
                           const int32_t* segments, T* out, float* lse, cudaStream_t stream);
-template <typename T>
+template <typename T, typename P>
 Status TcAttentionBackward(const AttentionShape& s, const T* q, const T* k, const T* v,
-                           const int32_t* segments, const float* lse, const T* dout, const float* delta,
-                           T* dq, T* dk, T* dv, cudaStream_t stream);
+                           const int32_t* segments, const float* lse, const P* dout, const float* delta,
+                           P* dq, P* dk, P* dv, cudaStream_t stream);
 
 }  // namespace ft::cuda::internal

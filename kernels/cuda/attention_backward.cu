@@ -25,8 +25,8 @@ namespace {
 using namespace internal;  // NOLINT: the kernel vocabulary of attention.cuh
 
 // delta[(b * Hq + h) * seq + i] = Σ_d dout · out; one warp per (token, head).
-template <typename T, int HD>
-__global__ void DeltaKernel(AttentionShape s, const T* out, const T* dout, float* delta) {
+template <typename T, typename P, int HD>
+__global__ void DeltaKernel(AttentionShape s, const T* out, const P* dout, float* delta) {
   const int64_t warp_id = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (warp_id >= s.batch * s.seq * s.q_heads) return;  // whole warps exit together
@@ -44,10 +44,10 @@ constexpr int DkDvSmemFloats() {
   return 2 * kTile * HD + 2 * kTile * (HD + 1) + 2 * kTile;  // K, V; Q, dO (padded); lse, delta
 }
 
-template <typename T, int HD>
+template <typename T, typename P, int HD>
 __global__ void __launch_bounds__(kAttentionThreads)
     DkDvKernel(AttentionShape s, const T* q, const T* k, const T* v, const int32_t* segments,
-               const float* lse, const T* dout, const float* delta, T* dk, T* dv) {
+               const float* lse, const P* dout, const float* delta, P* dk, P* dv) {
   constexpr int kDimsPerLane = HD / 32;
   extern __shared__ float smem[];
   float* Ks = smem;                       // [kTile][HD]: warp reads its key's row by broadcast
@@ -135,8 +135,8 @@ __global__ void __launch_bounds__(kAttentionThreads)
     const int64_t base = ((b * seq + j) * s.kv_heads + kvh) * HD;
 #pragma unroll
     for (int t = 0; t < kDimsPerLane; ++t) {
-      dk[base + lane + 32 * t] = Store<T>(scale * dk_acc[kk][t]);
-      dv[base + lane + 32 * t] = Store<T>(dv_acc[kk][t]);
+      dk[base + lane + 32 * t] = Store<P>(scale * dk_acc[kk][t]);
+      dv[base + lane + 32 * t] = Store<P>(dv_acc[kk][t]);
     }
   }
 }
@@ -146,10 +146,10 @@ constexpr int DqSmemFloats() {
   return 2 * kTile * HD + 2 * kTile * (HD + 1);  // Q, dO; K, V (padded)
 }
 
-template <typename T, int HD>
+template <typename T, typename P, int HD>
 __global__ void __launch_bounds__(kAttentionThreads)
     DqKernel(AttentionShape s, const T* q, const T* k, const T* v, const int32_t* segments, const float* lse,
-             const T* dout, const float* delta, T* dq) {
+             const P* dout, const float* delta, P* dq) {
   constexpr int kDimsPerLane = HD / 32;
   extern __shared__ float smem[];
   float* Qs = smem;                   // [kTile][HD]: warp reads its query's row by broadcast
@@ -217,36 +217,39 @@ __global__ void __launch_bounds__(kAttentionThreads)
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     const int64_t i = i0 + warp * kRowsPerWarp + rr;
     if (i >= seq) continue;
-    T* o = dq + ((b * seq + i) * s.q_heads + h) * HD;
+    P* o = dq + ((b * seq + i) * s.q_heads + h) * HD;
 #pragma unroll
-    for (int t = 0; t < kDimsPerLane; ++t) o[lane + 32 * t] = Store<T>(scale * dq_acc[rr][t]);
+    for (int t = 0; t < kDimsPerLane; ++t) o[lane + 32 * t] = Store<P>(scale * dq_acc[rr][t]);
   }
 }
 
-template <typename T, int HD>
+template <typename T, typename P, int HD>
 Status LaunchBackward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
-                      const T* out, const float* lse, const T* dout, T* dq, T* dk, T* dv, float* delta,
+                      const T* out, const float* lse, const P* dout, P* dq, P* dk, P* dv, float* delta,
                       cudaStream_t stream, bool tensor_cores) {
   const int64_t rows = s.batch * s.seq * s.q_heads;  // one warp each
-  DeltaKernel<T, HD><<<BlocksFor(rows * 32, 256), 256, 0, stream>>>(s, out, dout, delta);
+  DeltaKernel<T, P, HD><<<BlocksFor(rows * 32, 256), 256, 0, stream>>>(s, out, dout, delta);
   FT_RETURN_IF_ERROR(LaunchStatus("DeltaKernel"));
-  if (tensor_cores) return TcAttentionBackward<T>(s, q, k, v, segments, lse, dout, delta, dq, dk, dv, stream);
+  if constexpr (TensorCoreStorage<T>() && TensorCoreStorage<P>()) {
+    if (tensor_cores)
+      return TcAttentionBackward<T, P>(s, q, k, v, segments, lse, dout, delta, dq, dk, dv, stream);
+  }
   const unsigned tiles = static_cast<unsigned>((s.seq + kTile - 1) / kTile);
 
   constexpr size_t kDkDvSmem = DkDvSmemFloats<HD>() * sizeof(float);
   FT_RETURN_IF_ERROR(CudaStatus(
-      cudaFuncSetAttribute(DkDvKernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDkDvSmem),
+      cudaFuncSetAttribute(DkDvKernel<T, P, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDkDvSmem),
       "cudaFuncSetAttribute(DkDvKernel)"));
-  DkDvKernel<T, HD>
+  DkDvKernel<T, P, HD>
       <<<dim3(tiles, static_cast<unsigned>(s.batch * s.kv_heads)), kAttentionThreads, kDkDvSmem, stream>>>(
           s, q, k, v, segments, lse, dout, delta, dk, dv);
   FT_RETURN_IF_ERROR(LaunchStatus("DkDvKernel"));
 
   constexpr size_t kDqSmem = DqSmemFloats<HD>() * sizeof(float);
-  FT_RETURN_IF_ERROR(
-      CudaStatus(cudaFuncSetAttribute(DqKernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDqSmem),
-                 "cudaFuncSetAttribute(DqKernel)"));
-  DqKernel<T, HD>
+  FT_RETURN_IF_ERROR(CudaStatus(
+      cudaFuncSetAttribute(DqKernel<T, P, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDqSmem),
+      "cudaFuncSetAttribute(DqKernel)"));
+  DqKernel<T, P, HD>
       <<<dim3(tiles, static_cast<unsigned>(s.batch * s.q_heads)), kAttentionThreads, kDqSmem, stream>>>(
           s, q, k, v, segments, lse, dout, delta, dq);
   return LaunchStatus("DqKernel");
@@ -256,9 +259,9 @@ Status LaunchBackward(const AttentionShape& s, const T* q, const T* k, const T* 
 
 int64_t AttentionBackwardWorkspaceFloats(const AttentionShape& s) { return s.batch * s.q_heads * s.seq; }
 
-template <typename T>
+template <typename T, typename P>
 Status AttentionBackward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
-                         const T* out, const float* lse, const T* dout, T* dq, T* dk, T* dv, float* workspace,
+                         const T* out, const float* lse, const P* dout, P* dq, P* dk, P* dv, float* workspace,
                          cudaStream_t stream, AttentionMath math) {
   FT_CHECK(s.batch >= 0 && s.seq >= 0 && s.q_heads > 0 && s.kv_heads > 0);
   if (s.q_heads % s.kv_heads != 0) {
@@ -272,20 +275,25 @@ Status AttentionBackward(const AttentionShape& s, const T* q, const T* k, const 
   const bool tc = UseTensorCores<T>(math, {q, k, v, out, dout, dq, dk, dv});
   switch (s.head_dim) {
     case 64:
-      return LaunchBackward<T, 64>(s, q, k, v, segments, out, lse, dout, dq, dk, dv, workspace, stream, tc);
+      return LaunchBackward<T, P, 64>(s, q, k, v, segments, out, lse, dout, dq, dk, dv, workspace, stream,
+                                      tc);
     case 128:
-      return LaunchBackward<T, 128>(s, q, k, v, segments, out, lse, dout, dq, dk, dv, workspace, stream, tc);
+      return LaunchBackward<T, P, 128>(s, q, k, v, segments, out, lse, dout, dq, dk, dv, workspace, stream,
+                                       tc);
     default:
       return Status::InvalidArgument("AttentionBackward: head_dim " + std::to_string(s.head_dim) +
                                      " is not supported on CUDA (64 or 128)");
   }
 }
 
-template Status AttentionBackward<float>(const AttentionShape&, const float*, const float*, const float*,
-                                         const int32_t*, const float*, const float*, const float*, float*,
-                                         float*, float*, float*, cudaStream_t, AttentionMath);
-template Status AttentionBackward<bf16>(const AttentionShape&, const bf16*, const bf16*, const bf16*,
-                                        const int32_t*, const bf16*, const float*, const bf16*, bf16*, bf16*,
-                                        bf16*, float*, cudaStream_t, AttentionMath);
+#define FT_INSTANTIATE_ATTENTION_BACKWARD(T, P)                                                         \
+  template Status AttentionBackward<T, P>(const AttentionShape&, const T*, const T*, const T*,          \
+                                          const int32_t*, const T*, const float*, const P*, P*, P*, P*, \
+                                          float*, cudaStream_t, AttentionMath);
+FT_INSTANTIATE_ATTENTION_BACKWARD(float, float)
+FT_INSTANTIATE_ATTENTION_BACKWARD(bf16, bf16)
+FT_INSTANTIATE_ATTENTION_BACKWARD(bf16, float)
+FT_INSTANTIATE_ATTENTION_BACKWARD(fp16, float)
+#undef FT_INSTANTIATE_ATTENTION_BACKWARD
 
 }  // namespace ft::cuda

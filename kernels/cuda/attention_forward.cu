@@ -140,8 +140,10 @@ Status AttentionForward(const AttentionShape& s, const T* q, const T* k, const T
   }
   if (s.batch == 0 || s.seq == 0) return Status::OK();
   if (s.batch * s.q_heads > 65535) return Status::InvalidArgument("AttentionForward: batch * heads > 65535");
-  if (AttentionTakesHeadDim(s.head_dim) && UseTensorCores<T>(math, {q, k, v, out})) {
-    return TcAttentionForward<T>(s, q, k, v, segments, out, lse, stream);
+  if constexpr (TensorCoreStorage<T>()) {
+    if (AttentionTakesHeadDim(s.head_dim) && UseTensorCores<T>(math, {q, k, v, out})) {
+      return TcAttentionForward<T>(s, q, k, v, segments, out, lse, stream);
+    }
   }
   switch (s.head_dim) {
     case 64: return LaunchForward<T, 64>(s, q, k, v, segments, out, lse, stream);
@@ -156,5 +158,7 @@ template Status AttentionForward<float>(const AttentionShape&, const float*, con
                                         const int32_t*, float*, float*, cudaStream_t, AttentionMath);
 template Status AttentionForward<bf16>(const AttentionShape&, const bf16*, const bf16*, const bf16*,
                                        const int32_t*, bf16*, float*, cudaStream_t, AttentionMath);
+template Status AttentionForward<fp16>(const AttentionShape&, const fp16*, const fp16*, const fp16*,
+                                       const int32_t*, fp16*, float*, cudaStream_t, AttentionMath);
 
 }  // namespace ft::cuda

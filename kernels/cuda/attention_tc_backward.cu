@@ -75,10 +75,10 @@ __device__ __forceinline__ void StoreRows(T* dst, const float (&acc)[HD / 8][4],
   }
 }
 
-template <typename T, int HD>
+template <typename T, typename P, int HD>
 __global__ void __launch_bounds__(kTcThreads)
     TcDkDvKernel(AttentionShape s, const T* q, const T* k, const T* v, const int32_t* segments,
-                 const float* lse, const T* dout, const float* delta, T* dk, T* dv) {
+                 const float* lse, const P* dout, const float* delta, P* dk, P* dv) {
   constexpr int kInner = Inner<HD>(), kTiles = kInner / 8;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Ks = reinterpret_cast<bf16*>(smem);
@@ -139,14 +139,14 @@ __global__ void __launch_bounds__(kTcThreads)
       AccTimesTile<HD, kInner>(dk_acc, ds, Qs, lane);
     }
   }
-  StoreRows<T, HD>(dk, dk_acc, static_cast<float>(s.scale), b, wj, seq, s.kv_heads, kvh, lane);
-  StoreRows<T, HD>(dv, dv_acc, 1.0f, b, wj, seq, s.kv_heads, kvh, lane);
+  StoreRows<P, HD>(dk, dk_acc, static_cast<float>(s.scale), b, wj, seq, s.kv_heads, kvh, lane);
+  StoreRows<P, HD>(dv, dv_acc, 1.0f, b, wj, seq, s.kv_heads, kvh, lane);
 }
 
-template <typename T, int HD>
+template <typename T, typename P, int HD>
 __global__ void __launch_bounds__(kTcThreads)
     TcDqKernel(AttentionShape s, const T* q, const T* k, const T* v, const int32_t* segments,
-               const float* lse, const T* dout, const float* delta, T* dq) {
+               const float* lse, const P* dout, const float* delta, P* dq) {
   constexpr int kInner = Inner<HD>(), kTiles = kInner / 8;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Qs = reinterpret_cast<bf16*>(smem);
@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(kTcThreads)
     }
     AccTimesTile<HD, kInner>(dq_acc, ds, Ks, lane);
   }
-  StoreRows<T, HD>(dq, dq_acc, static_cast<float>(s.scale), b, wi, seq, s.q_heads, h, lane);
+  StoreRows<P, HD>(dq, dq_acc, static_cast<float>(s.scale), b, wi, seq, s.q_heads, h, lane);
 }
 
 template <typename Kernel>
@@ -208,38 +208,41 @@ Status SetSmem(Kernel kernel, int bytes, const char* what) {
   return CudaStatus(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), what);
 }
 
-template <typename T, int HD>
+template <typename T, typename P, int HD>
 Status Launch(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
-              const float* lse, const T* dout, const float* delta, T* dq, T* dk, T* dv, cudaStream_t stream) {
+              const float* lse, const P* dout, const float* delta, P* dq, P* dk, P* dv, cudaStream_t stream) {
   constexpr int kSmem = BackwardSmemBytes<HD>();
   const unsigned tiles = static_cast<unsigned>((s.seq + kBlock - 1) / kBlock);
-  FT_RETURN_IF_ERROR(SetSmem(TcDkDvKernel<T, HD>, kSmem, "cudaFuncSetAttribute(TcDkDvKernel)"));
-  TcDkDvKernel<T, HD>
+  FT_RETURN_IF_ERROR(SetSmem(TcDkDvKernel<T, P, HD>, kSmem, "cudaFuncSetAttribute(TcDkDvKernel)"));
+  TcDkDvKernel<T, P, HD>
       <<<dim3(tiles, static_cast<unsigned>(s.batch * s.kv_heads)), kTcThreads, kSmem, stream>>>(
           s, q, k, v, segments, lse, dout, delta, dk, dv);
   FT_RETURN_IF_ERROR(LaunchStatus("TcDkDvKernel"));
-  FT_RETURN_IF_ERROR(SetSmem(TcDqKernel<T, HD>, kSmem, "cudaFuncSetAttribute(TcDqKernel)"));
-  TcDqKernel<T, HD><<<dim3(tiles, static_cast<unsigned>(s.batch * s.q_heads)), kTcThreads, kSmem, stream>>>(
-      s, q, k, v, segments, lse, dout, delta, dq);
+  FT_RETURN_IF_ERROR(SetSmem(TcDqKernel<T, P, HD>, kSmem, "cudaFuncSetAttribute(TcDqKernel)"));
+  TcDqKernel<T, P, HD>
+      <<<dim3(tiles, static_cast<unsigned>(s.batch * s.q_heads)), kTcThreads, kSmem, stream>>>(
+          s, q, k, v, segments, lse, dout, delta, dq);
   return LaunchStatus("TcDqKernel");
 }
 
 }  // namespace
 
-template <typename T>
+template <typename T, typename P>
 Status TcAttentionBackward(const AttentionShape& s, const T* q, const T* k, const T* v,
-                           const int32_t* segments, const float* lse, const T* dout, const float* delta,
-                           T* dq, T* dk, T* dv, cudaStream_t stream) {
-  if (s.head_dim == 64) return Launch<T, 64>(s, q, k, v, segments, lse, dout, delta, dq, dk, dv, stream);
+                           const int32_t* segments, const float* lse, const P* dout, const float* delta,
+                           P* dq, P* dk, P* dv, cudaStream_t stream) {
+  if (s.head_dim == 64) return Launch<T, P, 64>(s, q, k, v, segments, lse, dout, delta, dq, dk, dv, stream);
   FT_CHECK(s.head_dim == 128);
-  return Launch<T, 128>(s, q, k, v, segments, lse, dout, delta, dq, dk, dv, stream);
+  return Launch<T, P, 128>(s, q, k, v, segments, lse, dout, delta, dq, dk, dv, stream);
 }
 
-template Status TcAttentionBackward<float>(const AttentionShape&, const float*, const float*, const float*,
-                                           const int32_t*, const float*, const float*, const float*, float*,
-                                           float*, float*, cudaStream_t);
-template Status TcAttentionBackward<bf16>(const AttentionShape&, const bf16*, const bf16*, const bf16*,
-                                          const int32_t*, const float*, const bf16*, const float*, bf16*,
-                                          bf16*, bf16*, cudaStream_t);
+#define FT_INSTANTIATE_TC_BACKWARD(T, P)                                                                  \
+  template Status TcAttentionBackward<T, P>(const AttentionShape&, const T*, const T*, const T*,          \
+                                            const int32_t*, const float*, const P*, const float*, P*, P*, \
+                                            P*, cudaStream_t);
+FT_INSTANTIATE_TC_BACKWARD(float, float)
+FT_INSTANTIATE_TC_BACKWARD(bf16, bf16)
+FT_INSTANTIATE_TC_BACKWARD(bf16, float)
+#undef FT_INSTANTIATE_TC_BACKWARD
 
 }  // namespace ft::cuda::internal

@@ -52,11 +52,11 @@ __global__ void ClipMultiplierKernel(const double* sum_squares, float max_norm, 
   *multiplier = static_cast<float>(inv * coef);
 }
 
-template <typename T>
-__global__ void AxpyKernel(int64_t n, float alpha, const T* x, T* y) {
+template <typename T, typename P>
+__global__ void AxpyKernel(int64_t n, float alpha, const T* x, P* y) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    y[i] = Store<T>(Load(y[i]) + alpha * Load(x[i]));
+    y[i] = Store<P>(Load(y[i]) + alpha * Load(x[i]));
   }
 }
 
@@ -96,11 +96,11 @@ Status ClipMultiplier(const double* sum_squares, float max_norm, const float* in
   return internal::LaunchStatus("ClipMultiplierKernel");
 }
 
-template <typename T>
-Status Axpy(int64_t n, float alpha, const T* x, T* y, cudaStream_t stream) {
+template <typename T, typename P>
+Status Axpy(int64_t n, float alpha, const T* x, P* y, cudaStream_t stream) {
   FT_CHECK(n >= 0);
   if (n == 0) return Status::OK();
-  AxpyKernel<T><<<internal::BlocksFor(n, kThreads), kThreads, 0, stream>>>(n, alpha, x, y);
+  AxpyKernel<T, P><<<internal::BlocksFor(n, kThreads), kThreads, 0, stream>>>(n, alpha, x, y);
   return internal::LaunchStatus("AxpyKernel");
 }
 
@@ -122,12 +122,14 @@ Status Convert(const TIn* x, int64_t n, TOut* out, cudaStream_t stream) {
 
 #define FT_INSTANTIATE_ELEMENTWISE(T)                                                     \
   template Status SumSquares<T>(const T*, int64_t, double*, double*, bool, cudaStream_t); \
-  template Status Axpy<T>(int64_t, float, const T*, T*, cudaStream_t);                    \
+  template Status Axpy<T, T>(int64_t, float, const T*, T*, cudaStream_t);                 \
   template Status Scale<T>(int64_t, float, T*, cudaStream_t);
 FT_INSTANTIATE_ELEMENTWISE(float)
 FT_INSTANTIATE_ELEMENTWISE(bf16)
 FT_INSTANTIATE_ELEMENTWISE(fp16)
 #undef FT_INSTANTIATE_ELEMENTWISE
+template Status Axpy<bf16, float>(int64_t, float, const bf16*, float*, cudaStream_t);
+template Status Axpy<fp16, float>(int64_t, float, const fp16*, float*, cudaStream_t);
 template Status Convert<float, bf16>(const float*, int64_t, bf16*, cudaStream_t);
 template Status Convert<float, fp16>(const float*, int64_t, fp16*, cudaStream_t);
 template Status Convert<bf16, float>(const bf16*, int64_t, float*, cudaStream_t);

@@ -15,17 +15,19 @@ namespace ft::cuda {
 namespace {
 
 using internal::Load;
+using internal::Store;
 
 constexpr int kThreads = 256;
 constexpr int kColumnThreads = 128;
 
-template <typename T>
-__global__ void EmbeddingForwardKernel(const T* table, const int32_t* ids, int64_t rows, int64_t D, T* out) {
+// Store<T>(Load(v)) is v itself when the table's type is T.
+template <typename T, typename P>
+__global__ void EmbeddingForwardKernel(const P* table, const int32_t* ids, int64_t rows, int64_t D, T* out) {
   const int64_t total = rows * D;
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < total;
        t += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = t / D, j = t % D;
-    out[t] = table[static_cast<int64_t>(ids[r]) * D + j];
+    out[t] = Store<T>(Load(table[static_cast<int64_t>(ids[r]) * D + j]));
   }
 }
 
@@ -39,12 +41,12 @@ __global__ void EmbeddingBackwardKernel(const T* dout, const int32_t* ids, int64
 
 }  // namespace
 
-template <typename T>
-Status EmbeddingForward(const T* table, const int32_t* ids, int64_t rows, int64_t D, T* out,
+template <typename T, typename P>
+Status EmbeddingForward(const P* table, const int32_t* ids, int64_t rows, int64_t D, T* out,
                         cudaStream_t stream) {
   FT_CHECK(rows >= 0 && D > 0);
   if (rows == 0) return Status::OK();
-  EmbeddingForwardKernel<T>
+  EmbeddingForwardKernel<T, P>
       <<<internal::BlocksFor(rows * D, kThreads), kThreads, 0, stream>>>(table, ids, rows, D, out);
   return internal::LaunchStatus("EmbeddingForwardKernel");
 }
@@ -59,8 +61,13 @@ Status EmbeddingBackward(const T* dout, const int32_t* ids, int64_t rows, int64_
   return internal::LaunchStatus("EmbeddingBackwardKernel");
 }
 
-template Status EmbeddingForward<float>(const float*, const int32_t*, int64_t, int64_t, float*, cudaStream_t);
-template Status EmbeddingForward<bf16>(const bf16*, const int32_t*, int64_t, int64_t, bf16*, cudaStream_t);
+#define FT_INSTANTIATE_EMBEDDING_FORWARD(T, P) \
+  template Status EmbeddingForward<T, P>(const P*, const int32_t*, int64_t, int64_t, T*, cudaStream_t);
+FT_INSTANTIATE_EMBEDDING_FORWARD(float, float)
+FT_INSTANTIATE_EMBEDDING_FORWARD(bf16, bf16)
+FT_INSTANTIATE_EMBEDDING_FORWARD(bf16, float)
+FT_INSTANTIATE_EMBEDDING_FORWARD(fp16, float)
+#undef FT_INSTANTIATE_EMBEDDING_FORWARD
 template Status EmbeddingBackward<float>(const float*, const int32_t*, int64_t, int64_t, float*,
                                          cudaStream_t);
 template Status EmbeddingBackward<bf16>(const bf16*, const int32_t*, int64_t, int64_t, float*, cudaStream_t);

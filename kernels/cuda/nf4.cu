@@ -75,5 +75,6 @@ Status DequantizeNf4(const Nf4DeviceTensor& q, T* out, cudaStream_t stream) {
 
 template Status DequantizeNf4<float>(const Nf4DeviceTensor&, float*, cudaStream_t);
 template Status DequantizeNf4<bf16>(const Nf4DeviceTensor&, bf16*, cudaStream_t);
+template Status DequantizeNf4<fp16>(const Nf4DeviceTensor&, fp16*, cudaStream_t);
 
 }  // namespace ft::cuda

@@ -21,8 +21,8 @@ constexpr int kColumnThreads = 256;
 constexpr int64_t kRowsPerChunk = 64;
 
 // One block per row r: y = w * (x * rs), rs = 1 / sqrt(mean(x²) + eps).
-template <typename T>
-__global__ void RmsNormForwardKernel(const T* x, const T* w, int64_t D, float eps, T* y, float* rstd) {
+template <typename T, typename P>
+__global__ void RmsNormForwardKernel(const T* x, const P* w, int64_t D, float eps, T* y, float* rstd) {
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
   const T* xr = x + r * D;
@@ -39,28 +39,28 @@ __global__ void RmsNormForwardKernel(const T* x, const T* w, int64_t D, float ep
 }
 
 // dx_j = rs (dy_j w_j - x_j c), c = rs² (Σ_k dy_k w_k x_k) / D.
-template <typename T>
-__global__ void RmsNormBackwardDxKernel(const T* x, const T* w, const float* rstd, const T* dy, int64_t D,
-                                        T* dx) {
+template <typename T, typename P>
+__global__ void RmsNormBackwardDxKernel(const T* x, const P* w, const float* rstd, const P* dy, int64_t D,
+                                        P* dx) {
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
   const T* xr = x + r * D;
-  const T* dyr = dy + r * D;
+  const P* dyr = dy + r * D;
   float dot = 0.0f;
   for (int64_t j = threadIdx.x; j < D; j += blockDim.x) dot += Load(dyr[j]) * Load(w[j]) * Load(xr[j]);
   dot = internal::BlockSum(dot, scratch);
   const float rs = rstd[r];
   const float c = rs * rs * dot / static_cast<float>(D);
-  T* dxr = dx + r * D;
+  P* dxr = dx + r * D;
   for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
-    dxr[j] = Store<T>(rs * (Load(dyr[j]) * Load(w[j]) - Load(xr[j]) * c));
+    dxr[j] = Store<P>(rs * (Load(dyr[j]) * Load(w[j]) - Load(xr[j]) * c));
   }
 }
 
 // Pass 1: partial[chunk, j] = Σ_{rows of chunk, in order} dy[r,j] x[r,j] rstd[r].
 // grid (column blocks, chunks).
-template <typename T>
-__global__ void RmsNormWeightPartialKernel(const T* x, const float* rstd, const T* dy, int64_t rows,
+template <typename T, typename P>
+__global__ void RmsNormWeightPartialKernel(const T* x, const float* rstd, const P* dy, int64_t rows,
                                            int64_t D, float* partial) {
   const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (j >= D) return;
@@ -84,40 +84,44 @@ int64_t Chunks(int64_t rows) { return (rows + kRowsPerChunk - 1) / kRowsPerChunk
 
 }  // namespace
 
-template <typename T>
-Status RmsNormForward(const T* x, const T* w, int64_t rows, int64_t D, float eps, T* y, float* rstd,
+template <typename T, typename P>
+Status RmsNormForward(const T* x, const P* w, int64_t rows, int64_t D, float eps, T* y, float* rstd,
                       cudaStream_t stream) {
   FT_CHECK(rows >= 0 && D > 0);
   if (rows == 0) return Status::OK();
-  RmsNormForwardKernel<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(x, w, D, eps, y, rstd);
+  RmsNormForwardKernel<T, P><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(x, w, D, eps, y, rstd);
   return internal::LaunchStatus("RmsNormForwardKernel");
 }
 
 int64_t RmsNormBackwardWorkspaceFloats(int64_t rows, int64_t D) { return Chunks(rows) * D; }
 
-template <typename T>
-Status RmsNormBackward(const T* x, const T* w, const float* rstd, const T* dy, int64_t rows, int64_t D, T* dx,
+template <typename T, typename P>
+Status RmsNormBackward(const T* x, const P* w, const float* rstd, const P* dy, int64_t rows, int64_t D, P* dx,
                        float* dw, float* workspace, cudaStream_t stream) {
   FT_CHECK(rows >= 0 && D > 0);
   if (rows == 0) return Status::OK();
-  RmsNormBackwardDxKernel<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(x, w, rstd, dy, D, dx);
+  RmsNormBackwardDxKernel<T, P>
+      <<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(x, w, rstd, dy, D, dx);
   FT_RETURN_IF_ERROR(internal::LaunchStatus("RmsNormBackwardDxKernel"));
   if (dw == nullptr) return Status::OK();
   FT_CHECK(workspace != nullptr);
   const unsigned column_blocks = internal::BlocksFor(D, kColumnThreads);
   const dim3 grid(column_blocks, static_cast<unsigned>(Chunks(rows)));
-  RmsNormWeightPartialKernel<T><<<grid, kColumnThreads, 0, stream>>>(x, rstd, dy, rows, D, workspace);
+  RmsNormWeightPartialKernel<T, P><<<grid, kColumnThreads, 0, stream>>>(x, rstd, dy, rows, D, workspace);
   FT_RETURN_IF_ERROR(internal::LaunchStatus("RmsNormWeightPartialKernel"));
   RmsNormWeightReduceKernel<<<column_blocks, kColumnThreads, 0, stream>>>(workspace, Chunks(rows), D, dw);
   return internal::LaunchStatus("RmsNormWeightReduceKernel");
 }
 
-#define FT_INSTANTIATE_NORM(T)                                                                              \
-  template Status RmsNormForward<T>(const T*, const T*, int64_t, int64_t, float, T*, float*, cudaStream_t); \
-  template Status RmsNormBackward<T>(const T*, const T*, const float*, const T*, int64_t, int64_t, T*,      \
-                                     float*, float*, cudaStream_t);
-FT_INSTANTIATE_NORM(float)
-FT_INSTANTIATE_NORM(bf16)
+#define FT_INSTANTIATE_NORM(T, P)                                                                         \
+  template Status RmsNormForward<T, P>(const T*, const P*, int64_t, int64_t, float, T*, float*,           \
+                                       cudaStream_t);                                                     \
+  template Status RmsNormBackward<T, P>(const T*, const P*, const float*, const P*, int64_t, int64_t, P*, \
+                                        float*, float*, cudaStream_t);
+FT_INSTANTIATE_NORM(float, float)
+FT_INSTANTIATE_NORM(bf16, bf16)
+FT_INSTANTIATE_NORM(bf16, float)
+FT_INSTANTIATE_NORM(fp16, float)
 #undef FT_INSTANTIATE_NORM
 
 }  // namespace ft::cuda

@@ -11,6 +11,13 @@
 //     inside every kernel (fp64 where the CPU reference accumulates in double:
 //     AdamW, sums of squares, loss sums). Side outputs (rstd, lse, row losses)
 //     and weight gradients of norms/embeddings are fp32 whatever T is.
+//   - Typed activations beside fp32 weights and gradients (the engine's
+//     bf16/fp16 storage, engine/model/backend.h): the ops whose tensors are
+//     of both kinds take a second type P, the storage of the weights, tables
+//     and gradients: P = T (one type throughout), or P = float with T = bf16
+//     or fp16. T is read and written in place (no fp32 copy), each value
+//     computed in fp32 and rounded once where it is stored: the values an
+//     fp32 kernel over the widened tensors, narrowed afterwards, gives.
 //   - Return value: OK means the work was enqueued. A Status::InvalidArgument
 //     names an unsupported shape that a model config can cause (e.g. a head
 //     dim other than 64/128); a Status::Internal names a failed CUDA launch or
@@ -91,7 +98,7 @@ struct Nf4DeviceTensor {
 };
 
 // out[q.n] = cpu::DequantizeNf4 bit for bit (T = float), or that value rounded
-// to bf16 (round-to-nearest-even). InvalidArgument for an odd or non-positive
+// to bf16 or fp16 (round-to-nearest-even). InvalidArgument for an odd or non-positive
 // block size.
 template <typename T>
 Status DequantizeNf4(const Nf4DeviceTensor& q, T* out, cudaStream_t stream);
@@ -99,42 +106,43 @@ Status DequantizeNf4(const Nf4DeviceTensor& q, T* out, cudaStream_t stream);
 // ---- RMSNorm ---------------------------------------------------------------------
 
 // y = w * (x * rstd), rstd = 1/sqrt(mean(x²) + eps), per row of x[rows, D];
-// writes rstd[rows] (fp32).
-template <typename T>
-Status RmsNormForward(const T* x, const T* w, int64_t rows, int64_t D, float eps, T* y, float* rstd,
+// writes rstd[rows] (fp32). w in P.
+template <typename T, typename P>
+Status RmsNormForward(const T* x, const P* w, int64_t rows, int64_t D, float eps, T* y, float* rstd,
                       cudaStream_t stream);
 // Floats of workspace RmsNormBackward needs for dw (0 when dw is not wanted).
 int64_t RmsNormBackwardWorkspaceFloats(int64_t rows, int64_t D);
 // dx overwritten; dw[D] (fp32, nullable) += Σ_rows dy * x * rstd, summed in a
-// fixed order through `workspace`.
-template <typename T>
-Status RmsNormBackward(const T* x, const T* w, const float* rstd, const T* dy, int64_t rows, int64_t D, T* dx,
+// fixed order through `workspace`. w, dy and dx in P.
+template <typename T, typename P>
+Status RmsNormBackward(const T* x, const P* w, const float* rstd, const P* dy, int64_t rows, int64_t D, P* dx,
                        float* dw, float* workspace, cudaStream_t stream);
 
 // ---- RoPE ------------------------------------------------------------------------
 
 // In place on x[rows, heads*hd], HF rotate_half pairing (i, i + hd/2), cos/sin
 // tables [max_pos, hd/2] read at positions[row]; `inverse` rotates by -θ (the
-// backward). InvalidArgument for an odd hd.
-template <typename T>
-Status RopeApply(T* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions, const T* cos_table,
-                 const T* sin_table, bool inverse, cudaStream_t stream);
+// backward). InvalidArgument for an odd hd. The tables in P.
+template <typename T, typename P>
+Status RopeApply(T* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions, const P* cos_table,
+                 const P* sin_table, bool inverse, cudaStream_t stream);
 
 // ---- SwiGLU ----------------------------------------------------------------------
 
-// h = silu(gate) * up over n elements.
+// h = silu(gate) * up over n elements (T = float, bf16 or fp16).
 template <typename T>
 Status SwiGluForward(const T* gate, const T* up, int64_t n, T* h, cudaStream_t stream);
-// dgate, dup overwritten (may alias gate/up).
-template <typename T>
-Status SwiGluBackward(const T* gate, const T* up, const T* dh, int64_t n, T* dgate, T* dup,
+// dgate, dup overwritten (may alias gate/up when P = T). dh, dgate, dup in P.
+template <typename T, typename P>
+Status SwiGluBackward(const T* gate, const T* up, const P* dh, int64_t n, P* dgate, P* dup,
                       cudaStream_t stream);
 
 // ---- Embedding -------------------------------------------------------------------
 
-// out[rows, D] = table[ids[r], :]. ids must be valid rows of the table.
-template <typename T>
-Status EmbeddingForward(const T* table, const int32_t* ids, int64_t rows, int64_t D, T* out,
+// out[rows, D] = table[ids[r], :] (the table in P, rounded to T when they
+// differ). ids must be valid rows of the table.
+template <typename T, typename P>
+Status EmbeddingForward(const P* table, const int32_t* ids, int64_t rows, int64_t D, T* out,
                         cudaStream_t stream);
 // dtable[ids[r], :] += dout[r, :] in fp32, rows in increasing order (one
 // thread per column walks the rows: deterministic, no atomics; only full
@@ -184,9 +192,9 @@ Status SumSquares(const T* x, int64_t n, double* workspace, double* out, bool ac
 // disables clipping). Feeds AdamW's grad_multiplier.
 Status ClipMultiplier(const double* sum_squares, float max_norm, const float* inv_loss_scale,
                       float* multiplier, cudaStream_t stream);
-// y += alpha * x; x *= alpha (cpu::Axpy, cpu::Scale).
-template <typename T>
-Status Axpy(int64_t n, float alpha, const T* x, T* y, cudaStream_t stream);
+// y += alpha * x (cpu::Axpy; y in P); x *= alpha (cpu::Scale).
+template <typename T, typename P>
+Status Axpy(int64_t n, float alpha, const T* x, P* y, cudaStream_t stream);
 template <typename T>
 Status Scale(int64_t n, float alpha, T* x, cudaStream_t stream);
 // out[i] = x[i] converted with round-to-nearest-even (e.g. fp32 master ->
@@ -222,14 +230,16 @@ Status UpdateLossScale(const LossScalerParams& p, const int* found_inf, float* s
 // rounded to bf16 — and fp32 scores, softmax and accumulation:
 // FlashAttention-2's precision, what bf16 training uses. bf16 storage always
 // takes kBf16. kBf16 needs 16-byte aligned tensors; unaligned ones run the
-// kFp32 kernels (the same definition, more exact, far slower).
+// kFp32 kernels (the same definition, more exact, far slower). fp16 storage
+// runs the kFp32 kernels, reading and writing fp16 in place.
 enum class AttentionMath { kFp32, kBf16 };
 
 // Causal GQA attention, cpu::AttentionForward's definition: query head h
 // reads kv head h / (Hq/Hkv); key j is visible to query i iff j <= i and (no
 // segments, or segments[b*seq + j] == segments[b*seq + i]). out[rows, Hq*hd]
 // in T, lse[batch, Hq, seq] in fp32 (-inf and out = 0 for a query that sees
-// no key). head_dim must be 64 or 128 (InvalidArgument otherwise).
+// no key). head_dim must be 64 or 128 (InvalidArgument otherwise). T =
+// float, bf16 or fp16.
 template <typename T>
 Status AttentionForward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
                         T* out, float* lse, cudaStream_t stream, AttentionMath math = AttentionMath::kFp32);
@@ -237,9 +247,10 @@ Status AttentionForward(const AttentionShape& s, const T* q, const T* k, const T
 int64_t AttentionBackwardWorkspaceFloats(const AttentionShape& s);
 // dq, dk, dv overwritten, FlashAttention-2's gradients recomputed from lse.
 // dK/dV and dQ are computed by separate kernels, so no atomics are needed.
-template <typename T>
+// q, k, v, out in T; dout, dq, dk, dv in P.
+template <typename T, typename P>
 Status AttentionBackward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
-                         const T* out, const float* lse, const T* dout, T* dq, T* dk, T* dv, float* workspace,
+                         const T* out, const float* lse, const P* dout, P* dq, P* dk, P* dv, float* workspace,
                          cudaStream_t stream, AttentionMath math = AttentionMath::kFp32);
 
 }  // namespace ft::cuda

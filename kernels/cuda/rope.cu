@@ -19,9 +19,9 @@ using internal::Store;
 
 constexpr int kThreads = 256;
 
-template <typename T>
+template <typename T, typename P>
 __global__ void RopeKernel(T* x, int64_t rows, int64_t heads, int64_t half, const int32_t* positions,
-                           const T* cos_table, const T* sin_table, bool inverse) {
+                           const P* cos_table, const P* sin_table, bool inverse) {
   const int64_t total = rows * heads * half;
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < total;
        t += int64_t{gridDim.x} * blockDim.x) {
@@ -41,22 +41,26 @@ __global__ void RopeKernel(T* x, int64_t rows, int64_t heads, int64_t half, cons
 
 }  // namespace
 
-template <typename T>
-Status RopeApply(T* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions, const T* cos_table,
-                 const T* sin_table, bool inverse, cudaStream_t stream) {
+template <typename T, typename P>
+Status RopeApply(T* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions, const P* cos_table,
+                 const P* sin_table, bool inverse, cudaStream_t stream) {
   FT_CHECK(rows >= 0 && heads > 0 && hd > 0);
   if (hd % 2 != 0)
     return Status::InvalidArgument("RopeApply: head dim must be even, got " + std::to_string(hd));
   const int64_t total = rows * heads * (hd / 2);
   if (total == 0) return Status::OK();
-  RopeKernel<T><<<internal::BlocksFor(total, kThreads), kThreads, 0, stream>>>(
+  RopeKernel<T, P><<<internal::BlocksFor(total, kThreads), kThreads, 0, stream>>>(
       x, rows, heads, hd / 2, positions, cos_table, sin_table, inverse);
   return internal::LaunchStatus("RopeKernel");
 }
 
-template Status RopeApply<float>(float*, int64_t, int64_t, int64_t, const int32_t*, const float*,
-                                 const float*, bool, cudaStream_t);
-template Status RopeApply<bf16>(bf16*, int64_t, int64_t, int64_t, const int32_t*, const bf16*, const bf16*,
-                                bool, cudaStream_t);
+#define FT_INSTANTIATE_ROPE(T, P)                                                                          \
+  template Status RopeApply<T, P>(T*, int64_t, int64_t, int64_t, const int32_t*, const P*, const P*, bool, \
+                                  cudaStream_t);
+FT_INSTANTIATE_ROPE(float, float)
+FT_INSTANTIATE_ROPE(bf16, bf16)
+FT_INSTANTIATE_ROPE(bf16, float)
+FT_INSTANTIATE_ROPE(fp16, float)
+#undef FT_INSTANTIATE_ROPE
 
 }  // namespace ft::cuda

@@ -1,7 +1,11 @@
 // ft-train as a user runs it: make-model, run a job, then check what it wrote
 // (metrics.jsonl, a PEFT adapter, merged weights) and how it fails on bad input.
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <cmath>
@@ -15,6 +19,7 @@
 #include "engine/io/hf_model.h"
 #include "engine/io/peft_adapter.h"
 #include "engine/io/safetensors.h"
+#include "engine/model/model_config.h"
 #include "tests/support/ft_train.h"
 
 namespace ft {
@@ -430,6 +435,70 @@ TEST_F(FtTrainCliTest, AModelTheCudaKernelsRefuseIsNamedBeforeItLoads) {
   EXPECT_THAT(gen.err, HasSubstr("--device cuda: " + dir_ +
                                  "/model (config.json) has head_dim 16: the cuda attention kernels take "
                                  "head dim 64 or 128; use --device cpu"));
+}
+
+// Runs ft-train with `args` (output to `log`); its exit code and its peak resident memory (KiB,
+// wait4's ru_maxrss of that child alone).
+std::pair<int, long> RunMeasured(const std::vector<std::string>& args, const std::string& log) {
+  std::vector<std::string> all = {FT_TRAIN_BIN};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  pid_t pid = -1;
+  const int spawned = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (spawned != 0) return {-1, 0};
+  int status = 0;
+  struct rusage usage {};
+  if (wait4(pid, &status, 0, &usage) != pid) return {-1, 0};
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), usage.ru_maxrss};
+}
+
+// make-model writes each tensor as it makes it: the bytes RandomInitModel + SaveHfModel write
+// from a whole model in memory, in a few chunks of memory whatever the model's size (the 8B
+// shape's 32 GB of fp32 took two minutes of every GPU session).
+TEST_F(FtTrainCliTest, MakeModelStreamsTheBytesOfTheInMemoryModel) {
+  long tiny_kib = 0;  // ft-train's own footprint (its libraries), making a model of 0.3 MB
+  for (const auto& [flag, dtype] : {std::pair{"bf16", DType::kBF16}, std::pair{"f32", DType::kF32}}) {
+    const std::string streamed = dir_ + "/streamed-" + flag, whole = dir_ + "/whole-" + flag;
+    const auto [code, kib] = RunMeasured(
+        {"make-model", "--preset", "tiny-llama", "--seed", "7", "--dtype", flag, "--out", streamed},
+        dir_ + "/tiny.log");
+    ASSERT_EQ(code, 0) << testing_support::Slurp(dir_ + "/tiny.log");
+    tiny_kib = std::max(tiny_kib, kib);
+    Model model(*PresetModelConfig("tiny-llama"), {});
+    RandomInitModel(&model, 7);
+    ASSERT_TRUE(SaveHfModel(whole, model, dtype).ok());
+    for (const char* file : {"/config.json", "/model.safetensors"}) {
+      EXPECT_EQ(testing_support::Slurp(streamed + file), testing_support::Slurp(whole + file))
+          << flag << file;
+    }
+  }
+  // ~207M parameters (828 MB in fp32, 414 MB written as bf16): the process grows beyond its footprint
+  // making the tiny model by less than an eighth of the fp32 model, where holding it took all of it.
+  std::ofstream(dir_ + "/config.json")
+      << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 1024,
+          "intermediate_size": 2816, "num_hidden_layers": 12, "num_attention_heads": 16,
+          "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 2048,
+          "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false})";
+  const auto [code, peak_kib] = RunMeasured(
+      {"make-model", "--config", dir_ + "/config.json", "--out", dir_ + "/big", "--dtype", "bf16"},
+      dir_ + "/big.log");
+  ASSERT_EQ(code, 0) << testing_support::Slurp(dir_ + "/big.log");
+  const int64_t params = 2 * int64_t{32000} * 1024 + 1024 +
+                         12 * (2 * 1024 + 2 * 1024 * 1024 + 2 * 512 * 1024 + 3 * int64_t{2816} * 1024);
+  const int64_t file_bytes = static_cast<int64_t>(fs::file_size(dir_ + "/big/model.safetensors"));
+  EXPECT_GT(file_bytes, 2 * params);
+  std::printf(
+      "make-model of %lld parameters: peak RSS %.1f MiB, %.1f MiB for the tiny model (fp32 model %.1f "
+      "MiB)\n",
+      static_cast<long long>(params), peak_kib / 1024.0, tiny_kib / 1024.0, 4.0 * params / (1 << 20));
+  EXPECT_LT(int64_t{peak_kib - tiny_kib} * 1024, params / 2);  // an eighth of its fp32 bytes
 }
 
 TEST_F(FtTrainCliTest, MissingModelIsNamed) {

@@ -78,7 +78,8 @@ TEST(Backend, CpuCopiesAndOps) {
   EXPECT_EQ(out[1], 8.0f);
   EXPECT_EQ(out[2], 10.0f);
   EXPECT_EQ(out[3], 14.0f);
-  EXPECT_EQ(be.SumSquares(x.data(), 4), 30.0);
+  EXPECT_EQ(be.SumSquares({{x.data(), 4}}), 30.0);
+  EXPECT_EQ(be.SumSquares({{x.data(), 4}, {x.data() + 1, 2}}), 30.0 + 13.0);  // 4 + 9 of {1, 2, 3, 4}
   EXPECT_TRUE(be.Synchronize().ok());
 }
 
@@ -112,6 +113,15 @@ TEST(Backend, LowPrecisionOperandGemmRoundsTheOperandsFirst) {
     std::vector<float> again(M * N, 0.0f);
     be.Gemm(operands, true, true, M, N, K, 1.0f, ar.data(), lda, br.data(), ldb, 0.0f, again.data(), N);
     EXPECT_EQ(again, c_rounded);  // exact inputs: nothing left to round
+    // Converted to 16-bit storage first (the model converts a gradient once for its GEMMs): the same.
+    const ActDType t = operands == GemmOperands::kBF16 ? ActDType::kBF16 : ActDType::kF16;
+    std::vector<uint16_t> a16(a.size()), b16(b.size());
+    be.Convert(ConstAct(a.data()), static_cast<int64_t>(a.size()), Act(a16.data(), t));
+    be.Convert(ConstAct(b.data()), static_cast<int64_t>(b.size()), Act(b16.data(), t));
+    std::vector<float> stored(M * N, 0.0f);
+    be.Gemm(operands, true, true, M, N, K, 1.0f, ConstAct(a16.data(), t), lda, ConstAct(b16.data(), t), ldb,
+            0.0f, stored.data(), N);
+    EXPECT_EQ(stored, c16);
   }
   // The two formats round differently: fp16 keeps 3 more mantissa bits.
   std::vector<float> x16 = a, xb = a;
@@ -172,7 +182,7 @@ TEST(GuardedBackend, SameResultsAsTheCpu) {
   cpu.Gemm(GemmOperands::kF32, false, false, 6, 5, 4, 1.0f, a.data(), 4, b.data(), 5, 0.0f, want.data(), 5);
   cpu.Axpy(30, 0.5f, want.data(), want.data());
   EXPECT_EQ(got, want);
-  EXPECT_EQ(guarded->SumSquares(dc.data(), 30), cpu.SumSquares(want.data(), 30));
+  EXPECT_EQ(guarded->SumSquares({{dc.data(), 30}}), cpu.SumSquares({{want.data(), 30}}));
 }
 
 TEST(GuardedBackend, CountsAgainstItsCapacity) {

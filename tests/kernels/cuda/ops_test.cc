@@ -226,20 +226,27 @@ TEST_F(CudaOpsTest, Nf4DequantizeIsBitExactWithCpu) {
                                 q.offset};
       DeviceBuffer<float> out(n);
       DeviceBuffer<bf16> out_bf16(n);
+      DeviceBuffer<fp16> out_fp16(n);
       out.Poison();
       out_bf16.Poison();
+      out_fp16.Poison();
       FT_ASSERT_OK(DequantizeNf4<float>(dq_tensor, out.get(), stream_));
       FT_ASSERT_OK(DequantizeNf4<bf16>(dq_tensor, out_bf16.get(), stream_));
+      FT_ASSERT_OK(DequantizeNf4<fp16>(dq_tensor, out_fp16.get(), stream_));
       const std::vector<float> got = out.Download();
       const std::vector<bf16> got_bf16 = out_bf16.Download();
-      int64_t mismatches = 0, mismatches_bf16 = 0;
+      const std::vector<fp16> got_fp16 = out_fp16.Download();
+      int64_t mismatches = 0, mismatches_bf16 = 0, mismatches_fp16 = 0;
       for (int64_t i = 0; i < n; ++i) {
         mismatches += std::memcmp(&got[i], &ref[i], sizeof(float)) != 0;
         const bf16 want = FromFloat<bf16>(ref[i]);
         mismatches_bf16 += std::memcmp(&got_bf16[i], &want, sizeof(bf16)) != 0;
+        const fp16 want16 = FromFloat<fp16>(ref[i]);
+        mismatches_fp16 += std::memcmp(&got_fp16[i], &want16, sizeof(fp16)) != 0;
       }
       EXPECT_EQ(mismatches, 0) << "n=" << n << " double_quant=" << dq;
       EXPECT_EQ(mismatches_bf16, 0) << "bf16, n=" << n << " double_quant=" << dq;
+      EXPECT_EQ(mismatches_fp16, 0) << "fp16, n=" << n << " double_quant=" << dq;
       if (mismatches == 0) std::printf("TENSOR OK nf4 n=%ld dq=%d bit-exact\n", static_cast<long>(n), dq);
     }
   }
