@@ -108,6 +108,20 @@ def user_rows(path):
     return "\n".join(rows) + "\n" + ratio
 
 
+def kept_section(path, title):
+    """The section `## {title}...` of the document at `path`, up to the next `## `: written by hand
+    (the cost model's history), carried into the regenerated document; "" when absent."""
+    try:
+        text = open(path).read()
+    except OSError:
+        return ""
+    start = text.find("\n## " + title)
+    if start < 0:
+        return ""
+    end = text.find("\n## ", start + 1)
+    return text[start + 1:end + 1 if end >= 0 else len(text)].rstrip() + "\n\n"
+
+
 def table(argv):
     ours_path, torch_path, tests_status, device, out_path = argv[:5]
     parity_path, resume_path, resume_status, user_path, gen_path, gen_status, optimes_path = \
@@ -138,6 +152,7 @@ def table(argv):
     table = "\n".join(rows)
     print(table)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    cost_model = kept_section(out_path, "The cost model")
     doc = f"""# Performance (GPU)
 
 Written by `bench/gpu/run.sh` on **{device}**, {date}; torch {info.get('torch', '?')}.
@@ -178,7 +193,7 @@ against it):
 {chr(10).join(l[len("OPTIME "):] for l in optimes) if optimes else "(not measured)"}
 ```
 
-## Kernels
+{cost_model}## Kernels
 
 Each figure is the median of CUDA-event-timed runs after warm-up, on random
 bf16 inputs, ftune and PyTorch one after the other on the same GPU in the same
@@ -199,12 +214,13 @@ kernels without atomics (dK/dV, then dQ), so S and dP are computed twice:
 7 tile products where FlashAttention-2 does 5, while the FLOP count above
 credits 5. The GEMM goes through cuBLASLt like torch.matmul, so its ratio
 should be near 1. Under bf16 the engine stores activations, frozen weights,
-embeddings and head in bf16 (typed storage); 16-bit GEMM operands are read in
-place, but the other ops still run fp32 kernels through staging conversions
-("convert (typed storage)" above), fp32 gradient workspaces are rounded in
-place ("bf16 rounding"), and fp32 operands (dequantized NF4 weights,
-gradients) are converted per GEMM ("operands to bf16"): with the host copies
-and the kernels' own gaps in the table, that is the user's job's gap to PEFT.
+embeddings and head in bf16 (typed storage); every op reads and writes them
+in place and NF4 weights are dequantized straight to bf16, but the linears'
+fp32 results are stored rounded and their gradients rounded for their GEMMs
+("convert (typed storage)"), fp32 gradient workspaces are rounded in place
+("bf16 rounding") and LoRA's fp32 weights are converted per GEMM ("operands
+to bf16"): with the kernels' own gaps in the table, that is the user's job's
+gap to PEFT (the cost model above says what each costs at the roofline).
 """
     with open(out_path, "w") as f:
         f.write(doc)

@@ -16,6 +16,7 @@ namespace {
 
 // Address space reserved for a cost model's "device": nothing is committed.
 constexpr int64_t kReserveBytes = int64_t{1} << 40;
+constexpr int64_t kMinReserveBytes = int64_t{1} << 26;
 constexpr int64_t kAlign = 256;
 // kernels/cuda's workspace shapes (norm.cu kRowsPerChunk, elementwise.cu kBlocks).
 constexpr int64_t kRmsRowsPerChunk = 64;
@@ -50,12 +51,19 @@ double RooflineSeconds(const OpWork& w, const GpuSpec& gpu) {
   return std::max(w.flops / (w.tensor ? gpu.tensor_flops : gpu.fp32_flops), w.bytes / gpu.memory_bytes_per_s);
 }
 
+// The largest range up to kReserveBytes the process is granted: address-space limits (ulimit -v, a
+// sanitizer's shadow layout) can refuse 1 TiB; a model larger than the range then fails to allocate
+// as on a GPU too small for it.
 CudaCostBackend::CudaCostBackend() {
-  void* p = mmap(nullptr, static_cast<size_t>(kReserveBytes), PROT_NONE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) throw std::bad_alloc();
-  base_ = static_cast<char*>(p);
-  reserved_ = kReserveBytes;
+  for (int64_t bytes = kReserveBytes; bytes >= kMinReserveBytes; bytes /= 2) {
+    void* p = mmap(nullptr, static_cast<size_t>(bytes), PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) continue;
+    base_ = static_cast<char*>(p);
+    reserved_ = bytes;
+    return;
+  }
+  throw std::bad_alloc();
 }
 
 CudaCostBackend::~CudaCostBackend() {

@@ -6,12 +6,12 @@
 // loss head's, NF4 dequantization, the rounding passes — under the category names FT_CUDA_OP_TIMES reports
 // (engine/model/cuda_op_names.h). A real model (any shape, the 8B one
 // included) runs real training steps on it: device memory is an address
-// range reserved without access (PROT_NONE, nothing committed), so a host
-// read of device memory faults as on a GPU, and only the host-side copies
-// the model makes cost memory.
+// range reserved without access (PROT_NONE, nothing committed; up to 1 TiB,
+// the most the process is granted), so a host read of device memory faults as
+// on a GPU, and only the host-side copies the model makes cost memory.
 //
 // Each op's rules mirror its CudaBackend method line by line (same helper
-// names: Staged, StagedOut, Unstage, StagedOperand, Operand16, Workspace);
+// names: StagedOperand, Operand16, Workspace);
 // change both together. Kernel counts per op are those of kernels/cuda
 // (e.g. attention backward: a delta kernel and two tile kernels).
 //
