@@ -201,8 +201,10 @@ namespace {
 // Values [begin, begin + count) of t, encoded as its dtype into `bytes` (`values`: scratch for fill).
 void EncodeChunk(const TensorToWrite& t, int64_t begin, int64_t count, std::vector<float>& values,
                  std::vector<uint8_t>& bytes) {
-  const float* src = t.data + begin;
-  if (t.data == nullptr) {
+  const float* src = nullptr;
+  if (t.data != nullptr) {
+    src = t.data + begin;
+  } else {
     values.resize(static_cast<size_t>(count));
     t.fill(begin, count, values.data());
     src = values.data();

@@ -498,7 +498,9 @@ TEST_F(FtTrainCliTest, MakeModelStreamsTheBytesOfTheInMemoryModel) {
       "make-model of %lld parameters: peak RSS %.1f MiB, %.1f MiB for the tiny model (fp32 model %.1f "
       "MiB)\n",
       static_cast<long long>(params), peak_kib / 1024.0, tiny_kib / 1024.0, 4.0 * params / (1 << 20));
+#if !defined(FT_SANITIZED)  // ASan's quarantine keeps freed chunks resident: no bound there
   EXPECT_LT(int64_t{peak_kib - tiny_kib} * 1024, params / 2);  // an eighth of its fp32 bytes
+#endif
 }
 
 TEST_F(FtTrainCliTest, MissingModelIsNamed) {
