@@ -11,8 +11,9 @@ all: build
 deps:
 	bash deploy/install-deps.sh
 
+# Warnings are errors in the trees we build (a plain `cmake` configure leaves FT_WERROR off).
 configure: deps
-	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) -G Ninja -DFT_WERROR=ON $(CMAKE_FLAGS)
 
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)

@@ -62,8 +62,14 @@ std::string Describe(const Expr& e) {
   }
 }
 
+// Built by appending, not as `"'" + std::string + ...`: GCC 12 at -O3 flags that chain with a false
+// -Wrestrict (GCC bug 105329, fixed in GCC 13), which -Werror turned into a failed Release build.
 Status Undefined(const Expr& e, const std::string& doing) {
-  return ErrorAt(e.line, "'" + Describe(e) + "' is undefined" + (doing.empty() ? "" : " (" + doing + ")"));
+  std::string message = "'";
+  message += Describe(e);
+  message += "' is undefined";
+  if (!doing.empty()) message.append(" (").append(doing).append(")");
+  return ErrorAt(e.line, message);
 }
 
 class MacroFn : public Callable {
