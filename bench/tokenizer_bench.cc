@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
     const auto start = std::chrono::steady_clock::now();
     const double cpu_start = ThreadCpuSeconds();
     for (const auto& d : docs) {
-      const std::vector<int32_t> ids = (*tok)->Encode(d, false);
+      const std::vector<int32_t> ids = (*tok)->Encode(d, false).value();
       n += ids.size();
       for (int32_t id : ids) sum = sum * 31u + static_cast<uint32_t>(id);
     }

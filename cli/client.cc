@@ -43,14 +43,36 @@ void JobsClient::Prepare(grpc::ClientContext* ctx, bool deadline) const {
   }
 }
 
-#define FT_UNARY_(method, Req, Reply, build)                                         \
-  Req req_;                                                                          \
-  build;                                                                             \
-  Reply reply_;                                                                      \
-  grpc::ClientContext ctx_;                                                          \
-  Prepare(&ctx_);                                                                    \
-  grpc::Status s_ = stub_->method(&ctx_, req_, &reply_);                             \
-  if (!s_.ok()) return FromGrpcStatus(s_).WithContext("ftd at " + options_.address); \
+namespace {
+constexpr char kTokenRefused[] = " the client token (gRPC ";
+}  // namespace
+
+bool RefusedToken(const Status& s) {
+  return s.IsInvalidArgument() && s.message().find(kTokenRefused) != std::string::npos;
+}
+
+Status JobsClient::FromRpc(const grpc::Status& s) const {
+  const grpc::StatusCode code = s.error_code();
+  if (code != grpc::StatusCode::UNAUTHENTICATED && code != grpc::StatusCode::PERMISSION_DENIED) {
+    return FromGrpcStatus(s).WithContext("ftd at " + options_.address);
+  }
+  const std::string name =
+      code == grpc::StatusCode::UNAUTHENTICATED ? "UNAUTHENTICATED" : "PERMISSION_DENIED";
+  return Status::InvalidArgument(
+      "ftd at " + options_.address + (options_.token.empty() ? " wants" : " refused") + kTokenRefused + name +
+      ": " + s.error_message() +
+      "): pass the token ftd was started with (its --client-token) as --token TOKEN, in FTUNE_TOKEN or as "
+      "'token:' in ~/.config/ftune/client.yaml");
+}
+
+#define FT_UNARY_(method, Req, Reply, build)             \
+  Req req_;                                              \
+  build;                                                 \
+  Reply reply_;                                          \
+  grpc::ClientContext ctx_;                              \
+  Prepare(&ctx_);                                        \
+  grpc::Status s_ = stub_->method(&ctx_, req_, &reply_); \
+  if (!s_.ok()) return FromRpc(s_);                      \
   return reply_
 
 StatusOr<pb::SubmitReply> JobsClient::Submit(const pb::SubmitRequest& req) {
@@ -90,7 +112,7 @@ Status JobsClient::Watch(const std::string& job_id, int64_t after_seq,
     }
   }
   grpc::Status s = reader->Finish();
-  if (!s.ok() && s.error_code() != grpc::StatusCode::CANCELLED) return FromGrpcStatus(s);
+  if (!s.ok() && s.error_code() != grpc::StatusCode::CANCELLED) return FromRpc(s);
   return Status::OK();
 }
 
@@ -104,7 +126,8 @@ Status JobsClient::Logs(const std::string& job_id, bool follow,
   auto reader = stub_->Logs(&ctx, req);
   pb::LogChunk chunk;
   while (reader->Read(&chunk)) fn(chunk.text());
-  return FromGrpcStatus(reader->Finish());
+  grpc::Status s = reader->Finish();
+  return s.ok() ? Status::OK() : FromRpc(s);
 }
 
 }  // namespace ft

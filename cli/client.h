@@ -26,6 +26,12 @@ struct ClientOptions {
 // credentials. InvalidArgument naming the file when the CA bundle is unusable.
 StatusOr<ClientOptions> ResolveClientOptions(ClientOptions o);
 
+// Whether `s` is a JobsClient call's report that ftd refused (or wanted) the
+// client token: InvalidArgument (bad input) whose message names gRPC's code
+// (UNAUTHENTICATED, PERMISSION_DENIED) and how to pass a token, meant to be
+// printed without a code name before it.
+bool RefusedToken(const Status& s);
+
 class JobsClient {
  public:
   explicit JobsClient(const ClientOptions& options);
@@ -43,6 +49,9 @@ class JobsClient {
 
  private:
   void Prepare(grpc::ClientContext* ctx, bool deadline = true) const;
+  // A failed RPC as a Status: FromGrpcStatus's, naming the address, except a
+  // refused token (see RefusedToken).
+  Status FromRpc(const grpc::Status& s) const;
 
   ClientOptions options_;
   std::unique_ptr<ftune::v1::Jobs::Stub> stub_;

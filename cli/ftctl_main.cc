@@ -39,7 +39,8 @@ namespace pb = ftune::v1;
 constexpr int kOk = 0, kFailed = 1, kBadInput = 2, kJobNotSucceeded = 3;
 
 int Fail(const ft::Status& s) {
-  std::fprintf(stderr, "ftctl: %s\n", s.ToString().c_str());
+  // A refused token names gRPC's code itself (UNAUTHENTICATED): no "InvalidArgument: " before it.
+  std::fprintf(stderr, "ftctl: %s\n", ft::RefusedToken(s) ? s.message().c_str() : s.ToString().c_str());
   return s.IsInvalidArgument() ? kBadInput : kFailed;
 }
 
@@ -167,13 +168,10 @@ int Follow(ft::JobsClient& client, const std::string& id) {
 
 int Submit(ft::JobsClient& client, const std::string& file, const std::vector<std::string>& overrides,
            bool follow, std::string request_id, bool json) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return Fail(ft::Status::NotFound(file + ": cannot open job file"));
-  std::stringstream text;
-  text << in.rdbuf();
   const std::string abs = fs::absolute(file).lexically_normal().string();
-  // file:line (or --set) errors before anything is sent; ftd stores the merged job.
-  auto job = ft::ParseJobWithOverrides(text.str(), abs, overrides);
+  // file:line (or --set) errors before anything is sent (a file over the size limit unread, overrides
+  // bounded before they are applied); ftd stores the merged job.
+  auto job = ft::LoadJobWithOverrides(abs, overrides);
   if (!job.ok()) return Fail(job.status());
   pb::SubmitRequest req;
   req.set_spec_yaml(job->yaml);

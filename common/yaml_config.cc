@@ -1,5 +1,8 @@
 #include "common/yaml_config.h"
 
+#include <yaml-cpp/eventhandler.h>
+#include <yaml-cpp/parser.h>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -19,9 +22,86 @@ std::string Scalar(const YAML::Node& node) {
   return node.IsScalar() ? node.Scalar() : std::string("<") + (node.IsMap() ? "mapping" : "sequence") + ">";
 }
 
+// Stops yaml-cpp's event parser at the first node past a limit (thrown by
+// LimitCounter, caught by CheckYamlLimits: it never leaves this file).
+struct LimitExceeded {
+  std::string message;
+};
+
+// Counts a document's nodes and nesting as yaml-cpp's parser reports them.
+class LimitCounter : public YAML::EventHandler {
+ public:
+  LimitCounter(const YamlLimits& limits, const std::string& what) : limits_(limits), what_(what) {}
+
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { Node(mark); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { Node(mark); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t, const std::string&) override {
+    Node(mark);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    Open(mark);
+  }
+  void OnSequenceEnd() override { --depth_; }
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    Open(mark);
+  }
+  void OnMapEnd() override { --depth_; }
+
+ private:
+  void Node(const YAML::Mark& mark) {
+    if (++nodes_ <= limits_.max_nodes) return;
+    throw LimitExceeded{Location(what_, mark) + ": more than " + std::to_string(limits_.max_nodes) +
+                        " YAML nodes (values, lists, mappings); at most " +
+                        std::to_string(limits_.max_nodes) +
+                        " are accepted: a configuration names its data files, it does not hold data"};
+  }
+  void Open(const YAML::Mark& mark) {
+    Node(mark);
+    if (++depth_ <= limits_.max_depth) return;
+    throw LimitExceeded{Location(what_, mark) + ": lists and mappings nested more than " +
+                        std::to_string(limits_.max_depth) + " deep; at most " +
+                        std::to_string(limits_.max_depth) + " levels are accepted: flatten it"};
+  }
+
+  const YamlLimits& limits_;
+  const std::string& what_;
+  int64_t nodes_ = 0;
+  int depth_ = 0;
+};
+
+// An override as messages show it: at most 80 bytes of it.
+std::string ShortOverride(const std::string& text) {
+  return "--set " + (text.size() <= 80 ? text : text.substr(0, 80) + "...");
+}
+
 }  // namespace
 
+Status CheckYamlLimits(std::string_view text, const std::string& what, const YamlLimits& limits) {
+  if (text.size() > limits.max_bytes) {
+    return Status::InvalidArgument(
+        what + ": " + std::to_string(text.size()) + " bytes; at most " +
+        std::to_string(limits.max_bytes >> 10) +
+        " KiB are accepted: a configuration names its data files, it does not hold data");
+  }
+  std::istringstream in{std::string(text)};
+  LimitCounter counter(limits, what);
+  try {
+    YAML::Parser parser(in);
+    parser.HandleNextDocument(counter);
+  } catch (const LimitExceeded& e) {
+    return Status::InvalidArgument(e.message);
+  } catch (const YAML::Exception&) {
+    // A syntax error: the parse that follows reports it with its line (and stops there too).
+  }
+  return Status::OK();
+}
+
 StatusOr<YamlMap> YamlMap::Parse(std::string_view text, std::string file) {
+  FT_RETURN_IF_ERROR(CheckYamlLimits(text, file));
   YAML::Node root;
   try {
     root = YAML::Load(std::string(text));
@@ -38,12 +118,20 @@ StatusOr<YamlMap> YamlMap::Parse(std::string_view text, std::string file) {
 
 namespace {
 
-// Sets root[path] = value for one override; `what` names it in errors.
-Status ApplyOverride(YAML::Node root, const std::string& override_text) {
-  const std::string what = "--set " + override_text;
-  const size_t eq = override_text.find('=');
+// The dotted key of an override (before its '='), bounded before it is split:
+// at most kMaxOverrideKeyBytes bytes and kMaxOverrideKeyParts parts.
+StatusOr<std::vector<std::string>> OverrideKey(const std::string& override_text, size_t eq) {
+  const std::string what = ShortOverride(override_text);
   if (eq == std::string::npos || eq == 0) {
     return Status::InvalidArgument(what + ": expected KEY=VALUE with a dotted key, e.g. train.lr=1e-4");
+  }
+  const size_t parts =
+      static_cast<size_t>(std::count(override_text.begin(), override_text.begin() + eq, '.')) + 1;
+  if (eq > kMaxOverrideKeyBytes || parts > kMaxOverrideKeyParts) {
+    return Status::InvalidArgument(
+        what + ": the key has " + std::to_string(parts) + " parts and " + std::to_string(eq) +
+        " bytes; a key has at most " + std::to_string(kMaxOverrideKeyParts) + " parts and " +
+        std::to_string(kMaxOverrideKeyBytes) + " bytes: name a key of the job, e.g. train.lr=1e-4");
   }
   std::vector<std::string> path;
   std::stringstream keys(override_text.substr(0, eq));
@@ -52,9 +140,19 @@ Status ApplyOverride(YAML::Node root, const std::string& override_text) {
       std::any_of(path.begin(), path.end(), [](const std::string& k) { return k.empty(); })) {
     return Status::InvalidArgument(what + ": empty key in the dotted path");
   }
+  return path;
+}
+
+// Sets root[path] = value for one override; `what` names it in errors.
+Status ApplyOverride(YAML::Node root, const std::string& override_text) {
+  const std::string what = ShortOverride(override_text);
+  const size_t eq = override_text.find('=');
+  FT_ASSIGN_OR_RETURN(const std::vector<std::string> path, OverrideKey(override_text, eq));
+  const std::string value_text = override_text.substr(eq + 1);
+  FT_RETURN_IF_ERROR(CheckYamlLimits(value_text, what + " (its value)"));
   YAML::Node value;
   try {
-    value = YAML::Load(override_text.substr(eq + 1));
+    value = YAML::Load(value_text);
   } catch (const YAML::Exception& e) {
     return Status::InvalidArgument(what + ": the value is not YAML: " + e.msg);
   }
@@ -80,6 +178,13 @@ Status ApplyOverride(YAML::Node root, const std::string& override_text) {
 
 StatusOr<std::string> ApplyYamlOverrides(std::string_view text, const std::string& file,
                                          const std::vector<std::string>& overrides) {
+  size_t total = text.size();
+  for (const std::string& o : overrides) total += o.size();
+  if (const size_t max = YamlLimits().max_bytes; total > max) {
+    return Status::InvalidArgument(file + " with its --set overrides: " + std::to_string(total) +
+                                   " bytes; at most " + std::to_string(max >> 10) +
+                                   " KiB are accepted: put data in files the job names, not in --set values");
+  }
   FT_ASSIGN_OR_RETURN(YamlMap parsed, YamlMap::Parse(text, file));
   YAML::Node root = YAML::Clone(parsed.node());
   try {

@@ -22,6 +22,23 @@
 
 namespace ft {
 
+// Bounds on a YAML document, checked before yaml-cpp builds its tree (a node
+// costs it ~250 bytes: one 1 MiB file of "[a,a,a,...]" took ~260 MB, and a
+// deep nest recurses as deep). The defaults suit hand-written configuration
+// (job.yaml, client.yaml): a few hundred nodes, a few levels.
+struct YamlLimits {
+  size_t max_bytes = size_t{256} << 10;
+  int64_t max_nodes = 10'000;  // scalars, nulls, aliases, lists and mappings
+  int max_depth = 32;          // lists and mappings inside each other
+};
+
+// OK when `text` stays within `limits`: its size, then its nodes and nesting,
+// counted by yaml-cpp's event parser (no tree is built; it stops at the first
+// node past a limit). InvalidArgument naming `what` (a file, with line and
+// column, or a --set flag), the limit and the fix otherwise. A syntax error
+// is left to the parse that follows (it stops there too).
+Status CheckYamlLimits(std::string_view text, const std::string& what, const YamlLimits& limits = {});
+
 // A mapping node in a YAML file, with the file name and key path kept for
 // error messages. `path` is "" for the document root.
 class YamlMap {
@@ -29,7 +46,8 @@ class YamlMap {
   YamlMap(YAML::Node node, std::string file, std::string path)
       : node_(std::move(node)), file_(std::move(file)), path_(std::move(path)) {}
 
-  // Parses `text` (named `file` in messages); the root must be a mapping
+  // Parses `text` (named `file` in messages) within the default YamlLimits
+  // (CheckYamlLimits, before any tree is built); the root must be a mapping
   // without a repeated key (InvalidArgument naming both lines).
   static StatusOr<YamlMap> Parse(std::string_view text, std::string file);
   // Reads and parses a file. NotFound/IOError when unreadable.
@@ -86,6 +104,12 @@ class YamlMap {
 // naming the override ("--set a.b=...: ...") when it is not KEY=VALUE, its
 // value is not YAML or a key on its path holds a value that is not a
 // mapping; the text's own YAML errors name the file's line as Parse does.
+// Bounded before anything is built: each KEY at most kMaxOverrideKeyParts
+// parts and kMaxOverrideKeyBytes bytes, each VALUE within the YamlLimits,
+// and the text with every override at most YamlLimits::max_bytes (each an
+// InvalidArgument naming the override, the limit and the fix).
+constexpr size_t kMaxOverrideKeyParts = 8;
+constexpr size_t kMaxOverrideKeyBytes = 256;
 StatusOr<std::string> ApplyYamlOverrides(std::string_view text, const std::string& file,
                                          const std::vector<std::string>& overrides);
 

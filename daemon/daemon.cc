@@ -99,13 +99,17 @@ Status CheckJobFiles(const JobSpec& spec, const std::string& data_dir, const std
   return Status::OK();
 }
 
-// A refusal because the database cannot be written (disk full, read-only):
+// A refusal because the database cannot be written (disk full, read-only, or
+// one of its files deleted or replaced under ftd: `files_replaced`):
 // Unavailable, naming the cause, what was not done and the fix.
-Status NotWritable(const Status& cause, const std::string& what) {
+Status NotWritable(const Status& cause, const std::string& what, bool files_replaced) {
+  const std::string fix = files_replaced
+                              ? "; ftd reopens its database within seconds and accepts work again (submit "
+                                "again then); nothing it acknowledged was lost"
+                              : "; free space in ftd's --data-dir (or make it writable again): ftd notices "
+                                "within seconds and accepts work again; nothing it acknowledged was lost";
   return Status::Unavailable("ftd cannot write its database, so " + what + ": " +
-                             std::string(cause.message()) +
-                             "; free space in ftd's --data-dir (or make it writable again): ftd notices "
-                             "within seconds and accepts work again; nothing it acknowledged was lost");
+                             std::string(cause.message()) + fix);
 }
 
 }  // namespace
@@ -204,6 +208,10 @@ Status Daemon::LoadState() {
   }
   FT_ASSIGN_OR_RETURN(std::vector<JobRow> queued, store_->ListJobs({JobStateCode::kQueued}, 0));
   for (const JobRow& j : queued) TrackState(j);
+  // One job per output.dir: every job's, whatever its state.
+  FT_ASSIGN_OR_RETURN(auto dirs, store_->ListOutputDirs());
+  output_dirs_.Clear();
+  for (const auto& [id, dir] : dirs) output_dirs_.Add(OutputDirKey(dir), id);
   return Status::OK();
 }
 
@@ -311,7 +319,7 @@ StatusOr<pb::SubmitReply> Daemon::Submit(const pb::SubmitRequest& req) {
   row.output_dir = spec.output.dir;
   row.gpus = spec.resources.gpus;
   row.device = EnumName(spec.resources.device);
-  PendingSubmit me{row, MakeJobView(row, spec, model)};
+  PendingSubmit me{row, MakeJobView(row, spec, model), file, OutputDirKey(spec.output.dir)};
   std::unique_lock<std::mutex> lock(submit_mu_);
   submit_queue_.push_back(&me);
   submit_cv_.wait(lock, [&] { return me.done || submit_queue_.front() == &me; });
@@ -329,22 +337,69 @@ StatusOr<pb::SubmitReply> Daemon::Submit(const pb::SubmitRequest& req) {
   return me.reply;
 }
 
+Status Daemon::OutputDirTaken(const PendingSubmit& p, const std::string& other_dir, const std::string& id,
+                              const std::string& name) {
+  const std::string how = p.output_key == other_dir ? "is also the output.dir"
+                          : PathIsBeneath(p.output_key, other_dir)
+                              ? "lies inside " + other_dir + ", the output.dir"
+                              : "contains " + other_dir + ", the output.dir";
+  return Status::InvalidArgument(
+      p.file + ": output.dir: '" + p.row.output_dir + "' " + how + " of job " + id +
+      (name.empty() ? "" : " ('" + name + "')") +
+      ": two jobs in one directory overwrite each other's checkpoints and outputs; "
+      "choose another output.dir for this job");
+}
+
+std::vector<Daemon::PendingSubmit*> Daemon::AdmitOutputDirs(
+    const std::vector<PendingSubmit*>& batch, std::map<PendingSubmit*, PendingSubmit*>* siblings) {
+  std::vector<PendingSubmit*> admitted;
+  OutputDirs in_batch;  // the admitted ones' dirs → their index in `admitted`
+  auto same_request = [](const std::string& a, const std::string& b) { return !a.empty() && a == b; };
+  for (PendingSubmit* p : batch) {
+    OutputDirs::Overlap o;
+    if (output_dirs_.FindOverlap(p->output_key, &o)) {
+      auto other = store_->GetJob(o.owner);
+      // The same job again (its client_request_id): the store answers with the job it has.
+      if (!other.ok() || !same_request(other->client_request_id, p->row.client_request_id)) {
+        p->status = OutputDirTaken(*p, o.dir, o.owner, other.ok() ? other->name : "");
+        continue;
+      }
+    } else if (in_batch.FindOverlap(p->output_key, &o)) {
+      PendingSubmit* sibling = admitted[std::stoul(o.owner)];
+      if (!same_request(sibling->row.client_request_id, p->row.client_request_id)) {
+        (*siblings)[p] = sibling;  // refused once the sibling has its id
+        continue;
+      }
+    }
+    in_batch.Add(p->output_key, std::to_string(admitted.size()));
+    admitted.push_back(p);
+  }
+  return admitted;
+}
+
 void Daemon::CommitSubmits(const std::vector<PendingSubmit*>& batch) {
-  std::vector<JobRow> rows;
-  for (PendingSubmit* p : batch) rows.push_back(p->row);
   {
     Held lock(this);
+    std::map<PendingSubmit*, PendingSubmit*> siblings;
+    // A store that refuses writes refuses them all, saying why (before any other reason).
+    const std::vector<PendingSubmit*> admitted =
+        store_->sticky_error().ok() ? AdmitOutputDirs(batch, &siblings) : batch;
+    std::vector<JobRow> rows;
+    for (PendingSubmit* p : admitted) rows.push_back(p->row);
     std::vector<bool> duplicate;
-    auto created = store_->CreateJobs(std::move(rows), &duplicate);
-    for (size_t i = 0; i < batch.size(); ++i) {
-      PendingSubmit& p = *batch[i];
+    StatusOr<std::vector<JobRow>> created = std::vector<JobRow>();
+    if (!rows.empty()) created = store_->CreateJobs(std::move(rows), &duplicate);
+    for (size_t i = 0; i < admitted.size(); ++i) {
+      PendingSubmit& p = *admitted[i];
       if (!created.ok()) {
-        p.status = created.status().IsIOError() ? NotWritable(created.status(), "the job was not submitted")
-                                                : created.status();
+        p.status = created.status().IsIOError()
+                       ? NotWritable(created.status(), "the job was not submitted", store_->files_replaced())
+                       : created.status();
         continue;
       }
       const JobRow& job = (*created)[i];
       if (!duplicate[i]) {
+        output_dirs_.Add(p.output_key, job.id);
         p.view.id = job.id;
         p.view.placement_class = placement_classes_.Of(p.view);
         plan_inputs_[job.id] = p.view;
@@ -359,6 +414,11 @@ void Daemon::CommitSubmits(const std::vector<PendingSubmit*>& batch) {
       }
       *p.reply.mutable_job() = std::move(*proto);
       p.reply.set_duplicate(duplicate[i]);
+    }
+    for (auto& [refused, sibling] : siblings) {
+      refused->status = sibling->status.ok() ? OutputDirTaken(*refused, sibling->output_key,
+                                                              sibling->reply.job().id(), sibling->row.name)
+                                             : sibling->status;
     }
     ReleaseAndPublish(lock);
   }
@@ -798,8 +858,16 @@ void Daemon::FlushSeen() {
   Check(store_->TouchWorkers(seen), "workers alive");
 }
 
+Status Daemon::Ready() {
+  (void)store_->CheckFiles();  // a deleted or replaced -wal or -shm makes the store sticky-failed
+  return store_->sticky_error();
+}
+
 bool Daemon::RetryStore() {
-  if (store_->sticky_error().ok()) return true;
+  (void)store_->CheckFiles();  // each tick: what a deleted -wal holds is saved within a tick
+  const Status sticky = store_->sticky_error();
+  if (sticky.ok()) return true;
+  if (store_retry_mono_ == 0) Check(sticky, "refusing writes");  // once, before the first retry
   const int64_t now = clock_->MonotonicMs();
   if (store_retry_mono_ != 0 && now - store_retry_mono_ < options_.store_retry_ms) return false;
   store_retry_mono_ = now;

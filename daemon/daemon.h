@@ -25,6 +25,20 @@
 // the job's current running attempt is refused (the worker is told to stop
 // it) and never changes the job.
 //
+// Binding: each rank of an attempt belongs to the worker ftd started it on,
+// and has a credential (HMAC-SHA256 of job, epoch and rank under a random key
+// ftd made once and keeps in its store, so it survives restarts; sent in
+// StartAttempt, echoed by the worker in every report, never logged or shown).
+// A report about a current attempt from another worker, or with a missing or
+// wrong credential, is refused: an event naming the reporting worker, a
+// Refused to it (not to the rank's own worker: that would stop the real
+// trainer) and no change to the job or to any session. A checkpoint must lie
+// in the job's output.dir (symlinks and ".." resolved). A registration of a
+// worker id whose session lives is accepted only from the same ft-worker
+// instance (Register.instance: a reconnect or a restart), so two workers with
+// one id do not replace each other; a worker reports at most kMaxWorkerDevices
+// devices.
+//
 // Thread safety: every public method is thread-safe (one mutex, mu_). Commands to
 // workers go through WorkerSink::Send, which must not block or call back.
 // The exception is the hot path: a quiet heartbeat (it changes nothing ftd keeps,
@@ -65,6 +79,7 @@
 #include "common/status.h"
 #include "daemon/goodput.h"
 #include "daemon/latency.h"
+#include "daemon/output_dirs.h"
 #include "daemon/scheduler.h"
 #include "daemon/store.h"
 #include "proto/ftune.pb.h"
@@ -147,6 +162,9 @@ class WorkerSink {
 
 class Daemon {
  public:
+  // A registration or heartbeat listing more devices is refused (InvalidArgument) or ignored.
+  static constexpr int kMaxWorkerDevices = 64;
+
   Daemon(std::unique_ptr<Store> store, const Clock* clock, DaemonOptions options);
   // OK when the state was loaded from the store; otherwise the daemon must not
   // serve (it would refuse every running attempt and never place a queued job).
@@ -177,6 +195,9 @@ class Daemon {
   // ---- worker sessions
   // The first message of a session. Reattaches running attempts the worker
   // reports, refuses superseded ones, requeues ones the worker lost.
+  // InvalidArgument for an implausible report (memory, more than
+  // kMaxWorkerDevices devices); FailedPrecondition naming the id when another
+  // instance holds the id's live session (see Binding above).
   Status OnRegister(const ftune::v1::Register& reg, WorkerSink* sink);
   // Any later message. Messages for a superseded epoch are refused. A quiet
   // heartbeat is handled without the daemon's lock (see Thread safety above): one
@@ -235,8 +256,16 @@ class Daemon {
   // NotFound for an unknown job; the planning error when its spec or model
   // no longer loads.
   StatusOr<int64_t> PredictedBytes(const std::string& job_id);
-  // OK while the store accepts writes; its sticky error otherwise.
-  Status Ready() { return store_->sticky_error(); }
+  // OK while the store accepts writes; its sticky error otherwise. Checks
+  // first that the database's files are still the ones ftd has open
+  // (Store::CheckFiles: a deleted or replaced -wal makes ftd refuse writes
+  // until it has saved what it acknowledged and reopened the database).
+  Status Ready();
+  // Submits waiting for their group commit, the one committing included (tests make a batch with it).
+  size_t submits_queued() {
+    std::lock_guard<std::mutex> lock(submit_mu_);
+    return submit_queue_.size();
+  }
 
  private:
   struct Session {
@@ -259,6 +288,16 @@ class Daemon {
     int32_t rendezvous_port_first = 0, rendezvous_port_count = 0;
     std::string memory_problem;    // the last implausible memory report (evented once per change)
     std::string pool = "default";  // ft-worker --pool
+    std::string instance;          // Register.instance of the registration it holds ("" = unknown)
+    std::string hostname;          // and its hostname
+    int64_t refusals = 0;          // reports and registrations refused for it (events are rate-limited)
+  };
+  // Who may report on a running attempt (see Binding above): where ftd started each rank and its
+  // credential. A cache of the attempt's row (made at its start, read back after a restart).
+  struct Binding {
+    int64_t epoch = 0;
+    std::vector<std::string> workers;      // by rank
+    std::vector<std::string> credentials;  // by rank; secrets
   };
   // The running attempt of a multi-rank job.
   struct Gang {
@@ -360,6 +399,22 @@ class Daemon {
   void ExpireGangs();
   void TrackGang(const AttemptRow& a);
   bool IsCurrent(const std::string& job_id, int64_t epoch);
+  // The rank's credential: HMAC-SHA256 of (job, epoch, rank) under the store's attempt key (made
+  // and stored on first use). The store's error when the key can be neither read nor made.
+  StatusOr<std::string> Credential(const std::string& job_id, int64_t epoch, int rank);
+  // The binding of attempt `a` (cached); nullptr when a credential cannot be made.
+  const Binding* Bind(const AttemptRow& a);
+  // The binding of the current attempt (job, epoch), from the cache or the store; nullptr when it
+  // cannot be read. REQUIRES: IsCurrent(job_id, epoch).
+  const Binding* BindingOf(const std::string& job_id, int64_t epoch);
+  // Whether the report `what` about rank `rank` of the current attempt (job, epoch) may be applied:
+  // it comes from that rank's worker with its credential. Otherwise an event naming the reporting
+  // worker (rate-limited per session) and, unless that worker is the rank's own, a Refused to it.
+  bool Accept(const std::string& worker_id, Session& s, const std::string& what, const std::string& job_id,
+              int64_t epoch, int rank, const std::string& credential);
+  // A "refused" event (logged) about session `s` of `worker_id`: the first ten, then one in a thousand.
+  void RefusalEvent(const std::string& worker_id, Session& s, const std::string& job_id,
+                    const std::string& message, int64_t step);
   // Asks the session's running attempt to checkpoint and stop. REQUIRES: s.sink.
   void SendStop(Session& s, int64_t deadline_ms, const std::string& reason);
   void Refuse(WorkerSink* sink, const std::string& job_id, int64_t epoch, const std::string& why);
@@ -408,18 +463,23 @@ class Daemon {
   void EndUnreported(const std::string& worker_id,
                      const std::set<std::pair<std::string, int>>& reported_ranks);
   void OnHeartbeat(const std::string& worker_id, Session& s, const ftune::v1::Heartbeat& hb);
-  // Empty when the reported devices' and host's memory are plausible (0 <= free
-  // <= total <= 1 PiB, 0 <= used <= total); else what is wrong, naming the worker and field.
+  // Empty when the reported devices (at most kMaxWorkerDevices) and their and the host's memory
+  // are plausible (0 <= free <= total <= 1 PiB, 0 <= used <= total); else what is wrong, naming
+  // the worker and field.
   static std::string ImplausibleMemory(const std::string& worker_id,
                                        const google::protobuf::RepeatedPtrField<ftune::v1::Device>& devices,
                                        int64_t host_total, int64_t host_free);
   // Stores the heartbeat's device memory (throttled to options_.memory_sample_ms per worker).
   void RecordDeviceMemory(const std::string& worker_id, Session& s, const ftune::v1::Heartbeat& hb);
   void OnCheckpoint(const std::string& worker_id, Session& s, const ftune::v1::CheckpointCommitted& c);
+  // Empty when the checkpoint directory lies in the job's output.dir (resolved); else why not.
+  std::string CheckpointOutsideOutput(const std::string& job_id, const std::string& dir);
   void OnExited(const std::string& worker_id, Session& s, const ftune::v1::AttemptExited& e);
-  void OnMetrics(WorkerSink* sink, const ftune::v1::MetricsReport& m);
-  void OnLog(WorkerSink* sink, const ftune::v1::LogReport& l);
-  void OnNote(const std::string& worker_id, WorkerSink* sink, const ftune::v1::AttemptNote& n);
+  // An accepted exit report of the current attempt: ends it (or the rank of a gang).
+  void ApplyExit(const std::string& worker_id, Session& s, const ftune::v1::AttemptExited& e);
+  void OnMetrics(const std::string& worker_id, Session& s, const ftune::v1::MetricsReport& m);
+  void OnLog(const std::string& worker_id, Session& s, const ftune::v1::LogReport& l);
+  void OnNote(const std::string& worker_id, Session& s, const ftune::v1::AttemptNote& n);
   // An attempt whose outcome is unknown (worker lost or restarted without it):
   // a completed output of this job's math makes the job SUCCEEDED; otherwise
   // the newest checkpoint ahead of the committed one becomes the resume point
@@ -466,7 +526,10 @@ class Daemon {
   int64_t queue_order_version_ = -1;              // GUARDED_BY(mu_)
   int64_t next_pass_wall_ms_ = 0;                 // GUARDED_BY(mu_) NextTimedChange of the last pass
   std::map<std::string, int64_t> running_epoch_;  // GUARDED_BY(mu_) job id → epoch
+  OutputDirs output_dirs_;                        // GUARDED_BY(mu_) every job's output.dir → its id
   std::map<std::string, Gang> gangs_;             // GUARDED_BY(mu_) job id → its running multi-rank attempt
+  std::map<std::string, Binding> bindings_;       // GUARDED_BY(mu_) job id → its (last) attempt's binding
+  std::string attempt_key_;                       // GUARDED_BY(mu_) Store::AttemptKey ("" until first used)
   int64_t store_retry_mono_ = 0;                  // GUARDED_BY(mu_) when Recover was last tried
   std::string last_store_error_;                  // GUARDED_BY(mu_) logged once, not per heartbeat
   std::atomic<int64_t> stall_credit_ms_{0};       // written under mu_: ftd's stalls so far (CreditStall)
@@ -480,12 +543,24 @@ class Daemon {
   struct PendingSubmit {
     JobRow row;
     JobView view;
+    std::string file;        // its job.yaml, for messages
+    std::string output_key;  // OutputDirKey of its output.dir
     bool done = false;
     Status status;
     ftune::v1::SubmitReply reply;
   };
   // Writes `batch` to the store and fills in each one's result. REQUIRES: not mu_.
   void CommitSubmits(const std::vector<PendingSubmit*>& batch);
+  // One job per output.dir: the submits of `batch` whose output.dir overlaps
+  // another job's (stored, or earlier in the batch, unless it is the same
+  // client_request_id: an idempotent resubmit) get InvalidArgument naming
+  // that job; returns the others. *siblings: for each refused one, the batch
+  // index of the submit it lost to (-1 for a stored job). REQUIRES: mu_.
+  std::vector<PendingSubmit*> AdmitOutputDirs(const std::vector<PendingSubmit*>& batch,
+                                              std::map<PendingSubmit*, PendingSubmit*>* siblings);
+  // InvalidArgument: `p`'s output.dir overlaps `other_dir`, written by job `id` named `name`.
+  static Status OutputDirTaken(const PendingSubmit& p, const std::string& other_dir, const std::string& id,
+                               const std::string& name);
   std::mutex submit_mu_;
   std::condition_variable submit_cv_;
   std::deque<PendingSubmit*> submit_queue_;  // GUARDED_BY(submit_mu_)

@@ -142,6 +142,11 @@ void Daemon::StartOn(const JobRow& job, const Placement& p) {
     FailUnrunnable(job, "cannot start: " + spec.status().message());
     return;
   }
+  // Every rank gets a credential (HMAC under the attempt key, made once): without it, no start.
+  if (StatusOr<std::string> key = Credential(job.id, 0, 0); !key.ok()) {
+    Check(key.status(), "attempt key");
+    return;
+  }
   auto ckpt = store_->LatestCheckpoint(job.id);
   const int64_t start_step = ckpt.ok() ? ckpt->step : 0;
   const bool gang = p.ranks.size() > 1;
@@ -160,6 +165,7 @@ void Daemon::StartOn(const JobRow& job, const Placement& p) {
   TrackState(j);
   running_epoch_[job.id] = attempt->epoch;
   TrackGang(*attempt);
+  const Binding* binding = Bind(*attempt);
   pb::DaemonCommand cmd;
   pb::StartAttempt* start = cmd.mutable_start();
   start->set_job_id(job.id);
@@ -198,6 +204,7 @@ void Daemon::StartOn(const JobRow& job, const Placement& p) {
     start->set_rank(static_cast<int32_t>(r));
     start->set_device_index(gang ? p.ranks[r].device : 0);
     start->set_dist_host(gang ? s.address : "");
+    if (binding != nullptr && r < binding->credentials.size()) start->set_credential(binding->credentials[r]);
     s.sink->Send(cmd);
   }
   Event(job.id, p.worker_id, attempt->number == 1 ? "started" : "resumed",

@@ -9,9 +9,11 @@
 #include <limits>
 #include <mutex>
 
+#include "common/confined_path.h"
 #include "common/file_util.h"
 #include "common/ids.h"
 #include "common/logging.h"
+#include "common/secret.h"
 #include "common/untrusted_text.h"
 #include "daemon/daemon.h"
 #include "daemon/daemon_internal.h"
@@ -26,6 +28,13 @@ namespace {
 DeviceRow ToDeviceRow(const pb::Device& d) {
   return {d.index(), d.kind(), d.name(), d.total_bytes(), d.free_bytes(), d.used_bytes()};
 }
+
+// A worker-supplied name or path, quoted for an event or a log line.
+std::string Quoted(const std::string& text) { return "'" + EscapeControlChars(text, 256) + "'"; }
+
+// Refusal events of one session beyond this many are recorded one in kRefusalEventEvery.
+constexpr int64_t kRefusalEventsInFull = 10;
+constexpr int64_t kRefusalEventEvery = 1000;
 
 }  // namespace
 
@@ -57,6 +66,105 @@ bool Daemon::IsCurrent(const std::string& job_id, int64_t epoch) {
   return it != running_epoch_.end() && it->second == epoch;
 }
 
+// ---------------------------------------------------------------- binding
+
+StatusOr<std::string> Daemon::Credential(const std::string& job_id, int64_t epoch, int rank) {
+  if (attempt_key_.empty()) {
+    // 256 random bits, kept only if the store has no key yet (the first attempt start ever).
+    FT_ASSIGN_OR_RETURN(std::string fresh, RandomHex(32));
+    FT_ASSIGN_OR_RETURN(attempt_key_, store_->AttemptKey(fresh));
+  }
+  return HmacSha256Hex(attempt_key_,
+                       "attempt\n" + job_id + "\n" + std::to_string(epoch) + "\n" + std::to_string(rank));
+}
+
+const Daemon::Binding* Daemon::Bind(const AttemptRow& a) {
+  Binding b;
+  b.epoch = a.epoch;
+  const size_t ranks = std::max<size_t>(1, a.ranks.size());
+  for (size_t r = 0; r < ranks; ++r) {
+    b.workers.push_back(a.ranks.empty() ? a.worker_id : a.ranks[r].worker_id);
+    StatusOr<std::string> credential = Credential(a.job_id, a.epoch, static_cast<int>(r));
+    if (!credential.ok()) {
+      FT_LOG(ERROR) << "job " << a.job_id << " epoch " << a.epoch
+                    << ": no attempt credential: " << credential.status().ToString();
+      return nullptr;
+    }
+    b.credentials.push_back(std::move(*credential));
+  }
+  // The cache keeps the attempts that run (and some that ended; swept as it grows).
+  if (bindings_.size() >= 2 * running_epoch_.size() + 64) {
+    std::erase_if(bindings_, [&](const auto& kv) { return !IsCurrent(kv.first, kv.second.epoch); });
+  }
+  return &(bindings_[a.job_id] = std::move(b));
+}
+
+const Daemon::Binding* Daemon::BindingOf(const std::string& job_id, int64_t epoch) {
+  auto it = bindings_.find(job_id);
+  if (it != bindings_.end() && it->second.epoch == epoch) return &it->second;
+  auto attempts = store_->ListAttempts(job_id);  // after a restart: once per running attempt
+  if (!attempts.ok()) return nullptr;
+  for (const AttemptRow& a : *attempts) {
+    if (a.epoch == epoch) return Bind(a);
+  }
+  return nullptr;
+}
+
+bool Daemon::Accept(const std::string& worker_id, Session& s, const std::string& what,
+                    const std::string& job_id, int64_t epoch, int rank, const std::string& credential) {
+  const Binding* b = BindingOf(job_id, epoch);
+  const std::string attempt = "epoch " + std::to_string(epoch) + " rank " + std::to_string(rank);
+  if (b == nullptr) {  // the store cannot be read: nothing is applied, nobody is told to stop
+    FT_LOG(ERROR) << what << " of job " << job_id << " " << attempt << " from worker " << Quoted(worker_id)
+                  << " not applied: ftd cannot read the attempt's record";
+    return false;
+  }
+  const bool in_attempt = std::find(b->workers.begin(), b->workers.end(), worker_id) != b->workers.end();
+  std::string why;
+  if (rank < 0 || static_cast<size_t>(rank) >= b->workers.size()) {
+    why = "epoch " + std::to_string(epoch) + " has no rank " + std::to_string(rank);
+  } else if (b->workers[rank] != worker_id) {
+    why = attempt + " runs on worker " + Quoted(b->workers[rank]);
+  } else if (credential.empty()) {
+    why = "the report carries no attempt credential (an ft-worker older than ftd?)";
+  } else if (!SecretEquals(credential, b->credentials[rank])) {
+    why = "its attempt credential is wrong";
+  } else {
+    return true;
+  }
+  RefusalEvent(worker_id, s, job_id,
+               what + " about " + attempt + " from worker " + Quoted(worker_id) + " refused: " + why, 0);
+  // A worker of the attempt itself is not told to stop: that would stop the real trainer.
+  if (!in_attempt) Refuse(s.sink, job_id, epoch, what + " refused: " + why);
+  return false;
+}
+
+void Daemon::RefusalEvent(const std::string& worker_id, Session& s, const std::string& job_id,
+                          const std::string& message, int64_t step) {
+  const int64_t n = ++s.refusals;
+  if (n > kRefusalEventsInFull && n % kRefusalEventEvery != 0) return;
+  const std::string text = n <= kRefusalEventsInFull
+                               ? message
+                               : message + " (" + std::to_string(n) +
+                                     " refusals for this worker so far; one in " +
+                                     std::to_string(kRefusalEventEvery) + " is recorded)";
+  Event(job_id, worker_id, "refused", text, step);  // logged with it
+}
+
+std::string Daemon::CheckpointOutsideOutput(const std::string& job_id, const std::string& dir) {
+  auto job = store_->GetJob(job_id);
+  if (!job.ok()) return "its job cannot be read: " + job.status().message();
+  if (job->output_dir.empty()) return "the job has no output.dir";
+  const std::string where = "its dir " + Quoted(dir) + " ";
+  if (dir.empty() || dir.front() != '/') return where + "is not an absolute path";
+  auto confined = ConfinedPath(dir, {job->output_dir});
+  if (!confined.ok()) {
+    return where + "does not lie in the job's output.dir " + Quoted(job->output_dir) + " (" +
+           EscapeControlChars(confined.status().message(), 1024) + ")";
+  }
+  return "";
+}
+
 Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
   if (reg.worker_id().empty()) return Status::InvalidArgument("register: worker_id is empty");
   if (!reg.pool().empty()) {
@@ -70,16 +178,22 @@ Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
     ReleaseAndPublish(lock);
     return Status::InvalidArgument(
         "register: " + implausible +
-        "; fix what the worker reports (ft-worker --cpu-memory, the device driver)");
+        "; fix what the worker reports (ft-worker --cpu-memory, --cpu-devices, the device driver)");
   }
   Session& s = sessions_[reg.worker_id()];
-  FT_RETURN_IF_ERROR(AdoptSession(reg, sink, s));
+  if (Status adopted = AdoptSession(reg, sink, s); !adopted.ok()) {
+    ReleaseAndPublish(lock);
+    return adopted;
+  }
   // Exits the worker journaled before it restarted: how those attempts really ended.
   for (const pb::AttemptExited& e : reg.exited()) {
     if (!IsCurrent(e.job_id(), e.epoch())) continue;  // already known (or superseded)
+    if (!Accept(reg.worker_id(), s, "journaled exit", e.job_id(), e.epoch(), e.rank(), e.credential())) {
+      continue;
+    }
     Event(e.job_id(), reg.worker_id(), "replayed",
           "exit of epoch " + std::to_string(e.epoch()) + " replayed from the worker's journal", e.step());
-    OnExited(reg.worker_id(), s, e);
+    ApplyExit(reg.worker_id(), s, e);
   }
   std::set<std::string> reported;
   EndUnreported(reg.worker_id(), ReattachReported(reg, sink, s, &reported));
@@ -98,6 +212,18 @@ Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
 Status Daemon::AdoptSession(const pb::Register& reg, WorkerSink* sink, Session& s) {
   WorkerSink* const previous = s.sink;  // another session still holding this id, if any
   const bool was_alive = s.alive;
+  if (was_alive && !s.instance.empty() && s.instance != reg.instance()) {
+    // Another ft-worker holds this id and lives: it keeps it (the two would replace each other forever).
+    const std::string why = "worker id " + Quoted(reg.worker_id()) + " is held by another ft-worker (host " +
+                            Quoted(s.hostname) + ") whose session lives; this one (host " +
+                            Quoted(reg.hostname()) +
+                            ") is a different instance: give each ft-worker its own --id (ftd frees the id " +
+                            std::to_string(options_.lease_ms / 1000) + " s after the other's last message)";
+    RefusalEvent(reg.worker_id(), s, "", "registration refused: " + why, 0);
+    return Status::FailedPrecondition("register: " + why);
+  }
+  s.instance = reg.instance();
+  s.hostname = reg.hostname();
   // The session's facts change: no heartbeat is quiet until one is applied again.
   if (previous != nullptr) AbsorbQuiet(s, true);
   {
@@ -133,13 +259,11 @@ Status Daemon::AdoptSession(const pb::Register& reg, WorkerSink* sink, Session& 
     return upserted;
   }
   if (previous != nullptr && previous != sink) {
-    // The newer session takes over (a restarted worker may reconnect before
-    // its old stream is seen dead); the older one is told why it ends.
+    // The same instance's newer session takes over (a restarted worker may reconnect before its
+    // old stream is seen dead); the older one is told why it ends.
     const std::string why = "worker id '" + EscapeControlChars(reg.worker_id(), 128) +
-                            "' was registered by a newer session (hostname '" +
-                            EscapeControlChars(reg.hostname(), 128) +
-                            "'), which replaces this one; if two ft-worker processes share this --id, give "
-                            "each its own";
+                            "' was registered by a newer session of the same ft-worker (hostname '" +
+                            EscapeControlChars(reg.hostname(), 128) + "'), which replaces this one";
     previous->Evict(why);
     Event("", reg.worker_id(), "worker_replaced", why, 0);
   }
@@ -153,6 +277,9 @@ std::set<std::pair<std::string, int>> Daemon::ReattachReported(const pb::Registe
   for (const pb::RunningAttempt& a : reg.running()) {
     if (!IsCurrent(a.job_id(), a.epoch())) {
       Refuse(sink, a.job_id(), a.epoch(), "epoch " + std::to_string(a.epoch()) + " is superseded");
+      continue;
+    }
+    if (!Accept(reg.worker_id(), s, "running attempt", a.job_id(), a.epoch(), a.rank(), a.credential())) {
       continue;
     }
     s.running_job = a.job_id();
@@ -221,9 +348,9 @@ void Daemon::OnWorkerMessage(const std::string& worker_id, WorkerSink* sink, con
       case pb::WorkerMessage::kHeartbeat: OnHeartbeat(worker_id, s, msg.heartbeat()); break;
       case pb::WorkerMessage::kCheckpoint: OnCheckpoint(worker_id, s, msg.checkpoint()); break;
       case pb::WorkerMessage::kExited: OnExited(worker_id, s, msg.exited()); break;
-      case pb::WorkerMessage::kMetrics: OnMetrics(sink, msg.metrics()); break;
-      case pb::WorkerMessage::kLog: OnLog(sink, msg.log()); break;
-      case pb::WorkerMessage::kNote: OnNote(worker_id, sink, msg.note()); break;
+      case pb::WorkerMessage::kMetrics: OnMetrics(worker_id, s, msg.metrics()); break;
+      case pb::WorkerMessage::kLog: OnLog(worker_id, s, msg.log()); break;
+      case pb::WorkerMessage::kNote: OnNote(worker_id, s, msg.note()); break;
       default: break;
     }
     ReleaseAndPublish(lock);
@@ -256,6 +383,7 @@ void Daemon::OnHeartbeat(const std::string& worker_id, Session& s, const pb::Hea
       Refuse(s.sink, p.job_id(), p.epoch(), "epoch " + std::to_string(p.epoch()) + " is superseded");
       continue;
     }
+    if (!Accept(worker_id, s, "progress", p.job_id(), p.epoch(), 0, p.credential())) continue;
     Check(store_->RecordProgress({p.job_id(), p.epoch(), p.step(), p.total_steps(), p.loss(),
                                   p.tokens_per_s(), clock_->WallMs()}),
           "progress");
@@ -324,6 +452,10 @@ std::string Daemon::ImplausibleMemory(const std::string& worker_id,
                                       int64_t host_total, int64_t host_free) {
   constexpr int64_t kPiB = int64_t{1} << 50;
   const std::string worker = "worker '" + EscapeControlChars(worker_id, 128) + "'";
+  if (devices.size() > kMaxWorkerDevices) {
+    return worker + " reports " + std::to_string(devices.size()) + " devices (at most " +
+           std::to_string(kMaxWorkerDevices) + " per worker)";
+  }
   for (const pb::Device& d : devices) {
     const std::string device = worker + " device " + EscapeControlChars(d.kind(), 32) + ":" +
                                std::to_string(d.index()) + " reports ";
@@ -346,13 +478,18 @@ std::string Daemon::ImplausibleMemory(const std::string& worker_id,
 }
 
 void Daemon::OnCheckpoint(const std::string& worker_id, Session& s, const pb::CheckpointCommitted& c) {
+  const std::string what = "checkpoint step " + std::to_string(c.step());
   if (!IsCurrent(c.job_id(), c.epoch())) {
     Refuse(s.sink, c.job_id(), c.epoch(),
            "checkpoint from superseded epoch " + std::to_string(c.epoch()) + " refused");
-    Event(
-        c.job_id(), worker_id, "refused",
-        "checkpoint step " + std::to_string(c.step()) + " from superseded epoch " + std::to_string(c.epoch()),
-        c.step());
+    RefusalEvent(worker_id, s, c.job_id(), what + " from superseded epoch " + std::to_string(c.epoch()),
+                 c.step());
+    return;
+  }
+  if (!Accept(worker_id, s, what, c.job_id(), c.epoch(), 0, c.credential())) return;
+  if (std::string outside = CheckpointOutsideOutput(c.job_id(), c.dir()); !outside.empty()) {
+    RefusalEvent(worker_id, s, c.job_id(),
+                 what + " from worker " + Quoted(worker_id) + " refused: " + outside, c.step());
     return;
   }
   // The manifest on the shared filesystem must be the one the worker saw.
@@ -363,7 +500,7 @@ void Daemon::OnCheckpoint(const std::string& worker_id, Session& s, const pb::Ch
     return;
   }
   if (*sha != c.manifest_sha256()) {
-    Event(c.job_id(), worker_id, "refused", "checkpoint " + c.dir() + " does not verify", c.step());
+    RefusalEvent(worker_id, s, c.job_id(), "checkpoint " + Quoted(c.dir()) + " does not verify", c.step());
     return;
   }
   CheckpointRow row{c.job_id(),          c.epoch(),         c.step(),        c.dir(),
@@ -388,20 +525,27 @@ void Daemon::OnCheckpoint(const std::string& worker_id, Session& s, const pb::Ch
   PublishJob(c.job_id());
 }
 
-void Daemon::OnNote(const std::string& worker_id, WorkerSink* sink, const pb::AttemptNote& n) {
+void Daemon::OnNote(const std::string& worker_id, Session& s, const pb::AttemptNote& n) {
   if (!IsCurrent(n.job_id(), n.epoch())) {
-    Refuse(sink, n.job_id(), n.epoch(), "note from superseded epoch");
+    Refuse(s.sink, n.job_id(), n.epoch(), "note from superseded epoch");
     return;
   }
+  if (!Accept(worker_id, s, "note", n.job_id(), n.epoch(), 0, n.credential())) return;
   Event(n.job_id(), worker_id, n.kind(), n.message(), n.step());
 }
 
 void Daemon::OnExited(const std::string& worker_id, Session& s, const pb::AttemptExited& e) {
   if (!IsCurrent(e.job_id(), e.epoch())) {
-    Event(e.job_id(), worker_id, "refused", "exit report of superseded epoch " + std::to_string(e.epoch()),
-          e.step());
+    RefusalEvent(worker_id, s, e.job_id(), "exit report of superseded epoch " + std::to_string(e.epoch()),
+                 e.step());
     return;
   }
+  const std::string what = "exit report (" + pb::AttemptOutcome_Name(e.outcome()) + ")";
+  if (!Accept(worker_id, s, what, e.job_id(), e.epoch(), e.rank(), e.credential())) return;
+  ApplyExit(worker_id, s, e);
+}
+
+void Daemon::ApplyExit(const std::string& worker_id, Session& s, const pb::AttemptExited& e) {
   if (e.notice_ms() > 0) NoticeFor(e.job_id(), e.notice_ms());  // every rank's report too
   if (auto gang = gangs_.find(e.job_id()); gang != gangs_.end() && gang->second.epoch == e.epoch()) {
     return OnRankExited(worker_id, s, gang->second, e);
@@ -414,11 +558,12 @@ void Daemon::OnExited(const std::string& worker_id, Session& s, const pb::Attemp
   }
 }
 
-void Daemon::OnMetrics(WorkerSink* sink, const pb::MetricsReport& m) {
+void Daemon::OnMetrics(const std::string& worker_id, Session& s, const pb::MetricsReport& m) {
   if (!IsCurrent(m.job_id(), m.epoch())) {
-    Refuse(sink, m.job_id(), m.epoch(), "metrics from superseded epoch");
+    Refuse(s.sink, m.job_id(), m.epoch(), "metrics from superseded epoch");
     return;
   }
+  if (!Accept(worker_id, s, "metrics", m.job_id(), m.epoch(), 0, m.credential())) return;
   std::vector<MetricRow> rows;
   for (const pb::MetricPoint& p : m.points()) {
     MetricRow row{m.job_id(),       m.epoch(),      p.step(),
@@ -461,11 +606,12 @@ void Daemon::OnMetrics(WorkerSink* sink, const pb::MetricsReport& m) {
   }
 }
 
-void Daemon::OnLog(WorkerSink* sink, const pb::LogReport& l) {
+void Daemon::OnLog(const std::string& worker_id, Session& s, const pb::LogReport& l) {
   if (!IsCurrent(l.job_id(), l.epoch())) {
-    Refuse(sink, l.job_id(), l.epoch(), "logs from superseded epoch");
+    Refuse(s.sink, l.job_id(), l.epoch(), "logs from superseded epoch");
     return;
   }
+  if (!Accept(worker_id, s, "log lines", l.job_id(), l.epoch(), l.rank(), l.credential())) return;
   auto path = LogPath(l.job_id());
   if (options_.data_dir.empty() || !path.ok()) return;  // no data dir: logs are not kept
   std::ofstream out(*path, std::ios::app);

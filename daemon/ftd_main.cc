@@ -66,6 +66,7 @@ struct Flags {
   bool log_json = false;
   std::string http = "127.0.0.1:7071", web_dir, http_view_token;
   std::vector<std::string> http_allowed_hosts;
+  ft::HttpServerOptions http_limits;  // its deadlines and connection caps (the --http-* flags)
   bool allow_tokenless_workers = false;
   ft::ServerTls tls;
 };
@@ -106,6 +107,17 @@ void AddFlags(CLI::App& app, Flags& f) {
       "--http-allowed-host", f.http_allowed_hosts,
       "a host name the dashboard and /api answer to besides IP addresses, localhost and the --http "
       "host (DNS-rebinding guard); repeatable");
+  app.add_option(
+      "--http-header-timeout-ms", f.http_limits.header_timeout_ms,
+      "an HTTP request's header and body must arrive within this (default 10000; slower clients are closed)");
+  app.add_option("--http-idle-timeout-ms", f.http_limits.idle_timeout_ms,
+                 "a keep-alive HTTP connection idle this long between requests is closed (default 60000)");
+  app.add_option("--http-max-connections", f.http_limits.max_connections,
+                 "open HTTP connections, event streams included (default 512; past it: 503, but /healthz and "
+                 "/ready still answer)");
+  app.add_option("--http-max-connections-per-peer", f.http_limits.max_connections_per_peer,
+                 "of them from one client address, an IPv6 /64 (default 64; 0 = no cap): raise it behind a "
+                 "reverse proxy");
   app.add_flag("--allow-tokenless-workers", f.allow_tokenless_workers,
                "with --client-token but no --worker-token, accept workers without a token (only when "
                "--listen is a loopback address)");
@@ -237,7 +249,7 @@ int StartHttp(const Flags& f, const char* argv0, ft::Daemon* daemon, HttpSide* o
   out->api = std::make_unique<ft::HttpApi>(
       daemon,
       ft::HttpApiOptions{f.auth.client_token, f.http_view_token, web_dir, !f.tls.cert_file.empty(), hosts});
-  ft::HttpServerOptions http_options;
+  ft::HttpServerOptions http_options = f.http_limits;
   http_options.address = f.http;
   http_options.tls_cert_file = f.tls.cert_file;
   http_options.tls_key_file = f.tls.key_file;

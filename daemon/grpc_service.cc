@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <deque>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -28,6 +29,53 @@ bool Authorised(const grpc::CallbackServerContext* ctx, const std::string& token
 }
 
 const grpc::Status kUnauthenticated(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong bearer token");
+
+// The client a call comes from, for the per-client stream cap: its address without the port
+// ("ipv4:10.0.0.7", "ipv6:[::1]"); other transports are one client each ("unix").
+std::string ClientOf(const grpc::CallbackServerContext* ctx) {
+  const std::string peer = ctx->peer();
+  if (peer.rfind("ipv4:", 0) == 0 || peer.rfind("ipv6:", 0) == 0) return peer.substr(0, peer.rfind(':'));
+  return peer.substr(0, peer.find(':'));
+}
+
+// Counts each client's open Watch and Logs streams. Thread-safe.
+class StreamCounter {
+ public:
+  explicit StreamCounter(int cap) : cap_(cap) {}
+  // One more stream of `client`; false (nothing counted) when it holds the cap already.
+  bool Acquire(const std::string& client) {
+    std::lock_guard<std::mutex> lock(mu_);
+    int& n = open_[client];
+    if (n >= cap_) return false;
+    ++n;
+    return true;
+  }
+  void Release(const std::string& client) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = open_.find(client);
+    if (it != open_.end() && --it->second <= 0) open_.erase(it);
+  }
+  int cap() const { return cap_; }
+
+ private:
+  const int cap_;
+  std::mutex mu_;
+  std::map<std::string, int> open_;  // GUARDED_BY(mu_) client → its open streams
+};
+
+// One counted stream: released when the reactor holding it is deleted (after OnDone).
+class StreamSlot {
+ public:
+  StreamSlot(std::shared_ptr<StreamCounter> counter, std::string client)
+      : counter_(std::move(counter)), client_(std::move(client)) {}
+  ~StreamSlot() { counter_->Release(client_); }
+  StreamSlot(const StreamSlot&) = delete;
+  StreamSlot& operator=(const StreamSlot&) = delete;
+
+ private:
+  std::shared_ptr<StreamCounter> counter_;
+  std::string client_;
+};
 
 // Commands queued for one worker's stream at most (count, bytes): past either the session is closed.
 constexpr size_t kMaxQueuedCommands = 1'000;
@@ -154,7 +202,8 @@ class SessionReactor : public grpc::ServerBidiReactor<pb::WorkerMessage, pb::Dae
 // Watch: replays events after `after_seq`, then streams live updates until the client leaves.
 class WatchReactor : public grpc::ServerWriteReactor<pb::JobUpdate> {
  public:
-  WatchReactor(Daemon* daemon, const pb::WatchRequest& req) : daemon_(daemon) {
+  WatchReactor(Daemon* daemon, const pb::WatchRequest& req, std::unique_ptr<StreamSlot> slot)
+      : daemon_(daemon), slot_(std::move(slot)) {
     subscription_ = daemon_->Subscribe(req.job_id(), [this](const pb::JobUpdate& u) { Enqueue(u); });
     pb::ListEventsRequest past;
     past.set_job_id(req.job_id());
@@ -208,6 +257,7 @@ class WatchReactor : public grpc::ServerWriteReactor<pb::JobUpdate> {
   }
 
   Daemon* daemon_;
+  std::unique_ptr<StreamSlot> slot_;
   int64_t subscription_ = 0;
   std::mutex mu_;
   std::deque<pb::JobUpdate> out_;  // GUARDED_BY(mu_)
@@ -218,7 +268,8 @@ class WatchReactor : public grpc::ServerWriteReactor<pb::JobUpdate> {
 // Logs: the job's log file, then (follow) new lines until the client leaves or the job ends.
 class LogsReactor : public grpc::ServerWriteReactor<pb::LogChunk> {
  public:
-  LogsReactor(Daemon* daemon, const pb::LogsRequest& req) : daemon_(daemon), req_(req) {
+  LogsReactor(Daemon* daemon, const pb::LogsRequest& req, std::unique_ptr<StreamSlot> slot)
+      : daemon_(daemon), slot_(std::move(slot)), req_(req) {
     thread_ = std::thread([this] { Run(); });
   }
   void OnWriteDone(bool ok) override {
@@ -276,6 +327,7 @@ class LogsReactor : public grpc::ServerWriteReactor<pb::LogChunk> {
   }
 
   Daemon* daemon_;
+  std::unique_ptr<StreamSlot> slot_;
   pb::LogsRequest req_;
   std::thread thread_;
   std::atomic<bool> cancelled_{false};
@@ -288,7 +340,10 @@ class LogsReactor : public grpc::ServerWriteReactor<pb::LogChunk> {
 
 class JobsService : public pb::Jobs::CallbackService {
  public:
-  JobsService(Daemon* daemon, AuthOptions auth) : daemon_(daemon), auth_(std::move(auth)) {}
+  JobsService(Daemon* daemon, AuthOptions auth)
+      : daemon_(daemon),
+        auth_(std::move(auth)),
+        streams_(std::make_shared<StreamCounter>(auth_.max_streams_per_client)) {}
 
   template <typename Reply, typename Fn>
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, Reply* reply, Fn fn) {
@@ -343,7 +398,9 @@ class JobsService : public pb::Jobs::CallbackService {
       if (Status bad = CheckJobId(req->job_id(), "job_id"); !bad.ok())
         return Refuse<pb::JobUpdate>(ToGrpcStatus(bad));
     }
-    return new WatchReactor(daemon_, *req);
+    auto slot = Slot(ctx);
+    if (!slot) return Refuse<pb::JobUpdate>(StreamsExhausted(ctx));
+    return new WatchReactor(daemon_, *req, std::move(slot));
   }
   grpc::ServerWriteReactor<pb::LogChunk>* Logs(grpc::CallbackServerContext* ctx,
                                                const pb::LogsRequest* req) override {
@@ -352,10 +409,26 @@ class JobsService : public pb::Jobs::CallbackService {
       return Refuse<pb::LogChunk>(ToGrpcStatus(bad));
     if (auto job = daemon_->GetJob(req->job_id()); !job.ok())
       return Refuse<pb::LogChunk>(ToGrpcStatus(job.status()));
-    return new LogsReactor(daemon_, *req);
+    auto slot = Slot(ctx);
+    if (!slot) return Refuse<pb::LogChunk>(StreamsExhausted(ctx));
+    return new LogsReactor(daemon_, *req, std::move(slot));
   }
 
  private:
+  // A counted stream of the caller's client, or null at its cap.
+  std::unique_ptr<StreamSlot> Slot(const grpc::CallbackServerContext* ctx) {
+    std::string client = ClientOf(ctx);
+    if (!streams_->Acquire(client)) return nullptr;
+    return std::make_unique<StreamSlot>(streams_, std::move(client));
+  }
+  grpc::Status StreamsExhausted(const grpc::CallbackServerContext* ctx) {
+    const std::string client = EscapeControlChars(ClientOf(ctx), 128);
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        "this client (" + client + ") already holds " + std::to_string(streams_->cap()) +
+                            " open Watch/Logs streams, ftd's cap per client; close some (each `ftctl watch` "
+                            "or `ftctl logs -f` holds one)");
+  }
+
   // A stream answered with `status` alone.
   template <typename T>
   static grpc::ServerWriteReactor<T>* Refuse(const grpc::Status& status) {
@@ -369,6 +442,7 @@ class JobsService : public pb::Jobs::CallbackService {
 
   Daemon* daemon_;
   AuthOptions auth_;
+  std::shared_ptr<StreamCounter> streams_;
 };
 
 class WorkersService : public pb::Workers::CallbackService {

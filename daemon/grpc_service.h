@@ -1,5 +1,6 @@
 // gRPC front of the Daemon: the Jobs and Workers services (callback API; the
-// worker session and Watch are reactors), with bearer-token checks.
+// worker session and Watch are reactors), with bearer-token checks and a cap
+// on each client's open Watch and Logs streams.
 #pragma once
 
 #include <memory>
@@ -13,6 +14,9 @@ namespace ft {
 struct AuthOptions {
   std::string client_token;  // required from Jobs callers when non-empty
   std::string worker_token;  // required from workers when non-empty
+  // Watch and Logs streams one client (its address, without the port) may hold open at once; one
+  // more is refused with RESOURCE_EXHAUSTED naming the cap (each costs ftd a buffer, Logs a thread).
+  int max_streams_per_client = 64;
 };
 
 std::unique_ptr<ftune::v1::Jobs::CallbackService> MakeJobsService(Daemon* daemon, AuthOptions auth);

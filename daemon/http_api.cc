@@ -145,20 +145,20 @@ HttpResponse Refused403(const std::string& why) {
                         "an ftd without tokens: add -H 'Content-Type: application/json')");
 }
 
-std::string ContentType(const std::string& file) {
+// The Content-Type of a dashboard asset, by its extension; nullopt for any
+// other file (web/'s sources and build files: package.json, CMakeLists.txt ...).
+std::optional<std::string> AssetType(const std::string& file) {
   static const std::map<std::string, std::string> kTypes = {{".html", "text/html; charset=utf-8"},
                                                             {".js", "text/javascript; charset=utf-8"},
                                                             {".mjs", "text/javascript; charset=utf-8"},
                                                             {".css", "text/css; charset=utf-8"},
-                                                            {".json", "application/json"},
-                                                            {".map", "application/json"},
                                                             {".svg", "image/svg+xml"},
                                                             {".png", "image/png"},
                                                             {".ico", "image/x-icon"},
-                                                            {".txt", "text/plain; charset=utf-8"},
                                                             {".woff2", "font/woff2"}};
   auto it = kTypes.find(fs::path(file).extension().string());
-  return it == kTypes.end() ? "application/octet-stream" : it->second;
+  if (it == kTypes.end()) return std::nullopt;
+  return it->second;
 }
 
 // The value of cookie `name` in a Cookie header ("" when absent).
@@ -751,8 +751,9 @@ HttpResponse HttpApi::Metrics(const Params&) {
 }
 
 HttpResponse HttpApi::Ready(const Params&) {
+  // Daemon::Ready checks the database's files first: a deleted or replaced -wal is said here.
   Status s = daemon_->Ready();
-  if (!s.ok()) return Error(503, "not ready: the store refuses writes after an I/O error: " + s.ToString());
+  if (!s.ok()) return Error(503, "not ready: ftd refuses writes: " + s.ToString());
   HttpResponse r;
   r.content_type = "text/plain; charset=utf-8";
   r.body = "ready\n";
@@ -763,20 +764,24 @@ HttpResponse HttpApi::StaticFile(const std::string& dir, const std::string& file
   if (options_.web_dir.empty()) {
     return Error(404, "no dashboard: ftd found no web directory (pass --web-dir DIR)");
   }
-  if (file.empty() || file[0] == '.' || file.find('/') != std::string::npos ||
-      file.find('\\') != std::string::npos) {
+  if (file.find('/') != std::string::npos || file.find('\\') != std::string::npos) {
     return Error(400, "bad file name '" + file + "'");
   }
+  // Only the dashboard's assets (never a dotfile or a source), and no filesystem path in the answer.
+  const std::optional<std::string> type = AssetType(file);
   const fs::path path = fs::path(dir) / file;
   std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) {
-    return Error(404, "no file " + file + " in the dashboard (" + dir + ")");
+  if (file.empty() || file[0] == '.' || !type || !fs::is_regular_file(path, ec)) {
+    return Error(404, "no file '" + file + "' in the dashboard");
   }
   std::ifstream in(path, std::ios::binary);
   HttpResponse r;
   r.body.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  if (!in.good() && !in.eof()) return Error(500, "cannot read " + path.string());
-  r.content_type = ContentType(file);
+  if (!in.good() && !in.eof()) {
+    FT_LOG(WARN) << "http: cannot read the dashboard's " << path.string();
+    return Error(500, "cannot read the dashboard's '" + file + "'");
+  }
+  r.content_type = *type;
   r.headers.emplace_back("Cache-Control", "no-cache");
   return r;
 }

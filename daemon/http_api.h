@@ -72,8 +72,12 @@ struct HttpResponse {
 struct HttpApiOptions {
   std::string client_token;  // actions need it ("" = open)
   std::string view_token;    // reads under /api and pages need it ("" = open)
-  std::string web_dir;       // static files; "" = no dashboard pages (404)
-  bool tls = false;          // served over HTTPS (the token cookie is then Secure)
+  // The dashboard's files; "" = no dashboard pages (404). Only its assets are
+  // served (.html .js .mjs .css .svg .png .ico .woff2 at its top level, and
+  // node_modules/uplot/dist's as /vendor/): never its sources, package files or
+  // dotfiles, and a 404 names no filesystem path.
+  std::string web_dir;
+  bool tls = false;  // served over HTTPS (the token cookie is then Secure)
   // Host names served besides IP addresses and localhost (ftd's --http host
   // and --http-allowed-host); a port in a name is ignored.
   std::vector<std::string> allowed_hosts;

@@ -37,6 +37,7 @@ namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 16 * 1024;  // docs/OPERATIONS.md, "Limits on input"
 constexpr uint64_t kMaxBodyBytes = 64 * 1024;
+constexpr int64_t kMaxRefusals = 64;  // 503s written at once; past them a refused client is just closed
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -79,6 +80,76 @@ class Slot {
   explicit Slot(std::atomic<int64_t>* count) : count_(count) {}
   std::atomic<int64_t>* count_ = nullptr;
 };
+
+// Connections per client address (HttpPeerKey), for max_connections_per_peer.
+class PeerCounts {
+ public:
+  // Counts one more connection of `peer` unless it holds `max` already (0 = no cap).
+  bool TryTake(const std::string& peer, int64_t max) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = counts_.find(peer);
+    if (it != counts_.end() && max > 0 && it->second >= max) return false;
+    ++counts_[peer];
+    return true;
+  }
+  void Release(const std::string& peer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = counts_.find(peer);
+    if (it != counts_.end() && --it->second <= 0) counts_.erase(it);
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, int64_t> counts_;  // GUARDED_BY(mu_) peers with open connections only
+};
+
+// A connection's place among its peer's: released when destroyed.
+class PeerSlot {
+ public:
+  PeerSlot() = default;
+  // Takes one of `peer`'s places; an empty PeerSlot when it holds `max` (0 = no cap).
+  static PeerSlot TryTake(PeerCounts* counts, std::string peer, int64_t max) {
+    if (!counts->TryTake(peer, max)) return PeerSlot();
+    PeerSlot s;
+    s.counts_ = counts;
+    s.peer_ = std::move(peer);
+    return s;
+  }
+  PeerSlot(PeerSlot&& o) noexcept : counts_(std::exchange(o.counts_, nullptr)), peer_(std::move(o.peer_)) {}
+  PeerSlot& operator=(PeerSlot&& o) noexcept {
+    Reset();
+    counts_ = std::exchange(o.counts_, nullptr);
+    peer_ = std::move(o.peer_);
+    return *this;
+  }
+  ~PeerSlot() { Reset(); }
+  explicit operator bool() const { return counts_ != nullptr; }
+  void Reset() {
+    if (counts_ != nullptr) counts_->Release(peer_);
+    counts_ = nullptr;
+  }
+
+ private:
+  PeerCounts* counts_ = nullptr;
+  std::string peer_;
+};
+
+// What an open connection holds until it closes (an SSE stream takes it over).
+struct Places {
+  Slot connection;          // one of max_connections, or of the probe lane
+  PeerSlot peer;            // one of its client address's max_connections_per_peer
+  bool probe_only = false;  // in the probe lane: GET /healthz and /ready only
+};
+
+// The per-peer key of an address (HttpPeerKey).
+std::string PeerKey(const net::ip::address& address) {
+  if (address.is_v4()) return address.to_string();
+  const net::ip::address_v6 v6 = address.to_v6();
+  if (v6.is_v4_mapped()) return net::ip::make_address_v4(net::ip::v4_mapped, v6).to_string();
+  net::ip::address_v6::bytes_type bytes = v6.to_bytes();
+  std::fill(bytes.begin() + 8, bytes.end(), 0);
+  return net::ip::address_v6(bytes).to_string() + "/64";
+}
 
 // What the broadcaster sees of a stream (the stream itself is a template over its transport).
 class StreamBase {
@@ -314,7 +385,10 @@ struct Shared {
   HttpApi* api;
   HttpServerOptions options;
   std::shared_ptr<net::ssl::context> tls;  // null = plaintext
-  std::atomic<int64_t> connections{0};
+  std::atomic<int64_t> connections{0};     // against max_connections
+  std::atomic<int64_t> probes{0};          // against probe_connections
+  std::atomic<int64_t> refusals{0};        // 503s being written (kMaxRefusals)
+  PeerCounts peers;
   std::unique_ptr<Broadcaster> broadcaster;
 };
 
@@ -323,13 +397,13 @@ template <class Stream>
 class SseStream : public StreamBase, public std::enable_shared_from_this<SseStream<Stream>> {
  public:
   using std::enable_shared_from_this<SseStream<Stream>>::shared_from_this;
-  SseStream(Stream stream, Shared* shared, std::string job, int64_t after_seq, Slot connection,
+  SseStream(Stream stream, Shared* shared, std::string job, int64_t after_seq, Places places,
             Slot stream_slot)
       : stream_(std::move(stream)),
         shared_(shared),
         after_seq_(after_seq),
         timer_(stream_.get_executor()),
-        connection_(std::move(connection)),
+        places_(std::move(places)),
         stream_slot_(std::move(stream_slot)) {
     box_->job = std::move(job);
     box_->exec = stream_.get_executor();
@@ -464,7 +538,7 @@ class SseStream : public StreamBase, public std::enable_shared_from_this<SseStre
   Shared* shared_;
   const int64_t after_seq_;
   net::steady_timer timer_;  // keepalive
-  Slot connection_;
+  Places places_;            // its connection's
   Slot stream_slot_;
   std::shared_ptr<Outbox> box_ = std::make_shared<Outbox>();
   bool attached_ = false;
@@ -476,16 +550,18 @@ class SseStream : public StreamBase, public std::enable_shared_from_this<SseStre
   std::array<char, 512> discard_{};
 };
 
-// A connection over max_connections (plaintext port): answered 503 and closed.
+// A connection over a connection cap (plaintext port): answered 503 with
+// `error` and Retry-After, and closed within 2 s. Holds one of kMaxRefusals.
 class Refusal : public std::enable_shared_from_this<Refusal> {
  public:
-  Refusal(tcp::socket socket, int64_t max) : stream_(std::move(socket)) {
-    const std::string body = Dump(json{
-        {"error", "ftd serves at most " + std::to_string(max) + " HTTP connections at once; retry shortly"}});
+  Refusal(tcp::socket socket, const std::string& error, int retry_after_s, Slot slot)
+      : stream_(std::move(socket)), slot_(std::move(slot)) {
+    const std::string body = Dump(json{{"error", error}});
     text_ =
         "HTTP/1.1 503 Service Unavailable\r\nServer: ftd\r\nContent-Type: application/json\r\n"
-        "Retry-After: 1\r\nConnection: close\r\nContent-Length: " +
-        std::to_string(body.size()) + "\r\n\r\n" + body;
+        "Retry-After: " +
+        std::to_string(retry_after_s) +
+        "\r\nConnection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
   }
   void Start() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
@@ -513,23 +589,32 @@ class Refusal : public std::enable_shared_from_this<Refusal> {
     });
   }
   beast::tcp_stream stream_;
+  Slot slot_;
   std::string text_;
   std::array<char, 512> discard_{};
 };
 
+// Whether a request may be served in the probe lane: GET /healthz or /ready.
+bool IsProbe(const http::request<http::string_body>& req) {
+  const std::string_view target(req.target().data(), req.target().size());
+  const std::string_view path = target.substr(0, target.find('?'));
+  return req.method() == http::verb::get && (path == "/healthz" || path == "/ready");
+}
+
 // One keep-alive HTTP connection, on its own strand. `buffer` holds bytes already
 // read from the client (by the TLS detector). With `refuse_plaintext` (a
 // plaintext client on the HTTPS port) it answers the first request with 400
-// saying to use https://, then closes.
+// saying to use https://, then closes. In the probe lane it answers one
+// request: GET /healthz or /ready, anything else 503.
 template <class Stream>
 class Connection : public std::enable_shared_from_this<Connection<Stream>> {
  public:
   using std::enable_shared_from_this<Connection<Stream>>::shared_from_this;
-  Connection(Stream stream, Shared* shared, Slot slot, beast::flat_buffer buffer = {},
+  Connection(Stream stream, Shared* shared, Places places, beast::flat_buffer buffer = {},
              bool refuse_plaintext = false)
       : stream_(std::move(stream)),
         shared_(shared),
-        slot_(std::move(slot)),
+        places_(std::move(places)),
         buffer_(std::move(buffer)),
         refuse_plaintext_(refuse_plaintext) {}
 
@@ -538,7 +623,7 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
       if constexpr (kIsTls<Stream>) {
         self->Handshake();
       } else {
-        self->Read();
+        self->ReadRequest();
       }
     });
   }
@@ -555,16 +640,37 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
                                 return;
                               }
                               self->buffer_.consume(used);
-                              self->Read();
+                              self->ReadRequest();
                             });
   }
 
-  void Read() {
+  // Between requests: waits up to idle_timeout_ms for the next one's first bytes.
+  void WaitForRequest() {
+    if (buffer_.size() > 0) {  // pipelined: it has begun
+      ReadRequest();
+      return;
+    }
+    beast::get_lowest_layer(stream_).expires_after(
+        std::chrono::milliseconds(shared_->options.idle_timeout_ms));
+    stream_.async_read_some(buffer_.prepare(kMaxHeaderBytes),
+                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              if (ec) {  // silent past idle_timeout_ms, or gone
+                                self->Shutdown();
+                                return;
+                              }
+                              self->buffer_.commit(n);
+                              self->ReadRequest();
+                            });
+  }
+
+  // One request, header and body, within header_timeout_ms from now (a slow-loris
+  // client trickling its header is closed then, whatever its pace).
+  void ReadRequest() {
     parser_.emplace();
     parser_->header_limit(kMaxHeaderBytes);
     parser_->body_limit(kMaxBodyBytes);
     beast::get_lowest_layer(stream_).expires_after(
-        std::chrono::milliseconds(shared_->options.idle_timeout_ms));
+        std::chrono::milliseconds(shared_->options.header_timeout_ms));
     http::async_read(stream_, buffer_, *parser_,
                      [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
   }
@@ -598,6 +704,13 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
       return;
     }
     const auto& req = parser_->get();
+    if (places_.probe_only && !IsProbe(req)) {
+      Respond(503,
+              Dump(json{{"error", "ftd serves at most " + std::to_string(shared_->options.max_connections) +
+                                      " HTTP connections at once; retry shortly"}}),
+              "application/json", {{"Retry-After", "1"}}, false);
+      return;
+    }
     HttpRequest r;
     r.method = std::string(req.method_string());
     r.target = std::string(req.target());
@@ -627,11 +740,12 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
         return;
       }
       std::make_shared<SseStream<Stream>>(std::move(stream_), shared_, out.stream_job, out.stream_after_seq,
-                                          std::move(slot_), std::move(stream_slot))
+                                          std::move(places_), std::move(stream_slot))
           ->Start();
       return;
     }
-    Respond(out.status, std::move(out.body), out.content_type, out.headers, req.keep_alive());
+    Respond(out.status, std::move(out.body), out.content_type, out.headers,
+            req.keep_alive() && !places_.probe_only);
   }
 
   void Respond(int status, std::string body, const std::string& type,
@@ -649,7 +763,7 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
       if (ec || !keep_alive) {
         self->Shutdown();
       } else {
-        self->Read();
+        self->WaitForRequest();
       }
     });
   }
@@ -682,7 +796,7 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
 
   Stream stream_;
   Shared* shared_;
-  Slot slot_;  // counted against max_connections
+  Places places_;
   beast::flat_buffer buffer_;
   const bool refuse_plaintext_;
   std::optional<http::request_parser<http::string_body>> parser_;
@@ -694,8 +808,8 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
 // its handshake); anything else is a plaintext client, answered 400.
 class TlsDetector : public std::enable_shared_from_this<TlsDetector> {
  public:
-  TlsDetector(tcp::socket socket, Shared* shared, Slot slot)
-      : stream_(std::move(socket)), shared_(shared), slot_(std::move(slot)) {}
+  TlsDetector(tcp::socket socket, Shared* shared, Places places)
+      : stream_(std::move(socket)), shared_(shared), places_(std::move(places)) {}
 
   void Start() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
@@ -713,10 +827,10 @@ class TlsDetector : public std::enable_shared_from_this<TlsDetector> {
     }
     if (tls) {
       std::make_shared<Connection<TlsStream>>(TlsStream(std::move(stream_), *shared_->tls), shared_,
-                                              std::move(slot_), std::move(buffer_))
+                                              std::move(places_), std::move(buffer_))
           ->Start();
     } else {
-      std::make_shared<Connection<beast::tcp_stream>>(std::move(stream_), shared_, std::move(slot_),
+      std::make_shared<Connection<beast::tcp_stream>>(std::move(stream_), shared_, std::move(places_),
                                                       std::move(buffer_), /*refuse_plaintext=*/true)
           ->Start();
     }
@@ -724,7 +838,7 @@ class TlsDetector : public std::enable_shared_from_this<TlsDetector> {
 
   beast::tcp_stream stream_;
   Shared* shared_;
-  Slot slot_;
+  Places places_;
   beast::flat_buffer buffer_;
 };
 
@@ -761,23 +875,63 @@ struct HttpServer::Impl {
         FT_LOG(INFO) << "http: accepting connections again";
         accept_failing = false;
       }
-      Slot slot = Slot::TryTake(&shared.connections, shared.options.max_connections);
-      if (!slot) {
-        if (shared.tls) {  // no handshake for a client we would refuse anyway
-          beast::error_code ignored;
-          socket.close(ignored);
-        } else {
-          std::make_shared<Refusal>(std::move(socket), shared.options.max_connections)->Start();
-        }
-      } else if (shared.tls) {
-        std::make_shared<TlsDetector>(std::move(socket), &shared, std::move(slot))->Start();
-      } else {
-        std::make_shared<Connection<beast::tcp_stream>>(beast::tcp_stream(std::move(socket)), &shared,
-                                                        std::move(slot))
-            ->Start();
-      }
+      Admit(std::move(socket));
       Accept();
     });
+  }
+
+  // Serves an accepted connection, or refuses it when its peer holds
+  // max_connections_per_peer or the server is full (probe lane included).
+  void Admit(tcp::socket socket) {
+    beast::error_code ec;
+    const tcp::endpoint remote = socket.remote_endpoint(ec);
+    if (ec) return;  // gone already; the socket closes here
+    const HttpServerOptions& o = shared.options;
+    Places places;
+    const std::string peer = PeerKey(remote.address());
+    places.peer = PeerSlot::TryTake(&shared.peers, peer, o.max_connections_per_peer);
+    if (!places.peer) {
+      Refuse(std::move(socket), peer,
+             "ftd serves at most " + std::to_string(o.max_connections_per_peer) +
+                 " HTTP connections from one client address at once; close some or retry shortly",
+             5);
+      return;
+    }
+    places.connection = Slot::TryTake(&shared.connections, o.max_connections);
+    if (!places.connection) {
+      places.connection = Slot::TryTake(&shared.probes, o.probe_connections);
+      places.probe_only = true;
+    }
+    if (!places.connection) {
+      Refuse(std::move(socket), peer,
+             "ftd serves at most " + std::to_string(o.max_connections) +
+                 " HTTP connections at once; retry shortly",
+             1);
+    } else if (shared.tls) {
+      std::make_shared<TlsDetector>(std::move(socket), &shared, std::move(places))->Start();
+    } else {
+      std::make_shared<Connection<beast::tcp_stream>>(beast::tcp_stream(std::move(socket)), &shared,
+                                                      std::move(places))
+          ->Start();
+    }
+  }
+
+  // Answers 503 `error` on plaintext while fewer than kMaxRefusals are being
+  // written, else (and always on HTTPS: no handshake for a client refused
+  // anyway) just closes. Logs the first refusal and then at most one line a
+  // minute with the count.
+  void Refuse(tcp::socket socket, const std::string& peer, const std::string& error, int retry_after_s) {
+    ++refused;
+    const auto now = std::chrono::steady_clock::now();
+    if (!refusal_logged || now - *refusal_logged >= std::chrono::minutes(1)) {
+      FT_LOG(WARN) << "http: refused " << refused << " connection(s), the last from " << peer << ": "
+                   << error;
+      refused = 0;
+      refusal_logged = now;
+    }
+    Slot slot = shared.tls ? Slot() : Slot::TryTake(&shared.refusals, kMaxRefusals);
+    if (!slot) return;  // the socket closes here
+    std::make_shared<Refusal>(std::move(socket), error, retry_after_s, std::move(slot))->Start();
   }
 
   Shared shared;  // first: outlives the io_context's handlers
@@ -786,11 +940,48 @@ struct HttpServer::Impl {
   tcp::acceptor acceptor;
   net::steady_timer accept_timer;
   bool accept_failing = false;
+  int64_t refused = 0;  // refusals not logged yet (on the accept strand)
+  std::optional<std::chrono::steady_clock::time_point> refusal_logged;  // the last refusal logged
   std::vector<std::thread> threads;
   std::string host;
   int port = 0;
   bool stopped = false;
 };
+
+namespace {
+
+// The options' timeouts and caps, each named by its ftd flag when out of range.
+Status CheckLimits(const HttpServerOptions& o) {
+  if (o.threads < 1) return Status::InvalidArgument("http server: threads must be >= 1");
+  for (const auto& [flag, ms] : {std::pair{"--http-header-timeout-ms", o.header_timeout_ms},
+                                 std::pair{"--http-idle-timeout-ms", o.idle_timeout_ms}}) {
+    if (ms < 1) {
+      return Status::InvalidArgument(std::string(flag) + " " + std::to_string(ms) +
+                                     ": must be at least 1 (ms)");
+    }
+  }
+  if (o.max_connections < 1) {
+    return Status::InvalidArgument("--http-max-connections " + std::to_string(o.max_connections) +
+                                   ": must be at least 1");
+  }
+  if (o.max_connections_per_peer < 0) {
+    return Status::InvalidArgument("--http-max-connections-per-peer " +
+                                   std::to_string(o.max_connections_per_peer) +
+                                   ": must be 0 (no cap) or more");
+  }
+  if (o.probe_connections < 0 || o.max_streams < 0) {
+    return Status::InvalidArgument("http server: probe_connections and max_streams must be >= 0");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+std::string HttpPeerKey(const std::string& address) {
+  beast::error_code ec;
+  const net::ip::address a = net::ip::make_address(address, ec);
+  return ec ? address : PeerKey(a);
+}
 
 StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Daemon* daemon, HttpApi* api,
                                                         HttpServerOptions options) {
@@ -804,7 +995,7 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Daemon* daemon, HttpApi*
     return Status::InvalidArgument("--http '" + options.address +
                                    "': expected HOST:PORT, e.g. 127.0.0.1:7071 (port 0 = any free port)");
   }
-  if (options.threads < 1) return Status::InvalidArgument("http server: threads must be >= 1");
+  FT_RETURN_IF_ERROR(CheckLimits(options));
   auto impl = std::make_unique<Impl>(daemon, api, options);
   impl->host = host;
   if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
@@ -853,6 +1044,7 @@ const std::string& HttpServer::host() const { return impl_->host; }
 int HttpServer::port() const { return impl_->port; }
 int64_t HttpServer::open_streams() const { return impl_->shared.broadcaster->size(); }
 int64_t HttpServer::open_connections() const { return impl_->shared.connections.load(); }
+int64_t HttpServer::open_probe_connections() const { return impl_->shared.probes.load(); }
 int64_t HttpServer::stream_summaries_built() const { return impl_->shared.broadcaster->summaries_built(); }
 bool HttpServer::tls() const { return impl_->shared.tls != nullptr; }
 

@@ -1,6 +1,8 @@
 #include "daemon/store.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -194,6 +196,15 @@ ALTER TABLE attempts ADD COLUMN checkpoint_s REAL;
 ALTER TABLE attempts ADD COLUMN restart_s REAL;
 ALTER TABLE attempts ADD COLUMN lost_s REAL;
 ALTER TABLE attempts ADD COLUMN seen_ms INTEGER NOT NULL DEFAULT 0;
+)sql",
+    // 9: ftd's own secrets, by name. 'attempt_key': the key every attempt's
+    // credential is derived from (HMAC-SHA256 of job, epoch and rank; see
+    // Store::AttemptKey), made once by the first attempt start and never shown.
+    R"sql(
+CREATE TABLE secrets (
+  name  TEXT PRIMARY KEY,
+  value TEXT NOT NULL
+) WITHOUT ROWID;
 )sql",
 };
 
@@ -463,6 +474,7 @@ StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path, bool quick
   store->quick_check_ = quick_check;
   std::lock_guard<std::mutex> lock(store->mu_);
   FT_RETURN_IF_ERROR(store->Init());
+  store->RecordFiles();
   return store;
 }
 
@@ -576,6 +588,7 @@ Status Store::Error(const std::string& op) const {
 }
 
 StatusOr<Store::Query> Store::Prepare(const std::string& sql, const std::string& op) {
+  if (db_ == nullptr) return sticky_.ok() ? Status::IOError(path_ + ": " + op + ": not open") : sticky_;
   auto it = stmts_.find(sql);
   if (it == stmts_.end()) {
     sqlite3_stmt* stmt = nullptr;
@@ -622,6 +635,10 @@ Status Store::Write(const std::string& op, Body&& body, Durability durability) {
       sticky_ = Status::IOError(path_ + ": " + op + ": cannot restore synchronous=FULL: " + full.message());
       if (s.ok()) s = sticky_;
     }
+  }
+  // A commit into a -wal no longer at its path is durable once it is saved into the main file.
+  if (s.ok() && !relaxed) {
+    if (Status files = CheckFilesLocked(); !files.ok() && !wal_saved_) s = files;
   }
   return s;
 }
@@ -1239,14 +1256,16 @@ void Store::SetCommitHookForTest(std::function<void()> hook) {
   commit_hook_ = std::move(hook);
 }
 
+namespace {
+// One synced write of a counter the daemon never reads.
+constexpr char kProbeWriteSql[] =
+    "INSERT INTO counters (name, value) VALUES ('recovered', 1) "
+    "ON CONFLICT (name) DO UPDATE SET value = value + 1";
+}  // namespace
+
 Status Store::ProbeWrite() {
   std::lock_guard<std::mutex> lock(mu_);
-  return Write("probe write", [&] {
-    return Exec(
-        "INSERT INTO counters (name, value) VALUES ('recovered', 1) "
-        "ON CONFLICT (name) DO UPDATE SET value = value + 1",
-        "probe write");
-  });
+  return Write("probe write", [&] { return Exec(kProbeWriteSql, "probe write"); });
 }
 
 Status Store::Recover() {
@@ -1261,6 +1280,9 @@ Status Store::Recover() {
                            " KiB free on its filesystem; waiting for " +
                            std::to_string(kRecoveryFreeBytes >> 20) + " MiB");
   }
+  // A -wal or -shm replaced meanwhile: a second connection would share this one's (deleted) -shm.
+  (void)CheckFilesLocked();
+  if (!replaced_file_.empty()) return ReopenAfterReplacedFiles();
   auto fresh = Open(path_, false);  // checked at start; not again on every retry of the tick
   Status probe = fresh.ok() ? (*fresh)->ProbeWrite() : fresh.status();
   if (!probe.ok())
@@ -1268,14 +1290,168 @@ Status Store::Recover() {
   // The old connection (and its statements) closes with `fresh`.
   std::swap(db_, (*fresh)->db_);
   std::swap(stmts_, (*fresh)->stmts_);
+  std::swap(wal_file_, (*fresh)->wal_file_);
+  std::swap(shm_file_, (*fresh)->shm_file_);
   sticky_ = Status::OK();
   return Status::OK();
+}
+
+StatusOr<std::string> Store::AttemptKey(const std::string& candidate) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string op = "read the attempt key";
+  const std::string select = "SELECT value FROM secrets WHERE name = 'attempt_key'";
+  FT_ASSIGN_OR_RETURN(std::string key, QueryText(select, op));
+  if (!key.empty()) return key;
+  if (candidate.empty()) return Status::NotFound(path_ + ": " + op + ": none was made yet");
+  FT_RETURN_IF_ERROR(Write("store the attempt key", [&]() -> Status {
+    FT_ASSIGN_OR_RETURN(Query q,
+                        Prepare("INSERT OR IGNORE INTO secrets (name, value) VALUES ('attempt_key', ?)", op));
+    return q.Bind(candidate).Run();
+  }));
+  return QueryText(select, op);
 }
 
 StatusOr<int> Store::SynchronousLevel() {
   std::lock_guard<std::mutex> lock(mu_);
   FT_ASSIGN_OR_RETURN(std::string level, QueryText("PRAGMA synchronous", "read synchronous"));
   return static_cast<int>(std::strtol(level.c_str(), nullptr, 10));
+}
+
+StatusOr<std::vector<std::pair<std::string, std::string>>> Store::ListOutputDirs() {
+  std::lock_guard<std::mutex> lock(mu_);
+  FT_ASSIGN_OR_RETURN(Query q, Prepare("SELECT id, output_dir FROM jobs ORDER BY num", "list output dirs"));
+  return Collect(q, [](const Query& r) { return std::make_pair(r.Text(0), r.Text(1)); });
+}
+
+// ---- the database's files
+
+namespace {
+
+// {device, inode} of the file at `path`; {0, 0} when there is none.
+std::pair<uint64_t, uint64_t> FileIdentity(const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) return {0, 0};
+  return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+}
+
+constexpr char kLeaveAlone[] = "; leave ftd's database and its -wal and -shm files alone while ftd runs";
+
+}  // namespace
+
+void Store::RecordFiles() {
+  wal_file_ = FileIdentity(path_ + "-wal");
+  shm_file_ = FileIdentity(path_ + "-shm");
+}
+
+Status Store::CheckFiles() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return CheckFilesLocked();
+}
+
+bool Store::files_replaced() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !replaced_file_.empty();
+}
+
+Status Store::CheckFilesLocked() {
+  if (!replaced_file_.empty()) return sticky_;
+  if (db_ == nullptr) return Status::OK();
+  int moved = 0;
+  if (sqlite3_file_control(db_, "main", SQLITE_FCNTL_HAS_MOVED, &moved) == SQLITE_OK && moved != 0) {
+    replaced_file_ = path_;
+  } else if (wal_file_.second != 0 && FileIdentity(path_ + "-wal") != wal_file_) {
+    replaced_file_ = path_ + "-wal";
+  } else if (shm_file_.second != 0 && FileIdentity(path_ + "-shm") != shm_file_) {
+    replaced_file_ = path_ + "-shm";
+  } else {
+    return Status::OK();
+  }
+  const std::string what = path_ + ": " + replaced_file_ +
+                           " was deleted or replaced while ftd had the database open (a cleanup script, a "
+                           "backup tool?), so what ftd commits there would be lost by a restart: ";
+  if (replaced_file_ == path_) {
+    auto copy = SaveCopy();
+    sticky_ = Status::IOError(
+        what + "ftd refuses writes. " +
+        (copy.ok() ? "It wrote everything it acknowledged to " + *copy + ": stop ftd, move that file to " +
+                         path_ + " (removing its -wal and -shm files) and start ftd again"
+                   : "Saving a copy failed (" + copy.status().message() +
+                         "): do not stop ftd; copy its open database from /proc/" + std::to_string(getpid()) +
+                         "/fd to " + path_ + ".saved first") +
+        kLeaveAlone);
+    return sticky_;
+  }
+  const Status saved = SaveWal();
+  wal_saved_ = saved.ok();
+  sticky_ = Status::IOError(
+      what +
+      (wal_saved_ ? "ftd copied everything it had committed into " + path_ +
+                        " and refuses writes until it has reopened the database (within seconds)"
+                  : "copying what ftd had committed into " + path_ + " failed (" + saved.message() +
+                        "): ftd refuses writes and tries again; do not stop ftd meanwhile") +
+      kLeaveAlone);
+  return sticky_;
+}
+
+Status Store::SaveWal() {
+  const std::string op = "copy the WAL into the database (PRAGMA wal_checkpoint(TRUNCATE))";
+  FT_ASSIGN_OR_RETURN(Query q, Prepare("PRAGMA wal_checkpoint(TRUNCATE)", op));
+  bool row = false;
+  FT_RETURN_IF_ERROR(q.Next(&row));
+  if (!row || q.Int(0) != 0) return Status::IOError(path_ + ": " + op + ": another connection blocked it");
+  return Status::OK();
+}
+
+StatusOr<std::string> Store::SaveCopy() {
+  const std::string copy = path_ + ".saved-" + std::to_string(WallNowMs());
+  const std::string op = "save a copy of the database to " + copy + " (VACUUM INTO)";
+  {
+    FT_ASSIGN_OR_RETURN(Query q, Prepare("VACUUM INTO ?", op));
+    q.Bind(copy);
+    FT_RETURN_IF_ERROR(q.Run());
+  }
+  const int fd = ::open(copy.c_str(), O_RDONLY | O_CLOEXEC);
+  const bool synced = fd >= 0 && ::fsync(fd) == 0;
+  if (fd >= 0) ::close(fd);
+  if (!synced) return Status::IOError(path_ + ": " + op + ": fsync: " + std::strerror(errno));
+  return copy;
+}
+
+void Store::CloseConnection() {
+  for (auto& [sql, stmt] : stmts_) sqlite3_finalize(stmt);
+  stmts_.clear();
+  sqlite3_close_v2(db_);  // a no-op on nullptr
+  db_ = nullptr;
+}
+
+Status Store::ReopenAfterReplacedFiles() {
+  if (replaced_file_ == path_) return sticky_;  // only a restart from the saved copy helps (CheckFiles)
+  if (db_ != nullptr) {
+    if (!wal_saved_) {
+      const Status saved = SaveWal();
+      if (!saved.ok()) return Status::IOError(path_ + ": recover: " + saved.message());
+      wal_saved_ = true;
+    }
+    // The last connection: SQLite removes whatever now lies at the -wal and -shm paths.
+    CloseConnection();
+  }
+  const std::string replaced = std::exchange(replaced_file_, "");
+  wal_file_ = shm_file_ = {0, 0};
+  sticky_ = Status::OK();
+  quick_check_ = false;  // checked at start
+  Status s = Init();
+  if (s.ok()) RecordFiles();
+  if (s.ok() && sticky_.ok()) s = Write("probe write", [&] { return Exec(kProbeWriteSql, "probe write"); });
+  if (!s.ok()) {
+    CloseConnection();
+    replaced_file_ = replaced;  // the next Recover opens again (nothing is left unsaved)
+    wal_saved_ = true;
+    sticky_ = Status::IOError(path_ + ": reopening the database after " + replaced +
+                              " was deleted or replaced: " + s.message());
+    return sticky_;
+  }
+  wal_saved_ = false;
+  return sticky_;  // OK, or Init's refusal of a read-only directory (then Recover as for any other)
 }
 
 }  // namespace ft

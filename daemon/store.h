@@ -353,11 +353,46 @@ class Store {
   StatusOr<std::vector<DeviceMemoryRow>> ListDeviceMemory(const std::string& job_id, int64_t after_ms,
                                                           int64_t limit);
 
+  // ---- secrets
+  // The key attempt credentials are derived from (daemon/daemon.h): the stored one, else
+  // `candidate` (random, >= 128 bits) stored durably first. NotFound when none is stored and
+  // `candidate` is empty; a write's error when it cannot be stored. Never log the result.
+  StatusOr<std::string> AttemptKey(const std::string& candidate);
+
+  // Every job's id and output_dir (the daemon's index of output dirs: one
+  // job per directory), in one query reading those two columns.
+  StatusOr<std::vector<std::pair<std::string, std::string>>> ListOutputDirs();
+
+  // ---- the database's files
+  // Whether the files at the database's path are still the ones this
+  // connection has open: the main file (SQLITE_FCNTL_HAS_MOVED), its -wal and
+  // its -shm (device and inode as opened). A cleanup script or a backup tool
+  // that deletes or replaces one while ftd runs would make every later commit
+  // land in a file no restart reads (SQLite's "How To Corrupt": deleting a
+  // hot journal). OK when they are. Otherwise the store turns sticky-failed
+  // with an IOError naming the file, after copying everything committed into
+  // the main file through the still-open connection (PRAGMA
+  // wal_checkpoint(TRUNCATE), fsynced): nothing acknowledged is lost, and
+  // Recover reopens the database (new -wal and -shm files). A deleted or
+  // replaced main file cannot be reopened: the store writes what it holds to
+  // a copy beside it (VACUUM INTO, fsynced), names it in the error and
+  // refuses writes for good (the operator restarts ftd from that copy). A
+  // few stat calls: run per tick and per /ready; Write runs it after every
+  // synced commit, whose OK then means the commit is in the main file (else
+  // the write fails with the sticky error).
+  Status CheckFiles();
+  // Whether the sticky error is CheckFiles' (a file deleted or replaced).
+  bool files_replaced();
+
   // ---- monitoring
   StatusOr<StoreTotals> Totals();
   // OK, or the sticky error that makes every write fail (see the class comment).
   Status sticky_error();
-  // Ends a sticky failure once the database is writable again (space freed,
+  // Ends a sticky failure once the database is writable again. After
+  // CheckFiles found a -wal or -shm deleted or replaced: once what was
+  // committed is in the main file, closes the connection (SQLite removes
+  // whatever now lies at the -wal and -shm paths) and opens the database
+  // again, then makes one synced probe write. Otherwise (space freed,
   // the directory writable again): once its filesystem has 4 MiB free, opens
   // a fresh connection (SQLite rolls back whatever the failed write left) and
   // makes one synced probe write with it; when both succeed the
@@ -411,6 +446,22 @@ class Store {
   // client_request_id names and sets *dup.
   Status InsertJob(JobRow& job, bool* dup, const std::string& op);
 
+  // CheckFiles' parts. REQUIRES: mu_ held (for all below).
+  // Notes the device and inode of the -wal and -shm files (after Init).
+  void RecordFiles();
+  // CheckFiles: sticky_ when a file is (or was earlier) found replaced, else OK.
+  Status CheckFilesLocked();
+  // Copies every committed frame of the open WAL into the main file, fsynced
+  // (PRAGMA wal_checkpoint(TRUNCATE)); IOError when SQLite could not.
+  Status SaveWal();
+  // A deleted or replaced main file: writes the open database to a new file
+  // beside it, fsynced (VACUUM INTO); returns its path.
+  StatusOr<std::string> SaveCopy();
+  // Recover after CheckFiles: SaveWal, close, Init again, one probe write.
+  Status ReopenAfterReplacedFiles();
+  // Closes the connection and its statements (db_ is null after).
+  void CloseConnection();
+
   const std::string path_;
   int schema_version_ = 0;   // set by Open
   bool quick_check_ = true;  // Init runs PRAGMA quick_check
@@ -419,6 +470,10 @@ class Store {
   std::unordered_map<std::string, sqlite3_stmt*> stmts_;  // GUARDED_BY(mu_); by SQL text
   Status sticky_;                                         // GUARDED_BY(mu_)
   std::function<void()> commit_hook_;                     // GUARDED_BY(mu_) SetCommitHookForTest
+  // The -wal and -shm files this connection has open, as {device, inode} ({0, 0}: not known).
+  std::pair<uint64_t, uint64_t> wal_file_, shm_file_;  // GUARDED_BY(mu_)
+  std::string replaced_file_;  // GUARDED_BY(mu_) the file CheckFiles found replaced ("" = none)
+  bool wal_saved_ = false;     // GUARDED_BY(mu_) SaveWal succeeded since then
 };
 
 }  // namespace ft

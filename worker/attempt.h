@@ -59,6 +59,7 @@ namespace ft::worker {
 struct AttemptSpec {
   std::string job_id;
   int64_t epoch = 0;
+  std::string credential;         // StartAttempt.credential: echoed in every report (a secret: never logged)
   std::string ft_train;           // path of the ft-train binary
   std::string job_file;           // the job.yaml to run (already written)
   std::string output_dir;         // the job's output.dir: metrics.jsonl is followed there

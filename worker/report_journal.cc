@@ -32,6 +32,8 @@ Status ReportJournal::Record(const ftune::v1::AttemptExited& e) {
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec) return Status::IOError(dir_ + ": cannot create the report journal: " + ec.message());
+  fs::permissions(dir_, fs::perms::owner_all,
+                  ec);  // entries hold attempt credentials: the worker's user only
   return ReplaceFileAtomically(Path(e.job_id(), e.epoch(), e.rank()), e.SerializeAsString());
 }
 

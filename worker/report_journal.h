@@ -1,6 +1,7 @@
 // The worker's journal of attempt exits: <work_dir>/journal/<job>-e<epoch>.exit
 // (rank r > 0 of a multi-rank attempt: <job>-e<epoch>-r<r>.exit),
-// one serialized AttemptExited each, written durably before the report is
+// one serialized AttemptExited each (with its attempt credential: the
+// directory is the worker's user's only), written durably before the report is
 // sent. A worker restarted before ftd got the report (killed right after its
 // trainer exited, or while ftd was down) puts the journal's exits into its
 // next Register, so ftd learns how those attempts ended instead of treating

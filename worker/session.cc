@@ -24,6 +24,13 @@ constexpr auto kCloseWait = std::chrono::seconds(2);  // for the daemon to end a
 bool IsCritical(const WorkerMessage& m) { return m.has_checkpoint() || m.has_exited(); }
 bool IsDroppable(const WorkerMessage& m) { return m.has_metrics() || m.has_log(); }
 
+// The daemon refused the registration itself: trying again at once would be refused the same way.
+bool RegistrationRefused(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::ALREADY_EXISTS ||
+         status.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+         status.error_code() == grpc::StatusCode::INVALID_ARGUMENT;
+}
+
 bool ForAttempt(const WorkerMessage& m, const std::string& job_id, int64_t epoch) {
   switch (m.msg_case()) {
     case WorkerMessage::kCheckpoint:
@@ -132,17 +139,18 @@ void Session::RequeueRecent() {
   }
 }
 
-std::chrono::milliseconds Session::Backoff(int failures) {
+std::chrono::milliseconds Session::Backoff(int failures, std::chrono::milliseconds initial,
+                                           std::chrono::milliseconds max) {
   thread_local std::minstd_rand rng(std::random_device{}());
-  int64_t ms = options_.backoff_initial.count();
-  for (int i = 0; i < failures && ms < options_.backoff_max.count(); ++i) ms *= 2;
-  ms = std::min<int64_t>(ms, options_.backoff_max.count());
+  int64_t ms = initial.count();
+  for (int i = 0; i < failures && ms < max.count(); ++i) ms *= 2;
+  ms = std::min<int64_t>(ms, max.count());
   std::uniform_int_distribution<int64_t> jitter(ms / 2, ms);
   return std::chrono::milliseconds(jitter(rng));
 }
 
 void Session::Run() {
-  int failures = 0;
+  int failures = 0, refusals = 0;
   while (true) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -150,27 +158,38 @@ void Session::Run() {
     }
     grpc::Status status;
     const bool registered = RunStream(&status);
+    const bool refused = !registered && RegistrationRefused(status);
     failures = registered ? 0 : failures + 1;
+    refusals = refused ? refusals + 1 : 0;
     // A channel whose connects failed keeps gRPC's own backoff state and can
     // fail new streams fast for seconds after the daemon is back (seen: 4 s
     // after a restart, past a 3 s lease); the next try gets a fresh channel.
     if (!registered) NewChannel();
-    LogStreamEnd(registered, status, failures);
+    const auto wait =
+        refused ? Backoff(refusals - 1, options_.refused_backoff_initial, options_.refused_backoff_max)
+                : Backoff(failures, options_.backoff_initial, options_.backoff_max);
+    LogStreamEnd(registered, status, failures, wait);
     std::unique_lock<std::mutex> lock(mu_);
-    if (cv_.wait_for(lock, Backoff(failures), [this] { return closing_; })) break;
+    if (cv_.wait_for(lock, wait, [this] { return closing_; })) break;
   }
   std::lock_guard<std::mutex> lock(mu_);
   running_ = false;
   cv_.notify_all();
 }
 
-void Session::LogStreamEnd(bool registered, const grpc::Status& status, int failures) {
+void Session::LogStreamEnd(bool registered, const grpc::Status& status, int failures,
+                           std::chrono::milliseconds wait) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closing_) return;
   }
   const std::string why = status.ok() ? "the daemon closed it" : status.error_message();
-  if (status.error_code() == grpc::StatusCode::ALREADY_EXISTS) {  // another worker registered this --id
+  if (!registered && RegistrationRefused(status)) {  // e.g. another ft-worker holds this --id
+    FT_LOG(ERROR) << "the daemon at " << options_.target << " refused this worker's registration: " << why
+                  << "; trying again in " << wait.count() / 1000.0 << " s";
+    return;
+  }
+  if (status.error_code() == grpc::StatusCode::ALREADY_EXISTS) {  // a newer session of this worker took over
     FT_LOG(ERROR) << "the daemon at " << options_.target << " replaced this worker's session: " << why
                   << "; reconnecting";
     return;

@@ -2,7 +2,11 @@
 // re-established with jittered exponential backoff (100 ms → 1 s) whenever it
 // breaks, for as long as the worker runs. The cap is short on purpose: after
 // a daemon restart the worker must be back before its lease expires, or its
-// running attempts are requeued while their trainers still run.
+// running attempts are requeued while their trainers still run. A
+// registration the daemon refused (ALREADY_EXISTS, FAILED_PRECONDITION,
+// INVALID_ARGUMENT: another ft-worker holds this --id, the report is
+// implausible) would be refused again at once: those back off longer (1 s →
+// 60 s), each logged with the daemon's reason and the wait.
 //
 // Each stream starts with Register (built fresh by the delegate, so it lists
 // the attempts running now); once the daemon answers Registered, queued
@@ -45,7 +49,9 @@ struct SessionOptions {
   // TLS or plaintext (proto/credentials.h); null = plaintext.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   std::chrono::milliseconds backoff_initial{100};
-  std::chrono::milliseconds backoff_max{1000};        // well under any lease (the e2e tests use 3 s)
+  std::chrono::milliseconds backoff_max{1000};              // well under any lease (the e2e tests use 3 s)
+  std::chrono::milliseconds refused_backoff_initial{1000};  // after a registration the daemon refused
+  std::chrono::milliseconds refused_backoff_max{60000};
   std::chrono::milliseconds register_timeout{10000};  // Registered must come this soon
   std::chrono::milliseconds default_heartbeat{5000};  // when Registered names none
   std::chrono::milliseconds resend_window{10000};     // see the file comment
@@ -103,13 +109,17 @@ class Session : public ReportSink {
   // One stream from Register to its end; true when it got Registered.
   // *status: how the stream ended.
   bool RunStream(grpc::Status* status);
-  void LogStreamEnd(bool registered, const grpc::Status& status, int failures);
+  // `wait`: until the next try.
+  void LogStreamEnd(bool registered, const grpc::Status& status, int failures,
+                    std::chrono::milliseconds wait);
   // Writer thread of one stream: queued reports and heartbeats.
   void WriteLoop(Stream* stream, grpc::ClientContext* context);
   void HandleRegistered(const ftune::v1::Registered& r);
   void RequeueRecent();                // mu_ held
   void Enqueue(Queued q, bool front);  // mu_ held
-  std::chrono::milliseconds Backoff(int failures);
+  // Jittered: between half and all of initial × 2^failures, at most max.
+  static std::chrono::milliseconds Backoff(int failures, std::chrono::milliseconds initial,
+                                           std::chrono::milliseconds max);
 
   const SessionOptions options_;
   SessionDelegate* const delegate_;

@@ -69,10 +69,12 @@ Worker::~Worker() {
   // The attempts' destructors join their threads.
 }
 
-Status Worker::Init() {
+Status Worker::Init(std::chrono::milliseconds lock_wait) {
   std::error_code ec;
   fs::create_directories(options_.work_dir, ec);
   if (ec) return Status::IOError(options_.work_dir + ": cannot create the work dir: " + ec.message());
+  FT_ASSIGN_OR_RETURN(work_dir_lock_, WorkDirLock::Acquire(options_.work_dir, lock_wait));
+  FT_ASSIGN_OR_RETURN(instance_, LoadOrCreateInstance(options_.work_dir));
   std::lock_guard<std::mutex> lock(devices_mu_);
   FT_RETURN_IF_ERROR(devices_.Init());
   for (const Device& d : devices_.Current({})) {
@@ -137,11 +139,13 @@ pb::Register Worker::MakeRegister() {
     ra->set_epoch(a->spec().epoch);
     ra->set_step(a->progress().step);
     ra->set_rank(a->spec().rank);
+    ra->set_credential(a->spec().credential);
   }
   r.set_address(options_.address.empty() ? options_.hostname : options_.address);
   r.set_rendezvous_port_first(options_.rendezvous_port_first);
   r.set_rendezvous_port_count(options_.rendezvous_port_count);
   r.set_pool(options_.pool);
+  r.set_instance(instance_);
   std::lock_guard<std::mutex> lock(mu_);
   journaled_in_register_.clear();
   for (pb::AttemptExited& e : journal_.Entries()) {
@@ -177,6 +181,7 @@ pb::Heartbeat Worker::MakeHeartbeat() {
     out->set_total_steps(p.total_steps);
     out->set_loss(p.loss);
     out->set_tokens_per_s(p.tokens_per_s);
+    out->set_credential(a->spec().credential);
   }
   return h;
 }
@@ -203,13 +208,15 @@ std::string Worker::StartRefusal(int64_t now_ms) {
   return "";
 }
 
-void Worker::Reject(const std::string& job_id, int64_t epoch, int rank, const std::string& reason) {
-  FT_LOG(WARN) << "not starting " << job_id << " e" << epoch << " rank " << rank << ": " << reason;
+void Worker::Reject(const pb::StartAttempt& s, const std::string& reason) {
+  FT_LOG(WARN) << "not starting " << s.job_id() << " e" << s.epoch() << " rank " << s.rank() << ": "
+               << reason;
   pb::WorkerMessage m;
   pb::AttemptExited* e = m.mutable_exited();
-  e->set_job_id(job_id);
-  e->set_epoch(epoch);
-  e->set_rank(rank);
+  e->set_job_id(s.job_id());
+  e->set_epoch(s.epoch());
+  e->set_rank(s.rank());
+  e->set_credential(s.credential());
   e->set_outcome(pb::ATTEMPT_PREEMPTED);
   e->set_reason(reason);
   Send(std::move(m));
@@ -252,6 +259,7 @@ StatusOr<AttemptSpec> Worker::PrepareAttempt(const pb::StartAttempt& s) {
   AttemptSpec spec;
   spec.job_id = s.job_id();
   spec.epoch = s.epoch();
+  spec.credential = s.credential();
   spec.ft_train = options_.ft_train;
   spec.job_file =
       (fs::path(options_.work_dir) / (AttemptFileStem(s.job_id(), s.epoch(), s.rank()) + ".yaml")).string();
@@ -309,8 +317,7 @@ std::vector<std::string> Worker::RankEnvironment(int device_index) {
 void Worker::HandleStart(const pb::StartAttempt& s) {
   Reap();
   std::lock_guard<std::mutex> start_lock(start_mu_);
-  if (std::string why = StartRefusal(WallNowMs()); !why.empty())
-    return Reject(s.job_id(), s.epoch(), s.rank(), why);
+  if (std::string why = StartRefusal(WallNowMs()); !why.empty()) return Reject(s, why);
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [key, entry] : attempts_) {
@@ -332,6 +339,7 @@ void Worker::HandleStart(const pb::StartAttempt& s) {
     e->set_job_id(s.job_id());
     e->set_epoch(s.epoch());
     e->set_rank(s.rank());
+    e->set_credential(s.credential());
     e->set_outcome(pb::ATTEMPT_FAILED);
     e->set_exit_code(-1);
     e->set_reason("cannot start ft-train: " + attempt.status().ToString());
@@ -383,6 +391,7 @@ void Worker::OnMetrics(const AttemptSpec& a, const std::vector<MetricsLine>& ste
   pb::MetricsReport* r = m.mutable_metrics();
   r->set_job_id(a.job_id);
   r->set_epoch(a.epoch);
+  r->set_credential(a.credential);
   for (const MetricsLine& s : steps) {
     pb::MetricPoint* p = r->add_points();
     p->set_step(s.step);
@@ -411,6 +420,8 @@ void Worker::OnLog(const AttemptSpec& a, const std::string& text) {
   pb::WorkerMessage m;
   m.mutable_log()->set_job_id(a.job_id);
   m.mutable_log()->set_epoch(a.epoch);
+  m.mutable_log()->set_rank(a.rank);
+  m.mutable_log()->set_credential(a.credential);
   m.mutable_log()->set_text(text);
   Send(std::move(m));
 }
@@ -430,6 +441,7 @@ void Worker::OnCheckpoint(const AttemptSpec& a, const CommittedCheckpoint& c) {
   r->set_dir(c.dir);
   r->set_manifest_sha256(c.manifest_sha256);
   r->set_write_seconds(c.write_seconds);
+  r->set_credential(a.credential);
   Send(std::move(m));
 }
 
@@ -442,6 +454,7 @@ void Worker::OnNote(const AttemptSpec& a, const AttemptNote& n) {
   r->set_message(n.message);
   r->set_step(n.step);
   r->set_dir(n.dir);
+  r->set_credential(a.credential);
   Send(std::move(m));
 }
 
@@ -451,6 +464,7 @@ void Worker::OnExit(const AttemptSpec& a, const AttemptExit& e) {
   r->set_job_id(a.job_id);
   r->set_epoch(a.epoch);
   r->set_rank(a.rank);
+  r->set_credential(a.credential);
   r->set_outcome(ToProto(e.outcome));
   r->set_exit_code(e.exit_code);
   r->set_reason(e.reason);

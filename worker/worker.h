@@ -17,7 +17,10 @@
 //                  of it here is killed, nothing more reported.
 //
 // Every exit report is journaled first (<work_dir>/journal, see
-// worker/report_journal.h) and replayed in the next Register.
+// worker/report_journal.h) and replayed in the next Register. Every report
+// about an attempt carries the credential its StartAttempt gave (the journal
+// keeps it with the exit); Register carries the work dir's instance
+// (worker/instance.h), which Init reads or makes while holding the work dir's lock.
 //
 // Preemption (signals, cloud notices) calls StopAll, then WaitIdle and, for
 // trainers that miss the deadline, KillRemaining. Slot end is CheckSlotEnd,
@@ -45,6 +48,7 @@
 #include "common/status.h"
 #include "worker/attempt.h"
 #include "worker/devices.h"
+#include "worker/instance.h"
 #include "worker/report_journal.h"
 #include "worker/session.h"
 
@@ -75,8 +79,12 @@ class Worker : public SessionDelegate, public AttemptListener {
   explicit Worker(WorkerOptions options);
   ~Worker() override;  // kills attempts still running (without reports)
 
-  // Creates work_dir and discovers the devices. IOError or Unavailable.
-  Status Init();
+  // Creates work_dir, takes its lock (waiting up to lock_wait for a worker going away), reads or
+  // makes its instance and discovers the devices. IOError or Unavailable; FailedPrecondition when
+  // another ft-worker holds the work dir.
+  Status Init(std::chrono::milliseconds lock_wait = std::chrono::seconds(5));
+  // Register.instance (worker/instance.h); set by Init.
+  const std::string& instance() const { return instance_; }
   // Where reports go; set before the session starts.
   void set_sink(ReportSink* sink) { sink_ = sink; }
 
@@ -137,7 +145,8 @@ class Worker : public SessionDelegate, public AttemptListener {
   // the cores, each rank's share of the threads (unless the worker's own
   // environment sets OMP_NUM_THREADS).
   std::vector<std::string> RankEnvironment(int device_index);
-  void Reject(const std::string& job_id, int64_t epoch, int rank, const std::string& reason);
+  // Reports the StartAttempt `s` ended at once (PREEMPTED) with `reason`.
+  void Reject(const ftune::v1::StartAttempt& s, const std::string& reason);
   // Running attempts (shared pointers, so callers need no lock).
   std::vector<std::shared_ptr<Attempt>> Running() const;
   // The running ranks of (job_id, epoch) here.
@@ -146,6 +155,8 @@ class Worker : public SessionDelegate, public AttemptListener {
 
   const WorkerOptions options_;
   ReportSink* sink_ = nullptr;
+  std::unique_ptr<WorkDirLock> work_dir_lock_;  // held from Init on
+  std::string instance_;                        // set by Init
 
   std::mutex devices_mu_;
   DeviceMonitor devices_;  // GUARDED_BY(devices_mu_)

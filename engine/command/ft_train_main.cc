@@ -23,8 +23,10 @@
 //                                              text from the model, streamed (generate_command.h)
 //
 // Exit codes (engine/job/exit_codes.h): 0 finished; 1 failed (reason on stderr);
-// 2 bad input or usage; 3 preempted: stopped after a checkpoint on SIGTERM,
-// SIGUSR1, SIGINT or a "stop" on the control channel; 4 superseded: a newer
+// 2 bad input or usage (an input file changed during the run among them); 3
+// preempted: stopped after a checkpoint on SIGTERM, SIGUSR1, SIGINT or a
+// "stop" on the control channel (or stopped while preparing the data, before
+// anything was trained); 4 superseded: a newer
 // epoch owns output.dir; 5 environment: an I/O error (disk full, file gone);
 // 6 rank lost: one rank of a multi-rank run whose peers or rendezvous failed.
 // An I/O error while an input the job names (data.train, model.path, ...) is
@@ -73,6 +75,8 @@ namespace {
 int Fail(const ft::Status& s, bool multi_rank = false) {
   std::fprintf(stderr, "ft-train: %s\n", s.ToString().c_str());
   if (s.IsAborted()) return ft::kExitSuperseded;
+  // A stop while the data was prepared: nothing was trained or written, the last checkpoint stands.
+  if (s.code() == ft::Status::Code::kCancelled) return ft::kExitPreempted;
   // Collectives and the rendezvous fail Unavailable (engine/dist/collective.h).
   if (multi_rank && s.code() == ft::Status::Code::kUnavailable) return ft::kExitRankLost;
   if (s.code() == ft::Status::Code::kIOError) return ft::kExitEnvironment;
@@ -153,9 +157,8 @@ int RunJob(const RunFlags& flags) {
   } else if (flags.rank != 0) {
     return Fail(ft::Status::InvalidArgument("--rank " + std::to_string(flags.rank) + " needs --world > 1"));
   }
-  auto trainer = ft::Trainer::Create(job->spec, std::move(ranks));
+  auto trainer = ft::Trainer::Create(job->spec, std::move(ranks), &control);  // a stop while loading counts
   if (!trainer.ok()) return Fail(ExplainMissingInput(trainer.status(), job->spec), flags.world > 1);
-  (*trainer)->set_control(&control);
   (*trainer)->set_mtbf_seconds(flags.mtbf_seconds);
   if (flags.epoch > 0) (*trainer)->set_fencing(flags.job_id, flags.epoch);
   auto outcome = (*trainer)->Run(flags.resume_dir);

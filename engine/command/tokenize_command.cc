@@ -38,7 +38,12 @@ bool ProcessLine(const Tokenizer& tok, const std::string& line, bool add_special
     *error = "expected a JSON string";
     return false;
   }
-  *out = json(tok.Encode(in.get_ref<const std::string&>(), add_special_tokens)).dump();
+  auto ids = tok.Encode(in.get_ref<const std::string&>(), add_special_tokens);
+  if (!ids.ok()) {
+    *error = ids.status().message();
+    return false;
+  }
+  *out = json(*ids).dump();
   return true;
 }
 

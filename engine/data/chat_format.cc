@@ -76,7 +76,7 @@ StatusOr<std::string> ChatTemplate::RenderValues(const std::vector<jinja::Value>
       d.Set(it.key(), std::move(v).value());
     }
   }
-  return template_.Render(d);
+  return template_.Render(d, vars.stop_requested);
 }
 
 StatusOr<std::string> ChatTemplate::Render(const nlohmann::ordered_json& messages,

@@ -40,6 +40,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -60,6 +61,9 @@ struct ChatVars {
   // Further template variables; must be a JSON object and may not redefine
   // messages, add_generation_prompt, bos_token, eos_token or tools.
   nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+  // Polled while a render runs (JinjaTemplate::Render): true stops it with
+  // Cancelled. Not a template variable. Unset: never.
+  std::function<bool()> stop_requested;
 };
 
 struct ByteSpan {

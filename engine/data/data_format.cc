@@ -11,6 +11,13 @@ Status Bad(const std::string& where, const std::string& msg) {
   return Status::InvalidArgument(where + ": " + msg);
 }
 
+// A tokenizer's result for the line at `where`: its error names the line too.
+template <typename T>
+StatusOr<T> Tokenized(StatusOr<T> result, const std::string& where) {
+  if (!result.ok()) return Bad(where, "tokenizing: " + result.status().message());
+  return result;
+}
+
 StatusOr<std::vector<int32_t>> ReadIds(const nlohmann::ordered_json& j, const char* key,
                                        const std::string& where, int64_t vocab_size, bool allow_ignore) {
   const auto& arr = j[key];
@@ -123,6 +130,7 @@ StatusOr<DataEncoder> DataEncoder::Create(DataFormat format, const Tokenizer* to
       return Status::InvalidArgument("format: chat: extra template variables must be a JSON object");
     }
     e.chat_vars_.extra = chat.extra_vars.is_null() ? nlohmann::ordered_json::object() : chat.extra_vars;
+    e.chat_vars_.stop_requested = chat.stop_requested;
   }
   return e;
 }
@@ -165,7 +173,7 @@ StatusOr<TokenSequence> DataEncoder::EncodeText(const nlohmann::ordered_json& r,
   FT_ASSIGN_OR_RETURN(std::string text,
                       StringField(r, "text", where, "format: text expects {\"text\": \"...\"}", true));
   TokenSequence seq;
-  seq.ids = tokenizer_->Encode(text, /*add_special_tokens=*/true);
+  FT_ASSIGN_OR_RETURN(seq.ids, Tokenized(tokenizer_->Encode(text, /*add_special_tokens=*/true), where));
   if (seq.ids.empty() || seq.ids.back() != eos_id_) seq.ids.push_back(eos_id_);
   seq.labels = seq.ids;
   return seq;
@@ -179,8 +187,9 @@ StatusOr<TokenSequence> DataEncoder::EncodeAlpaca(const nlohmann::ordered_json& 
   FT_ASSIGN_OR_RETURN(std::string input, StringField(r, "input", where, kHint, false));
   FT_ASSIGN_OR_RETURN(std::string output, StringField(r, "output", where, kHint, true));
   const std::string prompt = AlpacaPrompt(instruction, input);
-  const std::vector<TokenSpan> toks =
-      tokenizer_->EncodeWithOffsets(prompt + output, /*add_special_tokens=*/true);
+  FT_ASSIGN_OR_RETURN(
+      const std::vector<TokenSpan> toks,
+      Tokenized(tokenizer_->EncodeWithOffsets(prompt + output, /*add_special_tokens=*/true), where));
   const int64_t response_begin = static_cast<int64_t>(prompt.size());
   TokenSequence seq;
   for (const TokenSpan& t : toks) {
@@ -224,9 +233,13 @@ StatusOr<TokenSequence> DataEncoder::EncodeChat(const nlohmann::ordered_json& r,
     vars.tools = r["tools"];
   }
   StatusOr<ChatRendering> rendering = chat_template_->RenderForTraining(messages, vars);
+  if (rendering.status().code() == Status::Code::kCancelled) {
+    return Status::Cancelled(where + ": " + rendering.status().message());  // a stop, not a bad line
+  }
   if (!rendering.ok()) return Bad(where, "'messages': " + rendering.status().message());
-  const std::vector<TokenSpan> toks =
-      tokenizer_->EncodeWithOffsets(rendering->text, /*add_special_tokens=*/false);
+  FT_ASSIGN_OR_RETURN(
+      const std::vector<TokenSpan> toks,
+      Tokenized(tokenizer_->EncodeWithOffsets(rendering->text, /*add_special_tokens=*/false), where));
   TokenSequence seq;
   seq.ids.reserve(toks.size());
   for (const TokenSpan& t : toks) seq.ids.push_back(t.id);

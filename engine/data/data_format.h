@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -59,6 +60,9 @@ struct ChatOptions {
   std::string chat_template;
   // Extra template variables, e.g. {"enable_thinking": false}.
   nlohmann::ordered_json extra_vars = nlohmann::ordered_json::object();
+  // Polled while a template renders (ChatVars::stop_requested): true ends
+  // the line's encoding with Cancelled, which is not a bad line.
+  std::function<bool()> stop_requested;
 };
 
 class DataEncoder {

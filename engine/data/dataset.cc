@@ -61,8 +61,12 @@ StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const DatasetOptions& options, 
   // Token counts depend on truncation, so seq_len is part of what the index is for.
   ds->options_.cache_key = options.cache_key + ";seq_len=" + std::to_string(options.seq_len);
   ds->encode_ = std::move(encode);
+  // Stamped before the hash, so a change after it shows (within the allowed roots, as every open).
+  FT_ASSIGN_OR_RETURN(const std::string confined, Confine(options.path));
+  FT_ASSIGN_OR_RETURN(ds->stamp_, StampFile(confined));
   FT_ASSIGN_OR_RETURN(std::string sha, Sha256File(options.path, &ds->file_bytes_));
   ds->sha256_ = sha;
+  ds->file_.Add("", options.path, ds->stamp_, sha);
   Status cached = options.use_cache ? ds->LoadCache(sha) : Status::NotFound("not cached");
   if (cached.code() == Status::Code::kCorruption) {
     // Loud: a damaged index would otherwise abort or train on wrong counts; it is rebuilt.
@@ -73,6 +77,8 @@ StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const DatasetOptions& options, 
   }
   if (!cached.ok()) {
     FT_RETURN_IF_ERROR(ds->BuildIndex(sha));
+    // An index of a file that changed while it was read would be cached under the old hash.
+    FT_RETURN_IF_ERROR(ds->CheckUnchanged());
     if (options.use_cache) ds->SaveCache(sha);
   }
   for (int64_t i = 0; i < static_cast<int64_t>(ds->lines_.size()); ++i) {
@@ -95,12 +101,17 @@ Status Dataset::BuildIndex(const std::string& sha) {
   int64_t lineno = 0;
   while (std::getline(in, line)) {
     ++lineno;
+    if (options_.stop_requested && options_.stop_requested()) {
+      return Status::Cancelled(options_.path + ": indexing stopped at line " + std::to_string(lineno) +
+                               ": a stop was requested");
+    }
     const uint64_t start = offset;
     offset += line.size() + 1;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = options_.path + ":" + std::to_string(lineno);
     Line entry{start, static_cast<uint32_t>(line.size()), -1, 0};
     StatusOr<TokenSequence> seq = encode_(line, where);
+    if (seq.status().code() == Status::Code::kCancelled) return seq.status();  // a stop, not a bad line
     Status bad;
     if (!seq.ok()) {
       bad = seq.status();
@@ -258,10 +269,16 @@ StatusOr<TokenSequence> Dataset::ReadExample(std::istream& in, int64_t example) 
   std::string text(l.bytes, '\0');
   in.seekg(static_cast<std::streamoff>(l.offset));
   in.read(text.data(), l.bytes);
-  if (!in)
+  // A line that read or encoded when indexed and no longer does: a changed file says so by name.
+  if (!in) {
+    FT_RETURN_IF_ERROR(CheckUnchanged());
     return Status::IOError(options_.path + ": cannot read the line at byte " + std::to_string(l.offset));
-  FT_ASSIGN_OR_RETURN(TokenSequence seq,
-                      encode_(text, options_.path + " (byte " + std::to_string(l.offset) + ")"));
+  }
+  StatusOr<TokenSequence> encoded = encode_(text, options_.path + " (byte " + std::to_string(l.offset) + ")");
+  if (!encoded.ok() && encoded.status().code() != Status::Code::kCancelled) {
+    FT_RETURN_IF_ERROR(CheckUnchanged());
+  }
+  FT_ASSIGN_OR_RETURN(TokenSequence seq, std::move(encoded));
   if (static_cast<int64_t>(seq.ids.size()) > options_.seq_len) {
     seq.ids.resize(options_.seq_len);
     if (!seq.labels.empty()) seq.labels.resize(options_.seq_len);
@@ -272,6 +289,7 @@ StatusOr<TokenSequence> Dataset::ReadExample(std::istream& in, int64_t example) 
     // The data changed since Open, or the index lies: either way the next Open must re-index.
     std::error_code ec;
     if (options_.use_cache) fs::remove(options_.path + ".ftidx", ec);
+    FT_RETURN_IF_ERROR(CheckUnchanged());  // a changed file is the job's input, named with both hashes
     return Status::Corruption(options_.path + ": changed since it was indexed (the line at byte " +
                               std::to_string(l.offset) + " has " + std::to_string(n) + " tokens, " +
                               std::to_string(targets) + " targets; the index says " +

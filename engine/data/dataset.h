@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/data/file_identity.h"
 #include "engine/model/model.h"
 
 namespace ft {
@@ -58,13 +59,18 @@ struct DatasetOptions {
   bool skip_bad_lines = false;  // skip (and count) lines that fail to parse or encode
   std::string cache_key;        // what else the encoding depends on (format, tokenizer, vocab)
   bool use_cache = true;        // read/write <path>.ftidx
+  // Polled between lines while the file is indexed: true stops Open with Cancelled (a stop
+  // request during data preparation). Unset: never.
+  std::function<bool()> stop_requested;
 };
 
 class Dataset {
  public:
   // Indexes `options.path` (or loads a valid cached index). Errors: NotFound
   // for a missing file; InvalidArgument naming file:line and the reason for a
-  // bad line (unless skip_bad_lines) or when no example is usable.
+  // bad line (unless skip_bad_lines) or when no example is usable, or naming
+  // both hashes when the file changed while it was indexed; Cancelled when
+  // options.stop_requested said so.
   static StatusOr<std::unique_ptr<Dataset>> Open(const DatasetOptions& options, RecordEncoder encode);
 
   int64_t size() const { return static_cast<int64_t>(row_first_.size()) - 1; }  // rows
@@ -74,6 +80,12 @@ class Dataset {
   // Lowercase hex SHA-256 of the data file's contents when it was opened.
   const std::string& sha256() const { return sha256_; }
   uint64_t file_bytes() const { return file_bytes_; }  // its size then
+  // Its stamp before it was hashed (engine/data/file_identity.h).
+  const FileStamp& stamp() const { return stamp_; }
+  // OK while the file holds the contents it was opened with; InvalidArgument
+  // naming the file and both hashes once it changed (InputFiles::Check).
+  // MakeBatch checks it too when a line no longer matches the index.
+  Status CheckUnchanged() const { return file_.Check(); }
 
   // Row index at global position `cursor` (epoch = cursor / size()).
   int64_t RowAt(int64_t cursor, bool shuffle, uint64_t seed) const;
@@ -111,6 +123,8 @@ class Dataset {
   int64_t skipped_ = 0;
   uint64_t file_bytes_ = 0;  // the data file's size when indexed
   std::string sha256_;       // of the data file's contents
+  FileStamp stamp_;          // of the data file, taken before it was hashed
+  mutable InputFiles file_;  // the data file: stamp_ and sha256_
   bool from_cache_ = false;
   mutable std::vector<int64_t> perm_;
   mutable int64_t perm_epoch_ = -1;

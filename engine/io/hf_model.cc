@@ -13,6 +13,7 @@
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/openmp_start.h"
+#include "engine/io/json_members.h"
 #include "engine/model/cuda_cost.h"
 #include "engine/model/rng.h"
 
@@ -47,6 +48,14 @@ StatusOr<std::map<std::string, std::string>> ReadWeightMap(const std::string& in
   if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
     return Status::InvalidArgument(index + ": needs a 'weight_map' object {tensor: shard file}");
   }
+  // A tensor the map names twice (JSON keeps the last): which shard holds it is ambiguous.
+  const std::optional<JsonMembers> members = ObjectMembers(text, {"weight_map"});
+  if (auto repeated = members ? FindRepeatedKey(*members) : std::nullopt) {
+    return Status::InvalidArgument(index + ": weight_map names tensor '" + Clip(repeated->key) + "' twice (" +
+                                   Clip((*members)[repeated->first].second.dump()) + " and " +
+                                   Clip((*members)[repeated->second].second.dump()) +
+                                   "): which shard holds it is ambiguous; fix the index");
+  }
   std::map<std::string, std::string> where;
   for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
     if (!it->is_string())
@@ -74,12 +83,19 @@ Status LoadHfWeights(const std::string& dir, Model* model) {
     files.push_back("model.safetensors");
   }
   std::map<std::string, std::unique_ptr<SafetensorsFile>> opened;
+  std::map<std::string, std::string> holder;  // tensor -> the shard file that holds it
   for (const auto& f : files) {
     const std::string path = (fs::path(dir) / f).string();
     FT_ASSIGN_OR_RETURN(opened[f], SafetensorsFile::Open(path));
-    if (!sharded) {
-      for (const auto& t : opened[f]->tensors()) where[t.name] = f;
+    for (const auto& t : opened[f]->tensors()) {
+      auto [it, fresh] = holder.emplace(t.name, f);
+      if (!fresh) {
+        return Status::InvalidArgument(index.string() + ": tensor '" + Clip(t.name) + "' is in two shards, " +
+                                       it->second + " and " + f +
+                                       ": which one to load is ambiguous; keep each tensor in one shard");
+      }
     }
+    if (!sharded) where = holder;
   }
   std::set<std::string> used;
   for (NamedTensor& t : model->NamedWeights()) {
@@ -103,6 +119,17 @@ Status LoadHfWeights(const std::string& dir, Model* model) {
       FT_LOG(WARN) << dir << "/" << file << ": ignoring tensor '" << name << "' not used by the model";
   }
   return Status::OK();
+}
+
+StatusOr<std::vector<std::string>> HfWeightFiles(const std::string& dir) {
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  if (!fs::exists(index)) return std::vector<std::string>{(fs::path(dir) / "model.safetensors").string()};
+  FT_ASSIGN_OR_RETURN(const auto where, ReadWeightMap(index.string()));
+  std::set<std::string> shards;
+  for (const auto& [tensor, shard] : where) shards.insert((fs::path(dir) / shard).string());
+  std::vector<std::string> files = {index.string()};
+  files.insert(files.end(), shards.begin(), shards.end());
+  return files;
 }
 
 Status CopyTokenizerFiles(const std::string& from_dir, const std::string& to_dir) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "engine/io/safetensors.h"
@@ -19,7 +20,15 @@ namespace ft {
 // Fills every base weight of `model` from <dir>/model.safetensors or the
 // shards listed in <dir>/model.safetensors.index.json. Every weight must be
 // present with the right shape; dtypes F32/F16/BF16/F64 are converted.
+// InvalidArgument naming the index and the tensor when the index names a
+// tensor twice or two shards hold the same tensor (ambiguous: JSON and a
+// name map would keep one silently).
 Status LoadHfWeights(const std::string& dir, Model* model);
+
+// The files LoadHfWeights reads from `dir`: model.safetensors, or
+// model.safetensors.index.json and the shards it names. Errors as
+// LoadHfWeights' for a bad index.
+StatusOr<std::vector<std::string>> HfWeightFiles(const std::string& dir);
 
 // Writes <dir>/config.json and <dir>/model.safetensors (tensors stored as
 // `dtype`: F32, BF16 or F16). Creates `dir` if needed.

@@ -9,9 +9,11 @@
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "common/confined_path.h"
 #include "common/file_util.h"
+#include "engine/io/json_members.h"
 #include "kernels/cpu/ops.h"
 
 namespace ft {
@@ -93,6 +95,26 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
   return f;
 }
 
+namespace {
+
+// The bytes `dtype` × `shape` needs, or nullopt when the count overflows 64 bits.
+std::optional<uint64_t> TensorBytes(DType dtype, const std::vector<int64_t>& shape) {
+  uint64_t bytes = static_cast<uint64_t>(DTypeSize(dtype));
+  for (int64_t d : shape) {
+    if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) return std::nullopt;
+  }
+  return bytes;
+}
+
+std::string Range(const TensorInfo& t) {
+  return "[" + std::to_string(t.begin) + ", " + std::to_string(t.end) + ")";
+}
+
+// At most this much of a name taken from a file goes into an error message.
+std::string Clip(const std::string& s) { return s.size() <= 200 ? s : s.substr(0, 200) + "..."; }
+
+}  // namespace
+
 Status SafetensorsFile::ParseHeader(uint64_t header_len) {
   const uint8_t* base = static_cast<const uint8_t*>(map_);
   if (header_len > map_size_ - 8 || header_len > (100u << 20)) {
@@ -103,56 +125,97 @@ Status SafetensorsFile::ParseHeader(uint64_t header_len) {
   }
   data_ = base + 8 + header_len;
   data_size_ = map_size_ - 8 - header_len;
-  nlohmann::json header =
-      nlohmann::json::parse(base + 8, base + 8 + header_len, nullptr, /*allow_exceptions=*/false);
-  if (header.is_discarded() || !header.is_object()) {
-    return Status::Corruption(path_ + ": header is not a JSON object");
-  }
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") {
-      if (it->is_object()) {
-        for (auto m = it->begin(); m != it->end(); ++m) {
+  // The entries in file order with repeats kept: a parsed object would keep the last of a name.
+  const std::optional<JsonMembers> header =
+      ObjectMembers(std::string_view(reinterpret_cast<const char*>(base) + 8, header_len), {});
+  if (!header) return Status::Corruption(path_ + ": header is not a JSON object");
+  if (auto repeated = FindRepeatedKey(*header)) return RepeatedTensor(*header, *repeated);
+  for (const auto& [name, entry] : *header) {
+    if (name == "__metadata__") {
+      if (entry.is_object()) {
+        for (auto m = entry.begin(); m != entry.end(); ++m) {
           if (m->is_string()) metadata_[m.key()] = m->get<std::string>();
         }
       }
       continue;
     }
-    const std::string where = path_ + ": tensor '" + it.key() + "'";
-    const auto& e = *it;
-    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets") ||
-        !e["dtype"].is_string() || !e["shape"].is_array() || !e["data_offsets"].is_array() ||
-        e["data_offsets"].size() != 2) {
-      return Status::Corruption(where + ": entry needs dtype, shape and data_offsets [begin, end]");
-    }
-    TensorInfo info;
-    info.name = it.key();
-    auto dtype = ParseDType(e["dtype"].get<std::string>());
-    if (!dtype.ok()) return Status::Corruption(where + ": " + dtype.status().message());
-    info.dtype = *dtype;
-    for (const auto& d : e["shape"]) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0) return Status::Corruption(where + ": bad shape");
-      info.shape.push_back(d.get<int64_t>());
-    }
-    const auto& off = e["data_offsets"];
-    if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
-      return Status::Corruption(where + ": bad data_offsets");
-    }
-    info.begin = off[0].get<uint64_t>();
-    info.end = off[1].get<uint64_t>();
-    uint64_t want = static_cast<uint64_t>(info.numel()) * DTypeSize(info.dtype);
-    if (info.end < info.begin || info.end - info.begin != want) {
-      return Status::Corruption(where + ": data_offsets [" + std::to_string(info.begin) + ", " +
-                                std::to_string(info.end) + ") hold " + std::to_string(info.end - info.begin) +
-                                " bytes but " + DTypeName(info.dtype) + " " + ShapeString(info.shape) +
-                                " needs " + std::to_string(want));
-    }
-    if (info.end > data_size_) {
-      return Status::Corruption(where + ": data ends at byte " + std::to_string(info.end) +
-                                " but the file holds only " + std::to_string(data_size_) +
-                                " data bytes (truncated file?)");
-    }
+    FT_ASSIGN_OR_RETURN(TensorInfo info, ParseEntry(name, entry));
     index_[info.name] = tensors_.size();
     tensors_.push_back(std::move(info));
+  }
+  return CheckNoOverlap();
+}
+
+StatusOr<TensorInfo> SafetensorsFile::ParseEntry(const std::string& name, const nlohmann::json& e) const {
+  const std::string where = path_ + ": tensor '" + name + "'";
+  if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets") ||
+      !e["dtype"].is_string() || !e["shape"].is_array() || !e["data_offsets"].is_array() ||
+      e["data_offsets"].size() != 2) {
+    return Status::Corruption(where + ": entry needs dtype, shape and data_offsets [begin, end]");
+  }
+  TensorInfo info;
+  info.name = name;
+  auto dtype = ParseDType(e["dtype"].get<std::string>());
+  if (!dtype.ok()) return Status::Corruption(where + ": " + dtype.status().message());
+  info.dtype = *dtype;
+  for (const auto& d : e["shape"]) {
+    if (!d.is_number_integer() || d.get<int64_t>() < 0) return Status::Corruption(where + ": bad shape");
+    info.shape.push_back(d.get<int64_t>());
+  }
+  const auto& off = e["data_offsets"];
+  if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
+    return Status::Corruption(where + ": bad data_offsets");
+  }
+  info.begin = off[0].get<uint64_t>();
+  info.end = off[1].get<uint64_t>();
+  const std::optional<uint64_t> want = TensorBytes(info.dtype, info.shape);
+  if (!want || *want > data_size_) {
+    return Status::Corruption(where + ": " + DTypeName(info.dtype) + " " + ShapeString(info.shape) +
+                              " needs more bytes than the file's " + std::to_string(data_size_) +
+                              " data bytes (a truncated file or a damaged header?)");
+  }
+  if (info.end < info.begin || info.end - info.begin != *want) {
+    return Status::Corruption(where + ": data_offsets " + Range(info) + " hold " +
+                              std::to_string(info.end - info.begin) + " bytes but " + DTypeName(info.dtype) +
+                              " " + ShapeString(info.shape) + " needs " + std::to_string(*want));
+  }
+  if (info.end > data_size_) {
+    return Status::Corruption(where + ": data ends at byte " + std::to_string(info.end) +
+                              " but the file holds only " + std::to_string(data_size_) +
+                              " data bytes (truncated file?)");
+  }
+  return info;
+}
+
+Status SafetensorsFile::RepeatedTensor(const JsonMembers& header, const RepeatedKey& r) const {
+  auto offsets = [&](size_t i) {
+    const nlohmann::json& e = header[i].second;
+    return e.is_object() && e.contains("data_offsets") ? Clip(e["data_offsets"].dump())
+                                                       : std::string("(none)");
+  };
+  return Status::Corruption(path_ + ": tensor '" + Clip(r.key) +
+                            "' is named twice in the header (data_offsets " + offsets(r.first) + " and " +
+                            offsets(r.second) +
+                            "): which one to load is ambiguous; re-save the file with each tensor once");
+}
+
+Status SafetensorsFile::CheckNoOverlap() const {
+  // Tensors sorted by where they start; each must start at or after the furthest end so far.
+  std::vector<const TensorInfo*> by_begin;
+  for (const TensorInfo& t : tensors_) {
+    if (t.end > t.begin) by_begin.push_back(&t);  // an empty tensor holds no bytes
+  }
+  std::sort(by_begin.begin(), by_begin.end(), [](const TensorInfo* a, const TensorInfo* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->name < b->name;
+  });
+  const TensorInfo* furthest = nullptr;
+  for (const TensorInfo* t : by_begin) {
+    if (furthest && t->begin < furthest->end) {
+      return Status::Corruption(path_ + ": tensors '" + Clip(furthest->name) + "' (data_offsets " +
+                                Range(*furthest) + ") and '" + Clip(t->name) + "' (" + Range(*t) +
+                                ") share bytes: each tensor must have its own; re-save the file");
+    }
+    if (!furthest || t->end > furthest->end) furthest = t;
   }
   return Status::OK();
 }

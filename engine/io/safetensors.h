@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/io/json_members.h"
 
 namespace ft {
 
@@ -40,7 +41,10 @@ std::string ShapeString(const std::vector<int64_t>& shape);  // "[4, 64]"
 class SafetensorsFile {
  public:
   // Maps the file and validates its header. NotFound when missing, Corruption
-  // when truncated or malformed (naming the file and what is wrong).
+  // when truncated or malformed (naming the file and what is wrong): a
+  // tensor named twice (naming it and both entries' offsets; parsers would
+  // keep the last), two tensors sharing bytes (naming both and their
+  // ranges), a shape too large for the file.
   static StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
@@ -62,6 +66,13 @@ class SafetensorsFile {
  private:
   SafetensorsFile() = default;
   Status ParseHeader(uint64_t header_len);
+  // One header entry as a tensor: dtype, shape, and offsets that hold exactly its bytes inside the
+  // data area (a shape whose byte count overflows is refused, not wrapped).
+  StatusOr<TensorInfo> ParseEntry(const std::string& name, const nlohmann::json& entry) const;
+  // Corruption naming a tensor the header lists twice, with both entries' offsets.
+  Status RepeatedTensor(const JsonMembers& header, const RepeatedKey& repeated) const;
+  // Corruption naming two tensors whose byte ranges share bytes, with their ranges.
+  Status CheckNoOverlap() const;
 
   std::string path_;
   std::vector<TensorInfo> tensors_;

@@ -26,6 +26,7 @@ std::string TrainerStateToJson(const TrainerState& s) {
       {"skipped_steps", s.skipped_steps},
       {"job_hash", s.job_hash},
       {"job_math", s.job_math},
+      {"inputs", s.inputs},
       {"last_checkpoint_seconds", s.last_checkpoint_seconds},
       {"mean_checkpoint_seconds", s.mean_checkpoint_seconds},
       {"fixed_checkpoint_seconds", s.fixed_checkpoint_seconds},
@@ -62,6 +63,7 @@ StatusOr<TrainerState> TrainerStateFromJson(const std::string& text, const std::
     s.skipped_steps = j.value("skipped_steps", int64_t{0});
     s.job_hash = j.at("job_hash").get<std::string>();
     s.job_math = j.at("job_math").get<std::map<std::string, std::string>>();
+    s.inputs = j.value("inputs", std::map<std::string, std::string>{});
     s.last_checkpoint_seconds = j.value("last_checkpoint_seconds", 0.0);
     s.mean_checkpoint_seconds = j.value("mean_checkpoint_seconds", 0.0);
     s.fixed_checkpoint_seconds = j.value("fixed_checkpoint_seconds", 0.0);

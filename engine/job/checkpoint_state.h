@@ -41,17 +41,20 @@ struct TrainerState {
   int64_t skipped_steps = 0;                    // steps skipped for overflow (fp16): not Adam updates
   std::string job_hash;                         // SHA-256 of the job's math keys
   std::map<std::string, std::string> job_math;  // key -> value of every key that defines the math
-  double last_checkpoint_seconds = 0;           // measured write time of the previous checkpoint
-  double mean_checkpoint_seconds = 0;           // and the mean of the recent ones
-  double fixed_checkpoint_seconds = 0;          // the median of the recent back-to-back ones (every auto's C)
-  std::vector<double> recent_fixed_seconds;     // those back-to-back writes, oldest first (at most 16;
-                                                // an older file's fixed_checkpoint_seconds alone)
-  int64_t checkpoints_since_probe = 0;          // every auto: automatic checkpoints since the last probe
-  bool back_to_back = false;                    // written the step after the previous checkpoint
-  std::string reason;                           // "every_steps", "every_minutes", "signal", "final", ...
-  double interval_seconds = 0;                  // every_auto: the interval in force when it was taken
-  double mtbf_seconds = 0;                      // every_auto: the M it was chosen with
-  int64_t epoch = 0;                            // the attempt that wrote it (0: a plain ft-train run)
+  // key -> SHA-256 of each input file the run hashed ("data.chat_template", "model.path
+  // (tokenizer.json)", ...): a resume on other contents is refused (absent in older checkpoints).
+  std::map<std::string, std::string> inputs;
+  double last_checkpoint_seconds = 0;        // measured write time of the previous checkpoint
+  double mean_checkpoint_seconds = 0;        // and the mean of the recent ones
+  double fixed_checkpoint_seconds = 0;       // the median of the recent back-to-back ones (every auto's C)
+  std::vector<double> recent_fixed_seconds;  // those back-to-back writes, oldest first (at most 16;
+                                             // an older file's fixed_checkpoint_seconds alone)
+  int64_t checkpoints_since_probe = 0;       // every auto: automatic checkpoints since the last probe
+  bool back_to_back = false;                 // written the step after the previous checkpoint
+  std::string reason;                        // "every_steps", "every_minutes", "signal", "final", ...
+  double interval_seconds = 0;               // every_auto: the interval in force when it was taken
+  double mtbf_seconds = 0;                   // every_auto: the M it was chosen with
+  int64_t epoch = 0;                         // the attempt that wrote it (0: a plain ft-train run)
 };
 
 // trainer_state.json text, and back (`file` names it in errors).

@@ -51,6 +51,8 @@ StatusOr<ModelConfig> ParseHfConfig(const std::string& text, const std::string& 
   c.head_dim = c.num_heads > 0 ? c.hidden_size / c.num_heads : 0;
   FT_RETURN_IF_ERROR(GetKey(j, "head_dim", file, &c.head_dim, false));
   FT_RETURN_IF_ERROR(GetKey(j, "max_position_embeddings", file, &c.max_position_embeddings, false));
+  c.max_position_embeddings_unset =
+      !j.contains("max_position_embeddings") || j["max_position_embeddings"].is_null();
   FT_RETURN_IF_ERROR(GetKey(j, "rms_norm_eps", file, &c.rms_norm_eps, false));
   FT_RETURN_IF_ERROR(GetKey(j, "rope_theta", file, &c.rope_theta, false));
   FT_RETURN_IF_ERROR(GetKey(j, "tie_word_embeddings", file, &c.tie_word_embeddings, false));

@@ -344,15 +344,27 @@ Status CheckCombinations(const YamlMap& root, const JobSpec& spec) {
   return Status::OK();
 }
 
+// InvalidArgument: the job file `file` has `bytes`, over kMaxJobSpecBytes.
+Status JobFileTooBig(const std::string& file, uint64_t bytes) {
+  return Status::InvalidArgument(file + ": " + std::to_string(bytes) +
+                                 " bytes; a job.yaml may have at most " +
+                                 std::to_string(kMaxJobSpecBytes >> 10) +
+                                 " KiB (put data in files named by data.train, not in the job)");
+}
+
+// The text of job file `file`, refused unread when it is larger than kMaxJobSpecBytes.
+StatusOr<std::string> ReadJobFile(const std::string& file) {
+  std::error_code ec;
+  if (const uint64_t size = fs::file_size(file, ec); !ec && size > kMaxJobSpecBytes) {
+    return JobFileTooBig(file, size);
+  }
+  return ReadFileToString(file, kMaxJobSpecBytes);
+}
+
 }  // namespace
 
 StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& file) {
-  if (yaml_text.size() > kMaxJobSpecBytes) {
-    return Status::InvalidArgument(file + ": " + std::to_string(yaml_text.size()) +
-                                   " bytes; a job.yaml may have at most " +
-                                   std::to_string(kMaxJobSpecBytes >> 20) +
-                                   " MiB (put data in files named by data.train, not in the job)");
-  }
+  if (yaml_text.size() > kMaxJobSpecBytes) return JobFileTooBig(file, yaml_text.size());
   FT_ASSIGN_OR_RETURN(YamlMap root, YamlMap::Parse(yaml_text, file));
   FT_RETURN_IF_ERROR(root.CheckKnownKeys(
       {"name", "model", "adapter", "data", "train", "checkpoint", "resources", "distributed", "output"}));
@@ -425,7 +437,7 @@ std::vector<std::pair<const char*, std::string>> JobInputPaths(const JobSpec& sp
 }
 
 StatusOr<JobSpec> LoadJobSpec(const std::string& file) {
-  FT_ASSIGN_OR_RETURN(std::string text, ReadFileToString(file));
+  FT_ASSIGN_OR_RETURN(std::string text, ReadJobFile(file));
   return ParseJobSpec(text, file);
 }
 
@@ -481,7 +493,7 @@ StatusOr<MergedJob> ParseJobWithOverrides(const std::string& yaml_text, const st
 }
 
 StatusOr<MergedJob> LoadJobWithOverrides(const std::string& file, const std::vector<std::string>& overrides) {
-  FT_ASSIGN_OR_RETURN(std::string text, ReadFileToString(file));
+  FT_ASSIGN_OR_RETURN(std::string text, ReadJobFile(file));
   return ParseJobWithOverrides(text, file, overrides);
 }
 

@@ -130,14 +130,15 @@ struct JobSpec {
 };
 
 // The largest job.yaml accepted (ftctl, ftd and ft-train alike): a job names
-// its data files, it does not hold data.
-constexpr size_t kMaxJobSpecBytes = size_t{1} << 20;
+// its data files, it does not hold data. Its nodes and nesting are bounded
+// too (common/yaml_config.h's YamlLimits), before a tree is built.
+constexpr size_t kMaxJobSpecBytes = size_t{256} << 10;
 
 // Parses and validates job.yaml text. `file` names it in messages and anchors
 // relative paths (its parent folder). InvalidArgument for text over
-// kMaxJobSpecBytes, before any parsing.
+// kMaxJobSpecBytes, or past YamlLimits' nodes or depth, before any tree is built.
 StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& file);
-// Reads and parses a job file.
+// Reads and parses a job file; one larger than kMaxJobSpecBytes is refused before it is read.
 StatusOr<JobSpec> LoadJobSpec(const std::string& file);
 
 // The files and directories a job reads, each with its job.yaml key:

@@ -209,6 +209,16 @@ Status CheckCudaTakesModel(const JobSpec& spec, const ModelConfig& model, const 
 }
 
 Status CheckSeqLenTakesModel(const JobSpec& spec, const ModelConfig& model) {
+  if (!model.max_position_embeddings_unset && spec.data.seq_len > model.max_position_embeddings) {
+    // Positions past the model's context were never trained (RoPE beyond its range): refused, not
+    // trained into a model that behaves well only on short inputs.
+    return Status::InvalidArgument(
+        spec.file + ": data.seq_len " + std::to_string(spec.data.seq_len) + " exceeds model.path " +
+        spec.model.path + " (config.json) max_position_embeddings " +
+        std::to_string(model.max_position_embeddings) +
+        ", the longest sequence the model takes; use seq_len <= " +
+        std::to_string(model.max_position_embeddings) + " or a model with a longer context");
+  }
   if (model.sliding_window <= 0 || spec.data.seq_len <= model.sliding_window) return Status::OK();
   return Status::Unimplemented(
       spec.file + ": data.seq_len " + std::to_string(spec.data.seq_len) +

@@ -118,8 +118,11 @@ Status CheckCudaTakesModel(const JobSpec& spec, const ModelConfig& model, const 
 // OK unless the model has a sliding_window (config.json) shorter than
 // data.seq_len: then Unimplemented "<job file>: data.seq_len 64 exceeds the
 // model's sliding_window 32 (sliding-window attention is not implemented);
-// use seq_len <= sliding_window". ft-train checks before it loads the model,
-// ftd when the job is submitted.
+// use seq_len <= sliding_window"; or its config.json gives a
+// max_position_embeddings below data.seq_len: then InvalidArgument naming
+// both, the config.json and the fix (a config.json without the key is not
+// checked). ft-train checks before it loads the model, ftd when the job is
+// submitted.
 Status CheckSeqLenTakesModel(const JobSpec& spec, const ModelConfig& model);
 
 // Builds a request from a job and the model's config.

@@ -30,7 +30,8 @@ struct ModelConfig {
   int64_t num_kv_heads = 0;       // Hkv
   int64_t head_dim = 0;           // hd
   int64_t max_position_embeddings = 2048;
-  int64_t sliding_window = 0;  // 0 = none (Mistral may set one)
+  bool max_position_embeddings_unset = false;  // config.json lacks the key: the value above is a guess
+  int64_t sliding_window = 0;                  // 0 = none (Mistral may set one)
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;

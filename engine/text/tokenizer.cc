@@ -101,17 +101,18 @@ class HfTokenizer final : public Tokenizer {
  public:
   static StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& path);
 
-  std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens) const override {
+  StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool add_special_tokens) const override {
     std::vector<int32_t> ids;
     ids.reserve(text.size() / 3 + 4);
     TokenSink sink{&ids, nullptr};
-    EncodeInto(text, add_special_tokens, &sink);
+    FT_RETURN_IF_ERROR(EncodeInto(text, add_special_tokens, &sink));
     return ids;
   }
-  std::vector<TokenSpan> EncodeWithOffsets(std::string_view text, bool add_special_tokens) const override {
+  StatusOr<std::vector<TokenSpan>> EncodeWithOffsets(std::string_view text,
+                                                     bool add_special_tokens) const override {
     std::vector<TokenSpan> spans;
     TokenSink sink{nullptr, &spans};
-    EncodeInto(text, add_special_tokens, &sink);
+    FT_RETURN_IF_ERROR(EncodeInto(text, add_special_tokens, &sink));
     return spans;
   }
   std::string Decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const override {
@@ -134,11 +135,12 @@ class HfTokenizer final : public Tokenizer {
   Status LoadTokenizerJson(const json& j, const std::string& file);
   Status LoadAddedTokens(const json& j, const std::string& file);
   Status LoadConfig(const json& config, const std::string& file);
-  void BuildSplitters();
+  Status BuildSplitters();
 
-  void EncodeInto(std::string_view text, bool add_special_tokens, TokenSink* sink) const;
-  void EncodeUnnormalized(AlignedText section, bool at_input_start, TokenSink* sink) const;
-  void EncodeWords(AlignedText normalized, bool at_input_start, TokenSink* sink) const;
+  // Errors: a regex's work ran out (tok::Normalizer, tok::PreTokenizer).
+  Status EncodeInto(std::string_view text, bool add_special_tokens, TokenSink* sink) const;
+  Status EncodeUnnormalized(AlignedText section, bool at_input_start, TokenSink* sink) const;
+  Status EncodeWords(AlignedText normalized, bool at_input_start, TokenSink* sink) const;
 
   std::unique_ptr<tok::Normalizer> normalizer_;
   std::unique_ptr<tok::PreTokenizer> pre_tokenizer_;
@@ -173,7 +175,7 @@ StatusOr<std::unique_ptr<Tokenizer>> HfTokenizer::Load(const std::string& path) 
     FT_ASSIGN_OR_RETURN(json config, ReadJsonFile(config_file.string()));
     FT_RETURN_IF_ERROR(t->LoadConfig(config, config_file.string()));
   }
-  t->BuildSplitters();
+  FT_RETURN_IF_ERROR(t->BuildSplitters());
   return std::unique_ptr<Tokenizer>(std::move(t));
 }
 
@@ -224,17 +226,18 @@ Status HfTokenizer::LoadAddedTokens(const json& list, const std::string& file) {
 // Special tokens are matched before the others, as in HF (within a splitter
 // the longest match wins anyway, so only equal contents could tell).
 // Normalized tokens are looked for in normalized text, in normalized form.
-void HfTokenizer::BuildSplitters() {
+Status HfTokenizer::BuildSplitters() {
   for (int pass = 0; pass < 2; ++pass) {
     for (size_t i = 0; i < added_.size(); ++i) {
       const AddedToken& t = added_[i];
       if (t.special != (pass == 0) || (t.special && split_special_tokens_)) continue;
       AlignedText content;
       content.text = t.content;
-      if (t.normalized && normalizer_) normalizer_->Normalize(&content);
+      if (t.normalized && normalizer_) FT_RETURN_IF_ERROR(normalizer_->Normalize(&content));
       (t.normalized ? normalized_splitter_ : raw_splitter_).Add(content.text, static_cast<int32_t>(i));
     }
   }
+  return Status::OK();
 }
 
 Status HfTokenizer::LoadConfig(const json& config, const std::string& file) {
@@ -280,7 +283,7 @@ Status HfTokenizer::LoadConfig(const json& config, const std::string& file) {
   return Status::OK();
 }
 
-void HfTokenizer::EncodeInto(std::string_view input, bool add_special_tokens, TokenSink* sink) const {
+Status HfTokenizer::EncodeInto(std::string_view input, bool add_special_tokens, TokenSink* sink) const {
   const AlignedText root = text::MakeAlignedText(input, 0, sink->track());
   if (add_special_tokens) {
     for (int32_t id : post_.prefix) sink->Add(id, 0, 0);
@@ -293,23 +296,21 @@ void HfTokenizer::EncodeInto(std::string_view input, bool add_special_tokens, To
       const text::SrcRange r = root.SrcSpan(s.begin, s.end);
       sink->Add(added_[s.token].id, r.begin, r.end);
     } else {
-      EncodeUnnormalized(root.Slice(s.begin, s.end), s.begin == 0, sink);
+      FT_RETURN_IF_ERROR(EncodeUnnormalized(root.Slice(s.begin, s.end), s.begin == 0, sink));
     }
   }
   if (add_special_tokens) {
     const auto end = static_cast<int64_t>(input.size());
     for (int32_t id : post_.suffix) sink->Add(id, end, end);
   }
+  return Status::OK();
 }
 
 // A section of the input without raw-matched added tokens: normalize it, then
 // cut out the normalized added tokens.
-void HfTokenizer::EncodeUnnormalized(AlignedText section, bool at_input_start, TokenSink* sink) const {
-  if (normalizer_) normalizer_->Normalize(&section);
-  if (normalized_splitter_.empty()) {
-    EncodeWords(std::move(section), at_input_start, sink);
-    return;
-  }
+Status HfTokenizer::EncodeUnnormalized(AlignedText section, bool at_input_start, TokenSink* sink) const {
+  if (normalizer_) FT_RETURN_IF_ERROR(normalizer_->Normalize(&section));
+  if (normalized_splitter_.empty()) return EncodeWords(std::move(section), at_input_start, sink);
   std::vector<TextSection> parts;
   normalized_splitter_.Split(section.text, added_, &parts);
   for (const TextSection& s : parts) {
@@ -317,18 +318,19 @@ void HfTokenizer::EncodeUnnormalized(AlignedText section, bool at_input_start, T
       const text::SrcRange r = section.SrcSpan(s.begin, s.end);
       sink->Add(added_[s.token].id, r.begin, r.end);
     } else {
-      EncodeWords(section.Slice(s.begin, s.end), at_input_start && s.begin == 0, sink);
+      FT_RETURN_IF_ERROR(EncodeWords(section.Slice(s.begin, s.end), at_input_start && s.begin == 0, sink));
     }
   }
+  return Status::OK();
 }
 
-void HfTokenizer::EncodeWords(AlignedText normalized, bool at_input_start, TokenSink* sink) const {
-  if (normalized.text.empty()) return;
+Status HfTokenizer::EncodeWords(AlignedText normalized, bool at_input_start, TokenSink* sink) const {
+  if (normalized.text.empty()) return Status::OK();
   tok::PreTokenized p;
   p.pieces.emplace_back(0, normalized.text.size());
   p.text = std::move(normalized);
   p.at_input_start = at_input_start;
-  if (pre_tokenizer_) pre_tokenizer_->PreTokenize(&p);
+  if (pre_tokenizer_) FT_RETURN_IF_ERROR(pre_tokenizer_->PreTokenize(&p));
   thread_local std::vector<BpeToken> tokens;
   const std::string_view s = p.text.text;
   for (auto [pb, pe] : p.pieces) {
@@ -345,6 +347,7 @@ void HfTokenizer::EncodeWords(AlignedText normalized, bool at_input_start, Token
       at += t.len;
     }
   }
+  return Status::OK();
 }
 
 std::string HfTokenizer::Decode(const std::vector<int32_t>& ids, bool skip_special_tokens,

@@ -39,9 +39,15 @@ class Tokenizer {
 
   // Token ids of `text`. add_special_tokens applies the post-processor
   // (e.g. Llama's BOS), as HF's tokenizer(text, add_special_tokens=...).
-  virtual std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens) const = 0;
+  // InvalidArgument when a normalizer's or pre-tokenizer's regex needs more
+  // work on `text` than it is allowed (engine/text/tokenizer_regex.h: a
+  // pattern that backtracks catastrophically), naming the tokenizer.json, the
+  // field, the pattern, the text's length and the fix: an error, never ids
+  // that could differ from Hugging Face's.
+  virtual StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool add_special_tokens) const = 0;
   // Same, with byte offsets of each token in `text` (for label masks).
-  virtual std::vector<TokenSpan> EncodeWithOffsets(std::string_view text, bool add_special_tokens) const = 0;
+  virtual StatusOr<std::vector<TokenSpan>> EncodeWithOffsets(std::string_view text,
+                                                             bool add_special_tokens) const = 0;
   // Text of `ids`, as HF's decode(ids, skip_special_tokens=...).
   // clean_up_tokenization_spaces comes from tokenizer_config.json (false when absent).
   virtual std::string Decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const = 0;

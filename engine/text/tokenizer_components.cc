@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "common/logging.h"
 #include "common/utf8.h"
 #include "engine/text/tokenizer_regex.h"
 
@@ -58,16 +59,15 @@ struct Pattern {
   std::string literal;                    // used when regex is null
   std::unique_ptr<TokenizerRegex> regex;  // set for {"Regex": ...}
 
-  void FindAll(std::string_view s, std::vector<std::pair<size_t, size_t>>* out) const {
-    if (regex) {
-      regex->FindAll(s, out);
-      return;
-    }
-    if (literal.empty()) return;
+  // Errors: a regex's work ran out on `s` (TokenizerRegex::FindAll).
+  Status FindAll(std::string_view s, std::vector<std::pair<size_t, size_t>>* out) const {
+    if (regex) return regex->FindAll(s, out);
+    if (literal.empty()) return Status::OK();
     for (size_t at = s.find(literal); at != std::string_view::npos;
          at = s.find(literal, at + literal.size())) {
       out->emplace_back(at, at + literal.size());
     }
+    return Status::OK();
   }
 };
 
@@ -79,7 +79,8 @@ StatusOr<Pattern> PatternField(const json& j, const std::string& where) {
     return p;
   }
   if (it != j.end() && it->is_object() && it->contains("Regex") && (*it)["Regex"].is_string()) {
-    auto re = TokenizerRegex::Compile((*it)["Regex"].get<std::string>(), /*literal=*/false);
+    auto re =
+        TokenizerRegex::Compile((*it)["Regex"].get<std::string>(), /*literal=*/false, where + ".pattern");
     if (!re.ok()) return re.status().WithContext(where + ".pattern");
     p.regex = std::move(re).value();
     return p;
@@ -124,7 +125,10 @@ StatusOr<Prepend> PrependSchemeField(const json& j, const std::string& where) {
 class UnicodeNormalizer : public Normalizer {
  public:
   explicit UnicodeNormalizer(text::NormForm form) : form_(form) {}
-  void Normalize(AlignedText* t) const override { text::Normalize(form_, t); }
+  Status Normalize(AlignedText* t) const override {
+    text::Normalize(form_, t);
+    return Status::OK();
+  }
 
  private:
   text::NormForm form_;
@@ -132,13 +136,16 @@ class UnicodeNormalizer : public Normalizer {
 
 class LowercaseNormalizer : public Normalizer {
  public:
-  void Normalize(AlignedText* t) const override { text::Lowercase(t); }
+  Status Normalize(AlignedText* t) const override {
+    text::Lowercase(t);
+    return Status::OK();
+  }
 };
 
 class StripNormalizer : public Normalizer {
  public:
   StripNormalizer(bool left, bool right) : left_(left), right_(right) {}
-  void Normalize(AlignedText* t) const override {
+  Status Normalize(AlignedText* t) const override {
     size_t b = 0, e = t->text.size();
     while (left_ && b < e) {
       size_t i = b;
@@ -152,6 +159,7 @@ class StripNormalizer : public Normalizer {
       e = start;
     }
     if (b != 0 || e != t->text.size()) *t = t->Slice(b, e);
+    return Status::OK();
   }
 
  private:
@@ -161,14 +169,15 @@ class StripNormalizer : public Normalizer {
 class PrependNormalizer : public Normalizer {
  public:
   explicit PrependNormalizer(std::string prepend) : prepend_(std::move(prepend)) {}
-  void Normalize(AlignedText* t) const override {
-    if (t->text.empty()) return;
+  Status Normalize(AlignedText* t) const override {
+    if (t->text.empty()) return Status::OK();
     AlignedText out;
     out.track = t->track;
     const int64_t at = t->Src(0).begin;  // prepended text sits before the first character
     out.AppendWithSrc(prepend_, SrcRange{at, at});
     out.AppendFrom(*t, 0, t->text.size());
     *t = std::move(out);
+    return Status::OK();
   }
 
  private:
@@ -179,11 +188,11 @@ class ReplaceNormalizer : public Normalizer {
  public:
   ReplaceNormalizer(Pattern pattern, std::string content)
       : pattern_(std::move(pattern)), content_(std::move(content)) {}
-  void Normalize(AlignedText* t) const override {
+  Status Normalize(AlignedText* t) const override {
     thread_local std::vector<std::pair<size_t, size_t>> matches;
     matches.clear();
-    pattern_.FindAll(t->text, &matches);
-    if (matches.empty()) return;
+    FT_RETURN_IF_ERROR(pattern_.FindAll(t->text, &matches));
+    if (matches.empty()) return Status::OK();
     AlignedText out;
     out.track = t->track;
     out.text.reserve(t->text.size() + matches.size() * content_.size());
@@ -195,6 +204,7 @@ class ReplaceNormalizer : public Normalizer {
     }
     out.AppendFrom(*t, prev, t->text.size());
     *t = std::move(out);
+    return Status::OK();
   }
 
  private:
@@ -205,8 +215,9 @@ class ReplaceNormalizer : public Normalizer {
 class SequenceNormalizer : public Normalizer {
  public:
   explicit SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> parts) : parts_(std::move(parts)) {}
-  void Normalize(AlignedText* t) const override {
-    for (const auto& p : parts_) p->Normalize(t);
+  Status Normalize(AlignedText* t) const override {
+    for (const auto& p : parts_) FT_RETURN_IF_ERROR(p->Normalize(t));
+    return Status::OK();
   }
 
  private:
@@ -287,25 +298,26 @@ void SplitPiece(size_t pb, size_t pe, const std::vector<std::pair<size_t, size_t
   }
 }
 
-// Splits every piece of `p` at the matches of `pattern`.
-void SplitAll(PreTokenized* p, const Pattern& pattern, bool invert, SplitBehavior behavior) {
+// Splits every piece of `p` at the matches of `pattern`. Errors: Pattern::FindAll's.
+Status SplitAll(PreTokenized* p, const Pattern& pattern, bool invert, SplitBehavior behavior) {
   thread_local std::vector<std::pair<size_t, size_t>> matches;
   std::vector<std::pair<size_t, size_t>> out;
   out.reserve(p->pieces.size() * 4);
   const std::string_view s = p->text.text;
   for (auto [pb, pe] : p->pieces) {
     matches.clear();
-    pattern.FindAll(s.substr(pb, pe - pb), &matches);
+    FT_RETURN_IF_ERROR(pattern.FindAll(s.substr(pb, pe - pb), &matches));
     SplitPiece(pb, pe, matches, invert, behavior, &out);
   }
   p->pieces = std::move(out);
+  return Status::OK();
 }
 
 class SplitPreTokenizer : public PreTokenizer {
  public:
   SplitPreTokenizer(Pattern pattern, bool invert, SplitBehavior behavior)
       : pattern_(std::move(pattern)), invert_(invert), behavior_(behavior) {}
-  void PreTokenize(PreTokenized* p) const override { SplitAll(p, pattern_, invert_, behavior_); }
+  Status PreTokenize(PreTokenized* p) const override { return SplitAll(p, pattern_, invert_, behavior_); }
 
  private:
   Pattern pattern_;
@@ -333,16 +345,18 @@ void RewritePieces(PreTokenized* p, Edit edit) {
 
 class ByteLevelPreTokenizer : public PreTokenizer {
  public:
-  ByteLevelPreTokenizer(bool add_prefix_space, bool use_regex) : add_prefix_space_(add_prefix_space) {
+  ByteLevelPreTokenizer(bool add_prefix_space, bool use_regex, const std::string& where)
+      : add_prefix_space_(add_prefix_space) {
     if (use_regex) {
       // GPT-2's pattern; compiling a fixed pattern cannot fail.
       auto re = TokenizerRegex::Compile(
-          "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+", false);
+          "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+", false,
+          where + " (ByteLevel's GPT-2 pattern)");
       FT_CHECK(re.ok());
       pattern_.regex = std::move(re).value();
     }
   }
-  void PreTokenize(PreTokenized* p) const override {
+  Status PreTokenize(PreTokenized* p) const override {
     // Bytes stay raw bytes here: the BPE model reads them through the GPT-2 map.
     if (add_prefix_space_) {
       RewritePieces(p, [&](size_t, size_t b, size_t e, AlignedText* out) {
@@ -353,7 +367,8 @@ class ByteLevelPreTokenizer : public PreTokenizer {
         out->AppendFrom(p->text, b, e);
       });
     }
-    if (pattern_.regex) SplitAll(p, pattern_, false, SplitBehavior::kIsolated);
+    if (pattern_.regex) return SplitAll(p, pattern_, false, SplitBehavior::kIsolated);
+    return Status::OK();
   }
   bool byte_level() const override { return true; }
 
@@ -368,7 +383,7 @@ class MetaspacePreTokenizer : public PreTokenizer {
       : replacement_(std::move(replacement)), scheme_(scheme), split_(split) {
     pattern_.literal = replacement_;
   }
-  void PreTokenize(PreTokenized* p) const override {
+  Status PreTokenize(PreTokenized* p) const override {
     RewritePieces(p, [&](size_t k, size_t b, size_t e, AlignedText* out) {
       const std::string_view piece = std::string_view(p->text.text).substr(b, e - b);
       // Spaces become the replacement first, so a leading space counts as the prefix.
@@ -386,7 +401,8 @@ class MetaspacePreTokenizer : public PreTokenizer {
         }
       }
     });
-    if (split_) SplitAll(p, pattern_, false, SplitBehavior::kMergedWithNext);
+    if (split_) return SplitAll(p, pattern_, false, SplitBehavior::kMergedWithNext);
+    return Status::OK();
   }
 
  private:
@@ -400,8 +416,9 @@ class SequencePreTokenizer : public PreTokenizer {
  public:
   explicit SequencePreTokenizer(std::vector<std::unique_ptr<PreTokenizer>> parts)
       : parts_(std::move(parts)) {}
-  void PreTokenize(PreTokenized* p) const override {
-    for (const auto& part : parts_) part->PreTokenize(p);
+  Status PreTokenize(PreTokenized* p) const override {
+    for (const auto& part : parts_) FT_RETURN_IF_ERROR(part->PreTokenize(p));
+    return Status::OK();
   }
   bool byte_level() const override { return !parts_.empty() && parts_.back()->byte_level(); }
 
@@ -436,7 +453,11 @@ class ReplaceDecoder : public Decoder {
     std::vector<std::pair<size_t, size_t>> matches;
     for (std::string& t : *tokens) {
       matches.clear();
-      pattern_.FindAll(t, &matches);
+      if (Status s = pattern_.FindAll(t, &matches); !s.ok()) {
+        // Decoding is output, never training input: the token is kept as it is, loudly.
+        FT_LOG(ERROR) << s.message() << " (decoding: the token is left unreplaced)";
+        continue;
+      }
       if (matches.empty()) continue;
       std::string out;
       size_t prev = 0;
@@ -650,7 +671,7 @@ StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const json& j, const s
   if (type == "ByteLevel") {
     FT_ASSIGN_OR_RETURN(bool add_prefix_space, BoolField(j, "add_prefix_space", true, where));
     FT_ASSIGN_OR_RETURN(bool use_regex, BoolField(j, "use_regex", true, where));
-    return std::unique_ptr<PreTokenizer>(new ByteLevelPreTokenizer(add_prefix_space, use_regex));
+    return std::unique_ptr<PreTokenizer>(new ByteLevelPreTokenizer(add_prefix_space, use_regex, where));
   }
   if (type == "Metaspace") {
     FT_ASSIGN_OR_RETURN(std::string replacement, CharField(j, "replacement", where));

@@ -24,10 +24,13 @@
 
 namespace ft::tok {
 
+// Normalize and PreTokenize fail only when a regex pattern's work runs out on
+// the text (engine/text/tokenizer_regex.h): InvalidArgument naming the file,
+// the field and the pattern.
 class Normalizer {
  public:
   virtual ~Normalizer() = default;
-  virtual void Normalize(text::AlignedText* t) const = 0;
+  virtual Status Normalize(text::AlignedText* t) const = 0;
 };
 
 // Text split into the pieces ("words") the model will encode.
@@ -40,7 +43,7 @@ struct PreTokenized {
 class PreTokenizer {
  public:
   virtual ~PreTokenizer() = default;
-  virtual void PreTokenize(PreTokenized* p) const = 0;
+  virtual Status PreTokenize(PreTokenized* p) const = 0;
   // Whether this is (or ends with) the ByteLevel pre-tokenizer: the model's
   // vocab is then byte-level.
   virtual bool byte_level() const { return false; }
@@ -49,7 +52,9 @@ class PreTokenizer {
 class Decoder {
  public:
   virtual ~Decoder() = default;
-  // Rewrites the token strings (HF's decode_chain); the result is joined.
+  // Rewrites the token strings (HF's decode_chain); the result is joined. A
+  // Replace whose regex runs out of work on a token leaves it unreplaced and
+  // logs the error (decoding makes output, never training input).
   virtual void DecodeChain(std::vector<std::string>* tokens) const = 0;
 };
 

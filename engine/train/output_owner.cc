@@ -62,6 +62,15 @@ Status OutputOwner::Superseded(const OwnerToken& t) const {
                          std::to_string(epoch_) + " is superseded");
 }
 
+Status OutputOwner::AnotherJobs(const OwnerToken& t) const {
+  return Status::InvalidArgument(
+      dir_ + ": output.dir belongs to job " + t.job_id + " (epoch " + std::to_string(t.epoch) + ", pid " +
+      std::to_string(t.pid) + " on " + t.host + ", " + kTokenFile + "), not to job " + job_id_ +
+      ": two jobs in one directory overwrite each other's checkpoints and outputs; choose another "
+      "output.dir for job " +
+      job_id_ + " (or, if job " + t.job_id + " is gone for good, delete " + dir_ + "/" + kTokenFile + ")");
+}
+
 Status OutputOwner::Claim() {
   if (!fenced()) return Status::OK();
   std::lock_guard<std::mutex> lock(mu_);
@@ -69,11 +78,8 @@ Status OutputOwner::Claim() {
   fs::create_directories(dir_, ec);
   if (ec) return Status::IOError(dir_ + ": cannot create output.dir: " + ec.message());
   auto current = ReadOwnerToken(dir_);
-  if (current.ok() && current->job_id == job_id_ && current->epoch > epoch_) return Superseded(*current);
-  if (current.ok() && current->job_id != job_id_) {
-    FT_LOG(WARN) << dir_ << ": taking over from job " << current->job_id << " (epoch " << current->epoch
-                 << ")";
-  }
+  if (current.ok() && current->job_id != job_id_) return AnotherJobs(*current);
+  if (current.ok() && current->epoch > epoch_) return Superseded(*current);
   return WriteToken();
 }
 

@@ -12,10 +12,14 @@
 // without an epoch (a plain `ft-train run`) is unfenced: it neither claims
 // nor checks.
 //
-// A claim by another job (a new job reusing the directory) replaces the
-// token; ftd's placement is what keeps two live jobs apart. A token of an
-// older epoch found by Check (two claims racing) is replaced by ours: the
-// older trainer sees ours at its own next check.
+// The token names the job as well as the epoch: a directory another job
+// owns is never taken (ftd refuses a second job for one output.dir at
+// submit; this is the trainer's own guard). Claim refuses it as bad input
+// naming that job, and Check sees another job's token as not ours
+// (Aborted), so a trainer never writes, prunes or deletes (COMPLETE.json)
+// in another job's directory. A token of an older epoch of the same job found
+// by Check (two claims racing) is replaced by ours: the older trainer sees
+// ours at its own next check.
 //
 // Thread safety: Check and Claim may be called from any thread (the
 // checkpoint writer's included).
@@ -50,8 +54,9 @@ class OutputOwner {
   int64_t epoch() const { return epoch_; }
   const std::string& job_id() const { return job_id_; }
 
-  // Takes the directory (creating it): Aborted when a newer epoch of this
-  // job already owns it; IOError when the token cannot be written.
+  // Takes the directory (creating it): InvalidArgument naming the owner and
+  // the fix when another job owns it; Aborted when a newer epoch of this job
+  // already owns it; IOError when the token cannot be written.
   Status Claim();
   // OK while this epoch owns the directory; Aborted naming the newer owner
   // otherwise. Re-claims over an older epoch's token (see above).
@@ -60,6 +65,7 @@ class OutputOwner {
  private:
   Status WriteToken();
   Status Superseded(const OwnerToken& t) const;
+  Status AnotherJobs(const OwnerToken& t) const;
 
   std::string dir_;
   std::string job_id_;

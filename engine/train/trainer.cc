@@ -130,8 +130,8 @@ StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec, const ModelConfig& mode
 }
 
 StatusOr<std::unique_ptr<Dataset>> OpenJobData(const JobSpec& spec, const ModelConfig& config,
-                                               const std::string& path,
-                                               std::unique_ptr<Tokenizer>* tokenizer) {
+                                               const std::string& path, std::unique_ptr<Tokenizer>* tokenizer,
+                                               const std::function<bool()>& stop_requested) {
   const std::string& f = spec.file;
   const DataFormat format = spec.data.format;
   DatasetOptions options;
@@ -141,7 +141,9 @@ StatusOr<std::unique_ptr<Dataset>> OpenJobData(const JobSpec& spec, const ModelC
   options.skip_bad_lines = spec.data.skip_bad_lines;
   options.cache_key =
       "format=" + std::string(EnumName(format)) + ";vocab=" + std::to_string(config.vocab_size);
+  options.stop_requested = stop_requested;
   ChatOptions chat;
+  chat.stop_requested = stop_requested;
   if (format != DataFormat::kTokens) {
     if (!*tokenizer) {
       auto loaded = Tokenizer::Load(spec.model.path);
@@ -227,11 +229,13 @@ Status Trainer::BuildModel(const ModelConfig& config, std::shared_ptr<Backend> b
 Status Trainer::OpenData(const ModelConfig& config) {
   const JobSpec& spec = spec_;
   const std::string& f = spec.file;
-  FT_ASSIGN_OR_RETURN(data_, OpenJobData(spec, config, spec.data.train, &tokenizer_));
+  FT_ASSIGN_OR_RETURN(data_, OpenJobData(spec, config, spec.data.train, &tokenizer_, StopRequested()));
+  inputs_.Add("data.train", spec.data.train, data_->stamp(), data_->sha256());
   if (!spec.data.eval.empty()) {
-    auto eval = OpenJobData(spec, config, spec.data.eval, &tokenizer_);
+    auto eval = OpenJobData(spec, config, spec.data.eval, &tokenizer_, StopRequested());
     if (!eval.ok()) return eval.status().WithContext(f + ": data.eval");
     eval_data_ = std::move(*eval);
+    inputs_.Add("data.eval", spec.data.eval, eval_data_->stamp(), eval_data_->sha256());
     int64_t rows = eval_data_->size();
     if (spec.train.eval_max_batches > 0)
       rows = std::min(rows, spec.train.eval_max_batches * plan_.micro_batch);
@@ -264,10 +268,54 @@ void Trainer::BuildOptimizer(std::shared_ptr<Backend> backend) {
   if (grad_sum_ || world > 1) grad_host_.assign(static_cast<size_t>(trainable), 0.0f);
 }
 
-StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, std::unique_ptr<Collective> ranks) {
+std::function<bool()> Trainer::StopRequested() const {
+  if (!control_) return {};
+  TrainControl* control = control_;
+  return [control] {
+    const std::optional<ControlRequest> request = control->Pending();
+    return request && request->stop;
+  };
+}
+
+Status Trainer::WatchInputs() {
+  const JobSpec& spec = spec_;
+  const fs::path model(spec.model.path);
+  // Before anything is read. A file that is missing now is left to its reader's error.
+  auto watch = [&](const std::string& key, const fs::path& path, bool hash) -> Status {
+    if (std::error_code ec; !fs::is_regular_file(path, ec)) return Status::OK();
+    return inputs_.Watch(key, path.string(), hash).WithContext(spec.file + ": " + key);
+  };
+  FT_RETURN_IF_ERROR(watch("model.path (config.json)", model / "config.json", true));
+  // Weights: stamps only (hashing gigabytes would delay every start); a moved stamp fails the run.
+  auto weights = HfWeightFiles(spec.model.path);
+  for (const std::string& file : weights.ok() ? *weights : std::vector<std::string>{}) {
+    const bool index = fs::path(file).extension() == ".json";
+    FT_RETURN_IF_ERROR(watch("model.path (" + fs::path(file).filename().string() + ")", file, index));
+  }
+  std::vector<std::string> tokenizer_files;
+  if (spec.data.format != DataFormat::kTokens) tokenizer_files = {"tokenizer.json", "tokenizer_config.json"};
+  if (spec.output.merge) {  // merged/ gets copies (CopyTokenizerFiles)
+    tokenizer_files = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                       "tokenizer.model", "generation_config.json"};
+  }
+  for (const std::string& name : tokenizer_files) {
+    FT_RETURN_IF_ERROR(watch("model.path (" + name + ")", model / name, true));
+  }
+  if (!spec.data.chat_template.empty()) {
+    FT_RETURN_IF_ERROR(watch("data.chat_template", spec.data.chat_template, true));
+  }
+  return Status::OK();
+}
+
+Status Trainer::CheckInputs() { return inputs_.Check().WithContext(spec_.file); }
+
+StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, std::unique_ptr<Collective> ranks,
+                                                   TrainControl* control) {
   std::unique_ptr<Trainer> tr(new Trainer());
   tr->spec_ = spec;
   tr->ranks_ = ranks ? std::move(ranks) : SingleRank();
+  tr->control_ = control;
+  FT_RETURN_IF_ERROR(tr->WatchInputs());
   // Choices that do not combine (full with nf4, cpu_offload or multi-rank fsdp) were refused by
   // ParseJobSpec (engine/job/job_spec.cc), at submit; the model refuses them again for a spec built in code.
   FT_ASSIGN_OR_RETURN(ModelConfig config, ReadHfConfig(spec.model.path));
@@ -278,6 +326,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, std::uni
   FT_RETURN_IF_ERROR(tr->BuildModel(config, backend));
   FT_RETURN_IF_ERROR(tr->OpenData(config));
   tr->BuildOptimizer(backend);
+  FT_RETURN_IF_ERROR(tr->CheckInputs());  // nothing changed while it was loaded
   FT_RETURN_IF_ERROR(
       backend->Synchronize().WithContext(spec.file + ": loading the model onto " + backend->Describe()));
   FT_LOG(INFO) << "training on " << backend->Describe();
@@ -314,6 +363,7 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - micro_start).count();
     micro_seconds_ = micro_seconds_ == 0 ? t : 0.8 * micro_seconds_ + 0.2 * t;
   }
+  FT_RETURN_IF_ERROR(CheckInputs());  // the step read what the run started with, or nothing is applied
   const auto reduce_start = std::chrono::steady_clock::now();
   double loss_sum = 0;
   FT_RETURN_IF_ERROR(SumGradients(&loss, &loss_sum));
@@ -496,6 +546,7 @@ CheckpointContents Trainer::Capture(const std::string& reason) {
   st.world = plan_.world;
   st.job_math = JobMathKeys(spec_, data_->sha256());
   st.job_hash = JobHash(spec_, data_->sha256());
+  st.inputs = inputs_.Hashes();
   st.epoch = owner_->epoch();
   st.last_checkpoint_seconds = writer_ ? writer_->last_seconds() : 0.0;
   const CheckpointCost cost = MeasuredCost();
@@ -542,6 +593,7 @@ Status Trainer::Restore(const CheckpointContents& c, const std::string& from) {
           "start a new run with another output.dir");
     }
   }
+  FT_RETURN_IF_ERROR(CheckRestoredInputs(c.state, from));
   const auto& params = optimizer_->params();
   std::map<std::string, const HostTensor*> by_name;
   for (const HostTensor& t : c.model) by_name[t.name] = &t;
@@ -570,6 +622,20 @@ Status Trainer::Restore(const CheckpointContents& c, const std::string& from) {
   cursor_ = c.state.cursor;
   tokens_seen_ = c.state.tokens_seen;
   LogResumeGuarantee(c.state);
+  return Status::OK();
+}
+
+Status Trainer::CheckRestoredInputs(const TrainerState& saved, const std::string& from) const {
+  // Only what both know: a checkpoint written before inputs were recorded names none.
+  const std::map<std::string, std::string> now = inputs_.Hashes();
+  for (const auto& [key, sha] : saved.inputs) {
+    auto it = now.find(key);
+    if (it == now.end() || it->second == sha) continue;
+    return Status::InvalidArgument(spec_.file + ": " + key + " has SHA-256 " + it->second +
+                                   " but checkpoint " + from + " was trained on SHA-256 " + sha +
+                                   "; resuming would train on a mix of old and new inputs: restore the file "
+                                   "or submit a new job");
+  }
   return Status::OK();
 }
 
@@ -702,6 +768,7 @@ Status Trainer::CheckpointNow(const std::string& reason, bool wait) {
   retention.epoch = owner_->epoch();
   OutputOwner* owner = owner_.get();
   retention.fence = [owner] { return owner->Check(); };
+  FT_RETURN_IF_ERROR(CheckInputs());  // a checkpoint never holds a mix of old and new inputs
   CheckpointContents contents = Capture(reason);
   FT_RETURN_IF_ERROR(RequireFiniteWeights(spec_, contents));  // every checkpoint, the final one too
   last_written_step_ = contents.state.step;
@@ -1033,6 +1100,8 @@ Status Trainer::WriteOutputs() {
     written.push_back("merged");
   }
   FT_RETURN_IF_ERROR(owner_->Check());
+  // The outputs (merged/ read the model again) came from the inputs the run began with.
+  FT_RETURN_IF_ERROR(CheckInputs());
   return WriteCompletion(
       spec_.output.dir,
       {owner_->job_id(), JobHash(spec_, data_->sha256()), owner_->epoch(), steps_done(), {}}, written);

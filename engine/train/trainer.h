@@ -95,16 +95,34 @@ class Trainer {
   // Loads the model, data and optional init adapter named by `spec`.
   // Every error names the file and field at fault. `ranks` connects this
   // rank to the others of a multi-rank job (null: one rank); its world must
-  // equal resources.gpus.
+  // equal resources.gpus. `control` (optional, not owned; set_control's)
+  // is polled while the data is prepared (each line, and within a chat
+  // template's render): a stop request ends Create with Cancelled within
+  // about a second, before anything was written. The input files are
+  // stamped before they are read (CheckInputs); one that changed while it
+  // was loaded fails Create as CheckInputs does.
   static StatusOr<std::unique_ptr<Trainer>> Create(const JobSpec& spec,
-                                                   std::unique_ptr<Collective> ranks = nullptr);
+                                                   std::unique_ptr<Collective> ranks = nullptr,
+                                                   TrainControl* control = nullptr);
 
   // Runs one optimizer step. When `control` has a stop request whose deadline
   // does not leave time to finish this step's accumulation, the step is
   // abandoned (nothing changes) and *interrupted is set. FailedPrecondition
   // naming the step when the loss or the gradient norm is not finite (nothing
   // is applied), except an fp16 overflow, which skips the update by design.
+  // InvalidArgument (CheckInputs) when an input file changed under the run:
+  // checked after the step's data is read, before the update.
   Status Step(StepMetrics* metrics, bool* interrupted = nullptr);
+  // OK while every input the run read is as it was when first read: the
+  // data (data.train, data.eval), data.chat_template, and model.path's
+  // config.json, weights and (when used) tokenizer files. A stat per file;
+  // a file whose stat moved is hashed again (weights are not hashed: any
+  // move fails). Otherwise InvalidArgument naming the job file, the key, the
+  // file and both SHA-256s (or the stat fields that moved) and the fix
+  // (engine/data/file_identity.h). Run checks it after every step, before
+  // every checkpoint and before COMPLETE.json, so no checkpoint or output
+  // ever holds a mix of old and new inputs.
+  Status CheckInputs();
   // Evaluates the current weights on data.eval: the rows in file order (no
   // shuffle) in micro-batches of the plan's size, at most
   // train.eval_max_batches of them (0 = all), forward only without dropout.
@@ -141,7 +159,9 @@ class Trainer {
   // Checkpoint state: host copies of everything resume needs, and back.
   CheckpointContents Capture(const std::string& reason);
   // Restores a checkpoint. InvalidArgument naming the job key when the
-  // checkpoint was made with different training math.
+  // checkpoint was made with different training math, or naming the input
+  // and both SHA-256s when an input it recorded (CheckInputs' hashed files)
+  // now holds other contents.
   Status Restore(const CheckpointContents& c, const std::string& from);
 
   // Where stop/checkpoint requests come from (not owned; may be null).
@@ -197,6 +217,13 @@ class Trainer {
   // training (and evaluation) data with the step count, the optimizer.
   Status BuildModel(const ModelConfig& config, std::shared_ptr<Backend> backend);
   Status OpenData(const ModelConfig& config);
+  // Stamps (and hashes, the small ones) the files the run will read, before any is read; the
+  // data files join once opened (their Dataset hashed them).
+  Status WatchInputs();
+  // A stop request at control_ (for data preparation); unset without one.
+  std::function<bool()> StopRequested() const;
+  // Restore's check of the inputs `saved` recorded against what this run read.
+  Status CheckRestoredInputs(const TrainerState& saved, const std::string& from) const;
   void BuildOptimizer(std::shared_ptr<Backend> backend);
   // The steps of Run: claim output.dir (true when the job is complete already), resume and open
   // the log, then step, with requests, checkpoints and evaluations between steps, and finish
@@ -266,6 +293,7 @@ class Trainer {
   int64_t growth_tracker_ = 0;    // good fp16 steps in a row at this scale
   std::function<void(int64_t)> grad_hook_;
   TrainControl* control_ = nullptr;
+  InputFiles inputs_;                                                     // what the run read: CheckInputs
   std::unique_ptr<OutputOwner> owner_ = std::make_unique<OutputOwner>();  // unfenced until set_fencing
   std::string committed_dir_;               // the checkpoint ftd committed: retention keeps it
   std::optional<MetricsLine> resume_note_;  // fenced runs: a "resume" event for metrics.jsonl
@@ -291,9 +319,11 @@ StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec, const ModelConfig& mode
 // A data file of the job (data.train or data.eval) through the job's
 // pipeline: format, seq_len, packing, skip_bad_lines, chat template. For
 // text, alpaca and chat the model's tokenizer is loaded into *tokenizer
-// unless it already holds one. Errors name the file (and line) at fault.
+// unless it already holds one. Errors name the file (and line) at fault;
+// Cancelled when `stop_requested` (optional, polled per line and within
+// template renders) said so.
 StatusOr<std::unique_ptr<Dataset>> OpenJobData(const JobSpec& spec, const ModelConfig& config,
-                                               const std::string& path,
-                                               std::unique_ptr<Tokenizer>* tokenizer);
+                                               const std::string& path, std::unique_ptr<Tokenizer>* tokenizer,
+                                               const std::function<bool()>& stop_requested = {});
 
 }  // namespace ft

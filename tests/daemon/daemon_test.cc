@@ -6,11 +6,14 @@
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "common/file_util.h"
 #include "engine/io/hf_model.h"
@@ -29,9 +32,22 @@ namespace pb = ftune::v1;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
+// The attempt credentials ftd handed out in this test, by (job, epoch, rank): what a real worker
+// echoes in its reports (cleared by each test's SetUp).
+std::map<std::tuple<std::string, int64_t, int>, std::string> g_credentials;
+std::string Cred(const std::string& job, int64_t epoch, int rank = 0) {
+  return g_credentials[{job, epoch, rank}];
+}
+
 class FakeSink : public WorkerSink {
  public:
-  void Send(const pb::DaemonCommand& cmd) override { commands.push_back(cmd); }
+  void Send(const pb::DaemonCommand& cmd) override {
+    if (cmd.has_start()) {
+      g_credentials[{cmd.start().job_id(), cmd.start().epoch(), cmd.start().rank()}] =
+          cmd.start().credential();
+    }
+    commands.push_back(cmd);
+  }
   std::vector<pb::DaemonCommand> commands;
   int Count(pb::DaemonCommand::CmdCase c) const {
     return static_cast<int>(
@@ -48,6 +64,7 @@ class FakeSink : public WorkerSink {
 class DaemonTest : public testing::Test {
  protected:
   void SetUp() override {
+    g_credentials.clear();
     dir_ = testing_support::FreshDir(testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_ + "/job");
     Model model(*PresetModelConfig("tiny-llama"), {});
@@ -74,8 +91,8 @@ class DaemonTest : public testing::Test {
         "name: t\nmodel: {path: model, dtype: fp32}\nadapter: {type: lora, r: 4, alpha: 8}\n"
         "data: {train: data.jsonl, format: tokens, seq_len: 64}\n"
         "train: {max_steps: 10, global_batch_size: 4" +
-        train_extra + "}\nresources: {priority: " + std::to_string(priority) + "}\noutput: {dir: out}\n" +
-        extra);
+        train_extra + "}\nresources: {priority: " + std::to_string(priority) +
+        "}\noutput: {dir: " + OutputDir() + "}\n" + extra);
     req.set_spec_dir(dir_ + "/job");
     auto r = daemon_->Submit(req);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
@@ -96,6 +113,7 @@ class DaemonTest : public testing::Test {
       auto* a = reg.add_running();
       a->set_job_id(job);
       a->set_epoch(epoch);
+      a->set_credential(Cred(job, epoch));
     }
     for (auto& e : exited) *reg.add_exited() = std::move(e);
     ASSERT_TRUE(daemon_->OnRegister(reg, sink).ok());
@@ -107,6 +125,7 @@ class DaemonTest : public testing::Test {
     p->set_job_id(job);
     p->set_epoch(epoch);
     p->set_step(step);
+    p->set_credential(Cred(job, epoch));
     daemon_->OnWorkerMessage(worker, sink, m);
   }
   void Exit(const std::string& worker, FakeSink* sink, const std::string& job, int64_t epoch,
@@ -115,12 +134,15 @@ class DaemonTest : public testing::Test {
     auto* e = m.mutable_exited();
     e->set_job_id(job);
     e->set_epoch(epoch);
+    e->set_credential(Cred(job, epoch));
     e->set_outcome(o);
     e->set_step(step);
     e->set_reason("test");
     daemon_->OnWorkerMessage(worker, sink, m);
   }
   pb::Job Job(const std::string& id) { return *daemon_->GetJob(id); }
+  // The next job's output.dir (one job per directory): "out" for the test's first, then out-2, out-3...
+  std::string OutputDir() { return ++submits_ == 1 ? "out" : "out-" + std::to_string(submits_); }
   // A 3 s lease, a job running on w1, w2 idle: what the stall tests start from. The job's id.
   std::string RunningOnW1WithW2Idle(FakeSink* w1, FakeSink* w2) {
     lease_ms_ = 3'000;
@@ -145,6 +167,7 @@ class DaemonTest : public testing::Test {
   std::string dir_;
   int64_t lease_ms_ = 0;  // 0: DaemonOptions' default
   int64_t tick_ms_ = 0;   // DaemonOptions::tick_ms (0: no tick is late)
+  int submits_ = 0;       // jobs submitted so far (OutputDir)
   FakeClock clock_;
   std::unique_ptr<Daemon> daemon_;
 };
@@ -278,6 +301,7 @@ void RankExit(Daemon* daemon, const std::string& worker, FakeSink* sink, const s
   e->set_job_id(job);
   e->set_epoch(epoch);
   e->set_rank(rank);
+  e->set_credential(Cred(job, epoch, rank));
   e->set_outcome(o);
   e->set_step(step);
   e->set_reason("rank test");
@@ -290,12 +314,14 @@ int PortOf(const std::string& host_port) {
 
 StatusOr<pb::SubmitReply> SubmitRanks(Daemon* daemon, const std::string& dir, int ranks,
                                       const std::string& strategy = "ddp") {
+  static int submitted = 0;  // each job an output.dir of its own
   pb::SubmitRequest req;
   req.set_spec_yaml(
       "name: t\nmodel: {path: model, dtype: fp32}\nadapter: {type: lora, r: 4, alpha: 8}\n"
       "data: {train: data.jsonl, format: tokens, seq_len: 64}\n"
       "train: {max_steps: 10, global_batch_size: 4, micro_batch_size: 1}\nresources: {device: cpu, gpus: " +
-      std::to_string(ranks) + "}\ndistributed: {strategy: " + strategy + "}\noutput: {dir: out}\n");
+      std::to_string(ranks) + "}\ndistributed: {strategy: " + strategy + "}\noutput: {dir: out-ranks-" +
+      std::to_string(++submitted) + "}\n");
   req.set_spec_dir(dir + "/job");
   return daemon->Submit(req);
 }
@@ -458,6 +484,7 @@ TEST_F(DaemonTest, AfterARestartAGangIsReattachedRankByRankAndAMissingRankEndsIt
       a->set_job_id(id);
       a->set_epoch(1);
       a->set_rank(r);
+      a->set_credential(Cred(id, 1, r));
     }
     ASSERT_TRUE(daemon_->OnRegister(reg, sink).ok());
   };
@@ -565,6 +592,7 @@ TEST_F(DaemonTest, ACommitIsAcknowledgedSoTheTrainerKeepsIt) {
   m.mutable_checkpoint()->set_step(4);
   m.mutable_checkpoint()->set_dir(ckpt);
   m.mutable_checkpoint()->set_manifest_sha256(*Sha256File(ckpt + "/MANIFEST.json"));
+  m.mutable_checkpoint()->set_credential(Cred(id, 1));
   daemon_->OnWorkerMessage("w", &w, m);
   EXPECT_EQ(Job(id).committed_step(), 4);
   ASSERT_EQ(w.Count(pb::DaemonCommand::kAccepted), 1);
@@ -576,6 +604,7 @@ TEST_F(DaemonTest, ACommitIsAcknowledgedSoTheTrainerKeepsIt) {
   note.mutable_note()->set_epoch(1);
   note.mutable_note()->set_kind("resume_fallback");
   note.mutable_note()->set_message("committed checkpoint unusable");
+  note.mutable_note()->set_credential(Cred(id, 1));
   daemon_->OnWorkerMessage("w", &w, note);
   auto events = daemon_->ListEvents([&] {
     pb::ListEventsRequest r;
@@ -759,6 +788,7 @@ TEST_F(DaemonTest, PreemptionNoticesAreKeptWithTheirAttemptsAndCountedCaughtWhen
   e->set_epoch(1);
   e->set_outcome(pb::ATTEMPT_PREEMPTED);
   e->set_reason("GCP preemption");
+  e->set_credential(Cred(id, 1));
   e->set_notice_ms(clock_.WallMs() - 5);
   daemon_->OnWorkerMessage("w1", &w1, exit);
   clock_.Advance(1'001);
@@ -769,6 +799,7 @@ TEST_F(DaemonTest, PreemptionNoticesAreKeptWithTheirAttemptsAndCountedCaughtWhen
   p->set_job_id(id);
   p->set_epoch(2);
   p->set_step(5);
+  p->set_credential(Cred(id, 2));
   hb.mutable_heartbeat()->set_notice_ms(clock_.WallMs());
   daemon_->OnWorkerMessage("w1", &w1, hb);
   clock_.Advance(10'001);  // w1 is lost before it reports anything more
@@ -793,6 +824,7 @@ TEST_F(DaemonTest, AnExitReplayedFromTheWorkersJournalEndsTheAttemptAsItEnded) {
   e.set_epoch(1);
   e.set_outcome(pb::ATTEMPT_FINISHED);
   e.set_step(10);
+  e.set_credential(Cred(id, 1));
   Register("w", &again, int64_t{8} << 30, 0, {}, {e});
   pb::Job j = Job(id);
   EXPECT_EQ(j.state(), pb::SUCCEEDED) << j.reason();
@@ -874,7 +906,7 @@ TEST_F(DaemonTest, BadSpecIsRejectedWithLineAndNothingIsQueued) {
 TEST_F(DaemonTest, SubmitIsIdempotentByRequestId) {
   pb::SubmitRequest req;
   req.set_spec_yaml(
-      "model: {path: model}\ndata: {train: data.jsonl, format: tokens}\ntrain: {max_steps: 1, "
+      "model: {path: model}\ndata: {train: data.jsonl, format: tokens, seq_len: 64}\ntrain: {max_steps: 1, "
       "global_batch_size: 1}\noutput: {dir: o}\n");
   req.set_spec_dir(dir_ + "/job");
   req.set_client_request_id("abc");
@@ -882,6 +914,111 @@ TEST_F(DaemonTest, SubmitIsIdempotentByRequestId) {
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->job().id(), b->job().id());
   EXPECT_TRUE(b->duplicate());
+}
+
+// A job whose output.dir is `out` (relative to the job's folder), named `name`, `steps` long.
+StatusOr<pb::SubmitReply> SubmitWithOutput(Daemon& daemon, const std::string& dir, const std::string& name,
+                                           const std::string& out, int steps = 1,
+                                           const std::string& request_id = "") {
+  pb::SubmitRequest req;
+  req.set_spec_yaml(
+      "name: " + name +
+      "\nmodel: {path: model}\ndata: {train: data.jsonl, format: tokens, seq_len: 64}\ntrain: {max_steps: " +
+      std::to_string(steps) + ", global_batch_size: 1}\noutput: {dir: " + out + "}\n");
+  req.set_spec_dir(dir + "/job");
+  req.set_client_request_id(request_id);
+  return daemon.Submit(req);
+}
+
+// Issue #41: the same job.yaml submitted twice with other settings was accepted, and the
+// second trainer took the first's directory. One output.dir per job, whatever the first
+// job's state, however the path is spelled (a trailing "/", "..", a symlink), after a restart.
+TEST_F(DaemonTest, TwoJobsCannotShareAnOutputDir) {
+  auto first = SubmitWithOutput(*daemon_, dir_, "first", "shared", 10);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  const std::string id = first->job().id();
+  ASSERT_TRUE(daemon_->Cancel(id).ok());  // ended jobs keep their directory too
+  fs::create_directories(dir_ + "/job/shared");
+  fs::create_directory_symlink(dir_ + "/job/shared", dir_ + "/job/alias");
+  for (const std::string spelled : {"shared", "shared/", "model/../shared", "alias"}) {
+    auto second = SubmitWithOutput(*daemon_, dir_, "second", spelled, 20);
+    ASSERT_TRUE(second.status().IsInvalidArgument()) << spelled << ": " << second.status().ToString();
+    EXPECT_THAT(second.status().message(), StartsWith(dir_ + "/job/job.yaml: output.dir: '"));
+    EXPECT_THAT(second.status().message(), HasSubstr("is also the output.dir of job " + id + " ('first')"));
+    EXPECT_THAT(second.status().message(), HasSubstr("choose another output.dir"));
+  }
+  Reopen();  // the index is rebuilt from the store
+  auto after_restart = SubmitWithOutput(*daemon_, dir_, "second", "shared", 20);
+  EXPECT_TRUE(after_restart.status().IsInvalidArgument()) << after_restart.status().ToString();
+  EXPECT_EQ(daemon_->ListJobs({})->jobs_size(), 1);
+  EXPECT_TRUE(SubmitWithOutput(*daemon_, dir_, "second", "shared-2", 20).ok()) << "a directory of its own";
+}
+
+// Issue #41: a third job whose output.dir lay inside the first one's checkpoints/ was accepted
+// and wrote its files there. A directory inside another job's, or holding another job's, is refused.
+TEST_F(DaemonTest, AnOutputDirInsideAnotherJobsCheckpointsIsRefused) {
+  auto first = SubmitWithOutput(*daemon_, dir_, "first", "runs/a");
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  const std::string id = first->job().id(), a = dir_ + "/job/runs/a";
+  auto inside = SubmitWithOutput(*daemon_, dir_, "third", "runs/a/checkpoints/x");
+  ASSERT_TRUE(inside.status().IsInvalidArgument()) << inside.status().ToString();
+  EXPECT_THAT(inside.status().message(), HasSubstr("lies inside " + a + ", the output.dir of job " + id));
+  auto holding = SubmitWithOutput(*daemon_, dir_, "fourth", "runs");
+  ASSERT_TRUE(holding.status().IsInvalidArgument()) << holding.status().ToString();
+  EXPECT_THAT(holding.status().message(), HasSubstr("contains " + a + ", the output.dir of job " + id));
+  EXPECT_TRUE(SubmitWithOutput(*daemon_, dir_, "sibling", "runs/ab").ok()) << "a name prefix is not a parent";
+  EXPECT_EQ(daemon_->ListJobs({})->jobs_size(), 2);
+}
+
+// The rule leaves the idempotent resubmit alone: the same client_request_id gets the job it
+// made (its own output.dir is no conflict), before and after a restart.
+TEST_F(DaemonTest, ResubmittingTheSameJobIsStillIdempotent) {
+  auto a = SubmitWithOutput(*daemon_, dir_, "once", "o", 1, "req-1");
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto b = SubmitWithOutput(*daemon_, dir_, "once", "o", 1, "req-1");
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_TRUE(b->duplicate());
+  EXPECT_EQ(b->job().id(), a->job().id());
+  Reopen();
+  auto c = SubmitWithOutput(*daemon_, dir_, "once", "o", 1, "req-1");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->job().id(), a->job().id());
+  auto other = SubmitWithOutput(*daemon_, dir_, "once", "o", 1, "req-2");
+  EXPECT_TRUE(other.status().IsInvalidArgument()) << "another request is another job";
+}
+
+// Submits are committed in batches (one transaction): two of one batch with one output.dir
+// conflict too; the second is refused naming the first, which is queued.
+TEST_F(DaemonTest, TwoJobsOfOneBatchCannotShareAnOutputDir) {
+  std::atomic<bool> held{false}, in_commit{false}, release{false};
+  daemon_->store().SetCommitHookForTest([&] {
+    if (held.exchange(true)) return;  // only the first commit waits
+    in_commit = true;
+    while (!release) std::this_thread::yield();
+  });
+  std::thread blocker([&] { EXPECT_TRUE(SubmitWithOutput(*daemon_, dir_, "blocker", "blocker").ok()); });
+  while (!in_commit) std::this_thread::yield();
+  StatusOr<pb::SubmitReply> twins[2] = {Status::Internal("not run"), Status::Internal("not run")};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      twins[i] =
+          SubmitWithOutput(*daemon_, dir_, "twin" + std::to_string(i), "twin", 1, "r" + std::to_string(i));
+    });
+  }
+  while (daemon_->submits_queued() < 3) std::this_thread::yield();  // both wait behind the blocker: one batch
+  release = true;
+  blocker.join();
+  for (auto& t : threads) t.join();
+  daemon_->store().SetCommitHookForTest(nullptr);
+  ASSERT_NE(twins[0].ok(), twins[1].ok())
+      << twins[0].status().ToString() << " / " << twins[1].status().ToString();
+  const auto& won = twins[0].ok() ? twins[0] : twins[1];
+  const auto& lost = twins[0].ok() ? twins[1] : twins[0];
+  EXPECT_TRUE(lost.status().IsInvalidArgument()) << lost.status().ToString();
+  EXPECT_THAT(lost.status().message(), HasSubstr("is also the output.dir of job " + won->job().id() + " ('" +
+                                                 won->job().name() + "')"));
+  EXPECT_EQ(daemon_->ListJobs({})->jobs_size(), 2);
 }
 
 TEST_F(DaemonTest, PathsOutsideTheAllowedRootsAreRefusedNamingTheField) {
@@ -895,13 +1032,13 @@ TEST_F(DaemonTest, PathsOutsideTheAllowedRootsAreRefusedNamingTheField) {
   };
   const std::string rest = "train: {max_steps: 1, global_batch_size: 1}\n";
   // ".." leaves the root.
-  auto r = submit("model: {path: model}\ndata: {train: data.jsonl, format: tokens}\n" + rest +
+  auto r = submit("model: {path: model}\ndata: {train: data.jsonl, format: tokens, seq_len: 64}\n" + rest +
                   "output: {dir: ../elsewhere}\n");
   ASSERT_TRUE(r.status().IsInvalidArgument()) << r.status().ToString();
   EXPECT_THAT(r.status().message(), HasSubstr("job.yaml: output.dir: '"));
   EXPECT_THAT(r.status().message(), HasSubstr("--allowed-root"));
   // An absolute path elsewhere.
-  r = submit("model: {path: /etc}\ndata: {train: data.jsonl, format: tokens}\n" + rest +
+  r = submit("model: {path: /etc}\ndata: {train: data.jsonl, format: tokens, seq_len: 64}\n" + rest +
              "output: {dir: o}\n");
   ASSERT_TRUE(r.status().IsInvalidArgument());
   EXPECT_THAT(r.status().message(), HasSubstr("model.path: '/etc'"));
@@ -928,9 +1065,9 @@ TEST_F(DaemonTest, ACudaJobOfAModelTheKernelsRefuseIsRefusedAtSubmission) {
   auto submit = [&](const std::string& device) {
     pb::SubmitRequest req;
     req.set_spec_yaml(
-        "model: {path: model}\ndata: {train: data.jsonl, format: tokens}\ntrain: {max_steps: 1, "
-        "global_batch_size: 1}\noutput: {dir: o}\nresources: {device: " +
-        device + "}\n");
+        "model: {path: model}\ndata: {train: data.jsonl, format: tokens, seq_len: 64}\ntrain: {max_steps: 1, "
+        "global_batch_size: 1}\noutput: {dir: o-" +
+        device + "}\nresources: {device: " + device + "}\n");
     req.set_spec_dir(dir_ + "/job");
     return daemon_->Submit(req);
   };
@@ -977,10 +1114,10 @@ TEST_F(DaemonTest, ASeqLenPastTheModelsSlidingWindowIsRefusedAtSubmission) {
 TEST_F(DaemonTest, FullFineTuneCombinationsAreRefusedAtSubmissionWithFileLine) {
   auto submit = [&](const std::string& model, const std::string& train, const std::string& rest) {
     pb::SubmitRequest req;
-    req.set_spec_yaml(
-        "model: {path: model" + model +
-        "}\ndata: {train: data.jsonl, format: tokens}\ntrain: {max_steps: 1, global_batch_size: 2" + train +
-        "}\noutput: {dir: o}\n" + rest);
+    req.set_spec_yaml("model: {path: model" + model +
+                      "}\ndata: {train: data.jsonl, format: tokens, seq_len: 64}\ntrain: {max_steps: 1, "
+                      "global_batch_size: 2" +
+                      train + "}\noutput: {dir: o}\n" + rest);
     req.set_spec_dir(dir_ + "/job");
     return daemon_->Submit(req);
   };
@@ -1011,12 +1148,15 @@ TEST_F(DaemonTest, ConcurrentSubmitsAreGroupCommittedWithDistinctIdsAndAllQueued
     threads.emplace_back([&, t] {
       for (int i = 0; i < kEach; ++i) {
         pb::SubmitRequest req;
-        req.set_spec_yaml(
-            "model: {path: model}\ndata: {train: data.jsonl, format: tokens}\ntrain: {max_steps: 1, "
-            "global_batch_size: 1}\noutput: {dir: o}\n");
         req.set_spec_dir(dir_ + "/job");
-        // Every thread also resubmits request ids another thread uses: one job per id.
-        req.set_client_request_id("r" + std::to_string((t % 4) * kEach + i));
+        // Every thread also resubmits request ids another thread uses: one job per id (and per output.dir).
+        const std::string request = "r" + std::to_string((t % 4) * kEach + i);
+        req.set_spec_yaml(
+            "model: {path: model}\ndata: {train: data.jsonl, format: tokens, seq_len: 64}\ntrain: "
+            "{max_steps: 1, "
+            "global_batch_size: 1}\noutput: {dir: o-" +
+            request + "}\n");
+        req.set_client_request_id(request);
         auto r = daemon_->Submit(req);
         ASSERT_TRUE(r.ok()) << r.status().ToString();
         std::lock_guard<std::mutex> lock(mu);
@@ -1067,6 +1207,7 @@ TEST_F(DaemonTest, AWorkersLogThatCannotBeAppendedIsCountedAndSaidOnce) {
   m.mutable_log()->set_job_id(id);
   m.mutable_log()->set_epoch(1);
   m.mutable_log()->set_text("step 1\n");
+  m.mutable_log()->set_credential(Cred(id, 1));
   daemon_->OnWorkerMessage("w", &w, m);
   daemon_->OnWorkerMessage("w", &w, m);
   EXPECT_EQ(daemon_->error_count(DaemonError::kLogWrite), 2);

@@ -3,20 +3,27 @@
 // HTTP client. Every JSON endpoint with good input, malformed and unknown job
 // ids, bad query parameters, wrong methods, tokens, static files and path
 // traversal, SSE live updates and Last-Event-ID replay, a slow SSE client being
-// dropped, /metrics through promtool, and /ready on a sticky-failed store; the
-// same over HTTPS (HttpsTest), with plaintext and untrusting clients refused.
+// dropped, /metrics through promtool, and /ready on a sticky-failed store;
+// per-client bounds (a slow-loris client closed at the header deadline,
+// connection caps per client address, /healthz and /ready through a full
+// server) and a web dir that serves only the dashboard's assets; the same over
+// HTTPS (HttpsTest), with plaintext and untrusting clients refused.
 #include "daemon/http_api.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <regex>
 #include <thread>
 
 #include "daemon/daemon.h"
@@ -31,6 +38,7 @@ namespace {
 namespace fs = std::filesystem;
 namespace pb = ftune::v1;
 using http_test::Fetch;
+using http_test::FetchFrom;
 using http_test::Reply;
 using http_test::SseReader;
 using nlohmann::json;
@@ -79,7 +87,9 @@ class HttpApiTest : public testing::Test {
     ASSERT_TRUE(daemon_->OnRegister(reg, &sink_).ok());
     daemon_->Tick();  // places the older job on w1; the other one waits (one job per worker)
     for (const auto& c : sink_.commands) {
-      if (c.has_start()) epoch_ = c.start().epoch();
+      if (!c.has_start()) continue;
+      epoch_ = c.start().epoch();
+      credential_ = c.start().credential();  // what the worker echoes in its reports
     }
     ASSERT_GT(epoch_, 0);
     SendMetrics(1, 4);
@@ -120,6 +130,7 @@ class HttpApiTest : public testing::Test {
     pb::WorkerMessage m;
     m.mutable_metrics()->set_job_id(running_);
     m.mutable_metrics()->set_epoch(epoch_);
+    m.mutable_metrics()->set_credential(credential_);
     for (int64_t s = from; s <= to; ++s) {
       pb::MetricPoint* p = m.mutable_metrics()->add_points();
       p->set_step(s);
@@ -139,6 +150,7 @@ class HttpApiTest : public testing::Test {
     pb::WorkerMessage m;
     m.mutable_metrics()->set_job_id(running_);
     m.mutable_metrics()->set_epoch(epoch_);
+    m.mutable_metrics()->set_credential(credential_);
     pb::MetricPoint* p = m.mutable_metrics()->add_points();
     p->set_step(step);
     p->set_eval_loss(eval_loss);
@@ -163,6 +175,7 @@ class HttpApiTest : public testing::Test {
     p->set_step(step);
     p->set_total_steps(10);
     p->set_loss(2.6);
+    p->set_credential(credential_);
     daemon_->OnWorkerMessage("w1", &sink_, m);
   }
 
@@ -188,6 +201,7 @@ class HttpApiTest : public testing::Test {
   FakeSink sink_;
   std::string running_, queued_;
   int64_t epoch_ = 0;
+  std::string credential_;  // the running attempt's (StartAttempt.credential)
   std::unique_ptr<HttpApi> api_;
   std::unique_ptr<HttpServer> server_;
   int port_ = 0;
@@ -500,6 +514,7 @@ TEST_F(HttpApiTest, WorkersPoolsShowThePriorUntilAPreemptionThenTheMeasuredMtbfA
   e->set_outcome(pb::ATTEMPT_PREEMPTED);
   e->set_step(4);
   e->set_reason("spot reclaimed");
+  e->set_credential(credential_);
   daemon_->OnWorkerMessage("w1", &sink_, m);
   workers = GetJson("/api/workers");
   pool = PoolNamed(workers, "default");
@@ -678,7 +693,7 @@ TEST_F(HttpApiTest, StaticFilesAndNoWayOutOfTheWebDir) {
   EXPECT_EQ(css.body, ".uplot{}");
   EXPECT_EQ(Get("/missing.js").status, 404);
   EXPECT_EQ(Get("/vendor/missing.js").status, 404);
-  EXPECT_EQ(Get("/.hidden").status, 400);
+  EXPECT_EQ(Get("/.hidden").status, 404);
   EXPECT_EQ(Get("/node_modules").status, 404);  // a directory is not a file
   for (const char* attack :
        {"/../secret.txt", "/%2e%2e/secret.txt", "/%2E%2E%2Fsecret.txt", "/..%2fsecret.txt",
@@ -690,6 +705,59 @@ TEST_F(HttpApiTest, StaticFilesAndNoWayOutOfTheWebDir) {
     EXPECT_THAT(r.body, Not(HasSubstr("TOP-SECRET"))) << attack;
     EXPECT_THAT(r.body, Not(HasSubstr("root:"))) << attack;
   }
+}
+
+TEST_F(HttpApiTest, TheWebDirServesOnlyTheDashboardsAssetsAndNo404NamesItsPath) {
+  const std::string web = dir_ + "/web";
+  fs::create_directories(web + "/.git");
+  for (const char* source : {"CMakeLists.txt", "package.json", "package-lock.json",
+                             "node_modules/uplot/package.json", "node_modules/uplot/dist/package.json",
+                             ".git/config", ".gitignore", "notes.txt", "app.js.map", "build.sh"}) {
+    std::ofstream(web + "/" + source) << "SOURCE";
+  }
+  Serve();
+  for (const char* target :
+       {"/CMakeLists.txt", "/package.json", "/package-lock.json", "/node_modules/uplot/package.json",
+        "/node_modules/uplot/dist/uPlot.min.css", "/.git/config", "/.gitignore", "/.hidden", "/notes.txt",
+        "/app.js.map", "/build.sh", "/vendor/package.json", "/missing.js", "/vendor/missing.js",
+        "/node_modules"}) {
+    Reply r = Get(target);
+    EXPECT_EQ(r.status, 404) << target << ": " << r.body;
+    EXPECT_THAT(r.body, Not(HasSubstr("SOURCE"))) << target;
+    EXPECT_THAT(r.body, Not(HasSubstr(dir_))) << target << " names the web dir";
+    EXPECT_TRUE(json::parse(r.body, nullptr, false).contains("error")) << target << ": " << r.body;
+  }
+  for (const char* asset : {"/", "/index.html", "/app.js", "/vendor/uPlot.min.css"}) {
+    EXPECT_EQ(Get(asset).status, 200) << asset;
+  }
+}
+
+// The dashboard ftd really serves (the source tree's web/): every page, script
+// and style loads, and so does every file index.html and the modules refer to;
+// its build and package files do not.
+TEST_F(HttpApiTest, TheRealDashboardsFilesAllLoadAndItsSourcesDoNot) {
+  const fs::path web = fs::path(FT_SOURCE_DIR) / "web";
+  Serve({.web_dir = web.string()});
+  std::string refs;
+  for (const auto& entry : fs::directory_iterator(web)) {
+    if (!entry.is_regular_file()) continue;
+    const std::string name = entry.path().filename().string(), ext = entry.path().extension().string();
+    const bool asset = ext == ".html" || ext == ".js" || ext == ".css";
+    Reply r = Get("/" + name);
+    EXPECT_EQ(r.status, asset ? 200 : 404) << name;
+    EXPECT_THAT(r.body, Not(HasSubstr(web.string()))) << name;
+    if (asset) refs += r.body;
+  }
+  const std::regex ref(R"re((?:src|href)="([^"#:]+)"|from '\./([^']+)')re");
+  int checked = 0;
+  for (std::sregex_iterator it(refs.begin(), refs.end(), ref), end; it != end; ++it) {
+    const std::string file = (*it)[1].matched ? (*it)[1].str() : (*it)[2].str();
+    const bool vendor = file.rfind("vendor/", 0) == 0;
+    if (vendor && !fs::exists(web / "node_modules/uplot/dist" / file.substr(7))) continue;  // npm ci not run
+    EXPECT_EQ(Get("/" + file).status, 200) << file;
+    ++checked;
+  }
+  EXPECT_GE(checked, 10) << "index.html's scripts, styles and modules";
 }
 
 TEST_F(HttpApiTest, HealthzAndReady) {
@@ -928,13 +996,133 @@ TEST_F(HttpApiTest, StreamsAndConnectionsOverTheirCapsGet503) {
   std::vector<std::unique_ptr<SseReader>> idle;
   for (int i = 0; i < 3; ++i) idle.push_back(std::make_unique<SseReader>(port_));
   ASSERT_TRUE(Eventually([&] { return server_->open_connections() == 4; })) << server_->open_connections();
-  Reply refused = Get("/healthz");
+  Reply refused = Get("/api/jobs");
   EXPECT_EQ(refused.status, 503) << refused.body;
   EXPECT_THAT(refused.body, HasSubstr("at most 4 HTTP connections"));
   EXPECT_TRUE(json::parse(refused.body, nullptr, false).contains("error")) << refused.body;
+  EXPECT_EQ(Get("/healthz").status, 200) << "probes have their own lane";
   idle.clear();
   ASSERT_TRUE(Eventually([&] { return server_->open_connections() == 1; })) << server_->open_connections();
   EXPECT_EQ(Get("/healthz").status, 200);
+}
+
+// Sends `request` one byte every 50 ms (a slow-loris client; then nothing) on
+// `fd` until the server closes the connection: the time from `since` until it
+// did, or nullopt when it is still open 5 s after `since`.
+std::optional<std::chrono::milliseconds> TrickleUntilClosed(int fd, const std::string& request,
+                                                            std::chrono::steady_clock::time_point since) {
+  using Clock = std::chrono::steady_clock;
+  for (size_t i = 0; Clock::now() - since < std::chrono::seconds(5); ++i) {
+    bool closed = i < request.size() && send(fd, &request[i], 1, MSG_NOSIGNAL) < 0;
+    pollfd p{fd, POLLIN, 0};
+    if (!closed && poll(&p, 1, 50) > 0) {
+      char buf[256];
+      const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+      closed = n <= 0;  // EOF, or reset
+      if (n > 0) ADD_FAILURE() << "an answer to a request never sent whole: " << std::string(buf, n);
+    }
+    if (closed) return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - since);
+  }
+  return std::nullopt;
+}
+
+TEST_F(HttpApiTest, ASlowLorisClientIsClosedAtTheHeaderDeadlineNotTheIdleTimeout) {
+  Serve({}, {.header_timeout_ms = 300, .idle_timeout_ms = 60'000});
+  const std::string trickle = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + std::string(200, 'z');
+  for (const std::string& request : {std::string(), trickle}) {  // silent, then sending a byte every 50 ms
+    const auto since = std::chrono::steady_clock::now();
+    SseReader client(port_);
+    ASSERT_TRUE(client.connected());
+    const auto closed = TrickleUntilClosed(client.socket().native_handle(), request, since);
+    ASSERT_TRUE(closed.has_value()) << "still open after 5 s (sent " << request.size() << " bytes slowly)";
+    EXPECT_GE(closed->count(), 290) << "closed before its header deadline";
+    ASSERT_TRUE(Eventually([&] { return server_->open_connections() == 0; })) << "its slot was not freed";
+  }
+}
+
+TEST_F(HttpApiTest, AnIdleKeepAliveConnectionOutlivesTheHeaderDeadline) {
+  Serve({}, {.header_timeout_ms = 300, .idle_timeout_ms = 60'000});
+  boost::asio::io_context ioc;
+  boost::beast::tcp_stream kept(ioc);
+  kept.connect({boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port_)});
+  ASSERT_EQ(http_test::Exchange(kept, "GET", "/healthz", {}).status, 200);
+  for (int i = 0; i < 2;
+       ++i) {  // two header deadlines pass while `kept` is idle: fresh silent clients closed
+    SseReader silent(port_);
+    ASSERT_TRUE(silent.WaitClosed(std::chrono::seconds(5)));
+  }
+  Reply again = http_test::Exchange(kept, "GET", "/api/workers", {});
+  EXPECT_EQ(again.status, 200) << again.body;
+}
+
+TEST_F(HttpApiTest, SixHundredSlowSocketsFromOneAddressLeaveHealthzAndOtherClientsServed) {
+  Serve();  // the defaults: 512 connections, 64 from one client address
+  boost::asio::io_context ioc;
+  std::vector<boost::asio::ip::tcp::socket> slow;
+  slow.reserve(600);
+  const boost::asio::ip::tcp::endpoint server(boost::asio::ip::make_address("127.0.0.1"),
+                                              static_cast<unsigned short>(port_));
+  for (int i = 0; i < 600; ++i) {
+    boost::system::error_code ec;
+    slow.emplace_back(ioc).connect(server, ec);
+    ASSERT_FALSE(ec) << "socket " << i << ": " << ec.message();
+    boost::asio::write(slow.back(), boost::asio::buffer(std::string("GET / HTTP/1.1\r\nHost: 127")), ec);
+  }
+  EXPECT_TRUE(Eventually([&] { return server_->open_connections() == 64; })) << server_->open_connections();
+  Reply health = FetchFrom("127.0.0.2", port_, "/healthz");
+  EXPECT_EQ(health.status, 200) << health.body;
+  EXPECT_EQ(FetchFrom("127.0.0.2", port_, "/api/jobs").status, 200);
+  EXPECT_EQ(FetchFrom("127.0.0.2", port_, "/ready").status, 200);
+  EXPECT_TRUE(Eventually([&] { return server_->open_connections() == 64; }))
+      << server_->open_connections() << ": the slow sockets' address got more than its cap";
+}
+
+TEST_F(HttpApiTest, AnAddressOverItsConnectionCapGets503CountingItsEventStreamsAndOthersAreServed) {
+  Serve({}, {.max_connections_per_peer = 2});
+  SseReader a(port_), b(port_);
+  ASSERT_TRUE(a.Get("/api/stream"));
+  ASSERT_TRUE(b.Get("/api/stream"));
+  ASSERT_TRUE(a.ReadUntil("retry:", std::chrono::seconds(5))) << a.text();
+  ASSERT_TRUE(b.ReadUntil("retry:", std::chrono::seconds(5))) << b.text();
+  Reply over = FetchFrom("127.0.0.1", port_, "/api/jobs");
+  EXPECT_EQ(over.status, 503) << over.body;
+  EXPECT_THAT(over.body, HasSubstr("at most 2 HTTP connections from one client address"));
+  EXPECT_EQ(over.headers["Retry-After"], "5");
+  EXPECT_EQ(server_->open_connections(), 2) << "the refused connection took a slot";
+  Reply other = FetchFrom("127.0.0.2", port_, "/api/jobs");
+  EXPECT_EQ(other.status, 200) << other.body;
+  a.socket().close();  // a stream that ends gives its address's place back
+  EXPECT_TRUE(Eventually([&] { return FetchFrom("127.0.0.1", port_, "/api/jobs").status == 200; }));
+}
+
+TEST_F(HttpApiTest, HealthzAndReadyAnswerWhenEveryConnectionIsTaken) {
+  Serve({}, {.max_connections = 4, .probe_connections = 1});
+  std::vector<std::unique_ptr<SseReader>> silent;
+  for (int i = 0; i < 4; ++i) silent.push_back(std::make_unique<SseReader>(port_));
+  ASSERT_TRUE(Eventually([&] { return server_->open_connections() == 4; })) << server_->open_connections();
+  Reply health = FetchFrom("127.0.0.1", port_, "/healthz");
+  EXPECT_EQ(health.status, 200) << health.body;
+  EXPECT_EQ(health.headers["Connection"], "close") << "one request per probe-lane connection";
+  EXPECT_EQ(FetchFrom("127.0.0.1", port_, "/ready").status, 200);
+  Reply other = FetchFrom("127.0.0.1", port_, "/api/jobs");  // the lane serves probes only
+  EXPECT_EQ(other.status, 503) << other.body;
+  EXPECT_THAT(other.body, HasSubstr("at most 4 HTTP connections"));
+  EXPECT_EQ(other.headers["Retry-After"], "1");
+  // The lane is bounded too: with its one place held, a probe is refused.
+  ASSERT_TRUE(Eventually([&] { return server_->open_probe_connections() == 0; }));
+  SseReader holder(port_);
+  ASSERT_TRUE(Eventually([&] { return server_->open_probe_connections() == 1; }));
+  EXPECT_EQ(FetchFrom("127.0.0.1", port_, "/healthz").status, 503);
+  EXPECT_EQ(server_->open_connections(), 4);
+}
+
+TEST(HttpPeerKey, AnIpv6ClientIsCountedByItsSlash64AndAMappedIpv4AsItsIpv4) {
+  EXPECT_EQ(HttpPeerKey("10.0.0.7"), "10.0.0.7");
+  EXPECT_EQ(HttpPeerKey("::ffff:10.0.0.7"), "10.0.0.7");
+  EXPECT_EQ(HttpPeerKey("2001:db8:1:2:aaaa:bbbb:cccc:dddd"), "2001:db8:1:2::/64");
+  EXPECT_EQ(HttpPeerKey("2001:db8:1:2::1"), HttpPeerKey("2001:db8:1:2:ffff::9"));
+  EXPECT_NE(HttpPeerKey("2001:db8:1:2::1"), HttpPeerKey("2001:db8:1:3::1"));
+  EXPECT_EQ(HttpPeerKey("not an address"), "not an address");
 }
 
 TEST_F(HttpApiTest, PrometheusMetricsPassPromtool) {
@@ -1128,6 +1316,21 @@ TEST_F(HttpsTest, UnusableCertificateOrKeyFailsStartNamingTheFlag) {
   ASSERT_FALSE(mismatched.ok());
   EXPECT_THAT(mismatched.status().message(), HasSubstr("--tls-key"));
   EXPECT_TRUE(start(cert_, key_).ok());
+}
+
+TEST(HttpServerStart, OutOfRangeDeadlinesAndCapsAreRefusedNamingTheFlag) {
+  const std::pair<HttpServerOptions, std::string> cases[] = {
+      {{.address = "127.0.0.1:0", .header_timeout_ms = 0}, "--http-header-timeout-ms 0"},
+      {{.address = "127.0.0.1:0", .idle_timeout_ms = -5}, "--http-idle-timeout-ms -5"},
+      {{.address = "127.0.0.1:0", .max_connections = 0}, "--http-max-connections 0"},
+      {{.address = "127.0.0.1:0", .max_connections_per_peer = -1}, "--http-max-connections-per-peer -1"},
+  };
+  for (const auto& [options, flag] : cases) {
+    auto s = HttpServer::Start(nullptr, nullptr, options);
+    ASSERT_FALSE(s.ok()) << flag;
+    EXPECT_EQ(s.status().code(), Status::Code::kInvalidArgument);
+    EXPECT_THAT(s.status().message(), HasSubstr(flag));
+  }
 }
 
 TEST(HttpServerStart, RejectsBadAddresses) {

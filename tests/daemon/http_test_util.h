@@ -3,7 +3,7 @@
 // plaintext or TLS (FetchTls, TlsSseReader: trusting only `ca_file` and
 // checking that the server's certificate names 127.0.0.1).
 //
-// Fetch()/FetchTls() return status -1 and the error in `body` when the
+// Fetch()/FetchTls()/FetchFrom() return status -1 and the error in `body` when the
 // connection, the TLS handshake or the exchange fails. ReadUntil returns
 // whether the text read so far contains `needle` before the deadline.
 #pragma once
@@ -68,6 +68,47 @@ inline Reply Fetch(int port, const std::string& method, const std::string& targe
   stream.socket().connect({net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)}, ec);
   if (ec) return Reply{-1, {}, "connect: " + ec.message()};
   return Exchange(stream, method, target, headers);
+}
+
+// One GET from the source address `from` (Linux routes all of 127/8 to the
+// loopback, so 127.0.0.2 is a second client address), given up after `timeout`
+// (status -1, the error in `body`).
+inline Reply FetchFrom(const std::string& from, int port, const std::string& target,
+                       std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
+  namespace net = boost::asio;
+  namespace beast = boost::beast;
+  namespace http = beast::http;
+  net::io_context ioc;
+  beast::tcp_stream stream(ioc);
+  beast::error_code ec;
+  stream.socket().open(net::ip::tcp::v4(), ec);
+  if (!ec) stream.socket().bind({net::ip::make_address(from), 0}, ec);
+  if (ec) return Reply{-1, {}, "bind " + from + ": " + ec.message()};
+  http::request<http::empty_body> req(http::verb::get, target, 11);
+  req.set(http::field::host, "127.0.0.1");
+  http::response<http::string_body> res;
+  beast::flat_buffer buffer;
+  Reply out{-1, {}, "no answer within the timeout"};
+  auto fail = [&](const char* step, beast::error_code e) {
+    out.body = std::string(step) + ": " + e.message();
+  };
+  stream.expires_after(timeout);
+  stream.async_connect({net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)},
+                       [&](beast::error_code e) {
+                         if (e) return fail("connect", e);
+                         http::async_write(stream, req, [&](beast::error_code e2, size_t) {
+                           if (e2) return fail("write", e2);
+                           http::async_read(stream, buffer, res, [&](beast::error_code e3, size_t) {
+                             if (e3) return fail("read", e3);
+                             out.status = static_cast<int>(res.result_int());
+                             for (const auto& f : res)
+                               out.headers[std::string(f.name_string())] = std::string(f.value());
+                             out.body = res.body();
+                           });
+                         });
+                       });
+  ioc.run();
+  return out;
 }
 
 // A TLS client context trusting only `ca_file` ("" = the system's roots).

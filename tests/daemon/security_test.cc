@@ -1,8 +1,9 @@
 // ftd's entry points and identity under hostile input (issue #28): the same
 // malicious job ids fed to the gRPC Jobs service and the HTTP API (both refuse
 // with InvalidArgument / 400 and read no file), Daemon::LogPath refusing them
-// itself, a duplicate worker id ending the older session with the reason,
-// implausible worker memory refused with an event, a damaged database refused
+// itself, a duplicate worker id refused while its session lives (the same
+// instance reattaches; as processes: the refused worker backs off), a client's
+// Watch/Logs streams capped, implausible worker memory refused with an event, a damaged database refused
 // at open, and, as real processes, one ftd per data dir, a client token
 // without a worker token, and ftctl printing a job name's escape sequences
 // escaped.
@@ -234,31 +235,44 @@ TEST_F(EntryPointTest, MaliciousJobIdsAreRefusedAlikeByGrpcAndHttpAndReadNoFile)
   EXPECT_EQ(http_test::Fetch(http_server_->port(), "GET", "/api/jobs/" + job_ + "/log").status, 200);
 }
 
-TEST_F(EntryPointTest, DuplicateWorkerIdEndsTheOlderSessionWithTheReason) {
-  auto stub = pb::Workers::NewStub(channel_);
-  auto open = [&](grpc::ClientContext* ctx, const std::string& host) {
-    auto stream = stub->Session(ctx);
+// A worker's session over gRPC that sent its Register (`instance`: Register.instance).
+struct WorkerStream {
+  WorkerStream(pb::Workers::Stub* stub, const std::string& host, const std::string& instance) {
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    stream = stub->Session(&ctx);
     pb::WorkerMessage reg;
     reg.mutable_register_()->set_worker_id("w1");
     reg.mutable_register_()->set_hostname(host);
+    reg.mutable_register_()->set_instance(instance);
     EXPECT_TRUE(stream->Write(reg));
-    pb::DaemonCommand cmd;
-    EXPECT_TRUE(stream->Read(&cmd));
-    EXPECT_TRUE(cmd.has_registered()) << host;
-    return stream;
-  };
-  grpc::ClientContext first_ctx, second_ctx;
-  first_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  second_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  auto first = open(&first_ctx, "node-a");
-  auto second = open(&second_ctx, "node-b");
-  // The first worker's stream ends, telling it why (it would otherwise wait on a dead session).
-  pb::DaemonCommand cmd;
-  while (first->Read(&cmd)) {
   }
-  grpc::Status why = first->Finish();
-  EXPECT_EQ(why.error_code(), grpc::StatusCode::ALREADY_EXISTS);
-  EXPECT_THAT(why.error_message(), HasSubstr("worker id 'w1' was registered by a newer session"));
+  // Whether the daemon answered Registered.
+  bool Registered() {
+    pb::DaemonCommand cmd;
+    return stream->Read(&cmd) && cmd.has_registered();
+  }
+  // How the daemon ended the stream.
+  grpc::Status Ended() {
+    pb::DaemonCommand cmd;
+    while (stream->Read(&cmd)) {
+    }
+    return stream->Finish();
+  }
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReaderWriter<pb::WorkerMessage, pb::DaemonCommand>> stream;
+};
+
+// Two ft-workers given one --id must not replace each other forever (each reconnecting within
+// ~100 ms): while the id's session lives, another instance is refused, naming the id; the same
+// instance (a restarted worker, its instance kept in its work dir) takes its session back at once.
+TEST_F(EntryPointTest, ASecondWorkerWithALiveWorkersIdIsRefusedAndTheSameInstanceReattaches) {
+  auto stub = pb::Workers::NewStub(channel_);
+  WorkerStream first(stub.get(), "node-a", "instance-a");
+  ASSERT_TRUE(first.Registered());
+  WorkerStream second(stub.get(), "node-b", "instance-b");
+  const grpc::Status why = second.Ended();
+  EXPECT_EQ(why.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << why.error_message();
+  EXPECT_THAT(why.error_message(), HasSubstr("worker id 'w1' is held by another ft-worker (host 'node-a')"));
   EXPECT_THAT(why.error_message(), HasSubstr("node-b"));
   EXPECT_THAT(why.error_message(), HasSubstr("--id"));
   pb::ListEventsRequest req;
@@ -266,14 +280,93 @@ TEST_F(EntryPointTest, DuplicateWorkerIdEndsTheOlderSessionWithTheReason) {
   ASSERT_TRUE(events.ok());
   bool evented = false;
   for (const pb::Event& e : events->events())
-    evented |= e.kind() == "worker_replaced" && e.worker_id() == "w1";
+    evented |= e.kind() == "refused" && e.worker_id() == "w1" && e.message().find("registration") == 0;
   EXPECT_TRUE(evented);
-  // The newer session is the one the daemon keeps.
   auto workers = daemon_->ListWorkers();
   ASSERT_TRUE(workers.ok());
   ASSERT_EQ(workers->workers_size(), 1);
-  EXPECT_EQ(workers->workers(0).hostname(), "node-b");
-  second_ctx.TryCancel();
+  EXPECT_EQ(workers->workers(0).hostname(), "node-a") << "the live worker keeps its id";
+
+  // The first worker restarts (same instance) before its old stream is seen dead: it takes over.
+  WorkerStream restarted(stub.get(), "node-a", "instance-a");
+  ASSERT_TRUE(restarted.Registered());
+  const grpc::Status replaced = first.Ended();
+  EXPECT_EQ(replaced.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_THAT(replaced.error_message(), HasSubstr("newer session of the same ft-worker"));
+  restarted.ctx.TryCancel();
+}
+
+// A client's concurrent Watch and Logs streams are capped: one more is refused with
+// RESOURCE_EXHAUSTED naming the cap; a stream that ended makes room again.
+TEST_F(EntryPointTest, AClientOverItsWatchStreamCapIsRefusedNamingTheCap) {
+  AuthOptions auth;
+  auth.max_streams_per_client = 2;
+  auto jobs = MakeJobsService(daemon_.get(), auth);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(jobs.get());
+  auto server = builder.BuildAndStart();
+  ASSERT_TRUE(server && port > 0);
+  auto stub = pb::Jobs::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  pb::WatchRequest watch;
+  watch.set_job_id(job_);
+  struct Open {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReader<pb::JobUpdate>> reader;
+  };
+  // A Watch stream that ftd serves (it replayed the job's first event), or null.
+  auto open = [&]() -> std::unique_ptr<Open> {
+    auto o = std::make_unique<Open>();
+    o->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    o->reader = stub->Watch(&o->ctx, watch);
+    pb::JobUpdate u;
+    if (o->reader->Read(&u)) return o;
+    o->reader->Finish();
+    return nullptr;
+  };
+  std::vector<std::unique_ptr<Open>> held;
+  for (int i = 0; i < 2; ++i) {
+    held.push_back(open());
+    ASSERT_NE(held.back(), nullptr) << "stream " << i + 1 << " of the cap was refused";
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto reader = stub->Watch(&ctx, watch);
+    pb::JobUpdate u;
+    EXPECT_FALSE(reader->Read(&u));
+    const grpc::Status refused = reader->Finish();
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(refused.error_message(), HasSubstr("2 open Watch/Logs streams"));
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    pb::LogsRequest logs;
+    logs.set_job_id(job_);
+    logs.set_follow(true);
+    auto reader = stub->Logs(&ctx, logs);
+    pb::LogChunk chunk;
+    EXPECT_FALSE(reader->Read(&chunk));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  held[0]->ctx.TryCancel();
+  held[0]->reader->Finish();
+  held[0].reset();
+  std::unique_ptr<Open> again;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!again && std::chrono::steady_clock::now() < deadline) again = open();  // once ftd saw it end
+  EXPECT_NE(again, nullptr) << "an ended stream still counts";
+  held.push_back(std::move(again));
+  for (auto& o : held) {
+    if (o) o->ctx.TryCancel();
+  }
+  for (auto& o : held) {
+    if (o) o->reader->Finish();
+  }
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 
 // A worker that leaves ftd's commands unread cannot grow ftd's memory without bound: past the
@@ -469,7 +562,9 @@ std::string ListenAddress(const Proc& ftd) {
   return std::regex_search(log, m, std::regex("listening on (\\S+)")) ? m[1].str() : "";
 }
 
-TEST(FtdProcess, TwoWorkersWithOneIdTheReplacedOneLogsWhy) {
+// Two ft-worker processes given one --id (different work dirs: different instances): the second
+// is refused, says why and backs off (longer each time) instead of replacing the first.
+TEST(FtdProcess, TwoWorkersWithOneIdTheSecondIsRefusedSaysWhyAndBacksOff) {
   const std::string dir = testing_support::FreshDir("duplicate-worker");
   ScopedProc ftd(StartFtd(dir + "/data", dir + "/ftd.log"));
   ASSERT_TRUE(WaitForLog(ftd.get(), "ftd: listening on")) << ftd->Log();
@@ -481,9 +576,26 @@ TEST(FtdProcess, TwoWorkersWithOneIdTheReplacedOneLogsWhy) {
   ScopedProc first(worker("first"));
   ASSERT_TRUE(WaitForLog(first.get(), "registered with")) << first->Log();
   ScopedProc second(worker("second"));
-  EXPECT_TRUE(WaitForLog(first.get(), "replaced this worker's session")) << first->Log();
-  EXPECT_THAT(first->Log(), HasSubstr("worker id 'twin' was registered by a newer session"));
-  EXPECT_TRUE(WaitForLog(ftd.get(), "worker_replaced")) << ftd->Log();  // ftd logs after the worker hears
+  ASSERT_TRUE(WaitForLog(second.get(), "trying again in")) << second->Log();
+  EXPECT_THAT(second->Log(), HasSubstr("refused this worker's registration"));
+  EXPECT_THAT(second->Log(), HasSubstr("worker id 'twin' is held by another ft-worker"));
+  // The second refusal waits longer than the first could (1 s, then 1-2 s: not every 100 ms).
+  std::regex waits("trying again in ([0-9.]+) s");
+  std::vector<double> seen;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (seen.size() < 2 && std::chrono::steady_clock::now() < deadline) {
+    seen.clear();
+    const std::string log = second->Log();
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), waits); it != std::sregex_iterator(); ++it)
+      seen.push_back(std::stod((*it)[1]));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_GE(seen.size(), 2u) << second->Log();
+  EXPECT_GE(seen[0], 0.5);
+  EXPECT_GE(seen[1], 1.0);
+  EXPECT_TRUE(WaitForLog(ftd.get(), "registration refused")) << ftd->Log();
+  EXPECT_THAT(first->Log(), Not(HasSubstr("replaced"))) << "the first keeps its session";
+  EXPECT_TRUE(first->Alive());
 }
 
 TEST(FtdProcess, FtctlPrintsTerminalEscapesInNamesEscaped) {

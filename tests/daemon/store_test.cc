@@ -594,7 +594,7 @@ TEST_F(StoreTest, CloseAndReopenKeepsEverything) {
   ASSERT_OK(store_->AddMetrics({MetricRow{.job_id = a.id, .epoch = 1, .step = 1, .loss = 2.5}}));
 
   Reopen();
-  EXPECT_EQ(store_->schema_version(), 8);
+  EXPECT_EQ(store_->schema_version(), 9);
   ASSERT_OK_AND_ASSIGN(auto jobs, store_->ListJobs({}));
   EXPECT_EQ(Ids(jobs), (std::vector<std::string>{a.id, b.id}));
   ASSERT_OK_AND_ASSIGN(JobRow got_b, store_->GetJob(b.id));
@@ -699,6 +699,84 @@ TEST_F(StoreTest, SigkillMidwayKeepsEveryAcknowledgedJob) {
   EXPECT_GE(jobs.size(), acked.size());
   EXPECT_LE(jobs.size(), acked.size() + 1);
   std::printf("child acknowledged %zu jobs before SIGKILL; %zu on reopen\n", acked.size(), jobs.size());
+}
+
+// The database's -wal (or -shm) deleted under a running store, as an
+// operator's cleanup script or a backup tool would: the child store goes on
+// committing, then ends without closing (as kill -9 would). Every job it
+// acknowledged is in the database on reopen: the first commit after the
+// deletion is saved into the main file before it is acknowledged, later ones
+// are refused naming the file until Recover has reopened the database, and
+// what is acknowledged after that is durable too.
+TEST_F(StoreTest, DeletedWalStopsAcknowledgingAndLosesNoAcknowledgedSubmit) {
+  for (const std::string suffix : {"-wal", "-shm"}) {
+    SCOPED_TRACE(suffix);
+    store_.reset();  // the child owns the database
+    int fd = -1;
+    const std::string file = path_ + suffix;
+    const pid_t pid = ForkDatabaseOwner(path_, &fd, [&](Store& store, int out) {
+      auto submit = [&](const std::string& name) {
+        auto job = store.CreateJob(NewJob(name, 0, "req-" + name), nullptr);
+        WriteLineOrExit(out, (job.ok() ? "ack " + job->id : "refused " + job.status().ToString()) + "\n");
+      };
+      for (int i = 0; i < 5; ++i) submit("before-" + suffix + std::to_string(i));
+      if (unlink(file.c_str()) != 0) _exit(5);
+      for (int i = 0; i < 3; ++i) submit("after-" + suffix + std::to_string(i));
+      WriteLineOrExit(out, "recover " + store.Recover().ToString() + "\n");
+      submit("recovered-" + suffix);
+      WriteLineOrExit(out, std::string("files ") + (fs::exists(file) ? "present" : "missing") + "\n");
+    });  // exits without closing the database: nothing is checkpointed at close
+    ASSERT_GE(pid, 0);
+    std::string buf;
+    std::vector<std::string> lines;
+    ReadIds(fd, SIZE_MAX, &buf, &lines);
+    close(fd);
+    int wstatus = 0;
+    ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+    ASSERT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << "child status " << wstatus;
+    ASSERT_EQ(lines.size(), 11u) << ::testing::PrintToString(lines);
+    std::vector<std::string> acked;
+    for (const std::string& l : lines)
+      if (l.rfind("ack ", 0) == 0) acked.push_back(l.substr(4));
+    EXPECT_EQ(acked.size(), 7u) << "five before, one saved at the deletion, one after recovery: "
+                                << ::testing::PrintToString(lines);
+    EXPECT_THAT(lines[6], ::testing::HasSubstr("refused IOError: " + path_ + ": " + file +
+                                               " was deleted or replaced while ftd had the database open"));
+    EXPECT_THAT(lines[6], ::testing::HasSubstr("copied everything it had committed into " + path_));
+    EXPECT_EQ(lines[8], "recover OK");
+    EXPECT_EQ(lines[10], "files present") << "the reopened database has its own " << suffix;
+    Reopen();
+    for (const std::string& id : acked) EXPECT_TRUE(store_->GetJob(id).ok()) << id << " was acknowledged";
+    ASSERT_OK(store_->CheckFiles());
+  }
+}
+
+// The database file itself deleted under a running store: it cannot be
+// reopened, so the store writes what it holds to a copy beside the path, names
+// it with the fix, and refuses writes; the copy holds every acknowledged job.
+TEST_F(StoreTest, ADeletedDatabaseFileIsSavedToACopyAndWritesAreRefused) {
+  std::vector<std::string> acked;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_OK_AND_ASSIGN(JobRow j, store_->CreateJob(NewJob("kept-" + std::to_string(i)), nullptr));
+    acked.push_back(j.id);
+  }
+  ASSERT_TRUE(fs::remove(path_));
+  const Status files = store_->CheckFiles();
+  ASSERT_TRUE(files.IsIOError()) << files.ToString();
+  EXPECT_THAT(files.message(), ::testing::HasSubstr(path_ + " was deleted or replaced"));
+  EXPECT_THAT(files.message(), ::testing::HasSubstr("stop ftd, move that file to " + path_));
+  EXPECT_FALSE(store_->CreateJob(NewJob("refused"), nullptr).ok());
+  EXPECT_FALSE(store_->Recover().ok()) << "no reopening without the file";
+  std::string copy;
+  for (const auto& e : fs::directory_iterator(dir_))
+    if (e.path().filename().string().rfind("ftd.db.saved-", 0) == 0) copy = e.path().string();
+  ASSERT_FALSE(copy.empty()) << files.message();
+  EXPECT_THAT(files.message(), ::testing::HasSubstr(copy));
+  store_.reset();
+  fs::rename(copy, path_);
+  for (const char* suffix : {"-wal", "-shm"}) fs::remove(path_ + suffix);
+  Reopen();
+  for (const std::string& id : acked) EXPECT_TRUE(store_->GetJob(id).ok()) << id;
 }
 
 // Disk full on ftd's data dir, made with RLIMIT_FSIZE (EFBIG, what a full
@@ -901,18 +979,18 @@ TEST_F(StoreTest, VersionZeroDatabaseIsMigratedToTheLatest) {
   {
     auto store = OpenStore(old_path);
     ASSERT_NE(store, nullptr);
-    EXPECT_EQ(store->schema_version(), 8);
+    EXPECT_EQ(store->schema_version(), 9);
     ASSERT_OK_AND_ASSIGN(JobRow j, store->CreateJob(NewJob("x"), nullptr));
     EXPECT_EQ(j.id, "j-000001");
   }
-  EXPECT_EQ(RawPragma(old_path, "user_version"), "8");
+  EXPECT_EQ(RawPragma(old_path, "user_version"), "9");
   EXPECT_EQ(RawPragma(old_path, "journal_mode"), "wal");
   EXPECT_EQ(RawPragma(old_path, "integrity_check"), "ok");
 
   // Reopening at the latest version runs no migration (it would fail: tables exist).
   auto again = OpenStore(old_path);
   ASSERT_NE(again, nullptr);
-  EXPECT_EQ(again->schema_version(), 8);
+  EXPECT_EQ(again->schema_version(), 9);
   again.reset();
 
   // A database from a newer ftd is refused, naming the path.
@@ -1070,6 +1148,19 @@ TEST_F(StoreTest, SubmitThroughputBenchmark) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("[ BENCH    ] %d sequential durable CreateJob in %.3f s: %.0f jobs/s (%s)\n", kJobs, seconds,
               kJobs / seconds, dir_.c_str());
+}
+
+// The key attempt credentials derive from (daemon/daemon.h): made once from the first candidate,
+// kept across a reopen, never replaced by a later candidate.
+TEST_F(StoreTest, TheAttemptKeyIsMadeOnceAndSurvivesAReopen) {
+  EXPECT_TRUE(store_->AttemptKey("").status().IsNotFound());
+  ASSERT_OK_AND_ASSIGN(std::string key, store_->AttemptKey("first-candidate"));
+  EXPECT_EQ(key, "first-candidate");
+  Reopen();
+  ASSERT_OK_AND_ASSIGN(std::string again, store_->AttemptKey("second-candidate"));
+  EXPECT_EQ(again, "first-candidate");
+  ASSERT_OK_AND_ASSIGN(again, store_->AttemptKey(""));
+  EXPECT_EQ(again, "first-candidate");
 }
 
 TEST_F(StoreTest, AFailedHeartbeatWriteLeavesTheConnectionFsyncing) {

@@ -196,7 +196,8 @@ TEST(E2E, FullDataDirRefusesNewWorkKeepsEveryJobAndRecoversOnceSpaceFrees) {
   std::filesystem::remove(filler);
   ASSERT_TRUE(PollUntil([&] { return ReadyStatus(c) == 200; }, std::chrono::seconds(30)))
       << "ftd did not recover once space was freed";
-  const std::string second = c.Submit(job);
+  // The same settings in an output.dir of its own (ftd refuses a second job for one directory).
+  const std::string second = c.Submit(c.WriteJob("datadirfull-2", 300, 20));
   j = c.WaitFor(first, Done, 180'000);
   ASSERT_EQ(j.state(), pb::SUCCEEDED) << j.reason();
   EXPECT_EQ(j.failures(), 0);

@@ -6,8 +6,12 @@
 // (and, for 4..7, an allowed host name). Each request's last path segment and
 // ?job= value also go through the one job id rule (common/ids.h) and
 // Daemon::LogPath: an id the rule takes must give a path inside DATA_DIR/logs,
-// any other must be refused (abort = finding).
+// any other must be refused (abort = finding). Every request also goes to an
+// API serving a dashboard directory that holds sources beside its assets: no
+// answer may carry a source's bytes or the directory's path (abort = finding).
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <sstream>
 
@@ -15,6 +19,31 @@
 #include "daemon/http_api.h"
 #include "tests/fuzz/daemon_fixture.h"
 #include "tests/fuzz/fuzz.h"
+
+namespace {
+
+constexpr const char* kSourceBytes = "SOURCE-NOT-AN-ASSET";
+
+// A dashboard directory with its assets and, beside them, what must never be served.
+const std::string& WebDir() {
+  static const std::string dir = [] {
+    namespace fs = std::filesystem;
+    const std::string d = fs::path(ft::fuzz::ScratchFile("web.keep", "")).parent_path().string() + "/web";
+    fs::create_directories(d + "/node_modules/uplot/dist");
+    fs::create_directories(d + "/.git");
+    std::ofstream(d + "/index.html") << "<!doctype html>";
+    std::ofstream(d + "/app.js") << "1;";
+    std::ofstream(d + "/node_modules/uplot/dist/uPlot.min.css") << ".u{}";
+    for (const char* source : {"CMakeLists.txt", "package.json", ".gitignore", ".git/config", "app.js.map",
+                               "node_modules/uplot/package.json", "node_modules/uplot/dist/LICENSE"}) {
+      std::ofstream(d + "/" + source) << kSourceBytes;
+    }
+    return d;
+  }();
+  return dir;
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::unique_ptr<ft::fuzz::DaemonFixture> fixture = ft::fuzz::MakeDaemon("http");
@@ -50,6 +79,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (name == "Content-Type") req.content_type = value;
   }
   (void)apis[data[0] % 8]->Handle(req);
+  static const std::unique_ptr<ft::HttpApi> dashboard =
+      std::make_unique<ft::HttpApi>(fixture->daemon.get(), ft::HttpApiOptions{"", "", WebDir(), false});
+  const ft::HttpResponse page = dashboard->Handle(req);
+  if (page.body.find(kSourceBytes) != std::string::npos || page.body.find(WebDir()) != std::string::npos) {
+    std::abort();  // a source served, or the web dir's path shown
+  }
   const std::string path = req.target.substr(0, req.target.find('?'));
   const size_t job = req.target.find("job=");
   for (const std::string& id : {path.substr(path.rfind('/') + 1),

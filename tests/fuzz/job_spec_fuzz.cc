@@ -1,11 +1,14 @@
 // job.yaml → JobSpec: any bytes parse to a spec or to an error naming the
 // file, line and key (engine/job/job_spec.h). A spec that parses holds only
 // finite numbers inside their documented ranges (no .inf, .nan or 1e308 lr
-// gets through, and a repeated key is an error, not a silent first value).
+// gets through, and a repeated key is an error, not a silent first value),
+// and came from text within the limits (size, nodes, nesting: the corpus'
+// huge, many-nodes and deep seeds are refused before a tree is built).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
+#include "common/yaml_config.h"
 #include "engine/job/job_spec.h"
 #include "tests/fuzz/fuzz.h"
 
@@ -43,7 +46,14 @@ void CheckValues(const ft::JobSpec& s) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  auto spec = ft::ParseJobSpec(std::string(ft::fuzz::AsText(data, size)), "fuzz/job.yaml");
-  if (spec.ok()) CheckValues(*spec);
+  const std::string text(ft::fuzz::AsText(data, size));
+  auto spec = ft::ParseJobSpec(text, "fuzz/job.yaml");
+  if (!spec.ok()) return 0;
+  CheckValues(*spec);
+  if (text.size() > ft::kMaxJobSpecBytes || !ft::CheckYamlLimits(text, "fuzz/job.yaml").ok()) {
+    std::fprintf(stderr, "job_spec_fuzz: a job of %zu bytes past the YAML limits was accepted\n",
+                 text.size());
+    std::abort();
+  }
   return 0;
 }

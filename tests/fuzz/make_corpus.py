@@ -52,15 +52,19 @@ def record(data):
 
 
 def session():
+    # "J": the job's id, "C": the attempt credential ftd handed out, "O/...": a path in output.dir
+    # (tests/fuzz/daemon_session_fuzz.cc).
     device = msg((1, 0), (2, "cpu"), (3, "cpu0"), (4, 8 << 30), (5, 8 << 30))
-    register = msg((1, "w1"), (2, "host"), (3, "0.1"), (4, device))
-    progress = lambda step: msg((1, "J"), (2, 1), (3, step), (4, 10), (5, 2.5), (6, 100.0))
+    register = msg((1, "w1"), (2, "host"), (3, "0.1"), (4, device), (14, "instance-1"))
+    progress = lambda step: msg((1, "J"), (2, 1), (3, step), (4, 10), (5, 2.5), (6, 100.0), (7, "C"))
     heartbeat = lambda step: msg((2, msg((1, device), (2, progress(step)))))
-    checkpoint = msg((3, msg((1, "J"), (2, 1), (3, 2), (4, "/tmp/ck/step-00000002"), (5, "ab" * 32), (6, 0.5))))
-    metrics = msg((5, msg((1, "J"), (2, 1), (3, msg((1, 1), (2, 2.5), (3, 1e-4), (4, 1.0), (8, 1))))))
-    log = msg((6, msg((1, "J"), (2, 1), (3, "step 1 loss 2.5\n"))))
-    note = msg((7, msg((1, "J"), (2, 1), (3, "resume"), (4, "resumed"), (5, 2), (6, "/tmp/ck"))))
-    exited = lambda outcome, code: msg((4, msg((1, "J"), (2, 1), (3, outcome), (4, code), (5, "done"), (6, 10))))
+    ckpt = lambda d, cred="C": msg((3, msg((1, "J"), (2, 1), (3, 2), (4, d), (5, "ab" * 32), (6, 0.5), (7, cred))))
+    checkpoint = ckpt("O/checkpoints/step-00000002")
+    metrics = msg((5, msg((1, "J"), (2, 1), (3, msg((1, 1), (2, 2.5), (3, 1e-4), (4, 1.0), (8, 1))), (4, "C"))))
+    log = msg((6, msg((1, "J"), (2, 1), (3, "step 1 loss 2.5\n"), (4, "C"))))
+    note = msg((7, msg((1, "J"), (2, 1), (3, "resume"), (4, "resumed"), (5, 2), (6, "/tmp/ck"), (7, "C"))))
+    exited = lambda outcome, code, cred="C": msg(
+        (4, msg((1, "J"), (2, 1), (3, outcome), (4, code), (5, "done"), (6, 10), (9, cred))))
     base = record(register) + record(heartbeat(1)) + record(metrics) + record(log)
     write("daemon_session", "run-to-end", base + record(checkpoint) + record(heartbeat(10)) + record(exited(1, 0)))
     write("daemon_session", "preempted", base + record(checkpoint) + record(exited(2, 3)))
@@ -68,12 +72,35 @@ def session():
     write("daemon_session", "note-and-failure", base + record(note) + record(exited(3, 1)))
     write("daemon_session", "wrong-epoch", record(register) + record(heartbeat(1).replace(b"\x10\x01", b"\x10\x07")))
     write("daemon_session", "register-only", record(register))
-    running = msg((1, "J"), (2, 1))
+    running = msg((1, "J"), (2, 1), (5, "C"))
     write("daemon_session", "reattach", record(msg((1, "w2"), (4, device), (6, running))))
+    # Forged: another registered worker reports on w1's attempt (with the right credential too).
+    other = msg((1, msg((1, "w2"), (2, "host2"), (4, device), (14, "instance-2"))))
+    write("daemon_session", "forged-from-other-worker",
+          base + record(other) + record(exited(1, 0)) + record(metrics) + record(log) + record(heartbeat(99))
+          + record(checkpoint) + record(note) + record(exited(2, 3, "")))
+    # The right worker with a wrong or no credential.
+    write("daemon_session", "wrong-credential",
+          record(register) + record(exited(1, 0, "C" * 64)) + record(exited(2, 3, "")) + record(ckpt("O/c/s", "x")))
+    # Checkpoints outside output.dir: elsewhere, "..", a relative path.
+    write("daemon_session", "checkpoint-outside-output",
+          base + record(ckpt("/tmp/elsewhere/step-2")) + record(ckpt("O/../../etc")) + record(ckpt("rel/step-2"))
+          + record(ckpt("O/checkpoints/../step-2")))
+    # The same id again: another instance (refused while w1 lives), then w1's own instance.
+    again = lambda instance: msg((1, msg((1, "w1"), (2, "host2"), (4, device), (14, instance))))
+    write("daemon_session", "duplicate-id", base + record(again("instance-2")) + record(again("instance-1"))
+          + record(exited(1, 0)))
+    write("daemon_session", "too-many-devices", record(msg((1, "w1"), (2, "host"), *[(4, device)] * 65)))
 
 
 def safetensors(header, data=b""):
     h = json.dumps(header, separators=(",", ":")).encode()
+    return struct.pack("<Q", len(h)) + h + data
+
+
+def raw_safetensors(header_text, data=b""):
+    """A header given as text: what json.dumps cannot write (a name repeated)."""
+    h = header_text.encode()
     return struct.pack("<Q", len(h)) + h + data
 
 
@@ -102,6 +129,14 @@ output: {dir: out}
     write("job_spec", "overflow.yaml", base + "train: {max_steps: 4, lr: 1e999}\n")
     write("job_spec", "duplicate-key.yaml", base + "train:\n  max_steps: 4\n  lr: 1.0e-4\n  lr: 1.0\n")
     write("job_spec", "duplicate-section.yaml", base + "train: {max_steps: 4}\noutput: {dir: elsewhere}\n")
+    # Memory bombs (issue #41), each refused before a tree is built: over the size limit, past the
+    # node limit within it, nested past the depth limit in flow and in block style.
+    job = base + "train: {max_steps: 4}\n"
+    write("job_spec", "huge.yaml", job + "# " + "x" * (260 << 10) + "\n")
+    write("job_spec", "many-nodes.yaml", job.replace("d.jsonl}", "d.jsonl, chat_template_vars: {x: [" +
+                                                     ",".join(["a"] * 12000) + "]}}"))
+    write("job_spec", "deep-flow.yaml", job + "name: " + "[" * 5000 + "]" * 5000 + "\n")
+    write("job_spec", "deep-block.yaml", job + "name:\n" + "".join(" " * (2 * i + 2) + "-\n" for i in range(40)))
     # safetensors
     f32 = struct.pack("<4f", 1, 2, 3, 4)
     write("safetensors", "f32", safetensors({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
@@ -117,6 +152,22 @@ output: {dir: out}
     write("safetensors", "empty-shape", safetensors({"s": {"dtype": "F32", "shape": [], "data_offsets": [0, 4]},
                                                      "z": {"dtype": "F32", "shape": [0, 3], "data_offsets": [4, 4]}},
                                                     f32[:4]))
+    # Hostile shapes, each refused by name (engine/io/safetensors.h): a name twice (JSON keeps the last),
+    # a range inside another, offsets past the end or backwards, byte counts that overflow 64 bits.
+    entry = lambda name, shape, begin, end, dtype="F32": (
+        f'"{name}":{{"dtype":"{dtype}","shape":{json.dumps(shape)},"data_offsets":[{begin},{end}]}}')
+    write("safetensors", "duplicate-name", raw_safetensors(
+        "{" + entry("w", [2], 0, 8) + "," + entry("w", [2], 8, 16) + "}", f32))
+    write("safetensors", "overlap-inside", safetensors({
+        "a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+        "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, f32))
+    write("safetensors", "offsets-past-end", safetensors({"w": {"dtype": "F32", "shape": [4],
+                                                                "data_offsets": [16, 32]}}, f32))
+    write("safetensors", "offsets-backwards", safetensors({"w": {"dtype": "F32", "shape": [0],
+                                                                 "data_offsets": [2 ** 64 - 1, 0]}}, f32))
+    write("safetensors", "huge-shape", raw_safetensors("{" + entry("h", [2 ** 62, 8], 0, 0) + "}"))
+    write("safetensors", "huge-shape-i8", raw_safetensors("{" + entry("h", [2 ** 63 - 1, 2], 0, 0, "I8") + "}"))
+    write("safetensors", "huge-rank", raw_safetensors("{" + entry("h", [65536] * 8, 0, 16) + "}", f32))
     # model.safetensors.index.json of the tiny-llama directory the safetensors target makes
     tiny = ["lm_head", "model.embed_tokens", "model.norm"] + [
         f"model.layers.{i}.{m}" for i in range(2) for m in (
@@ -128,6 +179,9 @@ output: {dir: out}
     write("safetensors", "index-absolute.json", index("/etc/passwd"))
     write("safetensors", "index-dot-subdir.json", index("./sub/../model.safetensors"))
     write("safetensors", "index-not-a-string.json", json.dumps({"weight_map": {"lm_head.weight": 7}}))
+    # A tensor named twice in weight_map (JSON keeps the last): refused, naming both shards.
+    write("safetensors", "index-duplicate-tensor.json",
+          index("model.safetensors")[:-2] + ', "lm_head.weight": "other.safetensors"}}')
     # config.json
     llama = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256, "hidden_size": 64,
              "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -164,6 +218,11 @@ output: {dir: out}
         "model": {"type": "BPE", "unk_token": None, "byte_fallback": True, "fuse_unk": True,
                   "vocab": {"\u2581": 0, "a": 1, "b": 2, "\u2581a": 3, "\u2581b": 4, "<s>": 5, "<0x41>": 6},
                   "merges": ["\u2581 a", "\u2581 b"]}}))
+    # a Split pattern that backtracks catastrophically: the encode fails with a named error, fast
+    write("tokenizer_load", "catastrophic-split.json", json.dumps({
+        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(\\w+\\s?)*$|(a|a)+b"}, "behavior": "Isolated",
+                          "invert": False},
+        "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "H": 2}, "merges": []}}))
     # texts
     for name, text in [("english", "Hello world! The quick brown fox jumps over the lazy dog."),
                        ("special", "<|im_start|>user\nhi<|im_end|>\n<|endoftext|>"),
@@ -191,6 +250,10 @@ output: {dir: out}
         ("error", "{{ raise_exception('no') }}"),
         ("with-vars", "{{ a.b[0] }}\0{\"a\": {\"b\": [1, 2]}}"),
         ("whitespace", "{%- if true -%}\n  a  \n{%- endif %}{# c #}{% raw %}{{ x }}{% endraw %}"),
+        # comparisons are charged to the work budget: sorts in a loop, unique (quadratic), min/max
+        ("sort-loop", "{% set l = range(1000)|list|reverse|list %}{% for i in range(100) %}{{ (l|sort)[0] }}"
+                      "{{ (l|map('string')|sort(reverse=true))[0] }}{% endfor %}{{ range(300)|list|unique|length }}"
+                      "{{ l|min }}{{ l|max }}{{ {'b': 1, 'a': 2}|dictsort }}"),
     ]:
         write("jinja", name, t)
     # data lines: first byte = format (0 tokens, 1 text, 2 alpaca, 3 chat)
@@ -230,6 +293,11 @@ output: {dir: out}
         ("rebinding", "\x00POST /api/jobs/$JOB/cancel\nHost: evil.example:7071\n"
                       "Origin: http://evil.example:7071\nContent-Type: application/json"),
         ("allowed-host", "\x04GET /api/jobs\nHost: H.:7071"),
+        # the dashboard serves its assets only, and no answer names the web dir
+        ("web-source", "\x00GET /package.json\nHost: 127.0.0.1"),
+        ("web-asset", "\x00GET /app.js\nHost: 127.0.0.1"),
+        ("web-dotfile", "\x00GET /.gitignore\nHost: 127.0.0.1"),
+        ("web-vendor-source", "\x00GET /vendor/LICENSE\nHost: 127.0.0.1"),
     ]:
         write("http_api", name, req)
     session()

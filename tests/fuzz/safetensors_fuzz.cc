@@ -1,12 +1,16 @@
 // A .safetensors file (header length, JSON header, tensor table, data area):
 // opened, validated, and every small tensor read as float
-// (engine/io/safetensors.h). An input that mentions "weight_map" is also
+// (engine/io/safetensors.h). A file that opens names each tensor once and
+// gives each its own bytes inside the data area (no range shared with
+// another, none past the end), whatever the input. An input that mentions "weight_map" is also
 // model.safetensors.index.json of a tiny model directory (engine/io/hf_model.h):
 // a weight map that loads must have named only shards inside that directory
 // (no absolute path, no ".."), whatever the input.
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <vector>
 
 #include "engine/io/hf_model.h"
@@ -45,6 +49,20 @@ void FuzzIndex(std::string_view text) {
   }
 }
 
+// Aborts unless every tensor of `file` has a name of its own and bytes of its own.
+void CheckTensorsAreDistinct(const ft::SafetensorsFile& file) {
+  std::set<std::string> names;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const ft::TensorInfo& t : file.tensors()) {
+    if (!names.insert(t.name).second) std::abort();  // a name twice: one of them would be lost
+    if (t.end > t.begin) ranges.emplace_back(t.begin, t.end);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i].first < ranges[i - 1].second) std::abort();  // two tensors over the same bytes
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -53,6 +71,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string path = ft::fuzz::ScratchFile("model.safetensors", text);
   auto file = ft::SafetensorsFile::Open(path);
   if (!file.ok()) return 0;
+  CheckTensorsAreDistinct(**file);
   std::vector<float> out;
   for (const ft::TensorInfo& t : (*file)->tensors()) {
     if (t.numel() < 0 || t.numel() > (int64_t{1} << 16)) continue;

@@ -36,6 +36,10 @@ class FakeDaemon final : public ftune::v1::Workers::Service {
     if (!stream->Read(&m) || !m.has_register_())
       return {grpc::StatusCode::INVALID_ARGUMENT, "register first"};
     Record(m);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!refuse_.ok()) return refuse_;
+    }
     ftune::v1::DaemonCommand registered;
     registered.mutable_registered()->set_heartbeat_ms(heartbeat_ms_);
     registered.mutable_registered()->set_lease_ms(10 * heartbeat_ms_);
@@ -64,6 +68,11 @@ class FakeDaemon final : public ftune::v1::Workers::Service {
   void Push(ftune::v1::DaemonCommand c) {
     std::lock_guard<std::mutex> lock(mu_);
     pending_.push_back(std::move(c));
+  }
+  // Every registration from now on is answered with `status` (OK: accepted again).
+  void RefuseRegistrations(grpc::Status status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    refuse_ = std::move(status);
   }
   void BreakNextStream() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -113,6 +122,7 @@ class FakeDaemon final : public ftune::v1::Workers::Service {
   std::string authorization_;
   int streams_ = 0;
   int break_streams_ = 0;
+  grpc::Status refuse_;
   int half_closed_ = 0;
 };
 

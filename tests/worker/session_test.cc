@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <mutex>
+#include <thread>
 
 #include "tests/worker/fake_daemon.h"
 
@@ -214,6 +215,35 @@ TEST(SessionTest, ShutdownWithoutADaemonGivesUp) {
   const auto start = std::chrono::steady_clock::now();
   EXPECT_FALSE(session.Shutdown(std::chrono::milliseconds(300)));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+// A registration the daemon refused (another ft-worker holds this --id) would be refused again at
+// once: the session backs off from refused_backoff_initial, doubling, instead of retrying every
+// 100 ms; once the daemon accepts it again it registers.
+TEST(SessionTest, ARefusedRegistrationBacksOffLongerEachTimeThenRegistersOnceAccepted) {
+  FakeDaemon daemon;
+  daemon.RefuseRegistrations(
+      grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "worker id 'w1' is held by another ft-worker"));
+  FakeDaemonServer server(&daemon);
+  FakeDelegate delegate;
+  SessionOptions o = Options(server.address());
+  o.backoff_initial = std::chrono::milliseconds(10);  // what a broken stream would wait
+  o.backoff_max = std::chrono::milliseconds(20);
+  o.refused_backoff_initial = std::chrono::milliseconds(200);
+  o.refused_backoff_max = std::chrono::milliseconds(400);
+  Session session(o, &delegate);
+  const auto start = std::chrono::steady_clock::now();
+  session.Start();
+  ASSERT_TRUE(daemon.WaitFor([](const Messages& ms) {
+    return Count(ms, [](const pb::WorkerMessage& m) { return m.has_register_(); }) >= 3;
+  }));
+  // Two waits before the third try: at least half of 200 ms, then half of 400 ms (jitter).
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300));
+  EXPECT_FALSE(session.registered());
+  daemon.RefuseRegistrations(grpc::Status::OK);
+  for (int i = 0; i < 500 && !session.registered(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(session.registered());
 }
 
 }  // namespace

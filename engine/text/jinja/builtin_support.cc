@@ -122,11 +122,19 @@ Value LowerIfStr(const Value& v, bool case_sensitive) {
   return v;
 }
 
-StatusOr<std::vector<Value>> SortValues(std::vector<Value> items,
+StatusOr<std::vector<Value>> SortValues(Interpreter& interp, std::vector<Value> items,
                                         const std::function<Value(const Value&)>& key, bool reverse) {
   std::vector<std::pair<Value, size_t>> keyed;
   keyed.reserve(items.size());
-  for (size_t i = 0; i < items.size(); ++i) keyed.emplace_back(key(items[i]), i);
+  uint64_t compare_work = 0;  // one comparison of each key
+  for (size_t i = 0; i < items.size(); ++i) {
+    keyed.emplace_back(key(items[i]), i);
+    compare_work += CompareWork(keyed.back().first);
+  }
+  uint64_t rounds = 1;  // ceil(log2(n)): the passes a merge sort makes over the keys
+  while (rounds < 64 && (uint64_t{1} << rounds) < items.size()) ++rounds;
+  FT_RETURN_IF_ERROR(
+      interp.ChargeWork(compare_work > UINT64_MAX / rounds ? UINT64_MAX : compare_work * rounds));
   Status err;
   std::stable_sort(keyed.begin(), keyed.end(), [&](const auto& a, const auto& b) {
     if (!err.ok()) return false;

@@ -88,8 +88,9 @@ Value StrList(const std::vector<std::string>& parts);
 Value GetPath(const Value& item, std::string_view path);
 // `v` lowercased when it is a string and !case_sensitive.
 Value LowerIfStr(const Value& v, bool case_sensitive);
-// Stable sort by key; Compare errors surface.
-StatusOr<std::vector<Value>> SortValues(std::vector<Value> items,
+// Stable sort by key; Compare errors surface. The comparisons are charged to
+// the render's work first (CompareWork per comparison, n·log2(n) of them).
+StatusOr<std::vector<Value>> SortValues(Interpreter& interp, std::vector<Value> items,
                                         const std::function<Value(const Value&)>& key, bool reverse);
 // String built-ins that the filter and the str-method tables share (on
 // self.ToStr(): a string's own text): upper, lower, title, capitalize,

@@ -107,14 +107,14 @@ StatusOr<std::string> Indent(const std::string& s, const Value& width, bool firs
   }
   std::vector<std::string> lines = PySplitLines(s + "\n");
   FT_RETURN_IF_ERROR(CheckResultSize("indent", s.size() + (lines.size() + 1) * uint64_t{indention.size()}));
-  std::string rv;
-  if (blank) {
-    for (size_t i = 0; i < lines.size(); ++i) rv += (i ? "\n" + indention : "") + lines[i];
-  } else {
-    rv = lines.empty() ? "" : lines[0];
-    for (size_t i = 1; i < lines.size(); ++i) rv += "\n" + (lines[i].empty() ? "" : indention + lines[i]);
+  // Appended piece by piece: GCC 12 at -O3 flags `"\n" + std::string` chains with a false
+  // -Wrestrict (GCC bug 105329), which failed Release builds.
+  std::string rv = first ? indention : std::string();
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (i > 0) rv += '\n';
+    if (i > 0 && (blank || !lines[i].empty())) rv += indention;
+    rv += lines[i];
   }
-  if (first) rv = indention + rv;
   return rv;
 }
 
@@ -152,7 +152,7 @@ StatusOr<Value> SelectReject(Interpreter& interp, std::string_view fn, const Val
   return Value::List(std::move(out));
 }
 
-StatusOr<Value> MinMax(const Value& input, const Args& a, bool is_max) {
+StatusOr<Value> MinMax(Interpreter& interp, const Value& input, const Args& a, bool is_max) {
   FT_ASSIGN_OR_RETURN(std::vector<Value> items, Iterate(input));
   if (items.empty()) return Value();
   const bool cs = a.Flag(0, false);
@@ -160,6 +160,7 @@ StatusOr<Value> MinMax(const Value& input, const Args& a, bool is_max) {
   auto key = [&](const Value& v) { return LowerIfStr(attr ? GetPath(v, *attr) : v, cs); };
   size_t best = 0;
   for (size_t i = 1; i < items.size(); ++i) {
+    FT_RETURN_IF_ERROR(interp.ChargeWork(CompareWork(items[i])));
     FT_ASSIGN_OR_RETURN(int c, Compare(key(items[i]), key(items[best])));
     if (is_max ? c > 0 : c < 0) best = i;
   }
@@ -231,7 +232,7 @@ StatusOr<Value> Items(Interpreter&, const Value& v, const Args&) {
   return Value::List(std::move(out));
 }
 
-StatusOr<Value> DictSort(Interpreter&, const Value& v, const Args& a) {
+StatusOr<Value> DictSort(Interpreter& interp, const Value& v, const Args& a) {
   if (!v.is_dict()) return Err(std::string("dictsort(): expected a dict, got '") + v.TypeName() + "'");
   const bool cs = a.Flag(0, false);
   FT_ASSIGN_OR_RETURN(std::optional<std::string> by, a.OptStr(1));
@@ -240,26 +241,28 @@ StatusOr<Value> DictSort(Interpreter&, const Value& v, const Args& a) {
   std::vector<Value> pairs;
   for (const auto& [k, x] : v.dict().items()) pairs.push_back(Value::Tuple({Value::Str(k), x}));
   auto key = [&](const Value& p) { return LowerIfStr(p.list()[pos], cs); };
-  FT_ASSIGN_OR_RETURN(pairs, SortValues(std::move(pairs), key, a.Flag(2, false)));
+  FT_ASSIGN_OR_RETURN(pairs, SortValues(interp, std::move(pairs), key, a.Flag(2, false)));
   return Value::List(std::move(pairs));
 }
 
-StatusOr<Value> Sort(Interpreter&, const Value& v, const Args& a) {
+StatusOr<Value> Sort(Interpreter& interp, const Value& v, const Args& a) {
   FT_ASSIGN_OR_RETURN(std::vector<Value> items, Iterate(v));
   const bool cs = a.Flag(1, false);
   FT_ASSIGN_OR_RETURN(std::optional<std::string> attr, a.OptStr(2));
   auto key = [&](const Value& x) { return LowerIfStr(attr ? GetPath(x, *attr) : x, cs); };
-  FT_ASSIGN_OR_RETURN(items, SortValues(std::move(items), key, a.Flag(0, false)));
+  FT_ASSIGN_OR_RETURN(items, SortValues(interp, std::move(items), key, a.Flag(0, false)));
   return Value::List(std::move(items));
 }
 
-StatusOr<Value> Unique(Interpreter&, const Value& v, const Args& a) {
+StatusOr<Value> Unique(Interpreter& interp, const Value& v, const Args& a) {
   FT_ASSIGN_OR_RETURN(std::vector<Value> items, Iterate(v));
   const bool cs = a.Flag(0, false);
   FT_ASSIGN_OR_RETURN(std::optional<std::string> attr, a.OptStr(1));
   std::vector<Value> out, seen;
   for (const Value& x : items) {
     const Value key = LowerIfStr(attr ? GetPath(x, *attr) : x, cs);
+    // Compared with every key kept so far: quadratic in the items, so charged as it goes.
+    FT_RETURN_IF_ERROR(interp.ChargeWork(seen.size() * CompareWork(key)));
     if (std::none_of(seen.begin(), seen.end(), [&](const Value& s) { return Equals(s, key); })) {
       seen.push_back(key);
       out.push_back(x);
@@ -429,11 +432,11 @@ const std::vector<Builtin> kFilters = {
     {{"min"},
      {"case_sensitive", "attribute"},
      "the smallest item",
-     [](I&, const V& v, const A& a) { return MinMax(v, a, false); }},
+     [](I& in, const V& v, const A& a) { return MinMax(in, v, a, false); }},
     {{"max"},
      {"case_sensitive", "attribute"},
      "the largest item",
-     [](I&, const V& v, const A& a) { return MinMax(v, a, true); }},
+     [](I& in, const V& v, const A& a) { return MinMax(in, v, a, true); }},
     {{"sum"}, {"attribute", "start"}, "start + the sum of the items (or their attribute)", Sum},
     {{"abs"}, {}, "the absolute value", Abs, Builtin::kDefinedInput},
     {{"int"},

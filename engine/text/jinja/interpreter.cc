@@ -98,6 +98,8 @@ class CallerFn : public Callable {
 
 }  // namespace
 
+uint64_t CompareWork(const Value& v) { return kWorkPerCompare + v.size(); }
+
 uint64_t ScanWork(const Value& v) {
   if (v.is_string()) return v.str().size();
   if (v.is_list()) return v.list().size();
@@ -112,6 +114,9 @@ Status ErrorAt(int line, const std::string& message) {
 Status AtLine(int line, const Status& status) {
   if (status.ok() || status.message().rfind("line ", 0) == 0) return status;
   if (status.code() == Status::Code::kInternal) return status;
+  if (status.code() == Status::Code::kCancelled) {
+    return Status::Cancelled("line " + std::to_string(line) + ": " + status.message());
+  }
   return ErrorAt(line, status.message());
 }
 
@@ -232,12 +237,23 @@ Status Interpreter::CheckStack(int line) const {
                            " MiB of stack: macros calling macros inside deep expressions?)");
 }
 
-Status Interpreter::Charge(uint64_t units, int line) {
+Status Interpreter::Charge(uint64_t units, int line) { return AtLine(line, ChargeWork(units)); }
+
+Status Interpreter::ChargeWork(uint64_t units) {
+  const uint64_t before = work_;
   work_ = units > kMaxRenderWork ? kMaxRenderWork + 1 : work_ + units;  // no overflow: work_ <= the budget
-  if (work_ <= kMaxRenderWork) return Status::OK();
-  return ErrorAt(line, "the render exceeds its work budget of " + std::to_string(kMaxRenderWork >> 20) +
-                           " Mi units (about a byte each of the values it makes, reads and prints, " +
-                           std::to_string(kWorkPerOperation) + " per operation): a runaway template?");
+  if (work_ > kMaxRenderWork) {
+    return Status::InvalidArgument("the render exceeds its work budget of " +
+                                   std::to_string(kMaxRenderWork >> 20) +
+                                   " Mi units (about a byte each of the values it makes, reads and prints, " +
+                                   std::to_string(kWorkPerOperation) + " per operation, " +
+                                   std::to_string(kWorkPerCompare) + " per comparison): a runaway template?");
+  }
+  if (stop_requested_ && before / kWorkPerPoll != work_ / kWorkPerPoll && stop_requested_()) {
+    return Status::Cancelled("rendering stopped after " + std::to_string(work_ >> 20) +
+                             " Mi units of work: a stop was requested");
+  }
+  return Status::OK();
 }
 
 Status Interpreter::Append(std::string_view text, int line, std::string* out) {

@@ -16,11 +16,18 @@
 // tests, methods, string subscripts and slices and loops read; both operands
 // of a comparison or `in` in full (Value::size()); the bytes written to the
 // output; and kWorkPerOperation for each expression, statement and loop
-// iteration. Over budget, the render fails with "line N: the render exceeds
-// its work budget of 1024 Mi units ...".
+// iteration; for sort, dictsort, unique, min and max, CompareWork per
+// comparison they make (n·log2(n) for a sort, n² for unique). Over budget,
+// the render fails with "line N: the render exceeds its work budget of 1024
+// Mi units ...".
+//
+// A render also stops when its caller asks (stop_requested, polled about
+// every millisecond of work): Cancelled "line N: rendering stopped: ...", so a
+// trainer asked to stop while it prepares its data stops within a second.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -48,7 +55,8 @@ class Interpreter {
  public:
   // `root` holds the render's variables and globals; it must outlive the
   // interpreter. Top-level `set` writes into it.
-  explicit Interpreter(Scope* root) : root_(root) {}
+  explicit Interpreter(Scope* root, std::function<bool()> stop_requested = {})
+      : root_(root), stop_requested_(std::move(stop_requested)) {}
   // Empties every namespace this interpreter made (NewNamespace), so one that
   // holds itself (`{% set ns.x = ns %}`, directly or through a macro or
   // another namespace) is freed with the render instead of leaking.
@@ -67,6 +75,11 @@ class Interpreter {
   // a scope whose parent is `parent` (null: the template's top level).
   StatusOr<Value> CallMacro(const Node& macro, CallArgs args, Scope* parent);
   Scope& root() { return *root_; }
+  // Adds `units` to the render's work (for built-ins whose cost their input's
+  // size does not show, e.g. a sort's comparisons). Errors carry no line (the
+  // caller's AtLine adds it): over the budget (InvalidArgument), or Cancelled
+  // when stop_requested said so.
+  Status ChargeWork(uint64_t units);
   // namespace(...): a mutable attribute holder, owned by this render.
   Value NewNamespace(Dict attrs);
 
@@ -101,6 +114,7 @@ class Interpreter {
   StatusOr<Value> GetItem(const Expr& at, const Value& obj, const Value& key);
 
   Scope* root_;
+  std::function<bool()> stop_requested_;  // polled every kWorkPerPoll units (unset: never)
   Flow flow_ = Flow::kNormal;
   int call_depth_ = 0;
   int64_t iterations_ = 0;         // loop iterations in this render (bounded)
@@ -118,6 +132,13 @@ constexpr uint64_t kWorkPerOperation = 64;
 
 // What reading `v` costs an operation: a string's bytes, a list's or dict's items.
 uint64_t ScanWork(const Value& v);
+// What comparing `v` with another value may cost: kWorkPerCompare (a
+// comparison costs about 16 units of time on its own) plus what it may read,
+// its whole size (Value::size()).
+constexpr uint64_t kWorkPerCompare = 16;
+uint64_t CompareWork(const Value& v);
+// How often a render polls its stop_requested: every 2^20 units (about a millisecond).
+constexpr uint64_t kWorkPerPoll = uint64_t{1} << 20;
 
 // Makes a Status message carry the line: "line N: msg" (kept as is when it
 // already names one).

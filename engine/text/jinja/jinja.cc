@@ -12,6 +12,7 @@ namespace {
 Status Named(const std::string& name, const Status& st) {
   if (st.ok()) return st;
   if (st.code() == Status::Code::kInternal) return st;
+  if (st.code() == Status::Code::kCancelled) return Status::Cancelled(name + ": " + st.message());
   return Status::InvalidArgument(name + ": " + st.message());
 }
 
@@ -28,11 +29,12 @@ StatusOr<JinjaTemplate> JinjaTemplate::Parse(std::string_view source, std::strin
   return t;
 }
 
-StatusOr<std::string> JinjaTemplate::Render(const jinja::Dict& variables) const {
+StatusOr<std::string> JinjaTemplate::Render(const jinja::Dict& variables,
+                                            const std::function<bool()>& stop_requested) const {
   jinja::Scope root(nullptr);
   jinja::AddGlobals(&root);
   for (const auto& [k, v] : variables.items()) root.Set(k, v);
-  jinja::Interpreter interp(&root);
+  jinja::Interpreter interp(&root, stop_requested);
   std::string out;
   Status st = interp.Render(*nodes_, &out);
   if (!st.ok()) return Named(name_, st);

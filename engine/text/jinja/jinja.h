@@ -24,6 +24,7 @@
 // concurrently from several threads.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -47,9 +48,13 @@ class JinjaTemplate {
 
   // Renders with `variables` (name -> value) as the top-level context, plus
   // the globals range, dict, namespace, raise_exception and strftime_now.
-  // Errors (raise_exception, undefined values used, type errors) are
-  // InvalidArgument "<name>: line N: ...", N the template source line.
-  StatusOr<std::string> Render(const jinja::Dict& variables) const;
+  // Errors (raise_exception, undefined values used, type errors, the work
+  // budget of engine/text/jinja/interpreter.h) are InvalidArgument "<name>:
+  // line N: ...", N the template source line. `stop_requested` (optional) is
+  // polled about every millisecond of work: true ends the render with
+  // Cancelled "<name>: line N: rendering stopped ...".
+  StatusOr<std::string> Render(const jinja::Dict& variables,
+                               const std::function<bool()>& stop_requested = {}) const;
   // Same, from a JSON object (insertion order of keys preserved); a variable
   // nested deeper than jinja::kMaxValueDepth is InvalidArgument naming it.
   StatusOr<std::string> Render(const nlohmann::ordered_json& variables) const;

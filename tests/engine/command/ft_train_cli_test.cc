@@ -388,6 +388,10 @@ TEST_F(FtTrainCliTest, SetOverridesTheJobAndErrorsNameTheOverride) {
 // otherwise: 64 MiB here, where micro-batch 8 at seq_len 2048 needs 146 MiB.
 TEST_F(FtTrainCliTest, AFixedMicroBatchThatDoesNotFitIsRefusedWithThePlanAndTheFix) {
   ASSERT_EQ(FtTrain("make-model --preset tiny-llama --out " + dir_ + "/model", dir_).exit_code, 0);
+  // tiny-llama's context is 512 positions; this model takes the 2048 the plan below is sized for.
+  ModelConfig long_context = *ReadHfConfig(dir_ + "/model");
+  long_context.max_position_embeddings = 2048;
+  std::ofstream(dir_ + "/model/config.json") << HfConfigJson(long_context);
   WriteJob("  micro_batch_size: 8\n");
   const std::vector<std::string> set = {"--set", "data.seq_len=2048", "--set", "resources.device=cpu"};
   auto ft_train = [&](const std::string& command, const std::string& log) {

@@ -118,7 +118,7 @@ TEST_F(DataFormatTest, TextAppendsEosAndTrainsEveryToken) {
     const DataEncoder e = Encoder(DataFormat::kText, &tok);
     StatusOr<TokenSequence> s = e.EncodeLine(R"({"text": "Hello world, déjà vu."})", "d.jsonl:1");
     ASSERT_TRUE(s.ok()) << family << ": " << s.status().ToString();
-    std::vector<int32_t> expected = tok.Encode("Hello world, déjà vu.", /*add_special_tokens=*/true);
+    std::vector<int32_t> expected = tok.Encode("Hello world, déjà vu.", /*add_special_tokens=*/true).value();
     expected.push_back(Id(tok, tok.eos_token()));
     EXPECT_EQ(s->ids, expected) << family;
     EXPECT_EQ(s->labels, s->ids) << family;
@@ -159,7 +159,7 @@ TEST_F(DataFormatTest, AlpacaMasksThePromptAndTrainsResponseAndEos) {
     for (const Record& r : records) {
       StatusOr<TokenSequence> s = e.EncodeLine(r.line, "d.jsonl:1");
       ASSERT_TRUE(s.ok()) << family << ": " << s.status().ToString();
-      const std::vector<TokenSpan> toks = tok.EncodeWithOffsets(r.prompt + r.output, true);
+      const std::vector<TokenSpan> toks = tok.EncodeWithOffsets(r.prompt + r.output, true).value();
       ASSERT_EQ(s->ids.size(), toks.size() + 1) << family;
       ASSERT_EQ(s->labels.size(), s->ids.size());
       int trained = 0;
@@ -210,7 +210,7 @@ TEST_F(DataFormatTest, ChatTrainsOnlyAssistantTokensOfTheGoldenSpans) {
     ASSERT_TRUE(s.ok()) << name << ": " << s.status().ToString();
 
     const std::string rendered = c.at("rendered").get<std::string>();
-    const std::vector<TokenSpan> toks = tok.EncodeWithOffsets(rendered, /*add_special_tokens=*/false);
+    const std::vector<TokenSpan> toks = tok.EncodeWithOffsets(rendered, /*add_special_tokens=*/false).value();
     ASSERT_EQ(s->ids.size(), toks.size()) << name;
     ASSERT_EQ(s->labels.size(), toks.size()) << name;
     const ordered_json& spans = c.at("assistant_spans");
@@ -321,6 +321,20 @@ TEST_F(DataFormatTest, EncoderCreationErrors) {
   ASSERT_TRUE(text.ok());
   EXPECT_THAT(ErrorOf(*text, R"({"text": "a rare word: antidisestablishmentarianism"})"),
               HasSubstr("outside [0, 1000) of the model's vocabulary (tokenizer and model do not match)"));
+}
+
+// A stop requested while a line's chat template renders ends the line's encoding with Cancelled
+// naming the line, not as a bad line (which data.skip_bad_lines would skip and count).
+TEST_F(DataFormatTest, AStopWhileATemplateRendersIsNotABadLine) {
+  ChatOptions opts;
+  opts.stop_requested = [] { return true; };
+  opts.chat_template = "{% for i in range(100000) %}{{ i }}{% endfor %}";
+  const DataEncoder e = Encoder(DataFormat::kChat, &Tok("qwen3"), opts);
+  StatusOr<TokenSequence> s = e.EncodeLine(
+      R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]})",
+      "chat.jsonl:7");
+  ASSERT_EQ(s.status().code(), Status::Code::kCancelled) << s.status().ToString();
+  EXPECT_THAT(s.status().message(), HasSubstr("chat.jsonl:7: chat template: line 1: rendering stopped"));
 }
 
 TEST_F(DataFormatTest, RecordEncoderForDatasets) {

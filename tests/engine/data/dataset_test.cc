@@ -199,6 +199,44 @@ TEST(DatasetIndexTest, AnIndexThatDisagreesWithTheDataIsRemovedSoARestartReindex
   EXPECT_TRUE(restarted->MakeBatch(0, restarted->size(), false, 0).ok());
 }
 
+// A file rewritten while Open indexed it used to get an index of a mix, cached under the hash of
+// the file before: now Open fails naming both hashes.
+TEST(DatasetIdentityTest, AFileChangedWhileItIsIndexedIsRefusedNamingBothHashes) {
+  const std::string path = WriteData("changed-while-indexed", 10);
+  const std::string before = *Sha256File(path);
+  bool rewritten = false;
+  auto ds = Dataset::Open(
+      {path, 32, false, false, "test", true}, [&](const std::string& line, const std::string& where) {
+        if (!rewritten) {  // in place, same size: the last byte of the first line's first id
+          rewritten = true;
+          std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+          f.seekp(static_cast<std::streamoff>(line.find(',') - 1));
+          f.put(line[line.find(',') - 1] == '1' ? '2' : '1');
+        }
+        return ParseTokensRecord(line, where, 256);
+      });
+  ASSERT_TRUE(ds.status().IsInvalidArgument()) << ds.status().ToString();
+  EXPECT_THAT(ds.status().message(),
+              ::testing::HasSubstr(path + " changed during the run: SHA-256 " + before + " at start, " +
+                                   *Sha256File(path) + " now"));
+  EXPECT_FALSE(fs::exists(path + ".ftidx")) << "no index of a mix is cached";
+}
+
+// A line that no longer reads as it did when indexed names the change (both hashes) when the file
+// changed: bad input, where it used to be a "changed since indexed" failure that was retried.
+TEST(DatasetIdentityTest, ABatchOfAFileChangedSinceOpenNamesBothHashes) {
+  const std::string path = WriteData("changed-since-open", 10);
+  auto ds = Open(path, false);
+  const std::string before = ds->sha256();
+  std::string text = *ReadFileToString(path);
+  std::ofstream(path, std::ios::binary) << "{\"input_ids\": [7, 7, 7]}\n" << text;  // every line moves
+  auto batch = ds->MakeBatch(0, ds->size(), false, 0);
+  ASSERT_TRUE(batch.status().IsInvalidArgument()) << batch.status().ToString();
+  EXPECT_THAT(batch.status().message(),
+              ::testing::HasSubstr(path + " changed during the run: SHA-256 " + before + " at start, " +
+                                   *Sha256File(path) + " now"));
+}
+
 TEST(DatasetPackingTest, RowsHoldWholeDocumentsWithRestartingPositionsAndSegments) {
   const std::string path = WriteData("pack", 40);
   auto plain = Open(path, false), packed = Open(path, true);

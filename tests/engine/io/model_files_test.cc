@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/confined_path.h"
+#include "common/file_util.h"
 #include "engine/io/hf_model.h"
 #include "engine/io/peft_adapter.h"
 #include "engine/io/safetensors.h"
@@ -117,6 +118,91 @@ TEST_F(ModelFilesTest, FifoAsWeightsFileIsRefusedWithoutBlocking) {
   auto f = SafetensorsFile::Open(dir + "/model.safetensors");
   ASSERT_TRUE(f.status().IsInvalidArgument()) << f.status().ToString();
   EXPECT_THAT(f.status().message(), HasSubstr("is a FIFO, not a regular file"));
+}
+
+// A hand-made safetensors file: the header text as given (repeats and all), then `data_bytes` zeros.
+void WriteRawSafetensors(const std::string& path, const std::string& header, size_t data_bytes) {
+  const uint64_t n = header.size();
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out << header << std::string(data_bytes, '\0');
+}
+
+// JSON keeps the last of a repeated key, so a file naming a tensor twice used to load whichever
+// entry came last, silently.
+TEST_F(ModelFilesTest, ATensorNamedTwiceIsRefusedNamingItAndBothEntries) {
+  const std::string path = base_ + "/twice.safetensors";
+  WriteRawSafetensors(path,
+                      R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                      R"("w":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                      16);
+  auto f = SafetensorsFile::Open(path);
+  ASSERT_TRUE(f.status().IsCorruption()) << f.status().ToString();
+  EXPECT_THAT(f.status().message(),
+              HasSubstr(path + ": tensor 'w' is named twice in the header (data_offsets [0,8] and [8,16])"));
+}
+
+// Two tensors over the same bytes used to load, each reading the other's values.
+TEST_F(ModelFilesTest, TensorsSharingBytesAreRefusedNamingBothAndTheirRanges) {
+  const std::string path = base_ + "/overlap.safetensors";
+  WriteRawSafetensors(path,
+                      R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},)"
+                      R"("empty":{"dtype":"F32","shape":[0],"data_offsets":[8,8]},)"
+                      R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                      16);
+  auto f = SafetensorsFile::Open(path);
+  ASSERT_TRUE(f.status().IsCorruption()) << f.status().ToString();
+  EXPECT_THAT(f.status().message(),
+              HasSubstr(path + ": tensors 'a' (data_offsets [0, 16)) and 'b' ([8, 16)) share bytes"));
+  // Side by side they load; an empty tensor holds no bytes to share.
+  WriteRawSafetensors(path,
+                      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                      R"("empty":{"dtype":"F32","shape":[0],"data_offsets":[8,8]},)"
+                      R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                      16);
+  EXPECT_TRUE(SafetensorsFile::Open(path).ok());
+}
+
+// 2^62 x 8 floats is 2^67 bytes, 0 modulo 2^64: the count wrapped and such a tensor opened.
+TEST_F(ModelFilesTest, AShapeWhoseByteCountOverflowsIsRefused) {
+  const std::string path = base_ + "/huge.safetensors";
+  WriteRawSafetensors(path, R"({"h":{"dtype":"F32","shape":[4611686018427387904,8],"data_offsets":[0,0]}})",
+                      0);
+  auto f = SafetensorsFile::Open(path);
+  ASSERT_TRUE(f.status().IsCorruption()) << f.status().ToString();
+  EXPECT_THAT(f.status().message(), HasSubstr(path + ": tensor 'h': F32 [4611686018427387904, 8] needs more "
+                                                     "bytes than the file's 0 data bytes"));
+}
+
+// A weight_map naming a tensor twice (JSON keeps the last) and a tensor that two shards hold both
+// left which bytes load to chance.
+TEST_F(ModelFilesTest, AnIndexNamingATensorTwiceIsRefused) {
+  const std::string dir = MakeModel("m");
+  IndexEveryTensorTo(dir, "model.safetensors");
+  std::string index = *ReadFileToString(dir + "/model.safetensors.index.json");
+  index.insert(index.rfind('}') - 1, R"(,"lm_head.weight":"other.safetensors")");
+  std::ofstream(dir + "/model.safetensors.index.json") << index;
+  Status s = Load(dir);
+  ASSERT_TRUE(s.IsInvalidArgument()) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr(dir + "/model.safetensors.index.json: weight_map names tensor "
+                                           "'lm_head.weight' twice (\"model.safetensors\" and "
+                                           "\"other.safetensors\")"));
+}
+
+TEST_F(ModelFilesTest, ATensorThatTwoShardsHoldIsRefused) {
+  const std::string dir = MakeModel("m");
+  fs::copy_file(dir + "/model.safetensors", dir + "/a.safetensors");
+  fs::rename(dir + "/model.safetensors", dir + "/b.safetensors");
+  nlohmann::json map;
+  auto file = SafetensorsFile::Open(dir + "/a.safetensors");
+  ASSERT_TRUE(file.ok());
+  for (const TensorInfo& t : (*file)->tensors())
+    map[t.name] = t.name < "model.layers.1" ? "a.safetensors" : "b.safetensors";
+  std::ofstream(dir + "/model.safetensors.index.json") << nlohmann::json{{"weight_map", map}}.dump();
+  Status s = Load(dir);
+  ASSERT_TRUE(s.IsInvalidArgument()) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr(dir + "/model.safetensors.index.json: tensor '"));
+  EXPECT_THAT(s.message(), HasSubstr("' is in two shards, a.safetensors and b.safetensors"));
 }
 
 }  // namespace

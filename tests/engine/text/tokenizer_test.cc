@@ -24,6 +24,8 @@
 
 #include "common/file_util.h"
 #include "engine/command/tokenize_command.h"
+#include "engine/data/data_format.h"
+#include "engine/data/dataset.h"
 #include "engine/text/tokenizer_regex.h"
 #include "engine/text/unicode_text.h"
 #include "tests/support/temp_dir.h"
@@ -118,8 +120,8 @@ TEST_P(GoldenTest, IdsMatchReference) {
   ASSERT_GE(strings.size(), 2000u);
   int plain_ok = 0, special_ok = 0, shown = 0;
   for (size_t i = 0; i < expected.size(); ++i) {
-    const auto ids = tok.Encode(strings[i], false);
-    const auto ids_special = tok.Encode(strings[i], true);
+    const auto ids = tok.Encode(strings[i], false).value();
+    const auto ids_special = tok.Encode(strings[i], true).value();
     plain_ok += ids == expected[i].ids;
     special_ok += ids_special == expected[i].ids_special;
     if ((ids != expected[i].ids || ids_special != expected[i].ids_special) && shown++ < 10) {
@@ -170,7 +172,8 @@ TEST_P(ByteLevelTest, RoundTrip) {
     text::AlignedText want;
     want.text = s;
     if (name == "qwen3") text::Normalize(text::NormForm::kNFC, &want);
-    const std::string back = tok.Decode(tok.Encode(s, false), false, /*clean_up_tokenization_spaces=*/false);
+    const std::string back =
+        tok.Decode(tok.Encode(s, false).value(), false, /*clean_up_tokenization_spaces=*/false);
     ok += back == want.text;
     EXPECT_EQ(back, want.text) << json(s).dump();
   }
@@ -183,8 +186,8 @@ TEST_P(GoldenTest, OffsetsCoverTheText) {
   const std::string name = GetParam();
   const Tokenizer& tok = Get(name);
   for (const std::string& s : GoldenStrings()) {
-    const auto spans = tok.EncodeWithOffsets(s, true);
-    const auto ids = tok.Encode(s, true);
+    const auto spans = tok.EncodeWithOffsets(s, true).value();
+    const auto ids = tok.Encode(s, true).value();
     ASSERT_EQ(spans.size(), ids.size()) << json(s).dump();
     std::vector<bool> covered(s.size(), false);
     int64_t last_begin = 0, last_end = 0;
@@ -237,7 +240,7 @@ TEST_P(GoldenTest, LongRunsEncodeInLinearTime) {
       double best = 1e9;
       for (int rep = 0; rep < 3; ++rep) {
         const double t0 = thread_seconds();
-        const auto ids = tok.Encode(text, false);
+        const auto ids = tok.Encode(text, false).value();
         best = std::min(best, thread_seconds() - t0);
         EXPECT_FALSE(ids.empty());
       }
@@ -263,10 +266,10 @@ TEST(TokenizerTest, SpecialTokensAndConfig) {
   EXPECT_EQ(qwen.bos_token(), "");
   EXPECT_THAT(qwen.chat_template(), HasSubstr("<|im_start|>"));
   EXPECT_EQ(qwen.vocab_size(), 151669);
-  EXPECT_EQ(qwen.Decode(qwen.Encode("<|im_start|>user<|im_end|>", false), true), "user");
+  EXPECT_EQ(qwen.Decode(qwen.Encode("<|im_start|>user<|im_end|>", false).value(), true), "user");
   const Tokenizer& llama2 = Get("llama2");
   EXPECT_EQ(llama2.bos_token(), "<s>");
-  EXPECT_EQ(llama2.Encode("hi", true).front(), 1);
+  EXPECT_EQ(llama2.Encode("hi", true).value().front(), 1);
   EXPECT_EQ(llama2.TokenToId("<0x0A>"), 13);
   EXPECT_EQ(llama2.vocab_size(), 32000);
   const Tokenizer& llama3 = Get("llama3");
@@ -292,11 +295,11 @@ TEST(TokenizerTest, TemplatePostProcessorAddsBos) {
   WriteFile(dir + "/tokenizer.json", j.dump());
   auto tok = Tokenizer::Load(dir);
   ASSERT_TRUE(tok.ok()) << tok.status().ToString();
-  const auto plain = (*tok)->Encode("Hello world", false);
-  auto with = (*tok)->Encode("Hello world", true);
+  const auto plain = (*tok)->Encode("Hello world", false).value();
+  auto with = (*tok)->Encode("Hello world", true).value();
   ASSERT_EQ(with.size(), plain.size() + 1);
   EXPECT_EQ(with[0], 128000);
-  const auto spans = (*tok)->EncodeWithOffsets("Hello world", true);
+  const auto spans = (*tok)->EncodeWithOffsets("Hello world", true).value();
   EXPECT_EQ(spans[0].begin, spans[0].end);
 }
 
@@ -309,10 +312,10 @@ TEST(TokenizerTest, LlamaConfigAddEos) {
   WriteFile(dir + "/tokenizer_config.json", config.dump());
   auto tok = Tokenizer::Load(dir + "/tokenizer.json");
   ASSERT_TRUE(tok.ok()) << tok.status().ToString();
-  const auto ids = (*tok)->Encode("hi", true);
+  const auto ids = (*tok)->Encode("hi", true).value();
   EXPECT_EQ(ids.front(), 1);
   EXPECT_EQ(ids.back(), 2);
-  const auto spans = (*tok)->EncodeWithOffsets("hi", true);
+  const auto spans = (*tok)->EncodeWithOffsets("hi", true).value();
   EXPECT_EQ(spans.back().begin, 2);
   EXPECT_EQ(spans.back().end, 2);
 }
@@ -326,9 +329,9 @@ TEST(TokenizerTest, SplitSpecialTokens) {
   WriteFile(dir + "/tokenizer_config.json", config.dump());
   auto tok = Tokenizer::Load(dir);
   ASSERT_TRUE(tok.ok()) << tok.status().ToString();
-  const auto ids = (*tok)->Encode("a</s>", false);
+  const auto ids = (*tok)->Encode("a</s>", false).value();
   EXPECT_EQ(std::count(ids.begin(), ids.end(), 2), 0);
-  EXPECT_EQ(Get("llama2").Encode("a</s>", false).back(), 2);
+  EXPECT_EQ(Get("llama2").Encode("a</s>", false).value().back(), 2);
 }
 
 // A tiny character-level BPE to check added-token flags, fuse_unk and
@@ -362,24 +365,24 @@ TEST(TokenizerTest, AddedTokenStripAndSingleWord) {
                            {Added(7, "<l>", true, false, false), Added(8, "<r>", false, true, false),
                             Added(9, "<w>", false, false, true)});
   ASSERT_TRUE(tok);
-  EXPECT_EQ(tok->Encode("ab  <l> c", false), (std::vector<int32_t>{5, 7, 4, 3}));
-  const auto spans = tok->EncodeWithOffsets("ab  <l> c", false);
+  EXPECT_EQ(tok->Encode("ab  <l> c", false).value(), (std::vector<int32_t>{5, 7, 4, 3}));
+  const auto spans = tok->EncodeWithOffsets("ab  <l> c", false).value();
   ASSERT_EQ(spans.size(), 4u);
   EXPECT_EQ(spans[1].begin, 2);  // the token swallowed the spaces on its left
   EXPECT_EQ(spans[1].end, 7);
-  EXPECT_EQ(tok->Encode("a<r>  b", false), (std::vector<int32_t>{1, 8, 2}));
-  EXPECT_EQ(tok->Encode(" <w> ", false), (std::vector<int32_t>{4, 9, 4}));
+  EXPECT_EQ(tok->Encode("a<r>  b", false).value(), (std::vector<int32_t>{1, 8, 2}));
+  EXPECT_EQ(tok->Encode(" <w> ", false).value(), (std::vector<int32_t>{4, 9, 4}));
   // Inside a word the single_word token is plain text: three unknown characters, fused.
-  EXPECT_EQ(tok->Encode("a<w>", false), (std::vector<int32_t>{1, 0}));
-  EXPECT_EQ(tok->Encode("abcab", false), (std::vector<int32_t>{6, 5}));
+  EXPECT_EQ(tok->Encode("a<w>", false).value(), (std::vector<int32_t>{1, 0}));
+  EXPECT_EQ(tok->Encode("abcab", false).value(), (std::vector<int32_t>{6, 5}));
 }
 
 TEST(TokenizerTest, UnknownCharactersFuseOrFallBackToBytes) {
   auto fused = TinyTokenizer("fuse", {{"fuse_unk", true}}, json::array());
   auto unfused = TinyTokenizer("nofuse", {{"fuse_unk", false}}, json::array());
   ASSERT_TRUE(fused && unfused);
-  EXPECT_EQ(fused->Encode("axyzb", false), (std::vector<int32_t>{1, 0, 2}));
-  EXPECT_EQ(unfused->Encode("axyzb", false), (std::vector<int32_t>{1, 0, 0, 0, 2}));
+  EXPECT_EQ(fused->Encode("axyzb", false).value(), (std::vector<int32_t>{1, 0, 2}));
+  EXPECT_EQ(unfused->Encode("axyzb", false).value(), (std::vector<int32_t>{1, 0, 0, 0, 2}));
   auto fallback = TinyTokenizer(
       "fallback",
       {{"byte_fallback", true},
@@ -397,7 +400,7 @@ TEST(TokenizerTest, UnknownCharactersFuseOrFallBackToBytes) {
       json::array(),
       {{"decoder", {{"type", "Sequence"}, {"decoders", {{{"type", "ByteFallback"}}, {{"type", "Fuse"}}}}}}});
   ASSERT_TRUE(fallback);
-  EXPECT_EQ(fallback->Encode("x\xC3\xA9z", false), (std::vector<int32_t>{7, 8, 9, 0}));
+  EXPECT_EQ(fallback->Encode("x\xC3\xA9z", false).value(), (std::vector<int32_t>{7, 8, 9, 0}));
   EXPECT_EQ(fallback->Decode({7, 8, 9, 1}, false),
             "x\xC3\xA9"
             "a");
@@ -414,8 +417,8 @@ TEST(TokenizerTest, NormalizersKeepOffsets) {
                                {"type": "Replace", "pattern": {"Regex": "c+"}, "content": "c"}]})")}});
   ASSERT_TRUE(tok);
   const std::string s = "  \uFF21\uFF22\uFF43\uFF43 ";  // "  ＡＢｃｃ ": fullwidth, 3 bytes each
-  EXPECT_EQ(tok->Encode(s, false), (std::vector<int32_t>{6}));
-  const auto spans = tok->EncodeWithOffsets(s, false);
+  EXPECT_EQ(tok->Encode(s, false).value(), (std::vector<int32_t>{6}));
+  const auto spans = tok->EncodeWithOffsets(s, false).value();
   ASSERT_EQ(spans.size(), 1u);
   EXPECT_EQ(spans[0].begin, 2);
   EXPECT_EQ(spans[0].end, 14);
@@ -433,8 +436,8 @@ TEST(TokenizerTest, MetaspacePreTokenizerAndDecoder) {
               "merges": [["\u2581", "a"], ["\u2581", "b"]]}})");
   auto tok = Tokenizer::Load(dir + "/tokenizer.json");
   ASSERT_TRUE(tok.ok()) << tok.status().ToString();
-  EXPECT_EQ((*tok)->Encode("a b", false), (std::vector<int32_t>{3, 4}));
-  EXPECT_EQ((*tok)->Encode("<s>a", false),
+  EXPECT_EQ((*tok)->Encode("a b", false).value(), (std::vector<int32_t>{3, 4}));
+  EXPECT_EQ((*tok)->Encode("<s>a", false).value(),
             (std::vector<int32_t>{5, 1}));  // "first": not after a special token
   EXPECT_EQ((*tok)->Decode({3, 4}, false), "a b");
 }
@@ -442,24 +445,24 @@ TEST(TokenizerTest, MetaspacePreTokenizerAndDecoder) {
 TEST(TokenizerTest, InvalidUtf8IsRepairedNotFatal) {
   const Tokenizer& tok = Get("llama3");
   const std::string bad = "ok \xFF\xC3 end";
-  const auto ids = tok.Encode(bad, false);
-  EXPECT_EQ(ids, tok.Encode(text::Utf8Lossy(bad), false));
-  for (const TokenSpan& t : tok.EncodeWithOffsets(bad, false))
-    EXPECT_LE(t.end, static_cast<int64_t>(bad.size()));
+  const auto ids = tok.Encode(bad, false).value();
+  EXPECT_EQ(ids, tok.Encode(text::Utf8Lossy(bad), false).value());
+  const std::vector<TokenSpan> spans = tok.EncodeWithOffsets(bad, false).value();
+  for (const TokenSpan& t : spans) EXPECT_LE(t.end, static_cast<int64_t>(bad.size()));
 }
 
 TEST(TokenizerTest, ConcurrentEncodesAgree) {
   const Tokenizer& tok = Get("qwen3");
   const auto& strings = GoldenStrings();
   std::vector<std::vector<int32_t>> serial;
-  for (const auto& s : strings) serial.push_back(tok.Encode(s, false));
+  for (const auto& s : strings) serial.push_back(tok.Encode(s, false).value());
   std::vector<int> mismatches(4, 0);
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       for (size_t i = t; i < strings.size() * 2; i += 3) {
         const size_t k = (i * 7 + t) % strings.size();
-        mismatches[t] += tok.Encode(strings[k], false) != serial[k];
+        mismatches[t] += tok.Encode(strings[k], false).value() != serial[k];
       }
     });
   }
@@ -476,12 +479,70 @@ TEST(TokenizerRegexTest, WhitespaceIsUnicodeWhiteSpace) {
   EXPECT_TRUE((*re)->jit());
   EXPECT_EQ((*re)->pcre2_pattern(), R"(\p{White_Space}+|[^\p{White_Space}]+|\\s)");
   std::vector<std::pair<size_t, size_t>> m;
-  (*re)->FindAll(
-      "a\xC2\x85"
-      "b\xE1\xA0\x8E"
-      "c\xEF\xBB\xBF",
-      &m);
+  EXPECT_TRUE((*re)
+                  ->FindAll("a\xC2\x85"
+                            "b\xE1\xA0\x8E"
+                            "c\xEF\xBB\xBF",
+                            &m)
+                  .ok());
   EXPECT_EQ(m, (std::vector<std::pair<size_t, size_t>>{{0, 1}, {1, 3}, {3, 11}}));
+}
+
+// This thread's CPU seconds: what a test's own work took, whatever else the machine runs.
+double ThreadSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// TinyTokenizer with a Split pre-tokenizer on `pattern` (and EOS "c", for format: text).
+std::unique_ptr<Tokenizer> SplitTokenizer(const std::string& name, const std::string& pattern) {
+  const json split = {
+      {"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}, {"invert", false}};
+  if (!TinyTokenizer(name, json::object(), json::array(), {{"pre_tokenizer", split}})) return nullptr;
+  const std::string dir = testing_support::TempPath(name);
+  WriteFile(dir + "/tokenizer_config.json", R"({"eos_token": "c"})");
+  auto tok = Tokenizer::Load(dir);
+  EXPECT_TRUE(tok.ok()) << tok.status().ToString();
+  return tok.ok() ? std::move(tok).value() : nullptr;
+}
+
+// A pre-tokenizer pattern that backtracks catastrophically used to take seconds on a 3,000-character
+// line (PCRE2 counts its match limit per start position: 10 million steps at each of 3,000), or, at
+// PCRE2's limit, to leave the rest of the line unmatched without a word: other tokens than
+// Hugging Face's. The regex work is bounded per input now, and running out is a named error.
+TEST(TokenizerRegexTest, ACatastrophicPatternOnA3000CharacterLineFailsFastNamingThePattern) {
+  const std::string line = std::string(3000, 'a') + "!";
+  // (?:a|a){1,18}z: 2^18 paths at each position, under PCRE2's default limit (seconds in all);
+  // (a+)+$: over it at the first position (a silent stop before).
+  for (const std::string pattern : {"(?:a|a){1,18}z|b", "(a+)+$"}) {
+    auto tok = SplitTokenizer("catastrophic", pattern);
+    ASSERT_TRUE(tok);
+    const double start = ThreadSeconds();
+    auto ids = tok->Encode(line, false);
+    EXPECT_LT(ThreadSeconds() - start, 1.0) << pattern;
+    ASSERT_TRUE(ids.status().IsInvalidArgument()) << pattern << ": " << ids.status().ToString();
+    EXPECT_THAT(ids.status().message(), HasSubstr("/tokenizer.json: pre_tokenizer.pattern: regex '" +
+                                                  pattern + "' needs more work than allowed at byte "));
+    EXPECT_THAT(ids.status().message(), HasSubstr(" of an input of 3001 bytes"));
+    EXPECT_THAT(ids.status().message(), HasSubstr("simplify the pattern (no nested repeats such as (a+)+)"));
+    // A line the pattern takes in its stride still encodes.
+    EXPECT_TRUE(tok->Encode("ab c", false).ok()) << pattern;
+  }
+}
+
+// The data pipeline turns the tokenizer's error into a bad line naming the data file and line.
+TEST(TokenizerRegexTest, ARegexThatRunsOutOfWorkFailsTheDataLineItIsOn) {
+  auto tok = SplitTokenizer("catastrophic-data", "(a+)+$");
+  ASSERT_TRUE(tok);
+  const std::string data = FreshDir("catastrophic-lines") + "/train.jsonl";
+  WriteFile(data, "{\"text\": \"ab c\"}\n{\"text\": \"" + std::string(3000, 'a') + "!\"}\n");
+  auto encode = MakeRecordEncoder(DataFormat::kText, tok.get(), tok->vocab_size());
+  ASSERT_TRUE(encode.ok()) << encode.status().ToString();
+  auto ds = Dataset::Open({data, 64, false, false, "", /*use_cache=*/false}, *encode);
+  ASSERT_TRUE(ds.status().IsInvalidArgument()) << ds.status().ToString();
+  EXPECT_THAT(ds.status().message(), HasSubstr(data + ":2: tokenizing: "));
+  EXPECT_THAT(ds.status().message(), HasSubstr("pre_tokenizer.pattern: regex '(a+)+$' needs more work"));
 }
 
 // Runs RunTokenizeCommand with `input` as stdin; returns its stdout and sets *rc.

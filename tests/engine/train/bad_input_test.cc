@@ -11,6 +11,8 @@
 #include "engine/io/peft_adapter.h"
 #include "engine/io/safetensors.h"
 #include "engine/job/job_spec.h"
+#include "engine/job/planner.h"
+#include "engine/train/trainer.h"
 #include "tests/support/temp_dir.h"
 
 namespace ft {
@@ -155,6 +157,37 @@ TEST(JobSpecBadInputTest, ValidJobResolvesPathsAgainstItsFolder) {
   EXPECT_EQ(spec->train.micro_batch_size, 0);  // auto
 }
 
+// A seq_len past the model's max_position_embeddings trained positions the model never saw; it is
+// refused where ftd's Submit and ft-train check the model (CheckSeqLenTakesModel), unless the
+// config.json does not say (a family that omits the key: nothing to check against).
+TEST(JobSpecBadInputTest, ASeqLenPastMaxPositionEmbeddingsIsRefusedUnlessTheConfigOmitsIt) {
+  const std::string config =
+      R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2)";
+  auto job = [](int64_t seq_len) {
+    return ParseJobWithOverrides(kJob, "/jobs/a/job.yaml", {"data.seq_len=" + std::to_string(seq_len)})->spec;
+  };
+  const ModelConfig with_key =
+      *ParseHfConfig(config + R"(, "max_position_embeddings": 512})", "/jobs/a/m/config.json");
+  Status refused = CheckSeqLenTakesModel(job(1024), with_key);
+  ASSERT_TRUE(refused.IsInvalidArgument()) << refused.ToString();
+  EXPECT_EQ(refused.message(),
+            "/jobs/a/job.yaml: data.seq_len 1024 exceeds model.path /jobs/a/m (config.json) "
+            "max_position_embeddings 512, the longest sequence the model takes; use seq_len <= 512 or a "
+            "model with a longer context");
+  EXPECT_TRUE(CheckSeqLenTakesModel(job(512), with_key).ok());
+  const ModelConfig without_key = *ParseHfConfig(config + "}", "/jobs/a/m/config.json");
+  EXPECT_TRUE(CheckSeqLenTakesModel(job(1024), without_key).ok()) << "nothing to check against";
+  // ft-train refuses it before loading the model (tiny-llama's context is 512).
+  const std::string dir = testing_support::FreshDir("long-seq");
+  Model model(*PresetModelConfig("tiny-llama"), {});
+  RandomInitModel(&model, 7);
+  ASSERT_TRUE(SaveHfModel(dir + "/m", model, DType::kF32).ok());
+  auto trainer = Trainer::Create(ParseJobWithOverrides(kJob, dir + "/job.yaml", {"data.seq_len=1024"})->spec);
+  ASSERT_TRUE(trainer.status().IsInvalidArgument()) << trainer.status().ToString();
+  EXPECT_THAT(trainer.status().message(), HasSubstr("data.seq_len 1024 exceeds model.path " + dir + "/m"));
+}
+
 TEST(JobSpecBadInputTest, UnknownKeysGetLineAndSuggestion) {
   auto spec = ParseJobSpec(std::string(kJob) + "  learning_rat: 3\n", "job.yaml");
   // "learning_rat" lands under output (the last mapping).
@@ -176,7 +209,7 @@ TEST(JobSpecBadInputTest, AnOversizedJobIsRefusedBeforeParsing) {
   const std::string huge = std::string(kJob) + "# " + std::string(kMaxJobSpecBytes, 'x') + "\n";
   auto spec = ParseJobSpec(huge, "job.yaml");
   EXPECT_THAT(spec.status().message(), HasSubstr("job.yaml: "));
-  EXPECT_THAT(spec.status().message(), HasSubstr("at most 1 MiB"));
+  EXPECT_THAT(spec.status().message(), HasSubstr("at most 256 KiB"));
   EXPECT_TRUE(ParseJobSpec(std::string(kJob) + "# " + std::string(1000, 'x') + "\n", "job.yaml").ok());
 }
 

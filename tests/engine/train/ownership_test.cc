@@ -107,11 +107,37 @@ TEST(OwnershipTest, AnAttemptOlderThanTheOwnerNeverWrites) {
   EXPECT_EQ(WaitExit(Spawn(dir, Attempt(job, 3))), kExitSuperseded);
   EXPECT_FALSE(fs::exists(out + "/metrics.jsonl"));
   EXPECT_FALSE(fs::exists(out + "/checkpoints"));
-  // Another job's token is taken over (a new job reusing the directory).
-  ASSERT_TRUE(OutputOwner(out, "j-0", 9).Claim().ok());
+}
+
+// Two jobs, one output.dir (issue #41): job j-0 finished in it; job j-1, the
+// same file with other settings, is started on it. Its trainer refuses the
+// directory as another job's (bad input naming j-0 and the fix) and leaves
+// j-0's COMPLETE.json and token alone; a trainer of j-1 that finds j-0's
+// token at a check is not the owner either.
+TEST(OwnershipTest, ADifferentJobInTheDirIsNotOwnerAndLeavesItsCompletionAlone) {
+  const std::string dir = FreshDir("another-job"), out = dir + "/out";
+  const std::string first = WriteJob(dir, "", 2, 4);
+  ASSERT_EQ(WaitExit(Spawn(dir, {"run", first, "--job-id", "j-0", "--epoch", "1"})), kExitFinished)
+      << Slurp(dir + "/stderr.txt");
+  const std::string complete = Slurp(out + "/COMPLETE.json");
+  ASSERT_FALSE(complete.empty());
+  const std::string second = WriteJob(dir, "", 2, 6);  // other settings: not j-0's completed run
+  EXPECT_EQ(WaitExit(Spawn(dir, {"run", second, "--job-id", "j-1", "--epoch", "1"})), kExitBadInput);
+  EXPECT_THAT(Slurp(dir + "/stderr.txt"), HasSubstr("output.dir belongs to job j-0"));
+  EXPECT_THAT(Slurp(dir + "/stderr.txt"), HasSubstr("choose another output.dir for job j-1"));
+  EXPECT_EQ(Slurp(out + "/COMPLETE.json"), complete) << "job j-0's completion record was touched";
+  auto token = ReadOwnerToken(out);
+  ASSERT_TRUE(token.ok());
+  EXPECT_EQ(token->job_id, "j-0");
+  // A trainer of j-1 already running when j-0's token appears: superseded, not the owner.
+  fs::remove(out + "/OWNER.json");
   OutputOwner mine(out, "j-1", 1);
-  EXPECT_TRUE(mine.Claim().ok());
-  EXPECT_FALSE(OutputOwner(out, "j-0", 9).Check().ok()) << "and that job's trainer is then superseded";
+  ASSERT_TRUE(mine.Claim().ok());
+  fs::remove(out + "/OWNER.json");
+  ASSERT_TRUE(OutputOwner(out, "j-0", 9).Claim().ok());
+  const Status check = mine.Check();
+  EXPECT_TRUE(check.IsAborted()) << check.ToString();
+  EXPECT_THAT(check.message(), HasSubstr("job j-0"));
 }
 
 // Checkpoints at steps 1..n written by `epoch` (synthetic contents).
