@@ -44,12 +44,11 @@ seed=${FT_FUZZ_SEED:-0}
 log "seed $seed (FT_FUZZ_SEED=$seed repeats this run)"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:symbolize=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-rc=0
-for t in "${targets[@]}"; do
-  work="$build/fuzz-work/$t"
+# One target: fuzzes it, prints its line (and a finding's report), exits non-zero on a finding.
+fuzz_one() {
+  local t=$1 work="$build/fuzz-work/$1" dict=() status stats execs speed cov ft corp
   rm -rf "$work" && mkdir -p "$work/corpus" "$build/findings/$t"
   cp -r "$src/tests/fuzz/corpus/$t/." "$work/corpus/" 2>/dev/null
-  dict=()
   [ -f "$src/tests/fuzz/dict/$t.dict" ] && dict=(-dict="$src/tests/fuzz/dict/$t.dict")
   (cd "$work" && TMPDIR="$work" "$build/tests/fuzz/fuzz_$t" "$work/corpus" "${dict[@]}" \
     -seed="$seed" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2560 -max_len=65536 -print_final_stats=1 \
@@ -62,12 +61,25 @@ for t in "${targets[@]}"; do
   ft=$(echo "$stats" | grep -oP "ft: \K[0-9]+")
   corp=$(echo "$stats" | grep -oP "corp: \K[0-9]+")
   if [ $status -ne 0 ]; then
-    rc=1
     cp "$work/log.txt" "$build/findings/$t/log.txt"
     log "$t: FINDING (exit $status); input and log in $build/findings/$t/"
     grep -aE "ERROR|SUMMARY|runtime error|Test unit written" "$work/log.txt" | head -8
-  else
-    log "$t: ${execs:-?} runs in ${seconds} s, ${speed:-?} exec/s, cov ${cov:-?} edges, ft ${ft:-?}, corpus ${corp:-?}"
+    return 1
   fi
+  log "$t: ${execs:-?} runs in ${seconds} s, ${speed:-?} exec/s, cov ${cov:-?} edges, ft ${ft:-?}, corpus ${corp:-?}"
+}
+# One target per core at a time (each fuzzer is one process on one core): the
+# same time for each target, half the wall time on 2 cores.
+parallel=${FT_FUZZ_JOBS:-$(nproc)}
+rc=0
+pids=()
+for t in "${targets[@]}"; do
+  if [ ${#pids[@]} -ge "$parallel" ]; then
+    wait "${pids[0]}" || rc=1
+    pids=("${pids[@]:1}")
+  fi
+  fuzz_one "$t" &
+  pids+=($!)
 done
+for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
 exit $rc
