@@ -30,6 +30,7 @@
 #include "daemon/http_server.h"
 #include "engine/io/hf_model.h"
 #include "tests/daemon/http_test_util.h"
+#include "tests/daemon/tiny_job.h"
 #include "tests/support/temp_dir.h"
 
 namespace ft {
@@ -55,12 +56,9 @@ class HttpApiTest : public testing::Test {
  protected:
   void SetUp() override {
     dir_ = testing_support::FreshDir(testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_ + "/job");
+    testing_support::WriteTinyJobDir(dir_);
+    if (HasFatalFailure()) return;
     fs::create_directories(dir_ + "/web/node_modules/uplot/dist");
-    Model model(*PresetModelConfig("tiny-llama"), {});
-    RandomInitModel(&model, 1);
-    ASSERT_TRUE(SaveHfModel(dir_ + "/job/model", model, DType::kF32).ok());
-    std::ofstream(dir_ + "/job/data.jsonl") << "{\"input_ids\": [1, 2, 3]}\n";
     std::ofstream(dir_ + "/web/index.html") << "<!doctype html><title>ftune</title>";
     std::ofstream(dir_ + "/web/app.js") << "console.log('app');";
     std::ofstream(dir_ + "/web/.hidden") << "hidden";
@@ -113,18 +111,7 @@ class HttpApiTest : public testing::Test {
     port_ = server_->port();
   }
 
-  std::string Submit(const std::string& name) {
-    pb::SubmitRequest req;
-    req.set_spec_yaml("name: " + name +
-                      "\nmodel: {path: model, dtype: fp32}\nadapter: {type: lora, r: 4, alpha: 8}\n"
-                      "data: {train: data.jsonl, format: tokens, seq_len: 64}\n"
-                      "train: {max_steps: 10, global_batch_size: 4}\noutput: {dir: out-" +
-                      name + "}\n");
-    req.set_spec_dir(dir_ + "/job");
-    auto r = daemon_->Submit(req);
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
-    return r.ok() ? r->job().id() : "";
-  }
+  std::string Submit(const std::string& name) { return testing_support::SubmitTinyJob(*daemon_, dir_, name); }
 
   void SendMetrics(int64_t from, int64_t to) {
     pb::WorkerMessage m;

@@ -14,6 +14,7 @@
 
 #include "daemon/daemon.h"
 #include "engine/io/hf_model.h"
+#include "tests/daemon/tiny_job.h"
 #include "tests/support/temp_dir.h"
 
 namespace ft {
@@ -33,11 +34,8 @@ class PathsTest : public testing::Test {
  protected:
   void SetUp() override {
     dir_ = testing_support::FreshDir(testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_ + "/job");
-    Model model(*PresetModelConfig("tiny-llama"), {});
-    RandomInitModel(&model, 1);
-    ASSERT_TRUE(SaveHfModel(dir_ + "/job/model", model, DType::kF32).ok());
-    std::ofstream(dir_ + "/job/data.jsonl") << "{\"input_ids\": [1, 2, 3]}\n";
+    testing_support::WriteTinyJobDir(dir_);
+    if (HasFatalFailure()) return;
     auto store = Store::Open(dir_ + "/ftd.sqlite");
     ASSERT_TRUE(store.ok()) << store.status().ToString();
     DaemonOptions o;

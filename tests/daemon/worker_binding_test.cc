@@ -25,6 +25,7 @@
 #include "daemon/grpc_service.h"
 #include "engine/io/hf_model.h"
 #include "proto/ftune.grpc.pb.h"
+#include "tests/daemon/tiny_job.h"
 #include "tests/support/temp_dir.h"
 
 namespace ft {
@@ -130,11 +131,8 @@ class WorkerBindingTest : public testing::Test {
  protected:
   void SetUp() override {
     dir_ = testing_support::FreshDir(testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_ + "/job");
-    Model model(*PresetModelConfig("tiny-llama"), {});
-    RandomInitModel(&model, 1);
-    ASSERT_TRUE(SaveHfModel(dir_ + "/job/model", model, DType::kF32).ok());
-    std::ofstream(dir_ + "/job/data.jsonl") << "{\"input_ids\": [1, 2, 3]}\n";
+    testing_support::WriteTinyJobDir(dir_);
+    if (HasFatalFailure()) return;
     auto store = Store::Open(dir_ + "/ftd.sqlite");
     ASSERT_TRUE(store.ok()) << store.status().ToString();
     DaemonOptions o;
@@ -168,18 +166,7 @@ class WorkerBindingTest : public testing::Test {
     if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   }
 
-  std::string Submit(const std::string& name) {
-    pb::SubmitRequest req;
-    req.set_spec_yaml("name: " + name +
-                      "\nmodel: {path: model, dtype: fp32}\nadapter: {type: lora, r: 4, alpha: 8}\n"
-                      "data: {train: data.jsonl, format: tokens, seq_len: 64}\n"
-                      "train: {max_steps: 10, global_batch_size: 4}\noutput: {dir: out-" +
-                      name + "}\n");
-    req.set_spec_dir(dir_ + "/job");
-    auto r = daemon_->Submit(req);
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
-    return r.ok() ? r->job().id() : "";
-  }
+  std::string Submit(const std::string& name) { return testing_support::SubmitTinyJob(*daemon_, dir_, name); }
 
   pb::WorkerMessage Exit(pb::AttemptOutcome outcome, const std::string& credential) {
     pb::WorkerMessage m;
