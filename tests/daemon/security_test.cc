@@ -379,20 +379,30 @@ TEST_F(EntryPointTest, AWorkerThatLeavesItsCommandsUnreadHasItsSessionClosed) {
   pb::WorkerMessage reg;
   reg.mutable_register_()->set_worker_id("deaf");
   ASSERT_TRUE(stream->Write(reg));
-  // One heartbeat reporting 20,000 attempts of superseded epochs: ftd refuses each with a command
-  // (about 1 MB in all), none of which the worker reads while ftd sends them.
-  constexpr int kRefusals = 20'000;
+  // Heartbeats each reporting 20,000 attempts of superseded epochs: ftd refuses each with a command
+  // (about 1 MB a heartbeat), none of which the worker reads while ftd sends them. The transport
+  // takes what its flow-control windows allow (on some machines all of one heartbeat's), so the
+  // worker sends more until ftd closes the session: at most 64 (64 MB, far past any window).
+  constexpr int kRefusals = 20'000, kMaxHeartbeats = 64;
   pb::WorkerMessage hb;
   for (int i = 0; i < kRefusals; ++i) {
     pb::Progress* p = hb.mutable_heartbeat()->add_progress();
     p->set_job_id(job_);
     p->set_epoch(1'000 + i);
   }
+  // Each is sent once ftd handled the one before; a Write that fails or one ftd never handles
+  // (the session closed as the Write went out) ends the sending.
+  const auto handled = [&](int n) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (daemon_->message_latency().count() < int64_t{n} &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return daemon_->message_latency().count() >= int64_t{n};
+  };
   ASSERT_TRUE(stream->Write(hb));
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (daemon_->message_latency().count() < 1 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  ASSERT_EQ(daemon_->message_latency().count(), 1) << "ftd never handled the heartbeat";
+  ASSERT_TRUE(handled(1)) << "ftd never handled the heartbeat";
+  int sent = 1;
+  while (sent < kMaxHeartbeats && stream->Write(hb) && handled(sent + 1)) ++sent;
   int read = 0;
   pb::DaemonCommand cmd;
   while (stream->Read(&cmd)) ++read;
@@ -400,7 +410,7 @@ TEST_F(EntryPointTest, AWorkerThatLeavesItsCommandsUnreadHasItsSessionClosed) {
   EXPECT_EQ(why.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << why.error_message();
   EXPECT_THAT(why.error_message(), HasSubstr("commands"));
   EXPECT_THAT(why.error_message(), HasSubstr("unread"));
-  EXPECT_LT(read, kRefusals);
+  EXPECT_LT(read, sent * kRefusals);
 }
 
 // The kinds of events the daemon recorded for worker `id`.

@@ -248,11 +248,25 @@ export class BrowserTest {
   }
 
   // Reads fn() in the page until pred(value) holds; returns that value.
+  // A read that throws (the page is between documents after a navigation, or
+  // not yet built) counts as "not yet"; the timeout's error names the last one.
   async pageWaitFor(page, what, fn, pred, timeout_ms) {
-    return this.cluster.waitFor(what, async () => {
-      const value = await page.evaluate(fn);
-      return pred(value) ? value : null;
-    }, timeout_ms);
+    let lastError = null;
+    try {
+      return await this.cluster.waitFor(what, async () => {
+        try {
+          const value = await page.evaluate(fn);
+          lastError = null;
+          return pred(value) ? value : null;
+        } catch (err) {
+          lastError = err;
+          return null;
+        }
+      }, timeout_ms);
+    } catch (err) {
+      if (lastError) err.message += ` (the last read of the page threw: ${lastError.message})`;
+      throw err;
+    }
   }
 
   async run(main) {

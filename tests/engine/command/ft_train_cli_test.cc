@@ -265,12 +265,14 @@ TEST_F(FtTrainCliTest, CheckpointEveryAutoFollowsMeasuredCostAndTheGivenMeanTime
 // of the last 16 back-to-back ones (written the step after the previous checkpoint; a probe
 // follows the first), and before there is one the mean of the last 16. Each interval line's C is
 // that mean of the checkpoint lines before it, and its interval sqrt(2·C·M), the interval each
-// automatic checkpoint line records. M = 5 ms: an interval below one step's time (every step).
+// automatic checkpoint line records. M = 1 µs: an interval below one step's time (every step)
+// whatever the disk: sqrt(2·C·M) < 1.5 ms for any C under a second (M = 5 ms was not, on a CI disk
+// whose fsync took tens of milliseconds).
 TEST_F(FtTrainCliTest, SynchronousCheckpointsAndTheAutoIntervalFromBackToBackWrites) {
   ASSERT_EQ(FtTrain("make-model --preset tiny-llama --out " + dir_ + "/model", dir_).exit_code, 0);
   WriteJob("  micro_batch_size: 8\ncheckpoint: {every: auto, async: false, keep: 2}\n");
-  constexpr double kM = 0.005;
-  CliResult run = FtTrain("run " + dir_ + "/job.yaml --mtbf-seconds 0.005", dir_);
+  constexpr double kM = 1e-6;
+  CliResult run = FtTrain("run " + dir_ + "/job.yaml --mtbf-seconds 1e-6", dir_);
   ASSERT_EQ(run.exit_code, 0) << run.err;
   std::vector<double> writes, fixed;
   int64_t checkpointed = -1, intervals = 0, auto_checked = 0;
