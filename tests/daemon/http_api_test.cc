@@ -1090,13 +1090,17 @@ TEST_F(HttpApiTest, HealthzAndReadyAnswerWhenEveryConnectionIsTaken) {
   Reply health = FetchFrom("127.0.0.1", port_, "/healthz");
   EXPECT_EQ(health.status, 200) << health.body;
   EXPECT_EQ(health.headers["Connection"], "close") << "one request per probe-lane connection";
+  // The lane's one place is free again once ftd has closed its side (after the client read the reply).
+  const auto lane_free = [&] { return Eventually([&] { return server_->open_probe_connections() == 0; }); };
+  ASSERT_TRUE(lane_free());
   EXPECT_EQ(FetchFrom("127.0.0.1", port_, "/ready").status, 200);
+  ASSERT_TRUE(lane_free());
   Reply other = FetchFrom("127.0.0.1", port_, "/api/jobs");  // the lane serves probes only
   EXPECT_EQ(other.status, 503) << other.body;
   EXPECT_THAT(other.body, HasSubstr("at most 4 HTTP connections"));
   EXPECT_EQ(other.headers["Retry-After"], "1");
   // The lane is bounded too: with its one place held, a probe is refused.
-  ASSERT_TRUE(Eventually([&] { return server_->open_probe_connections() == 0; }));
+  ASSERT_TRUE(lane_free());
   SseReader holder(port_);
   ASSERT_TRUE(Eventually([&] { return server_->open_probe_connections() == 1; }));
   EXPECT_EQ(FetchFrom("127.0.0.1", port_, "/healthz").status, 503);
