@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/file_util.h"
+#include "engine/model/family.h"
 
 namespace ft {
 
@@ -37,10 +38,8 @@ StatusOr<ModelConfig> ParseHfConfig(const std::string& text, const std::string& 
   if (j.is_discarded() || !j.is_object()) return Status::InvalidArgument(file + ": not a JSON object");
   ModelConfig c;
   FT_RETURN_IF_ERROR(GetKey(j, "model_type", file, &c.model_type, true));
-  if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2") {
-    return Status::InvalidArgument(file + ": model_type '" + c.model_type +
-                                   "' is not supported (supported: llama, mistral, qwen2)");
-  }
+  FT_ASSIGN_OR_RETURN(const FamilyTraits* family, FindFamily(c.model_type, file));
+  c.qk_norm = family->qk_norm;
   FT_RETURN_IF_ERROR(GetKey(j, "vocab_size", file, &c.vocab_size, true));
   FT_RETURN_IF_ERROR(GetKey(j, "hidden_size", file, &c.hidden_size, true));
   FT_RETURN_IF_ERROR(GetKey(j, "intermediate_size", file, &c.intermediate_size, true));
@@ -63,7 +62,7 @@ StatusOr<ModelConfig> ParseHfConfig(const std::string& text, const std::string& 
   } else {
     FT_RETURN_IF_ERROR(GetKey(j, "eos_token_id", file, &c.eos_token_id, false));
   }
-  c.attention_bias = c.model_type == "qwen2";
+  c.attention_bias = family->qkv_bias;
   FT_RETURN_IF_ERROR(GetKey(j, "attention_bias", file, &c.attention_bias, false));
   bool mlp_bias = false;
   FT_RETURN_IF_ERROR(GetKey(j, "mlp_bias", file, &mlp_bias, false));
@@ -72,7 +71,7 @@ StatusOr<ModelConfig> ParseHfConfig(const std::string& text, const std::string& 
   FT_RETURN_IF_ERROR(GetKey(j, "hidden_act", file, &act, false));
   if (act != "silu")
     return Status::InvalidArgument(file + ": hidden_act '" + act + "' is not supported (only silu)");
-  bool use_sliding = c.model_type == "mistral";
+  bool use_sliding = family->sliding_window_default;
   FT_RETURN_IF_ERROR(GetKey(j, "use_sliding_window", file, &use_sliding, false));
   if (use_sliding) FT_RETURN_IF_ERROR(GetKey(j, "sliding_window", file, &c.sliding_window, false));
   if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
@@ -106,10 +105,11 @@ StatusOr<ModelConfig> ReadHfConfig(const std::string& dir) {
 }
 
 std::string HfConfigJson(const ModelConfig& c) {
+  auto found = FindFamily(c.model_type, "config");
+  FT_CHECK(found.ok());  // ModelConfig::Validate: every model_type is a trainable row
+  const FamilyTraits& family = **found;
   json j;
-  j["architectures"] = {c.model_type == "qwen2"     ? "Qwen2ForCausalLM"
-                        : c.model_type == "mistral" ? "MistralForCausalLM"
-                                                    : "LlamaForCausalLM"};
+  j["architectures"] = {std::string(family.architecture)};
   j["model_type"] = c.model_type;
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
@@ -134,7 +134,8 @@ std::string HfConfigJson(const ModelConfig& c) {
     j["rope_scaling"] = nullptr;
   }
   j["tie_word_embeddings"] = c.tie_word_embeddings;
-  if (c.model_type != "qwen2") j["attention_bias"] = c.attention_bias;
+  if (family.attention_bias_key) j["attention_bias"] = c.attention_bias;
+  if (family.use_sliding_window_key) j["use_sliding_window"] = c.sliding_window > 0;
   j["hidden_act"] = "silu";
   j["torch_dtype"] = c.torch_dtype;
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;

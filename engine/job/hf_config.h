@@ -12,8 +12,10 @@
 
 namespace ft {
 
-// Parses config.json text (named `file` in errors). Supports model_type llama,
-// mistral and qwen2 (q/k/v bias), rope_scaling types linear and llama3.
+// Parses config.json text (named `file` in errors). Supports the model_types of
+// engine/model/family.h (llama, mistral, qwen2 with q/k/v bias, qwen3 with
+// q/k norms), rope_scaling types linear and llama3; a known family the engine
+// cannot train (a mixture of experts, a vision tower) is refused saying so.
 StatusOr<ModelConfig> ParseHfConfig(const std::string& json_text, const std::string& file);
 // Reads <dir>/config.json (bounded: no FIFO, no /dev/zero).
 StatusOr<ModelConfig> ReadHfConfig(const std::string& dir);

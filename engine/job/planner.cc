@@ -69,7 +69,9 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
   MemoryBreakdown m;
   m.micro_batch = micro;
   int64_t trainable = 0, adapted = 0, max_linear = 0, largest_param = 0;
-  int64_t per_layer_weights = 2 * D * kF32;  // two norms
+  // Two norms, and with q/k norms two of head_dim (Qwen3).
+  const int64_t qk_norms = c.qk_norm ? 2 * c.head_dim : 0;
+  int64_t per_layer_weights = (2 * D + qk_norms) * kF32;
   int64_t per_layer_linears = 0, stage = 0;  // frozen linear storage; one cpu_offload stage
   for (const LinearShape& s : lin) {
     const int64_t n = s.in * s.out;
@@ -101,7 +103,7 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
   m.weights = L * per_layer_weights + linears + embed_bytes + D * kF32;
   m.host_weights = cpu_offload ? (fsdp ? L * shard : L * per_layer_linears) : 0;
   if (r.full) {
-    trainable += L * 2 * D + embed + D + (c.tie_word_embeddings ? 0 : embed);
+    trainable += L * (2 * D + qk_norms) + embed + D + (c.tie_word_embeddings ? 0 : embed);
     largest_param = std::max(largest_param, embed);
   }
   m.adapter = r.full ? 0 : trainable * kF32;
@@ -118,9 +120,11 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
 
   const int64_t rows = micro * r.seq_len;
   const int64_t lora_r = r.full ? 0 : r.lora_r;
-  // Saved per layer: n1, q, k, v, attention out, h, n2, gate, up, act, LoRA x·Aᵀ; fp32 rstd×2 and lse.
-  const int64_t layer_saved =
-      rows * (3 * D + 2 * Q + 2 * KV + 3 * I) * act + rows * (2 + H) * kF32 + rows * lora_r * adapted * act;
+  // Saved per layer: n1, q, k, v, attention out, h, n2, gate, up, act, LoRA x·Aᵀ; fp32 rstd×2 and lse;
+  // with q/k norms the projections' outputs too and their rstd per head.
+  const int64_t qk_saved = c.qk_norm ? rows * (Q + KV) * act + rows * (H + c.num_kv_heads) * kF32 : 0;
+  const int64_t layer_saved = rows * (3 * D + 2 * Q + 2 * KV + 3 * I) * act + rows * (2 + H) * kF32 +
+                              rows * lora_r * adapted * act + qk_saved;
   // Offloading keeps three layer inputs on the device (engine/model/model.cc's slots), L on the host.
   const bool offload = r.offload_activations && r.activation_checkpointing;
   const int64_t layer_inputs = (offload ? 3 : L + 1) * rows * D * act;
@@ -133,6 +137,7 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
   const int64_t widest = rows * std::max({D, I, Q});
   m.workspace =
       rows * (4 * D + 2 * Q + 2 * KV + 3 * I) * kF32  // grad, dh, dn, dxf; dq, datt; dk, dv; dg, du, dact
+      + (c.qk_norm ? rows * (Q + KV) * kF32 : 0)      // dqp, dkp: through the q/k norms
       + rows * lora_r * kF32                          // dxa
       + (r.lora_dropout > 0 ? widest * kF32 : 0)      // dropped-out input
       + (low ? (widest + rows * lora_r) * kF32 : 0)   // a linear's and LoRA's fp32 results before storing

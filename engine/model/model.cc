@@ -26,11 +26,13 @@ float LoraSpec::Scale() const {
 }
 
 // Saved tensors of one layer's forward (all [rows, ·]). In the activation
-// dtype (typed storage): n1, q, k, v, att, h, n2, g, u, act and xa; fp32:
-// the norms' rstd and attention's lse.
+// dtype (typed storage): n1, q, k, v, att, h, n2, g, u, act, xa and with q/k
+// norms qp and kp (the projections' outputs; q and k are then the normed ones);
+// fp32: the norms' rstd (rstdq, rstdk per row and head) and attention's lse.
 struct Model::LayerActs {
   DeviceBuffer n1, rstd1, q, k, v, att, lse, h, n2, rstd2, g, u, act;
-  DeviceBuffer xa[kNumModules];  // LoRA x·Aᵀ (rows, r) per adapted module
+  DeviceBuffer qp, kp, rstdq, rstdk;  // q/k norms only
+  DeviceBuffer xa[kNumModules];       // LoRA x·Aᵀ (rows, r) per adapted module
 };
 
 // Arenas sized for the largest micro-batch seen; reused across steps.
@@ -42,8 +44,8 @@ struct Model::Activations {
   std::vector<DeviceBuffer> host_in;
   std::vector<LayerActs> layers;  // L, or 1 with activation checkpointing
   DeviceBuffer xf, rstdf;         // final norm (xf typed)
-  // Backward workspace (fp32).
-  DeviceBuffer grad, dh, dn, dq, dk, dv, datt, dg, du, dact, dxa, drop, logits, dxf;
+  // Backward workspace (fp32); dqp and dkp (q/k norms only): the projections' output gradients.
+  DeviceBuffer grad, dh, dn, dq, dk, dv, datt, dg, du, dact, dxa, drop, logits, dxf, dqp, dkp;
   // Typed storage: a linear's fp32 result (rows, widest output) and LoRA's
   // x·Aᵀ (rows, r) before they are stored in the activation dtype.
   DeviceBuffer y32, xa32;
@@ -76,6 +78,10 @@ Model::Model(ModelConfig config, ModelOptions options)
   for (auto& layer : layers_) {
     layer.attn_norm = backend_->Alloc(D, MemCategory::kWeights);
     layer.mlp_norm = backend_->Alloc(D, MemCategory::kWeights);
+    if (c.qk_norm) {
+      layer.q_norm = backend_->Alloc(c.head_dim, MemCategory::kWeights);
+      layer.k_norm = backend_->Alloc(c.head_dim, MemCategory::kWeights);
+    }
     for (int m = 0; m < kNumModules; ++m) {
       Linear& lin = layer.proj[m];
       lin.in = dims[m][0];
@@ -110,6 +116,10 @@ std::vector<NamedTensor> Model::NamedWeights() {
     const std::string p = LayerPrefix(l);
     out.push_back({p + "input_layernorm.weight", {D}, layer.attn_norm.data()});
     out.push_back({p + "post_attention_layernorm.weight", {D}, layer.mlp_norm.data()});
+    if (!layer.q_norm.empty()) {
+      out.push_back({p + "self_attn.q_norm.weight", {config_.head_dim}, layer.q_norm.data()});
+      out.push_back({p + "self_attn.k_norm.weight", {config_.head_dim}, layer.k_norm.data()});
+    }
     for (int m = 0; m < kNumModules; ++m) {
       Linear& lin = layer.proj[m];
       const std::string name = p + ModulePath(static_cast<ModuleKind>(m));
@@ -195,6 +205,10 @@ Status Model::EnableFullTraining() {
   for (auto& layer : layers_) {
     layer.dattn_norm = backend_->Alloc(layer.attn_norm.size(), MemCategory::kGradients);
     layer.dmlp_norm = backend_->Alloc(layer.mlp_norm.size(), MemCategory::kGradients);
+    if (!layer.q_norm.empty()) {
+      layer.dq_norm = backend_->Alloc(layer.q_norm.size(), MemCategory::kGradients);
+      layer.dk_norm = backend_->Alloc(layer.k_norm.size(), MemCategory::kGradients);
+    }
     for (auto& lin : layer.proj) {
       lin.dw = backend_->Alloc(lin.w.size(), MemCategory::kGradients);
       if (!lin.bias.empty()) lin.dbias = backend_->Alloc(lin.bias.size(), MemCategory::kGradients);
@@ -442,6 +456,10 @@ std::vector<TrainableParam> Model::TrainableParams() {
     for (auto& layer : layers_) {
       attach(layer.dattn_norm.data(), false);
       attach(layer.dmlp_norm.data(), false);
+      if (!layer.q_norm.empty()) {
+        attach(layer.dq_norm.data(), false);
+        attach(layer.dk_norm.data(), false);
+      }
       for (auto& lin : layer.proj) {
         attach(lin.dw.data(), true);
         if (!lin.bias.empty()) attach(lin.dbias.data(), false);
@@ -533,6 +551,12 @@ void Model::EnsureActivations(int64_t rows, int64_t batch) {
     s.rstd1 = backend_->Alloc(rows, act);
     s.q = AllocAct(rows * Q, act);
     s.k = AllocAct(rows * KV, act);
+    if (c.qk_norm) {
+      s.qp = AllocAct(rows * Q, act);
+      s.kp = AllocAct(rows * KV, act);
+      s.rstdq = backend_->Alloc(rows * c.num_heads, act);
+      s.rstdk = backend_->Alloc(rows * c.num_kv_heads, act);
+    }
     s.v = AllocAct(rows * KV, act);
     s.att = AllocAct(rows * Q, act);
     s.lse = backend_->Alloc(rows * c.num_heads, act);
@@ -554,6 +578,10 @@ void Model::EnsureActivations(int64_t rows, int64_t batch) {
   a->dq = backend_->Alloc(rows * Q, ws);
   a->dk = backend_->Alloc(rows * KV, ws);
   a->dv = backend_->Alloc(rows * KV, ws);
+  if (c.qk_norm) {
+    a->dqp = backend_->Alloc(rows * Q, ws);
+    a->dkp = backend_->Alloc(rows * KV, ws);
+  }
   a->datt = backend_->Alloc(rows * Q, ws);
   a->dg = backend_->Alloc(rows * I, ws);
   a->du = backend_->Alloc(rows * I, ws);
@@ -719,9 +747,16 @@ void Model::LayerForward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs& 
 
   // Typed tensors are stored rounded by the ops that write them.
   backend_->RmsNormForward(x_in, layer.attn_norm.data(), rows, D, eps, A(a.n1), a.rstd1.data());
-  LinearForward(l, ModuleKind::kQ, A(a.n1), rows, A(a.q), xa(ModuleKind::kQ));
-  LinearForward(l, ModuleKind::kK, A(a.n1), rows, A(a.k), xa(ModuleKind::kK));
+  // With q/k norms the projections write qp and kp, normed per head into q and k.
+  LinearForward(l, ModuleKind::kQ, A(a.n1), rows, A(c.qk_norm ? a.qp : a.q), xa(ModuleKind::kQ));
+  LinearForward(l, ModuleKind::kK, A(a.n1), rows, A(c.qk_norm ? a.kp : a.k), xa(ModuleKind::kK));
   LinearForward(l, ModuleKind::kV, A(a.n1), rows, A(a.v), xa(ModuleKind::kV));
+  if (c.qk_norm) {
+    backend_->RmsNormForward(A(a.qp), layer.q_norm.data(), rows * c.num_heads, c.head_dim, eps, A(a.q),
+                             a.rstdq.data());
+    backend_->RmsNormForward(A(a.kp), layer.k_norm.data(), rows * c.num_kv_heads, c.head_dim, eps, A(a.k),
+                             a.rstdk.data());
+  }
   backend_->RopeApply(A(a.q), rows, c.num_heads, c.head_dim, acts_->positions.as<int32_t>(), rope_cos_.data(),
                       rope_sin_.data(), false);
   backend_->RopeApply(A(a.k), rows, c.num_kv_heads, c.head_dim, acts_->positions.as<int32_t>(),
@@ -786,8 +821,20 @@ void Model::LayerBackward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs&
                       rope_cos_.data(), rope_sin_.data(), true);
   backend_->RopeApply(w.dk.data(), rows, c.num_kv_heads, c.head_dim, acts_->positions.as<int32_t>(),
                       rope_cos_.data(), rope_sin_.data(), true);
-  LinearBackward(l, ModuleKind::kQ, A(a.n1), xa(ModuleKind::kQ), w.dq.data(), rows, w.dn.data(), false, true);
-  LinearBackward(l, ModuleKind::kK, A(a.n1), xa(ModuleKind::kK), w.dk.data(), rows, w.dn.data(), true, true);
+  float* dq = w.dq.data();  // the gradient of the q projection's output
+  float* dk = w.dk.data();
+  if (c.qk_norm) {  // back through the per-head norms (their weights' gradients under full training)
+    Round(dq, rows * c.q_dim());
+    Round(dk, rows * c.kv_dim());
+    backend_->RmsNormBackward(A(a.qp), layer.q_norm.data(), a.rstdq.data(), dq, rows * c.num_heads,
+                              c.head_dim, w.dqp.data(), full_training_ ? layer.dq_norm.data() : nullptr);
+    backend_->RmsNormBackward(A(a.kp), layer.k_norm.data(), a.rstdk.data(), dk, rows * c.num_kv_heads,
+                              c.head_dim, w.dkp.data(), full_training_ ? layer.dk_norm.data() : nullptr);
+    dq = w.dqp.data();
+    dk = w.dkp.data();
+  }
+  LinearBackward(l, ModuleKind::kQ, A(a.n1), xa(ModuleKind::kQ), dq, rows, w.dn.data(), false, true);
+  LinearBackward(l, ModuleKind::kK, A(a.n1), xa(ModuleKind::kK), dk, rows, w.dn.data(), true, true);
   LinearBackward(l, ModuleKind::kV, A(a.n1), xa(ModuleKind::kV), w.dv.data(), rows, w.dn.data(), true, true);
   Round(w.dn.data(), rows * D);
   backend_->RmsNormBackward(x_in, layer.attn_norm.data(), a.rstd1.data(), w.dn.data(), rows, D, dx,

@@ -87,6 +87,9 @@ struct DecoderLayer {
   DeviceBuffer mlp_norm;    // (D)
   DeviceBuffer dattn_norm;  // (D) full fine-tune only
   DeviceBuffer dmlp_norm;   // (D) full fine-tune only
+  // ModelConfig::qk_norm (Qwen3): the per-head RMSNorms of q and k (self_attn.q_norm / k_norm).
+  DeviceBuffer q_norm, k_norm;    // (head_dim), or empty
+  DeviceBuffer dq_norm, dk_norm;  // (head_dim) full fine-tune only
   Linear proj[kNumModules];
   Linear& operator[](ModuleKind m) { return proj[static_cast<int>(m)]; }
   const Linear& operator[](ModuleKind m) const { return proj[static_cast<int>(m)]; }

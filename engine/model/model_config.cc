@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <numbers>
 
+#include "engine/model/family.h"
 #include "kernels/cuda/limits.h"
 
 namespace ft {
@@ -45,6 +46,12 @@ Status ValidateNumbers(const ModelConfig& c, const std::string& file) {
 }  // namespace
 
 Status ModelConfig::Validate(const std::string& file) const {
+  FT_ASSIGN_OR_RETURN(const FamilyTraits* family, FindFamily(model_type, file));
+  if (qk_norm != family->qk_norm) {
+    return Status::InvalidArgument(file + ": model_type '" + model_type +
+                                   (family->qk_norm ? "' has" : "' has no") + " q/k norms (qk_norm " +
+                                   (qk_norm ? "true" : "false") + ")");
+  }
   // Each size positive and at most a bound far above any released model's
   // (so that every byte count the planner and the model compute fits int64).
   struct Bound {
@@ -134,6 +141,13 @@ StatusOr<ModelConfig> PresetModelConfig(const std::string& name) {
     c.num_kv_heads = 4;
     c.rope_theta = 1000000;
     c.rms_norm_eps = 1e-6;
+  } else if (name == "tiny-qwen3") {  // Qwen3-0.6B's traits: head_dim apart, q/k norms, tied
+    c.model_type = "qwen3";
+    c.qk_norm = true;
+    c.head_dim = 32;
+    c.tie_word_embeddings = true;
+    c.rope_theta = 1000000;
+    c.rms_norm_eps = 1e-6;
   } else if (name == "tiny-tied") {
     c.tie_word_embeddings = true;
     c.num_layers = 3;
@@ -147,7 +161,7 @@ StatusOr<ModelConfig> PresetModelConfig(const std::string& name) {
     c.head_dim = 32;
   } else {
     return Status::NotFound("unknown model preset '" + name +
-                            "' (known: tiny-llama, tiny-qwen2, tiny-tied, bench, bench16)");
+                            "' (known: tiny-llama, tiny-qwen2, tiny-qwen3, tiny-tied, bench, bench16)");
   }
   return c;
 }

@@ -1,5 +1,7 @@
-// The shape of a Llama-family model (Llama 2/3/3.1, Qwen2/2.5, Mistral,
-// TinyLlama, SmolLM), as read from a Hugging Face config.json.
+// The shape of a dense decoder (Llama 2/3/3.1, Qwen2/2.5, Qwen3, Mistral,
+// TinyLlama, SmolLM), as read from a Hugging Face config.json. The family's
+// architecture traits (engine/model/family.h) are copied in when it is read:
+// the model code reads them here, never model_type.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +23,7 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  std::string model_type = "llama";  // llama | qwen2 | mistral
+  std::string model_type = "llama";  // a row of engine/model/family.h
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;        // D
   int64_t intermediate_size = 0;  // I
@@ -37,6 +39,7 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v biases (Qwen2)
+  bool qk_norm = false;         // per-head q/k RMSNorm before RoPE (Qwen3): FamilyTraits::qk_norm
   std::string torch_dtype = "float32";
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;
@@ -52,7 +55,8 @@ struct ModelConfig {
 std::vector<double> RopeInverseFrequencies(const ModelConfig& c);
 
 // A named small configuration for tests and demos: "tiny-llama" (GQA,
-// rope llama3), "tiny-qwen2" (q/k/v bias), "tiny-tied" (tied embeddings),
+// rope llama3), "tiny-qwen2" (q/k/v bias), "tiny-qwen3" (q/k norms, head_dim
+// 32 apart from hidden/heads, tied embeddings), "tiny-tied" (tied embeddings),
 // "bench" (4 layers, hidden 256). NotFound for unknown names (listing them).
 StatusOr<ModelConfig> PresetModelConfig(const std::string& name);
 

@@ -394,8 +394,7 @@ TEST_F(EntryPointTest, AWorkerThatLeavesItsCommandsUnreadHasItsSessionClosed) {
   // (the session closed as the Write went out) ends the sending.
   const auto handled = [&](int n) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (daemon_->message_latency().count() < int64_t{n} &&
-           std::chrono::steady_clock::now() < deadline)
+    while (daemon_->message_latency().count() < int64_t{n} && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     return daemon_->message_latency().count() >= int64_t{n};
   };

@@ -139,6 +139,18 @@ LLAMA_GQA_MODEL = dict(
     tie_word_embeddings=False, attention_bias=False, st_dtype="F32", shards=1,
 )
 
+# max_grad_norm of the Qwen3 cases (chosen with --probe: clipping on some steps, not all).
+QWEN3_CLIP = {"qwen3_qknorm": 1.25, "qwen3_full": 3.2, "qwen3_qlora": 1.25}
+
+# Qwen3 (Qwen3ForCausalLM): per-head RMSNorm of q and k before RoPE, head_dim 32 apart from
+# hidden/heads (16), tied embeddings, bf16 on disk, as Qwen3-0.6B publishes its config.
+QWEN3_MODEL = dict(
+    model_type="qwen3", vocab_size=256, hidden_size=64, intermediate_size=96,
+    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32, qk_norm=True,
+    max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=1000000.0,
+    rope_scaling=None, tie_word_embeddings=True, attention_bias=False, st_dtype="BF16", shards=1,
+)
+
 CASES = [
     dict(name="llama_gqa", seed=1001, model=LLAMA_GQA_MODEL,
          adapter=dict(type="lora", r=4, alpha=8, rslora=False, targets=ALL_LINEARS),
@@ -175,6 +187,17 @@ CASES = [
     dict(name="llama_bf16", seed=1001, model=LLAMA_GQA_MODEL, reuse="llama_gqa", compute="bf16",
          adapter=dict(type="lora", r=4, alpha=8, rslora=False, targets=ALL_LINEARS),
          steps=6, lr=1e-2, max_grad_norm=1.5),
+    dict(name="qwen3_qknorm", seed=4004, model=QWEN3_MODEL,
+         adapter=dict(type="lora", r=4, alpha=8, rslora=False, targets=ALL_LINEARS),
+         steps=6, lr=1e-2, max_grad_norm=QWEN3_CLIP["qwen3_qknorm"]),
+    # Full fine-tune of qwen3_qknorm's model: the q/k norm weights train too.
+    dict(name="qwen3_full", seed=4004, model=QWEN3_MODEL, reuse="qwen3_qknorm",
+         adapter=dict(type="full"),
+         steps=3, lr=1e-3, max_grad_norm=QWEN3_CLIP["qwen3_full"]),
+    dict(name="qwen3_qlora", seed=4004, model=QWEN3_MODEL, reuse="qwen3_qknorm",
+         quant=dict(type="nf4", block=64, double_quant=True, dq_block=256),
+         adapter=dict(type="lora", r=4, alpha=8, rslora=False, targets=ALL_LINEARS),
+         steps=6, lr=1e-2, max_grad_norm=QWEN3_CLIP["qwen3_qlora"]),
 ]
 
 # Training settings shared by all cases.
@@ -190,7 +213,7 @@ ADAM_EPS = 1e-8
 
 
 def head_dim(m):
-    return m["hidden_size"] // m["num_attention_heads"]
+    return m.get("head_dim") or m["hidden_size"] // m["num_attention_heads"]
 
 
 # ----------------------------------------------------------------------------
@@ -222,6 +245,9 @@ def make_base_weights(m, gen):
             if m["attention_bias"] and mod in ("self_attn.q_proj", "self_attn.k_proj",
                                                "self_attn.v_proj"):
                 w[p + mod + ".bias"] = normal((shape[0],), 0.05)
+        if m.get("qk_norm"):
+            w[p + "self_attn.q_norm.weight"] = 1.0 + normal((head_dim(m),), 0.1)
+            w[p + "self_attn.k_norm.weight"] = 1.0 + normal((head_dim(m),), 0.1)
         w[p + "post_attention_layernorm.weight"] = 1.0 + normal((H,), 0.1)
     w["model.norm.weight"] = 1.0 + normal((H,), 0.1)
     if not m["tie_word_embeddings"]:
@@ -440,8 +466,12 @@ def forward(P, ctx, ids):
     for i in range(m["num_hidden_layers"]):
         p = f"model.layers.{i}."
         n = stored(ctx, rms_norm(x, P[p + "input_layernorm.weight"], eps))
-        q = stored(ctx, linear(P, ctx, p + "self_attn.q_proj", n)).view(B, T, nH, hd).transpose(1, 2)
-        k = stored(ctx, linear(P, ctx, p + "self_attn.k_proj", n)).view(B, T, nKV, hd).transpose(1, 2)
+        q = stored(ctx, linear(P, ctx, p + "self_attn.q_proj", n)).view(B, T, nH, hd)
+        k = stored(ctx, linear(P, ctx, p + "self_attn.k_proj", n)).view(B, T, nKV, hd)
+        if m.get("qk_norm"):  # Qwen3Attention: q_norm / k_norm over each head's hd values, before RoPE
+            q = stored(ctx, rms_norm(q, P[p + "self_attn.q_norm.weight"], eps))
+            k = stored(ctx, rms_norm(k, P[p + "self_attn.k_norm.weight"], eps))
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = stored(ctx, linear(P, ctx, p + "self_attn.v_proj", n)).view(B, T, nKV, hd).transpose(1, 2)
         q = operand(ctx, q * cos + rotate_half(q) * sin)
         k = operand(ctx, k * cos + rotate_half(k) * sin)
@@ -542,7 +572,7 @@ def train(P, ctx, trainable, data, steps, lr, max_grad_norm):
 # ----------------------------------------------------------------------------
 
 def hf_config(m):
-    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[m["model_type"]]
+    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[m["model_type"]]
     cfg = {
         "architectures": [arch],
         "model_type": m["model_type"],
@@ -566,6 +596,11 @@ def hf_config(m):
     if m["model_type"] == "llama":
         cfg["attention_bias"] = False   # Qwen2's config has no such key: q/k/v bias is implied
         cfg["mlp_bias"] = False
+    elif m["model_type"] == "qwen3":    # as Qwen3-0.6B's config.json has them
+        cfg["attention_bias"] = False
+        cfg["use_sliding_window"] = False
+        cfg["sliding_window"] = None
+        cfg["max_window_layers"] = m["num_hidden_layers"]
     else:
         cfg["use_sliding_window"] = False
     return cfg
@@ -763,7 +798,7 @@ def run_case(case):
     GENERATED[case["name"]] = {"w32": w32}
     P = base_params(case, w32)
     if "quant" in case:
-        report_quantization(w32, P)
+        report_quantization(w32, P, m["st_dtype"])
 
     data = make_data(m["vocab_size"], torch.Generator().manual_seed(case["seed"] + 7))
     os.makedirs(out, exist_ok=True)
@@ -839,8 +874,9 @@ def print_metrics(case, metrics, clipped):
     print(f"  tokens    {metrics['tokens']}")
 
 
-def report_quantization(w32, P):
+def report_quantization(w32, P, st_dtype):
     """Prints the NF4 round-trip error of the base linears (and checks it is sane)."""
+    stored = round_to_storage(w32, st_dtype)
     err2 = ref2 = 0.0
     count = 0
     for k in w32:
@@ -850,7 +886,7 @@ def report_quantization(w32, P):
             ref2 += float((w ** 2).sum())
             count += 1
         else:
-            assert torch.equal(P[k], w32[k].to(F64))   # everything else unquantized
+            assert torch.equal(P[k], stored[k])   # everything else as stored
     rel = math.sqrt(err2 / ref2)
     assert count > 0 and 0.05 < rel < 0.12, rel
     print(f"  NF4 base linears: {count} tensors, relative RMS round-trip error {rel:.4f}")

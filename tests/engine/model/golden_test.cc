@@ -1,5 +1,5 @@
 // The engine against tests/golden: float64 PyTorch references of HF Llama /
-// Qwen2 with PEFT LoRA (see tests/golden/README.md). Prints, llm.c-style, one
+// Qwen2 / Qwen3 with PEFT LoRA (see tests/golden/README.md). Prints, llm.c-style, one
 // "TENSOR OK maxdiff" line per compared tensor.
 #include <gtest/gtest.h>
 
@@ -133,7 +133,8 @@ TEST_P(GoldenTest, LogitsLossesGradientsAndFinalAdapterMatchPyTorch) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, GoldenTest,
                          testing::Values("llama_gqa", "qwen2_bias", "tied_rslora", "llama_full",
-                                         "llama_qlora", "llama_bf16"));
+                                         "llama_qlora", "llama_bf16", "qwen3_qknorm", "qwen3_full",
+                                         "qwen3_qlora"));
 
 // Runs `spec` to the end and returns the per-step losses.
 std::vector<double> Losses(const JobSpec& spec, Trainer** keep = nullptr) {

@@ -1,0 +1,42 @@
+// Decoder families as data: one row per Hugging Face model_type, of the
+// architecture traits the model code, config.json's reader and writer read.
+// A new dense family is a new row (and its golden test), not a branch in the
+// model: code asks ModelConfig for a trait (qk_norm, attention_bias, ...),
+// which the row sets when config.json is read, never for the model_type.
+//
+// Families that are known but cannot be trained (mixtures of experts, vision
+// towers) have a row too, with the reason: FindFamily refuses them by name.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace ft {
+
+struct FamilyTraits {
+  std::string_view model_type;    // config.json "model_type"
+  std::string_view architecture;  // config.json "architectures"[0] as HF writes it
+  // q/k/v projections carry biases unless config.json's attention_bias says otherwise (Qwen2).
+  bool qkv_bias = false;
+  // config.json has an attention_bias key (Qwen2's has none: its biases are implied).
+  bool attention_bias_key = true;
+  // Per-head RMSNorm of q and k (weights [head_dim]: self_attn.q_norm / k_norm) after the
+  // projections and before RoPE (Qwen3).
+  bool qk_norm = false;
+  // use_sliding_window when config.json does not say (Mistral applies sliding_window unless told).
+  bool sliding_window_default = false;
+  // config.json has a use_sliding_window key (Qwen2, Qwen3).
+  bool use_sliding_window_key = false;
+  // Non-empty: a family the engine cannot train, and why (named with the key in the error).
+  std::string_view refused;
+};
+
+// The row of `model_type`; InvalidArgument naming `file`, the key and value and the
+// supported families for an unknown one, and the reason for a refused one.
+StatusOr<const FamilyTraits*> FindFamily(std::string_view model_type, const std::string& file);
+// "llama, mistral, qwen2, qwen3": the families the engine trains.
+std::string SupportedFamilies();
+
+}  // namespace ft

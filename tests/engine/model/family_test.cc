@@ -1,0 +1,131 @@
+// The family table (engine/model/family.h) through config.json: each family's
+// config as its HF model card publishes it (dimensions reduced, every other key
+// as published) loads with the family's traits; known families the engine
+// cannot train are refused naming model_type and why; unknown ones list the
+// supported; every preset's written config.json reads back as the same config.
+#include "engine/model/family.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "engine/job/hf_config.h"
+
+namespace ft {
+namespace {
+
+using testing::HasSubstr;
+
+struct Published {
+  const char* model;  // the model whose config.json this is
+  const char* json;   // as published, hidden/intermediate/layers/vocab reduced
+  bool qk_norm, attention_bias;
+  int64_t head_dim, sliding_window;
+  bool tied;
+};
+
+// Qwen/Qwen3-0.6B (transformers 4.51), Qwen/Qwen2.5-0.5B, mistralai/Mistral-7B-v0.1,
+// meta-llama/Llama-3.2-1B; published values kept except the sizes.
+const Published kPublished[] = {
+    {"Qwen/Qwen3-0.6B",
+     R"({"architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+         "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+         "hidden_size": 128, "initializer_range": 0.02, "intermediate_size": 384,
+         "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+         "num_attention_heads": 16, "num_hidden_layers": 2, "num_key_value_heads": 8,
+         "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+         "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+         "use_cache": true, "use_sliding_window": false, "vocab_size": 1024})",
+     true, false, 128, 0, true},
+    {"Qwen/Qwen2.5-0.5B",
+     R"({"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+         "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 112, "initializer_range": 0.02,
+         "intermediate_size": 304, "max_position_embeddings": 32768, "max_window_layers": 24,
+         "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 2, "num_key_value_heads": 2,
+         "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": true,
+         "torch_dtype": "bfloat16", "transformers_version": "4.40.1", "use_cache": true,
+         "use_sliding_window": false, "vocab_size": 1024})",
+     false, true, 8, 0, true},
+    {"mistralai/Mistral-7B-v0.1",
+     R"({"architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+         "hidden_size": 128, "initializer_range": 0.02, "intermediate_size": 448,
+         "max_position_embeddings": 32768, "model_type": "mistral", "num_attention_heads": 32,
+         "num_hidden_layers": 2, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+         "sliding_window": 4096, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+         "transformers_version": "4.34.0.dev0", "use_cache": true, "vocab_size": 1024})",
+     false, false, 4, 4096, false},
+    {"meta-llama/Llama-3.2-1B",
+     R"({"architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+         "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu",
+         "hidden_size": 128, "initializer_range": 0.02, "intermediate_size": 512,
+         "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+         "num_attention_heads": 2, "num_hidden_layers": 2, "num_key_value_heads": 1,
+         "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+         "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                          "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+         "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+         "transformers_version": "4.45.0.dev0", "use_cache": true, "vocab_size": 1024})",
+     false, false, 64, 0, true},
+};
+
+TEST(FamilyTest, EachFamilysPublishedConfigLoadsWithItsTraits) {
+  for (const Published& p : kPublished) {
+    SCOPED_TRACE(p.model);
+    auto c = ParseHfConfig(p.json, std::string(p.model) + "/config.json");
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_EQ(c->qk_norm, p.qk_norm);
+    EXPECT_EQ(c->attention_bias, p.attention_bias);
+    EXPECT_EQ(c->head_dim, p.head_dim);
+    EXPECT_EQ(c->sliding_window, p.sliding_window);
+    EXPECT_EQ(c->tie_word_embeddings, p.tied);
+    // What ftune writes for it (merged models, make-model) reads back as the same config.
+    auto again = ParseHfConfig(HfConfigJson(*c), "written");
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    EXPECT_EQ(*again, *c);
+  }
+}
+
+TEST(FamilyTest, KnownFamiliesTheEngineCannotTrainAreRefusedSayingWhy) {
+  // Qwen/Qwen3-30B-A3B's config (reduced): a mixture of experts.
+  auto moe = ParseHfConfig(R"({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+      "hidden_size": 128, "intermediate_size": 384, "moe_intermediate_size": 64, "num_experts": 128,
+      "num_experts_per_tok": 8, "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 4,
+      "vocab_size": 1024})",
+                           "Qwen3-30B-A3B/config.json");
+  ASSERT_FALSE(moe.ok());
+  EXPECT_THAT(moe.status().message(), HasSubstr("Qwen3-30B-A3B/config.json: model_type 'qwen3_moe'"));
+  EXPECT_THAT(moe.status().message(), HasSubstr("mixture of experts"));
+  EXPECT_THAT(moe.status().message(), HasSubstr("supported: llama, mistral, qwen2, qwen3"));
+  for (const char* type : {"mixtral", "qwen2_moe", "llava"}) {
+    auto refused = FindFamily(type, "c.json");
+    EXPECT_FALSE(refused.ok()) << type;
+  }
+  auto gpt = ParseHfConfig(R"({"model_type": "gpt2"})", "c.json");
+  EXPECT_THAT(
+      gpt.status().message(),
+      HasSubstr("c.json: model_type 'gpt2' is not supported (supported: llama, mistral, qwen2, qwen3)"));
+}
+
+TEST(FamilyTest, EveryPresetWritesAConfigThatReadsBackTheSame) {
+  for (const char* name : {"tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-tied", "bench"}) {
+    SCOPED_TRACE(name);
+    auto c = PresetModelConfig(name);
+    ASSERT_TRUE(c.ok());
+    auto again = ParseHfConfig(HfConfigJson(*c), "written");
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    EXPECT_EQ(*again, *c);
+  }
+  auto qwen3 = PresetModelConfig("tiny-qwen3");
+  EXPECT_TRUE(qwen3->qk_norm);
+  EXPECT_NE(qwen3->head_dim, qwen3->hidden_size / qwen3->num_heads);
+  EXPECT_THAT(HfConfigJson(*qwen3), HasSubstr("\"Qwen3ForCausalLM\""));
+}
+
+TEST(FamilyTest, AConfigWhoseTraitsContradictItsFamilyIsRefused) {
+  auto c = PresetModelConfig("tiny-llama");
+  ASSERT_TRUE(c.ok());
+  c->qk_norm = true;
+  EXPECT_THAT(c->Validate("m.json").message(), HasSubstr("model_type 'llama' has no q/k norms"));
+}
+
+}  // namespace
+}  // namespace ft
