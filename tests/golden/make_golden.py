@@ -851,6 +851,10 @@ def run_case(case):
     write_json(os.path.join(out, "expected", "metrics.json"), metrics)
     write_safetensors(os.path.join(out, "expected", "grads_step1.safetensors"), f32(grads0), "F32")
     write_safetensors(os.path.join(out, "expected", "final.safetensors"), f32(trainable), "F32")
+    if ad["type"] == "lora" and not ctx["bf16"]:
+        ids, logits = greedy(P, ctx, data[0][:GREEDY_PROMPT])
+        write_json(os.path.join(out, "expected", "greedy.json"), ids)
+        write_safetensors(os.path.join(out, "expected", "greedy_logits.safetensors"), {"logits": logits}, "F32")
     if "quant" in case:  # the dequantized base linears the reference computed with
         write_safetensors(os.path.join(out, "expected", "nf4_base.safetensors"),
                           f32({k: v for k, v in P.items() if is_base_linear(k)}), "F32")
@@ -864,6 +868,26 @@ def run_case(case):
     P0.update(t0)
     check_finite_difference(P0, ctx, t0, grads0, data)
     print_metrics(case, metrics, clipped)
+
+
+GREEDY_PROMPT, GREEDY_NEW = 5, 12
+
+
+def greedy(P, ctx, prompt):
+    """Greedy decoding with the trained adapter: GREEDY_NEW ids after `prompt`, each the argmax
+    of a full forward over the ids so far (no cache), with the smallest top-1/top-2 logit gap met
+    (asserted wide enough that float32 arithmetic picks the same ids); and the logits each id was
+    picked from [GREEDY_NEW, V]."""
+    ids, gaps, rows = list(prompt), [], []
+    with torch.no_grad():
+        for _ in range(GREEDY_NEW):
+            last = forward(P, ctx, torch.tensor([ids]))[0, -1]
+            top = torch.topk(last, 2).values
+            gaps.append(float(top[0] - top[1]))
+            rows.append(last)
+            ids.append(int(last.argmax()))
+    assert min(gaps) > 1e-4, gaps
+    return {"prompt": list(prompt), "ids": ids[len(prompt):], "min_gap": min(gaps)}, torch.stack(rows)
 
 
 def print_metrics(case, metrics, clipped):

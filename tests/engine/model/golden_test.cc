@@ -131,10 +131,56 @@ TEST_P(GoldenTest, LogitsLossesGradientsAndFinalAdapterMatchPyTorch) {
   ExpectTensorsMatch(tr.model(), kGolden + c + "/expected/final.safetensors", false, bound.tensors);
 }
 
+// Greedy decoding through the KV cache (Model::Decode) with the reference's trained adapter:
+// at each new position the logits the reference picked from (its full forward, float64) and its id.
+// The LoRA cases computed in fp32 (make_golden.py writes their greedy references).
+class GreedyGoldenTest : public testing::TestWithParam<std::string> {};
+
+TEST_P(GreedyGoldenTest, GreedyDecodingWithTheTrainedAdapterGivesTheReferenceIds) {
+  const std::string c = GetParam();
+  const std::string want_file = kGolden + c + "/expected/greedy.json";
+  ASSERT_TRUE(std::ifstream(want_file).good()) << want_file;
+  const nlohmann::json want = nlohmann::json::parse(std::ifstream(want_file));
+  auto trainer = Trainer::Create(LoadCase(c));
+  ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+  Model& model = (*trainer)->model();
+  auto trained = SafetensorsFile::Open(kGolden + c + "/expected/final.safetensors");
+  ASSERT_TRUE(trained.ok());
+  for (const TrainableParam& p : model.TrainableParams()) {
+    std::vector<float> v(p.numel);
+    ASSERT_TRUE((*trained)->ReadFloat(p.name, p.shape, v.data()).ok()) << p.name;
+    model.Upload(p.data, v.data(), p.numel);
+  }
+  const auto prompt = want["prompt"].get<std::vector<int32_t>>();
+  const auto ids = want["ids"].get<std::vector<int32_t>>();
+  const int64_t V = model.config().vocab_size;
+  auto ref = SafetensorsFile::Open(kGolden + c + "/expected/greedy_logits.safetensors");
+  ASSERT_TRUE(ref.ok());
+  std::vector<float> ref_logits(ids.size() * V);
+  ASSERT_TRUE((*ref)->ReadFloat("logits", {static_cast<int64_t>(ids.size()), V}, ref_logits.data()).ok());
+  KvCache cache(model, static_cast<int64_t>(prompt.size() + ids.size()));
+  auto logits = model.Decode(prompt, &cache);
+  double worst = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ASSERT_TRUE(logits.ok()) << logits.status().ToString();
+    worst = std::max(worst, RelDiff(logits->data(), &ref_logits[i * V], V));
+    const int32_t id =
+        static_cast<int32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin());
+    EXPECT_EQ(id, ids[i]) << "new token " << i;
+    logits = model.Decode({id}, &cache);
+  }
+  std::printf("TENSOR %s greedy logits (KV cache): maxdiff(rel) = %.3e\n", worst <= 1e-5 ? "OK" : "NOT OK",
+              worst);
+  EXPECT_LE(worst, 1e-5);
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, GoldenTest,
                          testing::Values("llama_gqa", "qwen2_bias", "tied_rslora", "llama_full",
                                          "llama_qlora", "llama_bf16", "qwen3_qknorm", "qwen3_full",
                                          "qwen3_qlora"));
+INSTANTIATE_TEST_SUITE_P(Cases, GreedyGoldenTest,
+                         testing::Values("llama_gqa", "qwen2_bias", "tied_rslora", "llama_qlora",
+                                         "qwen3_qknorm", "qwen3_qlora"));
 
 // Runs `spec` to the end and returns the per-step losses.
 std::vector<double> Losses(const JobSpec& spec, Trainer** keep = nullptr) {
