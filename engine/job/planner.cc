@@ -50,6 +50,40 @@ int64_t Nf4Bytes(int64_t n, int64_t block, bool double_quant) {
   return Align(Align((n + 1) / 2, 16) + scales, 16) + (double_quant ? (blocks + 255) / 256 * kF32 : 0);
 }
 
+// Device workspace bytes of one micro-batch of `rows` rows (engine/model/model.cc's backward
+// workspaces, loss head, RoPE tables, NF4 scratch; CUDA's extra staging and partials);
+// `max_linear`: the largest linear's element count.
+int64_t WorkspaceBytes(const PlanRequest& r, int64_t rows, int64_t max_linear) {
+  const ModelConfig& c = r.model;
+  const bool cuda = r.device == DeviceKind::kCuda;
+  const bool low = r.dtype != ComputeDType::kF32;
+  const int64_t act = low ? 2 : kF32;
+  const int64_t D = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+  const int64_t Q = c.q_dim(), KV = c.kv_dim(), H = c.num_heads;
+  const int64_t lora_r = r.full ? 0 : r.lora_r;
+  const int64_t chunk =
+      r.loss_chunk_rows > 0 ? r.loss_chunk_rows : std::max<int64_t>(1, kLossChunkFloats / V);
+  const int64_t widest = rows * std::max({D, I, Q});
+  return rows * (4 * D + 2 * Q + 2 * KV + 3 * I) * kF32  // grad, dh, dn, dxf; dq, datt; dk, dv; dg, du, dact
+         + (c.qk_norm ? rows * (Q + KV) * kF32 : 0)      // dqp, dkp: through the q/k norms
+         + rows * lora_r * kF32                          // dxa
+         + (r.lora_dropout > 0 ? widest * kF32 : 0)      // dropped-out input
+         + (low ? (widest + rows * lora_r) * kF32 : 0)   // a linear's and LoRA's fp32 results before storing
+         + std::min(rows, chunk) * V * kF32              // logits chunk
+         + std::min(rows, chunk) * D * (act + kF32)      // the head's gathered rows and their gradient
+         + rows * 6 * 4                                  // int32 batch inputs (4), head rows and targets
+         + 2 * r.seq_len * (c.head_dim / 2) * kF32       // RoPE cos/sin
+         + (r.nf4 ? max_linear * (low ? 2 : kF32) : 0)  // one NF4 linear dequantised to its GEMM operand type
+         // CUDA under bf16/fp16 (engine/model/cuda_backend.cu): the 16-bit copies of fp32 GEMM operands
+         // (a full fine-tune's weight, a gradient; kept for LoRA too, whose frozen weights need none
+         // now: an upper bound). Its typed ops read 16-bit activations in place: no fp32 staging but
+         // a full fine-tune's loss head (fp32 weights) widening its 16-bit input, forward and backward.
+         + (cuda && low ? (max_linear + widest) * 2 + (r.full ? 2 * std::min(rows, chunk) * D * kF32 : 0) : 0)
+         // CUDA: the attention backward's row deltas, a full fine-tune's RMSNorm weight-gradient partials
+         // (kernels/cuda/norm.cu: one row of D per 64 rows).
+         + (cuda ? rows * H * kF32 + (r.full ? (rows + 63) / 64 * D * kF32 : 0) : 0);
+}
+
 }  // namespace
 
 MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
@@ -132,28 +166,7 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
   const int64_t saved_layers = r.activation_checkpointing ? 1 : L;
   m.activations = layer_inputs + saved_layers * layer_saved + rows * D * act + rows * kF32;  // + final norm
 
-  const int64_t chunk =
-      r.loss_chunk_rows > 0 ? r.loss_chunk_rows : std::max<int64_t>(1, kLossChunkFloats / V);
-  const int64_t widest = rows * std::max({D, I, Q});
-  m.workspace =
-      rows * (4 * D + 2 * Q + 2 * KV + 3 * I) * kF32  // grad, dh, dn, dxf; dq, datt; dk, dv; dg, du, dact
-      + (c.qk_norm ? rows * (Q + KV) * kF32 : 0)      // dqp, dkp: through the q/k norms
-      + rows * lora_r * kF32                          // dxa
-      + (r.lora_dropout > 0 ? widest * kF32 : 0)      // dropped-out input
-      + (low ? (widest + rows * lora_r) * kF32 : 0)   // a linear's and LoRA's fp32 results before storing
-      + std::min(rows, chunk) * V * kF32              // logits chunk
-      + std::min(rows, chunk) * D * (act + kF32)      // the head's gathered rows and their gradient
-      + rows * 6 * 4                                  // int32 batch inputs (4), head rows and targets
-      + 2 * r.seq_len * (c.head_dim / 2) * kF32       // RoPE cos/sin
-      + (r.nf4 ? max_linear * (low ? 2 : kF32) : 0)   // one NF4 linear dequantised to its GEMM operand type
-      // CUDA under bf16/fp16 (engine/model/cuda_backend.cu): the 16-bit copies of fp32 GEMM operands
-      // (a full fine-tune's weight, a gradient; kept for LoRA too, whose frozen weights need none
-      // now: an upper bound). Its typed ops read 16-bit activations in place: no fp32 staging but
-      // a full fine-tune's loss head (fp32 weights) widening its 16-bit input, forward and backward.
-      + (cuda && low ? (max_linear + widest) * 2 + (r.full ? 2 * std::min(rows, chunk) * D * kF32 : 0) : 0)
-      // CUDA: the attention backward's row deltas, a full fine-tune's RMSNorm weight-gradient partials
-      // (kernels/cuda/norm.cu: one row of D per 64 rows).
-      + (cuda ? rows * H * kF32 + (r.full ? (rows + 63) / 64 * D * kF32 : 0) : 0);
+  m.workspace = WorkspaceBytes(r, rows, max_linear);
   m.runtime = cuda ? kCudaRuntimeBytes : 0;
   return m;
 }
