@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Golden reference values for ftune (LoRA / full fine-tuning of Llama & Qwen2).
+"""Golden reference values for ftune (LoRA / full fine-tuning of Llama, Qwen2/3, Gemma 3).
 
 What it makes
 -------------
@@ -41,8 +41,9 @@ gradient check, padding invariance, llama3 RoPE regimes, clipping on some but
 not all steps) and fails loudly if one does not hold.
 
 The model code below is written from the Hugging Face definitions
-(LlamaForCausalLM / Qwen2ForCausalLM, PEFT LoRA, HF Trainer's AdamW + cosine
-schedule + clip_grad_norm_) but is an independent re-implementation.
+(LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM / Gemma3ForCausalLM, PEFT
+LoRA, HF Trainer's AdamW + cosine schedule + clip_grad_norm_) but is an independent
+re-implementation.
 """
 
 import json
@@ -151,6 +152,31 @@ QWEN3_MODEL = dict(
     rope_scaling=None, tie_word_embeddings=True, attention_bias=False, st_dtype="BF16", shards=1,
 )
 
+# max_grad_norm of the Gemma 3 cases (chosen with --probe: clipping on some steps, not all).
+GEMMA3_CLIP = {"gemma3_text": 1.7, "gemma3_full": 4.6, "gemma3_qlora": 1.7}
+
+# Gemma 3 text (Gemma3ForCausalLM, model_type gemma3_text), as google/gemma-3-1b-pt publishes
+# its config, sizes reduced.  Traits (each read with m.get, absent in the other models):
+#   zero_centered_norm  Gemma RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + w), weights ~ N(0, 0.1)
+#   sandwich_norm       post_attention_layernorm on the attention output, pre_/post_feedforward_layernorm
+#                       around the MLP (four norms per layer)
+#   embed_scale         embeddings multiplied by sqrt(hidden_size) (8 here); the tied head is not
+#   hidden_act          gelu_pytorch_tanh instead of silu in the gated MLP
+#   query_pre_attn_scalar  attention scores scaled by query_pre_attn_scalar ** -0.5 (not head_dim)
+#   sliding_window_pattern layer i slides iff (i + 1) % pattern != 0; sliding layers mask keys
+#                       j <= i - sliding_window and use RoPE base rope_local_base_freq, unscaled;
+#                       full layers use rope_theta with rope_scaling (linear: inv_freq / factor)
+GEMMA3_MODEL = dict(
+    model_type="gemma3_text", vocab_size=256, hidden_size=64, intermediate_size=96,
+    num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32, qk_norm=True,
+    zero_centered_norm=True, sandwich_norm=True, embed_scale=True, hidden_act="gelu_pytorch_tanh",
+    query_pre_attn_scalar=24, sliding_window=64, sliding_window_pattern=2,
+    rope_local_base_freq=10000.0,
+    max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=1000000.0,
+    rope_scaling={"factor": 2.0, "rope_type": "linear"},
+    tie_word_embeddings=True, attention_bias=False, st_dtype="BF16", shards=1,
+)
+
 CASES = [
     dict(name="llama_gqa", seed=1001, model=LLAMA_GQA_MODEL,
          adapter=dict(type="lora", r=4, alpha=8, rslora=False, targets=ALL_LINEARS),
@@ -198,6 +224,17 @@ CASES = [
          quant=dict(type="nf4", block=64, double_quant=True, dq_block=256),
          adapter=dict(type="lora", r=4, alpha=8, rslora=False, targets=ALL_LINEARS),
          steps=6, lr=1e-2, max_grad_norm=QWEN3_CLIP["qwen3_qlora"]),
+    dict(name="gemma3_text", seed=5005, model=GEMMA3_MODEL,
+         adapter=dict(type="lora", r=4, alpha=8, rslora=False, targets=ALL_LINEARS),
+         steps=6, lr=1e-2, max_grad_norm=GEMMA3_CLIP["gemma3_text"]),
+    # Full fine-tune of gemma3_text's model: all four norms per layer and q/k norms train (no decay).
+    dict(name="gemma3_full", seed=5005, model=GEMMA3_MODEL, reuse="gemma3_text",
+         adapter=dict(type="full"),
+         steps=3, lr=1e-3, max_grad_norm=GEMMA3_CLIP["gemma3_full"]),
+    dict(name="gemma3_qlora", seed=5005, model=GEMMA3_MODEL, reuse="gemma3_text",
+         quant=dict(type="nf4", block=64, double_quant=True, dq_block=256),
+         adapter=dict(type="lora", r=4, alpha=8, rslora=False, targets=ALL_LINEARS),
+         steps=6, lr=1e-2, max_grad_norm=GEMMA3_CLIP["gemma3_qlora"]),
 ]
 
 # Training settings shared by all cases.
@@ -214,6 +251,13 @@ ADAM_EPS = 1e-8
 
 def head_dim(m):
     return m.get("head_dim") or m["hidden_size"] // m["num_attention_heads"]
+
+
+def is_sliding(m, i):
+    """Gemma 3 (sliding_window_pattern, HF's older config form): layer i is a sliding-window
+    layer unless (i + 1) is a multiple of the pattern. Models without the key: none slides."""
+    pat = m.get("sliding_window_pattern")
+    return pat is not None and (i + 1) % pat != 0
 
 
 # ----------------------------------------------------------------------------
@@ -236,20 +280,25 @@ def make_base_weights(m, gen):
         return torch.randn(shape, generator=gen, dtype=torch.float32) * std
 
     H, V = m["hidden_size"], m["vocab_size"]
+    # Norm weights scatter around 1, or around 0 for Gemma's zero-centred (1 + w) norms.
+    one = 0.0 if m.get("zero_centered_norm") else 1.0
     w = {"model.embed_tokens.weight": normal((V, H), 0.05)}
     for i in range(m["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"] = 1.0 + normal((H,), 0.1)
+        w[p + "input_layernorm.weight"] = one + normal((H,), 0.1)
         for mod, shape in module_shapes(m):
             w[p + mod + ".weight"] = normal(shape, 0.05)
             if m["attention_bias"] and mod in ("self_attn.q_proj", "self_attn.k_proj",
                                                "self_attn.v_proj"):
                 w[p + mod + ".bias"] = normal((shape[0],), 0.05)
         if m.get("qk_norm"):
-            w[p + "self_attn.q_norm.weight"] = 1.0 + normal((head_dim(m),), 0.1)
-            w[p + "self_attn.k_norm.weight"] = 1.0 + normal((head_dim(m),), 0.1)
-        w[p + "post_attention_layernorm.weight"] = 1.0 + normal((H,), 0.1)
-    w["model.norm.weight"] = 1.0 + normal((H,), 0.1)
+            w[p + "self_attn.q_norm.weight"] = one + normal((head_dim(m),), 0.1)
+            w[p + "self_attn.k_norm.weight"] = one + normal((head_dim(m),), 0.1)
+        w[p + "post_attention_layernorm.weight"] = one + normal((H,), 0.1)
+        if m.get("sandwich_norm"):
+            w[p + "pre_feedforward_layernorm.weight"] = one + normal((H,), 0.1)
+            w[p + "post_feedforward_layernorm.weight"] = one + normal((H,), 0.1)
+    w["model.norm.weight"] = one + normal((H,), 0.1)
     if not m["tie_word_embeddings"]:
         w["lm_head.weight"] = normal((V, H), 0.05)
     return w
@@ -328,13 +377,18 @@ def make_data(vocab, gen):
 # The model (float64)
 # ----------------------------------------------------------------------------
 
-def rope_inv_freq(m):
-    """HF default RoPE frequencies, optionally rescaled with the llama3 rule."""
+def rope_inv_freq(m, local=False):
+    """HF default RoPE frequencies, optionally rescaled with the llama3 rule or the linear one
+    (inv_freq / factor).  local: Gemma 3's sliding-window layers, base rope_local_base_freq
+    and no scaling (HF's rotary_emb_local: rope_type "default")."""
     hd = head_dim(m)
-    inv_freq = 1.0 / (m["rope_theta"] ** (torch.arange(0, hd, 2, dtype=F64) / hd))
-    rs = m["rope_scaling"]
+    theta = m["rope_local_base_freq"] if local else m["rope_theta"]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=F64) / hd))
+    rs = None if local else m["rope_scaling"]
     if rs is None:
         return inv_freq
+    if rs["rope_type"] == "linear":
+        return inv_freq / rs["factor"]
     assert rs["rope_type"] == "llama3"
     factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
     orig = rs["original_max_position_embeddings"]
@@ -353,8 +407,8 @@ def rope_inv_freq(m):
     return torch.tensor(out, dtype=F64)
 
 
-def rope_cos_sin(m, T):
-    inv_freq = rope_inv_freq(m)
+def rope_cos_sin(m, T, local=False):
+    inv_freq = rope_inv_freq(m, local)
     pos = torch.arange(T, dtype=F64)
     freqs = pos[:, None] * inv_freq[None, :]        # [T, hd/2]
     emb = torch.cat([freqs, freqs], dim=-1)         # [T, hd]
@@ -368,6 +422,16 @@ def rotate_half(x):
 
 def rms_norm(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def norm_weight(P, m, name):
+    """The factor an RMSNorm multiplies by: its weight, or 1 + weight for Gemma's zero-centred norms."""
+    return 1.0 + P[name] if m.get("zero_centered_norm") else P[name]
+
+
+def gelu_tanh(x):
+    """gelu_pytorch_tanh (Gemma 3's hidden_activation)."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
 
 
 # ----------------------------------------------------------------------------
@@ -461,37 +525,68 @@ def forward(P, ctx, ids):
     eps = m["rms_norm_eps"]
     cos, sin = rope_cos_sin(m, T)                   # position ids 0..T-1 per row
     causal = torch.ones(T, T, dtype=torch.bool).triu(1)
+    if m.get("sliding_window_pattern") is not None:
+        # Gemma 3's sliding layers: local RoPE, and keys j <= i - sliding_window masked too
+        # (HF: a query at i attends to j in (i - sliding_window, i]).
+        cos_local, sin_local = rope_cos_sin(m, T, local=True)
+        window = causal | torch.ones(T, T, dtype=torch.bool).tril(-m["sliding_window"])
 
-    x = stored(ctx, P["model.embed_tokens.weight"][ids])
+    x = P["model.embed_tokens.weight"][ids]
+    if m.get("embed_scale"):  # Gemma3TextScaledWordEmbedding (the tied head uses the plain weight)
+        x = x * math.sqrt(m["hidden_size"])
+    x = stored(ctx, x)
     for i in range(m["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        n = stored(ctx, rms_norm(x, P[p + "input_layernorm.weight"], eps))
+        if is_sliding(m, i):
+            cos_i, sin_i, mask = cos_local, sin_local, window
+        else:
+            cos_i, sin_i, mask = cos, sin, causal
+        n = stored(ctx, rms_norm(x, norm_weight(P, m, p + "input_layernorm.weight"), eps))
         q = stored(ctx, linear(P, ctx, p + "self_attn.q_proj", n)).view(B, T, nH, hd)
         k = stored(ctx, linear(P, ctx, p + "self_attn.k_proj", n)).view(B, T, nKV, hd)
-        if m.get("qk_norm"):  # Qwen3Attention: q_norm / k_norm over each head's hd values, before RoPE
-            q = stored(ctx, rms_norm(q, P[p + "self_attn.q_norm.weight"], eps))
-            k = stored(ctx, rms_norm(k, P[p + "self_attn.k_norm.weight"], eps))
+        if m.get("qk_norm"):  # Qwen3/Gemma3 attention: q_norm / k_norm over each head's hd values, before RoPE
+            q = stored(ctx, rms_norm(q, norm_weight(P, m, p + "self_attn.q_norm.weight"), eps))
+            k = stored(ctx, rms_norm(k, norm_weight(P, m, p + "self_attn.k_norm.weight"), eps))
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = stored(ctx, linear(P, ctx, p + "self_attn.v_proj", n)).view(B, T, nKV, hd).transpose(1, 2)
-        q = operand(ctx, q * cos + rotate_half(q) * sin)
-        k = operand(ctx, k * cos + rotate_half(k) * sin)
+        q = operand(ctx, q * cos_i + rotate_half(q) * sin_i)
+        k = operand(ctx, k * cos_i + rotate_half(k) * sin_i)
         # GQA: query head h uses kv head h // (nH / nKV).
         k = k.repeat_interleave(nH // nKV, dim=1)
         v = v.repeat_interleave(nH // nKV, dim=1)
+        qpas = m.get("query_pre_attn_scalar")
         if ctx["bf16"]:
-            a = _FlashAttention.apply(q, k, v, causal, 1.0 / math.sqrt(hd))
+            a = _FlashAttention.apply(q, k, v, mask, 1.0 / math.sqrt(hd) if qpas is None else qpas ** -0.5)
         else:
-            s = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
-            s = s.masked_fill(causal, float("-inf"))
+            if qpas is None:
+                s = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+            else:                                   # Gemma 3: scaling = query_pre_attn_scalar ** -0.5
+                s = (q @ k.transpose(-1, -2)) * qpas ** -0.5
+            s = s.masked_fill(mask, float("-inf"))
             a = torch.softmax(s, dim=-1) @ v        # [B, nH, T, hd]
         a = stored(ctx, a.transpose(1, 2).reshape(B, T, nH * hd))
-        h = stored(ctx, x + operand(ctx, linear(P, ctx, p + "self_attn.o_proj", a)))
-        n = stored(ctx, rms_norm(h, P[p + "post_attention_layernorm.weight"], eps))
+        if m.get("sandwich_norm"):
+            # Gemma 3: x + post_attention_layernorm(attn), then
+            # h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h))).
+            o = stored(ctx, linear(P, ctx, p + "self_attn.o_proj", a))
+            h = stored(ctx, x + rms_norm(o, norm_weight(P, m, p + "post_attention_layernorm.weight"), eps))
+            n = stored(ctx, rms_norm(h, norm_weight(P, m, p + "pre_feedforward_layernorm.weight"), eps))
+        else:
+            h = stored(ctx, x + operand(ctx, linear(P, ctx, p + "self_attn.o_proj", a)))
+            n = stored(ctx, rms_norm(h, norm_weight(P, m, p + "post_attention_layernorm.weight"), eps))
         g = stored(ctx, linear(P, ctx, p + "mlp.gate_proj", n))
         u = stored(ctx, linear(P, ctx, p + "mlp.up_proj", n))
-        act = stored(ctx, F.silu(g) * u)
-        x = stored(ctx, h + operand(ctx, linear(P, ctx, p + "mlp.down_proj", act)))
-    x = stored(ctx, rms_norm(x, P["model.norm.weight"], eps))
+        if m.get("hidden_act", "silu") == "silu":
+            act = stored(ctx, F.silu(g) * u)
+        else:
+            assert m["hidden_act"] == "gelu_pytorch_tanh"
+            act = stored(ctx, gelu_tanh(g) * u)
+        if m.get("sandwich_norm"):
+            d = stored(ctx, linear(P, ctx, p + "mlp.down_proj", act))
+            x = stored(ctx, h + rms_norm(d, norm_weight(P, m, p + "post_feedforward_layernorm.weight"), eps))
+        else:
+            x = stored(ctx, h + operand(ctx, linear(P, ctx, p + "mlp.down_proj", act)))
+    x = stored(ctx, rms_norm(x, norm_weight(P, m, "model.norm.weight"), eps))
     head = P["model.embed_tokens.weight"] if m["tie_word_embeddings"] else P["lm_head.weight"]
     return stored(ctx, x @ head.T)  # bf16: logits rounded, their gradient taken as a bf16 operand
 
@@ -571,7 +666,59 @@ def train(P, ctx, trainable, data, steps, lr, max_grad_norm):
 # Output files
 # ----------------------------------------------------------------------------
 
+GEMMA3_CONFIG_KEYS = [  # google/gemma-3-1b-pt's config.json keys, in its (sorted) order
+    "architectures", "attention_bias", "attention_dropout", "attn_logit_softcapping", "bos_token_id",
+    "cache_implementation", "eos_token_id", "final_logit_softcapping", "head_dim", "hidden_activation",
+    "hidden_size", "initializer_range", "intermediate_size", "max_position_embeddings", "model_type",
+    "num_attention_heads", "num_hidden_layers", "num_key_value_heads", "pad_token_id",
+    "query_pre_attn_scalar", "rms_norm_eps", "rope_local_base_freq", "rope_scaling", "rope_theta",
+    "sliding_window", "sliding_window_pattern", "tie_word_embeddings", "torch_dtype",
+    "transformers_version", "use_cache", "vocab_size",
+]
+
+
+def gemma3_config(m):
+    """config.json as google/gemma-3-1b-pt publishes it, sizes reduced (bos 2, eos 1, pad 0)."""
+    cfg = {
+        "architectures": ["Gemma3ForCausalLM"],
+        "attention_bias": m["attention_bias"],
+        "attention_dropout": 0.0,
+        "attn_logit_softcapping": None,
+        "bos_token_id": 2,
+        "cache_implementation": "hybrid",
+        "eos_token_id": 1,
+        "final_logit_softcapping": None,
+        "head_dim": head_dim(m),
+        "hidden_activation": m["hidden_act"],
+        "hidden_size": m["hidden_size"],
+        "initializer_range": 0.02,
+        "intermediate_size": m["intermediate_size"],
+        "max_position_embeddings": m["max_position_embeddings"],
+        "model_type": m["model_type"],
+        "num_attention_heads": m["num_attention_heads"],
+        "num_hidden_layers": m["num_hidden_layers"],
+        "num_key_value_heads": m["num_key_value_heads"],
+        "pad_token_id": 0,
+        "query_pre_attn_scalar": m["query_pre_attn_scalar"],
+        "rms_norm_eps": m["rms_norm_eps"],
+        "rope_local_base_freq": m["rope_local_base_freq"],
+        "rope_scaling": m["rope_scaling"],
+        "rope_theta": m["rope_theta"],
+        "sliding_window": m["sliding_window"],
+        "sliding_window_pattern": m["sliding_window_pattern"],
+        "tie_word_embeddings": m["tie_word_embeddings"],
+        "torch_dtype": {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}[m["st_dtype"]],
+        "transformers_version": "4.50.0.dev0",
+        "use_cache": True,
+        "vocab_size": m["vocab_size"],
+    }
+    assert list(cfg) == GEMMA3_CONFIG_KEYS
+    return cfg
+
+
 def hf_config(m):
+    if m["model_type"] == "gemma3_text":
+        return gemma3_config(m)
     arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[m["model_type"]]
     cfg = {
         "architectures": [arch],
@@ -732,6 +879,17 @@ def check_llama3_regimes(m):
     return same, smoothed, divided
 
 
+def check_local_global(m):
+    """Gemma 3: both layer kinds present, and their RoPE frequencies as stated."""
+    hd = head_dim(m)
+    kinds = {is_sliding(m, i) for i in range(m["num_hidden_layers"])}
+    assert kinds == {True, False}, kinds
+    exps = torch.arange(0, hd, 2, dtype=F64) / hd
+    assert m["rope_scaling"]["rope_type"] == "linear"
+    assert torch.equal(rope_inv_freq(m), (1.0 / m["rope_theta"] ** exps) / m["rope_scaling"]["factor"])
+    assert torch.equal(rope_inv_freq(m, local=True), 1.0 / m["rope_local_base_freq"] ** exps)
+
+
 def check_padding_invariance(P, ctx, data):
     """Sequence 0 alone must give the same logits as inside a padded micro-batch."""
     with torch.no_grad():
@@ -824,9 +982,14 @@ def run_case(case):
         trainable = {k: v.requires_grad_(True) for k, v in P.items()}
     write_text(os.path.join(out, "job.yaml"), job_yaml(case))
 
-    if m["rope_scaling"] is not None:
+    if m["rope_scaling"] is not None and m["rope_scaling"]["rope_type"] == "llama3":
         regimes = check_llama3_regimes(m)
         print(f"  llama3 inv_freq: {regimes[0]} unchanged, {regimes[1]} smoothed, {regimes[2]} divided")
+    if m.get("sliding_window_pattern") is not None:
+        check_local_global(m)
+        kinds = ["sliding" if is_sliding(m, i) else "full" for i in range(m["num_hidden_layers"])]
+        print(f"  layers {kinds}; full layers RoPE theta {m['rope_theta']:g} / {m['rope_scaling']['factor']},"
+              f" sliding layers theta {m['rope_local_base_freq']:g}")
     check_padding_invariance(P, ctx, data)
 
     with torch.no_grad():
