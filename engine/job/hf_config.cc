@@ -39,6 +39,13 @@ StatusOr<ModelConfig> ParseHfConfig(const std::string& text, const std::string& 
   ModelConfig c;
   FT_RETURN_IF_ERROR(GetKey(j, "model_type", file, &c.model_type, true));
   FT_ASSIGN_OR_RETURN(const FamilyTraits* family, FindFamily(c.model_type, file));
+  if (const std::string why = RefusedKey([&](std::string_view key) {
+        auto it = j.find(std::string(key));
+        return it == j.end() ? std::string() : it->dump();
+      });
+      !why.empty()) {
+    return Status::InvalidArgument(file + ": " + why + " (model_type '" + c.model_type + "')");
+  }
   c.qk_norm = family->qk_norm;
   FT_RETURN_IF_ERROR(GetKey(j, "vocab_size", file, &c.vocab_size, true));
   FT_RETURN_IF_ERROR(GetKey(j, "hidden_size", file, &c.hidden_size, true));

@@ -1,11 +1,17 @@
 // The family table (engine/model/family.h).
 #include "engine/model/family.h"
 
+#include <functional>
 #include <iterator>
+#include <utility>
 
 namespace ft {
 
 namespace {
+
+constexpr std::string_view kMoe = "a mixture of experts (MoE), which the engine does not train";
+constexpr std::string_view kVision =
+    "a vision-language model (vision tower), which the engine does not train";
 
 // Traits as the published HF modeling code of each family has them (transformers 4.5x):
 // LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM.
@@ -21,15 +27,40 @@ constexpr FamilyTraits kFamilies[] = {
      .architecture = "Qwen3ForCausalLM",
      .qk_norm = true,
      .use_sliding_window_key = true},
-    // Known, not trainable: each says why and what to use instead.
-    {.model_type = "mixtral", .refused = "a mixture of experts (MoE), which the engine does not train"},
-    {.model_type = "qwen2_moe", .refused = "a mixture of experts (MoE), which the engine does not train"},
-    {.model_type = "qwen3_moe", .refused = "a mixture of experts (MoE), which the engine does not train"},
-    {.model_type = "llava",
-     .refused = "a vision-language model (vision tower), which the engine does not train"},
+    // Known, not trainable: each says why.
+    {.model_type = "mixtral", .refused = kMoe},
+    {.model_type = "qwen2_moe", .refused = kMoe},
+    {.model_type = "qwen3_moe", .refused = kMoe},
+    {.model_type = "deepseek_v3", .refused = kMoe},
+    {.model_type = "llava", .refused = kVision},
+    {.model_type = "mllama", .refused = kVision},
+    {.model_type = "qwen2_vl", .refused = kVision},
+    {.model_type = "qwen2_5_vl", .refused = kVision},
+    {.model_type = "gemma3",
+     .refused = "Gemma 3 with its vision tower (Gemma3ForConditionalGeneration), which the engine does not "
+                "train; its text model is model_type gemma3_text, a family still to come"},
+};
+
+// Keys that make a config a model the engine cannot train whatever its model_type says
+// (a vision tower or experts on a dense family's config), and what they mean.
+constexpr std::pair<std::string_view, std::string_view> kRefusedKeys[] = {
+    {"vision_config", "a vision tower"},
+    {"num_experts", "a mixture of experts (MoE)"},
+    {"num_local_experts", "a mixture of experts (MoE)"},
+    {"n_routed_experts", "a mixture of experts (MoE)"},
 };
 
 }  // namespace
+
+std::string RefusedKey(const std::function<std::string(std::string_view)>& value_of) {
+  for (const auto& [key, what] : kRefusedKeys) {
+    const std::string value = value_of(key);
+    if (value.empty() || value == "null" || value == "0" || value == "{}") continue;
+    return "'" + std::string(key) + "' (" + value + ") makes it " + std::string(what) +
+           ", which the engine does not train";
+  }
+  return "";
+}
 
 std::string SupportedFamilies() {
   std::string out;

@@ -8,6 +8,7 @@
 // towers) have a row too, with the reason: FindFamily refuses them by name.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -38,5 +39,9 @@ struct FamilyTraits {
 StatusOr<const FamilyTraits*> FindFamily(std::string_view model_type, const std::string& file);
 // "llama, mistral, qwen2, qwen3": the families the engine trains.
 std::string SupportedFamilies();
+// Empty, or why a config cannot be trained whatever its model_type: a key that adds a vision
+// tower or experts ("'num_experts' (8) makes it a mixture of experts (MoE), ..."). `value_of`
+// gives a key's JSON text ("" when absent); null, 0 and {} count as absent.
+std::string RefusedKey(const std::function<std::string(std::string_view)>& value_of);
 
 }  // namespace ft

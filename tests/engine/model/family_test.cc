@@ -95,10 +95,25 @@ TEST(FamilyTest, KnownFamiliesTheEngineCannotTrainAreRefusedSayingWhy) {
   EXPECT_THAT(moe.status().message(), HasSubstr("Qwen3-30B-A3B/config.json: model_type 'qwen3_moe'"));
   EXPECT_THAT(moe.status().message(), HasSubstr("mixture of experts"));
   EXPECT_THAT(moe.status().message(), HasSubstr("supported: llama, mistral, qwen2, qwen3"));
-  for (const char* type : {"mixtral", "qwen2_moe", "llava"}) {
+  for (const char* type :
+       {"mixtral", "qwen2_moe", "llava", "mllama", "qwen2_vl", "qwen2_5_vl", "deepseek_v3"}) {
     auto refused = FindFamily(type, "c.json");
     EXPECT_FALSE(refused.ok()) << type;
   }
+  // Experts or a vision tower on a dense family's model_type are refused by the key.
+  auto experts = ParseHfConfig(R"({"model_type": "qwen2", "num_experts": 8, "hidden_size": 64})", "e.json");
+  EXPECT_THAT(experts.status().message(),
+              HasSubstr("e.json: 'num_experts' (8) makes it a mixture of experts (MoE), which the engine "
+                        "does not train (model_type 'qwen2')"));
+  auto vision = ParseHfConfig(R"({"model_type": "llama", "vision_config": {"hidden_size": 8}})", "v.json");
+  EXPECT_THAT(vision.status().message(),
+              HasSubstr(R"(v.json: 'vision_config' ({"hidden_size":8}) makes it a vision tower)"));
+  auto gemma_vl = ParseHfConfig(R"({"model_type": "gemma3", "text_config": {}})", "g.json");
+  EXPECT_THAT(gemma_vl.status().message(), HasSubstr("model_type 'gemma3' is Gemma 3 with its vision tower"));
+  // A null or zero count is no refusal (HF writes "num_experts": null on some dense configs).
+  auto dense =
+      ParseHfConfig(std::string(kPublished[0].json).replace(1, 0, R"("num_experts": null, )"), "d.json");
+  EXPECT_TRUE(dense.ok()) << dense.status().ToString();
   auto gpt = ParseHfConfig(R"({"model_type": "gpt2"})", "c.json");
   EXPECT_THAT(
       gpt.status().message(),
