@@ -74,10 +74,15 @@ StatusOr<ModelConfig> ParseHfConfig(const std::string& text, const std::string& 
   bool mlp_bias = false;
   FT_RETURN_IF_ERROR(GetKey(j, "mlp_bias", file, &mlp_bias, false));
   if (mlp_bias) return Status::InvalidArgument(file + ": mlp_bias: true is not supported");
-  std::string act = "silu";
+  // Gemma spells it hidden_activation (HF's Gemma configs read that one first).
+  std::string act = "silu", act_key = "hidden_act";
   FT_RETURN_IF_ERROR(GetKey(j, "hidden_act", file, &act, false));
-  if (act != "silu")
-    return Status::InvalidArgument(file + ": hidden_act '" + act + "' is not supported (only silu)");
+  if (j.contains("hidden_activation") && !j["hidden_activation"].is_null()) act_key = "hidden_activation";
+  FT_RETURN_IF_ERROR(GetKey(j, "hidden_activation", file, &act, false));
+  auto parsed_act = ParseActivation(act, act_key);
+  if (!parsed_act.ok())
+    return Status::InvalidArgument(file + ": " + std::string(parsed_act.status().message()));
+  c.hidden_act = *parsed_act;
   bool use_sliding = family->sliding_window_default;
   FT_RETURN_IF_ERROR(GetKey(j, "use_sliding_window", file, &use_sliding, false));
   if (use_sliding) FT_RETURN_IF_ERROR(GetKey(j, "sliding_window", file, &c.sliding_window, false));
@@ -143,7 +148,7 @@ std::string HfConfigJson(const ModelConfig& c) {
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   if (family.attention_bias_key) j["attention_bias"] = c.attention_bias;
   if (family.use_sliding_window_key) j["use_sliding_window"] = c.sliding_window > 0;
-  j["hidden_act"] = "silu";
+  j["hidden_act"] = ActivationName(c.hidden_act);
   j["torch_dtype"] = c.torch_dtype;
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;

@@ -51,6 +51,7 @@
 
 #include "common/device_kind.h"
 #include "common/status.h"
+#include "engine/model/activation.h"
 #include "engine/model/memory.h"
 #include "kernels/cpu/nf4.h"
 #include "kernels/cpu/ops.h"
@@ -250,9 +251,10 @@ class Backend {
   virtual void AttentionBackward(GemmOperands operands, const cpu::AttentionShape& s, ConstAct q, ConstAct k,
                                  ConstAct v, const int32_t* segments, ConstAct out, const float* lse,
                                  const float* dout, float* dq, float* dk, float* dv) = 0;
-  virtual void SwiGluForward(ConstAct gate, ConstAct up, int64_t n, Act h) = 0;
-  virtual void SwiGluBackward(ConstAct gate, ConstAct up, const float* dh, int64_t n, float* dgate,
-                              float* dup) = 0;
+  // h = act(gate) * up (SwiGLU, GeGLU-tanh), and its backward.
+  virtual void GluForward(Activation act, ConstAct gate, ConstAct up, int64_t n, Act h) = 0;
+  virtual void GluBackward(Activation act, ConstAct gate, ConstAct up, const float* dh, int64_t n,
+                           float* dgate, float* dup) = 0;
   // ids: device int32 [rows]. The table is fp32 (out any type) or stored in out's type.
   virtual void EmbeddingForward(ConstAct table, const int32_t* ids, int64_t rows, int64_t D, Act out) = 0;
   virtual void EmbeddingBackward(const float* dout, const int32_t* ids, int64_t rows, int64_t D,

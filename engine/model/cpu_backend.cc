@@ -136,19 +136,22 @@ class CpuBackend final : public Backend {
                                        dq, dk, dv);
     });
   }
-  void SwiGluForward(ConstAct gate, ConstAct up, int64_t n, Act h) override {
+  void GluForward(Activation act, ConstAct gate, ConstAct up, int64_t n, Act h) override {
     FT_CHECK(gate.dtype == up.dtype && up.dtype == h.dtype);
     WithStorage(h.dtype, [&](auto tag) {
       using S = decltype(tag);
-      cpu::SwiGluForward<S>(gate.as<S>(), up.as<S>(), n, h.as<S>());
+      (act == Activation::kSilu ? cpu::SwiGluForward<S>
+                                : cpu::GeluTanhGluForward<S>)(gate.as<S>(), up.as<S>(), n, h.as<S>());
     });
   }
-  void SwiGluBackward(ConstAct gate, ConstAct up, const float* dh, int64_t n, float* dgate,
-                      float* dup) override {
+  void GluBackward(Activation act, ConstAct gate, ConstAct up, const float* dh, int64_t n, float* dgate,
+                   float* dup) override {
     FT_CHECK(gate.dtype == up.dtype);
     WithStorage(gate.dtype, [&](auto tag) {
       using S = decltype(tag);
-      cpu::SwiGluBackward<float, S>(gate.as<S>(), up.as<S>(), dh, n, dgate, dup);
+      (act == Activation::kSilu
+           ? cpu::SwiGluBackward<float, S>
+           : cpu::GeluTanhGluBackward<float, S>)(gate.as<S>(), up.as<S>(), dh, n, dgate, dup);
     });
   }
   void EmbeddingForward(ConstAct table, const int32_t* ids, int64_t rows, int64_t D, Act out) override {

@@ -403,21 +403,26 @@ class CudaBackend final : public Backend {
                                      dk, dv, ws, stream_, Math(operands)));
     });
   }
-  void SwiGluForward(ConstAct gate, ConstAct up, int64_t n, Act h) override {
-    if (!SameStorage("SwiGluForward", {gate.dtype, up.dtype, h.dtype})) return;
-    FT_TIME_OP(cuda_op::kSwiGluForward);
+  void GluForward(Activation act, ConstAct gate, ConstAct up, int64_t n, Act h) override {
+    if (!SameStorage("GluForward", {gate.dtype, up.dtype, h.dtype})) return;
+    const bool silu = act == Activation::kSilu;
+    FT_TIME_OP(silu ? cuda_op::kSwiGluForward : cuda_op::kGeluGluForward);
     WithStorage(gate.dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
-      Record(cuda::SwiGluForward(gate.as<T>(), up.as<T>(), n, h.as<T>(), stream_));
+      Record((silu ? cuda::SwiGluForward<T> : cuda::GeluTanhGluForward<T>)(gate.as<T>(), up.as<T>(), n,
+                                                                           h.as<T>(), stream_));
     });
   }
-  void SwiGluBackward(ConstAct gate, ConstAct up, const float* dh, int64_t n, float* dgate,
-                      float* dup) override {
-    if (!SameStorage("SwiGluBackward", {gate.dtype, up.dtype})) return;
-    FT_TIME_OP(cuda_op::kSwiGluBackward);
+  void GluBackward(Activation act, ConstAct gate, ConstAct up, const float* dh, int64_t n, float* dgate,
+                   float* dup) override {
+    if (!SameStorage("GluBackward", {gate.dtype, up.dtype})) return;
+    const bool silu = act == Activation::kSilu;
+    FT_TIME_OP(silu ? cuda_op::kSwiGluBackward : cuda_op::kGeluGluBackward);
     WithStorage(gate.dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
-      Record(cuda::SwiGluBackward(gate.as<T>(), up.as<T>(), dh, n, dgate, dup, stream_));
+      Record(
+          (silu ? cuda::SwiGluBackward<T, float>
+                : cuda::GeluTanhGluBackward<T, float>)(gate.as<T>(), up.as<T>(), dh, n, dgate, dup, stream_));
     });
   }
   void EmbeddingForward(ConstAct table, const int32_t* ids, int64_t rows, int64_t D, Act out) override {

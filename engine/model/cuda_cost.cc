@@ -233,12 +233,18 @@ void CudaCostBackend::AttentionBackward(GemmOperands operands, const cpu::Attent
   Record(op::kAttentionBackward, 3, flops, bytes, operands == GemmOperands::kBF16);
 }
 
-void CudaCostBackend::SwiGluForward(ConstAct gate, ConstAct up, int64_t n, Act h) {
-  Record(op::kSwiGluForward, 1, 8 * D(n), D(n) * D(Bytes(gate.dtype) + Bytes(up.dtype) + Bytes(h.dtype)));
+// GELU-tanh's polynomial and tanh cost about twice SiLU's exp and divide.
+void CudaCostBackend::GluForward(Activation act, ConstAct gate, ConstAct up, int64_t n, Act h) {
+  const bool silu = act == Activation::kSilu;
+  Record(silu ? op::kSwiGluForward : op::kGeluGluForward, 1, (silu ? 8 : 16) * D(n),
+         D(n) * D(Bytes(gate.dtype) + Bytes(up.dtype) + Bytes(h.dtype)));
 }
 
-void CudaCostBackend::SwiGluBackward(ConstAct gate, ConstAct up, const float*, int64_t n, float*, float*) {
-  Record(op::kSwiGluBackward, 1, 12 * D(n), D(n) * D(Bytes(gate.dtype) + Bytes(up.dtype) + 12));
+void CudaCostBackend::GluBackward(Activation act, ConstAct gate, ConstAct up, const float*, int64_t n, float*,
+                                  float*) {
+  const bool silu = act == Activation::kSilu;
+  Record(silu ? op::kSwiGluBackward : op::kGeluGluBackward, 1, (silu ? 12 : 24) * D(n),
+         D(n) * D(Bytes(gate.dtype) + Bytes(up.dtype) + 12));
 }
 
 void CudaCostBackend::EmbeddingForward(ConstAct table, const int32_t*, int64_t rows, int64_t dim, Act out) {

@@ -100,9 +100,9 @@ class CudaCostBackend final : public Backend {
   void AttentionBackward(GemmOperands operands, const cpu::AttentionShape& s, ConstAct q, ConstAct k,
                          ConstAct v, const int32_t* segments, ConstAct out, const float* lse,
                          const float* dout, float* dq, float* dk, float* dv) override;
-  void SwiGluForward(ConstAct gate, ConstAct up, int64_t n, Act h) override;
-  void SwiGluBackward(ConstAct gate, ConstAct up, const float* dh, int64_t n, float* dgate,
-                      float* dup) override;
+  void GluForward(Activation act, ConstAct gate, ConstAct up, int64_t n, Act h) override;
+  void GluBackward(Activation act, ConstAct gate, ConstAct up, const float* dh, int64_t n, float* dgate,
+                   float* dup) override;
   void EmbeddingForward(ConstAct table, const int32_t* ids, int64_t rows, int64_t D, Act out) override;
   void EmbeddingBackward(const float* dout, const int32_t* ids, int64_t rows, int64_t D,
                          float* dtable) override;

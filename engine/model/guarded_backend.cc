@@ -133,14 +133,14 @@ class GuardedCpuBackend final : public Backend {
     Open o(this);
     inner_->AttentionBackward(operands, s, q, k, v, segments, out, lse, dout, dq, dk, dv);
   }
-  void SwiGluForward(ConstAct gate, ConstAct up, int64_t n, Act h) override {
+  void GluForward(Activation act, ConstAct gate, ConstAct up, int64_t n, Act h) override {
     Open o(this);
-    inner_->SwiGluForward(gate, up, n, h);
+    inner_->GluForward(act, gate, up, n, h);
   }
-  void SwiGluBackward(ConstAct gate, ConstAct up, const float* dh, int64_t n, float* dgate,
-                      float* dup) override {
+  void GluBackward(Activation act, ConstAct gate, ConstAct up, const float* dh, int64_t n, float* dgate,
+                   float* dup) override {
     Open o(this);
-    inner_->SwiGluBackward(gate, up, dh, n, dgate, dup);
+    inner_->GluBackward(act, gate, up, dh, n, dgate, dup);
   }
   void EmbeddingForward(ConstAct table, const int32_t* ids, int64_t rows, int64_t D, Act out) override {
     Open o(this);

@@ -781,7 +781,7 @@ void Model::LayerForward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs& 
   backend_->RmsNormForward(A(a.h), layer.mlp_norm.data(), rows, D, eps, A(a.n2), a.rstd2.data());
   LinearForward(l, ModuleKind::kGate, A(a.n2), rows, A(a.g), xa(ModuleKind::kGate));
   LinearForward(l, ModuleKind::kUp, A(a.n2), rows, A(a.u), xa(ModuleKind::kUp));
-  backend_->SwiGluForward(A(a.g), A(a.u), rows * I, A(a.act));
+  backend_->GluForward(c.hidden_act, A(a.g), A(a.u), rows * I, A(a.act));
   const ConstAct h = A(a.h);
   LinearForward(l, ModuleKind::kDown, A(a.act), rows, x_out, xa(ModuleKind::kDown), &h);
 }
@@ -797,7 +797,7 @@ void Model::LayerBackward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs&
   // MLP block: out = h + down(silu(gate(n2)) * up(n2)), n2 = norm(h). dx holds d(out).
   LinearBackward(l, ModuleKind::kDown, A(a.act), xa(ModuleKind::kDown), dx, rows, w.dact.data(), false);
   Round(w.dact.data(), rows * I);
-  backend_->SwiGluBackward(A(a.g), A(a.u), w.dact.data(), rows * I, w.dg.data(), w.du.data());
+  backend_->GluBackward(c.hidden_act, A(a.g), A(a.u), w.dact.data(), rows * I, w.dg.data(), w.du.data());
   // dg and du rounded by their linears' backward (round_dy), as dq, dk and dv below.
   LinearBackward(l, ModuleKind::kGate, A(a.n2), xa(ModuleKind::kGate), w.dg.data(), rows, w.dn.data(), false,
                  true);

@@ -167,6 +167,20 @@ StatusOr<ModelConfig> PresetModelConfig(const std::string& name) {
 }
 
 namespace {
+constexpr const char* kActivationNames[] = {"silu", "gelu_pytorch_tanh"};
+}  // namespace
+
+const char* ActivationName(Activation a) { return kActivationNames[static_cast<int>(a)]; }
+
+StatusOr<Activation> ParseActivation(const std::string& name, const std::string& key) {
+  for (int i = 0; i < static_cast<int>(std::size(kActivationNames)); ++i) {
+    if (name == kActivationNames[i]) return static_cast<Activation>(i);
+  }
+  return Status::InvalidArgument(key + " '" + name +
+                                 "' is not supported (supported: silu, gelu_pytorch_tanh)");
+}
+
+namespace {
 constexpr const char* kModuleNames[kNumModules] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                                    "gate_proj", "up_proj", "down_proj"};
 bool IsAttention(ModuleKind m) { return static_cast<int>(m) <= static_cast<int>(ModuleKind::kO); }

@@ -10,6 +10,7 @@
 
 #include "common/device_kind.h"
 #include "common/status.h"
+#include "engine/model/activation.h"
 
 namespace ft {
 
@@ -40,6 +41,7 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v biases (Qwen2)
   bool qk_norm = false;         // per-head q/k RMSNorm before RoPE (Qwen3): FamilyTraits::qk_norm
+  Activation hidden_act = Activation::kSilu;
   std::string torch_dtype = "float32";
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;

@@ -88,6 +88,12 @@ void SwiGluForward(const S* gate, const S* up, int64_t n, S* h);
 // dgate, dup overwritten (may alias gate/up only if the caller no longer needs them).
 template <typename T, typename S = T>
 void SwiGluBackward(const S* gate, const S* up, const T* dh, int64_t n, T* dgate, T* dup);
+// h = gelu_tanh(gate) * up (GeGLU, Gemma's "gelu_pytorch_tanh": PyTorch's GELU with
+// approximate="tanh"); the same contract as SwiGluForward/Backward.
+template <typename S>
+void GeluTanhGluForward(const S* gate, const S* up, int64_t n, S* h);
+template <typename T, typename S = T>
+void GeluTanhGluBackward(const S* gate, const S* up, const T* dh, int64_t n, T* dgate, T* dup);
 
 // Cross-entropy over logits[rows, V] with targets[rows] (-100 = ignored).
 // Returns the SUM of -log softmax(logits)[target] over non-ignored rows (in

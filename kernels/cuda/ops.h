@@ -136,6 +136,12 @@ Status SwiGluForward(const T* gate, const T* up, int64_t n, T* h, cudaStream_t s
 template <typename T, typename P>
 Status SwiGluBackward(const T* gate, const T* up, const P* dh, int64_t n, P* dgate, P* dup,
                       cudaStream_t stream);
+// h = gelu_tanh(gate) * up (cpu::GeluTanhGluForward), and its backward, with the same contract.
+template <typename T>
+Status GeluTanhGluForward(const T* gate, const T* up, int64_t n, T* h, cudaStream_t stream);
+template <typename T, typename P>
+Status GeluTanhGluBackward(const T* gate, const T* up, const P* dh, int64_t n, P* dgate, P* dup,
+                           cudaStream_t stream);
 
 // ---- Embedding -------------------------------------------------------------------
 

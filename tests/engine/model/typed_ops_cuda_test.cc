@@ -172,21 +172,24 @@ void CheckAttention(TypedOps& ops, Twin& q) {
   ops.Check(dv, "attention dv", grad_bound);
 }
 
-// SwiGLU forward and backward; embeddings from an fp32 table (rounded) and
+// SwiGLU and GeGLU-tanh forward and backward; embeddings from an fp32 table (rounded) and
 // from a 16-bit one (rows copied): exact.
 void CheckSwiGluAndEmbedding(TypedOps& ops) {
   const ActDType t = ops.t();
   Twin gate = ops.Typed(rows * I, 11, 3.0f), up = ops.Typed(rows * I, 12), h = ops.Make(rows * I, t),
        dh = ops.Floats(rows * I, 13), dg = ops.Make(rows * I, ActDType::kF32),
        du = ops.Make(rows * I, ActDType::kF32);
-  for (bool g : {false, true}) {
-    ops.On(g).SwiGluForward(gate.On(g), up.On(g), rows * I, h.On(g));
-    ops.On(g).SwiGluBackward(gate.On(g), up.On(g), dh.On(g).as<float>(), rows * I, dg.On(g).as<float>(),
-                             du.On(g).as<float>());
+  for (const Activation act : {Activation::kSilu, Activation::kGeluTanh}) {
+    for (bool g : {false, true}) {
+      ops.On(g).GluForward(act, gate.On(g), up.On(g), rows * I, h.On(g));
+      ops.On(g).GluBackward(act, gate.On(g), up.On(g), dh.On(g).as<float>(), rows * I, dg.On(g).as<float>(),
+                            du.On(g).as<float>());
+    }
+    const std::string name = ActivationName(act);
+    ops.Check(h, (name + " glu h").c_str());
+    ops.Check(dg, (name + " glu dgate").c_str());
+    ops.Check(du, (name + " glu dup").c_str());
   }
-  ops.Check(h, "swiglu h");
-  ops.Check(dg, "swiglu dgate");
-  ops.Check(du, "swiglu dup");
 
   const int64_t vocab = 50;
   std::vector<int32_t> id_values(static_cast<size_t>(rows));

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <numbers>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
@@ -89,6 +90,27 @@ TYPED_TEST(CpuForward, SwiGluIsSiluOfGateTimesUp) {
   }
   ExpectClose(h, want, 4 * this->kTol, 1e-30, "h");
   EXPECT_NEAR(h[0], 0.0, 1e-30);
+  EXPECT_EQ(h[1], static_cast<T>(200) * up[1]);
+}
+
+// PyTorch's gelu(approximate="tanh") times up; saturating gates give g·up and 0, no NaN.
+TYPED_TEST(CpuForward, GeluTanhGluIsPyTorchsTanhGeluOfGateTimesUp) {
+  using T = TypeParam;
+  const int64_t n = 300;
+  auto gate = Random<T>(n, 4, -10, 10);
+  gate[0] = static_cast<T>(-200);
+  gate[1] = static_cast<T>(200);
+  const auto up = Random<T>(n, 5, -2, 2);
+  std::vector<T> h(n), want(n);
+  GeluTanhGluForward(gate.data(), up.data(), n, h.data());
+  // (For very negative gates 1 + tanh cancels in float, as in PyTorch's float GELU: absolute error.)
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = gate[i];
+    want[i] = static_cast<T>(
+        0.5 * g * (1 + std::tanh(std::sqrt(2 / std::numbers::pi) * (g + 0.044715 * g * g * g))) * up[i]);
+  }
+  ExpectClose(h, want, 4 * this->kTol, 4 * this->kTol, "h");
+  EXPECT_EQ(h[0], static_cast<T>(0) * up[0]);
   EXPECT_EQ(h[1], static_cast<T>(200) * up[1]);
 }
 

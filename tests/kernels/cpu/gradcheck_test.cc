@@ -133,25 +133,34 @@ TEST(CpuGradCheck, AttentionBackwardMhaAndSingleKvHead) {
   CheckAttentionGradients({1, 7, 3, 1, true});
 }
 
-TEST(CpuGradCheck, SwiGluBackward) {
+// A gated activation's backward (SwiGLU, GeGLU-tanh) against central differences of its forward,
+// and in place (dgate over gate, dup over up).
+template <typename Forward, typename Backward>
+void CheckGluGradients(Forward forward, Backward backward) {
   const int64_t n = 40;
   Vec gate = Random<double>(n, 21, -6, 6), up = Random<double>(n, 22, -2, 2);
   const Vec weights = Random<double>(n, 23);
   auto loss = [&] {
     Vec h(n);
-    SwiGluForward(gate.data(), up.data(), n, h.data());
+    forward(gate.data(), up.data(), n, h.data());
     return Dot(h, weights);
   };
   Vec dgate(n), dup(n);
-  SwiGluBackward(gate.data(), up.data(), weights.data(), n, dgate.data(), dup.data());
+  backward(gate.data(), up.data(), weights.data(), n, dgate.data(), dup.data());
   ExpectGradMatchesFiniteDifferences(dgate, gate, loss, "dgate");
   ExpectGradMatchesFiniteDifferences(dup, up, loss, "dup");
-
-  // In place: dgate over gate, dup over up.
   Vec g2 = gate, u2 = up;
-  SwiGluBackward(g2.data(), u2.data(), weights.data(), n, g2.data(), u2.data());
+  backward(g2.data(), u2.data(), weights.data(), n, g2.data(), u2.data());
   EXPECT_EQ(g2, dgate);
   EXPECT_EQ(u2, dup);
+}
+
+TEST(CpuGradCheck, SwiGluBackward) {
+  CheckGluGradients(SwiGluForward<double>, SwiGluBackward<double, double>);
+}
+
+TEST(CpuGradCheck, GeluTanhGluBackward) {
+  CheckGluGradients(GeluTanhGluForward<double>, GeluTanhGluBackward<double, double>);
 }
 
 TEST(CpuGradCheck, CrossEntropyGradientWithIgnoredTargets) {
