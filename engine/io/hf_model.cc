@@ -158,9 +158,12 @@ Status WriteHfWeights(const std::string& dir, std::vector<TensorToWrite> tensors
                           /*sync=*/true);
 }
 
-// Values [begin, begin + count) of weight number `index` of RandomInitModel's walk.
+float NormInitValue(const ModelConfig& c) { return c.gemma ? 0.0f : 1.0f; }
+
+// Values [begin, begin + count) of weight number `index` of RandomInitModel's walk; norms are
+// `norm_value` (1, or 0 for Gemma's (1 + w) norms, as HF initialises both).
 void RandomWeightValues(const NamedTensor& t, uint64_t seed, uint64_t index, int64_t begin, int64_t count,
-                        float* out) {
+                        float norm_value, float* out) {
   const bool is_norm = t.name.find("norm") != std::string::npos;
   // Fan-in scaling keeps activations and logits O(1) at any width, so a
   // frozen random head still lets a tiny model learn (0.02 would not at width 64).
@@ -173,7 +176,7 @@ void RandomWeightValues(const NamedTensor& t, uint64_t seed, uint64_t index, int
   for (int64_t k = 0; k < count; ++k) {
     const int64_t i = begin + k;
     if (is_norm) {
-      out[k] = 1.0f;
+      out[k] = norm_value;
     } else if (is_bias) {
       out[k] = 0.0f;
     } else {
@@ -204,7 +207,7 @@ void RandomInitModel(Model* model, uint64_t seed) {
   uint64_t tensor_index = 0;
   for (NamedTensor& t : model->NamedWeights()) {
     std::vector<float> values(static_cast<size_t>(t.numel()));  // on the host, then uploaded or quantized
-    RandomWeightValues(t, seed, tensor_index++, 0, t.numel(), values.data());
+    RandomWeightValues(t, seed, tensor_index++, 0, t.numel(), NormInitValue(model->config()), values.data());
     model->SetWeight(t, values.data());
   }
 }
@@ -221,8 +224,9 @@ Status WriteRandomHfModel(const std::string& dir, const ModelConfig& config, DTy
   for (const NamedTensor& t : shapes.NamedWeights()) {
     const NamedTensor named{t.name, t.shape};
     tensors.push_back({t.name, t.shape, nullptr, dtype,
-                       [named, seed, index = tensor_index++](int64_t begin, int64_t count, float* out) {
-                         RandomWeightValues(named, seed, index, begin, count, out);
+                       [named, seed, index = tensor_index++, norm = NormInitValue(config)](
+                           int64_t begin, int64_t count, float* out) {
+                         RandomWeightValues(named, seed, index, begin, count, norm, out);
                        }});
   }
   return WriteHfWeights(dir, std::move(tensors));

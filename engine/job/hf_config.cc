@@ -1,5 +1,6 @@
 #include "engine/job/hf_config.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -29,6 +30,59 @@ Status GetKey(const json& j, const std::string& key, const std::string& file, T*
     return Status::InvalidArgument(file + ": key '" + key + "' has the wrong type (" + it->dump() + ")");
   *out = it->get<T>();
   return Status::OK();
+}
+
+// Gemma's keys (FamilyTraits::gemma), with HF's Gemma3TextConfig defaults: the attention's
+// scale, the sliding layers (layer_types, or the older sliding_window_pattern) and their RoPE
+// base; soft-capping (Gemma 2's) is refused naming the key.
+Status ParseGemmaKeys(const json& j, const std::string& file, ModelConfig* c) {
+  c->gemma = true;
+  c->query_pre_attn_scalar = 256;
+  FT_RETURN_IF_ERROR(GetKey(j, "query_pre_attn_scalar", file, &c->query_pre_attn_scalar, false));
+  c->rope_local_theta = 10000;
+  FT_RETURN_IF_ERROR(GetKey(j, "rope_local_base_freq", file, &c->rope_local_theta, false));
+  for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
+    if (auto it = j.find(key); it != j.end() && !it->is_null()) {
+      return Status::InvalidArgument(file + ": '" + key + "' (" + it->dump() +
+                                     ") asks for soft-capping, which the engine does not implement yet");
+    }
+  }
+  c->sliding_layers.assign(static_cast<size_t>(std::max<int64_t>(c->num_layers, 0)), 0);
+  if (auto it = j.find("layer_types"); it != j.end() && !it->is_null()) {
+    if (!it->is_array() || static_cast<int64_t>(it->size()) != c->num_layers) {
+      return Status::InvalidArgument(file + ": 'layer_types' must list num_hidden_layers (" +
+                                     std::to_string(c->num_layers) + ") attention types");
+    }
+    for (size_t i = 0; i < it->size(); ++i) {
+      const std::string type = (*it)[i].is_string() ? (*it)[i].get<std::string>() : (*it)[i].dump();
+      if (type != "sliding_attention" && type != "full_attention") {
+        return Status::InvalidArgument(file + ": layer_types[" + std::to_string(i) + "] '" + type +
+                                       "' is not sliding_attention or full_attention");
+      }
+      c->sliding_layers[i] = type == "sliding_attention";
+    }
+    return Status::OK();
+  }
+  int64_t pattern = 6;
+  FT_RETURN_IF_ERROR(GetKey(j, "sliding_window_pattern", file, &pattern, false));
+  if (pattern <= 0) {
+    return Status::InvalidArgument(file + ": 'sliding_window_pattern' must be positive, got " +
+                                   std::to_string(pattern));
+  }
+  for (int64_t i = 0; i < c->num_layers; ++i) c->sliding_layers[i] = (i + 1) % pattern != 0;
+  return Status::OK();
+}
+
+// The smallest n with sliding_layers[i] == ((i + 1) % n != 0) for every layer (HF's older
+// sliding_window_pattern), or 0 when none gives them.
+int64_t SlidingPattern(const ModelConfig& c) {
+  for (int64_t n = 1; n <= c.num_layers + 1; ++n) {
+    bool fits = true;
+    for (int64_t i = 0; i < c.num_layers && fits; ++i)
+      fits = (c.sliding_layers[i] != 0) == ((i + 1) % n != 0);
+    if (fits) return n;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -61,6 +115,7 @@ StatusOr<ModelConfig> ParseHfConfig(const std::string& text, const std::string& 
       !j.contains("max_position_embeddings") || j["max_position_embeddings"].is_null();
   FT_RETURN_IF_ERROR(GetKey(j, "rms_norm_eps", file, &c.rms_norm_eps, false));
   FT_RETURN_IF_ERROR(GetKey(j, "rope_theta", file, &c.rope_theta, false));
+  c.tie_word_embeddings = family->tie_default;
   FT_RETURN_IF_ERROR(GetKey(j, "tie_word_embeddings", file, &c.tie_word_embeddings, false));
   FT_RETURN_IF_ERROR(GetKey(j, "torch_dtype", file, &c.torch_dtype, false));
   FT_RETURN_IF_ERROR(GetKey(j, "bos_token_id", file, &c.bos_token_id, false));
@@ -75,7 +130,7 @@ StatusOr<ModelConfig> ParseHfConfig(const std::string& text, const std::string& 
   FT_RETURN_IF_ERROR(GetKey(j, "mlp_bias", file, &mlp_bias, false));
   if (mlp_bias) return Status::InvalidArgument(file + ": mlp_bias: true is not supported");
   // Gemma spells it hidden_activation (HF's Gemma configs read that one first).
-  std::string act = "silu", act_key = "hidden_act";
+  std::string act = ActivationName(family->activation_default), act_key = "hidden_act";
   FT_RETURN_IF_ERROR(GetKey(j, "hidden_act", file, &act, false));
   if (j.contains("hidden_activation") && !j["hidden_activation"].is_null()) act_key = "hidden_activation";
   FT_RETURN_IF_ERROR(GetKey(j, "hidden_activation", file, &act, false));
@@ -85,6 +140,10 @@ StatusOr<ModelConfig> ParseHfConfig(const std::string& text, const std::string& 
   c.hidden_act = *parsed_act;
   bool use_sliding = family->sliding_window_default;
   FT_RETURN_IF_ERROR(GetKey(j, "use_sliding_window", file, &use_sliding, false));
+  if (family->gemma) {
+    c.sliding_window = 4096;  // Gemma3TextConfig's default
+    FT_RETURN_IF_ERROR(ParseGemmaKeys(j, file, &c));
+  }
   if (use_sliding) FT_RETURN_IF_ERROR(GetKey(j, "sliding_window", file, &c.sliding_window, false));
   if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) return Status::InvalidArgument(file + ": rope_scaling must be an object or null");
@@ -148,7 +207,18 @@ std::string HfConfigJson(const ModelConfig& c) {
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   if (family.attention_bias_key) j["attention_bias"] = c.attention_bias;
   if (family.use_sliding_window_key) j["use_sliding_window"] = c.sliding_window > 0;
-  j["hidden_act"] = ActivationName(c.hidden_act);
+  j[family.gemma ? "hidden_activation" : "hidden_act"] = ActivationName(c.hidden_act);
+  if (family.gemma) {
+    j["query_pre_attn_scalar"] = c.query_pre_attn_scalar;
+    j["rope_local_base_freq"] = c.rope_local_theta;
+    j["attn_logit_softcapping"] = nullptr;
+    j["final_logit_softcapping"] = nullptr;
+    json types = json::array();
+    for (int64_t i = 0; i < c.num_layers; ++i)
+      types.push_back(c.SlidingLayer(i) ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;  // newer transformers read these; older ones the pattern
+    if (const int64_t pattern = SlidingPattern(c); pattern > 0) j["sliding_window_pattern"] = pattern;
+  }
   j["torch_dtype"] = c.torch_dtype;
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;

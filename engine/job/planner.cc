@@ -66,6 +66,7 @@ int64_t WorkspaceBytes(const PlanRequest& r, int64_t rows, int64_t max_linear) {
   const int64_t widest = rows * std::max({D, I, Q});
   return rows * (4 * D + 2 * Q + 2 * KV + 3 * I) * kF32  // grad, dh, dn, dxf; dq, datt; dk, dv; dg, du, dact
          + (c.qk_norm ? rows * (Q + KV) * kF32 : 0)      // dqp, dkp: through the q/k norms
+         + (c.gemma ? rows * D * kF32 : 0)               // dpre: through a sandwich norm
          + rows * lora_r * kF32                          // dxa
          + (r.lora_dropout > 0 ? widest * kF32 : 0)      // dropped-out input
          + (low ? (widest + rows * lora_r) * kF32 : 0)   // a linear's and LoRA's fp32 results before storing
@@ -103,9 +104,11 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
   MemoryBreakdown m;
   m.micro_batch = micro;
   int64_t trainable = 0, adapted = 0, max_linear = 0, largest_param = 0;
-  // Two norms, and with q/k norms two of head_dim (Qwen3).
+  // Two norms (Gemma: four), and with q/k norms two of head_dim (Qwen3, Gemma); Gemma keeps each
+  // norm's (1 + w) beside it.
   const int64_t qk_norms = c.qk_norm ? 2 * c.head_dim : 0;
-  int64_t per_layer_weights = (2 * D + qk_norms) * kF32;
+  const int64_t layer_norms = (c.gemma ? 4 : 2) * D + qk_norms;
+  int64_t per_layer_weights = layer_norms * kF32 * (c.gemma ? 2 : 1);
   int64_t per_layer_linears = 0, stage = 0;  // frozen linear storage; one cpu_offload stage
   for (const LinearShape& s : lin) {
     const int64_t n = s.in * s.out;
@@ -134,10 +137,12 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
   const int64_t linears = cpu_offload ? 2 * stage : fsdp ? L * shard + 2 * stage : L * per_layer_linears;
   // Embeddings and head: frozen under LoRA/QLoRA, so stored in the compute dtype.
   const int64_t embed_bytes = (low && !r.full ? 2 : kF32) * embed * (c.tie_word_embeddings ? 1 : 2);
-  m.weights = L * per_layer_weights + linears + embed_bytes + D * kF32;
+  m.weights =
+      L * per_layer_weights + linears + embed_bytes + D * kF32 +
+      (c.gemma ? (D + std::max(D, c.head_dim)) * kF32 : 0);  // Gemma: the final norm's (1 + w), the ones
   m.host_weights = cpu_offload ? (fsdp ? L * shard : L * per_layer_linears) : 0;
   if (r.full) {
-    trainable += L * (2 * D + qk_norms) + embed + D + (c.tie_word_embeddings ? 0 : embed);
+    trainable += L * layer_norms + embed + D + (c.tie_word_embeddings ? 0 : embed);
     largest_param = std::max(largest_param, embed);
   }
   m.adapter = r.full ? 0 : trainable * kF32;
@@ -157,8 +162,10 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
   // Saved per layer: n1, q, k, v, attention out, h, n2, gate, up, act, LoRA x·Aᵀ; fp32 rstd×2 and lse;
   // with q/k norms the projections' outputs too and their rstd per head.
   const int64_t qk_saved = c.qk_norm ? rows * (Q + KV) * act + rows * (H + c.num_kv_heads) * kF32 : 0;
+  // Gemma's sandwich norms: the o and down outputs before their norms, and their rstd.
+  const int64_t sandwich_saved = c.gemma ? rows * 2 * D * act + rows * 2 * kF32 : 0;
   const int64_t layer_saved = rows * (3 * D + 2 * Q + 2 * KV + 3 * I) * act + rows * (2 + H) * kF32 +
-                              rows * lora_r * adapted * act + qk_saved;
+                              rows * lora_r * adapted * act + qk_saved + sandwich_saved;
   // Offloading keeps three layer inputs on the device (engine/model/model.cc's slots), L on the host.
   const bool offload = r.offload_activations && r.activation_checkpointing;
   const int64_t layer_inputs = (offload ? 3 : L + 1) * rows * D * act;

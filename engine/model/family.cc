@@ -14,7 +14,7 @@ constexpr std::string_view kVision =
     "a vision-language model (vision tower), which the engine does not train";
 
 // Traits as the published HF modeling code of each family has them (transformers 4.5x):
-// LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM.
+// LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM.
 constexpr FamilyTraits kFamilies[] = {
     {.model_type = "llama", .architecture = "LlamaForCausalLM"},
     {.model_type = "mistral", .architecture = "MistralForCausalLM", .sliding_window_default = true},
@@ -27,6 +27,14 @@ constexpr FamilyTraits kFamilies[] = {
      .architecture = "Qwen3ForCausalLM",
      .qk_norm = true,
      .use_sliding_window_key = true},
+    // Gemma3ForCausalLM: sliding_window applies to its sliding layers (no use_sliding_window key).
+    {.model_type = "gemma3_text",
+     .architecture = "Gemma3ForCausalLM",
+     .qk_norm = true,
+     .sliding_window_default = true,
+     .gemma = true,
+     .activation_default = Activation::kGeluTanh,
+     .tie_default = true},
     // Known, not trainable: each says why.
     {.model_type = "mixtral", .refused = kMoe},
     {.model_type = "qwen2_moe", .refused = kMoe},
@@ -38,7 +46,7 @@ constexpr FamilyTraits kFamilies[] = {
     {.model_type = "qwen2_5_vl", .refused = kVision},
     {.model_type = "gemma3",
      .refused = "Gemma 3 with its vision tower (Gemma3ForConditionalGeneration), which the engine does not "
-                "train; its text model is model_type gemma3_text, a family still to come"},
+                "train; its text model (Gemma3ForCausalLM, model_type gemma3_text) trains"},
 };
 
 // Keys that make a config a model the engine cannot train whatever its model_type says

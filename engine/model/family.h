@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "common/status.h"
+#include "engine/model/activation.h"
 
 namespace ft {
 
@@ -30,6 +31,15 @@ struct FamilyTraits {
   bool sliding_window_default = false;
   // config.json has a use_sliding_window key (Qwen2, Qwen3).
   bool use_sliding_window_key = false;
+  // Gemma: every RMSNorm is zero-centred, x̂ · (1 + w); each layer has sandwich norms
+  // (post_attention_layernorm on the attention's output, pre_ and post_feedforward_layernorm
+  // around the MLP); the embeddings are scaled by √hidden_size; the attention's scale comes
+  // from query_pre_attn_scalar; sliding layers (layer_types or sliding_window_pattern) use
+  // rope_local_base_freq; config.json spells the activation hidden_activation.
+  bool gemma = false;
+  // The gate activation and tie_word_embeddings when config.json does not say.
+  Activation activation_default = Activation::kSilu;
+  bool tie_default = false;
   // Non-empty: a family the engine cannot train, and why (named with the key in the error).
   std::string_view refused;
 };
@@ -37,7 +47,7 @@ struct FamilyTraits {
 // The row of `model_type`; InvalidArgument naming `file`, the key and value and the
 // supported families for an unknown one, and the reason for a refused one.
 StatusOr<const FamilyTraits*> FindFamily(std::string_view model_type, const std::string& file);
-// "llama, mistral, qwen2, qwen3": the families the engine trains.
+// "llama, mistral, qwen2, qwen3, gemma3_text": the families the engine trains.
 std::string SupportedFamilies();
 // Empty, or why a config cannot be trained whatever its model_type: a key that adds a vision
 // tower or experts ("'num_experts' (8) makes it a mixture of experts (MoE), ..."). `value_of`

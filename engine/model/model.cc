@@ -32,6 +32,7 @@ float LoraSpec::Scale() const {
 struct Model::LayerActs {
   DeviceBuffer n1, rstd1, q, k, v, att, lse, h, n2, rstd2, g, u, act;
   DeviceBuffer qp, kp, rstdq, rstdk;  // q/k norms only
+  DeviceBuffer o, rstdo, d, rstdd;    // Gemma's sandwich norms: the o and down outputs before their norms
   DeviceBuffer xa[kNumModules];       // LoRA x·Aᵀ (rows, r) per adapted module
 };
 
@@ -45,7 +46,8 @@ struct Model::Activations {
   std::vector<LayerActs> layers;  // L, or 1 with activation checkpointing
   DeviceBuffer xf, rstdf;         // final norm (xf typed)
   // Backward workspace (fp32); dqp and dkp (q/k norms only): the projections' output gradients.
-  DeviceBuffer grad, dh, dn, dq, dk, dv, datt, dg, du, dact, dxa, drop, logits, dxf, dqp, dkp;
+  // dpre (Gemma): a sandwich norm's input gradient.
+  DeviceBuffer grad, dh, dn, dq, dk, dv, datt, dg, du, dact, dxa, drop, logits, dxf, dqp, dkp, dpre;
   // Typed storage: a linear's fp32 result (rows, widest output) and LoRA's
   // x·Aᵀ (rows, r) before they are stored in the activation dtype.
   DeviceBuffer y32, xa32;
@@ -82,6 +84,10 @@ Model::Model(ModelConfig config, ModelOptions options)
       layer.q_norm = backend_->Alloc(c.head_dim, MemCategory::kWeights);
       layer.k_norm = backend_->Alloc(c.head_dim, MemCategory::kWeights);
     }
+    if (c.gemma) {
+      layer.post_attn_norm = backend_->Alloc(D, MemCategory::kWeights);
+      layer.post_mlp_norm = backend_->Alloc(D, MemCategory::kWeights);
+    }
     for (int m = 0; m < kNumModules; ++m) {
       Linear& lin = layer.proj[m];
       lin.in = dims[m][0];
@@ -93,6 +99,17 @@ Model::Model(ModelConfig config, ModelOptions options)
       if (c.attention_bias && m <= static_cast<int>(ModuleKind::kV))
         lin.bias = backend_->Alloc(lin.out, MemCategory::kWeights);
     }
+  }
+  if (c.gemma) {  // (1 + w) norms: each weight's effective copy, and the ones that add the 1
+    std::vector<const DeviceBuffer*> norms = {&final_norm_};
+    for (auto& layer : layers_) {
+      for (const NormRef& n : LayerNorms(layer)) norms.push_back(n.w);
+    }
+    for (const DeviceBuffer* w : norms)
+      norm_eff_[w->data()] = backend_->Alloc(w->size(), MemCategory::kWeights);
+    const std::vector<float> ones(static_cast<size_t>(std::max(D, c.head_dim)), 1.0f);
+    ones_ = backend_->Alloc(static_cast<int64_t>(ones.size()), MemCategory::kWeights);
+    Upload(ones_.data(), ones.data(), static_cast<int64_t>(ones.size()));
   }
   if (options_.nf4) {  // 16-bit codes need no scratch: their GEMMs read them as they are
     int64_t largest = 0;
@@ -114,12 +131,7 @@ std::vector<NamedTensor> Model::NamedWeights() {
   for (int l = 0; l < config_.num_layers; ++l) {
     DecoderLayer& layer = layers_[l];
     const std::string p = LayerPrefix(l);
-    out.push_back({p + "input_layernorm.weight", {D}, layer.attn_norm.data()});
-    out.push_back({p + "post_attention_layernorm.weight", {D}, layer.mlp_norm.data()});
-    if (!layer.q_norm.empty()) {
-      out.push_back({p + "self_attn.q_norm.weight", {config_.head_dim}, layer.q_norm.data()});
-      out.push_back({p + "self_attn.k_norm.weight", {config_.head_dim}, layer.k_norm.data()});
-    }
+    for (const NormRef& n : LayerNorms(layer)) out.push_back({p + n.name, {n.w->size()}, n.w->data()});
     for (int m = 0; m < kNumModules; ++m) {
       Linear& lin = layer.proj[m];
       const std::string name = p + ModulePath(static_cast<ModuleKind>(m));
@@ -203,12 +215,8 @@ Status Model::EnableFullTraining() {
   dfinal_norm_ = backend_->Alloc(final_norm_.size(), MemCategory::kGradients);
   if (!lm_head_.empty()) dlm_head_ = backend_->Alloc(lm_head_.size(), MemCategory::kGradients);
   for (auto& layer : layers_) {
-    layer.dattn_norm = backend_->Alloc(layer.attn_norm.size(), MemCategory::kGradients);
-    layer.dmlp_norm = backend_->Alloc(layer.mlp_norm.size(), MemCategory::kGradients);
-    if (!layer.q_norm.empty()) {
-      layer.dq_norm = backend_->Alloc(layer.q_norm.size(), MemCategory::kGradients);
-      layer.dk_norm = backend_->Alloc(layer.k_norm.size(), MemCategory::kGradients);
-    }
+    for (const NormRef& n : LayerNorms(layer))
+      *n.grad = backend_->Alloc(n.w->size(), MemCategory::kGradients);
     for (auto& lin : layer.proj) {
       lin.dw = backend_->Alloc(lin.w.size(), MemCategory::kGradients);
       if (!lin.bias.empty()) lin.dbias = backend_->Alloc(lin.bias.size(), MemCategory::kGradients);
@@ -454,12 +462,7 @@ std::vector<TrainableParam> Model::TrainableParams() {
     };
     attach(dembed_.data(), true);
     for (auto& layer : layers_) {
-      attach(layer.dattn_norm.data(), false);
-      attach(layer.dmlp_norm.data(), false);
-      if (!layer.q_norm.empty()) {
-        attach(layer.dq_norm.data(), false);
-        attach(layer.dk_norm.data(), false);
-      }
+      for (const NormRef& n : LayerNorms(layer)) attach(n.grad->data(), false);
       for (auto& lin : layer.proj) {
         attach(lin.dw.data(), true);
         if (!lin.bias.empty()) attach(lin.dbias.data(), false);
@@ -513,19 +516,25 @@ float* Model::HeadGrad() {
 void Model::EnsureRope(int64_t max_pos) {
   if (max_pos <= rope_len_) return;
   const int64_t half = config_.head_dim / 2;
-  const std::vector<double> inv = RopeInverseFrequencies(config_);
-  std::vector<float> cos_table(static_cast<size_t>(max_pos * half)), sin_table(cos_table.size());
-  for (int64_t p = 0; p < max_pos; ++p) {
-    for (int64_t i = 0; i < half; ++i) {
-      const double angle = static_cast<double>(p) * inv[i];
-      cos_table[p * half + i] = static_cast<float>(std::cos(angle));
-      sin_table[p * half + i] = static_cast<float>(std::sin(angle));
+  // The tables of every layer, and of the sliding layers when they have a RoPE base of their own.
+  for (const bool local : {false, true}) {
+    if (local && config_.rope_local_theta <= 0) break;
+    const std::vector<double> inv = RopeInverseFrequencies(config_, local);
+    std::vector<float> cos_table(static_cast<size_t>(max_pos * half)), sin_table(cos_table.size());
+    for (int64_t p = 0; p < max_pos; ++p) {
+      for (int64_t i = 0; i < half; ++i) {
+        const double angle = static_cast<double>(p) * inv[i];
+        cos_table[p * half + i] = static_cast<float>(std::cos(angle));
+        sin_table[p * half + i] = static_cast<float>(std::sin(angle));
+      }
     }
+    DeviceBuffer& cos = local ? rope_local_cos_ : rope_cos_;
+    DeviceBuffer& sin = local ? rope_local_sin_ : rope_sin_;
+    cos = backend_->Alloc(max_pos * half, MemCategory::kWorkspace);
+    sin = backend_->Alloc(max_pos * half, MemCategory::kWorkspace);
+    Upload(cos.data(), cos_table.data(), max_pos * half);
+    Upload(sin.data(), sin_table.data(), max_pos * half);
   }
-  rope_cos_ = backend_->Alloc(max_pos * half, MemCategory::kWorkspace);
-  rope_sin_ = backend_->Alloc(max_pos * half, MemCategory::kWorkspace);
-  Upload(rope_cos_.data(), cos_table.data(), max_pos * half);
-  Upload(rope_sin_.data(), sin_table.data(), max_pos * half);
   rope_len_ = max_pos;
 }
 
@@ -557,6 +566,12 @@ void Model::EnsureActivations(int64_t rows, int64_t batch) {
       s.rstdq = backend_->Alloc(rows * c.num_heads, act);
       s.rstdk = backend_->Alloc(rows * c.num_kv_heads, act);
     }
+    if (c.gemma) {
+      s.o = AllocAct(rows * D, act);
+      s.d = AllocAct(rows * D, act);
+      s.rstdo = backend_->Alloc(rows, act);
+      s.rstdd = backend_->Alloc(rows, act);
+    }
     s.v = AllocAct(rows * KV, act);
     s.att = AllocAct(rows * Q, act);
     s.lse = backend_->Alloc(rows * c.num_heads, act);
@@ -582,6 +597,7 @@ void Model::EnsureActivations(int64_t rows, int64_t batch) {
     a->dqp = backend_->Alloc(rows * Q, ws);
     a->dkp = backend_->Alloc(rows * KV, ws);
   }
+  if (c.gemma) a->dpre = backend_->Alloc(rows * D, ws);
   a->datt = backend_->Alloc(rows * Q, ws);
   a->dg = backend_->Alloc(rows * I, ws);
   a->du = backend_->Alloc(rows * I, ws);
@@ -624,8 +640,70 @@ void Model::UploadBatch(const MicroBatch& mb) {
 }
 
 void Model::EmbedForward(const MicroBatch& mb, Act x) {
+  const int64_t n = mb.rows() * config_.hidden_size;
   backend_->EmbeddingForward(ConstAct(embed_.data(), EmbedDType()), acts_->ids.as<int32_t>(), mb.rows(),
                              config_.hidden_size, x);
+  if (!config_.gemma) return;
+  // HF's Gemma3TextScaledWordEmbedding: rows × the scale in the weights' dtype, rounded once.
+  if (x.dtype == ActDType::kF32) return backend_->Scale(n, EmbedScale(), x.as<float>());
+  float* x32 = acts_->y32.data();
+  backend_->Convert(x, n, Act(x32, ActDType::kF32));
+  backend_->Scale(n, EmbedScale(), x32);
+  backend_->Convert(ConstAct(x32), n, x);
+}
+
+float Model::EmbedScale() const {
+  if (!config_.gemma) return 1.0f;
+  const float s = static_cast<float>(std::sqrt(static_cast<double>(config_.hidden_size)));
+  switch (EmbedDType()) {
+    case ActDType::kBF16: return cpu::Load(cpu::Bf16{cpu::FloatToBf16(s)});
+    case ActDType::kF16: return cpu::Load(cpu::Half{cpu::FloatToHalf(s)});
+    case ActDType::kF32: break;
+  }
+  return s;
+}
+
+std::vector<Model::NormRef> Model::LayerNorms(DecoderLayer& layer) {
+  // Gemma's post_attention_layernorm is on the attention's output; Llama's is the MLP's input norm.
+  std::vector<NormRef> out = {{"input_layernorm.weight", &layer.attn_norm, &layer.dattn_norm}};
+  if (config_.gemma) {
+    out.push_back({"post_attention_layernorm.weight", &layer.post_attn_norm, &layer.dpost_attn_norm});
+    out.push_back({"pre_feedforward_layernorm.weight", &layer.mlp_norm, &layer.dmlp_norm});
+    out.push_back({"post_feedforward_layernorm.weight", &layer.post_mlp_norm, &layer.dpost_mlp_norm});
+  } else {
+    out.push_back({"post_attention_layernorm.weight", &layer.mlp_norm, &layer.dmlp_norm});
+  }
+  if (config_.qk_norm) {
+    out.push_back({"self_attn.q_norm.weight", &layer.q_norm, &layer.dq_norm});
+    out.push_back({"self_attn.k_norm.weight", &layer.k_norm, &layer.dk_norm});
+  }
+  return out;
+}
+
+const float* Model::NormWeight(const DeviceBuffer& w) const {
+  if (norm_eff_.empty()) return w.data();
+  return norm_eff_.at(w.data()).data();
+}
+
+void Model::RefreshNormWeights() {
+  for (auto& [w, eff] : norm_eff_) {
+    backend_->Copy(eff.data(), w, eff.bytes());
+    backend_->Axpy(eff.size(), 1.0f, ConstAct(ones_.data()), eff.data());
+  }
+}
+
+void Model::AddResidual(ConstAct a, ConstAct b, int64_t n, Act out) {
+  float* sum = out.dtype == ActDType::kF32 ? out.as<float>() : acts_->y32.data();
+  if (a.data != sum) backend_->Convert(a, n, Act(sum, ActDType::kF32));
+  backend_->Axpy(n, 1.0f, b, sum);
+  if (out.dtype != ActDType::kF32) backend_->Convert(ConstAct(sum), n, out);
+}
+
+cpu::AttentionShape Model::AttentionShapeOf(const MicroBatch& mb) const {
+  const ModelConfig& c = config_;
+  const double scale_dim =
+      c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : static_cast<double>(c.head_dim);
+  return {mb.batch, mb.seq, c.num_heads, c.num_kv_heads, c.head_dim, 1.0 / std::sqrt(scale_dim)};
 }
 
 ActDType ActivationDType(ComputeDType dtype) {
@@ -744,25 +822,27 @@ void Model::LayerForward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs& 
   const int64_t rows = mb.rows(), D = c.hidden_size, I = c.intermediate_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
   auto xa = [&](ModuleKind m) { return A(a.xa[static_cast<int>(m)]); };
+  const bool sliding = c.SlidingLayer(l) && !rope_local_cos_.empty();
+  const float* rope_cos = sliding ? rope_local_cos_.data() : rope_cos_.data();
+  const float* rope_sin = sliding ? rope_local_sin_.data() : rope_sin_.data();
 
   // Typed tensors are stored rounded by the ops that write them.
-  backend_->RmsNormForward(x_in, layer.attn_norm.data(), rows, D, eps, A(a.n1), a.rstd1.data());
+  backend_->RmsNormForward(x_in, NormWeight(layer.attn_norm), rows, D, eps, A(a.n1), a.rstd1.data());
   // With q/k norms the projections write qp and kp, normed per head into q and k.
   LinearForward(l, ModuleKind::kQ, A(a.n1), rows, A(c.qk_norm ? a.qp : a.q), xa(ModuleKind::kQ));
   LinearForward(l, ModuleKind::kK, A(a.n1), rows, A(c.qk_norm ? a.kp : a.k), xa(ModuleKind::kK));
   LinearForward(l, ModuleKind::kV, A(a.n1), rows, A(a.v), xa(ModuleKind::kV));
   if (c.qk_norm) {
-    backend_->RmsNormForward(A(a.qp), layer.q_norm.data(), rows * c.num_heads, c.head_dim, eps, A(a.q),
+    backend_->RmsNormForward(A(a.qp), NormWeight(layer.q_norm), rows * c.num_heads, c.head_dim, eps, A(a.q),
                              a.rstdq.data());
-    backend_->RmsNormForward(A(a.kp), layer.k_norm.data(), rows * c.num_kv_heads, c.head_dim, eps, A(a.k),
-                             a.rstdk.data());
+    backend_->RmsNormForward(A(a.kp), NormWeight(layer.k_norm), rows * c.num_kv_heads, c.head_dim, eps,
+                             A(a.k), a.rstdk.data());
   }
-  backend_->RopeApply(A(a.q), rows, c.num_heads, c.head_dim, acts_->positions.as<int32_t>(), rope_cos_.data(),
-                      rope_sin_.data(), false);
-  backend_->RopeApply(A(a.k), rows, c.num_kv_heads, c.head_dim, acts_->positions.as<int32_t>(),
-                      rope_cos_.data(), rope_sin_.data(), false);
-  cpu::AttentionShape shape{mb.batch,       mb.seq,     c.num_heads,
-                            c.num_kv_heads, c.head_dim, 1.0 / std::sqrt(static_cast<double>(c.head_dim))};
+  backend_->RopeApply(A(a.q), rows, c.num_heads, c.head_dim, acts_->positions.as<int32_t>(), rope_cos,
+                      rope_sin, false);
+  backend_->RopeApply(A(a.k), rows, c.num_kv_heads, c.head_dim, acts_->positions.as<int32_t>(), rope_cos,
+                      rope_sin, false);
+  cpu::AttentionShape shape = AttentionShapeOf(mb);
   const int32_t* seg = acts_->has_segments ? acts_->segments.as<int32_t>() : nullptr;
   ConstAct keys = A(a.k), values = A(a.v);
   if (decode_cache_) {  // this sequence's new keys and values go after the cached ones
@@ -776,14 +856,26 @@ void Model::LayerForward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs& 
   }
   backend_->AttentionForward(LinearOperands(), shape, A(a.q), keys, values, seg, A(a.att), a.lse.data(),
                              options_.naive_attention);
-  LinearForward(l, ModuleKind::kO, A(a.att), rows, A(a.h), xa(ModuleKind::kO), &x_in);
+  if (c.gemma) {  // sandwich: h = x + norm(o(att)); the normed output passes through n2's buffer
+    LinearForward(l, ModuleKind::kO, A(a.att), rows, A(a.o), xa(ModuleKind::kO));
+    backend_->RmsNormForward(A(a.o), NormWeight(layer.post_attn_norm), rows, D, eps, A(a.n2), a.rstdo.data());
+    AddResidual(A(a.n2), x_in, rows * D, A(a.h));
+  } else {
+    LinearForward(l, ModuleKind::kO, A(a.att), rows, A(a.h), xa(ModuleKind::kO), &x_in);
+  }
 
-  backend_->RmsNormForward(A(a.h), layer.mlp_norm.data(), rows, D, eps, A(a.n2), a.rstd2.data());
+  backend_->RmsNormForward(A(a.h), NormWeight(layer.mlp_norm), rows, D, eps, A(a.n2), a.rstd2.data());
   LinearForward(l, ModuleKind::kGate, A(a.n2), rows, A(a.g), xa(ModuleKind::kGate));
   LinearForward(l, ModuleKind::kUp, A(a.n2), rows, A(a.u), xa(ModuleKind::kUp));
   backend_->GluForward(c.hidden_act, A(a.g), A(a.u), rows * I, A(a.act));
   const ConstAct h = A(a.h);
-  LinearForward(l, ModuleKind::kDown, A(a.act), rows, x_out, xa(ModuleKind::kDown), &h);
+  if (c.gemma) {  // sandwich: out = h + norm(down(act)); the normed output passes through x_out
+    LinearForward(l, ModuleKind::kDown, A(a.act), rows, A(a.d), xa(ModuleKind::kDown));
+    backend_->RmsNormForward(A(a.d), NormWeight(layer.post_mlp_norm), rows, D, eps, x_out, a.rstdd.data());
+    AddResidual(x_out, h, rows * D, x_out);
+  } else {
+    LinearForward(l, ModuleKind::kDown, A(a.act), rows, x_out, xa(ModuleKind::kDown), &h);
+  }
 }
 
 void Model::LayerBackward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs& a, float* dx) {
@@ -792,10 +884,24 @@ void Model::LayerBackward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs&
   Activations& w = *acts_;
   const int64_t rows = mb.rows(), D = c.hidden_size, I = c.intermediate_size;
   auto xa = [&](ModuleKind m) { return A(a.xa[static_cast<int>(m)]); };
+  const bool sliding = c.SlidingLayer(l) && !rope_local_cos_.empty();
+  const float* rope_cos = sliding ? rope_local_cos_.data() : rope_cos_.data();
+  const float* rope_sin = sliding ? rope_local_sin_.data() : rope_sin_.data();
+  // Gemma's sandwich norms: the gradient of a branch's output back through its norm (into dpre).
+  auto through_post_norm = [&](ConstAct pre, DeviceBuffer& norm, DeviceBuffer& dnorm,
+                               const DeviceBuffer& rstd, const float* dy) {
+    backend_->RmsNormBackward(pre, NormWeight(norm), rstd.data(), dy, rows, D, w.dpre.data(),
+                              full_training_ ? dnorm.data() : nullptr);
+    Round(w.dpre.data(), rows * D);
+    return w.dpre.data();
+  };
 
   // The gradients are fp32 workspace, rounded where a bf16 tensor of PyTorch's would be.
-  // MLP block: out = h + down(silu(gate(n2)) * up(n2)), n2 = norm(h). dx holds d(out).
-  LinearBackward(l, ModuleKind::kDown, A(a.act), xa(ModuleKind::kDown), dx, rows, w.dact.data(), false);
+  // MLP block: out = h + down(act(gate(n2)) * up(n2)), n2 = norm(h) (Gemma: out = h + norm(down(..))).
+  // dx holds d(out).
+  float* ddown =
+      c.gemma ? through_post_norm(A(a.d), layer.post_mlp_norm, layer.dpost_mlp_norm, a.rstdd, dx) : dx;
+  LinearBackward(l, ModuleKind::kDown, A(a.act), xa(ModuleKind::kDown), ddown, rows, w.dact.data(), false);
   Round(w.dact.data(), rows * I);
   backend_->GluBackward(c.hidden_act, A(a.g), A(a.u), w.dact.data(), rows * I, w.dg.data(), w.du.data());
   // dg and du rounded by their linears' backward (round_dy), as dq, dk and dv below.
@@ -804,31 +910,34 @@ void Model::LayerBackward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs&
   LinearBackward(l, ModuleKind::kUp, A(a.n2), xa(ModuleKind::kUp), w.du.data(), rows, w.dn.data(), true,
                  true);
   Round(w.dn.data(), rows * D);
-  backend_->RmsNormBackward(A(a.h), layer.mlp_norm.data(), a.rstd2.data(), w.dn.data(), rows, D, w.dh.data(),
-                            full_training_ ? layer.dmlp_norm.data() : nullptr);
+  backend_->RmsNormBackward(A(a.h), NormWeight(layer.mlp_norm), a.rstd2.data(), w.dn.data(), rows, D,
+                            w.dh.data(), full_training_ ? layer.dmlp_norm.data() : nullptr);
   backend_->Axpy(rows * D, 1.0f, dx, w.dh.data());
   Round(w.dh.data(), rows * D);
 
-  // Attention block: h = x + o(attn(rope(q(n1)), rope(k(n1)), v(n1))), n1 = norm(x).
-  LinearBackward(l, ModuleKind::kO, A(a.att), xa(ModuleKind::kO), w.dh.data(), rows, w.datt.data(), false);
+  // Attention block: h = x + o(attn(rope(q(n1)), rope(k(n1)), v(n1))), n1 = norm(x) (Gemma: the
+  // output normed before the residual).
+  float* dout =
+      c.gemma ? through_post_norm(A(a.o), layer.post_attn_norm, layer.dpost_attn_norm, a.rstdo, w.dh.data())
+              : w.dh.data();
+  LinearBackward(l, ModuleKind::kO, A(a.att), xa(ModuleKind::kO), dout, rows, w.datt.data(), false);
   Round(w.datt.data(), rows * c.q_dim());
-  cpu::AttentionShape shape{mb.batch,       mb.seq,     c.num_heads,
-                            c.num_kv_heads, c.head_dim, 1.0 / std::sqrt(static_cast<double>(c.head_dim))};
+  const cpu::AttentionShape shape = AttentionShapeOf(mb);
   const int32_t* seg = acts_->has_segments ? acts_->segments.as<int32_t>() : nullptr;
   backend_->AttentionBackward(LinearOperands(), shape, A(a.q), A(a.k), A(a.v), seg, A(a.att), a.lse.data(),
                               w.datt.data(), w.dq.data(), w.dk.data(), w.dv.data());
-  backend_->RopeApply(w.dq.data(), rows, c.num_heads, c.head_dim, acts_->positions.as<int32_t>(),
-                      rope_cos_.data(), rope_sin_.data(), true);
-  backend_->RopeApply(w.dk.data(), rows, c.num_kv_heads, c.head_dim, acts_->positions.as<int32_t>(),
-                      rope_cos_.data(), rope_sin_.data(), true);
+  backend_->RopeApply(w.dq.data(), rows, c.num_heads, c.head_dim, acts_->positions.as<int32_t>(), rope_cos,
+                      rope_sin, true);
+  backend_->RopeApply(w.dk.data(), rows, c.num_kv_heads, c.head_dim, acts_->positions.as<int32_t>(), rope_cos,
+                      rope_sin, true);
   float* dq = w.dq.data();  // the gradient of the q projection's output
   float* dk = w.dk.data();
   if (c.qk_norm) {  // back through the per-head norms (their weights' gradients under full training)
     Round(dq, rows * c.q_dim());
     Round(dk, rows * c.kv_dim());
-    backend_->RmsNormBackward(A(a.qp), layer.q_norm.data(), a.rstdq.data(), dq, rows * c.num_heads,
+    backend_->RmsNormBackward(A(a.qp), NormWeight(layer.q_norm), a.rstdq.data(), dq, rows * c.num_heads,
                               c.head_dim, w.dqp.data(), full_training_ ? layer.dq_norm.data() : nullptr);
-    backend_->RmsNormBackward(A(a.kp), layer.k_norm.data(), a.rstdk.data(), dk, rows * c.num_kv_heads,
+    backend_->RmsNormBackward(A(a.kp), NormWeight(layer.k_norm), a.rstdk.data(), dk, rows * c.num_kv_heads,
                               c.head_dim, w.dkp.data(), full_training_ ? layer.dk_norm.data() : nullptr);
     dq = w.dqp.data();
     dk = w.dkp.data();
@@ -837,7 +946,7 @@ void Model::LayerBackward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs&
   LinearBackward(l, ModuleKind::kK, A(a.n1), xa(ModuleKind::kK), dk, rows, w.dn.data(), true, true);
   LinearBackward(l, ModuleKind::kV, A(a.n1), xa(ModuleKind::kV), w.dv.data(), rows, w.dn.data(), true, true);
   Round(w.dn.data(), rows * D);
-  backend_->RmsNormBackward(x_in, layer.attn_norm.data(), a.rstd1.data(), w.dn.data(), rows, D, dx,
+  backend_->RmsNormBackward(x_in, NormWeight(layer.attn_norm), a.rstd1.data(), w.dn.data(), rows, D, dx,
                             full_training_ ? layer.dattn_norm.data() : nullptr);
   backend_->Axpy(rows * D, 1.0f, w.dh.data(), dx);
   Round(dx, rows * D);
@@ -848,8 +957,8 @@ LossResult Model::HeadForwardBackward(const MicroBatch& mb, ConstAct x_last, flo
   const ModelConfig& c = config_;
   Activations& w = *acts_;
   const int64_t rows = mb.rows(), D = c.hidden_size, V = c.vocab_size;
-  backend_->RmsNormForward(x_last, final_norm_.data(), rows, D, static_cast<float>(c.rms_norm_eps), A(w.xf),
-                           w.rstdf.data());
+  backend_->RmsNormForward(x_last, NormWeight(final_norm_), rows, D, static_cast<float>(c.rms_norm_eps),
+                           A(w.xf), w.rstdf.data());
   if (logits) logits->assign(static_cast<size_t>(rows * V), 0.0f);
   const int64_t chunk = w.logits.size() / V;
   LossResult result;
@@ -902,7 +1011,7 @@ LossResult Model::HeadForwardBackward(const MicroBatch& mb, ConstAct x_last, flo
   }
   if (backward) {
     Round(w.dxf.data(), rows * D);
-    backend_->RmsNormBackward(x_last, final_norm_.data(), w.rstdf.data(), w.dxf.data(), rows, D,
+    backend_->RmsNormBackward(x_last, NormWeight(final_norm_), w.rstdf.data(), w.dxf.data(), rows, D,
                               w.grad.data(), full_training_ ? dfinal_norm_.data() : nullptr);
     Round(w.grad.data(), rows * D);
   }
@@ -915,6 +1024,7 @@ ConstAct Model::ForwardLayers(const MicroBatch& mb, bool for_backward) {
   EnsureActivations(mb.rows(), mb.batch);
   EnsureRope(*std::max_element(mb.positions.begin(), mb.positions.end()) + 1);
   UploadBatch(mb);
+  RefreshNormWeights();  // Gemma's (1 + w): the weights may have changed since the last forward
   Activations& w = *acts_;
   const int64_t bytes = mb.rows() * config_.hidden_size * ActDTypeBytes(act_dtype_);
   EmbedForward(mb, LayerInput(0));
@@ -966,6 +1076,12 @@ StatusOr<std::vector<float>> Model::Decode(const std::vector<int32_t>& ids, KvCa
     return Status::InvalidArgument("Decode: " + std::to_string(cache->length_ + n) +
                                    " positions do not fit a KV cache of " + std::to_string(cache->capacity_));
   }
+  if (config_.sliding_window > 0 && cache->length_ + n > config_.sliding_window) {
+    return Status::InvalidArgument("Decode: " + std::to_string(cache->length_ + n) +
+                                   " positions exceed the model's sliding_window " +
+                                   std::to_string(config_.sliding_window) +
+                                   " (sliding-window attention is not implemented); generate fewer tokens");
+  }
   MicroBatch mb;
   mb.batch = 1;
   mb.seq = n;
@@ -1011,6 +1127,7 @@ LossResult Model::ForwardBackward(const MicroBatch& mb, float grad_scale) {
     LayerBackward(l, mb, LayerInput(l), *a, w.grad.data());
   }
   if (full_training_) {
+    if (config_.gemma) backend_->Scale(mb.rows() * config_.hidden_size, EmbedScale(), w.grad.data());
     backend_->EmbeddingBackward(w.grad.data(), w.ids.as<int32_t>(), mb.rows(), config_.hidden_size,
                                 dembed_.data());
   }

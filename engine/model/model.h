@@ -22,6 +22,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -90,6 +91,10 @@ struct DecoderLayer {
   // ModelConfig::qk_norm (Qwen3): the per-head RMSNorms of q and k (self_attn.q_norm / k_norm).
   DeviceBuffer q_norm, k_norm;    // (head_dim), or empty
   DeviceBuffer dq_norm, dk_norm;  // (head_dim) full fine-tune only
+  // ModelConfig::gemma's sandwich norms: on the attention's output and on the MLP's (mlp_norm
+  // is then pre_feedforward_layernorm).
+  DeviceBuffer post_attn_norm, post_mlp_norm;    // (D), or empty
+  DeviceBuffer dpost_attn_norm, dpost_mlp_norm;  // (D) full fine-tune only
   Linear proj[kNumModules];
   Linear& operator[](ModuleKind m) { return proj[static_cast<int>(m)]; }
   const Linear& operator[](ModuleKind m) const { return proj[static_cast<int>(m)]; }
@@ -299,7 +304,22 @@ class Model {
   void EnsureActivations(int64_t rows, int64_t batch);
   void EnsureRope(int64_t max_pos);
   void UploadBatch(const MicroBatch& mb);  // ids, targets, positions, segments into acts_
+  // The embedding rows of the batch (× √hidden_size under ModelConfig::gemma, in the embedding dtype).
   void EmbedForward(const MicroBatch& mb, Act x);
+  float EmbedScale() const;  // 1, or Gemma's √hidden_size as the embedding dtype rounds it
+  // A layer's norms: (HF name suffix, weight, gradient), in NamedWeights' order.
+  struct NormRef {
+    std::string name;
+    DeviceBuffer* w;
+    DeviceBuffer* grad;
+  };
+  std::vector<NormRef> LayerNorms(DecoderLayer& layer);
+  // The weight a norm multiplies by: w, or Gemma's (1 + w) (norm_eff_).
+  const float* NormWeight(const DeviceBuffer& w) const;
+  void RefreshNormWeights();  // norm_eff_ = 1 + w for every norm (Gemma; before each forward)
+  // out = a + b, rounded to the activation dtype once (a residual add: torch's x + bf16 y).
+  void AddResidual(ConstAct a, ConstAct b, int64_t n, Act out);
+  cpu::AttentionShape AttentionShapeOf(const MicroBatch& mb) const;
   // Uploads the batch and runs the embedding and every layer forward; returns the last layer's output.
   // `for_backward`: a backward follows (offloaded layer inputs are copied out for it).
   ConstAct ForwardLayers(const MicroBatch& mb, bool for_backward);
@@ -387,8 +407,13 @@ class Model {
   void WidenLinear(Linear& lin);
   LoraSpec lora_spec_;
 
-  DeviceBuffer rope_cos_, rope_sin_;  // (rope_len_, hd/2)
+  DeviceBuffer rope_cos_, rope_sin_;              // (rope_len_, hd/2)
+  DeviceBuffer rope_local_cos_, rope_local_sin_;  // the sliding layers' (rope_local_theta), or empty
   int64_t rope_len_ = 0;
+  // ModelConfig::gemma: each norm weight's effective (1 + w), refreshed by RefreshNormWeights
+  // before a forward, keyed by the weight's buffer; ones_ (max(D, head_dim) ones) adds the 1.
+  std::map<const float*, DeviceBuffer> norm_eff_;
+  DeviceBuffer ones_;
   std::unique_ptr<Activations> acts_;
 };
 

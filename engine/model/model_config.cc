@@ -32,6 +32,8 @@ Status ValidateNumbers(const ModelConfig& c, const std::string& file) {
       {static_cast<double>(r.original_max_position_embeddings),
        "rope_scaling.original_max_position_embeddings", 0, double{1 << 24}, llama3},
       {static_cast<double>(c.sliding_window), "sliding_window", -1, double{1 << 24}, true},
+      {c.query_pre_attn_scalar, "query_pre_attn_scalar", 0, 1e6, c.query_pre_attn_scalar != 0},
+      {c.rope_local_theta, "rope_local_base_freq", 0, 1e12, c.rope_local_theta != 0},
   };
   for (const Range& b : ranges) {
     if (!b.used || (std::isfinite(b.value) && b.value > b.low && b.value <= b.high)) continue;
@@ -47,10 +49,18 @@ Status ValidateNumbers(const ModelConfig& c, const std::string& file) {
 
 Status ModelConfig::Validate(const std::string& file) const {
   FT_ASSIGN_OR_RETURN(const FamilyTraits* family, FindFamily(model_type, file));
-  if (qk_norm != family->qk_norm) {
+  const struct {
+    bool config, family;
+    const char* what;
+  } traits[] = {{qk_norm, family->qk_norm, "q/k norms"}, {gemma, family->gemma, "Gemma's norms and scales"}};
+  for (const auto& t : traits) {
+    if (t.config == t.family) continue;
     return Status::InvalidArgument(file + ": model_type '" + model_type +
-                                   (family->qk_norm ? "' has" : "' has no") + " q/k norms (qk_norm " +
-                                   (qk_norm ? "true" : "false") + ")");
+                                   (t.family ? "' has " : "' has no ") + t.what);
+  }
+  if (!sliding_layers.empty() && static_cast<int64_t>(sliding_layers.size()) != num_layers) {
+    return Status::InvalidArgument(file + ": layer_types has " + std::to_string(sliding_layers.size()) +
+                                   " entries for num_hidden_layers " + std::to_string(num_layers));
   }
   // Each size positive and at most a bound far above any released model's
   // (so that every byte count the planner and the model compute fits int64).
@@ -90,12 +100,15 @@ Status ModelConfig::Validate(const std::string& file) const {
   return Status::OK();
 }
 
-std::vector<double> RopeInverseFrequencies(const ModelConfig& c) {
+std::vector<double> RopeInverseFrequencies(const ModelConfig& c, bool local) {
   const int64_t half = c.head_dim / 2;
+  local = local && c.rope_local_theta > 0;
+  const double theta = local ? c.rope_local_theta : c.rope_theta;
   std::vector<double> inv(half);
   for (int64_t i = 0; i < half; ++i) {
-    inv[i] = 1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(c.head_dim));
+    inv[i] = 1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(c.head_dim));
   }
+  if (local) return inv;  // HF's Gemma 3: the local rotary embedding is the default one
   const RopeScaling& s = c.rope_scaling;
   if (s.type == "linear") {
     for (double& f : inv) f /= s.factor;
@@ -148,6 +161,19 @@ StatusOr<ModelConfig> PresetModelConfig(const std::string& name) {
     c.tie_word_embeddings = true;
     c.rope_theta = 1000000;
     c.rms_norm_eps = 1e-6;
+  } else if (name == "tiny-gemma3") {  // Gemma 3 1B's traits: a sliding layer, then a full one
+    c.model_type = "gemma3_text";
+    c.qk_norm = true;
+    c.gemma = true;
+    c.hidden_act = Activation::kGeluTanh;
+    c.head_dim = 32;
+    c.query_pre_attn_scalar = 24;
+    c.tie_word_embeddings = true;
+    c.rope_theta = 1000000;
+    c.rope_local_theta = 10000;
+    c.rms_norm_eps = 1e-6;
+    c.sliding_window = 512;
+    c.sliding_layers = {1, 0};
   } else if (name == "tiny-tied") {
     c.tie_word_embeddings = true;
     c.num_layers = 3;
@@ -160,8 +186,9 @@ StatusOr<ModelConfig> PresetModelConfig(const std::string& name) {
     c.num_kv_heads = 4;
     c.head_dim = 32;
   } else {
-    return Status::NotFound("unknown model preset '" + name +
-                            "' (known: tiny-llama, tiny-qwen2, tiny-qwen3, tiny-tied, bench, bench16)");
+    return Status::NotFound(
+        "unknown model preset '" + name +
+        "' (known: tiny-llama, tiny-qwen2, tiny-qwen3, tiny-gemma3, tiny-tied, bench, bench16)");
   }
   return c;
 }

@@ -42,6 +42,13 @@ struct ModelConfig {
   bool attention_bias = false;  // q/k/v biases (Qwen2)
   bool qk_norm = false;         // per-head q/k RMSNorm before RoPE (Qwen3): FamilyTraits::qk_norm
   Activation hidden_act = Activation::kSilu;
+  // FamilyTraits::gemma: (1 + w) norms, sandwich norms, embeddings × √hidden_size.
+  bool gemma = false;
+  double query_pre_attn_scalar = 0;  // the attention's scale is its -½ power; 0 = head_dim's
+  double rope_local_theta = 0;       // RoPE base of the sliding layers (no scaling); 0 = rope_theta
+  // Per layer, 1 = sliding-window attention (Gemma's layer_types); empty = every layer alike.
+  std::vector<uint8_t> sliding_layers;
+  bool SlidingLayer(int64_t l) const { return !sliding_layers.empty() && sliding_layers[l] != 0; }
   std::string torch_dtype = "float32";
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;
@@ -53,12 +60,14 @@ struct ModelConfig {
   bool operator==(const ModelConfig&) const = default;
 };
 
-// RoPE inverse frequencies [head_dim/2], with rope_scaling applied as HF does.
-std::vector<double> RopeInverseFrequencies(const ModelConfig& c);
+// RoPE inverse frequencies [head_dim/2], with rope_scaling applied as HF does; `local`: a
+// sliding layer's (rope_local_theta, unscaled) when the config has one.
+std::vector<double> RopeInverseFrequencies(const ModelConfig& c, bool local = false);
 
 // A named small configuration for tests and demos: "tiny-llama" (GQA,
 // rope llama3), "tiny-qwen2" (q/k/v bias), "tiny-qwen3" (q/k norms, head_dim
-// 32 apart from hidden/heads, tied embeddings), "tiny-tied" (tied embeddings),
+// 32 apart from hidden/heads, tied embeddings), "tiny-gemma3" (Gemma 3's traits,
+// a sliding and a full layer), "tiny-tied" (tied embeddings),
 // "bench" (4 layers, hidden 256). NotFound for unknown names (listing them).
 StatusOr<ModelConfig> PresetModelConfig(const std::string& name);
 

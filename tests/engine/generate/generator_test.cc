@@ -120,6 +120,19 @@ TEST(GeneratorTest, KvCacheLogitsEqualAFullForwardAtEveryPosition) {
   }
 }
 
+// A model with a sliding window (Mistral, Gemma 3) decodes at most sliding_window positions: the
+// attention does not apply the window, so past it the logits would be wrong.
+TEST(GeneratorTest, DecodingPastTheSlidingWindowIsRefused) {
+  ModelConfig c = *PresetModelConfig("tiny-gemma3");
+  c.sliding_window = 8;
+  Model model(c, {});
+  RandomInitModel(&model, 3);
+  KvCache cache(model, 16);
+  ASSERT_TRUE(model.Decode({1, 2, 3, 4, 5, 6, 7, 8}, &cache).ok());
+  auto past = model.Decode({9}, &cache);
+  EXPECT_THAT(past.status().message(), testing::HasSubstr("9 positions exceed the model's sliding_window 8"));
+}
+
 // Acceptance 1: greedy decoding picks, at every position, the argmax of the
 // training-time forward over the same tokens.
 TEST(GeneratorTest, GreedyIsTheArgmaxOfTheTrainingForwardAtEveryPosition) {

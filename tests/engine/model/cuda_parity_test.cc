@@ -49,7 +49,7 @@ ModelConfig SmallConfig(const std::string& family) {
     c.num_heads = 2;
     c.num_kv_heads = 2;
     c.head_dim = 128;
-  } else if (family == "qwen3") {  // q/k norms over head_dim 128, apart from hidden/heads (64)
+  } else if (family == "qwen3" || family == "gemma3") {  // q/k norms over head_dim 128, apart from 256/4
     c.num_heads = 4;
     c.num_kv_heads = 2;
     c.head_dim = 128;
@@ -246,7 +246,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"llama_qlora_nf4dq_bf16", "llama", true, ComputeDType::kBF16, false, true, true, 0.1},
         Case{"llama_qlora_nf4dq_fp16", "llama", true, ComputeDType::kF16, false, true, true, 0.1},
         Case{"qwen3_qlora_nf4dq_bf16", "qwen3", true, ComputeDType::kBF16, false, true, true, 0.1},
-        Case{"qwen3_full_fp32", "qwen3", false, ComputeDType::kF32, true, false, false, 0.0}),
+        Case{"qwen3_full_fp32", "qwen3", false, ComputeDType::kF32, true, false, false, 0.0},
+        Case{"gemma3_qlora_nf4dq_bf16", "gemma3", true, ComputeDType::kBF16, false, true, true, 0.1},
+        Case{"gemma3_full_fp32", "gemma3", false, ComputeDType::kF32, true, false, false, 0.0}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 }  // namespace

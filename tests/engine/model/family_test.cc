@@ -24,7 +24,7 @@ struct Published {
 };
 
 // Qwen/Qwen3-0.6B (transformers 4.51), Qwen/Qwen2.5-0.5B, mistralai/Mistral-7B-v0.1,
-// meta-llama/Llama-3.2-1B; published values kept except the sizes.
+// meta-llama/Llama-3.2-1B, google/gemma-3-1b-pt; published values kept except the sizes.
 const Published kPublished[] = {
     {"Qwen/Qwen3-0.6B",
      R"({"architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
@@ -65,6 +65,16 @@ const Published kPublished[] = {
          "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
          "transformers_version": "4.45.0.dev0", "use_cache": true, "vocab_size": 1024})",
      false, false, 64, 0, true},
+    {"google/gemma-3-1b-pt",
+     R"({"architectures": ["Gemma3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+         "attn_logit_softcapping": null, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": 1,
+         "final_logit_softcapping": null, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+         "hidden_size": 128, "initializer_range": 0.02, "intermediate_size": 384, "max_position_embeddings": 32768,
+         "model_type": "gemma3_text", "num_attention_heads": 4, "num_hidden_layers": 7, "num_key_value_heads": 1,
+         "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000,
+         "rope_scaling": null, "rope_theta": 1000000, "sliding_window": 512, "sliding_window_pattern": 6,
+         "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0", "use_cache": true, "vocab_size": 1024})",
+     true, false, 256, 512, true},
 };
 
 TEST(FamilyTest, EachFamilysPublishedConfigLoadsWithItsTraits) {
@@ -77,11 +87,49 @@ TEST(FamilyTest, EachFamilysPublishedConfigLoadsWithItsTraits) {
     EXPECT_EQ(c->head_dim, p.head_dim);
     EXPECT_EQ(c->sliding_window, p.sliding_window);
     EXPECT_EQ(c->tie_word_embeddings, p.tied);
+    EXPECT_EQ(c->gemma, std::string(p.model).find("gemma") != std::string::npos);
     // What ftune writes for it (merged models, make-model) reads back as the same config.
     auto again = ParseHfConfig(HfConfigJson(*c), "written");
     ASSERT_TRUE(again.ok()) << again.status().ToString();
     EXPECT_EQ(*again, *c);
   }
+}
+
+// Gemma 3's layer kinds from the older sliding_window_pattern (every sixth layer full) and from
+// the newer layer_types; its activation and scales; soft-capping (Gemma 2's) refused by the key.
+TEST(FamilyTest, GemmaLayerTypesScalesAndRefusedSoftCapping) {
+  const Published& gemma = kPublished[4];
+  auto c = ParseHfConfig(gemma.json, "gemma/config.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->sliding_layers, (std::vector<uint8_t>{1, 1, 1, 1, 1, 0, 1}));
+  EXPECT_EQ(c->hidden_act, Activation::kGeluTanh);
+  EXPECT_EQ(c->query_pre_attn_scalar, 256);
+  EXPECT_EQ(c->rope_local_theta, 10000);
+  const auto with_types = [&](const std::string& types) {
+    std::string text = gemma.json;
+    return text.replace(text.find(R"("sliding_window_pattern": 6)"), 27, R"("layer_types": )" + types);
+  };
+  auto t = ParseHfConfig(
+      with_types(R"(["sliding_attention", "full_attention", "sliding_attention", "full_attention",
+                                        "sliding_attention", "full_attention", "sliding_attention"])"),
+      "typed.json");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->sliding_layers, (std::vector<uint8_t>{1, 0, 1, 0, 1, 0, 1}));
+  EXPECT_THAT(HfConfigJson(*t), HasSubstr(R"("sliding_window_pattern": 2)"))
+      << "older transformers read this";
+  EXPECT_THAT(ParseHfConfig(with_types(R"(["sliding_attention"])"), "w.json").status().message(),
+              HasSubstr("w.json: 'layer_types' must list num_hidden_layers (7) attention types"));
+  EXPECT_THAT(
+      ParseHfConfig(with_types(R"(["sliding_attention", "full_attention", "chunked_attention",
+                                          "full_attention", "full_attention", "full_attention", "full_attention"])"),
+                    "x.json")
+          .status()
+          .message(),
+      HasSubstr("x.json: layer_types[2] 'chunked_attention' is not sliding_attention or full_attention"));
+  std::string capped = gemma.json;
+  capped.replace(capped.find(R"("attn_logit_softcapping": null)"), 30, R"("attn_logit_softcapping": 50.0)");
+  EXPECT_THAT(ParseHfConfig(capped, "c.json").status().message(),
+              HasSubstr("c.json: 'attn_logit_softcapping' (50.0) asks for soft-capping"));
 }
 
 TEST(FamilyTest, KnownFamiliesTheEngineCannotTrainAreRefusedSayingWhy) {
@@ -94,7 +142,7 @@ TEST(FamilyTest, KnownFamiliesTheEngineCannotTrainAreRefusedSayingWhy) {
   ASSERT_FALSE(moe.ok());
   EXPECT_THAT(moe.status().message(), HasSubstr("Qwen3-30B-A3B/config.json: model_type 'qwen3_moe'"));
   EXPECT_THAT(moe.status().message(), HasSubstr("mixture of experts"));
-  EXPECT_THAT(moe.status().message(), HasSubstr("supported: llama, mistral, qwen2, qwen3"));
+  EXPECT_THAT(moe.status().message(), HasSubstr("supported: llama, mistral, qwen2, qwen3, gemma3_text"));
   for (const char* type :
        {"mixtral", "qwen2_moe", "llava", "mllama", "qwen2_vl", "qwen2_5_vl", "deepseek_v3"}) {
     auto refused = FindFamily(type, "c.json");
@@ -115,13 +163,12 @@ TEST(FamilyTest, KnownFamiliesTheEngineCannotTrainAreRefusedSayingWhy) {
       ParseHfConfig(std::string(kPublished[0].json).replace(1, 0, R"("num_experts": null, )"), "d.json");
   EXPECT_TRUE(dense.ok()) << dense.status().ToString();
   auto gpt = ParseHfConfig(R"({"model_type": "gpt2"})", "c.json");
-  EXPECT_THAT(
-      gpt.status().message(),
-      HasSubstr("c.json: model_type 'gpt2' is not supported (supported: llama, mistral, qwen2, qwen3)"));
+  EXPECT_THAT(gpt.status().message(), HasSubstr("c.json: model_type 'gpt2' is not supported (supported: "
+                                                "llama, mistral, qwen2, qwen3, gemma3_text)"));
 }
 
 TEST(FamilyTest, EveryPresetWritesAConfigThatReadsBackTheSame) {
-  for (const char* name : {"tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-tied", "bench"}) {
+  for (const char* name : {"tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-tied", "bench"}) {
     SCOPED_TRACE(name);
     auto c = PresetModelConfig(name);
     ASSERT_TRUE(c.ok());

@@ -305,6 +305,47 @@ TEST(PlannerTest, PredictsTheMeasuredPeakWithinTenPercentOverAGrid) {
   std::printf("%d configurations, worst error %.2f%%\n", cases, 100 * worst);
 }
 
+// Each family's traits (Qwen3's q/k norms; Gemma 3's too, its sandwich norms and (1 + w) weights)
+// in the planner: LoRA, QLoRA, full fine-tune and bf16 LoRA, with and without checkpointing.
+TEST(PlannerTest, PredictsEachFamilysMeasuredPeakWithinTenPercent) {
+  for (const char* preset : {"tiny-qwen3", "tiny-gemma3"}) {
+    ModelConfig c = SmallLlama();
+    const ModelConfig family = *PresetModelConfig(preset);
+    for (const auto& [field, value] :
+         {std::pair{&ModelConfig::qk_norm, family.qk_norm}, std::pair{&ModelConfig::gemma, family.gemma},
+          std::pair{&ModelConfig::tie_word_embeddings, family.tie_word_embeddings}}) {
+      c.*field = value;
+    }
+    c.model_type = family.model_type;
+    c.hidden_act = family.hidden_act;
+    c.query_pre_attn_scalar = family.query_pre_attn_scalar;
+    c.rope_local_theta = family.rope_local_theta;
+    if (c.gemma) c.sliding_layers = {1, 1, 0};
+    ASSERT_TRUE(c.Validate(preset).ok()) << c.Validate(preset).ToString();
+    for (bool ckpt : {false, true}) {
+      for (int variant = 0; variant < 4; ++variant) {  // LoRA, QLoRA (NF4), full fine-tune, bf16 LoRA
+        MemCase s{4,
+                  128,
+                  8,
+                  ckpt,
+                  0,
+                  variant == 2,
+                  variant == 1,
+                  variant == 3 ? ComputeDType::kBF16 : ComputeDType::kF32};
+        s.config = c;
+        const int64_t measured = Measure(s).peak;
+        const int64_t predicted = PredictMemory(RequestFor(s), s.micro).total();
+        const double err =
+            std::fabs(static_cast<double>(predicted - measured)) / static_cast<double>(measured);
+        std::printf("%s variant %d ckpt %d: measured %10s predicted %10s (%+.2f%%)\n", preset, variant, ckpt,
+                    FormatBytes(measured).c_str(), FormatBytes(predicted).c_str(),
+                    100.0 * static_cast<double>(predicted - measured) / static_cast<double>(measured));
+        EXPECT_LE(err, 0.10) << preset << " variant " << variant << " ckpt " << ckpt;
+      }
+    }
+  }
+}
+
 TEST(PlannerTest, PicksTheLargestFittingMicroBatchAndKeepsTheGlobalBatch) {
   PlanRequest r = RequestFor(MemCase{});
   r.global_batch = 16;

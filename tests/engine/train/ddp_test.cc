@@ -281,7 +281,7 @@ TEST(DdpTest, KillNineThenResumeAtAnotherWorldSize) {
 // its preset (ft-train make-model) trained at world 1, and at world 2 killed (-9) after a
 // checkpoint and resumed at world 2, ends with world 1's adapter byte for byte.
 TEST(DdpTest, EachFamilyResumesAfterKillNineAtWorldTwoWithWorldOnesAdapterBytes) {
-  for (const std::string preset : {"tiny-qwen2", "tiny-qwen3"}) {
+  for (const std::string preset : {"tiny-qwen2", "tiny-qwen3", "tiny-gemma3"}) {
     SCOPED_TRACE(preset);
     const std::string model = FreshDir("family-" + preset) + "/model";
     ASSERT_EQ(WaitExit(Spawn(FreshDir("family-" + preset + "-make"),
