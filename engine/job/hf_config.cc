@@ -36,7 +36,6 @@ Status GetKey(const json& j, const std::string& key, const std::string& file, T*
 // scale, the sliding layers (layer_types, or the older sliding_window_pattern) and their RoPE
 // base; soft-capping (Gemma 2's) is refused naming the key.
 Status ParseGemmaKeys(const json& j, const std::string& file, ModelConfig* c) {
-  c->gemma = true;
   c->query_pre_attn_scalar = 256;
   FT_RETURN_IF_ERROR(GetKey(j, "query_pre_attn_scalar", file, &c->query_pre_attn_scalar, false));
   c->rope_local_theta = 10000;
@@ -100,7 +99,7 @@ StatusOr<ModelConfig> ParseHfConfig(const std::string& text, const std::string& 
       !why.empty()) {
     return Status::InvalidArgument(file + ": " + why + " (model_type '" + c.model_type + "')");
   }
-  c.qk_norm = family->qk_norm;
+  ApplyFamily(*family, &c);
   FT_RETURN_IF_ERROR(GetKey(j, "vocab_size", file, &c.vocab_size, true));
   FT_RETURN_IF_ERROR(GetKey(j, "hidden_size", file, &c.hidden_size, true));
   FT_RETURN_IF_ERROR(GetKey(j, "intermediate_size", file, &c.intermediate_size, true));
@@ -115,7 +114,6 @@ StatusOr<ModelConfig> ParseHfConfig(const std::string& text, const std::string& 
       !j.contains("max_position_embeddings") || j["max_position_embeddings"].is_null();
   FT_RETURN_IF_ERROR(GetKey(j, "rms_norm_eps", file, &c.rms_norm_eps, false));
   FT_RETURN_IF_ERROR(GetKey(j, "rope_theta", file, &c.rope_theta, false));
-  c.tie_word_embeddings = family->tie_default;
   FT_RETURN_IF_ERROR(GetKey(j, "tie_word_embeddings", file, &c.tie_word_embeddings, false));
   FT_RETURN_IF_ERROR(GetKey(j, "torch_dtype", file, &c.torch_dtype, false));
   FT_RETURN_IF_ERROR(GetKey(j, "bos_token_id", file, &c.bos_token_id, false));
@@ -124,13 +122,12 @@ StatusOr<ModelConfig> ParseHfConfig(const std::string& text, const std::string& 
   } else {
     FT_RETURN_IF_ERROR(GetKey(j, "eos_token_id", file, &c.eos_token_id, false));
   }
-  c.attention_bias = family->qkv_bias;
   FT_RETURN_IF_ERROR(GetKey(j, "attention_bias", file, &c.attention_bias, false));
   bool mlp_bias = false;
   FT_RETURN_IF_ERROR(GetKey(j, "mlp_bias", file, &mlp_bias, false));
   if (mlp_bias) return Status::InvalidArgument(file + ": mlp_bias: true is not supported");
   // Gemma spells it hidden_activation (HF's Gemma configs read that one first).
-  std::string act = ActivationName(family->activation_default), act_key = "hidden_act";
+  std::string act = ActivationName(c.hidden_act), act_key = "hidden_act";
   FT_RETURN_IF_ERROR(GetKey(j, "hidden_act", file, &act, false));
   if (j.contains("hidden_activation") && !j["hidden_activation"].is_null()) act_key = "hidden_activation";
   FT_RETURN_IF_ERROR(GetKey(j, "hidden_activation", file, &act, false));

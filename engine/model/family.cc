@@ -5,6 +5,8 @@
 #include <iterator>
 #include <utility>
 
+#include "engine/model/model_config.h"
+
 namespace ft {
 
 namespace {
@@ -68,6 +70,15 @@ std::string RefusedKey(const std::function<std::string(std::string_view)>& value
            ", which the engine does not train";
   }
   return "";
+}
+
+void ApplyFamily(const FamilyTraits& family, ModelConfig* c) {
+  c->model_type = std::string(family.model_type);
+  c->qk_norm = family.qk_norm;
+  c->gemma = family.gemma;
+  c->attention_bias = family.qkv_bias;
+  c->hidden_act = family.activation_default;
+  c->tie_word_embeddings = family.tie_default;
 }
 
 std::string SupportedFamilies() {

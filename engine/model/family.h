@@ -47,6 +47,11 @@ struct FamilyTraits {
 // The row of `model_type`; InvalidArgument naming `file`, the key and value and the
 // supported families for an unknown one, and the reason for a refused one.
 StatusOr<const FamilyTraits*> FindFamily(std::string_view model_type, const std::string& file);
+struct ModelConfig;
+// Sets `c`'s model_type, its fixed traits (qk_norm, gemma) and the defaults config.json may
+// override (attention_bias, hidden_act, tie_word_embeddings) from `family`: what a config of that
+// family starts from, read or preset.
+void ApplyFamily(const FamilyTraits& family, ModelConfig* c);
 // "llama, mistral, qwen2, qwen3, gemma3_text": the families the engine trains.
 std::string SupportedFamilies();
 // Empty, or why a config cannot be trained whatever its model_type: a key that adds a vision

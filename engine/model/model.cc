@@ -288,6 +288,7 @@ StatusOr<std::vector<float>> Model::LinearValues(const Linear& lin) const {
 
 void Model::SetWeight(const NamedTensor& t, const float* values) {
   const int64_t n = t.numel();
+  norm_eff_stale_ = true;
   if (t.linear) {
     SetLinearWeight(t.linear, values);
   } else if (t.codes) {
@@ -686,6 +687,8 @@ const float* Model::NormWeight(const DeviceBuffer& w) const {
 }
 
 void Model::RefreshNormWeights() {
+  if (!norm_eff_stale_ && !full_training_) return;
+  norm_eff_stale_ = false;
   for (auto& [w, eff] : norm_eff_) {
     backend_->Copy(eff.data(), w, eff.bytes());
     backend_->Axpy(eff.size(), 1.0f, ConstAct(ones_.data()), eff.data());
@@ -697,6 +700,12 @@ void Model::AddResidual(ConstAct a, ConstAct b, int64_t n, Act out) {
   if (a.data != sum) backend_->Convert(a, n, Act(sum, ActDType::kF32));
   backend_->Axpy(n, 1.0f, b, sum);
   if (out.dtype != ActDType::kF32) backend_->Convert(ConstAct(sum), n, out);
+}
+
+std::pair<const float*, const float*> Model::RopeTables(int l) const {
+  if (config_.SlidingLayer(l) && !rope_local_cos_.empty())
+    return {rope_local_cos_.data(), rope_local_sin_.data()};
+  return {rope_cos_.data(), rope_sin_.data()};
 }
 
 cpu::AttentionShape Model::AttentionShapeOf(const MicroBatch& mb) const {
@@ -822,9 +831,7 @@ void Model::LayerForward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs& 
   const int64_t rows = mb.rows(), D = c.hidden_size, I = c.intermediate_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
   auto xa = [&](ModuleKind m) { return A(a.xa[static_cast<int>(m)]); };
-  const bool sliding = c.SlidingLayer(l) && !rope_local_cos_.empty();
-  const float* rope_cos = sliding ? rope_local_cos_.data() : rope_cos_.data();
-  const float* rope_sin = sliding ? rope_local_sin_.data() : rope_sin_.data();
+  const auto [rope_cos, rope_sin] = RopeTables(l);
 
   // Typed tensors are stored rounded by the ops that write them.
   backend_->RmsNormForward(x_in, NormWeight(layer.attn_norm), rows, D, eps, A(a.n1), a.rstd1.data());
@@ -884,9 +891,7 @@ void Model::LayerBackward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs&
   Activations& w = *acts_;
   const int64_t rows = mb.rows(), D = c.hidden_size, I = c.intermediate_size;
   auto xa = [&](ModuleKind m) { return A(a.xa[static_cast<int>(m)]); };
-  const bool sliding = c.SlidingLayer(l) && !rope_local_cos_.empty();
-  const float* rope_cos = sliding ? rope_local_cos_.data() : rope_cos_.data();
-  const float* rope_sin = sliding ? rope_local_sin_.data() : rope_sin_.data();
+  const auto [rope_cos, rope_sin] = RopeTables(l);
   // Gemma's sandwich norms: the gradient of a branch's output back through its norm (into dpre).
   auto through_post_norm = [&](ConstAct pre, DeviceBuffer& norm, DeviceBuffer& dnorm,
                                const DeviceBuffer& rstd, const float* dy) {
@@ -1024,7 +1029,7 @@ ConstAct Model::ForwardLayers(const MicroBatch& mb, bool for_backward) {
   EnsureActivations(mb.rows(), mb.batch);
   EnsureRope(*std::max_element(mb.positions.begin(), mb.positions.end()) + 1);
   UploadBatch(mb);
-  RefreshNormWeights();  // Gemma's (1 + w): the weights may have changed since the last forward
+  RefreshNormWeights();  // Gemma's (1 + w), when the weights may have changed since the last forward
   Activations& w = *acts_;
   const int64_t bytes = mb.rows() * config_.hidden_size * ActDTypeBytes(act_dtype_);
   EmbedForward(mb, LayerInput(0));

@@ -316,7 +316,9 @@ class Model {
   std::vector<NormRef> LayerNorms(DecoderLayer& layer);
   // The weight a norm multiplies by: w, or Gemma's (1 + w) (norm_eff_).
   const float* NormWeight(const DeviceBuffer& w) const;
-  void RefreshNormWeights();  // norm_eff_ = 1 + w for every norm (Gemma; before each forward)
+  // norm_eff_ = 1 + w for every norm (Gemma) when a weight may have changed: after SetWeight, and
+  // before every forward of a full fine-tune (the optimizer trains the norms); LoRA's are frozen.
+  void RefreshNormWeights();
   // out = a + b, rounded to the activation dtype once (a residual add: torch's x + bf16 y).
   void AddResidual(ConstAct a, ConstAct b, int64_t n, Act out);
   cpu::AttentionShape AttentionShapeOf(const MicroBatch& mb) const;
@@ -414,6 +416,9 @@ class Model {
   // before a forward, keyed by the weight's buffer; ones_ (max(D, head_dim) ones) adds the 1.
   std::map<const float*, DeviceBuffer> norm_eff_;
   DeviceBuffer ones_;
+  bool norm_eff_stale_ = true;  // a weight was set since the last RefreshNormWeights
+  // The RoPE tables (cos, sin) of layer l: the sliding layers' own when the config has them.
+  std::pair<const float*, const float*> RopeTables(int l) const;
   std::unique_ptr<Activations> acts_;
 };
 

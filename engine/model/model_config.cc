@@ -149,26 +149,20 @@ StatusOr<ModelConfig> PresetModelConfig(const std::string& name) {
     c.rope_theta = 500000;
     c.rope_scaling = {"llama3", 8.0, 1.0, 4.0, 64};
   } else if (name == "tiny-qwen2") {
-    c.model_type = "qwen2";
-    c.attention_bias = true;
+    ApplyFamily(**FindFamily("qwen2", "preset"), &c);
     c.num_kv_heads = 4;
     c.rope_theta = 1000000;
     c.rms_norm_eps = 1e-6;
   } else if (name == "tiny-qwen3") {  // Qwen3-0.6B's traits: head_dim apart, q/k norms, tied
-    c.model_type = "qwen3";
-    c.qk_norm = true;
+    ApplyFamily(**FindFamily("qwen3", "preset"), &c);
     c.head_dim = 32;
     c.tie_word_embeddings = true;
     c.rope_theta = 1000000;
     c.rms_norm_eps = 1e-6;
   } else if (name == "tiny-gemma3") {  // Gemma 3 1B's traits: a sliding layer, then a full one
-    c.model_type = "gemma3_text";
-    c.qk_norm = true;
-    c.gemma = true;
-    c.hidden_act = Activation::kGeluTanh;
+    ApplyFamily(**FindFamily("gemma3_text", "preset"), &c);  // tied, GELU-tanh
     c.head_dim = 32;
     c.query_pre_attn_scalar = 24;
-    c.tie_word_embeddings = true;
     c.rope_theta = 1000000;
     c.rope_local_theta = 10000;
     c.rms_norm_eps = 1e-6;

@@ -177,6 +177,21 @@ GEMMA3_MODEL = dict(
     tie_word_embeddings=True, attention_bias=False, st_dtype="BF16", shards=1,
 )
 
+def family_cases(lora, full, qlora, seed, model, clips):
+    """A family's three cases: LoRA on all linears (6 steps), a full fine-tune of the same model
+    (3 steps; its norms train, without decay) and QLoRA (NF4 + double quant) with the same LoRA;
+    the last two reuse the first's model/ and init_adapter/."""
+    adapter = dict(type="lora", r=4, alpha=8, rslora=False, targets=ALL_LINEARS)
+    return [
+        dict(name=lora, seed=seed, model=model, adapter=adapter, steps=6, lr=1e-2, max_grad_norm=clips[lora]),
+        dict(name=full, seed=seed, model=model, reuse=lora, adapter=dict(type="full"),
+             steps=3, lr=1e-3, max_grad_norm=clips[full]),
+        dict(name=qlora, seed=seed, model=model, reuse=lora,
+             quant=dict(type="nf4", block=64, double_quant=True, dq_block=256),
+             adapter=adapter, steps=6, lr=1e-2, max_grad_norm=clips[qlora]),
+    ]
+
+
 CASES = [
     dict(name="llama_gqa", seed=1001, model=LLAMA_GQA_MODEL,
          adapter=dict(type="lora", r=4, alpha=8, rslora=False, targets=ALL_LINEARS),
@@ -213,28 +228,9 @@ CASES = [
     dict(name="llama_bf16", seed=1001, model=LLAMA_GQA_MODEL, reuse="llama_gqa", compute="bf16",
          adapter=dict(type="lora", r=4, alpha=8, rslora=False, targets=ALL_LINEARS),
          steps=6, lr=1e-2, max_grad_norm=1.5),
-    dict(name="qwen3_qknorm", seed=4004, model=QWEN3_MODEL,
-         adapter=dict(type="lora", r=4, alpha=8, rslora=False, targets=ALL_LINEARS),
-         steps=6, lr=1e-2, max_grad_norm=QWEN3_CLIP["qwen3_qknorm"]),
-    # Full fine-tune of qwen3_qknorm's model: the q/k norm weights train too.
-    dict(name="qwen3_full", seed=4004, model=QWEN3_MODEL, reuse="qwen3_qknorm",
-         adapter=dict(type="full"),
-         steps=3, lr=1e-3, max_grad_norm=QWEN3_CLIP["qwen3_full"]),
-    dict(name="qwen3_qlora", seed=4004, model=QWEN3_MODEL, reuse="qwen3_qknorm",
-         quant=dict(type="nf4", block=64, double_quant=True, dq_block=256),
-         adapter=dict(type="lora", r=4, alpha=8, rslora=False, targets=ALL_LINEARS),
-         steps=6, lr=1e-2, max_grad_norm=QWEN3_CLIP["qwen3_qlora"]),
-    dict(name="gemma3_text", seed=5005, model=GEMMA3_MODEL,
-         adapter=dict(type="lora", r=4, alpha=8, rslora=False, targets=ALL_LINEARS),
-         steps=6, lr=1e-2, max_grad_norm=GEMMA3_CLIP["gemma3_text"]),
-    # Full fine-tune of gemma3_text's model: all four norms per layer and q/k norms train (no decay).
-    dict(name="gemma3_full", seed=5005, model=GEMMA3_MODEL, reuse="gemma3_text",
-         adapter=dict(type="full"),
-         steps=3, lr=1e-3, max_grad_norm=GEMMA3_CLIP["gemma3_full"]),
-    dict(name="gemma3_qlora", seed=5005, model=GEMMA3_MODEL, reuse="gemma3_text",
-         quant=dict(type="nf4", block=64, double_quant=True, dq_block=256),
-         adapter=dict(type="lora", r=4, alpha=8, rslora=False, targets=ALL_LINEARS),
-         steps=6, lr=1e-2, max_grad_norm=GEMMA3_CLIP["gemma3_qlora"]),
+    # Qwen3 and Gemma 3: LoRA, a full fine-tune (every norm trains too) and QLoRA of one model.
+    *family_cases("qwen3_qknorm", "qwen3_full", "qwen3_qlora", 4004, QWEN3_MODEL, QWEN3_CLIP),
+    *family_cases("gemma3_text", "gemma3_full", "gemma3_qlora", 5005, GEMMA3_MODEL, GEMMA3_CLIP),
 ]
 
 # Training settings shared by all cases.

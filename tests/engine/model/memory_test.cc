@@ -15,8 +15,9 @@
 namespace ft {
 namespace {
 
-ModelConfig SmallLlama() {
-  ModelConfig c = *PresetModelConfig("tiny-llama");
+// A preset's family at the memory tests' size (3 layers, hidden 128, heads of 32).
+ModelConfig Small(const char* preset) {
+  ModelConfig c = *PresetModelConfig(preset);
   c.vocab_size = 512;
   c.hidden_size = 128;
   c.intermediate_size = 352;
@@ -24,8 +25,11 @@ ModelConfig SmallLlama() {
   c.num_heads = 4;
   c.num_kv_heads = 2;
   c.head_dim = 32;
+  if (!c.sliding_layers.empty()) c.sliding_layers = {1, 1, 0};
   return c;
 }
+
+ModelConfig SmallLlama() { return Small("tiny-llama"); }
 
 MicroBatch FullBatch(int64_t batch, int64_t seq, int64_t vocab) {
   MicroBatch mb;
@@ -309,18 +313,7 @@ TEST(PlannerTest, PredictsTheMeasuredPeakWithinTenPercentOverAGrid) {
 // in the planner: LoRA, QLoRA, full fine-tune and bf16 LoRA, with and without checkpointing.
 TEST(PlannerTest, PredictsEachFamilysMeasuredPeakWithinTenPercent) {
   for (const char* preset : {"tiny-qwen3", "tiny-gemma3"}) {
-    ModelConfig c = SmallLlama();
-    const ModelConfig family = *PresetModelConfig(preset);
-    for (const auto& [field, value] :
-         {std::pair{&ModelConfig::qk_norm, family.qk_norm}, std::pair{&ModelConfig::gemma, family.gemma},
-          std::pair{&ModelConfig::tie_word_embeddings, family.tie_word_embeddings}}) {
-      c.*field = value;
-    }
-    c.model_type = family.model_type;
-    c.hidden_act = family.hidden_act;
-    c.query_pre_attn_scalar = family.query_pre_attn_scalar;
-    c.rope_local_theta = family.rope_local_theta;
-    if (c.gemma) c.sliding_layers = {1, 1, 0};
+    const ModelConfig c = Small(preset);
     ASSERT_TRUE(c.Validate(preset).ok()) << c.Validate(preset).ToString();
     for (bool ckpt : {false, true}) {
       for (int variant = 0; variant < 4; ++variant) {  // LoRA, QLoRA (NF4), full fine-tune, bf16 LoRA

@@ -74,6 +74,13 @@ std::string Job(const std::string& dir, int world, bool nf4, int64_t steps = kSt
   return job;
 }
 
+// Points `job` at the model directory `model` instead of ModelDir()'s.
+void UseModel(const std::string& job, const std::string& model) {
+  std::string text = Slurp(job);
+  text.replace(text.find(ModelDir()), ModelDir().size(), model);
+  std::ofstream(job) << text;
+}
+
 // Starts the `world` ranks of `job` (rendezvous on a fresh loopback port).
 std::vector<pid_t> StartRanks(const std::string& dir, const std::string& job, int world, int timeout_s = 60) {
   const std::string address = "127.0.0.1:" + std::to_string(FreePort());
@@ -289,9 +296,7 @@ TEST(DdpTest, EachFamilyResumesAfterKillNineAtWorldTwoWithWorldOnesAdapterBytes)
               0);
     const auto job = [&](const std::string& dir, int world) {
       const std::string path = Job(dir, world, false);
-      std::string text = Slurp(path);
-      text.replace(text.find(ModelDir()), ModelDir().size(), model);
-      std::ofstream(path) << text;
+      UseModel(path, model);
       return path;
     };
     const std::string ref_dir = FreshDir("family-" + preset + "-w1");
@@ -406,8 +411,8 @@ TEST(DdpTest, OneGpuSmokeRunOfDdpAndFsdp) {
                  "--out", model, "--seed", "1"})),
             0);
   auto on_cuda = [&model](const std::string& job) {
+    UseModel(job, model);
     std::string text = Slurp(job);
-    text.replace(text.find(ModelDir()), ModelDir().size(), model);
     text.replace(text.find("resources: {gpus: "), 18, "resources: {device: cuda, gpus: ");
     std::ofstream(job) << text;
     return job;
