@@ -46,7 +46,9 @@ Status ParseGemmaKeys(const json& j, const std::string& file, ModelConfig* c) {
                                      ") asks for soft-capping, which the engine does not implement yet");
     }
   }
-  c->sliding_layers.assign(static_cast<size_t>(std::max<int64_t>(c->num_layers, 0)), 0);
+  // A layer count out of Validate's range is refused there, before anything is sized by it.
+  if (c->num_layers < 1 || c->num_layers > kMaxNumLayers) return Status::OK();
+  c->sliding_layers.assign(static_cast<size_t>(c->num_layers), 0);
   if (auto it = j.find("layer_types"); it != j.end() && !it->is_null()) {
     if (!it->is_array() || static_cast<int64_t>(it->size()) != c->num_layers) {
       return Status::InvalidArgument(file + ": 'layer_types' must list num_hidden_layers (" +

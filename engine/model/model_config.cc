@@ -73,7 +73,7 @@ Status ModelConfig::Validate(const std::string& file) const {
       {vocab_size, "vocab_size", int64_t{1} << 22},
       {hidden_size, "hidden_size", int64_t{1} << 16},
       {intermediate_size, "intermediate_size", int64_t{1} << 19},
-      {num_layers, "num_hidden_layers", 1024},
+      {num_layers, "num_hidden_layers", kMaxNumLayers},
       {num_heads, "num_attention_heads", 1024},
       {num_kv_heads, "num_key_value_heads", 1024},
       {head_dim, "head_dim", 1024},

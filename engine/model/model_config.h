@@ -23,6 +23,9 @@ struct RopeScaling {
   bool operator==(const RopeScaling&) const = default;
 };
 
+// The most decoder layers a config may have (ModelConfig::Validate).
+inline constexpr int64_t kMaxNumLayers = 1024;
+
 struct ModelConfig {
   std::string model_type = "llama";  // a row of engine/model/family.h
   int64_t vocab_size = 0;

@@ -126,6 +126,11 @@ TEST(FamilyTest, GemmaLayerTypesScalesAndRefusedSoftCapping) {
           .status()
           .message(),
       HasSubstr("x.json: layer_types[2] 'chunked_attention' is not sliding_attention or full_attention"));
+  // An absurd layer count is refused by its bound, not met by allocating per layer first.
+  std::string huge = gemma.json;
+  huge.replace(huge.find(R"("num_hidden_layers": 7)"), 22, R"("num_hidden_layers": 1000000000000)");
+  EXPECT_THAT(ParseHfConfig(huge, "h.json").status().message(),
+              HasSubstr("h.json: 'num_hidden_layers' must be an integer in [1, 1024]"));
   std::string capped = gemma.json;
   capped.replace(capped.find(R"("attn_logit_softcapping": null)"), 30, R"("attn_logit_softcapping": 50.0)");
   EXPECT_THAT(ParseHfConfig(capped, "c.json").status().message(),
