@@ -142,7 +142,7 @@ export function mountCompare(root, query, app) {
     runs.splice(0, runs.length, ...runs.filter((r) => r.job));  // only readable runs get series
     status.hidden = runs.length > 0;
     if (!runs.length) status.textContent = 'None of the selected runs could be read.';
-    app.compare = { runs: runs.map(({ id, colour }) => ({ id, colour })) };
+    app.compare = { x, runs: runs.map(({ id, colour }) => ({ id, colour })) };
     showLegend();
     buildChart();
     draw();

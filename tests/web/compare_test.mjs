@@ -44,6 +44,8 @@ function readCompare() {
   }
   return {
     hash: location.hash,
+    // The axis the drawn chart was built for: the hash changes before its hashchange re-renders.
+    x: window.ftune.compare.x,
     labels: chart.series.slice(1).map((s) => s.label),
     xs: chart.data[0],
     values: chart.data.slice(1).map((d) => d.filter(Number.isFinite)),
@@ -116,7 +118,8 @@ async function main() {
   // 4. By target tokens.
   await page.click('a[data-x="tokens"]');
   view = await test.pageWaitFor(page, 'the compare view by tokens', readCompare,
-    (v) => v && v.hash.includes('x=tokens') && v.values.length === 4 && v.values[0].length === STEPS, 15000);
+    (v) => v && v.x === 'tokens' && v.hash.includes('x=tokens') && v.values.length === 4 && v.values[0].length === STEPS,
+    15000);
   const lastTokens = jobs.map((j) => j.points[j.points.length - 1].tokens);
   check(lastTokens.every((t) => Number.isInteger(t) && t > STEPS), `the API reports tokens per step (${lastTokens})`);
   check(view.xs[view.xs.length - 1] === Math.max(...lastTokens), `the x axis runs to the jobs' tokens (${view.xs[view.xs.length - 1]})`);
