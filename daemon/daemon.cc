@@ -302,7 +302,7 @@ StatusOr<pb::SubmitReply> Daemon::Submit(const pb::SubmitRequest& req) {
   if (spec.resources.device == DeviceRequest::kCuda) {
     FT_RETURN_IF_ERROR(CheckCudaTakesModel(spec, model, "cuda"));
   }
-  FT_RETURN_IF_ERROR(CheckSeqLenTakesModel(spec, model));
+  FT_RETURN_IF_ERROR(CheckJobTakesModel(spec, model));
   if (spec.train.max_steps <= 0) {
     return Status::InvalidArgument(file +
                                    ": train.max_steps: ftd needs max_steps (epochs are not planned yet)");

@@ -32,28 +32,29 @@ Status GetKey(const json& j, const std::string& key, const std::string& file, T*
   return Status::OK();
 }
 
-// Gemma's keys (FamilyTraits::gemma), with HF's Gemma3TextConfig defaults: the attention's
-// scale, the sliding layers (layer_types, or the older sliding_window_pattern) and their RoPE
-// base; soft-capping (Gemma 2's) is refused naming the key.
-Status ParseGemmaKeys(const json& j, const std::string& file, ModelConfig* c) {
-  c->query_pre_attn_scalar = 256;
-  FT_RETURN_IF_ERROR(GetKey(j, "query_pre_attn_scalar", file, &c->query_pre_attn_scalar, false));
-  c->rope_local_theta = 10000;
-  FT_RETURN_IF_ERROR(GetKey(j, "rope_local_base_freq", file, &c->rope_local_theta, false));
-  for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
-    if (auto it = j.find(key); it != j.end() && !it->is_null()) {
-      return Status::InvalidArgument(file + ": '" + key + "' (" + it->dump() +
-                                     ") asks for soft-capping, which the engine does not implement yet");
-    }
+// A number key that may be null for "none": *out = 0 then; absent keeps *out.
+Status GetOptionalNumber(const json& j, const std::string& key, const std::string& file, double* out) {
+  if (auto it = j.find(key); it != j.end() && it->is_null()) {
+    *out = 0;
+    return Status::OK();
   }
+  return GetKey(j, key, file, out, false);
+}
+
+// Which layers slide (ModelConfig::sliding_layers), for every family: layer_types when
+// config.json has it (newer transformers write it), else the family's older spelling: Gemma's
+// sliding_window_pattern (every n-th layer full) or Qwen's max_window_layers (layers from it
+// on slide, with use_sliding_window). Left empty (every layer alike) otherwise.
+Status ParseLayerTypes(const json& j, const FamilyTraits& family, const std::string& file, bool use_sliding,
+                       ModelConfig* c) {
   // A layer count out of Validate's range is refused there, before anything is sized by it.
   if (c->num_layers < 1 || c->num_layers > kMaxNumLayers) return Status::OK();
-  c->sliding_layers.assign(static_cast<size_t>(c->num_layers), 0);
   if (auto it = j.find("layer_types"); it != j.end() && !it->is_null()) {
     if (!it->is_array() || static_cast<int64_t>(it->size()) != c->num_layers) {
       return Status::InvalidArgument(file + ": 'layer_types' must list num_hidden_layers (" +
                                      std::to_string(c->num_layers) + ") attention types");
     }
+    c->sliding_layers.assign(static_cast<size_t>(c->num_layers), 0);
     for (size_t i = 0; i < it->size(); ++i) {
       const std::string type = (*it)[i].is_string() ? (*it)[i].get<std::string>() : (*it)[i].dump();
       if (type != "sliding_attention" && type != "full_attention") {
@@ -64,14 +65,38 @@ Status ParseGemmaKeys(const json& j, const std::string& file, ModelConfig* c) {
     }
     return Status::OK();
   }
-  int64_t pattern = 6;
-  FT_RETURN_IF_ERROR(GetKey(j, "sliding_window_pattern", file, &pattern, false));
-  if (pattern <= 0) {
-    return Status::InvalidArgument(file + ": 'sliding_window_pattern' must be positive, got " +
-                                   std::to_string(pattern));
+  if (family.sliding_pattern_default > 0) {
+    int64_t pattern = family.sliding_pattern_default;
+    FT_RETURN_IF_ERROR(GetKey(j, "sliding_window_pattern", file, &pattern, false));
+    if (pattern <= 0) {
+      return Status::InvalidArgument(file + ": 'sliding_window_pattern' must be positive, got " +
+                                     std::to_string(pattern));
+    }
+    c->sliding_layers.assign(static_cast<size_t>(c->num_layers), 0);
+    for (int64_t i = 0; i < c->num_layers; ++i) c->sliding_layers[i] = (i + 1) % pattern != 0;
+  } else if (family.max_window_layers_key && use_sliding) {
+    int64_t first = 28;  // Qwen2Config's default
+    FT_RETURN_IF_ERROR(GetKey(j, "max_window_layers", file, &first, false));
+    if (first < 0) {
+      return Status::InvalidArgument(file + ": 'max_window_layers' must be >= 0, got " +
+                                     std::to_string(first));
+    }
+    if (first == 0) return Status::OK();  // every layer slides: left empty, ModelConfig's "all alike"
+    c->sliding_layers.assign(static_cast<size_t>(c->num_layers), 0);
+    for (int64_t i = 0; i < c->num_layers; ++i) c->sliding_layers[i] = i >= first;
   }
-  for (int64_t i = 0; i < c->num_layers; ++i) c->sliding_layers[i] = (i + 1) % pattern != 0;
   return Status::OK();
+}
+
+// Gemma's keys (FamilyTraits::gemma), with HF's config defaults: the attention's scale, the
+// sliding layers' RoPE base (Gemma 3) and soft-capping (null: none).
+Status ParseGemmaKeys(const json& j, const FamilyTraits& family, const std::string& file, ModelConfig* c) {
+  c->query_pre_attn_scalar = 256;
+  FT_RETURN_IF_ERROR(GetKey(j, "query_pre_attn_scalar", file, &c->query_pre_attn_scalar, false));
+  if (family.rope_local_default > 0)
+    FT_RETURN_IF_ERROR(GetKey(j, "rope_local_base_freq", file, &c->rope_local_theta, false));
+  FT_RETURN_IF_ERROR(GetOptionalNumber(j, "attn_logit_softcapping", file, &c->attn_softcap));
+  return GetOptionalNumber(j, "final_logit_softcapping", file, &c->final_softcap);
 }
 
 // The smallest n with sliding_layers[i] == ((i + 1) % n != 0) for every layer (HF's older
@@ -84,6 +109,18 @@ int64_t SlidingPattern(const ModelConfig& c) {
     if (fits) return n;
   }
   return 0;
+}
+
+// The first sliding layer when every layer from it on slides and none before it (Qwen's
+// max_window_layers; 0 when every layer slides), or -1 when the layers are not of that shape.
+int64_t FirstOfSlidingSuffix(const ModelConfig& c) {
+  if (c.sliding_layers.empty()) return 0;
+  int64_t first = c.num_layers;
+  while (first > 0 && c.SlidingLayer(first - 1)) --first;
+  for (int64_t i = 0; i < first; ++i) {
+    if (c.SlidingLayer(i)) return -1;
+  }
+  return first;
 }
 
 }  // namespace
@@ -116,6 +153,7 @@ StatusOr<ModelConfig> ParseHfConfig(const std::string& text, const std::string& 
       !j.contains("max_position_embeddings") || j["max_position_embeddings"].is_null();
   FT_RETURN_IF_ERROR(GetKey(j, "rms_norm_eps", file, &c.rms_norm_eps, false));
   FT_RETURN_IF_ERROR(GetKey(j, "rope_theta", file, &c.rope_theta, false));
+  FT_RETURN_IF_ERROR(GetKey(j, "partial_rotary_factor", file, &c.partial_rotary_factor, false));
   FT_RETURN_IF_ERROR(GetKey(j, "tie_word_embeddings", file, &c.tie_word_embeddings, false));
   FT_RETURN_IF_ERROR(GetKey(j, "torch_dtype", file, &c.torch_dtype, false));
   FT_RETURN_IF_ERROR(GetKey(j, "bos_token_id", file, &c.bos_token_id, false));
@@ -140,10 +178,11 @@ StatusOr<ModelConfig> ParseHfConfig(const std::string& text, const std::string& 
   bool use_sliding = family->sliding_window_default;
   FT_RETURN_IF_ERROR(GetKey(j, "use_sliding_window", file, &use_sliding, false));
   if (family->gemma) {
-    c.sliding_window = 4096;  // Gemma3TextConfig's default
-    FT_RETURN_IF_ERROR(ParseGemmaKeys(j, file, &c));
+    c.sliding_window = 4096;  // Gemma2Config's and Gemma3TextConfig's default
+    FT_RETURN_IF_ERROR(ParseGemmaKeys(j, *family, file, &c));
   }
   if (use_sliding) FT_RETURN_IF_ERROR(GetKey(j, "sliding_window", file, &c.sliding_window, false));
+  FT_RETURN_IF_ERROR(ParseLayerTypes(j, *family, file, use_sliding, &c));
   if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) return Status::InvalidArgument(file + ": rope_scaling must be an object or null");
     const std::string where = file + " rope_scaling";
@@ -191,6 +230,7 @@ std::string HfConfigJson(const ModelConfig& c) {
   j["max_position_embeddings"] = c.max_position_embeddings;
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["rope_theta"] = c.rope_theta;
+  if (c.partial_rotary_factor != 1.0) j["partial_rotary_factor"] = c.partial_rotary_factor;
   if (c.rope_scaling.type == "llama3") {
     j["rope_scaling"] = {
         {"rope_type", "llama3"},
@@ -207,16 +247,23 @@ std::string HfConfigJson(const ModelConfig& c) {
   if (family.attention_bias_key) j["attention_bias"] = c.attention_bias;
   if (family.use_sliding_window_key) j["use_sliding_window"] = c.sliding_window > 0;
   j[family.gemma ? "hidden_activation" : "hidden_act"] = ActivationName(c.hidden_act);
+  auto or_null = [](double v) { return v > 0 ? json(v) : json(nullptr); };
   if (family.gemma) {
     j["query_pre_attn_scalar"] = c.query_pre_attn_scalar;
-    j["rope_local_base_freq"] = c.rope_local_theta;
-    j["attn_logit_softcapping"] = nullptr;
-    j["final_logit_softcapping"] = nullptr;
+    if (family.rope_local_default > 0) j["rope_local_base_freq"] = c.rope_local_theta;
+    j["attn_logit_softcapping"] = or_null(c.attn_softcap);
+    j["final_logit_softcapping"] = or_null(c.final_softcap);
+  }
+  if (!c.sliding_layers.empty()) {
     json types = json::array();
     for (int64_t i = 0; i < c.num_layers; ++i)
       types.push_back(c.SlidingLayer(i) ? "sliding_attention" : "full_attention");
-    j["layer_types"] = types;  // newer transformers read these; older ones the pattern
-    if (const int64_t pattern = SlidingPattern(c); pattern > 0) j["sliding_window_pattern"] = pattern;
+    j["layer_types"] = types;  // newer transformers read these; older ones the family's own key
+    const int64_t pattern = family.sliding_pattern_default > 0 ? SlidingPattern(c) : 0;
+    if (pattern > 0) j["sliding_window_pattern"] = pattern;
+  }
+  if (family.max_window_layers_key && c.sliding_window > 0) {
+    if (const int64_t first = FirstOfSlidingSuffix(c); first >= 0) j["max_window_layers"] = first;
   }
   j["torch_dtype"] = c.torch_dtype;
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;

@@ -91,12 +91,12 @@ Status ParseAdapter(const YamlMap& m, JobSpec::Adapter* s) {
   FT_RETURN_IF_ERROR(Require(s->dropout >= 0 && s->dropout < 1, m, "dropout", "must be in [0, 1)"));
   FT_RETURN_IF_ERROR(m.Get("rslora", &s->rslora));
   FT_RETURN_IF_ERROR(m.Get("target_modules", &s->target_modules));
-  std::vector<std::string> known;  // the model's module names (engine/model/model_config.h)
+  // Any family's module names (engine/model/model_config.h); whether the model has each is
+  // checked when it is read.
+  std::vector<std::string> known = AllModuleNames();
+  known.emplace_back(kAllLinear);
   std::string listed;
-  for (int i = 0; i < kNumModules; ++i) {
-    known.emplace_back(ModuleName(static_cast<ModuleKind>(i)));
-    listed += " " + known.back();
-  }
+  for (const std::string& name : known) listed += " " + name;
   for (const auto& t : s->target_modules) {
     if (std::find(known.begin(), known.end(), t) == known.end()) {
       std::string hint = ClosestMatch(t, known);

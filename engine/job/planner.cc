@@ -25,16 +25,14 @@ struct LinearShape {
 
 std::vector<LinearShape> Linears(const PlanRequest& r) {
   const ModelConfig& c = r.model;
-  const int64_t D = c.hidden_size, I = c.intermediate_size;
-  const int64_t dims[kNumModules][2] = {{D, c.q_dim()}, {D, c.kv_dim()}, {D, c.kv_dim()}, {c.q_dim(), D},
-                                        {D, I},         {D, I},          {I, D}};
   std::vector<LinearShape> out;
   for (int m = 0; m < kNumModules; ++m) {
-    const std::string name = ModuleName(static_cast<ModuleKind>(m));
+    const ModuleDims dims = ModuleShape(c, static_cast<ModuleKind>(m));
+    if (!dims.present()) continue;
+    const std::string name = ModuleName(c, static_cast<ModuleKind>(m));
     const bool adapted =
         !r.full && std::find(r.lora_targets.begin(), r.lora_targets.end(), name) != r.lora_targets.end();
-    out.push_back(
-        {dims[m][0], dims[m][1], adapted, c.attention_bias && m <= static_cast<int>(ModuleKind::kV)});
+    out.push_back({dims.in, dims.out, adapted, c.attention_bias && m <= static_cast<int>(ModuleKind::kV)});
   }
   return out;
 }
@@ -64,22 +62,28 @@ int64_t WorkspaceBytes(const PlanRequest& r, int64_t rows, int64_t max_linear) {
   const int64_t chunk =
       r.loss_chunk_rows > 0 ? r.loss_chunk_rows : std::max<int64_t>(1, kLossChunkFloats / V);
   const int64_t widest = rows * std::max({D, I, Q});
+  // A linear's output: with fused projections (Phi-3) qkv_proj's q + 2 kv or gate_up_proj's 2 I.
+  const int64_t fused_out = c.fused_projections ? std::max(Q + 2 * KV, 2 * I) : 0;
+  const int64_t widest_out = std::max(widest, rows * fused_out);
   return rows * (4 * D + 2 * Q + 2 * KV + 3 * I) * kF32  // grad, dh, dn, dxf; dq, datt; dk, dv; dg, du, dact
          + (c.qk_norm ? rows * (Q + KV) * kF32 : 0)      // dqp, dkp: through the q/k norms
          + (c.gemma ? rows * D * kF32 : 0)               // dpre: through a sandwich norm
          + rows * lora_r * kF32                          // dxa
          + (r.lora_dropout > 0 ? widest * kF32 : 0)      // dropped-out input
-         + (low ? (widest + rows * lora_r) * kF32 : 0)   // a linear's and LoRA's fp32 results before storing
-         + std::min(rows, chunk) * V * kF32              // logits chunk
-         + std::min(rows, chunk) * D * (act + kF32)      // the head's gathered rows and their gradient
-         + rows * 6 * 4                                  // int32 batch inputs (4), head rows and targets
-         + 2 * r.seq_len * (c.head_dim / 2) * kF32       // RoPE cos/sin
+         +
+         (low ? (widest_out + rows * lora_r) * kF32 : 0)  // a linear's and LoRA's fp32 results before storing
+         + rows * fused_out * (act + kF32)                // a fused output before its split; its gradient
+         + std::min(rows, chunk) * V * kF32               // logits chunk
+         + std::min(rows, chunk) * D * (act + kF32)       // the head's gathered rows and their gradient
+         + rows * 6 * 4                                   // int32 batch inputs (4), head rows and targets
+         + 2 * r.seq_len * (c.rotary_dim() / 2) * kF32    // RoPE cos/sin
          + (r.nf4 ? max_linear * (low ? 2 : kF32) : 0)  // one NF4 linear dequantised to its GEMM operand type
          // CUDA under bf16/fp16 (engine/model/cuda_backend.cu): the 16-bit copies of fp32 GEMM operands
          // (a full fine-tune's weight, a gradient; kept for LoRA too, whose frozen weights need none
          // now: an upper bound). Its typed ops read 16-bit activations in place: no fp32 staging but
          // a full fine-tune's loss head (fp32 weights) widening its 16-bit input, forward and backward.
-         + (cuda && low ? (max_linear + widest) * 2 + (r.full ? 2 * std::min(rows, chunk) * D * kF32 : 0) : 0)
+         + (cuda && low ? (max_linear + widest_out) * 2 + (r.full ? 2 * std::min(rows, chunk) * D * kF32 : 0)
+                        : 0)
          // CUDA: the attention backward's row deltas, a full fine-tune's RMSNorm weight-gradient partials
          // (kernels/cuda/norm.cu: one row of D per 64 rows).
          + (cuda ? rows * H * kF32 + (r.full ? (rows + 63) / 64 * D * kF32 : 0) : 0);
@@ -233,7 +237,13 @@ Status CheckCudaTakesModel(const JobSpec& spec, const ModelConfig& model, const 
                                  "; use resources.device: cpu");
 }
 
-Status CheckSeqLenTakesModel(const JobSpec& spec, const ModelConfig& model) {
+Status CheckJobTakesModel(const JobSpec& spec, const ModelConfig& model) {
+  if (spec.adapter.type == AdapterType::kLora) {
+    if (Status s = ResolveTargetModules(model, spec.adapter.target_modules).status(); !s.ok()) {
+      return Status::InvalidArgument(spec.file + ": adapter.target_modules: " + std::string(s.message()) +
+                                     " (model.path " + spec.model.path + ")");
+    }
+  }
   if (!model.max_position_embeddings_unset && spec.data.seq_len > model.max_position_embeddings) {
     // Positions past the model's context were never trained (RoPE beyond its range): refused, not
     // trained into a model that behaves well only on short inputs.
@@ -244,11 +254,7 @@ Status CheckSeqLenTakesModel(const JobSpec& spec, const ModelConfig& model) {
         ", the longest sequence the model takes; use seq_len <= " +
         std::to_string(model.max_position_embeddings) + " or a model with a longer context");
   }
-  if (model.sliding_window <= 0 || spec.data.seq_len <= model.sliding_window) return Status::OK();
-  return Status::Unimplemented(
-      spec.file + ": data.seq_len " + std::to_string(spec.data.seq_len) +
-      " exceeds the model's sliding_window " + std::to_string(model.sliding_window) +
-      " (sliding-window attention is not implemented); use seq_len <= sliding_window");
+  return Status::OK();
 }
 
 PlanRequest PlanRequestFromJob(const JobSpec& spec, const ModelConfig& model, DeviceKind device,
@@ -261,7 +267,9 @@ PlanRequest PlanRequestFromJob(const JobSpec& spec, const ModelConfig& model, De
   r.double_quant = spec.model.double_quant;
   r.full = spec.adapter.type == AdapterType::kFull;
   r.lora_r = spec.adapter.r;
-  r.lora_targets = spec.adapter.target_modules;
+  // all-linear: the model's modules (names the model lacks are refused by CheckJobTakesModel).
+  auto targets = ResolveTargetModules(model, spec.adapter.target_modules);
+  r.lora_targets = targets.ok() ? *targets : spec.adapter.target_modules;
   r.lora_dropout = spec.adapter.dropout;
   r.seq_len = spec.data.seq_len;
   r.activation_checkpointing = spec.train.activation_checkpointing != ActivationCheckpointing::kOff;

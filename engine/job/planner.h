@@ -115,15 +115,15 @@ int64_t FixedMicroBatch(const JobSpec& spec, int64_t world);
 // ft-train checks before it loads the model, ftd when the job is submitted.
 Status CheckCudaTakesModel(const JobSpec& spec, const ModelConfig& model, const std::string& how);
 
-// OK unless the model has a sliding_window (config.json) shorter than
-// data.seq_len: then Unimplemented "<job file>: data.seq_len 64 exceeds the
-// model's sliding_window 32 (sliding-window attention is not implemented);
-// use seq_len <= sliding_window"; or its config.json gives a
-// max_position_embeddings below data.seq_len: then InvalidArgument naming
-// both, the config.json and the fix (a config.json without the key is not
+// OK unless the job does not fit the model: a LoRA adapter.target_modules
+// naming a module the model's family lacks (a Llama's qkv_proj, a Phi-3's
+// q_proj: InvalidArgument "<job file>: adapter.target_modules: module 'q_proj'
+// is not a module of a phi3 model (its modules: ...)"), or a config.json
+// whose max_position_embeddings is below data.seq_len (InvalidArgument naming
+// both, the config.json and the fix; a config.json without the key is not
 // checked). ft-train checks before it loads the model, ftd when the job is
 // submitted.
-Status CheckSeqLenTakesModel(const JobSpec& spec, const ModelConfig& model);
+Status CheckJobTakesModel(const JobSpec& spec, const ModelConfig& model);
 
 // Builds a request from a job and the model's config.
 PlanRequest PlanRequestFromJob(const JobSpec& spec, const ModelConfig& model, DeviceKind device,

@@ -215,6 +215,10 @@ class Backend {
   virtual CopyStats copy_stats() = 0;
   // Device -> device copy (non-overlapping).
   virtual void Copy(void* dst, const void* src, int64_t bytes) = 0;
+  // For each of `rows` rows: the first `width` bytes of src's row into dst's, rows `src_pitch` /
+  // `dst_pitch` bytes apart (a block of columns of a row-major matrix; cudaMemcpy2D's contract).
+  virtual void Copy2D(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t width,
+                      int64_t rows) = 0;
   // x[0..n) = 0.
   virtual void Zero(float* x, int64_t n) = 0;
   // Waits for every op called so far; the first recorded failure, if any.
@@ -238,8 +242,10 @@ class Backend {
   virtual void RmsNormBackward(ConstAct x, const float* w, const float* rstd, const float* dy, int64_t rows,
                                int64_t D, float* dx, float* dw) = 0;
   // positions: device int32 [rows]; cos/sin tables device [max_pos, hd/2].
-  virtual void RopeApply(Act x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions,
-                         const float* cos_table, const float* sin_table, bool inverse) = 0;
+  // rotary: the dims of each head that turn (cpu::RopeApply's partial rotary; hd for all).
+  virtual void RopeApply(Act x, int64_t rows, int64_t heads, int64_t hd, int64_t rotary,
+                         const int32_t* positions, const float* cos_table, const float* sin_table,
+                         bool inverse) = 0;
   // `naive` asks for the reference form that materialises the scores; a
   // backend without one runs its flash form (the same definition).
   // segments: device int32 [rows] or nullptr. lse [batch, Hq, seq].
@@ -264,7 +270,7 @@ class Backend {
   // -100 = ignored), in a fixed order; dlogits (nullable, may alias logits)
   // = grad_scale * (softmax - onehot). Read loss_sum with CopyToHost.
   virtual void CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V,
-                            float grad_scale, float* dlogits, double* loss_sum) = 0;
+                            float grad_scale, float* dlogits, double* loss_sum, float softcap) = 0;
   // out[layout.n] = cpu::DequantizeNf4Blob of the NF4 blob (kernels/cpu/nf4.h)
   // at `blob`, a tensor's codes and scales in this backend's memory, bit for
   // bit: how a QLoRA model's frozen weights, kept at about half a byte per
@@ -276,6 +282,7 @@ class Backend {
   // ---- Elementwise and reductions -----------------------------------------
   virtual void Axpy(int64_t n, float alpha, ConstAct x, float* y) = 0;  // y += alpha x
   virtual void Scale(int64_t n, float alpha, float* x) = 0;             // x *= alpha
+  virtual void SoftCap(int64_t n, float cap, float* x) = 0;             // x = cap tanh(x / cap)
   // y[rows, n] += bias[n] per row.
   virtual void AddBias(float* y, const float* bias, int64_t rows, int64_t n) = 0;
   // dbias[n] += Σ_rows dy[r, n], rows in order.

@@ -58,6 +58,13 @@ class CpuBackend final : public Backend {
   void Copy(void* dst, const void* src, int64_t bytes) override {
     if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
   }
+  void Copy2D(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t width,
+              int64_t rows) override {
+    for (int64_t r = 0; r < rows && width > 0; ++r) {
+      std::memcpy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch,
+                  static_cast<size_t>(width));
+    }
+  }
   void CopyToDeviceAsync(void* dst, const void* host_src, int64_t bytes) override {
     InlineCopy(dst, host_src, bytes, true, &stats_);
   }
@@ -106,11 +113,11 @@ class CpuBackend final : public Backend {
       cpu::RmsNormBackward<float, S>(x.as<S>(), w, rstd, dy, rows, D, dx, dw);
     });
   }
-  void RopeApply(Act x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions,
+  void RopeApply(Act x, int64_t rows, int64_t heads, int64_t hd, int64_t rotary, const int32_t* positions,
                  const float* cos_table, const float* sin_table, bool inverse) override {
     WithStorage(x.dtype, [&](auto tag) {
       using S = decltype(tag);
-      cpu::RopeApply<float, S>(x.as<S>(), rows, heads, hd, positions, cos_table, sin_table, inverse);
+      cpu::RopeApply<float, S>(x.as<S>(), rows, heads, hd, positions, cos_table, sin_table, inverse, rotary);
     });
   }
   void AttentionForward(GemmOperands /*fp32 math either way*/, const cpu::AttentionShape& s, ConstAct q,
@@ -170,8 +177,8 @@ class CpuBackend final : public Backend {
     cpu::EmbeddingBackward<float>(dout, ids, rows, D, dtable);
   }
   void CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V, float grad_scale,
-                    float* dlogits, double* loss_sum) override {
-    *loss_sum += cpu::CrossEntropy<float>(logits, targets, rows, V, grad_scale, dlogits);
+                    float* dlogits, double* loss_sum, float softcap) override {
+    *loss_sum += cpu::CrossEntropy<float>(logits, targets, rows, V, grad_scale, dlogits, softcap);
   }
   void DequantizeNf4(const cpu::Nf4Layout& layout, const void* blob, Act out) override {
     const auto* codes = static_cast<const uint8_t*>(blob);
@@ -194,6 +201,7 @@ class CpuBackend final : public Backend {
     });
   }
   void Scale(int64_t n, float alpha, float* x) override { cpu::Scale<float>(n, alpha, x); }
+  void SoftCap(int64_t n, float cap, float* x) override { cpu::SoftCap<float>(n, cap, x); }
   void AddBias(float* y, const float* bias, int64_t rows, int64_t n) override {
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t j = 0; j < n; ++j) y[r * n + j] += bias[j];

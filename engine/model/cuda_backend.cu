@@ -233,6 +233,15 @@ class CudaBackend final : public Backend {
         CudaStatus(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, stream_),
                    "cudaMemcpyAsync (device to device)"));
   }
+  void Copy2D(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t width,
+              int64_t rows) override {
+    if (!status_.ok() || width <= 0 || rows <= 0) return;
+    FT_TIME_OP(cuda_op::kCopy);
+    Record(CudaStatus(cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_pitch), src,
+                                        static_cast<size_t>(src_pitch), static_cast<size_t>(width),
+                                        static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, stream_),
+                      "cudaMemcpy2DAsync (device to device)"));
+  }
   void Zero(float* x, int64_t n) override {
     if (!status_.ok() || n <= 0) return;
     FT_TIME_OP(cuda_op::kZero);
@@ -367,13 +376,14 @@ class CudaBackend final : public Backend {
       Record(cuda::RmsNormBackward(x.as<T>(), w, rstd, dy, rows, D, dx, dw, ws, stream_));
     });
   }
-  void RopeApply(Act x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions,
+  void RopeApply(Act x, int64_t rows, int64_t heads, int64_t hd, int64_t rotary, const int32_t* positions,
                  const float* cos_table, const float* sin_table, bool inverse) override {
     if (!status_.ok()) return;
     FT_TIME_OP(cuda_op::kRope);
     WithStorage(x.dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
-      Record(cuda::RopeApply(x.as<T>(), rows, heads, hd, positions, cos_table, sin_table, inverse, stream_));
+      Record(cuda::RopeApply(x.as<T>(), rows, heads, hd, positions, cos_table, sin_table, inverse, stream_,
+                             rotary));
     });
   }
   static cuda::AttentionMath Math(GemmOperands operands) {
@@ -451,13 +461,13 @@ class CudaBackend final : public Backend {
     Record(cuda::EmbeddingBackward<float>(dout, ids, rows, D, dtable, stream_));
   }
   void CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V, float grad_scale,
-                    float* dlogits, double* loss_sum) override {
+                    float* dlogits, double* loss_sum, float softcap) override {
     if (!status_.ok()) return;
     FT_TIME_OP(cuda_op::kCrossEntropy);
     float* row_loss = Workspace(row_loss_, rows * 4);
     if (!status_.ok()) return;
     Record(cuda::CrossEntropy<float>(logits, targets, rows, V, grad_scale, dlogits, row_loss, loss_sum,
-                                     stream_));
+                                     stream_, softcap));
   }
   void DequantizeNf4(const cpu::Nf4Layout& layout, const void* blob, Act out) override {
     if (!status_.ok()) return;
@@ -493,6 +503,11 @@ class CudaBackend final : public Backend {
     if (!status_.ok() || n <= 0) return;
     FT_TIME_OP(cuda_op::kScale);
     Record(cuda::Scale<float>(n, alpha, x, stream_));
+  }
+  void SoftCap(int64_t n, float cap, float* x) override {
+    if (!status_.ok() || n <= 0) return;
+    FT_TIME_OP(cuda_op::kSoftCap);
+    Record(cuda::SoftCap(n, cap, x, stream_));
   }
   void AddBias(float* y, const float* bias, int64_t rows, int64_t n) override {
     if (!status_.ok() || rows * n <= 0) return;

@@ -124,6 +124,9 @@ void CudaCostBackend::CopyToHostAsync(void*, const void*, int64_t bytes) {
 void CudaCostBackend::Copy(void*, const void*, int64_t bytes) {
   if (bytes > 0) Record(op::kCopy, 1, 0, 2 * D(bytes));
 }
+void CudaCostBackend::Copy2D(void*, int64_t, const void*, int64_t, int64_t width, int64_t rows) {
+  if (width * rows > 0) Record(op::kCopy, 1, 0, 2 * D(width * rows));
+}
 void CudaCostBackend::Zero(float*, int64_t n) {
   if (n > 0) Record(op::kZero, 1, 0, 4 * D(n));
 }
@@ -194,18 +197,28 @@ void CudaCostBackend::RmsNormBackward(ConstAct x, const float*, const float*, co
   Record(op::kRmsNormBackward, dw != nullptr ? 3 : 1, flops, bytes);
 }
 
-void CudaCostBackend::RopeApply(Act x, int64_t rows, int64_t heads, int64_t hd, const int32_t*, const float*,
-                                const float*, bool) {
-  const int64_t n = rows * heads * hd;
+void CudaCostBackend::RopeApply(Act x, int64_t rows, int64_t heads, int64_t /*hd*/, int64_t rotary,
+                                const int32_t*, const float*, const float*, bool) {
+  const int64_t n = rows * heads * rotary;  // the turned dims only
   // x read and written, the tables' n / 2 (cos, sin) pairs read.
   Record(op::kRope, 1, 3 * D(n), D(n) * D(2 * Bytes(x.dtype) + 4) + 4 * D(rows));
 }
 
 namespace {
-// Query-key pairs a causal attention of `s` computes (per batch row and head).
-double CausalPairs(const cpu::AttentionShape& s) {
-  const double past = D(s.keys() - s.seq);
-  return D(s.seq) * past + D(s.seq) * D(s.seq + 1) / 2;
+// Query-key pairs a causal attention of `s` computes (per batch row and head):
+// query i, at position n - 1 = i + past, sees min(n, window) keys (n without
+// a window), so a sliding window bounds the work by seq * window (the
+// kernels skip the key tiles outside it; the partial tiles at its edges are
+// not counted).
+double VisiblePairs(const cpu::AttentionShape& s) {
+  const int64_t first = s.past() + 1, last = s.past() + s.seq;  // n over the queries
+  const int64_t window = s.window > 0 ? std::min(s.window, last) : last;
+  double pairs = 0;
+  const int64_t below_end = std::min(last, window);  // n <= window: n keys
+  if (below_end >= first) pairs += (D(first) + D(below_end)) * D(below_end - first + 1) / 2;
+  const int64_t capped_begin = std::max(first, window + 1);  // n > window: window keys
+  if (last >= capped_begin) pairs += D(window) * D(last - capped_begin + 1);
+  return pairs;
 }
 }  // namespace
 
@@ -213,8 +226,8 @@ void CudaCostBackend::AttentionForward(GemmOperands operands, const cpu::Attenti
                                        ConstAct, ConstAct, const int32_t*, Act, float*, bool) {
   const int64_t hd = s.head_dim, q_n = s.batch * s.seq * s.q_heads * hd,
                 kv_n = s.batch * s.keys() * s.kv_heads * hd;
-  // QK^T and PV over the causal pairs; q, k, v read once, out and lse written (k, v, out in q's storage).
-  const double flops = 4 * D(s.batch * s.q_heads * hd) * CausalPairs(s);
+  // QK^T and PV over the visible pairs; q, k, v read once, out and lse written (k, v, out in q's storage).
+  const double flops = 4 * D(s.batch * s.q_heads * hd) * VisiblePairs(s);
   Record(op::kAttentionForward, 1, flops,
          D(2 * q_n + 2 * kv_n) * D(Bytes(q.dtype)) + 4 * D(s.batch * s.q_heads * s.seq),
          operands == GemmOperands::kBF16);
@@ -228,7 +241,7 @@ void CudaCostBackend::AttentionBackward(GemmOperands operands, const cpu::Attent
   Workspace(att_ws_, rows * 4);
   // QK^T recomputed, dV, dP, dQ, dK: five products over the pairs; a delta kernel and two tile kernels.
   // Read: q, k, v, out (their storage), dout twice; written: dq, dk, dv (fp32); lse, delta.
-  const double flops = 10 * D(s.batch * s.q_heads * hd) * CausalPairs(s);
+  const double flops = 10 * D(s.batch * s.q_heads * hd) * VisiblePairs(s);
   const double bytes = D(2 * q_n + 2 * kv_n) * D(Bytes(q.dtype)) + 4 * D(3 * q_n + 2 * kv_n + 3 * rows);
   Record(op::kAttentionBackward, 3, flops, bytes, operands == GemmOperands::kBF16);
 }
@@ -261,7 +274,7 @@ void CudaCostBackend::EmbeddingBackward(const float*, const int32_t*, int64_t ro
 }
 
 void CudaCostBackend::CrossEntropy(const float*, const int32_t*, int64_t rows, int64_t V, float,
-                                   float* dlogits, double*) {
+                                   float* dlogits, double*, float) {
   Workspace(row_loss_, rows * 4);
   Record(op::kCrossEntropy, 2, 5 * D(rows * V), 4 * D(rows * V) * (dlogits != nullptr ? 2 : 1) + 8 * D(rows));
 }
@@ -276,6 +289,9 @@ void CudaCostBackend::Axpy(int64_t n, float, ConstAct x, float*) {
 }
 void CudaCostBackend::Scale(int64_t n, float, float*) {
   if (n > 0) Record(op::kScale, 1, D(n), 8 * D(n));
+}
+void CudaCostBackend::SoftCap(int64_t n, float, float*) {
+  if (n > 0) Record(op::kSoftCap, 1, 3 * D(n), 8 * D(n));  // a divide, tanh, a multiply
 }
 void CudaCostBackend::AddBias(float*, const float*, int64_t rows, int64_t n) {
   if (rows * n > 0) Record(op::kBiasAdd, 1, D(rows * n), 8 * D(rows * n) + 4 * D(n));

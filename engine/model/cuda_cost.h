@@ -83,6 +83,8 @@ class CudaCostBackend final : public Backend {
   void WaitForCopies() override {}
   CopyStats copy_stats() override { return {}; }
   void Copy(void* dst, const void* src, int64_t bytes) override;
+  void Copy2D(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t width,
+              int64_t rows) override;
   void Zero(float* x, int64_t n) override;
   Status Synchronize() override { return Status::OK(); }
   StatusOr<std::pair<int64_t, int64_t>> MemoryInfo() override;
@@ -93,7 +95,7 @@ class CudaCostBackend final : public Backend {
                       float* rstd) override;
   void RmsNormBackward(ConstAct x, const float* w, const float* rstd, const float* dy, int64_t rows,
                        int64_t D, float* dx, float* dw) override;
-  void RopeApply(Act x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions,
+  void RopeApply(Act x, int64_t rows, int64_t heads, int64_t hd, int64_t rotary, const int32_t* positions,
                  const float* cos_table, const float* sin_table, bool inverse) override;
   void AttentionForward(GemmOperands operands, const cpu::AttentionShape& s, ConstAct q, ConstAct k,
                         ConstAct v, const int32_t* segments, Act out, float* lse, bool naive) override;
@@ -107,10 +109,11 @@ class CudaCostBackend final : public Backend {
   void EmbeddingBackward(const float* dout, const int32_t* ids, int64_t rows, int64_t D,
                          float* dtable) override;
   void CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V, float grad_scale,
-                    float* dlogits, double* loss_sum) override;
+                    float* dlogits, double* loss_sum, float softcap) override;
   void DequantizeNf4(const cpu::Nf4Layout& layout, const void* blob, Act out) override;
   void Axpy(int64_t n, float alpha, ConstAct x, float* y) override;
   void Scale(int64_t n, float alpha, float* x) override;
+  void SoftCap(int64_t n, float cap, float* x) override;
   void AddBias(float* y, const float* bias, int64_t rows, int64_t n) override;
   void BiasGrad(const float* dy, int64_t rows, int64_t n, float* dbias) override;
   void RoundToBf16(float* x, int64_t n) override;

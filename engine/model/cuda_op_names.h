@@ -36,6 +36,7 @@ inline constexpr char kCrossEntropy[] = "cross entropy";
 inline constexpr char kNf4Dequantize[] = "nf4 dequantize";
 inline constexpr char kAxpy[] = "axpy";
 inline constexpr char kScale[] = "scale";
+inline constexpr char kSoftCap[] = "soft-cap";
 inline constexpr char kBiasAdd[] = "bias add";
 inline constexpr char kBiasGrad[] = "bias grad";
 inline constexpr char kRoundBf16[] = "bf16 rounding";

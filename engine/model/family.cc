@@ -16,7 +16,8 @@ constexpr std::string_view kVision =
     "a vision-language model (vision tower), which the engine does not train";
 
 // Traits as the published HF modeling code of each family has them (transformers 4.5x):
-// LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM.
+// LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM,
+// Gemma3ForCausalLM, Phi3ForCausalLM (Phi-3 and Phi-4).
 constexpr FamilyTraits kFamilies[] = {
     {.model_type = "llama", .architecture = "LlamaForCausalLM"},
     {.model_type = "mistral", .architecture = "MistralForCausalLM", .sliding_window_default = true},
@@ -24,19 +25,38 @@ constexpr FamilyTraits kFamilies[] = {
      .architecture = "Qwen2ForCausalLM",
      .qkv_bias = true,
      .attention_bias_key = false,
-     .use_sliding_window_key = true},
+     .use_sliding_window_key = true,
+     .max_window_layers_key = true},
     {.model_type = "qwen3",
      .architecture = "Qwen3ForCausalLM",
      .qk_norm = true,
-     .use_sliding_window_key = true},
+     .use_sliding_window_key = true,
+     .max_window_layers_key = true},
+    // Gemma2ForCausalLM: soft-capped scores and logits, sliding and full layers alternating.
+    {.model_type = "gemma2",
+     .architecture = "Gemma2ForCausalLM",
+     .sliding_window_default = true,
+     .gemma = true,
+     .sliding_pattern_default = 2,
+     .attn_softcap_default = 50,
+     .final_softcap_default = 30,
+     .activation_default = Activation::kGeluTanh,
+     .tie_default = true},
     // Gemma3ForCausalLM: sliding_window applies to its sliding layers (no use_sliding_window key).
     {.model_type = "gemma3_text",
      .architecture = "Gemma3ForCausalLM",
      .qk_norm = true,
      .sliding_window_default = true,
      .gemma = true,
+     .sliding_pattern_default = 6,
+     .rope_local_default = 10000,
      .activation_default = Activation::kGeluTanh,
      .tie_default = true},
+    // Phi3ForCausalLM (Phi-3, Phi-4): fused projections; sliding_window on every layer when set.
+    {.model_type = "phi3",
+     .architecture = "Phi3ForCausalLM",
+     .sliding_window_default = true,
+     .fused_projections = true},
     // Known, not trainable: each says why.
     {.model_type = "mixtral", .refused = kMoe},
     {.model_type = "qwen2_moe", .refused = kMoe},
@@ -79,6 +99,10 @@ void ApplyFamily(const FamilyTraits& family, ModelConfig* c) {
   c->attention_bias = family.qkv_bias;
   c->hidden_act = family.activation_default;
   c->tie_word_embeddings = family.tie_default;
+  c->rope_local_theta = family.rope_local_default;
+  c->attn_softcap = family.attn_softcap_default;
+  c->final_softcap = family.final_softcap_default;
+  c->fused_projections = family.fused_projections;
 }
 
 std::string SupportedFamilies() {

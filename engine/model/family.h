@@ -37,6 +37,22 @@ struct FamilyTraits {
   // from query_pre_attn_scalar; sliding layers (layer_types or sliding_window_pattern) use
   // rope_local_base_freq; config.json spells the activation hidden_activation.
   bool gemma = false;
+  // Gemma: without layer_types, every n-th layer is full and the others sliding (HF's
+  // sliding_window_pattern default: Gemma 3's 6; Gemma 2 alternates, 2). 0: no pattern.
+  int sliding_pattern_default = 0;
+  // Gemma: config.json's rope_local_base_freq (the sliding layers' RoPE base) and its default;
+  // 0: the family has no such key (Gemma 2's sliding layers share rope_theta).
+  double rope_local_default = 0;
+  // Gemma: attn_logit_softcapping / final_logit_softcapping when config.json does not say
+  // (Gemma 2: 50 and 30; Gemma 3: none). Read for every Gemma family.
+  double attn_softcap_default = 0;
+  double final_softcap_default = 0;
+  // Qwen: with use_sliding_window, layers from max_window_layers on slide (when config.json
+  // has no layer_types); the default is Qwen2Config's.
+  bool max_window_layers_key = false;
+  // Phi-3: q/k/v and gate/up are fused linears, self_attn.qkv_proj and mlp.gate_up_proj
+  // (ModelConfig::fused_projections); config.json may set partial_rotary_factor.
+  bool fused_projections = false;
   // The gate activation and tie_word_embeddings when config.json does not say.
   Activation activation_default = Activation::kSilu;
   bool tie_default = false;

@@ -73,6 +73,11 @@ class GuardedCpuBackend final : public Backend {
     Open o(this);
     inner_->Copy(dst, src, bytes);
   }
+  void Copy2D(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t width,
+              int64_t rows) override {
+    Open o(this);
+    inner_->Copy2D(dst, dst_pitch, src, src_pitch, width, rows);
+  }
   void CopyToDeviceAsync(void* dst, const void* host_src, int64_t bytes) override {
     pending_.push_back({dst, host_src, bytes, true});
   }
@@ -117,10 +122,10 @@ class GuardedCpuBackend final : public Backend {
     Open o(this);
     inner_->RmsNormBackward(x, w, rstd, dy, rows, D, dx, dw);
   }
-  void RopeApply(Act x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions,
+  void RopeApply(Act x, int64_t rows, int64_t heads, int64_t hd, int64_t rotary, const int32_t* positions,
                  const float* cos_table, const float* sin_table, bool inverse) override {
     Open o(this);
-    inner_->RopeApply(x, rows, heads, hd, positions, cos_table, sin_table, inverse);
+    inner_->RopeApply(x, rows, heads, hd, rotary, positions, cos_table, sin_table, inverse);
   }
   void AttentionForward(GemmOperands operands, const cpu::AttentionShape& s, ConstAct q, ConstAct k,
                         ConstAct v, const int32_t* segments, Act out, float* lse, bool naive) override {
@@ -152,9 +157,9 @@ class GuardedCpuBackend final : public Backend {
     inner_->EmbeddingBackward(dout, ids, rows, D, dtable);
   }
   void CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V, float grad_scale,
-                    float* dlogits, double* loss_sum) override {
+                    float* dlogits, double* loss_sum, float softcap) override {
     Open o(this);
-    inner_->CrossEntropy(logits, targets, rows, V, grad_scale, dlogits, loss_sum);
+    inner_->CrossEntropy(logits, targets, rows, V, grad_scale, dlogits, loss_sum, softcap);
   }
   void DequantizeNf4(const cpu::Nf4Layout& layout, const void* blob, Act out) override {
     Open o(this);
@@ -168,6 +173,10 @@ class GuardedCpuBackend final : public Backend {
   void Scale(int64_t n, float alpha, float* x) override {
     Open o(this);
     inner_->Scale(n, alpha, x);
+  }
+  void SoftCap(int64_t n, float cap, float* x) override {
+    Open o(this);
+    inner_->SoftCap(n, cap, x);
   }
   void AddBias(float* y, const float* bias, int64_t rows, int64_t n) override {
     Open o(this);

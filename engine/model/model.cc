@@ -51,6 +51,9 @@ struct Model::Activations {
   // Typed storage: a linear's fp32 result (rows, widest output) and LoRA's
   // x·Aᵀ (rows, r) before they are stored in the activation dtype.
   DeviceBuffer y32, xa32;
+  // Fused projections (Phi-3): qkv_proj's or gate_up_proj's output before its columns are split
+  // into q, k, v / gate, up (typed), and the fp32 gradient joined from theirs.
+  DeviceBuffer fused, dfused;
   // The micro-batch's integer inputs (int32 [rows] each) and the loss sum (one double).
   DeviceBuffer ids, targets, positions, segments, loss_sum;
   // The loss head on the rows with a target only (HeadForwardBackward): their indices and
@@ -65,7 +68,7 @@ Model::Model(ModelConfig config, ModelOptions options)
       backend_(options_.backend ? options_.backend : *CreateBackend(DeviceKind::kCpu)) {
   const ModelConfig& c = config_;
   FT_CHECK(c.Validate("config").ok());
-  const int64_t D = c.hidden_size, I = c.intermediate_size;
+  const int64_t D = c.hidden_size;
   act_dtype_ = ActivationDType(options_.dtype);
   const int64_t embed_bytes = c.vocab_size * D * ActDTypeBytes(act_dtype_);
   embed_ = backend_->AllocBytes(embed_bytes, MemCategory::kWeights);
@@ -75,8 +78,6 @@ Model::Model(ModelConfig config, ModelOptions options)
   if (!options_.nf4 && options_.dtype != ComputeDType::kF32) {
     weight_format_ = act_dtype_;
   }
-  const int64_t dims[kNumModules][2] = {{D, c.q_dim()}, {D, c.kv_dim()}, {D, c.kv_dim()}, {c.q_dim(), D},
-                                        {D, I},         {D, I},          {I, D}};
   for (auto& layer : layers_) {
     layer.attn_norm = backend_->Alloc(D, MemCategory::kWeights);
     layer.mlp_norm = backend_->Alloc(D, MemCategory::kWeights);
@@ -90,8 +91,10 @@ Model::Model(ModelConfig config, ModelOptions options)
     }
     for (int m = 0; m < kNumModules; ++m) {
       Linear& lin = layer.proj[m];
-      lin.in = dims[m][0];
-      lin.out = dims[m][1];
+      const ModuleDims dims = ModuleShape(c, static_cast<ModuleKind>(m));
+      if (!dims.present()) continue;  // a fused family's empty slot
+      lin.in = dims.in;
+      lin.out = dims.out;
       // NF4 blobs are allocated when the weight is set (SetLinearWeight).
       const int64_t bytes = lin.in * lin.out * (weight_format_ ? 2 : 4);
       DeviceBuffer* storage = weight_format_ ? &lin.w16 : options_.nf4 ? nullptr : &lin.w;
@@ -134,7 +137,8 @@ std::vector<NamedTensor> Model::NamedWeights() {
     for (const NormRef& n : LayerNorms(layer)) out.push_back({p + n.name, {n.w->size()}, n.w->data()});
     for (int m = 0; m < kNumModules; ++m) {
       Linear& lin = layer.proj[m];
-      const std::string name = p + ModulePath(static_cast<ModuleKind>(m));
+      if (lin.out == 0) continue;  // a fused family's empty slot
+      const std::string name = p + ModulePath(config_, static_cast<ModuleKind>(m));
       out.push_back({name + ".weight",
                      {lin.out, lin.in},
                      // An NF4, 16-bit or offloaded linear has no float device buffer, unless
@@ -155,12 +159,12 @@ Status Model::EnableLora(const LoraSpec& spec) {
   if (spec.dropout < 0 || spec.dropout >= 1)
     return Status::InvalidArgument("adapter.dropout must be in [0, 1)");
   if (spec.target_modules.empty()) return Status::InvalidArgument("adapter.target_modules is empty");
+  FT_ASSIGN_OR_RETURN(const std::vector<std::string> names,
+                      ResolveTargetModules(config_, spec.target_modules));
   std::vector<ModuleKind> targets;
-  for (const auto& name : spec.target_modules) {
-    FT_ASSIGN_OR_RETURN(ModuleKind m, ParseModuleName(name));
-    targets.push_back(m);
-  }
+  for (const auto& name : names) targets.push_back(*ParseModuleName(config_, name));
   lora_spec_ = spec;
+  lora_spec_.target_modules = names;  // all-linear: the model's names (what adapter_config.json lists)
   lora_enabled_ = true;
   for (int l = 0; l < config_.num_layers; ++l) {
     for (ModuleKind m : targets) {
@@ -218,6 +222,7 @@ Status Model::EnableFullTraining() {
     for (const NormRef& n : LayerNorms(layer))
       *n.grad = backend_->Alloc(n.w->size(), MemCategory::kGradients);
     for (auto& lin : layer.proj) {
+      if (lin.out == 0) continue;  // a fused family's empty slot
       lin.dw = backend_->Alloc(lin.w.size(), MemCategory::kGradients);
       if (!lin.bias.empty()) lin.dbias = backend_->Alloc(lin.bias.size(), MemCategory::kGradients);
     }
@@ -236,7 +241,7 @@ void Model::ReserveNf4Weights() {
   if (!options_.nf4) return;
   for (auto& layer : layers_) {
     for (Linear& lin : layer.proj) {
-      if (!lin.nf4.empty()) continue;
+      if (!lin.nf4.empty() || lin.out == 0) continue;
       lin.nf4_layout = cpu::Nf4BlobLayoutFor(lin.in * lin.out, options_.nf4_config);
       lin.nf4 = AllocFrozen(lin.nf4_layout.bytes);
     }
@@ -358,6 +363,7 @@ void Model::StageLayer(int l) {
     gather_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   } else {
     for (int m = 0; m < kNumModules; ++m) {
+      if (layers_[l].proj[m].out == 0) continue;  // a fused family's empty slot
       const DeviceBuffer& b = FrozenStorage(layers_[l].proj[m]);
       backend_->CopyToDeviceAsync(stage_[slot].as<char>() + stage_at_[m], b.data(), b.bytes());
     }
@@ -376,6 +382,7 @@ void Model::ShardFrozenWeights() {
   for (DecoderLayer& layer : layers_) {
     std::fill(image.begin(), image.end(), 0);
     for (int m = 0; m < kNumModules; ++m) {
+      if (layer.proj[m].out == 0) continue;  // a fused family's empty slot
       DeviceBuffer& b = FrozenStorage(layer.proj[m]);
       FT_CHECK(b.host());  // loaded into host memory (AllocFrozen)
       std::memcpy(image.data() + stage_at_[m], b.data(), static_cast<size_t>(b.bytes()));
@@ -465,6 +472,7 @@ std::vector<TrainableParam> Model::TrainableParams() {
     for (auto& layer : layers_) {
       for (const NormRef& n : LayerNorms(layer)) attach(n.grad->data(), false);
       for (auto& lin : layer.proj) {
+        if (lin.out == 0) continue;  // as NamedWeights: a fused family's empty slot
         attach(lin.dw.data(), true);
         if (!lin.bias.empty()) attach(lin.dbias.data(), false);
       }
@@ -479,7 +487,8 @@ std::vector<TrainableParam> Model::TrainableParams() {
       Linear& lin = layers_[l].proj[m];
       if (!lin.lora) continue;
       LoraWeights& lw = *lin.lora;
-      const std::string base = "base_model.model." + LayerPrefix(l) + ModulePath(static_cast<ModuleKind>(m));
+      const std::string base =
+          "base_model.model." + LayerPrefix(l) + ModulePath(config_, static_cast<ModuleKind>(m));
       out.push_back({base + ".lora_A.weight", {lw.r, lw.in}, lw.a.data(), lw.da.data(), lw.a.size(), true});
       out.push_back({base + ".lora_B.weight", {lw.out, lw.r}, lw.b.data(), lw.db.data(), lw.b.size(), true});
     }
@@ -516,7 +525,7 @@ float* Model::HeadGrad() {
 
 void Model::EnsureRope(int64_t max_pos) {
   if (max_pos <= rope_len_) return;
-  const int64_t half = config_.head_dim / 2;
+  const int64_t half = config_.rotary_dim() / 2;
   // The tables of every layer, and of the sliding layers when they have a RoPE base of their own.
   for (const bool local : {false, true}) {
     if (local && config_.rope_local_theta <= 0) break;
@@ -608,9 +617,15 @@ void Model::EnsureActivations(int64_t rows, int64_t batch) {
     a->dxa = backend_->Alloc(rows * r, ws);
     if (lora_spec_.dropout > 0) a->drop = backend_->Alloc(rows * std::max({D, I, Q}), ws);
   }
+  int64_t widest_out = std::max({D, I, Q});  // a linear's output (a fused one's: q + 2 kv, 2 I)
+  for (int m = 0; m < kNumModules; ++m) widest_out = std::max(widest_out, layers_[0].proj[m].out);
   if (act_dtype_ != ActDType::kF32) {
-    a->y32 = backend_->Alloc(rows * std::max({D, I, Q}), ws);
+    a->y32 = backend_->Alloc(rows * widest_out, ws);
     if (r > 0) a->xa32 = backend_->Alloc(rows * r, ws);
+  }
+  if (c.fused_projections) {
+    a->fused = AllocAct(rows * widest_out, ws);
+    a->dfused = backend_->Alloc(rows * widest_out, ws);
   }
   const int64_t chunk =
       options_.loss_chunk_rows > 0 ? options_.loss_chunk_rows : std::max<int64_t>(1, kLossChunkFloats / V);
@@ -708,11 +723,15 @@ std::pair<const float*, const float*> Model::RopeTables(int l) const {
   return {rope_cos_.data(), rope_sin_.data()};
 }
 
-cpu::AttentionShape Model::AttentionShapeOf(const MicroBatch& mb) const {
+cpu::AttentionShape Model::AttentionShapeOf(const MicroBatch& mb, int l) const {
   const ModelConfig& c = config_;
   const double scale_dim =
       c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : static_cast<double>(c.head_dim);
-  return {mb.batch, mb.seq, c.num_heads, c.num_kv_heads, c.head_dim, 1.0 / std::sqrt(scale_dim)};
+  cpu::AttentionShape s{mb.batch,       mb.seq,     c.num_heads,
+                        c.num_kv_heads, c.head_dim, 1.0 / std::sqrt(scale_dim)};
+  s.window = c.LayerWindow(l);
+  s.softcap = c.attn_softcap;
+  return s;
 }
 
 ActDType ActivationDType(ComputeDType dtype) {
@@ -777,6 +796,31 @@ void Model::LinearForward(int l, ModuleKind m, ConstAct x, int64_t rows, Act y, 
   if (typed) backend_->Convert(ConstAct(y32), rows * lin.out, y);
 }
 
+void Model::SplitColumns(ConstAct fused, int64_t rows, std::initializer_list<std::pair<Act, int64_t>> parts) {
+  const int64_t es = ActDTypeBytes(fused.dtype);
+  int64_t width = 0;
+  for (const auto& part : parts) width += part.second;
+  int64_t col = 0;
+  for (const auto& [dst, cols] : parts) {
+    FT_CHECK(dst.dtype == fused.dtype);
+    backend_->Copy2D(dst.data, cols * es, static_cast<const char*>(fused.data) + col * es, width * es,
+                     cols * es, rows);
+    col += cols;
+  }
+}
+
+void Model::JoinColumns(std::initializer_list<std::pair<const float*, int64_t>> parts, int64_t rows,
+                        float* fused) {
+  const int64_t es = static_cast<int64_t>(sizeof(float));
+  int64_t width = 0;
+  for (const auto& part : parts) width += part.second;
+  int64_t col = 0;
+  for (const auto& [src, cols] : parts) {
+    backend_->Copy2D(fused + col, width * es, src, cols * es, cols * es, rows);
+    col += cols;
+  }
+}
+
 ConstAct Model::RoundedOperand(const float* x, int64_t n, DeviceBuffer& buf) {
   const Act out(buf.data(), act_dtype_);
   backend_->Convert(ConstAct(x), n, out);
@@ -836,20 +880,26 @@ void Model::LayerForward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs& 
   // Typed tensors are stored rounded by the ops that write them.
   backend_->RmsNormForward(x_in, NormWeight(layer.attn_norm), rows, D, eps, A(a.n1), a.rstd1.data());
   // With q/k norms the projections write qp and kp, normed per head into q and k.
-  LinearForward(l, ModuleKind::kQ, A(a.n1), rows, A(c.qk_norm ? a.qp : a.q), xa(ModuleKind::kQ));
-  LinearForward(l, ModuleKind::kK, A(a.n1), rows, A(c.qk_norm ? a.kp : a.k), xa(ModuleKind::kK));
-  LinearForward(l, ModuleKind::kV, A(a.n1), rows, A(a.v), xa(ModuleKind::kV));
+  const Act q_out = A(c.qk_norm ? a.qp : a.q), k_out = A(c.qk_norm ? a.kp : a.k);
+  if (c.fused_projections) {  // one qkv_proj, its columns split into q, k and v
+    LinearForward(l, ModuleKind::kQ, A(a.n1), rows, A(acts_->fused), xa(ModuleKind::kQ));
+    SplitColumns(A(acts_->fused), rows, {{q_out, c.q_dim()}, {k_out, c.kv_dim()}, {A(a.v), c.kv_dim()}});
+  } else {
+    LinearForward(l, ModuleKind::kQ, A(a.n1), rows, q_out, xa(ModuleKind::kQ));
+    LinearForward(l, ModuleKind::kK, A(a.n1), rows, k_out, xa(ModuleKind::kK));
+    LinearForward(l, ModuleKind::kV, A(a.n1), rows, A(a.v), xa(ModuleKind::kV));
+  }
   if (c.qk_norm) {
     backend_->RmsNormForward(A(a.qp), NormWeight(layer.q_norm), rows * c.num_heads, c.head_dim, eps, A(a.q),
                              a.rstdq.data());
     backend_->RmsNormForward(A(a.kp), NormWeight(layer.k_norm), rows * c.num_kv_heads, c.head_dim, eps,
                              A(a.k), a.rstdk.data());
   }
-  backend_->RopeApply(A(a.q), rows, c.num_heads, c.head_dim, acts_->positions.as<int32_t>(), rope_cos,
-                      rope_sin, false);
-  backend_->RopeApply(A(a.k), rows, c.num_kv_heads, c.head_dim, acts_->positions.as<int32_t>(), rope_cos,
-                      rope_sin, false);
-  cpu::AttentionShape shape = AttentionShapeOf(mb);
+  backend_->RopeApply(A(a.q), rows, c.num_heads, c.head_dim, c.rotary_dim(), acts_->positions.as<int32_t>(),
+                      rope_cos, rope_sin, false);
+  backend_->RopeApply(A(a.k), rows, c.num_kv_heads, c.head_dim, c.rotary_dim(),
+                      acts_->positions.as<int32_t>(), rope_cos, rope_sin, false);
+  cpu::AttentionShape shape = AttentionShapeOf(mb, l);
   const int32_t* seg = acts_->has_segments ? acts_->segments.as<int32_t>() : nullptr;
   ConstAct keys = A(a.k), values = A(a.v);
   if (decode_cache_) {  // this sequence's new keys and values go after the cached ones
@@ -872,8 +922,13 @@ void Model::LayerForward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs& 
   }
 
   backend_->RmsNormForward(A(a.h), NormWeight(layer.mlp_norm), rows, D, eps, A(a.n2), a.rstd2.data());
-  LinearForward(l, ModuleKind::kGate, A(a.n2), rows, A(a.g), xa(ModuleKind::kGate));
-  LinearForward(l, ModuleKind::kUp, A(a.n2), rows, A(a.u), xa(ModuleKind::kUp));
+  if (c.fused_projections) {  // one gate_up_proj: gate, then up
+    LinearForward(l, ModuleKind::kGate, A(a.n2), rows, A(acts_->fused), xa(ModuleKind::kGate));
+    SplitColumns(A(acts_->fused), rows, {{A(a.g), I}, {A(a.u), I}});
+  } else {
+    LinearForward(l, ModuleKind::kGate, A(a.n2), rows, A(a.g), xa(ModuleKind::kGate));
+    LinearForward(l, ModuleKind::kUp, A(a.n2), rows, A(a.u), xa(ModuleKind::kUp));
+  }
   backend_->GluForward(c.hidden_act, A(a.g), A(a.u), rows * I, A(a.act));
   const ConstAct h = A(a.h);
   if (c.gemma) {  // sandwich: out = h + norm(down(act)); the normed output passes through x_out
@@ -910,10 +965,16 @@ void Model::LayerBackward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs&
   Round(w.dact.data(), rows * I);
   backend_->GluBackward(c.hidden_act, A(a.g), A(a.u), w.dact.data(), rows * I, w.dg.data(), w.du.data());
   // dg and du rounded by their linears' backward (round_dy), as dq, dk and dv below.
-  LinearBackward(l, ModuleKind::kGate, A(a.n2), xa(ModuleKind::kGate), w.dg.data(), rows, w.dn.data(), false,
-                 true);
-  LinearBackward(l, ModuleKind::kUp, A(a.n2), xa(ModuleKind::kUp), w.du.data(), rows, w.dn.data(), true,
-                 true);
+  if (c.fused_projections) {
+    JoinColumns({{w.dg.data(), I}, {w.du.data(), I}}, rows, w.dfused.data());
+    LinearBackward(l, ModuleKind::kGate, A(a.n2), xa(ModuleKind::kGate), w.dfused.data(), rows, w.dn.data(),
+                   false, true);
+  } else {
+    LinearBackward(l, ModuleKind::kGate, A(a.n2), xa(ModuleKind::kGate), w.dg.data(), rows, w.dn.data(),
+                   false, true);
+    LinearBackward(l, ModuleKind::kUp, A(a.n2), xa(ModuleKind::kUp), w.du.data(), rows, w.dn.data(), true,
+                   true);
+  }
   Round(w.dn.data(), rows * D);
   backend_->RmsNormBackward(A(a.h), NormWeight(layer.mlp_norm), a.rstd2.data(), w.dn.data(), rows, D,
                             w.dh.data(), full_training_ ? layer.dmlp_norm.data() : nullptr);
@@ -927,14 +988,14 @@ void Model::LayerBackward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs&
               : w.dh.data();
   LinearBackward(l, ModuleKind::kO, A(a.att), xa(ModuleKind::kO), dout, rows, w.datt.data(), false);
   Round(w.datt.data(), rows * c.q_dim());
-  const cpu::AttentionShape shape = AttentionShapeOf(mb);
+  const cpu::AttentionShape shape = AttentionShapeOf(mb, l);
   const int32_t* seg = acts_->has_segments ? acts_->segments.as<int32_t>() : nullptr;
   backend_->AttentionBackward(LinearOperands(), shape, A(a.q), A(a.k), A(a.v), seg, A(a.att), a.lse.data(),
                               w.datt.data(), w.dq.data(), w.dk.data(), w.dv.data());
-  backend_->RopeApply(w.dq.data(), rows, c.num_heads, c.head_dim, acts_->positions.as<int32_t>(), rope_cos,
-                      rope_sin, true);
-  backend_->RopeApply(w.dk.data(), rows, c.num_kv_heads, c.head_dim, acts_->positions.as<int32_t>(), rope_cos,
-                      rope_sin, true);
+  backend_->RopeApply(w.dq.data(), rows, c.num_heads, c.head_dim, c.rotary_dim(),
+                      acts_->positions.as<int32_t>(), rope_cos, rope_sin, true);
+  backend_->RopeApply(w.dk.data(), rows, c.num_kv_heads, c.head_dim, c.rotary_dim(),
+                      acts_->positions.as<int32_t>(), rope_cos, rope_sin, true);
   float* dq = w.dq.data();  // the gradient of the q projection's output
   float* dk = w.dk.data();
   if (c.qk_norm) {  // back through the per-head norms (their weights' gradients under full training)
@@ -947,9 +1008,16 @@ void Model::LayerBackward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs&
     dq = w.dqp.data();
     dk = w.dkp.data();
   }
-  LinearBackward(l, ModuleKind::kQ, A(a.n1), xa(ModuleKind::kQ), dq, rows, w.dn.data(), false, true);
-  LinearBackward(l, ModuleKind::kK, A(a.n1), xa(ModuleKind::kK), dk, rows, w.dn.data(), true, true);
-  LinearBackward(l, ModuleKind::kV, A(a.n1), xa(ModuleKind::kV), w.dv.data(), rows, w.dn.data(), true, true);
+  if (c.fused_projections) {
+    JoinColumns({{dq, c.q_dim()}, {dk, c.kv_dim()}, {w.dv.data(), c.kv_dim()}}, rows, w.dfused.data());
+    LinearBackward(l, ModuleKind::kQ, A(a.n1), xa(ModuleKind::kQ), w.dfused.data(), rows, w.dn.data(), false,
+                   true);
+  } else {
+    LinearBackward(l, ModuleKind::kQ, A(a.n1), xa(ModuleKind::kQ), dq, rows, w.dn.data(), false, true);
+    LinearBackward(l, ModuleKind::kK, A(a.n1), xa(ModuleKind::kK), dk, rows, w.dn.data(), true, true);
+    LinearBackward(l, ModuleKind::kV, A(a.n1), xa(ModuleKind::kV), w.dv.data(), rows, w.dn.data(), true,
+                   true);
+  }
   Round(w.dn.data(), rows * D);
   backend_->RmsNormBackward(x_in, NormWeight(layer.attn_norm), a.rstd1.data(), w.dn.data(), rows, D, dx,
                             full_training_ ? layer.dattn_norm.data() : nullptr);
@@ -1003,9 +1071,11 @@ LossResult Model::HeadForwardBackward(const MicroBatch& mb, ConstAct x_last, flo
     }
     backend_->Gemm(HeadOperands(), false, true, n, V, D, 1.0f, xf, D, HeadWeight(), D, 0.0f, lg, V);
     Round(lg, n * V);
+    const float cap = static_cast<float>(config_.final_softcap);  // Gemma 2: cap · tanh(logits / cap)
+    if (cap > 0) backend_->SoftCap(n * V, cap, lg);
     if (logits)
       backend_->CopyToHost(logits->data() + r0 * V, lg, static_cast<int64_t>(sizeof(float)) * n * V);
-    backend_->CrossEntropy(lg, targets + r0, n, V, grad_scale, backward ? lg : nullptr, loss_sum);
+    backend_->CrossEntropy(lg, targets + r0, n, V, grad_scale, backward ? lg : nullptr, loss_sum, cap);
     if (!backward) continue;
     // lg now holds d(loss)/d(logits) for these rows.
     float* dx = gather ? w.head_dx.data() : w.dxf.data() + r0 * D;
@@ -1080,12 +1150,6 @@ StatusOr<std::vector<float>> Model::Decode(const std::vector<int32_t>& ids, KvCa
   if (cache->length_ + n > cache->capacity_) {
     return Status::InvalidArgument("Decode: " + std::to_string(cache->length_ + n) +
                                    " positions do not fit a KV cache of " + std::to_string(cache->capacity_));
-  }
-  if (config_.sliding_window > 0 && cache->length_ + n > config_.sliding_window) {
-    return Status::InvalidArgument("Decode: " + std::to_string(cache->length_ + n) +
-                                   " positions exceed the model's sliding_window " +
-                                   std::to_string(config_.sliding_window) +
-                                   " (sliding-window attention is not implemented); generate fewer tokens");
   }
   MicroBatch mb;
   mb.batch = 1;

@@ -22,10 +22,12 @@
 #pragma once
 
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/model/backend.h"
@@ -321,7 +323,12 @@ class Model {
   void RefreshNormWeights();
   // out = a + b, rounded to the activation dtype once (a residual add: torch's x + bf16 y).
   void AddResidual(ConstAct a, ConstAct b, int64_t n, Act out);
-  cpu::AttentionShape AttentionShapeOf(const MicroBatch& mb) const;
+  cpu::AttentionShape AttentionShapeOf(const MicroBatch& mb, int l) const;
+  // Fused projections (Phi-3): the [rows, Σ cols] output of qkv_proj / gate_up_proj into its
+  // column blocks (each [rows, cols], the same dtype), and the blocks' fp32 gradients back into
+  // one [rows, Σ cols].
+  void SplitColumns(ConstAct fused, int64_t rows, std::initializer_list<std::pair<Act, int64_t>> parts);
+  void JoinColumns(std::initializer_list<std::pair<const float*, int64_t>> parts, int64_t rows, float* fused);
   // Uploads the batch and runs the embedding and every layer forward; returns the last layer's output.
   // `for_backward`: a backward follows (offloaded layer inputs are copied out for it).
   ConstAct ForwardLayers(const MicroBatch& mb, bool for_backward);

@@ -1,5 +1,6 @@
 #include "engine/model/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <numbers>
@@ -34,6 +35,8 @@ Status ValidateNumbers(const ModelConfig& c, const std::string& file) {
       {static_cast<double>(c.sliding_window), "sliding_window", -1, double{1 << 24}, true},
       {c.query_pre_attn_scalar, "query_pre_attn_scalar", 0, 1e6, c.query_pre_attn_scalar != 0},
       {c.rope_local_theta, "rope_local_base_freq", 0, 1e12, c.rope_local_theta != 0},
+      {c.attn_softcap, "attn_logit_softcapping", 0, 1e6, c.attn_softcap != 0},
+      {c.final_softcap, "final_logit_softcapping", 0, 1e6, c.final_softcap != 0},
   };
   for (const Range& b : ranges) {
     if (!b.used || (std::isfinite(b.value) && b.value > b.low && b.value <= b.high)) continue;
@@ -52,7 +55,9 @@ Status ModelConfig::Validate(const std::string& file) const {
   const struct {
     bool config, family;
     const char* what;
-  } traits[] = {{qk_norm, family->qk_norm, "q/k norms"}, {gemma, family->gemma, "Gemma's norms and scales"}};
+  } traits[] = {{qk_norm, family->qk_norm, "q/k norms"},
+                {gemma, family->gemma, "Gemma's norms and scales"},
+                {fused_projections, family->fused_projections, "fused projections"}};
   for (const auto& t : traits) {
     if (t.config == t.family) continue;
     return Status::InvalidArgument(file + ": model_type '" + model_type +
@@ -92,6 +97,13 @@ Status ModelConfig::Validate(const std::string& file) const {
   }
   if (head_dim % 2 != 0)
     return Status::InvalidArgument(file + ": head_dim must be even for rotary embeddings");
+  if (!(partial_rotary_factor > 0 && partial_rotary_factor <= 1) || rotary_dim() < 2 ||
+      rotary_dim() % 2 != 0) {
+    return Status::InvalidArgument(file + ": 'partial_rotary_factor' " +
+                                   std::to_string(partial_rotary_factor) +
+                                   " must be in (0, 1] and turn an even number (>= 2) of the head's " +
+                                   std::to_string(head_dim) + " dims");
+  }
   FT_RETURN_IF_ERROR(ValidateNumbers(*this, file));
   const RopeScaling& r = rope_scaling;
   if (r.type == "llama3" && !(r.high_freq_factor > r.low_freq_factor)) {
@@ -101,12 +113,12 @@ Status ModelConfig::Validate(const std::string& file) const {
 }
 
 std::vector<double> RopeInverseFrequencies(const ModelConfig& c, bool local) {
-  const int64_t half = c.head_dim / 2;
+  const int64_t rotary = c.rotary_dim(), half = rotary / 2;  // HF: frequencies over the rotary dims
   local = local && c.rope_local_theta > 0;
   const double theta = local ? c.rope_local_theta : c.rope_theta;
   std::vector<double> inv(half);
   for (int64_t i = 0; i < half; ++i) {
-    inv[i] = 1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(c.head_dim));
+    inv[i] = 1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(rotary));
   }
   if (local) return inv;  // HF's Gemma 3: the local rotary embedding is the default one
   const RopeScaling& s = c.rope_scaling;
@@ -166,8 +178,21 @@ StatusOr<ModelConfig> PresetModelConfig(const std::string& name) {
     c.rope_theta = 1000000;
     c.rope_local_theta = 10000;
     c.rms_norm_eps = 1e-6;
-    c.sliding_window = 512;
+    c.sliding_window = 16;  // shorter than the tests' sequences: the window is exercised
     c.sliding_layers = {1, 0};
+  } else if (name == "tiny-gemma2") {  // Gemma 2 2B's traits: alternating layers, soft-capping
+    ApplyFamily(**FindFamily("gemma2", "preset"), &c);  // tied, GELU-tanh, caps 50 / 30
+    c.head_dim = 32;
+    c.query_pre_attn_scalar = 24;
+    c.rms_norm_eps = 1e-6;
+    c.sliding_window = 16;
+    c.sliding_layers = {1, 0};
+    c.attn_softcap = 2;  // small enough to bend a tiny random model's scores and logits
+    c.final_softcap = 1.5;
+  } else if (name == "tiny-phi3") {  // Phi-3's traits: fused projections, Phi-4-mini's partial rotary
+    ApplyFamily(**FindFamily("phi3", "preset"), &c);
+    c.partial_rotary_factor = 0.75;
+    c.sliding_window = 16;  // every layer's, shorter than the tests' sequences
   } else if (name == "tiny-tied") {
     c.tie_word_embeddings = true;
     c.num_layers = 3;
@@ -180,9 +205,10 @@ StatusOr<ModelConfig> PresetModelConfig(const std::string& name) {
     c.num_kv_heads = 4;
     c.head_dim = 32;
   } else {
-    return Status::NotFound(
-        "unknown model preset '" + name +
-        "' (known: tiny-llama, tiny-qwen2, tiny-qwen3, tiny-gemma3, tiny-tied, bench, bench16)");
+    return Status::NotFound("unknown model preset '" + name +
+                            "' (known: tiny-llama, tiny-qwen2, tiny-qwen3, tiny-gemma2, tiny-gemma3, "
+                            "tiny-phi3, tiny-tied, bench, "
+                            "bench16)");
   }
   return c;
 }
@@ -202,23 +228,80 @@ StatusOr<Activation> ParseActivation(const std::string& name, const std::string&
 }
 
 namespace {
-constexpr const char* kModuleNames[kNumModules] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                                   "gate_proj", "up_proj", "down_proj"};
+// Per slot: its name in a family with separate projections and in one with fused ones ("": none).
+struct ModuleRow {
+  const char* name;
+  const char* fused_name;
+};
+constexpr ModuleRow kModuleRows[kNumModules] = {{"q_proj", "qkv_proj"},
+                                                {"k_proj", ""},
+                                                {"v_proj", ""},
+                                                {"o_proj", "o_proj"},
+                                                {"gate_proj", "gate_up_proj"},
+                                                {"up_proj", ""},
+                                                {"down_proj", "down_proj"}};
 bool IsAttention(ModuleKind m) { return static_cast<int>(m) <= static_cast<int>(ModuleKind::kO); }
 }  // namespace
 
-const char* ModuleName(ModuleKind m) { return kModuleNames[static_cast<int>(m)]; }
-
-std::string ModulePath(ModuleKind m) {
-  return std::string(IsAttention(m) ? "self_attn." : "mlp.") + ModuleName(m);
+ModuleDims ModuleShape(const ModelConfig& c, ModuleKind m) {
+  const int64_t D = c.hidden_size, I = c.intermediate_size;
+  const int64_t fused = c.fused_projections ? 1 : 0;
+  const ModuleDims dims[kNumModules] = {{D, c.q_dim() + fused * 2 * c.kv_dim()},
+                                        {D, c.kv_dim()},
+                                        {D, c.kv_dim()},
+                                        {c.q_dim(), D},
+                                        {D, I + fused * I},
+                                        {D, I},
+                                        {I, D}};
+  if (*ModuleName(c, m) == '\0') return {};
+  return dims[static_cast<int>(m)];
 }
 
-StatusOr<ModuleKind> ParseModuleName(const std::string& name) {
+const char* ModuleName(const ModelConfig& c, ModuleKind m) {
+  const ModuleRow& row = kModuleRows[static_cast<int>(m)];
+  return c.fused_projections ? row.fused_name : row.name;
+}
+
+std::string ModulePath(const ModelConfig& c, ModuleKind m) {
+  return std::string(IsAttention(m) ? "self_attn." : "mlp.") + ModuleName(c, m);
+}
+
+std::vector<std::string> ModuleNames(const ModelConfig& c) {
+  std::vector<std::string> names;
   for (int i = 0; i < kNumModules; ++i) {
-    if (name == kModuleNames[i]) return static_cast<ModuleKind>(i);
+    const std::string slot = ModuleName(c, static_cast<ModuleKind>(i));
+    if (!slot.empty()) names.push_back(slot);
   }
-  return Status::InvalidArgument("unknown module '" + name +
-                                 "' (known: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
+  return names;
+}
+
+StatusOr<ModuleKind> ParseModuleName(const ModelConfig& c, const std::string& name) {
+  std::string known;
+  for (int i = 0; i < kNumModules; ++i) {
+    const std::string slot = ModuleName(c, static_cast<ModuleKind>(i));
+    if (slot.empty()) continue;
+    if (name == slot) return static_cast<ModuleKind>(i);
+    known += (known.empty() ? "" : ", ") + slot;
+  }
+  return Status::InvalidArgument("module '" + name + "' is not a module of a " + c.model_type +
+                                 " model (its modules: " + known + ", or " + kAllLinear + " for all)");
+}
+
+StatusOr<std::vector<std::string>> ResolveTargetModules(const ModelConfig& c,
+                                                        const std::vector<std::string>& names) {
+  if (names.size() == 1 && names[0] == kAllLinear) return ModuleNames(c);
+  for (const std::string& name : names) FT_RETURN_IF_ERROR(ParseModuleName(c, name).status());
+  return names;
+}
+
+std::vector<std::string> AllModuleNames() {
+  std::vector<std::string> names;
+  for (const ModuleRow& row : kModuleRows) names.emplace_back(row.name);
+  for (const ModuleRow& row : kModuleRows) {
+    if (*row.fused_name != '\0' && std::find(names.begin(), names.end(), row.fused_name) == names.end())
+      names.emplace_back(row.fused_name);
+  }
+  return names;
 }
 
 Status CheckHeadDimForDevice(DeviceKind kind, int64_t head_dim) {

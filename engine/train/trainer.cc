@@ -322,7 +322,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, std::uni
   FT_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, ChooseBackend(spec, config));
   FT_ASSIGN_OR_RETURN(auto memory, backend->MemoryInfo());  // {free, total} bytes of the device
   FT_ASSIGN_OR_RETURN(tr->plan_, ChooseBatchPlan(spec, config, memory.first, tr->ranks_->world()));
-  FT_RETURN_IF_ERROR(CheckSeqLenTakesModel(spec, config));
+  FT_RETURN_IF_ERROR(CheckJobTakesModel(spec, config));
   FT_RETURN_IF_ERROR(tr->BuildModel(config, backend));
   FT_RETURN_IF_ERROR(tr->OpenData(config));
   tr->BuildOptimizer(backend);

@@ -12,6 +12,12 @@
 // P = exp(S - lse) from the saved lse and, with D_i = dout_i · out_i,
 //   dS = P ∘ (dout Vᵀ - D),  dQ += scale dS K,  dK += scale dSᵀ Q,  dV += Pᵀ dout.
 //
+// A sliding window (s.window) hides key j from query i when i + past - j >=
+// window: key tiles wholly before the window are skipped, so the cost is
+// O(seq * window). Soft-capping (s.softcap = c) replaces a scaled score x by
+// c tanh(x / c) before the mask; the backward multiplies dS by its derivative
+// 1 - tanh² = 1 - (S / c)², computed from the recomputed capped S.
+//
 // The tile products are Gemm calls on strided views of the [rows, heads * hd]
 // tensors (no copies); exp is internal::FastExp (fast_math.h), which
 // vectorises. AttentionForwardNaive, the reference, uses std::exp.
@@ -44,6 +50,7 @@ constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 
 void CheckShape(const AttentionShape& s, const int32_t* segments) {
   FT_CHECK(s.batch >= 0 && s.seq >= 0 && s.head_dim > 0 && s.past() >= 0);
+  FT_CHECK(s.window >= 0 && s.softcap >= 0);
   FT_CHECK(s.q_heads > 0 && s.kv_heads > 0 && s.q_heads % s.kv_heads == 0);
   FT_CHECK(segments == nullptr || s.past() == 0);  // no segments with a KV cache
 }
@@ -67,19 +74,37 @@ struct Tile {
   int64_t i0, rows, j0, cols;
 };
 
-// S[rows, cols] = scale * Q_tile K_tileᵀ, with -inf where key j is not visible
-// to query i (j > i + past, or another segment).
+// The first key query i (at position i + past) sees: 0, or the window's start.
+int64_t FirstVisibleKey(const AttentionShape& s, int64_t i) {
+  return s.window > 0 ? std::max<int64_t>(0, i + s.past() - s.window + 1) : 0;
+}
+
+// x -> c tanh(x / c) in place (Gemma 2's soft-capping); c = 0: unchanged.
 template <typename T>
-void TileScores(const Tile& t, HeadView<const T> q, HeadView<const T> k, int64_t hd, T scale,
-                const int32_t* seg, T* S, int64_t past = 0) {
-  Gemm<T>(false, true, t.rows, t.cols, hd, scale, q.Row(t.i0), q.ld, k.Row(t.j0), k.ld, T(0), S, t.cols);
+void SoftCap(T* x, int64_t n, double softcap) {
+  if (softcap <= 0) return;
+  const T c = static_cast<T>(softcap);
+  for (int64_t e = 0; e < n; ++e) x[e] = c * std::tanh(x[e] / c);
+}
+
+// S[rows, cols] = scale * Q_tile K_tileᵀ (soft-capped), with -inf where key j
+// is not visible to query i (j > i + past, before the window, or another segment).
+template <typename T>
+void TileScores(const Tile& t, const AttentionShape& s, HeadView<const T> q, HeadView<const T> k,
+                const int32_t* seg, T* S) {
+  const int64_t past = s.past();
+  Gemm<T>(false, true, t.rows, t.cols, s.head_dim, static_cast<T>(s.scale), q.Row(t.i0), q.ld, k.Row(t.j0),
+          k.ld, T(0), S, t.cols);
+  SoftCap(S, t.rows * t.cols, s.softcap);
   for (int64_t r = 0; r < t.rows; ++r) {
     const int64_t i = t.i0 + r;
     T* row = S + r * t.cols;
     const int64_t causal_end = std::clamp<int64_t>(i + past - t.j0 + 1, 0, t.cols);  // keys j <= i + past
+    const int64_t window_begin = std::clamp<int64_t>(FirstVisibleKey(s, i) - t.j0, 0, causal_end);
+    std::fill(row, row + window_begin, kNegInf<T>);
     std::fill(row + causal_end, row + t.cols, kNegInf<T>);
     if (seg == nullptr) continue;
-    for (int64_t c = 0; c < causal_end; ++c) {
+    for (int64_t c = window_begin; c < causal_end; ++c) {
       if (seg[t.j0 + c] != seg[i]) row[c] = kNegInf<T>;
     }
   }
@@ -114,11 +139,12 @@ void FlashForwardHead(const AttentionShape& s, HeadView<const T> q, HeadView<con
     m.assign(rows, kNegInf<T>);
     l.assign(rows, T(0));
     acc.assign(rows * hd, T(0));
-    // Causal: keys past the tile's last query are never visible.
+    // Causal: keys past the tile's last query are never visible; with a
+    // window, nor keys before its first query's window.
     const int64_t key_end = i0 + rows + past;
-    for (int64_t j0 = 0; j0 < key_end; j0 += kKeyTile) {
+    for (int64_t j0 = FirstVisibleKey(s, i0); j0 < key_end; j0 += kKeyTile) {
       const Tile t{i0, rows, j0, std::min(kKeyTile, key_end - j0)};
-      TileScores(t, q, k, hd, static_cast<T>(s.scale), seg, S.data(), past);
+      TileScores(t, s, q, k, seg, S.data());
       for (int64_t r = 0; r < rows; ++r) {
         OnlineSoftmaxRow(&S[r * t.cols], t.cols, hd, m[r], l[r], &acc[r * hd]);
       }
@@ -140,11 +166,12 @@ void NaiveForwardHead(const AttentionShape& s, HeadView<const T> q, HeadView<con
   const T scale = static_cast<T>(s.scale);
   std::vector<T> scores(seq * keys, kNegInf<T>);  // [query, key]; -inf = not visible
   for (int64_t i = 0; i < seq; ++i) {
-    for (int64_t j = 0; j <= i + s.past(); ++j) {
+    for (int64_t j = FirstVisibleKey(s, i); j <= i + s.past(); ++j) {
       if (seg != nullptr && seg[j] != seg[i]) continue;
       T dot = 0;
       for (int64_t d = 0; d < hd; ++d) dot += q.Row(i)[d] * k.Row(j)[d];
       scores[i * keys + j] = scale * dot;
+      SoftCap(&scores[i * keys + j], 1, s.softcap);
     }
   }
   for (int64_t i = 0; i < seq; ++i) {
@@ -179,19 +206,29 @@ struct BackwardHead {
 };
 
 // Turns the tile's scores S into P = exp(S - lse) and dP = dout Vᵀ into
-// dS = scale * P ∘ (dP - D) (scale carried for dQ and dK).
+// dS = scale * P ∘ (dP - D) (scale carried for dQ and dK), times the
+// soft-cap's derivative 1 - (S / c)² when there is one.
 template <typename T>
-void TileProbabilitiesAndScoreGrad(const Tile& t, const T* lse, const T* delta, T scale, T* P, T* dS) {
+void TileProbabilitiesAndScoreGrad(const Tile& t, const AttentionShape& s, const T* lse, const T* delta, T* P,
+                                   T* dS) {
+  const T scale = static_cast<T>(s.scale), inv_cap = s.softcap > 0 ? static_cast<T>(1 / s.softcap) : T(0);
   for (int64_t r = 0; r < t.rows; ++r) {
     const int64_t i = t.i0 + r;
     T* p = &P[r * t.cols];
     T* ds = &dS[r * t.cols];
+    for (int64_t c = 0; c < t.cols; ++c) ds[c] -= delta[i];
+    if (inv_cap != T(0)) {  // while P still holds the capped scores S
+      for (int64_t c = 0; c < t.cols; ++c) {
+        const T tanh = p[c] * inv_cap;  // -inf where masked (P = 0 there: dS is 0 whatever this gives)
+        ds[c] = p[c] == kNegInf<T> ? T(0) : ds[c] * (T(1) - tanh * tanh);
+      }
+    }
     if (lse[i] == kNegInf<T>) {
       std::fill(p, p + t.cols, T(0));  // the row saw no key (its scores are all -inf)
     } else {
       internal::ExpShiftedInPlace(p, t.cols, lse[i]);
     }
-    for (int64_t c = 0; c < t.cols; ++c) ds[c] = scale * p[c] * (ds[c] - delta[i]);
+    for (int64_t c = 0; c < t.cols; ++c) ds[c] = scale * p[c] * ds[c];
   }
 }
 
@@ -199,7 +236,6 @@ void TileProbabilitiesAndScoreGrad(const Tile& t, const T* lse, const T* delta, 
 template <typename T>
 void FlashBackwardHead(const AttentionShape& s, const BackwardHead<T>& h) {
   const int64_t hd = s.head_dim;
-  const T scale = static_cast<T>(s.scale);
   std::vector<T> delta(s.seq);  // D_i = dout_i · out_i
   for (int64_t i = 0; i < s.seq; ++i) {
     T sum = 0;
@@ -210,13 +246,13 @@ void FlashBackwardHead(const AttentionShape& s, const BackwardHead<T>& h) {
   std::vector<T> P(kQueryTile * kKeyTile), dS(kQueryTile * kKeyTile);
   for (int64_t i0 = 0; i0 < s.seq; i0 += kQueryTile) {
     const int64_t rows = std::min(kQueryTile, s.seq - i0);
-    for (int64_t j0 = 0; j0 < i0 + rows; j0 += kKeyTile) {
+    for (int64_t j0 = FirstVisibleKey(s, i0); j0 < i0 + rows; j0 += kKeyTile) {
       const Tile t{i0, rows, j0, std::min(kKeyTile, i0 + rows - j0)};
-      TileScores(t, h.q, h.k, hd, scale, h.seg, P.data());
+      TileScores(t, s, h.q, h.k, h.seg, P.data());
       // dP = dout_tile V_tileᵀ, into dS's buffer.
       Gemm<T>(false, true, rows, t.cols, hd, T(1), h.dout.Row(i0), h.dout.ld, h.v.Row(j0), h.v.ld, T(0),
               dS.data(), t.cols);
-      TileProbabilitiesAndScoreGrad(t, h.lse, delta.data(), scale, P.data(), dS.data());
+      TileProbabilitiesAndScoreGrad(t, s, h.lse, delta.data(), P.data(), dS.data());
       // dQ_tile += dS K_tile;  dK_tile += dSᵀ Q_tile;  dV_tile += Pᵀ dout_tile.
       Gemm<T>(false, false, rows, hd, t.cols, T(1), dS.data(), t.cols, h.k.Row(j0), h.k.ld, T(1),
               h.dq.Row(i0), h.dq.ld);

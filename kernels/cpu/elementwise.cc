@@ -1,5 +1,6 @@
 // Elementwise helpers of the optimizer and gradient clipping.
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "common/openmp_start.h"
@@ -49,6 +50,13 @@ void Scale(int64_t n, T alpha, T* x) {
   for (int64_t i = 0; i < n; ++i) x[i] *= alpha;
 }
 
+template <typename T>
+void SoftCap(int64_t n, T cap, T* x) {
+  FT_CHECK(n >= 0 && cap > 0);
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
+}
+
 template double SumSquares<float>(const float*, int64_t);
 template double SumSquares<double>(const double*, int64_t);
 template void Axpy<float, float>(int64_t, float, const float*, float*);
@@ -57,5 +65,7 @@ template void Axpy<float, Bf16>(int64_t, float, const Bf16*, float*);
 template void Axpy<float, Half>(int64_t, float, const Half*, float*);
 template void Scale<float>(int64_t, float, float*);
 template void Scale<double>(int64_t, double, double*);
+template void SoftCap<float>(int64_t, float, float*);
+template void SoftCap<double>(int64_t, double, double*);
 
 }  // namespace ft::cpu

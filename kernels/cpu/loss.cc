@@ -38,12 +38,14 @@ double RowCrossEntropy(const T* row, int32_t target, int64_t V, T scale, T* work
 
 template <typename T>
 double CrossEntropy(const T* logits, const int32_t* targets, int64_t rows, int64_t V, T grad_scale,
-                    T* dlogits) {
-  FT_CHECK(rows >= 0 && V > 0);
+                    T* dlogits, T softcap) {
+  FT_CHECK(rows >= 0 && V > 0 && softcap >= 0);
   std::vector<double> row_loss(rows, 0.0);
+  // Exps go to scratch when no gradient is wanted, or when the capped logits must outlive them.
+  const bool scratch_rows = dlogits == nullptr || softcap > 0;
 #pragma omp parallel
   {
-    std::vector<T> scratch(dlogits == nullptr ? V : 0);  // exps when no gradient is wanted
+    std::vector<T> scratch(scratch_rows ? V : 0);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       T* grad = dlogits == nullptr ? nullptr : dlogits + r * V;
@@ -52,8 +54,15 @@ double CrossEntropy(const T* logits, const int32_t* targets, int64_t rows, int64
         continue;
       }
       FT_CHECK(targets[r] >= 0 && targets[r] < V);
-      T* work = grad != nullptr ? grad : scratch.data();
-      row_loss[r] = RowCrossEntropy(logits + r * V, targets[r], V, grad_scale, work, grad != nullptr);
+      const T* row = logits + r * V;
+      T* work = scratch_rows ? scratch.data() : grad;
+      row_loss[r] = RowCrossEntropy(row, targets[r], V, grad_scale, work, grad != nullptr);
+      if (grad == nullptr || !scratch_rows) continue;
+      // Through the cap: d cap·tanh(x/cap) / dx = 1 - tanh² = 1 - (y / cap)², y the capped logit.
+      for (int64_t j = 0; j < V; ++j) {
+        const T u = row[j] / softcap;
+        grad[j] = work[j] * (T(1) - u * u);
+      }
     }
   }
   double total = 0;  // rows in order, whatever the thread count
@@ -61,7 +70,8 @@ double CrossEntropy(const T* logits, const int32_t* targets, int64_t rows, int64
   return total;
 }
 
-template double CrossEntropy<float>(const float*, const int32_t*, int64_t, int64_t, float, float*);
-template double CrossEntropy<double>(const double*, const int32_t*, int64_t, int64_t, double, double*);
+template double CrossEntropy<float>(const float*, const int32_t*, int64_t, int64_t, float, float*, float);
+template double CrossEntropy<double>(const double*, const int32_t*, int64_t, int64_t, double, double*,
+                                     double);
 
 }  // namespace ft::cpu

@@ -48,7 +48,9 @@ void RmsNormBackward(const S* x, const T* w, const T* rstd, const T* dy, int64_t
 // transposed rotation (angle -θ), which is the backward of the forward.
 template <typename T, typename S = T>
 void RopeApply(S* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions, const T* cos_table,
-               const T* sin_table, bool inverse);
+               const T* sin_table, bool inverse, int64_t rotary = 0);
+// rotary (0 = hd): partial rotary (Phi's partial_rotary_factor): only each head's first `rotary`
+// dims turn, pairing i with i + rotary/2 by tables of [pos, rotary/2]; the rest are unchanged.
 
 // Causal attention for batch sequences of length seq, GQA (Hq % Hkv == 0, query
 // head h uses kv head h / (Hq/Hkv)). `segments` (nullable, [batch*seq]) confines
@@ -63,6 +65,13 @@ struct AttentionShape {
   int64_t batch = 0, seq = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
   double scale = 0;    // usually 1/sqrt(head_dim)
   int64_t kv_seq = 0;  // keys per sequence; 0 = seq
+  // Sliding window (Mistral, Gemma 2/3 local layers; HF's rule): key j is
+  // visible to query i only when (i + past()) - j < window. 0 = no window.
+  int64_t window = 0;
+  // Soft-capping of the scores (Gemma 2's attn_logit_softcapping): the scaled
+  // score x becomes softcap * tanh(x / softcap) before the mask and softmax.
+  // 0 = none.
+  double softcap = 0;
   int64_t keys() const { return kv_seq > 0 ? kv_seq : seq; }
   int64_t past() const { return keys() - seq; }  // keys before the first query
 };
@@ -99,10 +108,12 @@ void GeluTanhGluBackward(const S* gate, const S* up, const T* dh, int64_t n, T* 
 // Returns the SUM of -log softmax(logits)[target] over non-ignored rows (in
 // double, fixed order). When dlogits != nullptr writes
 // dlogits = grad_scale * (softmax - onehot) for counted rows and 0 for ignored
-// ones; dlogits may alias logits.
+// ones; dlogits may alias logits. softcap > 0: the logits were soft-capped by
+// SoftCap(softcap), and dlogits is the gradient with respect to the logits
+// before it, i.e. also multiplied by 1 - (logit / softcap)².
 template <typename T>
 double CrossEntropy(const T* logits, const int32_t* targets, int64_t rows, int64_t V, T grad_scale,
-                    T* dlogits);
+                    T* dlogits, T softcap = 0);
 
 // out[rows, D] = table[ids[r], :] (T = S: the stored rows copied; T = float
 // and a 16-bit S: rounded).
@@ -121,6 +132,9 @@ template <typename T, typename S = T>
 void Axpy(int64_t n, T alpha, const S* x, T* y);
 template <typename T>
 void Scale(int64_t n, T alpha, T* x);
+// x = cap * tanh(x / cap), in place (Gemma 2's final_logit_softcapping); cap > 0.
+template <typename T>
+void SoftCap(int64_t n, T cap, T* x);
 
 // One AdamW update with PyTorch's semantics (torch.optim.AdamW, foreach=False):
 //   p -= lr*wd*p; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g²;

@@ -9,9 +9,10 @@ namespace ft::cpu {
 
 template <typename T, typename S>
 void RopeApply(S* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions, const T* cos_table,
-               const T* sin_table, bool inverse) {
-  FT_CHECK(rows >= 0 && heads > 0 && hd > 0 && hd % 2 == 0);
-  const int64_t half = hd / 2;
+               const T* sin_table, bool inverse, int64_t rotary) {
+  if (rotary == 0) rotary = hd;
+  FT_CHECK(rows >= 0 && heads > 0 && hd > 0 && rotary > 0 && rotary <= hd && rotary % 2 == 0);
+  const int64_t half = rotary / 2;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     FT_CHECK(positions[r] >= 0);
@@ -31,8 +32,9 @@ void RopeApply(S* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* pos
   }
 }
 
-#define FT_INSTANTIATE_ROPE(T, S) \
-  template void RopeApply<T, S>(S*, int64_t, int64_t, int64_t, const int32_t*, const T*, const T*, bool);
+#define FT_INSTANTIATE_ROPE(T, S)                                                                        \
+  template void RopeApply<T, S>(S*, int64_t, int64_t, int64_t, const int32_t*, const T*, const T*, bool, \
+                                int64_t);
 FT_INSTANTIATE_ROPE(float, float)
 FT_INSTANTIATE_ROPE(double, double)
 FT_INSTANTIATE_ROPE(float, Bf16)

@@ -5,12 +5,16 @@
 // Each warp keeps, for each of its 8 query rows, the online-softmax state:
 // running max m, running sum l of exp(s - m), and acc[HD] (lane owns dims
 // lane + 32 t). Per key tile (keys j0 .. j0 + 31, lane l = key j0 + l):
-//   s    = scale * q_i · k_j, or -inf where j is not visible to i
+//   s    = scale * q_i · k_j (soft-capped: cap tanh(s / cap)), or -inf where
+//          j is not visible to i
 //   m'   = max(m, max_l s)                 (WarpMax)
 //   corr = exp(m - m') (0 while m = -inf), p = exp(s - m')
 //   l    = l corr + Σ_l p,  acc = acc corr + Σ_l p v_j   (p broadcast by shuffle)
-// Causal: key tiles stop at the query tile's last row. At the end
-// out = acc / l and lse = m + log(l), or 0 and -inf when the row saw no key.
+// Causal: key tiles stop at the query tile's last row; with a sliding window
+// they start at the tile holding the first row's first visible key
+// (FirstKeyTile), so each query tile visits fewer than window + 64 keys. At
+// the end out = acc / l and lse = m + log(l), or 0 and -inf when the row saw
+// no key (only rows past the sequence: a query always sees its own position).
 // With a KV cache (s.kv_seq > s.seq) the keys and values have kv_seq rows per
 // sequence and query i stands at position i + past (past = kv_seq - seq).
 #include <string>
@@ -40,6 +44,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
   float* Ks = Qs + kTile * HD;        // [kTile][HD + 1], lane l reads row l
   float* Vs = Ks + kTile * (HD + 1);  // [kTile][HD], read along d
   const auto [lane, warp, b, h, kvh, i0, seq, scale, segmented, seg] = QueryTile(s, segments);
+  const ScoreCap cap = MakeScoreCap(s);
 
   LoadTile<HD, HD>(Qs, q, b, i0, seq, s.q_heads, h);
   float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kDimsPerLane];
@@ -54,9 +59,9 @@ __global__ void __launch_bounds__(kAttentionThreads)
     for (int t = 0; t < kDimsPerLane; ++t) acc[rr][t] = 0.0f;
   }
 
-  const int64_t keys = s.kv_seq > 0 ? s.kv_seq : seq, past = keys - seq;
+  const int64_t keys = s.kv_seq > 0 ? s.kv_seq : seq, past = keys - seq, window = s.window;
   const int64_t key_end = min(keys, i0 + kTile + past);  // causal: no key past the tile's last query
-  for (int64_t j0 = 0; j0 < key_end; j0 += kTile) {
+  for (int64_t j0 = FirstKeyTile(i0 + past, window, kTile); j0 < key_end; j0 += kTile) {
     __syncthreads();  // the previous tile's K and V are no longer read
     LoadTile<HD, HD + 1>(Ks, k, b, j0, keys, s.kv_heads, kvh);
     LoadTile<HD, HD>(Vs, v, b, j0, keys, s.kv_heads, kvh);
@@ -76,7 +81,9 @@ __global__ void __launch_bounds__(kAttentionThreads)
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
       const int64_t i = i0 + warp * kRowsPerWarp + rr;
-      const float score = Visible(i + past, j, keys, seg_i[rr], seg_j, segmented) ? scale * sc[rr] : NegInf();
+      float slope;  // unused forward
+      const float capped = cap.Apply(scale * sc[rr], slope);
+      const float score = Visible(i + past, j, keys, window, seg_i[rr], seg_j, segmented) ? capped : NegInf();
       const float new_m = fmaxf(m[rr], WarpMax(score));
       if (new_m == NegInf()) {  // nothing visible yet (warp-uniform)
         p[rr] = 0.0f;
@@ -116,7 +123,8 @@ __global__ void __launch_bounds__(kAttentionThreads)
 template <typename T, int HD>
 Status LaunchForward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
                      T* out, float* lse, cudaStream_t stream) {
-  constexpr size_t kSmem = ForwardSmemFloats<HD>() * sizeof(float);
+  constexpr size_t kSmem = ForwardSmemFloats<HD>() * sizeof(float);  // 96.1 KiB at head dim 256
+  static_assert(kSmem <= kMaxSmemPerBlock);
   FT_RETURN_IF_ERROR(CudaStatus(
       cudaFuncSetAttribute(FlashForwardKernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
       "cudaFuncSetAttribute(FlashForwardKernel)"));
@@ -138,6 +146,9 @@ Status AttentionForward(const AttentionShape& s, const T* q, const T* k, const T
   if (s.past() < 0 || (segments != nullptr && s.past() > 0)) {
     return Status::InvalidArgument("AttentionForward: kv_seq must be 0 or >= seq, and without segments");
   }
+  if (s.window < 0 || !(s.softcap >= 0)) {
+    return Status::InvalidArgument("AttentionForward: window and softcap must be >= 0 (0 = none)");
+  }
   if (s.batch == 0 || s.seq == 0) return Status::OK();
   if (s.batch * s.q_heads > 65535) return Status::InvalidArgument("AttentionForward: batch * heads > 65535");
   if constexpr (TensorCoreStorage<T>()) {
@@ -148,9 +159,10 @@ Status AttentionForward(const AttentionShape& s, const T* q, const T* k, const T
   switch (s.head_dim) {
     case 64: return LaunchForward<T, 64>(s, q, k, v, segments, out, lse, stream);
     case 128: return LaunchForward<T, 128>(s, q, k, v, segments, out, lse, stream);
+    case 256: return LaunchForward<T, 256>(s, q, k, v, segments, out, lse, stream);
     default:
       return Status::InvalidArgument("AttentionForward: head_dim " + std::to_string(s.head_dim) +
-                                     " is not supported on CUDA (64 or 128)");
+                                     " is not supported on CUDA (64, 128 or 256)");
   }
 }
 

@@ -105,18 +105,19 @@ __device__ __forceinline__ void AccToA(uint32_t (&a)[4], const float (&c0)[4], c
   a[3] = PackBf16(c1[2], c1[3]);
 }
 
-// acc[HD / 8] += P (16 x N, accumulator tiles in registers) x tile (N rows, HD columns).
-template <int HD, int N>
-__device__ __forceinline__ void AccTimesTile(float (&acc)[HD / 8][4], const float (&p)[N / 8][4],
-                                             const bf16* tile, int lane) {
+// acc[COLS / 8] += P (16 x N, accumulator tiles in registers) x tile (N rows
+// of HD columns, of which columns col0 .. col0 + COLS - 1).
+template <int HD, int N, int COLS = HD>
+__device__ __forceinline__ void AccTimesTile(float (&acc)[COLS / 8][4], const float (&p)[N / 8][4],
+                                             const bf16* tile, int lane, int col0 = 0) {
 #pragma unroll
   for (int kk = 0; kk < N / 16; ++kk) {
     uint32_t a[4];
     AccToA(a, p[2 * kk], p[2 * kk + 1]);
 #pragma unroll
-    for (int dp = 0; dp < HD / 16; ++dp) {
+    for (int dp = 0; dp < COLS / 16; ++dp) {
       uint32_t bf[4];
-      LoadBCols<HD>(bf, tile, kk * 16, dp * 16, lane);
+      LoadBCols<HD>(bf, tile, kk * 16, col0 + dp * 16, lane);
       Mma(acc[2 * dp], a, bf[0], bf[1]);
       Mma(acc[2 * dp + 1], a, bf[2], bf[3]);
     }

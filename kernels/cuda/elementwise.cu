@@ -68,6 +68,13 @@ __global__ void ScaleKernel(int64_t n, float alpha, T* x) {
   }
 }
 
+__global__ void SoftCapKernel(int64_t n, float cap, float* x) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    x[i] = cap * tanhf(x[i] / cap);
+  }
+}
+
 template <typename TIn, typename TOut>
 __global__ void ConvertKernel(const TIn* x, int64_t n, TOut* out) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -110,6 +117,13 @@ Status Scale(int64_t n, float alpha, T* x, cudaStream_t stream) {
   if (n == 0) return Status::OK();
   ScaleKernel<T><<<internal::BlocksFor(n, kThreads), kThreads, 0, stream>>>(n, alpha, x);
   return internal::LaunchStatus("ScaleKernel");
+}
+
+Status SoftCap(int64_t n, float cap, float* x, cudaStream_t stream) {
+  FT_CHECK(n >= 0 && cap > 0);
+  if (n == 0) return Status::OK();
+  SoftCapKernel<<<internal::BlocksFor(n, kThreads), kThreads, 0, stream>>>(n, cap, x);
+  return internal::LaunchStatus("SoftCapKernel");
 }
 
 template <typename TIn, typename TOut>

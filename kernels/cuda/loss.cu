@@ -6,7 +6,8 @@
 //      block barriers of the reductions order the read before pass 3's writes);
 //   2. sum = Σ_j exp(x_j - mx) (BlockSum, fixed order);
 //   3. loss = log(sum) + mx - x_t; when wanted
-//      dlogits_j = scale * (exp(x_j - mx) / sum - [j == t]).
+//      dlogits_j = scale * (exp(x_j - mx) / sum - [j == t]), times
+//      1 - (x_j / softcap)² when the logits were soft-capped.
 // Each thread rewrites only the indices it read, so in-place is safe.
 // The batch loss is then summed over rows by one block in a fixed order (fp64).
 #include <cmath>
@@ -26,7 +27,7 @@ constexpr int32_t kIgnoreIndex = -100;
 
 template <typename T>
 __global__ void CrossEntropyKernel(const T* logits, const int32_t* targets, int64_t V, float grad_scale,
-                                   T* dlogits, float* row_loss) {
+                                   T* dlogits, float* row_loss, float softcap) {
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
   const int32_t t = targets[r];
@@ -58,10 +59,11 @@ __global__ void CrossEntropyKernel(const T* logits, const int32_t* targets, int6
     row_loss[r] = static_cast<float>(log(static_cast<double>(sum)) + static_cast<double>(mx) - x_target);
   }
   if (dx == nullptr) return;
-  const float inv_sum = 1.0f / sum;
+  const float inv_sum = 1.0f / sum, inv_cap = softcap > 0 ? 1.0f / softcap : 0.0f;
   for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-    const float p = expf(Load(x[j]) - mx) * inv_sum;
-    dx[j] = Store<T>(grad_scale * (j == t ? p - 1.0f : p));
+    const float y = Load(x[j]), p = expf(y - mx) * inv_sum, u = y * inv_cap;
+    const float g = grad_scale * (j == t ? p - 1.0f : p);
+    dx[j] = Store<T>(softcap > 0 ? g * (1.0f - u * u) : g);
   }
 }
 
@@ -79,11 +81,11 @@ __global__ void SumRowLossesKernel(const float* row_loss, int64_t rows, double* 
 
 template <typename T>
 Status CrossEntropy(const T* logits, const int32_t* targets, int64_t rows, int64_t V, float grad_scale,
-                    T* dlogits, float* row_loss, double* loss_sum, cudaStream_t stream) {
-  FT_CHECK(rows >= 0 && V > 0 && row_loss != nullptr);
+                    T* dlogits, float* row_loss, double* loss_sum, cudaStream_t stream, float softcap) {
+  FT_CHECK(rows >= 0 && V > 0 && row_loss != nullptr && softcap >= 0);
   if (rows == 0) return Status::OK();
   CrossEntropyKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, targets, V, grad_scale,
-                                                                              dlogits, row_loss);
+                                                                              dlogits, row_loss, softcap);
   FT_RETURN_IF_ERROR(internal::LaunchStatus("CrossEntropyKernel"));
   if (loss_sum == nullptr) return Status::OK();
   SumRowLossesKernel<<<1, kThreads, 0, stream>>>(row_loss, rows, loss_sum);
@@ -91,8 +93,8 @@ Status CrossEntropy(const T* logits, const int32_t* targets, int64_t rows, int64
 }
 
 template Status CrossEntropy<float>(const float*, const int32_t*, int64_t, int64_t, float, float*, float*,
-                                    double*, cudaStream_t);
+                                    double*, cudaStream_t, float);
 template Status CrossEntropy<bf16>(const bf16*, const int32_t*, int64_t, int64_t, float, bf16*, float*,
-                                   double*, cudaStream_t);
+                                   double*, cudaStream_t, float);
 
 }  // namespace ft::cuda

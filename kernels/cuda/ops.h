@@ -124,8 +124,9 @@ Status RmsNormBackward(const T* x, const P* w, const float* rstd, const P* dy, i
 // tables [max_pos, hd/2] read at positions[row]; `inverse` rotates by -θ (the
 // backward). InvalidArgument for an odd hd. The tables in P.
 template <typename T, typename P>
+// rotary (0 = hd): cpu::RopeApply's partial rotary.
 Status RopeApply(T* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions, const P* cos_table,
-                 const P* sin_table, bool inverse, cudaStream_t stream);
+                 const P* sin_table, bool inverse, cudaStream_t stream, int64_t rotary = 0);
 
 // ---- SwiGLU ----------------------------------------------------------------------
 
@@ -166,9 +167,11 @@ Status EmbeddingBackward(const T* dout, const int32_t* ids, int64_t rows, int64_
 // fixed order, so calling this per chunk of rows accumulates the loss of the
 // whole batch deterministically without a [tokens, V] buffer. A target
 // outside [0, V) other than -100 gives a NaN row loss and NaN gradients.
+// softcap > 0: the logits were soft-capped (SoftCap) and dlogits is also
+// multiplied by 1 - (logit / softcap)² (cpu::CrossEntropy's softcap).
 template <typename T>
 Status CrossEntropy(const T* logits, const int32_t* targets, int64_t rows, int64_t V, float grad_scale,
-                    T* dlogits, float* row_loss, double* loss_sum, cudaStream_t stream);
+                    T* dlogits, float* row_loss, double* loss_sum, cudaStream_t stream, float softcap = 0);
 
 // ---- Optimizer -------------------------------------------------------------------
 
@@ -203,6 +206,8 @@ template <typename T, typename P>
 Status Axpy(int64_t n, float alpha, const T* x, P* y, cudaStream_t stream);
 template <typename T>
 Status Scale(int64_t n, float alpha, T* x, cudaStream_t stream);
+// x = cap * tanh(x / cap) in place (cpu::SoftCap), fp32.
+Status SoftCap(int64_t n, float cap, float* x, cudaStream_t stream);
 // out[i] = x[i] converted with round-to-nearest-even (e.g. fp32 master ->
 // bf16 compute copy). TIn, TOut in {float, bf16, fp16}.
 template <typename TIn, typename TOut>
@@ -241,19 +246,26 @@ Status UpdateLossScale(const LossScalerParams& p, const int* found_inf, float* s
 enum class AttentionMath { kFp32, kBf16 };
 
 // Causal GQA attention, cpu::AttentionForward's definition: query head h
-// reads kv head h / (Hq/Hkv); key j is visible to query i iff j <= i and (no
-// segments, or segments[b*seq + j] == segments[b*seq + i]). out[rows, Hq*hd]
-// in T, lse[batch, Hq, seq] in fp32 (-inf and out = 0 for a query that sees
-// no key). head_dim must be 64 or 128 (InvalidArgument otherwise). T =
-// float, bf16 or fp16.
+// reads kv head h / (Hq/Hkv); key j is visible to query i iff j <= i + past
+// (past = kv_seq - seq: keys cached before the first query; then no
+// segments), i + past - j < s.window (a sliding window; 0 = none), and (no
+// segments, or segments[b*seq + j] == segments[b*seq + i]). The scaled
+// scores are soft-capped (s.softcap = c > 0: x -> c tanh(x / c)) before the
+// mask. out[rows, Hq*hd] in T, lse[batch, Hq, seq] in fp32 (-inf and out = 0
+// for a query that sees no key). head_dim must be 64, 128 or 256 (limits.h;
+// InvalidArgument otherwise), window and softcap >= 0. A window costs
+// O(seq * window): key tiles outside it are skipped. T = float, bf16 or fp16.
 template <typename T>
 Status AttentionForward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
                         T* out, float* lse, cudaStream_t stream, AttentionMath math = AttentionMath::kFp32);
 // Floats of workspace AttentionBackward needs (D_i = dout_i · out_i per query).
 int64_t AttentionBackwardWorkspaceFloats(const AttentionShape& s);
-// dq, dk, dv overwritten, FlashAttention-2's gradients recomputed from lse.
+// dq, dk, dv overwritten, FlashAttention-2's gradients recomputed from lse
+// (window and soft-cap as the forward's; no KV cache: kv_seq 0 or seq).
 // dK/dV and dQ are computed by separate kernels, so no atomics are needed.
-// q, k, v, out in T; dout, dq, dk, dv in P.
+// q, k, v, out in T; dout, dq, dk, dv in P. Every head dim runs on both
+// kinds of kernel; at 256 the tensor-core dK/dV kernel recomputes the scores
+// once per half of the columns (attention_tc_backward.cu).
 template <typename T, typename P>
 Status AttentionBackward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
                          const T* out, const float* lse, const P* dout, P* dq, P* dk, P* dv, float* workspace,

@@ -20,8 +20,8 @@ using internal::Store;
 constexpr int kThreads = 256;
 
 template <typename T, typename P>
-__global__ void RopeKernel(T* x, int64_t rows, int64_t heads, int64_t half, const int32_t* positions,
-                           const P* cos_table, const P* sin_table, bool inverse) {
+__global__ void RopeKernel(T* x, int64_t rows, int64_t heads, int64_t hd, int64_t half,
+                           const int32_t* positions, const P* cos_table, const P* sin_table, bool inverse) {
   const int64_t total = rows * heads * half;
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < total;
        t += int64_t{gridDim.x} * blockDim.x) {
@@ -31,7 +31,7 @@ __global__ void RopeKernel(T* x, int64_t rows, int64_t heads, int64_t half, cons
     const int64_t table = static_cast<int64_t>(positions[row]) * half + i;
     const float c = Load(cos_table[table]);
     const float sn = inverse ? -Load(sin_table[table]) : Load(sin_table[table]);
-    T* x1 = x + row_head * 2 * half + i;
+    T* x1 = x + row_head * hd + i;
     T* x2 = x1 + half;
     const float a = Load(*x1), b = Load(*x2);
     *x1 = Store<T>(a * c - b * sn);
@@ -43,20 +43,22 @@ __global__ void RopeKernel(T* x, int64_t rows, int64_t heads, int64_t half, cons
 
 template <typename T, typename P>
 Status RopeApply(T* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* positions, const P* cos_table,
-                 const P* sin_table, bool inverse, cudaStream_t stream) {
+                 const P* sin_table, bool inverse, cudaStream_t stream, int64_t rotary) {
   FT_CHECK(rows >= 0 && heads > 0 && hd > 0);
-  if (hd % 2 != 0)
-    return Status::InvalidArgument("RopeApply: head dim must be even, got " + std::to_string(hd));
-  const int64_t total = rows * heads * (hd / 2);
+  if (rotary == 0) rotary = hd;
+  if (rotary % 2 != 0 || rotary > hd)
+    return Status::InvalidArgument("RopeApply: the rotary dims must be even and at most the head dim, got " +
+                                   std::to_string(rotary) + " of " + std::to_string(hd));
+  const int64_t total = rows * heads * (rotary / 2);
   if (total == 0) return Status::OK();
   RopeKernel<T, P><<<internal::BlocksFor(total, kThreads), kThreads, 0, stream>>>(
-      x, rows, heads, hd / 2, positions, cos_table, sin_table, inverse);
+      x, rows, heads, hd, rotary / 2, positions, cos_table, sin_table, inverse);
   return internal::LaunchStatus("RopeKernel");
 }
 
 #define FT_INSTANTIATE_ROPE(T, P)                                                                          \
   template Status RopeApply<T, P>(T*, int64_t, int64_t, int64_t, const int32_t*, const P*, const P*, bool, \
-                                  cudaStream_t);
+                                  cudaStream_t, int64_t);
 FT_INSTANTIATE_ROPE(float, float)
 FT_INSTANTIATE_ROPE(bf16, bf16)
 FT_INSTANTIATE_ROPE(bf16, float)

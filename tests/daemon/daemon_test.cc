@@ -1059,7 +1059,7 @@ TEST_F(DaemonTest, PathsOutsideTheAllowedRootsAreRefusedNamingTheField) {
 }
 
 // A cuda job whose model the CUDA kernels cannot run (tiny-llama's heads are 16 wide; the
-// attention takes 64 or 128) is refused at submission with the reason and the fix, instead
+// attention takes 64, 128 or 256) is refused at submission with the reason and the fix, instead
 // of failing on a worker; a cpu (or auto) job of the same model is accepted.
 TEST_F(DaemonTest, ACudaJobOfAModelTheKernelsRefuseIsRefusedAtSubmission) {
   auto submit = [&](const std::string& device) {
@@ -1076,16 +1076,15 @@ TEST_F(DaemonTest, ACudaJobOfAModelTheKernelsRefuseIsRefusedAtSubmission) {
   EXPECT_EQ(refused.status().message(),
             dir_ + "/job/job.yaml: resources.device: cuda, but model.path " + dir_ +
                 "/job/model (config.json) has head_dim 16: the cuda attention kernels take head dim 64 "
-                "or 128; use resources.device: cpu");
+                "or 128 or 256; use resources.device: cpu");
   EXPECT_EQ(daemon_->ListJobs({})->jobs_size(), 0);
   EXPECT_TRUE(submit("cpu").ok());
   EXPECT_TRUE(submit("auto").ok());
 }
 
-// A seq_len past the model's sliding_window (sliding-window attention is not implemented) used
-// to be queued and fail only when a trainer started; ftd now refuses it at submission with the
-// trainer's message, and stores nothing. A seq_len within the window is accepted.
-TEST_F(DaemonTest, ASeqLenPastTheModelsSlidingWindowIsRefusedAtSubmission) {
+// A seq_len past the model's sliding_window was refused at submission while the attention did not
+// apply the window; it does now (kernels/cpu/attention.cc), so such a job is queued like any other.
+TEST_F(DaemonTest, ASeqLenPastTheModelsSlidingWindowIsAccepted) {
   std::string config = *ReadFileToString(dir_ + "/job/model/config.json");
   config.insert(config.find('{') + 1, "\"use_sliding_window\": true, \"sliding_window\": 32,");
   fs::create_directories(dir_ + "/job/windowed");
@@ -1094,18 +1093,15 @@ TEST_F(DaemonTest, ASeqLenPastTheModelsSlidingWindowIsRefusedAtSubmission) {
     pb::SubmitRequest req;
     req.set_spec_yaml("model: {path: windowed}\ndata: {train: data.jsonl, format: tokens, seq_len: " +
                       std::to_string(seq_len) +
-                      "}\ntrain: {max_steps: 1, global_batch_size: 1}\noutput: {dir: o}\n");
+                      "}\ntrain: {max_steps: 1, global_batch_size: 1}\noutput: {dir: o-" +
+                      std::to_string(seq_len) + "}\n");
     req.set_spec_dir(dir_ + "/job");
     return daemon_->Submit(req);
   };
-  auto refused = submit(64);
-  ASSERT_EQ(refused.status().code(), Status::Code::kUnimplemented) << refused.status().ToString();
-  EXPECT_EQ(refused.status().message(),
-            dir_ +
-                "/job/job.yaml: data.seq_len 64 exceeds the model's sliding_window 32 (sliding-window "
-                "attention is not implemented); use seq_len <= sliding_window");
-  EXPECT_EQ(daemon_->ListJobs({})->jobs_size(), 0);
+  auto past_window = submit(64);
+  EXPECT_TRUE(past_window.ok()) << past_window.status().ToString();
   EXPECT_TRUE(submit(32).ok());
+  EXPECT_EQ(daemon_->ListJobs({})->jobs_size(), 2);
 }
 
 // Choices no trainer combines (a full fine-tune of NF4 weights, of offloaded weights, or sharded

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Golden reference values for ftune (LoRA / full fine-tuning of Llama, Qwen2/3, Gemma 3).
+"""Golden reference values for ftune (LoRA / full fine-tuning of Llama, Qwen2/3, Gemma 2/3).
 
 What it makes
 -------------
@@ -28,7 +28,10 @@ See tests/golden/README.md for the exact semantics.
 
 How to rerun
 ------------
-    /usr/bin/python3 tests/golden/make_golden.py
+    /usr/bin/python3 tests/golden/make_golden.py [case ...]
+
+(case names: only those cases, e.g. gemma2 gemma2_full gemma2_qlora; a case that reuses
+another's model must be named after it.)
 
 (`--probe` instead trains every case without clipping and only prints the
 grad norms; that is how the fixed max_grad_norm values in CASES were chosen.)
@@ -41,7 +44,8 @@ gradient check, padding invariance, llama3 RoPE regimes, clipping on some but
 not all steps) and fails loudly if one does not hold.
 
 The model code below is written from the Hugging Face definitions
-(LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM / Gemma3ForCausalLM, PEFT
+(LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM / Gemma2ForCausalLM / Gemma3ForCausalLM /
+Phi3ForCausalLM, PEFT
 LoRA, HF Trainer's AdamW + cosine schedule + clip_grad_norm_) but is an independent
 re-implementation.
 """
@@ -177,11 +181,55 @@ GEMMA3_MODEL = dict(
     tie_word_embeddings=True, attention_bias=False, st_dtype="BF16", shards=1,
 )
 
+# max_grad_norm of the Gemma 2 cases (chosen with --probe: clipping on some steps, not all).
+GEMMA2_CLIP = {"gemma2": 1.2, "gemma2_full": 3.1, "gemma2_qlora": 1.2}
+
+# Gemma 2 (Gemma2ForCausalLM), as google/gemma-2-2b publishes its config, sizes reduced: Gemma 3's
+# norms, scales and activation without q/k norms, plus
+#   attn_logit_softcapping   scores (after the scale) become cap * tanh(scores / cap) before the mask
+#   final_logit_softcapping  the logits become cap * tanh(logits / cap) before the loss
+#   sliding layers           alternating, the first sliding (HF: not layer_idx % 2; the config has no
+#                            pattern key), one RoPE base for all; the window (6) is shorter than the
+#                            sequences, so sliding layers do mask keys.
+# The caps are far below the published 50 / 30 so that tanh bends this tiny model's scores
+# (|s| up to ~1) and logits.
+GEMMA2_MODEL = dict(
+    model_type="gemma2", vocab_size=256, hidden_size=64, intermediate_size=96,
+    num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+    zero_centered_norm=True, sandwich_norm=True, embed_scale=True, hidden_act="gelu_pytorch_tanh",
+    query_pre_attn_scalar=24, sliding_window=6, sliding_window_pattern=2,
+    attn_logit_softcapping=0.5, final_logit_softcapping=0.8,
+    max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling=None,
+    tie_word_embeddings=True, attention_bias=False, st_dtype="BF16", shards=1,
+)
+
+
+# max_grad_norm of the Phi-3 cases (chosen with --probe: clipping on some steps, not all).
+PHI3_CLIP = {"phi3": 1.2, "phi3_full": 3.1, "phi3_qlora": 1.2}
+
+# Phi-3 (Phi3ForCausalLM), as microsoft/Phi-3-mini-4k-instruct publishes its config, sizes reduced:
+#   fused       one self_attn.qkv_proj (rows q, then k, then v) and one mlp.gate_up_proj (rows gate,
+#               then up: HF's chunk(2)); PEFT's LoRA targets them by these names, one A and one B
+#               for the fused output
+#   partial_rotary_factor  RoPE turns the first head_dim * factor dims of each head (Phi-4-mini's
+#               0.75; 0.5 here), frequencies over that many dims; the rest pass unchanged
+#   sliding_window  every layer (shorter than the sequences here)
+PHI3_MODEL = dict(
+    model_type="phi3", vocab_size=256, hidden_size=64, intermediate_size=96,
+    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, fused=True,
+    partial_rotary_factor=0.5, sliding_window=10,
+    max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0, rope_scaling=None,
+    tie_word_embeddings=False, attention_bias=False, st_dtype="BF16", shards=1,
+)
+PHI3_LINEARS = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
+
+
 def family_cases(lora, full, qlora, seed, model, clips):
     """A family's three cases: LoRA on all linears (6 steps), a full fine-tune of the same model
     (3 steps; its norms train, without decay) and QLoRA (NF4 + double quant) with the same LoRA;
     the last two reuse the first's model/ and init_adapter/."""
-    adapter = dict(type="lora", r=4, alpha=8, rslora=False, targets=ALL_LINEARS)
+    targets = PHI3_LINEARS if model.get("fused") else ALL_LINEARS
+    adapter = dict(type="lora", r=4, alpha=8, rslora=False, targets=targets)
     return [
         dict(name=lora, seed=seed, model=model, adapter=adapter, steps=6, lr=1e-2, max_grad_norm=clips[lora]),
         dict(name=full, seed=seed, model=model, reuse=lora, adapter=dict(type="full"),
@@ -231,6 +279,10 @@ CASES = [
     # Qwen3 and Gemma 3: LoRA, a full fine-tune (every norm trains too) and QLoRA of one model.
     *family_cases("qwen3_qknorm", "qwen3_full", "qwen3_qlora", 4004, QWEN3_MODEL, QWEN3_CLIP),
     *family_cases("gemma3_text", "gemma3_full", "gemma3_qlora", 5005, GEMMA3_MODEL, GEMMA3_CLIP),
+    # Gemma 2: soft-capping and a window shorter than the sequences.
+    *family_cases("gemma2", "gemma2_full", "gemma2_qlora", 6006, GEMMA2_MODEL, GEMMA2_CLIP),
+    # Phi-3: fused projections, partial rotary, a window on every layer.
+    *family_cases("phi3", "phi3_full", "phi3_qlora", 7007, PHI3_MODEL, PHI3_CLIP),
 ]
 
 # Training settings shared by all cases.
@@ -250,10 +302,13 @@ def head_dim(m):
 
 
 def is_sliding(m, i):
-    """Gemma 3 (sliding_window_pattern, HF's older config form): layer i is a sliding-window
-    layer unless (i + 1) is a multiple of the pattern. Models without the key: none slides."""
+    """Gemma 2/3 (sliding_window_pattern, HF's older config form; Gemma 2's is 2): layer i is a
+    sliding-window layer unless (i + 1) is a multiple of the pattern. Without a pattern every
+    layer slides when the model has a window (Phi-3, Mistral), none otherwise."""
     pat = m.get("sliding_window_pattern")
-    return pat is not None and (i + 1) % pat != 0
+    if pat is None:
+        return m.get("sliding_window") is not None
+    return (i + 1) % pat != 0
 
 
 # ----------------------------------------------------------------------------
@@ -265,6 +320,9 @@ def module_shapes(m):
     H, I, hd = m["hidden_size"], m["intermediate_size"], head_dim(m)
     q_out = m["num_attention_heads"] * hd
     kv_out = m["num_key_value_heads"] * hd
+    if m.get("fused"):  # Phi-3
+        return [("self_attn.qkv_proj", (q_out + 2 * kv_out, H)), ("self_attn.o_proj", (H, q_out)),
+                ("mlp.gate_up_proj", (2 * I, H)), ("mlp.down_proj", (H, I))]
     return [("self_attn.q_proj", (q_out, H)), ("self_attn.k_proj", (kv_out, H)),
             ("self_attn.v_proj", (kv_out, H)), ("self_attn.o_proj", (H, q_out)),
             ("mlp.gate_proj", (I, H)), ("mlp.up_proj", (I, H)), ("mlp.down_proj", (H, I))]
@@ -373,11 +431,16 @@ def make_data(vocab, gen):
 # The model (float64)
 # ----------------------------------------------------------------------------
 
+def rotary_dim(m):
+    """The dims of a head RoPE turns: all, or head_dim * partial_rotary_factor (Phi-3/4)."""
+    return int(head_dim(m) * m.get("partial_rotary_factor", 1.0))
+
+
 def rope_inv_freq(m, local=False):
     """HF default RoPE frequencies, optionally rescaled with the llama3 rule or the linear one
     (inv_freq / factor).  local: Gemma 3's sliding-window layers, base rope_local_base_freq
     and no scaling (HF's rotary_emb_local: rope_type "default")."""
-    hd = head_dim(m)
+    hd = rotary_dim(m)
     theta = m["rope_local_base_freq"] if local else m["rope_theta"]
     inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=F64) / hd))
     rs = None if local else m["rope_scaling"]
@@ -414,6 +477,14 @@ def rope_cos_sin(m, T, local=False):
 def rotate_half(x):
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rope(x, cos, sin):
+    """HF's apply_rotary_pos_emb on the first cos.shape[-1] dims of each head, the rest passed
+    (Phi-3's partial rotary; every dim otherwise)."""
+    r = cos.shape[-1]
+    x_rot, x_pass = x[..., :r], x[..., r:]
+    return torch.cat([x_rot * cos + rotate_half(x_rot) * sin, x_pass], dim=-1)
 
 
 def rms_norm(x, w, eps):
@@ -521,10 +592,10 @@ def forward(P, ctx, ids):
     eps = m["rms_norm_eps"]
     cos, sin = rope_cos_sin(m, T)                   # position ids 0..T-1 per row
     causal = torch.ones(T, T, dtype=torch.bool).triu(1)
-    if m.get("sliding_window_pattern") is not None:
-        # Gemma 3's sliding layers: local RoPE, and keys j <= i - sliding_window masked too
-        # (HF: a query at i attends to j in (i - sliding_window, i]).
-        cos_local, sin_local = rope_cos_sin(m, T, local=True)
+    if m.get("sliding_window") is not None:
+        # Sliding layers (all of Phi-3's, Gemma's by pattern): keys j <= i - sliding_window masked
+        # too (HF: a query at i attends to j in (i - sliding_window, i]); Gemma 3's use a local RoPE base.
+        cos_local, sin_local = rope_cos_sin(m, T, local=m.get("rope_local_base_freq") is not None)
         window = causal | torch.ones(T, T, dtype=torch.bool).tril(-m["sliding_window"])
 
     x = P["model.embed_tokens.weight"][ids]
@@ -538,26 +609,38 @@ def forward(P, ctx, ids):
         else:
             cos_i, sin_i, mask = cos, sin, causal
         n = stored(ctx, rms_norm(x, norm_weight(P, m, p + "input_layernorm.weight"), eps))
-        q = stored(ctx, linear(P, ctx, p + "self_attn.q_proj", n)).view(B, T, nH, hd)
-        k = stored(ctx, linear(P, ctx, p + "self_attn.k_proj", n)).view(B, T, nKV, hd)
+        if m.get("fused"):  # Phi-3: q, k and v are column blocks of one projection
+            qkv = stored(ctx, linear(P, ctx, p + "self_attn.qkv_proj", n))
+            q, k, v = qkv.split([nH * hd, nKV * hd, nKV * hd], dim=-1)
+            q, k = q.reshape(B, T, nH, hd), k.reshape(B, T, nKV, hd)
+        else:
+            q = stored(ctx, linear(P, ctx, p + "self_attn.q_proj", n)).view(B, T, nH, hd)
+            k = stored(ctx, linear(P, ctx, p + "self_attn.k_proj", n)).view(B, T, nKV, hd)
         if m.get("qk_norm"):  # Qwen3/Gemma3 attention: q_norm / k_norm over each head's hd values, before RoPE
             q = stored(ctx, rms_norm(q, norm_weight(P, m, p + "self_attn.q_norm.weight"), eps))
             k = stored(ctx, rms_norm(k, norm_weight(P, m, p + "self_attn.k_norm.weight"), eps))
         q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = stored(ctx, linear(P, ctx, p + "self_attn.v_proj", n)).view(B, T, nKV, hd).transpose(1, 2)
-        q = operand(ctx, q * cos_i + rotate_half(q) * sin_i)
-        k = operand(ctx, k * cos_i + rotate_half(k) * sin_i)
+        if m.get("fused"):
+            v = v.reshape(B, T, nKV, hd).transpose(1, 2)
+        else:
+            v = stored(ctx, linear(P, ctx, p + "self_attn.v_proj", n)).view(B, T, nKV, hd).transpose(1, 2)
+        q = operand(ctx, apply_rope(q, cos_i, sin_i))
+        k = operand(ctx, apply_rope(k, cos_i, sin_i))
         # GQA: query head h uses kv head h // (nH / nKV).
         k = k.repeat_interleave(nH // nKV, dim=1)
         v = v.repeat_interleave(nH // nKV, dim=1)
         qpas = m.get("query_pre_attn_scalar")
+        cap = m.get("attn_logit_softcapping")
         if ctx["bf16"]:
+            assert cap is None  # _FlashAttention has no soft-cap
             a = _FlashAttention.apply(q, k, v, mask, 1.0 / math.sqrt(hd) if qpas is None else qpas ** -0.5)
         else:
             if qpas is None:
                 s = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
-            else:                                   # Gemma 3: scaling = query_pre_attn_scalar ** -0.5
+            else:                                   # Gemma: scaling = query_pre_attn_scalar ** -0.5
                 s = (q @ k.transpose(-1, -2)) * qpas ** -0.5
+            if cap is not None:                     # Gemma 2: soft-capped before the mask
+                s = cap * torch.tanh(s / cap)
             s = s.masked_fill(mask, float("-inf"))
             a = torch.softmax(s, dim=-1) @ v        # [B, nH, T, hd]
         a = stored(ctx, a.transpose(1, 2).reshape(B, T, nH * hd))
@@ -570,8 +653,11 @@ def forward(P, ctx, ids):
         else:
             h = stored(ctx, x + operand(ctx, linear(P, ctx, p + "self_attn.o_proj", a)))
             n = stored(ctx, rms_norm(h, norm_weight(P, m, p + "post_attention_layernorm.weight"), eps))
-        g = stored(ctx, linear(P, ctx, p + "mlp.gate_proj", n))
-        u = stored(ctx, linear(P, ctx, p + "mlp.up_proj", n))
+        if m.get("fused"):  # Phi-3: gate, then up (HF's chunk(2))
+            g, u = stored(ctx, linear(P, ctx, p + "mlp.gate_up_proj", n)).chunk(2, dim=-1)
+        else:
+            g = stored(ctx, linear(P, ctx, p + "mlp.gate_proj", n))
+            u = stored(ctx, linear(P, ctx, p + "mlp.up_proj", n))
         if m.get("hidden_act", "silu") == "silu":
             act = stored(ctx, F.silu(g) * u)
         else:
@@ -584,7 +670,9 @@ def forward(P, ctx, ids):
             x = stored(ctx, h + operand(ctx, linear(P, ctx, p + "mlp.down_proj", act)))
     x = stored(ctx, rms_norm(x, norm_weight(P, m, "model.norm.weight"), eps))
     head = P["model.embed_tokens.weight"] if m["tie_word_embeddings"] else P["lm_head.weight"]
-    return stored(ctx, x @ head.T)  # bf16: logits rounded, their gradient taken as a bf16 operand
+    logits = stored(ctx, x @ head.T)  # bf16: logits rounded, their gradient taken as a bf16 operand
+    cap = m.get("final_logit_softcapping")
+    return logits if cap is None else cap * torch.tanh(logits / cap)  # Gemma 2
 
 
 def make_micro_batch(seqs):
@@ -673,18 +761,19 @@ GEMMA3_CONFIG_KEYS = [  # google/gemma-3-1b-pt's config.json keys, in its (sorte
 ]
 
 
-def gemma3_config(m):
-    """config.json as google/gemma-3-1b-pt publishes it, sizes reduced (bos 2, eos 1, pad 0)."""
-    cfg = {
-        "architectures": ["Gemma3ForCausalLM"],
+def gemma_config(m, architecture, keys, **published):
+    """config.json of a Gemma model with the keys its model card publishes (`keys`, in order),
+    sizes reduced; `published` overrides (eos, transformers_version)."""
+    values = {
+        "architectures": [architecture],
         "attention_bias": m["attention_bias"],
         "attention_dropout": 0.0,
-        "attn_logit_softcapping": None,
+        "attn_logit_softcapping": m.get("attn_logit_softcapping"),
         "bos_token_id": 2,
         "cache_implementation": "hybrid",
-        "eos_token_id": 1,
-        "final_logit_softcapping": None,
+        "final_logit_softcapping": m.get("final_logit_softcapping"),
         "head_dim": head_dim(m),
+        "hidden_act": m["hidden_act"],
         "hidden_activation": m["hidden_act"],
         "hidden_size": m["hidden_size"],
         "initializer_range": 0.02,
@@ -697,24 +786,102 @@ def gemma3_config(m):
         "pad_token_id": 0,
         "query_pre_attn_scalar": m["query_pre_attn_scalar"],
         "rms_norm_eps": m["rms_norm_eps"],
-        "rope_local_base_freq": m["rope_local_base_freq"],
+        "rope_local_base_freq": m.get("rope_local_base_freq"),
         "rope_scaling": m["rope_scaling"],
         "rope_theta": m["rope_theta"],
         "sliding_window": m["sliding_window"],
-        "sliding_window_pattern": m["sliding_window_pattern"],
+        "sliding_window_pattern": m.get("sliding_window_pattern"),
         "tie_word_embeddings": m["tie_word_embeddings"],
         "torch_dtype": {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}[m["st_dtype"]],
-        "transformers_version": "4.50.0.dev0",
         "use_cache": True,
         "vocab_size": m["vocab_size"],
     }
-    assert list(cfg) == GEMMA3_CONFIG_KEYS
+    values.update(published)
+    return {key: values[key] for key in keys}
+
+
+def gemma3_config(m):
+    """config.json as google/gemma-3-1b-pt publishes it, sizes reduced (bos 2, eos 1, pad 0)."""
+    return gemma_config(m, "Gemma3ForCausalLM", GEMMA3_CONFIG_KEYS, eos_token_id=1,
+                        transformers_version="4.50.0.dev0")
+
+
+GEMMA2_CONFIG_KEYS = [  # google/gemma-2-2b's config.json keys, in its (sorted) order
+    "architectures", "attention_bias", "attention_dropout", "attn_logit_softcapping", "bos_token_id",
+    "cache_implementation", "eos_token_id", "final_logit_softcapping", "head_dim", "hidden_act",
+    "hidden_activation", "hidden_size", "initializer_range", "intermediate_size", "max_position_embeddings",
+    "model_type", "num_attention_heads", "num_hidden_layers", "num_key_value_heads", "pad_token_id",
+    "query_pre_attn_scalar", "rms_norm_eps", "rope_theta", "sliding_window", "torch_dtype",
+    "transformers_version", "use_cache", "vocab_size",
+]
+
+
+def gemma2_config(m):
+    """config.json as google/gemma-2-2b publishes it, sizes reduced (bos 2, eos [1, 107] with 107
+    out of this vocabulary replaced by 3, pad 0). No layer_types or pattern key: transformers
+    4.42 alternates the layers itself."""
+    assert m["sliding_window_pattern"] == 2
+    return gemma_config(m, "Gemma2ForCausalLM", GEMMA2_CONFIG_KEYS, eos_token_id=[1, 3],
+                        transformers_version="4.42.4")
+
+
+PHI3_CONFIG_KEYS = [  # microsoft/Phi-3-mini-4k-instruct's config.json keys, in its order
+    "_name_or_path", "architectures", "attention_dropout", "auto_map", "bos_token_id", "embd_pdrop",
+    "eos_token_id", "hidden_act", "hidden_size", "initializer_range", "intermediate_size",
+    "max_position_embeddings", "model_type", "num_attention_heads", "num_hidden_layers",
+    "num_key_value_heads", "original_max_position_embeddings", "pad_token_id", "partial_rotary_factor",
+    "resid_pdrop", "rms_norm_eps", "rope_scaling", "rope_theta", "sliding_window", "tie_word_embeddings",
+    "torch_dtype", "transformers_version", "use_cache", "attention_bias", "vocab_size",
+]
+
+
+def phi3_config(m):
+    """config.json as microsoft/Phi-3-mini-4k-instruct publishes it, sizes reduced (eos/pad 32000
+    out of this vocabulary replaced by 3), partial_rotary_factor as Phi-4-mini has the key."""
+    cfg = {
+        "_name_or_path": "Phi-3-mini-4k-instruct",
+        "architectures": ["Phi3ForCausalLM"],
+        "attention_dropout": 0.0,
+        "auto_map": {"AutoConfig": "configuration_phi3.Phi3Config",
+                     "AutoModelForCausalLM": "modeling_phi3.Phi3ForCausalLM"},
+        "bos_token_id": 1,
+        "embd_pdrop": 0.0,
+        "eos_token_id": 3,
+        "hidden_act": "silu",
+        "hidden_size": m["hidden_size"],
+        "initializer_range": 0.02,
+        "intermediate_size": m["intermediate_size"],
+        "max_position_embeddings": m["max_position_embeddings"],
+        "model_type": "phi3",
+        "num_attention_heads": m["num_attention_heads"],
+        "num_hidden_layers": m["num_hidden_layers"],
+        "num_key_value_heads": m["num_key_value_heads"],
+        "original_max_position_embeddings": m["max_position_embeddings"],
+        "pad_token_id": 3,
+        "partial_rotary_factor": m["partial_rotary_factor"],
+        "resid_pdrop": 0.0,
+        "rms_norm_eps": m["rms_norm_eps"],
+        "rope_scaling": None,
+        "rope_theta": m["rope_theta"],
+        "sliding_window": m["sliding_window"],
+        "tie_word_embeddings": m["tie_word_embeddings"],
+        "torch_dtype": {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}[m["st_dtype"]],
+        "transformers_version": "4.40.2",
+        "use_cache": True,
+        "attention_bias": False,
+        "vocab_size": m["vocab_size"],
+    }
+    assert list(cfg) == PHI3_CONFIG_KEYS
     return cfg
 
 
 def hf_config(m):
+    if m["model_type"] == "phi3":
+        return phi3_config(m)
     if m["model_type"] == "gemma3_text":
         return gemma3_config(m)
+    if m["model_type"] == "gemma2":
+        return gemma2_config(m)
     arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[m["model_type"]]
     cfg = {
         "architectures": [arch],
@@ -981,11 +1148,17 @@ def run_case(case):
     if m["rope_scaling"] is not None and m["rope_scaling"]["rope_type"] == "llama3":
         regimes = check_llama3_regimes(m)
         print(f"  llama3 inv_freq: {regimes[0]} unchanged, {regimes[1]} smoothed, {regimes[2]} divided")
-    if m.get("sliding_window_pattern") is not None:
+    if m.get("rope_local_base_freq") is not None:
         check_local_global(m)
         kinds = ["sliding" if is_sliding(m, i) else "full" for i in range(m["num_hidden_layers"])]
         print(f"  layers {kinds}; full layers RoPE theta {m['rope_theta']:g} / {m['rope_scaling']['factor']},"
               f" sliding layers theta {m['rope_local_base_freq']:g}")
+    if m.get("fused"):
+        print(f"  fused qkv_proj / gate_up_proj; rotary dims {rotary_dim(m)} of {head_dim(m)};"
+              f" window {m['sliding_window']} on every layer of {SEQ_LEN}")
+    if m.get("final_logit_softcapping") is not None:
+        print(f"  soft-capping: attention {m['attn_logit_softcapping']}, logits {m['final_logit_softcapping']};"
+              f" window {m['sliding_window']} of {SEQ_LEN}")
     check_padding_invariance(P, ctx, data)
 
     with torch.no_grad():
@@ -1083,7 +1256,10 @@ REUSED_ADAPTERS = {c["name"]: c["adapter"] for c in CASES}
 def main():
     global PROBE
     PROBE = "--probe" in sys.argv[1:]
+    names = [a for a in sys.argv[1:] if not a.startswith("--")]
     for case in CASES:
+        if names and case["name"] not in names:
+            continue
         print(case["name"])
         run_case(case)
 

@@ -423,7 +423,7 @@ TEST_F(FtTrainCliTest, AFixedMicroBatchThatDoesNotFitIsRefusedWithThePlanAndTheF
   EXPECT_EQ(fixed.exit_code, 0) << fixed.err;
 }
 
-// tiny-llama's heads are 16 wide; the CUDA attention kernels take 64 or 128.
+// tiny-llama's heads are 16 wide; the CUDA attention kernels take 64, 128 or 256.
 // Refused before anything is loaded (so on any machine, GPU or not), naming
 // the model, the head dim and the fix; before the check a CUDA run died on a
 // failed synchronisation while it loaded the model.
@@ -434,13 +434,13 @@ TEST_F(FtTrainCliTest, AModelTheCudaKernelsRefuseIsNamedBeforeItLoads) {
   EXPECT_EQ(run.exit_code, 2);
   EXPECT_THAT(run.err, HasSubstr(dir_ + "/job.yaml: resources.device: cuda, but model.path " + dir_ +
                                  "/model (config.json) has head_dim 16: the cuda attention kernels take "
-                                 "head dim 64 or 128; use resources.device: cpu"));
+                                 "head dim 64 or 128 or 256; use resources.device: cpu"));
   EXPECT_FALSE(fs::exists(dir_ + "/out/metrics.jsonl"));
   CliResult gen = FtTrain("generate --model " + dir_ + "/model --prompt hi --device cuda", dir_);
   EXPECT_EQ(gen.exit_code, 2);
   EXPECT_THAT(gen.err, HasSubstr("--device cuda: " + dir_ +
                                  "/model (config.json) has head_dim 16: the cuda attention kernels take "
-                                 "head dim 64 or 128; use --device cpu"));
+                                 "head dim 64 or 128 or 256; use --device cpu"));
 }
 
 // Runs ft-train with `args` (output to `log`); its exit code and its peak resident memory (KiB,

@@ -120,17 +120,42 @@ TEST(GeneratorTest, KvCacheLogitsEqualAFullForwardAtEveryPosition) {
   }
 }
 
-// A model with a sliding window (Mistral, Gemma 3) decodes at most sliding_window positions: the
-// attention does not apply the window, so past it the logits would be wrong.
-TEST(GeneratorTest, DecodingPastTheSlidingWindowIsRefused) {
-  ModelConfig c = *PresetModelConfig("tiny-gemma3");
-  c.sliding_window = 8;
-  Model model(c, {});
-  RandomInitModel(&model, 3);
-  KvCache cache(model, 16);
-  ASSERT_TRUE(model.Decode({1, 2, 3, 4, 5, 6, 7, 8}, &cache).ok());
-  auto past = model.Decode({9}, &cache);
-  EXPECT_THAT(past.status().message(), testing::HasSubstr("9 positions exceed the model's sliding_window 8"));
+// Decoding far past a sliding window (every layer's: Mistral; the sliding layers': Gemma 2 and 3,
+// with Gemma 2's soft-capping) gives, token by token through the KV cache, the logits of one
+// full forward over the same ids; and the window does change them (a model without it differs).
+TEST(GeneratorTest, DecodingPastTheSlidingWindowMatchesTheFullForward) {
+  ModelConfig mistral = *PresetModelConfig("tiny-llama");
+  mistral.model_type = "mistral";
+  mistral.sliding_window = 8;
+  for (const ModelConfig& c : {mistral, *PresetModelConfig("tiny-gemma2"), *PresetModelConfig("tiny-gemma3"),
+                               *PresetModelConfig("tiny-phi3")}) {
+    SCOPED_TRACE(c.model_type);
+    ASSERT_GT(c.sliding_window, 0);
+    Model model(c, {});
+    RandomInitModel(&model, 3);
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 3 * c.sliding_window + 5; ++i)
+      ids.push_back(static_cast<int32_t>(HashKeys(11, i) % c.vocab_size));
+    std::vector<float> full;
+    model.Forward(Sequence(ids), &full);
+    const int64_t V = c.vocab_size;
+    KvCache cache(model, static_cast<int64_t>(ids.size()));
+    float worst = 0;
+    for (size_t p = 0; p < ids.size(); ++p) {
+      auto logits = model.Decode({ids[p]}, &cache);
+      ASSERT_TRUE(logits.ok()) << logits.status().ToString();
+      worst = std::max(worst, MaxAbsDiff(logits->data(), &full[p * V], V));
+    }
+    EXPECT_LE(worst, 1e-5f);
+    ModelConfig unwindowed = c;
+    unwindowed.sliding_window = 0;
+    Model plain(unwindowed, {});
+    RandomInitModel(&plain, 3);
+    std::vector<float> plain_full;
+    plain.Forward(Sequence(ids), &plain_full);
+    const size_t last = (ids.size() - 1) * V;
+    EXPECT_GT(MaxAbsDiff(&plain_full[last], &full[last], V), 1e-4f) << "the window changes the last logits";
+  }
 }
 
 // Acceptance 1: greedy decoding picks, at every position, the argmax of the

@@ -38,7 +38,7 @@ constexpr int kSteps = 6;
 
 using testing_support::CudaOrSkip;
 
-// Small shapes the CUDA attention supports (head dim 64 or 128).
+// Small shapes the CUDA attention supports (head dim 64, 128 or 256).
 ModelConfig SmallConfig(const std::string& family) {
   ModelConfig c = *PresetModelConfig("tiny-" + family);
   c.vocab_size = 512;
@@ -53,7 +53,11 @@ ModelConfig SmallConfig(const std::string& family) {
     c.num_heads = 4;
     c.num_kv_heads = 2;
     c.head_dim = 128;
-  } else {
+  } else if (family == "gemma2") {  // Gemma's real head dim, soft-caps, window 16 < seq 96
+    c.num_heads = 2;
+    c.num_kv_heads = 1;
+    c.head_dim = 256;
+  } else {  // llama; phi3 (fused projections, 48 of 64 dims turned, window 16 < seq 96)
     c.num_heads = 4;
     c.num_kv_heads = 2;
     c.head_dim = 64;
@@ -113,7 +117,7 @@ struct Trained {
       lora.r = 8;
       lora.alpha = 16;
       lora.dropout = k.dropout;
-      lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+      lora.target_modules = ModuleNames(model->config());  // every linear of the family
       EXPECT_TRUE(model->EnableLora(lora).ok());
     }
     OptimizerConfig oc;
@@ -248,7 +252,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"qwen3_qlora_nf4dq_bf16", "qwen3", true, ComputeDType::kBF16, false, true, true, 0.1},
         Case{"qwen3_full_fp32", "qwen3", false, ComputeDType::kF32, true, false, false, 0.0},
         Case{"gemma3_qlora_nf4dq_bf16", "gemma3", true, ComputeDType::kBF16, false, true, true, 0.1},
-        Case{"gemma3_full_fp32", "gemma3", false, ComputeDType::kF32, true, false, false, 0.0}),
+        Case{"gemma3_full_fp32", "gemma3", false, ComputeDType::kF32, true, false, false, 0.0},
+        Case{"gemma2_lora_bf16", "gemma2", false, ComputeDType::kBF16, false, false, false, 0.0},
+        Case{"gemma2_full_fp32", "gemma2", false, ComputeDType::kF32, true, false, false, 0.0},
+        Case{"phi3_qlora_nf4dq_bf16", "phi3", true, ComputeDType::kBF16, false, true, true, 0.1},
+        Case{"phi3_lora_fp32", "phi3", false, ComputeDType::kF32, false, false, false, 0.0}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 }  // namespace

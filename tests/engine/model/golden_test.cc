@@ -177,10 +177,13 @@ TEST_P(GreedyGoldenTest, GreedyDecodingWithTheTrainedAdapterGivesTheReferenceIds
 INSTANTIATE_TEST_SUITE_P(Cases, GoldenTest,
                          testing::Values("llama_gqa", "qwen2_bias", "tied_rslora", "llama_full",
                                          "llama_qlora", "llama_bf16", "qwen3_qknorm", "qwen3_full",
-                                         "qwen3_qlora", "gemma3_text", "gemma3_full", "gemma3_qlora"));
+                                         "qwen3_qlora", "gemma3_text", "gemma3_full", "gemma3_qlora",
+                                         "gemma2", "gemma2_full", "gemma2_qlora", "phi3", "phi3_full",
+                                         "phi3_qlora"));
 INSTANTIATE_TEST_SUITE_P(Cases, GreedyGoldenTest,
                          testing::Values("llama_gqa", "qwen2_bias", "tied_rslora", "llama_qlora",
-                                         "qwen3_qknorm", "qwen3_qlora", "gemma3_text", "gemma3_qlora"));
+                                         "qwen3_qknorm", "qwen3_qlora", "gemma3_text", "gemma3_qlora",
+                                         "gemma2", "gemma2_qlora", "phi3", "phi3_qlora"));
 
 // Runs `spec` to the end and returns the per-step losses.
 std::vector<double> Losses(const JobSpec& spec, Trainer** keep = nullptr) {

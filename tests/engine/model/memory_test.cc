@@ -80,7 +80,7 @@ Measured Measure(const MemCase& s) {
     } else {
       LoraSpec lora;
       lora.r = s.r;
-      lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+      lora.target_modules = ModuleNames(s.config);  // every linear of the family
       EXPECT_TRUE(model.EnableLora(lora).ok());
       // Non-zero B so every gradient path is exercised.
       for (TrainableParam& p : model.TrainableParams()) {
@@ -112,7 +112,7 @@ PlanRequest RequestFor(const MemCase& s) {
   r.device = DeviceKind::kCpu;
   r.full = s.full;
   r.lora_r = s.r;
-  r.lora_targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  r.lora_targets = ModuleNames(s.config);
   r.seq_len = s.seq;
   r.activation_checkpointing = s.checkpointing;
   r.loss_chunk_rows = s.loss_chunk_rows;
@@ -312,7 +312,7 @@ TEST(PlannerTest, PredictsTheMeasuredPeakWithinTenPercentOverAGrid) {
 // Each family's traits (Qwen3's q/k norms; Gemma 3's too, its sandwich norms and (1 + w) weights)
 // in the planner: LoRA, QLoRA, full fine-tune and bf16 LoRA, with and without checkpointing.
 TEST(PlannerTest, PredictsEachFamilysMeasuredPeakWithinTenPercent) {
-  for (const char* preset : {"tiny-qwen3", "tiny-gemma3"}) {
+  for (const char* preset : {"tiny-qwen3", "tiny-gemma2", "tiny-gemma3", "tiny-phi3"}) {
     const ModelConfig c = Small(preset);
     ASSERT_TRUE(c.Validate(preset).ok()) << c.Validate(preset).ToString();
     for (bool ckpt : {false, true}) {
@@ -406,7 +406,7 @@ TEST(MemoryTechniquesTest, PeakTableWithEachTechnique) {
       RandomInitModel(&model, 3);
       LoraSpec lora;
       lora.r = 8;
-      lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+      lora.target_modules = ModuleNames(c);  // every linear
       ASSERT_TRUE(model.EnableLora(lora).ok());
       AdamWOptimizer opt(model.TrainableParams(), {}, model.shared_backend());
       MicroBatch mb;

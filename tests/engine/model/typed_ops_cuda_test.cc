@@ -140,7 +140,7 @@ void CheckRope(TypedOps& ops, Twin& q) {
   Twin pos = ops.Make(rows, ActDType::kF32);
   for (bool g : {false, true}) {
     ops.On(g).CopyToDevice(pos.On(g).data, positions.data(), rows * 4);
-    ops.On(g).RopeApply(q.On(g), rows, heads, hd, pos.On(g).as<int32_t>(), cos_t.On(g).as<float>(),
+    ops.On(g).RopeApply(q.On(g), rows, heads, hd, hd, pos.On(g).as<int32_t>(), cos_t.On(g).as<float>(),
                         sin_t.On(g).as<float>(), false);
   }
   ops.Check(q, "rope");

@@ -158,7 +158,7 @@ TEST(JobSpecBadInputTest, ValidJobResolvesPathsAgainstItsFolder) {
 }
 
 // A seq_len past the model's max_position_embeddings trained positions the model never saw; it is
-// refused where ftd's Submit and ft-train check the model (CheckSeqLenTakesModel), unless the
+// refused where ftd's Submit and ft-train check the model (CheckJobTakesModel), unless the
 // config.json does not say (a family that omits the key: nothing to check against).
 TEST(JobSpecBadInputTest, ASeqLenPastMaxPositionEmbeddingsIsRefusedUnlessTheConfigOmitsIt) {
   const std::string config =
@@ -169,15 +169,15 @@ TEST(JobSpecBadInputTest, ASeqLenPastMaxPositionEmbeddingsIsRefusedUnlessTheConf
   };
   const ModelConfig with_key =
       *ParseHfConfig(config + R"(, "max_position_embeddings": 512})", "/jobs/a/m/config.json");
-  Status refused = CheckSeqLenTakesModel(job(1024), with_key);
+  Status refused = CheckJobTakesModel(job(1024), with_key);
   ASSERT_TRUE(refused.IsInvalidArgument()) << refused.ToString();
   EXPECT_EQ(refused.message(),
             "/jobs/a/job.yaml: data.seq_len 1024 exceeds model.path /jobs/a/m (config.json) "
             "max_position_embeddings 512, the longest sequence the model takes; use seq_len <= 512 or a "
             "model with a longer context");
-  EXPECT_TRUE(CheckSeqLenTakesModel(job(512), with_key).ok());
+  EXPECT_TRUE(CheckJobTakesModel(job(512), with_key).ok());
   const ModelConfig without_key = *ParseHfConfig(config + "}", "/jobs/a/m/config.json");
-  EXPECT_TRUE(CheckSeqLenTakesModel(job(1024), without_key).ok()) << "nothing to check against";
+  EXPECT_TRUE(CheckJobTakesModel(job(1024), without_key).ok()) << "nothing to check against";
   // ft-train refuses it before loading the model (tiny-llama's context is 512).
   const std::string dir = testing_support::FreshDir("long-seq");
   Model model(*PresetModelConfig("tiny-llama"), {});

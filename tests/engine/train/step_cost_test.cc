@@ -196,6 +196,39 @@ TEST(StepCostTest, Nf4LayoutFromTheShapeIsTheQuantizedTensorsLayout) {
   }
 }
 
+// A sliding window (Mistral, Gemma's local layers) costs only the keys inside it: the query at
+// position p computes min(p + 1, window) pairs, forward and backward, also after cached keys.
+TEST(StepCostTest, SlidingWindowAttentionCountsOnlyTheKeysInsideTheWindow) {
+  CudaCostBackend cost;
+  const float* none = nullptr;
+  float* grad = nullptr;
+  const auto forward_flops = [&](const cpu::AttentionShape& s) {
+    cost.ClearLedger();
+    cost.AttentionForward(GemmOperands::kBF16, s, none, none, none, nullptr, grad, grad, false);
+    return cost.ledger().at(cuda_op::kAttentionForward).flops;
+  };
+  const double per_pair = 4.0 * 4 * 64;  // QK^T and PV (2 FLOPs a multiply-add), 4 query heads of 64 dims
+  cpu::AttentionShape s{1, 1000, 4, 2, 64, 0.125};
+  EXPECT_DOUBLE_EQ(forward_flops(s), per_pair * (1000.0 * 1001 / 2));
+  s.window = 100;  // queries 0..99 see 1..100 keys, the other 900 see 100
+  const double windowed_pairs = 100.0 * 101 / 2 + 900.0 * 100;
+  EXPECT_DOUBLE_EQ(forward_flops(s), per_pair * windowed_pairs);
+  s.window = 5000;  // wider than the sequence: every causal pair
+  EXPECT_DOUBLE_EQ(forward_flops(s), per_pair * (1000.0 * 1001 / 2));
+  s.seq = 10;  // 10 queries after 1000 cached keys: 100 keys each
+  s.kv_seq = 1010;
+  s.window = 100;
+  EXPECT_DOUBLE_EQ(forward_flops(s), per_pair * 10 * 100);
+  s.kv_seq = 95;  // after 85 cached keys: positions 85..94 see 86..95 keys, within the window
+  EXPECT_DOUBLE_EQ(forward_flops(s), per_pair * (86.0 + 95) * 10 / 2);
+
+  const cpu::AttentionShape train{1, 1000, 4, 2, 64, 0.125, 0, 100};
+  cost.ClearLedger();
+  cost.AttentionBackward(GemmOperands::kBF16, train, none, none, none, nullptr, none, none, none, grad, grad,
+                         grad);
+  EXPECT_DOUBLE_EQ(cost.ledger().at(cuda_op::kAttentionBackward).flops, 10.0 * 4 * 64 * windowed_pairs);
+}
+
 // What `ft-train plan --gpu` prints: the categories, the launches and the bytes converted, and a
 // roofline the size of the work (the 8B step's GEMMs alone are ~6·N·tokens FLOPs).
 TEST(StepCostTest, ThePlanSaysLaunchesConversionsAndTheRoofline) {

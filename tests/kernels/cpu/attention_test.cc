@@ -56,7 +56,20 @@ Inputs<T> MakeInputs(int64_t batch, int64_t seq, int64_t hq, int64_t hkv, int64_
 std::string Describe(const AttentionShape& s, bool segments) {
   return "batch " + std::to_string(s.batch) + " seq " + std::to_string(s.seq) + " Hq " +
          std::to_string(s.q_heads) + " Hkv " + std::to_string(s.kv_heads) + " hd " +
-         std::to_string(s.head_dim) + (segments ? " segments" : "");
+         std::to_string(s.head_dim) + (segments ? " segments" : "") + " window " + std::to_string(s.window) +
+         " softcap " + std::to_string(s.softcap);
+}
+
+// The flash forward against the naive one on `in`. Outputs (averages of values in [-1, 1]) and
+// lse (scores of a few units) are O(1): the tolerance has an absolute floor of the same size.
+template <typename T>
+void ExpectFlashMatchesNaive(const Inputs<T>& in, double tol) {
+  const AttentionShape& s = in.shape;
+  std::vector<T> out(in.q.size()), lse(s.batch * s.q_heads * s.seq), ref_out(out.size()), ref_lse(lse.size());
+  AttentionForward(s, in.q.data(), in.k.data(), in.v.data(), in.seg(), out.data(), lse.data());
+  AttentionForwardNaive(s, in.q.data(), in.k.data(), in.v.data(), in.seg(), ref_out.data(), ref_lse.data());
+  ExpectClose(out, ref_out, tol, tol, "out");
+  ExpectClose(lse, ref_lse, tol, tol, "lse");
 }
 
 template <typename T>
@@ -77,21 +90,49 @@ TYPED_TEST(CpuAttention, FlashMatchesNaiveOnRandomShapes) {
           for (bool segments : {false, true}) {
             const auto in = MakeInputs<T>(batch, seq, hq, hkv, hd, segments, seed += 3);
             SCOPED_TRACE(Describe(in.shape, segments));
-            const int64_t n_out = batch * seq * hq * hd, n_lse = batch * hq * seq;
-            std::vector<T> out(n_out), lse(n_lse), ref_out(n_out), ref_lse(n_lse);
-            AttentionForward(in.shape, in.q.data(), in.k.data(), in.v.data(), in.seg(), out.data(),
-                             lse.data());
-            AttentionForwardNaive(in.shape, in.q.data(), in.k.data(), in.v.data(), in.seg(), ref_out.data(),
-                                  ref_lse.data());
-            // Outputs (averages of values in [-1, 1]) and lse (scores of a few
-            // units) are O(1): the tolerance has an absolute floor of the same size.
-            ExpectClose(out, ref_out, this->kTol, this->kTol, "out");
-            ExpectClose(lse, ref_lse, this->kTol, this->kTol, "lse");
+            ExpectFlashMatchesNaive(in, this->kTol);
           }
         }
       }
     }
   }
+}
+
+// Sliding windows across tile boundaries (1 key, less than a tile, a tile,
+// more) and soft-capping, alone and together, with and without segments.
+TYPED_TEST(CpuAttention, FlashMatchesNaiveWithSlidingWindowAndSoftCap) {
+  using T = TypeParam;
+  uint32_t seed = 500;
+  for (int64_t seq : {65, 130}) {
+    for (int64_t window : {0, 1, 17, 64, 100}) {
+      for (double softcap : {0.0, 2.0}) {
+        for (bool segments : {false, true}) {
+          auto in = MakeInputs<T>(2, seq, 4, 2, 16, segments, seed += 3);
+          in.shape.window = window;
+          in.shape.softcap = softcap;
+          SCOPED_TRACE(Describe(in.shape, segments));
+          ExpectFlashMatchesNaive(in, this->kTol);
+        }
+      }
+    }
+  }
+}
+
+// A window of one key: every query copies its own value (lse = its capped
+// score); a window at least the sequence long changes nothing.
+TYPED_TEST(CpuAttention, WindowOfOneCopiesTheValueAndAWholeWindowIsNoWindow) {
+  using T = TypeParam;
+  auto in = MakeInputs<T>(1, 70, 2, 2, 16, false, 77);
+  std::vector<T> out(in.q.size()), lse(2 * 70), full(out.size()), full_lse(lse.size());
+  in.shape.window = 1;
+  AttentionForward(in.shape, in.q.data(), in.k.data(), in.v.data(), nullptr, out.data(), lse.data());
+  ExpectClose(out, in.v, this->kTol, this->kTol, "window 1 out");
+  in.shape.window = 0;
+  AttentionForward(in.shape, in.q.data(), in.k.data(), in.v.data(), nullptr, full.data(), full_lse.data());
+  in.shape.window = 70;
+  AttentionForward(in.shape, in.q.data(), in.k.data(), in.v.data(), nullptr, out.data(), lse.data());
+  EXPECT_EQ(out, full);
+  EXPECT_EQ(lse, full_lse);
 }
 
 // Decoding with a KV cache (kv_seq > seq): the last `seq` queries against all
@@ -101,32 +142,36 @@ TYPED_TEST(CpuAttention, QueriesAfterCachedKeysAreTheLastRowsOfFullAttention) {
   const int64_t hq = 4, hkv = 2, hd = 16;
   for (int64_t keys : {1, 7, 64, 65, 150}) {
     for (int64_t seq : {int64_t{1}, std::min<int64_t>(keys, 33)}) {
-      const auto in = MakeInputs<T>(2, keys, hq, hkv, hd, false, static_cast<uint32_t>(keys * 7 + seq));
-      SCOPED_TRACE("keys " + std::to_string(keys) + " queries " + std::to_string(seq));
-      std::vector<T> full(in.q.size()), full_lse(2 * hq * keys);
-      AttentionForwardNaive(in.shape, in.q.data(), in.k.data(), in.v.data(), nullptr, full.data(),
-                            full_lse.data());
-      // The last `seq` queries of each sequence, as a decode step sees them.
-      AttentionShape s = in.shape;
-      s.seq = seq;
-      s.kv_seq = keys;
-      const int64_t width = hq * hd, past = keys - seq;
-      std::vector<T> q, want, want_lse;
-      for (int64_t b = 0; b < 2; ++b) {
-        q.insert(q.end(), in.q.begin() + (b * keys + past) * width, in.q.begin() + (b + 1) * keys * width);
-        want.insert(want.end(), full.begin() + (b * keys + past) * width,
-                    full.begin() + (b + 1) * keys * width);
-        for (int64_t h = 0; h < hq; ++h) {
-          const auto row = full_lse.begin() + (b * hq + h) * keys;
-          want_lse.insert(want_lse.end(), row + past, row + keys);
+      for (int64_t window : {0, 5, 40}) {
+        auto in = MakeInputs<T>(2, keys, hq, hkv, hd, false, static_cast<uint32_t>(keys * 7 + seq));
+        in.shape.window = window;
+        SCOPED_TRACE("keys " + std::to_string(keys) + " queries " + std::to_string(seq) + " window " +
+                     std::to_string(window));
+        std::vector<T> full(in.q.size()), full_lse(2 * hq * keys);
+        AttentionForwardNaive(in.shape, in.q.data(), in.k.data(), in.v.data(), nullptr, full.data(),
+                              full_lse.data());
+        // The last `seq` queries of each sequence, as a decode step sees them.
+        AttentionShape s = in.shape;
+        s.seq = seq;
+        s.kv_seq = keys;
+        const int64_t width = hq * hd, past = keys - seq;
+        std::vector<T> q, want, want_lse;
+        for (int64_t b = 0; b < 2; ++b) {
+          q.insert(q.end(), in.q.begin() + (b * keys + past) * width, in.q.begin() + (b + 1) * keys * width);
+          want.insert(want.end(), full.begin() + (b * keys + past) * width,
+                      full.begin() + (b + 1) * keys * width);
+          for (int64_t h = 0; h < hq; ++h) {
+            const auto row = full_lse.begin() + (b * hq + h) * keys;
+            want_lse.insert(want_lse.end(), row + past, row + keys);
+          }
         }
-      }
-      for (const bool naive : {false, true}) {
-        std::vector<T> out(q.size()), lse(2 * hq * seq);
-        (naive ? AttentionForwardNaive<T> : AttentionForward<T>)(s, q.data(), in.k.data(), in.v.data(),
-                                                                 nullptr, out.data(), lse.data());
-        ExpectClose(out, want, this->kTol, this->kTol, naive ? "naive out" : "flash out");
-        ExpectClose(lse, want_lse, this->kTol, this->kTol, naive ? "naive lse" : "flash lse");
+        for (const bool naive : {false, true}) {
+          std::vector<T> out(q.size()), lse(2 * hq * seq);
+          (naive ? AttentionForwardNaive<T> : AttentionForward<T>)(s, q.data(), in.k.data(), in.v.data(),
+                                                                   nullptr, out.data(), lse.data());
+          ExpectClose(out, want, this->kTol, this->kTol, naive ? "naive out" : "flash out");
+          ExpectClose(lse, want_lse, this->kTol, this->kTol, naive ? "naive lse" : "flash lse");
+        }
       }
     }
   }
@@ -243,22 +288,32 @@ void ReferenceBackward(const Inputs<double>& in, const std::vector<double>& dout
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < hq; ++h) {
       std::vector<double> P(L * L, 0.0), dP(L * L, 0.0);
+      std::vector<double> dcap(L * L, 1.0);  // d(capped score) / d(scaled score)
       for (int64_t i = 0; i < L; ++i) {
         double mx = -INFINITY, sum = 0;
+        auto visible = [&](int64_t j) {
+          return (s.window == 0 || i - j < s.window) &&
+                 (!in.seg() || in.segments[b * L + j] == in.segments[b * L + i]);
+        };
         for (int64_t j = 0; j <= i; ++j) {
-          if (in.seg() && in.segments[b * L + j] != in.segments[b * L + i]) continue;
+          if (!visible(j)) continue;
           double dot = 0, dpd = 0;
           for (int64_t d = 0; d < hd; ++d) {
             dot += in.q[qi(b, h, i) + d] * in.k[kj(b, h, j) + d];
             dpd += dout[qi(b, h, i) + d] * in.v[kj(b, h, j) + d];
           }
-          P[i * L + j] = dot * s.scale;
+          double score = dot * s.scale;
+          if (s.softcap > 0) {
+            const double t = std::tanh(score / s.softcap);
+            score = s.softcap * t;
+            dcap[i * L + j] = 1 - t * t;
+          }
+          P[i * L + j] = score;
           dP[i * L + j] = dpd;
-          mx = std::max(mx, dot * s.scale);
+          mx = std::max(mx, score);
         }
         for (int64_t j = 0; j <= i; ++j) {
-          const bool vis = !in.seg() || in.segments[b * L + j] == in.segments[b * L + i];
-          P[i * L + j] = vis ? std::exp(P[i * L + j] - mx) : 0.0;
+          P[i * L + j] = visible(j) ? std::exp(P[i * L + j] - mx) : 0.0;
           sum += P[i * L + j];
         }
         double row_dot = 0;
@@ -267,7 +322,7 @@ void ReferenceBackward(const Inputs<double>& in, const std::vector<double>& dout
           row_dot += P[i * L + j] * dP[i * L + j];
         }
         for (int64_t j = 0; j <= i; ++j) {
-          const double p = P[i * L + j], ds = p * (dP[i * L + j] - row_dot);
+          const double p = P[i * L + j], ds = p * (dP[i * L + j] - row_dot) * dcap[i * L + j];
           for (int64_t d = 0; d < hd; ++d) {
             dq[qi(b, h, i) + d] += s.scale * ds * in.k[kj(b, h, j) + d];
             dk[kj(b, h, j) + d] += s.scale * ds * in.q[qi(b, h, i) + d];
@@ -279,22 +334,42 @@ void ReferenceBackward(const Inputs<double>& in, const std::vector<double>& dout
   }
 }
 
+// The flash backward (after the flash forward) against ReferenceBackward, for a random dout.
+void ExpectBackwardMatchesReference(const Inputs<double>& in, uint32_t dout_seed) {
+  const AttentionShape& s = in.shape;
+  const auto dout = Random<double>(in.q.size(), dout_seed);
+  std::vector<double> out(in.q.size()), lse(s.batch * s.q_heads * s.seq), dq(in.q.size()), dk(in.k.size()),
+      dv(in.v.size());
+  AttentionForward(s, in.q.data(), in.k.data(), in.v.data(), in.seg(), out.data(), lse.data());
+  AttentionBackward(s, in.q.data(), in.k.data(), in.v.data(), in.seg(), out.data(), lse.data(), dout.data(),
+                    dq.data(), dk.data(), dv.data());
+  std::vector<double> ref_dq, ref_dk, ref_dv;
+  ReferenceBackward(in, dout, ref_dq, ref_dk, ref_dv);
+  ExpectClose(dq, ref_dq, 1e-11, 1e-12, "dq");
+  ExpectClose(dk, ref_dk, 1e-11, 1e-12, "dk");
+  ExpectClose(dv, ref_dv, 1e-11, 1e-12, "dv");
+}
+
 TEST(CpuAttentionBackward, MatchesMaterialisedSoftmaxAcrossTiles) {
   for (int64_t seq : {1, 17, 64, 65, 130}) {
     for (bool segments : {false, true}) {
       const auto in = MakeInputs<double>(2, seq, 4, 2, 16, segments, 31 + seq);
       SCOPED_TRACE(Describe(in.shape, segments));
-      const auto dout = Random<double>(in.q.size(), 32);
-      std::vector<double> out(in.q.size()), lse(2 * 4 * seq), dq(in.q.size()), dk(in.k.size()),
-          dv(in.v.size());
-      AttentionForward(in.shape, in.q.data(), in.k.data(), in.v.data(), in.seg(), out.data(), lse.data());
-      AttentionBackward(in.shape, in.q.data(), in.k.data(), in.v.data(), in.seg(), out.data(), lse.data(),
-                        dout.data(), dq.data(), dk.data(), dv.data());
-      std::vector<double> ref_dq, ref_dk, ref_dv;
-      ReferenceBackward(in, dout, ref_dq, ref_dk, ref_dv);
-      ExpectClose(dq, ref_dq, 1e-11, 1e-12, "dq");
-      ExpectClose(dk, ref_dk, 1e-11, 1e-12, "dk");
-      ExpectClose(dv, ref_dv, 1e-11, 1e-12, "dv");
+      ExpectBackwardMatchesReference(in, 32);
+    }
+  }
+}
+
+TEST(CpuAttentionBackward, MatchesMaterialisedSoftmaxWithSlidingWindowAndSoftCap) {
+  for (int64_t window : {1, 37, 70}) {
+    for (double softcap : {0.0, 2.0}) {
+      for (bool segments : {false, true}) {
+        auto in = MakeInputs<double>(2, 130, 4, 2, 16, segments, 61 + window);
+        in.shape.window = window;
+        in.shape.softcap = softcap;
+        SCOPED_TRACE(Describe(in.shape, segments));
+        ExpectBackwardMatchesReference(in, 62);
+      }
     }
   }
 }

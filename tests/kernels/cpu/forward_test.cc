@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <numbers>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
@@ -43,36 +44,74 @@ TYPED_TEST(CpuForward, RmsNormIsXTimesRsqrtMeanSquareTimesWeight) {
   ExpectClose(y, want_y, this->kTol, 1e-30, "y");
 }
 
-TYPED_TEST(CpuForward, RopeMatchesRotateHalf) {
-  using T = TypeParam;
-  const int64_t rows = 5, heads = 2, hd = 16, half = hd / 2;
-  const std::vector<int32_t> pos = {0, 1, 7, 3, 30};
-  std::vector<T> cos_t(31 * half), sin_t(31 * half);
-  for (int64_t p = 0; p < 31; ++p) {
+// cos and sin tables [positions, rotary / 2] of base `theta` over `rotary` dims.
+template <typename T>
+std::pair<std::vector<T>, std::vector<T>> RopeTestTables(int64_t positions, int64_t rotary, double theta) {
+  const int64_t half = rotary / 2;
+  std::vector<T> cos_t(positions * half), sin_t(positions * half);
+  for (int64_t p = 0; p < positions; ++p) {
     for (int64_t i = 0; i < half; ++i) {
-      const double angle = p * std::pow(500000.0, -2.0 * i / hd);
+      const double angle = p * std::pow(theta, -2.0 * i / rotary);
       cos_t[p * half + i] = static_cast<T>(std::cos(angle));
       sin_t[p * half + i] = static_cast<T>(std::sin(angle));
     }
   }
-  const auto x = Random<T>(rows * heads * hd, 3);
-  auto y = x;
-  RopeApply(y.data(), rows, heads, hd, pos.data(), cos_t.data(), sin_t.data(), false);
-  // HF: q * cat(cos, cos) + rotate_half(q) * cat(sin, sin), rotate_half(q) = cat(-q2, q1).
+  return {cos_t, sin_t};
+}
+
+// HF's apply_rotary_pos_emb on each head's first `rotary` dims, written out:
+// q * cat(cos, cos) + rotate_half(q) * cat(sin, sin), rotate_half(q) = cat(-q2, q1); the rest passed.
+template <typename T>
+std::vector<T> RotateHalfReference(const std::vector<T>& x, const std::vector<int32_t>& pos, int64_t heads,
+                                   int64_t hd, int64_t rotary, const std::vector<T>& cos_t,
+                                   const std::vector<T>& sin_t) {
+  const int64_t half = rotary / 2;
   std::vector<T> want(x.size());
-  for (int64_t r = 0; r < rows; ++r) {
+  for (size_t r = 0; r < pos.size(); ++r) {
     for (int64_t h = 0; h < heads; ++h) {
       const T* q = &x[(r * heads + h) * hd];
       for (int64_t d = 0; d < hd; ++d) {
+        if (d >= rotary) {
+          want[(r * heads + h) * hd + d] = q[d];
+          continue;
+        }
         const T c = cos_t[pos[r] * half + d % half], s = sin_t[pos[r] * half + d % half];
         const T rotated = d < half ? -q[d + half] : q[d - half];
         want[(r * heads + h) * hd + d] = q[d] * c + rotated * s;
       }
     }
   }
-  ExpectClose(y, want, this->kTol, 1e-6 * this->kTol, "rope");
+  return want;
+}
+
+TYPED_TEST(CpuForward, RopeMatchesRotateHalf) {
+  using T = TypeParam;
+  const int64_t rows = 5, heads = 2, hd = 16;
+  const std::vector<int32_t> pos = {0, 1, 7, 3, 30};
+  const auto [cos_t, sin_t] = RopeTestTables<T>(31, hd, 500000.0);
+  const auto x = Random<T>(rows * heads * hd, 3);
+  auto y = x;
+  RopeApply(y.data(), rows, heads, hd, pos.data(), cos_t.data(), sin_t.data(), false);
+  ExpectClose(y, RotateHalfReference(x, pos, heads, hd, hd, cos_t, sin_t), this->kTol, 1e-6 * this->kTol,
+              "rope");
   // Position 0 is the identity.
   for (int64_t d = 0; d < heads * hd; ++d) EXPECT_EQ(y[d], x[d]);
+}
+
+// Partial rotary (Phi's partial_rotary_factor): HF's apply_rotary_pos_emb on each head's first
+// `rotary` dims (pairs i, i + rotary/2, tables of rotary/2 columns); the other dims unchanged.
+TYPED_TEST(CpuForward, PartialRopeTurnsOnlyTheFirstRotaryDims) {
+  using T = TypeParam;
+  const int64_t rows = 4, heads = 3, hd = 16, rotary = 12;
+  const std::vector<int32_t> pos = {0, 2, 9, 5};
+  const auto [cos_t, sin_t] = RopeTestTables<T>(10, rotary, 10000.0);
+  const auto x = Random<T>(rows * heads * hd, 5);
+  auto y = x;
+  RopeApply(y.data(), rows, heads, hd, pos.data(), cos_t.data(), sin_t.data(), false, rotary);
+  ExpectClose(y, RotateHalfReference(x, pos, heads, hd, rotary, cos_t, sin_t), this->kTol, 1e-6 * this->kTol,
+              "partial rope");
+  RopeApply(y.data(), rows, heads, hd, pos.data(), cos_t.data(), sin_t.data(), true, rotary);
+  ExpectClose(y, x, this->kTol, 1e-6 * this->kTol, "inverse");
 }
 
 TYPED_TEST(CpuForward, SwiGluIsSiluOfGateTimesUp) {

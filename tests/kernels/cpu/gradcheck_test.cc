@@ -79,12 +79,15 @@ TEST(CpuGradCheck, RopeInverseIsTheTransposeAndTheGradient) {
 struct AttentionCase {
   int64_t batch, seq, q_heads, kv_heads;
   bool segments;
+  int64_t window = 0;  // AttentionShape's sliding window and soft-cap
+  double softcap = 0;
 };
 
 std::string Describe(const AttentionCase& c) {
   return "batch " + std::to_string(c.batch) + " seq " + std::to_string(c.seq) + " Hq " +
          std::to_string(c.q_heads) + " Hkv " + std::to_string(c.kv_heads) +
-         (c.segments ? " with segments" : " without segments");
+         (c.segments ? " with segments" : " without segments") + " window " + std::to_string(c.window) +
+         " softcap " + std::to_string(c.softcap);
 }
 
 // Packed documents: each batch element holds runs of segment ids, one of them
@@ -101,7 +104,9 @@ std::vector<int32_t> TestSegments(int64_t batch, int64_t seq) {
 void CheckAttentionGradients(const AttentionCase& c) {
   SCOPED_TRACE(Describe(c));
   const int64_t hd = 8, rows = c.batch * c.seq;
-  const AttentionShape s{c.batch, c.seq, c.q_heads, c.kv_heads, hd, 1.0 / std::sqrt(double(hd))};
+  AttentionShape s{c.batch, c.seq, c.q_heads, c.kv_heads, hd, 1.0 / std::sqrt(double(hd))};
+  s.window = c.window;
+  s.softcap = c.softcap;
   Vec q = Random<double>(rows * c.q_heads * hd, 11, -2, 2);
   Vec k = Random<double>(rows * c.kv_heads * hd, 12, -2, 2);
   Vec v = Random<double>(rows * c.kv_heads * hd, 13);
@@ -131,6 +136,15 @@ TEST(CpuGradCheck, AttentionBackwardGqaCausalOddLengths) {
 TEST(CpuGradCheck, AttentionBackwardMhaAndSingleKvHead) {
   CheckAttentionGradients({1, 13, 2, 2, false});
   CheckAttentionGradients({1, 7, 3, 1, true});
+}
+
+// A sliding window shorter than the sequence (and than a segment), and
+// soft-capping tight enough that tanh bends the scores (|x| reaches ~2 x cap).
+TEST(CpuGradCheck, AttentionBackwardSlidingWindowAndSoftCap) {
+  CheckAttentionGradients({2, 13, 4, 2, false, 4, 0});
+  CheckAttentionGradients({2, 13, 4, 2, true, 2, 0});
+  CheckAttentionGradients({2, 13, 4, 2, false, 0, 1.5});
+  CheckAttentionGradients({1, 13, 3, 1, true, 5, 1.5});
 }
 
 // A gated activation's backward (SwiGLU, GeGLU-tanh) against central differences of its forward,
@@ -178,6 +192,26 @@ TEST(CpuGradCheck, CrossEntropyGradientWithIgnoredTargets) {
     EXPECT_EQ(grad[1 * V + j], 0.0);
     EXPECT_EQ(grad[4 * V + j], 0.0);
   }
+}
+
+// Gemma 2's final_logit_softcapping: the loss of SoftCap(x), its gradient with respect to x (the
+// raw logits) from CrossEntropy's softcap, in place over the capped logits as the model calls it.
+TEST(CpuGradCheck, SoftCappedCrossEntropyGradientIsThroughTheCap) {
+  const int64_t rows = 5, V = 9;
+  const std::vector<int32_t> targets = {2, -100, 8, 0, 2};
+  const double scale = 1.0 / 4, cap = 1.5;
+  Vec logits = Random<double>(rows * V, 37, -4, 4);  // |x| up to 2.7 cap: tanh bends
+  auto loss = [&] {
+    Vec capped = logits;
+    SoftCap(rows * V, cap, capped.data());
+    return scale * CrossEntropy(capped.data(), targets.data(), rows, V, 0.0, static_cast<double*>(nullptr));
+  };
+  Vec grad = logits;
+  SoftCap(rows * V, cap, grad.data());
+  for (double y : grad) EXPECT_LT(std::fabs(y), cap);
+  CrossEntropy(grad.data(), targets.data(), rows, V, scale, grad.data(), cap);
+  ExpectGradMatchesFiniteDifferences(grad, logits, loss, "dlogits");
+  for (int64_t j = 0; j < V; ++j) EXPECT_EQ(grad[1 * V + j], 0.0);
 }
 
 TEST(CpuGradCheck, EmbeddingBackwardAccumulatesRepeatedIds) {

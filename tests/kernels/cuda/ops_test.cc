@@ -72,12 +72,12 @@ class CudaOpsTest : public CudaOpTest {
   }
 
   template <typename T>
-  void CheckRope(int64_t rows, int64_t heads, int64_t hd, bool inverse) {
-    const int64_t max_pos = 300, half = hd / 2;
+  void CheckRope(int64_t rows, int64_t heads, int64_t hd, bool inverse, int64_t rotary = 0) {
+    const int64_t max_pos = 300, half = (rotary > 0 ? rotary : hd) / 2;
     std::vector<float> cos_t(max_pos * half), sin_t(max_pos * half);
     for (int64_t p = 0; p < max_pos; ++p) {
       for (int64_t i = 0; i < half; ++i) {
-        const double theta = p * std::pow(10000.0, -2.0 * i / hd);
+        const double theta = p * std::pow(10000.0, -1.0 * static_cast<double>(i) / static_cast<double>(half));
         cos_t[p * half + i] = static_cast<float>(std::cos(theta));
         sin_t[p * half + i] = static_cast<float>(std::sin(theta));
       }
@@ -89,11 +89,11 @@ class CudaOpsTest : public CudaOpTest {
     const std::vector<float> x = RoundTo<T>(Random(rows * heads * hd));
     DeviceBuffer<T> dx(Encode<T>(x)), dcos(Encode<T>(cos_t)), dsin(Encode<T>(sin_t));
     DeviceBuffer<int32_t> dpos(pos);
-    FT_ASSERT_OK(
-        RopeApply<T>(dx.get(), rows, heads, hd, dpos.get(), dcos.get(), dsin.get(), inverse, stream_));
+    FT_ASSERT_OK(RopeApply<T>(dx.get(), rows, heads, hd, dpos.get(), dcos.get(), dsin.get(), inverse, stream_,
+                              rotary));
     std::vector<double> ref = ToDouble(x);
     cpu::RopeApply<double>(ref.data(), rows, heads, hd, pos.data(), ToDouble(cos_t).data(),
-                           ToDouble(sin_t).data(), inverse);
+                           ToDouble(sin_t).data(), inverse, rotary);
     EXPECT_TRUE(Close(inverse ? "rope inverse" : "rope", dx.DownloadFloat(), ref, Bound<T>()));
   }
 
@@ -264,6 +264,8 @@ TEST_F(CudaOpsTest, RopeAndItsInverseMatchCpu) {
     CheckRope<float>(13, 3, 64, inverse);
     CheckRope<float>(5, 2, 6, inverse);
     CheckRope<bf16>(13, 4, 128, inverse);
+    CheckRope<float>(13, 3, 64, inverse, 48);  // partial rotary (Phi-4-mini: 0.75)
+    CheckRope<bf16>(13, 4, 128, inverse, 96);
   }
 }
 
