@@ -184,6 +184,46 @@ TEST_F(FtTrainCliTest, QloraMergeWritesTheDequantizedBasePlusAdapter) {
   ExpectMergedEqualsBasePlusAdapter(nf4, "QLoRA merged vs NF4 base+adapter logits");
 }
 
+// Each family with a layout of its own (Phi-3's fused projections, Gemma 2's soft-caps and
+// alternating windows): trained with target_modules [all-linear], its PEFT adapter lists the
+// family's modules, and the merged model is that family's config.json and tensor names (fused
+// tensors kept fused) and gives base + adapter's logits.
+TEST_F(FtTrainCliTest, EachFamilysMergeKeepsItsOwnLayoutAndEqualsBasePlusAdapter) {
+  for (const std::string preset : {"tiny-phi3", "tiny-gemma2"}) {
+    SCOPED_TRACE(preset);
+    fs::remove_all(dir_ + "/model");
+    fs::remove_all(dir_ + "/out");
+    ASSERT_EQ(FtTrain("make-model --preset " + preset + " --out " + dir_ + "/model", dir_).exit_code, 0);
+    std::ofstream(dir_ + "/job.yaml")
+        << "model: {path: model, dtype: fp32}\n"
+           "adapter: {type: lora, r: 8, alpha: 16, target_modules: [all-linear]}\n"
+           "data: {train: data.jsonl, format: tokens, seq_len: 64, packing: false}\n"
+           "train: {max_steps: 4, global_batch_size: 8, lr: 1.0e-2}\n"
+           "output: {dir: out, merge: true}\n";
+    CliResult run = FtTrain("run " + dir_ + "/job.yaml", dir_);
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    const ModelConfig base = *ReadHfConfig(dir_ + "/model");
+    auto adapter = ReadPeftAdapterConfig(dir_ + "/out/adapter");
+    ASSERT_TRUE(adapter.ok()) << adapter.status().ToString();
+    EXPECT_EQ(adapter->target_modules, ModuleNames(base));
+    auto merged = ReadHfConfig(dir_ + "/out/merged");
+    ASSERT_TRUE(merged.ok()) << merged.status().ToString();
+    EXPECT_EQ(merged->model_type, base.model_type);
+    EXPECT_EQ(*merged, base);
+    auto weights = SafetensorsFile::Open(dir_ + "/out/merged/model.safetensors");
+    ASSERT_TRUE(weights.ok()) << weights.status().ToString();
+    const std::string first = "model.layers.0." + ModulePath(base, ModuleKind::kQ) + ".weight";
+    ASSERT_NE((*weights)->Find(first), nullptr) << first;
+    EXPECT_EQ((*weights)->Find(first)->shape,
+              (std::vector<int64_t>{ModuleShape(base, ModuleKind::kQ).out, base.hidden_size}));
+    if (base.fused_projections) {
+      EXPECT_EQ((*weights)->Find("model.layers.0.self_attn.k_proj.weight"), nullptr) << "kept fused";
+      EXPECT_NE((*weights)->Find("model.layers.1.mlp.gate_up_proj.weight"), nullptr);
+    }
+    ExpectMergedEqualsBasePlusAdapter({}, "merged vs base+adapter logits");
+  }
+}
+
 TEST_F(FtTrainCliTest, HeldOutEvalLossIsLoggedAndFalls) {
   ASSERT_EQ(FtTrain("make-model --preset tiny-llama --out " + dir_ + "/model", dir_).exit_code, 0);
   // The last 16 examples are held out.
