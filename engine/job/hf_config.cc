@@ -157,6 +157,7 @@ StatusOr<ModelConfig> ParseHfConfig(const std::string& text, const std::string& 
   FT_RETURN_IF_ERROR(GetKey(j, "tie_word_embeddings", file, &c.tie_word_embeddings, false));
   FT_RETURN_IF_ERROR(GetKey(j, "torch_dtype", file, &c.torch_dtype, false));
   FT_RETURN_IF_ERROR(GetKey(j, "bos_token_id", file, &c.bos_token_id, false));
+  FT_RETURN_IF_ERROR(GetKey(j, "pad_token_id", file, &c.pad_token_id, false));
   if (j.contains("eos_token_id") && j["eos_token_id"].is_array()) {
     if (!j["eos_token_id"].empty()) c.eos_token_id = j["eos_token_id"][0].get<int64_t>();
   } else {
@@ -268,6 +269,7 @@ std::string HfConfigJson(const ModelConfig& c) {
   j["torch_dtype"] = c.torch_dtype;
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
+  if (c.pad_token_id >= 0) j["pad_token_id"] = c.pad_token_id;
   if (c.sliding_window > 0) j["sliding_window"] = c.sliding_window;
   return j.dump(2) + "\n";
 }

@@ -45,6 +45,10 @@ std::map<std::string, std::string> JobMathKeys(const JobSpec& spec, const std::s
   };
   std::string targets;
   std::vector<std::string> sorted = spec.adapter.target_modules;
+  // all-linear hashes as the seven names it meant when it was the unwritten default (so a
+  // checkpoint written then still resumes); model.path tells a fused family's apart.
+  if (sorted == std::vector<std::string>{"all-linear"})
+    sorted = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   std::sort(sorted.begin(), sorted.end());
   for (const auto& t : sorted) targets += (targets.empty() ? "" : ",") + t;
   const bool lora = spec.adapter.type == AdapterType::kLora;

@@ -39,8 +39,9 @@ struct JobSpec {
     double alpha = 32;
     double dropout = 0.0;
     bool rslora = false;
-    std::vector<std::string> target_modules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                               "gate_proj", "up_proj", "down_proj"};
+    // PEFT's all-linear (every linear of the model's family: q..down_proj, Phi-3's fused ones),
+    // resolved against the model (ResolveTargetModules).
+    std::vector<std::string> target_modules = {"all-linear"};
     std::string init;  // PEFT adapter directory, or ""
   } adapter;
 

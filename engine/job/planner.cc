@@ -76,8 +76,9 @@ int64_t WorkspaceBytes(const PlanRequest& r, int64_t rows, int64_t max_linear) {
          + std::min(rows, chunk) * V * kF32               // logits chunk
          + std::min(rows, chunk) * D * (act + kF32)       // the head's gathered rows and their gradient
          + rows * 6 * 4                                   // int32 batch inputs (4), head rows and targets
-         + 2 * r.seq_len * (c.rotary_dim() / 2) * kF32    // RoPE cos/sin
-         + (r.nf4 ? max_linear * (low ? 2 : kF32) : 0)  // one NF4 linear dequantised to its GEMM operand type
+         // RoPE cos/sin (and Gemma 3's sliding layers' own)
+         + (c.rope_local_theta > 0 ? 2 : 1) * 2 * r.seq_len * (c.rotary_dim() / 2) * kF32 +
+         (r.nf4 ? max_linear * (low ? 2 : kF32) : 0)  // one NF4 linear dequantised to its GEMM operand type
          // CUDA under bf16/fp16 (engine/model/cuda_backend.cu): the 16-bit copies of fp32 GEMM operands
          // (a full fine-tune's weight, a gradient; kept for LoRA too, whose frozen weights need none
          // now: an upper bound). Its typed ops read 16-bit activations in place: no fp32 staging but

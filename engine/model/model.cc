@@ -1072,7 +1072,10 @@ LossResult Model::HeadForwardBackward(const MicroBatch& mb, ConstAct x_last, flo
     backend_->Gemm(HeadOperands(), false, true, n, V, D, 1.0f, xf, D, HeadWeight(), D, 0.0f, lg, V);
     Round(lg, n * V);
     const float cap = static_cast<float>(config_.final_softcap);  // Gemma 2: cap · tanh(logits / cap)
-    if (cap > 0) backend_->SoftCap(n * V, cap, lg);
+    if (cap > 0) {
+      backend_->SoftCap(n * V, cap, lg);
+      Round(lg, n * V);  // HF caps the bf16 logits in bf16: the capped values are bf16 too
+    }
     if (logits)
       backend_->CopyToHost(logits->data() + r0 * V, lg, static_cast<int64_t>(sizeof(float)) * n * V);
     backend_->CrossEntropy(lg, targets + r0, n, V, grad_scale, backward ? lg : nullptr, loss_sum, cap);

@@ -72,6 +72,7 @@ struct ModelConfig {
   std::string torch_dtype = "float32";
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;
+  int64_t pad_token_id = -1;  // written back as read (Phi3Config's default 32000 may lie outside a vocab)
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }

@@ -150,7 +150,7 @@ TEST_F(FtTrainCliTest, TrainsWithFallingLossAndWritesPeftAdapterAndMergedModel) 
   EXPECT_EQ(cfg["lora_alpha"], 16.0);
   EXPECT_EQ(cfg["use_rslora"], false);
   EXPECT_EQ(cfg["bias"], "none");
-  EXPECT_EQ(cfg["target_modules"].size(), 7u);
+  EXPECT_EQ(cfg["target_modules"].size(), 7u);  // all-linear, resolved to the model's names
   auto adapter = SafetensorsFile::Open(dir_ + "/out/adapter/adapter_model.safetensors");
   ASSERT_TRUE(adapter.ok());
   ModelConfig mc = *ReadHfConfig(dir_ + "/model");
@@ -185,7 +185,7 @@ TEST_F(FtTrainCliTest, QloraMergeWritesTheDequantizedBasePlusAdapter) {
 }
 
 // Each family with a layout of its own (Phi-3's fused projections, Gemma 2's soft-caps and
-// alternating windows): trained with target_modules [all-linear], its PEFT adapter lists the
+// alternating windows): trained with the default target_modules (all-linear), its PEFT adapter lists the
 // family's modules, and the merged model is that family's config.json and tensor names (fused
 // tensors kept fused) and gives base + adapter's logits.
 TEST_F(FtTrainCliTest, EachFamilysMergeKeepsItsOwnLayoutAndEqualsBasePlusAdapter) {
@@ -196,7 +196,7 @@ TEST_F(FtTrainCliTest, EachFamilysMergeKeepsItsOwnLayoutAndEqualsBasePlusAdapter
     ASSERT_EQ(FtTrain("make-model --preset " + preset + " --out " + dir_ + "/model", dir_).exit_code, 0);
     std::ofstream(dir_ + "/job.yaml")
         << "model: {path: model, dtype: fp32}\n"
-           "adapter: {type: lora, r: 8, alpha: 16, target_modules: [all-linear]}\n"
+           "adapter: {type: lora, r: 8, alpha: 16}\n"
            "data: {train: data.jsonl, format: tokens, seq_len: 64, packing: false}\n"
            "train: {max_steps: 4, global_batch_size: 8, lr: 1.0e-2}\n"
            "output: {dir: out, merge: true}\n";

@@ -1,0 +1,103 @@
+// SFT and DPO (engine/train/objective.h).
+#include "engine/train/objective.h"
+
+#include <cmath>
+
+namespace ft {
+
+namespace {
+
+// log sigmoid(x), stable for both signs.
+double LogSigmoid(double x) { return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x)); }
+double Sigmoid(double x) { return x >= 0 ? 1 / (1 + std::exp(-x)) : std::exp(x) / (1 + std::exp(x)); }
+
+class SftObjective : public Objective {
+ public:
+  std::vector<std::string> SumNames() const override { return {"loss"}; }
+  int64_t Normaliser(const Dataset& data, int64_t first, int64_t count, bool shuffle,
+                     uint64_t seed) const override {
+    return data.CountTargets(first, count, shuffle, seed);
+  }
+  StatusOr<std::vector<double>> MicroStep(Model& model, const MicroBatch& mb, float grad_scale) override {
+    return std::vector<double>{model.ForwardBackward(mb, grad_scale).loss_sum};
+  }
+};
+
+// Rows 2i and 2i + 1 of a micro-batch are pair i's chosen and rejected sequences (Dataset's
+// preference rows). The reference is the model with its adapter off (LoRA/QLoRA).
+class DpoObjective : public Objective {
+ public:
+  explicit DpoObjective(const JobSpec::Train::Dpo& dpo) : dpo_(dpo) {}
+
+  std::vector<std::string> SumNames() const override {
+    return {"loss",          "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
+            "logps/chosen", "logps/rejected"};
+  }
+  int64_t Normaliser(const Dataset&, int64_t, int64_t count, bool, uint64_t) const override { return count; }
+
+  StatusOr<std::vector<double>> MicroStep(Model& model, const MicroBatch& mb, float grad_scale) override {
+    model.SetAdapterEnabled(false);
+    const std::vector<SequenceLogProb> ref = model.SequenceLogProbs(mb);
+    model.SetAdapterEnabled(true);
+    std::vector<double> sums(SumNames().size(), 0.0);
+    auto weights = [&](const std::vector<SequenceLogProb>& pi) {
+      std::vector<float> w(pi.size(), 0.0f);
+      for (size_t c = 0; c + 1 < pi.size(); c += 2) {
+        const size_t r = c + 1;
+        const DpoPairTerms t = ComputeDpoPair(dpo_, Value(pi[c]), Value(pi[r]), Value(ref[c]), Value(ref[r]));
+        // The head's gradient is grad_scale x d(-log p)/d(logits) per sequence: the weight of a
+        // sequence is -d(loss)/d(its sum of log-probabilities) (IPO: through the mean).
+        w[c] = static_cast<float>(-t.dloss_dpi_chosen / Count(pi[c]) * grad_scale);
+        w[r] = static_cast<float>(t.dloss_dpi_chosen / Count(pi[r]) * grad_scale);
+        const double add[] = {t.loss,
+                              t.reward_chosen,
+                              t.reward_rejected,
+                              t.reward_chosen - t.reward_rejected,
+                              t.reward_chosen > t.reward_rejected ? 1.0 : 0.0,
+                              Value(pi[c]),
+                              Value(pi[r])};
+        for (size_t k = 0; k < sums.size(); ++k) sums[k] += add[k];
+      }
+      return w;
+    };
+    model.ForwardBackwardBySequence(mb, weights);
+    return sums;
+  }
+
+ private:
+  // A response's log-probability as the loss reads it: the sum, or the mean for IPO.
+  double Value(const SequenceLogProb& s) const { return s.sum / Count(s); }
+  double Count(const SequenceLogProb& s) const {
+    return dpo_.loss == DpoLoss::kIpo ? static_cast<double>(std::max<int64_t>(s.tokens, 1)) : 1.0;
+  }
+
+  JobSpec::Train::Dpo dpo_;
+};
+
+}  // namespace
+
+DpoPairTerms ComputeDpoPair(const JobSpec::Train::Dpo& dpo, double pi_chosen, double pi_rejected,
+                            double ref_chosen, double ref_rejected) {
+  DpoPairTerms t;
+  const double z = (pi_chosen - ref_chosen) - (pi_rejected - ref_rejected);
+  const double beta = dpo.beta, eps = dpo.label_smoothing;
+  if (dpo.loss == DpoLoss::kIpo) {
+    const double d = z - 1 / (2 * beta);
+    t.loss = d * d;
+    t.dloss_dpi_chosen = 2 * d;
+  } else {
+    t.loss = -(1 - eps) * LogSigmoid(beta * z) - eps * LogSigmoid(-beta * z);
+    // d/dz: -(1 - eps) beta sigmoid(-beta z) + eps beta sigmoid(beta z)
+    t.dloss_dpi_chosen = beta * (-(1 - eps) * Sigmoid(-beta * z) + eps * Sigmoid(beta * z));
+  }
+  t.reward_chosen = beta * (pi_chosen - ref_chosen);
+  t.reward_rejected = beta * (pi_rejected - ref_rejected);
+  return t;
+}
+
+std::unique_ptr<Objective> MakeObjective(const JobSpec& spec) {
+  if (spec.train.objective == TrainObjective::kDpo) return std::make_unique<DpoObjective>(spec.train.dpo);
+  return std::make_unique<SftObjective>();
+}
+
+}  // namespace ft
