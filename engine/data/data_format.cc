@@ -1,7 +1,10 @@
 #include "engine/data/data_format.h"
 
 #include <algorithm>
+#include <climits>
 #include <memory>
+#include <tuple>
+#include <utility>
 
 namespace ft {
 
@@ -52,6 +55,32 @@ StatusOr<std::string> StringField(const nlohmann::ordered_json& r, const char* k
   return r[key].get<std::string>();
 }
 
+// A pair from its prompt and responses, truncated as TRL's DPOTrainer does (data_format.h).
+StatusOr<TokenSequence> MakePair(std::vector<int32_t> prompt, std::vector<int32_t> chosen,
+                                 std::vector<int32_t> rejected, const PairLimits& limits,
+                                 const std::string& where, const char* suffix) {
+  const std::string p = std::string("prompt") + suffix;
+  if (prompt.empty()) return Bad(where, "'" + p + "' is empty (the responses need a prompt to follow)");
+  for (const auto& [name, ids] : {std::pair{"chosen", &chosen}, std::pair{"rejected", &rejected}}) {
+    if (ids->empty())
+      return Bad(where, "'" + std::string(name) + suffix + "' is empty (a response needs a token)");
+  }
+  const int64_t max_prompt = limits.max_prompt_len;
+  if (max_prompt > 0 && static_cast<int64_t>(prompt.size()) > max_prompt)
+    prompt.erase(prompt.begin(), prompt.end() - max_prompt);  // keep_end
+  const int64_t room = limits.seq_len > 0 ? limits.seq_len - static_cast<int64_t>(prompt.size()) : INT64_MAX;
+  TokenSequence seq;
+  for (auto [ids, labels, response] : {std::tuple{&seq.ids, &seq.labels, &chosen},
+                                       std::tuple{&seq.rejected_ids, &seq.rejected_labels, &rejected}}) {
+    if (static_cast<int64_t>(response->size()) > room) response->resize(static_cast<size_t>(room));
+    *ids = prompt;
+    ids->insert(ids->end(), response->begin(), response->end());
+    labels->assign(prompt.size(), -100);
+    labels->insert(labels->end(), response->begin(), response->end());
+  }
+  return seq;
+}
+
 }  // namespace
 
 StatusOr<DataFormat> ParseDataFormat(std::string_view name) { return ParseEnum<DataFormat>(name); }
@@ -91,18 +120,20 @@ StatusOr<TokenSequence> ParseTokensJson(const nlohmann::ordered_json& record, co
 }
 
 StatusOr<DataEncoder> DataEncoder::Create(DataFormat format, const Tokenizer* tokenizer, int64_t vocab_size,
-                                          const ChatOptions& chat) {
+                                          const ChatOptions& chat, const PairLimits& pairs) {
   DataEncoder e;
   e.format_ = format;
+  e.pairs_ = pairs;
   e.tokenizer_ = tokenizer;
   e.vocab_size_ = vocab_size;
   if (vocab_size <= 0) return Status::InvalidArgument("data format: the model's vocab_size must be positive");
   if (format == DataFormat::kTokens) return e;
+  if (format == DataFormat::kPreference && tokenizer == nullptr) return e;  // token ids only
   const std::string name = DataFormatName(format);
   if (tokenizer == nullptr) {
     return Status::FailedPrecondition("format: " + name + " needs the model's tokenizer (tokenizer.json)");
   }
-  if (format == DataFormat::kText || format == DataFormat::kAlpaca) {
+  if (format == DataFormat::kText || format == DataFormat::kAlpaca || format == DataFormat::kPreference) {
     const std::optional<int32_t> eos =
         tokenizer->eos_token().empty() ? std::nullopt : tokenizer->TokenToId(tokenizer->eos_token());
     if (!eos) {
@@ -151,6 +182,7 @@ StatusOr<TokenSequence> DataEncoder::Encode(const nlohmann::ordered_json& record
     case DataFormat::kText: seq = EncodeText(record, where); break;
     case DataFormat::kAlpaca: seq = EncodeAlpaca(record, where); break;
     case DataFormat::kChat: seq = EncodeChat(record, where); break;
+    case DataFormat::kPreference: seq = EncodePreference(record, where); break;
   }
   if (!seq.ok()) return seq;
   FT_RETURN_IF_ERROR(CheckVocab(*seq, where));
@@ -158,7 +190,9 @@ StatusOr<TokenSequence> DataEncoder::Encode(const nlohmann::ordered_json& record
 }
 
 Status DataEncoder::CheckVocab(const TokenSequence& seq, const std::string& where) const {
-  for (int32_t id : seq.ids) {
+  std::vector<int32_t> all = seq.ids;
+  all.insert(all.end(), seq.rejected_ids.begin(), seq.rejected_ids.end());
+  for (int32_t id : all) {
     if (id < 0 || id >= vocab_size_) {
       return Bad(where, "the tokenizer produced token id " + std::to_string(id) + ", outside [0, " +
                             std::to_string(vocab_size_) +
@@ -177,6 +211,34 @@ StatusOr<TokenSequence> DataEncoder::EncodeText(const nlohmann::ordered_json& r,
   if (seq.ids.empty() || seq.ids.back() != eos_id_) seq.ids.push_back(eos_id_);
   seq.labels = seq.ids;
   return seq;
+}
+
+StatusOr<TokenSequence> DataEncoder::EncodePreference(const nlohmann::ordered_json& r,
+                                                      const std::string& where) const {
+  static constexpr char kHint[] =
+      "format: preference expects {\"prompt_ids\", \"chosen_ids\", \"rejected_ids\"} or {\"prompt\", "
+      "\"chosen\", \"rejected\"}";
+  if (r.contains("prompt_ids")) {
+    std::vector<int32_t> parts[3];
+    const char* keys[] = {"prompt_ids", "chosen_ids", "rejected_ids"};
+    for (int i = 0; i < 3; ++i) {
+      if (!r.contains(keys[i])) return Bad(where, std::string("missing '") + keys[i] + "' (" + kHint + ")");
+      FT_ASSIGN_OR_RETURN(parts[i], ReadIds(r, keys[i], where, vocab_size_, false));
+    }
+    return MakePair(parts[0], parts[1], parts[2], pairs_, where, "_ids");
+  }
+  if (tokenizer_ == nullptr) {
+    return Bad(where,
+               std::string("no 'prompt_ids': the text form needs the model's tokenizer (") + kHint + ")");
+  }
+  std::vector<int32_t> parts[3];
+  const char* keys[] = {"prompt", "chosen", "rejected"};
+  for (int i = 0; i < 3; ++i) {
+    FT_ASSIGN_OR_RETURN(std::string text, StringField(r, keys[i], where, kHint, true));
+    FT_ASSIGN_OR_RETURN(parts[i], Tokenized(tokenizer_->Encode(text, /*add_special_tokens=*/false), where));
+    if (i > 0 && !text.empty()) parts[i].push_back(eos_id_);  // TRL: each response ends with EOS
+  }
+  return MakePair(parts[0], parts[1], parts[2], pairs_, where, "");
 }
 
 StatusOr<TokenSequence> DataEncoder::EncodeAlpaca(const nlohmann::ordered_json& r,
@@ -251,8 +313,8 @@ StatusOr<TokenSequence> DataEncoder::EncodeChat(const nlohmann::ordered_json& r,
 }
 
 StatusOr<RecordEncoder> MakeRecordEncoder(DataFormat format, const Tokenizer* tokenizer, int64_t vocab_size,
-                                          const ChatOptions& chat) {
-  FT_ASSIGN_OR_RETURN(DataEncoder e, DataEncoder::Create(format, tokenizer, vocab_size, chat));
+                                          const ChatOptions& chat, const PairLimits& pairs) {
+  FT_ASSIGN_OR_RETURN(DataEncoder e, DataEncoder::Create(format, tokenizer, vocab_size, chat, pairs));
   auto shared = std::make_shared<const DataEncoder>(std::move(e));
   return RecordEncoder([shared](const std::string& line, const std::string& where) {
     return shared->EncodeLine(line, where);

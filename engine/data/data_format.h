@@ -18,6 +18,12 @@
 //           tokenized once with add_special_tokens=false (the template writes
 //           BOS itself where the model wants one); loss only on tokens that
 //           start inside an assistant turn (its end-of-turn token included).
+//   preference  TRL's preference rows, one pair (TokenSequence::rejected_*):
+//           {"prompt_ids", "chosen_ids", "rejected_ids"}  token ids as given (no BOS or EOS);
+//           {"prompt", "chosen", "rejected"} strings: each tokenized without special tokens, EOS
+//           appended to each response (TRL's tokenize_row for a decoder-only model).
+//           A prompt longer than max_prompt_len keeps its last max_prompt_len tokens (TRL's
+//           keep_end); each response is then cut to seq_len - prompt. Loss on the responses.
 //
 // Every id must lie in [0, vocab_size) of the model. Errors are
 // InvalidArgument "<where>: <field>: <problem> (<how to fix>)", `where` being
@@ -65,6 +71,12 @@ struct ChatOptions {
   std::function<bool()> stop_requested;
 };
 
+// data.format: preference's truncation (data.max_prompt_len, data.seq_len).
+struct PairLimits {
+  int64_t max_prompt_len = 0;  // 0 = no prompt truncation
+  int64_t seq_len = 0;         // 0 = none
+};
+
 class DataEncoder {
  public:
   // `tokenizer` is needed by text, alpaca and chat (not tokens); it is
@@ -72,7 +84,7 @@ class DataEncoder {
   // the tokenizer lacks (no EOS token for text/alpaca, no chat template for
   // chat) or the chat template does not parse.
   static StatusOr<DataEncoder> Create(DataFormat format, const Tokenizer* tokenizer, int64_t vocab_size,
-                                      const ChatOptions& chat = {});
+                                      const ChatOptions& chat = {}, const PairLimits& pairs = {});
 
   // One JSONL line (parsed with key order kept). `where` is "file:line".
   StatusOr<TokenSequence> EncodeLine(std::string_view line, const std::string& where) const;
@@ -85,6 +97,7 @@ class DataEncoder {
   StatusOr<TokenSequence> EncodeText(const nlohmann::ordered_json& r, const std::string& where) const;
   StatusOr<TokenSequence> EncodeAlpaca(const nlohmann::ordered_json& r, const std::string& where) const;
   StatusOr<TokenSequence> EncodeChat(const nlohmann::ordered_json& r, const std::string& where) const;
+  StatusOr<TokenSequence> EncodePreference(const nlohmann::ordered_json& r, const std::string& where) const;
   Status CheckVocab(const TokenSequence& seq, const std::string& where) const;
 
   DataFormat format_ = DataFormat::kTokens;
@@ -93,12 +106,13 @@ class DataEncoder {
   int32_t eos_id_ = -1;
   std::optional<ChatTemplate> chat_template_;
   ChatVars chat_vars_;
+  PairLimits pairs_;
 };
 
 // The encoder engine/data/dataset.h streams a file through: DataEncoder::EncodeLine
 // behind a std::function (the DataEncoder is owned by the function; the
 // tokenizer is still borrowed).
 StatusOr<RecordEncoder> MakeRecordEncoder(DataFormat format, const Tokenizer* tokenizer, int64_t vocab_size,
-                                          const ChatOptions& chat = {});
+                                          const ChatOptions& chat = {}, const PairLimits& pairs = {});
 
 }  // namespace ft

@@ -46,6 +46,27 @@ int32_t TargetCount(const TokenSequence& seq, int64_t n) {
       std::count_if(seq.labels.begin() + 1, seq.labels.begin() + n, [](int32_t v) { return v != -100; }));
 }
 
+// An example's index entry: its tokens after truncation to seq_len (a pair's longer sequence)
+// and its targets (a pair's two sequences together).
+struct ExampleCounts {
+  int64_t tokens = 0;
+  int32_t targets = 0;
+};
+ExampleCounts CountExample(const TokenSequence& seq, int64_t seq_len) {
+  const int64_t n = std::min<int64_t>(static_cast<int64_t>(seq.ids.size()), seq_len);
+  if (!seq.is_pair()) return {n, n >= 1 ? TargetCount(seq, n) : 0};
+  const int64_t r = std::min<int64_t>(static_cast<int64_t>(seq.rejected_ids.size()), seq_len);
+  const TokenSequence rejected{seq.rejected_ids, seq.rejected_labels, {}, {}};
+  return {std::max(n, r), (n >= 1 ? TargetCount(seq, n) : 0) + (r >= 1 ? TargetCount(rejected, r) : 0)};
+}
+
+// Keeps the first seq_len tokens of each of the example's sequences.
+void Truncate(TokenSequence& seq, int64_t seq_len) {
+  for (auto* v : {&seq.ids, &seq.labels, &seq.rejected_ids, &seq.rejected_labels}) {
+    if (static_cast<int64_t>(v->size()) > seq_len) v->resize(static_cast<size_t>(seq_len));
+  }
+}
+
 }  // namespace
 
 StatusOr<TokenSequence> ParseTokensRecord(const std::string& line, const std::string& where,
@@ -59,7 +80,9 @@ StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const DatasetOptions& options, 
   std::unique_ptr<Dataset> ds(new Dataset());
   ds->options_ = options;
   // Token counts depend on truncation, so seq_len is part of what the index is for.
-  ds->options_.cache_key = options.cache_key + ";seq_len=" + std::to_string(options.seq_len);
+  ds->options_.cache_key =
+      options.cache_key + ";seq_len=" + std::to_string(options.seq_len) + (options.pairs ? ";pairs" : "");
+  FT_CHECK(!options.pairs || !options.packing);  // a pair is a row of its own (job_spec.cc refuses packing)
   ds->encode_ = std::move(encode);
   // Stamped before the hash, so a change after it shows (within the allowed roots, as every open).
   FT_ASSIGN_OR_RETURN(const std::string confined, Confine(options.path));
@@ -115,8 +138,11 @@ Status Dataset::BuildIndex(const std::string& sha) {
     Status bad;
     if (!seq.ok()) {
       bad = seq.status();
-    } else if (seq->ids.size() < 2) {
+    } else if (seq->ids.size() < 2 || (seq->is_pair() && seq->rejected_ids.size() < 2)) {
       bad = Status::InvalidArgument(where + ": an example needs at least 2 tokens");
+    } else if (seq->is_pair() != options_.pairs) {
+      bad = Status::InvalidArgument(where +
+                                    (options_.pairs ? ": not a preference pair" : ": a preference pair"));
     }
     if (!bad.ok()) {
       if (!options_.skip_bad_lines) {
@@ -127,9 +153,9 @@ Status Dataset::BuildIndex(const std::string& sha) {
       lines_.push_back(entry);
       continue;
     }
-    const int64_t n = std::min<int64_t>(static_cast<int64_t>(seq->ids.size()), options_.seq_len);
-    entry.tokens = static_cast<int32_t>(n);
-    entry.targets = TargetCount(*seq, n);
+    const ExampleCounts counts = CountExample(*seq, options_.seq_len);
+    entry.tokens = static_cast<int32_t>(counts.tokens);
+    entry.targets = counts.targets;
     lines_.push_back(entry);
   }
   if (in.bad()) return Status::IOError(options_.path + ": read failed");
@@ -201,8 +227,9 @@ Status Dataset::CheckIndexLines(const std::vector<Line>& lines) const {
     }
     next = l.offset + l.bytes + 1;
     const bool bad_line = l.tokens == -1 && l.targets == 0;
+    const int64_t sequences = options_.pairs ? 2 : 1;  // a pair's targets are both sequences'
     const bool example =
-        l.tokens >= 2 && l.tokens <= options_.seq_len && l.targets >= 0 && l.targets < l.tokens;
+        l.tokens >= 2 && l.tokens <= options_.seq_len && l.targets >= 0 && l.targets < sequences * l.tokens;
     if (!bad_line && !example) {
       return Status::Corruption(which() + std::to_string(l.tokens) + " tokens and " +
                                 std::to_string(l.targets) + " targets are impossible at seq_len " +
@@ -279,12 +306,10 @@ StatusOr<TokenSequence> Dataset::ReadExample(std::istream& in, int64_t example) 
     FT_RETURN_IF_ERROR(CheckUnchanged());
   }
   FT_ASSIGN_OR_RETURN(TokenSequence seq, std::move(encoded));
-  if (static_cast<int64_t>(seq.ids.size()) > options_.seq_len) {
-    seq.ids.resize(options_.seq_len);
-    if (!seq.labels.empty()) seq.labels.resize(options_.seq_len);
-  }
-  const int64_t n = static_cast<int64_t>(seq.ids.size());
-  const int32_t targets = n >= 1 ? TargetCount(seq, n) : 0;
+  Truncate(seq, options_.seq_len);
+  const ExampleCounts counts = CountExample(seq, options_.seq_len);
+  const int64_t n = counts.tokens;
+  const int32_t targets = counts.targets;
   if (n != l.tokens || (n >= 1 && targets != l.targets)) {
     // The data changed since Open, or the index lies: either way the next Open must re-index.
     std::error_code ec;
@@ -303,34 +328,40 @@ StatusOr<MicroBatch> Dataset::MakeBatch(int64_t first, int64_t count, bool shuff
   struct Row {
     std::vector<int32_t> ids, targets, positions, segments;
   };
-  std::vector<Row> rows(count);
+  // Pairs: data row r becomes batch rows 2r (chosen) and 2r + 1 (rejected).
+  const int64_t per_row = options_.pairs ? 2 : 1;
+  std::vector<Row> rows(count * per_row);
   MicroBatch mb;
-  mb.batch = count;
-  mb.first_sequence = first;
+  mb.batch = count * per_row;
+  mb.first_sequence = first * per_row;
   FT_ASSIGN_OR_RETURN(const std::string confined, Confine(options_.path));  // at every open (roots)
   std::ifstream in(confined, std::ios::binary);
   if (!in) return Status::IOError(options_.path + ": cannot open training data");
+  auto append = [](Row& row, const std::vector<int32_t>& ids, const std::vector<int32_t>& given_labels,
+                   int32_t segment) {
+    const std::vector<int32_t>& labels = given_labels.empty() ? ids : given_labels;
+    const int64_t n = static_cast<int64_t>(ids.size());
+    for (int64_t t = 0; t < n; ++t) {
+      row.ids.push_back(ids[t]);
+      row.targets.push_back(t + 1 < n ? labels[t + 1] : -100);  // no target across examples
+      row.positions.push_back(static_cast<int32_t>(t));
+      row.segments.push_back(segment);
+    }
+  };
   for (int64_t b = 0; b < count; ++b) {
     const int64_t r = RowAt(first + b, shuffle, seed);
-    Row& row = rows[b];
     for (int64_t e = row_first_[r]; e < row_first_[r + 1]; ++e) {
       FT_ASSIGN_OR_RETURN(TokenSequence seq, ReadExample(in, e));
-      const std::vector<int32_t>& labels = seq.labels.empty() ? seq.ids : seq.labels;
-      const int64_t n = static_cast<int64_t>(seq.ids.size());
-      for (int64_t t = 0; t < n; ++t) {
-        row.ids.push_back(seq.ids[t]);
-        row.targets.push_back(t + 1 < n ? labels[t + 1] : -100);  // no target across examples
-        row.positions.push_back(static_cast<int32_t>(t));
-        row.segments.push_back(static_cast<int32_t>(e - row_first_[r]));
-      }
+      append(rows[b * per_row], seq.ids, seq.labels, static_cast<int32_t>(e - row_first_[r]));
+      if (options_.pairs) append(rows[b * per_row + 1], seq.rejected_ids, seq.rejected_labels, 0);
     }
-    mb.seq = std::max<int64_t>(mb.seq, static_cast<int64_t>(row.ids.size()));
   }
+  for (const Row& row : rows) mb.seq = std::max<int64_t>(mb.seq, static_cast<int64_t>(row.ids.size()));
   mb.ids.assign(mb.rows(), 0);
   mb.targets.assign(mb.rows(), -100);
   mb.positions.assign(mb.rows(), 0);
   if (options_.packing) mb.segments.assign(mb.rows(), -1);  // padding: its own segment
-  for (int64_t b = 0; b < count; ++b) {
+  for (int64_t b = 0; b < mb.batch; ++b) {
     const Row& row = rows[b];
     for (size_t t = 0; t < row.ids.size(); ++t) {
       const int64_t i = b * mb.seq + static_cast<int64_t>(t);

@@ -46,6 +46,10 @@ namespace ft {
 struct TokenSequence {
   std::vector<int32_t> ids;
   std::vector<int32_t> labels;
+  // A preference pair (data.format: preference): ids/labels above are the prompt and the chosen
+  // response, these the prompt and the rejected one (labels -100 on the prompt). Empty otherwise.
+  std::vector<int32_t> rejected_ids, rejected_labels;
+  bool is_pair() const { return !rejected_ids.empty(); }
 };
 
 // Encodes one JSONL line (`where` = "file:line" for messages).
@@ -59,6 +63,9 @@ struct DatasetOptions {
   bool skip_bad_lines = false;  // skip (and count) lines that fail to parse or encode
   std::string cache_key;        // what else the encoding depends on (format, tokenizer, vocab)
   bool use_cache = true;        // read/write <path>.ftidx
+  // Every example is a preference pair (TokenSequence::is_pair): a row is one pair, and a
+  // micro-batch holds its chosen and rejected sequences as batch rows 2i and 2i + 1.
+  bool pairs = false;
   // Polled between lines while the file is indexed: true stops Open with Cancelled (a stop
   // request during data preparation). Unset: never.
   std::function<bool()> stop_requested;

@@ -42,7 +42,7 @@ struct EnumTraits<AdapterType> {
 };
 
 // data.format (engine/data/data_format.h encodes each)
-enum class DataFormat { kTokens, kText, kAlpaca, kChat };
+enum class DataFormat { kTokens, kText, kAlpaca, kChat, kPreference };
 template <>
 struct EnumTraits<DataFormat> {
   static constexpr std::string_view kWhat = "data.format";
@@ -51,6 +51,31 @@ struct EnumTraits<DataFormat> {
       {"alpaca", DataFormat::kAlpaca, "{\"instruction\", \"input\"?, \"output\"}: loss on the output"},
       {"chat", DataFormat::kChat, "{\"messages\": [...]} through the chat template: loss on assistant turns"},
       {"tokens", DataFormat::kTokens, "{\"input_ids\", \"labels\"?}: token ids as given"},
+      {"preference", DataFormat::kPreference,
+       "{\"prompt_ids\", \"chosen_ids\", \"rejected_ids\"}: preference pairs for train.objective: dpo"},
+  };
+};
+
+// train.objective (engine/train/objective.h)
+enum class TrainObjective { kSft, kDpo };
+template <>
+struct EnumTraits<TrainObjective> {
+  static constexpr std::string_view kWhat = "train.objective";
+  static constexpr EnumEntry<TrainObjective> kTable[] = {
+      {"sft", TrainObjective::kSft, "mean token cross-entropy of the targets (supervised fine-tuning)"},
+      {"dpo", TrainObjective::kDpo,
+       "TRL's DPO on preference pairs (data.format: preference), the reference being the adapter off"},
+  };
+};
+
+// train.dpo.loss
+enum class DpoLoss { kSigmoid, kIpo };
+template <>
+struct EnumTraits<DpoLoss> {
+  static constexpr std::string_view kWhat = "train.dpo.loss";
+  static constexpr EnumEntry<DpoLoss> kTable[] = {
+      {"sigmoid", DpoLoss::kSigmoid, "-log sigmoid(beta z) (DPO), with label_smoothing as TRL's"},
+      {"ipo", DpoLoss::kIpo, "(z - 1/(2 beta))^2 over mean response log-probabilities (IPO)"},
   };
 };
 

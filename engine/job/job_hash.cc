@@ -86,6 +86,13 @@ std::map<std::string, std::string> JobMathKeys(const JobSpec& spec, const std::s
     m["train.loss_scale_init"] = num(spec.train.loss_scale_init);
     m["train.loss_scale_growth_interval"] = std::to_string(spec.train.loss_scale_growth_interval);
   }
+  if (spec.train.objective != TrainObjective::kSft) {  // SFT jobs hash as they always have
+    m["train.objective"] = name(spec.train.objective);
+    m["train.dpo.beta"] = num(spec.train.dpo.beta);
+    m["train.dpo.loss"] = name(spec.train.dpo.loss);
+    m["train.dpo.label_smoothing"] = num(spec.train.dpo.label_smoothing);
+    m["data.max_prompt_len"] = std::to_string(spec.data.max_prompt_len);
+  }
   if (lora) {
     m["adapter.r"] = std::to_string(spec.adapter.r);
     m["adapter.alpha"] = num(spec.adapter.alpha);

@@ -131,6 +131,8 @@ Status ParseData(const YamlMap& m, JobSpec::Data* s) {
       s->chat_template_vars[it->first.Scalar()] = it->second.Scalar();
     }
   }
+  FT_RETURN_IF_ERROR(
+      GetInt(m, "max_prompt_len", 0, int64_t{1} << 24, &s->max_prompt_len, " (0 = seq_len / 2)"));
   return m.Get("eval", &s->eval);
 }
 
@@ -156,7 +158,8 @@ const std::vector<std::string> kTrainKeys = {
     "lr", "lr_schedule", "warmup_steps", "weight_decay", "max_grad_norm",
     "adam_beta1", "adam_beta2", "adam_eps", "optimizer", "seed",
     "activation_checkpointing", "cpu_offload", "attention", "gradient_sum",
-    "eval_every_steps", "eval_max_batches", "loss_scale_init", "loss_scale_growth_interval"};
+    "eval_every_steps", "eval_max_batches", "loss_scale_init", "loss_scale_growth_interval",
+    "objective", "dpo"};
 // clang-format on
 
 Status ParseTrain(const YamlMap& m, JobSpec::Train* s) {
@@ -193,7 +196,68 @@ Status ParseTrain(const YamlMap& m, JobSpec::Train* s) {
   FT_RETURN_IF_ERROR(GetInt(m, "loss_scale_growth_interval", 1, kMaxSteps, &s->loss_scale_growth_interval,
                             " (good steps before the scale doubles)"));
   FT_RETURN_IF_ERROR(GetChoice(m, "gradient_sum", &s->gradient_sum));
+  FT_RETURN_IF_ERROR(GetChoice(m, "objective", &s->objective));
+  if (m.Has("dpo")) {
+    FT_ASSIGN_OR_RETURN(YamlMap dpo, m.Child("dpo"));
+    FT_RETURN_IF_ERROR(dpo.CheckKnownKeys({"beta", "loss", "label_smoothing"}));
+    FT_RETURN_IF_ERROR(GetNumber(dpo, "beta", 0, 1e3, true, &s->dpo.beta, " (TRL's default: 0.1)"));
+    FT_RETURN_IF_ERROR(GetChoice(dpo, "loss", &s->dpo.loss));
+    FT_RETURN_IF_ERROR(GetNumber(dpo, "label_smoothing", 0, 0.5, false, &s->dpo.label_smoothing,
+                                 " (the assumed rate of flipped labels; 0 = none)"));
+    FT_RETURN_IF_ERROR(Require(s->dpo.label_smoothing < 0.5, dpo, "label_smoothing", "must be below 0.5"));
+    FT_RETURN_IF_ERROR(Require(s->dpo.label_smoothing == 0 || s->dpo.loss == DpoLoss::kSigmoid, dpo,
+                               "label_smoothing", "applies to loss: sigmoid only"));
+  }
   return GetChoice(m, "attention", &s->attention);
+}
+
+// train.objective: dpo and data.format: preference go together; DPO's reference is the adapter
+// switched off, so it needs LoRA; pairs are rows of their own (no packing) and evaluation is SFT's.
+Status CheckObjective(const YamlMap& root, JobSpec* spec) {
+  FT_ASSIGN_OR_RETURN(YamlMap train, root.Child("train"));
+  FT_ASSIGN_OR_RETURN(YamlMap data, root.Child("data"));
+  const bool dpo = spec->train.objective == TrainObjective::kDpo;
+  const bool pairs = spec->data.format == DataFormat::kPreference;
+  if (dpo != pairs) {
+    return Status::InvalidArgument(dpo ? train.Where("objective") +
+                                             ": train.objective: dpo needs data.format: "
+                                             "preference (prompt, chosen, rejected)"
+                                       : data.Where("format") +
+                                             ": data.format: preference holds pairs for "
+                                             "train.objective: dpo; set it");
+  }
+  if (!dpo) {
+    for (const auto& [section, key] : {std::pair{&train, "dpo"}, std::pair{&data, "max_prompt_len"}}) {
+      if (section->Has(key)) {
+        return Status::InvalidArgument(section->Where(key) + ": " + key +
+                                       " is used by train.objective: dpo only; remove it");
+      }
+    }
+    return Status::OK();
+  }
+  if (spec->adapter.type != AdapterType::kLora) {
+    return Status::InvalidArgument(train.Where("objective") +
+                                   ": train.objective: dpo takes its reference from the model with the "
+                                   "adapter off, so it needs adapter.type: lora (a full fine-tune's frozen "
+                                   "reference copy is not implemented yet)");
+  }
+  if (spec->data.packing && data.Has("packing")) {
+    return Status::InvalidArgument(data.Where("packing") +
+                                   ": data.packing: preference pairs are rows of "
+                                   "their own; set packing: false");
+  }
+  spec->data.packing = false;
+  if (!spec->data.eval.empty()) {
+    return Status::InvalidArgument(data.Where("eval") +
+                                   ": data.eval with train.objective: dpo is not implemented yet; remove it");
+  }
+  if (spec->data.max_prompt_len == 0) spec->data.max_prompt_len = spec->data.seq_len / 2;
+  if (spec->data.max_prompt_len >= spec->data.seq_len) {
+    return Status::InvalidArgument(data.Where("max_prompt_len") + ": data.max_prompt_len (" +
+                                   std::to_string(spec->data.max_prompt_len) + ") must be below seq_len (" +
+                                   std::to_string(spec->data.seq_len) + ") to leave room for the responses");
+  }
+  return Status::OK();
 }
 
 // The evaluation keys need data.eval; eval_every_steps defaults to checkpoint.every_steps.
@@ -383,7 +447,7 @@ StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& 
                              [&](const YamlMap& m) { return ParseAdapter(m, &spec.adapter); }));
   FT_RETURN_IF_ERROR(Section(root, "data",
                              {"train", "format", "seq_len", "packing", "shuffle", "skip_bad_lines",
-                              "chat_template", "chat_template_vars", "eval"},
+                              "chat_template", "chat_template_vars", "eval", "max_prompt_len"},
                              [&](const YamlMap& m) { return ParseData(m, &spec.data); }));
   FT_RETURN_IF_ERROR(
       Section(root, "train", kTrainKeys, [&](const YamlMap& m) { return ParseTrain(m, &spec.train); }));
@@ -402,6 +466,7 @@ StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& 
   }));
   FT_RETURN_IF_ERROR(CheckBatchPlan(*root.Child("train"), spec));
   FT_RETURN_IF_ERROR(ResolveEval(root, &spec));
+  FT_RETURN_IF_ERROR(CheckObjective(root, &spec));
   FT_RETURN_IF_ERROR(CheckCombinations(root, spec));
   const std::string base = fs::path(file).parent_path().string();
   spec.model.path = Resolve(base, spec.model.path);

@@ -55,6 +55,9 @@ struct JobSpec {
     std::string chat_template;    // a .jinja file replacing the tokenizer's chat template ("" = the model's)
     std::map<std::string, std::string> chat_template_vars;  // extra template variables (YAML scalars)
     std::string eval;
+    // data.format: preference: a prompt longer than this keeps its last max_prompt_len tokens
+    // (TRL's keep_end), then each response is cut to seq_len (must be below seq_len).
+    int64_t max_prompt_len = 0;  // 0 = seq_len / 2 after parsing
   } data;
 
   struct Train {
@@ -86,6 +89,14 @@ struct JobSpec {
     // scale halved; after loss_scale_growth_interval good steps in a row it doubles.
     double loss_scale_init = 65536;
     int64_t loss_scale_growth_interval = 2000;
+    // What a step minimises (engine/train/objective.h); dpo needs data.format: preference and a
+    // LoRA/QLoRA adapter (its reference is the model with the adapter off).
+    TrainObjective objective = TrainObjective::kSft;
+    struct Dpo {
+      double beta = 0.1;
+      DpoLoss loss = DpoLoss::kSigmoid;
+      double label_smoothing = 0;  // sigmoid only; in [0, 0.5)
+    } dpo;
   } train;
 
   struct Checkpoint {

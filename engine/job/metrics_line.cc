@@ -128,6 +128,8 @@ std::string FormatMetricsLine(const MetricsLine& m) {
   if (m.kind == Kind::kStep) {
     j[kPeakByCategory] = m.peak_bytes_by_category;
     if (m.fp16) j[kSkipped] = m.skipped;
+    for (const auto& [name, value] : m.objective_metrics)
+      j[name] = std::isfinite(value) ? json(value) : json(nullptr);
   }
   if (m.kind == Kind::kCheckpoint && m.back_to_back) j[kBackToBack] = true;
   if (m.epoch > 0) j["epoch"] = m.epoch;
@@ -180,6 +182,10 @@ StatusOr<MetricsLine> ParseMetricsLine(std::string_view line) {
       for (const auto& [name, bytes] : peaks->items()) {
         if (bytes.is_number_integer()) m.peak_bytes_by_category[name] = bytes.get<int64_t>();
       }
+    }
+    for (const auto& [name, value] : j.items()) {
+      if (name.find('/') != std::string::npos && value.is_number())
+        m.objective_metrics[name] = value.get<double>();
     }
   }
   return m;

@@ -162,7 +162,7 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
   m.optimizer = r.paged_optimizer ? 2 * 2 * largest_kept * kF32 : 2 * kept * kF32;
   m.host_optimizer = r.paged_optimizer ? 2 * kept * kF32 : 0;
 
-  const int64_t rows = micro * r.seq_len;
+  const int64_t rows = micro * r.sequences_per_example * r.seq_len;
   const int64_t lora_r = r.full ? 0 : r.lora_r;
   // Saved per layer: n1, q, k, v, attention out, h, n2, gate, up, act, LoRA x·Aᵀ; fp32 rstd×2 and lse;
   // with q/k norms the projections' outputs too and their rstd per head.
@@ -273,6 +273,7 @@ PlanRequest PlanRequestFromJob(const JobSpec& spec, const ModelConfig& model, De
   r.lora_targets = targets.ok() ? *targets : spec.adapter.target_modules;
   r.lora_dropout = spec.adapter.dropout;
   r.seq_len = spec.data.seq_len;
+  r.sequences_per_example = spec.data.format == DataFormat::kPreference ? 2 : 1;
   r.activation_checkpointing = spec.train.activation_checkpointing != ActivationCheckpointing::kOff;
   r.offload_activations = spec.train.activation_checkpointing == ActivationCheckpointing::kOffload;
   r.cpu_offload = spec.train.cpu_offload;

@@ -32,6 +32,8 @@ struct PlanRequest {
   std::vector<std::string> lora_targets;
   double lora_dropout = 0;
   int64_t seq_len = 2048;
+  // Sequences per micro-batch unit: 2 for DPO's preference pairs (chosen and rejected rows).
+  int64_t sequences_per_example = 1;
   bool activation_checkpointing = true;
   bool offload_activations = false;  // checkpointing with the layer inputs in host memory
   bool cpu_offload = false;          // frozen linear weights in host memory, two layers staged

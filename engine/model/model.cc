@@ -778,7 +778,7 @@ void Model::LinearForward(int l, ModuleKind m, ConstAct x, int64_t rows, Act y, 
   backend_->Gemm(LinearOperands(), false, true, rows, lin.out, lin.in, 1.0f, x, lin.in, LinearWeight(l, m),
                  lin.in, 0.0f, y32, lin.out);
   if (!lin.bias.empty()) backend_->AddBias(y32, lin.bias.data(), rows, lin.out);
-  if (lin.lora) {
+  if (lin.lora && !adapter_off_) {
     LoraWeights& lw = *lin.lora;
     const ConstAct xd = DropoutInput(l, m, x, rows, lin.in, acts_->drop.data());
     float* xa32 = typed ? acts_->xa32.data() : xa.as<float>();
@@ -846,7 +846,7 @@ void Model::LinearBackward(int l, ModuleKind m, ConstAct x, ConstAct xa, float* 
                    1.0f, lin.dw.data(), lin.in);
     if (!lin.bias.empty()) backend_->BiasGrad(dy, rows, lin.out, lin.dbias.data());
   }
-  if (!lin.lora) return;
+  if (!lin.lora || adapter_off_) return;
   LoraWeights& lw = *lin.lora;
   float* dxa32 = acts_->dxa.data();
   backend_->Gemm(LinearOperands(), false, false, rows, lw.r, lw.out, 1.0f, dy_op, lw.out, lw.b.data(), lw.r,
@@ -1033,33 +1033,60 @@ LossResult Model::HeadForwardBackward(const MicroBatch& mb, ConstAct x_last, flo
   backend_->RmsNormForward(x_last, NormWeight(final_norm_), rows, D, static_cast<float>(c.rms_norm_eps),
                            A(w.xf), w.rstdf.data());
   if (logits) logits->assign(static_cast<size_t>(rows * V), 0.0f);
-  const int64_t chunk = w.logits.size() / V;
   LossResult result;
   // Rows without a target (a chat SFT batch's prompt tokens) add nothing to the loss or any
   // gradient: unless the caller wants every row's logits, the head runs on the rows with a
   // target alone, gathered a chunk at a time, and their gradients are scattered back into dxf
   // (zero elsewhere). With a target on every row, the rows are used in place.
-  std::vector<int32_t> picked, picked_targets;
-  for (int64_t i = 0; i < rows; ++i) {
-    if (mb.targets[i] < 0) continue;
-    picked.push_back(static_cast<int32_t>(i));
-    picked_targets.push_back(mb.targets[i]);
-  }
+  const std::vector<int32_t> picked = TargetRows(mb, 0, rows);
   result.tokens = static_cast<int64_t>(picked.size());
   const bool gather = logits == nullptr && result.tokens < rows;
-  const int64_t head_rows = gather ? result.tokens : rows;
-  const int32_t* targets = w.targets.as<int32_t>();
   if (gather) {
-    const int64_t bytes = result.tokens * static_cast<int64_t>(sizeof(int32_t));
-    if (bytes > 0) {  // the host vectors are read before the CopyToHost below returns
-      backend_->CopyToDevice(w.head_rows.data(), picked.data(), bytes);
-      backend_->CopyToDevice(w.head_targets.data(), picked_targets.data(), bytes);
-    }
-    targets = w.head_targets.as<int32_t>();
+    UploadHeadRows(mb, picked);
     if (backward) backend_->Zero(w.dxf.data(), rows * D);
   }
-  double* loss_sum = w.loss_sum.as<double>();
   backend_->Zero(w.loss_sum.data(), 2);  // one double
+  HeadChunks(gather ? result.tokens : rows, gather, grad_scale, backward, logits);
+  if (backward) FinalNormBackward(x_last, rows);
+  backend_->CopyToHost(&result.loss_sum, w.loss_sum.as<double>(), sizeof(double));
+  return result;
+}
+
+std::vector<int32_t> Model::TargetRows(const MicroBatch& mb, int64_t begin, int64_t end) const {
+  std::vector<int32_t> picked;
+  for (int64_t i = begin; i < end; ++i) {
+    if (mb.targets[i] >= 0) picked.push_back(static_cast<int32_t>(i));
+  }
+  return picked;
+}
+
+void Model::UploadHeadRows(const MicroBatch& mb, const std::vector<int32_t>& picked) {
+  // Kept in members: a backend may still read the host arrays after CopyToDevice returns.
+  head_rows_host_ = picked;
+  head_targets_host_.clear();
+  for (int32_t i : picked) head_targets_host_.push_back(mb.targets[i]);
+  const int64_t bytes = static_cast<int64_t>(picked.size() * sizeof(int32_t));
+  if (bytes == 0) return;
+  backend_->CopyToDevice(acts_->head_rows.data(), head_rows_host_.data(), bytes);
+  backend_->CopyToDevice(acts_->head_targets.data(), head_targets_host_.data(), bytes);
+}
+
+void Model::FinalNormBackward(ConstAct x_last, int64_t rows) {
+  Activations& w = *acts_;
+  const int64_t D = config_.hidden_size;
+  Round(w.dxf.data(), rows * D);
+  backend_->RmsNormBackward(x_last, NormWeight(final_norm_), w.rstdf.data(), w.dxf.data(), rows, D,
+                            w.grad.data(), full_training_ ? dfinal_norm_.data() : nullptr);
+  Round(w.grad.data(), rows * D);
+}
+
+void Model::HeadChunks(int64_t head_rows, bool gather, float grad_scale, bool backward,
+                       std::vector<float>* logits) {
+  const ModelConfig& c = config_;
+  Activations& w = *acts_;
+  const int64_t D = c.hidden_size, V = c.vocab_size, chunk = w.logits.size() / V;
+  const int32_t* targets = gather ? w.head_targets.as<int32_t>() : w.targets.as<int32_t>();
+  double* loss_sum = w.loss_sum.as<double>();
   for (int64_t r0 = 0; r0 < head_rows; r0 += chunk) {
     const int64_t n = std::min(chunk, head_rows - r0);
     float* lg = w.logits.data();
@@ -1087,13 +1114,54 @@ LossResult Model::HeadForwardBackward(const MicroBatch& mb, ConstAct x_last, flo
     if (float* dhead = HeadGrad())
       backend_->Gemm(GemmOperands::kF32, true, false, V, D, n, 1.0f, lg, V, xf, D, 1.0f, dhead, D);
   }
-  if (backward) {
-    Round(w.dxf.data(), rows * D);
-    backend_->RmsNormBackward(x_last, NormWeight(final_norm_), w.rstdf.data(), w.dxf.data(), rows, D,
-                              w.grad.data(), full_training_ ? dfinal_norm_.data() : nullptr);
-    Round(w.grad.data(), rows * D);
+}
+
+std::vector<SequenceLogProb> Model::HeadBySequence(const MicroBatch& mb, ConstAct x_last,
+                                                   const std::vector<float>* weights) {
+  const ModelConfig& c = config_;
+  Activations& w = *acts_;
+  const int64_t rows = mb.rows(), D = c.hidden_size;
+  backend_->RmsNormForward(x_last, NormWeight(final_norm_), rows, D, static_cast<float>(c.rms_norm_eps),
+                           A(w.xf), w.rstdf.data());
+  const bool backward = weights != nullptr;
+  if (backward) backend_->Zero(w.dxf.data(), rows * D);
+  std::vector<SequenceLogProb> out(static_cast<size_t>(mb.batch));
+  for (int64_t b = 0; b < mb.batch; ++b) {  // one sequence at a time: its own sum and weight
+    const std::vector<int32_t> picked = TargetRows(mb, b * mb.seq, (b + 1) * mb.seq);
+    if (picked.empty()) continue;
+    UploadHeadRows(mb, picked);
+    backend_->Zero(w.loss_sum.data(), 2);
+    HeadChunks(static_cast<int64_t>(picked.size()), true, backward ? (*weights)[b] : 0.0f, backward, nullptr);
+    double loss = 0;
+    backend_->CopyToHost(&loss, w.loss_sum.as<double>(), sizeof(double));
+    out[b] = {-loss, static_cast<int64_t>(picked.size())};
   }
-  backend_->CopyToHost(&result.loss_sum, loss_sum, sizeof(double));
+  if (backward) FinalNormBackward(x_last, rows);
+  return out;
+}
+
+std::vector<SequenceLogProb> Model::SequenceLogProbs(const MicroBatch& mb) {
+  eval_mode_ = true;
+  const ConstAct x_last = ForwardLayers(mb, false);
+  std::vector<SequenceLogProb> out = HeadBySequence(mb, x_last, nullptr);
+  eval_mode_ = false;
+  return out;
+}
+
+LossResult Model::ForwardBackwardBySequence(
+    const MicroBatch& mb,
+    const std::function<std::vector<float>(const std::vector<SequenceLogProb>&)>& weights) {
+  const ConstAct x_last = ForwardLayers(mb, true);
+  const std::vector<SequenceLogProb> logps = HeadBySequence(mb, x_last, nullptr);
+  const std::vector<float> w = weights(logps);
+  FT_CHECK(static_cast<int64_t>(w.size()) == mb.batch);
+  HeadBySequence(mb, x_last, &w);
+  BackwardLayers(mb);
+  LossResult result;
+  for (const SequenceLogProb& s : logps) {
+    result.loss_sum -= s.sum;
+    result.tokens += s.tokens;
+  }
   return result;
 }
 
@@ -1179,9 +1247,14 @@ StatusOr<std::vector<float>> Model::Decode(const std::vector<int32_t>& ids, KvCa
 
 LossResult Model::ForwardBackward(const MicroBatch& mb, float grad_scale) {
   const ConstAct x_last = ForwardLayers(mb, true);
+  LossResult result = HeadForwardBackward(mb, x_last, grad_scale, true, nullptr);
+  BackwardLayers(mb);
+  return result;
+}
+
+void Model::BackwardLayers(const MicroBatch& mb) {
   Activations& w = *acts_;
   const int L = static_cast<int>(config_.num_layers);
-  LossResult result = HeadForwardBackward(mb, x_last, grad_scale, true, nullptr);
   const int64_t bytes = mb.rows() * config_.hidden_size * ActDTypeBytes(act_dtype_);
   for (int l = L - 1; l >= 0; --l) {
     LayerActs* a = &w.layers[l % w.layers.size()];
@@ -1203,7 +1276,6 @@ LossResult Model::ForwardBackward(const MicroBatch& mb, float grad_scale) {
     backend_->EmbeddingBackward(w.grad.data(), w.ids.as<int32_t>(), mb.rows(), config_.hidden_size,
                                 dembed_.data());
   }
-  return result;
 }
 
 void Model::MergeLora() {

@@ -188,6 +188,13 @@ struct LossResult {
   int64_t tokens = 0;   // tokens with a target
 };
 
+// One batch row's Σ log p of its target tokens, and how many it has (DPO's response
+// log-probabilities: the prompt's positions have no target).
+struct SequenceLogProb {
+  double sum = 0;
+  int64_t tokens = 0;
+};
+
 class Model;
 
 // Keys and values of one sequence's positions so far, for every layer, in the
@@ -271,6 +278,16 @@ class Model {
   // Forward and backward of one micro-batch; gradients of
   // grad_scale · Σ token losses are added to the trainable params' grads.
   LossResult ForwardBackward(const MicroBatch& mb, float grad_scale);
+  // DPO's passes. SequenceLogProbs: forward in evaluation mode (no dropout), each batch row's
+  // Σ log p of its targets. ForwardBackwardBySequence: forward, those sums, then the gradient of
+  // Σ_b w[b] · (row b's cross-entropy sum), w = weights(sums) (one per row), added to the
+  // trainable params' grads; the result's loss_sum is the rows' cross-entropy total.
+  std::vector<SequenceLogProb> SequenceLogProbs(const MicroBatch& mb);
+  LossResult ForwardBackwardBySequence(
+      const MicroBatch& mb,
+      const std::function<std::vector<float>(const std::vector<SequenceLogProb>&)>& weights);
+  // false: every LoRA adapter is skipped (the base model: DPO's reference); true again after.
+  void SetAdapterEnabled(bool enabled) { adapter_off_ = !enabled; }
   // Forward only: loss and, when logits != nullptr, logits [rows, vocab].
   LossResult Forward(const MicroBatch& mb, std::vector<float>* logits);
   // Forward in evaluation mode (HF's model.eval()): as Forward but without
@@ -336,6 +353,20 @@ class Model {
   void LayerBackward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs& a, float* dx);
   LossResult HeadForwardBackward(const MicroBatch& mb, ConstAct x_last, float grad_scale, bool backward,
                                  std::vector<float>* logits);
+  // The loss head per batch row (DPO): each row's Σ log p of its targets; with `weights`, the
+  // gradient of Σ_b weights[b] · (its cross-entropy sum) too, through the final norm into grad.
+  std::vector<SequenceLogProb> HeadBySequence(const MicroBatch& mb, ConstAct x_last,
+                                              const std::vector<float>* weights);
+  // Runs the head on the first head_rows rows of xf (gather: the rows UploadHeadRows named, with
+  // their targets), adding the cross-entropy sum to loss_sum and, when backward, grad_scale x its
+  // gradient into dxf (and the head's weight gradient under full training).
+  void HeadChunks(int64_t head_rows, bool gather, float grad_scale, bool backward,
+                  std::vector<float>* logits);
+  std::vector<int32_t> TargetRows(const MicroBatch& mb, int64_t begin, int64_t end) const;
+  void UploadHeadRows(const MicroBatch& mb, const std::vector<int32_t>& picked);
+  void FinalNormBackward(ConstAct x_last, int64_t rows);
+  // Every layer's backward from grad (the final norm's input gradient), last layer first.
+  void BackwardLayers(const MicroBatch& mb);
   // y = x Wᵀ (+ bias) (+ LoRA), plus *residual when given; xa receives LoRA's x·Aᵀ.
   void LinearForward(int l, ModuleKind m, ConstAct x, int64_t rows, Act y, Act xa,
                      const ConstAct* residual = nullptr);
@@ -349,6 +380,8 @@ class Model {
   const MicroBatch* current_batch_ = nullptr;  // the micro-batch being processed (for dropout keys)
   KvCache* decode_cache_ = nullptr;            // Decode in progress: attention appends to and reads it
   bool eval_mode_ = false;                     // EvalForward in progress: no dropout
+  bool adapter_off_ = false;                   // SetAdapterEnabled(false): the base model alone
+  std::vector<int32_t> head_rows_host_, head_targets_host_;  // UploadHeadRows' host arrays
   void Round(float* x, int64_t n) const;
   // How the embeddings and head are stored: the activation dtype, fp32 once
   // full training made them trainable masters.

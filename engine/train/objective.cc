@@ -30,7 +30,7 @@ class DpoObjective : public Objective {
   explicit DpoObjective(const JobSpec::Train::Dpo& dpo) : dpo_(dpo) {}
 
   std::vector<std::string> SumNames() const override {
-    return {"loss",          "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
+    return {"loss",         "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
             "logps/chosen", "logps/rejected"};
   }
   int64_t Normaliser(const Dataset&, int64_t, int64_t count, bool, uint64_t) const override { return count; }

@@ -142,9 +142,18 @@ StatusOr<std::unique_ptr<Dataset>> OpenJobData(const JobSpec& spec, const ModelC
   options.cache_key =
       "format=" + std::string(EnumName(format)) + ";vocab=" + std::to_string(config.vocab_size);
   options.stop_requested = stop_requested;
+  const bool pairs = format == DataFormat::kPreference;
+  options.pairs = pairs;
+  PairLimits limits;
+  if (pairs) {
+    limits = {spec.data.max_prompt_len, spec.data.seq_len};
+    options.cache_key += ";max_prompt_len=" + std::to_string(spec.data.max_prompt_len);
+  }
   ChatOptions chat;
   chat.stop_requested = stop_requested;
-  if (format != DataFormat::kTokens) {
+  // Preference pairs given as token ids need no tokenizer: without one, only that form encodes.
+  const bool tokenizer_optional = pairs && !fs::exists(fs::path(spec.model.path) / "tokenizer.json");
+  if (format != DataFormat::kTokens && !tokenizer_optional) {
     if (!*tokenizer) {
       auto loaded = Tokenizer::Load(spec.model.path);
       if (!loaded.ok())
@@ -163,7 +172,7 @@ StatusOr<std::unique_ptr<Dataset>> OpenJobData(const JobSpec& spec, const ModelC
     options.cache_key += ";template=" + Sha256Hex(chat.chat_template) + ";vars=" + chat.extra_vars.dump();
   }
   FT_ASSIGN_OR_RETURN(RecordEncoder encode,
-                      MakeRecordEncoder(format, tokenizer->get(), config.vocab_size, chat));
+                      MakeRecordEncoder(format, tokenizer->get(), config.vocab_size, chat, limits));
   return Dataset::Open(options, std::move(encode));
 }
 
@@ -230,6 +239,7 @@ Status Trainer::OpenData(const ModelConfig& config) {
   const JobSpec& spec = spec_;
   const std::string& f = spec.file;
   FT_ASSIGN_OR_RETURN(data_, OpenJobData(spec, config, spec.data.train, &tokenizer_, StopRequested()));
+  objective_ = MakeObjective(spec);
   inputs_.Add("data.train", spec.data.train, data_->stamp(), data_->sha256());
   if (!spec.data.eval.empty()) {
     auto eval = OpenJobData(spec, config, spec.data.eval, &tokenizer_, StopRequested());
@@ -343,12 +353,15 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
   const uint64_t seed = static_cast<uint64_t>(spec_.train.seed);
   const int64_t tokens = data_->CountTargets(cursor_, global, shuffle, seed);
   if (tokens == 0) return Status::InvalidArgument(spec_.data.train + ": a global batch has no target tokens");
+  // The step's sums are divided by this: target tokens (SFT) or pairs (DPO).
+  const int64_t normaliser = objective_->Normaliser(*data_, cursor_, global, shuffle, seed);
+  const std::vector<std::string> sum_names = objective_->SumNames();
   model_->ZeroGrads();
   if (grad_sum_) grad_sum_->Clear();
-  ExactSum<double> loss(1);  // every reduced scalar is summed order-independently
+  ExactSum<double> loss(static_cast<int64_t>(sum_names.size()));  // every reduced scalar, order-independently
   // Under fp16 the loss gradient is multiplied by the loss scale so that small gradients
   // survive fp16's range; they are unscaled before clipping (UpdateLossScale, docs/ENGINE.md).
-  const float grad_scale = static_cast<float>(loss_scale_ / static_cast<double>(tokens));
+  const float grad_scale = static_cast<float>(loss_scale_ / static_cast<double>(normaliser));
   for (int64_t a = 0; a < plan_.accumulation; ++a) {
     if (a > 0 && interrupted && StopMidStep(a)) {
       *interrupted = true;  // nothing was applied: the state is still at the last step boundary
@@ -357,16 +370,17 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
     const auto micro_start = std::chrono::steady_clock::now();
     const int64_t first = cursor_ + (ranks_->rank() * plan_.accumulation + a) * plan_.micro_batch;
     FT_ASSIGN_OR_RETURN(MicroBatch mb, data_->MakeBatch(first, plan_.micro_batch, shuffle, seed));
-    const double micro_loss = model_->ForwardBackward(mb, grad_scale).loss_sum;
-    loss.Add(&micro_loss);
+    FT_ASSIGN_OR_RETURN(const std::vector<double> micro_sums, objective_->MicroStep(*model_, mb, grad_scale));
+    loss.Add(micro_sums.data());
     if (grad_sum_) FoldGradients();
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - micro_start).count();
     micro_seconds_ = micro_seconds_ == 0 ? t : 0.8 * micro_seconds_ + 0.2 * t;
   }
   FT_RETURN_IF_ERROR(CheckInputs());  // the step read what the run started with, or nothing is applied
   const auto reduce_start = std::chrono::steady_clock::now();
-  double loss_sum = 0;
-  FT_RETURN_IF_ERROR(SumGradients(&loss, &loss_sum));
+  std::vector<double> sums(sum_names.size(), 0.0);
+  FT_RETURN_IF_ERROR(SumGradients(&loss, sums.data()));
+  const double loss_sum = sums[0];
   const double reduce_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - reduce_start).count();
   const int64_t update = optimizer_->step();
@@ -379,7 +393,8 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
   const bool fp16 = spec_.model.dtype == ComputeDType::kF16;
   const bool skipped = fp16 && !std::isfinite(norm);  // fp16's overflow: skipped by design, not divergence
   if (!skipped) {
-    FT_RETURN_IF_ERROR(RequireFinite(spec_, update + 1, "the loss", loss_sum / static_cast<double>(tokens)));
+    FT_RETURN_IF_ERROR(
+        RequireFinite(spec_, update + 1, "the loss", loss_sum / static_cast<double>(normaliser)));
     FT_RETURN_IF_ERROR(RequireFinite(spec_, update + 1, "the gradient norm", norm));
   }
   if (skipped) {
@@ -394,7 +409,7 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
   cursor_ += global;
   tokens_seen_ += tokens;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  *m = StepMetrics{update + 1, loss_sum / static_cast<double>(tokens),
+  *m = StepMetrics{update + 1, loss_sum / static_cast<double>(normaliser),
                    lr,         norm,
                    tokens,     static_cast<double>(tokens) / std::max(secs, 1e-9),
                    secs,       GlobalMemoryTracker().peak_total()};
@@ -404,6 +419,8 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
   m->copy_wait_seconds = model_->backend().copy_stats().wait_seconds - copy_wait_before;
   m->allreduce_seconds = ranks_->world() > 1 ? reduce_seconds : 0.0;
   m->gather_seconds = model_->gather_seconds() - gather_before;
+  for (size_t k = 1; k < sum_names.size(); ++k)
+    m->objective_metrics[sum_names[k]] = sums[k] / static_cast<double>(normaliser);
   for (int c = 0; c < static_cast<int>(MemCategory::kCount); ++c) {
     m->peak_by_category[MemCategoryName(static_cast<MemCategory>(c))] =
         GlobalMemoryTracker().peak(static_cast<MemCategory>(c));
@@ -871,6 +888,7 @@ MetricsLine Trainer::StepLine(const StepMetrics& m) const {
   line.fp16 = spec_.model.dtype == ComputeDType::kF16;
   line.loss_scale = m.loss_scale;
   line.skipped = m.skipped;
+  line.objective_metrics = m.objective_metrics;
   return line;
 }
 

@@ -38,6 +38,7 @@
 #include "engine/text/tokenizer.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/metrics_log.h"
+#include "engine/train/objective.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/output_owner.h"
 #include "engine/train/train_control.h"
@@ -66,6 +67,8 @@ struct StepMetrics {
   double allreduce_seconds = 0;
   double gather_seconds =
       0;  // FSDP: the step's all-gathers of frozen-weight shards (in forward and backward)
+  // The objective's sums but the loss, each ÷ the step's normaliser (DPO: rewards and logps).
+  std::map<std::string, double> objective_metrics;
 };
 
 // One evaluation on data.eval (a metrics.jsonl line of its own:
@@ -195,7 +198,8 @@ class Trainer {
   std::unique_ptr<AdamWOptimizer> optimizer_;
   std::unique_ptr<Tokenizer> tokenizer_;  // text, alpaca and chat formats; outlives data_
   std::unique_ptr<Dataset> data_;
-  std::unique_ptr<Dataset> eval_data_;  // data.eval, or null
+  std::unique_ptr<Objective> objective_;  // what a step minimises (spec.train.objective)
+  std::unique_ptr<Dataset> eval_data_;    // data.eval, or null
   BatchPlan plan_;
   int64_t total_steps_ = 0;
   std::unique_ptr<Collective> ranks_;          // the job's ranks (SingleRank when alone)

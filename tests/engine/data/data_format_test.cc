@@ -84,13 +84,13 @@ class DataFormatTest : public ::testing::Test {
 };
 
 TEST_F(DataFormatTest, FormatNames) {
-  for (const char* name : {"tokens", "text", "alpaca", "chat"}) {
+  for (const char* name : {"tokens", "text", "alpaca", "chat", "preference"}) {
     StatusOr<DataFormat> f = ParseDataFormat(name);
     ASSERT_TRUE(f.ok()) << name;
     EXPECT_STREQ(DataFormatName(*f), name);
   }
   EXPECT_THAT(ParseDataFormat("sharegpt").status().message(),
-              HasSubstr("data.format 'sharegpt' is not one of: text, alpaca, chat, tokens"));
+              HasSubstr("data.format 'sharegpt' is not one of: text, alpaca, chat, tokens, preference"));
 }
 
 TEST_F(DataFormatTest, TokensRecords) {
@@ -401,6 +401,59 @@ TEST_F(DataFormatTest, AStopWhileATemplateRendersIsNotABadLine) {
       "chat.jsonl:7");
   ASSERT_EQ(s.status().code(), Status::Code::kCancelled) << s.status().ToString();
   EXPECT_THAT(s.status().message(), HasSubstr("chat.jsonl:7: chat template: line 1: rendering stopped"));
+}
+
+// data.format: preference, TRL's rows: token ids as given, or strings tokenized without special
+// tokens with EOS after each response; the prompt masked; truncation as TRL's (keep_end for a long
+// prompt, then the responses cut to seq_len); bad rows name file:line and the key.
+TEST_F(DataFormatTest, PreferencePairsMaskThePromptAndTruncateAsTrl) {
+  StatusOr<DataEncoder> ids = DataEncoder::Create(DataFormat::kPreference, nullptr, 1000, {}, {4, 8});
+  ASSERT_TRUE(ids.ok()) << ids.status().ToString();
+  StatusOr<TokenSequence> s =
+      ids->EncodeLine(R"({"prompt_ids": [1, 2, 3], "chosen_ids": [7, 8], "rejected_ids": [9]})", "p.jsonl:1");
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_THAT(s->ids, ::testing::ElementsAre(1, 2, 3, 7, 8));
+  EXPECT_THAT(s->labels, ::testing::ElementsAre(-100, -100, -100, 7, 8));
+  EXPECT_THAT(s->rejected_ids, ::testing::ElementsAre(1, 2, 3, 9));
+  EXPECT_THAT(s->rejected_labels, ::testing::ElementsAre(-100, -100, -100, 9));
+  // A 6-token prompt keeps its last 4; then 8 - 4 = 4 tokens of each response.
+  s = ids->EncodeLine(
+      R"({"prompt_ids": [1, 2, 3, 4, 5, 6], "chosen_ids": [10, 11, 12, 13, 14, 15], "rejected_ids": [20]})",
+      "p.jsonl:2");
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_THAT(s->ids, ::testing::ElementsAre(3, 4, 5, 6, 10, 11, 12, 13));
+  EXPECT_THAT(s->rejected_ids, ::testing::ElementsAre(3, 4, 5, 6, 20));
+  const DataEncoder& e = *ids;
+  EXPECT_THAT(ErrorOf(e, R"({"prompt_ids": [1], "chosen_ids": [2]})"),
+              HasSubstr("d.jsonl:7: missing 'rejected_ids'"));
+  EXPECT_THAT(ErrorOf(e, R"({"prompt_ids": [1], "chosen_ids": [], "rejected_ids": [3]})"),
+              HasSubstr("d.jsonl:7: 'chosen_ids' is empty"));
+  EXPECT_THAT(ErrorOf(e, R"({"prompt_ids": [], "chosen_ids": [2], "rejected_ids": [3]})"),
+              HasSubstr("d.jsonl:7: 'prompt_ids' is empty"));
+  EXPECT_THAT(ErrorOf(e, R"({"prompt_ids": [1], "chosen_ids": [2], "rejected_ids": "x"})"),
+              HasSubstr("d.jsonl:7: 'rejected_ids' must be an array of integers"));
+  EXPECT_THAT(ErrorOf(e, R"({"prompt_ids": [1], "chosen_ids": [2000], "rejected_ids": [3]})"),
+              HasSubstr("'chosen_ids'[0] = 2000 is outside [0, 1000)"));
+  EXPECT_THAT(ErrorOf(e, R"({"prompt": "hi", "chosen": "a", "rejected": "b"})"),
+              HasSubstr("d.jsonl:7: no 'prompt_ids': the text form needs the model's tokenizer"));
+
+  const Tokenizer& tok = Tok("qwen3");
+  StatusOr<DataEncoder> text =
+      DataEncoder::Create(DataFormat::kPreference, &tok, tok.vocab_size(), {}, {64, 128});
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  s = text->EncodeLine(R"({"prompt": "2+2 is", "chosen": " 4", "rejected": " 5"})", "p.jsonl:3");
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  std::vector<int32_t> prompt = tok.Encode("2+2 is", false).value(), chosen = prompt;
+  const std::vector<int32_t> four = tok.Encode(" 4", false).value();
+  chosen.insert(chosen.end(), four.begin(), four.end());
+  chosen.push_back(Id(tok, tok.eos_token()));
+  EXPECT_EQ(s->ids, chosen);
+  EXPECT_EQ(std::count(s->labels.begin(), s->labels.end(), -100), static_cast<long>(prompt.size()));
+  EXPECT_EQ(s->rejected_ids.back(), Id(tok, tok.eos_token()));
+  EXPECT_THAT(ErrorOf(*text, R"({"prompt": "q", "chosen": 3, "rejected": "b"})"),
+              HasSubstr("d.jsonl:7: 'chosen' must be a string"));
+  EXPECT_THAT(ErrorOf(*text, R"({"prompt": "q", "chosen": "", "rejected": "b"})"),
+              HasSubstr("d.jsonl:7: 'chosen' is empty"));
 }
 
 TEST_F(DataFormatTest, RecordEncoderForDatasets) {

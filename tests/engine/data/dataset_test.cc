@@ -13,6 +13,7 @@
 #include <functional>
 
 #include "common/file_util.h"
+#include "engine/data/data_format.h"
 #include "engine/io/hf_model.h"
 #include "engine/model/rng.h"
 
@@ -298,6 +299,46 @@ TEST(DatasetPackingTest, PackedDocumentsHaveTheLossTheyHaveAlone) {
         maxdiff, static_cast<double>(std::fabs(packed_logits[start * c.vocab_size + i] - alone_logits[i])));
   }
   EXPECT_LT(maxdiff, 1e-5);
+}
+
+// Preference pairs (DatasetOptions::pairs): a data row is one pair; a micro-batch of n rows holds
+// 2n sequences, pair i's chosen at batch row 2i and its rejected at 2i + 1, targets on the
+// responses only; the index counts both sequences' targets and is reused; first_sequence counts
+// sequences.
+TEST(DatasetPairsTest, EachPairIsTwoBatchRowsWithTargetsOnTheResponses) {
+  const std::string dir = (fs::path(testing::TempDir()) / "dataset-pairs").string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  {
+    std::ofstream out(dir + "/p.jsonl");
+    out << R"({"prompt_ids": [1, 2], "chosen_ids": [3, 4, 5], "rejected_ids": [6]})"
+        << "\n"
+        << R"({"prompt_ids": [7], "chosen_ids": [8], "rejected_ids": [9, 10]})"
+        << "\n";
+  }
+  StatusOr<RecordEncoder> encode = MakeRecordEncoder(DataFormat::kPreference, nullptr, 256, {}, {4, 16});
+  ASSERT_TRUE(encode.ok()) << encode.status().ToString();
+  for (bool cached : {false, true}) {
+    DatasetOptions options{dir + "/p.jsonl", 16, false, false, "pairs-test", true};
+    options.pairs = true;
+    auto ds = Dataset::Open(options, *encode);
+    ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+    EXPECT_EQ((*ds)->from_cache(), cached);
+    EXPECT_EQ((*ds)->size(), 2);
+    EXPECT_EQ((*ds)->CountTargets(0, 2, false, 0), 4 + 3);  // 3 + 1 and 1 + 2 response tokens
+    auto mb = (*ds)->MakeBatch(0, 2, false, 0);
+    ASSERT_TRUE(mb.ok()) << mb.status().ToString();
+    EXPECT_EQ(mb->batch, 4);
+    EXPECT_EQ(mb->seq, 5);
+    EXPECT_EQ(mb->first_sequence, 0);
+    const std::vector<int32_t> ids = {1,      2, 3, 4, 5, /**/ 1, 2, 6,  0, 0,
+                                      /**/ 7, 8, 0, 0, 0, /**/ 7, 9, 10, 0, 0};
+    EXPECT_EQ(mb->ids, ids);
+    const std::vector<int32_t> targets = {-100, 3,    4,    5,    -100, -100, 6,  -100, -100, -100,
+                                          8,    -100, -100, -100, -100, 9,    10, -100, -100, -100};
+    EXPECT_EQ(mb->targets, targets);
+    EXPECT_EQ((*ds)->MakeBatch(1, 1, false, 0)->first_sequence, 2);
+  }
 }
 
 }  // namespace

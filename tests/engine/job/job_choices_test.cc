@@ -47,6 +47,8 @@ std::vector<std::pair<std::string, std::vector<std::string>>> ChoiceKeys() {
           {"train.activation_checkpointing", Names<ActivationCheckpointing>()},
           {"train.attention", Names<AttentionKind>()},
           {"train.gradient_sum", Names<GradientSum>()},
+          {"train.objective", Names<TrainObjective>()},
+          {"train.dpo.loss", Names<DpoLoss>()},
           {"checkpoint.every", Names<CheckpointEvery>()},
           {"resources.device", Names<DeviceRequest>()},
           {"distributed.strategy", Names<DistributedStrategy>()}};
@@ -71,10 +73,20 @@ TEST(JobChoicesTest, DocsListEveryValueOfEveryChoice) {
   }
 }
 
+// The other keys a choice needs to parse: DPO and preference pairs go together.
+std::vector<std::string> WithCompanions(const std::string& key, const std::string& name) {
+  std::vector<std::string> set = {key + "=" + name};
+  const bool dpo = key == "train.dpo.loss" || (key == "train.objective" && name == "dpo") ||
+                   (key == "data.format" && name == "preference");
+  if (dpo && key != "train.objective") set.push_back("train.objective=dpo");
+  if (dpo && key != "data.format") set.push_back("data.format=preference");
+  return set;
+}
+
 TEST(JobChoicesTest, EveryNameOfEveryTableParsesAndOthersAreRefused) {
   for (const auto& [key, names] : ChoiceKeys()) {
     for (const std::string& name : names) {
-      StatusOr<MergedJob> job = ParseJobWithOverrides(Job(), "job.yaml", {key + "=" + name});
+      StatusOr<MergedJob> job = ParseJobWithOverrides(Job(), "job.yaml", WithCompanions(key, name));
       EXPECT_TRUE(job.ok()) << key << "=" << name << ": " << job.status().ToString();
     }
     StatusOr<MergedJob> bad = ParseJobWithOverrides(Job(), "job.yaml", {key + "=bogus"});
@@ -205,6 +217,43 @@ TEST(JobChoicesTest, CheckpointEveryAutoAndItsBounds) {
     auto refused = ParseJobSpec(Job("", "", "", rest), "job.yaml");
     ASSERT_FALSE(refused.ok()) << rest;
     EXPECT_THAT(refused.status().message(), HasSubstr(message));
+  }
+}
+
+// train.objective: dpo and data.format: preference go together, with a LoRA adapter; the DPO keys
+// are checked and refused outside DPO; max_prompt_len defaults to seq_len / 2 and packing is off.
+TEST(JobChoicesTest, DpoNeedsPreferencePairsALoraAdapterAndSaneKeys) {
+  const std::string dpo = "  objective: dpo\n";
+  const std::string pairs = "data:\n  train: /d.jsonl\n  format: preference\n  seq_len: 64\n";
+  auto job = [](const std::string& data, const std::string& train, const std::string& adapter = "") {
+    return "model:\n  path: /m\n" + adapter + data + "train:\n  max_steps: 10\n" + train +
+           "output:\n  dir: /o\n";
+  };
+  auto parsed = ParseJobSpec(job(pairs, dpo + "  dpo: {beta: 0.5, loss: ipo}\n"), "j.yaml");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->train.dpo.beta, 0.5);
+  EXPECT_EQ(parsed->train.dpo.loss, DpoLoss::kIpo);
+  EXPECT_EQ(parsed->data.max_prompt_len, 32);
+  EXPECT_FALSE(parsed->data.packing);
+  const std::string tokens = "data:\n  train: /d.jsonl\n";
+  struct Bad {
+    std::string text, message;
+  } bad[] = {
+      {job(tokens, dpo), "train.objective: dpo needs data.format: preference"},
+      {job(pairs, ""), "data.format: preference holds pairs for train.objective: dpo"},
+      {job(pairs, dpo, "adapter:\n  type: full\n"),
+       "train.objective: dpo takes its reference from the model"},
+      {job(pairs, dpo + "  dpo: {loss: ipo, label_smoothing: 0.1}\n"),
+       "train.dpo.label_smoothing: applies to loss: sigmoid only"},
+      {job(pairs, dpo + "  dpo: {beta: 0}\n"), "train.dpo.beta"},
+      {job(pairs + "  max_prompt_len: 64\n", dpo), "data.max_prompt_len (64) must be below seq_len (64)"},
+      {job(pairs + "  packing: true\n", dpo), "data.packing: preference pairs are rows of their own"},
+      {job(tokens, "  dpo: {beta: 0.1}\n"), "dpo is used by train.objective: dpo only"},
+  };
+  for (const Bad& b : bad) {
+    auto r = ParseJobSpec(b.text, "j.yaml");
+    ASSERT_FALSE(r.ok()) << b.text;
+    EXPECT_THAT(r.status().message(), HasSubstr(b.message)) << b.text;
   }
 }
 

@@ -131,6 +131,41 @@ TEST_P(GoldenTest, LogitsLossesGradientsAndFinalAdapterMatchPyTorch) {
   ExpectTensorsMatch(tr.model(), kGolden + c + "/expected/final.safetensors", false, bound.tensors);
 }
 
+// DPO / IPO (train.objective: dpo) against make_dpo_golden.py's float64 TRL reference: per step the
+// loss, gradient norm and TRL's rewards/logps means, then the trained adapter. llama_gqa's model
+// and initial adapter; the reference is the model with the adapter off.
+class DpoGoldenTest : public testing::TestWithParam<std::string> {};
+
+TEST_P(DpoGoldenTest, LossesRewardsAndFinalAdapterMatchTrl) {
+  const std::string c = GetParam();
+  auto trainer = Trainer::Create(LoadCase(c));
+  ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+  Trainer& tr = **trainer;
+  const nlohmann::json want = nlohmann::json::parse(std::ifstream(kGolden + c + "/expected/metrics.json"));
+  const auto loss = want["loss"].get<std::vector<double>>();
+  ASSERT_EQ(tr.total_steps(), static_cast<int64_t>(loss.size()));
+  for (size_t s = 0; s < loss.size(); ++s) {
+    StepMetrics m;
+    ASSERT_TRUE(tr.Step(&m).ok());
+    EXPECT_NEAR(m.loss, loss[s], 2e-5 * loss[s]) << "step " << s + 1;
+    EXPECT_NEAR(m.lr, want["lr"][s].get<double>(), 1e-12) << "step " << s + 1;
+    const double norm = want["grad_norm"][s].get<double>();
+    EXPECT_NEAR(m.grad_norm, norm, 1e-4 * norm) << "step " << s + 1;
+    for (const char* key : {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
+                            "logps/chosen", "logps/rejected"}) {
+      ASSERT_EQ(m.objective_metrics.count(key), 1u) << key;
+      const double v = want[key][s].get<double>();
+      EXPECT_NEAR(m.objective_metrics[key], v, 1e-6 + 1e-5 * std::fabs(v)) << key << " step " << s + 1;
+    }
+    std::printf("step %zu: loss %.7f (torch %.7f)  margin %.6f (torch %.6f)\n", s + 1, m.loss, loss[s],
+                m.objective_metrics["rewards/margins"], want["rewards/margins"][s].get<double>());
+  }
+  ExpectTensorsMatch(tr.model(), kGolden + c + "/expected/final.safetensors", false, 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, DpoGoldenTest,
+                         testing::Values("dpo_sigmoid", "dpo_sigmoid_ls", "dpo_ipo", "dpo_qlora"));
+
 // Greedy decoding through the KV cache (Model::Decode) with the reference's trained adapter:
 // at each new position the logits the reference picked from (its full forward, float64) and its id.
 // The LoRA cases computed in fp32 (make_golden.py writes their greedy references).

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -23,6 +24,7 @@
 #include "engine/io/safetensors.h"
 #include "engine/job/job_spec.h"
 #include "engine/job/planner.h"
+#include "engine/model/rng.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/trainer.h"
 #include "tests/support/cuda_or_skip.h"
@@ -284,6 +286,22 @@ TEST(DdpTest, KillNineThenResumeAtAnotherWorldSize) {
   }
 }
 
+// `job(dir, world)` run at world 1, and at world 2 killed (-9) after a checkpoint and resumed at
+// world 2: the same per-step losses and the adapter byte for byte. Runs in <name>-w1 and -w2.
+void ExpectKilledWorldTwoEqualsWorldOne(const std::string& name,
+                                        const std::function<std::string(const std::string&, int)>& job) {
+  const std::string ref_dir = FreshDir(name + "-w1");
+  ASSERT_EQ(WaitAll(StartRanks(ref_dir, job(ref_dir, 1), 1))[0], kExitFinished)
+      << Slurp(ref_dir + "/stderr.txt");
+  const std::string dir = FreshDir(name + "-w2");
+  ASSERT_NO_FATAL_FAILURE(KillAfterACheckpoint(dir, StartRanks(dir, job(dir, 2), 2)));
+  for (int code : WaitAll(StartRanks(dir, job(dir, 2), 2)))
+    ASSERT_EQ(code, kExitFinished) << Slurp(dir + "/stderr.txt");
+  EXPECT_THAT(Slurp(dir + "/stderr.txt"), HasSubstr("resumed from"));
+  EXPECT_EQ(Compare(dir + "/out", ref_dir + "/out").loss, 0);
+  EXPECT_EQ(AdapterBytes(dir + "/out"), AdapterBytes(ref_dir + "/out")) << "byte for byte";
+}
+
 // Every family beyond Llama (engine/model/family.h) through the multi-process paths: a model of
 // its preset (ft-train make-model) trained at world 1, and at world 2 killed (-9) after a
 // checkpoint and resumed at world 2, ends with world 1's adapter byte for byte.
@@ -302,17 +320,44 @@ TEST(DdpTest, EachFamilyResumesAfterKillNineAtWorldTwoWithWorldOnesAdapterBytes)
       std::ofstream(path) << text;
       return path;
     };
-    const std::string ref_dir = FreshDir("family-" + preset + "-w1");
-    ASSERT_EQ(WaitAll(StartRanks(ref_dir, job(ref_dir, 1), 1))[0], kExitFinished)
-        << Slurp(ref_dir + "/stderr.txt");
-    const std::string dir = FreshDir("family-" + preset + "-w2");
-    ASSERT_NO_FATAL_FAILURE(KillAfterACheckpoint(dir, StartRanks(dir, job(dir, 2), 2)));
-    for (int code : WaitAll(StartRanks(dir, job(dir, 2), 2)))
-      ASSERT_EQ(code, kExitFinished) << Slurp(dir + "/stderr.txt");
-    EXPECT_THAT(Slurp(dir + "/stderr.txt"), HasSubstr("resumed from"));
-    EXPECT_EQ(Compare(dir + "/out", ref_dir + "/out").loss, 0);
-    EXPECT_EQ(AdapterBytes(dir + "/out"), AdapterBytes(ref_dir + "/out")) << "byte for byte";
+    ExpectKilledWorldTwoEqualsWorldOne("family-" + preset, job);
   }
+}
+
+// DPO (train.objective: dpo) on preference pairs through the multi-process paths: world 1, and
+// world 2 killed (-9) after a checkpoint and resumed, end with the same adapter bytes and the
+// same per-step losses and rewards (the reference forward, the per-pair weights and the exact
+// sums included).
+TEST(DdpTest, DpoKilledAtWorldTwoResumesToWorldOnesAdapterBytes) {
+  const auto job = [](const std::string& dir, int world) {
+    const std::string path =
+        WriteJob(dir, "  micro_batch_size: 1\n  objective: dpo\n  dpo: {beta: 0.2}\n", 3, kSteps, 2);
+    std::ofstream pairs(dir + "/pairs.jsonl");
+    for (int i = 0; i < 40; ++i) {
+      auto ids = [&](int salt, int n) {
+        std::string out;
+        for (int t = 0; t < n; ++t) out += (t ? ", " : "") + std::to_string(HashKeys(salt, i, t) % 250 + 1);
+        return "[" + out + "]";
+      };
+      pairs << "{\"prompt_ids\": " << ids(1, 3 + i % 7) << ", \"chosen_ids\": " << ids(2, 2 + i % 5)
+            << ", \"rejected_ids\": " << ids(3, 1 + i % 9) << "}\n";
+    }
+    pairs.close();
+    std::string text = Slurp(path);
+    text.replace(text.find("format: tokens"), 14, "format: preference");
+    text.replace(text.find("train: data.jsonl"), 17, "train: pairs.jsonl");
+    text += "resources: {gpus: " + std::to_string(world) + "}\ndistributed: {strategy: ddp}\n";
+    std::ofstream(path) << text;
+    return path;
+  };
+  ExpectKilledWorldTwoEqualsWorldOne("dpo", job);
+  const std::string ref_dir = testing_support::TempPath("dpo-w1"), dir = testing_support::TempPath("dpo-w2");
+  const auto lines = TrainLines(ref_dir + "/out");
+  ASSERT_EQ(lines.size(), static_cast<size_t>(kSteps));
+  for (const char* key : {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies"})
+    EXPECT_TRUE(lines.back().contains(key)) << key;
+  const auto resumed = TrainLines(dir + "/out");
+  EXPECT_EQ(resumed.back()["rewards/margins"], lines.back()["rewards/margins"]);
 }
 
 // FSDP's per-rank device memory (r 16 on every linear, one step of 4 x 256 tokens at world 1, 2
