@@ -40,10 +40,12 @@ bool Get(const std::string& in, size_t* pos, T* v) {
 }
 
 // The targets of the first n tokens of `seq` (labels[1..n) that are not -100).
-int32_t TargetCount(const TokenSequence& seq, int64_t n) {
-  if (seq.labels.empty()) return static_cast<int32_t>(n - 1);
+// `labels` of a sequence of n tokens (empty: labels = ids, every position a target).
+int32_t TargetCount(const std::vector<int32_t>& labels, int64_t n) {
+  if (n < 1) return 0;
+  if (labels.empty()) return static_cast<int32_t>(n - 1);
   return static_cast<int32_t>(
-      std::count_if(seq.labels.begin() + 1, seq.labels.begin() + n, [](int32_t v) { return v != -100; }));
+      std::count_if(labels.begin() + 1, labels.begin() + n, [](int32_t v) { return v != -100; }));
 }
 
 // An example's index entry: its tokens after truncation to seq_len (a pair's longer sequence)
@@ -54,10 +56,9 @@ struct ExampleCounts {
 };
 ExampleCounts CountExample(const TokenSequence& seq, int64_t seq_len) {
   const int64_t n = std::min<int64_t>(static_cast<int64_t>(seq.ids.size()), seq_len);
-  if (!seq.is_pair()) return {n, n >= 1 ? TargetCount(seq, n) : 0};
+  if (!seq.is_pair()) return {n, TargetCount(seq.labels, n)};
   const int64_t r = std::min<int64_t>(static_cast<int64_t>(seq.rejected_ids.size()), seq_len);
-  const TokenSequence rejected{seq.rejected_ids, seq.rejected_labels, {}, {}};
-  return {std::max(n, r), (n >= 1 ? TargetCount(seq, n) : 0) + (r >= 1 ? TargetCount(rejected, r) : 0)};
+  return {std::max(n, r), TargetCount(seq.labels, n) + TargetCount(seq.rejected_labels, r)};
 }
 
 // Keeps the first seq_len tokens of each of the example's sequences.

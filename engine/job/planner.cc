@@ -65,20 +65,19 @@ int64_t WorkspaceBytes(const PlanRequest& r, int64_t rows, int64_t max_linear) {
   // A linear's output: with fused projections (Phi-3) qkv_proj's q + 2 kv or gate_up_proj's 2 I.
   const int64_t fused_out = c.fused_projections ? std::max(Q + 2 * KV, 2 * I) : 0;
   const int64_t widest_out = std::max(widest, rows * fused_out);
+  const int64_t rope_tables = c.rope_local_theta > 0 ? 2 : 1;  // Gemma 3's sliding layers have their own
   return rows * (4 * D + 2 * Q + 2 * KV + 3 * I) * kF32  // grad, dh, dn, dxf; dq, datt; dk, dv; dg, du, dact
          + (c.qk_norm ? rows * (Q + KV) * kF32 : 0)      // dqp, dkp: through the q/k norms
          + (c.gemma ? rows * D * kF32 : 0)               // dpre: through a sandwich norm
          + rows * lora_r * kF32                          // dxa
          + (r.lora_dropout > 0 ? widest * kF32 : 0)      // dropped-out input
-         +
-         (low ? (widest_out + rows * lora_r) * kF32 : 0)  // a linear's and LoRA's fp32 results before storing
-         + rows * fused_out * (act + kF32)                // a fused output before its split; its gradient
-         + std::min(rows, chunk) * V * kF32               // logits chunk
-         + std::min(rows, chunk) * D * (act + kF32)       // the head's gathered rows and their gradient
-         + rows * 6 * 4                                   // int32 batch inputs (4), head rows and targets
-         // RoPE cos/sin (and Gemma 3's sliding layers' own)
-         + (c.rope_local_theta > 0 ? 2 : 1) * 2 * r.seq_len * (c.rotary_dim() / 2) * kF32 +
-         (r.nf4 ? max_linear * (low ? 2 : kF32) : 0)  // one NF4 linear dequantised to its GEMM operand type
+         + (low ? (widest_out + rows * lora_r) * kF32 : 0)  // fp32 linear / LoRA results before storing
+         + rows * fused_out * (act + kF32)                  // a fused output before its split; its gradient
+         + std::min(rows, chunk) * V * kF32                 // logits chunk
+         + std::min(rows, chunk) * D * (act + kF32)         // the head's gathered rows and their gradient
+         + rows * 6 * 4                                     // int32 batch inputs (4), head rows and targets
+         + rope_tables * 2 * r.seq_len * (c.rotary_dim() / 2) * kF32  // RoPE cos/sin
+         + (r.nf4 ? max_linear * (low ? 2 : kF32) : 0)  // one NF4 linear dequantised to its GEMM operand type
          // CUDA under bf16/fp16 (engine/model/cuda_backend.cu): the 16-bit copies of fp32 GEMM operands
          // (a full fine-tune's weight, a gradient; kept for LoRA too, whose frozen weights need none
          // now: an upper bound). Its typed ops read 16-bit activations in place: no fp32 staging but

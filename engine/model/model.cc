@@ -54,6 +54,8 @@ struct Model::Activations {
   // Fused projections (Phi-3): qkv_proj's or gate_up_proj's output before its columns are split
   // into q, k, v / gate, up (typed), and the fp32 gradient joined from theirs.
   DeviceBuffer fused, dfused;
+  // DPO's head per sequence (SequenceHead): one double of Σ cross-entropy per batch row.
+  DeviceBuffer seq_loss;
   // The micro-batch's integer inputs (int32 [rows] each) and the loss sum (one double).
   DeviceBuffer ids, targets, positions, segments, loss_sum;
   // The loss head on the rows with a target only (HeadForwardBackward): their indices and
@@ -796,28 +798,18 @@ void Model::LinearForward(int l, ModuleKind m, ConstAct x, int64_t rows, Act y, 
   if (typed) backend_->Convert(ConstAct(y32), rows * lin.out, y);
 }
 
-void Model::SplitColumns(ConstAct fused, int64_t rows, std::initializer_list<std::pair<Act, int64_t>> parts) {
-  const int64_t es = ActDTypeBytes(fused.dtype);
+void Model::ColumnBlocks(void* whole, int64_t es, int64_t rows,
+                         std::initializer_list<std::pair<void*, int64_t>> blocks, bool split) {
   int64_t width = 0;
-  for (const auto& part : parts) width += part.second;
-  int64_t col = 0;
-  for (const auto& [dst, cols] : parts) {
-    FT_CHECK(dst.dtype == fused.dtype);
-    backend_->Copy2D(dst.data, cols * es, static_cast<const char*>(fused.data) + col * es, width * es,
-                     cols * es, rows);
-    col += cols;
-  }
-}
-
-void Model::JoinColumns(std::initializer_list<std::pair<const float*, int64_t>> parts, int64_t rows,
-                        float* fused) {
-  const int64_t es = static_cast<int64_t>(sizeof(float));
-  int64_t width = 0;
-  for (const auto& part : parts) width += part.second;
-  int64_t col = 0;
-  for (const auto& [src, cols] : parts) {
-    backend_->Copy2D(fused + col, width * es, src, cols * es, cols * es, rows);
-    col += cols;
+  for (const auto& block : blocks) width += block.second;
+  char* at = static_cast<char*>(whole);
+  for (const auto& [block, cols] : blocks) {
+    if (split) {
+      backend_->Copy2D(block, cols * es, at, width * es, cols * es, rows);
+    } else {
+      backend_->Copy2D(at, width * es, block, cols * es, cols * es, rows);
+    }
+    at += cols * es;
   }
 }
 
@@ -883,7 +875,8 @@ void Model::LayerForward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs& 
   const Act q_out = A(c.qk_norm ? a.qp : a.q), k_out = A(c.qk_norm ? a.kp : a.k);
   if (c.fused_projections) {  // one qkv_proj, its columns split into q, k and v
     LinearForward(l, ModuleKind::kQ, A(a.n1), rows, A(acts_->fused), xa(ModuleKind::kQ));
-    SplitColumns(A(acts_->fused), rows, {{q_out, c.q_dim()}, {k_out, c.kv_dim()}, {A(a.v), c.kv_dim()}});
+    ColumnBlocks(acts_->fused.data(), ActDTypeBytes(act_dtype_), rows,
+                 {{q_out.data, c.q_dim()}, {k_out.data, c.kv_dim()}, {a.v.data(), c.kv_dim()}}, true);
   } else {
     LinearForward(l, ModuleKind::kQ, A(a.n1), rows, q_out, xa(ModuleKind::kQ));
     LinearForward(l, ModuleKind::kK, A(a.n1), rows, k_out, xa(ModuleKind::kK));
@@ -924,7 +917,8 @@ void Model::LayerForward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs& 
   backend_->RmsNormForward(A(a.h), NormWeight(layer.mlp_norm), rows, D, eps, A(a.n2), a.rstd2.data());
   if (c.fused_projections) {  // one gate_up_proj: gate, then up
     LinearForward(l, ModuleKind::kGate, A(a.n2), rows, A(acts_->fused), xa(ModuleKind::kGate));
-    SplitColumns(A(acts_->fused), rows, {{A(a.g), I}, {A(a.u), I}});
+    ColumnBlocks(acts_->fused.data(), ActDTypeBytes(act_dtype_), rows, {{a.g.data(), I}, {a.u.data(), I}},
+                 true);
   } else {
     LinearForward(l, ModuleKind::kGate, A(a.n2), rows, A(a.g), xa(ModuleKind::kGate));
     LinearForward(l, ModuleKind::kUp, A(a.n2), rows, A(a.u), xa(ModuleKind::kUp));
@@ -966,7 +960,7 @@ void Model::LayerBackward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs&
   backend_->GluBackward(c.hidden_act, A(a.g), A(a.u), w.dact.data(), rows * I, w.dg.data(), w.du.data());
   // dg and du rounded by their linears' backward (round_dy), as dq, dk and dv below.
   if (c.fused_projections) {
-    JoinColumns({{w.dg.data(), I}, {w.du.data(), I}}, rows, w.dfused.data());
+    ColumnBlocks(w.dfused.data(), sizeof(float), rows, {{w.dg.data(), I}, {w.du.data(), I}}, false);
     LinearBackward(l, ModuleKind::kGate, A(a.n2), xa(ModuleKind::kGate), w.dfused.data(), rows, w.dn.data(),
                    false, true);
   } else {
@@ -1009,7 +1003,8 @@ void Model::LayerBackward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs&
     dk = w.dkp.data();
   }
   if (c.fused_projections) {
-    JoinColumns({{dq, c.q_dim()}, {dk, c.kv_dim()}, {w.dv.data(), c.kv_dim()}}, rows, w.dfused.data());
+    ColumnBlocks(w.dfused.data(), sizeof(float), rows,
+                 {{dq, c.q_dim()}, {dk, c.kv_dim()}, {w.dv.data(), c.kv_dim()}}, false);
     LinearBackward(l, ModuleKind::kQ, A(a.n1), xa(ModuleKind::kQ), w.dfused.data(), rows, w.dn.data(), false,
                    true);
   } else {
@@ -1046,7 +1041,7 @@ LossResult Model::HeadForwardBackward(const MicroBatch& mb, ConstAct x_last, flo
     if (backward) backend_->Zero(w.dxf.data(), rows * D);
   }
   backend_->Zero(w.loss_sum.data(), 2);  // one double
-  HeadChunks(gather ? result.tokens : rows, gather, grad_scale, backward, logits);
+  HeadChunks(0, gather ? result.tokens : rows, gather, grad_scale, backward, logits, w.loss_sum.as<double>());
   if (backward) FinalNormBackward(x_last, rows);
   backend_->CopyToHost(&result.loss_sum, w.loss_sum.as<double>(), sizeof(double));
   return result;
@@ -1080,15 +1075,14 @@ void Model::FinalNormBackward(ConstAct x_last, int64_t rows) {
   Round(w.grad.data(), rows * D);
 }
 
-void Model::HeadChunks(int64_t head_rows, bool gather, float grad_scale, bool backward,
-                       std::vector<float>* logits) {
+void Model::HeadChunks(int64_t first, int64_t count, bool gather, float grad_scale, bool backward,
+                       std::vector<float>* logits, double* loss_sum) {
   const ModelConfig& c = config_;
   Activations& w = *acts_;
   const int64_t D = c.hidden_size, V = c.vocab_size, chunk = w.logits.size() / V;
   const int32_t* targets = gather ? w.head_targets.as<int32_t>() : w.targets.as<int32_t>();
-  double* loss_sum = w.loss_sum.as<double>();
-  for (int64_t r0 = 0; r0 < head_rows; r0 += chunk) {
-    const int64_t n = std::min(chunk, head_rows - r0);
+  for (int64_t r0 = first; r0 < first + count; r0 += chunk) {
+    const int64_t n = std::min(chunk, first + count - r0);
     float* lg = w.logits.data();
     ConstAct xf = A(w.xf).At(r0 * D);
     const int32_t* rows_of_chunk = w.head_rows.as<int32_t>() + r0;
@@ -1116,34 +1110,43 @@ void Model::HeadChunks(int64_t head_rows, bool gather, float grad_scale, bool ba
   }
 }
 
-std::vector<SequenceLogProb> Model::HeadBySequence(const MicroBatch& mb, ConstAct x_last,
-                                                   const std::vector<float>* weights) {
+std::vector<int64_t> Model::PrepareSequenceHead(const MicroBatch& mb, ConstAct x_last) {
   const ModelConfig& c = config_;
   Activations& w = *acts_;
   const int64_t rows = mb.rows(), D = c.hidden_size;
   backend_->RmsNormForward(x_last, NormWeight(final_norm_), rows, D, static_cast<float>(c.rms_norm_eps),
                            A(w.xf), w.rstdf.data());
-  const bool backward = weights != nullptr;
-  if (backward) backend_->Zero(w.dxf.data(), rows * D);
-  std::vector<SequenceLogProb> out(static_cast<size_t>(mb.batch));
-  for (int64_t b = 0; b < mb.batch; ++b) {  // one sequence at a time: its own sum and weight
-    const std::vector<int32_t> picked = TargetRows(mb, b * mb.seq, (b + 1) * mb.seq);
-    if (picked.empty()) continue;
-    UploadHeadRows(mb, picked);
-    backend_->Zero(w.loss_sum.data(), 2);
-    HeadChunks(static_cast<int64_t>(picked.size()), true, backward ? (*weights)[b] : 0.0f, backward, nullptr);
-    double loss = 0;
-    backend_->CopyToHost(&loss, w.loss_sum.as<double>(), sizeof(double));
-    out[b] = {-loss, static_cast<int64_t>(picked.size())};
+  // Rows are sequence-major, so the targeted rows of sequence b are one run of them.
+  const std::vector<int32_t> picked = TargetRows(mb, 0, rows);
+  UploadHeadRows(mb, picked);
+  std::vector<int64_t> starts(static_cast<size_t>(mb.batch + 1), 0);
+  for (int32_t i : picked) ++starts[i / mb.seq + 1];
+  for (int64_t b = 0; b < mb.batch; ++b) starts[b + 1] += starts[b];
+  const int64_t bytes = mb.batch * static_cast<int64_t>(sizeof(double));
+  if (w.seq_loss.bytes() < bytes) w.seq_loss = backend_->AllocBytes(bytes, MemCategory::kWorkspace);
+  return starts;
+}
+
+std::vector<SequenceLogProb> Model::SequenceHead(const MicroBatch& mb, const std::vector<int64_t>& starts,
+                                                 const std::vector<float>* weights) {
+  Activations& w = *acts_;
+  backend_->Zero(w.seq_loss.data(), 2 * mb.batch);  // doubles
+  double* loss = w.seq_loss.as<double>();
+  for (int64_t b = 0; b < mb.batch; ++b) {  // each sequence with its own sum and gradient weight
+    HeadChunks(starts[b], starts[b + 1] - starts[b], true, weights ? (*weights)[b] : 0.0f, weights != nullptr,
+               nullptr, loss + b);
   }
-  if (backward) FinalNormBackward(x_last, rows);
+  std::vector<double> sums(static_cast<size_t>(mb.batch));
+  backend_->CopyToHost(sums.data(), loss, mb.batch * static_cast<int64_t>(sizeof(double)));
+  std::vector<SequenceLogProb> out(static_cast<size_t>(mb.batch));
+  for (int64_t b = 0; b < mb.batch; ++b) out[b] = {-sums[b], starts[b + 1] - starts[b]};
   return out;
 }
 
 std::vector<SequenceLogProb> Model::SequenceLogProbs(const MicroBatch& mb) {
   eval_mode_ = true;
   const ConstAct x_last = ForwardLayers(mb, false);
-  std::vector<SequenceLogProb> out = HeadBySequence(mb, x_last, nullptr);
+  std::vector<SequenceLogProb> out = SequenceHead(mb, PrepareSequenceHead(mb, x_last), nullptr);
   eval_mode_ = false;
   return out;
 }
@@ -1152,10 +1155,13 @@ LossResult Model::ForwardBackwardBySequence(
     const MicroBatch& mb,
     const std::function<std::vector<float>(const std::vector<SequenceLogProb>&)>& weights) {
   const ConstAct x_last = ForwardLayers(mb, true);
-  const std::vector<SequenceLogProb> logps = HeadBySequence(mb, x_last, nullptr);
+  const std::vector<int64_t> starts = PrepareSequenceHead(mb, x_last);
+  const std::vector<SequenceLogProb> logps = SequenceHead(mb, starts, nullptr);
   const std::vector<float> w = weights(logps);
   FT_CHECK(static_cast<int64_t>(w.size()) == mb.batch);
-  HeadBySequence(mb, x_last, &w);
+  backend_->Zero(acts_->dxf.data(), mb.rows() * config_.hidden_size);
+  SequenceHead(mb, starts, &w);  // the head again, now with each sequence's gradient weight
+  FinalNormBackward(x_last, mb.rows());
   BackwardLayers(mb);
   LossResult result;
   for (const SequenceLogProb& s : logps) {

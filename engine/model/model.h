@@ -341,11 +341,11 @@ class Model {
   // out = a + b, rounded to the activation dtype once (a residual add: torch's x + bf16 y).
   void AddResidual(ConstAct a, ConstAct b, int64_t n, Act out);
   cpu::AttentionShape AttentionShapeOf(const MicroBatch& mb, int l) const;
-  // Fused projections (Phi-3): the [rows, Σ cols] output of qkv_proj / gate_up_proj into its
-  // column blocks (each [rows, cols], the same dtype), and the blocks' fp32 gradients back into
-  // one [rows, Σ cols].
-  void SplitColumns(ConstAct fused, int64_t rows, std::initializer_list<std::pair<Act, int64_t>> parts);
-  void JoinColumns(std::initializer_list<std::pair<const float*, int64_t>> parts, int64_t rows, float* fused);
+  // Fused projections (Phi-3): copies between `whole` [rows, Σ cols] (qkv_proj's / gate_up_proj's
+  // output or its gradient) and its column blocks ([rows, cols] each, elements of es bytes):
+  // into the blocks when `split`, out of them into `whole` otherwise.
+  void ColumnBlocks(void* whole, int64_t es, int64_t rows,
+                    std::initializer_list<std::pair<void*, int64_t>> blocks, bool split);
   // Uploads the batch and runs the embedding and every layer forward; returns the last layer's output.
   // `for_backward`: a backward follows (offloaded layer inputs are copied out for it).
   ConstAct ForwardLayers(const MicroBatch& mb, bool for_backward);
@@ -353,15 +353,18 @@ class Model {
   void LayerBackward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs& a, float* dx);
   LossResult HeadForwardBackward(const MicroBatch& mb, ConstAct x_last, float grad_scale, bool backward,
                                  std::vector<float>* logits);
-  // The loss head per batch row (DPO): each row's Σ log p of its targets; with `weights`, the
-  // gradient of Σ_b weights[b] · (its cross-entropy sum) too, through the final norm into grad.
-  std::vector<SequenceLogProb> HeadBySequence(const MicroBatch& mb, ConstAct x_last,
-                                              const std::vector<float>* weights);
-  // Runs the head on the first head_rows rows of xf (gather: the rows UploadHeadRows named, with
-  // their targets), adding the cross-entropy sum to loss_sum and, when backward, grad_scale x its
-  // gradient into dxf (and the head's weight gradient under full training).
-  void HeadChunks(int64_t head_rows, bool gather, float grad_scale, bool backward,
-                  std::vector<float>* logits);
+  // The loss head per batch row (DPO). PrepareSequenceHead: the final norm, the targeted rows
+  // uploaded once, and where each row's run of them starts ([batch + 1]). SequenceHead: each row's
+  // Σ log p of its targets; with `weights`, also weights[b] x the gradient of row b's cross-entropy
+  // sum added into dxf (the caller zeroes dxf first and runs FinalNormBackward after).
+  std::vector<int64_t> PrepareSequenceHead(const MicroBatch& mb, ConstAct x_last);
+  std::vector<SequenceLogProb> SequenceHead(const MicroBatch& mb, const std::vector<int64_t>& starts,
+                                            const std::vector<float>* weights);
+  // Runs the head on rows [first, first + count) of xf (gather: of the rows UploadHeadRows named,
+  // with their targets), adding the cross-entropy sum to *loss_sum and, when backward, grad_scale x
+  // its gradient into dxf (and the head's weight gradient under full training).
+  void HeadChunks(int64_t first, int64_t count, bool gather, float grad_scale, bool backward,
+                  std::vector<float>* logits, double* loss_sum);
   std::vector<int32_t> TargetRows(const MicroBatch& mb, int64_t begin, int64_t end) const;
   void UploadHeadRows(const MicroBatch& mb, const std::vector<int32_t>& picked);
   void FinalNormBackward(ConstAct x_last, int64_t rows);
