@@ -19,9 +19,12 @@ build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 # Installs missing dependencies, configures, builds and runs every test suite,
-# then (unless SANITIZE=0) the sanitizer runs.
+# then (unless SANITIZE=0) the sanitizer runs. The e2e_test and e2e_gang_test
+# scenarios run once: under TSan when the sanitizer runs follow (the same
+# assertions, with races checked), in the normal tree with SANITIZE=0.
+NORMAL_EXCLUDE = $(if $(filter 0,$(SANITIZE)),,-E '^(e2e_test_shard|e2e_gang_test)')
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(NORMAL_EXCLUDE)
 	if [ "$(SANITIZE)" != 0 ]; then $(MAKE) --no-print-directory sanitize; fi
 
 # The test suite under ASan + UBSan, and the daemon, worker and e2e tests under

@@ -145,14 +145,15 @@ StatusOr<DataEncoder> DataEncoder::Create(DataFormat format, const Tokenizer* to
     }
     e.eos_id_ = *eos;
   }
-  if (format == DataFormat::kChat) {
-    const std::string& source = chat.chat_template.empty() ? tokenizer->chat_template() : chat.chat_template;
-    if (source.empty()) {
-      return Status::InvalidArgument(
-          "format: chat needs a chat template, but tokenizer_config.json has no 'chat_template' (give one in "
-          "the "
-          "job's data section or use format: text/alpaca)");
-    }
+  const std::string& source = chat.chat_template.empty() ? tokenizer->chat_template() : chat.chat_template;
+  if (format == DataFormat::kChat && source.empty()) {
+    return Status::InvalidArgument(
+        "format: chat needs a chat template, but tokenizer_config.json has no 'chat_template' (give one in "
+        "the "
+        "job's data section or use format: text/alpaca)");
+  }
+  // Preference rows take the template for their conversational form only (text rows need none).
+  if (format == DataFormat::kChat || (format == DataFormat::kPreference && !source.empty())) {
     FT_ASSIGN_OR_RETURN(ChatTemplate t, ChatTemplate::Parse(source));
     e.chat_template_.emplace(std::move(t));
     e.chat_vars_.bos_token = tokenizer->bos_token();
@@ -231,14 +232,85 @@ StatusOr<TokenSequence> DataEncoder::EncodePreference(const nlohmann::ordered_js
     return Bad(where,
                std::string("no 'prompt_ids': the text form needs the model's tokenizer (") + kHint + ")");
   }
+  std::string texts[3];
+  if (r.contains("prompt") && r["prompt"].is_array()) {
+    FT_ASSIGN_OR_RETURN(auto rendered, RenderPreference(r, where));
+    std::tie(texts[0], texts[1], texts[2]) = std::move(rendered);
+  } else {
+    const char* keys[] = {"prompt", "chosen", "rejected"};
+    for (int i = 0; i < 3; ++i) {
+      FT_ASSIGN_OR_RETURN(texts[i], StringField(r, keys[i], where, kHint, true));
+    }
+  }
   std::vector<int32_t> parts[3];
-  const char* keys[] = {"prompt", "chosen", "rejected"};
   for (int i = 0; i < 3; ++i) {
-    FT_ASSIGN_OR_RETURN(std::string text, StringField(r, keys[i], where, kHint, true));
-    FT_ASSIGN_OR_RETURN(parts[i], Tokenized(tokenizer_->Encode(text, /*add_special_tokens=*/false), where));
-    if (i > 0 && !text.empty()) parts[i].push_back(eos_id_);  // TRL: each response ends with EOS
+    FT_ASSIGN_OR_RETURN(parts[i],
+                        Tokenized(tokenizer_->Encode(texts[i], /*add_special_tokens=*/false), where));
+    if (i > 0 && !texts[i].empty()) parts[i].push_back(eos_id_);  // TRL: each response ends with EOS
   }
   return MakePair(parts[0], parts[1], parts[2], pairs_, where, "");
+}
+
+StatusOr<std::tuple<std::string, std::string, std::string>> DataEncoder::RenderPreference(
+    const nlohmann::ordered_json& r, const std::string& where) const {
+  static constexpr char kHint[] =
+      "the conversational form is {\"prompt\": [messages ending with the user's], \"chosen\": [assistant "
+      "messages], \"rejected\": [assistant messages]}";
+  if (!chat_template_) {
+    return Bad(where, std::string("'prompt' is a list of messages, but the tokenizer has no chat template "
+                                  "(give data.chat_template, or use the text form: ") +
+                          kHint + ")");
+  }
+  for (const char* key : {"prompt", "chosen", "rejected"}) {
+    if (!r.contains(key)) return Bad(where, std::string("missing '") + key + "' (" + kHint + ")");
+    const auto& list = r[key];
+    if (!list.is_array() || list.empty())
+      return Bad(where, std::string("'") + key + "' must be a non-empty list of messages (" + kHint + ")");
+    for (size_t i = 0; i < list.size(); ++i) {
+      const auto& m = list[i];
+      const std::string field = std::string("'") + key + "'[" + std::to_string(i) + "]";
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content"))
+        return Bad(where, field + " must be a message {\"role\": ..., \"content\": ...}");
+      if (std::string(key) != "prompt" && m["role"] != "assistant")
+        return Bad(where,
+                   field + "'s role is " + m["role"].dump() + " (a response's messages are the assistant's)");
+    }
+  }
+  if (r["prompt"].back()["role"] != "user") {
+    return Bad(where, "'prompt' ends with a " + r["prompt"].back()["role"].dump() +
+                          " message (it must end with the user's message the responses answer)");
+  }
+  ChatVars vars = chat_vars_;
+  if (r.contains("tools") && !r["tools"].is_null()) {
+    if (!r["tools"].is_array()) return Bad(where, "'tools' must be an array of tool (function) descriptions");
+    vars.tools = r["tools"];
+  }
+  auto render = [&](const nlohmann::ordered_json& messages, bool generation_prompt) -> StatusOr<std::string> {
+    vars.add_generation_prompt = generation_prompt;
+    StatusOr<std::string> text = chat_template_->Render(messages, vars);
+    if (text.status().code() == Status::Code::kCancelled)
+      return Status::Cancelled(where + ": " + text.status().message());
+    if (!text.ok()) return Bad(where, "rendering the chat template: " + text.status().message());
+    return text;
+  };
+  // TRL's maybe_apply_chat_template: the prompt with its generation prompt; each response is what
+  // render(prompt + response) adds to it, the prompt first cut to the prefix both share.
+  FT_ASSIGN_OR_RETURN(std::string prompt, render(r["prompt"], true));
+  std::string responses[2];
+  for (int k = 0; k < 2; ++k) {
+    nlohmann::ordered_json whole = r["prompt"];
+    for (const auto& m : r[k == 0 ? "chosen" : "rejected"]) whole.push_back(m);
+    FT_ASSIGN_OR_RETURN(const std::string full, render(whole, false));
+    const size_t common = static_cast<size_t>(
+        std::mismatch(prompt.begin(),
+                      prompt.begin() + static_cast<std::ptrdiff_t>(std::min(prompt.size(), full.size())),
+                      full.begin())
+            .first -
+        prompt.begin());
+    prompt.resize(common);
+    responses[k] = full.substr(common);
+  }
+  return std::tuple{std::move(prompt), std::move(responses[0]), std::move(responses[1])};
 }
 
 StatusOr<TokenSequence> DataEncoder::EncodeAlpaca(const nlohmann::ordered_json& r,

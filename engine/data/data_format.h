@@ -21,7 +21,11 @@
 //   preference  TRL's preference rows, one pair (TokenSequence::rejected_*):
 //           {"prompt_ids", "chosen_ids", "rejected_ids"}  token ids as given (no BOS or EOS);
 //           {"prompt", "chosen", "rejected"} strings: each tokenized without special tokens, EOS
-//           appended to each response (TRL's tokenize_row for a decoder-only model).
+//           appended to each response (TRL's tokenize_row for a decoder-only model);
+//           conversational: "prompt" a list of messages ending with the user's, "chosen" and
+//           "rejected" lists of assistant messages, rendered as TRL's maybe_apply_chat_template
+//           does (the prompt with add_generation_prompt; a response = what rendering prompt +
+//           response adds to the prefix the two renderings share), then tokenized as text.
 //           A prompt longer than max_prompt_len keeps its last max_prompt_len tokens (TRL's
 //           keep_end); each response is then cut to seq_len - prompt. Loss on the responses.
 //
@@ -39,6 +43,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 
 #include "common/status.h"
 #include "engine/data/chat_format.h"
@@ -98,6 +103,9 @@ class DataEncoder {
   StatusOr<TokenSequence> EncodeAlpaca(const nlohmann::ordered_json& r, const std::string& where) const;
   StatusOr<TokenSequence> EncodeChat(const nlohmann::ordered_json& r, const std::string& where) const;
   StatusOr<TokenSequence> EncodePreference(const nlohmann::ordered_json& r, const std::string& where) const;
+  // The conversational form's prompt, chosen and rejected texts (TRL's maybe_apply_chat_template).
+  StatusOr<std::tuple<std::string, std::string, std::string>> RenderPreference(
+      const nlohmann::ordered_json& r, const std::string& where) const;
   Status CheckVocab(const TokenSequence& seq, const std::string& where) const;
 
   DataFormat format_ = DataFormat::kTokens;

@@ -52,7 +52,8 @@ struct EnumTraits<DataFormat> {
       {"chat", DataFormat::kChat, "{\"messages\": [...]} through the chat template: loss on assistant turns"},
       {"tokens", DataFormat::kTokens, "{\"input_ids\", \"labels\"?}: token ids as given"},
       {"preference", DataFormat::kPreference,
-       "{\"prompt_ids\", \"chosen_ids\", \"rejected_ids\"}: preference pairs for train.objective: dpo"},
+       "{\"prompt\", \"chosen\", \"rejected\"} as strings, as messages through the chat template, or as "
+       "*_ids: preference pairs for train.objective: dpo"},
   };
 };
 

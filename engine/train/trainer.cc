@@ -169,7 +169,9 @@ StatusOr<std::unique_ptr<Dataset>> OpenJobData(const JobSpec& spec, const ModelC
       chat.chat_template = *text;
     }
     chat.extra_vars = ChatVarsFromStrings(spec.data.chat_template_vars);
-    options.cache_key += ";template=" + Sha256Hex(chat.chat_template) + ";vars=" + chat.extra_vars.dump();
+    const std::string& chat_template =
+        chat.chat_template.empty() ? (*tokenizer)->chat_template() : chat.chat_template;
+    options.cache_key += ";template=" + Sha256Hex(chat_template) + ";vars=" + chat.extra_vars.dump();
   }
   FT_ASSIGN_OR_RETURN(RecordEncoder encode,
                       MakeRecordEncoder(format, tokenizer->get(), config.vocab_size, chat, limits));

@@ -18,6 +18,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "common/file_util.h"
 #include "engine/data/chat_format.h"
@@ -454,6 +456,62 @@ TEST_F(DataFormatTest, PreferencePairsMaskThePromptAndTruncateAsTrl) {
               HasSubstr("d.jsonl:7: 'chosen' must be a string"));
   EXPECT_THAT(ErrorOf(*text, R"({"prompt": "q", "chosen": "", "rejected": "b"})"),
               HasSubstr("d.jsonl:7: 'chosen' is empty"));
+}
+
+// The conversational preference form against expected_preference.json (make_preference_golden.py:
+// Python jinja2 and TRL's maybe_apply_chat_template on the real Qwen3, Llama 3 and Gemma 3
+// templates): the pair is the golden prompt's tokens, then each golden response's tokens and EOS.
+TEST_F(DataFormatTest, ConversationalPreferenceRowsRenderAsTrlDoes) {
+  StatusOr<std::string> text = ReadFileToString(kGoldenDir + "/expected_preference.json");
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  const auto doc = nlohmann::ordered_json::parse(*text);
+  ASSERT_GE(doc["cases"].size(), 6u);
+  for (const auto& c : doc["cases"]) {
+    const Tokenizer& tok = Tok(c["family"].get<std::string>());
+    ChatOptions chat;
+    chat.extra_vars = c["extra"];
+    StatusOr<DataEncoder> e = DataEncoder::Create(DataFormat::kPreference, &tok, tok.vocab_size(), chat, {});
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    StatusOr<TokenSequence> s = e->Encode(c["row"], "p.jsonl:1");
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    const std::vector<int32_t> prompt = tok.Encode(c["prompt"].get<std::string>(), false).value();
+    const int32_t eos = Id(tok, tok.eos_token());
+    for (auto [ids, labels, key] : {std::tuple{&s->ids, &s->labels, "chosen"},
+                                    std::tuple{&s->rejected_ids, &s->rejected_labels, "rejected"}}) {
+      std::vector<int32_t> want = prompt, response = tok.Encode(c[key].get<std::string>(), false).value();
+      response.push_back(eos);
+      want.insert(want.end(), response.begin(), response.end());
+      EXPECT_EQ(*ids, want) << c["family"] << " " << key << ": " << c[key];
+      std::vector<int32_t> want_labels(prompt.size(), -100);
+      want_labels.insert(want_labels.end(), response.begin(), response.end());
+      EXPECT_EQ(*labels, want_labels) << c["family"] << " " << key;
+    }
+  }
+  // Malformed conversational rows name the line and the key.
+  const Tokenizer& qwen = Tok("qwen3");
+  const DataEncoder e = Encoder(DataFormat::kPreference, &qwen);
+  const std::string user = R"([{"role": "user", "content": "q"}])",
+                    reply = R"([{"role": "assistant", "content": "a"}])";
+  EXPECT_THAT(ErrorOf(e, R"({"prompt": )" + user + R"(, "chosen": )" + reply + "}"),
+              HasSubstr("d.jsonl:7: missing 'rejected'"));
+  EXPECT_THAT(ErrorOf(e, R"({"prompt": )" + user + R"(, "chosen": [], "rejected": )" + reply + "}"),
+              HasSubstr("d.jsonl:7: 'chosen' must be a non-empty list of messages"));
+  EXPECT_THAT(ErrorOf(e, R"({"prompt": )" + user + R"(, "chosen": "a", "rejected": )" + reply + "}"),
+              HasSubstr("d.jsonl:7: 'chosen' must be a non-empty list of messages"));
+  EXPECT_THAT(
+      ErrorOf(e, R"({"prompt": )" + user + R"(, "chosen": )" + user + R"(, "rejected": )" + reply + "}"),
+      HasSubstr("d.jsonl:7: 'chosen'[0]'s role is \"user\" (a response's messages are the assistant's)"));
+  EXPECT_THAT(
+      ErrorOf(e, R"({"prompt": )" + reply + R"(, "chosen": )" + reply + R"(, "rejected": )" + reply + "}"),
+      HasSubstr("d.jsonl:7: 'prompt' ends with a \"assistant\" message"));
+  EXPECT_THAT(
+      ErrorOf(e, R"({"prompt": [{"role": "user"}], "chosen": )" + reply + R"(, "rejected": )" + reply + "}"),
+      HasSubstr("d.jsonl:7: 'prompt'[0] must be a message"));
+  // A tokenizer without a chat template takes the text form only.
+  const DataEncoder plain = Encoder(DataFormat::kPreference, &Tok("llama2"));
+  EXPECT_THAT(
+      ErrorOf(plain, R"({"prompt": )" + user + R"(, "chosen": )" + reply + R"(, "rejected": )" + reply + "}"),
+      HasSubstr("d.jsonl:7: 'prompt' is a list of messages, but the tokenizer has no chat template"));
 }
 
 TEST_F(DataFormatTest, RecordEncoderForDatasets) {

@@ -28,10 +28,16 @@ def raise_exception(message):
     raise jinja2.exceptions.TemplateError(message)
 
 
-def main():
+def make_environment():
+    """jinja2 as transformers' apply_chat_template sets it up."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
+    return env
+
+
+def main():
+    env = make_environment()
     with open(os.path.join(HERE, "expected_chat.json"), encoding="utf-8") as f:
         doc = json.load(f)
     templates = {}
