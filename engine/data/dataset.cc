@@ -351,6 +351,7 @@ StatusOr<MicroBatch> Dataset::MakeBatch(int64_t first, int64_t count, bool shuff
   };
   for (int64_t b = 0; b < count; ++b) {
     const int64_t r = RowAt(first + b, shuffle, seed);
+    mb.data_rows.push_back(r);
     for (int64_t e = row_first_[r]; e < row_first_[r + 1]; ++e) {
       FT_ASSIGN_OR_RETURN(TokenSequence seq, ReadExample(in, e));
       append(rows[b * per_row], seq.ids, seq.labels, static_cast<int32_t>(e - row_first_[r]));

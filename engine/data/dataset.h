@@ -86,6 +86,9 @@ class Dataset {
   bool from_cache() const { return from_cache_; }
   // Lowercase hex SHA-256 of the data file's contents when it was opened.
   const std::string& sha256() const { return sha256_; }
+  // What else the encoding depends on (DatasetOptions::cache_key) and the rows' length bound.
+  const std::string& cache_key() const { return options_.cache_key; }
+  int64_t seq_len() const { return options_.seq_len; }
   uint64_t file_bytes() const { return file_bytes_; }  // its size then
   // Its stamp before it was hashed (engine/data/file_identity.h).
   const FileStamp& stamp() const { return stamp_; }

@@ -65,7 +65,8 @@ struct EnumTraits<TrainObjective> {
   static constexpr EnumEntry<TrainObjective> kTable[] = {
       {"sft", TrainObjective::kSft, "mean token cross-entropy of the targets (supervised fine-tuning)"},
       {"dpo", TrainObjective::kDpo,
-       "TRL's DPO on preference pairs (data.format: preference), the reference being the adapter off"},
+       "TRL's DPO on preference pairs (data.format: preference); the reference: the adapter off (LoRA, "
+       "QLoRA) or the weights as loaded, stored beside the data (a full fine-tune)"},
   };
 };
 

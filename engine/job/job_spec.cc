@@ -211,8 +211,8 @@ Status ParseTrain(const YamlMap& m, JobSpec::Train* s) {
   return GetChoice(m, "attention", &s->attention);
 }
 
-// train.objective: dpo and data.format: preference go together; DPO's reference is the adapter
-// switched off, so it needs LoRA; pairs are rows of their own (no packing) and evaluation is SFT's.
+// train.objective: dpo and data.format: preference go together (the reference: the adapter switched
+// off, or a full fine-tune's stored log-probabilities); pairs are rows of their own (no packing).
 Status CheckObjective(const YamlMap& root, JobSpec* spec) {
   FT_ASSIGN_OR_RETURN(YamlMap train, root.Child("train"));
   FT_ASSIGN_OR_RETURN(YamlMap data, root.Child("data"));
@@ -234,12 +234,6 @@ Status CheckObjective(const YamlMap& root, JobSpec* spec) {
       }
     }
     return Status::OK();
-  }
-  if (spec->adapter.type != AdapterType::kLora) {
-    return Status::InvalidArgument(train.Where("objective") +
-                                   ": train.objective: dpo takes its reference from the model with the "
-                                   "adapter off, so it needs adapter.type: lora (a full fine-tune's frozen "
-                                   "reference copy is not implemented yet)");
   }
   if (spec->data.packing && data.Has("packing")) {
     return Status::InvalidArgument(data.Where("packing") +

@@ -140,6 +140,10 @@ struct MicroBatch {
   // first_sequence + b. Dropout masks are keyed by (sequence, position), so
   // they do not depend on how sequences are grouped into micro-batches.
   int64_t first_sequence = 0;
+  // The dataset row (engine/data/dataset.h) each data position of the batch came from: one per
+  // row, or one per pair for preference pairs (batch rows 2i and 2i + 1). Empty when not from a
+  // Dataset.
+  std::vector<int64_t> data_rows;
   int64_t rows() const { return batch * seq; }
 };
 

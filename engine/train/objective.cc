@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include "engine/train/reference_logprobs.h"
+
 namespace ft {
 
 namespace {
@@ -24,10 +26,12 @@ class SftObjective : public Objective {
 };
 
 // Rows 2i and 2i + 1 of a micro-batch are pair i's chosen and rejected sequences (Dataset's
-// preference rows). The reference is the model with its adapter off (LoRA/QLoRA).
+// preference rows). The reference is the stored one (a full fine-tune) or the model with its
+// adapter off (LoRA/QLoRA).
 class DpoObjective : public Objective {
  public:
-  explicit DpoObjective(const JobSpec::Train::Dpo& dpo) : dpo_(dpo) {}
+  DpoObjective(const JobSpec::Train::Dpo& dpo, const ReferenceLogProbs* reference)
+      : dpo_(dpo), reference_(reference) {}
 
   std::vector<std::string> SumNames() const override {
     return {"loss",         "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
@@ -36,9 +40,7 @@ class DpoObjective : public Objective {
   int64_t Normaliser(const Dataset&, int64_t, int64_t count, bool, uint64_t) const override { return count; }
 
   StatusOr<std::vector<double>> MicroStep(Model& model, const MicroBatch& mb, float grad_scale) override {
-    model.SetAdapterEnabled(false);
-    const std::vector<SequenceLogProb> ref = model.SequenceLogProbs(mb);
-    model.SetAdapterEnabled(true);
+    const std::vector<SequenceLogProb> ref = Reference(model, mb);
     std::vector<double> sums(SumNames().size(), 0.0);
     auto weights = [&](const std::vector<SequenceLogProb>& pi) {
       std::vector<float> w(pi.size(), 0.0f);
@@ -65,6 +67,18 @@ class DpoObjective : public Objective {
   }
 
  private:
+  std::vector<SequenceLogProb> Reference(Model& model, const MicroBatch& mb) const {
+    if (reference_ == nullptr) {
+      model.SetAdapterEnabled(false);
+      std::vector<SequenceLogProb> ref = model.SequenceLogProbs(mb);
+      model.SetAdapterEnabled(true);
+      return ref;
+    }
+    std::vector<SequenceLogProb> ref;
+    for (const int64_t row : mb.data_rows)
+      ref.insert(ref.end(), reference_->Pair(row), reference_->Pair(row) + 2);
+    return ref;
+  }
   // A response's log-probability as the loss reads it: the sum, or the mean for IPO.
   double Value(const SequenceLogProb& s) const { return s.sum / Count(s); }
   double Count(const SequenceLogProb& s) const {
@@ -72,6 +86,7 @@ class DpoObjective : public Objective {
   }
 
   JobSpec::Train::Dpo dpo_;
+  const ReferenceLogProbs* reference_;
 };
 
 }  // namespace
@@ -95,8 +110,9 @@ DpoPairTerms ComputeDpoPair(const JobSpec::Train::Dpo& dpo, double pi_chosen, do
   return t;
 }
 
-std::unique_ptr<Objective> MakeObjective(const JobSpec& spec) {
-  if (spec.train.objective == TrainObjective::kDpo) return std::make_unique<DpoObjective>(spec.train.dpo);
+std::unique_ptr<Objective> MakeObjective(const JobSpec& spec, const ReferenceLogProbs* reference) {
+  if (spec.train.objective == TrainObjective::kDpo)
+    return std::make_unique<DpoObjective>(spec.train.dpo, reference);
   return std::make_unique<SftObjective>();
 }
 

@@ -49,7 +49,11 @@ struct DpoPairTerms {
 DpoPairTerms ComputeDpoPair(const JobSpec::Train::Dpo& dpo, double pi_chosen, double pi_rejected,
                             double ref_chosen, double ref_rejected);
 
-// The objective of spec.train.objective.
-std::unique_ptr<Objective> MakeObjective(const JobSpec& spec);
+class ReferenceLogProbs;  // engine/train/reference_logprobs.h
+
+// The objective of spec.train.objective. DPO's reference: `reference`'s stored log-probabilities
+// when given (a full fine-tune; borrowed, must outlive the objective), else the model with its
+// adapter off.
+std::unique_ptr<Objective> MakeObjective(const JobSpec& spec, const ReferenceLogProbs* reference = nullptr);
 
 }  // namespace ft

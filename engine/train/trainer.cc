@@ -241,8 +241,9 @@ Status Trainer::OpenData(const ModelConfig& config) {
   const JobSpec& spec = spec_;
   const std::string& f = spec.file;
   FT_ASSIGN_OR_RETURN(data_, OpenJobData(spec, config, spec.data.train, &tokenizer_, StopRequested()));
-  objective_ = MakeObjective(spec);
   inputs_.Add("data.train", spec.data.train, data_->stamp(), data_->sha256());
+  FT_RETURN_IF_ERROR(PrepareReference());
+  objective_ = MakeObjective(spec, reference_.get());
   if (!spec.data.eval.empty()) {
     auto eval = OpenJobData(spec, config, spec.data.eval, &tokenizer_, StopRequested());
     if (!eval.ok()) return eval.status().WithContext(f + ": data.eval");
@@ -259,6 +260,27 @@ Status Trainer::OpenData(const ModelConfig& config) {
   const int64_t steps_per_epoch =
       (data_->size() + spec.train.global_batch_size - 1) / spec.train.global_batch_size;
   total_steps_ = spec.train.max_steps > 0 ? spec.train.max_steps : spec.train.epochs * steps_per_epoch;
+  return Status::OK();
+}
+
+Status Trainer::PrepareReference() {
+  const JobSpec& spec = spec_;
+  if (spec.train.objective != TrainObjective::kDpo || spec.adapter.type != AdapterType::kFull)
+    return Status::OK();
+  // What the values depend on: the data and its encoding, the model's files (hashes; the weights'
+  // stamps), the compute dtype and the device kind. inputs_ holds no data.eval yet.
+  std::string key = "encoding=" + data_->cache_key() + ";seq_len=" + std::to_string(data_->seq_len()) +
+                    ";dtype=" + std::string(EnumName(spec.model.dtype)) +
+                    ";device=" + std::string(DeviceKindName(model_->backend().kind()));
+  for (const auto& [input, sha] : inputs_.Hashes()) key += ";" + input + "=" + sha;
+  auto weights = HfWeightFiles(spec.model.path);
+  for (const std::string& file : weights.ok() ? *weights : std::vector<std::string>{}) {
+    FT_ASSIGN_OR_RETURN(const FileStamp stamp, StampFile(file));
+    key += ";" + fs::path(file).filename().string() + "=" + std::to_string(stamp.size) + "@" +
+           std::to_string(stamp.mtime_ns);
+  }
+  FT_ASSIGN_OR_RETURN(reference_, ReferenceLogProbs::LoadOrCompute(*model_, *data_, spec.data.train, key,
+                                                                   leader(), StopRequested()));
   return Status::OK();
 }
 

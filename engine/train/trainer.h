@@ -41,6 +41,7 @@
 #include "engine/train/objective.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/output_owner.h"
+#include "engine/train/reference_logprobs.h"
 #include "engine/train/train_control.h"
 
 namespace ft {
@@ -181,6 +182,8 @@ class Trainer {
   Model& model() { return *model_; }
   const Dataset& data() const { return *data_; }
   const Dataset* eval_data() const { return eval_data_.get(); }  // null without data.eval
+  // DPO on a full fine-tune: the stored reference (null otherwise).
+  const ReferenceLogProbs* reference() const { return reference_.get(); }
   AdamWOptimizer& optimizer() { return *optimizer_; }
   const BatchPlan& plan() const { return plan_; }
   int64_t total_steps() const { return total_steps_; }
@@ -198,8 +201,9 @@ class Trainer {
   std::unique_ptr<AdamWOptimizer> optimizer_;
   std::unique_ptr<Tokenizer> tokenizer_;  // text, alpaca and chat formats; outlives data_
   std::unique_ptr<Dataset> data_;
-  std::unique_ptr<Objective> objective_;  // what a step minimises (spec.train.objective)
-  std::unique_ptr<Dataset> eval_data_;    // data.eval, or null
+  std::unique_ptr<ReferenceLogProbs> reference_;  // DPO on a full fine-tune: the stored reference
+  std::unique_ptr<Objective> objective_;          // what a step minimises (spec.train.objective)
+  std::unique_ptr<Dataset> eval_data_;            // data.eval, or null
   BatchPlan plan_;
   int64_t total_steps_ = 0;
   std::unique_ptr<Collective> ranks_;          // the job's ranks (SingleRank when alone)
@@ -208,6 +212,9 @@ class Trainer {
   // Whether a stop request asks this one rank to abandon its step after `done` micro-batches
   // (the rest would not fit in the request's deadline).
   bool StopMidStep(int64_t done);
+  // DPO on a full fine-tune: the reference log-probabilities (engine/train/reference_logprobs.h),
+  // read or computed with the weights as loaded; keyed by what they depend on.
+  Status PrepareReference();
   // Every gradient to grad_host_ (to_host) or back from it.
   void CopyGradients(bool to_host);
   // train.gradient_sum exact: this micro-batch's gradients into grad_sum_, and zeroed.

@@ -3,7 +3,8 @@
 
 A float64 re-implementation of TRL's DPOTrainer loss (trl/trainer/dpo_trainer.py: dpo_loss,
 concatenated_forward) on a PEFT LoRA model whose reference is the same model with the adapter
-switched off, trained with HF Trainer's AdamW + cosine schedule + clip_grad_norm_ exactly as
+switched off, and on a full fine-tune whose reference is a frozen copy of the initial weights
+(TRL's ref_model), trained with HF Trainer's AdamW + cosine schedule + clip_grad_norm_ exactly as
 make_golden.py's SFT cases. The model, its LoRA and the optimizer come from make_golden.py.
 
 What it makes, per case (tests/golden/<case>/):
@@ -12,7 +13,7 @@ What it makes, per case (tests/golden/<case>/):
     expected/metrics.json      per step: loss, lr, grad_norm, pairs, and TRL's rewards/chosen,
                                rewards/rejected, rewards/margins, rewards/accuracies,
                                logps/chosen, logps/rejected (means over the step's pairs)
-    expected/final.safetensors the trained adapter
+    expected/final.safetensors the trained adapter (dpo_full: every trained weight)
 
 Semantics (TRL):
   - A response's log-probability is the sum over its tokens t of log softmax(logits[t-1])[id_t],
@@ -42,12 +43,14 @@ STEPS = 4
 SEQ_LEN, MAX_PROMPT = 32, 12
 
 LORA = dict(type="lora", r=4, alpha=8, rslora=False, targets=g.ALL_LINEARS)
+FULL_CLIP = 2.0
 CASES = [
     dict(name="dpo_sigmoid", loss="sigmoid", beta=0.1, label_smoothing=0.0, lr=1e-2, max_grad_norm=0.8),
     dict(name="dpo_sigmoid_ls", loss="sigmoid", beta=0.5, label_smoothing=0.2, lr=1e-2, max_grad_norm=2.5),
     dict(name="dpo_ipo", loss="ipo", beta=0.5, label_smoothing=0.0, lr=1e-2, max_grad_norm=5.3),
     dict(name="dpo_qlora", loss="sigmoid", beta=0.1, label_smoothing=0.0, lr=1e-2, max_grad_norm=0.8,
          quant=dict(type="nf4", block=64, double_quant=True, dq_block=256)),
+    dict(name="dpo_full", loss="sigmoid", beta=0.1, label_smoothing=0.0, lr=1e-3, max_grad_norm=FULL_CLIP, full=True),
 ]
 
 
@@ -85,10 +88,10 @@ def pair_terms(P, ctx, case, pair):
     mean = case["loss"] == "ipo"
     pc = response_logps(P, ctx, pair["prompt_ids"], pair["chosen_ids"], mean)
     pr = response_logps(P, ctx, pair["prompt_ids"], pair["rejected_ids"], mean)
-    with torch.no_grad():  # the reference: the same model with the adapter off
-        off = dict(ctx, lora_scale=0.0)
-        rc = response_logps(P, off, pair["prompt_ids"], pair["chosen_ids"], mean)
-        rr = response_logps(P, off, pair["prompt_ids"], pair["rejected_ids"], mean)
+    with torch.no_grad():  # the reference: the frozen initial weights, or the adapter off
+        ref_p, off = (ctx["ref"], ctx) if ctx["full"] else (P, dict(ctx, lora_scale=0.0))
+        rc = response_logps(ref_p, off, pair["prompt_ids"], pair["chosen_ids"], mean)
+        rr = response_logps(ref_p, off, pair["prompt_ids"], pair["rejected_ids"], mean)
     z = (pc - rc) - (pr - rr)
     beta, eps = case["beta"], case["label_smoothing"]
     if case["loss"] == "sigmoid":
@@ -100,7 +103,12 @@ def pair_terms(P, ctx, case, pair):
 
 def train(P, ctx, case, trainable, pairs):
     names = list(trainable)
-    groups = [{"params": [trainable[n] for n in names], "weight_decay": g.WEIGHT_DECAY}]
+    if ctx["full"]:  # HF Trainer: no weight decay for biases and norm weights (make_golden.train)
+        decay = [not (n.endswith(".bias") or "norm" in n) for n in names]
+        groups = [{"params": [trainable[n] for n, d in zip(names, decay) if d], "weight_decay": g.WEIGHT_DECAY},
+                  {"params": [trainable[n] for n, d in zip(names, decay) if not d], "weight_decay": 0.0}]
+    else:
+        groups = [{"params": [trainable[n] for n in names], "weight_decay": g.WEIGHT_DECAY}]
     opt = torch.optim.AdamW(groups, lr=case["lr"], betas=g.BETAS, eps=g.ADAM_EPS, weight_decay=g.WEIGHT_DECAY)
     keys = ["loss", "lr", "grad_norm", "pairs", "rewards/chosen", "rewards/rejected", "rewards/margins",
             "rewards/accuracies", "logps/chosen", "logps/rejected"]
@@ -146,15 +154,19 @@ def job_yaml(case):
     ]
     if "quant" in case:
         lines.append("  double_quant: true")
+    lines += ["  dtype: fp32", "adapter:"]
+    if case.get("full"):
+        lines += ["  type: full"]
+    else:
+        lines += [
+            "  type: lora",
+            f"  r: {LORA['r']}",
+            f"  alpha: {LORA['alpha']}",
+            "  dropout: 0.0",
+            f"  target_modules: [{', '.join(LORA['targets'])}]",
+            "  init: ../llama_gqa/init_adapter",
+        ]
     lines += [
-        "  dtype: fp32",
-        "adapter:",
-        "  type: lora",
-        f"  r: {LORA['r']}",
-        f"  alpha: {LORA['alpha']}",
-        "  dropout: 0.0",
-        f"  target_modules: [{', '.join(LORA['targets'])}]",
-        "  init: ../llama_gqa/init_adapter",
         "data:",
         "  train: data.jsonl",
         "  format: preference",
@@ -190,9 +202,14 @@ def run_case(case):
     w32 = g.make_base_weights(m, gen)
     P = g.base_params(dict(model=m, quant=case["quant"]) if "quant" in case else dict(model=m), w32)
     init = g.make_init_adapter(m, LORA, gen)
-    ctx = {"model": m, "full": False, "bf16": False, "lora_scale": LORA["alpha"] / LORA["r"]}
-    trainable = {k: v.to(g.F64).requires_grad_(True) for k, v in init.items()}
-    P.update(trainable)
+    if case.get("full"):  # every weight trained; the reference is a frozen copy of them
+        ctx = {"model": m, "full": True, "bf16": False, "lora_scale": 0.0,
+               "ref": {k: v.detach().clone() for k, v in P.items()}}
+        trainable = {k: v.requires_grad_(True) for k, v in P.items()}
+    else:
+        ctx = {"model": m, "full": False, "bf16": False, "lora_scale": LORA["alpha"] / LORA["r"]}
+        trainable = {k: v.to(g.F64).requires_grad_(True) for k, v in init.items()}
+        P.update(trainable)
     out = os.path.join(g.HERE, case["name"])
     os.makedirs(os.path.join(out, "expected"), exist_ok=True)
     pairs = make_pairs(m["vocab_size"], torch.Generator().manual_seed(4242))

@@ -235,14 +235,14 @@ TEST(JobChoicesTest, DpoNeedsPreferencePairsALoraAdapterAndSaneKeys) {
   EXPECT_EQ(parsed->train.dpo.loss, DpoLoss::kIpo);
   EXPECT_EQ(parsed->data.max_prompt_len, 32);
   EXPECT_FALSE(parsed->data.packing);
+  // A full fine-tune takes its reference from stored log-probabilities (engine/train/reference_logprobs.h).
+  EXPECT_TRUE(ParseJobSpec(job(pairs, dpo, "adapter:\n  type: full\n"), "j.yaml").ok());
   const std::string tokens = "data:\n  train: /d.jsonl\n";
   struct Bad {
     std::string text, message;
   } bad[] = {
       {job(tokens, dpo), "train.objective: dpo needs data.format: preference"},
       {job(pairs, ""), "data.format: preference holds pairs for train.objective: dpo"},
-      {job(pairs, dpo, "adapter:\n  type: full\n"),
-       "train.objective: dpo takes its reference from the model"},
       {job(pairs, dpo + "  dpo: {loss: ipo, label_smoothing: 0.1}\n"),
        "train.dpo.label_smoothing: applies to loss: sigmoid only"},
       {job(pairs, dpo + "  dpo: {beta: 0}\n"), "train.dpo.beta"},

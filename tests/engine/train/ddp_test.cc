@@ -124,15 +124,25 @@ struct Bounds {
   double loss = 0, adapter = 0;
 };
 
-// Worst relative difference of per-step losses, and ‖a − b‖ / ‖b‖ of the adapters.
+// Worst relative difference of per-step (and eval) losses.
+double LossDifference(const std::string& out, const std::string& ref) {
+  double worst = 0;
+  for (const char* key : {"loss", "eval_loss"}) {
+    auto got = key == std::string("loss") ? TrainLines(out) : LinesWithKey(out, key);
+    auto want = key == std::string("loss") ? TrainLines(ref) : LinesWithKey(ref, key);
+    EXPECT_EQ(got.size(), want.size()) << key;
+    for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+      const double x = got[i][key].get<double>(), y = want[i][key].get<double>();
+      worst = std::max(worst, std::fabs(x - y) / std::fabs(y));
+    }
+  }
+  return worst;
+}
+
+// LossDifference, and ‖a − b‖ / ‖b‖ of the adapters.
 Bounds Compare(const std::string& out, const std::string& ref) {
   Bounds b;
-  auto got = TrainLines(out), want = TrainLines(ref);
-  EXPECT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
-    const double x = got[i]["loss"].get<double>(), y = want[i]["loss"].get<double>();
-    b.loss = std::max(b.loss, std::fabs(x - y) / std::fabs(y));
-  }
+  b.loss = LossDifference(out, ref);
   const std::vector<float> a = Adapter(out), r = Adapter(ref);
   EXPECT_EQ(a.size(), r.size());
   double diff = 0, norm = 0;
@@ -141,12 +151,6 @@ Bounds Compare(const std::string& out, const std::string& ref) {
     norm += static_cast<double>(r[i]) * r[i];
   }
   b.adapter = std::sqrt(diff / norm);
-  auto evals = LinesWithKey(out, "eval_loss"), want_evals = LinesWithKey(ref, "eval_loss");
-  EXPECT_EQ(evals.size(), want_evals.size());
-  for (size_t i = 0; i < std::min(evals.size(), want_evals.size()); ++i) {
-    const double x = evals[i]["eval_loss"].get<double>(), y = want_evals[i]["eval_loss"].get<double>();
-    b.loss = std::max(b.loss, std::fabs(x - y) / std::fabs(y));
-  }
   return b;
 }
 
@@ -287,19 +291,26 @@ TEST(DdpTest, KillNineThenResumeAtAnotherWorldSize) {
 }
 
 // `job(dir, world)` run at world 1, and at world 2 killed (-9) after a checkpoint and resumed at
-// world 2: the same per-step losses and the adapter byte for byte. Runs in <name>-w1 and -w2.
+// `resume_world` (`before_resume(dir)` first): the same per-step losses and the trained file
+// (`trained`, under out/) byte for byte. Runs in <name>-w1 and -w2.
 void ExpectKilledWorldTwoEqualsWorldOne(const std::string& name,
-                                        const std::function<std::string(const std::string&, int)>& job) {
+                                        const std::function<std::string(const std::string&, int)>& job,
+                                        int resume_world = 2,
+                                        const std::string& trained = "adapter/adapter_model.safetensors",
+                                        const std::function<void(const std::string&)>& before_resume = {}) {
   const std::string ref_dir = FreshDir(name + "-w1");
   ASSERT_EQ(WaitAll(StartRanks(ref_dir, job(ref_dir, 1), 1))[0], kExitFinished)
       << Slurp(ref_dir + "/stderr.txt");
   const std::string dir = FreshDir(name + "-w2");
   ASSERT_NO_FATAL_FAILURE(KillAfterACheckpoint(dir, StartRanks(dir, job(dir, 2), 2)));
-  for (int code : WaitAll(StartRanks(dir, job(dir, 2), 2)))
+  if (before_resume) before_resume(dir);
+  for (int code : WaitAll(StartRanks(dir, job(dir, resume_world), resume_world)))
     ASSERT_EQ(code, kExitFinished) << Slurp(dir + "/stderr.txt");
   EXPECT_THAT(Slurp(dir + "/stderr.txt"), HasSubstr("resumed from"));
-  EXPECT_EQ(Compare(dir + "/out", ref_dir + "/out").loss, 0);
-  EXPECT_EQ(AdapterBytes(dir + "/out"), AdapterBytes(ref_dir + "/out")) << "byte for byte";
+  EXPECT_EQ(LossDifference(dir + "/out", ref_dir + "/out"), 0);
+  const std::string bytes = Slurp(dir + "/out/" + trained);
+  EXPECT_FALSE(bytes.empty()) << trained;
+  EXPECT_EQ(bytes, Slurp(ref_dir + "/out/" + trained)) << trained << " byte for byte";
 }
 
 // Every family beyond Llama (engine/model/family.h) through the multi-process paths: a model of
@@ -324,33 +335,44 @@ TEST(DdpTest, EachFamilyResumesAfterKillNineAtWorldTwoWithWorldOnesAdapterBytes)
   }
 }
 
-// DPO (train.objective: dpo) on preference pairs through the multi-process paths: world 1, and
-// world 2 killed (-9) after a checkpoint and resumed, end with the same adapter bytes and the
-// same per-step losses and rewards (the reference forward, the per-pair weights and the exact
-// sums included).
-TEST(DdpTest, DpoKilledAtWorldTwoResumesToWorldOnesAdapterBytes) {
-  const auto job = [](const std::string& dir, int world) {
-    const std::string path =
-        WriteJob(dir, "  micro_batch_size: 1\n  objective: dpo\n  dpo: {beta: 0.2}\n", 3, kSteps, 2);
-    std::ofstream pairs(dir + "/pairs.jsonl");
-    for (int i = 0; i < 40; ++i) {
-      auto ids = [&](int salt, int n) {
-        std::string out;
-        for (int t = 0; t < n; ++t) out += (t ? ", " : "") + std::to_string(HashKeys(salt, i, t) % 250 + 1);
-        return "[" + out + "]";
-      };
-      pairs << "{\"prompt_ids\": " << ids(1, 3 + i % 7) << ", \"chosen_ids\": " << ids(2, 2 + i % 5)
-            << ", \"rejected_ids\": " << ids(3, 1 + i % 9) << "}\n";
-    }
-    pairs.close();
-    std::string text = Slurp(path);
-    text.replace(text.find("format: tokens"), 14, "format: preference");
-    text.replace(text.find("train: data.jsonl"), 17, "train: pairs.jsonl");
-    text += "resources: {gpus: " + std::to_string(world) + "}\ndistributed: {strategy: ddp}\n";
-    std::ofstream(path) << text;
-    return path;
-  };
-  ExpectKilledWorldTwoEqualsWorldOne("dpo", job);
+// A DPO job (train.objective: dpo) on 40 preference pairs at `world` ranks; `adapter` replaces
+// the LoRA adapter section when given (a full fine-tune, whose sums across ranks are exact only
+// when asked: train.gradient_sum: exact).
+std::string DpoJob(const std::string& dir, int world, const std::string& adapter = "") {
+  const std::string path = WriteJob(dir,
+                                    "  micro_batch_size: 1\n  objective: dpo\n  dpo: {beta: 0.2}\n" +
+                                        std::string(adapter.empty() ? "" : "  gradient_sum: exact\n"),
+                                    3, kSteps, 2);
+  std::ofstream pairs(dir + "/pairs.jsonl");
+  for (int i = 0; i < 40; ++i) {
+    auto ids = [&](int salt, int n) {
+      std::string out;
+      for (int t = 0; t < n; ++t) out += (t ? ", " : "") + std::to_string(HashKeys(salt, i, t) % 250 + 1);
+      return "[" + out + "]";
+    };
+    pairs << "{\"prompt_ids\": " << ids(1, 3 + i % 7) << ", \"chosen_ids\": " << ids(2, 2 + i % 5)
+          << ", \"rejected_ids\": " << ids(3, 1 + i % 9) << "}\n";
+  }
+  pairs.close();
+  std::string text = Slurp(path);
+  text.replace(text.find("format: tokens"), 14, "format: preference");
+  text.replace(text.find("train: data.jsonl"), 17, "train: pairs.jsonl");
+  text += "resources: {gpus: " + std::to_string(world) + "}\ndistributed: {strategy: ddp}\n";
+  if (!adapter.empty()) {
+    const size_t at = text.find("adapter:");
+    text.replace(at, text.find('\n', at) - at, adapter);
+  }
+  std::ofstream(path) << text;
+  return path;
+}
+
+// DPO on preference pairs through the multi-process paths: world 1, and world 2 killed (-9)
+// after a checkpoint and resumed at world 4, end with the same adapter bytes and the same
+// per-step losses and rewards (the reference forward, the per-pair weights and the exact sums
+// included).
+TEST(DdpTest, DpoKilledAtWorldTwoResumedAtWorldFourEndsWithWorldOnesAdapterBytes) {
+  ExpectKilledWorldTwoEqualsWorldOne(
+      "dpo", [](const std::string& dir, int world) { return DpoJob(dir, world); }, 4);
   const std::string ref_dir = testing_support::TempPath("dpo-w1"), dir = testing_support::TempPath("dpo-w2");
   const auto lines = TrainLines(ref_dir + "/out");
   ASSERT_EQ(lines.size(), static_cast<size_t>(kSteps));
@@ -358,6 +380,37 @@ TEST(DdpTest, DpoKilledAtWorldTwoResumesToWorldOnesAdapterBytes) {
     EXPECT_TRUE(lines.back().contains(key)) << key;
   const auto resumed = TrainLines(dir + "/out");
   EXPECT_EQ(resumed.back()["rewards/margins"], lines.back()["rewards/margins"]);
+}
+
+// DPO on a full fine-tune: the reference is stored beside the data (pairs.jsonl.ftref-*), computed
+// once per pair before the first step. World 1, and world 2 killed (-9) after a checkpoint, its
+// stored reference deleted, and resumed at world 2 (which recomputes it from the weights as loaded),
+// end with the same model bytes.
+TEST(DdpTest, DpoFullFineTuneKilledAtWorldTwoRecomputesItsReferenceAndEndsWithWorldOnesBytes) {
+  const auto job = [](const std::string& dir, int world) {
+    return DpoJob(dir, world, "adapter: {type: full}");
+  };
+  const auto references = [](const std::string& dir) {
+    std::vector<std::string> found;
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().filename().string().rfind("pairs.jsonl.ftref-", 0) == 0) found.push_back(e.path());
+    return found;
+  };
+  const auto drop = [&](const std::string& dir) {
+    ASSERT_EQ(references(dir).size(), 1u) << "the stored reference beside the data";
+    fs::remove(references(dir)[0]);
+  };
+  ExpectKilledWorldTwoEqualsWorldOne("dpo-full", job, 2, "model/model.safetensors", drop);
+  const std::string log = Slurp(testing_support::TempPath("dpo-full-w2") + "/stderr.txt");
+  const auto count = [&](const std::string& what) {
+    size_t n = 0;
+    for (size_t at = 0; (at = log.find(what, at)) != std::string::npos; ++at) ++n;
+    return n;
+  };
+  // Each of the 2 ranks of both starts read or computed it; at each start the first to look found none.
+  EXPECT_GE(count("pairs' log-probabilities computed"), 2u) << log;
+  EXPECT_EQ(count("pairs' log-probabilities computed") + count("pairs' log-probabilities read"), 4u) << log;
+  EXPECT_EQ(references(testing_support::TempPath("dpo-full-w2")).size(), 1u) << "kept again";
 }
 
 // FSDP's per-rank device memory (r 16 on every linear, one step of 4 x 256 tokens at world 1, 2
