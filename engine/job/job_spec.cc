@@ -241,10 +241,6 @@ Status CheckObjective(const YamlMap& root, JobSpec* spec) {
                                    "their own; set packing: false");
   }
   spec->data.packing = false;
-  if (!spec->data.eval.empty()) {
-    return Status::InvalidArgument(data.Where("eval") +
-                                   ": data.eval with train.objective: dpo is not implemented yet; remove it");
-  }
   if (spec->data.max_prompt_len == 0) spec->data.max_prompt_len = spec->data.seq_len / 2;
   if (spec->data.max_prompt_len >= spec->data.seq_len) {
     return Status::InvalidArgument(data.Where("max_prompt_len") + ": data.max_prompt_len (" +

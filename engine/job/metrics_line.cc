@@ -128,6 +128,8 @@ std::string FormatMetricsLine(const MetricsLine& m) {
   if (m.kind == Kind::kStep) {
     j[kPeakByCategory] = m.peak_bytes_by_category;
     if (m.fp16) j[kSkipped] = m.skipped;
+  }
+  if (m.kind == Kind::kStep || m.kind == Kind::kEval) {
     for (const auto& [name, value] : m.objective_metrics)
       j[name] = std::isfinite(value) ? json(value) : json(nullptr);
   }
@@ -183,6 +185,8 @@ StatusOr<MetricsLine> ParseMetricsLine(std::string_view line) {
         if (bytes.is_number_integer()) m.peak_bytes_by_category[name] = bytes.get<int64_t>();
       }
     }
+  }
+  if (m.kind == Kind::kStep || m.kind == Kind::kEval) {
     for (const auto& [name, value] : j.items()) {
       if (name.find('/') != std::string::npos && value.is_number())
         m.objective_metrics[name] = value.get<double>();

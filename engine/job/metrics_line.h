@@ -45,7 +45,8 @@ struct MetricsLine {
   std::map<std::string, int64_t> peak_bytes_by_category;
   // The objective's own means (engine/train/objective.h; DPO: TRL's "rewards/chosen",
   // "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen", "logps/rejected"),
-  // each a key of its own; read back from every step key with a '/' in its name.
+  // each a key of its own; read back from every step key with a '/' in its name. kEval: the same
+  // over data.eval, named as TRL names them ("eval_rewards/chosen", ...).
   std::map<std::string, double> objective_metrics;
   double checkpoint_seconds = 0;  // kStep (newest measured, 0 = none yet), kCheckpoint, kInterval (C)
   double interval_seconds = 0;    // kInterval: the interval chosen; kCheckpoint (every_auto): in force

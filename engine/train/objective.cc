@@ -23,6 +23,10 @@ class SftObjective : public Objective {
   StatusOr<std::vector<double>> MicroStep(Model& model, const MicroBatch& mb, float grad_scale) override {
     return std::vector<double>{model.ForwardBackward(mb, grad_scale).loss_sum};
   }
+  StatusOr<EvalSums> EvalStep(Model& model, const MicroBatch& mb) override {
+    const LossResult r = model.EvalForward(mb);
+    return EvalSums{{r.loss_sum}, r.tokens, r.tokens};
+  }
 };
 
 // Rows 2i and 2i + 1 of a micro-batch are pair i's chosen and rejected sequences (Dataset's
@@ -30,8 +34,9 @@ class SftObjective : public Objective {
 // adapter off (LoRA/QLoRA).
 class DpoObjective : public Objective {
  public:
-  DpoObjective(const JobSpec::Train::Dpo& dpo, const ReferenceLogProbs* reference)
-      : dpo_(dpo), reference_(reference) {}
+  DpoObjective(const JobSpec::Train::Dpo& dpo, const ReferenceLogProbs* reference,
+               const ReferenceLogProbs* eval_reference)
+      : dpo_(dpo), reference_(reference), eval_reference_(eval_reference) {}
 
   std::vector<std::string> SumNames() const override {
     return {"loss",         "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
@@ -40,43 +45,64 @@ class DpoObjective : public Objective {
   int64_t Normaliser(const Dataset&, int64_t, int64_t count, bool, uint64_t) const override { return count; }
 
   StatusOr<std::vector<double>> MicroStep(Model& model, const MicroBatch& mb, float grad_scale) override {
-    const std::vector<SequenceLogProb> ref = Reference(model, mb);
-    std::vector<double> sums(SumNames().size(), 0.0);
+    const std::vector<SequenceLogProb> ref = Reference(model, mb, reference_);
+    std::vector<double> sums;
     auto weights = [&](const std::vector<SequenceLogProb>& pi) {
       std::vector<float> w(pi.size(), 0.0f);
-      for (size_t c = 0; c + 1 < pi.size(); c += 2) {
-        const size_t r = c + 1;
-        const DpoPairTerms t = ComputeDpoPair(dpo_, Value(pi[c]), Value(pi[r]), Value(ref[c]), Value(ref[r]));
+      sums = PairSums(pi, ref, [&](size_t c, size_t r, double dloss_dpi_chosen) {
         // The head's gradient is grad_scale x d(-log p)/d(logits) per sequence: the weight of a
         // sequence is -d(loss)/d(its sum of log-probabilities) (IPO: through the mean).
-        w[c] = static_cast<float>(-t.dloss_dpi_chosen / Count(pi[c]) * grad_scale);
-        w[r] = static_cast<float>(t.dloss_dpi_chosen / Count(pi[r]) * grad_scale);
-        const double add[] = {t.loss,
-                              t.reward_chosen,
-                              t.reward_rejected,
-                              t.reward_chosen - t.reward_rejected,
-                              t.reward_chosen > t.reward_rejected ? 1.0 : 0.0,
-                              Value(pi[c]),
-                              Value(pi[r])};
-        for (size_t k = 0; k < sums.size(); ++k) sums[k] += add[k];
-      }
+        w[c] = static_cast<float>(-dloss_dpi_chosen / Count(pi[c]) * grad_scale);
+        w[r] = static_cast<float>(dloss_dpi_chosen / Count(pi[r]) * grad_scale);
+      });
       return w;
     };
     model.ForwardBackwardBySequence(mb, weights);
     return sums;
   }
 
+  StatusOr<EvalSums> EvalStep(Model& model, const MicroBatch& mb) override {
+    const std::vector<SequenceLogProb> ref = Reference(model, mb, eval_reference_);
+    const std::vector<SequenceLogProb> pi = model.SequenceLogProbs(mb);
+    EvalSums e{PairSums(pi, ref, [](size_t, size_t, double) {}), static_cast<int64_t>(pi.size() / 2), 0};
+    for (const SequenceLogProb& s : pi) e.tokens += s.tokens;
+    return e;
+  }
+
  private:
-  std::vector<SequenceLogProb> Reference(Model& model, const MicroBatch& mb) const {
-    if (reference_ == nullptr) {
+  // SumNames()'s sums over the pairs of a micro-batch (rows 2i, 2i + 1); `each(c, r, dloss/dpi_c)`
+  // sees every pair.
+  template <typename Each>
+  std::vector<double> PairSums(const std::vector<SequenceLogProb>& pi,
+                               const std::vector<SequenceLogProb>& ref, Each each) const {
+    std::vector<double> sums(SumNames().size(), 0.0);
+    for (size_t c = 0; c + 1 < pi.size(); c += 2) {
+      const size_t r = c + 1;
+      const DpoPairTerms t = ComputeDpoPair(dpo_, Value(pi[c]), Value(pi[r]), Value(ref[c]), Value(ref[r]));
+      each(c, r, t.dloss_dpi_chosen);
+      const double add[] = {t.loss,
+                            t.reward_chosen,
+                            t.reward_rejected,
+                            t.reward_chosen - t.reward_rejected,
+                            t.reward_chosen > t.reward_rejected ? 1.0 : 0.0,
+                            Value(pi[c]),
+                            Value(pi[r])};
+      for (size_t k = 0; k < sums.size(); ++k) sums[k] += add[k];
+    }
+    return sums;
+  }
+  // The reference's log-probabilities of the batch's sequences: `stored`'s rows, or the model's
+  // with its adapter off.
+  static std::vector<SequenceLogProb> Reference(Model& model, const MicroBatch& mb,
+                                                const ReferenceLogProbs* stored) {
+    if (stored == nullptr) {
       model.SetAdapterEnabled(false);
       std::vector<SequenceLogProb> ref = model.SequenceLogProbs(mb);
       model.SetAdapterEnabled(true);
       return ref;
     }
     std::vector<SequenceLogProb> ref;
-    for (const int64_t row : mb.data_rows)
-      ref.insert(ref.end(), reference_->Pair(row), reference_->Pair(row) + 2);
+    for (const int64_t row : mb.data_rows) ref.insert(ref.end(), stored->Pair(row), stored->Pair(row) + 2);
     return ref;
   }
   // A response's log-probability as the loss reads it: the sum, or the mean for IPO.
@@ -87,6 +113,7 @@ class DpoObjective : public Objective {
 
   JobSpec::Train::Dpo dpo_;
   const ReferenceLogProbs* reference_;
+  const ReferenceLogProbs* eval_reference_;
 };
 
 }  // namespace
@@ -110,9 +137,10 @@ DpoPairTerms ComputeDpoPair(const JobSpec::Train::Dpo& dpo, double pi_chosen, do
   return t;
 }
 
-std::unique_ptr<Objective> MakeObjective(const JobSpec& spec, const ReferenceLogProbs* reference) {
+std::unique_ptr<Objective> MakeObjective(const JobSpec& spec, const ReferenceLogProbs* reference,
+                                         const ReferenceLogProbs* eval_reference) {
   if (spec.train.objective == TrainObjective::kDpo)
-    return std::make_unique<DpoObjective>(spec.train.dpo, reference);
+    return std::make_unique<DpoObjective>(spec.train.dpo, reference, eval_reference);
   return std::make_unique<SftObjective>();
 }
 

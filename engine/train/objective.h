@@ -34,6 +34,13 @@ class Objective {
   // One micro-batch's forward and backward: the gradient of (its loss sum) x grad_scale is added
   // to the model's gradients. Returns SumNames()'s sums over the micro-batch.
   virtual StatusOr<std::vector<double>> MicroStep(Model& model, const MicroBatch& mb, float grad_scale) = 0;
+  // One micro-batch of data.eval, forward only (evaluation mode): SumNames()'s sums, what they are
+  // divided by (SFT: target tokens; DPO: pairs) and its target tokens.
+  struct EvalSums {
+    std::vector<double> sums;
+    int64_t count = 0, tokens = 0;
+  };
+  virtual StatusOr<EvalSums> EvalStep(Model& model, const MicroBatch& mb) = 0;
 };
 
 // TRL's per-pair DPO terms from the policy's and the reference's response log-probabilities
@@ -51,9 +58,10 @@ DpoPairTerms ComputeDpoPair(const JobSpec::Train::Dpo& dpo, double pi_chosen, do
 
 class ReferenceLogProbs;  // engine/train/reference_logprobs.h
 
-// The objective of spec.train.objective. DPO's reference: `reference`'s stored log-probabilities
-// when given (a full fine-tune; borrowed, must outlive the objective), else the model with its
-// adapter off.
-std::unique_ptr<Objective> MakeObjective(const JobSpec& spec, const ReferenceLogProbs* reference = nullptr);
+// The objective of spec.train.objective. DPO's reference: the stored log-probabilities of the
+// training data (`reference`) and of data.eval (`eval_reference`) when given (a full fine-tune;
+// borrowed, must outlive the objective), else the model with its adapter off.
+std::unique_ptr<Objective> MakeObjective(const JobSpec& spec, const ReferenceLogProbs* reference = nullptr,
+                                         const ReferenceLogProbs* eval_reference = nullptr);
 
 }  // namespace ft

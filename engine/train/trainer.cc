@@ -242,13 +242,13 @@ Status Trainer::OpenData(const ModelConfig& config) {
   const std::string& f = spec.file;
   FT_ASSIGN_OR_RETURN(data_, OpenJobData(spec, config, spec.data.train, &tokenizer_, StopRequested()));
   inputs_.Add("data.train", spec.data.train, data_->stamp(), data_->sha256());
-  FT_RETURN_IF_ERROR(PrepareReference());
-  objective_ = MakeObjective(spec, reference_.get());
+  FT_ASSIGN_OR_RETURN(reference_, StoredReference(*data_, spec.data.train));
   if (!spec.data.eval.empty()) {
     auto eval = OpenJobData(spec, config, spec.data.eval, &tokenizer_, StopRequested());
     if (!eval.ok()) return eval.status().WithContext(f + ": data.eval");
     eval_data_ = std::move(*eval);
     inputs_.Add("data.eval", spec.data.eval, eval_data_->stamp(), eval_data_->sha256());
+    FT_ASSIGN_OR_RETURN(eval_reference_, StoredReference(*eval_data_, spec.data.eval));
     int64_t rows = eval_data_->size();
     if (spec.train.eval_max_batches > 0)
       rows = std::min(rows, spec.train.eval_max_batches * plan_.micro_batch);
@@ -260,28 +260,30 @@ Status Trainer::OpenData(const ModelConfig& config) {
   const int64_t steps_per_epoch =
       (data_->size() + spec.train.global_batch_size - 1) / spec.train.global_batch_size;
   total_steps_ = spec.train.max_steps > 0 ? spec.train.max_steps : spec.train.epochs * steps_per_epoch;
+  objective_ = MakeObjective(spec, reference_.get(), eval_reference_.get());
   return Status::OK();
 }
 
-Status Trainer::PrepareReference() {
+StatusOr<std::unique_ptr<ReferenceLogProbs>> Trainer::StoredReference(const Dataset& data,
+                                                                      const std::string& path) {
   const JobSpec& spec = spec_;
   if (spec.train.objective != TrainObjective::kDpo || spec.adapter.type != AdapterType::kFull)
-    return Status::OK();
+    return std::unique_ptr<ReferenceLogProbs>();
   // What the values depend on: the data and its encoding, the model's files (hashes; the weights'
-  // stamps), the compute dtype and the device kind. inputs_ holds no data.eval yet.
-  std::string key = "encoding=" + data_->cache_key() + ";seq_len=" + std::to_string(data_->seq_len()) +
+  // stamps), the compute dtype and the device kind; not the other data file.
+  std::string key = "data=" + data.sha256() + ";encoding=" + data.cache_key() +
+                    ";seq_len=" + std::to_string(data.seq_len()) +
                     ";dtype=" + std::string(EnumName(spec.model.dtype)) +
                     ";device=" + std::string(DeviceKindName(model_->backend().kind()));
-  for (const auto& [input, sha] : inputs_.Hashes()) key += ";" + input + "=" + sha;
+  for (const auto& [input, sha] : inputs_.Hashes())
+    if (input.rfind("data.train", 0) != 0 && input.rfind("data.eval", 0) != 0) key += ";" + input + "=" + sha;
   auto weights = HfWeightFiles(spec.model.path);
   for (const std::string& file : weights.ok() ? *weights : std::vector<std::string>{}) {
     FT_ASSIGN_OR_RETURN(const FileStamp stamp, StampFile(file));
     key += ";" + fs::path(file).filename().string() + "=" + std::to_string(stamp.size) + "@" +
            std::to_string(stamp.mtime_ns);
   }
-  FT_ASSIGN_OR_RETURN(reference_, ReferenceLogProbs::LoadOrCompute(*model_, *data_, spec.data.train, key,
-                                                                   leader(), StopRequested()));
-  return Status::OK();
+  return ReferenceLogProbs::LoadOrCompute(*model_, data, path, key, leader(), StopRequested());
 }
 
 void Trainer::BuildOptimizer(std::shared_ptr<Backend> backend) {
@@ -543,8 +545,9 @@ Status Trainer::Evaluate(EvalMetrics* m, bool* interrupted) {
   const int world = ranks_->world();
   const int64_t rounds = (batches + world - 1) / world;
   const int64_t end = model_->sharded() ? rounds * world : batches;
-  ExactSum<double> loss(1);  // the same bits however the batches fall on the ranks
-  int64_t tokens = 0;
+  const std::vector<std::string> names = objective_->SumNames();
+  ExactSum<double> sums(static_cast<int64_t>(names.size()));  // the same bits however the batches fall
+  int64_t counts[2] = {0, 0};                                 // the normaliser, target tokens
   for (int64_t b = ranks_->rank(); b < end; b += world) {
     if (b > ranks_->rank() && control_ && interrupted && world == 1) {
       if (auto req = control_->Pending(); req && req->stop) {
@@ -555,19 +558,22 @@ Status Trainer::Evaluate(EvalMetrics* m, bool* interrupted) {
     const int64_t first = (b < batches ? b : 0) * micro;
     FT_ASSIGN_OR_RETURN(MicroBatch mb, eval_data_->MakeBatch(first, std::min(micro, rows - first),
                                                              /*shuffle=*/false, /*seed=*/0));
-    const LossResult r = model_->EvalForward(mb);
+    FT_ASSIGN_OR_RETURN(Objective::EvalSums e, objective_->EvalStep(*model_, mb));
     if (b >= batches) continue;  // only to join the gathers
-    loss.Add(&r.loss_sum);
-    tokens += r.tokens;
+    sums.Add(e.sums.data());
+    counts[0] += e.count;
+    counts[1] += e.tokens;
   }
-  FT_RETURN_IF_ERROR(loss.AllReduce(ranks_.get()).WithContext(spec_.data.eval + ": evaluation"));
-  FT_RETURN_IF_ERROR(ranks_->AllReduceSum(&tokens, 1).WithContext(spec_.data.eval + ": evaluation"));
-  double loss_sum = 0;
-  loss.Round(&loss_sum);
-  if (tokens == 0)
+  FT_RETURN_IF_ERROR(sums.AllReduce(ranks_.get()).WithContext(spec_.data.eval + ": evaluation"));
+  FT_RETURN_IF_ERROR(ranks_->AllReduceSum(counts, 2).WithContext(spec_.data.eval + ": evaluation"));
+  std::vector<double> total(names.size(), 0.0);
+  sums.Round(total.data());
+  if (counts[1] == 0)
     return Status::InvalidArgument(spec_.data.eval + ": the evaluated rows have no target tokens");
-  *m = EvalMetrics{optimizer_->step(), loss_sum / static_cast<double>(tokens), tokens, batches,
+  *m = EvalMetrics{optimizer_->step(), total[0] / static_cast<double>(counts[0]), counts[1], batches,
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+  for (size_t k = 1; k < names.size(); ++k)
+    m->objective_metrics["eval_" + names[k]] = total[k] / static_cast<double>(counts[0]);
   return Status::OK();
 }
 
@@ -870,6 +876,7 @@ Status Trainer::EvaluateIfDue(int64_t step) {
   line.eval_loss = e.loss;
   line.eval_tokens = e.tokens;
   line.eval_seconds = e.seconds;
+  line.objective_metrics = e.objective_metrics;
   FT_RETURN_IF_ERROR(Log(line));
   std::fprintf(stderr, "eval at step %" PRId64 ": loss %.4f over %" PRId64 " tokens (%.2f s)\n", e.step,
                e.loss, e.tokens, e.seconds);

@@ -80,6 +80,8 @@ struct EvalMetrics {
   int64_t tokens = 0;   // target tokens evaluated
   int64_t batches = 0;  // micro-batches evaluated
   double seconds = 0;
+  // The objective's other means (DPO: TRL's eval_rewards/*, eval_logps/*; engine/train/objective.h).
+  std::map<std::string, double> objective_metrics;
 };
 
 struct BatchPlan {
@@ -201,9 +203,10 @@ class Trainer {
   std::unique_ptr<AdamWOptimizer> optimizer_;
   std::unique_ptr<Tokenizer> tokenizer_;  // text, alpaca and chat formats; outlives data_
   std::unique_ptr<Dataset> data_;
-  std::unique_ptr<ReferenceLogProbs> reference_;  // DPO on a full fine-tune: the stored reference
-  std::unique_ptr<Objective> objective_;          // what a step minimises (spec.train.objective)
-  std::unique_ptr<Dataset> eval_data_;            // data.eval, or null
+  std::unique_ptr<ReferenceLogProbs> reference_;       // DPO on a full fine-tune: the stored reference
+  std::unique_ptr<ReferenceLogProbs> eval_reference_;  // ... and data.eval's
+  std::unique_ptr<Objective> objective_;               // what a step minimises (spec.train.objective)
+  std::unique_ptr<Dataset> eval_data_;                 // data.eval, or null
   BatchPlan plan_;
   int64_t total_steps_ = 0;
   std::unique_ptr<Collective> ranks_;          // the job's ranks (SingleRank when alone)
@@ -212,9 +215,10 @@ class Trainer {
   // Whether a stop request asks this one rank to abandon its step after `done` micro-batches
   // (the rest would not fit in the request's deadline).
   bool StopMidStep(int64_t done);
-  // DPO on a full fine-tune: the reference log-probabilities (engine/train/reference_logprobs.h),
-  // read or computed with the weights as loaded; keyed by what they depend on.
-  Status PrepareReference();
+  // DPO on a full fine-tune: the reference log-probabilities of `data` (read from `path`)
+  // (engine/train/reference_logprobs.h), read or computed with the weights as loaded; keyed by
+  // what they depend on. Null otherwise.
+  StatusOr<std::unique_ptr<ReferenceLogProbs>> StoredReference(const Dataset& data, const std::string& path);
   // Every gradient to grad_host_ (to_host) or back from it.
   void CopyGradients(bool to_host);
   // train.gradient_sum exact: this micro-batch's gradients into grad_sum_, and zeroed.

@@ -9,10 +9,13 @@ make_golden.py's SFT cases. The model, its LoRA and the optimizer come from make
 
 What it makes, per case (tests/golden/<case>/):
     data.jsonl                 {"prompt_ids", "chosen_ids", "rejected_ids"} per line
+    eval.jsonl                 held-out pairs (data.eval)
     job.yaml                   the ftune job (llama_gqa's model and initial adapter)
     expected/metrics.json      per step: loss, lr, grad_norm, pairs, and TRL's rewards/chosen,
                                rewards/rejected, rewards/margins, rewards/accuracies,
                                logps/chosen, logps/rejected (means over the step's pairs)
+    expected/eval.json         TRL's evaluation of the trained weights on eval.jsonl: eval_loss and
+                               eval_rewards/*, eval_logps/* (means over its pairs)
     expected/final.safetensors the trained adapter (dpo_full: every trained weight)
 
 Semantics (TRL):
@@ -38,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_golden as g  # noqa: E402  (the model, LoRA, AdamW and file writers)
 
 N_PAIRS = 16
+N_EVAL = 6  # data.eval: drawn after the training pairs from the same generator
 GLOBAL_PAIRS, MICRO_PAIRS = 4, 2
 STEPS = 4
 SEQ_LEN, MAX_PROMPT = 32, 12
@@ -59,7 +63,7 @@ def make_pairs(vocab, gen):
     set more often than rejected ones, so the margin can grow."""
     preferred = (torch.randperm(vocab - 1, generator=gen)[:12] + 1).tolist()
     pairs = []
-    for _ in range(N_PAIRS):
+    for _ in range(N_PAIRS + N_EVAL):
         n_p = int(torch.randint(3, 11, (1,), generator=gen))
         prompt = torch.randint(1, vocab, (n_p,), generator=gen).tolist()
 
@@ -145,6 +149,18 @@ def train(P, ctx, case, trainable, pairs):
     return metrics
 
 
+def evaluate(P, ctx, case, pairs):
+    """TRL's evaluation (the same loss and rewards, no gradients): means over the pairs."""
+    sums = {k: 0.0 for k in ["eval_loss", "eval_rewards/chosen", "eval_rewards/rejected", "eval_rewards/margins",
+                             "eval_rewards/accuracies", "eval_logps/chosen", "eval_logps/rejected"]}
+    with torch.no_grad():
+        for pair in pairs:
+            loss, rc, rr, pc, pr = pair_terms(P, ctx, case, pair)
+            for k, v in zip(sums, [loss.item(), rc, rr, rc - rr, 1.0 if rc > rr else 0.0, pc, pr]):
+                sums[k] += v
+    return {k: v / len(pairs) for k, v in sums.items()}
+
+
 def job_yaml(case):
     lines = [
         f"name: golden-{case['name']}",
@@ -169,6 +185,7 @@ def job_yaml(case):
     lines += [
         "data:",
         "  train: data.jsonl",
+        "  eval: eval.jsonl",
         "  format: preference",
         f"  seq_len: {SEQ_LEN}",
         f"  max_prompt_len: {MAX_PROMPT}",
@@ -213,11 +230,13 @@ def run_case(case):
     out = os.path.join(g.HERE, case["name"])
     os.makedirs(os.path.join(out, "expected"), exist_ok=True)
     pairs = make_pairs(m["vocab_size"], torch.Generator().manual_seed(4242))
+    pairs, eval_pairs = pairs[:N_PAIRS], pairs[N_PAIRS:]
     assert all(len(p["prompt_ids"]) <= MAX_PROMPT and
                len(p["prompt_ids"]) + max(len(p["chosen_ids"]), len(p["rejected_ids"])) <= SEQ_LEN for p in pairs)
-    with open(os.path.join(out, "data.jsonl"), "w") as f:
-        for p in pairs:
-            f.write(json.dumps(p) + "\n")
+    for name, rows in (("data.jsonl", pairs), ("eval.jsonl", eval_pairs)):
+        with open(os.path.join(out, name), "w") as f:
+            for p in rows:
+                f.write(json.dumps(p) + "\n")
     g.write_text(os.path.join(out, "job.yaml"), job_yaml(case))
     metrics = train(P, ctx, case, trainable, pairs)
     clipped = [case["max_grad_norm"] / (n + 1e-6) < 1.0 for n in metrics["grad_norm"]]
@@ -225,6 +244,7 @@ def run_case(case):
     metrics["max_grad_norm"] = case["max_grad_norm"]
     g.write_json(os.path.join(out, "expected", "metrics.json"), metrics)
     g.write_safetensors(os.path.join(out, "expected", "final.safetensors"), g.f32(trainable), "F32")
+    g.write_json(os.path.join(out, "expected", "eval.json"), evaluate(P, ctx, case, eval_pairs))
     print(case["name"])
     for k in ["loss", "grad_norm", "rewards/margins", "rewards/accuracies"]:
         print(f"  {k:20s} {[round(x, 6) for x in metrics[k]]}")

@@ -96,9 +96,11 @@ TEST(MetricsLineTest, EvalAndEventLinesRoundTrip) {
   eval.eval_loss = 1.75;
   eval.eval_tokens = 640;
   eval.eval_seconds = 0.3;
+  eval.objective_metrics = {{"eval_rewards/margins", 0.125}, {"eval_logps/chosen", -30.5}};  // DPO's
   auto e = ParseMetricsLine(FormatMetricsLine(eval));
   ASSERT_TRUE(e.ok());
   EXPECT_EQ(e->kind, MetricsLine::Kind::kEval);
+  EXPECT_EQ(e->objective_metrics, eval.objective_metrics);
   EXPECT_EQ(e->eval_loss, 1.75);
   EXPECT_EQ(e->eval_tokens, 640);
   EXPECT_EQ(e->eval_seconds, 0.3);

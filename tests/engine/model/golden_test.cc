@@ -167,6 +167,20 @@ TEST_P(DpoGoldenTest, LossesRewardsAndFinalAdapterMatchTrl) {
                 m.objective_metrics["rewards/margins"], want["rewards/margins"][s].get<double>());
   }
   ExpectTensorsMatch(tr.model(), kGolden + c + "/expected/final.safetensors", false, 1e-4);
+  // data.eval on the trained weights: TRL's eval_loss, eval_rewards/* and eval_logps/*.
+  const nlohmann::json want_eval = nlohmann::json::parse(std::ifstream(kGolden + c + "/expected/eval.json"));
+  EvalMetrics e;
+  ASSERT_TRUE(tr.Evaluate(&e).ok());
+  const double eval_loss = want_eval["eval_loss"].get<double>();
+  EXPECT_NEAR(e.loss, eval_loss, 2e-5 * eval_loss);
+  for (const auto& [key, value] : want_eval.items()) {
+    if (key == "eval_loss") continue;
+    ASSERT_EQ(e.objective_metrics.count(key), 1u) << key;
+    EXPECT_NEAR(e.objective_metrics[key], value.get<double>(), 1e-6 + 1e-5 * std::fabs(value.get<double>()))
+        << key;
+  }
+  std::printf("eval: loss %.7f (torch %.7f)  margin %.6f (torch %.6f)\n", e.loss, eval_loss,
+              e.objective_metrics["eval_rewards/margins"], want_eval["eval_rewards/margins"].get<double>());
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, DpoGoldenTest,

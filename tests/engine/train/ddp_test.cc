@@ -335,12 +335,13 @@ TEST(DdpTest, EachFamilyResumesAfterKillNineAtWorldTwoWithWorldOnesAdapterBytes)
   }
 }
 
-// A DPO job (train.objective: dpo) on 40 preference pairs at `world` ranks; `adapter` replaces
-// the LoRA adapter section when given (a full fine-tune, whose sums across ranks are exact only
-// when asked: train.gradient_sum: exact).
+// A DPO job (train.objective: dpo) on 40 preference pairs at `world` ranks, evaluated on them
+// every 4 steps (eval_rewards/*); `adapter` replaces the LoRA adapter section when given (a full
+// fine-tune, whose sums across ranks are exact only when asked: train.gradient_sum: exact).
 std::string DpoJob(const std::string& dir, int world, const std::string& adapter = "") {
   const std::string path = WriteJob(dir,
-                                    "  micro_batch_size: 1\n  objective: dpo\n  dpo: {beta: 0.2}\n" +
+                                    "  micro_batch_size: 1\n  objective: dpo\n  dpo: {beta: 0.2}\n"
+                                    "  eval_every_steps: 4\n" +
                                         std::string(adapter.empty() ? "" : "  gradient_sum: exact\n"),
                                     3, kSteps, 2);
   std::ofstream pairs(dir + "/pairs.jsonl");
@@ -356,7 +357,8 @@ std::string DpoJob(const std::string& dir, int world, const std::string& adapter
   pairs.close();
   std::string text = Slurp(path);
   text.replace(text.find("format: tokens"), 14, "format: preference");
-  text.replace(text.find("train: data.jsonl"), 17, "train: pairs.jsonl");
+  // Evaluated every 4 steps on the training pairs (split across the ranks, summed).
+  text.replace(text.find("train: data.jsonl"), 17, "train: pairs.jsonl, eval: pairs.jsonl");
   text += "resources: {gpus: " + std::to_string(world) + "}\ndistributed: {strategy: ddp}\n";
   if (!adapter.empty()) {
     const size_t at = text.find("adapter:");
@@ -380,6 +382,12 @@ TEST(DdpTest, DpoKilledAtWorldTwoResumedAtWorldFourEndsWithWorldOnesAdapterBytes
     EXPECT_TRUE(lines.back().contains(key)) << key;
   const auto resumed = TrainLines(dir + "/out");
   EXPECT_EQ(resumed.back()["rewards/margins"], lines.back()["rewards/margins"]);
+  // data.eval under DPO: TRL's eval_* means, summed exactly across 1 and 4 ranks.
+  const auto evals = LinesWithKey(ref_dir + "/out", "eval_loss"),
+             resumed_evals = LinesWithKey(dir + "/out", "eval_loss");
+  ASSERT_FALSE(evals.empty());
+  EXPECT_TRUE(evals.back().contains("eval_rewards/margins")) << evals.back().dump();
+  EXPECT_EQ(resumed_evals.back()["eval_rewards/margins"], evals.back()["eval_rewards/margins"]);
 }
 
 // DPO on a full fine-tune: the reference is stored beside the data (pairs.jsonl.ftref-*), computed
@@ -407,9 +415,10 @@ TEST(DdpTest, DpoFullFineTuneKilledAtWorldTwoRecomputesItsReferenceAndEndsWithWo
     for (size_t at = 0; (at = log.find(what, at)) != std::string::npos; ++at) ++n;
     return n;
   };
-  // Each of the 2 ranks of both starts read or computed it; at each start the first to look found none.
+  // Each of the 2 ranks of both starts read or computed it, for data.train and data.eval (the same
+  // file here, so the same stored values); at each start the first to look found none.
   EXPECT_GE(count("pairs' log-probabilities computed"), 2u) << log;
-  EXPECT_EQ(count("pairs' log-probabilities computed") + count("pairs' log-probabilities read"), 4u) << log;
+  EXPECT_EQ(count("pairs' log-probabilities computed") + count("pairs' log-probabilities read"), 8u) << log;
   EXPECT_EQ(references(testing_support::TempPath("dpo-full-w2")).size(), 1u) << "kept again";
 }
 
