@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -210,6 +211,34 @@ void PrintRanks(ft::JobsClient& client, const pb::Job& j) {
   }
 }
 
+// The newest step's objective metrics (DPO: TRL's rewards and log-probabilities), one line per
+// name prefix ("rewards   margins 0.8, accuracies 0.75, chosen 0.3, rejected -0.5"): margins and
+// accuracies first, then by name. Nothing for a job without them (SFT).
+void PrintObjective(const pb::Job& j) {
+  static const std::vector<std::string> kFirst = {"margins", "accuracies", "chosen", "rejected"};
+  const auto rank = [&](const std::string& name) {
+    return std::find(kFirst.begin(), kFirst.end(), name) - kFirst.begin();
+  };
+  std::map<std::string, std::vector<std::pair<std::string, double>>> groups;  // prefix → (name, value)
+  for (const auto& [name, value] : j.objective_metrics()) {
+    const size_t slash = name.find('/');
+    groups[name.substr(0, slash)].emplace_back(slash == std::string::npos ? "" : name.substr(slash + 1),
+                                               value);
+  }
+  for (auto& [prefix, entries] : groups) {
+    std::sort(entries.begin(), entries.end(), [&](const auto& a, const auto& b) {
+      return std::make_pair(rank(a.first), a.first) < std::make_pair(rank(b.first), b.first);
+    });
+    std::string line;
+    for (const auto& [name, value] : entries) {
+      char number[32];
+      std::snprintf(number, sizeof(number), "%.4f", value);
+      line += (line.empty() ? "" : ", ") + Safe(name) + (name.empty() ? "" : " ") + number;
+    }
+    std::printf("%-9s %s\n", Safe(prefix).c_str(), line.c_str());
+  }
+}
+
 // Where the job's device time went (daemon/goodput.h), and its recoveries.
 void PrintGoodput(const pb::Goodput& g) {
   const pb::GoodputSplit& d = g.device();
@@ -242,6 +271,7 @@ int Status(ft::JobsClient& client, const std::string& id, bool json) {
               j->reason().empty() ? "" : ("  (" + Safe(j->reason()) + ")").c_str(),
               static_cast<long long>(j->steps_done()), static_cast<long long>(j->total_steps()),
               static_cast<long long>(j->committed_step()), j->last_loss());
+  PrintObjective(*j);
   std::printf("attempts  %d, preemptions %lld, failures %lld\n", j->attempts_size(),
               static_cast<long long>(j->preemptions()), static_cast<long long>(j->failures()));
   PrintGoodput(j->goodput());

@@ -517,6 +517,8 @@ StatusOr<pb::Job> Daemon::GetJob(const std::string& id) {
   }
   // Goodput reads only the store (its own lock): a long step history never holds the daemon's.
   FT_RETURN_IF_ERROR(AddGoodput(j, &out));
+  FT_ASSIGN_OR_RETURN(const auto objective, store_->LatestObjectiveMetrics(id));
+  out.mutable_objective_metrics()->insert(objective.begin(), objective.end());
   return out;
 }
 

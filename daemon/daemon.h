@@ -174,6 +174,7 @@ class Daemon {
 
   // ---- client API (InvalidArgument/NotFound/FailedPrecondition map to gRPC codes)
   StatusOr<ftune::v1::SubmitReply> Submit(const ftune::v1::SubmitRequest& req);
+  // The job with its goodput and its newest objective metrics (Job.objective_metrics).
   StatusOr<ftune::v1::Job> GetJob(const std::string& id);
   StatusOr<ftune::v1::ListJobsReply> ListJobs(const ftune::v1::ListJobsRequest& req);
   // A page of jobs, newest first (Store::ListJobsNewest: states, id/name

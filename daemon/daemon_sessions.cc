@@ -574,7 +574,9 @@ void Daemon::OnMetrics(const std::string& worker_id, Session& s, const pb::Metri
     row.tokens_seen = p.tokens_seen();
     if (p.has_step_seconds()) row.step_seconds = p.step_seconds();
     if (p.has_copy_wait_seconds()) row.copy_wait_seconds = p.copy_wait_seconds();
-    rows.push_back(row);
+    // Names from the trainer: the store keeps the valid ones (KeepObjectiveMetrics).
+    row.objective_metrics = {p.objective_metrics().begin(), p.objective_metrics().end()};
+    rows.push_back(std::move(row));
   }
   std::vector<MetricRow> stored;
   const Status added = store_->AddMetrics(rows, &stored);
@@ -602,6 +604,7 @@ void Daemon::OnMetrics(const std::string& worker_id, Session& s, const pb::Metri
     if (!std::isnan(r.eval_loss)) p->set_eval_loss(r.eval_loss);
     if (!std::isnan(r.step_seconds)) p->set_step_seconds(r.step_seconds);
     if (!std::isnan(r.copy_wait_seconds)) p->set_copy_wait_seconds(r.copy_wait_seconds);
+    p->mutable_objective_metrics()->insert(r.objective_metrics.begin(), r.objective_metrics.end());
     pending_updates_.push_back(std::move(u));
   }
 }

@@ -54,6 +54,14 @@ json GoodputJson(const pb::Goodput& g) {
   return out;
 }
 
+// A step's objective metrics (a proto map or a std::map) as a JSON object by name.
+template <typename Map>
+json ObjectiveJson(const Map& metrics) {
+  json out = json::object();
+  for (const auto& kv : metrics) out[kv.first] = Number(kv.second);
+  return out;
+}
+
 }  // namespace
 
 json JobSummaryJson(const pb::Job& job, const std::vector<double>& loss_spark) {
@@ -119,6 +127,7 @@ json JobDetailJson(const pb::Job& job, const std::vector<AttemptRow>& attempts,
                                         {"world", attempts.back().world}};
   out["predicted_bytes"] = predicted_bytes;
   out["goodput"] = GoodputJson(job.goodput());
+  out["objective_metrics"] = ObjectiveJson(job.objective_metrics());
   return out;
 }
 
@@ -145,7 +154,8 @@ json MetricJson(const pb::MetricPoint& p, const std::string& job_id) {
       {"tokens", p.tokens_seen() > 0 ? json(p.tokens_seen()) : json(nullptr)},
       {"step_seconds", p.has_step_seconds() ? Number(p.step_seconds()) : json(nullptr)},
       {"copy_wait_seconds", p.has_copy_wait_seconds() ? Number(p.copy_wait_seconds()) : json(nullptr)},
-      {"eval_loss", p.has_eval_loss() ? Number(p.eval_loss()) : json(nullptr)}};
+      {"eval_loss", p.has_eval_loss() ? Number(p.eval_loss()) : json(nullptr)},
+      {"objective_metrics", ObjectiveJson(p.objective_metrics())}};
   if (!job_id.empty()) out["job_id"] = job_id;
   return out;
 }
@@ -162,7 +172,8 @@ json MetricJson(const MetricRow& m) {
           {"tokens", m.tokens_seen > 0 ? json(m.tokens_seen) : json(nullptr)},
           {"step_seconds", Number(m.step_seconds)},
           {"copy_wait_seconds", Number(m.copy_wait_seconds)},
-          {"eval_loss", Number(m.eval_loss)}};
+          {"eval_loss", Number(m.eval_loss)},
+          {"objective_metrics", ObjectiveJson(m.objective_metrics)}};
 }
 
 json DeviceMemoryJson(const DeviceMemoryRow& d) {

@@ -31,14 +31,17 @@ nlohmann::json JobSummaryJson(const ftune::v1::Job& job, const std::vector<doubl
 // attempt's; null before any), predicted_bytes and goodput (job.goodput(), as
 // Daemon::GetJob fills it: the device-second split, goodput, queue_s and
 // recovery_s). Each attempt gets its split from the job's attempt of the same
-// number (zeros when the job has none).
+// number (zeros when the job has none). objective_metrics: the newest step's
+// (job.objective_metrics(); {} for SFT).
 nlohmann::json JobDetailJson(const ftune::v1::Job& job, const std::vector<AttemptRow>& attempts,
                              const std::vector<double>& loss_spark, int64_t predicted_bytes);
 
 nlohmann::json EventJson(const ftune::v1::Event& e);
 nlohmann::json EventJson(const EventRow& e);
 // A metric point; with `job_id` non-empty it also carries "job_id" (the SSE
-// form). "eval_loss" is the data.eval loss at that step, null when none.
+// form). "eval_loss" is the data.eval loss at that step, null when none;
+// "objective_metrics" the objective's own means by name ({} for SFT; a value
+// that is not finite is null).
 nlohmann::json MetricJson(const ftune::v1::MetricPoint& p, const std::string& job_id);
 nlohmann::json MetricJson(const MetricRow& m);
 nlohmann::json DeviceMemoryJson(const DeviceMemoryRow& d);

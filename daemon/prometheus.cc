@@ -1,5 +1,6 @@
 #include "daemon/prometheus.h"
 
+#include <cmath>
 #include <cstdio>
 #include <utility>
 #include <vector>
@@ -34,6 +35,22 @@ void GoodputSamples(std::string* out, const std::string& head, const GoodputSpli
                                                    {"lost", split.lost_s}}) {
     *out += head + "category=\"" + category + "\"} " + Num(seconds) + "\n";
   }
+}
+
+// The newest objective metrics of each job that has not ended, one gauge sample per name.
+Status ObjectiveSamples(std::string* out, Daemon& daemon) {
+  FT_ASSIGN_OR_RETURN(const auto jobs, daemon.store().LiveObjectiveMetrics());
+  Family(out, "ftune_job_objective_metric", "gauge",
+         "The training objective's own means at the newest step of each job that has not ended (DPO: "
+         "rewards/chosen, rewards/rejected, rewards/margins, rewards/accuracies, logps/chosen, "
+         "logps/rejected).");
+  for (const auto& [job, metrics] : jobs) {
+    for (const auto& [name, value] : metrics) {
+      *out += "ftune_job_objective_metric{job=\"" + PrometheusLabelValue(job) + "\",name=\"" +
+              PrometheusLabelValue(name) + "\"} " + (std::isnan(value) ? "NaN" : Num(value)) + "\n";
+    }
+  }
+  return Status::OK();
 }
 
 }  // namespace
@@ -145,6 +162,7 @@ StatusOr<std::string> RenderPrometheus(Daemon& daemon) {
   for (const auto& [pool, history] : pools) {
     GoodputSamples(&out, "ftune_pool_goodput_seconds_total{pool=\"" + pool + "\",", history.device);
   }
+  FT_RETURN_IF_ERROR(ObjectiveSamples(&out, daemon));
   out += PrometheusHistogram("ftune_checkpoint_duration_seconds", "Checkpoint write time, as committed.",
                              daemon.checkpoint_seconds(), 0.01, 1000);
   out += PrometheusHistogram("ftune_recovery_seconds",

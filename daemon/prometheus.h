@@ -7,6 +7,8 @@
 //   ftune_device_memory_bytes{worker,device,kind="used"|"total"}  gauge, from the newest heartbeat
 //   ftune_daemon_errors_total{what}              counter, per DaemonError (daemon/daemon.h)
 //   ftune_daemon_stall_seconds_total             counter, ftd's stalls credited to the leases
+//   ftune_job_objective_metric{job,name}         gauge, the newest step's objective metrics (DPO's
+//                                                rewards) of each job that has not ended
 //   ftune_checkpoint_duration_seconds, ftune_recovery_seconds,
 //   ftune_scheduler_tick_seconds, ftune_worker_message_seconds    histograms
 //

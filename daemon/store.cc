@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <iterator>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "common/clock.h"
@@ -206,6 +207,15 @@ CREATE TABLE secrets (
   value TEXT NOT NULL
 ) WITHOUT ROWID;
 )sql",
+    // 10: the training objective's own metrics at a step (DPO's rewards and
+    // log-probabilities, and its evaluation's eval_rewards/...), a JSON object
+    // {"rewards/margins": 0.5, ...} (null = not finite); NULL = none (SFT). The partial index finds a job's
+    // newest
+    // such step without reading an SFT job's rows.
+    R"sql(
+ALTER TABLE metrics ADD COLUMN objective TEXT;
+CREATE INDEX metrics_objective ON metrics (job_id, step, epoch) WHERE objective IS NOT NULL;
+)sql",
 };
 
 constexpr int kLatestVersion = static_cast<int>(std::size(kMigrations));
@@ -232,7 +242,14 @@ constexpr char kCheckpointColumns[] =
 constexpr char kEventColumns[] = "seq, time_ms, job_id, worker_id, kind, message, step";
 constexpr char kMetricColumns[] =
     "job_id, epoch, step, loss, lr, grad_norm, tokens_per_s, peak_bytes, time_ms, eval_loss, tokens_seen, "
-    "step_seconds, copy_wait_seconds";
+    "step_seconds, copy_wait_seconds, objective";
+
+// A query of the objective column of job `job`'s highest step that has one (the newest epoch's
+// at that step): `job` is a parameter or an outer query's column.
+std::string LatestObjectiveSql(const std::string& job) {
+  return "SELECT m.objective FROM metrics m INDEXED BY metrics_objective WHERE m.job_id = " + job +
+         " AND m.objective IS NOT NULL ORDER BY m.step DESC, m.epoch DESC LIMIT 1";
+}
 
 // "?, ?, ?" with n placeholders.
 std::string Placeholders(int n) {
@@ -433,6 +450,28 @@ EventRow ReadEvent(const Query& q) {
   return e;
 }
 
+// The objective column's text: a JSON object of numbers (null: NaN); NULL or '' = none.
+std::string FormatObjective(const std::map<std::string, double>& metrics) {
+  if (metrics.empty()) return "";
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [name, value] : metrics) {
+    out[name] = std::isfinite(value) ? nlohmann::json(value) : nlohmann::json(nullptr);
+  }
+  return out.dump();
+}
+
+// FormatObjective's text back; what is not such an object (a damaged row) reads as none.
+std::map<std::string, double> ParseObjective(const std::string& text) {
+  std::map<std::string, double> out;
+  if (text.empty()) return out;
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return out;
+  for (const auto& [name, value] : j.items()) {
+    out[name] = value.is_number() ? value.get<double>() : std::numeric_limits<double>::quiet_NaN();
+  }
+  return out;
+}
+
 MetricRow ReadMetric(const Query& q) {
   MetricRow m;
   m.job_id = q.Text(0);
@@ -448,6 +487,7 @@ MetricRow ReadMetric(const Query& q) {
   m.tokens_seen = q.Int(10);
   m.step_seconds = q.Real(11);
   m.copy_wait_seconds = q.Real(12);
+  m.objective_metrics = ParseObjective(q.Text(13));
   return m;
 }
 
@@ -464,6 +504,22 @@ auto Collect(Query& q, Read read) -> StatusOr<std::vector<decltype(read(q))>> {
 }
 
 }  // namespace
+
+bool IsObjectiveMetricName(const std::string& name) {
+  if (name.empty() || name.size() > kMaxObjectiveMetricName || name[0] < 'a' || name[0] > 'z') return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '/' || c == '.';
+  });
+}
+
+std::map<std::string, double> KeepObjectiveMetrics(const std::map<std::string, double>& metrics) {
+  std::map<std::string, double> kept;
+  for (const auto& [name, value] : metrics) {
+    if (kept.size() == kMaxObjectiveMetrics) break;
+    if (IsObjectiveMetricName(name)) kept.emplace(name, value);
+  }
+  return kept;
+}
 
 // ---- plumbing
 
@@ -1093,21 +1149,23 @@ Status Store::AddMetrics(const std::vector<MetricRow>& rows, std::vector<MetricR
   // A training point replaces the step's training fields; an eval-only point sets eval_loss.
   // Either keeps what the other one wrote (a NaN binds as NULL: none).
   const std::string insert = std::string("INSERT INTO metrics (") + kMetricColumns + ") VALUES (" +
-                             Placeholders(13) + ") ON CONFLICT (job_id, step, epoch) DO UPDATE SET ";
+                             Placeholders(14) + ") ON CONFLICT (job_id, step, epoch) DO UPDATE SET ";
   const std::string returning = std::string(" RETURNING ") + kMetricColumns;
   if (stored) stored->clear();
   return Write(op, [&]() -> Status {
     for (const MetricRow& m : rows) {
       FT_ASSIGN_OR_RETURN(
           Query q, Prepare(insert +
-                               (m.eval_only ? "eval_loss = excluded.eval_loss"
+                               (m.eval_only ? "eval_loss = excluded.eval_loss, "
+                                              "objective = COALESCE(excluded.objective, objective)"
                                             : "loss = excluded.loss, lr = excluded.lr, grad_norm = "
                                               "excluded.grad_norm, tokens_per_s = excluded.tokens_per_s, "
                                               "peak_bytes = excluded.peak_bytes, time_ms = excluded.time_ms, "
                                               "eval_loss = COALESCE(excluded.eval_loss, eval_loss), "
                                               "tokens_seen = excluded.tokens_seen, "
                                               "step_seconds = excluded.step_seconds, "
-                                              "copy_wait_seconds = excluded.copy_wait_seconds") +
+                                              "copy_wait_seconds = excluded.copy_wait_seconds, "
+                                              "objective = COALESCE(excluded.objective, objective)") +
                                returning,
                            op));
       const double none = std::numeric_limits<double>::quiet_NaN();
@@ -1119,6 +1177,12 @@ Status Store::AddMetrics(const std::vector<MetricRow>& rows, std::vector<MetricR
       }
       q.Bind(m.time_ms, m.eval_loss, m.eval_only ? int64_t{0} : m.tokens_seen);
       q.Bind(m.eval_only ? none : m.step_seconds, m.eval_only ? none : m.copy_wait_seconds);
+      FT_ASSIGN_OR_RETURN(const std::string objective, MergedObjective(m, op));
+      if (objective.empty()) {
+        q.Bind(nullptr);
+      } else {
+        q.Bind(objective);
+      }
       bool row = false;
       FT_RETURN_IF_ERROR(q.Next(&row));
       if (row && stored) stored->push_back(ReadMetric(q));
@@ -1126,6 +1190,19 @@ Status Store::AddMetrics(const std::vector<MetricRow>& rows, std::vector<MetricR
     }
     return Status::OK();
   });
+}
+
+StatusOr<std::string> Store::MergedObjective(const MetricRow& m, const std::string& op) {
+  std::map<std::string, double> kept = KeepObjectiveMetrics(m.objective_metrics);
+  if (kept.empty()) return std::string();
+  FT_ASSIGN_OR_RETURN(
+      Query q, Prepare("SELECT objective FROM metrics WHERE job_id = ? AND step = ? AND epoch = ?", op));
+  bool row = false;
+  FT_RETURN_IF_ERROR(q.Bind(m.job_id, m.step, m.epoch).Next(&row));
+  if (!row) return FormatObjective(kept);
+  std::map<std::string, double> merged = ParseObjective(q.Text(0));
+  for (const auto& [name, value] : kept) merged[name] = value;
+  return FormatObjective(KeepObjectiveMetrics(merged));
 }
 
 StatusOr<std::vector<MetricRow>> Store::ListMetrics(const std::string& job_id, int64_t after_step,
@@ -1136,6 +1213,29 @@ StatusOr<std::vector<MetricRow>> Store::ListMetrics(const std::string& job_id, i
                                            "LIMIT ?",
                                        "list metrics of " + job_id));
   return Collect(q.Bind(job_id, after_step, SqlLimit(limit)), ReadMetric);
+}
+
+StatusOr<std::map<std::string, double>> Store::LatestObjectiveMetrics(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  FT_ASSIGN_OR_RETURN(Query q, Prepare(LatestObjectiveSql("?"), "read the objective metrics of " + job_id));
+  bool row = false;
+  FT_RETURN_IF_ERROR(q.Bind(job_id).Next(&row));
+  return row ? ParseObjective(q.Text(0)) : std::map<std::string, double>();
+}
+
+StatusOr<std::map<std::string, std::map<std::string, double>>> Store::LiveObjectiveMetrics() {
+  std::lock_guard<std::mutex> lock(mu_);
+  FT_ASSIGN_OR_RETURN(Query q, Prepare("SELECT j.id, (" + LatestObjectiveSql("j.id") +
+                                           ") FROM jobs j WHERE j.state IN (?, ?, ?) ORDER BY j.num",
+                                       "read the objective metrics of the live jobs"));
+  q.Bind(Code(JobStateCode::kQueued), Code(JobStateCode::kRunning), Code(JobStateCode::kPreempted));
+  std::map<std::string, std::map<std::string, double>> out;
+  for (;;) {
+    bool row = false;
+    FT_RETURN_IF_ERROR(q.Next(&row));
+    if (!row) return out;
+    if (auto metrics = ParseObjective(q.Text(1)); !metrics.empty()) out[q.Text(0)] = std::move(metrics);
+  }
 }
 
 StatusOr<std::unordered_map<std::string, std::vector<double>>> Store::LossSparklines(

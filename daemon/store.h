@@ -216,7 +216,20 @@ struct MetricRow {
   // Wall time of the step and, of it, the wait for copy-stream transfers; NaN = not reported (NULL).
   double step_seconds = std::numeric_limits<double>::quiet_NaN();
   double copy_wait_seconds = std::numeric_limits<double>::quiet_NaN();
+  // The objective's own means at this step by name (DPO's "rewards/margins" ...; NaN = not
+  // finite); empty = none (SFT). Stored as a JSON object in the `objective` column.
+  std::map<std::string, double> objective_metrics;
 };
+
+// What ftd keeps of a step's objective metrics: their names come from the
+// trainer's metrics.jsonl, so they are untrusted. A name is kept when it is
+// 1-kMaxObjectiveMetricName characters of [a-z0-9_/.] and starts with a letter
+// (TRL's "rewards/chosen", "logps/rejected"); of those, the first
+// kMaxObjectiveMetrics in name order. The others are dropped.
+inline constexpr size_t kMaxObjectiveMetrics = 32;
+inline constexpr size_t kMaxObjectiveMetricName = 64;
+bool IsObjectiveMetricName(const std::string& name);
+std::map<std::string, double> KeepObjectiveMetrics(const std::map<std::string, double>& metrics);
 
 class Store {
  public:
@@ -328,12 +341,20 @@ class Store {
   // One transaction. A row is keyed by (job, epoch, step): sending it again
   // replaces its training fields, keeping an eval_loss already there; an
   // eval_only row sets eval_loss only (a step whose training point has not
-  // arrived reads NaN training fields until it does). When `stored` is set it
-  // receives each row as stored after the merge, in order.
+  // arrived reads NaN training fields until it does). Objective metrics (either
+  // kind of row) merge by name into the row's, kept as KeepObjectiveMetrics
+  // leaves them. When `stored` is set it receives each row as stored after the
+  // merge, in order.
   Status AddMetrics(const std::vector<MetricRow>& rows, std::vector<MetricRow>* stored = nullptr);
   // Rows with step > after_step ordered by (step, epoch): steps an earlier attempt lost
   // appear once per epoch that reported them. limit 0 = no limit.
   StatusOr<std::vector<MetricRow>> ListMetrics(const std::string& job_id, int64_t after_step, int64_t limit);
+  // The objective metrics of the job's highest step that has them (the newest
+  // epoch's at that step); empty when it has none (an SFT job, an unknown job).
+  StatusOr<std::map<std::string, double>> LatestObjectiveMetrics(const std::string& job_id);
+  // LatestObjectiveMetrics of every job that has not ended (queued, running,
+  // preempted) and has any, by job id, in one query (/metrics).
+  StatusOr<std::map<std::string, std::map<std::string, double>>> LiveObjectiveMetrics();
   // Each job's loss downsampled to at most `buckets` points in one query: the
   // steps 1..total_steps are cut into `buckets` equal ranges and each range's
   // mean loss is one point (ranges without metrics are left out; a range whose
@@ -445,6 +466,11 @@ class Store {
   // Inserts `job` (new id, QUEUED, a "queued" event), or loads the job its
   // client_request_id names and sets *dup.
   Status InsertJob(JobRow& job, bool* dup, const std::string& op);
+  // The objective column for `m`: its objective metrics merged by name over
+  // those its row holds already (a step's evaluation adds its eval_* names),
+  // as KeepObjectiveMetrics leaves them; "" (NULL: keep the row's) when `m`
+  // has none to keep.
+  StatusOr<std::string> MergedObjective(const MetricRow& m, const std::string& op);
 
   // CheckFiles' parts. REQUIRES: mu_ held (for all below).
   // Notes the device and inode of the -wal and -shm files (after Init).

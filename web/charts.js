@@ -1,6 +1,7 @@
 // uPlot charts of the job page: time-axis line charts that fill their
 // container's width, and a plugin that draws the job's events as labelled
-// vertical markers on the time axis. uPlot is loaded as a global by index.html
+// vertical markers on the time axis; the reading of a point's objective
+// metrics (DPO's rewards) shared by the job and compare pages. uPlot is loaded as a global by index.html
 // (ftd serves it from web/node_modules/uplot/dist as /vendor/).
 
 import { bytes, number } from './format.js';
@@ -104,6 +105,14 @@ export function timeChart(container, { xRange, ...options }) {
     ...options,
     x: { time: true, range: xRange ? (u) => xRange(u.data[0][0], u.data[0][u.data[0].length - 1]) : undefined },
   });
+}
+
+// A metric point's objective metric (DPO: 'rewards/margins', ...; the point's
+// objective_metrics from /api/jobs/ID/metrics or the stream), or null when the
+// point has none (an SFT job, an older ftd) or it is not finite.
+export function objectiveMetric(point, name) {
+  const value = point.objective_metrics ? point.objective_metrics[name] : undefined;
+  return Number.isFinite(value) ? value : null;
 }
 
 export const axisFormats = {

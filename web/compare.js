@@ -1,6 +1,8 @@
 // The compare page (#/compare?jobs=ID,ID&x=step|tokens): the loss and eval
 // loss curves of several jobs overlaid on one chart, one colour per job, by
-// optimizer step or by target tokens trained on. The URL holds the selection
+// optimizer step or by target tokens trained on; and, when any of them reports
+// it (DPO runs), their reward margins (rewards/margins) on a second chart on
+// the same axis, one line per such run. The URL holds the selection
 // and the axis, so a reload or a shared link shows the same view. Live: new
 // metric points of the selected jobs are added as they arrive (at most four
 // redraws a second).
@@ -10,13 +12,14 @@
 // are drawn anyway.
 
 import { getJSON, openStream } from './api.js';
-import { axisFormats, integerIncrs, lineChart } from './charts.js';
+import { axisFormats, integerIncrs, lineChart, objectiveMetric } from './charts.js';
 import { el, number } from './format.js';
 
 const PAGE = 5000;
 const REDRAW_MS = 250;
 const COLOURS = ['#1a73e8', '#d93025', '#188038', '#e37400', '#7b1fa2', '#00897b', '#5f6368', '#c2185b'];
 export const X_AXES = { step: 'optimizer step', tokens: 'target tokens trained on' };
+const MARGINS = 'rewards/margins';
 
 // The selection in a compare URL: job ids (unique, in order) and the x axis.
 export function parseSelection(query) {
@@ -35,6 +38,7 @@ export function mountCompare(root, query, app) {
   const { ids, x } = parseSelection(query);
   const runs = ids.map((id, i) => ({ id, colour: COLOURS[i % COLOURS.length], job: null, points: new Map() }));
   let chart = null;
+  let margins = null;  // the rewards/margins chart, while a run reports them
   let redrawTimer = null;
   let closeStream = null;
   let disposed = false;
@@ -46,11 +50,15 @@ export function mountCompare(root, query, app) {
     href: compareHash(ids, key), class: `chip${key === x ? ' on' : ''}`, 'data-x': key, 'aria-pressed': key === x,
   }, `by ${key}`, el('span', { class: 'sr' }, ` (${label})`)));
   const chartBox = el('div', { class: 'chart compare-chart' });
+  const marginsBox = el('div', { class: 'chart compare-chart' });
+  const marginsPanel = el('div', { class: 'panel', id: 'compare-margins', hidden: true },
+    el('h2', {}, `DPO reward margin (rewards/margins) by ${X_AXES[x]}`), marginsBox);
   root.replaceChildren(el('section', { class: 'compare' },
     el('p', { class: 'crumbs' }, el('a', { href: '#/jobs' }, 'Jobs'), ' / compare'),
     el('div', { class: 'toolbar' }, el('h1', {}, 'Compare runs'), el('div', { class: 'chips' }, ...axisButtons)),
     status, errors, legend,
-    el('div', { class: 'panel' }, el('h2', {}, `Loss (lines) and eval loss (points) by ${X_AXES[x]}`), chartBox)));
+    el('div', { class: 'panel' }, el('h2', {}, `Loss (lines) and eval loss (points) by ${X_AXES[x]}`), chartBox),
+    marginsPanel));
 
   if (!ids.length) {
     status.replaceChildren('No runs selected: tick jobs on the ',
@@ -100,6 +108,39 @@ export function mountCompare(root, query, app) {
     });
     const data = uPlot.join(tables);
     chart.setData(data.length > 1 ? data : [[], ...runs.flatMap(() => [[], []])]);
+    drawMargins();
+  }
+
+  // One [x, margin] table per run, by x (points without either left out).
+  function marginTable(run) {
+    const rows = [...run.points.values()].map((p) => [xOf(p), objectiveMetric(p, MARGINS)])
+      .filter((r) => r[0] !== null && r[1] !== null).sort((a, b) => a[0] - b[0]);
+    return [rows.map((r) => r[0]), rows.map((r) => r[1])];
+  }
+
+  // The margins chart: one line per run that reports rewards/margins, built again when that set
+  // of runs changes (a DPO run's first point arrives); hidden while none does.
+  function drawMargins() {
+    const tables = runs.map((run) => ({ run, table: marginTable(run) })).filter((t) => t.table[0].length);
+    const key = tables.map((t) => t.run.id).join(',');
+    if (!margins || margins.ftRuns !== key) {
+      if (margins) margins.ftDispose();
+      margins = null;
+      delete app.charts.margins;
+      marginsBox.replaceChildren();
+      marginsPanel.hidden = !tables.length;
+      if (!tables.length) return;
+      margins = lineChart(marginsBox, {
+        series: tables.map(({ run }) => ({ label: `${label(run)} margin`, scale: 'margin', stroke: run.colour, width: 2 })),
+        x: { time: false },
+        xAxis: { label: X_AXES[x], values: axisFormats.integer, incrs: integerIncrs },
+        axes: [{ scale: 'margin', label: 'reward margin', size: 60, values: axisFormats.number }],
+        height: 280,
+      });
+      margins.ftRuns = key;
+      app.charts.margins = margins;
+    }
+    margins.setData(uPlot.join(tables.map((t) => t.table)));
   }
 
   function scheduleDraw() {
@@ -170,6 +211,7 @@ export function mountCompare(root, query, app) {
     if (redrawTimer) clearTimeout(redrawTimer);
     if (closeStream) closeStream();
     if (chart) chart.ftDispose();
+    if (margins) margins.ftDispose();
   };
 }
 

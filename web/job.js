@@ -1,6 +1,8 @@
 // The job page (#/jobs/ID): loss and learning-rate curves (the data.eval loss
 // as points when the job has one) with the event timeline drawn on their time
-// axis, tokens/s, step time against the time spent waiting for the memory
+// axis, a DPO job's rewards by step (chosen, rejected and margins, the accuracy
+// on a second axis; the panel appears once a point has them, so SFT jobs never
+// show it), tokens/s, step time against the time spent waiting for the memory
 // techniques' copies (whether prefetching hides them), device memory (used, the planner's prediction and the device
 // total on one chart), goodput (where the device time went, as a stacked bar,
 // and each preemption's recovery time, also drawn as a band on the loss
@@ -13,7 +15,7 @@
 // running attempt) are polled every two seconds while the job is not finished. Redraws are batched to at most three a second.
 
 import { ApiError, getJSON, postJSON, openStream } from './api.js';
-import { axisFormats, eventMarkers, timeChart } from './charts.js';
+import { axisFormats, eventMarkers, integerIncrs, lineChart, objectiveMetric, timeChart } from './charts.js';
 import { el, setText, FINISHED, ago, bytes, clock, duration, number } from './format.js';
 
 const REDRAW_MS = 300;
@@ -28,6 +30,14 @@ const GOODPUT_PARTS = [
   ['lost_s', 'lost', '#d93025'],
 ];
 const RECOVERY_COLOUR = '#e37400';
+// The Rewards chart's series (TRL's DPO means, docs/HTTP_API.md): metric name, label, colour,
+// scale ('acc': the right axis, 0..1) and uPlot series options.
+const REWARDS = [
+  ['rewards/chosen', 'chosen', '#188038', 'reward', {}],
+  ['rewards/rejected', 'rejected', '#d93025', 'reward', {}],
+  ['rewards/margins', 'margins', '#1a73e8', 'reward', { width: 2 }],
+  ['rewards/accuracies', 'accuracy', '#e37400', 'acc', { dash: [6, 4] }],
+];
 
 export function mountJob(root, id, app) {
   const store = {
@@ -84,6 +94,7 @@ export function mountJob(root, id, app) {
       height: 160,
     }),
     memory: null,  // built once the devices are known (one used/total pair per device)
+    rewards: null,  // built once a point has the objective's rewards (DPO jobs)
   };
   app.charts = charts;
   app.job = store;
@@ -119,6 +130,33 @@ export function mountJob(root, id, app) {
       points.map((p) => finite(p.eval_loss))]);
     charts.tokens.setData([t, points.map((p) => finite(p.tokens_per_s))]);
     charts.timing.setData([t, points.map((p) => finite(p.step_seconds)), points.map((p) => finite(p.copy_wait_seconds))]);
+    drawRewards(points);
+  }
+
+  // The Rewards panel, by optimizer step (a step replayed after a resume: the newest epoch's
+  // point): shown and its chart built once a point has any of REWARDS.
+  function drawRewards(points) {
+    const byStep = new Map();
+    for (const p of points) {
+      if (!REWARDS.some(([name]) => objectiveMetric(p, name) !== null)) continue;
+      if (!byStep.has(p.step) || byStep.get(p.step).epoch <= p.epoch) byStep.set(p.step, p);
+    }
+    if (!byStep.size) return;
+    if (!charts.rewards) {
+      ui.rewardsPanel.hidden = false;
+      charts.rewards = lineChart(ui.rewardsChart, {
+        series: REWARDS.map(([, label, stroke, scale, options]) => ({ label, stroke, scale, ...options })),
+        x: { time: false },
+        xAxis: { label: 'optimizer step', values: axisFormats.integer, incrs: integerIncrs },
+        scales: { acc: { range: () => [0, 1] } },
+        axes: [
+          { scale: 'reward', label: 'reward (β · log-ratio)', size: 60, values: axisFormats.number },
+          { scale: 'acc', label: 'accuracy', side: 1, size: 50, grid: { show: false }, values: axisFormats.number },
+        ],
+      });
+    }
+    const rows = [...byStep.values()].sort((a, b) => a.step - b.step);
+    charts.rewards.setData([rows.map((p) => p.step), ...REWARDS.map(([name]) => rows.map((p) => objectiveMetric(p, name)))]);
   }
 
   function drawMemory() {
@@ -465,6 +503,7 @@ function buildPage(root, id) {
     steps: el('span', { class: 'steps' }),
     summary: el('dl', { class: 'summary' }),
     lossChart: el('div', { class: 'chart', id: 'chart-loss' }),
+    rewardsChart: el('div', { class: 'chart', id: 'chart-rewards' }),
     tokensChart: el('div', { class: 'chart', id: 'chart-tokens' }),
     timingChart: el('div', { class: 'chart', id: 'chart-timing' }),
     memoryChart: el('div', { class: 'chart', id: 'chart-memory' }),
@@ -476,6 +515,8 @@ function buildPage(root, id) {
     goodput: goodputView(),
   };
   const panel = (title, ...children) => el('section', { class: 'panel' }, el('h2', {}, title), ...children);
+  ui.rewardsPanel = el('section', { class: 'panel', id: 'rewards', hidden: true },
+    el('h2', {}, 'Rewards (DPO) by step: chosen, rejected, margins; accuracy on the right'), ui.rewardsChart);
   const table = (heads, body) =>
     el('table', { class: 'grid' }, el('thead', {}, el('tr', {}, ...heads.map((h) => el('th', {}, h)))), body);
   root.replaceChildren(el('div', { class: 'job' },
@@ -486,6 +527,7 @@ function buildPage(root, id) {
       panel('Summary', ui.summary),
       ui.goodput.panel,
       panel('Loss, eval loss and learning rate (markers: events)', ui.lossChart),
+      ui.rewardsPanel,
       panel('Tokens per second', ui.tokensChart),
       panel('Step time and copy wait (memory techniques)', ui.timingChart),
       panel('Device memory: used, predicted, total', ui.memoryChart, ui.memoryNote),

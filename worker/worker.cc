@@ -397,6 +397,7 @@ void Worker::OnMetrics(const AttemptSpec& a, const std::vector<MetricsLine>& ste
     p->set_step(s.step);
     p->set_time_ms(s.time_ms > 0 ? s.time_ms : time_ms);  // the trainer's step end, when it wrote one
     p->set_epoch(a.epoch);
+    p->mutable_objective_metrics()->insert(s.objective_metrics.begin(), s.objective_metrics.end());
     if (s.kind == MetricsLine::Kind::kEval) {  // the daemon merges it into the step's point
       p->set_eval_loss(s.eval_loss);
       p->set_eval_only(true);

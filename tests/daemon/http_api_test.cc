@@ -3,7 +3,8 @@
 // HTTP client. Every JSON endpoint with good input, malformed and unknown job
 // ids, bad query parameters, wrong methods, tokens, static files and path
 // traversal, SSE live updates and Last-Event-ID replay, a slow SSE client being
-// dropped, /metrics through promtool, and /ready on a sticky-failed store;
+// dropped, /metrics through promtool, a DPO job's objective metrics (rewards)
+// through every view, and /ready on a sticky-failed store;
 // per-client bounds (a slow-loris client closed at the header deadline,
 // connection caps per client address, /healthz and /ready through a full
 // server) and a web dir that serves only the dashboard's assets; the same over
@@ -17,6 +18,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -133,16 +135,57 @@ class HttpApiTest : public testing::Test {
   }
 
   // What the worker sends for ft-train's evaluation line: eval_loss alone, for the daemon to merge.
+  // Subscribes `sse` to the running job's stream, runs `send`, and returns the first point whose
+  // data holds `needle` (*text: everything the stream sent so far).
+  json StreamedPoint(SseReader& sse, const std::function<void()>& send, const std::string& needle,
+                     std::string* text) {
+    EXPECT_TRUE(sse.Get("/api/stream?job=" + running_));
+    EXPECT_TRUE(sse.ReadUntil("retry:", std::chrono::seconds(5)));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (server_->open_streams() != 1 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    send();
+    EXPECT_TRUE(sse.ReadUntil(needle, std::chrono::seconds(5))) << sse.text();
+    *text = sse.text();
+    const size_t at = text->find(needle);
+    if (at == std::string::npos) return json();
+    const size_t data = text->rfind("data: ", at);
+    return json::parse(text->substr(data + 6, text->find('\n', data) - data - 6));
+  }
+
+  // A metrics message of the running job's attempt with one point at `step`.
+  pb::MetricPoint* NewPoint(pb::WorkerMessage* m, int64_t step) {
+    m->mutable_metrics()->set_job_id(running_);
+    m->mutable_metrics()->set_epoch(epoch_);
+    m->mutable_metrics()->set_credential(credential_);
+    pb::MetricPoint* p = m->mutable_metrics()->add_points();
+    p->set_step(step);
+    return p;
+  }
+
   void SendEval(int64_t step, double eval_loss) {
     pb::WorkerMessage m;
-    m.mutable_metrics()->set_job_id(running_);
-    m.mutable_metrics()->set_epoch(epoch_);
-    m.mutable_metrics()->set_credential(credential_);
-    pb::MetricPoint* p = m.mutable_metrics()->add_points();
-    p->set_step(step);
+    pb::MetricPoint* p = NewPoint(&m, step);
     p->set_eval_loss(eval_loss);
     p->set_eval_only(true);
     p->set_time_ms(1'700'000'000'000 + step * 1000 + 500);
+    daemon_->OnWorkerMessage("w1", &sink_, m);
+  }
+
+  // A DPO trainer's step: TRL's means as objective metrics, and names ftd must drop.
+  void SendObjective(int64_t step, double margin) {
+    pb::WorkerMessage m;
+    pb::MetricPoint* p = NewPoint(&m, step);
+    p->set_loss(0.5);
+    p->set_time_ms(1'700'000'000'000 + step * 1000);
+    auto& o = *p->mutable_objective_metrics();
+    o["rewards/margins"] = margin;
+    o["rewards/accuracies"] = 0.75;
+    o["rewards/chosen"] = margin / 2;
+    o["rewards/rejected"] = -margin / 2;
+    o["logps/chosen"] = std::nan("");
+    o["bad\"}\nname"] = 1;  // would break out of a label and a JSON key
+    o["Rewards/Upper"] = 2;
     daemon_->OnWorkerMessage("w1", &sink_, m);
   }
 
@@ -826,18 +869,18 @@ TEST_F(HttpApiTest, StreamDeliversLiveJobEventMetricAndWorkerUpdates) {
 }
 
 TEST_F(HttpApiTest, EvalLossComesThroughMetricsAndTheStreamMergedIntoItsStep) {
+  // The stream: step 8's point again, now with its eval loss and the same training fields.
   Serve();
   SseReader sse(port_);
-  ASSERT_TRUE(sse.Get("/api/stream?job=" + running_));
-  ASSERT_TRUE(sse.ReadUntil("retry:", std::chrono::seconds(5)));
-  ASSERT_TRUE(Eventually([&] { return server_->open_streams() == 1; }));
-  SendMetrics(5, 8);
-  SendEval(8, 2.125);
-  // The stream: step 8's point again, now with its eval loss and the same training fields.
-  ASSERT_TRUE(sse.ReadUntil("\"eval_loss\":2.125", std::chrono::seconds(5))) << sse.text();
-  const std::string text = sse.text();
-  const size_t data = text.rfind("data: ", text.find("\"eval_loss\":2.125"));
-  json point = json::parse(text.substr(data + 6, text.find('\n', data) - data - 6));
+  std::string text;
+  const json point = StreamedPoint(
+      sse,
+      [&] {
+        SendMetrics(5, 8);
+        SendEval(8, 2.125);
+      },
+      "\"eval_loss\":2.125", &text);
+  ASSERT_FALSE(HasFailure());
   EXPECT_EQ(point["step"], 8);
   EXPECT_DOUBLE_EQ(point["loss"].get<double>(), 2.2);
 
@@ -849,6 +892,58 @@ TEST_F(HttpApiTest, EvalLossComesThroughMetricsAndTheStreamMergedIntoItsStep) {
   EXPECT_EQ(last["eval_loss"].get<double>(), 2.125);
   EXPECT_DOUBLE_EQ(last["loss"].get<double>(), 2.2) << "the evaluation keeps the step's training fields";
   EXPECT_EQ(last["time_ms"], 1'700'000'008'000);
+}
+
+// A DPO job's rewards: in its metric points (and nothing in an SFT step's), live on the
+// stream, and the newest step's in the job's detail (Daemon::GetJob: what ftctl status prints);
+// names a trainer should not have written are dropped everywhere.
+TEST_F(HttpApiTest, ObjectiveMetricsComeThroughMetricsTheStreamAndTheJob) {
+  Serve();
+  SseReader sse(port_);
+  std::string text;
+  const json live = StreamedPoint(
+      sse,
+      [&] {
+        SendObjective(5, 1.5);
+        SendObjective(6, 2.5);
+      },
+      "\"rewards/margins\":2.5", &text);
+  ASSERT_FALSE(HasFailure());
+  EXPECT_EQ(live["step"], 6);
+  const json want = {{"logps/chosen", nullptr},
+                     {"rewards/accuracies", 0.75},
+                     {"rewards/chosen", 1.25},
+                     {"rewards/margins", 2.5},
+                     {"rewards/rejected", -1.25}};
+  EXPECT_EQ(live["objective_metrics"], want);
+  EXPECT_THAT(text, Not(HasSubstr("bad"))) << "dropped before it reached the stream";
+  EXPECT_THAT(text, Not(HasSubstr("Rewards/Upper")));
+
+  json m = GetJson("/api/jobs/" + running_ + "/metrics");
+  ASSERT_EQ(m["points"].size(), 6u);
+  EXPECT_EQ(m["points"][0]["objective_metrics"], json::object()) << "an SFT step has none";
+  EXPECT_EQ(m["points"][4]["objective_metrics"]["rewards/margins"], 1.5);
+  EXPECT_EQ(m["points"][5]["objective_metrics"], want);
+  json job = GetJson("/api/jobs/" + running_);
+  EXPECT_EQ(job["objective_metrics"], want) << "the newest step's";
+
+  // The step's evaluation (TRL's eval_ names) merges into its point, on the stream too.
+  pb::WorkerMessage e;
+  e.mutable_metrics()->set_job_id(running_);
+  e.mutable_metrics()->set_epoch(epoch_);
+  e.mutable_metrics()->set_credential(credential_);
+  pb::MetricPoint* p = e.mutable_metrics()->add_points();
+  p->set_step(6);
+  p->set_eval_loss(0.625);
+  p->set_eval_only(true);
+  (*p->mutable_objective_metrics())["eval_rewards/margins"] = 1.75;
+  daemon_->OnWorkerMessage("w1", &sink_, e);
+  ASSERT_TRUE(sse.ReadUntil("\"eval_rewards/margins\":1.75", std::chrono::seconds(5))) << sse.text();
+  json merged = want;
+  merged["eval_rewards/margins"] = 1.75;
+  EXPECT_EQ(GetJson("/api/jobs/" + running_ + "/metrics?after_step=5")["points"][0]["objective_metrics"],
+            merged);
+  EXPECT_EQ(GetJson("/api/jobs/" + queued_)["objective_metrics"], json::object());
 }
 
 TEST_F(HttpApiTest, StreamKeepsAliveWhenQuiet) {
@@ -1118,6 +1213,8 @@ TEST(HttpPeerKey, AnIpv6ClientIsCountedByItsSlash64AndAMappedIpv4AsItsIpv4) {
 
 TEST_F(HttpApiTest, PrometheusMetricsPassPromtool) {
   Serve();
+  SendObjective(5, 1.5);
+  SendObjective(6, 2.5);
   Reply m = Get("/metrics");
   ASSERT_EQ(m.status, 200);
   EXPECT_THAT(m.headers["Content-Type"], HasSubstr("version=0.0.4"));
@@ -1130,9 +1227,19 @@ TEST_F(HttpApiTest, PrometheusMetricsPassPromtool) {
         "# TYPE ftune_checkpoint_duration_seconds histogram", "# TYPE ftune_recovery_seconds histogram",
         "# TYPE ftune_goodput_seconds_total counter", "ftune_goodput_seconds_total{category=\"lost\"} 0",
         "ftune_pool_mtbf_seconds{pool=\"default\"} 3600", "ftune_scheduler_tick_seconds_count 1",
-        "# TYPE ftune_worker_message_seconds histogram"}) {
+        "# TYPE ftune_worker_message_seconds histogram", "# TYPE ftune_job_objective_metric gauge"}) {
     EXPECT_THAT(m.body, HasSubstr(line));
   }
+  // The running DPO job's newest step, one gauge per name (a NaN as NaN); the dropped names nowhere.
+  const std::string job = "ftune_job_objective_metric{job=\"" + running_ + "\",name=";
+  for (const std::string sample :
+       {"\"rewards/margins\"} 2.5\n", "\"rewards/accuracies\"} 0.75\n", "\"rewards/chosen\"} 1.25\n",
+        "\"rewards/rejected\"} -1.25\n", "\"logps/chosen\"} NaN\n"}) {
+    EXPECT_THAT(m.body, HasSubstr(job + sample));
+  }
+  EXPECT_THAT(m.body, Not(HasSubstr("bad")));
+  EXPECT_THAT(m.body, Not(HasSubstr("Rewards/Upper")));
+  EXPECT_THAT(m.body, Not(HasSubstr(queued_))) << "a job without objective metrics has no gauge";
   const std::string file = dir_ + "/metrics.txt";
   std::ofstream(file) << m.body;
   // promtool comes with Debian's prometheus package (deploy/install-deps.sh): missing is a failure.

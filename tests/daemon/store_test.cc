@@ -22,6 +22,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -581,6 +582,113 @@ TEST_F(StoreTest, EvalLossMergesIntoItsStepWhicheverArrivesFirst) {
   EXPECT_EQ(got[0].eval_loss, 2.75);
 }
 
+// A DPO step's metrics (TRL's rewards and log-probabilities) come back as they went in, with its
+// evaluation's merged in; names a trainer should not have written (case, spaces, braces, quotes,
+// a leading digit, too long) are dropped, and at most kMaxObjectiveMetrics are kept.
+TEST_F(StoreTest, ObjectiveMetricsRoundTripAndOnlyValidNamesUpToTheCapAreKept) {
+  const std::map<std::string, double> dpo = {{"rewards/chosen", 1.5},    {"rewards/rejected", -0.5},
+                                             {"rewards/margins", 2.0},   {"rewards/accuracies", 0.75},
+                                             {"logps/chosen", -30.25},   {"logps/rejected", -41.0},
+                                             {"kl.mean_2", std::nan("")}};
+  std::map<std::string, double> sent = dpo;
+  for (const std::string& bad :
+       std::vector<std::string>{"Rewards/Chosen", "rewards chosen", "x{job=\"a\"}", "9lives", "", "/lead",
+                                "é", std::string(kMaxObjectiveMetricName + 1, 'a')}) {
+    sent[bad] = 7;
+  }
+  sent[std::string(kMaxObjectiveMetricName, 'z')] = 8;  // the longest name kept
+  MetricRow step{.job_id = "j-000001", .epoch = 1, .step = 5, .loss = 0.6, .time_ms = 1000};
+  step.objective_metrics = sent;
+  std::vector<MetricRow> stored;
+  ASSERT_OK(store_->AddMetrics({step, MetricRow{.job_id = "j-000002", .epoch = 1, .step = 5, .loss = 2.0}},
+                               &stored));
+  std::map<std::string, double> want = dpo;
+  want[std::string(kMaxObjectiveMetricName, 'z')] = 8;
+  ASSERT_EQ(stored.size(), 2u);
+  const auto expect_kept = [&](const std::map<std::string, double>& got) {
+    ASSERT_EQ(got.size(), want.size());
+    for (const auto& [name, value] : want) {
+      ASSERT_TRUE(got.count(name)) << name;
+      if (std::isnan(value)) {
+        EXPECT_TRUE(std::isnan(got.at(name))) << name << ": NaN is stored as null and read back as NaN";
+      } else {
+        EXPECT_EQ(got.at(name), value) << name;
+      }
+    }
+  };
+  expect_kept(stored[0].objective_metrics);
+  EXPECT_TRUE(stored[1].objective_metrics.empty()) << "an SFT step has none";
+  ASSERT_OK_AND_ASSIGN(auto got, store_->ListMetrics("j-000001", 0, 0));
+  ASSERT_EQ(got.size(), 1u);
+  expect_kept(got[0].objective_metrics);
+
+  // Its evaluation's metrics (TRL's eval_ names) merge in by name, and the step re-sent (a
+  // reconnect) keeps them; an evaluation without any keeps the step's.
+  MetricRow eval{.job_id = "j-000001", .epoch = 1, .step = 5, .time_ms = 1100};
+  eval.eval_loss = 0.7;
+  eval.eval_only = true;
+  eval.objective_metrics = {{"eval_rewards/margins", 1.25}, {"Eval Bad", 3}};
+  ASSERT_OK(store_->AddMetrics({eval}, &stored));
+  want["eval_rewards/margins"] = 1.25;
+  expect_kept(stored[0].objective_metrics);
+  ASSERT_OK(store_->AddMetrics({step}));
+  eval.objective_metrics.clear();
+  ASSERT_OK(store_->AddMetrics({eval}));
+  ASSERT_OK_AND_ASSIGN(got, store_->ListMetrics("j-000001", 0, 0));
+  expect_kept(got[0].objective_metrics);
+  EXPECT_EQ(got[0].eval_loss, 0.7);
+
+  // Many valid names: the first kMaxObjectiveMetrics in name order.
+  MetricRow flood{.job_id = "j-000003", .epoch = 1, .step = 1, .loss = 1.0};
+  for (int i = 0; i < 100; ++i) flood.objective_metrics["m" + std::to_string(1000 + i)] = i;
+  ASSERT_OK(store_->AddMetrics({flood}, &stored));
+  ASSERT_EQ(stored[0].objective_metrics.size(), kMaxObjectiveMetrics);
+  EXPECT_EQ(stored[0].objective_metrics.begin()->first, "m1000");
+  EXPECT_EQ(stored[0].objective_metrics.rbegin()->first,
+            "m" + std::to_string(1000 + kMaxObjectiveMetrics - 1));
+  // Merged rows are bounded too: evaluations with other names never grow the row past the cap.
+  MetricRow more{.job_id = "j-000003", .epoch = 1, .step = 1, .eval_only = true};
+  for (int i = 0; i < 100; ++i) more.objective_metrics["a" + std::to_string(1000 + i)] = i;
+  ASSERT_OK(store_->AddMetrics({more, more}, &stored));
+  EXPECT_EQ(stored[1].objective_metrics.size(), kMaxObjectiveMetrics);
+}
+
+// The newest step's objective metrics of a job (ftctl status) and of every job that has not
+// ended (/metrics): the highest step, and at that step the newest epoch (a resumed attempt).
+TEST_F(StoreTest, LatestObjectiveMetricsAreTheHighestStepsAndOnlyLiveJobsAreListed) {
+  ASSERT_OK_AND_ASSIGN(JobRow dpo, store_->CreateJob(NewJob("dpo"), nullptr));
+  ASSERT_OK_AND_ASSIGN(JobRow sft, store_->CreateJob(NewJob("sft"), nullptr));
+  ASSERT_OK_AND_ASSIGN(JobRow done, store_->CreateJob(NewJob("done"), nullptr));
+  const auto margin = [](const std::string& job, int64_t epoch, int64_t step, double m) {
+    MetricRow r{.job_id = job, .epoch = epoch, .step = step, .loss = 0.5};
+    r.objective_metrics = {{"rewards/margins", m}};
+    return r;
+  };
+  ASSERT_OK(
+      store_->AddMetrics({margin(dpo.id, 1, 1, 0.1), margin(dpo.id, 1, 3, 0.3), margin(dpo.id, 1, 2, 0.2),
+                          margin(dpo.id, 2, 3, 0.35), margin(done.id, 1, 9, 9.0),
+                          MetricRow{.job_id = sft.id, .epoch = 1, .step = 4, .loss = 2.0}}));
+  // A later eval-only point at a higher step carries none: the newest with metrics is kept.
+  MetricRow eval{.job_id = dpo.id, .epoch = 2, .step = 4};
+  eval.eval_loss = 0.4;
+  eval.eval_only = true;
+  ASSERT_OK(store_->AddMetrics({eval}));
+  ASSERT_OK_AND_ASSIGN(auto latest, store_->LatestObjectiveMetrics(dpo.id));
+  EXPECT_EQ(latest, (std::map<std::string, double>{{"rewards/margins", 0.35}}));
+  ASSERT_OK_AND_ASSIGN(latest, store_->LatestObjectiveMetrics(sft.id));
+  EXPECT_TRUE(latest.empty());
+  ASSERT_OK_AND_ASSIGN(latest, store_->LatestObjectiveMetrics("j-999999"));
+  EXPECT_TRUE(latest.empty());
+
+  done.state = JobStateCode::kSucceeded;
+  ASSERT_OK(store_->UpdateJob(done));
+  ASSERT_OK_AND_ASSIGN(auto live, store_->LiveObjectiveMetrics());
+  ASSERT_EQ(live.size(), 1u) << "the SFT job has none and the ended job is left out";
+  EXPECT_EQ(live[dpo.id], (std::map<std::string, double>{{"rewards/margins", 0.35}}));
+  ASSERT_OK_AND_ASSIGN(latest, store_->LatestObjectiveMetrics(done.id));
+  EXPECT_EQ(latest.at("rewards/margins"), 9.0) << "an ended job's are still read for ftctl status";
+}
+
 TEST_F(StoreTest, CloseAndReopenKeepsEverything) {
   ASSERT_OK_AND_ASSIGN(JobRow a, store_->CreateJob(NewJob("a", 1, "req-a"), nullptr));
   ASSERT_OK_AND_ASSIGN(JobRow b, store_->CreateJob(NewJob("b", 2), nullptr));
@@ -594,7 +702,7 @@ TEST_F(StoreTest, CloseAndReopenKeepsEverything) {
   ASSERT_OK(store_->AddMetrics({MetricRow{.job_id = a.id, .epoch = 1, .step = 1, .loss = 2.5}}));
 
   Reopen();
-  EXPECT_EQ(store_->schema_version(), 9);
+  EXPECT_EQ(store_->schema_version(), 10);
   ASSERT_OK_AND_ASSIGN(auto jobs, store_->ListJobs({}));
   EXPECT_EQ(Ids(jobs), (std::vector<std::string>{a.id, b.id}));
   ASSERT_OK_AND_ASSIGN(JobRow got_b, store_->GetJob(b.id));
@@ -979,18 +1087,18 @@ TEST_F(StoreTest, VersionZeroDatabaseIsMigratedToTheLatest) {
   {
     auto store = OpenStore(old_path);
     ASSERT_NE(store, nullptr);
-    EXPECT_EQ(store->schema_version(), 9);
+    EXPECT_EQ(store->schema_version(), 10);
     ASSERT_OK_AND_ASSIGN(JobRow j, store->CreateJob(NewJob("x"), nullptr));
     EXPECT_EQ(j.id, "j-000001");
   }
-  EXPECT_EQ(RawPragma(old_path, "user_version"), "9");
+  EXPECT_EQ(RawPragma(old_path, "user_version"), "10");
   EXPECT_EQ(RawPragma(old_path, "journal_mode"), "wal");
   EXPECT_EQ(RawPragma(old_path, "integrity_check"), "ok");
 
   // Reopening at the latest version runs no migration (it would fail: tables exist).
   auto again = OpenStore(old_path);
   ASSERT_NE(again, nullptr);
-  EXPECT_EQ(again->schema_version(), 9);
+  EXPECT_EQ(again->schema_version(), 10);
   again.reset();
 
   // A database from a newer ftd is refused, naming the path.

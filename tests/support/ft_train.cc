@@ -12,6 +12,7 @@
 
 #include "engine/io/hf_model.h"
 #include "engine/model/model.h"
+#include "engine/model/rng.h"
 
 namespace ft::testing_support {
 
@@ -59,6 +60,32 @@ std::string WriteJob(const std::string& dir, const std::string& train_extra, int
       << "checkpoint: {every_steps: " << every_steps << ", every_minutes: 0, keep: " << keep << "}\n"
       << "output: {dir: out}\n";
   return dir + "/job.yaml";
+}
+
+std::string WriteDpoJob(const std::string& dir, const std::string& train_extra, int64_t every_steps,
+                        int64_t steps, int64_t keep, const std::string& adapter) {
+  const std::string path =
+      WriteJob(dir, train_extra + "  objective: dpo\n  dpo: {beta: 0.2}\n", every_steps, steps, keep);
+  std::ofstream pairs(dir + "/pairs.jsonl");
+  for (int i = 0; i < 40; ++i) {
+    auto ids = [&](int salt, int n) {
+      std::string out;
+      for (int t = 0; t < n; ++t) out += (t ? ", " : "") + std::to_string(HashKeys(salt, i, t) % 250 + 1);
+      return "[" + out + "]";
+    };
+    pairs << "{\"prompt_ids\": " << ids(1, 3 + i % 7) << ", \"chosen_ids\": " << ids(2, 2 + i % 5)
+          << ", \"rejected_ids\": " << ids(3, 1 + i % 9) << "}\n";
+  }
+  pairs.close();
+  std::string text = Slurp(path);
+  text.replace(text.find("format: tokens"), 14, "format: preference");
+  text.replace(text.find("train: data.jsonl"), 17, "train: pairs.jsonl");
+  if (!adapter.empty()) {
+    const size_t at = text.find("adapter:");
+    text.replace(at, text.find('\n', at) - at, adapter);
+  }
+  std::ofstream(path) << text;
+  return path;
 }
 
 pid_t Spawn(const std::string& dir, const std::vector<std::string>& args) {

@@ -27,6 +27,12 @@ const std::string& ModelDir();
 std::string WriteJob(const std::string& dir, const std::string& train_extra = "", int64_t every_steps = 3,
                      int64_t steps = 48, int64_t keep = 3);
 
+// WriteJob's job as DPO (train.objective: dpo, beta 0.2) on 40 preference pairs of token ids
+// written to <dir>/pairs.jsonl; `adapter` replaces the LoRA adapter line when given (e.g.
+// "adapter: {type: full}").
+std::string WriteDpoJob(const std::string& dir, const std::string& train_extra, int64_t every_steps,
+                        int64_t steps, int64_t keep, const std::string& adapter = "");
+
 // Starts ft-train with `args`; its stderr is appended to <dir>/stderr.txt.
 pid_t Spawn(const std::string& dir, const std::vector<std::string>& args);
 // Starts ft-train with `args` + {"--control-fd", "3"}: fd 3 is the read end

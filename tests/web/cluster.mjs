@@ -1,6 +1,6 @@
 // A real ftune cluster on loopback for the browser tests: ftd (gRPC and HTTP on
 // ephemeral ports), ft-worker processes, a tiny model made by ft-train, jobs
-// submitted with ftctl. Every process it starts is killed by stop(), by pid
+// (SFT on token data, or DPO on preference pairs) submitted with ftctl. Every process it starts is killed by stop(), by pid
 // (and, for workers, their ft-train descendants).
 //
 // Failure: start() and the helpers throw an Error naming what did not happen
@@ -153,12 +153,7 @@ export class Cluster {
   // eval_every: also evaluate on the training file every that many steps (data.eval).
   // train_extra: more keys of the train map (e.g. 'optimizer: paged_adamw').
   writeJob(name, { steps, every_steps, eval_every = 0, lr = '1.0e-2', extra = '', train_extra = '' }) {
-    const job = path.join(this.dir, 'job');
-    if (!fs.existsSync(path.join(job, 'model', 'config.json'))) {
-      execFileSync(this.bins.train, ['make-model', '--preset', 'tiny-llama', '--out', path.join(job, 'model')],
-        { stdio: 'pipe' });
-      fs.copyFileSync(path.join(this.bins.source, 'examples', 'tiny-lora', 'data.jsonl'), path.join(job, 'data.jsonl'));
-    }
+    const job = this.jobFiles();
     const file = path.join(job, `${name}.yaml`);
     fs.writeFileSync(file, `name: ${name}
 model: {path: model, dtype: fp32}
@@ -168,6 +163,48 @@ train: {max_steps: ${steps}, global_batch_size: 8, micro_batch_size: 2, lr: ${lr
 checkpoint: {every_steps: ${every_steps}, every_minutes: 0, keep: 3}
 output: {dir: out-${name}}
 ${extra}`);
+    return file;
+  }
+
+  // The tiny Llama (vocab 256) and token data under dir/job, made once; returns dir/job.
+  jobFiles() {
+    const job = path.join(this.dir, 'job');
+    if (!fs.existsSync(path.join(job, 'model', 'config.json'))) {
+      execFileSync(this.bins.train, ['make-model', '--preset', 'tiny-llama', '--out', path.join(job, 'model')],
+        { stdio: 'pipe' });
+      fs.copyFileSync(path.join(this.bins.source, 'examples', 'tiny-lora', 'data.jsonl'), path.join(job, 'data.jsonl'));
+    }
+    return job;
+  }
+
+  // A DPO job (LoRA, train.objective: dpo) on 32 preference pairs in the token-ids form, each
+  // chosen response a run of consecutive ids and each rejected one scattered ids (a preference
+  // the adapter learns within a few dozen steps: the margin rises); returns its job.yaml's path.
+  writeDpoJob(name, { steps, every_steps }) {
+    const job = this.jobFiles();
+    const pairs = path.join(job, 'pairs.jsonl');
+    if (!fs.existsSync(pairs)) {
+      let seed = 7;
+      const id = () => 3 + ((seed = (seed * 1103515245 + 12345) % 2147483648) % 253);  // 3..255 < vocab 256
+      const rows = Array.from({ length: 32 }, () => {
+        const start = id() % 200;
+        return JSON.stringify({
+          prompt_ids: Array.from({ length: 6 }, id),
+          chosen_ids: Array.from({ length: 8 }, (_, k) => 3 + start + k),
+          rejected_ids: Array.from({ length: 8 }, id),
+        });
+      });
+      fs.writeFileSync(pairs, `${rows.join('\n')}\n`);
+    }
+    const file = path.join(job, `${name}.yaml`);
+    fs.writeFileSync(file, `name: ${name}
+model: {path: model, dtype: fp32}
+adapter: {type: lora, r: 8, alpha: 16}
+data: {train: pairs.jsonl, format: preference, seq_len: 32, shuffle: true}
+train: {max_steps: ${steps}, global_batch_size: 4, micro_batch_size: 2, lr: 2.0e-2, warmup_steps: 2, objective: dpo, dpo: {beta: 0.1}}
+checkpoint: {every_steps: ${every_steps}, every_minutes: 0, keep: 2}
+output: {dir: out-${name}}
+`);
     return file;
   }
 

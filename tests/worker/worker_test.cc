@@ -2,10 +2,11 @@
 // recording sink: every report about an attempt echoes the credential of its
 // StartAttempt (metrics, log lines, checkpoint, note, exit, heartbeat progress,
 // Register's running list) and the journaled exit keeps it across a worker
-// restart; the work dir keeps the worker's instance (the same after a restart,
-// another for another work dir) and is locked against a second worker; a
-// trainer that ignores the stop of a SIGTERM'd worker is SIGKILLed at the
-// stop's deadline plus the kill grace, and reported.
+// restart; a DPO step's objective metrics (rewards) are forwarded; the work dir
+// keeps the worker's instance (the same after a restart, another for another
+// work dir) and is locked against a second worker; a trainer that ignores the
+// stop of a SIGTERM'd worker is SIGKILLed at the stop's deadline plus the kill
+// grace, and reported.
 #include "worker/worker.h"
 
 #include <gmock/gmock.h>
@@ -17,6 +18,7 @@
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -185,6 +187,58 @@ TEST_F(WorkerTest, EveryReportEchoesTheAttemptCredentialAndTheJournalKeepsItAcro
   Worker other(Options(root_ + "/other-work", trainer));
   ASSERT_TRUE(other.Init().ok());
   EXPECT_NE(other.instance(), instance);
+}
+
+// A DPO trainer's step lines carry TRL's means as keys of their own: the worker forwards them
+// as the point's objective metrics, and an evaluation line's on its eval_only point; an SFT
+// step line forwards none.
+TEST_F(WorkerTest, ADpoTrainersRewardsReachTheDaemonAsTheStepsObjectiveMetrics) {
+  MetricsLine dpo;
+  dpo.kind = MetricsLine::Kind::kStep;
+  dpo.step = 1;
+  dpo.loss = 0.69;
+  dpo.objective_metrics = {{"rewards/chosen", 0.25},  {"rewards/rejected", -0.5},
+                           {"rewards/margins", 0.75}, {"rewards/accuracies", 1.0},
+                           {"logps/chosen", -48.5},   {"logps/rejected", -49.25}};
+  MetricsLine eval;  // its evaluation on data.eval, with TRL's eval_ names
+  eval.kind = MetricsLine::Kind::kEval;
+  eval.step = 1;
+  eval.eval_loss = 0.7;
+  eval.objective_metrics = {{"eval_rewards/margins", 0.5}, {"eval_logps/chosen", -50.0}};
+  MetricsLine sft;
+  sft.kind = MetricsLine::Kind::kStep;
+  sft.step = 2;
+  sft.loss = 2.5;
+  std::ofstream(root_ + "/lines.jsonl") << FormatMetricsLine(dpo) << "\n"
+                                        << FormatMetricsLine(eval) << "\n"
+                                        << FormatMetricsLine(sft) << "\n";
+  const std::string trainer = Trainer("cat " + root_ + "/lines.jsonl >> $OUT/metrics.jsonl\nwhile [ ! -e " +
+                                      root_ + "/go ]; do sleep 0.02; done\nexit 0\n");
+  RecordingSink sink;
+  Worker worker(Options(root_ + "/work", trainer));
+  ASSERT_TRUE(worker.Init().ok());
+  worker.set_sink(&sink);
+  worker.OnCommand(Start(1));
+  std::map<std::pair<int64_t, bool>, pb::MetricPoint> points;  // by (step, eval_only)
+  const auto every_line = [&](const std::vector<pb::WorkerMessage>& ms) {
+    points.clear();
+    for (const pb::WorkerMessage& m : ms) {
+      for (const pb::MetricPoint& p : m.metrics().points()) points[{p.step(), p.eval_only()}] = p;
+    }
+    return points.size() == 3;
+  };
+  ASSERT_TRUE(sink.WaitFor(every_line)) << "the three lines were not forwarded";
+  std::ofstream(root_ + "/go");
+  EXPECT_TRUE(worker.WaitIdle(std::chrono::seconds(10)));
+  const auto metrics_of = [&](int64_t step, bool eval_only) {
+    const auto& forwarded = points[{step, eval_only}].objective_metrics();
+    return std::map<std::string, double>(forwarded.begin(), forwarded.end());
+  };
+  EXPECT_EQ(metrics_of(1, false), dpo.objective_metrics);
+  EXPECT_DOUBLE_EQ((points[{1, false}].loss()), 0.69);
+  EXPECT_EQ(metrics_of(1, true), eval.objective_metrics) << "the evaluation's, for ftd to merge into step 1";
+  EXPECT_DOUBLE_EQ((points[{1, true}].eval_loss()), 0.7);
+  EXPECT_TRUE(metrics_of(2, false).empty()) << "an SFT step has none";
 }
 
 TEST_F(WorkerTest, ASecondWorkerOnTheSameWorkDirIsRefusedNamingTheHolder) {

@@ -88,19 +88,20 @@ bool HasNewTempDir(const std::string& root, const std::set<std::string>& before)
   return false;
 }
 
-TEST(CheckpointChaosTest, TwentyFiveKillNineRestartsEndBitIdentical) {
-  ASSERT_FALSE(ReferenceOut().empty());
-  std::string dir = FreshDir("chaos");
-  std::string job = WriteJob(dir, "", 3, kChaosSteps);
-  std::mt19937 rng(20261121);
-  int kills = 0, during_write = 0;
+// Runs `job` in `dir` to its end, killing ft-train (-9) `want` times along the way and restarting
+// it: every third kill aims at a checkpoint write (it fires as soon as a temporary directory
+// appears, waiting up to 5 s so that a slow start on a loaded machine still gets there); the
+// others land at a random moment. Returns the kills and, in *during_write, how many landed inside
+// a checkpoint write (a temporary directory left behind).
+int KillNineAtRandomToTheEnd(const std::string& dir, const std::string& job, int want, uint32_t seed,
+                             int* during_write) {
+  std::mt19937 rng(seed);
+  int kills = 0;
+  *during_write = 0;
   for (int attempt = 0; attempt < 200; ++attempt) {
     const std::set<std::string> stale = TempDirs(dir + "/out/checkpoints");
     pid_t pid = Spawn(dir, {"run", job});
-    if (kills < 25) {
-      // Every third kill aims at a checkpoint write: it fires as soon as a temporary
-      // directory appears (waiting up to 5 s, so a slow start on a loaded machine
-      // still gets there); the others land at a random moment.
+    if (kills < want) {
       const bool aim_at_write = kills % 3 == 0;
       const auto until =
           std::chrono::steady_clock::now() +
@@ -113,22 +114,54 @@ TEST(CheckpointChaosTest, TwentyFiveKillNineRestartsEndBitIdentical) {
         int code = WaitExit(pid);
         if (code == 128 + SIGKILL) {
           ++kills;
-          // A temporary directory left behind means the kill landed inside a checkpoint write.
-          if (HasNewTempDir(dir + "/out/checkpoints", stale)) ++during_write;
+          if (HasNewTempDir(dir + "/out/checkpoints", stale)) ++*during_write;
           continue;
         }
         if (code == kExitFinished) break;
-        FAIL() << "ft-train exited " << code << ": " << Slurp(dir + "/stderr.txt");
+        ADD_FAILURE() << "ft-train exited " << code << ": " << Slurp(dir + "/stderr.txt");
+        return kills;
       }
     }
-    int code = WaitExit(pid);
-    ASSERT_EQ(code, kExitFinished) << Slurp(dir + "/stderr.txt");
+    EXPECT_EQ(WaitExit(pid), kExitFinished) << Slurp(dir + "/stderr.txt");
     break;
   }
+  return kills;
+}
+
+TEST(CheckpointChaosTest, TwentyFiveKillNineRestartsEndBitIdentical) {
+  ASSERT_FALSE(ReferenceOut().empty());
+  std::string dir = FreshDir("chaos");
+  int during_write = 0;
+  const int kills =
+      KillNineAtRandomToTheEnd(dir, WriteJob(dir, "", 3, kChaosSteps), 25, 20261121, &during_write);
   std::printf("SIGKILLs: %d (%d during a checkpoint write)\n", kills, during_write);
   EXPECT_GE(kills, 20);
   EXPECT_GE(during_write, 1) << "no kill landed inside a checkpoint write; the test did not cover it";
   ExpectSameFinalState(dir + "/out");
+}
+
+// DPO (LoRA, and a full fine-tune whose reference is stored beside the data) killed (-9) at
+// random moments, a checkpoint write among them, ends with the uninterrupted run's adapter (model)
+// bytes, optimizer state and per-step losses.
+TEST(CheckpointChaosTest, DpoKilledNineAtRandomEndsBitIdentical) {
+  for (const std::string adapter : {"", "adapter: {type: full}"}) {
+    SCOPED_TRACE(adapter.empty() ? "LoRA" : "full");
+    const std::string name = adapter.empty() ? "dpo" : "dpo-full";
+    const std::string ref = FreshDir(name + "-reference"), dir = FreshDir(name + "-chaos");
+    ASSERT_EQ(RunToEnd(ref, WriteDpoJob(ref, "", 3, 60, 3, adapter)), kExitFinished)
+        << Slurp(ref + "/stderr.txt");
+    int during_write = 0;
+    const int kills =
+        KillNineAtRandomToTheEnd(dir, WriteDpoJob(dir, "", 3, 60, 3, adapter), 6, 43, &during_write);
+    std::printf("%s: SIGKILLs: %d (%d during a checkpoint write)\n", name.c_str(), kills, during_write);
+    EXPECT_GE(kills, 4);
+    EXPECT_GE(during_write, 1) << "no kill landed inside a checkpoint write; the test did not cover it";
+    const std::string trained =
+        adapter.empty() ? "/adapter/adapter_model.safetensors" : "/model/model.safetensors";
+    EXPECT_FALSE(Slurp(ref + "/out" + trained).empty());
+    EXPECT_EQ(Slurp(dir + "/out" + trained), Slurp(ref + "/out" + trained)) << trained;
+    if (adapter.empty()) ExpectSameFinalState(dir + "/out", ref + "/out");
+  }
 }
 
 TEST(CheckpointSignalTest, SigtermCheckpointsLosesNoStepAndResumesBitIdentical) {

@@ -339,31 +339,14 @@ TEST(DdpTest, EachFamilyResumesAfterKillNineAtWorldTwoWithWorldOnesAdapterBytes)
 // every 4 steps (eval_rewards/*); `adapter` replaces the LoRA adapter section when given (a full
 // fine-tune, whose sums across ranks are exact only when asked: train.gradient_sum: exact).
 std::string DpoJob(const std::string& dir, int world, const std::string& adapter = "") {
-  const std::string path = WriteJob(dir,
-                                    "  micro_batch_size: 1\n  objective: dpo\n  dpo: {beta: 0.2}\n"
-                                    "  eval_every_steps: 4\n" +
-                                        std::string(adapter.empty() ? "" : "  gradient_sum: exact\n"),
-                                    3, kSteps, 2);
-  std::ofstream pairs(dir + "/pairs.jsonl");
-  for (int i = 0; i < 40; ++i) {
-    auto ids = [&](int salt, int n) {
-      std::string out;
-      for (int t = 0; t < n; ++t) out += (t ? ", " : "") + std::to_string(HashKeys(salt, i, t) % 250 + 1);
-      return "[" + out + "]";
-    };
-    pairs << "{\"prompt_ids\": " << ids(1, 3 + i % 7) << ", \"chosen_ids\": " << ids(2, 2 + i % 5)
-          << ", \"rejected_ids\": " << ids(3, 1 + i % 9) << "}\n";
-  }
-  pairs.close();
+  const std::string path = WriteDpoJob(dir,
+                                       "  micro_batch_size: 1\n  eval_every_steps: 4\n" +
+                                           std::string(adapter.empty() ? "" : "  gradient_sum: exact\n"),
+                                       3, kSteps, 2, adapter);
   std::string text = Slurp(path);
-  text.replace(text.find("format: tokens"), 14, "format: preference");
   // Evaluated every 4 steps on the training pairs (split across the ranks, summed).
-  text.replace(text.find("train: data.jsonl"), 17, "train: pairs.jsonl, eval: pairs.jsonl");
+  text.replace(text.find("train: pairs.jsonl"), 18, "train: pairs.jsonl, eval: pairs.jsonl");
   text += "resources: {gpus: " + std::to_string(world) + "}\ndistributed: {strategy: ddp}\n";
-  if (!adapter.empty()) {
-    const size_t at = text.find("adapter:");
-    text.replace(at, text.find('\n', at) - at, adapter);
-  }
   std::ofstream(path) << text;
   return path;
 }
