@@ -91,6 +91,7 @@ std::map<std::string, std::string> JobMathKeys(const JobSpec& spec, const std::s
     m["train.dpo.beta"] = num(spec.train.dpo.beta);
     m["train.dpo.loss"] = name(spec.train.dpo.loss);
     m["train.dpo.label_smoothing"] = num(spec.train.dpo.label_smoothing);
+    if (spec.train.dpo.rpo_alpha != 0) m["train.dpo.rpo_alpha"] = num(spec.train.dpo.rpo_alpha);
     m["data.max_prompt_len"] = std::to_string(spec.data.max_prompt_len);
   }
   if (lora) {

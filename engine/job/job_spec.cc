@@ -199,7 +199,7 @@ Status ParseTrain(const YamlMap& m, JobSpec::Train* s) {
   FT_RETURN_IF_ERROR(GetChoice(m, "objective", &s->objective));
   if (m.Has("dpo")) {
     FT_ASSIGN_OR_RETURN(YamlMap dpo, m.Child("dpo"));
-    FT_RETURN_IF_ERROR(dpo.CheckKnownKeys({"beta", "loss", "label_smoothing"}));
+    FT_RETURN_IF_ERROR(dpo.CheckKnownKeys({"beta", "loss", "label_smoothing", "rpo_alpha"}));
     FT_RETURN_IF_ERROR(GetNumber(dpo, "beta", 0, 1e3, true, &s->dpo.beta, " (TRL's default: 0.1)"));
     FT_RETURN_IF_ERROR(GetChoice(dpo, "loss", &s->dpo.loss));
     FT_RETURN_IF_ERROR(GetNumber(dpo, "label_smoothing", 0, 0.5, false, &s->dpo.label_smoothing,
@@ -207,6 +207,8 @@ Status ParseTrain(const YamlMap& m, JobSpec::Train* s) {
     FT_RETURN_IF_ERROR(Require(s->dpo.label_smoothing < 0.5, dpo, "label_smoothing", "must be below 0.5"));
     FT_RETURN_IF_ERROR(Require(s->dpo.label_smoothing == 0 || s->dpo.loss == DpoLoss::kSigmoid, dpo,
                                "label_smoothing", "applies to loss: sigmoid only"));
+    FT_RETURN_IF_ERROR(GetNumber(dpo, "rpo_alpha", 0, 1e3, false, &s->dpo.rpo_alpha,
+                                 " (the weight of the chosen response's token NLL; 0 = off)"));
   }
   return GetChoice(m, "attention", &s->attention);
 }

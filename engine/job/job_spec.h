@@ -96,6 +96,8 @@ struct JobSpec {
       double beta = 0.1;
       DpoLoss loss = DpoLoss::kSigmoid;
       double label_smoothing = 0;  // sigmoid only; in [0, 0.5)
+      // TRL's rpo_alpha (RPO): + rpo_alpha x the chosen response's mean token NLL, per pair (0 = off).
+      double rpo_alpha = 0;
     } dpo;
   } train;
 

@@ -51,8 +51,11 @@ class DpoObjective : public Objective {
       std::vector<float> w(pi.size(), 0.0f);
       sums = PairSums(pi, ref, [&](size_t c, size_t r, double dloss_dpi_chosen) {
         // The head's gradient is grad_scale x d(-log p)/d(logits) per sequence: the weight of a
-        // sequence is -d(loss)/d(its sum of log-probabilities) (IPO: through the mean).
-        w[c] = static_cast<float>(-dloss_dpi_chosen / Count(pi[c]) * grad_scale);
+        // sequence is -d(loss)/d(its sum of log-probabilities) (IPO: through the mean; RPO's
+        // term adds rpo_alpha / the chosen's tokens).
+        double chosen = -dloss_dpi_chosen / Count(pi[c]);
+        if (dpo_.rpo_alpha != 0) chosen += dpo_.rpo_alpha / Tokens(pi[c]);
+        w[c] = static_cast<float>(chosen * grad_scale);
         w[r] = static_cast<float>(dloss_dpi_chosen / Count(pi[r]) * grad_scale);
       });
       return w;
@@ -80,7 +83,8 @@ class DpoObjective : public Objective {
       const size_t r = c + 1;
       const DpoPairTerms t = ComputeDpoPair(dpo_, Value(pi[c]), Value(pi[r]), Value(ref[c]), Value(ref[r]));
       each(c, r, t.dloss_dpi_chosen);
-      const double add[] = {t.loss,
+      const double rpo = dpo_.rpo_alpha == 0 ? 0.0 : -dpo_.rpo_alpha * pi[c].sum / Tokens(pi[c]);
+      const double add[] = {t.loss + rpo,
                             t.reward_chosen,
                             t.reward_rejected,
                             t.reward_chosen - t.reward_rejected,
@@ -107,6 +111,9 @@ class DpoObjective : public Objective {
   }
   // A response's log-probability as the loss reads it: the sum, or the mean for IPO.
   double Value(const SequenceLogProb& s) const { return s.sum / Count(s); }
+  static double Tokens(const SequenceLogProb& s) {
+    return static_cast<double>(std::max<int64_t>(s.tokens, 1));
+  }
   double Count(const SequenceLogProb& s) const {
     return dpo_.loss == DpoLoss::kIpo ? static_cast<double>(std::max<int64_t>(s.tokens, 1)) : 1.0;
   }

@@ -47,7 +47,10 @@ class Objective {
 // (sums over the response tokens; IPO: means): z = (pi_c - ref_c) - (pi_r - ref_r),
 //   sigmoid: loss = -(1 - eps) log sigmoid(beta z) - eps log sigmoid(-beta z)
 //   ipo:     loss = (z - 1 / (2 beta))^2
-// with d(loss)/d(pi_c) = -d(loss)/d(pi_r), and the rewards beta (pi - ref).
+// with d(loss)/d(pi_c) = -d(loss)/d(pi_r), and the rewards beta (pi - ref). With rpo_alpha (TRL's
+// RPO), the objective adds rpo_alpha x the chosen response's mean token NLL to each pair's loss
+// (TRL averages over all the chosen tokens of its batch: the same when the chosen responses are
+// equally long; per pair, it does not depend on how pairs fall into micro-batches).
 struct DpoPairTerms {
   double loss = 0;
   double dloss_dpi_chosen = 0;  // d(loss) / d(pi_c); d(loss) / d(pi_r) is its negative

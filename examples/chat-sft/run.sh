@@ -21,21 +21,10 @@ set -euo pipefail
 BUILD=${1:-build}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 HERE="$ROOT/examples/chat-sft"
-BIN="$ROOT/$BUILD"
+source "$ROOT/examples/lib.sh"  # BIN, TRAIN, CTL; start_ftune, ask
 RUN=$(mkdir -p "${CHAT_SFT_RUN:-$ROOT/runs/chat-sft}" && cd "${CHAT_SFT_RUN:-$ROOT/runs/chat-sft}" && pwd)
 COUNTRIES=${CHAT_SFT_COUNTRIES:-12}
 CHECK=${CHAT_SFT_CHECK:-6}
-TRAIN="$BIN/engine/ft-train"
-CTL="$BIN/cli/ftctl"
-for bin in "$TRAIN" "$CTL"; do
-  [ -x "$bin" ] || { echo "run.sh: $bin is missing: run 'make build' first (or pass the build directory)"; exit 2; }
-done
-
-up_pid=
-cleanup() {
-  if [ -n "$up_pid" ]; then kill "$up_pid" 2>/dev/null || true; wait "$up_pid" 2>/dev/null || true; fi
-}
-trap cleanup EXIT
 
 # 1. The model: random weights, the real tokenizer.
 rm -rf "$RUN/model" "$RUN/out" "$RUN/ftune"
@@ -58,25 +47,11 @@ python3 "$HERE/make_data.py" --out "$RUN/eval.jsonl" --countries "$COUNTRIES" --
 echo "data: $(wc -l < "$RUN/data.jsonl") conversations in $RUN/data.jsonl"
 
 # 3. ftd and a local worker; the job.
-"$CTL" up --data-dir "$RUN/ftune" --listen 127.0.0.1:0 --http 127.0.0.1:0 > "$RUN/up.log" 2>&1 &
-up_pid=$!
-for _ in $(seq 200); do grep -q "ftune is up" "$RUN/up.log" && break; sleep 0.1; done
-ADDR=$(grep -o "ftd on [^,]*" "$RUN/up.log" | cut -d' ' -f3)
-[ -n "$ADDR" ] || { echo "ftctl up did not start:"; cat "$RUN/up.log"; exit 1; }
-grep -o "dashboard at [^ ]*" "$RUN/up.log" || true
-sets=(--set "model.path=$RUN/model" --set "data.train=$RUN/data.jsonl" --set "data.eval=$RUN/eval.jsonl"
-      --set "output.dir=$RUN/out")
-[ -n "${CHAT_SFT_STEPS:-}" ] && sets+=(--set "train.max_steps=$CHAT_SFT_STEPS")
-start=$(date +%s)
-"$CTL" --addr "$ADDR" submit "$HERE/job.yaml" "${sets[@]}" --follow
-echo "trained in $(($(date +%s) - start)) s; adapter in $RUN/out/adapter, merged model in $RUN/out/merged"
+start_ftune "$RUN"
+submit_job "$HERE/job.yaml" "$RUN/model" "$RUN/data.jsonl" "$RUN/eval.jsonl" "$RUN/out" "${CHAT_SFT_STEPS:-}"
+echo "adapter in $RUN/out/adapter, merged model in $RUN/out/merged"
 
 # 4. Ask questions it was trained on: with the adapter, without, merged.
-ask() {  # MODEL_DIR [ADAPTER_DIR] < question -> the greedy answer
-  local args=(generate --model "$1" --chat --chat-var enable_thinking=false --max-new-tokens 24)
-  [ -n "${2:-}" ] && args+=(--adapter "$2")
-  "$TRAIN" "${args[@]}" 2>/dev/null
-}
 learned=0 merged_ok=0 base_same=0 checked=0
 while IFS=$'\t' read -r question answer; do
   tuned=$(ask "$RUN/model" "$RUN/out/adapter" <<< "$question")

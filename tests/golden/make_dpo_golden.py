@@ -25,6 +25,8 @@ Semantics (TRL):
     sigmoid: loss = -(1 - eps) log sigmoid(beta z) - eps log sigmoid(-beta z);
     ipo:     loss = (z - 1 / (2 beta))^2.
   - The step's loss is the mean over its pairs; rewards = beta (pi - ref), detached.
+  - dpo_rpo: TRL's rpo_alpha adds alpha x the chosen response's mean token NLL to each pair's loss
+    (TRL averages over the batch's chosen tokens; per pair here, as ftune does).
 
 Rerun:  /usr/bin/python3 tests/golden/make_dpo_golden.py
 """
@@ -54,6 +56,7 @@ CASES = [
     dict(name="dpo_ipo", loss="ipo", beta=0.5, label_smoothing=0.0, lr=1e-2, max_grad_norm=5.3),
     dict(name="dpo_qlora", loss="sigmoid", beta=0.1, label_smoothing=0.0, lr=1e-2, max_grad_norm=0.8,
          quant=dict(type="nf4", block=64, double_quant=True, dq_block=256)),
+    dict(name="dpo_rpo", loss="sigmoid", beta=0.1, label_smoothing=0.0, lr=1e-2, max_grad_norm=1.6, rpo_alpha=0.5),
     dict(name="dpo_full", loss="sigmoid", beta=0.1, label_smoothing=0.0, lr=1e-3, max_grad_norm=FULL_CLIP, full=True),
 ]
 
@@ -102,6 +105,8 @@ def pair_terms(P, ctx, case, pair):
         loss = -(1 - eps) * F.logsigmoid(beta * z) - eps * F.logsigmoid(-beta * z)
     else:
         loss = (z - 1 / (2 * beta)) ** 2
+    if case.get("rpo_alpha"):  # TRL's RPO: + alpha x the chosen response's mean token NLL (per pair)
+        loss = loss - case["rpo_alpha"] * response_logps(P, ctx, pair["prompt_ids"], pair["chosen_ids"], True)
     return loss, beta * (pc - rc).item(), beta * (pr - rr).item(), pc.item(), pr.item()
 
 
@@ -193,7 +198,8 @@ def job_yaml(case):
         "  shuffle: false",
         "train:",
         "  objective: dpo",
-        f"  dpo: {{beta: {case['beta']}, loss: {case['loss']}, label_smoothing: {case['label_smoothing']}}}",
+        f"  dpo: {{beta: {case['beta']}, loss: {case['loss']}, label_smoothing: {case['label_smoothing']}"
+        + (f", rpo_alpha: {case['rpo_alpha']}" if case.get("rpo_alpha") else "") + "}",
         f"  max_steps: {STEPS}",
         f"  global_batch_size: {GLOBAL_PAIRS}",
         f"  micro_batch_size: {MICRO_PAIRS}",

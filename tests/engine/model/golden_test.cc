@@ -184,7 +184,7 @@ TEST_P(DpoGoldenTest, LossesRewardsAndFinalAdapterMatchTrl) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, DpoGoldenTest,
-                         testing::Values("dpo_sigmoid", "dpo_sigmoid_ls", "dpo_ipo", "dpo_qlora",
+                         testing::Values("dpo_sigmoid", "dpo_sigmoid_ls", "dpo_ipo", "dpo_qlora", "dpo_rpo",
                                          "dpo_full"));
 
 // dpo_full's reference (engine/train/reference_logprobs.h): computed before the first step and
