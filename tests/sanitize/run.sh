@@ -13,7 +13,8 @@
 #         storage table, the bench preset's peaks, FSDP's per-rank memory, the
 #         planner's grid), whose code paths the smaller cases here run; and
 #         cases that repeat paths other cases run here with more processes
-#         (25 kill -9 restarts: the kill -9 per memory technique runs here;
+#         (25 kill -9 restarts, and DPO's six: the kill -9 per memory technique
+#         and DPO's kill at world 2 run here;
 #         fp16 overflow's restarts; each family at world 2: world 2 and 4 run
 #         here on Llama); and the tokenizers' linear-time bounds (a timing
 #         of the normal tree's optimised code; ASan's checks of the same
@@ -51,6 +52,7 @@ case "$kind" in
       DdpTest.FsdpShardsEachRanksMemoryAsThePlannerPredicts
       PlannerTest.PredictsTheMeasuredPeakWithinTenPercentOverAGrid
       CheckpointChaosTest.TwentyFiveKillNineRestartsEndBitIdentical
+      CheckpointChaosTest.DpoKilledNineAtRandomEndsBitIdentical
       LossScalingTest.Fp16OverflowSkipsTheStepHalvesTheScaleAndResumesExactly
       DdpTest.EachFamilyResumesAfterKillNineAtWorldTwoWithWorldOnesAdapterBytes
       'Tokenizers/GoldenTest.LongRunsEncodeInLinearTime/*')

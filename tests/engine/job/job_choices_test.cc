@@ -235,6 +235,12 @@ TEST(JobChoicesTest, DpoNeedsPreferencePairsALoraAdapterAndSaneKeys) {
   EXPECT_EQ(parsed->train.dpo.loss, DpoLoss::kIpo);
   EXPECT_EQ(parsed->data.max_prompt_len, 32);
   EXPECT_FALSE(parsed->data.packing);
+  // rpo_alpha is math (a resume with another one is refused); left at 0 it leaves the hash as before.
+  auto rpo = ParseJobSpec(job(pairs, dpo + "  dpo: {beta: 0.5, loss: ipo, rpo_alpha: 0.5}\n"), "j.yaml");
+  ASSERT_TRUE(rpo.ok()) << rpo.status().ToString();
+  EXPECT_EQ(rpo->train.dpo.rpo_alpha, 0.5);
+  EXPECT_EQ(JobMathKeys(*rpo).at("train.dpo.rpo_alpha"), JobMathKeys(*rpo).at("train.dpo.beta"));
+  EXPECT_EQ(JobMathKeys(*parsed).count("train.dpo.rpo_alpha"), 0u);
   // A full fine-tune takes its reference from stored log-probabilities (engine/train/reference_logprobs.h).
   EXPECT_TRUE(ParseJobSpec(job(pairs, dpo, "adapter:\n  type: full\n"), "j.yaml").ok());
   const std::string tokens = "data:\n  train: /d.jsonl\n";
@@ -246,6 +252,7 @@ TEST(JobChoicesTest, DpoNeedsPreferencePairsALoraAdapterAndSaneKeys) {
       {job(pairs, dpo + "  dpo: {loss: ipo, label_smoothing: 0.1}\n"),
        "train.dpo.label_smoothing: applies to loss: sigmoid only"},
       {job(pairs, dpo + "  dpo: {beta: 0}\n"), "train.dpo.beta"},
+      {job(pairs, dpo + "  dpo: {rpo_alpha: -1}\n"), "train.dpo.rpo_alpha"},
       {job(pairs + "  max_prompt_len: 64\n", dpo), "data.max_prompt_len (64) must be below seq_len (64)"},
       {job(pairs + "  packing: true\n", dpo), "data.packing: preference pairs are rows of their own"},
       {job(tokens, "  dpo: {beta: 0.1}\n"), "dpo is used by train.objective: dpo only"},
