@@ -16,9 +16,12 @@
 #         (25 kill -9 restarts, and DPO's six: the kill -9 per memory technique
 #         and DPO's kill at world 2 run here;
 #         fp16 overflow's restarts; each family at world 2: world 2 and 4 run
-#         here on Llama); and the tokenizers' linear-time bounds (a timing
-#         of the normal tree's optimised code; ASan's checks of the same
-#         encoder run in every other tokenizer case). Under ASan these took
+#         here on Llama); the tokenizers' linear-time bounds and the Jinja
+#         work budgets' runaway cases (timings and step counts of the normal
+#         tree's optimised code; ASan's checks of the same encoder and
+#         evaluator run in every other tokenizer and Jinja case, and the
+#         sandbox limits case); DPO under every memory technique at once
+#         (each technique's code runs here in the memory and offload tests). Under ASan these took
 #         11 + 4.5 + 0.7 of the stage's 22 + 12 + 0.7 test-minutes (2 cores;
 #         2026-11 and 2026-12).
 #         Then every fuzz target, built in the same tree, fuzzed for
@@ -55,7 +58,10 @@ case "$kind" in
       CheckpointChaosTest.DpoKilledNineAtRandomEndsBitIdentical
       LossScalingTest.Fp16OverflowSkipsTheStepHalvesTheScaleAndResumesExactly
       DdpTest.EachFamilyResumesAfterKillNineAtWorldTwoWithWorldOnesAdapterBytes
-      'Tokenizers/GoldenTest.LongRunsEncodeInLinearTime/*')
+      'Tokenizers/GoldenTest.LongRunsEncodeInLinearTime/*'
+      JinjaTest.RunawayTemplatesFailFastOnTheWorkBudget
+      JinjaTest.ComparisonsOfSortsAndUniqueCountAgainstTheWorkBudget
+      DpoTechniquesTest.MemoryTechniquesLeaveDpoBitIdenticalAndHalfPrecisionFollowsFp32)
     GTEST_FILTER="-$(IFS=:; echo "${skip[*]}")"
     export GTEST_FILTER
     export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:check_initialization_order=1
