@@ -10,6 +10,8 @@
 // API serving a dashboard directory that holds sources beside its assets: no
 // answer may carry a source's bytes or the directory's path unless the request
 // itself held them (abort = finding).
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -84,10 +86,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::make_unique<ft::HttpApi>(fixture->daemon.get(), ft::HttpApiOptions{"", "", WebDir(), false});
   const ft::HttpResponse page = dashboard->Handle(req);
   // A source served, or the web dir's path shown: unless the request itself holds those bytes
-  // (an error may quote its request's target).
+  // (an error may quote its request's target, or its Host lowercased).
   const std::string request(ft::fuzz::AsText(data, size));
+  std::string lowered = request;
+  std::transform(lowered.begin(), lowered.end(), lowered.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
   for (const std::string& secret : {std::string(kSourceBytes), WebDir()}) {
-    if (page.body.find(secret) != std::string::npos && request.find(secret) == std::string::npos)
+    if (page.body.find(secret) != std::string::npos && request.find(secret) == std::string::npos &&
+        lowered.find(secret) == std::string::npos)
       std::abort();
   }
   const std::string path = req.target.substr(0, req.target.find('?'));
