@@ -209,9 +209,8 @@ CREATE TABLE secrets (
 )sql",
     // 10: the training objective's own metrics at a step (DPO's rewards and
     // log-probabilities, and its evaluation's eval_rewards/...), a JSON object
-    // {"rewards/margins": 0.5, ...} (null = not finite); NULL = none (SFT). The partial index finds a job's
-    // newest
-    // such step without reading an SFT job's rows.
+    // {"rewards/margins": 0.5, ...} (null = not finite); NULL = none (SFT). The partial index finds a
+    // job's newest such step without reading an SFT job's rows.
     R"sql(
 ALTER TABLE metrics ADD COLUMN objective TEXT;
 CREATE INDEX metrics_objective ON metrics (job_id, step, epoch) WHERE objective IS NOT NULL;

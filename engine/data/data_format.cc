@@ -55,6 +55,14 @@ StatusOr<std::string> StringField(const nlohmann::ordered_json& r, const char* k
   return r[key].get<std::string>();
 }
 
+// A record's "tools" (the tool descriptions a chat template may render) into vars->tools.
+Status TakeTools(const nlohmann::ordered_json& r, const std::string& where, ChatVars* vars) {
+  if (!r.contains("tools") || r["tools"].is_null()) return Status::OK();
+  if (!r["tools"].is_array()) return Bad(where, "'tools' must be an array of tool (function) descriptions");
+  vars->tools = r["tools"];
+  return Status::OK();
+}
+
 // A pair from its prompt and responses, truncated as TRL's DPOTrainer does (data_format.h).
 StatusOr<TokenSequence> MakePair(std::vector<int32_t> prompt, std::vector<int32_t> chosen,
                                  std::vector<int32_t> rejected, const PairLimits& limits,
@@ -281,10 +289,7 @@ StatusOr<std::tuple<std::string, std::string, std::string>> DataEncoder::RenderP
                           " message (it must end with the user's message the responses answer)");
   }
   ChatVars vars = chat_vars_;
-  if (r.contains("tools") && !r["tools"].is_null()) {
-    if (!r["tools"].is_array()) return Bad(where, "'tools' must be an array of tool (function) descriptions");
-    vars.tools = r["tools"];
-  }
+  FT_RETURN_IF_ERROR(TakeTools(r, where, &vars));
   auto render = [&](const nlohmann::ordered_json& messages, bool generation_prompt) -> StatusOr<std::string> {
     vars.add_generation_prompt = generation_prompt;
     StatusOr<std::string> text = chat_template_->Render(messages, vars);
@@ -362,10 +367,7 @@ StatusOr<TokenSequence> DataEncoder::EncodeChat(const nlohmann::ordered_json& r,
     }
   }
   ChatVars vars = chat_vars_;
-  if (r.contains("tools") && !r["tools"].is_null()) {
-    if (!r["tools"].is_array()) return Bad(where, "'tools' must be an array of tool (function) descriptions");
-    vars.tools = r["tools"];
-  }
+  FT_RETURN_IF_ERROR(TakeTools(r, where, &vars));
   StatusOr<ChatRendering> rendering = chat_template_->RenderForTraining(messages, vars);
   if (rendering.status().code() == Status::Code::kCancelled) {
     return Status::Cancelled(where + ": " + rendering.status().message());  // a stop, not a bad line

@@ -114,9 +114,7 @@ class DpoObjective : public Objective {
   static double Tokens(const SequenceLogProb& s) {
     return static_cast<double>(std::max<int64_t>(s.tokens, 1));
   }
-  double Count(const SequenceLogProb& s) const {
-    return dpo_.loss == DpoLoss::kIpo ? static_cast<double>(std::max<int64_t>(s.tokens, 1)) : 1.0;
-  }
+  double Count(const SequenceLogProb& s) const { return dpo_.loss == DpoLoss::kIpo ? Tokens(s) : 1.0; }
 
   JobSpec::Train::Dpo dpo_;
   const ReferenceLogProbs* reference_;
