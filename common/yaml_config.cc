@@ -303,6 +303,29 @@ StatusOr<YamlMap> YamlMap::Child(std::string_view key) const {
   return child;
 }
 
+bool YamlMap::IsList(std::string_view key) const {
+  auto v = Lookup(key);
+  return v && v->IsSequence();
+}
+
+StatusOr<std::vector<YamlMap>> YamlMap::ChildList(std::string_view key) const {
+  auto v = Lookup(key);
+  if (!v) return Status::NotFound(Where() + ": no '" + KeyPath(key) + "' list");
+  if (!v->IsSequence()) return TypeError(key, "a list");
+  std::vector<YamlMap> items;
+  for (size_t i = 0; i < v->size(); ++i) {
+    const std::string path = KeyPath(key) + "[" + std::to_string(i) + "]";
+    if (!(*v)[i].IsMap()) {
+      return Status::InvalidArgument(Location(file_, (*v)[i].Mark()) + ": " + path +
+                                     ": expected a mapping of keys, got '" + Scalar((*v)[i]) + "'");
+    }
+    YamlMap item((*v)[i], file_, path);
+    FT_RETURN_IF_ERROR(item.CheckDuplicateKeys());
+    items.push_back(std::move(item));
+  }
+  return items;
+}
+
 Status YamlMap::CheckDuplicateKeys() const {
   // yaml-cpp keeps every pair of a mapping, and a lookup finds the first: a
   // repeated key would silently lose its later value.

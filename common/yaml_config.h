@@ -72,6 +72,13 @@ class YamlMap {
   // not a mapping or when it repeats a key (Parse checks the root the same way).
   StatusOr<YamlMap> Child(std::string_view key) const;
 
+  // The mappings of the list under `key` (each named "<path>.<key>[i]" in messages); NotFound
+  // when absent or null, InvalidArgument when it is not a list or an item is not a mapping or
+  // repeats a key.
+  StatusOr<std::vector<YamlMap>> ChildList(std::string_view key) const;
+  // Whether the value under `key` is a list.
+  bool IsList(std::string_view key) const;
+
   // InvalidArgument for the first key not in `known`, with its location and
   // the closest known key as a suggestion.
   Status CheckKnownKeys(const std::vector<std::string>& known) const;

@@ -82,11 +82,8 @@ Status CheckJobFiles(const JobSpec& spec, const std::string& data_dir, const std
     return Status::InvalidArgument(file + ": output.dir: '" + out + "' overlaps ftd's data dir " + data_dir +
                                    "; put the outputs elsewhere");
   }
-  const std::pair<const char*, std::string> files[] = {{"data.train", spec.data.train},
-                                                       {"data.eval", spec.data.eval},
-                                                       {"data.chat_template", spec.data.chat_template}};
-  for (const auto& [key, path] : files) {
-    if (path.empty()) continue;
+  for (const auto& [key, path] : JobInputPaths(spec)) {  // the data files and templates: regular files
+    if (path.empty() || key == "model.path" || key == "adapter.init") continue;
     const fs::file_status st = fs::status(path, ec);
     if (!fs::exists(st)) {
       return Status::InvalidArgument(file + ": " + key + ": '" + path + "' does not exist; fix the path");

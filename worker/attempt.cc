@@ -318,6 +318,7 @@ void Attempt::PollMetrics() {
         break;
       case MetricsLine::Kind::kPreempted: preempted_reason_ = m->reason; break;
       case MetricsLine::Kind::kFailed: failed_reason_ = m->reason; break;
+      case MetricsLine::Kind::kEarlyStop: finished_reason_ = m->reason; break;
       case MetricsLine::Kind::kResume: {
         const AttemptNote note{m->resume_kind, m->reason, m->step, m->dir};
         Report([&] { listener_->OnNote(spec_, note); });
@@ -361,7 +362,10 @@ AttemptExit Attempt::MakeExit(const ExitStatus& status) {
   }
   const ExitMeaning* meaning = status.signaled ? nullptr : FindExitMeaning(status.code);
   e.outcome = meaning ? meaning->outcome : AttemptOutcome::kFailed;
-  if (meaning && meaning->reason == ExitMeaning::Reason::kNone) return e;
+  if (meaning && meaning->reason == ExitMeaning::Reason::kNone) {
+    e.reason = finished_reason_;  // "" unless train.early_stopping ended the run
+    return e;
+  }
   if (meaning && meaning->reason == ExitMeaning::Reason::kPreempted) {
     e.reason = preempted_reason_.empty() ? meaning->fallback : preempted_reason_;
   } else if (meaning && meaning->reason == ExitMeaning::Reason::kErrorLine) {

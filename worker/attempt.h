@@ -205,6 +205,7 @@ class Attempt {
   std::string last_error_line_;         // GUARDED_BY(mu_): newest "ft-train: ..." line
   std::string preempted_reason_;        // monitor thread only
   std::string failed_reason_;           // monitor thread only
+  std::string finished_reason_;         // monitor thread only: why a finished run stopped early
 };
 
 }  // namespace ft::worker

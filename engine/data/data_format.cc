@@ -128,10 +128,11 @@ StatusOr<TokenSequence> ParseTokensJson(const nlohmann::ordered_json& record, co
 }
 
 StatusOr<DataEncoder> DataEncoder::Create(DataFormat format, const Tokenizer* tokenizer, int64_t vocab_size,
-                                          const ChatOptions& chat, const PairLimits& pairs) {
+                                          const ChatOptions& chat, const PairLimits& pairs, FieldMap fields) {
   DataEncoder e;
   e.format_ = format;
   e.pairs_ = pairs;
+  e.fields_ = std::move(fields);
   e.tokenizer_ = tokenizer;
   e.vocab_size_ = vocab_size;
   if (vocab_size <= 0) return Status::InvalidArgument("data format: the model's vocab_size must be positive");
@@ -178,6 +179,7 @@ StatusOr<DataEncoder> DataEncoder::Create(DataFormat format, const Tokenizer* to
 StatusOr<TokenSequence> DataEncoder::EncodeLine(std::string_view line, const std::string& where) const {
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Bad(where, "not valid JSON (each line must hold one JSON object)");
+  FT_RETURN_IF_ERROR(fields_.Apply(&j, where));
   return Encode(j, where);
 }
 
@@ -387,8 +389,9 @@ StatusOr<TokenSequence> DataEncoder::EncodeChat(const nlohmann::ordered_json& r,
 }
 
 StatusOr<RecordEncoder> MakeRecordEncoder(DataFormat format, const Tokenizer* tokenizer, int64_t vocab_size,
-                                          const ChatOptions& chat, const PairLimits& pairs) {
-  FT_ASSIGN_OR_RETURN(DataEncoder e, DataEncoder::Create(format, tokenizer, vocab_size, chat, pairs));
+                                          const ChatOptions& chat, const PairLimits& pairs, FieldMap fields) {
+  FT_ASSIGN_OR_RETURN(DataEncoder e,
+                      DataEncoder::Create(format, tokenizer, vocab_size, chat, pairs, std::move(fields)));
   auto shared = std::make_shared<const DataEncoder>(std::move(e));
   return RecordEncoder([shared](const std::string& line, const std::string& where) {
     return shared->EncodeLine(line, where);

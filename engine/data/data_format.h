@@ -48,6 +48,7 @@
 #include "common/status.h"
 #include "engine/data/chat_format.h"
 #include "engine/data/dataset.h"
+#include "engine/data/field_map.h"
 #include "engine/job/job_choices.h"
 #include "engine/text/tokenizer.h"
 
@@ -89,9 +90,10 @@ class DataEncoder {
   // the tokenizer lacks (no EOS token for text/alpaca, no chat template for
   // chat) or the chat template does not parse.
   static StatusOr<DataEncoder> Create(DataFormat format, const Tokenizer* tokenizer, int64_t vocab_size,
-                                      const ChatOptions& chat = {}, const PairLimits& pairs = {});
+                                      const ChatOptions& chat = {}, const PairLimits& pairs = {},
+                                      FieldMap fields = {});
 
-  // One JSONL line (parsed with key order kept). `where` is "file:line".
+  // One JSONL line (parsed with key order kept, its fields renamed by the FieldMap). `where` is "file:line".
   StatusOr<TokenSequence> EncodeLine(std::string_view line, const std::string& where) const;
   StatusOr<TokenSequence> Encode(const nlohmann::ordered_json& record, const std::string& where) const;
 
@@ -115,12 +117,14 @@ class DataEncoder {
   std::optional<ChatTemplate> chat_template_;
   ChatVars chat_vars_;
   PairLimits pairs_;
+  FieldMap fields_;
 };
 
 // The encoder engine/data/dataset.h streams a file through: DataEncoder::EncodeLine
 // behind a std::function (the DataEncoder is owned by the function; the
 // tokenizer is still borrowed).
 StatusOr<RecordEncoder> MakeRecordEncoder(DataFormat format, const Tokenizer* tokenizer, int64_t vocab_size,
-                                          const ChatOptions& chat = {}, const PairLimits& pairs = {});
+                                          const ChatOptions& chat = {}, const PairLimits& pairs = {},
+                                          FieldMap fields = {});
 
 }  // namespace ft

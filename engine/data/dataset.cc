@@ -105,15 +105,52 @@ StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const DatasetOptions& options, 
     FT_RETURN_IF_ERROR(ds->CheckUnchanged());
     if (options.use_cache) ds->SaveCache(sha);
   }
+  FT_ASSIGN_OR_RETURN(const std::vector<bool> sides, ds->HoldoutSides());
   for (int64_t i = 0; i < static_cast<int64_t>(ds->lines_.size()); ++i) {
-    if (ds->lines_[i].tokens >= 0) ds->example_line_.push_back(i);
+    if (ds->lines_[i].tokens >= 0 && sides[i]) ds->example_line_.push_back(i);
   }
-  if (ds->example_line_.empty()) return Status::InvalidArgument(options.path + ": no usable examples");
+  if (ds->example_line_.empty()) {
+    if (options.holdout > 0) {
+      return Status::InvalidArgument(options.path + ": data.val_fraction " + std::to_string(options.holdout) +
+                                     (options.held_out ? " holds out no example; raise it or give data.eval"
+                                                       : " holds out every example; lower it"));
+    }
+    return Status::InvalidArgument(options.path + ": no usable examples");
+  }
   if (ds->skipped_ > 0) {
     FT_LOG(WARN) << options.path << ": skipped " << ds->skipped_ << " bad lines (data.skip_bad_lines)";
   }
   ds->PlanRows();
   return ds;
+}
+
+std::string Dataset::holdout_key() const {
+  if (options_.holdout <= 0) return "";
+  char text[64];
+  std::snprintf(text, sizeof(text), ";holdout=%.17g;held_out=%d", options_.holdout,
+                options_.held_out ? 1 : 0);
+  return text;
+}
+
+StatusOr<std::vector<bool>> Dataset::HoldoutSides() const {
+  std::vector<bool> sides(lines_.size(), true);
+  if (options_.holdout <= 0) return sides;
+  FT_ASSIGN_OR_RETURN(std::unique_ptr<std::ifstream> in, OpenForReading());
+  // A line is held out when the first 64 bits of its bytes' SHA-256 fall below holdout x 2^64.
+  const double bound = options_.holdout * 18446744073709551616.0;
+  std::string text;
+  for (size_t i = 0; i < lines_.size(); ++i) {
+    const Line& l = lines_[i];
+    if (l.tokens < 0) continue;
+    text.resize(l.bytes);
+    in->seekg(static_cast<std::streamoff>(l.offset));
+    in->read(text.data(), l.bytes);
+    if (!*in)
+      return Status::IOError(options_.path + ": cannot read the line at byte " + std::to_string(l.offset));
+    const uint64_t h = std::stoull(Sha256Hex(text).substr(0, 16), nullptr, 16);
+    sides[i] = (static_cast<double>(h) < bound) == options_.held_out;
+  }
+  return sides;
 }
 
 Status Dataset::BuildIndex(const std::string& sha) {
@@ -325,57 +362,72 @@ StatusOr<TokenSequence> Dataset::ReadExample(std::istream& in, int64_t example) 
   return seq;
 }
 
-StatusOr<MicroBatch> Dataset::MakeBatch(int64_t first, int64_t count, bool shuffle, uint64_t seed) const {
-  struct Row {
-    std::vector<int32_t> ids, targets, positions, segments;
-  };
-  // Pairs: data row r becomes batch rows 2r (chosen) and 2r + 1 (rejected).
-  const int64_t per_row = options_.pairs ? 2 : 1;
-  std::vector<Row> rows(count * per_row);
-  MicroBatch mb;
-  mb.batch = count * per_row;
-  mb.first_sequence = first * per_row;
+StatusOr<std::unique_ptr<std::ifstream>> Dataset::OpenForReading() const {
   FT_ASSIGN_OR_RETURN(const std::string confined, Confine(options_.path));  // at every open (roots)
-  std::ifstream in(confined, std::ios::binary);
-  if (!in) return Status::IOError(options_.path + ": cannot open training data");
-  auto append = [](Row& row, const std::vector<int32_t>& ids, const std::vector<int32_t>& given_labels,
+  auto in = std::make_unique<std::ifstream>(confined, std::ios::binary);
+  if (!*in) return Status::IOError(options_.path + ": cannot open training data");
+  return in;
+}
+
+Status Dataset::ReadRow(std::istream& in, int64_t row, std::vector<BatchRow>* out) const {
+  auto append = [](BatchRow& r, const std::vector<int32_t>& ids, const std::vector<int32_t>& given_labels,
                    int32_t segment) {
     const std::vector<int32_t>& labels = given_labels.empty() ? ids : given_labels;
     const int64_t n = static_cast<int64_t>(ids.size());
     for (int64_t t = 0; t < n; ++t) {
-      row.ids.push_back(ids[t]);
-      row.targets.push_back(t + 1 < n ? labels[t + 1] : -100);  // no target across examples
-      row.positions.push_back(static_cast<int32_t>(t));
-      row.segments.push_back(segment);
+      r.ids.push_back(ids[t]);
+      r.targets.push_back(t + 1 < n ? labels[t + 1] : -100);  // no target across examples
+      r.positions.push_back(static_cast<int32_t>(t));
+      r.segments.push_back(segment);
     }
   };
-  for (int64_t b = 0; b < count; ++b) {
-    const int64_t r = RowAt(first + b, shuffle, seed);
-    mb.data_rows.push_back(r);
-    for (int64_t e = row_first_[r]; e < row_first_[r + 1]; ++e) {
-      FT_ASSIGN_OR_RETURN(TokenSequence seq, ReadExample(in, e));
-      append(rows[b * per_row], seq.ids, seq.labels, static_cast<int32_t>(e - row_first_[r]));
-      if (options_.pairs) append(rows[b * per_row + 1], seq.rejected_ids, seq.rejected_labels, 0);
-    }
+  // Pairs: a data row becomes two batch rows (chosen, rejected).
+  const size_t first = out->size();
+  out->resize(first + (options_.pairs ? 2 : 1));
+  for (int64_t e = row_first_[row]; e < row_first_[row + 1]; ++e) {
+    FT_ASSIGN_OR_RETURN(TokenSequence seq, ReadExample(in, e));
+    append((*out)[first], seq.ids, seq.labels, static_cast<int32_t>(e - row_first_[row]));
+    if (options_.pairs) append((*out)[first + 1], seq.rejected_ids, seq.rejected_labels, 0);
   }
-  for (const Row& row : rows) mb.seq = std::max<int64_t>(mb.seq, static_cast<int64_t>(row.ids.size()));
+  return Status::OK();
+}
+
+MicroBatch AssembleBatch(const std::vector<BatchRow>& rows, bool packing) {
+  MicroBatch mb;
+  mb.batch = static_cast<int64_t>(rows.size());
+  for (const BatchRow& row : rows) mb.seq = std::max<int64_t>(mb.seq, static_cast<int64_t>(row.ids.size()));
   mb.ids.assign(mb.rows(), 0);
   mb.targets.assign(mb.rows(), -100);
   mb.positions.assign(mb.rows(), 0);
-  if (options_.packing) mb.segments.assign(mb.rows(), -1);  // padding: its own segment
+  if (packing) mb.segments.assign(mb.rows(), -1);  // padding: its own segment
   for (int64_t b = 0; b < mb.batch; ++b) {
-    const Row& row = rows[b];
+    const BatchRow& row = rows[b];
     for (size_t t = 0; t < row.ids.size(); ++t) {
       const int64_t i = b * mb.seq + static_cast<int64_t>(t);
       mb.ids[i] = row.ids[t];
       mb.targets[i] = row.targets[t];
       mb.positions[i] = row.positions[t];
-      if (options_.packing) mb.segments[i] = row.segments[t];
+      if (packing) mb.segments[i] = row.segments[t];
     }
     for (int64_t t = static_cast<int64_t>(row.ids.size()); t < mb.seq; ++t) {
       mb.positions[b * mb.seq + t] = static_cast<int32_t>(t);
     }
   }
+  return mb;
+}
+
+StatusOr<MicroBatch> Dataset::MakeBatch(int64_t first, int64_t count, bool shuffle, uint64_t seed) const {
+  FT_ASSIGN_OR_RETURN(std::unique_ptr<std::ifstream> in, OpenForReading());
+  std::vector<BatchRow> rows;
+  std::vector<int64_t> data_rows;
+  for (int64_t b = 0; b < count; ++b) {
+    const int64_t r = RowAt(first + b, shuffle, seed);
+    data_rows.push_back(r);
+    FT_RETURN_IF_ERROR(ReadRow(*in, r, &rows));
+  }
+  MicroBatch mb = AssembleBatch(rows, options_.packing);
+  mb.first_sequence = first * (options_.pairs ? 2 : 1);
+  mb.data_rows = std::move(data_rows);
   return mb;
 }
 

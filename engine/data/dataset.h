@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <fstream>
 #include <functional>
 #include <istream>
 #include <memory>
@@ -66,10 +67,23 @@ struct DatasetOptions {
   // Every example is a preference pair (TokenSequence::is_pair): a row is one pair, and a
   // micro-batch holds its chosen and rejected sequences as batch rows 2i and 2i + 1.
   bool pairs = false;
+  // data.val_fraction: this fraction of the usable lines, chosen by a hash of each line's bytes
+  // (so appending lines or resuming never moves one across), is held out. `held_out`: this
+  // Dataset is that part (the eval set) instead of the rest.
+  double holdout = 0;
+  bool held_out = false;
   // Polled between lines while the file is indexed: true stops Open with Cancelled (a stop
   // request during data preparation). Unset: never.
   std::function<bool()> stop_requested;
 };
+
+// One sequence of a micro-batch before padding: its tokens, each one's target (-100 = none),
+// position and segment (the example it belongs to within a packed row).
+struct BatchRow {
+  std::vector<int32_t> ids, targets, positions, segments;
+};
+// The micro-batch of `rows`, right-padded to the longest (segments kept when `packing`).
+MicroBatch AssembleBatch(const std::vector<BatchRow>& rows, bool packing);
 
 class Dataset {
  public:
@@ -89,6 +103,9 @@ class Dataset {
   // What else the encoding depends on (DatasetOptions::cache_key) and the rows' length bound.
   const std::string& cache_key() const { return options_.cache_key; }
   int64_t seq_len() const { return options_.seq_len; }
+  // ";holdout=<fraction>;held_out=<0|1>" when a split applies (the index holds every line; a
+  // value derived per row, such as a DPO reference, depends on the side), else "".
+  std::string holdout_key() const;
   uint64_t file_bytes() const { return file_bytes_; }  // its size then
   // Its stamp before it was hashed (engine/data/file_identity.h).
   const FileStamp& stamp() const { return stamp_; }
@@ -104,6 +121,14 @@ class Dataset {
   StatusOr<MicroBatch> MakeBatch(int64_t first, int64_t count, bool shuffle, uint64_t seed) const;
   // Target tokens among those rows (from the index; no re-encoding).
   int64_t CountTargets(int64_t first, int64_t count, bool shuffle, uint64_t seed) const;
+  int64_t RowTargets(int64_t row) const { return row_targets_[row]; }
+  // Appends row `row`'s batch rows to `out` (one; a pair's two: chosen, then rejected), reading
+  // its examples from `in` (the data file, opened with OpenForReading).
+  Status ReadRow(std::istream& in, int64_t row, std::vector<BatchRow>* out) const;
+  StatusOr<std::unique_ptr<std::ifstream>> OpenForReading() const;
+  bool packing() const { return options_.packing; }
+  bool pairs() const { return options_.pairs; }
+  const std::string& path() const { return options_.path; }
 
  private:
   struct Line {
@@ -119,6 +144,8 @@ class Dataset {
   // or offset the data file cannot hold, impossible token counts).
   Status LoadCache(const std::string& sha);
   Status CheckIndexLines(const std::vector<Line>& lines) const;
+  // Whether each line is on this Dataset's side of options_.holdout (all true without one).
+  StatusOr<std::vector<bool>> HoldoutSides() const;
   void SaveCache(const std::string& sha) const;
   void PlanRows();
   // Re-reads and encodes one example from `in` (the data file, opened once per batch).

@@ -13,30 +13,56 @@ namespace ft {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+namespace {
+
+json EvalProgressToJson(const EvalProgress& e) {
+  return {{"metric", e.metric},
+          {"last_step", e.last_step},
+          {"best_step", e.best_step},
+          {"best_value", e.best_value},
+          {"since_improvement", e.since_improvement},
+          {"stop_reason", e.stop_reason}};
+}
+
+EvalProgress EvalProgressFromJson(const json& j) {
+  EvalProgress e;
+  if (!j.is_object()) return e;
+  e.metric = j.value("metric", "");
+  e.last_step = j.value("last_step", int64_t{0});
+  e.best_step = j.value("best_step", int64_t{0});
+  e.best_value = j.value("best_value", 0.0);
+  e.since_improvement = j.value("since_improvement", int64_t{0});
+  e.stop_reason = j.value("stop_reason", "");
+  return e;
+}
+
+}  // namespace
+
 std::string TrainerStateToJson(const TrainerState& s) {
-  const json j = {
-      {"format", "ftune-checkpoint"},
-      {"version", kCheckpointFormatVersion},
-      {"step", s.step},
-      {"cursor", s.cursor},
-      {"tokens_seen", s.tokens_seen},
-      {"plan", {{"micro_batch", s.micro_batch}, {"accumulation", s.accumulation}, {"world", s.world}}},
-      {"loss_scale", s.loss_scale},
-      {"loss_scale_growth_tracker", s.loss_scale_growth_tracker},
-      {"skipped_steps", s.skipped_steps},
-      {"job_hash", s.job_hash},
-      {"job_math", s.job_math},
-      {"inputs", s.inputs},
-      {"last_checkpoint_seconds", s.last_checkpoint_seconds},
-      {"mean_checkpoint_seconds", s.mean_checkpoint_seconds},
-      {"fixed_checkpoint_seconds", s.fixed_checkpoint_seconds},
-      {"recent_fixed_seconds", s.recent_fixed_seconds},
-      {"checkpoints_since_probe", s.checkpoints_since_probe},
-      {"back_to_back", s.back_to_back},
-      {"reason", s.reason},
-      {"interval_seconds", s.interval_seconds},
-      {"mtbf_seconds", s.mtbf_seconds},
-      {"epoch", s.epoch}};
+  json j = {{"format", "ftune-checkpoint"},
+            {"version", kCheckpointFormatVersion},
+            {"step", s.step},
+            {"cursor", s.cursor},
+            {"source_positions", s.source_positions},
+            {"tokens_seen", s.tokens_seen},
+            {"plan", {{"micro_batch", s.micro_batch}, {"accumulation", s.accumulation}, {"world", s.world}}},
+            {"loss_scale", s.loss_scale},
+            {"loss_scale_growth_tracker", s.loss_scale_growth_tracker},
+            {"skipped_steps", s.skipped_steps},
+            {"job_hash", s.job_hash},
+            {"job_math", s.job_math},
+            {"inputs", s.inputs},
+            {"last_checkpoint_seconds", s.last_checkpoint_seconds},
+            {"mean_checkpoint_seconds", s.mean_checkpoint_seconds},
+            {"fixed_checkpoint_seconds", s.fixed_checkpoint_seconds},
+            {"recent_fixed_seconds", s.recent_fixed_seconds},
+            {"checkpoints_since_probe", s.checkpoints_since_probe},
+            {"back_to_back", s.back_to_back},
+            {"reason", s.reason},
+            {"interval_seconds", s.interval_seconds},
+            {"mtbf_seconds", s.mtbf_seconds},
+            {"epoch", s.epoch}};
+  if (!s.evaluation.metric.empty()) j["evaluation"] = EvalProgressToJson(s.evaluation);
   return j.dump(2) + "\n";
 }
 
@@ -54,6 +80,7 @@ StatusOr<TrainerState> TrainerStateFromJson(const std::string& text, const std::
   try {
     s.step = j.at("step").get<int64_t>();
     s.cursor = j.at("cursor").get<int64_t>();
+    s.source_positions = j.value("source_positions", std::vector<int64_t>{});
     s.tokens_seen = j.at("tokens_seen").get<int64_t>();
     s.micro_batch = j.at("plan").at("micro_batch").get<int64_t>();
     s.accumulation = j.at("plan").at("accumulation").get<int64_t>();
@@ -77,6 +104,7 @@ StatusOr<TrainerState> TrainerStateFromJson(const std::string& text, const std::
     s.interval_seconds = j.value("interval_seconds", 0.0);
     s.mtbf_seconds = j.value("mtbf_seconds", 0.0);
     s.epoch = j.value("epoch", int64_t{0});
+    if (j.contains("evaluation")) s.evaluation = EvalProgressFromJson(j["evaluation"]);
   } catch (const json::exception& e) {
     return Status::Corruption(file + ": " + e.what());
   }
@@ -117,6 +145,21 @@ StatusOr<TrainerState> ReadCheckpointState(const std::string& dir) {
 int64_t CheckpointEpoch(const std::string& dir) {
   auto state = ReadCheckpointState(dir);
   return state.ok() ? state->epoch : -1;
+}
+
+StatusOr<CheckpointEntry> BestCheckpoint(const std::string& root, TrainerState* state) {
+  for (const CheckpointEntry& newest : ListCheckpoints(root)) {
+    auto recorded = ReadCheckpointState(newest.dir);
+    if (!recorded.ok()) continue;  // damaged or incomplete: the one before says
+    const int64_t best = recorded->evaluation.best_step;
+    if (best <= 0) break;
+    const std::string dir = (fs::path(root) / CheckpointName(best)).string();
+    auto best_state = ReadCheckpointState(dir);
+    if (!best_state.ok()) break;
+    if (state) *state = *best_state;
+    return CheckpointEntry{best, dir};
+  }
+  return Status::NotFound(root + ": no best checkpoint (checkpoint.keep_best)");
 }
 
 }  // namespace ft

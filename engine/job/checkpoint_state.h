@@ -28,10 +28,29 @@ inline constexpr int kCheckpointFormatVersion = 1;
 inline constexpr char kAutoReason[] = "every_auto";
 inline constexpr char kAutoProbeReason[] = "every_auto_probe";
 
+// TrainerState::reason of the checkpoint checkpoint.keep_best writes at an evaluation that
+// improved the metric (when no other checkpoint falls on that step).
+inline constexpr char kBestReason[] = "best";
+
+// What the run's evaluations decided so far (train.early_stopping, checkpoint.keep_best;
+// engine/train/early_stopping.h): trainer_state.json's "evaluation", so a resumed run decides as
+// the uninterrupted one. Absent in older checkpoints and in jobs that act on no evaluation: fresh.
+struct EvalProgress {
+  std::string metric;             // the job's train.early_stopping.metric name; "" = nothing tracked
+  int64_t last_step = 0;          // the step of the last evaluation counted (0 = none)
+  int64_t best_step = 0;          // the step of the best evaluation (0 = none yet)
+  double best_value = 0;          // and its value
+  int64_t since_improvement = 0;  // evaluations since the last improvement of more than min_delta
+  std::string stop_reason;        // early stopping ended the run here ("" = it did not)
+};
+
 // The non-tensor state of a run (trainer_state.json).
 struct TrainerState {
-  int64_t step = 0;         // optimizer steps completed
-  int64_t cursor = 0;       // sequences consumed: the data position
+  int64_t step = 0;    // optimizer steps completed
+  int64_t cursor = 0;  // sequences consumed: the data position
+  // Rows each data.train source had given at `cursor` (engine/data/mixture.h's Positions; a
+  // pure function of the cursor, recorded so a resume can check it). Empty in older checkpoints.
+  std::vector<int64_t> source_positions;
   int64_t tokens_seen = 0;  // target tokens trained on
   int64_t micro_batch = 0;  // the plan that produced this state (informative)
   int64_t accumulation = 0;
@@ -55,6 +74,7 @@ struct TrainerState {
   double interval_seconds = 0;               // every_auto: the interval in force when it was taken
   double mtbf_seconds = 0;                   // every_auto: the M it was chosen with
   int64_t epoch = 0;                         // the attempt that wrote it (0: a plain ft-train run)
+  EvalProgress evaluation;                   // the evaluations' decisions up to `step`
 };
 
 // trainer_state.json text, and back (`file` names it in errors).
@@ -77,5 +97,9 @@ StatusOr<TrainerState> ReadCheckpointState(const std::string& dir);
 
 // The epoch of the checkpoint in `dir` (its trainer_state.json), or -1 when unreadable.
 int64_t CheckpointEpoch(const std::string& dir);
+
+// checkpoint.keep_best's checkpoint under `root`: the one at the best step the newest readable
+// checkpoint records, when it is there (its state in *state when given). NotFound otherwise.
+StatusOr<CheckpointEntry> BestCheckpoint(const std::string& root, TrainerState* state = nullptr);
 
 }  // namespace ft

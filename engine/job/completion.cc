@@ -33,6 +33,8 @@ Status WriteCompletion(const std::string& output_dir, CompletionRecord record,
   json j = {{"format", "ftune-complete"}, {"job_id", record.job_id}, {"job_hash", record.job_hash},
             {"epoch", record.epoch},      {"steps", record.steps},   {"files", json::object()}};
   for (const auto& [name, f] : record.files) j["files"][name] = {{"bytes", f.bytes}, {"sha256", f.sha256}};
+  if (!record.stop_reason.empty()) j["stop_reason"] = record.stop_reason;
+  if (record.adapter_step > 0) j["adapter_step"] = record.adapter_step;
   return ReplaceFileAtomically(RecordPath(output_dir), j.dump(2) + "\n");
 }
 
@@ -51,6 +53,8 @@ StatusOr<CompletionRecord> ReadCompletion(const std::string& output_dir) {
     r.job_hash = j.at("job_hash").get<std::string>();
     r.epoch = j.value("epoch", int64_t{0});
     r.steps = j.at("steps").get<int64_t>();
+    r.stop_reason = j.value("stop_reason", "");
+    r.adapter_step = j.value("adapter_step", int64_t{0});
     for (auto it = j["files"].begin(); it != j["files"].end(); ++it) {
       r.files[it.key()] = {it->at("bytes").get<uint64_t>(), it->at("sha256").get<std::string>()};
     }

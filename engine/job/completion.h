@@ -2,7 +2,10 @@
 // trainer that finished every step, after its outputs (adapter/, model/,
 // merged/) are in place:
 //   {"format": "ftune-complete", "job_id", "job_hash", "epoch", "steps",
-//    "files": {"adapter/adapter_model.safetensors": {"bytes", "sha256"}, ...}}
+//    "files": {"adapter/adapter_model.safetensors": {"bytes", "sha256"}, ...},
+//    "stop_reason"?: why it ended before train.max_steps (early stopping),
+//    "adapter_step"?: the step the output weights are from when not `steps`
+//    (output.adapter_from: best)}
 // It is how a finished run is recognised when its report was lost: ftd
 // (reconciliation) and a re-started trainer read it, and a record whose
 // job_hash is another job's never counts.
@@ -29,6 +32,8 @@ struct CompletionRecord {
     std::string sha256;
   };
   std::map<std::string, File> files;  // relative to the output directory
+  std::string stop_reason;            // "" = the run trained every step
+  int64_t adapter_step = 0;           // the step the outputs' weights are from (0 = steps)
 };
 
 // Writes COMPLETE.json atomically for every file under `output_dirs`

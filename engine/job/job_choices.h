@@ -81,6 +81,26 @@ struct EnumTraits<DpoLoss> {
   };
 };
 
+// train.early_stopping.metric: what an evaluation is judged by (engine/train/early_stopping.h):
+// the early-stopping decision and checkpoint.keep_best's best checkpoint. Each value is one of
+// EvalMetrics' numbers; EvalMetricHigherIsBetter and EvalMetricNeedsDpo give its direction and
+// the objective that reports it.
+enum class EvalMetric { kEvalLoss, kEvalRewardAccuracies, kEvalRewardMargins };
+template <>
+struct EnumTraits<EvalMetric> {
+  static constexpr std::string_view kWhat = "train.early_stopping.metric";
+  static constexpr EnumEntry<EvalMetric> kTable[] = {
+      {"eval_loss", EvalMetric::kEvalLoss, "the objective's loss on the evaluation set; lower is better"},
+      {"eval_rewards/accuracies", EvalMetric::kEvalRewardAccuracies,
+       "DPO: the share of evaluation pairs whose chosen response has the higher reward; higher is better"},
+      {"eval_rewards/margins", EvalMetric::kEvalRewardMargins,
+       "DPO: the mean reward margin (chosen - rejected) over the evaluation pairs; higher is better"},
+  };
+};
+constexpr bool EvalMetricHigherIsBetter(EvalMetric m) { return m != EvalMetric::kEvalLoss; }
+// Reported by train.objective: dpo only.
+constexpr bool EvalMetricNeedsDpo(EvalMetric m) { return m != EvalMetric::kEvalLoss; }
+
 // train.lr_schedule (after warmup_steps of linear warmup)
 enum class LrSchedule { kCosine, kLinear, kConstant };
 template <>
@@ -150,6 +170,18 @@ struct EnumTraits<CheckpointEvery> {
       {"fixed", CheckpointEvery::kFixed, "every_steps and every_minutes as written"},
       {"auto", CheckpointEvery::kAuto,
        "sqrt(2 C M): C the measured checkpoint time, M the pool's mean time between preemptions"},
+  };
+};
+
+// output.adapter_from: which weights become the final adapter (or model) in output.dir.
+enum class AdapterFrom { kLast, kBest };
+template <>
+struct EnumTraits<AdapterFrom> {
+  static constexpr std::string_view kWhat = "output.adapter_from";
+  static constexpr EnumEntry<AdapterFrom> kTable[] = {
+      {"last", AdapterFrom::kLast, "the weights of the last step trained"},
+      {"best", AdapterFrom::kBest,
+       "the best evaluation's checkpoint (train.early_stopping.metric; needs checkpoint.keep_best: true)"},
   };
 };
 

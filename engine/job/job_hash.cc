@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
+#include <functional>
 #include <mutex>
 #include <vector>
 
@@ -37,6 +38,38 @@ std::string DataFileSha256(const std::string& path) {
   return *sha;
 }
 
+std::string SourcesSha256(const std::vector<std::string>& source_sha256s) {
+  if (source_sha256s.size() == 1) return source_sha256s[0];
+  std::string list;
+  for (const std::string& sha : source_sha256s) list += sha + "\n";
+  return Sha256Hex(list);
+}
+
+namespace {
+
+// data.train as a list: each source's path, format, share and mapping (a single path hashes as its path).
+std::string SourcesKey(const JobSpec& spec, const std::function<std::string(double)>& num) {
+  if (spec.data.train_sources.size() == 1 && spec.data.train_sources[0].key == "data.train")
+    return spec.data.train;
+  std::string key;
+  for (const JobSpec::DataSource& s : spec.data.train_sources) {
+    key += s.path + "|" + std::string(EnumName(s.format)) + "|weight=" + num(s.weight) +
+           "|epochs=" + num(s.epochs);
+    for (const auto& [ours, theirs] : s.keys) key += "|" + ours + "<-" + theirs;
+    for (const auto& [theirs, ours] : s.roles) key += "|role " + theirs + "->" + ours;
+    key += "|" + s.chat_template + ";";
+  }
+  return key;
+}
+
+std::string DataSha256(const JobSpec& spec) {
+  std::vector<std::string> shas;
+  for (const JobSpec::DataSource& s : spec.data.train_sources) shas.push_back(DataFileSha256(s.path));
+  return SourcesSha256(shas);
+}
+
+}  // namespace
+
 std::map<std::string, std::string> JobMathKeys(const JobSpec& spec, const std::string& data_sha256) {
   auto num = [](double v) {
     char buf[64];
@@ -59,8 +92,8 @@ std::map<std::string, std::string> JobMathKeys(const JobSpec& spec, const std::s
       {"model.quantization", name(spec.model.quantization)},
       {"model.dtype", name(spec.model.dtype)},
       {"adapter.type", name(spec.adapter.type)},
-      {"data.train", spec.data.train},
-      {"data.train (SHA-256)", data_sha256.empty() ? DataFileSha256(spec.data.train) : data_sha256},
+      {"data.train", SourcesKey(spec, num)},
+      {"data.train (SHA-256)", data_sha256.empty() ? DataSha256(spec) : data_sha256},
       {"data.format", name(spec.data.format)},
       {"data.seq_len", std::to_string(spec.data.seq_len)},
       {"data.packing", spec.data.packing ? "true" : "false"},
@@ -80,6 +113,7 @@ std::map<std::string, std::string> JobMathKeys(const JobSpec& spec, const std::s
       {"train.attention", name(spec.train.attention)},
       {"train.gradient_sum", ExactGradientSum(spec) ? "exact" : "float"},
   };
+  if (spec.data.val_fraction > 0) m["data.val_fraction"] = num(spec.data.val_fraction);
   if (spec.model.quantization == Quantization::kNf4)
     m["model.double_quant"] = spec.model.double_quant ? "true" : "false";
   if (spec.model.dtype == ComputeDType::kF16) {
@@ -93,6 +127,15 @@ std::map<std::string, std::string> JobMathKeys(const JobSpec& spec, const std::s
     m["train.dpo.label_smoothing"] = num(spec.train.dpo.label_smoothing);
     if (spec.train.dpo.rpo_alpha != 0) m["train.dpo.rpo_alpha"] = num(spec.train.dpo.rpo_alpha);
     m["data.max_prompt_len"] = std::to_string(spec.data.max_prompt_len);
+  }
+  // Early stopping decides where the run ends (the checkpoints' step counts); jobs without it hash
+  // as they always have. checkpoint.keep_best and output.adapter_from change no trained byte.
+  if (const JobSpec::Train::EarlyStopping& e = spec.train.early_stopping; e.enabled) {
+    m["train.early_stopping.metric"] = name(e.metric);
+    m["train.early_stopping.patience"] = std::to_string(e.patience);
+    m["train.early_stopping.min_delta"] = num(e.min_delta);
+    m["train.eval_every_steps"] = std::to_string(spec.train.eval_every_steps);
+    m["train.eval_max_batches"] = std::to_string(spec.train.eval_max_batches);
   }
   if (lora) {
     m["adapter.r"] = std::to_string(spec.adapter.r);

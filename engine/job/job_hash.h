@@ -9,6 +9,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "engine/job/job_spec.h"
 
@@ -16,10 +17,13 @@ namespace ft {
 
 // The job keys that define the training math, with their values; a resume
 // refuses a checkpoint whose values differ (naming the key). The data is
-// identified by its content: `data_sha256` is the SHA-256 of data.train
-// (Dataset::sha256()); when empty, the file is read and hashed here (about
+// identified by its content: `data_sha256` is SourcesSha256 of data.train's
+// sources (Mixture::sha256()); when empty, the file is read and hashed here (about
 // 1 GB/s; the result is kept per file version, DataFileSha256).
 std::map<std::string, std::string> JobMathKeys(const JobSpec& spec, const std::string& data_sha256 = "");
+// The data's identity over its sources' SHA-256s, in data.train's order: the file's own for one
+// source, else the SHA-256 of the list (one per line). engine/data/mixture.h's sha256().
+std::string SourcesSha256(const std::vector<std::string>& source_sha256s);
 // SHA-256 of JobMathKeys (a checkpoint's and COMPLETE.json's job_hash).
 std::string JobHash(const JobSpec& spec, const std::string& data_sha256 = "");
 

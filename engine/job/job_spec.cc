@@ -10,6 +10,7 @@
 
 #include "common/file_util.h"
 #include "common/yaml_config.h"
+#include "engine/job/data_fields.h"
 #include "engine/model/model_config.h"
 
 namespace ft {
@@ -110,9 +111,113 @@ Status ParseAdapter(const YamlMap& m, JobSpec::Adapter* s) {
   return m.Get("init", &s->init);
 }
 
-Status ParseData(const YamlMap& m, JobSpec::Data* s) {
-  FT_RETURN_IF_ERROR(m.Get("train", &s->train, /*required=*/true));
+// A source's field mapping (data.train[i].fields): the preset `sharegpt`, or a map from the
+// format's keys to the row's, with `roles` mapping the row's role values to the format's.
+Status ParseFields(const YamlMap& m, JobSpec::DataSource* s) {
+  if (!m.Has("fields")) return Status::OK();
+  const FormatFields& format = FieldsOf(s->format);
+  std::string preset;
+  if (m.Get("fields", &preset).ok()) {
+    FT_RETURN_IF_ERROR(Require(preset == "sharegpt" && s->format == DataFormat::kChat, m, "fields",
+                               "the preset is 'sharegpt' (with format: chat), or a map such as "
+                               "{messages: conversations, role: from, content: value}"));
+    s->keys = {{"messages", "conversations"}, {"role", "from"}, {"content", "value"}};
+    s->roles = {{"human", "user"}, {"gpt", "assistant"}, {"system", "system"}};
+    return Status::OK();
+  }
+  FT_ASSIGN_OR_RETURN(YamlMap fields, m.Child("fields"));
+  auto known = [&](std::string_view key) {
+    auto in = [&](const auto& list) { return std::find(list.begin(), list.end(), key) != list.end(); };
+    return !key.empty() && (in(format.keys) || (format.messages && in(kMessageKeys)));
+  };
+  for (auto it = fields.node().begin(); it != fields.node().end(); ++it) {
+    const std::string key = it->first.Scalar();
+    if (key == "roles" && format.messages) {
+      FT_ASSIGN_OR_RETURN(YamlMap roles, fields.Child("roles"));
+      for (auto r = roles.node().begin(); r != roles.node().end(); ++r) {
+        std::string role;
+        FT_RETURN_IF_ERROR(roles.Get(r->first.Scalar(), &role));
+        FT_RETURN_IF_ERROR(
+            Require(std::find(kMessageRoles.begin(), kMessageRoles.end(), role) != kMessageRoles.end(), roles,
+                    r->first.Scalar(), "maps a role value to system, user, assistant or tool"));
+        s->roles[r->first.Scalar()] = role;
+      }
+      continue;
+    }
+    std::string listed;
+    for (std::string_view k : format.keys) listed += k.empty() ? "" : " " + std::string(k);
+    if (format.messages) listed += " role content roles";
+    FT_RETURN_IF_ERROR(Require(known(key), fields, key,
+                               "is not a key of format " + std::string(EnumName(s->format)) +
+                                   " (a mapping renames the format's keys:" + listed + ")"));
+    std::string row_key;
+    FT_RETURN_IF_ERROR(fields.Get(key, &row_key));
+    FT_RETURN_IF_ERROR(Require(!row_key.empty(), fields, key, "names the row's key; it is empty"));
+    s->keys[key] = row_key;
+  }
+  return Status::OK();
+}
+
+// One map of a data.train or data.eval list.
+Status ParseSource(const YamlMap& m, DataFormat format, bool eval, JobSpec::DataSource* s) {
+  FT_RETURN_IF_ERROR(
+      eval ? m.CheckKnownKeys({"path", "format", "fields", "chat_template"})
+           : m.CheckKnownKeys({"path", "format", "weight", "epochs", "fields", "chat_template"}));
+  s->key = m.KeyPath("");
+  FT_RETURN_IF_ERROR(m.Get("path", &s->path, /*required=*/true));
+  FT_RETURN_IF_ERROR(Require(!s->path.empty(), m, "path", "names a JSONL file; it is empty"));
+  s->format = format;
   FT_RETURN_IF_ERROR(GetChoice(m, "format", &s->format));
+  FT_RETURN_IF_ERROR(Require(m.Has("weight") + m.Has("epochs") < 2, m, "epochs",
+                             "a source takes weight or epochs, not both"));
+  s->weight = m.Has("epochs") ? 0 : 1;
+  if (m.Has("weight")) {
+    FT_RETURN_IF_ERROR(
+        GetNumber(m, "weight", 0, 1e6, true, &s->weight, " (shares are normalised over the list)"));
+  }
+  if (m.Has("epochs")) {
+    FT_RETURN_IF_ERROR(
+        GetNumber(m, "epochs", 0, 1e6, true, &s->epochs, " (passes per pass of the mixture)"));
+  }
+  FT_RETURN_IF_ERROR(m.Get("chat_template", &s->chat_template));
+  return ParseFields(m, s);
+}
+
+// data.train or data.eval: a path, or a list of sources (at most kMaxDataSources).
+constexpr size_t kMaxDataSources = 64;
+Status ParseSources(const YamlMap& m, const std::string& key, DataFormat format,
+                    std::vector<JobSpec::DataSource>* out) {
+  if (!m.IsList(key)) {
+    JobSpec::DataSource one;
+    FT_RETURN_IF_ERROR(m.Get(key, &one.path, /*required=*/key == "train"));
+    if (one.path.empty()) return Status::OK();
+    one.format = format;
+    one.key = m.KeyPath(key);
+    out->push_back(std::move(one));
+    return Status::OK();
+  }
+  FT_ASSIGN_OR_RETURN(std::vector<YamlMap> items, m.ChildList(key));
+  FT_RETURN_IF_ERROR(Require(!items.empty() && items.size() <= kMaxDataSources, m, key,
+                             "lists 1 to " + std::to_string(kMaxDataSources) + " sources"));
+  int weighted = 0;
+  for (const YamlMap& item : items) {
+    out->emplace_back();
+    FT_RETURN_IF_ERROR(ParseSource(item, format, key == "eval", &out->back()));
+    weighted += item.Has("weight") ? 1 : 0;
+  }
+  const bool all_or_none = weighted == 0 || weighted == static_cast<int>(items.size());
+  FT_RETURN_IF_ERROR(Require(all_or_none, m, key,
+                             "give every source a weight, or none (then each counts by epochs, default 1)"));
+  if (weighted == 0) {
+    for (JobSpec::DataSource& s : *out) s.epochs = s.epochs > 0 ? s.epochs : 1, s.weight = 0;
+  }
+  return Status::OK();
+}
+
+Status ParseData(const YamlMap& m, JobSpec::Data* s) {
+  FT_RETURN_IF_ERROR(GetChoice(m, "format", &s->format));
+  FT_RETURN_IF_ERROR(ParseSources(m, "train", s->format, &s->train_sources));
+  s->train = s->train_sources.front().path;
   FT_RETURN_IF_ERROR(m.Get("seq_len", &s->seq_len));
   FT_RETURN_IF_ERROR(Require(s->seq_len >= 2 && s->seq_len <= (int64_t{1} << 24), m, "seq_len",
                              "must be an integer in [2, 16777216]"));
@@ -133,7 +238,12 @@ Status ParseData(const YamlMap& m, JobSpec::Data* s) {
   }
   FT_RETURN_IF_ERROR(
       GetInt(m, "max_prompt_len", 0, int64_t{1} << 24, &s->max_prompt_len, " (0 = seq_len / 2)"));
-  return m.Get("eval", &s->eval);
+  FT_RETURN_IF_ERROR(ParseSources(m, "eval", s->format, &s->eval_sources));
+  if (!s->eval_sources.empty()) s->eval = s->eval_sources.front().path;
+  FT_RETURN_IF_ERROR(GetNumber(m, "val_fraction", 0, 0.5, false, &s->val_fraction,
+                               " (the share of training rows held out for evaluation)"));
+  return Require(s->val_fraction == 0 || s->eval_sources.empty(), m, "val_fraction",
+                 "holds out training rows as the eval set, but data.eval names one: keep one of the two");
 }
 
 // "auto" or a positive integer.
@@ -159,8 +269,27 @@ const std::vector<std::string> kTrainKeys = {
     "adam_beta1", "adam_beta2", "adam_eps", "optimizer", "seed",
     "activation_checkpointing", "cpu_offload", "attention", "gradient_sum",
     "eval_every_steps", "eval_max_batches", "loss_scale_init", "loss_scale_growth_interval",
-    "objective", "dpo"};
+    "objective", "dpo", "early_stopping"};
 // clang-format on
+
+// train.early_stopping: {metric, patience, min_delta}; what it needs (evaluation, DPO's metrics)
+// is checked with the whole job (CheckEvalDecisions).
+Status ParseEarlyStopping(const YamlMap& train, JobSpec::Train::EarlyStopping* s) {
+  if (!train.Has("early_stopping")) return Status::OK();
+  FT_ASSIGN_OR_RETURN(YamlMap m, train.Child("early_stopping"));
+  FT_RETURN_IF_ERROR(m.CheckKnownKeys({"metric", "patience", "min_delta"}));
+  s->enabled = true;
+  FT_RETURN_IF_ERROR(GetChoice(m, "metric", &s->metric));
+  if (!m.Has("patience")) {
+    return Status::InvalidArgument(m.Where() + ": train.early_stopping.patience: required: how many " +
+                                   "evaluations in a row without an improvement of more than min_delta " +
+                                   "end the run (e.g. patience: 3)");
+  }
+  FT_RETURN_IF_ERROR(GetInt(m, "patience", 1, 1'000'000, &s->patience,
+                            " (evaluations in a row without an improvement of more than min_delta)"));
+  return GetNumber(m, "min_delta", 0, 1e9, false, &s->min_delta,
+                   " (the smallest change of the metric that counts as an improvement)");
+}
 
 Status ParseTrain(const YamlMap& m, JobSpec::Train* s) {
   FT_RETURN_IF_ERROR(GetInt(m, "max_steps", 0, kMaxSteps, &s->max_steps));
@@ -210,7 +339,37 @@ Status ParseTrain(const YamlMap& m, JobSpec::Train* s) {
     FT_RETURN_IF_ERROR(GetNumber(dpo, "rpo_alpha", 0, 1e3, false, &s->dpo.rpo_alpha,
                                  " (the weight of the chosen response's token NLL; 0 = off)"));
   }
+  FT_RETURN_IF_ERROR(ParseEarlyStopping(m, &s->early_stopping));
   return GetChoice(m, "attention", &s->attention);
+}
+
+// Every source of a job holds pairs (format: preference) or none does; a source's own
+// chat_template needs a format that renders messages; a full fine-tune's DPO reference is stored
+// per data file, for a single one.
+Status CheckSourceFormats(const YamlMap& data, const JobSpec& spec) {
+  const bool pairs = spec.data.format == DataFormat::kPreference;
+  for (const auto* sources : {&spec.data.train_sources, &spec.data.eval_sources}) {
+    for (const JobSpec::DataSource& s : *sources) {
+      const std::string where =
+          data.Where(s.key.substr(5, s.key.find('[') - 5)) + ": " + s.key;  // data.<key>
+      if ((s.format == DataFormat::kPreference) != pairs) {
+        return Status::InvalidArgument(where + ".format: " + std::string(EnumName(s.format)) +
+                                       (pairs ? " in a job of preference pairs; every source holds pairs"
+                                              : ": preference pairs mix with no other format; use them in "
+                                                "a train.objective: dpo job of their own"));
+      }
+      if (!s.chat_template.empty() && !FieldsOf(s.format).messages) {
+        return Status::InvalidArgument(where + ".chat_template: format " + std::string(EnumName(s.format)) +
+                                       " renders no messages; remove the key");
+      }
+    }
+  }
+  if (pairs && spec.adapter.type == AdapterType::kFull && spec.data.train_sources.size() > 1) {
+    return Status::InvalidArgument(data.Where("train") +
+                                   ": data.train: a full fine-tune's DPO reference is stored per data file; "
+                                   "give one file (or use adapter.type: lora)");
+  }
+  return Status::OK();
 }
 
 // train.objective: dpo and data.format: preference go together (the reference: the adapter switched
@@ -220,6 +379,7 @@ Status CheckObjective(const YamlMap& root, JobSpec* spec) {
   FT_ASSIGN_OR_RETURN(YamlMap data, root.Child("data"));
   const bool dpo = spec->train.objective == TrainObjective::kDpo;
   const bool pairs = spec->data.format == DataFormat::kPreference;
+  FT_RETURN_IF_ERROR(CheckSourceFormats(data, *spec));
   if (dpo != pairs) {
     return Status::InvalidArgument(dpo ? train.Where("objective") +
                                              ": train.objective: dpo needs data.format: "
@@ -256,7 +416,7 @@ Status CheckObjective(const YamlMap& root, JobSpec* spec) {
 Status ResolveEval(const YamlMap& root, JobSpec* spec) {
   FT_ASSIGN_OR_RETURN(YamlMap train, root.Child("train"));
   for (const char* key : {"eval_every_steps", "eval_max_batches"}) {
-    if (spec->data.eval.empty() && train.Has(key)) {
+    if (!JobHasEval(*spec) && train.Has(key)) {
       return Status::InvalidArgument(train.Where(key) + ": train." + key +
                                      ": needs data.eval (a held-out file in the data.format of data.train); "
                                      "set data.eval or remove the key");
@@ -270,10 +430,38 @@ Status ResolveEval(const YamlMap& root, JobSpec* spec) {
           std::string(EnumName(spec->model.dtype)) + "); remove the key or set model.dtype: fp16");
     }
   }
-  if (spec->data.eval.empty()) {
+  if (!JobHasEval(*spec)) {
     spec->train.eval_every_steps = 0;
   } else if (!train.Has("eval_every_steps")) {
     spec->train.eval_every_steps = std::max<int64_t>(0, spec->checkpoint.every_steps);
+  }
+  return Status::OK();
+}
+
+// What acts on evaluations (train.early_stopping, checkpoint.keep_best, output.adapter_from: best)
+// needs evaluations before the last step, and a metric the objective reports.
+Status CheckEvalDecisions(const YamlMap& root, const JobSpec& spec) {
+  const std::string needs = "needs an evaluation set: set data.eval (a held-out file) or data.val_fraction";
+  if (spec.train.early_stopping.enabled) {
+    FT_ASSIGN_OR_RETURN(YamlMap train, root.Child("train"));
+    FT_RETURN_IF_ERROR(Require(JobHasEval(spec), train, "early_stopping", needs));
+    FT_RETURN_IF_ERROR(Require(spec.train.eval_every_steps > 0, train, "early_stopping",
+                               "evaluations come only at the last step (train.eval_every_steps: 0); "
+                               "set eval_every_steps to how often the run is evaluated"));
+    const EvalMetric metric = spec.train.early_stopping.metric;
+    FT_ASSIGN_OR_RETURN(YamlMap stopping, train.Child("early_stopping"));
+    FT_RETURN_IF_ERROR(Require(
+        !EvalMetricNeedsDpo(metric) || spec.train.objective == TrainObjective::kDpo, stopping, "metric",
+        std::string(EnumName(metric)) + " is reported by train.objective: dpo only; use metric: eval_loss"));
+  }
+  if (spec.checkpoint.keep_best) {
+    FT_ASSIGN_OR_RETURN(YamlMap checkpoint, root.Child("checkpoint"));
+    FT_RETURN_IF_ERROR(Require(JobHasEval(spec), checkpoint, "keep_best", needs));
+  }
+  if (spec.output.adapter_from == AdapterFrom::kBest && !spec.checkpoint.keep_best) {
+    FT_ASSIGN_OR_RETURN(YamlMap output, root.Child("output"));
+    return Require(false, output, "adapter_from",
+                   "best is the checkpoint checkpoint.keep_best keeps; set checkpoint.keep_best: true");
   }
   return Status::OK();
 }
@@ -296,6 +484,7 @@ Status ParseCheckpoint(const YamlMap& m, JobSpec::Checkpoint* s) {
                                "bounds checkpoint.every: auto only; add every: auto, or remove it"));
   }
   FT_RETURN_IF_ERROR(m.Get("async", &s->async));
+  FT_RETURN_IF_ERROR(m.Get("keep_best", &s->keep_best));
   return GetInt(m, "keep", 1, 1'000'000, &s->keep, " (checkpoints kept)");
 }
 
@@ -437,32 +626,41 @@ StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& 
   FT_RETURN_IF_ERROR(Section(root, "adapter",
                              {"type", "r", "alpha", "dropout", "rslora", "target_modules", "init"},
                              [&](const YamlMap& m) { return ParseAdapter(m, &spec.adapter); }));
-  FT_RETURN_IF_ERROR(Section(root, "data",
-                             {"train", "format", "seq_len", "packing", "shuffle", "skip_bad_lines",
-                              "chat_template", "chat_template_vars", "eval", "max_prompt_len"},
-                             [&](const YamlMap& m) { return ParseData(m, &spec.data); }));
+  FT_RETURN_IF_ERROR(
+      Section(root, "data",
+              {"train", "format", "seq_len", "packing", "shuffle", "skip_bad_lines", "chat_template",
+               "chat_template_vars", "eval", "max_prompt_len", "val_fraction"},
+              [&](const YamlMap& m) { return ParseData(m, &spec.data); }));
   FT_RETURN_IF_ERROR(
       Section(root, "train", kTrainKeys, [&](const YamlMap& m) { return ParseTrain(m, &spec.train); }));
-  FT_RETURN_IF_ERROR(
-      Section(root, "checkpoint",
-              {"every_steps", "every_minutes", "keep", "every", "min_minutes", "max_minutes", "async"},
-              [&](const YamlMap& m) { return ParseCheckpoint(m, &spec.checkpoint); }));
+  FT_RETURN_IF_ERROR(Section(
+      root, "checkpoint",
+      {"every_steps", "every_minutes", "keep", "every", "min_minutes", "max_minutes", "async", "keep_best"},
+      [&](const YamlMap& m) { return ParseCheckpoint(m, &spec.checkpoint); }));
   FT_RETURN_IF_ERROR(Section(root, "resources", {"gpus", "min_gpus", "device", "priority", "max_failures"},
                              [&](const YamlMap& m) { return ParseResources(m, &spec.resources); }));
   FT_RETURN_IF_ERROR(Section(root, "distributed", {"strategy"}, [&](const YamlMap& m) {
     return GetChoice(m, "strategy", &spec.distributed.strategy);
   }));
-  FT_RETURN_IF_ERROR(Section(root, "output", {"dir", "merge"}, [&](const YamlMap& m) {
+  FT_RETURN_IF_ERROR(Section(root, "output", {"dir", "merge", "adapter_from"}, [&](const YamlMap& m) {
     FT_RETURN_IF_ERROR(m.Get("dir", &spec.output.dir, /*required=*/true));
+    FT_RETURN_IF_ERROR(GetChoice(m, "adapter_from", &spec.output.adapter_from));
     return m.Get("merge", &spec.output.merge);
   }));
   FT_RETURN_IF_ERROR(CheckBatchPlan(*root.Child("train"), spec));
   FT_RETURN_IF_ERROR(ResolveEval(root, &spec));
   FT_RETURN_IF_ERROR(CheckObjective(root, &spec));
+  FT_RETURN_IF_ERROR(CheckEvalDecisions(root, spec));
   FT_RETURN_IF_ERROR(CheckCombinations(root, spec));
   const std::string base = fs::path(file).parent_path().string();
   spec.model.path = Resolve(base, spec.model.path);
   spec.adapter.init = Resolve(base, spec.adapter.init);
+  for (auto* sources : {&spec.data.train_sources, &spec.data.eval_sources}) {
+    for (JobSpec::DataSource& source : *sources) {
+      source.path = Resolve(base, source.path);
+      source.chat_template = Resolve(base, source.chat_template);
+    }
+  }
   spec.data.train = Resolve(base, spec.data.train);
   spec.data.eval = Resolve(base, spec.data.eval);
   spec.data.chat_template = Resolve(base, spec.data.chat_template);
@@ -480,17 +678,25 @@ bool AllowedWorld(const JobSpec& spec, int64_t world) {
   return world == r.gpus || (world >= r.min_gpus && world < r.gpus && SplitsEvenly(spec, world));
 }
 
+bool JobHasEval(const JobSpec& spec) { return !spec.data.eval_sources.empty() || spec.data.val_fraction > 0; }
+
 bool ExactGradientSum(const JobSpec& spec) {
   if (spec.train.gradient_sum == GradientSum::kAuto) return spec.adapter.type != AdapterType::kFull;
   return spec.train.gradient_sum == GradientSum::kExact;
 }
 
-std::vector<std::pair<const char*, std::string>> JobInputPaths(const JobSpec& spec) {
-  return {{"model.path", spec.model.path},
-          {"data.train", spec.data.train},
-          {"data.eval", spec.data.eval},
-          {"data.chat_template", spec.data.chat_template},
-          {"adapter.init", spec.adapter.init}};
+std::vector<std::pair<std::string, std::string>> JobInputPaths(const JobSpec& spec) {
+  std::vector<std::pair<std::string, std::string>> paths = {{"model.path", spec.model.path}};
+  for (const auto* sources : {&spec.data.train_sources, &spec.data.eval_sources}) {
+    for (const JobSpec::DataSource& source : *sources) {
+      const bool listed = source.key.back() == ']';  // "data.train[1]": a map with its own keys
+      paths.emplace_back(listed ? source.key + ".path" : source.key, source.path);
+      if (listed) paths.emplace_back(source.key + ".chat_template", source.chat_template);
+    }
+  }
+  paths.emplace_back("data.chat_template", spec.data.chat_template);
+  paths.emplace_back("adapter.init", spec.adapter.init);
+  return paths;
 }
 
 StatusOr<JobSpec> LoadJobSpec(const std::string& file) {
@@ -499,6 +705,27 @@ StatusOr<JobSpec> LoadJobSpec(const std::string& file) {
 }
 
 namespace {
+
+// Sets `value` at `path` ("data.train", "data.train[2].path") in `root`.
+void SetYamlPath(YAML::Node root, const std::string& path, const std::string& value) {
+  YAML::Node node = root;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = path.find('.', start);
+    std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    const size_t bracket = part.find('[');
+    if (bracket != std::string::npos) {
+      const size_t index = std::stoul(part.substr(bracket + 1));
+      node.reset(node[part.substr(0, bracket)][index]);  // (Node's = would assign the value)
+    } else if (dot == std::string::npos) {
+      node[part] = value;
+      return;
+    } else {
+      node.reset(node[part]);
+    }
+    start = dot + 1;
+  }
+}
 
 // The override an error of the merged job comes from ("" when none): its
 // message, after "file:line:col: ", starts with the override's key path
@@ -557,11 +784,9 @@ StatusOr<MergedJob> LoadJobWithOverrides(const std::string& file, const std::vec
 std::string ResolvedJobYaml(const JobSpec& spec, const std::string& yaml, int64_t micro_batch,
                             int64_t accumulation, int64_t world) {
   YAML::Node root = YAML::Load(yaml);
-  for (const auto& [key, path] : JobInputPaths(spec)) {  // every "section.key", absolute
+  for (const auto& [key, path] : JobInputPaths(spec)) {  // every "a.b" or "a.b[i].c", absolute
     if (path.empty()) continue;
-    const std::string k = key;
-    const size_t dot = k.find('.');
-    root[k.substr(0, dot)][k.substr(dot + 1)] = path;
+    SetYamlPath(root, key, path);
   }
   root["output"]["dir"] = spec.output.dir;
   root["train"]["micro_batch_size"] = micro_batch;

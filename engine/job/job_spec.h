@@ -45,8 +45,29 @@ struct JobSpec {
     std::string init;  // PEFT adapter directory, or ""
   } adapter;
 
+  // One file of data.train or data.eval. data.train may be one path (one source, its keys the
+  // data section's) or a list of sources, each a map (engine/data/mixture.h mixes them).
+  struct DataSource {
+    std::string path;
+    DataFormat format = DataFormat::kText;  // unset: data.format
+    // The source's share of the mixture's rows: weight (normalised over the list), or epochs
+    // (passes over this source per pass of the mixture). A list uses one of the two for every
+    // source; a single path is weight 1.
+    double weight = 1;
+    double epochs = 0;
+    // Field mapping (data.train[i].fields): `keys` maps a key of the format to the row's own name
+    // ("messages" -> "conversations", "role" -> "from", "instruction" -> "question"); `roles`
+    // maps a row's role value to the format's ("human" -> "user"). Empty: the rows use the
+    // format's names.
+    std::map<std::string, std::string> keys;
+    std::map<std::string, std::string> roles;
+    std::string chat_template;  // a .jinja file for this source ("" = data.chat_template)
+    std::string key;            // how messages name it: "data.train", "data.train[2]", "data.eval[0]"
+  };
+
   struct Data {
-    std::string train;
+    std::string train;  // the first source's path (the only one unless data.train is a list)
+    std::vector<DataSource> train_sources;  // at least one after parsing
     DataFormat format = DataFormat::kText;
     int64_t seq_len = 2048;
     bool packing = true;
@@ -54,7 +75,11 @@ struct JobSpec {
     bool skip_bad_lines = false;  // skip and count unparsable lines instead of failing
     std::string chat_template;    // a .jinja file replacing the tokenizer's chat template ("" = the model's)
     std::map<std::string, std::string> chat_template_vars;  // extra template variables (YAML scalars)
-    std::string eval;
+    std::string eval;                                       // the first eval source's path ("" = none)
+    std::vector<DataSource> eval_sources;                   // data.eval as a path or a list; empty = none
+    // data.val_fraction: this fraction of the training rows (chosen by a hash of each row's bytes,
+    // so a resume or an append never moves a row across) is held out as the eval set instead.
+    double val_fraction = 0;
     // data.format: preference: a prompt longer than this keeps its last max_prompt_len tokens
     // (TRL's keep_end), then each response is cut to seq_len (must be below seq_len).
     int64_t max_prompt_len = 0;  // 0 = seq_len / 2 after parsing
@@ -99,6 +124,15 @@ struct JobSpec {
       // TRL's rpo_alpha (RPO): + rpo_alpha x the chosen response's mean token NLL, per pair (0 = off).
       double rpo_alpha = 0;
     } dpo;
+    // train.early_stopping (engine/train/early_stopping.h): the run ends, as a success, once
+    // `patience` evaluations in a row have not improved `metric` by more than min_delta. Needs an
+    // evaluation set and eval_every_steps > 0.
+    struct EarlyStopping {
+      bool enabled = false;  // the key is set
+      EvalMetric metric = EvalMetric::kEvalLoss;
+      int64_t patience = 0;  // >= 1 when enabled
+      double min_delta = 0;
+    } early_stopping;
   } train;
 
   struct Checkpoint {
@@ -114,6 +148,9 @@ struct JobSpec {
     // the state; C is then what each checkpoint costs the step). true: written in the
     // background while training goes on (the next checkpoint waits for the previous write).
     bool async = true;
+    // The checkpoint of the best evaluation so far (by train.early_stopping.metric, eval_loss
+    // without it) is written and never removed by retention: kept beside the newest `keep`.
+    bool keep_best = false;
   } checkpoint;
 
   struct Resources {
@@ -140,6 +177,7 @@ struct JobSpec {
   struct Output {
     std::string dir;
     bool merge = false;
+    AdapterFrom adapter_from = AdapterFrom::kLast;  // best: the keep_best checkpoint's weights
   } output;
 };
 
@@ -155,10 +193,14 @@ StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& 
 // Reads and parses a job file; one larger than kMaxJobSpecBytes is refused before it is read.
 StatusOr<JobSpec> LoadJobSpec(const std::string& file);
 
+// Whether the job evaluates: data.eval or data.val_fraction is set.
+bool JobHasEval(const JobSpec& spec);
+
 // The files and directories a job reads, each with its job.yaml key:
-// model.path, data.train, data.eval, data.chat_template, adapter.init (a path
-// may be "" when the key is unset). output.dir, which it writes, is not among them.
-std::vector<std::pair<const char*, std::string>> JobInputPaths(const JobSpec& spec);
+// model.path, data.train (or each data.train[i].path and .chat_template of a
+// list), data.eval (likewise), data.chat_template, adapter.init (a path may
+// be "" when the key is unset). output.dir, which it writes, is not among them.
+std::vector<std::pair<std::string, std::string>> JobInputPaths(const JobSpec& spec);
 
 // Whether an attempt of `spec` may run with `world` ranks: resources.gpus, or
 // for an elastic job (resources.min_gpus < gpus) any world in [min_gpus, gpus]

@@ -68,6 +68,7 @@ constexpr EventKey kEvents[] = {
     {"failed", Kind::kFailed, "reason"},
     {"resume", Kind::kResume, "note", true, true},
     {"interval", Kind::kInterval, "why"},
+    {"early_stop", Kind::kEarlyStop, "reason"},
 };
 
 bool Written(const NumberKey& k, const MetricsLine& m) {

@@ -6,7 +6,8 @@
 //          written), "peak_bytes_by_category", and "skipped" under fp16 ("grad_norm" is null for
 //          a skipped step)
 //   eval:  "step" and the eval keys of kMetricsKeys, after the step line of the same step
-//   event: {"event":"checkpoint"|"preempted"|"failed"|"resume"|"interval", "step", ...}; an
+//   event: {"event":"checkpoint"|"preempted"|"failed"|"resume"|"interval"|"early_stop", "step",
+//          ...}; early_stop (train.early_stopping ended the run at "step") has its "reason"; an
 //          interval line (checkpoint.every: auto) has "why", "interval_seconds",
 //          "checkpoint_seconds" (C, 0 = not measured yet) and "mtbf_seconds" (M); an every_auto
 //          (or every_auto_probe) checkpoint line has the "interval_seconds" and "mtbf_seconds" it
@@ -27,7 +28,17 @@
 namespace ft {
 
 struct MetricsLine {
-  enum class Kind { kStep, kEval, kCheckpoint, kPreempted, kFailed, kResume, kInterval, kOtherEvent };
+  enum class Kind {
+    kStep,
+    kEval,
+    kCheckpoint,
+    kPreempted,
+    kFailed,
+    kResume,
+    kInterval,
+    kEarlyStop,
+    kOtherEvent
+  };
   Kind kind = Kind::kOtherEvent;
   int64_t step = 0;   // every kind
   int64_t epoch = 0;  // every kind: the attempt that wrote it (0: not recorded, and not written)
@@ -66,7 +77,8 @@ struct MetricsLine {
   // kCheckpoint: the checkpoint directory, as the trainer wrote it; kResume: the one resumed from
   std::string dir;
   // kCheckpoint (why it was taken), kPreempted (why it stopped), kFailed (the error), kResume (the note),
-  // kInterval (checkpoint.every: auto's interval and why, engine/job/checkpoint_interval.h)
+  // kInterval (checkpoint.every: auto's interval and why, engine/job/checkpoint_interval.h),
+  // kEarlyStop (why the run stopped before train.max_steps)
   std::string reason;
   // kResume: "resume" | "resume_ahead" | "resume_fallback" | "restart_from_zero"
   std::string resume_kind;

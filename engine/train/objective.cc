@@ -16,7 +16,7 @@ double Sigmoid(double x) { return x >= 0 ? 1 / (1 + std::exp(-x)) : std::exp(x) 
 class SftObjective : public Objective {
  public:
   std::vector<std::string> SumNames() const override { return {"loss"}; }
-  int64_t Normaliser(const Dataset& data, int64_t first, int64_t count, bool shuffle,
+  int64_t Normaliser(const Mixture& data, int64_t first, int64_t count, bool shuffle,
                      uint64_t seed) const override {
     return data.CountTargets(first, count, shuffle, seed);
   }
@@ -42,7 +42,7 @@ class DpoObjective : public Objective {
     return {"loss",         "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
             "logps/chosen", "logps/rejected"};
   }
-  int64_t Normaliser(const Dataset&, int64_t, int64_t count, bool, uint64_t) const override { return count; }
+  int64_t Normaliser(const Mixture&, int64_t, int64_t count, bool, uint64_t) const override { return count; }
 
   StatusOr<std::vector<double>> MicroStep(Model& model, const MicroBatch& mb, float grad_scale) override {
     const std::vector<SequenceLogProb> ref = Reference(model, mb, reference_);

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "engine/data/dataset.h"
+#include "engine/data/mixture.h"
 #include "engine/job/job_spec.h"
 #include "engine/model/model.h"
 
@@ -29,7 +29,7 @@ class Objective {
   virtual std::vector<std::string> SumNames() const = 0;
   // What the step's sums are divided by: target tokens (SFT) or pairs (DPO) in the global batch
   // at data positions [first, first + count).
-  virtual int64_t Normaliser(const Dataset& data, int64_t first, int64_t count, bool shuffle,
+  virtual int64_t Normaliser(const Mixture& data, int64_t first, int64_t count, bool shuffle,
                              uint64_t seed) const = 0;
   // One micro-batch's forward and backward: the gradient of (its loss sum) x grad_scale is added
   // to the model's gradients. Returns SumNames()'s sums over the micro-batch.

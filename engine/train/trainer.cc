@@ -17,6 +17,7 @@
 #include <mutex>
 #include <new>
 #include <sstream>
+#include <utility>
 
 #include "common/clock.h"
 #include "common/confined_path.h"
@@ -129,18 +130,25 @@ StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec, const ModelConfig& mode
   return plan;
 }
 
-StatusOr<std::unique_ptr<Dataset>> OpenJobData(const JobSpec& spec, const ModelConfig& config,
-                                               const std::string& path, std::unique_ptr<Tokenizer>* tokenizer,
-                                               const std::function<bool()>& stop_requested) {
+StatusOr<std::unique_ptr<Dataset>> OpenJobSource(const JobSpec& spec, const ModelConfig& config,
+                                                 const JobSpec::DataSource& source, const DataSplit& split,
+                                                 std::unique_ptr<Tokenizer>* tokenizer,
+                                                 const std::function<bool()>& stop_requested) {
   const std::string& f = spec.file;
-  const DataFormat format = spec.data.format;
+  const DataFormat format = source.format;
   DatasetOptions options;
-  options.path = path;
+  options.path = source.path;
   options.seq_len = spec.data.seq_len;
   options.packing = spec.data.packing;
   options.skip_bad_lines = spec.data.skip_bad_lines;
+  options.holdout = split.holdout;
+  options.held_out = split.held_out;
   options.cache_key =
       "format=" + std::string(EnumName(format)) + ";vocab=" + std::to_string(config.vocab_size);
+  if (!source.keys.empty() || !source.roles.empty()) {
+    options.cache_key +=
+        ";fields=" + nlohmann::json(source.keys).dump() + nlohmann::json(source.roles).dump();
+  }
   options.stop_requested = stop_requested;
   const bool pairs = format == DataFormat::kPreference;
   options.pairs = pairs;
@@ -157,15 +165,19 @@ StatusOr<std::unique_ptr<Dataset>> OpenJobData(const JobSpec& spec, const ModelC
     if (!*tokenizer) {
       auto loaded = Tokenizer::Load(spec.model.path);
       if (!loaded.ok())
-        return loaded.status().WithContext(f + ": data.format " + std::string(EnumName(format)) +
-                                           " needs the tokenizer");
+        return loaded.status().WithContext(f + ": " + source.key + ": format " +
+                                           std::string(EnumName(format)) + " needs the tokenizer");
       *tokenizer = std::move(*loaded);
     }
     auto tok_sha = Sha256File((fs::path(spec.model.path) / "tokenizer.json").string());
     options.cache_key += ";tokenizer=" + (tok_sha.ok() ? *tok_sha : std::string("?"));
-    if (!spec.data.chat_template.empty()) {
-      auto text = ReadFileToString(spec.data.chat_template, kMaxConfigFileBytes);
-      if (!text.ok()) return text.status().WithContext(f + ": data.chat_template");
+    const std::string& template_file =
+        source.chat_template.empty() ? spec.data.chat_template : source.chat_template;
+    if (!template_file.empty()) {
+      auto text = ReadFileToString(template_file, kMaxConfigFileBytes);
+      if (!text.ok())
+        return text.status().WithContext(f + ": " + (source.chat_template.empty() ? "data" : source.key) +
+                                         ".chat_template");
       chat.chat_template = *text;
     }
     chat.extra_vars = ChatVarsFromStrings(spec.data.chat_template_vars);
@@ -174,8 +186,26 @@ StatusOr<std::unique_ptr<Dataset>> OpenJobData(const JobSpec& spec, const ModelC
     options.cache_key += ";template=" + Sha256Hex(chat_template) + ";vars=" + chat.extra_vars.dump();
   }
   FT_ASSIGN_OR_RETURN(RecordEncoder encode,
-                      MakeRecordEncoder(format, tokenizer->get(), config.vocab_size, chat, limits));
+                      MakeRecordEncoder(format, tokenizer->get(), config.vocab_size, chat, limits,
+                                        FieldMap(format, source.keys, source.roles)));
   return Dataset::Open(options, std::move(encode));
+}
+
+StatusOr<std::unique_ptr<Mixture>> OpenJobMixture(const JobSpec& spec, const ModelConfig& config,
+                                                  const std::vector<JobSpec::DataSource>& sources,
+                                                  Mixture::Mode mode, const DataSplit& split,
+                                                  std::unique_ptr<Tokenizer>* tokenizer,
+                                                  const std::function<bool()>& stop_requested) {
+  std::vector<MixtureSource> parts;
+  for (const JobSpec::DataSource& source : sources) {
+    auto data = OpenJobSource(spec, config, source, split, tokenizer, stop_requested);
+    if (!data.ok())
+      return data.status().code() == Status::Code::kCancelled
+                 ? data.status()
+                 : data.status().WithContext(spec.file + ": " + source.key);
+    parts.push_back({std::move(*data), source.weight, source.epochs, source.key});
+  }
+  return Mixture::Create(std::move(parts), mode);
 }
 
 namespace {
@@ -240,15 +270,30 @@ Status Trainer::BuildModel(const ModelConfig& config, std::shared_ptr<Backend> b
 Status Trainer::OpenData(const ModelConfig& config) {
   const JobSpec& spec = spec_;
   const std::string& f = spec.file;
-  FT_ASSIGN_OR_RETURN(data_, OpenJobData(spec, config, spec.data.train, &tokenizer_, StopRequested()));
-  inputs_.Add("data.train", spec.data.train, data_->stamp(), data_->sha256());
-  FT_ASSIGN_OR_RETURN(reference_, StoredReference(*data_, spec.data.train));
-  if (!spec.data.eval.empty()) {
-    auto eval = OpenJobData(spec, config, spec.data.eval, &tokenizer_, StopRequested());
-    if (!eval.ok()) return eval.status().WithContext(f + ": data.eval");
+  const DataSplit train_split{spec.data.val_fraction, false};
+  FT_ASSIGN_OR_RETURN(data_, OpenJobMixture(spec, config, spec.data.train_sources, Mixture::Mode::kInterleave,
+                                            train_split, &tokenizer_, StopRequested()));
+  for (int k = 0; k < data_->sources(); ++k) {
+    const Dataset& source = data_->source(k);
+    inputs_.Add(data_->key(k), source.path(), source.stamp(), source.sha256());
+  }
+  FT_ASSIGN_OR_RETURN(reference_, StoredReference(data_->source(0), spec.data.train));
+  if (JobHasEval(spec)) {
+    // data.val_fraction: the held-out rows of the training sources, read whole like data.eval.
+    const bool held = spec.data.val_fraction > 0;
+    auto eval = OpenJobMixture(spec, config, held ? spec.data.train_sources : spec.data.eval_sources,
+                               Mixture::Mode::kConcatenate, {spec.data.val_fraction, held}, &tokenizer_,
+                               StopRequested());
+    if (!eval.ok()) return eval.status().WithContext(f + (held ? ": data.val_fraction" : ": data.eval"));
     eval_data_ = std::move(*eval);
-    inputs_.Add("data.eval", spec.data.eval, eval_data_->stamp(), eval_data_->sha256());
-    FT_ASSIGN_OR_RETURN(eval_reference_, StoredReference(*eval_data_, spec.data.eval));
+    if (!held) {
+      for (int k = 0; k < eval_data_->sources(); ++k) {
+        const Dataset& source = eval_data_->source(k);
+        inputs_.Add(eval_data_->key(k), source.path(), source.stamp(), source.sha256());
+      }
+    }
+    FT_ASSIGN_OR_RETURN(eval_reference_,
+                        StoredReference(eval_data_->source(0), held ? spec.data.train : spec.data.eval));
     int64_t rows = eval_data_->size();
     if (spec.train.eval_max_batches > 0)
       rows = std::min(rows, spec.train.eval_max_batches * plan_.micro_batch);
@@ -272,7 +317,7 @@ StatusOr<std::unique_ptr<ReferenceLogProbs>> Trainer::StoredReference(const Data
   // What the values depend on: the data and its encoding, the model's files (hashes; the weights'
   // stamps), the compute dtype and the device kind; not the other data file.
   std::string key = "data=" + data.sha256() + ";encoding=" + data.cache_key() +
-                    ";seq_len=" + std::to_string(data.seq_len()) +
+                    ";seq_len=" + std::to_string(data.seq_len()) + data.holdout_key() +
                     ";dtype=" + std::string(EnumName(spec.model.dtype)) +
                     ";device=" + std::string(DeviceKindName(model_->backend().kind()));
   for (const auto& [input, sha] : inputs_.Hashes())
@@ -362,6 +407,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, std::uni
   FT_RETURN_IF_ERROR(tr->BuildModel(config, backend));
   FT_RETURN_IF_ERROR(tr->OpenData(config));
   tr->BuildOptimizer(backend);
+  tr->eval_progress_ = FreshEvalProgress(spec);
   FT_RETURN_IF_ERROR(tr->CheckInputs());  // nothing changed while it was loaded
   FT_RETURN_IF_ERROR(
       backend->Synchronize().WithContext(spec.file + ": loading the model onto " + backend->Describe()));
@@ -587,6 +633,7 @@ CheckpointContents Trainer::Capture(const std::string& reason) {
   st.loss_scale = loss_scale_;
   st.loss_scale_growth_tracker = growth_tracker_;
   st.cursor = cursor_;
+  st.source_positions = data_->Positions(cursor_);
   st.tokens_seen = tokens_seen_;
   st.micro_batch = plan_.micro_batch;
   st.accumulation = plan_.accumulation;
@@ -606,6 +653,7 @@ CheckpointContents Trainer::Capture(const std::string& reason) {
   const bool automatic = reason == kAutoReason || reason == kAutoProbeReason;
   st.interval_seconds = automatic ? auto_interval_s_ : 0.0;
   st.mtbf_seconds = automatic ? (mtbf_seconds_ > 0 ? mtbf_seconds_ : kPriorMtbfSeconds) : 0.0;
+  st.evaluation = eval_progress_;
   const auto& params = optimizer_->params();
   for (size_t i = 0; i < params.size(); ++i) {
     const TrainableParam& p = params[i];
@@ -641,6 +689,27 @@ Status Trainer::Restore(const CheckpointContents& c, const std::string& from) {
     }
   }
   FT_RETURN_IF_ERROR(CheckRestoredInputs(c.state, from));
+  FT_RETURN_IF_ERROR(UploadWeights(c, from, /*moments=*/true));
+  optimizer_->set_step(c.state.step, c.state.skipped_steps);
+  // The evaluations' verdicts go on from the checkpoint's (fresh when it tracked another metric or none).
+  if (c.state.evaluation.metric == eval_progress_.metric) eval_progress_ = c.state.evaluation;
+  if (spec_.model.dtype == ComputeDType::kF16) {
+    loss_scale_ = c.state.loss_scale;
+    growth_tracker_ = c.state.loss_scale_growth_tracker;
+  }
+  cursor_ = c.state.cursor;
+  if (!c.state.source_positions.empty() && c.state.source_positions != data_->Positions(cursor_)) {
+    return Status::InvalidArgument(
+        spec_.file + ": data.train: checkpoint " + from +
+        " was written at other positions in the data's sources than its cursor gives "
+        "now (the mixture changed); submit a new job for new data");
+  }
+  tokens_seen_ = c.state.tokens_seen;
+  LogResumeGuarantee(c.state);
+  return Status::OK();
+}
+
+Status Trainer::UploadWeights(const CheckpointContents& c, const std::string& from, bool moments) {
   const auto& params = optimizer_->params();
   std::map<std::string, const HostTensor*> by_name;
   for (const HostTensor& t : c.model) by_name[t.name] = &t;
@@ -655,20 +724,14 @@ Status Trainer::Restore(const CheckpointContents& c, const std::string& from) {
   for (size_t i = 0; i < params.size(); ++i) {
     const TrainableParam& p = params[i];
     FT_ASSIGN_OR_RETURN(const float* values, find(p.name, p.shape));
-    FT_ASSIGN_OR_RETURN(const float* m, find(p.name + ".exp_avg", p.shape));
-    FT_ASSIGN_OR_RETURN(const float* v, find(p.name + ".exp_avg_sq", p.shape));
+    if (moments) {
+      FT_ASSIGN_OR_RETURN(const float* m, find(p.name + ".exp_avg", p.shape));
+      FT_ASSIGN_OR_RETURN(const float* v, find(p.name + ".exp_avg_sq", p.shape));
+      optimizer_->SetMoment(i, 0, m);
+      optimizer_->SetMoment(i, 1, v);
+    }
     model_->Upload(p.data, values, p.numel);
-    optimizer_->SetMoment(i, 0, m);
-    optimizer_->SetMoment(i, 1, v);
   }
-  optimizer_->set_step(c.state.step, c.state.skipped_steps);
-  if (spec_.model.dtype == ComputeDType::kF16) {
-    loss_scale_ = c.state.loss_scale;
-    growth_tracker_ = c.state.loss_scale_growth_tracker;
-  }
-  cursor_ = c.state.cursor;
-  tokens_seen_ = c.state.tokens_seen;
-  LogResumeGuarantee(c.state);
   return Status::OK();
 }
 
@@ -813,6 +876,10 @@ Status Trainer::CheckpointNow(const std::string& reason, bool wait) {
     return forwarded.empty() ? committed_dir_ : forwarded;
   };
   retention.epoch = owner_->epoch();
+  if (spec_.checkpoint.keep_best && eval_progress_.best_step > 0) {  // kept beside the newest `keep`
+    retention.protect.push_back(
+        (fs::path(checkpoint_root()) / CheckpointName(eval_progress_.best_step)).string());
+  }
   OutputOwner* owner = owner_.get();
   retention.fence = [owner] { return owner->Check(); };
   FT_RETURN_IF_ERROR(CheckInputs());  // a checkpoint never holds a mix of old and new inputs
@@ -847,7 +914,8 @@ Status Trainer::Log(const MetricsLine& line) {
 StatusOr<bool> Trainer::AlreadyComplete() {
   const std::string hash = JobHash(spec_, data_->sha256());
   auto done = VerifyCompletion(spec_.output.dir, hash, /*checksums=*/true);
-  if (done.ok() && owner_->fenced() && done->steps == total_steps_) {
+  // Every step trained, or as many as early stopping let it (the stop is in the job's math).
+  if (done.ok() && owner_->fenced() && (done->steps == total_steps_ || !done->stop_reason.empty())) {
     std::fprintf(stderr, "ft-train: already complete at step %lld (COMPLETE.json of epoch %lld)\n",
                  static_cast<long long>(done->steps), static_cast<long long>(done->epoch));
     return true;
@@ -880,7 +948,60 @@ Status Trainer::EvaluateIfDue(int64_t step) {
   FT_RETURN_IF_ERROR(Log(line));
   std::fprintf(stderr, "eval at step %" PRId64 ": loss %.4f over %" PRId64 " tokens (%.2f s)\n", e.step,
                e.loss, e.tokens, e.seconds);
+  return ActOnEvaluation(e);
+}
+
+Status Trainer::ActOnEvaluation(const EvalMetrics& e) {
+  if (!TracksEvaluations(spec_)) return Status::OK();
+  auto value = EvalMetricValue(JudgedMetric(spec_), e.loss, e.objective_metrics);
+  if (!value.ok()) return value.status().WithContext(spec_.file);
+  const EvalVerdict verdict = RecordEvaluation(spec_, e.step, total_steps_, *value, &eval_progress_);
+  best_checkpoint_due_ = verdict.best && spec_.checkpoint.keep_best;
+  if (verdict.best) {
+    std::fprintf(stderr, "eval at step %" PRId64 ": best %s so far (%.6g)\n", e.step,
+                 eval_progress_.metric.c_str(), *value);
+  }
   return Status::OK();
+}
+
+Status Trainer::EvaluateMissedStep() {
+  const int64_t step = steps_done(), every = spec_.train.eval_every_steps;
+  if (!TracksEvaluations(spec_) || step == 0 || eval_progress_.last_step >= step ||
+      !eval_progress_.stop_reason.empty() || !(step == total_steps_ || (every > 0 && step % every == 0))) {
+    return Status::OK();
+  }
+  FT_LOG(INFO) << "evaluating step " << step << " again: its evaluation was abandoned before the checkpoint";
+  FT_RETURN_IF_ERROR(EvaluateIfDue(step));
+  best_checkpoint_due_ = false;  // the resumed checkpoint holds this step's state already
+  return Status::OK();
+}
+
+Status Trainer::LogEarlyStop() {
+  const std::string& why = eval_progress_.stop_reason;
+  std::fprintf(stderr, "ft-train: stopped at step %lld of %lld: %s\n", static_cast<long long>(steps_done()),
+               static_cast<long long>(total_steps_), why.c_str());
+  return Log(MetricsEvent(MetricsLine::Kind::kEarlyStop, steps_done(), why));
+}
+
+StatusOr<int64_t> Trainer::LoadBestWeights() {
+  const int64_t best = eval_progress_.best_step;
+  if (spec_.output.adapter_from != AdapterFrom::kBest || best == steps_done()) return 0;
+  if (best <= 0) {
+    FT_LOG(WARN) << "output.adapter_from: best: no evaluation gave a finite " << eval_progress_.metric
+                 << "; the outputs are the last step's";
+    return 0;
+  }
+  const std::string dir = (fs::path(checkpoint_root()) / CheckpointName(best)).string();
+  auto best_checkpoint = ReadCheckpoint(dir);
+  if (!best_checkpoint.ok()) {
+    return best_checkpoint.status().WithContext(spec_.file +
+                                                ": output.adapter_from: best: the checkpoint of step " +
+                                                std::to_string(best) + " (checkpoint.keep_best)");
+  }
+  FT_RETURN_IF_ERROR(UploadWeights(*best_checkpoint, dir, /*moments=*/false));
+  std::fprintf(stderr, "ft-train: outputs from the best checkpoint, step %lld (%s %.6g)\n",
+               static_cast<long long>(best), eval_progress_.metric.c_str(), eval_progress_.best_value);
+  return best;
 }
 
 StatusOr<RunOutcome> Trainer::Run(const std::string& resume_dir) {
@@ -992,7 +1113,12 @@ StatusOr<bool> Trainer::CheckpointDue(int64_t step, std::chrono::steady_clock::t
   }
   if (automatic || c.every_minutes > 0) FT_RETURN_IF_ERROR(Agree(&due));  // the ranks' clocks differ
   FT_RETURN_IF_ERROR(LogCompletedCheckpoints());
-  if ((!by_steps && due[0] == 0) || step >= total_steps_) return false;
+  const bool best = std::exchange(best_checkpoint_due_, false);  // keep_best: this step is the best so far
+  if (step >= total_steps_) return false;                        // Finish writes the last step's
+  if (!by_steps && due[0] == 0) {
+    if (best) FT_RETURN_IF_ERROR(CheckpointNow(kBestReason, /*wait=*/!c.async));
+    return best;
+  }
   const bool back_to_back = BackToBack(step);  // rank 0's view
   FT_RETURN_IF_ERROR(CheckpointNow(automatic  ? (probe_due_ ? kAutoProbeReason : kAutoReason)
                                    : by_steps ? "every_steps"
@@ -1068,8 +1194,9 @@ StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
   FT_ASSIGN_OR_RETURN(const bool complete, ClaimOutput());
   if (complete) return RunOutcome::kFinished;
   FT_RETURN_IF_ERROR(StartLog(resume_dir));
+  FT_RETURN_IF_ERROR(EvaluateMissedStep());
   auto last_checkpoint = std::chrono::steady_clock::now();
-  while (steps_done() < total_steps_) {
+  while (steps_done() < total_steps_ && eval_progress_.stop_reason.empty()) {
     FT_ASSIGN_OR_RETURN(const Request request, HandleRequest());
     if (request == Request::kStop) return RunOutcome::kPreempted;
     if (request == Request::kCheckpointed) {
@@ -1087,9 +1214,11 @@ StatusOr<RunOutcome> Trainer::RunSteps(const std::string& resume_dir) {
                  m.step, total_steps_, m.loss, m.lr, m.grad_norm, m.tokens_per_s,
                  static_cast<double>(m.peak_bytes) / (1 << 20));
     FT_RETURN_IF_ERROR(EvaluateIfDue(m.step));
+    if (!eval_progress_.stop_reason.empty()) break;  // early stopping: the final checkpoint is this step's
     FT_ASSIGN_OR_RETURN(const bool checkpointed, CheckpointDue(m.step, last_checkpoint));
     if (checkpointed) last_checkpoint = std::chrono::steady_clock::now();
   }
+  if (!eval_progress_.stop_reason.empty()) FT_RETURN_IF_ERROR(LogEarlyStop());
   FT_RETURN_IF_ERROR(Finish());
   return RunOutcome::kFinished;
 }
@@ -1116,6 +1245,7 @@ Status WriteDirAtomically(OutputOwner& owner, const fs::path& final_dir,
 
 Status Trainer::WriteOutputs() {
   if (!leader()) return Status::OK();
+  FT_ASSIGN_OR_RETURN(const int64_t adapter_step, LoadBestWeights());  // output.adapter_from: best
   const fs::path out(spec_.output.dir);
   std::vector<std::string> written;  // what COMPLETE.json records
   if (model_->full_training()) {
@@ -1151,9 +1281,11 @@ Status Trainer::WriteOutputs() {
   FT_RETURN_IF_ERROR(owner_->Check());
   // The outputs (merged/ read the model again) came from the inputs the run began with.
   FT_RETURN_IF_ERROR(CheckInputs());
-  return WriteCompletion(
-      spec_.output.dir,
-      {owner_->job_id(), JobHash(spec_, data_->sha256()), owner_->epoch(), steps_done(), {}}, written);
+  CompletionRecord record{
+      owner_->job_id(), JobHash(spec_, data_->sha256()), owner_->epoch(), steps_done(), {}};
+  record.stop_reason = eval_progress_.stop_reason;
+  record.adapter_step = adapter_step;
+  return WriteCompletion(spec_.output.dir, std::move(record), written);
 }
 
 Status Trainer::WriteMerged(const ModelOptions& options) {

@@ -28,6 +28,7 @@
 
 #include "common/status.h"
 #include "engine/data/dataset.h"
+#include "engine/data/mixture.h"
 #include "engine/dist/collective.h"
 #include "engine/dist/exact_sum.h"
 #include "engine/job/checkpoint_interval.h"
@@ -37,6 +38,7 @@
 #include "engine/model/model.h"
 #include "engine/text/tokenizer.h"
 #include "engine/train/checkpoint.h"
+#include "engine/train/early_stopping.h"
 #include "engine/train/metrics_log.h"
 #include "engine/train/objective.h"
 #include "engine/train/optimizer.h"
@@ -182,8 +184,8 @@ class Trainer {
   void set_mtbf_seconds(double seconds) { mtbf_seconds_ = seconds; }
 
   Model& model() { return *model_; }
-  const Dataset& data() const { return *data_; }
-  const Dataset* eval_data() const { return eval_data_.get(); }  // null without data.eval
+  const Mixture& data() const { return *data_; }
+  const Mixture* eval_data() const { return eval_data_.get(); }  // null without data.eval or val_fraction
   // DPO on a full fine-tune: the stored reference (null otherwise).
   const ReferenceLogProbs* reference() const { return reference_.get(); }
   AdamWOptimizer& optimizer() { return *optimizer_; }
@@ -202,11 +204,11 @@ class Trainer {
   std::unique_ptr<Model> model_;
   std::unique_ptr<AdamWOptimizer> optimizer_;
   std::unique_ptr<Tokenizer> tokenizer_;  // text, alpaca and chat formats; outlives data_
-  std::unique_ptr<Dataset> data_;
+  std::unique_ptr<Mixture> data_;
   std::unique_ptr<ReferenceLogProbs> reference_;       // DPO on a full fine-tune: the stored reference
   std::unique_ptr<ReferenceLogProbs> eval_reference_;  // ... and data.eval's
   std::unique_ptr<Objective> objective_;               // what a step minimises (spec.train.objective)
-  std::unique_ptr<Dataset> eval_data_;                 // data.eval, or null
+  std::unique_ptr<Mixture> eval_data_;                 // data.eval (or val_fraction's rows), or null
   BatchPlan plan_;
   int64_t total_steps_ = 0;
   std::unique_ptr<Collective> ranks_;          // the job's ranks (SingleRank when alone)
@@ -289,8 +291,22 @@ class Trainer {
   // committed, so a failed write fails the run.
   Status LogCompletedCheckpoints();
   Status OpenMetrics();
-  // Evaluates when `step` is due (every eval_every_steps, and the last) and logs the line.
+  // Evaluates when `step` is due (every eval_every_steps, and the last), logs the line and, when the
+  // job acts on evaluations, records its verdict (ActOnEvaluation).
   Status EvaluateIfDue(int64_t step);
+  // Folds evaluation `e` into eval_progress_: a new best asks for a checkpoint (keep_best), a
+  // stop is noted in its stop_reason.
+  Status ActOnEvaluation(const EvalMetrics& e);
+  // After a resume: the evaluation of the resumed step when it was due and not counted (a stop
+  // request abandoned it before the checkpoint), so the verdicts follow the uninterrupted run's.
+  Status EvaluateMissedStep();
+  // Early stopping ended the run: its event line and stderr note (again on each resume that finds it).
+  Status LogEarlyStop();
+  // output.adapter_from: best: the best checkpoint's weights into the model (rank 0, after the
+  // final checkpoint), so the outputs are the best evaluation's. Its step (0 = the last step's).
+  StatusOr<int64_t> LoadBestWeights();
+  // A checkpoint's trainable values into the model (Restore's and LoadBestWeights' part).
+  Status UploadWeights(const CheckpointContents& c, const std::string& from, bool moments);
 
   int64_t cursor_ = 0;                  // sequences consumed
   int64_t tokens_seen_ = 0;             // target tokens trained on
@@ -303,9 +319,11 @@ class Trainer {
       0;                        // automatic checkpoints since the last back-to-back one (kept across resumes)
   bool probe_due_ = false;      // AfterAutoCheckpoint: checkpoint the next step
   double auto_interval_s_ = 0;  // the auto interval in force (its checkpoints record it)
-  double noted_interval_s_ = -1;  // the auto interval last written to metrics.jsonl
-  double loss_scale_ = 1;         // fp16's dynamic loss scale (train.loss_scale_init, then halved/doubled)
-  int64_t growth_tracker_ = 0;    // good fp16 steps in a row at this scale
+  double noted_interval_s_ = -1;      // the auto interval last written to metrics.jsonl
+  EvalProgress eval_progress_;        // what the evaluations decided so far (checkpointed)
+  bool best_checkpoint_due_ = false;  // keep_best: this step's evaluation is the best so far
+  double loss_scale_ = 1;       // fp16's dynamic loss scale (train.loss_scale_init, then halved/doubled)
+  int64_t growth_tracker_ = 0;  // good fp16 steps in a row at this scale
   std::function<void(int64_t)> grad_hook_;
   TrainControl* control_ = nullptr;
   InputFiles inputs_;                                                     // what the run read: CheckInputs
@@ -331,14 +349,28 @@ OptimizerConfig JobOptimizerConfig(const JobSpec& spec);
 StatusOr<BatchPlan> ChooseBatchPlan(const JobSpec& spec, const ModelConfig& model, int64_t device_bytes,
                                     int64_t world = 1);
 
-// A data file of the job (data.train or data.eval) through the job's
-// pipeline: format, seq_len, packing, skip_bad_lines, chat template. For
-// text, alpaca and chat the model's tokenizer is loaded into *tokenizer
-// unless it already holds one. Errors name the file (and line) at fault;
-// Cancelled when `stop_requested` (optional, polled per line and within
+// Which side of data.val_fraction's split a source is opened for (DatasetOptions::holdout).
+struct DataSplit {
+  double holdout = 0;
+  bool held_out = false;
+};
+
+// A data source of the job (data.train or data.eval, or one of their list's)
+// through the job's pipeline: the source's format, field mapping and chat
+// template (else data.chat_template), seq_len, packing, skip_bad_lines. For
+// text, alpaca, chat and preference text the model's tokenizer is loaded into
+// *tokenizer unless it already holds one. Errors name the file (and line) at
+// fault; Cancelled when `stop_requested` (optional, polled per line and within
 // template renders) said so.
-StatusOr<std::unique_ptr<Dataset>> OpenJobData(const JobSpec& spec, const ModelConfig& config,
-                                               const std::string& path, std::unique_ptr<Tokenizer>* tokenizer,
-                                               const std::function<bool()>& stop_requested = {});
+StatusOr<std::unique_ptr<Dataset>> OpenJobSource(const JobSpec& spec, const ModelConfig& config,
+                                                 const JobSpec::DataSource& source, const DataSplit& split,
+                                                 std::unique_ptr<Tokenizer>* tokenizer,
+                                                 const std::function<bool()>& stop_requested = {});
+// Every source of `sources` (OpenJobSource), mixed (engine/data/mixture.h); errors name the source's key.
+StatusOr<std::unique_ptr<Mixture>> OpenJobMixture(const JobSpec& spec, const ModelConfig& config,
+                                                  const std::vector<JobSpec::DataSource>& sources,
+                                                  Mixture::Mode mode, const DataSplit& split,
+                                                  std::unique_ptr<Tokenizer>* tokenizer,
+                                                  const std::function<bool()>& stop_requested = {});
 
 }  // namespace ft

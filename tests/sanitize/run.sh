@@ -56,6 +56,7 @@ case "$kind" in
       PlannerTest.PredictsTheMeasuredPeakWithinTenPercentOverAGrid
       CheckpointChaosTest.TwentyFiveKillNineRestartsEndBitIdentical
       CheckpointChaosTest.DpoKilledNineAtRandomEndsBitIdentical
+      CheckpointChaosTest.AMixtureKilledNineAtRandomEndsBitIdentical
       LossScalingTest.Fp16OverflowSkipsTheStepHalvesTheScaleAndResumesExactly
       DdpTest.EachFamilyResumesAfterKillNineAtWorldTwoWithWorldOnesAdapterBytes
       'Tokenizers/GoldenTest.LongRunsEncodeInLinearTime/*'

@@ -88,6 +88,31 @@ std::string WriteDpoJob(const std::string& dir, const std::string& train_extra, 
   return path;
 }
 
+std::string WriteMixtureJob(const std::string& dir, const std::string& train_extra, int64_t every_steps,
+                            int64_t steps, int64_t keep) {
+  const std::string path = WriteJob(dir, train_extra, every_steps, steps, keep);
+  UseMixture(path);
+  return path;
+}
+
+void UseMixture(const std::string& path) {
+  const std::string dir = fs::path(path).parent_path().string();
+  for (int k = 1; k <= 2; ++k) {
+    std::ofstream rows(dir + (k == 1 ? "/b.jsonl" : "/c.jsonl"));
+    for (int i = 0; i < 40; ++i) {
+      std::string ids;
+      for (int t = 0; t < 4 + (i * k) % 9; ++t)
+        ids += (t ? ", " : "") + std::to_string(HashKeys(k, i, t) % 250 + 1);
+      rows << "{\"input_ids\": [" << ids << "]}\n";
+    }
+  }
+  std::string text = Slurp(path);
+  text.replace(text.find("train: data.jsonl"), 17,
+               "train: [{path: data.jsonl, weight: 0.6}, {path: b.jsonl, weight: 0.3}, "
+               "{path: c.jsonl, weight: 0.1}]");
+  std::ofstream(path) << text;
+}
+
 pid_t Spawn(const std::string& dir, const std::vector<std::string>& args) {
   std::vector<std::string> argv = {FT_TRAIN_BIN};
   argv.insert(argv.end(), args.begin(), args.end());

@@ -33,6 +33,13 @@ std::string WriteJob(const std::string& dir, const std::string& train_extra = ""
 std::string WriteDpoJob(const std::string& dir, const std::string& train_extra, int64_t every_steps,
                         int64_t steps, int64_t keep, const std::string& adapter = "");
 
+// Makes the job at `job` (written by WriteJob) train on a mixture of three token sources:
+// data.jsonl (weight 0.6) and two more written beside it, b.jsonl (0.3) and c.jsonl (0.1), 40
+// rows each. WriteMixtureJob: WriteJob's job so changed.
+void UseMixture(const std::string& job);
+std::string WriteMixtureJob(const std::string& dir, const std::string& train_extra, int64_t every_steps,
+                            int64_t steps, int64_t keep);
+
 // Starts ft-train with `args`; its stderr is appended to <dir>/stderr.txt.
 pid_t Spawn(const std::string& dir, const std::vector<std::string>& args);
 // Starts ft-train with `args` + {"--control-fd", "3"}: fd 3 is the read end

@@ -49,6 +49,8 @@ std::vector<std::pair<std::string, std::vector<std::string>>> ChoiceKeys() {
           {"train.gradient_sum", Names<GradientSum>()},
           {"train.objective", Names<TrainObjective>()},
           {"train.dpo.loss", Names<DpoLoss>()},
+          {"train.early_stopping.metric", Names<EvalMetric>()},
+          {"output.adapter_from", Names<AdapterFrom>()},
           {"checkpoint.every", Names<CheckpointEvery>()},
           {"resources.device", Names<DeviceRequest>()},
           {"distributed.strategy", Names<DistributedStrategy>()}};
@@ -77,9 +79,15 @@ TEST(JobChoicesTest, DocsListEveryValueOfEveryChoice) {
 std::vector<std::string> WithCompanions(const std::string& key, const std::string& name) {
   std::vector<std::string> set = {key + "=" + name};
   const bool dpo = key == "train.dpo.loss" || (key == "train.objective" && name == "dpo") ||
-                   (key == "data.format" && name == "preference");
+                   (key == "data.format" && name == "preference") ||
+                   (key == "train.early_stopping.metric" && name != "eval_loss");
   if (dpo && key != "train.objective") set.push_back("train.objective=dpo");
   if (dpo && key != "data.format") set.push_back("data.format=preference");
+  // Early stopping and the best checkpoint act on evaluations.
+  if (key == "train.early_stopping.metric") set.push_back("train.early_stopping.patience=2");
+  if (key == "output.adapter_from") set.push_back("checkpoint.keep_best=true");
+  if (key == "train.early_stopping.metric" || key == "output.adapter_from")
+    set.push_back("data.eval=/e.jsonl");
   return set;
 }
 
@@ -261,6 +269,76 @@ TEST(JobChoicesTest, DpoNeedsPreferencePairsALoraAdapterAndSaneKeys) {
     auto r = ParseJobSpec(b.text, "j.yaml");
     ASSERT_FALSE(r.ok()) << b.text;
     EXPECT_THAT(r.status().message(), HasSubstr(b.message)) << b.text;
+  }
+}
+
+// train.early_stopping, checkpoint.keep_best and output.adapter_from: read as written; what they
+// need (an evaluation set, evaluations before the last step, a metric the objective reports,
+// keep_best for adapter_from: best) is refused at the key's file:line:col with the fix; early
+// stopping joins the math hash only when set, the other two never.
+TEST(JobChoicesTest, EarlyStoppingAndTheBestCheckpointNeedEvaluationsAndSayWhy) {
+  const std::string eval = "data:\n  train: /d.jsonl\n  eval: /e.jsonl\n";
+  auto job = [](const std::string& data, const std::string& train, const std::string& rest = "") {
+    return "model:\n  path: /m\n" + data + "train:\n  max_steps: 10\n" + train + "output:\n  dir: /o\n" +
+           rest;
+  };
+  const std::string stopping = "  early_stopping:\n    patience: 2\n    min_delta: 0.01\n";
+  auto parsed =
+      ParseJobSpec(job(eval, stopping, "  adapter_from: best\ncheckpoint:\n  keep_best: true\n"), "j.yaml");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_TRUE(parsed->train.early_stopping.enabled);
+  EXPECT_EQ(parsed->train.early_stopping.metric, EvalMetric::kEvalLoss);
+  EXPECT_EQ(parsed->train.early_stopping.patience, 2);
+  EXPECT_EQ(parsed->train.early_stopping.min_delta, 0.01);
+  EXPECT_TRUE(parsed->checkpoint.keep_best);
+  EXPECT_EQ(parsed->output.adapter_from, AdapterFrom::kBest);
+  const std::map<std::string, std::string> hashed = JobMathKeys(*parsed, "sha");
+  EXPECT_EQ(hashed.at("train.early_stopping.patience"), "2");
+  EXPECT_EQ(hashed.at("train.early_stopping.metric"), "eval_loss");
+  auto plain =
+      ParseJobSpec(job(eval, "", "  adapter_from: best\ncheckpoint:\n  keep_best: true\n"), "j.yaml");
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  auto without = ParseJobSpec(job(eval, ""), "j.yaml");
+  ASSERT_TRUE(without.ok()) << without.status().ToString();
+  EXPECT_EQ(JobHash(*plain, "sha"), JobHash(*without, "sha")) << "keep_best and adapter_from change no byte";
+  const std::string dpo_eval = "data:\n  train: /d.jsonl\n  eval: /e.jsonl\n  format: preference\n";
+  EXPECT_TRUE(ParseJobSpec(job(dpo_eval,
+                               "  objective: dpo\n  early_stopping: {metric: eval_rewards/margins, "
+                               "patience: 1}\n"),
+                           "j.yaml")
+                  .ok());
+  const std::string no_eval = "data:\n  train: /d.jsonl\n";
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {job(no_eval, stopping),
+       "j.yaml:6:3: train.early_stopping: needs an evaluation set: set data.eval (a held-out file) or "
+       "data.val_fraction"},
+      {job(eval, "  eval_every_steps: 0\n" + stopping),
+       "j.yaml:8:3: train.early_stopping: evaluations come only at the last step (train.eval_every_steps: "
+       "0)"},
+      {job(eval, "  early_stopping: {min_delta: 0.1}\n"),
+       "j.yaml:7:19: train.early_stopping.patience: required"},
+      {job(eval, "  early_stopping: {patience: 0}\n"),
+       "train.early_stopping.patience: must be an integer in [1, 1000000]"},
+      {job(eval, "  early_stopping: {patience: 2, min_delta: -1}\n"),
+       "train.early_stopping.min_delta: must be a number in [0, 1e+09]"},
+      {job(eval, "  early_stopping: {patience: 2, paitence: 3}\n"), "did you mean 'patience'"},
+      {job(eval, "  early_stopping: {metric: eval_rewards/accuracies, patience: 2}\n"),
+       "j.yaml:7:29: train.early_stopping.metric: eval_rewards/accuracies is reported by train.objective: "
+       "dpo "
+       "only; use metric: eval_loss"},
+      {job(eval, "  early_stopping: {metric: eval_accuracy, patience: 2}\n"),
+       "train.early_stopping.metric: 'eval_accuracy' is not one of eval_loss | eval_rewards/accuracies"},
+      {job(no_eval, "", "checkpoint:\n  keep_best: true\n"),
+       "j.yaml:9:14: checkpoint.keep_best: needs an evaluation set"},
+      {job(eval, "", "  adapter_from: best\n"),
+       "j.yaml:8:17: output.adapter_from: best is the checkpoint checkpoint.keep_best keeps; set "
+       "checkpoint.keep_best: true"},
+      {job(eval, "", "  adapter_from: first\n"), "output.adapter_from: 'first' is not one of last | best"},
+  };
+  for (const auto& [yaml, message] : bad) {
+    auto refused = ParseJobSpec(yaml, "j.yaml");
+    ASSERT_FALSE(refused.ok()) << yaml;
+    EXPECT_THAT(refused.status().message(), HasSubstr(message)) << yaml;
   }
 }
 

@@ -164,6 +164,28 @@ TEST(CheckpointChaosTest, DpoKilledNineAtRandomEndsBitIdentical) {
   }
 }
 
+// A mixture of three sources (0.6 / 0.3 / 0.1) killed (-9) at random moments, a checkpoint write
+// among them, ends with the uninterrupted run's adapter bytes, optimizer state and per-step
+// losses; its checkpoints record each source's position, which the cursor alone determines.
+TEST(CheckpointChaosTest, AMixtureKilledNineAtRandomEndsBitIdentical) {
+  const std::string ref = FreshDir("mixture-reference"), dir = FreshDir("mixture-chaos");
+  ASSERT_EQ(RunToEnd(ref, WriteMixtureJob(ref, "", 3, 36, 3)), kExitFinished) << Slurp(ref + "/stderr.txt");
+  int during_write = 0;
+  const int kills = KillNineAtRandomToTheEnd(dir, WriteMixtureJob(dir, "", 3, 36, 3), 6, 45, &during_write);
+  std::printf("mixture: SIGKILLs: %d (%d during a checkpoint write)\n", kills, during_write);
+  EXPECT_GE(kills, 4);
+  ExpectSameFinalState(dir + "/out", ref + "/out");
+  auto state = ReadCheckpointState(NewestCheckpoint(ref + "/out"));
+  ASSERT_TRUE(state.ok()) << state.status().ToString();
+  ASSERT_EQ(state->source_positions.size(), 3u);
+  EXPECT_EQ(state->cursor, 36 * 8);
+  const double want[] = {0.6, 0.3, 0.1};
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_NEAR(static_cast<double>(state->source_positions[k]) / state->cursor, want[k], 1.0 / state->cursor)
+        << "source " << k;
+  }
+}
+
 // DPO with every memory technique at once (activation checkpointing with the layer inputs in host
 // memory, the frozen weights offloaded, paged AdamW) ends with the plain run's adapter bytes and
 // losses; in bf16 and fp16 (loss scaling) it trains to within 5% of fp32's per-step losses.

@@ -313,6 +313,20 @@ void ExpectKilledWorldTwoEqualsWorldOne(const std::string& name,
   EXPECT_EQ(bytes, Slurp(ref_dir + "/out/" + trained)) << trained << " byte for byte";
 }
 
+// A mixture of three sources trained at world 1, and at world 2 killed (-9) after a checkpoint
+// and resumed at world 1 (an elastic world): the same per-step losses and adapter bytes, so the
+// same rows in the same order whatever the world.
+TEST(DdpTest, AMixtureKilledAtWorldTwoResumesAtWorldOneWithWorldOnesBytes) {
+  ExpectKilledWorldTwoEqualsWorldOne(
+      "mixture",
+      [](const std::string& dir, int world) {
+        const std::string path = Job(dir, world, false);
+        UseMixture(path);
+        return path;
+      },
+      /*resume_world=*/1);
+}
+
 // Every family beyond Llama (engine/model/family.h) through the multi-process paths: a model of
 // its preset (ft-train make-model) trained at world 1, and at world 2 killed (-9) after a
 // checkpoint and resumed at world 2, ends with world 1's adapter byte for byte.
