@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <optional>
 
@@ -31,6 +32,18 @@ pb::JobState ToProtoState(JobStateCode s) { return static_cast<pb::JobState>(sta
 
 pb::AttemptOutcome ToProtoOutcome(AttemptOutcomeCode o) {
   return static_cast<pb::AttemptOutcome>(static_cast<int>(o));
+}
+
+// "; the best checkpoint (step 10, eval_loss 1.25) stays beside it" when `resumed` (the state of
+// the checkpoint at `step` a job resumes from) records a best evaluation at another step
+// (checkpoint.keep_best: the trainer's retention keeps it; resuming from the newest never drops it).
+std::string BestCheckpointNote(const TrainerState& resumed, int64_t step) {
+  const EvalProgress& e = resumed.evaluation;
+  if (e.best_step <= 0 || e.best_step == step) return "";
+  char value[32];
+  std::snprintf(value, sizeof(value), "%.6g", e.best_value);
+  return "; the best checkpoint (step " + std::to_string(e.best_step) + ", " + e.metric + " " + value +
+         ") stays beside it";
 }
 
 // OK when every path of `spec` lies under one of `roots` (none = anywhere);
@@ -649,7 +662,10 @@ void Daemon::EndLostAttempt(const std::string& job_id, int64_t epoch, const std:
           reason + "; " + spec->output.dir + "/COMPLETE.json shows the run finished (epoch " +
               std::to_string(done->epoch) + ", " + std::to_string(done->steps) + " steps)",
           done->steps);
-    return EndRunning(job_id, epoch, AttemptOutcomeCode::kFinished, "finished (reconciled from output.dir)",
+    // A run that early stopping ended says so, as its worker's report would have.
+    return EndRunning(job_id, epoch, AttemptOutcomeCode::kFinished,
+                      done->stop_reason.empty() ? "finished (reconciled from output.dir)"
+                                                : done->stop_reason + " (reconciled from output.dir)",
                       done->steps);
   }
   auto committed = store_->LatestCheckpoint(job_id);
@@ -664,7 +680,7 @@ void Daemon::EndLostAttempt(const std::string& job_id, int64_t epoch, const std:
           "reconciled checkpoint");
     Event(job_id, "", "reconciled",
           reason + "; resume point moved to step " + std::to_string(c.step) + " (" + c.dir +
-              ", found in output.dir)",
+              ", found in output.dir)" + BestCheckpointNote(*state, c.step),
           c.step);
     break;
   }
@@ -753,9 +769,11 @@ void Daemon::EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcome
     Event(job_id, "", "stopped", "cancelled attempt stopped at step " + std::to_string(exit_step), exit_step);
   } else if (outcome == AttemptOutcomeCode::kFinished) {
     j->state = JobStateCode::kSucceeded;
-    j->reason = "";
+    j->reason = reason;  // "" unless the run ended early (train.early_stopping): ftctl status says why
     j->steps_done = exit_step;
-    Event(job_id, "", "succeeded", "finished " + std::to_string(exit_step) + " steps", exit_step);
+    Event(job_id, "", "succeeded",
+          "finished " + std::to_string(exit_step) + " steps" + (reason.empty() ? "" : "; " + reason),
+          exit_step);
   } else if (outcome == AttemptOutcomeCode::kPreempted) {
     j->state = JobStateCode::kQueued;
     j->preemptions += 1;

@@ -1,5 +1,5 @@
 // The job page (#/jobs/ID): loss and learning-rate curves (the data.eval loss
-// as points when the job has one) with the event timeline drawn on their time
+// as points when the job has one, the lowest of them ringed) with the event timeline drawn on their time
 // axis, a DPO job's rewards by step (chosen, rejected and margins, the accuracy
 // on a second axis; the panel appears once a point has them, so SFT jobs never
 // show it), tokens/s, step time against the time spent waiting for the memory
@@ -67,6 +67,9 @@ export function mountJob(root, id, app) {
         { label: 'lr', scale: 'lr', stroke: '#e37400', dash: [6, 4] },
         // data.eval loss: points only, at the steps that were evaluated (null elsewhere).
         { label: 'eval loss', scale: 'loss', stroke: '#d93025', paths: () => null, points: { show: true, size: 7, fill: '#d93025' } },
+        // The best (lowest) eval loss: a ring around that one point (checkpoint.keep_best keeps its checkpoint).
+        { label: 'best eval', scale: 'loss', stroke: '#188038', paths: () => null,
+          points: { show: true, size: 15, width: 2, fill: 'transparent' } },
       ],
       axes: [
         { scale: 'loss', label: 'loss', size: 60, values: axisFormats.number },
@@ -126,8 +129,9 @@ export function mountJob(root, id, app) {
   function drawMetrics() {
     const points = [...store.metrics.values()].sort((a, b) => a.time_ms - b.time_ms || a.step - b.step);
     const t = points.map((p) => p.time_ms / 1000);
-    charts.loss.setData([t, points.map((p) => finite(p.loss)), points.map((p) => finite(p.lr)),
-      points.map((p) => finite(p.eval_loss))]);
+    const evalLoss = points.map((p) => finite(p.eval_loss));
+    charts.loss.setData([t, points.map((p) => finite(p.loss)), points.map((p) => finite(p.lr)), evalLoss,
+      bestOnly(evalLoss)]);
     charts.tokens.setData([t, points.map((p) => finite(p.tokens_per_s))]);
     charts.timing.setData([t, points.map((p) => finite(p.step_seconds)), points.map((p) => finite(p.copy_wait_seconds))]);
     drawRewards(points);
@@ -343,6 +347,15 @@ export function mountJob(root, id, app) {
     if (disposed) return;
     for (const what of dirty) drawers[what]();
     dirty.clear();
+  }
+
+  // `values` with every entry but the first lowest one null (all null when none is finite).
+  function bestOnly(values) {
+    let best = -1;
+    values.forEach((v, i) => {
+      if (v !== null && (best < 0 || v < values[best])) best = i;
+    });
+    return values.map((v, i) => (i === best ? v : null));
   }
 
   // ---- loading ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@
 //                                              with --gpu the CUDA step's predicted cost (step_cost.h)
 //   ft-train make-model (--preset tiny-llama | --config CONFIG.json) --out DIR [--dtype f32|bf16] [--seed N]
 //   ft-train tokenize --model DIR|tokenizer.json [--add-special-tokens] [--decode]
+//   ft-train tokenize --job JOB.yaml [--set k=v]...   index the job's data; rows, tokens, shares
 //                                              JSON strings in on stdin, id arrays out (or back)
 //   ft-train generate --model DIR [--adapter DIR] [--prompt TEXT] [--chat] ...
 //                                              text from the model, streamed (generate_command.h)
@@ -384,7 +385,14 @@ int main(int argc, char** argv) {
   auto* tokenize = app.add_subcommand("tokenize", "tokenize JSON strings from stdin (one per line)");
   std::string tokenizer_path;
   bool add_special = false, decode = false;
-  tokenize->add_option("--model", tokenizer_path, "model directory or tokenizer.json")->required();
+  std::string tokenize_job;
+  std::vector<std::string> tokenize_overrides;
+  auto* model_option = tokenize->add_option("--model", tokenizer_path, "model directory or tokenizer.json");
+  tokenize
+      ->add_option("--job", tokenize_job,
+                   "index a job's data (every source) and print each source's rows, tokens and realised share")
+      ->excludes(model_option);
+  tokenize->add_option("--set", tokenize_overrides, "override a job.yaml key, as for run (repeatable)");
   tokenize->add_flag("--add-special-tokens", add_special, "apply the post-processor (e.g. BOS)");
   tokenize->add_flag("--decode", decode, "read id arrays and print strings instead");
 
@@ -396,6 +404,8 @@ int main(int argc, char** argv) {
   if (!level.ok()) return Fail(level.status());
   ft::log::Configure({*level, log_json, "ft-train"});
   if (*run) return RunJob(flags);
+  if (*tokenize && !tokenize_job.empty()) return ft::RunDataReport(tokenize_job, tokenize_overrides);
+  if (*tokenize && tokenizer_path.empty()) return Fail(ft::Status::InvalidArgument("tokenize: give --model or --job"));
   if (*tokenize) return ft::RunTokenizeCommand(tokenizer_path, add_special, decode);
   if (*generate) return ft::RunGenerateCommand(gen);
   if (*plan) return Plan(plan_job, plan_overrides, device_memory, plan_device, plan_world, plan_gpu);

@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "engine/job/exit_codes.h"
+#include "engine/job/hf_config.h"
 #include "engine/text/tokenizer.h"
 #include "engine/train/trainer.h"
 
@@ -66,6 +68,59 @@ int RunTokenizeCommand(const std::string& model_or_file, bool add_special_tokens
     std::cout << out << '\n';
   }
   std::cout.flush();
+  return 0;
+}
+
+namespace {
+
+// One mixture's table: a line per source, then the whole.
+void PrintMixture(const char* what, const Mixture& m, int64_t rows_trained) {
+  std::printf("%s: %d source%s, %lld rows a pass\n", what, m.sources(), m.sources() == 1 ? "" : "s",
+              static_cast<long long>(m.size()));
+  const std::vector<int64_t> positions = m.Positions(rows_trained);
+  std::printf("  %-16s %8s %9s %11s %11s %8s %9s  %s\n", "source", "rows", "examples", "tokens", "targets",
+              "share", "realised", "path");
+  for (int k = 0; k < m.sources(); ++k) {
+    const Dataset& d = m.source(k);
+    std::printf("  %-16s %8lld %9lld %11lld %11lld %7.2f%% %8.2f%%  %s\n", m.key(k).c_str(),
+                static_cast<long long>(d.size()), static_cast<long long>(d.examples()),
+                static_cast<long long>(d.total_tokens()), static_cast<long long>(d.CountTargets(0, d.size(), false, 0)),
+                100 * m.share(k), rows_trained > 0 ? 100.0 * static_cast<double>(positions[k]) / rows_trained : 0.0,
+                d.path().c_str());
+  }
+}
+
+}  // namespace
+
+int RunDataReport(const std::string& job_file, const std::vector<std::string>& overrides) {
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "ft-train tokenize: %s\n", s.ToString().c_str());
+    return kExitBadInput;
+  };
+  auto job = LoadJobWithOverrides(job_file, overrides);
+  if (!job.ok()) return fail(job.status());
+  const JobSpec& spec = job->spec;
+  auto config = ReadHfConfig(spec.model.path);
+  if (!config.ok()) return fail(config.status());
+  std::unique_ptr<Tokenizer> tokenizer;
+  auto train = OpenJobMixture(spec, *config, spec.data.train_sources, Mixture::Mode::kInterleave,
+                              {spec.data.val_fraction, false}, &tokenizer);
+  if (!train.ok()) return fail(train.status());
+  const int64_t steps = spec.train.max_steps > 0
+                            ? spec.train.max_steps
+                            : spec.train.epochs * (((*train)->size() + spec.train.global_batch_size - 1) /
+                                                   spec.train.global_batch_size);
+  const int64_t rows = steps * spec.train.global_batch_size;
+  std::printf("%s: %lld steps x %lld rows = %lld rows trained\n", job_file.c_str(), static_cast<long long>(steps),
+              static_cast<long long>(spec.train.global_batch_size), static_cast<long long>(rows));
+  PrintMixture("data.train", **train, rows);
+  if (JobHasEval(spec)) {
+    const bool held = spec.data.val_fraction > 0;
+    auto eval = OpenJobMixture(spec, *config, held ? spec.data.train_sources : spec.data.eval_sources,
+                               Mixture::Mode::kConcatenate, {spec.data.val_fraction, held}, &tokenizer);
+    if (!eval.ok()) return fail(eval.status());
+    PrintMixture(held ? "data.val_fraction (held out)" : "data.eval", **eval, (*eval)->size());
+  }
   return 0;
 }
 

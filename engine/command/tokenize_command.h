@@ -8,6 +8,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace ft {
 
@@ -15,5 +16,13 @@ namespace ft {
 // exit code: 0, or 2 (kExitBadInput) when the tokenizer does not load or a
 // line is not the expected JSON (the message names the line number).
 int RunTokenizeCommand(const std::string& model_or_file, bool add_special_tokens, bool decode);
+
+// `ft-train tokenize --job JOB.yaml`: indexes (tokenizes) every source of the
+// job's data.train and data.eval the way a run would, leaving each source's
+// index (<file>.ftidx) for the run, and prints per source its rows, examples,
+// tokens and targets, its share and the share it realises over the job's
+// rows (max_steps x global_batch_size, or its epochs). Returns 0, or 2
+// (kExitBadInput) with the error naming the file, line and key.
+int RunDataReport(const std::string& job_file, const std::vector<std::string>& overrides);
 
 }  // namespace ft

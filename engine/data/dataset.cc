@@ -124,6 +124,12 @@ StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const DatasetOptions& options, 
   return ds;
 }
 
+int64_t Dataset::total_tokens() const {
+  int64_t total = 0;
+  for (int64_t line : example_line_) total += lines_[line].tokens;
+  return total;
+}
+
 std::string Dataset::holdout_key() const {
   if (options_.holdout <= 0) return "";
   char text[64];

@@ -96,6 +96,7 @@ class Dataset {
 
   int64_t size() const { return static_cast<int64_t>(row_first_.size()) - 1; }  // rows
   int64_t examples() const { return static_cast<int64_t>(example_line_.size()); }
+  int64_t total_tokens() const;  // of every example (after truncation to seq_len)
   int64_t skipped_lines() const { return skipped_; }
   bool from_cache() const { return from_cache_; }
   // Lowercase hex SHA-256 of the data file's contents when it was opened.

@@ -98,6 +98,12 @@ Status Mixture::PlanBlock() {
   return Status::OK();
 }
 
+double Mixture::share(int k) const {
+  if (sources_.size() == 1) return 1;
+  if (mode_ == Mode::kConcatenate) return static_cast<double>(sources_[k].data->size()) / static_cast<double>(size_);
+  return static_cast<double>(quota_[k]) / static_cast<double>(block_);
+}
+
 uint64_t Mixture::SourceSeed(int k, uint64_t seed) const {
   return sources_.size() == 1 ? seed : HashKeys(seed, 0x50C5, static_cast<uint64_t>(k));
 }

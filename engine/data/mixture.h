@@ -53,6 +53,9 @@ class Mixture {
   const std::string& key(int k) const { return sources_[k].key; }
   // The rows each source has given before `cursor` (one entry per source).
   std::vector<int64_t> Positions(int64_t cursor) const;
+  // Source k's share of the rows: its quota of a block (interleave), its rows of the whole
+  // (concatenate), 1 (one source).
+  double share(int k) const;
   // Interleave: rows per block and each source's slots in it.
   int64_t block() const { return block_; }
   int64_t quota(int k) const { return quota_[k]; }

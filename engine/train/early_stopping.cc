@@ -38,8 +38,9 @@ std::string StopReason(const JobSpec::Train::EarlyStopping& e, const EvalProgres
   char text[320];
   std::snprintf(text, sizeof(text),
                 "early stopping: %s did not improve by more than %g for %" PRId64
-                " evaluations; best %.6g at step %" PRId64,
-                p.metric.c_str(), e.min_delta, p.since_improvement, p.best_value, p.best_step);
+                " evaluation%s; best %.6g at step %" PRId64,
+                p.metric.c_str(), e.min_delta, p.since_improvement, p.since_improvement == 1 ? "" : "s",
+                p.best_value, p.best_step);
   return text;
 }
 

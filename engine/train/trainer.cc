@@ -42,6 +42,10 @@ namespace {
 // per-collective timeout, which is for lost ranks.
 constexpr std::chrono::milliseconds kRankZeroPhase = std::chrono::hours(1);
 
+// The sources whose realised share a step line reports ("data_share/<k>", the first ones of a
+// larger list): within the 32 metrics a step line may carry beside an objective's own.
+constexpr int kReportedSourceShares = 16;
+
 // A diverged run stops instead of finishing with NaN weights: FailedPrecondition
 // naming the step and the quantity, unless `value` is finite.
 Status RequireFinite(const JobSpec& spec, int64_t step, const std::string& what, double value) {
@@ -493,6 +497,13 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
   m->gather_seconds = model_->gather_seconds() - gather_before;
   for (size_t k = 1; k < sum_names.size(); ++k)
     m->objective_metrics[sum_names[k]] = sums[k] / static_cast<double>(normaliser);
+  if (data_->sources() > 1) {  // the mixture as realised: each source's share of the rows so far
+    const std::vector<int64_t> positions = data_->Positions(cursor_);
+    for (int k = 0; k < std::min(data_->sources(), kReportedSourceShares); ++k) {
+      m->objective_metrics["data_share/" + std::to_string(k)] =
+          static_cast<double>(positions[k]) / static_cast<double>(cursor_);
+    }
+  }
   for (int c = 0; c < static_cast<int>(MemCategory::kCount); ++c) {
     m->peak_by_category[MemCategoryName(static_cast<MemCategory>(c))] =
         GlobalMemoryTracker().peak(static_cast<MemCategory>(c));

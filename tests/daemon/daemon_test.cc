@@ -691,6 +691,90 @@ TEST_F(DaemonTest, ALostAttemptsNewerCheckpointBecomesTheResumePoint) {
   EXPECT_EQ(w2.Last(pb::DaemonCommand::kStart)->start().start_step(), 6) << "progress starts there, not at 0";
 }
 
+// A run that early stopping ended succeeds with the trainer's reason, whether its worker reported the
+// exit or ftd found its COMPLETE.json after losing the attempt: ftctl status shows the job's reason.
+TEST_F(DaemonTest, ARunThatStoppedEarlySucceedsSayingWhyReportedOrReconciled) {
+  const std::string why =
+      "early stopping: eval_loss did not improve by more than 0 for 3 evaluations; "
+      "best 2.9129 at step 6";
+  FakeSink w1, w2;
+  Register("w1", &w1);
+  const std::string reported = Submit();
+  daemon_->Tick();
+  pb::WorkerMessage m;
+  pb::AttemptExited* e = m.mutable_exited();
+  e->set_job_id(reported);
+  e->set_epoch(1);
+  e->set_credential(Cred(reported, 1));
+  e->set_outcome(pb::ATTEMPT_FINISHED);
+  e->set_step(8);
+  e->set_reason(why);
+  daemon_->OnWorkerMessage("w1", &w1, m);
+  EXPECT_EQ(Job(reported).state(), pb::SUCCEEDED);
+  EXPECT_EQ(Job(reported).reason(), why);
+  EXPECT_EQ(Job(reported).steps_done(), 8);
+
+  const std::string lost = Submit();
+  daemon_->Tick();
+  Heartbeat("w1", &w1, lost, 1, 7);
+  auto spec = ParseJobSpec(Job(lost).spec_yaml(), dir_ + "/job/job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  fs::create_directories(spec->output.dir + "/adapter");
+  std::ofstream(spec->output.dir + "/adapter/adapter_model.safetensors") << "weights";
+  CompletionRecord record{"j", JobHash(*spec), 1, 8, {}};
+  record.stop_reason = why;
+  ASSERT_TRUE(WriteCompletion(spec->output.dir, record, {"adapter"}).ok());
+  clock_.Advance(10'001);
+  Register("w2", &w2);
+  daemon_->Tick();
+  pb::Job j = Job(lost);
+  EXPECT_EQ(j.state(), pb::SUCCEEDED) << j.reason();
+  EXPECT_THAT(j.reason(), StartsWith(why));
+  EXPECT_EQ(j.steps_done(), 8);
+}
+
+// checkpoint.keep_best leaves the best checkpoint behind the newest: ftd's reconciliation of a lost
+// attempt moves the resume point to the newest (never back to the best), leaves the best in place
+// and says which it is.
+TEST_F(DaemonTest, ReconcilingALostAttemptResumesFromTheNewestAndKeepsTheBestCheckpoint) {
+  std::string id = Submit();
+  FakeSink w1, w2;
+  Register("w1", &w1);
+  daemon_->Tick();
+  auto spec = ParseJobSpec(Job(id).spec_yaml(), dir_ + "/job/job.yaml");
+  ASSERT_TRUE(spec.ok());
+  const std::string root = spec->output.dir + "/checkpoints";
+  for (int64_t step : {4, 8}) {  // the best evaluation was step 4's; step 8 is the newest
+    CheckpointContents c;
+    c.state.step = step;
+    c.state.job_hash = JobHash(*spec);
+    c.state.epoch = 1;
+    c.state.evaluation = {"eval_loss", step, 4, 1.25, step == 8 ? 2 : 0, ""};
+    c.adapter_config_json = "{}";
+    c.model.push_back({"w", {2}, {1, 2}});
+    ASSERT_TRUE(WriteCheckpoint(root, c).ok());
+  }
+  clock_.Advance(10'001);
+  Register("w2", &w2);
+  daemon_->Tick();
+  EXPECT_EQ(Job(id).committed_step(), 8) << "the resume point is the newest checkpoint";
+  EXPECT_TRUE(fs::exists(root + "/step-00000004/MANIFEST.json")) << "the best checkpoint is kept";
+  auto best = BestCheckpoint(root);
+  ASSERT_TRUE(best.ok()) << best.status().ToString();
+  EXPECT_EQ(best->step, 4);
+  auto events = daemon_->ListEvents([&] {
+    pb::ListEventsRequest r;
+    r.set_job_id(id);
+    return r;
+  }());
+  ASSERT_TRUE(events.ok());
+  std::string reconciled;
+  for (const auto& e : events->events())
+    if (e.kind() == "reconciled") reconciled = e.message();
+  EXPECT_THAT(reconciled, HasSubstr("resume point moved to step 8"));
+  EXPECT_THAT(reconciled, HasSubstr("the best checkpoint (step 4, eval_loss 1.25) stays beside it"));
+}
+
 // checkpoint.every auto's M (engine/job/checkpoint_interval.h): the first attempt gets the
 // 1-hour prior; after a worker last heard 20 s into its attempt is found lost at 30 s, the next
 // gets 20 s (that attempt's time alive over its one preemption), also from a restarted ftd, which
@@ -900,6 +984,21 @@ TEST_F(DaemonTest, BadSpecIsRejectedWithLineAndNothingIsQueued) {
   auto r = daemon_->Submit(req);
   ASSERT_TRUE(r.status().IsInvalidArgument());
   EXPECT_THAT(r.status().message(), HasSubstr("job.yaml:3:"));
+  EXPECT_EQ(daemon_->ListJobs({})->jobs_size(), 0);
+}
+
+// train.early_stopping needs evaluations: ftd refuses a job without an evaluation set at submit,
+// with the key's file:line (issue #45), and queues nothing.
+TEST_F(DaemonTest, EarlyStoppingWithoutAnEvaluationSetIsRefusedAtSubmitWithLine) {
+  pb::SubmitRequest req;
+  req.set_spec_yaml(
+      "model: {path: model}\ndata: {train: data.jsonl}\n"
+      "train: {max_steps: 4, early_stopping: {patience: 2}}\noutput: {dir: o}\n");
+  req.set_spec_dir(dir_ + "/job");
+  auto r = daemon_->Submit(req);
+  ASSERT_TRUE(r.status().IsInvalidArgument()) << r.status().ToString();
+  EXPECT_THAT(r.status().message(), HasSubstr("job.yaml:3:"));
+  EXPECT_THAT(r.status().message(), HasSubstr("train.early_stopping: needs an evaluation set"));
   EXPECT_EQ(daemon_->ListJobs({})->jobs_size(), 0);
 }
 

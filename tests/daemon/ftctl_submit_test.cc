@@ -83,6 +83,26 @@ TEST(FtctlSubmitTest, FullFineTuneOfNf4WeightsIsRefusedLocallyWithFileLine) {
   EXPECT_THAT(sent.Log(), Not(HasSubstr("job.yaml:"))) << sent.Log();
 }
 
+// Acting on evaluations needs them: train.early_stopping (and checkpoint.keep_best) without an
+// evaluation set, or output.adapter_from: best without keep_best, is refused by ftctl itself with
+// the file, line and column and the fix (issue #45).
+TEST(FtctlSubmitTest, EarlyStoppingWithoutAnEvaluationSetIsRefusedLocallyWithFileLine) {
+  const std::string dir = FreshDir("ftctl-submit-early-stopping");
+  Proc refused = Submit(dir,
+                        "model:\n  path: model\ndata:\n  train: d.jsonl\ntrain:\n  max_steps: 9\n"
+                        "  early_stopping: {patience: 2}\noutput:\n  dir: o\n");
+  EXPECT_NE(refused.Wait(), 0);
+  EXPECT_THAT(refused.Log(), HasSubstr(dir + "/job.yaml:7:19: train.early_stopping: needs an evaluation set: "
+                                             "set data.eval (a held-out file) or data.val_fraction"));
+  Proc best =
+      Submit(dir,
+             "model:\n  path: model\ndata:\n  train: d.jsonl\n  eval: e.jsonl\ntrain:\n  max_steps: 9\n"
+             "output:\n  dir: o\n  adapter_from: best\n");
+  EXPECT_NE(best.Wait(), 0);
+  EXPECT_THAT(best.Log(), HasSubstr(dir + "/job.yaml:10:17: output.adapter_from: best is the checkpoint "
+                                          "checkpoint.keep_best keeps; set checkpoint.keep_best: true"));
+}
+
 // A job.yaml that is not a job's description but a memory bomb: a deep --set
 // key (ftctl built a 400 MB YAML from one before its size check), a value
 // nested thousands deep, a file over the size limit. Each is refused before

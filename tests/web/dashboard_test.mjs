@@ -4,7 +4,7 @@
 //   1. the jobs list shows the job,
 //   2. a live update arrives without a reload (the step count grows while the
 //      page stays the same document),
-//   3. the loss chart has points,
+//   3. the loss chart has points, its lowest eval loss marked as the best,
 //   4. the memory chart shows used vs predicted vs total,
 //   5. killing the running worker (SIGKILL, trainer too) puts a preemption
 //      marker on the loss chart's timeline and the job resumes on the other
@@ -87,6 +87,13 @@ async function main() {
   const evalPoints = await pageWaitFor(page, 'eval loss points in the loss chart',
     () => window.ftune.charts.loss.data[3].filter(Number.isFinite).length, (n) => n >= 2, 30000);
   check(evalPoints >= 2, `the loss chart has ${evalPoints} eval loss points`);
+  // 3a. The best (lowest) eval loss is ringed: one point of its own series (issue #45).
+  const best = await page.evaluate(() => {
+    const d = window.ftune.charts.loss.data;
+    return { evals: d[3].filter(Number.isFinite), best: d[4].filter(Number.isFinite) };
+  });
+  check(best.best.length === 1 && best.best[0] === Math.min(...best.evals),
+    `the best of ${best.evals.length} eval losses is marked (${best.best[0]})`);
   check(await page.evaluate(() => window.__sameDocument === true), 'opening the job did not reload the page');
 
   // 3b. Step time against the copy wait of the memory techniques (the job pages its

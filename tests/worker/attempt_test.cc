@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 #include "tests/worker/process_gone.h"
@@ -138,6 +139,30 @@ TEST_F(AttemptTest, EvalLinesAreRelayedAfterTheirSteps) {
   }
   EXPECT_EQ(order, (std::vector<std::string>{"step 1", "step 2", "eval 2", "step 3", "step 4", "eval 4"}));
   EXPECT_EQ((*attempt)->progress().step, 4);
+}
+
+// A run that train.early_stopping ends (a min_delta no evaluation can beat: the second evaluation
+// stops it) finishes, and its exit carries the trainer's reason (ftd makes it the job's).
+TEST_F(AttemptTest, ARunThatEarlyStoppingEndsFinishesWithItsReason) {
+  AttemptSpec spec = Job("early-stop", 6, "", ", eval: " + root_ + "/data.jsonl");
+  std::stringstream text;
+  text << std::ifstream(spec.job_file).rdbuf();
+  std::string yaml = text.str();
+  const std::string train = "lr: 1.0e-2}";
+  ASSERT_NE(yaml.find(train), std::string::npos);
+  yaml.replace(yaml.find(train), train.size(),
+               "lr: 1.0e-2, eval_every_steps: 1, early_stopping: {patience: 1, min_delta: 1000}}");
+  std::ofstream(spec.job_file) << yaml;
+  Recorder r;
+  auto attempt = Attempt::Start(spec, &r);
+  ASSERT_TRUE(attempt.ok()) << attempt.status().ToString();
+  ASSERT_TRUE(r.WaitForExit()) << r.log_;
+  std::lock_guard<std::mutex> lock(r.mu_);
+  ASSERT_EQ(r.exit_.outcome, AttemptOutcome::kFinished) << r.exit_.reason << "\n" << r.log_;
+  EXPECT_THAT(r.exit_.reason,
+              MatchesRegex("early stopping: eval_loss did not improve by more than 1000 for 1 "
+                           "evaluation; best [0-9.]+ at step [12]"));
+  EXPECT_EQ(r.exit_.step, 2);
 }
 
 TEST_F(AttemptTest, StopOnTheControlChannelCheckpointsThenPreemptsAndResumeFinishes) {

@@ -388,6 +388,25 @@ TEST_F(FtTrainCliTest, BadJobExitsTwoNamingFileAndLine) {
   EXPECT_FALSE(fs::exists(dir_ + "/out/metrics.jsonl"));
 }
 
+// `ft-train tokenize --job` indexes every source (leaving the index a run reuses) and prints each
+// source's rows and the share it realises over the job's rows; a bad source is named.
+TEST_F(FtTrainCliTest, TokenizeAJobShowsEachSourcesRealisedShare) {
+  ASSERT_EQ(FtTrain("make-model --preset tiny-llama --out " + dir_ + "/model", dir_).exit_code, 0);
+  WriteJob();
+  testing_support::UseMixture(dir_ + "/job.yaml");
+  CliResult report = FtTrainOutput("tokenize --job " + dir_ + "/job.yaml --set train.max_steps=500", dir_);
+  ASSERT_EQ(report.exit_code, 0) << report.err;
+  EXPECT_THAT(report.err, HasSubstr("500 steps x 8 rows = 4000 rows trained"));
+  EXPECT_THAT(report.err, testing::ContainsRegex("data.train\\[0\\] +96 +96 .* 60.01% +60.02%"));
+  EXPECT_THAT(report.err, testing::ContainsRegex("data.train\\[2\\] +40 +40 .* 9.99% +9.97%"));
+  EXPECT_TRUE(fs::exists(dir_ + "/b.jsonl.ftidx")) << "the run reuses the index";
+  std::ofstream(dir_ + "/c.jsonl", std::ios::app) << "{\"input_ids\": \"x\"}\n";
+  CliResult bad = FtTrainOutput("tokenize --job " + dir_ + "/job.yaml", dir_);
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("data.train[2]: "));
+  EXPECT_THAT(bad.err, HasSubstr("c.jsonl:41"));
+}
+
 TEST_F(FtTrainCliTest, SetOverridesTheJobAndErrorsNameTheOverride) {
   ASSERT_EQ(FtTrain("make-model --preset tiny-llama --out " + dir_ + "/model", dir_).exit_code, 0);
   WriteJob();

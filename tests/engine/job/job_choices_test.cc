@@ -310,28 +310,28 @@ TEST(JobChoicesTest, EarlyStoppingAndTheBestCheckpointNeedEvaluationsAndSayWhy) 
   const std::string no_eval = "data:\n  train: /d.jsonl\n";
   const std::vector<std::pair<std::string, std::string>> bad = {
       {job(no_eval, stopping),
-       "j.yaml:6:3: train.early_stopping: needs an evaluation set: set data.eval (a held-out file) or "
+       "j.yaml:8:5: train.early_stopping: needs an evaluation set: set data.eval (a held-out file) or "
        "data.val_fraction"},
       {job(eval, "  eval_every_steps: 0\n" + stopping),
-       "j.yaml:8:3: train.early_stopping: evaluations come only at the last step (train.eval_every_steps: "
+       "j.yaml:10:5: train.early_stopping: evaluations come only at the last step (train.eval_every_steps: "
        "0)"},
       {job(eval, "  early_stopping: {min_delta: 0.1}\n"),
-       "j.yaml:7:19: train.early_stopping.patience: required"},
+       "j.yaml:8:19: train.early_stopping.patience: required"},
       {job(eval, "  early_stopping: {patience: 0}\n"),
        "train.early_stopping.patience: must be an integer in [1, 1000000]"},
       {job(eval, "  early_stopping: {patience: 2, min_delta: -1}\n"),
        "train.early_stopping.min_delta: must be a number in [0, 1e+09]"},
       {job(eval, "  early_stopping: {patience: 2, paitence: 3}\n"), "did you mean 'patience'"},
       {job(eval, "  early_stopping: {metric: eval_rewards/accuracies, patience: 2}\n"),
-       "j.yaml:7:29: train.early_stopping.metric: eval_rewards/accuracies is reported by train.objective: "
+       "j.yaml:8:28: train.early_stopping.metric: eval_rewards/accuracies is reported by train.objective: "
        "dpo "
        "only; use metric: eval_loss"},
       {job(eval, "  early_stopping: {metric: eval_accuracy, patience: 2}\n"),
        "train.early_stopping.metric: 'eval_accuracy' is not one of eval_loss | eval_rewards/accuracies"},
       {job(no_eval, "", "checkpoint:\n  keep_best: true\n"),
-       "j.yaml:9:14: checkpoint.keep_best: needs an evaluation set"},
+       "j.yaml:10:14: checkpoint.keep_best: needs an evaluation set"},
       {job(eval, "", "  adapter_from: best\n"),
-       "j.yaml:8:17: output.adapter_from: best is the checkpoint checkpoint.keep_best keeps; set "
+       "j.yaml:10:17: output.adapter_from: best is the checkpoint checkpoint.keep_best keeps; set "
        "checkpoint.keep_best: true"},
       {job(eval, "", "  adapter_from: first\n"), "output.adapter_from: 'first' is not one of last | best"},
   };

@@ -183,6 +183,9 @@ TEST(CheckpointChaosTest, AMixtureKilledNineAtRandomEndsBitIdentical) {
   for (int k = 0; k < 3; ++k) {
     EXPECT_NEAR(static_cast<double>(state->source_positions[k]) / state->cursor, want[k], 1.0 / state->cursor)
         << "source " << k;
+    // Each step line says how the mixture was realised so far (ftd, ftctl status, the dashboard).
+    EXPECT_DOUBLE_EQ(StepLines(ref + "/out").back()["data_share/" + std::to_string(k)].get<double>(),
+                     static_cast<double>(state->source_positions[k]) / state->cursor);
   }
 }
 

@@ -250,5 +250,29 @@ TEST(EarlyStoppingTest, VerdictsFollowTheBestValueMinDeltaAndPatience) {
   EXPECT_FALSE(EvalMetricValue(EvalMetric::kEvalRewardMargins, 1.0, {}).ok());
 }
 
+// The verdicts travel in trainer_state.json's "evaluation"; a checkpoint without one (an older
+// build's, or a job that acts on no evaluation) reads as fresh.
+TEST(EarlyStoppingTest, TheVerdictsArePartOfTheTrainerStateAndAbsentMeansFresh) {
+  TrainerState s;
+  s.step = 12;
+  s.evaluation = {"eval_loss", 12, 6, 2.8, 3, "early stopping: ..."};
+  auto back = TrainerStateFromJson(TrainerStateToJson(s), "trainer_state.json");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->evaluation.metric, "eval_loss");
+  EXPECT_EQ(back->evaluation.last_step, 12);
+  EXPECT_EQ(back->evaluation.best_step, 6);
+  EXPECT_EQ(back->evaluation.best_value, 2.8);
+  EXPECT_EQ(back->evaluation.since_improvement, 3);
+  EXPECT_EQ(back->evaluation.stop_reason, "early stopping: ...");
+  s.evaluation = {};
+  const std::string plain = TrainerStateToJson(s);
+  EXPECT_EQ(plain.find("\"evaluation\""), std::string::npos) << "nothing tracked: nothing written";
+  auto fresh = TrainerStateFromJson(plain, "trainer_state.json");
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  EXPECT_EQ(fresh->evaluation.metric, "");
+  EXPECT_EQ(fresh->evaluation.best_step, 0);
+  EXPECT_EQ(fresh->evaluation.since_improvement, 0);
+}
+
 }  // namespace
 }  // namespace ft
