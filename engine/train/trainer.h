@@ -146,7 +146,11 @@ class Trainer {
   // (adapter/, model/ for full fine-tunes, merged/ when output.merge), and
   // COMPLETE.json last (engine/job/completion.h).
   // With data.eval, an evaluation line follows the step line of every
-  // train.eval_every_steps-th step and of the last step.
+  // train.eval_every_steps-th step and of the last step. train.early_stopping
+  // ends the run (finished) at the evaluation that reaches its patience: an
+  // "early_stop" line, the final checkpoint and outputs of that step, and the
+  // reason in COMPLETE.json; checkpoint.keep_best checkpoints each best
+  // evaluation's step and retention keeps it (engine/train/early_stopping.h).
   // Aborted when a newer epoch took output.dir (fenced runs): nothing more
   // was written. FailedPrecondition when training diverges (Step's check, or
   // a non-finite weight when a checkpoint is taken): no such checkpoint and no

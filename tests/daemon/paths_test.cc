@@ -151,6 +151,21 @@ TEST_F(PathsTest, SubmitWithMissingDataFileIsRefusedInsteadOfRetriedForever) {
               HasSubstr("data.train: '" + dir_ + "/job/missing.jsonl' does not exist; fix the path"));
 }
 
+// A list of sources: each one's file is checked at submit, and each reaches the worker absolute.
+TEST_F(PathsTest, EverySourceOfAMixtureIsCheckedAtSubmitAndReachesTheWorkerAbsolute) {
+  auto missing = Submit("model", "out", "[{path: data.jsonl, weight: 2}, {path: gone.jsonl, weight: 1}]");
+  ASSERT_TRUE(missing.status().IsInvalidArgument()) << missing.status().ToString();
+  EXPECT_THAT(missing.status().message(),
+              HasSubstr("data.train[1].path: '" + dir_ + "/job/gone.jsonl' does not exist; fix the path"));
+  auto bad = Submit("model", "out", "[{path: data.jsonl, weight: 2, fields: {txt: body}}]");
+  ASSERT_TRUE(bad.status().IsInvalidArgument()) << bad.status().ToString();
+  EXPECT_THAT(bad.status().message(), HasSubstr("data.train[0].fields.txt: is not a key of format tokens"));
+  auto job = Submit("model", "out", "[{path: data.jsonl, weight: 2}, {path: data.jsonl, weight: 1}]");
+  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  const pb::DaemonCommand start = StartOnAWorker();
+  EXPECT_THAT(start.start().spec_yaml(), HasSubstr("{path: " + dir_ + "/job/data.jsonl, weight: 1}"));
+}
+
 TEST_F(PathsTest, StartCommandCarriesTheAllowedRootsToTheTrainer) {
   auto job = Submit();
   ASSERT_TRUE(job.ok()) << job.status().ToString();
