@@ -363,7 +363,7 @@ AttemptExit Attempt::MakeExit(const ExitStatus& status) {
   const ExitMeaning* meaning = status.signaled ? nullptr : FindExitMeaning(status.code);
   e.outcome = meaning ? meaning->outcome : AttemptOutcome::kFailed;
   if (meaning && meaning->reason == ExitMeaning::Reason::kNone) {
-    e.reason = "";  //REVERT-TEST "" unless train.early_stopping ended the run
+    e.reason = finished_reason_;  // "" unless train.early_stopping ended the run
     return e;
   }
   if (meaning && meaning->reason == ExitMeaning::Reason::kPreempted) {

@@ -389,8 +389,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> tokenize_overrides;
   auto* model_option = tokenize->add_option("--model", tokenizer_path, "model directory or tokenizer.json");
   tokenize
-      ->add_option("--job", tokenize_job,
-                   "index a job's data (every source) and print each source's rows, tokens and realised share")
+      ->add_option(
+          "--job", tokenize_job,
+          "index a job's data (every source) and print each source's rows, tokens and realised share")
       ->excludes(model_option);
   tokenize->add_option("--set", tokenize_overrides, "override a job.yaml key, as for run (repeatable)");
   tokenize->add_flag("--add-special-tokens", add_special, "apply the post-processor (e.g. BOS)");
@@ -405,7 +406,8 @@ int main(int argc, char** argv) {
   ft::log::Configure({*level, log_json, "ft-train"});
   if (*run) return RunJob(flags);
   if (*tokenize && !tokenize_job.empty()) return ft::RunDataReport(tokenize_job, tokenize_overrides);
-  if (*tokenize && tokenizer_path.empty()) return Fail(ft::Status::InvalidArgument("tokenize: give --model or --job"));
+  if (*tokenize && tokenizer_path.empty())
+    return Fail(ft::Status::InvalidArgument("tokenize: give --model or --job"));
   if (*tokenize) return ft::RunTokenizeCommand(tokenizer_path, add_special, decode);
   if (*generate) return ft::RunGenerateCommand(gen);
   if (*plan) return Plan(plan_job, plan_overrides, device_memory, plan_device, plan_world, plan_gpu);

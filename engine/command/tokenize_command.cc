@@ -84,8 +84,9 @@ void PrintMixture(const char* what, const Mixture& m, int64_t rows_trained) {
     const Dataset& d = m.source(k);
     std::printf("  %-16s %8lld %9lld %11lld %11lld %7.2f%% %8.2f%%  %s\n", m.key(k).c_str(),
                 static_cast<long long>(d.size()), static_cast<long long>(d.examples()),
-                static_cast<long long>(d.total_tokens()), static_cast<long long>(d.CountTargets(0, d.size(), false, 0)),
-                100 * m.share(k), rows_trained > 0 ? 100.0 * static_cast<double>(positions[k]) / rows_trained : 0.0,
+                static_cast<long long>(d.total_tokens()),
+                static_cast<long long>(d.CountTargets(0, d.size(), false, 0)), 100 * m.share(k),
+                rows_trained > 0 ? 100.0 * static_cast<double>(positions[k]) / rows_trained : 0.0,
                 d.path().c_str());
   }
 }
@@ -111,8 +112,9 @@ int RunDataReport(const std::string& job_file, const std::vector<std::string>& o
                             : spec.train.epochs * (((*train)->size() + spec.train.global_batch_size - 1) /
                                                    spec.train.global_batch_size);
   const int64_t rows = steps * spec.train.global_batch_size;
-  std::printf("%s: %lld steps x %lld rows = %lld rows trained\n", job_file.c_str(), static_cast<long long>(steps),
-              static_cast<long long>(spec.train.global_batch_size), static_cast<long long>(rows));
+  std::printf("%s: %lld steps x %lld rows = %lld rows trained\n", job_file.c_str(),
+              static_cast<long long>(steps), static_cast<long long>(spec.train.global_batch_size),
+              static_cast<long long>(rows));
   PrintMixture("data.train", **train, rows);
   if (JobHasEval(spec)) {
     const bool held = spec.data.val_fraction > 0;

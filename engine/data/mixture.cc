@@ -100,7 +100,8 @@ Status Mixture::PlanBlock() {
 
 double Mixture::share(int k) const {
   if (sources_.size() == 1) return 1;
-  if (mode_ == Mode::kConcatenate) return static_cast<double>(sources_[k].data->size()) / static_cast<double>(size_);
+  if (mode_ == Mode::kConcatenate)
+    return static_cast<double>(sources_[k].data->size()) / static_cast<double>(size_);
   return static_cast<double>(quota_[k]) / static_cast<double>(block_);
 }
 

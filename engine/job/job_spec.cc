@@ -176,8 +176,7 @@ Status ParseSource(const YamlMap& m, DataFormat format, bool eval, JobSpec::Data
         GetNumber(m, "weight", 0, 1e6, true, &s->weight, " (shares are normalised over the list)"));
   }
   if (m.Has("epochs")) {
-    FT_RETURN_IF_ERROR(
-        GetNumber(m, "epochs", 0, 1e6, true, &s->epochs, " (passes per pass of the mixture)"));
+    FT_RETURN_IF_ERROR(GetNumber(m, "epochs", 0, 1e6, true, &s->epochs, " (passes per pass of the mixture)"));
   }
   FT_RETURN_IF_ERROR(m.Get("chat_template", &s->chat_template));
   return ParseFields(m, s);

@@ -196,8 +196,8 @@ TEST(CheckpointChaosTest, AMixtureKilledNineAtRandomEndsBitIdentical) {
   ASSERT_EQ(evals.size(), 6u);
   ASSERT_EQ(resumed_evals.size(), evals.size());
   for (size_t i = 0; i < evals.size(); ++i) {
-    EXPECT_EQ(resumed_evals[i]["eval_loss"], evals[i]["eval_loss"]) << "the held-out rows evaluated, step "
-                                                                    << evals[i]["step"];
+    EXPECT_EQ(resumed_evals[i]["eval_loss"], evals[i]["eval_loss"])
+        << "the held-out rows evaluated, step " << evals[i]["step"];
   }
   auto state = ReadCheckpointState(NewestCheckpoint(ref + "/out"));
   ASSERT_TRUE(state.ok()) << state.status().ToString();
@@ -209,7 +209,8 @@ TEST(CheckpointChaosTest, AMixtureKilledNineAtRandomEndsBitIdentical) {
         << "source " << k;
     // Each step line says how the mixture was realised so far (ftd, ftctl status, the dashboard).
     const auto lines = StepLines(ref + "/out");
-    const auto last_step = std::find_if(lines.rbegin(), lines.rend(), [](const auto& l) { return l.contains("loss"); });
+    const auto last_step =
+        std::find_if(lines.rbegin(), lines.rend(), [](const auto& l) { return l.contains("loss"); });
     ASSERT_NE(last_step, lines.rend());
     EXPECT_DOUBLE_EQ((*last_step)["data_share/" + std::to_string(k)].get<double>(),
                      static_cast<double>(state->source_positions[k]) / state->cursor);
