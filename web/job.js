@@ -39,6 +39,10 @@ const REWARDS = [
   ['rewards/accuracies', 'accuracy', '#e37400', 'acc', { dash: [6, 4] }],
 ];
 
+// A step point's data_share/<k>: the rows source k of data.train has given over all rows so far
+// (a job whose data.train lists several sources).
+const SHARE = 'data_share/';
+
 export function mountJob(root, id, app) {
   const store = {
     job: null,
@@ -135,6 +139,29 @@ export function mountJob(root, id, app) {
     charts.tokens.setData([t, points.map((p) => finite(p.tokens_per_s))]);
     charts.timing.setData([t, points.map((p) => finite(p.step_seconds)), points.map((p) => finite(p.copy_wait_seconds))]);
     drawRewards(points);
+    drawMixture(points);
+  }
+
+  // The Data mixture panel: each source's share of the rows trained so far (the newest step's
+  // data_share/<k>), shown once a point has them.
+  function drawMixture(points) {
+    const shares = (p) => Object.entries(p.objective_metrics || {}).filter(([name]) => name.startsWith(SHARE));
+    const newest = points.filter((p) => shares(p).length > 0).pop();
+    if (!newest) return;
+    ui.mixturePanel.hidden = false;
+    const rows = shares(newest).map(([name, v]) => [Number(name.slice(SHARE.length)), v]).sort((a, b) => a[0] - b[0]);
+    if (ui.mixture.childElementCount !== rows.length) {
+      ui.mixture.replaceChildren(...rows.map(([k]) => {
+        const fill = el('div', { class: 'bar-fill' });
+        return el('tr', { 'data-source': k }, el('td', {}, `data.train[${k}]`), el('td', { class: 'share' }),
+          el('td', {}, el('div', { class: 'bar wide' }, fill)));
+      }));
+    }
+    rows.forEach(([, v], i) => {
+      const row = ui.mixture.children[i];
+      setText(row.querySelector('.share'), `${(100 * v).toFixed(1)}%`);
+      row.querySelector('.bar-fill').style.width = `${(100 * v).toFixed(1)}%`;
+    });
   }
 
   // The Rewards panel, by optimizer step (a step replayed after a resume: the newest epoch's
@@ -532,6 +559,10 @@ function buildPage(root, id) {
     el('h2', {}, 'Rewards (DPO) by step: chosen, rejected, margins; accuracy on the right'), ui.rewardsChart);
   const table = (heads, body) =>
     el('table', { class: 'grid' }, el('thead', {}, el('tr', {}, ...heads.map((h) => el('th', {}, h)))), body);
+  ui.mixture = el('tbody');
+  ui.mixturePanel = el('section', { class: 'panel', id: 'mixture', hidden: true },
+    el('h2', {}, 'Data mixture: each source\'s share of the rows trained so far'),
+    table(['source', 'share', ''], ui.mixture));
   root.replaceChildren(el('div', { class: 'job' },
     el('p', { class: 'crumbs' }, el('a', { href: '#/jobs' }, 'Jobs'), ` / ${id}`),
     el('div', { class: 'job-head' }, ui.title, ui.state, ui.reason, el('span', { class: 'spacer' }), ui.message, ui.cancel),
@@ -541,6 +572,7 @@ function buildPage(root, id) {
       ui.goodput.panel,
       panel('Loss, eval loss and learning rate (markers: events)', ui.lossChart),
       ui.rewardsPanel,
+      ui.mixturePanel,
       panel('Tokens per second', ui.tokensChart),
       panel('Step time and copy wait (memory techniques)', ui.timingChart),
       panel('Device memory: used, predicted, total', ui.memoryChart, ui.memoryNote),

@@ -152,13 +152,15 @@ export class Cluster {
   // A tiny Llama and token data under dir/job, and a job.yaml; returns its path.
   // eval_every: also evaluate on the training file every that many steps (data.eval).
   // train_extra: more keys of the train map (e.g. 'optimizer: paged_adamw').
-  writeJob(name, { steps, every_steps, eval_every = 0, lr = '1.0e-2', extra = '', train_extra = '' }) {
+  // mixture: data.train lists the file twice, weights 3 and 1 (each step reports data_share/0, /1).
+  writeJob(name, { steps, every_steps, eval_every = 0, lr = '1.0e-2', extra = '', train_extra = '', mixture = false }) {
     const job = this.jobFiles();
     const file = path.join(job, `${name}.yaml`);
+    const train = mixture ? '[{path: data.jsonl, weight: 3}, {path: data.jsonl, weight: 1}]' : 'data.jsonl';
     fs.writeFileSync(file, `name: ${name}
 model: {path: model, dtype: fp32}
 adapter: {type: lora, r: 8, alpha: 16}
-data: {train: data.jsonl, format: tokens, seq_len: 64, packing: false, shuffle: true${eval_every ? ', eval: data.jsonl' : ''}}
+data: {train: ${train}, format: tokens, seq_len: 64, packing: false, shuffle: true${eval_every ? ', eval: data.jsonl' : ''}}
 train: {max_steps: ${steps}, global_batch_size: 8, micro_batch_size: 2, lr: ${lr}, warmup_steps: 3${eval_every ? `, eval_every_steps: ${eval_every}` : ''}${train_extra ? `, ${train_extra}` : ''}}
 checkpoint: {every_steps: ${every_steps}, every_minutes: 0, keep: 3}
 output: {dir: out-${name}}

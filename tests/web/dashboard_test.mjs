@@ -4,7 +4,7 @@
 //   1. the jobs list shows the job,
 //   2. a live update arrives without a reload (the step count grows while the
 //      page stays the same document),
-//   3. the loss chart has points, its lowest eval loss marked as the best,
+//   3. the loss chart has points, its lowest eval loss marked as the best, the data mixture's shares,
 //   4. the memory chart shows used vs predicted vs total,
 //   5. killing the running worker (SIGKILL, trainer too) puts a preemption
 //      marker on the loss chart's timeline and the job resumes on the other
@@ -46,7 +46,7 @@ async function main() {
   const pools = { w1: 'spot-a', w2: 'spot-b' };  // a pool each: M and goodput are kept per pool
   cluster.startWorker('w1', ['--pool', pools.w1]);
   cluster.startWorker('w2', ['--pool', pools.w2]);
-  const id = cluster.ftctl('submit', cluster.writeJob('web', { steps: 20000, every_steps: 200, eval_every: 25,
+  const id = cluster.ftctl('submit', cluster.writeJob('web', { steps: 20000, every_steps: 200, eval_every: 25, mixture: true,
     train_extra: 'optimizer: paged_adamw, activation_checkpointing: offload' })).split(/\s/)[0];
   check(/^j-\d+$/.test(id), `ftctl submitted job ${id}`);
 
@@ -95,6 +95,11 @@ async function main() {
   check(best.best.length === 1 && best.best[0] === Math.min(...best.evals),
     `the best of ${best.evals.length} eval losses is marked (${best.best[0]})`);
   check(await page.evaluate(() => window.__sameDocument === true), 'opening the job did not reload the page');
+  // 3c. The job mixes two sources 3:1: the Data mixture panel shows each one's share (issue #45).
+  const shares = await pageWaitFor(page, 'the data mixture panel',
+    () => [...document.querySelectorAll('#mixture tr[data-source] .share')].map((c) => c.textContent),
+    (s) => s.length === 2 && s[0] !== '', 30000);
+  check(shares[0] === '75.0%' && shares[1] === '25.0%', `the data mixture panel shows the shares (${shares.join(', ')})`);
 
   // 3b. Step time against the copy wait of the memory techniques (the job pages its
   // optimizer states and offloads activations).
