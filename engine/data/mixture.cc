@@ -43,8 +43,11 @@ StatusOr<std::unique_ptr<Mixture>> Mixture::Create(std::vector<MixtureSource> so
   std::vector<std::string> shas;
   for (const MixtureSource& s : m->sources_) shas.push_back(s.data->sha256());
   m->sha256_ = SourcesSha256(shas);
-  if (m->sources_.size() == 1) {
-    m->size_ = m->sources_[0].data->size();
+  if (m->sources_.size() == 1) {  // its own order; `epochs` still sets the rows of a pass
+    const MixtureSource& s = m->sources_[0];
+    m->size_ = s.epochs > 0
+                   ? std::max<int64_t>(1, std::llround(s.epochs * static_cast<double>(s.data->size())))
+                   : s.data->size();
     return m;
   }
   if (mode == Mode::kConcatenate) {

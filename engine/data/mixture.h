@@ -45,8 +45,8 @@ class Mixture {
   enum class Mode { kInterleave, kConcatenate };
   static StatusOr<std::unique_ptr<Mixture>> Create(std::vector<MixtureSource> sources, Mode mode);
 
-  // Rows per pass of the mixture: the source's rows (one source, or concatenated), the sum of
-  // every source's rows (weights), or of epochs x rows (epochs).
+  // Rows per pass of the mixture (train.epochs counts these): the sum of every source's rows
+  // (weights; a single path), or of epochs x rows (epochs; concatenation: rows).
   int64_t size() const { return size_; }
   int sources() const { return static_cast<int>(sources_.size()); }
   const Dataset& source(int k) const { return *sources_[k].data; }

@@ -363,9 +363,11 @@ Status CheckSourceFormats(const YamlMap& data, const JobSpec& spec) {
       }
     }
   }
-  if (pairs && spec.adapter.type == AdapterType::kFull && spec.data.train_sources.size() > 1) {
-    return Status::InvalidArgument(data.Where("train") +
-                                   ": data.train: a full fine-tune's DPO reference is stored per data file; "
+  if (pairs && spec.adapter.type == AdapterType::kFull &&
+      (spec.data.train_sources.size() > 1 || spec.data.eval_sources.size() > 1)) {
+    const char* key = spec.data.train_sources.size() > 1 ? "train" : "eval";
+    return Status::InvalidArgument(data.Where(key) + ": data." + key +
+                                   ": a full fine-tune's DPO reference is stored per data file; "
                                    "give one file (or use adapter.type: lora)");
   }
   return Status::OK();

@@ -166,6 +166,13 @@ TEST(MixtureTest, EpochsCountEachSourceByItsRowsAndConcatenationReadsEachWhole) 
   EXPECT_NEAR(counts[1], 240, 3);
   EXPECT_NEAR(counts[2], 1000, 3);
 
+  std::vector<MixtureSource> one;  // a single source keeps its own order; epochs set a pass's rows
+  one.push_back({OpenSource(dir + "/b.jsonl"), 0, 2.5, "data.train[0]"});
+  auto single = Mixture::Create(std::move(one), Mixture::Mode::kInterleave);
+  ASSERT_TRUE(single.ok());
+  EXPECT_EQ((*single)->size(), 300);
+  EXPECT_EQ((*single)->At(130, true, 7).row, (*single)->source(0).RowAt(130, true, 7));
+
   std::vector<MixtureSource> eval;
   eval.push_back({OpenSource(dir + "/b.jsonl"), 1, 0, "data.eval[0]"});
   eval.push_back({OpenSource(dir + "/a.jsonl"), 1, 0, "data.eval[1]"});

@@ -91,6 +91,16 @@ TEST(DataSourcesTest, EveryBadSourceKeyIsRefusedWithItsLineAndTheFix) {
               HasSubstr("data.val_fraction: must be a number in [0, 0.5]"));
 }
 
+TEST(DataSourcesTest, AFullFineTunesDpoTakesOneFileEach) {
+  auto spec = ParseJobSpec(
+      "model: {path: m}\nadapter: {type: full}\ndata:\n  format: preference\n  train: d\n"
+      "  eval: [{path: e}, {path: f}]\ntrain: {max_steps: 1, objective: dpo}\noutput: {dir: o}\n",
+      "/j/job.yaml");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(spec.status().message(),
+              HasSubstr("job.yaml:6:9: data.eval: a full fine-tune's DPO reference is stored per data file"));
+}
+
 TEST(DataSourcesTest, ValFractionMakesAnEvalSetAndTheEvalKeysValid) {
   auto spec = ParseJobSpec(
       "model: {path: m}\ndata: {train: d, val_fraction: 0.02}\ntrain: {max_steps: 1, eval_every_steps: 5}\n"
