@@ -172,6 +172,19 @@ class DaemonTest : public testing::Test {
   std::unique_ptr<Daemon> daemon_;
 };
 
+// A one-tensor checkpoint of attempt epoch 1 at `step`, of the math `hash`, under `root`.
+Status WriteTinyCheckpoint(const std::string& root, int64_t step, const std::string& hash,
+                           const EvalProgress& evaluation = {}) {
+  CheckpointContents c;
+  c.state.step = step;
+  c.state.job_hash = hash;
+  c.state.epoch = 1;
+  c.state.evaluation = evaluation;
+  c.adapter_config_json = "{}";
+  c.model.push_back({"w", {2}, {1, 2}});
+  return WriteCheckpoint(root, c);
+}
+
 TEST_F(DaemonTest, SubmittedJobStartsOnARegisteredWorkerWithAPlan) {
   std::string id = Submit();
   daemon_->Tick();
@@ -670,13 +683,7 @@ TEST_F(DaemonTest, ALostAttemptsNewerCheckpointBecomesTheResumePoint) {
   ASSERT_TRUE(spec.ok());
   // A checkpoint of this job at step 6 whose commit never reached ftd, and one of other math at 8.
   for (auto [step, hash] : std::vector<std::pair<int64_t, std::string>>{{6, JobHash(*spec)}, {8, "other"}}) {
-    CheckpointContents c;
-    c.state.step = step;
-    c.state.job_hash = hash;
-    c.state.epoch = 1;
-    c.adapter_config_json = "{}";
-    c.model.push_back({"w", {2}, {1, 2}});
-    ASSERT_TRUE(WriteCheckpoint(spec->output.dir + "/checkpoints", c).ok());
+    ASSERT_TRUE(WriteTinyCheckpoint(spec->output.dir + "/checkpoints", step, hash).ok());
   }
   clock_.Advance(10'001);
   Register("w2", &w2);
@@ -745,14 +752,9 @@ TEST_F(DaemonTest, ReconcilingALostAttemptResumesFromTheNewestAndKeepsTheBestChe
   ASSERT_TRUE(spec.ok());
   const std::string root = spec->output.dir + "/checkpoints";
   for (int64_t step : {4, 8}) {  // the best evaluation was step 4's; step 8 is the newest
-    CheckpointContents c;
-    c.state.step = step;
-    c.state.job_hash = JobHash(*spec);
-    c.state.epoch = 1;
-    c.state.evaluation = {"eval_loss", step, 4, 1.25, step == 8 ? 2 : 0, ""};
-    c.adapter_config_json = "{}";
-    c.model.push_back({"w", {2}, {1, 2}});
-    ASSERT_TRUE(WriteCheckpoint(root, c).ok());
+    ASSERT_TRUE(
+        WriteTinyCheckpoint(root, step, JobHash(*spec), {"eval_loss", step, 4, 1.25, step == 8 ? 2 : 0, ""})
+            .ok());
   }
   clock_.Advance(10'001);
   Register("w2", &w2);
