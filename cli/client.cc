@@ -56,8 +56,11 @@ Status JobsClient::FromRpc(const grpc::Status& s) const {
   if (code != grpc::StatusCode::UNAUTHENTICATED && code != grpc::StatusCode::PERMISSION_DENIED) {
     return FromGrpcStatus(s).WithContext("ftd at " + options_.address);
   }
-  const std::string name =
-      code == grpc::StatusCode::UNAUTHENTICATED ? "UNAUTHENTICATED" : "PERMISSION_DENIED";
+  if (code == grpc::StatusCode::PERMISSION_DENIED) {  // a known identity, not allowed this
+    return Status::InvalidArgument("ftd at " + options_.address + " refused" + kTokenRefused +
+                                   "PERMISSION_DENIED): " + s.error_message());
+  }
+  const std::string name = "UNAUTHENTICATED";
   return Status::InvalidArgument(
       "ftd at " + options_.address + (options_.token.empty() ? " wants" : " refused") + kTokenRefused + name +
       ": " + s.error_message() +
@@ -93,6 +96,20 @@ StatusOr<pb::ListWorkersReply> JobsClient::Workers() {
 StatusOr<pb::ListEventsReply> JobsClient::Events(const std::string& job_id, int64_t after_seq) {
   FT_UNARY_(ListEvents, pb::ListEventsRequest, pb::ListEventsReply,
             (req_.set_job_id(job_id), req_.set_after_seq(after_seq)));
+}
+StatusOr<pb::UserTokenReply> JobsClient::AddUser(const std::string& name, const std::string& team,
+                                                 const std::string& role) {
+  FT_UNARY_(AddUser, pb::AddUserRequest, pb::UserTokenReply,
+            (req_.set_name(name), req_.set_team(team), req_.set_role(role)));
+}
+StatusOr<pb::User> JobsClient::RemoveUser(const std::string& name) {
+  FT_UNARY_(RemoveUser, pb::UserRequest, pb::User, req_.set_name(name));
+}
+StatusOr<pb::UserTokenReply> JobsClient::RotateUserToken(const std::string& name) {
+  FT_UNARY_(RotateUserToken, pb::UserRequest, pb::UserTokenReply, req_.set_name(name));
+}
+StatusOr<pb::ListUsersReply> JobsClient::ListUsers() {
+  FT_UNARY_(ListUsers, pb::ListUsersRequest, pb::ListUsersReply, (void)0);
 }
 #undef FT_UNARY_
 

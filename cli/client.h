@@ -46,6 +46,13 @@ class JobsClient {
   Status Watch(const std::string& job_id, int64_t after_seq,
                const std::function<bool(const ftune::v1::JobUpdate&)>& fn);
   Status Logs(const std::string& job_id, bool follow, const std::function<void(const std::string&)>& fn);
+  // Admin only (ftd answers PERMISSION_DENIED otherwise). AddUser and RotateUserToken return
+  // the user's new token, which ftd never shows again.
+  StatusOr<ftune::v1::UserTokenReply> AddUser(const std::string& name, const std::string& team,
+                                              const std::string& role);
+  StatusOr<ftune::v1::User> RemoveUser(const std::string& name);
+  StatusOr<ftune::v1::UserTokenReply> RotateUserToken(const std::string& name);
+  StatusOr<ftune::v1::ListUsersReply> ListUsers();
 
  private:
   void Prepare(grpc::ClientContext* ctx, bool deadline = true) const;

@@ -3,6 +3,8 @@
 //   ftctl submit job.yaml [--set k=v] [--follow]   validate locally (file:line errors), queue, optionally
 //   follow ftctl ls | status ID | logs ID [-f] | cancel ID | workers | events [ID] ftctl up embedded mode:
 //   ftd + one local worker, state under the data dir
+//   ftctl admin user add NAME --team T [--role member|viewer|admin] | remove NAME | token NAME | ls
+//   (an admin's token: users in teams, docs/OPERATIONS.md)
 //
 // Address and token: --addr/--token, else FTUNE_ADDR/FTUNE_TOKEN, else
 // ~/.config/ftune/client.yaml, else 127.0.0.1:7070. `--json` prints the raw
@@ -271,6 +273,8 @@ int Status(ft::JobsClient& client, const std::string& id, bool json) {
               j->reason().empty() ? "" : ("  (" + Safe(j->reason()) + ")").c_str(),
               static_cast<long long>(j->steps_done()), static_cast<long long>(j->total_steps()),
               static_cast<long long>(j->committed_step()), j->last_loss());
+  std::printf("submitted by %s, team %s\n", j->submitted_by().empty() ? "-" : Safe(j->submitted_by()).c_str(),
+              j->team().empty() ? "-" : Safe(j->team()).c_str());
   PrintObjective(*j);
   std::printf("attempts  %d, preemptions %lld, failures %lld\n", j->attempts_size(),
               static_cast<long long>(j->preemptions()), static_cast<long long>(j->failures()));
@@ -289,6 +293,9 @@ int Status(ft::JobsClient& client, const std::string& id, bool json) {
   return kOk;
 }
 
+// `s` made safe to print, or "-" when empty.
+std::string Dash(const std::string& s) { return s.empty() ? "-" : Safe(s); }
+
 int List(ft::JobsClient& client, bool json) {
   pb::ListJobsRequest req;
   req.set_with_goodput(true);
@@ -298,17 +305,18 @@ int List(ft::JobsClient& client, bool json) {
     std::printf("%s\n", Json(*r).c_str());
     return kOk;
   }
-  std::printf("%-10s %-10s %8s %6s %10s %7s  %s\n", "ID", "STATE", "PRIORITY", "STEP", "LOSS", "GOODPUT",
-              "NAME / REASON");
+  std::printf("%-10s %-10s %-12s %-12s %8s %6s %10s %7s  %s\n", "ID", "STATE", "USER", "TEAM", "PRIORITY",
+              "STEP", "LOSS", "GOODPUT", "NAME / REASON");
   for (const pb::Job& j : r->jobs()) {
     const pb::GoodputSplit& d = j.goodput().device();
     char goodput[16] = "      -";  // no device time yet
     if (d.productive_s() + d.lost_s() + d.checkpoint_s() + d.restart_s() > 0) {
       std::snprintf(goodput, sizeof(goodput), "%6.1f%%", 100 * j.goodput().goodput());
     }
-    std::printf("%-10s %-10s %8lld %6lld %10.4f %7s  %s%s\n", Safe(j.id()).c_str(),
-                ft::JobStateName(j.state()).c_str(), static_cast<long long>(j.priority()),
-                static_cast<long long>(j.steps_done()), j.last_loss(), goodput, Safe(j.name()).c_str(),
+    std::printf("%-10s %-10s %-12s %-12s %8lld %6lld %10.4f %7s  %s%s\n", Safe(j.id()).c_str(),
+                ft::JobStateName(j.state()).c_str(), Dash(j.submitted_by()).c_str(), Dash(j.team()).c_str(),
+                static_cast<long long>(j.priority()), static_cast<long long>(j.steps_done()), j.last_loss(),
+                goodput, Safe(j.name()).c_str(),
                 j.reason().empty() ? "" : (" — " + Safe(j.reason())).c_str());
   }
   return kOk;
@@ -361,6 +369,66 @@ int Events(ft::JobsClient& client, const std::string& id, bool json) {
   return kOk;
 }
 
+// ftctl admin user add|remove|token|ls (admin only).
+struct AdminArgs {
+  CLI::App* add = nullptr;
+  CLI::App* remove = nullptr;
+  CLI::App* token = nullptr;
+  CLI::App* ls = nullptr;
+  std::string name, team, role = "member";
+};
+
+void AddAdminCommands(CLI::App& app, AdminArgs* a) {
+  auto* admin = app.add_subcommand("admin", "manage ftd's users (needs an admin's token)");
+  admin->require_subcommand(1);
+  auto* user = admin->add_subcommand("user", "users in teams, their roles and tokens");
+  user->require_subcommand(1);
+  a->add = user->add_subcommand("add", "add a user; prints its token once");
+  a->add->add_option("name", a->name)->required();
+  a->add->add_option("--team", a->team, "the user's team")->required();
+  a->add->add_option("--role", a->role, "admin | member | viewer (default member)");
+  a->remove = user->add_subcommand("remove", "remove a user; its token stops working at once");
+  a->remove->add_option("name", a->name)->required();
+  a->token =
+      user->add_subcommand("token", "give a user a new token (printed once); the old one stops working");
+  a->token->add_option("name", a->name)->required();
+  a->ls = user->add_subcommand("ls", "list users (never their tokens)");
+}
+
+int PrintToken(const ft::StatusOr<pb::UserTokenReply>& r, bool json) {
+  if (!r.ok()) return Fail(r.status());
+  if (json) {
+    std::printf("%s\n", Json(*r).c_str());
+    return kOk;
+  }
+  std::printf("user %s (%s of team %s); its token (shown once, keep it secret):\n%s\n",
+              Safe(r->user().name()).c_str(), Safe(r->user().role()).c_str(), Safe(r->user().team()).c_str(),
+              r->token().c_str());
+  return kOk;
+}
+
+int Admin(ft::JobsClient& client, const AdminArgs& a, bool json) {
+  if (*a.add) return PrintToken(client.AddUser(a.name, a.team, a.role), json);
+  if (*a.token) return PrintToken(client.RotateUserToken(a.name), json);
+  if (*a.remove) {
+    auto r = client.RemoveUser(a.name);
+    if (!r.ok()) return Fail(r.status());
+    std::printf("removed user %s\n", Safe(r->name()).c_str());
+    return kOk;
+  }
+  auto r = client.ListUsers();
+  if (!r.ok()) return Fail(r.status());
+  if (json) {
+    std::printf("%s\n", Json(*r).c_str());
+    return kOk;
+  }
+  std::printf("%-20s %-20s %s\n", "USER", "TEAM", "ROLE");
+  for (const pb::User& u : r->users()) {
+    std::printf("%-20s %-20s %s\n", Safe(u.name()).c_str(), Safe(u.team()).c_str(), Safe(u.role()).c_str());
+  }
+  return kOk;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -407,6 +475,8 @@ int main(int argc, char** argv) {
   up->add_option("--listen", listen, "gRPC address for ftd (port 0 = any free port)");
   up->add_option("--http", http, "dashboard address (port 0 = any free port; \"\" = off)");
   up->add_option("--cpu-memory", cpu_memory, "memory the local worker offers");
+  AdminArgs admin;
+  AddAdminCommands(app, &admin);
   CLI11_PARSE(app, argc, argv);
 
   if (*up) return ft::RunEmbedded({data_dir, listen, http, cpu_memory});
@@ -430,5 +500,8 @@ int main(int argc, char** argv) {
   }
   if (*workers) return Workers(client, json);
   if (*events) return Events(client, id, json);
+  if (admin.add->parsed() || admin.remove->parsed() || admin.token->parsed() || admin.ls->parsed()) {
+    return Admin(client, admin, json);
+  }
   return kBadInput;
 }

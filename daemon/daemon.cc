@@ -303,7 +303,7 @@ StatusOr<std::string> Daemon::LogPath(const std::string& job_id) const {
 
 // ------------------------------------------------------------------ client API
 
-StatusOr<pb::SubmitReply> Daemon::Submit(const pb::SubmitRequest& req) {
+StatusOr<pb::SubmitReply> Daemon::Submit(const pb::SubmitRequest& req, const Actor& by) {
   const std::string file = (fs::path(req.spec_dir().empty() ? "." : req.spec_dir()) / "job.yaml").string();
   FT_ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(req.spec_yaml(), file));
   FT_RETURN_IF_ERROR(CheckPathRoots(spec, options_.allowed_roots, file));
@@ -329,6 +329,8 @@ StatusOr<pb::SubmitReply> Daemon::Submit(const pb::SubmitRequest& req) {
   row.output_dir = spec.output.dir;
   row.gpus = spec.resources.gpus;
   row.device = EnumName(spec.resources.device);
+  row.submitted_by = by.user;
+  row.team = by.team;
   PendingSubmit me{row, MakeJobView(row, spec, model), file, OutputDirKey(spec.output.dir)};
   std::unique_lock<std::mutex> lock(submit_mu_);
   submit_queue_.push_back(&me);
@@ -456,6 +458,8 @@ StatusOr<pb::Job> Daemon::ToProto(const JobRow& j) {
   out.set_preemptions(j.preemptions);
   out.set_failures(j.failures);
   out.set_output_dir(j.output_dir);
+  out.set_submitted_by(j.submitted_by);
+  out.set_team(j.team);
   auto ckpt = store_->LatestCheckpoint(j.id);
   if (ckpt.ok()) out.set_committed_step(ckpt->step);
   FT_ASSIGN_OR_RETURN(auto attempts, store_->ListAttempts(j.id));
@@ -532,14 +536,14 @@ StatusOr<pb::Job> Daemon::GetJob(const std::string& id) {
   return out;
 }
 
-StatusOr<pb::ListJobsReply> Daemon::ListJobs(const pb::ListJobsRequest& req) {
+StatusOr<pb::ListJobsReply> Daemon::ListJobs(const pb::ListJobsRequest& req, const TeamScope& team) {
   std::vector<JobStateCode> states;
   for (int s : req.states()) states.push_back(static_cast<JobStateCode>(s));
   std::vector<JobRow> jobs;
   pb::ListJobsReply reply;
   {
     Held lock(this);
-    FT_ASSIGN_OR_RETURN(jobs, store_->ListJobs(states, req.limit()));
+    FT_ASSIGN_OR_RETURN(jobs, store_->ListJobs(states, req.limit(), team));
     for (const JobRow& j : jobs) {
       FT_ASSIGN_OR_RETURN(*reply.add_jobs(), ToProto(j));
     }
@@ -552,9 +556,10 @@ StatusOr<pb::ListJobsReply> Daemon::ListJobs(const pb::ListJobsRequest& req) {
 }
 
 StatusOr<std::vector<pb::Job>> Daemon::ListJobsNewest(const std::vector<JobStateCode>& states,
-                                                      const std::string& contains, int64_t limit) {
+                                                      const std::string& contains, int64_t limit,
+                                                      const TeamScope& team) {
   Held lock(this);
-  FT_ASSIGN_OR_RETURN(auto jobs, store_->ListJobsNewest(states, contains, limit));
+  FT_ASSIGN_OR_RETURN(auto jobs, store_->ListJobsNewest(states, contains, limit, 0, team));
   std::vector<pb::Job> out;
   out.reserve(jobs.size());
   for (const JobRow& j : jobs) {
@@ -563,7 +568,7 @@ StatusOr<std::vector<pb::Job>> Daemon::ListJobsNewest(const std::vector<JobState
   return out;
 }
 
-StatusOr<pb::Job> Daemon::Cancel(const std::string& id) {
+StatusOr<pb::Job> Daemon::Cancel(const std::string& id, const Actor& by) {
   pb::Job out;
   {
     Held lock(this);
@@ -579,11 +584,11 @@ StatusOr<pb::Job> Daemon::Cancel(const std::string& id) {
       }
     }
     j.state = JobStateCode::kCancelled;
-    j.reason = "cancelled by the user";
+    j.reason = by.user.empty() ? "cancelled by the user" : "cancelled by " + by.user;
     j.updated_ms = clock_->WallMs();
     FT_RETURN_IF_ERROR(store_->UpdateJob(j));
     TrackState(j);
-    Event(id, "", "cancelled", "cancelled by the user", j.steps_done);
+    Event(id, "", "cancelled", j.reason, j.steps_done);
     PublishJob(id);
     FT_ASSIGN_OR_RETURN(out, ToProto(j));
     ReleaseAndPublish(lock);
@@ -636,8 +641,8 @@ StatusOr<pb::ListWorkersReply> Daemon::ListWorkers() {
   return reply;
 }
 
-StatusOr<pb::ListEventsReply> Daemon::ListEvents(const pb::ListEventsRequest& req) {
-  FT_ASSIGN_OR_RETURN(auto events, store_->ListEvents(req.job_id(), req.after_seq(), req.limit()));
+StatusOr<pb::ListEventsReply> Daemon::ListEvents(const pb::ListEventsRequest& req, const TeamScope& team) {
+  FT_ASSIGN_OR_RETURN(auto events, store_->ListEvents(req.job_id(), req.after_seq(), req.limit(), team));
   pb::ListEventsReply reply;
   for (const EventRow& e : events) *reply.add_events() = ToProtoEvent(e);
   return reply;

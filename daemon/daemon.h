@@ -160,6 +160,19 @@ class WorkerSink {
   Quiet quiet_;
 };
 
+// Who asks for a state change (recorded on the job and in its events): a user and its team;
+// "" = unnamed (tests, an open ftd's callers are "local").
+struct Actor {
+  std::string user;
+  std::string team;
+};
+
+// A user as ftd shows it (never its token).
+struct UserInfo {
+  std::string name, team, role;
+  int64_t created_ms = 0;
+};
+
 class Daemon {
  public:
   // A registration or heartbeat listing more devices is refused (InvalidArgument) or ignored.
@@ -173,17 +186,35 @@ class Daemon {
   int64_t MonotonicMs() const { return clock_->MonotonicMs(); }
 
   // ---- client API (InvalidArgument/NotFound/FailedPrecondition map to gRPC codes)
-  StatusOr<ftune::v1::SubmitReply> Submit(const ftune::v1::SubmitRequest& req);
+  // The job is `by`'s: Job.submitted_by and Job.team, and its "queued" event names them.
+  StatusOr<ftune::v1::SubmitReply> Submit(const ftune::v1::SubmitRequest& req, const Actor& by = {});
   // The job with its goodput and its newest objective metrics (Job.objective_metrics).
   StatusOr<ftune::v1::Job> GetJob(const std::string& id);
-  StatusOr<ftune::v1::ListJobsReply> ListJobs(const ftune::v1::ListJobsRequest& req);
+  // `team`: only that team's jobs (nullopt = every team's).
+  StatusOr<ftune::v1::ListJobsReply> ListJobs(const ftune::v1::ListJobsRequest& req,
+                                              const TeamScope& team = std::nullopt);
   // A page of jobs, newest first (Store::ListJobsNewest: states, id/name
   // substring, limit): only the page's rows are read and converted.
   StatusOr<std::vector<ftune::v1::Job>> ListJobsNewest(const std::vector<JobStateCode>& states,
-                                                       const std::string& contains, int64_t limit);
-  StatusOr<ftune::v1::Job> Cancel(const std::string& id);
+                                                       const std::string& contains, int64_t limit,
+                                                       const TeamScope& team = std::nullopt);
+  // The "cancelled" event names `by` when it has a user.
+  StatusOr<ftune::v1::Job> Cancel(const std::string& id, const Actor& by = {});
   StatusOr<ftune::v1::ListWorkersReply> ListWorkers();
-  StatusOr<ftune::v1::ListEventsReply> ListEvents(const ftune::v1::ListEventsRequest& req);
+  // `team`: as Store::ListEvents (the caller checks a job_id's team).
+  StatusOr<ftune::v1::ListEventsReply> ListEvents(const ftune::v1::ListEventsRequest& req,
+                                                  const TeamScope& team = std::nullopt);
+
+  // ---- users (daemon/authorization.h; the caller checks that `by` may manage users)
+  // Each change is an event (user_added, user_removed, user_token) naming `by` and the user.
+  // AddUser and RotateUserToken return the new token (shown once; only its salted HMAC is
+  // stored). InvalidArgument for a bad name, team or role; FailedPrecondition for an existing
+  // name; NotFound for an unknown user. A removed or replaced token stops resolving at once.
+  StatusOr<std::string> AddUser(const Actor& by, const std::string& name, const std::string& team,
+                                const std::string& role);
+  Status RemoveUser(const Actor& by, const std::string& name);
+  StatusOr<std::string> RotateUserToken(const Actor& by, const std::string& name);
+  StatusOr<std::vector<UserInfo>> ListUsers();
   // DATA_DIR/logs/<job_id>.log; InvalidArgument (common/ids.h) for a malformed
   // id, so no caller can make it name a file elsewhere.
   StatusOr<std::string> LogPath(const std::string& job_id) const;
@@ -419,6 +450,8 @@ class Daemon {
   // Asks the session's running attempt to checkpoint and stop. REQUIRES: s.sink.
   void SendStop(Session& s, int64_t deadline_ms, const std::string& reason);
   void Refuse(WorkerSink* sink, const std::string& job_id, int64_t epoch, const std::string& why);
+  // A user management event, committed and published.
+  void UserEvent(const std::string& kind, const std::string& message);
   void Event(const std::string& job_id, const std::string& worker_id, const std::string& kind,
              const std::string& message, int64_t step);
   bool HasSubscribers();  // takes subs_mu_

@@ -206,7 +206,9 @@ struct GrpcSide {
 
 // Starts serving gRPC and prints "ftd: listening on HOST:PORT"; 0, or the exit code after saying why.
 int StartGrpc(const Flags& f, ft::Daemon* daemon, GrpcSide* out) {
-  out->jobs = ft::MakeJobsService(daemon, f.auth);
+  ft::AuthOptions auth = f.auth;
+  auth.view_token = f.http_view_token;  // a viewer of every team on gRPC too
+  out->jobs = ft::MakeJobsService(daemon, auth);
   out->workers = ft::MakeWorkersService(daemon, f.auth);
   grpc::ServerBuilder builder;
   int port = 0;
@@ -264,7 +266,9 @@ int StartHttp(const Flags& f, const char* argv0, ft::Daemon* daemon, HttpSide* o
   std::printf("ftd: dashboard at %s://%s:%d/\n", out->server->tls() ? "https" : "http", url_host.c_str(),
               out->server->port());
   std::fflush(stdout);
-  if (!IsLoopback(h) && f.http_view_token.empty() && f.auth.client_token.empty()) {
+  auto users = daemon->store().HasUsers();
+  const bool has_users = users.ok() && *users;  // users close an ftd without tokens (docs/OPERATIONS.md)
+  if (!IsLoopback(h) && f.http_view_token.empty() && f.auth.client_token.empty() && !has_users) {
     FT_LOG(WARN) << "ftd: the dashboard on " << h
                  << " has no view token or client token: anyone who can reach this address can read jobs, "
                     "logs and metrics and cancel jobs (pass --client-token, and --http-view-token for "

@@ -13,6 +13,7 @@
 #include "common/logging.h"
 #include "common/secret.h"
 #include "common/untrusted_text.h"
+#include "daemon/authorization.h"
 #include "daemon/grpc_status.h"
 
 namespace ft {
@@ -29,6 +30,46 @@ bool Authorised(const grpc::CallbackServerContext* ctx, const std::string& token
 }
 
 const grpc::Status kUnauthenticated(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong bearer token");
+
+// The bearer token a call carries ("" when none).
+std::string_view BearerToken(const grpc::CallbackServerContext* ctx) {
+  auto it = ctx->client_metadata().find("authorization");
+  if (it == ctx->client_metadata().end()) return {};
+  const std::string_view value(it->second.data(), it->second.size());
+  constexpr std::string_view kBearer = "Bearer ";
+  return value.substr(0, kBearer.size()) == kBearer ? value.substr(kBearer.size()) : std::string_view();
+}
+
+// One call's identity, and the refusal Authorize gave it (the call then answers PERMISSION_DENIED).
+struct Call {
+  Identity who;
+  std::optional<std::string> denied;
+  // OK when `who` may; else records the refusal and returns it as an error to stop the handler.
+  Status Check(Action action, std::string_view job_team = {}, std::string_view job_id = {}) {
+    Decision d = Authorize(who, action, job_team, job_id);
+    if (d.allowed) return Status::OK();
+    FT_LOG(INFO) << "grpc: refused: " << EscapeControlChars(d.reason, 512);
+    denied = d.reason;
+    return Status::FailedPrecondition(d.reason);
+  }
+  Actor actor() const { return {who.user, who.team}; }
+};
+
+// Whether a live update may go to a stream limited to `scope`; `teams` caches each job's team
+// (a job's team never changes).
+bool Visible(const pb::JobUpdate& u, const TeamScope& scope, Store& store,
+             std::map<std::string, std::string>* teams) {
+  if (!scope) return true;
+  if (u.job_id().empty()) return !(u.has_event() && u.event().kind().rfind("user_", 0) == 0);
+  if (u.has_job()) return u.job().team() == *scope;
+  auto it = teams->find(u.job_id());
+  if (it == teams->end()) {
+    auto job = store.GetJob(u.job_id());
+    if (!job.ok()) return false;
+    it = teams->emplace(u.job_id(), job->team).first;
+  }
+  return it->second == *scope;
+}
 
 // The client a call comes from, for the per-client stream cap: its address without the port
 // ("ipv4:10.0.0.7", "ipv6:[::1]"); other transports are one client each ("unix").
@@ -202,13 +243,14 @@ class SessionReactor : public grpc::ServerBidiReactor<pb::WorkerMessage, pb::Dae
 // Watch: replays events after `after_seq`, then streams live updates until the client leaves.
 class WatchReactor : public grpc::ServerWriteReactor<pb::JobUpdate> {
  public:
-  WatchReactor(Daemon* daemon, const pb::WatchRequest& req, std::unique_ptr<StreamSlot> slot)
-      : daemon_(daemon), slot_(std::move(slot)) {
+  // `scope`: only updates of that team's jobs (and worker events); nullopt = every job's.
+  WatchReactor(Daemon* daemon, const pb::WatchRequest& req, std::unique_ptr<StreamSlot> slot, TeamScope scope)
+      : daemon_(daemon), slot_(std::move(slot)), scope_(std::move(scope)) {
     subscription_ = daemon_->Subscribe(req.job_id(), [this](const pb::JobUpdate& u) { Enqueue(u); });
     pb::ListEventsRequest past;
     past.set_job_id(req.job_id());
     past.set_after_seq(req.after_seq());
-    auto events = daemon_->ListEvents(past);
+    auto events = daemon_->ListEvents(past, scope_);
     if (events.ok()) {
       for (const pb::Event& e : events->events()) {
         pb::JobUpdate u;
@@ -247,6 +289,7 @@ class WatchReactor : public grpc::ServerWriteReactor<pb::JobUpdate> {
  private:
   void Enqueue(const pb::JobUpdate& u) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!Visible(u, scope_, daemon_->store(), &teams_)) return;
     if (finished_ || out_.size() > 10'000)
       return;  // a stalled client drops live updates, never blocks the daemon
     out_.push_back(u);
@@ -258,11 +301,13 @@ class WatchReactor : public grpc::ServerWriteReactor<pb::JobUpdate> {
 
   Daemon* daemon_;
   std::unique_ptr<StreamSlot> slot_;
+  const TeamScope scope_;
   int64_t subscription_ = 0;
   std::mutex mu_;
-  std::deque<pb::JobUpdate> out_;  // GUARDED_BY(mu_)
-  bool writing_ = false;           // GUARDED_BY(mu_)
-  bool finished_ = false;          // GUARDED_BY(mu_)
+  std::map<std::string, std::string> teams_;  // GUARDED_BY(mu_) job id → its team (Visible)
+  std::deque<pb::JobUpdate> out_;             // GUARDED_BY(mu_)
+  bool writing_ = false;                      // GUARDED_BY(mu_)
+  bool finished_ = false;                     // GUARDED_BY(mu_)
 };
 
 // Logs: the job's log file, then (follow) new lines until the client leaves or the job ends.
@@ -343,16 +388,26 @@ class JobsService : public pb::Jobs::CallbackService {
   JobsService(Daemon* daemon, AuthOptions auth)
       : daemon_(daemon),
         auth_(std::move(auth)),
+        authenticator_(&daemon->store(), auth_.client_token, auth_.view_token),
         streams_(std::make_shared<StreamCounter>(auth_.max_streams_per_client)) {}
 
+  // Runs fn(call) for an authenticated caller: UNAUTHENTICATED without one, PERMISSION_DENIED
+  // when fn's Call::Check refused. `for_action`: a state change (the view token is no identity).
   template <typename Reply, typename Fn>
-  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, Reply* reply, Fn fn) {
+  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, Reply* reply, Fn fn,
+                                  bool for_action = false) {
     auto* reactor = ctx->DefaultReactor();
-    if (!Authorised(ctx, auth_.client_token)) {
+    std::optional<Identity> who = authenticator_.Resolve(BearerToken(ctx), for_action);
+    if (!who) {
       reactor->Finish(kUnauthenticated);
       return reactor;
     }
-    auto result = fn();
+    Call call{*who, std::nullopt};
+    auto result = fn(call);
+    if (call.denied) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED, *call.denied));
+      return reactor;
+    }
     if (result.ok()) *reply = std::move(result).value();
     reactor->Finish(ToGrpcStatus(result.status()));
     return reactor;
@@ -360,61 +415,151 @@ class JobsService : public pb::Jobs::CallbackService {
 
   grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* ctx, const pb::SubmitRequest* req,
                                    pb::SubmitReply* reply) override {
-    return Unary(ctx, reply, [&] { return daemon_->Submit(*req); });
+    return Unary(
+        ctx, reply,
+        [&](Call& call) -> StatusOr<pb::SubmitReply> {
+          FT_RETURN_IF_ERROR(call.Check(Action::kSubmit));
+          return daemon_->Submit(*req, call.actor());
+        },
+        true);
   }
   grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* ctx, const pb::GetJobRequest* req,
                                 pb::Job* reply) override {
-    return Unary(ctx, reply, [&]() -> StatusOr<pb::Job> {
+    return Unary(ctx, reply, [&](Call& call) -> StatusOr<pb::Job> {
       FT_RETURN_IF_ERROR(CheckJobId(req->id(), "id"));
-      return daemon_->GetJob(req->id());
+      FT_ASSIGN_OR_RETURN(pb::Job job, daemon_->GetJob(req->id()));
+      FT_RETURN_IF_ERROR(call.Check(Action::kReadJob, job.team(), job.id()));
+      return job;
     });
   }
   grpc::ServerUnaryReactor* List(grpc::CallbackServerContext* ctx, const pb::ListJobsRequest* req,
                                  pb::ListJobsReply* reply) override {
-    return Unary(ctx, reply, [&] { return daemon_->ListJobs(*req); });
+    return Unary(ctx, reply, [&](Call& call) -> StatusOr<pb::ListJobsReply> {
+      FT_RETURN_IF_ERROR(call.Check(Action::kListJobs));
+      return daemon_->ListJobs(*req, call.who.scope());
+    });
   }
   grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* ctx, const pb::CancelRequest* req,
                                    pb::Job* reply) override {
-    return Unary(ctx, reply, [&]() -> StatusOr<pb::Job> {
-      FT_RETURN_IF_ERROR(CheckJobId(req->id(), "id"));
-      return daemon_->Cancel(req->id());
-    });
+    return Unary(
+        ctx, reply,
+        [&](Call& call) -> StatusOr<pb::Job> {
+          FT_RETURN_IF_ERROR(CheckOnJob(call, Action::kCancel, req->id(), "id"));
+          return daemon_->Cancel(req->id(), call.actor());
+        },
+        true);
   }
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx, const pb::ListWorkersRequest*,
                                         pb::ListWorkersReply* reply) override {
-    return Unary(ctx, reply, [&] { return daemon_->ListWorkers(); });
+    return Unary(ctx, reply, [&](Call& call) -> StatusOr<pb::ListWorkersReply> {
+      FT_RETURN_IF_ERROR(call.Check(Action::kReadWorkers));
+      return daemon_->ListWorkers();
+    });
   }
   grpc::ServerUnaryReactor* ListEvents(grpc::CallbackServerContext* ctx, const pb::ListEventsRequest* req,
                                        pb::ListEventsReply* reply) override {
-    return Unary(ctx, reply, [&]() -> StatusOr<pb::ListEventsReply> {
-      if (!req->job_id().empty()) FT_RETURN_IF_ERROR(CheckJobId(req->job_id(), "job_id"));
-      return daemon_->ListEvents(*req);
+    return Unary(ctx, reply, [&](Call& call) -> StatusOr<pb::ListEventsReply> {
+      if (!req->job_id().empty()) {
+        FT_RETURN_IF_ERROR(CheckOnJob(call, Action::kReadJob, req->job_id(), "job_id"));
+      } else {
+        FT_RETURN_IF_ERROR(call.Check(Action::kListJobs));
+      }
+      return daemon_->ListEvents(*req, call.who.scope());
+    });
+  }
+  grpc::ServerUnaryReactor* AddUser(grpc::CallbackServerContext* ctx, const pb::AddUserRequest* req,
+                                    pb::UserTokenReply* reply) override {
+    return Unary(ctx, reply, [&](Call& call) -> StatusOr<pb::UserTokenReply> {
+      FT_RETURN_IF_ERROR(call.Check(Action::kManageUsers));
+      FT_ASSIGN_OR_RETURN(std::string token,
+                          daemon_->AddUser(call.actor(), req->name(), req->team(), req->role()));
+      return TokenReply(req->name(), std::move(token));
+    });
+  }
+  grpc::ServerUnaryReactor* RemoveUser(grpc::CallbackServerContext* ctx, const pb::UserRequest* req,
+                                       pb::User* reply) override {
+    return Unary(ctx, reply, [&](Call& call) -> StatusOr<pb::User> {
+      FT_RETURN_IF_ERROR(call.Check(Action::kManageUsers));
+      FT_ASSIGN_OR_RETURN(pb::User user, FindUser(req->name()));
+      FT_RETURN_IF_ERROR(daemon_->RemoveUser(call.actor(), req->name()));
+      return user;
+    });
+  }
+  grpc::ServerUnaryReactor* RotateUserToken(grpc::CallbackServerContext* ctx, const pb::UserRequest* req,
+                                            pb::UserTokenReply* reply) override {
+    return Unary(ctx, reply, [&](Call& call) -> StatusOr<pb::UserTokenReply> {
+      FT_RETURN_IF_ERROR(call.Check(Action::kManageUsers));
+      FT_ASSIGN_OR_RETURN(std::string token, daemon_->RotateUserToken(call.actor(), req->name()));
+      return TokenReply(req->name(), std::move(token));
+    });
+  }
+  grpc::ServerUnaryReactor* ListUsers(grpc::CallbackServerContext* ctx, const pb::ListUsersRequest*,
+                                      pb::ListUsersReply* reply) override {
+    return Unary(ctx, reply, [&](Call& call) -> StatusOr<pb::ListUsersReply> {
+      FT_RETURN_IF_ERROR(call.Check(Action::kManageUsers));
+      FT_ASSIGN_OR_RETURN(std::vector<UserInfo> users, daemon_->ListUsers());
+      pb::ListUsersReply out;
+      for (const UserInfo& u : users) *out.add_users() = ToProtoUser(u);
+      return out;
     });
   }
   grpc::ServerWriteReactor<pb::JobUpdate>* Watch(grpc::CallbackServerContext* ctx,
                                                  const pb::WatchRequest* req) override {
-    if (!Authorised(ctx, auth_.client_token)) return Refuse<pb::JobUpdate>(kUnauthenticated);
-    if (!req->job_id().empty()) {  // "" = every job
-      if (Status bad = CheckJobId(req->job_id(), "job_id"); !bad.ok())
-        return Refuse<pb::JobUpdate>(ToGrpcStatus(bad));
+    std::optional<Identity> who = authenticator_.Resolve(BearerToken(ctx));
+    if (!who) return Refuse<pb::JobUpdate>(kUnauthenticated);
+    Call call{*who, std::nullopt};
+    if (!req->job_id().empty()) {  // "" = every job (that the identity may read)
+      if (grpc::Status bad = StreamCheck(call, req->job_id()); !bad.ok()) return Refuse<pb::JobUpdate>(bad);
     }
     auto slot = Slot(ctx);
     if (!slot) return Refuse<pb::JobUpdate>(StreamsExhausted(ctx));
-    return new WatchReactor(daemon_, *req, std::move(slot));
+    return new WatchReactor(daemon_, *req, std::move(slot), call.who.scope());
   }
   grpc::ServerWriteReactor<pb::LogChunk>* Logs(grpc::CallbackServerContext* ctx,
                                                const pb::LogsRequest* req) override {
-    if (!Authorised(ctx, auth_.client_token)) return Refuse<pb::LogChunk>(kUnauthenticated);
-    if (Status bad = CheckJobId(req->job_id(), "job_id"); !bad.ok())
-      return Refuse<pb::LogChunk>(ToGrpcStatus(bad));
-    if (auto job = daemon_->GetJob(req->job_id()); !job.ok())
-      return Refuse<pb::LogChunk>(ToGrpcStatus(job.status()));
+    std::optional<Identity> who = authenticator_.Resolve(BearerToken(ctx));
+    if (!who) return Refuse<pb::LogChunk>(kUnauthenticated);
+    Call call{*who, std::nullopt};
+    if (grpc::Status bad = StreamCheck(call, req->job_id()); !bad.ok()) return Refuse<pb::LogChunk>(bad);
     auto slot = Slot(ctx);
     if (!slot) return Refuse<pb::LogChunk>(StreamsExhausted(ctx));
     return new LogsReactor(daemon_, *req, std::move(slot));
   }
 
  private:
+  // The job id is well-formed, the job exists, and call.who may do `action` on it.
+  Status CheckOnJob(Call& call, Action action, const std::string& id, const std::string& field) {
+    FT_RETURN_IF_ERROR(CheckJobId(id, field));
+    FT_ASSIGN_OR_RETURN(JobRow job, daemon_->store().GetJob(id));
+    return call.Check(action, job.team, id);
+  }
+  // CheckOnJob(kReadJob) for a stream, as the status it is refused with.
+  grpc::Status StreamCheck(Call& call, const std::string& id) {
+    Status s = CheckOnJob(call, Action::kReadJob, id, "job_id");
+    if (call.denied) return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, *call.denied);
+    return ToGrpcStatus(s);
+  }
+  static pb::User ToProtoUser(const UserInfo& u) {
+    pb::User out;
+    out.set_name(u.name);
+    out.set_team(u.team);
+    out.set_role(u.role);
+    out.set_created_ms(u.created_ms);
+    return out;
+  }
+  StatusOr<pb::User> FindUser(const std::string& name) {
+    FT_ASSIGN_OR_RETURN(std::vector<UserInfo> users, daemon_->ListUsers());
+    for (const UserInfo& u : users)
+      if (u.name == name) return ToProtoUser(u);
+    return Status::NotFound("no user " + name + " (ftctl admin user ls lists them)");
+  }
+  StatusOr<pb::UserTokenReply> TokenReply(const std::string& name, std::string token) {
+    pb::UserTokenReply out;
+    FT_ASSIGN_OR_RETURN(*out.mutable_user(), FindUser(name));
+    out.set_token(std::move(token));
+    return out;
+  }
+
   // A counted stream of the caller's client, or null at its cap.
   std::unique_ptr<StreamSlot> Slot(const grpc::CallbackServerContext* ctx) {
     std::string client = ClientOf(ctx);
@@ -442,6 +587,7 @@ class JobsService : public pb::Jobs::CallbackService {
 
   Daemon* daemon_;
   AuthOptions auth_;
+  Authenticator authenticator_;
   std::shared_ptr<StreamCounter> streams_;
 };
 

@@ -24,6 +24,7 @@ using nlohmann::json;
 
 struct HttpApi::Params {
   const HttpRequest* req = nullptr;
+  Identity who;                              // who asks (HttpApi::Authenticate)
   std::map<std::string, std::string> query;  // decoded
   std::string id;                            // the {id} segment
   std::string file;                          // the {file} segment
@@ -172,7 +173,10 @@ std::string CookieValue(const std::string& header, const std::string& name) {
 
 }  // namespace
 
-HttpApi::HttpApi(Daemon* daemon, HttpApiOptions options) : daemon_(daemon), options_(std::move(options)) {
+HttpApi::HttpApi(Daemon* daemon, HttpApiOptions options)
+    : daemon_(daemon),
+      options_(std::move(options)),
+      auth_(&daemon->store(), options_.client_token, options_.view_token) {
   // In match order: the dashboard's catch-all "/{file}" comes last.
   for (auto group : {&HttpApi::JobEndpoints, &HttpApi::ServiceEndpoints, &HttpApi::DashboardEndpoints}) {
     for (Endpoint& e : (this->*group)()) endpoints_.push_back(std::move(e));
@@ -452,41 +456,54 @@ std::optional<HttpResponse> HttpApi::RefuseCrossSite(const HttpRequest& req, boo
   return std::nullopt;
 }
 
-std::optional<HttpResponse> HttpApi::Authorize(const Endpoint& e, const HttpRequest& req,
-                                               const std::map<std::string, std::string>& query,
-                                               const std::string** cookie_token) const {
-  // Actions need the client token (the view token when only that one is set),
-  // never from the cookie; reads need the view or the client token whenever
-  // either is configured (docs/HTTP_API.md, "Tokens").
+namespace {
+
+constexpr char kActionNeedsToken[] =
+    "this action needs the client token or a member's or admin's token: send 'Authorization: Bearer <token>' "
+    "or ?token=<token> (ftd --client-token / FTUNE_TOKEN, or ftctl admin user add)";
+constexpr char kViewNeedsToken[] =
+    "viewing needs a token (this ftd has a client or view token): send 'Authorization: Bearer "
+    "<token>', ?token=<token> or open the dashboard as /?token=<token>, with the view token "
+    "(ftd --http-view-token), the client token (ftd --client-token / FTUNE_TOKEN) or a user's token";
+
+// What an endpoint asks to do (daemon/authorization.h), from its table row.
+Action ActionOf(const HttpApi::Endpoint& e) {
+  if (e.changes_state) return Action::kCancel;  // the one action the API has
+  if (e.path.find("{id}") != std::string::npos) return Action::kReadJob;
+  if (e.path == "/api/workers") return Action::kReadWorkers;
+  return Action::kListJobs;  // lists and pages: what they show is filtered by the caller's teams
+}
+
+// A token is echoed into a Set-Cookie header only when it cannot break the header.
+bool CookieSafe(const std::string& token) {
+  return !token.empty() && token.size() <= 256 && std::all_of(token.begin(), token.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
+  });
+}
+
+}  // namespace
+
+std::optional<HttpResponse> HttpApi::AuthenticateOpen(const Endpoint& e, const HttpRequest& req,
+                                                      const std::map<std::string, std::string>& query,
+                                                      std::string* cookie_token) const {
+  // No client token and no users: only the view token guards, actions (never from the
+  // cookie) as well as reads (docs/HTTP_API.md, "Tokens").
+  const std::string& needed = options_.view_token;
   if (e.access == Access::kAction) {
-    const std::string& needed = !options_.client_token.empty() ? options_.client_token : options_.view_token;
     if (auto refused = RefuseCrossSite(req, !needed.empty())) return refused;
-    if (!needed.empty() && !HasToken(req, query, needed, false)) {
-      return Error(401,
-                   "this action needs the client token: send 'Authorization: Bearer <token>' or "
-                   "?token=<token> (ftd --client-token / FTUNE_TOKEN)");
-    }
+    if (!needed.empty() && !HasToken(req, query, needed, false)) return Error(401, kActionNeedsToken);
   }
-  const bool guarded = !options_.view_token.empty() || !options_.client_token.empty();
-  if (e.access == Access::kView && guarded) {
-    const bool view = !options_.view_token.empty() && HasToken(req, query, options_.view_token, true);
-    const bool client = !options_.client_token.empty() && HasToken(req, query, options_.client_token, true);
-    if (!view && !client) {
-      return Error(401,
-                   "viewing needs a token (this ftd has a client or view token): send 'Authorization: Bearer "
-                   "<token>', ?token=<token> or open the dashboard as /?token=<token>, with the view token "
-                   "(ftd --http-view-token) or the client token (ftd --client-token / FTUNE_TOKEN)");
-    }
+  if (e.access == Access::kView && !needed.empty()) {
+    if (!HasToken(req, query, needed, true)) return Error(401, kViewNeedsToken);
     auto query_token = query.find("token");
-    if (query_token != query.end()) {
-      if (!options_.view_token.empty() && SecretEquals(query_token->second, options_.view_token)) {
-        *cookie_token = &options_.view_token;
-      }
-      if (!options_.client_token.empty() && SecretEquals(query_token->second, options_.client_token)) {
-        *cookie_token = &options_.client_token;
-      }
-    }
+    if (query_token != query.end() && SecretEquals(query_token->second, needed)) *cookie_token = needed;
   }
+  return std::nullopt;
+}
+
+std::optional<HttpResponse> HttpApi::Authenticate(const Endpoint& e, const HttpRequest& req,
+                                                  const std::map<std::string, std::string>& query,
+                                                  Identity* who, std::string* cookie_token) const {
   for (const auto& [key, value] : query) {
     if (key == "token" || std::find(e.params.begin(), e.params.end(), key) != e.params.end()) continue;
     std::string takes;
@@ -494,7 +511,52 @@ std::optional<HttpResponse> HttpApi::Authorize(const Endpoint& e, const HttpRequ
     return Error(400, "unknown query parameter '" + EscapeControlChars(key, 64) + "' for " + e.method + " " +
                           e.path + (takes.empty() ? "; it takes none" : "; it takes: " + takes));
   }
-  return std::nullopt;
+  if (e.access == Access::kOpen) return std::nullopt;
+  if (auth_.open()) {
+    *who = Identity{.user = "local", .role = Role::kAdmin, .every_team = true};
+    return AuthenticateOpen(e, req, query, cookie_token);
+  }
+  const bool action = e.access == Access::kAction;
+  if (action) {
+    if (auto refused = RefuseCrossSite(req, true)) return refused;
+  }
+  // The token by header, then query, then (reads only) the page's cookie: the first that is someone's.
+  const std::string bearer = req.authorization.rfind("Bearer ", 0) == 0 ? req.authorization.substr(7) : "";
+  auto query_token = query.find("token");
+  const std::string from_query = query_token == query.end() ? "" : query_token->second;
+  for (const std::string* token : {&bearer, &from_query}) {
+    if (token->empty()) continue;
+    if (auto id = auth_.Resolve(*token, action)) {
+      *who = *id;
+      if (token == &from_query && CookieSafe(from_query)) *cookie_token = from_query;
+      return std::nullopt;
+    }
+  }
+  if (!action) {
+    if (auto id = auth_.Resolve(CookieValue(req.cookie, kTokenCookie))) {
+      *who = *id;
+      return std::nullopt;
+    }
+  }
+  return Error(401, action ? kActionNeedsToken : kViewNeedsToken);
+}
+
+std::optional<HttpResponse> HttpApi::AuthorizeOn(const Endpoint& e, const Params& p) {
+  std::string job_id = p.id;
+  if (auto it = p.query.find("job"); job_id.empty() && it != p.query.end()) job_id = it->second;
+  Action action = ActionOf(e);
+  if (!job_id.empty() && action == Action::kListJobs) action = Action::kReadJob;  // ?job= on a list
+  std::string team;
+  if (!job_id.empty()) {
+    if (!IsValidJobId(job_id)) return std::nullopt;  // the handler answers 400
+    auto job = daemon_->store().GetJob(job_id);
+    if (!job.ok()) return std::nullopt;  // the handler answers 404
+    team = job->team;
+  }
+  const Decision d = Authorize(p.who, action, team, job_id);
+  if (d.allowed) return std::nullopt;
+  FT_LOG(INFO) << "http: refused: " << EscapeControlChars(d.reason, 512);
+  return Error(403, d.reason);
 }
 
 HttpResponse HttpApi::Handle(const HttpRequest& req) {
@@ -515,14 +577,17 @@ HttpResponse HttpApi::Handle(const HttpRequest& req) {
                      "with --http-allowed-host " +
                      EscapeControlChars(HostName(req.host), 128));
   }
-  const std::string* cookie_token = nullptr;  // the configured token a ?token= matched
-  if (auto refused = Authorize(**found, req, p.query, &cookie_token)) return *refused;
+  std::string cookie_token;  // the token a ?token= carried, when it is someone's
+  if (auto refused = Authenticate(**found, req, p.query, &p.who, &cookie_token)) return *refused;
+  if ((*found)->access != Access::kOpen) {
+    if (auto refused = AuthorizeOn(**found, p)) return *refused;
+  }
   HttpResponse r = (*found)->handler(p);
   const bool is_page = (*found)->path.rfind("/api/", 0) != 0;
-  if (is_page && cookie_token != nullptr && r.status == 200) {
-    // The page's scripts and styles load without a token in their URLs. The
-    // value is the configured token (never the request's bytes: no header injection).
-    r.headers.emplace_back("Set-Cookie", std::string(kTokenCookie) + "=" + *cookie_token +
+  if (is_page && !cookie_token.empty() && r.status == 200) {
+    // The page's scripts and styles load without a token in their URLs. The value is a
+    // token that resolved to an identity and is only [A-Za-z0-9_.-] (no header injection).
+    r.headers.emplace_back("Set-Cookie", std::string(kTokenCookie) + "=" + cookie_token +
                                              "; Path=/; HttpOnly; SameSite=Strict" +
                                              (options_.tls ? "; Secure" : ""));
   }
@@ -590,7 +655,7 @@ HttpResponse HttpApi::ListJobs(const Params& p) {
   if (!limit.ok()) return Error(400, limit.status().message());
   const std::string q = p.query.count("q") ? p.query.at("q") : "";
   // Filter, order and limit in SQL: only the page's rows are read and converted.
-  auto jobs = daemon_->ListJobsNewest(states, q, *limit ? *limit : kMaxLimit);
+  auto jobs = daemon_->ListJobsNewest(states, q, *limit ? *limit : kMaxLimit, p.who.scope());
   if (!jobs.ok()) return FromStatus(jobs.status());
   auto totals = daemon_->store().Totals();
   if (!totals.ok()) return FromStatus(totals.status());
@@ -676,7 +741,7 @@ HttpResponse HttpApi::ListEvents(const Params& p) {
   }
   req.set_after_seq(*after);
   req.set_limit(*limit ? *limit : kMaxLimit);
-  auto reply = daemon_->ListEvents(req);
+  auto reply = daemon_->ListEvents(req, p.who.scope());
   if (!reply.ok()) return FromStatus(reply.status());
   json events = json::array();
   for (const pb::Event& e : reply->events()) events.push_back(EventJson(e));
@@ -705,7 +770,7 @@ HttpResponse HttpApi::JobLog(const Params& p) {
 
 HttpResponse HttpApi::CancelJob(const Params& p) {
   if (!IsValidJobId(p.id)) return BadJobId(p.id);
-  auto job = daemon_->Cancel(p.id);
+  auto job = daemon_->Cancel(p.id, {p.who.user, p.who.team});
   if (!job.ok()) return FromStatus(job.status());
   FT_LOG(INFO) << "http: job " << p.id << " cancelled";
   return GetJob(p);
@@ -737,6 +802,7 @@ HttpResponse HttpApi::Stream(const Params& p) {
     r.stream_after_seq = std::max(r.stream_after_seq, *last);
   }
   r.stream = true;
+  r.stream_team = p.who.scope();
   r.content_type = "text/event-stream";
   return r;
 }

@@ -7,16 +7,19 @@
 // Handle() never fails and never throws: every answer is a response. Errors
 // are JSON `{"error": "..."}` naming what was wrong and how to fix it: 400 bad
 // query parameter / malformed job id / bad path, 401 missing or wrong token,
-// 403 cross-site action, 404 unknown path or job, 405 wrong method (with
+// 403 cross-site action or refused by Authorize, 404 unknown path or job, 405 wrong method (with
 // Allow), 409 cancel of a finished job, 421 a Host not served (DNS rebinding),
 // 500 store errors, 503 /ready while the store is sticky-failed.
 //
 // Tokens: "Authorization: Bearer T", `?token=T`, or the `ftune_token` cookie
 // (set when a page is fetched with a good ?token, so the page's own scripts
-// and styles load). Actions (changes_state) need the client token when one is
-// configured (else the view token when that one is); reads under /api and the
-// pages need the view token or the client token whenever either is
-// configured; /metrics, /healthz and /ready are open.
+// and styles load; never accepted for actions). Each request's token is an
+// identity (daemon/authorization.h: the client token, the view token or a
+// user's); none is 401. What that identity may do on the job a request names
+// is Authorize's one decision (403 with its reason), and lists, events and the
+// stream carry only the jobs it may read. An ftd with neither a client token
+// nor users is open, guarded only by the view token when one is set (as
+// before users existed); /metrics, /healthz and /ready are always open.
 //
 // Browsers: everything but the open endpoints is answered only for a Host
 // that is an IP address, localhost (or *.localhost) or one of allowed_hosts,
@@ -39,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/authorization.h"
 #include "daemon/daemon.h"
 
 namespace ft {
@@ -66,6 +70,7 @@ struct HttpResponse {
   // (-1 = no replay).
   bool stream = false;
   std::string stream_job;
+  TeamScope stream_team;  // only this team's jobs and the worker events (nullopt = every job's)
   int64_t stream_after_seq = -1;
 };
 
@@ -136,12 +141,19 @@ class HttpApi {
   // A handler calling member `fn` of this HttpApi.
   std::function<HttpResponse(const Params&)> Bind(HttpResponse (HttpApi::*fn)(const Params&));
 
-  // Refuses a request `e` may not take (cross-site action, missing token, a
-  // query parameter it does not take); else sets *cookie_token to the
-  // configured token a ?token= matched (for the page's cookie).
-  std::optional<HttpResponse> Authorize(const Endpoint& e, const HttpRequest& req,
-                                        const std::map<std::string, std::string>& query,
-                                        const std::string** cookie_token) const;
+  // Refuses a request `e` may not take (cross-site action, missing or wrong token, a
+  // query parameter it does not take); else sets *who to the caller and *cookie_token to
+  // the token a ?token= carried (for the page's cookie; "" = none).
+  std::optional<HttpResponse> Authenticate(const Endpoint& e, const HttpRequest& req,
+                                           const std::map<std::string, std::string>& query, Identity* who,
+                                           std::string* cookie_token) const;
+  // Authenticate on an open ftd (no client token, no users): as before users existed.
+  std::optional<HttpResponse> AuthenticateOpen(const Endpoint& e, const HttpRequest& req,
+                                               const std::map<std::string, std::string>& query,
+                                               std::string* cookie_token) const;
+  // A 403 when p.who may not take `e` on the job it names ({id} or ?job=); the one
+  // authorization decision (daemon/authorization.h).
+  std::optional<HttpResponse> AuthorizeOn(const Endpoint& e, const Params& p);
   // Whether a request with this Host header may reach the API and pages.
   bool HostAllowed(const std::string& host_header) const;
   // A 403 for an action a page on another site could have sent; `token_guarded`:
@@ -153,6 +165,7 @@ class HttpApi {
 
   Daemon* daemon_;
   HttpApiOptions options_;
+  Authenticator auth_;
   std::vector<Endpoint> endpoints_;
 };
 

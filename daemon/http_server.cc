@@ -164,10 +164,19 @@ class StreamBase {
 // stream (or queued by it) and not yet written to its socket.
 struct Outbox {
   std::string job;  // "" = every job
+  TeamScope team;   // only this team's jobs (and worker events); nullopt = every team's
   net::any_io_executor exec;
   std::weak_ptr<StreamBase> stream;
   std::atomic<int64_t> bytes{0};
   std::atomic<bool> overflowed{false};
+};
+
+// Which streams limited to a team an update may reach: all of them (worker events), those of
+// `team` (a job's updates), or none (`team` nullopt: user management events).
+struct Audience {
+  bool everyone = false;
+  TeamScope team;
+  bool Reaches(const Outbox& box) const { return !box.team || everyone || (team && *team == *box.team); }
 };
 
 // One daemon subscription for all SSE streams: serializes each update once
@@ -239,13 +248,13 @@ class Broadcaster {
         Fanout(u.job_id(),
                MakeText("id: " + std::to_string(e.seq()) + "\nevent: event\ndata: " + Dump(EventJson(e)) +
                         "\n\n"),
-               e.seq(), false);
+               e.seq(), AudienceOf(u));
         break;
       }
       case pb::JobUpdate::kMetric:
         Fanout(u.job_id(),
                MakeText("event: metric\ndata: " + Dump(MetricJson(u.metric(), u.job_id())) + "\n\n"), 0,
-               false);
+               AudienceOf(u));
         // Its progress moved: the summary is read afresh one period later (the
         // worker's heartbeat with the step's progress follows its metrics).
         dirty_[u.job_id()].reset();
@@ -296,7 +305,8 @@ class Broadcaster {
     }
     summaries_built_.fetch_add(static_cast<int64_t>(summaries->size()));
     for (size_t i = 0; i < jobs.size(); ++i) {
-      Fanout(jobs[i].id(), MakeText("event: job\ndata: " + Dump((*summaries)[i]) + "\n\n"), 0, false);
+      Fanout(jobs[i].id(), MakeText("event: job\ndata: " + Dump((*summaries)[i]) + "\n\n"), 0,
+             Audience{.team = jobs[i].team()});
     }
   }
 
@@ -332,11 +342,24 @@ class Broadcaster {
     });
   }
 
-  void Fanout(const std::string& job, const Text& text, int64_t seq, bool all_jobs_only) {
+  void Fanout(const std::string& job, const Text& text, int64_t seq, const Audience& audience) {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& box : streams_) {
-      if (box->job.empty() || (!all_jobs_only && box->job == job)) Post(*box, text, seq);
+      if ((box->job.empty() || box->job == job) && audience.Reaches(*box)) Post(*box, text, seq);
     }
+  }
+
+  // Who may see an event or metric: a job's go to its team (a job's team never changes, so
+  // it is read once per job), worker events to all, user management events to no team.
+  Audience AudienceOf(const pb::JobUpdate& u) {
+    if (u.job_id().empty()) return Audience{.everyone = u.event().kind().rfind("user_", 0) != 0};
+    auto it = teams_.find(u.job_id());
+    if (it == teams_.end()) {
+      auto job = daemon_->store().GetJob(u.job_id());
+      if (!job.ok()) return Audience{};
+      it = teams_.emplace(u.job_id(), job->team).first;
+    }
+    return Audience{.team = it->second};
   }
 
   // Posts to one stream, or disconnects it when its backlog would pass stream_max_bytes.
@@ -372,6 +395,7 @@ class Broadcaster {
   bool stopped_ = false;                       // GUARDED_BY(mu_)
 
   // On the strand:
+  std::map<std::string, std::string> teams_;             // job id → its team (AudienceOf)
   std::map<std::string, std::optional<pb::Job>> dirty_;  // job id → its newest published state, if any
   bool flush_armed_ = false;
   Clock::time_point flush_at_{};
@@ -397,7 +421,7 @@ template <class Stream>
 class SseStream : public StreamBase, public std::enable_shared_from_this<SseStream<Stream>> {
  public:
   using std::enable_shared_from_this<SseStream<Stream>>::shared_from_this;
-  SseStream(Stream stream, Shared* shared, std::string job, int64_t after_seq, Places places,
+  SseStream(Stream stream, Shared* shared, std::string job, TeamScope team, int64_t after_seq, Places places,
             Slot stream_slot)
       : stream_(std::move(stream)),
         shared_(shared),
@@ -406,6 +430,7 @@ class SseStream : public StreamBase, public std::enable_shared_from_this<SseStre
         places_(std::move(places)),
         stream_slot_(std::move(stream_slot)) {
     box_->job = std::move(job);
+    box_->team = std::move(team);
     box_->exec = stream_.get_executor();
   }
 
@@ -458,7 +483,7 @@ class SseStream : public StreamBase, public std::enable_shared_from_this<SseStre
     req.set_job_id(box_->job);
     req.set_after_seq(after_seq_);
     req.set_limit(HttpApi::kMaxLimit);
-    auto events = shared_->daemon->ListEvents(req);
+    auto events = shared_->daemon->ListEvents(req, box_->team);
     if (!events.ok()) {
       FT_LOG(WARN) << "http: stream replay: " << events.status().ToString();
       return;
@@ -739,8 +764,8 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
                 "application/json", {{"Retry-After", "5"}}, false);
         return;
       }
-      std::make_shared<SseStream<Stream>>(std::move(stream_), shared_, out.stream_job, out.stream_after_seq,
-                                          std::move(places_), std::move(stream_slot))
+      std::make_shared<SseStream<Stream>>(std::move(stream_), shared_, out.stream_job, out.stream_team,
+                                          out.stream_after_seq, std::move(places_), std::move(stream_slot))
           ->Start();
       return;
     }

@@ -82,6 +82,8 @@ json JobSummaryJson(const pb::Job& job, const std::vector<double>& loss_spark) {
       {"failures", job.failures()},
       {"attempts", job.attempts_size()},
       {"worker_id", job.worker_id()},
+      {"submitted_by", job.submitted_by()},
+      {"team", job.team()},
       {"eta_s", Eta(job)},
       {"loss_spark", Spark(loss_spark)},
   };

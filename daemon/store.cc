@@ -215,6 +215,25 @@ CREATE TABLE secrets (
 ALTER TABLE metrics ADD COLUMN objective TEXT;
 CREATE INDEX metrics_objective ON metrics (job_id, step, epoch) WHERE objective IS NOT NULL;
 )sql",
+    // 11: users in teams (daemon/authorization.h). A user's token is never stored: token_id is
+    // its public part (the lookup key), token_hash the HMAC-SHA256 of the whole token under
+    // token_salt (random). Every job records who submitted it and that user's team ('' for
+    // jobs submitted before users existed, or by a token that is no user: only identities of
+    // every team see those).
+    R"sql(
+CREATE TABLE users (
+  name        TEXT PRIMARY KEY,
+  team        TEXT NOT NULL,
+  role        TEXT NOT NULL,
+  token_id    TEXT NOT NULL UNIQUE,
+  token_salt  TEXT NOT NULL,
+  token_hash  TEXT NOT NULL,
+  created_ms  INTEGER NOT NULL
+) WITHOUT ROWID;
+ALTER TABLE jobs ADD COLUMN submitted_by TEXT NOT NULL DEFAULT '';
+ALTER TABLE jobs ADD COLUMN team TEXT NOT NULL DEFAULT '';
+CREATE INDEX jobs_by_team ON jobs (team, created_ms);
+)sql",
 };
 
 constexpr int kLatestVersion = static_cast<int>(std::size(kMigrations));
@@ -232,7 +251,8 @@ std::string DirectoryOf(const std::string& path) {
 constexpr char kJobColumns[] =
     "id, name, state, reason, priority, spec_yaml, spec_dir, client_request_id, created_ms, updated_ms, "
     "total_steps, steps_done, last_loss, tokens_per_s, preemptions, failures, max_failures, output_dir, "
-    "not_before_ms, gpus, device";
+    "not_before_ms, gpus, device, submitted_by, team";
+constexpr char kUserColumns[] = "name, team, role, token_id, token_salt, token_hash, created_ms";
 constexpr char kAttemptColumns[] =
     "job_id, number, epoch, worker_id, outcome, reason, started_ms, ended_ms, start_step, end_step, "
     "steps_lost, micro_batch, accumulation, world, ranks, lost, notice_ms, pool";
@@ -378,7 +398,22 @@ JobRow ReadJob(const Query& q) {
   j.not_before_ms = q.Int(c++);
   j.gpus = q.Int(c++);
   j.device = q.Text(c++);
+  j.submitted_by = q.Text(c++);
+  j.team = q.Text(c++);
   return j;
+}
+
+UserRow ReadUser(const Query& q) {
+  UserRow u;
+  int c = 0;
+  u.name = q.Text(c++);
+  u.team = q.Text(c++);
+  u.role = q.Text(c++);
+  u.token_id = q.Text(c++);
+  u.token_salt = q.Text(c++);
+  u.token_hash = q.Text(c++);
+  u.created_ms = q.Int(c++);
+  return u;
 }
 
 // AttemptRow's ranks in the ranks column: "<device index> <worker id>" per line.
@@ -776,14 +811,17 @@ Status Store::InsertJob(JobRow& job, bool* dup, const std::string& op) {
   if (job.created_ms == 0) job.created_ms = WallNowMs();
   if (job.updated_ms == 0) job.updated_ms = job.created_ms;
   FT_ASSIGN_OR_RETURN(Query q, Prepare(std::string("INSERT INTO jobs (num, ") + kJobColumns + ") VALUES (" +
-                                           Placeholders(22) + ")",
+                                           Placeholders(24) + ")",
                                        op));
   const JobRow& j = job;
   q.Bind(num, j.id, j.name, Code(j.state), j.reason, j.priority, j.spec_yaml, j.spec_dir, j.client_request_id,
          j.created_ms, j.updated_ms, j.total_steps, j.steps_done, j.last_loss, j.tokens_per_s, j.preemptions,
-         j.failures, j.max_failures, j.output_dir, j.not_before_ms, j.gpus, j.device);
+         j.failures, j.max_failures, j.output_dir, j.not_before_ms, j.gpus, j.device, j.submitted_by, j.team);
   FT_RETURN_IF_ERROR(q.Run());
-  EventRow e{.time_ms = j.created_ms, .job_id = j.id, .kind = "queued", .message = "submitted"};
+  const std::string by = j.submitted_by.empty()
+                             ? ""
+                             : " by " + j.submitted_by + (j.team.empty() ? "" : " (team " + j.team + ")");
+  EventRow e{.time_ms = j.created_ms, .job_id = j.id, .kind = "queued", .message = "submitted" + by};
   return InsertEvent(e, op).status();
 }
 
@@ -794,33 +832,38 @@ StatusOr<JobRow> Store::GetJob(const std::string& id) {
   return std::move(*job);
 }
 
-StatusOr<std::vector<JobRow>> Store::ListJobs(const std::vector<JobStateCode>& states, int64_t limit) {
+StatusOr<std::vector<JobRow>> Store::ListJobs(const std::vector<JobStateCode>& states, int64_t limit,
+                                              const TeamScope& team) {
   std::lock_guard<std::mutex> lock(mu_);
   // One cached statement per number of distinct states (at most six).
   const std::set<JobStateCode> distinct(states.begin(), states.end());
-  std::string sql = std::string("SELECT ") + kJobColumns + " FROM jobs";
-  if (!distinct.empty()) sql += " WHERE state IN (" + Placeholders(static_cast<int>(distinct.size())) + ")";
+  std::string sql = std::string("SELECT ") + kJobColumns + " FROM jobs WHERE 1";
+  if (!distinct.empty()) sql += " AND state IN (" + Placeholders(static_cast<int>(distinct.size())) + ")";
+  if (team) sql += " AND team = ?";
   sql += " ORDER BY created_ms, num LIMIT ?";
   FT_ASSIGN_OR_RETURN(Query q, Prepare(sql, "list jobs"));
   for (JobStateCode s : distinct) q.Bind(Code(s));
+  if (team) q.Bind(*team);
   q.Bind(SqlLimit(limit));
   return Collect(q, ReadJob);
 }
 
 StatusOr<std::vector<JobRow>> Store::ListJobsNewest(const std::vector<JobStateCode>& states,
                                                     const std::string& contains, int64_t limit,
-                                                    int64_t offset) {
+                                                    int64_t offset, const TeamScope& team) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::set<JobStateCode> distinct(states.begin(), states.end());
   std::string sql = std::string("SELECT ") + kJobColumns + " FROM jobs";
   std::vector<std::string> where;
   if (!distinct.empty())
     where.push_back("state IN (" + Placeholders(static_cast<int>(distinct.size())) + ")");
+  if (team) where.push_back("team = ?");
   if (!contains.empty()) where.push_back("(id LIKE ? ESCAPE '\\' OR name LIKE ? ESCAPE '\\')");
   for (size_t i = 0; i < where.size(); ++i) sql += (i == 0 ? " WHERE " : " AND ") + where[i];
   sql += " ORDER BY created_ms DESC, num DESC LIMIT ? OFFSET ?";
   FT_ASSIGN_OR_RETURN(Query q, Prepare(sql, "list jobs"));
   for (JobStateCode s : distinct) q.Bind(Code(s));
+  if (team) q.Bind(*team);
   if (!contains.empty()) {
     std::string pattern = "%";
     for (char c : contains) {
@@ -1129,10 +1172,18 @@ StatusOr<int64_t> Store::AddEvent(EventRow e) {
   return e.seq;
 }
 
-StatusOr<std::vector<EventRow>> Store::ListEvents(const std::string& job_id, int64_t after_seq,
-                                                  int64_t limit) {
+StatusOr<std::vector<EventRow>> Store::ListEvents(const std::string& job_id, int64_t after_seq, int64_t limit,
+                                                  const TeamScope& team) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::string select = std::string("SELECT ") + kEventColumns + " FROM events WHERE ";
+  if (job_id.empty() && team) {
+    // The team's jobs' events and the worker events; never user management events (kinds user_*).
+    FT_ASSIGN_OR_RETURN(
+        Query q, Prepare(select + "seq > ? AND ((job_id = '' AND kind NOT LIKE 'user\\_%' ESCAPE '\\') "
+                                  "OR job_id IN (SELECT id FROM jobs WHERE team = ?)) ORDER BY seq LIMIT ?",
+                         "list events of team " + *team));
+    return Collect(q.Bind(after_seq, *team, SqlLimit(limit)), ReadEvent);
+  }
   if (job_id.empty()) {
     FT_ASSIGN_OR_RETURN(Query q, Prepare(select + "seq > ? ORDER BY seq LIMIT ?", "list events"));
     return Collect(q.Bind(after_seq, SqlLimit(limit)), ReadEvent);
@@ -1393,6 +1444,70 @@ Status Store::Recover() {
   std::swap(shm_file_, (*fresh)->shm_file_);
   sticky_ = Status::OK();
   return Status::OK();
+}
+
+// ---- users
+
+Status Store::AddUser(const UserRow& u) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string op = "add user " + u.name;
+  return Write(op, [&]() -> Status {
+    FT_ASSIGN_OR_RETURN(Query exists, Prepare("SELECT 1 FROM users WHERE name = ?", op));
+    bool row = false;
+    FT_RETURN_IF_ERROR(exists.Bind(u.name).Next(&row));
+    if (row) return Status::FailedPrecondition("user " + u.name + " already exists");
+    FT_RETURN_IF_ERROR(exists.Run());
+    FT_ASSIGN_OR_RETURN(Query q, Prepare(std::string("INSERT INTO users (") + kUserColumns + ") VALUES (" +
+                                             Placeholders(7) + ")",
+                                         op));
+    return q.Bind(u.name, u.team, u.role, u.token_id, u.token_salt, u.token_hash, u.created_ms).Run();
+  });
+}
+
+Status Store::RemoveUser(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string op = "remove user " + name;
+  return Write(op, [&]() -> Status {
+    FT_ASSIGN_OR_RETURN(Query q, Prepare("DELETE FROM users WHERE name = ?", op));
+    FT_RETURN_IF_ERROR(q.Bind(name).Run());
+    return q.Changes() == 1 ? Status::OK() : Status::NotFound("no user " + name);
+  });
+}
+
+Status Store::SetUserToken(const std::string& name, const std::string& token_id, const std::string& salt,
+                           const std::string& hash) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string op = "set the token of user " + name;
+  return Write(op, [&]() -> Status {
+    FT_ASSIGN_OR_RETURN(
+        Query q, Prepare("UPDATE users SET token_id = ?, token_salt = ?, token_hash = ? WHERE name = ?", op));
+    FT_RETURN_IF_ERROR(q.Bind(token_id, salt, hash, name).Run());
+    return q.Changes() == 1 ? Status::OK() : Status::NotFound("no user " + name);
+  });
+}
+
+StatusOr<std::vector<UserRow>> Store::ListUsers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  FT_ASSIGN_OR_RETURN(
+      Query q, Prepare(std::string("SELECT ") + kUserColumns + " FROM users ORDER BY name", "list users"));
+  return Collect(q, ReadUser);
+}
+
+StatusOr<std::optional<UserRow>> Store::UserByTokenId(const std::string& token_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  FT_ASSIGN_OR_RETURN(Query q,
+                      Prepare(std::string("SELECT ") + kUserColumns + " FROM users WHERE token_id = ?",
+                              "find a user by token"));
+  bool row = false;
+  FT_RETURN_IF_ERROR(q.Bind(token_id).Next(&row));
+  if (!row) return std::optional<UserRow>();
+  return std::optional<UserRow>(ReadUser(q));
+}
+
+StatusOr<bool> Store::HasUsers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  FT_ASSIGN_OR_RETURN(std::string any, QueryText("SELECT 1 FROM users LIMIT 1", "count users"));
+  return !any.empty();
 }
 
 StatusOr<std::string> Store::AttemptKey(const std::string& candidate) {

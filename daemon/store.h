@@ -85,6 +85,24 @@ struct JobRow {
   int64_t not_before_ms = 0;  // requeue backoff: not placed before this time
   int64_t gpus = 1;
   std::string device;  // "auto" | "cuda" | "cpu"
+  std::string
+      submitted_by;  // the user who submitted it ("" before users existed; "admin" = the client token)
+  std::string team;  // that user's team ("" = none: only identities of every team see it)
+};
+
+// Which teams' jobs a read covers: nullopt = every team's, else only this team's.
+using TeamScope = std::optional<std::string>;
+
+// A user of ftd (daemon/authorization.h says what each role may do). The token is
+// never stored: token_id is its public part, token_hash = HMAC-SHA256(token_salt, token).
+struct UserRow {
+  std::string name;
+  std::string team;
+  std::string role;  // "admin" | "member" | "viewer"
+  std::string token_id;
+  std::string token_salt;
+  std::string token_hash;
+  int64_t created_ms = 0;
 };
 
 // Where one rank of a multi-rank attempt runs: a worker and its device index.
@@ -258,15 +276,17 @@ class Store {
   StatusOr<JobRow> GetJob(const std::string& id);  // NotFound
   // All jobs in these states (empty = all), oldest first (created_ms, then
   // submission order). limit 0 = no limit.
-  StatusOr<std::vector<JobRow>> ListJobs(const std::vector<JobStateCode>& states, int64_t limit = 0);
+  // `team`: only that team's jobs (nullopt = every team's).
+  StatusOr<std::vector<JobRow>> ListJobs(const std::vector<JobStateCode>& states, int64_t limit = 0,
+                                         const TeamScope& team = std::nullopt);
   // A page of jobs, newest first (created_ms, then submission order, both
   // descending): those in `states` (empty = all) whose id or name contains
   // `contains` (ASCII case-insensitive; "" = any), skipping `offset`, at most
   // `limit` (0 = no limit). One query that reads only the page's rows when
   // neither a state nor `contains` filters (the jobs_by_created index).
   StatusOr<std::vector<JobRow>> ListJobsNewest(const std::vector<JobStateCode>& states,
-                                               const std::string& contains, int64_t limit,
-                                               int64_t offset = 0);
+                                               const std::string& contains, int64_t limit, int64_t offset = 0,
+                                               const TeamScope& team = std::nullopt);
   // Writes every mutable field of `job` (state, reason, counters, progress, not_before_ms ...):
   // all but id, client_request_id, created_ms, spec_yaml and spec_dir. NotFound for an unknown id.
   Status UpdateJob(const JobRow& job);
@@ -337,7 +357,10 @@ class Store {
   // ---- events and metrics
   StatusOr<int64_t> AddEvent(EventRow e);  // returns the assigned seq
   // Events with seq > after_seq in seq order; job_id "" = every job's; limit 0 = no limit.
-  StatusOr<std::vector<EventRow>> ListEvents(const std::string& job_id, int64_t after_seq, int64_t limit);
+  // With `team` and job_id "": that team's jobs' events and the events of no job (workers),
+  // but never user management events (kinds "user_*"). The caller checks a job_id's team.
+  StatusOr<std::vector<EventRow>> ListEvents(const std::string& job_id, int64_t after_seq, int64_t limit,
+                                             const TeamScope& team = std::nullopt);
   // One transaction. A row is keyed by (job, epoch, step): sending it again
   // replaces its training fields, keeping an eval_loss already there; an
   // eval_only row sets eval_loss only (a step whose training point has not
@@ -379,6 +402,18 @@ class Store {
   // `candidate` (random, >= 128 bits) stored durably first. NotFound when none is stored and
   // `candidate` is empty; a write's error when it cannot be stored. Never log the result.
   StatusOr<std::string> AttemptKey(const std::string& candidate);
+
+  // ---- users (synced writes)
+  // FailedPrecondition when a user of that name exists.
+  Status AddUser(const UserRow& user);
+  Status RemoveUser(const std::string& name);  // NotFound
+  // Replaces the user's token (the old one stops matching at once). NotFound for an unknown user.
+  Status SetUserToken(const std::string& name, const std::string& token_id, const std::string& salt,
+                      const std::string& hash);
+  StatusOr<std::vector<UserRow>> ListUsers();  // by name
+  // The user whose token has this public part; nullopt when none.
+  StatusOr<std::optional<UserRow>> UserByTokenId(const std::string& token_id);
+  StatusOr<bool> HasUsers();
 
   // Every job's id and output_dir (the daemon's index of output dirs: one
   // job per directory), in one query reading those two columns.

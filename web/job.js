@@ -264,6 +264,8 @@ export function mountJob(root, id, app) {
       ['plan', plan ? `${plan.micro_batch} micro × ${plan.accumulation} accumulation × ${plan.world} world` : 'not planned yet'],
       ['predicted memory', store.predicted ? bytes(store.predicted) : 'unknown'],
       ['priority', job.priority],
+      ['submitted by', job.submitted_by || '–'],
+      ['team', job.team || '–'],
       ['attempts', `${job.attempts} (${job.preemptions} preempted, ${job.failures} failed)`],
       ['worker', job.worker_id || '–'],
       ['created', clock(job.created_ms)],

@@ -1,5 +1,5 @@
 // The jobs page (#/jobs): every job with its state, progress, loss sparkline,
-// attempts, ETA, priority and worker; filters by state and text; counts per
+// attempts, ETA, priority, worker, and who submitted it (user · team); filters by state and text; counts per
 // state; a tick box per job and a Compare button that opens the ticked jobs'
 // loss curves on one chart (compare.js). Filters and ticks live in the URL. Loads the list once, then applies live `job` messages from the stream
 // to the affected rows only, at most four times a second, so it stays smooth
@@ -131,6 +131,7 @@ export function mountJobs(root, query, app) {
       name: el('a', { href: `#/jobs/${job.id}`, class: 'name' }),
       id: el('span', { class: 'id' }),
       reason: el('div', { class: 'reason' }),
+      owner: el('div', { class: 'owner' }),
       bar: el('div', { class: 'bar-fill' }),
       steps: el('span', { class: 'steps' }),
       loss: el('span', { class: 'loss' }),
@@ -143,7 +144,7 @@ export function mountJobs(root, query, app) {
     const tr = el('tr', { 'data-job-id': job.id },
       el('td', { class: 'c-pick' }, pick),
       el('td', { class: 'c-state' }, cells.state),
-      el('td', { class: 'c-job' }, cells.name, ' ', cells.id, cells.reason),
+      el('td', { class: 'c-job' }, cells.name, ' ', cells.id, cells.reason, cells.owner),
       el('td', { class: 'c-progress' }, el('div', { class: 'bar' }, cells.bar), cells.steps),
       el('td', { class: 'c-loss' }, cells.loss, cells.spark),
       cells.attempts, cells.eta, cells.priority, cells.worker);
@@ -161,6 +162,7 @@ export function mountJobs(root, query, app) {
     setText(c.name, job.name || job.id);
     setText(c.id, job.name ? job.id : '');
     setText(c.reason, job.reason || '');
+    setText(c.owner, job.submitted_by ? `${job.submitted_by}${job.team ? ` · ${job.team}` : ''}` : '');
     const total = job.total_steps || 0;
     const pct = total ? Math.min(100, (100 * job.steps_done) / total) : 0;
     const width = `${pct.toFixed(1)}%`;

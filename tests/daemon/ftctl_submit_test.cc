@@ -48,14 +48,10 @@ std::string WriteJobFiles(const std::string& dir) {
   return dir + "/job.yaml";
 }
 
-// ftctl with `args` (after --addr), HOME and FTUNE_TOKEN of its own; its output in <dir>/<name>.log.
+// ftctl with `args` (tests/support/process.h's SpawnFtctl).
 Proc Ftctl(const std::string& dir, const std::string& address, const std::vector<std::string>& args,
            const std::string& name) {
-  std::vector<std::string> argv = {FTCTL_BIN, "--addr", address};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return Spawn(argv, {.log = dir + "/" + name + ".log",
-                      .env = {"HOME=" + dir, "FTUNE_TOKEN=", "FTUNE_TLS_CA="},
-                      .truncate_log = true});
+  return SpawnFtctl(FTCTL_BIN, dir, address, args, name);
 }
 
 // Runs `ftctl submit <dir>/job.yaml` holding `yaml` against an address nothing listens on.

@@ -64,4 +64,13 @@ std::string Slurp(const std::string& path) {
   return ss.str();
 }
 
+Proc SpawnFtctl(const std::string& bin, const std::string& dir, const std::string& address,
+                const std::vector<std::string>& args, const std::string& name) {
+  std::vector<std::string> argv = {bin, "--addr", address};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return Spawn(argv, {.log = dir + "/" + name + ".log",
+                      .env = {"HOME=" + dir, "FTUNE_TOKEN=", "FTUNE_TLS_CA="},
+                      .truncate_log = true});
+}
+
 }  // namespace ft::testing_support

@@ -46,6 +46,11 @@ struct Proc {
 // Proc has pid -1.
 Proc Spawn(const std::vector<std::string>& argv, const SpawnOptions& options);
 
+// ftctl (`bin`) with --addr `address` and `args`, HOME = `dir` and none of the caller's FTUNE_TOKEN
+// or FTUNE_TLS_CA; its output in <dir>/<name>.log (truncated first).
+Proc SpawnFtctl(const std::string& bin, const std::string& dir, const std::string& address,
+                const std::vector<std::string>& args, const std::string& name);
+
 // A Proc that is killed (SIGKILL) and reaped when it goes out of scope.
 class ScopedProc {
  public:
