@@ -404,7 +404,7 @@ TEST_F(SingleTokenTest, TheClientTokenAloneIsAnAdminNamedAdminAndNoTokenIsRefuse
 // ftctl with `args` (tests/support/process.h's SpawnFtctl).
 Proc Ftctl(const std::string& dir, const std::string& address, const std::vector<std::string>& args,
            const std::string& name) {
-  return SpawnFtctl(FTCTL_BIN, dir, address, args, name);
+  return testing_support::SpawnFtctl(FTCTL_BIN, dir, address, args, name);
 }
 
 // The token `ftctl admin user add|token` printed on its last line.

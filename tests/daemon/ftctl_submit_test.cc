@@ -51,7 +51,7 @@ std::string WriteJobFiles(const std::string& dir) {
 // ftctl with `args` (tests/support/process.h's SpawnFtctl).
 Proc Ftctl(const std::string& dir, const std::string& address, const std::vector<std::string>& args,
            const std::string& name) {
-  return SpawnFtctl(FTCTL_BIN, dir, address, args, name);
+  return testing_support::SpawnFtctl(FTCTL_BIN, dir, address, args, name);
 }
 
 // Runs `ftctl submit <dir>/job.yaml` holding `yaml` against an address nothing listens on.
