@@ -1460,7 +1460,10 @@ Status Store::AddUser(const UserRow& u) {
     FT_ASSIGN_OR_RETURN(Query q, Prepare(std::string("INSERT INTO users (") + kUserColumns + ") VALUES (" +
                                              Placeholders(7) + ")",
                                          op));
-    return q.Bind(u.name, u.team, u.role, u.token_id, u.token_salt, u.token_hash, u.created_ms).Run();
+    FT_RETURN_IF_ERROR(
+        q.Bind(u.name, u.team, u.role, u.token_id, u.token_salt, u.token_hash, u.created_ms).Run());
+    has_users_ = 1;
+    return Status::OK();
   });
 }
 
@@ -1470,6 +1473,7 @@ Status Store::RemoveUser(const std::string& name) {
   return Write(op, [&]() -> Status {
     FT_ASSIGN_OR_RETURN(Query q, Prepare("DELETE FROM users WHERE name = ?", op));
     FT_RETURN_IF_ERROR(q.Bind(name).Run());
+    has_users_ = -1;  // read again
     return q.Changes() == 1 ? Status::OK() : Status::NotFound("no user " + name);
   });
 }
@@ -1505,8 +1509,10 @@ StatusOr<std::optional<UserRow>> Store::UserByTokenId(const std::string& token_i
 }
 
 StatusOr<bool> Store::HasUsers() {
+  if (const int known = has_users_; known >= 0) return known == 1;
   std::lock_guard<std::mutex> lock(mu_);
   FT_ASSIGN_OR_RETURN(std::string any, QueryText("SELECT 1 FROM users LIMIT 1", "count users"));
+  has_users_ = any.empty() ? 0 : 1;
   return !any.empty();
 }
 

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -413,6 +414,8 @@ class Store {
   StatusOr<std::vector<UserRow>> ListUsers();  // by name
   // The user whose token has this public part; nullopt when none.
   StatusOr<std::optional<UserRow>> UserByTokenId(const std::string& token_id);
+  // Whether any user exists: read once, then kept (AddUser and RemoveUser update it), since
+  // every HTTP request and gRPC call asks.
   StatusOr<bool> HasUsers();
 
   // Every job's id and output_dir (the daemon's index of output dirs: one
@@ -535,6 +538,7 @@ class Store {
   std::pair<uint64_t, uint64_t> wal_file_, shm_file_;  // GUARDED_BY(mu_)
   std::string replaced_file_;  // GUARDED_BY(mu_) the file CheckFiles found replaced ("" = none)
   bool wal_saved_ = false;     // GUARDED_BY(mu_) SaveWal succeeded since then
+  std::atomic<int> has_users_{-1};  // HasUsers: -1 not read yet, else 0 or 1
 };
 
 }  // namespace ft

@@ -131,7 +131,6 @@ export function mountJobs(root, query, app) {
       name: el('a', { href: `#/jobs/${job.id}`, class: 'name' }),
       id: el('span', { class: 'id' }),
       reason: el('div', { class: 'reason' }),
-      owner: el('div', { class: 'owner' }),
       bar: el('div', { class: 'bar-fill' }),
       steps: el('span', { class: 'steps' }),
       loss: el('span', { class: 'loss' }),
@@ -144,7 +143,7 @@ export function mountJobs(root, query, app) {
     const tr = el('tr', { 'data-job-id': job.id },
       el('td', { class: 'c-pick' }, pick),
       el('td', { class: 'c-state' }, cells.state),
-      el('td', { class: 'c-job' }, cells.name, ' ', cells.id, cells.reason, cells.owner),
+      el('td', { class: 'c-job' }, cells.name, ' ', cells.id, cells.reason),
       el('td', { class: 'c-progress' }, el('div', { class: 'bar' }, cells.bar), cells.steps),
       el('td', { class: 'c-loss' }, cells.loss, cells.spark),
       cells.attempts, cells.eta, cells.priority, cells.worker);
@@ -160,9 +159,10 @@ export function mountJobs(root, query, app) {
     setText(c.state, job.state);
     c.state.className = `badge s-${job.state}`;
     setText(c.name, job.name || job.id);
-    setText(c.id, job.name ? job.id : '');
+    // The owner shares the id's span (no element of its own: 1,000 rows lay out faster).
+    const owner = job.submitted_by ? `${job.submitted_by}${job.team ? ` · ${job.team}` : ''}` : '';
+    setText(c.id, [job.name ? job.id : '', owner].filter(Boolean).join(' · '));
     setText(c.reason, job.reason || '');
-    setText(c.owner, job.submitted_by ? `${job.submitted_by}${job.team ? ` · ${job.team}` : ''}` : '');
     const total = job.total_steps || 0;
     const pct = total ? Math.min(100, (100 * job.steps_done) / total) : 0;
     const width = `${pct.toFixed(1)}%`;
