@@ -536,8 +536,8 @@ class Store {
   std::function<void()> commit_hook_;                     // GUARDED_BY(mu_) SetCommitHookForTest
   // The -wal and -shm files this connection has open, as {device, inode} ({0, 0}: not known).
   std::pair<uint64_t, uint64_t> wal_file_, shm_file_;  // GUARDED_BY(mu_)
-  std::string replaced_file_;  // GUARDED_BY(mu_) the file CheckFiles found replaced ("" = none)
-  bool wal_saved_ = false;     // GUARDED_BY(mu_) SaveWal succeeded since then
+  std::string replaced_file_;       // GUARDED_BY(mu_) the file CheckFiles found replaced ("" = none)
+  bool wal_saved_ = false;          // GUARDED_BY(mu_) SaveWal succeeded since then
   std::atomic<int> has_users_{-1};  // HasUsers: -1 not read yet, else 0 or 1
 };
 
