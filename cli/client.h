@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common/status.h"
@@ -53,6 +54,10 @@ class JobsClient {
   StatusOr<ftune::v1::User> RemoveUser(const std::string& name);
   StatusOr<ftune::v1::UserTokenReply> RotateUserToken(const std::string& name);
   StatusOr<ftune::v1::ListUsersReply> ListUsers();
+  // SetTeam: admin only; an unset quota or weight keeps its value. ListTeams: any identity.
+  StatusOr<ftune::v1::Team> SetTeam(const std::string& name, std::optional<int64_t> quota_devices,
+                                    std::optional<double> weight);
+  StatusOr<ftune::v1::ListTeamsReply> ListTeams();
 
  private:
   void Prepare(grpc::ClientContext* ctx, bool deadline = true) const;

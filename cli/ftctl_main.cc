@@ -4,6 +4,7 @@
 //   follow ftctl ls | status ID | logs ID [-f] | cancel ID | workers | events [ID] ftctl up embedded mode:
 //   ftd + one local worker, state under the data dir
 //   ftctl admin user add NAME --team T [--role member|viewer|admin] | remove NAME | token NAME | ls
+//   ftctl admin team set NAME [--quota N] [--weight W] | ls
 //   (an admin's token: users in teams, docs/OPERATIONS.md)
 //
 // Address and token: --addr/--token, else FTUNE_ADDR/FTUNE_TOKEN, else
@@ -369,17 +370,21 @@ int Events(ft::JobsClient& client, const std::string& id, bool json) {
   return kOk;
 }
 
-// ftctl admin user add|remove|token|ls (admin only).
+// ftctl admin user add|remove|token|ls (admin only); ftctl admin team set (admin only) | ls.
 struct AdminArgs {
   CLI::App* add = nullptr;
   CLI::App* remove = nullptr;
   CLI::App* token = nullptr;
   CLI::App* ls = nullptr;
+  CLI::App* team_set = nullptr;
+  CLI::App* team_ls = nullptr;
   std::string name, team, role = "member";
+  std::optional<int64_t> quota;
+  std::optional<double> weight;
 };
 
 void AddAdminCommands(CLI::App& app, AdminArgs* a) {
-  auto* admin = app.add_subcommand("admin", "manage ftd's users (needs an admin's token)");
+  auto* admin = app.add_subcommand("admin", "ftd's users and teams (changes need an admin's token)");
   admin->require_subcommand(1);
   auto* user = admin->add_subcommand("user", "users in teams, their roles and tokens");
   user->require_subcommand(1);
@@ -393,6 +398,45 @@ void AddAdminCommands(CLI::App& app, AdminArgs* a) {
       user->add_subcommand("token", "give a user a new token (printed once); the old one stops working");
   a->token->add_option("name", a->name)->required();
   a->ls = user->add_subcommand("ls", "list users (never their tokens)");
+  auto* team = admin->add_subcommand("team", "teams' quotas and fair-share weights, and their usage");
+  team->require_subcommand(1);
+  a->team_set = team->add_subcommand("set", "set a team's quota and weight (unset ones are kept)");
+  a->team_set->add_option("name", a->name)->required();
+  a->team_set->add_option("--quota", a->quota, "devices its jobs run on at once without borrowing; -1: none");
+  a->team_set->add_option("--weight", a->weight, "its fair-share weight (> 0; default 1)");
+  a->team_ls =
+      team->add_subcommand("ls", "every team: quota, weight, devices running and borrowed, queue, usage");
+}
+
+int Teams(ft::JobsClient& client, const AdminArgs& a, bool json) {
+  if (*a.team_set) {
+    auto r = client.SetTeam(a.name, a.quota, a.weight);
+    if (!r.ok()) return Fail(r.status());
+    if (json) {
+      std::printf("%s\n", Json(*r).c_str());
+      return kOk;
+    }
+    std::printf("team %s: quota %s, weight %g\n", Safe(r->name()).c_str(),
+                r->quota_devices() < 0 ? "none" : std::to_string(r->quota_devices()).c_str(), r->weight());
+    return kOk;
+  }
+  auto r = client.ListTeams();
+  if (!r.ok()) return Fail(r.status());
+  if (json) {
+    std::printf("%s\n", Json(*r).c_str());
+    return kOk;
+  }
+  std::printf("%-20s %6s %7s %8s %9s %7s %14s %6s\n", "TEAM", "QUOTA", "WEIGHT", "RUNNING", "BORROWED",
+              "QUEUED", "DEVICE-HOURS", "SHARE");
+  for (const pb::Team& t : r->teams()) {
+    std::printf("%-20s %6s %7g %8lld %9lld %7lld %14.2f %5.0f%%\n",
+                t.name().empty() ? "(none)" : Safe(t.name()).c_str(),
+                t.quota_devices() < 0 ? "-" : std::to_string(t.quota_devices()).c_str(), t.weight(),
+                static_cast<long long>(t.running_devices()), static_cast<long long>(t.borrowed_devices()),
+                static_cast<long long>(t.queued_jobs()), t.usage_device_seconds() / 3600,
+                100 * t.fair_share());
+  }
+  return kOk;
 }
 
 int PrintToken(const ft::StatusOr<pb::UserTokenReply>& r, bool json) {
@@ -500,6 +544,7 @@ int main(int argc, char** argv) {
   }
   if (*workers) return Workers(client, json);
   if (*events) return Events(client, id, json);
+  if (admin.team_set->parsed() || admin.team_ls->parsed()) return Teams(client, admin, json);
   if (admin.add->parsed() || admin.remove->parsed() || admin.token->parsed() || admin.ls->parsed()) {
     return Admin(client, admin, json);
   }

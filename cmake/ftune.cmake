@@ -65,9 +65,9 @@ endif()
 # made -O2 the larger part of the build (daemon_http_api_test: 71 s at -O2,
 # 42 s at -O1 on 2 cores, 2026-12). A Debug build keeps -O0; a target's own
 # later options (e.g. -O3) still win.
-# In the sanitizer trees test code builds at -O0 instead (see ft_orchestration_code).
+# In the sanitizer trees, the tests of the folders that call ft_orchestration_code build at -O0.
 function(ft_test_optimization target)
-  if(FT_SANITIZE)
+  if(FT_SANITIZE AND FT_ORCHESTRATION_CODE)
     set(level -O0)
   else()
     set(level -O1)
@@ -76,20 +76,24 @@ function(ft_test_optimization target)
 endfunction()
 
 # ft_orchestration_code(): called by the folders whose code orchestrates rather
-# than computes (the daemon, the worker, ftctl, the protobuf messages, the job
-# contract, ft-train's command line, the tests): in the sanitizer trees
-# (FT_SANITIZE) their targets build at -O0. ASan's and TSan's instrumentation
-# makes the optimiser's part of a compile most of it, and these folders most of
-# those trees (under ASan: daemon/http_server.cc 192 s at -O2, 172 s at -O1,
-# 62 s at -O0; engine/job/job_spec.cc 21.6 s and 8.2 s; a daemon test and a
-# daemon source side by side 149 s at -O1, 54 s at -O0; 2 cores, 2026-12).
-# The code the tests spend their time in (kernels, model, training, data,
-# tokenizers, Jinja, I/O) keeps the build type's -O2 there, and every folder
-# keeps it in the normal trees, which are what users run.
+# than computes and that link nothing that computes (daemon/, worker/, cli/,
+# proto/ and their tests: tests/daemon, tests/worker, tests/e2e, tests/slurm,
+# tests/web): in the sanitizer trees (FT_SANITIZE) their targets build at -O0.
+# ASan's and TSan's instrumentation makes the optimiser's part of a compile
+# most of it, and these folders a large part of those trees (under ASan:
+# daemon/http_server.cc 192 s at -O2, 172 s at -O1, 62 s at -O0; a daemon test
+# and a daemon source side by side 149 s at -O1, 54 s at -O0; 2 cores,
+# 2026-12). Nothing that computes links -O0 code: the linker keeps one copy of
+# each inline function (std::, nlohmann::json), so -O0 test code linked with
+# the engine made the engine's tests run up to 7 times slower under ASan
+# (engine_tokenizer_test 70 s -> 515 s): the engine, the kernels and their
+# tests keep -O2 (tests -O1) there, and every folder keeps -O2 in the normal
+# trees, which are what users run.
 function(ft_orchestration_code)
   if(FT_SANITIZE)
     add_compile_options($<$<AND:$<COMPILE_LANGUAGE:CXX>,$<NOT:$<CONFIG:Debug>>>:-O0>)
   endif()
+  set(FT_ORCHESTRATION_CODE ON PARENT_SCOPE)
 endfunction()
 
 function(ft_add_test name)

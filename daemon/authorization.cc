@@ -1,6 +1,8 @@
 #include "daemon/authorization.h"
 
+#include <algorithm>
 #include <array>
+#include <cctype>
 #include <cstdlib>
 
 #include "common/logging.h"
@@ -19,13 +21,16 @@ struct ActionRule {
   const char* why;  // said when the role is not enough
 };
 
-constexpr std::array<ActionRule, 6> kRules = {{
+constexpr std::array<ActionRule, 8> kRules = {{
     {Action::kSubmit, "submit", Role::kMember, false, "viewers may only read"},
     {Action::kReadJob, "read", Role::kViewer, true, ""},
     {Action::kCancel, "cancel", Role::kMember, true, "viewers may only read"},
     {Action::kListJobs, "list", Role::kViewer, false, ""},
     {Action::kReadWorkers, "read the workers of", Role::kViewer, false, ""},
     {Action::kManageUsers, "manage the users of", Role::kAdmin, false, "only admins manage users"},
+    {Action::kReadTeams, "read the teams of", Role::kViewer, false, ""},
+    {Action::kManageTeams, "set the quotas and weights of the teams of", Role::kAdmin, false,
+     "only admins set quotas and weights"},
 }};
 
 const ActionRule& RuleOf(Action action) {
@@ -75,6 +80,17 @@ Decision Authorize(const Identity& who, Action action, std::string_view job_team
                        ", and a " + RoleName(who.role) + " may only " + rule.name + " its own team's jobs"};
   }
   return {};
+}
+
+Status CheckIdentityName(const std::string& name, const std::string& what) {
+  const bool ok = !name.empty() && name.size() <= 64 && std::isalnum(static_cast<unsigned char>(name[0])) &&
+                  std::all_of(name.begin(), name.end(), [](char c) {
+                    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+                  });
+  if (ok) return Status::OK();
+  return Status::InvalidArgument(what + " '" + name +
+                                 "': use 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or "
+                                 "digit");
 }
 
 StatusOr<IssuedToken> IssueToken() {

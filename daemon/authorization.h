@@ -50,6 +50,8 @@ enum class Action {
   kListJobs,     // lists of jobs and events (filtered to what the identity may read)
   kReadWorkers,  // the workers list and pools
   kManageUsers,  // add, remove, rotate the token of, list users
+  kReadTeams,    // the teams' quotas, weights and usage
+  kManageTeams,  // set a team's quota and weight
 };
 const char* ActionName(Action action);
 
@@ -63,6 +65,10 @@ struct Decision {
 // (ignored by the others).
 Decision Authorize(const Identity& who, Action action, std::string_view job_team = {},
                    std::string_view job_id = {});
+
+// A user or team name: 1-64 characters of [A-Za-z0-9._-], starting with a letter or digit;
+// InvalidArgument naming `what` ("user name", "team") and the rule otherwise.
+Status CheckIdentityName(const std::string& name, const std::string& what);
 
 // A new user token: "ftu_" + token_id + "_" + 48 random hex characters, and what the
 // store keeps of it (token_id, a random salt, HMAC-SHA256(salt, token)).

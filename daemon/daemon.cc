@@ -152,6 +152,7 @@ JobView MakeJobView(const JobRow& job, const JobSpec& spec, const ModelConfig& m
   view.id = job.id;
   view.priority = job.priority;
   view.created_ms = job.created_ms;
+  view.team = job.team;
   view.gpus = spec.resources.gpus;
   view.min_gpus = spec.resources.min_gpus;
   view.batch_units = BatchSplitUnits(spec);
@@ -203,7 +204,11 @@ Status Daemon::LoadState() {
     }
     TrackGang(a);
     int64_t& current = running_epoch_[a.job_id];
-    current = std::max(current, a.epoch);  // a crash may have left an older one marked running
+    current = std::max(current, a.epoch);         // a crash may have left an older one marked running
+    RunningMeta& meta = running_meta_[a.job_id];  // whether it was borrowed is not kept: nominal
+    meta = RunningMeta{.devices = std::max<int64_t>(1, static_cast<int64_t>(a.Workers().size())),
+                       .started_wall_ms = a.started_ms};
+    for (const std::string& worker : a.Workers()) meta.devices_on[worker] += 1;
     // Its planning input (slot-end checkpoint estimates, predicted memory). Without it the
     // attempt still runs; what needs the input falls back (10 s estimate) or says why.
     auto job = store_->GetJob(a.job_id);
@@ -216,6 +221,10 @@ Status Daemon::LoadState() {
           << "; its slot-end stop uses a 10 s checkpoint estimate and its predicted memory is unknown";
     }
   }
+  FT_ASSIGN_OR_RETURN(std::vector<TeamRow> teams, store_->ListTeams());
+  team_policies_.clear();
+  for (const TeamRow& t : teams)
+    team_policies_[t.name] = {.quota_devices = t.quota_devices, .weight = t.weight};
   FT_ASSIGN_OR_RETURN(std::vector<JobRow> queued, store_->ListJobs({JobStateCode::kQueued}, 0));
   for (const JobRow& j : queued) TrackState(j);
   // One job per output.dir: every job's, whatever its state.
@@ -740,7 +749,8 @@ int64_t Daemon::StoreAttemptEnd(const std::string& job_id, int64_t epoch, Attemp
   // the store would sum them) and /metrics' counters.
   Store::AttemptTotals totals{
       .seconds = static_cast<double>(std::max<int64_t>(0, seen - ended.started_ms)) / 1000.0,
-      .preemptions = outcome == AttemptOutcomeCode::kPreempted ? 1 : 0,
+      // A stop the scheduler asked for is no preemption of the pool's (checkpoint.every auto's M).
+      .preemptions = outcome == AttemptOutcomeCode::kPreempted && !StoppedForAnotherJob(job_id) ? 1 : 0,
       .attempts = 1,
       .device = split.value_or(GoodputSplit{})};
   history_[ended.pool].Add(totals);
@@ -767,6 +777,7 @@ void Daemon::EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcome
     return;
   }
   running_epoch_.erase(current);
+  running_meta_.erase(job_id);
   ReleaseGang(job_id, epoch, reason);
   const int64_t now = clock_->WallMs();
   j->updated_ms = now;

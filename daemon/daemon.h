@@ -87,9 +87,13 @@
 namespace ft {
 
 struct DaemonOptions {
-  int64_t lease_ms = 10'000;             // no message for this long → the worker is lost
-  int64_t heartbeat_ms = 1'000;          // what workers are told to use
-  int64_t min_slot_ms = 60'000;          // no start on a worker whose slot ends sooner
+  int64_t lease_ms = 10'000;     // no message for this long → the worker is lost
+  int64_t heartbeat_ms = 1'000;  // what workers are told to use
+  int64_t min_slot_ms = 60'000;  // no start on a worker whose slot ends sooner
+  // Teams (daemon/fair_share.h): usage halves per half life; a job younger than min_runtime is
+  // never preempted for another (ftd --fair-share-half-life, --min-runtime).
+  int64_t fair_share_half_life_ms = 3'600'000;
+  int64_t min_runtime_ms = 300'000;
   int64_t checkpoint_margin_ms = 5'000;  // slot end: stop at end − (1.5 × checkpoint time + margin)
   int64_t requeue_backoff_ms = 1'000;    // after a preemption; doubled per failure
   std::string data_dir;                  // logs/<job>.log live here
@@ -165,9 +169,23 @@ class WorkerSink {
 struct Actor {
   std::string user;
   std::string team;
+  // " by <user>" for an event's text ("" without a user).
+  std::string By() const { return user.empty() ? "" : " by " + user; }
 };
 
 // A user as ftd shows it (never its token).
+// A team as ftd shows it: its policy and what it uses now (ListTeams).
+struct TeamInfo {
+  std::string name;
+  int64_t quota_devices = -1;
+  double weight = 1;
+  int64_t running_devices = 0;
+  int64_t borrowed_devices = 0;
+  int64_t queued_jobs = 0;
+  double usage_device_seconds = 0;  // decayed
+  double fair_share = 0;            // weight over the weights of the teams with work
+};
+
 struct UserInfo {
   std::string name, team, role;
   int64_t created_ms = 0;
@@ -215,6 +233,15 @@ class Daemon {
   Status RemoveUser(const Actor& by, const std::string& name);
   StatusOr<std::string> RotateUserToken(const Actor& by, const std::string& name);
   StatusOr<std::vector<UserInfo>> ListUsers();
+
+  // ---- teams (daemon_teams.cc; the caller checks that `by` may set them)
+  // Sets the team's nominal quota (devices at once; -1: none) and fair-share weight (> 0); an
+  // unset one keeps its value (a new team's: -1 and 1). A team_set event names `by`. Applies
+  // from the next scheduling pass. InvalidArgument for a bad name, quota or weight.
+  Status SetTeam(const Actor& by, const std::string& name, std::optional<int64_t> quota_devices,
+                 std::optional<double> weight);
+  // Every team with a policy, usage, or a queued or running job, by name.
+  StatusOr<std::vector<TeamInfo>> ListTeams();
   // DATA_DIR/logs/<job_id>.log; InvalidArgument (common/ids.h) for a malformed
   // id, so no caller can make it name a file elsewhere.
   StatusOr<std::string> LogPath(const std::string& job_id) const;
@@ -407,6 +434,13 @@ class Daemon {
   // Stores every session's heartbeat time since the last flush, in one transaction.
   void FlushSeen();
   void StopForSlotEnds();
+  // Teams: advances team_usage_ to now; the pass's policies and usage; what a pass sees of the job
+  // a worker runs (nullopt: none, or not known: never preempted); stops a victim a pass chose.
+  void AccrueTeamUsage();
+  FairShareInput TeamsForPass();
+  std::optional<RunningView> RunningViewOf(const std::string& worker_id, const Session& s) const;
+  void Preempt(const Preemption& p);
+  bool StoppedForAnotherJob(const std::string& job_id) const;
   void ScheduleQueued();
   // ScheduleQueued's inputs: a digest of the queue's version and every session field a pass
   // reads; and the next time a pass's answer can change with nothing else changing (a backoff
@@ -556,18 +590,34 @@ class Daemon {
   std::atomic<int64_t> passes_{0};               // written under mu_
   int64_t queue_version_ = 0;      // GUARDED_BY(mu_) bumped by every change of queued_ or a view in it
   uint64_t last_pass_inputs_ = 0;  // GUARDED_BY(mu_) SchedulerInputs() after the last pass
-  std::vector<const JobView*> queue_order_;       // GUARDED_BY(mu_) queued_ as a vector, at its version:
-  int64_t queue_order_version_ = -1;              // GUARDED_BY(mu_)
-  int64_t next_pass_wall_ms_ = 0;                 // GUARDED_BY(mu_) NextTimedChange of the last pass
-  std::map<std::string, int64_t> running_epoch_;  // GUARDED_BY(mu_) job id → epoch
-  OutputDirs output_dirs_;                        // GUARDED_BY(mu_) every job's output.dir → its id
-  std::map<std::string, Gang> gangs_;             // GUARDED_BY(mu_) job id → its running multi-rank attempt
-  std::map<std::string, Binding> bindings_;       // GUARDED_BY(mu_) job id → its (last) attempt's binding
-  std::string attempt_key_;                       // GUARDED_BY(mu_) Store::AttemptKey ("" until first used)
-  int64_t store_retry_mono_ = 0;                  // GUARDED_BY(mu_) when Recover was last tried
-  std::string last_store_error_;                  // GUARDED_BY(mu_) logged once, not per heartbeat
-  std::atomic<int64_t> stall_credit_ms_{0};       // written under mu_: ftd's stalls so far (CreditStall)
-  std::atomic<int64_t> quiet_heartbeats_{0};      // handled without mu_ (TryQuietHeartbeat)
+  // Teams: policies (the store's teams table, kept by SetTeam), decayed usage (rebuilt from zero
+  // when ftd starts) and when it was last advanced (monotonic; 0: never).
+  std::map<std::string, TeamPolicy> team_policies_;  // GUARDED_BY(mu_)
+  std::map<std::string, TeamUsage> team_usage_;      // GUARDED_BY(mu_)
+  int64_t usage_mono_ = 0;                           // GUARDED_BY(mu_)
+  // What the scheduler needs of each running job beyond its JobView, by job id: made when an
+  // attempt starts (or is found running at start), gone when it ends.
+  struct RunningMeta {
+    std::map<std::string, int64_t> devices_on;  // worker id → devices it holds there
+    int64_t devices = 1;                        // in all
+    bool borrowed = false;                      // placed beyond its team's quota
+    int64_t started_wall_ms = 0;
+    int64_t last_checkpoint_wall_ms = 0;  // its last committed checkpoint (0: none this attempt)
+    std::string preempted_for;            // the job it is being stopped for ("" = none)
+  };
+  std::map<std::string, RunningMeta> running_meta_;  // GUARDED_BY(mu_)
+  std::vector<const JobView*> queue_order_;          // GUARDED_BY(mu_) queued_ as a vector, at its version:
+  int64_t queue_order_version_ = -1;                 // GUARDED_BY(mu_)
+  int64_t next_pass_wall_ms_ = 0;                    // GUARDED_BY(mu_) NextTimedChange of the last pass
+  std::map<std::string, int64_t> running_epoch_;     // GUARDED_BY(mu_) job id → epoch
+  OutputDirs output_dirs_;                           // GUARDED_BY(mu_) every job's output.dir → its id
+  std::map<std::string, Gang> gangs_;         // GUARDED_BY(mu_) job id → its running multi-rank attempt
+  std::map<std::string, Binding> bindings_;   // GUARDED_BY(mu_) job id → its (last) attempt's binding
+  std::string attempt_key_;                   // GUARDED_BY(mu_) Store::AttemptKey ("" until first used)
+  int64_t store_retry_mono_ = 0;              // GUARDED_BY(mu_) when Recover was last tried
+  std::string last_store_error_;              // GUARDED_BY(mu_) logged once, not per heartbeat
+  std::atomic<int64_t> stall_credit_ms_{0};   // written under mu_: ftd's stalls so far (CreditStall)
+  std::atomic<int64_t> quiet_heartbeats_{0};  // handled without mu_ (TryQuietHeartbeat)
   // When the previous tick started and ended (monotonic; 0 before the first): CreditTickLateness.
   std::atomic<int64_t> last_tick_start_mono_{0}, last_tick_end_mono_{0};
   std::set<std::string> log_write_failing_;  // GUARDED_BY(mu_) jobs whose last log append failed

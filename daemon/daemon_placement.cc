@@ -90,6 +90,11 @@ int64_t Daemon::NextTimedChange(int64_t now_wall_ms, bool backing_off) const {
     const int64_t soon = s.slot_end_ms - options_.min_slot_ms;  // from then on it takes no new work
     if (s.slot_end_ms > 0 && soon > now_wall_ms) next = std::min(next, soon);
   }
+  // A running job becomes preemptable once it has run min_runtime: a waiting job may take it then.
+  for (const auto& [job_id, meta] : running_meta_) {
+    const int64_t preemptable = meta.started_wall_ms + options_.min_runtime_ms;
+    if (preemptable > now_wall_ms) next = std::min(next, preemptable);
+  }
   return next;
 }
 
@@ -111,10 +116,16 @@ void Daemon::ScheduleQueued() {
       if (auto view = DeviceViewOf(d)) devices.push_back(*view);
     }
     workers.push_back({id, s.alive && s.sink != nullptr, !s.running_job.empty(), s.draining, s.slot_end_ms,
-                       std::move(devices), s.host_free_bytes, s.rendezvous_port_count > 0});
+                       std::move(devices), s.host_free_bytes, s.rendezvous_port_count > 0,
+                       RunningViewOf(id, s)});
   }
-  ScheduleResult result = Schedule(jobs, workers, now, {options_.min_slot_ms});
+  ScheduleResult result = Schedule(jobs, workers, now,
+                                   {.min_slot_ms = options_.min_slot_ms,
+                                    .fair_share_half_life_ms = options_.fair_share_half_life_ms,
+                                    .min_runtime_ms = options_.min_runtime_ms},
+                                   TeamsForPass());
   passes_.fetch_add(1);
+  for (const Preemption& p : result.preemptions) Preempt(p);
   for (const Placement& p : result.placements) {
     auto job = store_->GetJob(p.job_id);
     if (job.ok()) StartOn(*job, p);
@@ -165,6 +176,11 @@ void Daemon::StartOn(const JobRow& job, const Placement& p) {
   TrackState(j);
   running_epoch_[job.id] = attempt->epoch;
   TrackGang(*attempt);
+  RunningMeta& meta = running_meta_[job.id];
+  meta = RunningMeta{.borrowed = p.borrowed, .started_wall_ms = clock_->WallMs()};
+  for (const RankSlot& r : p.ranks) meta.devices_on[r.worker_id] += 1;
+  if (meta.devices_on.empty()) meta.devices_on[p.worker_id] = 1;
+  meta.devices = std::max<int64_t>(1, static_cast<int64_t>(p.ranks.size()));
   const Binding* binding = Bind(*attempt);
   pb::DaemonCommand cmd;
   pb::StartAttempt* start = cmd.mutable_start();

@@ -513,6 +513,9 @@ void Daemon::OnCheckpoint(const std::string& worker_id, Session& s, const pb::Ch
   }
   s.checkpoint_seconds = c.write_seconds();
   checkpoint_seconds_.Record(c.write_seconds());
+  if (auto meta = running_meta_.find(c.job_id()); meta != running_meta_.end()) {
+    meta->second.last_checkpoint_wall_ms = row.committed_ms;
+  }
   Event(c.job_id(), worker_id, "checkpoint", "checkpoint committed at step " + std::to_string(c.step()),
         c.step());
   // The trainer's retention keeps what ftd committed.

@@ -1,29 +1,8 @@
 // Daemon: users in teams (daemon/authorization.h). Each change is a user_* event naming who made it.
-#include <algorithm>
-#include <cctype>
-
 #include "daemon/authorization.h"
 #include "daemon/daemon.h"
 
 namespace ft {
-
-namespace {
-
-// A user or team name: 1-64 characters of [A-Za-z0-9._-], starting with a letter or digit.
-Status CheckName(const std::string& name, const std::string& what) {
-  const bool ok = !name.empty() && name.size() <= 64 && std::isalnum(static_cast<unsigned char>(name[0])) &&
-                  std::all_of(name.begin(), name.end(), [](char c) {
-                    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
-                  });
-  if (ok) return Status::OK();
-  return Status::InvalidArgument(what + " '" + name +
-                                 "': use 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or "
-                                 "digit");
-}
-
-std::string ByWhom(const Actor& by) { return by.user.empty() ? "" : " by " + by.user; }
-
-}  // namespace
 
 void Daemon::UserEvent(const std::string& kind, const std::string& message) {
   Held lock(this);
@@ -33,8 +12,8 @@ void Daemon::UserEvent(const std::string& kind, const std::string& message) {
 
 StatusOr<std::string> Daemon::AddUser(const Actor& by, const std::string& name, const std::string& team,
                                       const std::string& role) {
-  FT_RETURN_IF_ERROR(CheckName(name, "user name"));
-  FT_RETURN_IF_ERROR(CheckName(team, "team"));
+  FT_RETURN_IF_ERROR(CheckIdentityName(name, "user name"));
+  FT_RETURN_IF_ERROR(CheckIdentityName(team, "team"));
   FT_RETURN_IF_ERROR(ParseRole(role).status());
   if (name == "admin" || name == "local" || name == "view-token") {
     return Status::InvalidArgument("user name '" + name +
@@ -49,20 +28,20 @@ StatusOr<std::string> Daemon::AddUser(const Actor& by, const std::string& name, 
               .token_hash = t.hash,
               .created_ms = clock_->WallMs()};
   FT_RETURN_IF_ERROR(store_->AddUser(row));
-  UserEvent("user_added", "user " + name + " (" + role + " of team " + team + ") added" + ByWhom(by));
+  UserEvent("user_added", "user " + name + " (" + role + " of team " + team + ") added" + by.By());
   return t.token;
 }
 
 Status Daemon::RemoveUser(const Actor& by, const std::string& name) {
   FT_RETURN_IF_ERROR(store_->RemoveUser(name));
-  UserEvent("user_removed", "user " + name + " removed" + ByWhom(by) + "; its token no longer works");
+  UserEvent("user_removed", "user " + name + " removed" + by.By() + "; its token no longer works");
   return Status::OK();
 }
 
 StatusOr<std::string> Daemon::RotateUserToken(const Actor& by, const std::string& name) {
   FT_ASSIGN_OR_RETURN(IssuedToken t, IssueToken());
   FT_RETURN_IF_ERROR(store_->SetUserToken(name, t.token_id, t.salt, t.hash));
-  UserEvent("user_token", "user " + name + " has a new token" + ByWhom(by) + "; the old one no longer works");
+  UserEvent("user_token", "user " + name + " has a new token" + by.By() + "; the old one no longer works");
   return t.token;
 }
 

@@ -87,6 +87,10 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--requeue-backoff-ms", f.options.requeue_backoff_ms,
                  "delay before a preempted job is placed again");
   app.add_option("--tick-ms", f.tick_ms, "scheduler tick period");
+  app.add_option("--fair-share-half-life-ms", f.options.fair_share_half_life_ms,
+                 "a team's usage counts half after this long (fair share between teams)");
+  app.add_option("--min-runtime-ms", f.options.min_runtime_ms,
+                 "a job running for less than this is never preempted for another");
   app.add_option("--tls-cert", f.tls.cert_file,
                  "serve gRPC and the dashboard (HTTPS) over TLS with this PEM certificate chain");
   app.add_option("--tls-key", f.tls.key_file, "the PEM private key of --tls-cert");

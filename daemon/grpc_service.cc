@@ -503,6 +503,30 @@ class JobsService : public pb::Jobs::CallbackService {
       return out;
     });
   }
+  grpc::ServerUnaryReactor* SetTeam(grpc::CallbackServerContext* ctx, const pb::SetTeamRequest* req,
+                                    pb::Team* reply) override {
+    return Unary(ctx, reply, [&](Call& call) -> StatusOr<pb::Team> {
+      FT_RETURN_IF_ERROR(call.Check(Action::kManageTeams));
+      FT_RETURN_IF_ERROR(daemon_->SetTeam(
+          call.actor(), req->name(),
+          req->has_quota_devices() ? std::optional<int64_t>(req->quota_devices()) : std::nullopt,
+          req->has_weight() ? std::optional<double>(req->weight()) : std::nullopt));
+      FT_ASSIGN_OR_RETURN(std::vector<TeamInfo> teams, daemon_->ListTeams());
+      for (const TeamInfo& t : teams)
+        if (t.name == req->name()) return ToProtoTeam(t);
+      return Status::Internal("team " + req->name() + " was set but is not listed");
+    });
+  }
+  grpc::ServerUnaryReactor* ListTeams(grpc::CallbackServerContext* ctx, const pb::ListTeamsRequest*,
+                                      pb::ListTeamsReply* reply) override {
+    return Unary(ctx, reply, [&](Call& call) -> StatusOr<pb::ListTeamsReply> {
+      FT_RETURN_IF_ERROR(call.Check(Action::kReadTeams));
+      FT_ASSIGN_OR_RETURN(std::vector<TeamInfo> teams, daemon_->ListTeams());
+      pb::ListTeamsReply out;
+      for (const TeamInfo& t : teams) *out.add_teams() = ToProtoTeam(t);
+      return out;
+    });
+  }
   grpc::ServerWriteReactor<pb::JobUpdate>* Watch(grpc::CallbackServerContext* ctx,
                                                  const pb::WatchRequest* req) override {
     std::optional<Identity> who = authenticator_.Resolve(BearerToken(ctx));
@@ -538,6 +562,18 @@ class JobsService : public pb::Jobs::CallbackService {
     Status s = CheckOnJob(call, Action::kReadJob, id, "job_id");
     if (call.denied) return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, *call.denied);
     return ToGrpcStatus(s);
+  }
+  static pb::Team ToProtoTeam(const TeamInfo& t) {
+    pb::Team out;
+    out.set_name(t.name);
+    out.set_quota_devices(t.quota_devices);
+    out.set_weight(t.weight);
+    out.set_running_devices(t.running_devices);
+    out.set_borrowed_devices(t.borrowed_devices);
+    out.set_queued_jobs(t.queued_jobs);
+    out.set_usage_device_seconds(t.usage_device_seconds);
+    out.set_fair_share(t.fair_share);
+    return out;
   }
   static pb::User ToProtoUser(const UserInfo& u) {
     pb::User out;

@@ -255,6 +255,13 @@ std::vector<HttpApi::Endpoint> HttpApi::ServiceEndpoints() {
        {},
        Bind(&HttpApi::ListWorkers)},
       {"GET",
+       "/api/teams",
+       "teams: quota, weight, devices running and borrowed, queued jobs, decayed usage, fair share",
+       false,
+       Access::kView,
+       {},
+       Bind(&HttpApi::ListTeams)},
+      {"GET",
        "/api/events",
        "events of every job (or ?job=ID); ?after_seq=N&limit=N",
        false,
@@ -471,6 +478,7 @@ Action ActionOf(const HttpApi::Endpoint& e) {
   if (e.changes_state) return Action::kCancel;  // the one action the API has
   if (e.path.find("{id}") != std::string::npos) return Action::kReadJob;
   if (e.path == "/api/workers") return Action::kReadWorkers;
+  if (e.path == "/api/teams") return Action::kReadTeams;
   return Action::kListJobs;  // lists and pages: what they show is filtered by the caller's teams
 }
 
@@ -780,6 +788,23 @@ HttpResponse HttpApi::ListWorkers(const Params&) {
   auto workers = Workers();
   if (!workers.ok()) return FromStatus(workers.status());
   return Json(*workers);
+}
+
+HttpResponse HttpApi::ListTeams(const Params&) {
+  auto teams = daemon_->ListTeams();
+  if (!teams.ok()) return FromStatus(teams.status());
+  json out = json::array();
+  for (const TeamInfo& t : *teams) {
+    out.push_back({{"name", t.name},
+                   {"quota_devices", t.quota_devices},
+                   {"weight", t.weight},
+                   {"running_devices", t.running_devices},
+                   {"borrowed_devices", t.borrowed_devices},
+                   {"queued_jobs", t.queued_jobs},
+                   {"usage_device_seconds", t.usage_device_seconds},
+                   {"fair_share", t.fair_share}});
+  }
+  return Json({{"teams", std::move(out)}});
 }
 
 HttpResponse HttpApi::Stream(const Params& p) {

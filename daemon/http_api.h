@@ -128,6 +128,7 @@ class HttpApi {
   HttpResponse JobLog(const Params& p);
   HttpResponse CancelJob(const Params& p);
   HttpResponse ListWorkers(const Params& p);
+  HttpResponse ListTeams(const Params& p);
   HttpResponse ListEvents(const Params& p);
   HttpResponse Stream(const Params& p);
   HttpResponse Metrics(const Params& p);

@@ -1,6 +1,8 @@
 #include "daemon/scheduler.h"
 
 #include <algorithm>
+#include <set>
+#include <span>
 
 namespace ft {
 
@@ -59,6 +61,17 @@ constexpr WaitText kWaitTexts[] = {
      [](const WaitReason&) {
        return std::string(
            "waits: no idle worker reports rendezvous ports to host rank 0 of a multi-rank job");
+     }},
+    {Why::kTeamQuota,
+     [](const WaitReason& r) {
+       return "waits: team " + r.name + " runs " + std::to_string(r.needs) + " of its quota of " +
+              std::to_string(r.offered) + " devices";
+     }},
+    {Why::kPreempting,
+     [](const WaitReason& r) {
+       const bool reclaim = r.needs == static_cast<int64_t>(Preemption::Why::kReclaim);
+       return "waits: preempting job " + r.name + (reclaim ? " (reclaim)" : " (priority)") + " on worker " +
+              r.worker + (r.offered > 0 ? " and " + std::to_string(r.offered) + " more" : "");
      }},
 };
 
@@ -320,55 +333,382 @@ int64_t PlacementClasses::Of(const JobView& job) {
   return next_++;
 }
 
-ScheduleResult Schedule(const std::vector<const JobView*>& queued, const std::vector<WorkerView>& workers,
-                        int64_t now_wall_ms, const SchedulerOptions& options) {
-  const QueueOrder before;
-  std::vector<const JobView*> sorted;
-  const std::vector<const JobView*>* jobs = &queued;
-  if (!std::is_sorted(queued.begin(), queued.end(), before)) {
-    sorted = queued;
-    std::stable_sort(sorted.begin(), sorted.end(), before);
-    jobs = &sorted;
-  }
-  ScheduleResult result;
-  result.waiting.reserve(jobs->size());
-  WaitReason none_usable;
-  std::vector<size_t> idle = UsableWorkers(workers, now_wall_ms, options, &none_usable);
+namespace {
+
+// A queued job, its team (FairShare's index) and its priority (read once: a pass over 100,000
+// jobs is bound by the reads of their views).
+struct Queued {
+  const JobView* job;
+  size_t team;
+  int64_t priority;
+};
+
+// A running job that may be stopped for a queued one.
+struct Victim {
+  const RunningView* view;  // as its rank 0's worker reports it
+  size_t team;
+  int64_t work_ms;               // since its last checkpoint (or its start)
+  std::vector<size_t> workers;   // every worker it runs on
+  std::vector<size_t> reusable;  // those a job may start on once it stopped (live, slot enough)
+  bool stoppable = true;         // ran min_runtime_ms, not stopping already, every worker live
+  bool taken = false;            // chosen this pass
+};
+
+// Victims are chosen lowest class first, then borrowed before nominal, then least work since the
+// last checkpoint (then by id, so the choice is the same every pass).
+bool VictimBefore(const Victim& a, const Victim& b) {
+  if (a.view->priority != b.view->priority) return a.view->priority < b.view->priority;
+  if (a.view->borrowed != b.view->borrowed) return a.view->borrowed;
+  if (a.work_ms != b.work_ms) return a.work_ms < b.work_ms;
+  return a.view->job_id < b.view->job_id;
+}
+
+// A team's FIFO list of one priority class, in the heap that merges the class's teams.
+struct Lane {
+  size_t team;
+  std::vector<const Queued*> jobs;
+  size_t next = 0;
+  double standing = 0;  // FairShare::Standing: the least goes first
+};
+
+// One pass (Schedule): the state its steps share.
+class Pass {
+ public:
+  Pass(const std::vector<WorkerView>& workers, int64_t now_wall_ms, const SchedulerOptions& options,
+       const FairShareInput& teams);
+  ScheduleResult Run(const std::vector<const JobView*>& jobs);
+
+ private:
+  bool Reusable(const WorkerView& w) const;
+  void CountRunning();
+  void RunClasses(const std::vector<Queued>& jobs, bool borrowing);
+  void MergeClass(std::span<const Queued> jobs, bool borrowing);
+  void Try(const Queued& q, bool borrowing);
+  bool PlaceNow(const Queued& q, bool borrowing, WaitReason* why);
+  void Take(const std::vector<size_t>& at);
+  bool MayPreempt(const Queued& q);
+  bool EligibleFor(const Victim& v, const Queued& q) const;
+  std::vector<size_t> FirstVictims(const Queued& q, size_t count, bool* all) const;
+  std::vector<size_t> FitWith(const Queued& q, const std::vector<size_t>& stopping,
+                              const std::vector<size_t>& victims, Placement* placement);
+  bool Preempt(const Queued& q, WaitReason* why);
+  WaitReason Decide(const Queued& q, const std::vector<size_t>& stopping, const std::vector<size_t>& victims,
+                    const std::vector<size_t>& at, int64_t devices);
+
+  const std::vector<WorkerView>& workers_;
+  const int64_t now_;
+  const SchedulerOptions& options_;
+  FairShare fair_;
+  ScheduleResult result_;
+  std::vector<size_t> idle_;  // usable workers not taken (nor kept for a preempting job) this pass
+  WaitReason none_usable_;    // why no worker is usable (when none is)
+  WaitReason all_taken_;      // why a job waits once every usable worker is taken
+  bool any_usable_ = false;
   // The most free memory any available worker offers per device kind: a job
   // that needs more at micro-batch 1 waits without a walk over the workers.
-  std::map<DeviceKind, int64_t> best_free;
+  std::map<DeviceKind, int64_t> best_free_;
+  // A class that failed while `idle_` had this many workers fails alike until one is taken.
+  std::unordered_map<int64_t, std::pair<size_t, WaitReason>> failed_;
+  std::vector<Queued> deferred_;  // over their team's quota: tried on what is left, borrowing
+  // Preemption: the victims (VictimBefore order), the first one not taken, the borrowed ones not
+  // taken by team, the workers stopping for each queued job, and the (placement class, team)
+  // pairs for which even every eligible victim was not enough.
+  std::vector<Victim> victims_;
+  size_t first_untaken_ = 0;
+  std::vector<int64_t> borrowed_by_team_;
+  int64_t borrowed_ = 0;
+  std::unordered_map<std::string, std::vector<size_t>> stopping_for_;
+  std::set<std::pair<int64_t, size_t>> no_victims_;
+  std::vector<WorkerView> freed_;  // the workers as they will be once stopped (copied at first use)
+};
+
+Pass::Pass(const std::vector<WorkerView>& workers, int64_t now_wall_ms, const SchedulerOptions& options,
+           const FairShareInput& teams)
+    : workers_(workers), now_(now_wall_ms), options_(options), fair_(teams, options.fair_share_half_life_ms) {
+  idle_ = UsableWorkers(workers, now_, options, &none_usable_);
+  any_usable_ = !idle_.empty();
+  all_taken_ = none_usable_.why == Why::kSlotEndsSoon ? none_usable_ : WaitReason{Why::kEveryWorkerBusy};
   for (const WorkerView& w : workers) {
     if (!w.alive || w.busy || w.draining) continue;
-    for (const DeviceView& d : w.devices) best_free[d.kind] = std::max(best_free[d.kind], d.free_bytes);
+    for (const DeviceView& d : w.devices) best_free_[d.kind] = std::max(best_free_[d.kind], d.free_bytes);
   }
-  // A class that failed while `idle` had this many workers fails alike until one is taken.
-  std::unordered_map<int64_t, std::pair<size_t, WaitReason>> failed;
-  // Once every usable worker is taken: the workers taken this pass are busy now.
-  const WaitReason all_taken =
-      none_usable.why == Why::kSlotEndsSoon ? none_usable : WaitReason{Why::kEveryWorkerBusy};
-  const bool any_usable = !idle.empty();
-  for (const JobView* job : *jobs) {
-    WaitReason why = WaitsBeforePlacement(*job, best_free, now_wall_ms);
-    if (why.why == Why::kNone && idle.empty()) why = any_usable ? all_taken : none_usable;
-    auto seen = job->placement_class >= 0 ? failed.find(job->placement_class) : failed.end();
-    if (why.why == Why::kNone && seen != failed.end() && seen->second.first == idle.size()) {
-      why = seen->second.second;
+  CountRunning();
+}
+
+bool Pass::Reusable(const WorkerView& w) const {
+  return w.alive && (w.slot_end_ms <= 0 || w.slot_end_ms - now_ >= options_.min_slot_ms);
+}
+
+// The running jobs: their devices count for their teams; those that may be stopped become
+// victims, and the workers already stopping are set aside for the job they stop for.
+void Pass::CountRunning() {
+  std::unordered_map<std::string_view, size_t> victim_of;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    const WorkerView& w = workers_[i];
+    if (!w.busy || !w.running) continue;
+    const RunningView& r = *w.running;
+    const size_t team = fair_.Index(r.team);
+    fair_.HasWork(team);
+    fair_.AddRunning(team, r.devices);
+    auto [it, added] = victim_of.try_emplace(r.job_id, victims_.size());
+    if (added) {
+      const int64_t since = std::max(r.started_ms, r.last_checkpoint_ms);
+      victims_.push_back({&r, team, now_ - since});
+      victims_.back().stoppable = now_ - r.started_ms >= options_.min_runtime_ms;
     }
-    if (why.why != Why::kNone) {
-      result.waiting.emplace_back(job, why);
-      continue;
-    }
-    Placement placement;
-    const std::vector<size_t> at = PlaceOn(*job, workers, idle, &placement, &why);
-    if (at.empty()) {
-      if (job->placement_class >= 0) failed[job->placement_class] = {idle.size(), why};
-      result.waiting.emplace_back(job, why);
-      continue;
-    }
-    result.placements.push_back(std::move(placement));
-    std::erase_if(idle, [&](size_t i) { return std::find(at.begin(), at.end(), i) != at.end(); });
+    Victim& victim = victims_[it->second];
+    victim.workers.push_back(i);
+    if (Reusable(w)) victim.reusable.push_back(i);
+    if (!r.preempted_for.empty() && Reusable(w)) stopping_for_[r.preempted_for].push_back(i);
+    if (w.draining || !w.alive || !r.preempted_for.empty()) victim.stoppable = false;
   }
-  return result;
+  std::erase_if(victims_, [](const Victim& v) { return !v.stoppable; });
+  std::sort(victims_.begin(), victims_.end(), VictimBefore);
+  borrowed_by_team_.assign(fair_.size(), 0);
+  for (const Victim& v : victims_) {
+    borrowed_by_team_[v.team] += v.view->borrowed ? 1 : 0;
+    borrowed_ += v.view->borrowed ? 1 : 0;
+  }
+}
+
+ScheduleResult Pass::Run(const std::vector<const JobView*>& jobs) {
+  // One walk over the views: their teams, and whether they are in queue order (the daemon keeps them so).
+  const QueueOrder before;
+  bool sorted = true;
+  std::vector<Queued> queue;
+  queue.reserve(jobs.size());
+  size_t team = fair_.Index(jobs.empty() ? "" : jobs.front()->team);
+  for (const JobView* job : jobs) {
+    if (job->team != fair_.Name(team)) team = fair_.Index(job->team);  // most runs of jobs share a team
+    fair_.HasWork(team);
+    sorted = sorted && (queue.empty() || !before(job, queue.back().job));
+    queue.push_back({job, team, job->priority});
+  }
+  if (!sorted) {
+    std::stable_sort(queue.begin(), queue.end(),
+                     [&](const Queued& a, const Queued& b) { return before(a.job, b.job); });
+  }
+  borrowed_by_team_.resize(fair_.size(), 0);
+  result_.waiting.reserve(jobs.size());
+  RunClasses(queue, false);
+  const std::vector<Queued> borrowing = std::move(deferred_);
+  RunClasses(borrowing, true);
+  return std::move(result_);
+}
+
+// Each priority class in turn (the jobs are in queue order: a class is a run of them).
+void Pass::RunClasses(const std::vector<Queued>& jobs, bool borrowing) {
+  for (size_t begin = 0, end = 0; begin < jobs.size(); begin = end) {
+    while (end < jobs.size() && jobs[end].priority == jobs[begin].priority) ++end;
+    MergeClass(std::span<const Queued>(jobs).subspan(begin, end - begin), borrowing);
+  }
+}
+
+// One class: its teams' FIFO lists merged by standing (a heap over the teams: a placement moves
+// only its own team's standing, that of the team just tried), ties to the earlier submission.
+void Pass::MergeClass(std::span<const Queued> jobs, bool borrowing) {
+  const auto one_team = [&](const Queued& q) { return q.team == jobs.front().team; };
+  if (std::all_of(jobs.begin(), jobs.end(), one_team)) {  // no order to merge
+    for (const Queued& q : jobs) Try(q, borrowing);
+    return;
+  }
+  std::vector<Lane> lanes;
+  std::unordered_map<size_t, size_t> lane_of;
+  for (const Queued& q : jobs) {
+    auto [it, added] = lane_of.try_emplace(q.team, lanes.size());
+    if (added) lanes.push_back({q.team, {}, 0, fair_.Standing(q.team)});
+    lanes[it->second].jobs.push_back(&q);
+  }
+  const QueueOrder sooner;
+  const auto after = [&](size_t a, size_t b) {  // the heap's order: b is tried before a
+    if (lanes[a].standing != lanes[b].standing) return lanes[a].standing > lanes[b].standing;
+    return sooner(lanes[b].jobs[lanes[b].next]->job, lanes[a].jobs[lanes[a].next]->job);
+  };
+  std::vector<size_t> heap(lanes.size());
+  for (size_t l = 0; l < lanes.size(); ++l) heap[l] = l;
+  std::make_heap(heap.begin(), heap.end(), after);
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), after);
+    Lane& lane = lanes[heap.back()];
+    Try(*lane.jobs[lane.next++], borrowing);
+    if (lane.next == lane.jobs.size()) {
+      heap.pop_back();
+    } else {
+      lane.standing = fair_.Standing(lane.team);
+      std::push_heap(heap.begin(), heap.end(), after);
+    }
+  }
+}
+
+// Places one job, defers it (over its team's quota, before borrowing), or says why it waits
+// (choosing victims for it when that lets it be placed).
+void Pass::Try(const Queued& q, bool borrowing) {
+  const JobView& job = *q.job;
+  WaitReason why = WaitsBeforePlacement(job, best_free_, now_);
+  const bool over_quota = !borrowing && !fair_.WithinQuota(q.team, job.gpus);
+  if (why.why == Why::kNone && over_quota) return deferred_.push_back(q);
+  if (why.why == Why::kNone && PlaceNow(q, borrowing, &why)) return;
+  if (borrowing) {
+    why = {Why::kTeamQuota, "", fair_.Running(q.team), fair_.Quota(q.team), std::nullopt, fair_.Name(q.team)};
+  } else if (why.why != Why::kBackoff && !over_quota) {
+    Preempt(q, &why);
+  }
+  result_.waiting.emplace_back(&job, why);
+}
+
+// Removes `at` from the idle workers (each is usually near the front: jobs take the first that fits).
+void Pass::Take(const std::vector<size_t>& at) {
+  for (size_t w : at) {
+    if (auto it = std::find(idle_.begin(), idle_.end(), w); it != idle_.end()) idle_.erase(it);
+  }
+}
+
+bool Pass::PlaceNow(const Queued& q, bool borrowing, WaitReason* why) {
+  const JobView& job = *q.job;
+  if (idle_.empty()) {
+    *why = any_usable_ ? all_taken_ : none_usable_;
+    return false;
+  }
+  auto seen = job.placement_class >= 0 ? failed_.find(job.placement_class) : failed_.end();
+  if (seen != failed_.end() && seen->second.first == idle_.size()) {
+    *why = seen->second.second;
+    return false;
+  }
+  Placement placement;
+  const std::vector<size_t> at = PlaceOn(job, workers_, idle_, &placement, why);
+  if (at.empty()) {
+    if (job.placement_class >= 0) failed_[job.placement_class] = {idle_.size(), *why};
+    return false;
+  }
+  placement.borrowed = borrowing;
+  fair_.AddRunning(q.team, static_cast<int64_t>(placement.ranks.size()));
+  result_.placements.push_back(std::move(placement));
+  Take(at);
+  return true;
+}
+
+// Whether any victim could be chosen for `q` (cheap: no walk over the victims).
+bool Pass::MayPreempt(const Queued& q) {
+  if (!stopping_for_.empty() && stopping_for_.count(q.job->id)) return true;
+  while (first_untaken_ < victims_.size() && victims_[first_untaken_].taken) ++first_untaken_;
+  if (first_untaken_ < victims_.size() && victims_[first_untaken_].view->priority < q.job->priority)
+    return true;
+  return fair_.HasQuota(q.team) && borrowed_ - borrowed_by_team_[q.team] > 0;
+}
+
+// A lower class's job, or (its team having a quota it is within) another team's borrowed job.
+bool Pass::EligibleFor(const Victim& v, const Queued& q) const {
+  if (v.view->priority < q.job->priority) return true;
+  return v.view->borrowed && v.team != q.team && fair_.HasQuota(q.team);
+}
+
+// The first `count` victims eligible for `q` not yet taken (VictimBefore order); *all: there are no more.
+std::vector<size_t> Pass::FirstVictims(const Queued& q, size_t count, bool* all) const {
+  std::vector<size_t> out;
+  size_t i = first_untaken_;
+  for (; i < victims_.size() && out.size() < count; ++i) {
+    if (!victims_[i].taken && EligibleFor(victims_[i], q)) out.push_back(i);
+  }
+  *all = true;
+  for (; i < victims_.size() && *all; ++i) *all = victims_[i].taken || !EligibleFor(victims_[i], q);
+  return out;
+}
+
+// Where `q` would be placed once `stopping` (workers) and `victims` stopped, with the idle
+// workers: the workers it would use, or none.
+std::vector<size_t> Pass::FitWith(const Queued& q, const std::vector<size_t>& stopping,
+                                  const std::vector<size_t>& victims, Placement* placement) {
+  if (freed_.empty()) {
+    freed_ = workers_;  // a stopped job's memory comes back: its devices count whole
+    for (WorkerView& w : freed_) {
+      if (!w.busy) continue;
+      for (DeviceView& d : w.devices) d.free_bytes = std::max(d.free_bytes, d.total_bytes);
+    }
+  }
+  std::vector<size_t> pool = idle_;
+  pool.insert(pool.end(), stopping.begin(), stopping.end());
+  for (size_t v : victims) pool.insert(pool.end(), victims_[v].reusable.begin(), victims_[v].reusable.end());
+  WaitReason ignored;
+  return PlaceOn(*q.job, freed_, pool, placement, &ignored);
+}
+
+// Chooses the victims for `q` (none already stopping for it, then 1, 2, 4, ... of the eligible
+// ones, until it fits or even all do not): those its placement would use. True with *why
+// kPreempting when it will be placed once they stopped; false (nothing decided) otherwise.
+bool Pass::Preempt(const Queued& q, WaitReason* why) {
+  if (!MayPreempt(q)) return false;
+  auto mine = stopping_for_.find(q.job->id);
+  const std::vector<size_t> stopping = mine == stopping_for_.end() ? std::vector<size_t>{} : mine->second;
+  const std::pair<int64_t, size_t> shape{q.job->placement_class, q.team};
+  const bool alike = shape.first >= 0 && stopping.empty();  // later jobs of its class and team choose alike
+  if (alike && no_victims_.count(shape)) return false;
+  Placement placement;
+  std::vector<size_t> at, victims;
+  bool all = false;
+  for (size_t count = stopping.empty() ? 1 : 0; at.empty() && !all; count = std::max<size_t>(1, 2 * count)) {
+    victims = FirstVictims(q, count, &all);
+    at = FitWith(q, stopping, victims, &placement);
+  }
+  if (at.empty()) {
+    if (alike) no_victims_.insert(shape);
+    return false;
+  }
+  const WaitReason decided = Decide(q, stopping, victims, at, static_cast<int64_t>(placement.ranks.size()));
+  if (decided.why == Why::kNone) return false;
+  *why = decided;
+  return true;
+}
+
+// Records the victims `q`'s placement on `at` uses, keeps the idle workers it uses from later
+// jobs of the pass, and counts its devices for its team. Its wait reason (kNone: it uses none).
+WaitReason Pass::Decide(const Queued& q, const std::vector<size_t>& stopping,
+                        const std::vector<size_t>& victims, const std::vector<size_t>& at, int64_t devices) {
+  const auto uses = [&](size_t w) { return std::find(at.begin(), at.end(), w) != at.end(); };
+  const auto why_of = [&](const RunningView& r) {
+    return r.priority < q.job->priority ? Preemption::Why::kPriority : Preemption::Why::kReclaim;
+  };
+  WaitReason why;
+  std::set<std::string_view> named;
+  const auto name = [&](const RunningView& r, const WorkerView& w) {
+    if (!named.insert(r.job_id).second) return;
+    if (named.size() == 1)
+      why = {Why::kPreempting, w.id, static_cast<int64_t>(why_of(r)), 0, std::nullopt, r.job_id};
+    why.offered = static_cast<int64_t>(named.size()) - 1;
+  };
+  for (size_t w : stopping) {
+    if (uses(w)) name(*workers_[w].running, workers_[w]);
+  }
+  for (size_t v : victims) {
+    Victim& victim = victims_[v];
+    auto used = std::find_if(victim.reusable.begin(), victim.reusable.end(), uses);
+    if (used == victim.reusable.end()) continue;
+    victim.taken = true;
+    borrowed_by_team_[victim.team] -= victim.view->borrowed ? 1 : 0;
+    borrowed_ -= victim.view->borrowed ? 1 : 0;
+    Preemption p{victim.view->job_id, {}, q.job->id, why_of(*victim.view)};
+    for (size_t w : victim.workers) p.worker_ids.push_back(workers_[w].id);
+    result_.preemptions.push_back(std::move(p));
+    name(*victim.view, workers_[*used]);
+  }
+  if (why.why == Why::kNone) return why;
+  Take(at);
+  fair_.AddRunning(q.team, devices);
+  return why;
+}
+
+}  // namespace
+
+ScheduleResult Schedule(const std::vector<const JobView*>& queued, const std::vector<WorkerView>& workers,
+                        int64_t now_wall_ms, const SchedulerOptions& options, const FairShareInput& teams) {
+  return Pass(workers, now_wall_ms, options, teams).Run(queued);
+}
+
+std::map<std::string, int64_t> RunningDevicesByTeam(const std::vector<WorkerView>& workers) {
+  std::map<std::string, int64_t> out;
+  for (const WorkerView& w : workers) {
+    if (w.busy && w.running) out[w.running->team] += w.running->devices;
+  }
+  return out;
 }
 
 }  // namespace ft

@@ -234,6 +234,16 @@ ALTER TABLE jobs ADD COLUMN submitted_by TEXT NOT NULL DEFAULT '';
 ALTER TABLE jobs ADD COLUMN team TEXT NOT NULL DEFAULT '';
 CREATE INDEX jobs_by_team ON jobs (team, created_ms);
 )sql",
+    // 12: each team's share of the cluster (daemon/fair_share.h): its nominal quota of devices
+    // running at once (-1: none) and its fair-share weight. A team without a row has the defaults.
+    R"sql(
+CREATE TABLE teams (
+  name           TEXT PRIMARY KEY,
+  quota_devices  INTEGER NOT NULL DEFAULT -1,
+  weight         REAL NOT NULL DEFAULT 1,
+  updated_ms     INTEGER NOT NULL
+) WITHOUT ROWID;
+)sql",
 };
 
 constexpr int kLatestVersion = static_cast<int>(std::size(kMigrations));
@@ -1506,6 +1516,31 @@ StatusOr<std::optional<UserRow>> Store::UserByTokenId(const std::string& token_i
   FT_RETURN_IF_ERROR(q.Bind(token_id).Next(&row));
   if (!row) return std::optional<UserRow>();
   return std::optional<UserRow>(ReadUser(q));
+}
+
+// ---- teams
+
+Status Store::SetTeam(const TeamRow& t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string op = "set team " + t.name;
+  return Write(op, [&]() -> Status {
+    FT_ASSIGN_OR_RETURN(Query q, Prepare("INSERT INTO teams (name, quota_devices, weight, updated_ms) VALUES "
+                                         "(?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET quota_devices = "
+                                         "excluded.quota_devices, weight = excluded.weight, updated_ms = "
+                                         "excluded.updated_ms",
+                                         op));
+    return q.Bind(t.name, t.quota_devices, t.weight, t.updated_ms).Run();
+  });
+}
+
+StatusOr<std::vector<TeamRow>> Store::ListTeams() {
+  std::lock_guard<std::mutex> lock(mu_);
+  FT_ASSIGN_OR_RETURN(
+      Query q,
+      Prepare("SELECT name, quota_devices, weight, updated_ms FROM teams ORDER BY name", "list teams"));
+  return Collect(q, [](const Query& r) {
+    return TeamRow{.name = r.Text(0), .quota_devices = r.Int(1), .weight = r.Real(2), .updated_ms = r.Int(3)};
+  });
 }
 
 StatusOr<bool> Store::HasUsers() {

@@ -106,6 +106,14 @@ struct UserRow {
   int64_t created_ms = 0;
 };
 
+// A team's share of the cluster (schema 12; daemon/fair_share.h uses it).
+struct TeamRow {
+  std::string name;
+  int64_t quota_devices = -1;  // devices its jobs may run on at once (nominal quota); -1: no quota
+  double weight = 1;           // its fair-share weight
+  int64_t updated_ms = 0;
+};
+
 // Where one rank of a multi-rank attempt runs: a worker and its device index.
 struct RankSlot {
   std::string worker_id;
@@ -414,6 +422,9 @@ class Store {
   StatusOr<std::vector<UserRow>> ListUsers();  // by name
   // The user whose token has this public part; nullopt when none.
   StatusOr<std::optional<UserRow>> UserByTokenId(const std::string& token_id);
+  // ---- teams (synced writes): SetTeam inserts or replaces the team's row.
+  Status SetTeam(const TeamRow& team);
+  StatusOr<std::vector<TeamRow>> ListTeams();  // by name
   // Whether any user exists: read once, then kept (AddUser and RemoveUser update it), since
   // every HTTP request and gRPC call asks.
   StatusOr<bool> HasUsers();

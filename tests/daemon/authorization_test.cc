@@ -298,6 +298,48 @@ TEST_F(AuthorizationTest, AViewerReadsItsTeamButCannotAct) {
   EXPECT_EQ(GrpcCancel(kViewToken, job_a_).error_code(), grpc::StatusCode::UNAUTHENTICATED);
 }
 
+TEST_F(AuthorizationTest, OnlyAnAdminSetsATeamsQuotaAndEveryIdentityReadsTheTeams) {
+  pb::SetTeamRequest set;
+  set.set_name("team-a");
+  set.set_quota_devices(2);
+  pb::Team team;
+  grpc::Status refused = stub_->SetTeam(As(tokens_["alice"]).get(), set, &team);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("only admins set quotas and weights"));
+  ASSERT_TRUE(stub_->SetTeam(As(tokens_["ada"]).get(), set, &team).ok());
+  EXPECT_EQ(team.quota_devices(), 2);
+  EXPECT_EQ(team.weight(), 1);
+  pb::SetTeamRequest weight_only;
+  weight_only.set_name("team-a");
+  weight_only.set_weight(3);
+  ASSERT_TRUE(stub_->SetTeam(As(kClientToken).get(), weight_only, &team).ok());
+  EXPECT_EQ(team.quota_devices(), 2) << "an unset quota keeps its value";
+  EXPECT_EQ(team.weight(), 3);
+  pb::SetTeamRequest bad;
+  bad.set_name("team-a");
+  bad.set_weight(0);
+  grpc::Status invalid = stub_->SetTeam(As(kClientToken).get(), bad, &team);
+  EXPECT_EQ(invalid.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(invalid.error_message(), HasSubstr("weight must be a number above 0"));
+  pb::ListTeamsReply teams;
+  ASSERT_TRUE(stub_->ListTeams(As(tokens_["vera"]).get(), pb::ListTeamsRequest(), &teams).ok());
+  ASSERT_EQ(teams.teams_size(), 2);  // team-a (a policy and a queued job) and team-b (a queued job)
+  EXPECT_EQ(teams.teams(0).name(), "team-a");
+  EXPECT_EQ(teams.teams(0).queued_jobs(), 1);
+  EXPECT_DOUBLE_EQ(teams.teams(0).fair_share(), 0.75);
+  EXPECT_EQ(teams.teams(1).quota_devices(), -1);
+  Reply http = Http(tokens_["bob"], "GET", "/api/teams");
+  ASSERT_EQ(http.status, 200) << http.body;
+  const nlohmann::json body = nlohmann::json::parse(http.body);
+  ASSERT_EQ(body["teams"].size(), 2u);
+  EXPECT_EQ(body["teams"][0]["quota_devices"], 2);
+  EXPECT_EQ(body["teams"][0]["weight"], 3);
+  pb::ListEventsReply events;
+  ASSERT_TRUE(GrpcEvents(kClientToken, "", &events).ok());
+  EXPECT_THAT(events.events().rbegin()->message(),
+              HasSubstr("team team-a: a quota of 2 devices, weight 3 by admin"));
+}
+
 TEST_F(AuthorizationTest, AnAdminCanDoEverythingOnEveryTeam) {
   EXPECT_EQ(GrpcListIds(tokens_["ada"]).size(), 2u);
   EXPECT_EQ(HttpListIds(tokens_["ada"]).size(), 2u);
@@ -459,6 +501,16 @@ TEST(FtctlAdminTest, AddListRotateAndRemoveUsersThroughFtctl) {
   EXPECT_EQ(gone.Wait(), 2);
   EXPECT_THAT(gone.Log(), HasSubstr("UNAUTHENTICATED"));
   EXPECT_THAT(ftd->Log(), Not(HasSubstr(fresh)));  // tokens are never logged
+
+  Proc team_set =
+      Ftctl(dir, address, {"--token", "root", "admin", "team", "set", "nlp", "--quota", "4", "--weight", "2"},
+            "team-set");
+  EXPECT_EQ(team_set.Wait(), 0) << team_set.Log();
+  EXPECT_THAT(team_set.Log(), HasSubstr("team nlp: quota 4, weight 2"));
+  Proc team_ls = Ftctl(dir, address, {"--token", "root", "admin", "team", "ls"}, "team-ls");
+  EXPECT_EQ(team_ls.Wait(), 0) << team_ls.Log();
+  EXPECT_THAT(team_ls.Log(), HasSubstr("QUOTA"));
+  EXPECT_THAT(team_ls.Log(), testing::ContainsRegex("nlp +4 +2 "));
 }
 
 }  // namespace

@@ -82,10 +82,12 @@ class DaemonTest : public testing::Test {
     o.requeue_backoff_ms = 1000;
     o.allowed_roots = std::move(allowed_roots);
     if (lease_ms_ > 0) o.lease_ms = lease_ms_;
+    if (min_runtime_ms_ >= 0) o.min_runtime_ms = min_runtime_ms_;
     o.tick_ms = tick_ms_;
     daemon_ = std::make_unique<Daemon>(std::move(*store), &clock_, o);
   }
-  std::string Submit(int priority = 0, const std::string& extra = "", const std::string& train_extra = "") {
+  std::string Submit(int priority = 0, const std::string& extra = "", const std::string& train_extra = "",
+                     const Actor& by = {}) {
     pb::SubmitRequest req;
     req.set_spec_yaml(
         "name: t\nmodel: {path: model, dtype: fp32}\nadapter: {type: lora, r: 4, alpha: 8}\n"
@@ -94,7 +96,7 @@ class DaemonTest : public testing::Test {
         train_extra + "}\nresources: {priority: " + std::to_string(priority) +
         "}\noutput: {dir: " + OutputDir() + "}\n" + extra);
     req.set_spec_dir(dir_ + "/job");
-    auto r = daemon_->Submit(req);
+    auto r = daemon_->Submit(req, by);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     return r->job().id();
   }
@@ -165,9 +167,10 @@ class DaemonTest : public testing::Test {
   }
 
   std::string dir_;
-  int64_t lease_ms_ = 0;  // 0: DaemonOptions' default
-  int64_t tick_ms_ = 0;   // DaemonOptions::tick_ms (0: no tick is late)
-  int submits_ = 0;       // jobs submitted so far (OutputDir)
+  int64_t lease_ms_ = 0;         // 0: DaemonOptions' default
+  int64_t min_runtime_ms_ = -1;  // -1: DaemonOptions' default
+  int64_t tick_ms_ = 0;          // DaemonOptions::tick_ms (0: no tick is late)
+  int submits_ = 0;              // jobs submitted so far (OutputDir)
   FakeClock clock_;
   std::unique_ptr<Daemon> daemon_;
 };
@@ -946,6 +949,78 @@ TEST_F(DaemonTest, SlotEndStopsWithACheckpointAndShortSlotsGetNoWork) {
   const pb::CheckpointNow& c = v.Last(pb::DaemonCommand::kCheckpointNow)->checkpoint_now();
   EXPECT_TRUE(c.stop());
   EXPECT_EQ(c.reason(), "slot end");
+}
+
+TEST_F(DaemonTest, AnUrgentJobPreemptsTheLowestClassThroughACheckpointStopAndTakesItsWorker) {
+  min_runtime_ms_ = 35'000;  // reached 5 s after the urgent job's first pass: before the 10 s full pass
+  Reopen();
+  const std::string low = Submit(0);
+  FakeSink w;
+  Register("w", &w);
+  daemon_->Tick();
+  ASSERT_EQ(w.Count(pb::DaemonCommand::kStart), 1);
+  clock_.Advance(30'000);
+  Heartbeat("w", &w, low, 1, 3);
+  const std::string urgent = Submit(10);
+  daemon_->Tick();
+  EXPECT_EQ(w.Count(pb::DaemonCommand::kCheckpointNow), 0) << "younger than min_runtime: never preempted";
+  clock_.Advance(5'000);  // min_runtime reached: a pass runs then, though no input changed
+  daemon_->Tick();
+  ASSERT_EQ(w.Count(pb::DaemonCommand::kCheckpointNow), 1) << Job(urgent).reason();
+  const pb::CheckpointNow& c = w.Last(pb::DaemonCommand::kCheckpointNow)->checkpoint_now();
+  EXPECT_TRUE(c.stop());
+  EXPECT_EQ(c.job_id(), low);
+  EXPECT_THAT(c.reason(), HasSubstr("preempted: job " + urgent + " of a higher priority class"));
+  EXPECT_THAT(Job(urgent).reason(), HasSubstr("preempting"));
+  daemon_->Tick();
+  EXPECT_EQ(w.Count(pb::DaemonCommand::kCheckpointNow), 1) << "chosen once while it stops";
+  // The trainer checkpoints and exits: the victim requeues, the urgent job takes the worker.
+  Exit("w", &w, low, 1, pb::ATTEMPT_PREEMPTED, 4);
+  EXPECT_EQ(Job(low).state(), pb::QUEUED);
+  clock_.Advance(1'000);
+  daemon_->Tick();
+  ASSERT_EQ(w.Count(pb::DaemonCommand::kStart), 2);
+  EXPECT_EQ(w.Last(pb::DaemonCommand::kStart)->start().job_id(), urgent);
+  // A scheduler preemption is not the pool's: the next start's M counts none.
+  EXPECT_THAT(daemon_->ListEvents({})->events().rbegin()->message(), HasSubstr("from 0 in"));
+}
+
+TEST_F(DaemonTest, ATeamBelowItsQuotaReclaimsTheDeviceAnotherTeamBorrowed) {
+  min_runtime_ms_ = 0;
+  Reopen();
+  ASSERT_TRUE(daemon_->SetTeam({"admin", ""}, "vision", 1, std::nullopt).ok());
+  ASSERT_TRUE(daemon_->SetTeam({"admin", ""}, "nlp", 1, std::nullopt).ok());
+  FakeSink w1, w2;
+  Register("w1", &w1);
+  Register("w2", &w2);
+  const Actor nlp{"nina", "nlp"}, vision{"victor", "vision"};
+  const std::string first = Submit(0, "", "", nlp);
+  const std::string second = Submit(0, "", "", nlp);
+  daemon_->Tick();
+  ASSERT_EQ(w1.Count(pb::DaemonCommand::kStart) + w2.Count(pb::DaemonCommand::kStart), 2)
+      << "nlp borrows vision's idle device";
+  auto teams = daemon_->ListTeams();
+  ASSERT_TRUE(teams.ok()) << teams.status().ToString();
+  ASSERT_EQ(teams->size(), 2u);
+  EXPECT_EQ((*teams)[0].name, "nlp");
+  EXPECT_EQ((*teams)[0].running_devices, 2);
+  EXPECT_EQ((*teams)[0].borrowed_devices, 1);
+  const std::string mine = Submit(0, "", "", vision);
+  clock_.Advance(1'000);
+  daemon_->Tick();
+  // The borrowed job (the second placed) is stopped for vision's; nlp's nominal one keeps running.
+  const int stops = w1.Count(pb::DaemonCommand::kCheckpointNow) + w2.Count(pb::DaemonCommand::kCheckpointNow);
+  ASSERT_EQ(stops, 1) << Job(mine).reason();
+  FakeSink& victim_worker = w1.Count(pb::DaemonCommand::kCheckpointNow) ? w1 : w2;
+  const pb::CheckpointNow& c = victim_worker.Last(pb::DaemonCommand::kCheckpointNow)->checkpoint_now();
+  EXPECT_THAT(c.reason(), HasSubstr("team vision reclaims the devices it lent"));
+  const std::string victim = c.job_id();
+  EXPECT_TRUE(victim == first || victim == second);
+  Exit(&victim_worker == &w1 ? "w1" : "w2", &victim_worker, victim, 1, pb::ATTEMPT_PREEMPTED, 2);
+  clock_.Advance(1'000);
+  daemon_->Tick();
+  EXPECT_EQ(victim_worker.Last(pb::DaemonCommand::kStart)->start().job_id(), mine);
+  EXPECT_EQ(Job(victim).state(), pb::QUEUED);
 }
 
 TEST_F(DaemonTest, RestartReattachesRunningAttemptsWithoutDuplicates) {

@@ -134,8 +134,10 @@ TEST(HttpScaleTest, JobsAndWorkersPagesStayFastAtAThousandJobs) {
               workers.median_ms, workers.max_ms, workers.bytes);
   std::printf("GET /api/jobs/j-000001            median %7.1f ms  max %7.1f ms  %zu bytes\n",
               detail.median_ms, detail.max_ms, detail.bytes);
-  // The page needs both lists to load in under a second.
+  // Both lists load in under a second, in the normal tree (the sanitizer trees build the daemon at -O0).
+#if !defined(FT_SANITIZED)
   EXPECT_LT(list.median_ms + workers.median_ms, 1000.0);
+#endif
   (*server)->Stop();
   fs::remove_all(dir);
 }

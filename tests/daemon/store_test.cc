@@ -702,7 +702,7 @@ TEST_F(StoreTest, CloseAndReopenKeepsEverything) {
   ASSERT_OK(store_->AddMetrics({MetricRow{.job_id = a.id, .epoch = 1, .step = 1, .loss = 2.5}}));
 
   Reopen();
-  EXPECT_EQ(store_->schema_version(), 11);
+  EXPECT_EQ(store_->schema_version(), 12);
   ASSERT_OK_AND_ASSIGN(auto jobs, store_->ListJobs({}));
   EXPECT_EQ(Ids(jobs), (std::vector<std::string>{a.id, b.id}));
   ASSERT_OK_AND_ASSIGN(JobRow got_b, store_->GetJob(b.id));
@@ -1087,18 +1087,18 @@ TEST_F(StoreTest, VersionZeroDatabaseIsMigratedToTheLatest) {
   {
     auto store = OpenStore(old_path);
     ASSERT_NE(store, nullptr);
-    EXPECT_EQ(store->schema_version(), 11);
+    EXPECT_EQ(store->schema_version(), 12);
     ASSERT_OK_AND_ASSIGN(JobRow j, store->CreateJob(NewJob("x"), nullptr));
     EXPECT_EQ(j.id, "j-000001");
   }
-  EXPECT_EQ(RawPragma(old_path, "user_version"), "11");
+  EXPECT_EQ(RawPragma(old_path, "user_version"), "12");
   EXPECT_EQ(RawPragma(old_path, "journal_mode"), "wal");
   EXPECT_EQ(RawPragma(old_path, "integrity_check"), "ok");
 
   // Reopening at the latest version runs no migration (it would fail: tables exist).
   auto again = OpenStore(old_path);
   ASSERT_NE(again, nullptr);
-  EXPECT_EQ(again->schema_version(), 11);
+  EXPECT_EQ(again->schema_version(), 12);
   again.reset();
 
   // A database from a newer ftd is refused, naming the path.
@@ -1260,6 +1260,23 @@ TEST_F(StoreTest, SubmitThroughputBenchmark) {
 
 // The key attempt credentials derive from (daemon/daemon.h): made once from the first candidate,
 // kept across a reopen, never replaced by a later candidate.
+TEST_F(StoreTest, ATeamsQuotaAndWeightAreReplacedInPlaceAndSurviveAReopen) {
+  ASSERT_OK_AND_ASSIGN(auto none, store_->ListTeams());
+  EXPECT_TRUE(none.empty());
+  ASSERT_OK(store_->SetTeam(TeamRow{.name = "vision", .quota_devices = 4, .weight = 2, .updated_ms = 1}));
+  ASSERT_OK(store_->SetTeam(TeamRow{.name = "nlp", .quota_devices = -1, .weight = 1, .updated_ms = 2}));
+  ASSERT_OK(store_->SetTeam(TeamRow{.name = "vision", .quota_devices = 8, .weight = 0.5, .updated_ms = 3}));
+  Reopen();
+  ASSERT_OK_AND_ASSIGN(auto teams, store_->ListTeams());
+  ASSERT_EQ(teams.size(), 2u);
+  EXPECT_EQ(teams[0].name, "nlp");
+  EXPECT_EQ(teams[0].quota_devices, -1);
+  EXPECT_EQ(teams[1].name, "vision");
+  EXPECT_EQ(teams[1].quota_devices, 8);
+  EXPECT_DOUBLE_EQ(teams[1].weight, 0.5);
+  EXPECT_EQ(teams[1].updated_ms, 3);
+}
+
 TEST_F(StoreTest, TheAttemptKeyIsMadeOnceAndSurvivesAReopen) {
   EXPECT_TRUE(store_->AttemptKey("").status().IsNotFound());
   ASSERT_OK_AND_ASSIGN(std::string key, store_->AttemptKey("first-candidate"));

@@ -1,0 +1,149 @@
+// Daemon: teams sharing the cluster (issue #44): their quotas and weights (SetTeam, ListTeams),
+// their decayed usage, what a scheduling pass sees of the running jobs, and the preemptions a pass
+// decides, carried out through the slot-end path (checkpoint, exit, requeue).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "daemon/authorization.h"
+#include "daemon/daemon.h"
+
+namespace ft {
+
+namespace {
+
+std::string QuotaText(int64_t quota) {
+  return quota < 0 ? "no quota" : "a quota of " + std::to_string(quota);
+}
+
+std::string FormatWeight(double weight) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", weight);
+  return text;
+}
+
+}  // namespace
+
+Status Daemon::SetTeam(const Actor& by, const std::string& name, std::optional<int64_t> quota_devices,
+                       std::optional<double> weight) {
+  FT_RETURN_IF_ERROR(CheckIdentityName(name, "team"));
+  if (quota_devices && *quota_devices < -1) {
+    return Status::InvalidArgument("team " + name + ": quota_devices " + std::to_string(*quota_devices) +
+                                   " is below -1: use a number of devices, or -1 for no quota");
+  }
+  if (weight && !(std::isfinite(*weight) && *weight > 0 && *weight <= 1e6)) {
+    return Status::InvalidArgument("team " + name + ": weight must be a number above 0 (at most 1e6)");
+  }
+  Held lock(this);
+  TeamPolicy policy = team_policies_.count(name) ? team_policies_[name] : TeamPolicy{};
+  if (quota_devices) policy.quota_devices = *quota_devices;
+  if (weight) policy.weight = *weight;
+  FT_RETURN_IF_ERROR(store_->SetTeam(TeamRow{.name = name,
+                                             .quota_devices = policy.quota_devices,
+                                             .weight = policy.weight,
+                                             .updated_ms = clock_->WallMs()}));
+  team_policies_[name] = policy;
+  ++queue_version_;  // the next pass reads the new policy
+  Event("", "", "team_set",
+        "team " + name + ": " + QuotaText(policy.quota_devices) + " devices, weight " +
+            FormatWeight(policy.weight) + by.By(),
+        0);
+  ReleaseAndPublish(lock);
+  return Status::OK();
+}
+
+StatusOr<std::vector<TeamInfo>> Daemon::ListTeams() {
+  Held lock(this);
+  AccrueTeamUsage();
+  std::map<std::string, TeamInfo> teams;
+  const auto team = [&](const std::string& name) -> TeamInfo& {
+    TeamInfo& t = teams[name];
+    t.name = name;
+    return t;
+  };
+  for (const auto& [name, p] : team_policies_) {
+    TeamInfo& t = team(name);
+    t.quota_devices = p.quota_devices;
+    t.weight = p.weight;
+  }
+  for (const auto& [name, u] : team_usage_) team(name).usage_device_seconds = u.device_seconds;
+  for (const auto& [job_id, meta] : running_meta_) {
+    auto view = plan_inputs_.find(job_id);
+    TeamInfo& t = team(view != plan_inputs_.end() ? view->second.team : "");
+    t.running_devices += meta.devices;
+    if (meta.borrowed) t.borrowed_devices += meta.devices;
+  }
+  for (const JobView* job : queued_) team(job->team).queued_jobs += 1;
+  double weights = 0;
+  for (const auto& [name, t] : teams)
+    if (t.running_devices > 0 || t.queued_jobs > 0) weights += t.weight;
+  std::vector<TeamInfo> out;
+  for (auto& [name, t] : teams) {
+    if (weights > 0 && (t.running_devices > 0 || t.queued_jobs > 0)) t.fair_share = t.weight / weights;
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+void Daemon::AccrueTeamUsage() {
+  const int64_t now = clock_->MonotonicMs();
+  const int64_t elapsed = usage_mono_ == 0 ? 0 : std::max<int64_t>(0, now - usage_mono_);
+  usage_mono_ = now;
+  std::map<std::string, int64_t> running;
+  for (const auto& [job_id, meta] : running_meta_) {
+    auto view = plan_inputs_.find(job_id);
+    running[view != plan_inputs_.end() ? view->second.team : ""] += meta.devices;
+  }
+  AccrueUsage(&team_usage_, running, elapsed, options_.fair_share_half_life_ms);
+}
+
+FairShareInput Daemon::TeamsForPass() {
+  AccrueTeamUsage();
+  return FairShareInput{.policies = team_policies_, .usage = team_usage_};
+}
+
+std::optional<RunningView> Daemon::RunningViewOf(const std::string& worker_id, const Session& s) const {
+  if (s.running_job.empty()) return std::nullopt;
+  auto meta = running_meta_.find(s.running_job);
+  auto view = plan_inputs_.find(s.running_job);
+  if (meta == running_meta_.end() || view == plan_inputs_.end()) return std::nullopt;  // never preempted
+  auto on = meta->second.devices_on.find(worker_id);
+  return RunningView{.job_id = s.running_job,
+                     .team = view->second.team,
+                     .priority = view->second.priority,
+                     .devices = on != meta->second.devices_on.end() ? on->second : 1,
+                     .borrowed = meta->second.borrowed,
+                     .started_ms = meta->second.started_wall_ms,
+                     .last_checkpoint_ms = meta->second.last_checkpoint_wall_ms,
+                     .preempted_for = meta->second.preempted_for};
+}
+
+bool Daemon::StoppedForAnotherJob(const std::string& job_id) const {
+  auto meta = running_meta_.find(job_id);
+  return meta != running_meta_.end() && !meta->second.preempted_for.empty();
+}
+
+void Daemon::Preempt(const Preemption& p) {
+  auto meta = running_meta_.find(p.victim_job_id);
+  if (meta == running_meta_.end() || !meta->second.preempted_for.empty()) return;
+  meta->second.preempted_for = p.for_job_id;
+  auto for_view = plan_inputs_.find(p.for_job_id);
+  const std::string why =
+      p.why == Preemption::Why::kPriority
+          ? "job " + p.for_job_id + " of a higher priority class needs its devices"
+          : "team " + (for_view != plan_inputs_.end() ? for_view->second.team : std::string("?")) +
+                " reclaims the devices it lent (job " + p.for_job_id + ")";
+  for (const std::string& worker : p.worker_ids) {
+    auto s = sessions_.find(worker);
+    if (s == sessions_.end() || !s->second.sink || s->second.running_job != p.victim_job_id) continue;
+    const double ckpt_s = s->second.checkpoint_seconds > 0 ? s->second.checkpoint_seconds
+                                                           : EstimateCheckpointSeconds(p.victim_job_id);
+    SendStop(s->second, static_cast<int64_t>(1.5 * ckpt_s * 1000) + options_.checkpoint_margin_ms,
+             "preempted: " + why);
+    s->second.stop_sent = true;
+  }
+  Event(p.victim_job_id, p.worker_ids.empty() ? "" : p.worker_ids.front(), "preempting",
+        "checkpoint and stop: " + why, 0);
+}
+
+}  // namespace ft
