@@ -204,11 +204,8 @@ Status Daemon::LoadState() {
     }
     TrackGang(a);
     int64_t& current = running_epoch_[a.job_id];
-    current = std::max(current, a.epoch);         // a crash may have left an older one marked running
-    RunningMeta& meta = running_meta_[a.job_id];  // whether it was borrowed is not kept: nominal
-    meta = RunningMeta{.devices = std::max<int64_t>(1, static_cast<int64_t>(a.Workers().size())),
-                       .started_wall_ms = a.started_ms};
-    for (const std::string& worker : a.Workers()) meta.devices_on[worker] += 1;
+    current = std::max(current, a.epoch);  // a crash may have left an older one marked running
+    running_meta_[a.job_id] = RunningMeta::Of(a, /*borrowed=*/false);  // not kept: counted nominal
     // Its planning input (slot-end checkpoint estimates, predicted memory). Without it the
     // attempt still runs; what needs the input falls back (10 s estimate) or says why.
     auto job = store_->GetJob(a.job_id);

@@ -434,9 +434,14 @@ class Daemon {
   // Stores every session's heartbeat time since the last flush, in one transaction.
   void FlushSeen();
   void StopForSlotEnds();
+  // How long the job `s` runs takes to checkpoint and stop: 1.5 x its last measured (else estimated)
+  // checkpoint write.
+  int64_t CheckpointStopMs(const Session& s);
   // Teams: advances team_usage_ to now; the pass's policies and usage; what a pass sees of the job
   // a worker runs (nullopt: none, or not known: never preempted); stops a victim a pass chose.
-  void AccrueTeamUsage();
+  // AccrueTeamUsage returns the devices each team's running jobs hold now.
+  std::map<std::string, int64_t> AccrueTeamUsage();
+  std::string TeamOf(const std::string& job_id) const;  // its JobView's team ("" when none is kept)
   FairShareInput TeamsForPass();
   std::optional<RunningView> RunningViewOf(const std::string& worker_id, const Session& s) const;
   void Preempt(const Preemption& p);
@@ -598,12 +603,14 @@ class Daemon {
   // What the scheduler needs of each running job beyond its JobView, by job id: made when an
   // attempt starts (or is found running at start), gone when it ends.
   struct RunningMeta {
-    std::map<std::string, int64_t> devices_on;  // worker id → devices it holds there
-    int64_t devices = 1;                        // in all
+    std::map<std::string, int64_t> devices_on;  // worker id → devices (ranks) it holds there
     bool borrowed = false;                      // placed beyond its team's quota
     int64_t started_wall_ms = 0;
     int64_t last_checkpoint_wall_ms = 0;  // its last committed checkpoint (0: none this attempt)
     std::string preempted_for;            // the job it is being stopped for ("" = none)
+    // Attempt `a`'s: one device per rank on its rank's worker, and its start.
+    static RunningMeta Of(const AttemptRow& a, bool borrowed);
+    int64_t devices() const;  // in all
   };
   std::map<std::string, RunningMeta> running_meta_;  // GUARDED_BY(mu_)
   std::vector<const JobView*> queue_order_;          // GUARDED_BY(mu_) queued_ as a vector, at its version:

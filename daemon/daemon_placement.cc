@@ -176,11 +176,7 @@ void Daemon::StartOn(const JobRow& job, const Placement& p) {
   TrackState(j);
   running_epoch_[job.id] = attempt->epoch;
   TrackGang(*attempt);
-  RunningMeta& meta = running_meta_[job.id];
-  meta = RunningMeta{.borrowed = p.borrowed, .started_wall_ms = clock_->WallMs()};
-  for (const RankSlot& r : p.ranks) meta.devices_on[r.worker_id] += 1;
-  if (meta.devices_on.empty()) meta.devices_on[p.worker_id] = 1;
-  meta.devices = std::max<int64_t>(1, static_cast<int64_t>(p.ranks.size()));
+  running_meta_[job.id] = RunningMeta::Of(*attempt, p.borrowed);
   const Binding* binding = Bind(*attempt);
   pb::DaemonCommand cmd;
   pb::StartAttempt* start = cmd.mutable_start();

@@ -692,14 +692,17 @@ void Daemon::ExpireLeases() {
   }
 }
 
+int64_t Daemon::CheckpointStopMs(const Session& s) {
+  const double ckpt_s =
+      s.checkpoint_seconds > 0 ? s.checkpoint_seconds : EstimateCheckpointSeconds(s.running_job);
+  return static_cast<int64_t>(1.5 * ckpt_s * 1000);
+}
+
 void Daemon::StopForSlotEnds() {
   const int64_t now = clock_->WallMs();
   for (auto& [id, s] : sessions_) {
     if (!s.alive || !s.sink || s.slot_end_ms <= 0 || s.running_job.empty() || s.stop_sent) continue;
-    const double ckpt_s =
-        s.checkpoint_seconds > 0 ? s.checkpoint_seconds : EstimateCheckpointSeconds(s.running_job);
-    const int64_t ckpt_ms = static_cast<int64_t>(1.5 * ckpt_s * 1000);
-    if (now < s.slot_end_ms - ckpt_ms - options_.checkpoint_margin_ms) continue;
+    if (now < s.slot_end_ms - CheckpointStopMs(s) - options_.checkpoint_margin_ms) continue;
     SendStop(s, std::max<int64_t>(1000, s.slot_end_ms - now), "slot end");
     s.stop_sent = true;
     s.draining = true;

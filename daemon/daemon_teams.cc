@@ -54,7 +54,7 @@ Status Daemon::SetTeam(const Actor& by, const std::string& name, std::optional<i
 
 StatusOr<std::vector<TeamInfo>> Daemon::ListTeams() {
   Held lock(this);
-  AccrueTeamUsage();
+  const std::map<std::string, int64_t> running = AccrueTeamUsage();
   std::map<std::string, TeamInfo> teams;
   const auto team = [&](const std::string& name) -> TeamInfo& {
     TeamInfo& t = teams[name];
@@ -67,34 +67,49 @@ StatusOr<std::vector<TeamInfo>> Daemon::ListTeams() {
     t.weight = p.weight;
   }
   for (const auto& [name, u] : team_usage_) team(name).usage_device_seconds = u.device_seconds;
-  for (const auto& [job_id, meta] : running_meta_) {
-    auto view = plan_inputs_.find(job_id);
-    TeamInfo& t = team(view != plan_inputs_.end() ? view->second.team : "");
-    t.running_devices += meta.devices;
-    if (meta.borrowed) t.borrowed_devices += meta.devices;
-  }
+  for (const auto& [name, devices] : running) team(name).running_devices = devices;
+  for (const auto& [job_id, meta] : running_meta_)
+    if (meta.borrowed) team(TeamOf(job_id)).borrowed_devices += meta.devices();
   for (const JobView* job : queued_) team(job->team).queued_jobs += 1;
-  double weights = 0;
+  // The shares as a scheduling pass computes them (daemon/fair_share.h).
+  const FairShareInput input{.policies = team_policies_, .usage = team_usage_};
+  FairShare fair(input, options_.fair_share_half_life_ms);
   for (const auto& [name, t] : teams)
-    if (t.running_devices > 0 || t.queued_jobs > 0) weights += t.weight;
+    if (t.running_devices > 0 || t.queued_jobs > 0) fair.HasWork(fair.Index(name));
   std::vector<TeamInfo> out;
   for (auto& [name, t] : teams) {
-    if (weights > 0 && (t.running_devices > 0 || t.queued_jobs > 0)) t.fair_share = t.weight / weights;
+    t.fair_share = fair.Share(fair.Index(name));
     out.push_back(std::move(t));
   }
   return out;
 }
 
-void Daemon::AccrueTeamUsage() {
+std::map<std::string, int64_t> Daemon::AccrueTeamUsage() {
   const int64_t now = clock_->MonotonicMs();
   const int64_t elapsed = usage_mono_ == 0 ? 0 : std::max<int64_t>(0, now - usage_mono_);
   usage_mono_ = now;
   std::map<std::string, int64_t> running;
-  for (const auto& [job_id, meta] : running_meta_) {
-    auto view = plan_inputs_.find(job_id);
-    running[view != plan_inputs_.end() ? view->second.team : ""] += meta.devices;
-  }
+  for (const auto& [job_id, meta] : running_meta_) running[TeamOf(job_id)] += meta.devices();
   AccrueUsage(&team_usage_, running, elapsed, options_.fair_share_half_life_ms);
+  return running;
+}
+
+std::string Daemon::TeamOf(const std::string& job_id) const {
+  auto view = plan_inputs_.find(job_id);
+  return view != plan_inputs_.end() ? view->second.team : "";
+}
+
+Daemon::RunningMeta Daemon::RunningMeta::Of(const AttemptRow& a, bool borrowed) {
+  RunningMeta meta{.borrowed = borrowed, .started_wall_ms = a.started_ms};
+  for (const RankSlot& r : a.ranks) meta.devices_on[r.worker_id] += 1;
+  if (a.ranks.empty()) meta.devices_on[a.worker_id] = 1;  // a one-rank attempt keeps no ranks
+  return meta;
+}
+
+int64_t Daemon::RunningMeta::devices() const {
+  int64_t n = 0;
+  for (const auto& [worker, devices] : devices_on) n += devices;
+  return n;
 }
 
 FairShareInput Daemon::TeamsForPass() {
@@ -127,19 +142,14 @@ void Daemon::Preempt(const Preemption& p) {
   auto meta = running_meta_.find(p.victim_job_id);
   if (meta == running_meta_.end() || !meta->second.preempted_for.empty()) return;
   meta->second.preempted_for = p.for_job_id;
-  auto for_view = plan_inputs_.find(p.for_job_id);
   const std::string why =
       p.why == Preemption::Why::kPriority
           ? "job " + p.for_job_id + " of a higher priority class needs its devices"
-          : "team " + (for_view != plan_inputs_.end() ? for_view->second.team : std::string("?")) +
-                " reclaims the devices it lent (job " + p.for_job_id + ")";
+          : "team " + TeamOf(p.for_job_id) + " reclaims the devices it lent (job " + p.for_job_id + ")";
   for (const std::string& worker : p.worker_ids) {
     auto s = sessions_.find(worker);
     if (s == sessions_.end() || !s->second.sink || s->second.running_job != p.victim_job_id) continue;
-    const double ckpt_s = s->second.checkpoint_seconds > 0 ? s->second.checkpoint_seconds
-                                                           : EstimateCheckpointSeconds(p.victim_job_id);
-    SendStop(s->second, static_cast<int64_t>(1.5 * ckpt_s * 1000) + options_.checkpoint_margin_ms,
-             "preempted: " + why);
+    SendStop(s->second, CheckpointStopMs(s->second) + options_.checkpoint_margin_ms, "preempted: " + why);
     s->second.stop_sent = true;
   }
   Event(p.victim_job_id, p.worker_ids.empty() ? "" : p.worker_ids.front(), "preempting",
