@@ -33,7 +33,9 @@
 #include <filesystem>
 #include <thread>
 
+#include "common/ids.h"
 #include "common/logging.h"
+#include "common/money.h"
 #include "daemon/daemon.h"
 #include "daemon/grpc_service.h"
 #include "daemon/http_api.h"
@@ -66,7 +68,8 @@ struct Flags {
   bool log_json = false;
   std::string http = "127.0.0.1:7071", web_dir, http_view_token;
   std::vector<std::string> http_allowed_hosts;
-  ft::HttpServerOptions http_limits;  // its deadlines and connection caps (the --http-* flags)
+  std::vector<std::string> pool_prices;  // --pool-price POOL=PRICE, each
+  ft::HttpServerOptions http_limits;     // its deadlines and connection caps (the --http-* flags)
   bool allow_tokenless_workers = false;
   ft::ServerTls tls;
 };
@@ -91,6 +94,9 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "a team's usage counts half after this long (fair share between teams)");
   app.add_option("--min-runtime-ms", f.options.min_runtime_ms,
                  "a job running for less than this is never preempted for another");
+  app.add_option("--pool-price", f.pool_prices,
+                 "POOL=PRICE: what a device-hour in that pool costs, over its workers' own --price "
+                 "(repeatable; jobs', teams' and pools' costs are device-seconds at these prices)");
   app.add_option("--tls-cert", f.tls.cert_file,
                  "serve gRPC and the dashboard (HTTPS) over TLS with this PEM certificate chain");
   app.add_option("--tls-key", f.tls.key_file, "the PEM private key of --tls-cert");
@@ -184,6 +190,28 @@ int LockDataDir(const std::string& data_dir) {
     FT_LOG(WARN) << "ftd: cannot write the pid into " << path << ": " << std::strerror(errno);
   }
   return 0;  // fd stays open (and locked) until the process exits
+}
+
+// --pool-price POOL=PRICE flags into `out`; false (after saying which and how to fix it) for a bad one.
+bool ParsePoolPrices(const std::vector<std::string>& flags, std::map<std::string, double>* out) {
+  for (const std::string& flag : flags) {
+    const size_t eq = flag.find('=');
+    const std::string pool = flag.substr(0, eq);
+    char* end = nullptr;
+    const double price = eq == std::string::npos ? -1 : std::strtod(flag.c_str() + eq + 1, &end);
+    ft::Status bad = ft::CheckPoolName(pool, "--pool-price " + flag);
+    if (bad.ok() && (end == nullptr || end == flag.c_str() + eq + 1 || *end != '\0')) {
+      bad = ft::Status::InvalidArgument("--pool-price '" + flag +
+                                        "': expected POOL=PRICE, e.g. spot-a100=1.29");
+    }
+    if (bad.ok()) bad = ft::CheckPrice(price, "--pool-price " + flag);
+    if (!bad.ok()) {
+      std::fprintf(stderr, "ftd: %s\n", bad.message().c_str());
+      return false;
+    }
+    (*out)[pool] = price;
+  }
+  return true;
 }
 
 // --allowed-root directories made canonical; false (after saying which) when one is not a directory.
@@ -309,6 +337,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (!CanonicalizeRoots(&f.options.allowed_roots)) return 2;
+  if (!ParsePoolPrices(f.pool_prices, &f.options.pool_prices)) return 2;
   ft::SystemClock clock;
   ft::Daemon daemon(std::move(*store), &clock, f.options);
   if (!daemon.startup_status().ok()) {

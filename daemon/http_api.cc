@@ -801,8 +801,11 @@ HttpResponse HttpApi::ListTeams(const Params&) {
                    {"running_devices", t.running_devices},
                    {"borrowed_devices", t.borrowed_devices},
                    {"queued_jobs", t.queued_jobs},
+                   {"max_queued", t.max_queued},
                    {"usage_device_seconds", t.usage_device_seconds},
-                   {"fair_share", t.fair_share}});
+                   {"fair_share", t.fair_share},
+                   {"spend", t.spend},
+                   {"budget", t.budget ? json(*t.budget) : json(nullptr)}});
   }
   return Json({{"teams", std::move(out)}});
 }

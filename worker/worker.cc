@@ -145,6 +145,7 @@ pb::Register Worker::MakeRegister() {
   r.set_rendezvous_port_first(options_.rendezvous_port_first);
   r.set_rendezvous_port_count(options_.rendezvous_port_count);
   r.set_pool(options_.pool);
+  r.set_price(options_.price);
   r.set_instance(instance_);
   std::lock_guard<std::mutex> lock(mu_);
   journaled_in_register_.clear();

@@ -72,6 +72,7 @@ struct WorkerOptions {
   int rendezvous_port_first = 0;                 // ports a rank 0 here may serve its rendezvous on
   int rendezvous_port_count = 0;                 // 0 = none: no rank 0 of a multi-rank job here
   std::string pool;                              // ft-worker --pool ("" = the default pool)
+  double price = 0;                              // ft-worker --price (per device-hour; 0 = none)
 };
 
 class Worker : public SessionDelegate, public AttemptListener {

@@ -337,7 +337,7 @@ TEST_F(AuthorizationTest, OnlyAnAdminSetsATeamsQuotaAndEveryIdentityReadsTheTeam
   pb::ListEventsReply events;
   ASSERT_TRUE(GrpcEvents(kClientToken, "", &events).ok());
   EXPECT_THAT(events.events().rbegin()->message(),
-              HasSubstr("team team-a: a quota of 2 devices, weight 3 by admin"));
+              HasSubstr("team team-a: a quota of 2 devices, weight 3, no queue cap, no budget by admin"));
 }
 
 TEST_F(AuthorizationTest, AnAdminCanDoEverythingOnEveryTeam) {
