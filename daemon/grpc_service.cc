@@ -388,7 +388,7 @@ class JobsService : public pb::Jobs::CallbackService {
   JobsService(Daemon* daemon, AuthOptions auth)
       : daemon_(daemon),
         auth_(std::move(auth)),
-        authenticator_(&daemon->store(), auth_.client_token, auth_.view_token),
+        authenticator_(&daemon->store(), auth_.client_token, auth_.view_token, auth_.tokens_file),
         streams_(std::make_shared<StreamCounter>(auth_.max_streams_per_client)) {}
 
   // Runs fn(call) for an authenticated caller: UNAUTHENTICATED without one, PERMISSION_DENIED
