@@ -1,5 +1,6 @@
 // The jobs page (#/jobs): every job with its state, progress, loss sparkline,
-// attempts, ETA, priority, worker, and who submitted it (user · team); filters by state and text; counts per
+// attempts, ETA, priority, worker, and who submitted it (user · team, the team a link to its row on
+// the Teams page); filters by state and text; counts per
 // state; a tick box per job and a Compare button that opens the ticked jobs'
 // loss curves on one chart (compare.js). Filters and ticks live in the URL. Loads the list once, then applies live `job` messages from the stream
 // to the affected rows only, at most four times a second, so it stays smooth
@@ -7,6 +8,7 @@
 
 import { getJSON, openStream } from './api.js';
 import { compareHash } from './compare.js';
+import { teamHref } from './teams.js';
 import { el, setText, STATES, duration, number, sparkline, updateSparkline } from './format.js';
 
 const FLUSH_MS = 250;
@@ -140,10 +142,12 @@ export function mountJobs(root, query, app) {
       priority: el('td', { class: 'c-priority num' }),
       worker: el('td', { class: 'c-worker' }),
     };
+    // A job's team never changes: its link is made once, and only for a job that has one.
+    const team = job.team ? [' · ', el('a', { class: 'id team', href: teamHref(job.team) }, job.team)] : [];
     const tr = el('tr', { 'data-job-id': job.id },
       el('td', { class: 'c-pick' }, pick),
       el('td', { class: 'c-state' }, cells.state),
-      el('td', { class: 'c-job' }, cells.name, ' ', cells.id, cells.reason),
+      el('td', { class: 'c-job' }, cells.name, ' ', cells.id, ...team, cells.reason),
       el('td', { class: 'c-progress' }, el('div', { class: 'bar' }, cells.bar), cells.steps),
       el('td', { class: 'c-loss' }, cells.loss, cells.spark),
       cells.attempts, cells.eta, cells.priority, cells.worker);
@@ -159,9 +163,8 @@ export function mountJobs(root, query, app) {
     setText(c.state, job.state);
     c.state.className = `badge s-${job.state}`;
     setText(c.name, job.name || job.id);
-    // The owner shares the id's span (no element of its own: 1,000 rows lay out faster).
-    const owner = job.submitted_by ? `${job.submitted_by}${job.team ? ` · ${job.team}` : ''}` : '';
-    setText(c.id, [job.name ? job.id : '', owner].filter(Boolean).join(' · '));
+    // The submitter shares the id's span (no element of its own: 1,000 rows lay out faster).
+    setText(c.id, [job.name ? job.id : '', job.submitted_by].filter(Boolean).join(' · '));
     setText(c.reason, job.reason || '');
     const total = job.total_steps || 0;
     const pct = total ? Math.min(100, (100 * job.steps_done) / total) : 0;
