@@ -9,7 +9,7 @@
 // jobs run and decays when they don't). A refetch that fails keeps the rows and says so above them.
 
 import { getJSON, openStream } from './api.js';
-import { el, setText, clock } from './format.js';
+import { el, setText, clock, number } from './format.js';
 
 const POLL_MS = 5000;
 const MIN_GAP_MS = 500;
@@ -157,7 +157,7 @@ function fillRow(c, t, totalUsage) {
   setText(c.quota, t.quota_devices < 0 ? 'none' : `${t.quota_devices}`);
   setText(c.weight, `${t.weight}`);
   setText(c.share, percent(t.fair_share));
-  setText(c.usage, (t.usage_device_seconds / 3600).toFixed(2));
+  setText(c.usage, number(t.usage_device_seconds / 3600, 3));
   c.usage.dataset.seconds = t.usage_device_seconds;
   const part = totalUsage > 0 ? t.usage_device_seconds / totalUsage : 0;
   c.usageFill.style.width = `${(100 * Math.min(1, part)).toFixed(1)}%`;
