@@ -6,7 +6,8 @@
 //
 // Live: the stream's events (a job queued, started, stopped; a team set) refetch /api/teams, at
 // most twice a second; a five-second poll keeps usage current between events (it accrues while
-// jobs run and decays when they don't). A refetch that fails keeps the rows and says so above them.
+// jobs run and decays when they don't). A refetch that fails keeps the rows and says so above them;
+// one refused for want of a token stops the refreshing until a reload (no prompt every 5 s).
 
 import { getJSON, openStream } from './api.js';
 import { el, setText, clock, number } from './format.js';
@@ -33,6 +34,7 @@ export function mountTeams(root, query, app) {
   let lastMs = 0;
   let closeStream = null;
   let disposed = false;
+  let stopped = false;  // refused for want of a token
   let shown = false;
   root.replaceChildren(
     el('section', { class: 'teams' },
@@ -87,12 +89,14 @@ export function mountTeams(root, query, app) {
       const { teams } = await getJSON('api/teams');
       if (!disposed) show(teams);
     } catch (err) {
-      setText(summary, `Could not load teams: ${err.message}`);
+      // Without a token the page would ask for one at every poll: it stops until a reload instead.
+      stopped = err.status === 401;
+      setText(summary, `Could not load teams: ${err.message}${stopped ? ' (reload the page to try again)' : ''}`);
       summary.classList.add('error');
     } finally {
       inFlight = false;
     }
-    if (disposed) return;
+    if (disposed || stopped) return;
     arm(again ? MIN_GAP_MS : POLL_MS);
     again = false;
   }
@@ -105,7 +109,7 @@ export function mountTeams(root, query, app) {
   // A refetch soon: at once after a quiet half second, else at the end of it; one after an
   // in-flight request so the newest state lands.
   function soon() {
-    if (disposed) return;
+    if (disposed || stopped) return;
     if (inFlight) again = true;
     else arm(Math.max(0, lastMs + MIN_GAP_MS - Date.now()));
   }
@@ -118,7 +122,7 @@ export function mountTeams(root, query, app) {
 
   (async () => {
     await load();
-    if (!disposed) closeStream = openStream('', { event: onEvent });
+    if (!disposed && !stopped) closeStream = openStream('', { event: onEvent });
   })();
 
   return () => {

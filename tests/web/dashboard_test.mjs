@@ -335,10 +335,10 @@ async function teamsStage(page) {
   // The jobs list: the submitter beside the id, the team a link to its row on the Teams page.
   await page.goto(`${cluster.url}#/jobs`);
   const jobRow = `tr[data-job-id="${jobs[0]}"]`;
-  await page.waitForSelector(`${jobRow} a.team`, { timeout: 15000 });
+  await page.waitForSelector(`${jobRow} a.id[href]`, { timeout: 15000 });
   const owner = await page.textContent(`${jobRow} .id`);
-  check(owner === `${jobs[0]} · alice`, `the jobs list names the submitter ("${owner}")`);
-  await page.click(`${jobRow} a.team`);
+  check(owner === `${jobs[0]} · alice · nlp`, `the jobs list names the submitter and team ("${owner}")`);
+  await page.click(`${jobRow} a.id[href]`);
   await page.waitForSelector('body[data-rendered="teams"] tr.picked[data-team="nlp"]', { timeout: 15000 });
   check(true, "the job's team links to its row on the Teams page");
 
