@@ -368,11 +368,16 @@ function readTeamRows() {
   });
 }
 
-// Whether a row shows team t of /api/teams (its usage apart: it moves between reads).
+// Whether a row shows team t of /api/teams (its usage apart, and a running team's spend but for its
+// form: they move between reads).
 function rowShows(row, t) {
   const money = (x) => x.toLocaleString('en-US', { style: 'currency', currency: 'USD' });
-  const spend = !Number.isFinite(t.spend_usd) ? '—' :
-    `${money(t.spend_usd)}${Number.isFinite(t.budget_usd) ? ` of ${money(t.budget_usd)} budget` : ''}`;
+  const budget = Number.isFinite(t.budget_usd) ? ` of ${money(t.budget_usd)} budget` : '';
+  const spend = !Number.isFinite(t.spend_usd) ? '—' : `${money(t.spend_usd)}${budget}`;
+  if (row && spend !== '—' && t.running_devices > 0) {
+    if (!/^\$[\d,]+\.\d\d/.test(row.spend) || !row.spend.endsWith(budget)) return false;
+    row = { ...row, spend };
+  }
   const want = {
     name: t.name, team: t.name || '(no team)', quota: t.quota_devices < 0 ? 'none' : `${t.quota_devices}`,
     weight: `${t.weight}`, share: `${(100 * t.fair_share).toFixed(1)}%`, tick: round1(100 * t.fair_share),
