@@ -337,6 +337,7 @@ export function mountJob(root, id, app) {
     setText(view.line, total > 0
       ? `goodput ${(100 * g.goodput).toFixed(1)}% of ${seconds(total)} device time · queued ${seconds(g.queue_s)}`
       : `no device time yet · queued ${seconds(g.queue_s)}`);
+    setText(view.cost, costLine(g.cost));
     const list = recoveries();
     const sorted = list.map((r) => r.seconds).sort((a, b) => a - b);
     setText(view.recoverySummary, sorted.length
@@ -598,6 +599,7 @@ function goodputView() {
     bar: el('div', { class: 'gp-bar', id: 'goodput-bar' }),
     legend: el('ul', { class: 'gp-legend' }),
     line: el('p', { class: 'gp-line', 'data-field': 'goodput' }),
+    cost: el('p', { class: 'note', 'data-field': 'cost' }),
     recoverySummary: el('p', { class: 'note', 'data-field': 'recoveries' }),
     recoveryList: el('ul', { class: 'gp-recoveries' }),
   };
@@ -609,9 +611,17 @@ function goodputView() {
       el('span', { class: 'swatch', style: `background: ${colour}` }), `${name} `, view.values[key]));
   }
   view.panel = el('section', { class: 'panel', id: 'goodput' },
-    el('h2', {}, 'Goodput: where the device time went'), view.line, view.bar, view.legend,
+    el('h2', {}, 'Goodput: where the device time went'), view.line, view.cost, view.bar, view.legend,
     view.recoverySummary, view.recoveryList);
   return view;
+}
+
+// What the device time cost, by category (docs/OPERATIONS.md, "Money"); "" when not priced.
+function costLine(c) {
+  if (!c || !(c.total > 0)) return '';
+  const money = (x) => x.toLocaleString('en-US', { style: 'currency', currency: 'USD' });
+  return `cost ${money(c.total)}: productive ${money(c.productive)}, lost ${money(c.lost)}, ` +
+    `overhead ${money(c.checkpoint + c.restart)} (checkpoints and restarts)`;
 }
 
 // 4.25 → "4.3 s", 4523 → "4523 s (1h 15m)".

@@ -13,7 +13,8 @@
 //      the job ends cancelled,
 //   7. the goodput panel (issue #31) shows the device time split as a stacked
 //      bar whose seconds are /api/jobs/ID's goodput, live while running and
-//      exactly once the job ended, and the kill's recovery on the timeline,
+//      exactly once the job ended, and the kill's recovery on the timeline; and
+//      its cost (issue #44: the workers' --price) as /api/jobs/ID's goodput.cost,
 //   8. the workers page's Pool panel (issue #31) counts the kill's preemption
 //      and shows the mean time between preemptions M that /api/workers reports,
 //   9. the Teams page (issue #44): a team's quota and weight set with ftctl while the page is open,
@@ -48,8 +49,8 @@ async function main() {
   await cluster.startDaemon();
   console.log(`ftd: gRPC ${cluster.address}, dashboard ${cluster.url}`);
   const pools = { w1: 'spot-a', w2: 'spot-b' };  // a pool each: M and goodput are kept per pool
-  cluster.startWorker('w1', ['--pool', pools.w1]);
-  cluster.startWorker('w2', ['--pool', pools.w2]);
+  cluster.startWorker('w1', ['--pool', pools.w1, '--price', '360']);  // $360 a device-hour (10 cents a second): the job's cost
+  cluster.startWorker('w2', ['--pool', pools.w2, '--price', '360']);
   const id = cluster.ftctl('submit', cluster.writeJob('web', { steps: 20000, every_steps: 200, eval_every: 25, mixture: true,
     train_extra: 'optimizer: paged_adamw, activation_checkpointing: offload' })).split(/\s/)[0];
   check(/^j-\d+$/.test(id), `ftctl submitted job ${id}`);
@@ -220,6 +221,11 @@ async function main() {
   check(shown.line.includes(`goodput ${(100 * apiFinal.goodput).toFixed(1)}%`),
     `the panel says "${shown.line}" (API goodput ${apiFinal.goodput.toFixed(4)}, queued ${apiFinal.queue_s} s)`);
   check(/^1 recovery .*p50 .*max /.test(shown.recoveries), `the panel sums up the recoveries: "${shown.recoveries}"`);
+  const usd = (x) => x.toLocaleString('en-US', { style: 'currency', currency: 'USD' });
+  check(apiFinal.cost.total > 0 && Math.abs(apiFinal.cost.total - (deviceTotal * 360) / 3600) < 1e-9 &&
+    shown.cost.startsWith(`cost ${usd(apiFinal.cost.total)}: productive ${usd(apiFinal.cost.productive)}, ` +
+      `lost ${usd(apiFinal.cost.lost)}`),
+  `the panel shows the job's cost, its device time at $360 a device-hour: "${shown.cost}"`);
   await test.shotOf(page, '#goodput', '6-goodput-panel');
 
   // The workers page: both workers, the killed one greyed out as lost.
@@ -327,7 +333,7 @@ async function teamsStage(page) {
   check(await page.evaluate(() => window.__teamsDocument === true), 'the Teams page updated without a reload');
   const activity = await test.pageWaitFor(page, 'the activity to name the admin and alice',
     () => [...document.querySelectorAll('#activity tr')].map((tr) => tr.textContent),
-    (a) => a.some((t) => t.includes('team nlp: a quota of 1 devices, weight 2 by admin')) &&
+    (a) => a.some((t) => t.includes('team nlp: a quota of 1 devices, weight 2, no queue cap, no budget by admin')) &&
       a.filter((t) => t.includes('submitted by alice (team nlp)')).length === 2, 15000);
   check(true, `the activity lists ${activity.length} events naming who acted`);
   await shot(page, '8-teams');
@@ -401,6 +407,7 @@ function readGoodputPanel() {
     legend: of('#goodput .gp-legend li', (n) => Number(n.querySelector('.num').dataset.seconds)),
     line: document.querySelector('#goodput [data-field="goodput"]').textContent,
     recoveries: document.querySelector('#goodput [data-field="recoveries"]').textContent,
+    cost: document.querySelector('#goodput [data-field="cost"]').textContent,
   };
 }
 
