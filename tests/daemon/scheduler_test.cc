@@ -201,7 +201,11 @@ TEST(SchedulerTest, APassOverAHundredThousandJobsAndTenThousandWorkersWalksOnceP
   ASSERT_EQ(r.waiting.size(), jobs.size());
   EXPECT_EQ(FormatWaitReason(r.waiting.back().second),
             "waits: no idle worker reports rendezvous ports to host rank 0 of a multi-rank job");
+  // In the normal tree: the sanitizer trees build the daemon at -O0 (under TSan on a loaded 2-core
+  // machine these passes took 2.6 and 3.3 s).
+#if !defined(FT_SANITIZED)
   EXPECT_LT(seconds, 2.0);
+#endif
 }
 
 // 20,000 queued one-rank jobs of four shapes in 100 teams of equal weight (each submitted after
@@ -230,7 +234,11 @@ TEST(SchedulerTest, APassThatPlacesTenThousandJobsOfAHundredTeamsStaysFast) {
   for (const Placement& p : r.placements) per_team[views[std::stoi(p.job_id.substr(1))].team] += 1;
   EXPECT_EQ(per_team.size(), 100u);
   for (const auto& [team, placed] : per_team) EXPECT_EQ(placed, 100) << team;
+  // In the normal tree: the sanitizer trees build the daemon at -O0 (under TSan on a loaded 2-core
+  // machine these passes took 2.6 and 3.3 s).
+#if !defined(FT_SANITIZED)
   EXPECT_LT(seconds, 2.0);
+#endif
 }
 
 constexpr int64_t kNow = 36'000'000;  // wall ms: 10 h
