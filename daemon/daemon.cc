@@ -697,9 +697,15 @@ void Daemon::EndLostAttempt(const std::string& job_id, int64_t epoch, const std:
                                                 : done->stop_reason + " (reconciled from output.dir)",
                       done->steps);
   }
+  AdoptCheckpointAhead(job_id, spec->output.dir, hash, reason);
+  EndRunning(job_id, epoch, AttemptOutcomeCode::kPreempted, reason, step, /*lost=*/true);
+}
+
+void Daemon::AdoptCheckpointAhead(const std::string& job_id, const std::string& output_dir,
+                                  const std::string& hash, const std::string& reason) {
   auto committed = store_->LatestCheckpoint(job_id);
   const int64_t committed_step = committed.ok() ? committed->step : 0;
-  for (const CheckpointEntry& c : ListCheckpoints((fs::path(spec->output.dir) / "checkpoints").string())) {
+  for (const CheckpointEntry& c : ListCheckpoints((fs::path(output_dir) / "checkpoints").string())) {
     if (c.step <= committed_step) break;
     auto state = ReadCheckpointState(c.dir);
     auto sha = Sha256File((fs::path(c.dir) / "MANIFEST.json").string());
@@ -711,9 +717,19 @@ void Daemon::EndLostAttempt(const std::string& job_id, int64_t epoch, const std:
           reason + "; resume point moved to step " + std::to_string(c.step) + " (" + c.dir +
               ", found in output.dir)" + BestCheckpointNote(*state, c.step),
           c.step);
-    break;
+    return;
   }
-  EndRunning(job_id, epoch, AttemptOutcomeCode::kPreempted, reason, step, /*lost=*/true);
+}
+
+void Daemon::AdoptCheckpointsBeforeReplayedExit(const pb::AttemptExited& e) {
+  if (e.outcome() == pb::ATTEMPT_FINISHED) return;  // the job ends: it needs no resume point
+  auto job = store_->GetJob(e.job_id());
+  if (!job.ok()) return;
+  auto spec = StoredSpec(*job);
+  if (!spec.ok()) return;
+  AdoptCheckpointAhead(
+      e.job_id(), spec->output.dir, JobHash(*spec),
+      "exit of epoch " + std::to_string(e.epoch()) + " replayed before its checkpoint reports");
 }
 
 int64_t Daemon::StoreAttemptEnd(const std::string& job_id, int64_t epoch, AttemptOutcomeCode outcome,

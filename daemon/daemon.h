@@ -584,6 +584,15 @@ class Daemon {
   // the newest checkpoint ahead of the committed one becomes the resume point
   // and the attempt ends preempted with `reason`.
   void EndLostAttempt(const std::string& job_id, int64_t epoch, const std::string& reason, int64_t step);
+  // The newest checkpoint under `output_dir` ahead of the job's committed one that is of its math
+  // (`hash`, a readable state and manifest) becomes its resume point: a "reconciled" event saying
+  // `reason` and where it was found. None: nothing changes.
+  void AdoptCheckpointAhead(const std::string& job_id, const std::string& output_dir, const std::string& hash,
+                            const std::string& reason);
+  // A worker's journaled exit comes in its Register, ahead of the checkpoint reports the worker still
+  // queues (they follow the registration): the checkpoints the attempt wrote are read from
+  // output.dir first, so a stop that checkpointed while ftd was away loses no step.
+  void AdoptCheckpointsBeforeReplayedExit(const ftune::v1::AttemptExited& e);
   // Reports an internal store failure loudly (the store is sticky-failed after one).
   void Check(const Status& s, const char* what);
   void Count(DaemonError e) { errors_[static_cast<size_t>(e)].fetch_add(1); }

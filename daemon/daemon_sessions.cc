@@ -195,6 +195,7 @@ Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
     }
     Event(e.job_id(), reg.worker_id(), "replayed",
           "exit of epoch " + std::to_string(e.epoch()) + " replayed from the worker's journal", e.step());
+    AdoptCheckpointsBeforeReplayedExit(e);
     ApplyExit(reg.worker_id(), s, e);
   }
   std::set<std::string> reported;

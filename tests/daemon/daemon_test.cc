@@ -711,6 +711,36 @@ TEST_F(DaemonTest, ALostAttemptsNewerCheckpointBecomesTheResumePoint) {
   EXPECT_EQ(w2.Last(pb::DaemonCommand::kStart)->start().start_step(), 6) << "progress starts there, not at 0";
 }
 
+// A trainer told to stop checkpoints and exits while ftd restarts: its worker replays the exit from
+// its journal in its Register, ahead of the checkpoint reports still queued behind it (they follow
+// the registration; e2e_chaos_test saw a scheduler stop "lose" 36 steps so). ftd takes the stop's
+// checkpoint from output.dir: the attempt loses no step and the job resumes where it stopped.
+TEST_F(DaemonTest, AnExitReplayedAheadOfItsCheckpointReportsResumesWhereTheAttemptStopped) {
+  const std::string id = Submit();
+  FakeSink w1, again;
+  Register("w1", &w1);
+  daemon_->Tick();
+  ASSERT_EQ(w1.Count(pb::DaemonCommand::kStart), 1);
+  auto spec = ParseJobSpec(Job(id).spec_yaml(), dir_ + "/job/job.yaml");
+  ASSERT_TRUE(spec.ok());
+  ASSERT_TRUE(WriteTinyCheckpoint(spec->output.dir + "/checkpoints", 7, JobHash(*spec)).ok());
+  Reopen();
+  pb::AttemptExited e;
+  e.set_job_id(id);
+  e.set_epoch(1);
+  e.set_credential(Cred(id, 1));
+  e.set_outcome(pb::ATTEMPT_PREEMPTED);
+  e.set_step(7);
+  e.set_reason("preempted: job j-000009 of a higher priority class needs its devices");
+  Register("w1", &again, int64_t{8} << 30, 0, {}, {e});
+  const pb::Job j = Job(id);
+  EXPECT_EQ(j.state(), pb::QUEUED);
+  EXPECT_EQ(j.committed_step(), 7) << "the stop's checkpoint is the resume point";
+  ASSERT_EQ(j.attempts_size(), 1);
+  EXPECT_EQ(j.attempts(0).steps_lost(), 0);
+  EXPECT_EQ(j.attempts(0).outcome(), pb::ATTEMPT_PREEMPTED);
+}
+
 // A run that early stopping ended succeeds with the trainer's reason, whether its worker reported the
 // exit or ftd found its COMPLETE.json after losing the attempt: ftctl status shows the job's reason.
 TEST_F(DaemonTest, ARunThatStoppedEarlySucceedsSayingWhyReportedOrReconciled) {

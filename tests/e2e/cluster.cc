@@ -143,6 +143,23 @@ std::string Cluster::WriteJob(const std::string& name, int64_t steps, int64_t ev
   return job + "/" + name + ".yaml";
 }
 
+std::string Cluster::CopyJob(const std::string& job_yaml, const std::string& name) {
+  std::string text = Slurp(job_yaml);
+  std::smatch m;
+  if (!std::regex_search(text, m, std::regex("^name: (\\S+)\n")))
+    throw std::runtime_error("no name: " + job_yaml);
+  const std::string old = m[1].str();
+  for (const auto& [from, to] : {std::pair{"name: " + old + "\n", "name: " + name + "\n"},
+                                 std::pair{"{dir: out-" + old + "}", "{dir: out-" + name + "}"}}) {
+    const size_t at = text.find(from);
+    if (at == std::string::npos) throw std::runtime_error("no '" + from + "' in " + job_yaml);
+    text.replace(at, from.size(), to);
+  }
+  const std::string copy = fs::path(job_yaml).parent_path().string() + "/" + name + ".yaml";
+  std::ofstream(copy) << text;
+  return copy;
+}
+
 std::pair<Proc, std::string> Cluster::StartReference(const std::string& job_yaml) {
   std::string text = Slurp(job_yaml);
   const std::string base = job_yaml.substr(0, job_yaml.size() - 5);

@@ -54,6 +54,9 @@ class Cluster {
   // A tiny model and data under dir()/job, and a job.yaml with these train keys.
   std::string WriteJob(const std::string& name, int64_t steps, int64_t every_steps,
                        const std::string& extra = "", double dropout = 0, int64_t keep = 3);
+  // The job `job_yaml` under another name: a copy beside it whose name and output dir say `name`
+  // (the same training: its adapter is the same bytes). The copy's path.
+  std::string CopyJob(const std::string& job_yaml, const std::string& name);
   // ft-train run of the same job into another output dir (the uninterrupted
   // reference); Start returns the running process and that output dir.
   std::pair<Proc, std::string> StartReference(const std::string& job_yaml);
