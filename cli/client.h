@@ -58,6 +58,10 @@ class JobsClient {
   StatusOr<ftune::v1::Team> SetTeam(const std::string& name, std::optional<int64_t> quota_devices,
                                     std::optional<double> weight);
   StatusOr<ftune::v1::ListTeamsReply> ListTeams();
+  // Webhooks, admin only. AddWebhook's reply holds the signing secret, which ftd never shows again.
+  StatusOr<ftune::v1::AddWebhookReply> AddWebhook(const ftune::v1::AddWebhookRequest& req);
+  StatusOr<ftune::v1::Webhook> RemoveWebhook(const std::string& id);
+  StatusOr<ftune::v1::ListWebhooksReply> ListWebhooks();
 
  private:
   void Prepare(grpc::ClientContext* ctx, bool deadline = true) const;

@@ -856,6 +856,7 @@ void Daemon::Tick() {
       ExpireLeases();
       ExpireGangs();
       StopForSlotEnds();
+      CheckStalls();
       ScheduleQueued();
     }
     ReleaseAndPublish(lock);
