@@ -479,7 +479,8 @@ struct WebhookArgs {
   CLI::App* add = nullptr;
   CLI::App* ls = nullptr;
   CLI::App* remove = nullptr;
-  std::string url, events, team, user, secret, id;
+  std::string url, team, user, secret, id;
+  std::vector<std::string> events;
   bool parsed() const { return add->parsed() || ls->parsed() || remove->parsed(); }
 };
 
@@ -489,7 +490,8 @@ void AddWebhookCommands(CLI::App& admin, WebhookArgs* w) {
   w->add = hook->add_subcommand("add", "add a webhook; prints its id and, when ftd made it, its secret once");
   w->add->add_option("url", w->url, "http:// or https:// URL the events are posted to")->required();
   w->add->add_option("--events", w->events, "comma-separated: succeeded,failed,preempted,cancelled,stalled")
-      ->required();
+      ->required()
+      ->delimiter(',');
   w->add->add_option("--team", w->team, "only this team's jobs (default: every job)");
   w->add->add_option("--user", w->user, "only the jobs this user submits");
   w->add->add_option("--secret", w->secret,
@@ -517,12 +519,7 @@ int Webhooks(ft::JobsClient& client, const WebhookArgs& w, bool json) {
   if (w.add->parsed()) {
     pb::AddWebhookRequest req;
     req.set_url(w.url);
-    size_t start = 0;
-    while (start <= w.events.size()) {
-      const size_t comma = std::min(w.events.find(',', start), w.events.size());
-      req.add_events(w.events.substr(start, comma - start));
-      start = comma + 1;
-    }
+    for (const std::string& kind : w.events) req.add_events(kind);
     req.set_team(w.team);
     req.set_user(w.user);
     req.set_secret(w.secret);

@@ -628,12 +628,7 @@ class JobsService : public pb::Jobs::CallbackService {
     pb::Webhook out;
     out.set_id(h.id);
     out.set_url(h.url);
-    size_t start = 0;
-    while (start < h.events.size()) {
-      const size_t comma = std::min(h.events.find(',', start), h.events.size());
-      out.add_events(h.events.substr(start, comma - start));
-      start = comma + 1;
-    }
+    for (const std::string& kind : SplitWebhookKinds(h.events)) out.add_events(kind);
     out.set_team(h.team);
     out.set_user(h.user);
     out.set_created_by(h.created_by);

@@ -34,14 +34,8 @@ std::string KnownKinds() {
 
 // Whether `list` (comma-separated) holds `name`.
 bool ListHas(const std::string& list, const std::string& name) {
-  size_t start = 0;
-  while (start <= list.size()) {
-    size_t comma = list.find(',', start);
-    if (comma == std::string::npos) comma = list.size();
-    if (list.compare(start, comma - start, name) == 0) return true;
-    start = comma + 1;
-  }
-  return false;
+  const std::vector<std::string> names = SplitWebhookKinds(list);
+  return std::find(names.begin(), names.end(), name) != names.end();
 }
 
 // "2026-12-04T15:49:46.123Z"
@@ -62,18 +56,23 @@ bool BadUrlCharacter(char c) {
 
 }  // namespace
 
+std::vector<std::string> SplitWebhookKinds(const std::string& list) {
+  std::vector<std::string> out;
+  for (size_t start = 0; !list.empty() && start <= list.size();) {
+    const size_t comma = std::min(list.find(',', start), list.size());
+    out.push_back(list.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return out;
+}
+
 StatusOr<std::vector<std::string>> ParseWebhookKinds(const std::string& list) {
-  size_t start = 0;
-  while (start <= list.size()) {
-    size_t comma = list.find(',', start);
-    if (comma == std::string::npos) comma = list.size();
-    const std::string name = list.substr(start, comma - start);
-    const auto& table = WebhookKindTable();
+  const auto& table = WebhookKindTable();
+  for (const std::string& name : list.empty() ? std::vector<std::string>{""} : SplitWebhookKinds(list)) {
     if (std::none_of(table.begin(), table.end(), [&](const WebhookKind& k) { return name == k.name; })) {
       return Status::InvalidArgument("--events: unknown kind '" + name.substr(0, 64) + "': use " +
                                      KnownKinds() + ", comma-separated");
     }
-    start = comma + 1;
   }
   std::vector<std::string> out;
   for (const WebhookKind& k : WebhookKindTable())
