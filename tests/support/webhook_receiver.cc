@@ -9,6 +9,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
@@ -40,7 +41,13 @@ int BoundSocket(bool listen, int* port) {
 
 }  // namespace
 
-WebhookReceiver::WebhookReceiver(Policy policy) : policy_(std::move(policy)) {
+WebhookReceiver::WebhookReceiver(Policy policy, const std::string& tls_cert, const std::string& tls_key)
+    : policy_(std::move(policy)) {
+  if (!tls_cert.empty()) {
+    tls_ = std::make_shared<asio::ssl::context>(asio::ssl::context::tls_server);
+    tls_->use_certificate_chain_file(tls_cert);
+    tls_->use_private_key_file(tls_key, asio::ssl::context::pem);
+  }
   listen_fd_ = BoundSocket(true, &port_);
   acceptor_ = std::thread([this] { Serve(); });
 }
@@ -57,8 +64,8 @@ WebhookReceiver::~WebhookReceiver() {
   ::close(listen_fd_);
 }
 
-std::string WebhookReceiver::url(const std::string& path) const {
-  return "http://127.0.0.1:" + std::to_string(port_) + path;
+std::string WebhookReceiver::url(const std::string& path, const std::string& host) const {
+  return (tls_ ? "https://" : "http://") + host + ":" + std::to_string(port_) + path;
 }
 
 void WebhookReceiver::Release() {
@@ -90,38 +97,48 @@ void WebhookReceiver::Handle(int fd) {
   asio::ip::tcp::socket socket(io);
   beast::error_code ec;
   socket.assign(asio::ip::tcp::v4(), fd, ec);
-  beast::flat_buffer buffer;
-  http::request<http::string_body> req;
-  if (!ec) http::read(socket, buffer, req, ec);
-  int status = 400;
-  if (!ec) {
-    WebhookPost post{std::string(req["X-Ftune-Event-Id"]), std::string(req["X-Ftune-Signature"]),
-                     std::string(req.target()), req.body()};
-    std::unique_lock<std::mutex> lock(mu_);
-    posts_.push_back(post);
-    int n = 0;
-    for (const WebhookPost& p : posts_) n += p.event_id == post.event_id ? 1 : 0;
-    lock.unlock();
-    cv_.notify_all();
-    status = policy_ ? policy_(post, n) : 200;
-    lock.lock();
-    if (status == kHold) {
-      cv_.wait(lock, [&] { return released_ || stopping_; });
-      status = released_ ? 200 : 0;
-    }
-  }
-  if (status > 0) {
-    http::response<http::string_body> res{static_cast<http::status>(status), 11};
-    res.set(http::field::content_type, "text/plain");
-    res.body() = "ok";
-    res.prepare_payload();
-    http::write(socket, res, ec);
+  if (!ec && tls_) {
+    asio::ssl::stream<asio::ip::tcp::socket&> stream(socket, *tls_);
+    stream.handshake(asio::ssl::stream_base::server, ec);
+    if (!ec) Answer(stream);
+  } else if (!ec) {
+    Answer(socket);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
     open_fds_.erase(fd);
   }
   socket.close(ec);
+}
+
+template <typename Stream>
+void WebhookReceiver::Answer(Stream& stream) {
+  beast::error_code ec;
+  beast::flat_buffer buffer;
+  http::request<http::string_body> req;
+  http::read(stream, buffer, req, ec);
+  if (ec) return;
+  WebhookPost post{std::string(req["X-Ftune-Event-Id"]), std::string(req["X-Ftune-Signature"]),
+                   std::string(req.target()), req.body()};
+  std::unique_lock<std::mutex> lock(mu_);
+  posts_.push_back(post);
+  int n = 0;
+  for (const WebhookPost& p : posts_) n += p.event_id == post.event_id ? 1 : 0;
+  lock.unlock();
+  cv_.notify_all();
+  int status = policy_ ? policy_(post, n) : 200;
+  lock.lock();
+  if (status == kHold) {
+    cv_.wait(lock, [&] { return released_ || stopping_; });
+    status = released_ ? 200 : 0;
+  }
+  lock.unlock();
+  if (status <= 0) return;
+  http::response<http::string_body> res{static_cast<http::status>(status), 11};
+  res.set(http::field::content_type, "text/plain");
+  res.body() = "ok";
+  res.prepare_payload();
+  http::write(stream, res, ec);
 }
 
 std::vector<WebhookPost> WebhookReceiver::posts() const {

@@ -1,5 +1,5 @@
-// A webhook receiver for tests: a real HTTP/1.1 server on loopback (Boost.Beast, one thread per
-// connection) that records every POST (its X-Ftune-Event-Id, X-Ftune-Signature and body) and
+// A webhook receiver for tests: a real HTTP/1.1 (or HTTPS) server on loopback (Boost.Beast, one
+// thread per connection) that records every POST (its X-Ftune-Event-Id, X-Ftune-Signature and body) and
 // answers what the test's policy says: a status code, or kHold (no answer until Release() or the
 // receiver stops: a delivery in flight). Dead receivers for the other failure modes:
 // SilentPort (accepts connections, never reads or answers) and RefusingPort (nothing listens).
@@ -18,6 +18,10 @@
 #include <thread>
 #include <vector>
 
+namespace boost::asio::ssl {
+class context;
+}  // namespace boost::asio::ssl
+
 namespace ft::testing_support {
 
 struct WebhookPost {
@@ -32,13 +36,16 @@ class WebhookReceiver {
   static constexpr int kHold = -1;
   // policy(post, n): the status to answer the n-th post (1-based) carrying this event id, or kHold.
   using Policy = std::function<int(const WebhookPost&, int n)>;
-  explicit WebhookReceiver(Policy policy = nullptr);  // nullptr: always 200
+  // nullptr: always 200. With `tls_cert` and `tls_key` (PEM files) it serves HTTPS.
+  explicit WebhookReceiver(Policy policy = nullptr, const std::string& tls_cert = "",
+                           const std::string& tls_key = "");
   ~WebhookReceiver();
   WebhookReceiver(const WebhookReceiver&) = delete;
   WebhookReceiver& operator=(const WebhookReceiver&) = delete;
 
   int port() const { return port_; }
-  std::string url(const std::string& path = "/hook") const;
+  // http(s)://HOST:PORT/PATH (HOST 127.0.0.1 unless given).
+  std::string url(const std::string& path = "/hook", const std::string& host = "127.0.0.1") const;
   // Answers every held post with 200 (their clients may be gone) and holds no more.
   void Release();
 
@@ -53,7 +60,12 @@ class WebhookReceiver {
   void Serve();
   void Handle(int fd);
 
+  // Reads one request from `stream`, records it and answers it as the policy says.
+  template <typename Stream>
+  void Answer(Stream& stream);
+
   Policy policy_;
+  std::shared_ptr<boost::asio::ssl::context> tls_;  // null: plain HTTP
   int listen_fd_ = -1;
   int port_ = 0;
   mutable std::mutex mu_;
