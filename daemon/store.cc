@@ -1831,12 +1831,18 @@ Status Store::QueueWebhookDeliveries(const std::vector<WebhookDeliveryRow>& rows
       Durability::kRelaxed);
 }
 
-StatusOr<std::vector<WebhookDeliveryRow>> Store::DueWebhookDeliveries(int64_t now_ms, int64_t limit) {
+StatusOr<std::vector<WebhookDeliveryRow>> Store::DueWebhookDeliveries(int64_t now_ms, int64_t limit,
+                                                                      const std::string& webhook_id) {
   std::lock_guard<std::mutex> lock(mu_);
-  FT_ASSIGN_OR_RETURN(Query q,
-                      Prepare(std::string("SELECT ") + kDeliveryColumns +
-                                  " FROM webhook_deliveries WHERE next_ms <= ? ORDER BY event_seq LIMIT ?",
-                              "list due webhook deliveries"));
+  const std::string select = std::string("SELECT ") + kDeliveryColumns + " FROM webhook_deliveries WHERE ";
+  if (!webhook_id.empty()) {  // the primary key's order: the webhook's oldest due first
+    FT_ASSIGN_OR_RETURN(Query q,
+                        Prepare(select + "webhook_id = ? AND next_ms <= ? ORDER BY event_seq LIMIT ?",
+                                "list due deliveries of webhook " + webhook_id));
+    return Collect(q.Bind(webhook_id, now_ms, SqlLimit(limit)), ReadDelivery);
+  }
+  FT_ASSIGN_OR_RETURN(
+      Query q, Prepare(select + "next_ms <= ? ORDER BY event_seq LIMIT ?", "list due webhook deliveries"));
   return Collect(q.Bind(now_ms, SqlLimit(limit)), ReadDelivery);
 }
 

@@ -465,8 +465,10 @@ class Store {
   // are its rows).
   Status QueueWebhookDeliveries(const std::vector<WebhookDeliveryRow>& rows,
                                 const std::map<std::string, int64_t>& cursors);
-  // Deliveries due at `now_ms` (next_ms <= now_ms), by event seq; at most `limit` (0 = all).
-  StatusOr<std::vector<WebhookDeliveryRow>> DueWebhookDeliveries(int64_t now_ms, int64_t limit);
+  // Deliveries due at `now_ms` (next_ms <= now_ms), by event seq; at most `limit` (0 = all); only
+  // `webhook_id`'s unless it is "".
+  StatusOr<std::vector<WebhookDeliveryRow>> DueWebhookDeliveries(int64_t now_ms, int64_t limit,
+                                                                 const std::string& webhook_id = "");
   // A failed attempt: its attempts, when it is due again and why it failed.
   Status RetryWebhookDelivery(const WebhookDeliveryRow& d);
   // Delivered, or given up: the row goes (NotFound is no error: the webhook was removed).

@@ -21,8 +21,6 @@ namespace {
 
 // Events read from the outbox per store query.
 constexpr int64_t kScanBatch = 500;
-// Due deliveries read per poll.
-constexpr int64_t kDueBatch = 1'000;
 
 std::string JobIdOf(const std::string& body) {
   const nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
@@ -103,19 +101,18 @@ struct WebhookSender::Impl {
     return static_cast<int64_t>(events->size()) == kScanBatch;
   }
 
+  // Starts the oldest due delivery of each webhook with none in flight (one query each: a dead
+  // webhook's backlog never hides another's deliveries).
   void Dispatch() {
     Store& store = *sender->store_;
-    auto due = store.DueWebhookDeliveries(sender->clock_->WallMs(), kDueBatch);
-    if (!due.ok()) return StoreFailed(due.status());
-    if (due->empty()) return;
     auto hooks = store.ListWebhooks();
     if (!hooks.ok()) return StoreFailed(hooks.status());
-    for (const WebhookDeliveryRow& d : *due) {
-      if (in_flight.count(d.webhook_id)) continue;
-      auto hook = std::find_if(hooks->begin(), hooks->end(),
-                               [&](const WebhookRow& h) { return h.id == d.webhook_id; });
-      if (hook == hooks->end()) continue;  // removed meanwhile (its rows go with it)
-      Send(d, *hook);
+    const int64_t now = sender->clock_->WallMs();
+    for (const WebhookRow& hook : *hooks) {
+      if (in_flight.count(hook.id)) continue;
+      auto due = store.DueWebhookDeliveries(now, 1, hook.id);
+      if (!due.ok()) return StoreFailed(due.status());
+      if (!due->empty()) Send(due->front(), hook);
     }
   }
 
