@@ -1833,7 +1833,7 @@ TEST_F(DaemonTest, DeadWebhookReceiversNeverDelayTheTickAndJobsArePlaced) {
   };
   SystemClock real;
   const WebhookSenderOptions o{.timeout_ms = 1'000, .backoff_ms = 50, .max_backoff_ms = 100};
-  for (int block = 0; block < 8; ++block) {
+  for (int block = 0; block < 6; ++block) {
     add(&alone, rounds(5));
     auto sender = StartSender(*daemon_, real, o);
     add(&dead, rounds(5));
