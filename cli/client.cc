@@ -111,11 +111,8 @@ StatusOr<pb::UserTokenReply> JobsClient::RotateUserToken(const std::string& name
 StatusOr<pb::ListUsersReply> JobsClient::ListUsers() {
   FT_UNARY_(ListUsers, pb::ListUsersRequest, pb::ListUsersReply, (void)0);
 }
-StatusOr<pb::Team> JobsClient::SetTeam(const std::string& name, std::optional<int64_t> quota_devices,
-                                       std::optional<double> weight) {
-  FT_UNARY_(SetTeam, pb::SetTeamRequest, pb::Team,
-            (req_.set_name(name), quota_devices ? req_.set_quota_devices(*quota_devices) : (void)0,
-             weight ? req_.set_weight(*weight) : (void)0));
+StatusOr<pb::Team> JobsClient::SetTeam(const pb::SetTeamRequest& req) {
+  FT_UNARY_(SetTeam, pb::SetTeamRequest, pb::Team, req_ = req);
 }
 StatusOr<pb::ListTeamsReply> JobsClient::ListTeams() {
   FT_UNARY_(ListTeams, pb::ListTeamsRequest, pb::ListTeamsReply, (void)0);

@@ -54,9 +54,9 @@ class JobsClient {
   StatusOr<ftune::v1::User> RemoveUser(const std::string& name);
   StatusOr<ftune::v1::UserTokenReply> RotateUserToken(const std::string& name);
   StatusOr<ftune::v1::ListUsersReply> ListUsers();
-  // SetTeam: admin only; an unset quota or weight keeps its value. ListTeams: any identity.
-  StatusOr<ftune::v1::Team> SetTeam(const std::string& name, std::optional<int64_t> quota_devices,
-                                    std::optional<double> weight);
+  // SetTeam: admin only; an unset field keeps its value (a negative budget removes it). ListTeams:
+  // any identity.
+  StatusOr<ftune::v1::Team> SetTeam(const ftune::v1::SetTeamRequest& req);
   StatusOr<ftune::v1::ListTeamsReply> ListTeams();
   // Webhooks, admin only. AddWebhook's reply holds the signing secret, which ftd never shows again.
   StatusOr<ftune::v1::AddWebhookReply> AddWebhook(const ftune::v1::AddWebhookRequest& req);

@@ -4,7 +4,7 @@
 //   follow ftctl ls | status ID | logs ID [-f] | cancel ID | workers | events [ID] ftctl up embedded mode:
 //   ftd + one local worker, state under the data dir
 //   ftctl admin user add NAME --team T [--role member|viewer|admin] | remove NAME | token NAME | ls
-//   ftctl admin team set NAME [--quota N] [--weight W] | ls
+//   ftctl admin team set NAME [--quota N] [--weight W] [--max-queued N] [--budget AMOUNT|none] | ls
 //   ftctl admin webhook add URL --events K,K [--team T | --user U] [--secret S] | ls | remove ID
 //   (an admin's token: users in teams, docs/OPERATIONS.md)
 //
@@ -243,6 +243,21 @@ void PrintObjective(const pb::Job& j) {
   }
 }
 
+// An amount of money as ftctl prints it: two decimals.
+std::string FormatAmount(double amount) {
+  char text[48];
+  std::snprintf(text, sizeof text, "%.2f", amount);
+  return text;
+}
+
+// ", $1.23 at $2.00/device-h" for a priced attempt ("" otherwise).
+std::string AttemptCost(const pb::Attempt& a) {
+  if (a.price() <= 0) return "";
+  char text[64];
+  std::snprintf(text, sizeof text, ", $%.2f at $%.2f/device-h", a.cost().total(), a.price());
+  return text;
+}
+
 // Where the job's device time went (daemon/goodput.h), and its recoveries.
 void PrintGoodput(const pb::Goodput& g) {
   const pb::GoodputSplit& d = g.device();
@@ -251,6 +266,12 @@ void PrintGoodput(const pb::Goodput& g) {
       "queued %.1f s\n",
       100 * g.goodput(), d.productive_s() + d.lost_s() + d.checkpoint_s() + d.restart_s(), d.productive_s(),
       d.lost_s(), d.checkpoint_s(), d.restart_s(), g.queue_s());
+  const pb::CostSplit& c = g.cost();
+  if (c.total() > 0) {
+    std::printf(
+        "cost      $%.2f: productive $%.2f, lost $%.2f, overhead $%.2f (checkpoint $%.2f, restart $%.2f)\n",
+        c.total(), c.productive(), c.lost(), c.checkpoint() + c.restart(), c.checkpoint(), c.restart());
+  }
   if (g.notices() > 0) {
     std::printf("notices   %lld, caught %lld (their checkpoint made it: no step lost)\n",
                 static_cast<long long>(g.notices()), static_cast<long long>(g.notices_caught()));
@@ -285,11 +306,12 @@ int Status(ft::JobsClient& client, const std::string& id, bool json) {
     const pb::GoodputSplit& g = a.goodput();
     std::printf(
         "  #%lld epoch %lld on %-12s %-10s steps %lld..%lld lost %lld (%.1f s), overhead %.1f s "
-        "(restart %.1f, checkpoint %.1f)  %s\n",
+        "(restart %.1f, checkpoint %.1f)%s  %s\n",
         static_cast<long long>(a.number()), static_cast<long long>(a.epoch()), Safe(a.worker_id()).c_str(),
         ft::AttemptOutcomeName(a.outcome()).c_str(), static_cast<long long>(a.start_step()),
         static_cast<long long>(a.end_step()), static_cast<long long>(a.steps_lost()), g.lost_s(),
-        g.restart_s() + g.checkpoint_s(), g.restart_s(), g.checkpoint_s(), Safe(a.reason()).c_str());
+        g.restart_s() + g.checkpoint_s(), g.restart_s(), g.checkpoint_s(), AttemptCost(a).c_str(),
+        Safe(a.reason()).c_str());
   }
   PrintRanks(client, *j);
   return kOk;
@@ -307,18 +329,21 @@ int List(ft::JobsClient& client, bool json) {
     std::printf("%s\n", Json(*r).c_str());
     return kOk;
   }
-  std::printf("%-10s %-10s %-12s %-12s %8s %6s %10s %7s  %s\n", "ID", "STATE", "USER", "TEAM", "PRIORITY",
-              "STEP", "LOSS", "GOODPUT", "NAME / REASON");
+  std::printf("%-10s %-10s %-12s %-12s %8s %6s %10s %7s %9s  %s\n", "ID", "STATE", "USER", "TEAM", "PRIORITY",
+              "STEP", "LOSS", "GOODPUT", "COST", "NAME / REASON");
   for (const pb::Job& j : r->jobs()) {
     const pb::GoodputSplit& d = j.goodput().device();
     char goodput[16] = "      -";  // no device time yet
     if (d.productive_s() + d.lost_s() + d.checkpoint_s() + d.restart_s() > 0) {
       std::snprintf(goodput, sizeof(goodput), "%6.1f%%", 100 * j.goodput().goodput());
     }
-    std::printf("%-10s %-10s %-12s %-12s %8lld %6lld %10.4f %7s  %s%s\n", Safe(j.id()).c_str(),
+    char cost[24] = "-";  // not priced
+    if (j.goodput().cost().total() > 0)
+      std::snprintf(cost, sizeof(cost), "$%.2f", j.goodput().cost().total());
+    std::printf("%-10s %-10s %-12s %-12s %8lld %6lld %10.4f %7s %9s  %s%s\n", Safe(j.id()).c_str(),
                 ft::JobStateName(j.state()).c_str(), Dash(j.submitted_by()).c_str(), Dash(j.team()).c_str(),
                 static_cast<long long>(j.priority()), static_cast<long long>(j.steps_done()), j.last_loss(),
-                goodput, Safe(j.name()).c_str(),
+                goodput, cost, Safe(j.name()).c_str(),
                 j.reason().empty() ? "" : (" — " + Safe(j.reason())).c_str());
   }
   return kOk;
@@ -336,10 +361,13 @@ int Workers(ft::JobsClient& client, bool json) {
     const double device = g.productive_s() + g.checkpoint_s() + g.restart_s() + g.lost_s();
     const std::string goodput =
         device > 0 ? std::to_string(static_cast<int>(100 * g.productive_s() / device + 0.5)) + "%" : "-";
-    std::printf("%-16s %-5s pool %-12s job %-10s slot %s  goodput %s\n", Safe(w.id()).c_str(),
+    char price[32] = "-";
+    if (w.price() > 0) std::snprintf(price, sizeof(price), "$%.2f/device-h", w.price());
+    std::printf("%-16s %-5s pool %-12s job %-10s slot %s  goodput %s  price %s\n", Safe(w.id()).c_str(),
                 w.alive() ? "alive" : "LOST", Safe(w.pool()).c_str(),
                 w.running_job_id().empty() ? "-" : Safe(w.running_job_id()).c_str(),
-                w.slot_end_ms() ? (std::to_string(w.slot_end_ms()) + " ms").c_str() : "-", goodput.c_str());
+                w.slot_end_ms() ? (std::to_string(w.slot_end_ms()) + " ms").c_str() : "-", goodput.c_str(),
+                price);
     for (const pb::Device& d : w.devices()) {
       const double used =
           d.total_bytes() > 0 ? 1.0 - static_cast<double>(d.free_bytes()) / d.total_bytes() : 0;
@@ -382,6 +410,8 @@ struct AdminArgs {
   std::string name, team, role = "member";
   std::optional<int64_t> quota;
   std::optional<double> weight;
+  std::optional<int64_t> max_queued;
+  std::string budget;  // an amount, or "none"
 };
 
 void AddAdminCommands(CLI::App& app, AdminArgs* a) {
@@ -405,20 +435,40 @@ void AddAdminCommands(CLI::App& app, AdminArgs* a) {
   a->team_set->add_option("name", a->name)->required();
   a->team_set->add_option("--quota", a->quota, "devices its jobs run on at once without borrowing; -1: none");
   a->team_set->add_option("--weight", a->weight, "its fair-share weight (> 0; default 1)");
+  a->team_set->add_option("--max-queued", a->max_queued,
+                          "jobs its users may have queued at once (a submit past it is refused); -1: no cap");
+  a->team_set->add_option("--budget", a->budget,
+                          "what its jobs may cost in all, in the prices' currency (none: no budget); once "
+                          "its spend reaches it, its users' submits are refused");
   a->team_ls =
       team->add_subcommand("ls", "every team: quota, weight, devices running and borrowed, queue, usage");
 }
 
 int Teams(ft::JobsClient& client, const AdminArgs& a, bool json) {
   if (*a.team_set) {
-    auto r = client.SetTeam(a.name, a.quota, a.weight);
+    pb::SetTeamRequest req;
+    req.set_name(a.name);
+    if (a.quota) req.set_quota_devices(*a.quota);
+    if (a.weight) req.set_weight(*a.weight);
+    if (a.max_queued) req.set_max_queued(*a.max_queued);
+    if (!a.budget.empty()) {
+      char* end = nullptr;
+      const double budget = a.budget == "none" ? -1.0 : std::strtod(a.budget.c_str(), &end);
+      if (a.budget != "none" && (end == a.budget.c_str() || *end != '\0' || budget < 0)) {
+        return Fail(ft::Status::InvalidArgument("--budget '" + a.budget +
+                                                "': expected an amount (e.g. 5000) or none"));
+      }
+      req.set_budget(budget);
+    }
+    auto r = client.SetTeam(req);
     if (!r.ok()) return Fail(r.status());
     if (json) {
       std::printf("%s\n", Json(*r).c_str());
       return kOk;
     }
-    std::printf("team %s: quota %s, weight %g\n", Safe(r->name()).c_str(),
-                r->quota_devices() < 0 ? "none" : std::to_string(r->quota_devices()).c_str(), r->weight());
+    std::printf("team %s: quota %s, weight %g, budget %s\n", Safe(r->name()).c_str(),
+                r->quota_devices() < 0 ? "none" : std::to_string(r->quota_devices()).c_str(), r->weight(),
+                r->has_budget() ? ("$" + FormatAmount(r->budget())).c_str() : "none");
     return kOk;
   }
   auto r = client.ListTeams();
@@ -427,15 +477,16 @@ int Teams(ft::JobsClient& client, const AdminArgs& a, bool json) {
     std::printf("%s\n", Json(*r).c_str());
     return kOk;
   }
-  std::printf("%-20s %6s %7s %8s %9s %7s %14s %6s\n", "TEAM", "QUOTA", "WEIGHT", "RUNNING", "BORROWED",
-              "QUEUED", "DEVICE-HOURS", "SHARE");
+  std::printf("%-20s %6s %7s %8s %9s %7s %14s %6s %12s %12s\n", "TEAM", "QUOTA", "WEIGHT", "RUNNING",
+              "BORROWED", "QUEUED", "DEVICE-HOURS", "SHARE", "SPEND", "BUDGET");
   for (const pb::Team& t : r->teams()) {
-    std::printf("%-20s %6s %7g %8lld %9lld %7lld %14.2f %5.0f%%\n",
+    const std::string budget = t.has_budget() ? "$" + FormatAmount(t.budget()) : "-";
+    std::printf("%-20s %6s %7g %8lld %9lld %7lld %14.2f %5.0f%% %12s %12s\n",
                 t.name().empty() ? "(none)" : Safe(t.name()).c_str(),
                 t.quota_devices() < 0 ? "-" : std::to_string(t.quota_devices()).c_str(), t.weight(),
                 static_cast<long long>(t.running_devices()), static_cast<long long>(t.borrowed_devices()),
                 static_cast<long long>(t.queued_jobs()), t.usage_device_seconds() / 3600,
-                100 * t.fair_share());
+                100 * t.fair_share(), ("$" + FormatAmount(t.spend())).c_str(), budget.c_str());
   }
   return kOk;
 }

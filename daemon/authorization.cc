@@ -7,6 +7,7 @@
 
 #include "common/logging.h"
 #include "common/secret.h"
+#include "daemon/tokens_file.h"
 
 namespace ft {
 
@@ -104,11 +105,15 @@ StatusOr<IssuedToken> IssueToken() {
   return t;
 }
 
-Authenticator::Authenticator(Store* store, std::string client_token, std::string view_token)
-    : store_(store), client_token_(std::move(client_token)), view_token_(std::move(view_token)) {}
+Authenticator::Authenticator(Store* store, std::string client_token, std::string view_token,
+                             const TokensFile* file)
+    : store_(store),
+      file_(file),
+      client_token_(std::move(client_token)),
+      view_token_(std::move(view_token)) {}
 
 bool Authenticator::open() const {
-  if (!client_token_.empty()) return false;
+  if (!client_token_.empty() || (file_ != nullptr && !file_->empty())) return false;
   auto users = store_->HasUsers();
   return users.ok() && !*users;  // a store that cannot answer guards: refuse rather than open
 }
@@ -131,6 +136,9 @@ std::optional<Identity> Authenticator::Resolve(std::string_view token, bool for_
   if (!token.empty()) {
     if (!client_token_.empty() && SecretEquals(token, client_token_)) {
       return Identity{.user = "admin", .role = Role::kAdmin, .every_team = true};
+    }
+    if (file_ != nullptr) {
+      if (auto user = file_->Resolve(token)) return user;
     }
     if (auto user = UserOf(token)) return user;
   }

@@ -4,9 +4,10 @@
 //
 // Identities: ftd's --client-token (FTUNE_TOKEN) is an admin named "admin";
 // --http-view-token is a viewer of every team named "view-token"; a user's
-// token (Store users table, made by `ftctl admin user add`) is that user. An
-// ftd with neither a client token nor users is open: every caller is the admin
-// "local" (one user on one machine, as before users existed).
+// token (Store users table, made by `ftctl admin user add`, or a line of ftd's
+// --tokens-file: daemon/tokens_file.h) is that user. An ftd with neither a
+// client token nor users is open: every caller is the admin "local" (one user
+// on one machine, as before users existed).
 //
 // Roles: admin: everything, on every team. member: submit (the job is its
 // team's), cancel and read its own team's jobs, logs and events. viewer: read
@@ -81,10 +82,13 @@ struct IssuedToken {
 StatusOr<IssuedToken> IssueToken();
 
 // Resolves bearer tokens to identities.
+class TokensFile;
+
 class Authenticator {
  public:
-  // `store` outlives this. Empty tokens are not configured.
-  Authenticator(Store* store, std::string client_token, std::string view_token);
+  // `store` and `file` (nullptr: no --tokens-file) outlive this. Empty tokens are not configured.
+  Authenticator(Store* store, std::string client_token, std::string view_token,
+                const TokensFile* file = nullptr);
 
   // The identity holding `token` ("" = none sent); nullopt when none does. `for_action`: the
   // token is sent for a state change, which the view token (a read credential) never makes.
@@ -99,6 +103,7 @@ class Authenticator {
   std::optional<Identity> UserOf(std::string_view token) const;
 
   Store* store_;
+  const TokensFile* file_;
   const std::string client_token_;
   const std::string view_token_;
 };

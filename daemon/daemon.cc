@@ -192,6 +192,7 @@ Status Daemon::LoadState() {
   // checkpoint.every auto's M and the pools' goodput.
   FT_ASSIGN_OR_RETURN(history_, store_->EndedAttemptTotals(Store::AttemptGroup::kPool));
   FT_ASSIGN_OR_RETURN(worker_totals_, store_->EndedAttemptTotals(Store::AttemptGroup::kWorker));
+  FT_ASSIGN_OR_RETURN(ended_spend_, store_->EndedSpendByTeam());
   // Attempts that were running when ftd stopped: their workers get one lease to reconnect.
   FT_ASSIGN_OR_RETURN(std::vector<AttemptRow> running, store_->RunningAttempts());
   for (const AttemptRow& a : running) {
@@ -220,8 +221,12 @@ Status Daemon::LoadState() {
   }
   FT_ASSIGN_OR_RETURN(std::vector<TeamRow> teams, store_->ListTeams());
   team_policies_.clear();
-  for (const TeamRow& t : teams)
+  team_limits_.clear();
+  for (const TeamRow& t : teams) {
     team_policies_[t.name] = {.quota_devices = t.quota_devices, .weight = t.weight};
+    team_limits_[t.name] = {.max_queued = t.max_queued, .budget = t.budget};
+  }
+  FT_RETURN_IF_ERROR(RebuildTeamUsage());
   FT_ASSIGN_OR_RETURN(std::vector<JobRow> queued, store_->ListJobs({JobStateCode::kQueued}, 0));
   for (const JobRow& j : queued) TrackState(j);
   // One job per output.dir: every job's, whatever its state.
@@ -401,7 +406,7 @@ void Daemon::CommitSubmits(const std::vector<PendingSubmit*>& batch) {
     std::map<PendingSubmit*, PendingSubmit*> siblings;
     // A store that refuses writes refuses them all, saying why (before any other reason).
     const std::vector<PendingSubmit*> admitted =
-        store_->sticky_error().ok() ? AdmitOutputDirs(batch, &siblings) : batch;
+        store_->sticky_error().ok() ? AdmitOutputDirs(AdmitTeamLimits(batch), &siblings) : batch;
     std::vector<JobRow> rows;
     for (PendingSubmit* p : admitted) rows.push_back(p->row);
     std::vector<bool> duplicate;
@@ -481,6 +486,7 @@ StatusOr<pb::Job> Daemon::ToProto(const JobRow& j) {
     p->set_start_step(a.start_step);
     p->set_end_step(a.end_step);
     p->set_steps_lost(a.steps_lost);
+    p->set_price(a.price);
     for (size_t r = 0; r < a.ranks.size(); ++r) {
       pb::AttemptRank* rank = p->add_ranks();
       rank->set_rank(static_cast<int32_t>(r));
@@ -509,12 +515,20 @@ void SetSplit(const GoodputSplit& s, pb::GoodputSplit* out) {
   out->set_restart_s(s.restart_s);
   out->set_lost_s(s.lost_s);
 }
+void SetCost(const CostSplit& c, pb::CostSplit* out) {
+  out->set_productive(c.productive);
+  out->set_checkpoint(c.checkpoint);
+  out->set_restart(c.restart);
+  out->set_lost(c.lost);
+  out->set_total(c.total());
+}
 }  // namespace
 
 Status Daemon::AddGoodput(const JobRow& job, pb::Job* out) {
   FT_ASSIGN_OR_RETURN(const JobGoodput g, GoodputOf(job));
   pb::Goodput* p = out->mutable_goodput();
   SetSplit(g.device, p->mutable_device());
+  SetCost(g.cost, p->mutable_cost());
   p->set_goodput(g.goodput());
   p->set_queue_s(g.queue_s);
   p->set_notices(g.notices);
@@ -522,7 +536,9 @@ Status Daemon::AddGoodput(const JobRow& job, pb::Job* out) {
   for (double r : g.recovery_s) p->add_recovery_s(r);
   for (int64_t a : g.recovery_after) p->add_recovery_after(a);
   for (int i = 0; i < out->attempts_size() && i < static_cast<int>(g.attempts.size()); ++i) {
-    SetSplit(g.attempts[static_cast<size_t>(i)], out->mutable_attempts(i)->mutable_goodput());
+    pb::Attempt* a = out->mutable_attempts(i);
+    SetSplit(g.attempts[static_cast<size_t>(i)], a->mutable_goodput());
+    SetCost(CostSplit::Priced(g.attempts[static_cast<size_t>(i)], a->price()), a->mutable_cost());
   }
   return Status::OK();
 }
@@ -618,6 +634,8 @@ StatusOr<pb::ListWorkersReply> Daemon::ListWorkers() {
     pb::WorkerInfo* info = reply.add_workers();
     info->set_id(w.id);
     info->set_pool(w.pool);
+    auto pool_price = options_.pool_prices.find(w.pool);
+    info->set_price(pool_price != options_.pool_prices.end() ? pool_price->second : w.price);
     if (auto t = worker_totals_.find(w.id); t != worker_totals_.end()) {
       SetSplit(t->second.device, info->mutable_goodput());
     }
@@ -749,8 +767,13 @@ int64_t Daemon::StoreAttemptEnd(const std::string& job_id, int64_t epoch, Attemp
       // A stop the scheduler asked for is no preemption of the pool's (checkpoint.every auto's M).
       .preemptions = outcome == AttemptOutcomeCode::kPreempted && !StoppedForAnotherJob(job_id) ? 1 : 0,
       .attempts = 1,
-      .device = split.value_or(GoodputSplit{})};
+      .device = split.value_or(GoodputSplit{}),
+      .cost = CostSplit::Priced(split.value_or(GoodputSplit{}), ended.price)};
   history_[ended.pool].Add(totals);
+  if (ended.price > 0) {  // its team's spend, as Store::EndedSpendByTeam sums it
+    auto job = store_->GetJob(job_id);
+    if (job.ok()) ended_spend_[job->team] += ended.DeviceSeconds(now) * ended.price / 3600.0;
+  }
   worker_totals_[ended.worker_id].Add(totals);
   goodput_total_.Add(totals.device);
   return steps_lost;
@@ -775,6 +798,7 @@ void Daemon::EndRunning(const std::string& job_id, int64_t epoch, AttemptOutcome
   }
   running_epoch_.erase(current);
   running_meta_.erase(job_id);
+  AccrueTeamUsage();  // its team's usage counts it until now, and no further
   ReleaseGang(job_id, epoch, reason);
   const int64_t now = clock_->WallMs();
   j->updated_ms = now;

@@ -95,6 +95,10 @@ struct DaemonOptions {
   // never preempted for another (ftd --fair-share-half-life, --min-runtime).
   int64_t fair_share_half_life_ms = 3'600'000;
   int64_t min_runtime_ms = 300'000;
+  // A device-hour's price per pool (ftd --pool-price POOL=PRICE): it takes precedence over the
+  // price its workers report (ft-worker --price). Every attempt's cost, and so every job's, team's
+  // and pool's, is its device-seconds at the price in effect when it started (common/money.h).
+  std::map<std::string, double> pool_prices;
   // Stalls (daemon_stalls.cc): a running job whose newest step is older than stall_factor times
   // its measured step interval, and at least stall_min_ms, is evented `stalled` once (ftd
   // --stall-factor, --stall-min-ms).
@@ -179,6 +183,14 @@ struct Actor {
   std::string By() const { return user.empty() ? "" : " by " + user; }
 };
 
+// What SetTeam changes of a team; unset fields keep their value.
+struct TeamChange {
+  std::optional<int64_t> quota_devices;  // devices its jobs run on at once without borrowing; -1: none
+  std::optional<double> weight;          // fair-share weight, > 0
+  std::optional<int64_t> max_queued;     // jobs it may have queued at once; -1: none
+  std::optional<double> budget;          // what its jobs may cost in all; negative: none
+};
+
 // A user as ftd shows it (never its token).
 // A team as ftd shows it: its policy and what it uses now (ListTeams).
 struct TeamInfo {
@@ -188,8 +200,11 @@ struct TeamInfo {
   int64_t running_devices = 0;
   int64_t borrowed_devices = 0;
   int64_t queued_jobs = 0;
+  int64_t max_queued = -1;          // -1: no cap
   double usage_device_seconds = 0;  // decayed
   double fair_share = 0;            // weight over the weights of the teams with work
+  double spend = 0;                 // what its jobs' attempts cost so far (running ones up to now)
+  std::optional<double> budget;     // nullopt: none
 };
 
 struct UserInfo {
@@ -241,11 +256,12 @@ class Daemon {
   StatusOr<std::vector<UserInfo>> ListUsers();
 
   // ---- teams (daemon_teams.cc; the caller checks that `by` may set them)
-  // Sets the team's nominal quota (devices at once; -1: none) and fair-share weight (> 0); an
-  // unset one keeps its value (a new team's: -1 and 1). A team_set event names `by`. Applies
-  // from the next scheduling pass. InvalidArgument for a bad name, quota or weight.
-  Status SetTeam(const Actor& by, const std::string& name, std::optional<int64_t> quota_devices,
-                 std::optional<double> weight);
+  // Changes what `change` sets of the team (the rest keeps its value; a new team has no quota,
+  // weight 1, no cap and no budget). A team_set event names `by`. Applies from the next scheduling
+  // pass; while a team has max_queued jobs queued, or its spend has reached its budget, Submit
+  // refuses its users' jobs (FailedPrecondition, naming the limit and the fix). InvalidArgument for
+  // a bad name or value.
+  Status SetTeam(const Actor& by, const std::string& name, const TeamChange& change);
   // Every team with a policy, usage, or a queued or running job, by name.
   StatusOr<std::vector<TeamInfo>> ListTeams();
 
@@ -369,6 +385,7 @@ class Daemon {
     int32_t rendezvous_port_first = 0, rendezvous_port_count = 0;
     std::string memory_problem;    // the last implausible memory report (evented once per change)
     std::string pool = "default";  // ft-worker --pool
+    double price = 0;              // ft-worker --price (per device-hour; 0 = none)
     std::string instance;          // Register.instance of the registration it holds ("" = unknown)
     std::string hostname;          // and its hostname
     int64_t refusals = 0;          // reports and registrations refused for it (events are rate-limited)
@@ -461,10 +478,19 @@ class Daemon {
   int64_t CheckpointStopMs(const Session& s);
   // Teams: advances team_usage_ to now; the pass's policies and usage; what a pass sees of the job
   // a worker runs (nullopt: none, or not known: never preempted); stops a victim a pass chose.
-  // AccrueTeamUsage returns the devices each team's running jobs hold now.
+  // AccrueTeamUsage returns the devices each team's running jobs hold now; it runs whenever they
+  // change (after a pass's placements, when an attempt ends), so usage is exact between changes.
   std::map<std::string, int64_t> AccrueTeamUsage();
   std::string TeamOf(const std::string& job_id) const;  // its JobView's team ("" when none is kept)
   FairShareInput TeamsForPass();
+  // InvalidArgument naming the team and the field for a bad name or value.
+  static Status CheckTeamChange(const std::string& name, const TeamChange& c);
+  // team_usage_ from the attempts in the store (ftd's start, a reload after the store recovered).
+  Status RebuildTeamUsage();
+  // Money (common/money.h): a device-hour's price on the worker of `s` (ftd's price for its pool,
+  // else its own); what `team`'s jobs cost so far (ended attempts, and running ones up to now).
+  double PriceOf(const Session& s) const;
+  double TeamSpend(const std::string& team) const;
   std::optional<RunningView> RunningViewOf(const std::string& worker_id, const Session& s) const;
   void Preempt(const Preemption& p);
   bool StoppedForAnotherJob(const std::string& job_id) const;
@@ -617,11 +643,20 @@ class Daemon {
   std::atomic<int64_t> passes_{0};               // written under mu_
   int64_t queue_version_ = 0;      // GUARDED_BY(mu_) bumped by every change of queued_ or a view in it
   uint64_t last_pass_inputs_ = 0;  // GUARDED_BY(mu_) SchedulerInputs() after the last pass
-  // Teams: policies (the store's teams table, kept by SetTeam), decayed usage (rebuilt from zero
-  // when ftd starts) and when it was last advanced (monotonic; 0: never).
+  // Teams: policies (the store's teams table, kept by SetTeam), decayed usage (rebuilt from the
+  // attempts' spans when ftd starts: RebuildTeamUsage) and when it was last advanced (monotonic; 0:
+  // never).
   std::map<std::string, TeamPolicy> team_policies_;  // GUARDED_BY(mu_)
   std::map<std::string, TeamUsage> team_usage_;      // GUARDED_BY(mu_)
-  int64_t usage_mono_ = 0;                           // GUARDED_BY(mu_)
+  // Each team's limits on submits (the teams table) and what its jobs' ended attempts cost (the
+  // store's sum at start, then added to as attempts end), by team.
+  struct TeamLimits {
+    int64_t max_queued = -1;
+    std::optional<double> budget;
+  };
+  std::map<std::string, TeamLimits> team_limits_;  // GUARDED_BY(mu_)
+  std::map<std::string, double> ended_spend_;      // GUARDED_BY(mu_)
+  int64_t usage_mono_ = 0;                         // GUARDED_BY(mu_)
   // What the scheduler needs of each running job beyond its JobView, by job id: made when an
   // attempt starts (or is found running at start), gone when it ends.
   struct RunningMeta {
@@ -630,6 +665,7 @@ class Daemon {
     int64_t started_wall_ms = 0;
     int64_t last_checkpoint_wall_ms = 0;  // its last committed checkpoint (0: none this attempt)
     std::string preempted_for;            // the job it is being stopped for ("" = none)
+    double price = 0;                     // per device-hour (AttemptRow::price)
     // Attempt `a`'s: one device per rank on its rank's worker, and its start.
     static RunningMeta Of(const AttemptRow& a, bool borrowed);
     int64_t devices() const;  // in all
@@ -681,6 +717,10 @@ class Daemon {
   };
   // Writes `batch` to the store and fills in each one's result. REQUIRES: not mu_.
   void CommitSubmits(const std::vector<PendingSubmit*>& batch);
+  // The submits of `batch` whose team is within its limits (fewer than max_queued jobs queued, the
+  // batch's earlier ones counted; spend below its budget); the others get their refusal
+  // (FailedPrecondition). REQUIRES: mu_.
+  std::vector<PendingSubmit*> AdmitTeamLimits(const std::vector<PendingSubmit*>& batch);
   // One job per output.dir: the submits of `batch` whose output.dir overlaps
   // another job's (stored, or earlier in the batch, unless it is the same
   // client_request_id: an idempotent resubmit) get InvalidArgument naming

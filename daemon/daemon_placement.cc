@@ -131,6 +131,8 @@ void Daemon::ScheduleQueued() {
     if (job.ok()) StartOn(*job, p);
     Check(job.status(), "load job to start");
   }
+  // The teams' usage counts the jobs just started from now on (its devices are recorded per accrual).
+  if (!result.placements.empty()) AccrueTeamUsage();
   bool backing_off = false;
   for (const auto& [view, why] : result.waiting) {
     backing_off |= why.why == WaitReason::Why::kBackoff;
@@ -162,8 +164,16 @@ void Daemon::StartOn(const JobRow& job, const Placement& p) {
   const int64_t start_step = ckpt.ok() ? ckpt->step : 0;
   const bool gang = p.ranks.size() > 1;
   const std::string pool = sessions_[p.worker_id].pool;  // rank 0's worker's
-  auto attempt = store_->StartAttempt(job.id, p.worker_id, start_step, p.plan.micro_batch,
-                                      p.plan.accumulation, p.plan.world, clock_->WallMs(), p.ranks, pool);
+  // Its price per device-hour: the mean over its ranks of their workers' (common/money.h).
+  double price = PriceOf(sessions_[p.worker_id]);
+  if (gang) {
+    price = 0;
+    for (const RankSlot& r : p.ranks) price += PriceOf(sessions_[r.worker_id]);
+    price /= static_cast<double>(p.ranks.size());
+  }
+  auto attempt =
+      store_->StartAttempt(job.id, p.worker_id, start_step, p.plan.micro_batch, p.plan.accumulation,
+                           p.plan.world, clock_->WallMs(), p.ranks, pool, price);
   if (!attempt.ok()) {
     Check(attempt.status(), "start attempt");
     return;

@@ -13,6 +13,7 @@
 #include "common/file_util.h"
 #include "common/ids.h"
 #include "common/logging.h"
+#include "common/money.h"
 #include "common/secret.h"
 #include "common/untrusted_text.h"
 #include "daemon/daemon.h"
@@ -170,6 +171,7 @@ Status Daemon::OnRegister(const pb::Register& reg, WorkerSink* sink) {
   if (!reg.pool().empty()) {
     FT_RETURN_IF_ERROR(CheckPoolName(reg.pool(), "register: pool (ft-worker --pool)"));
   }
+  FT_RETURN_IF_ERROR(CheckPrice(reg.price(), "register: price (ft-worker --price)"));
   Held lock(this);
   const std::string implausible =
       ImplausibleMemory(reg.worker_id(), reg.devices(), reg.host_total_bytes(), reg.host_free_bytes());
@@ -242,6 +244,7 @@ Status Daemon::AdoptSession(const pb::Register& reg, WorkerSink* sink, Session& 
   s.rendezvous_port_first = reg.rendezvous_port_first();
   s.rendezvous_port_count = reg.rendezvous_port_count();
   s.pool = reg.pool().empty() ? std::string(kDefaultPool) : reg.pool();
+  s.price = reg.price();
   WorkerRow row;
   row.id = reg.worker_id();
   row.hostname = reg.hostname();
@@ -250,6 +253,7 @@ Status Daemon::AdoptSession(const pb::Register& reg, WorkerSink* sink, Session& 
   row.slot_end_ms = reg.slot_end_ms();
   row.alive = true;
   row.pool = s.pool;
+  row.price = s.price;
   for (const pb::Device& d : reg.devices()) row.devices.push_back(ToDeviceRow(d));
   s.devices = row.devices;
   if (Status upserted = store_->UpsertWorker(row); !upserted.ok()) {

@@ -24,29 +24,49 @@ std::string FormatWeight(double weight) {
 
 }  // namespace
 
-Status Daemon::SetTeam(const Actor& by, const std::string& name, std::optional<int64_t> quota_devices,
-                       std::optional<double> weight) {
+Status Daemon::CheckTeamChange(const std::string& name, const TeamChange& c) {
   FT_RETURN_IF_ERROR(CheckIdentityName(name, "team"));
-  if (quota_devices && *quota_devices < -1) {
-    return Status::InvalidArgument("team " + name + ": quota_devices " + std::to_string(*quota_devices) +
-                                   " is below -1: use a number of devices, or -1 for no quota");
+  const auto bad = [&](const std::string& what) {
+    return Status::InvalidArgument("team " + name + ": " + what);
+  };
+  if (c.quota_devices && *c.quota_devices < -1) {
+    return bad("quota_devices " + std::to_string(*c.quota_devices) +
+               " is below -1: use a number of devices, or -1 for no quota");
   }
-  if (weight && !(std::isfinite(*weight) && *weight > 0 && *weight <= 1e6)) {
-    return Status::InvalidArgument("team " + name + ": weight must be a number above 0 (at most 1e6)");
+  if (c.weight && !(std::isfinite(*c.weight) && *c.weight > 0 && *c.weight <= 1e6)) {
+    return bad("weight must be a number above 0 (at most 1e6)");
   }
+  if (c.max_queued && *c.max_queued < -1) return bad("max_queued must be a number of jobs, or -1 for no cap");
+  if (c.budget && !(std::isfinite(*c.budget) && *c.budget <= 1e12)) {
+    return bad("budget must be an amount (at most 1e12), or none");
+  }
+  return Status::OK();
+}
+
+Status Daemon::SetTeam(const Actor& by, const std::string& name, const TeamChange& c) {
+  FT_RETURN_IF_ERROR(CheckTeamChange(name, c));
   Held lock(this);
   TeamPolicy policy = team_policies_.count(name) ? team_policies_[name] : TeamPolicy{};
-  if (quota_devices) policy.quota_devices = *quota_devices;
-  if (weight) policy.weight = *weight;
+  TeamLimits limits = team_limits_.count(name) ? team_limits_[name] : TeamLimits{};
+  if (c.quota_devices) policy.quota_devices = *c.quota_devices;
+  if (c.weight) policy.weight = *c.weight;
+  if (c.max_queued) limits.max_queued = *c.max_queued;
+  if (c.budget) limits.budget = *c.budget < 0 ? std::nullopt : c.budget;
   FT_RETURN_IF_ERROR(store_->SetTeam(TeamRow{.name = name,
                                              .quota_devices = policy.quota_devices,
                                              .weight = policy.weight,
+                                             .max_queued = limits.max_queued,
+                                             .budget = limits.budget,
                                              .updated_ms = clock_->WallMs()}));
   team_policies_[name] = policy;
+  team_limits_[name] = limits;
   ++queue_version_;  // the next pass reads the new policy
   Event("", "", "team_set",
         "team " + name + ": " + QuotaText(policy.quota_devices) + " devices, weight " +
-            FormatWeight(policy.weight) + by.By(),
+            FormatWeight(policy.weight) + ", " +
+            (limits.max_queued < 0 ? "no queue cap"
+                                   : "at most " + std::to_string(limits.max_queued) + " queued") +
+            ", " + (limits.budget ? "a budget of " + FormatWeight(*limits.budget) : "no budget") + by.By(),
         0);
   ReleaseAndPublish(lock);
   return Status::OK();
@@ -67,6 +87,11 @@ StatusOr<std::vector<TeamInfo>> Daemon::ListTeams() {
     t.weight = p.weight;
   }
   for (const auto& [name, u] : team_usage_) team(name).usage_device_seconds = u.device_seconds;
+  for (const auto& [name, limits] : team_limits_) {
+    team(name).budget = limits.budget;
+    team(name).max_queued = limits.max_queued;
+  }
+  for (const auto& [name, spent] : ended_spend_) team(name).spend = spent;
   for (const auto& [name, devices] : running) team(name).running_devices = devices;
   for (const auto& [job_id, meta] : running_meta_)
     if (meta.borrowed) team(TeamOf(job_id)).borrowed_devices += meta.devices();
@@ -79,6 +104,7 @@ StatusOr<std::vector<TeamInfo>> Daemon::ListTeams() {
   std::vector<TeamInfo> out;
   for (auto& [name, t] : teams) {
     t.fair_share = fair.Share(fair.Index(name));
+    t.spend = TeamSpend(name);
     out.push_back(std::move(t));
   }
   return out;
@@ -100,7 +126,7 @@ std::string Daemon::TeamOf(const std::string& job_id) const {
 }
 
 Daemon::RunningMeta Daemon::RunningMeta::Of(const AttemptRow& a, bool borrowed) {
-  RunningMeta meta{.borrowed = borrowed, .started_wall_ms = a.started_ms};
+  RunningMeta meta{.borrowed = borrowed, .started_wall_ms = a.started_ms, .price = a.price};
   for (const RankSlot& r : a.ranks) meta.devices_on[r.worker_id] += 1;
   if (a.ranks.empty()) meta.devices_on[a.worker_id] = 1;  // a one-rank attempt keeps no ranks
   return meta;
@@ -110,6 +136,20 @@ int64_t Daemon::RunningMeta::devices() const {
   int64_t n = 0;
   for (const auto& [worker, devices] : devices_on) n += devices;
   return n;
+}
+
+Status Daemon::RebuildTeamUsage() {
+  const int64_t now = clock_->WallMs(), half_life = options_.fair_share_half_life_ms;
+  // Older spans have decayed below a millionth (none is older without decay).
+  const int64_t since = half_life > 0 ? now - 20 * half_life : 0;
+  FT_ASSIGN_OR_RETURN(const std::vector<Store::UsageSpan> spans, store_->UsageSpans(since));
+  team_usage_.clear();
+  usage_mono_ = 0;  // the running ones accrue from the next pass on, at the devices they hold
+  for (const Store::UsageSpan& s : spans) {
+    team_usage_[s.team].device_seconds +=
+        SpanUsage(s.started_ms, s.ended_ms == 0 ? now : s.ended_ms, s.devices, now, half_life);
+  }
+  return Status::OK();
 }
 
 FairShareInput Daemon::TeamsForPass() {

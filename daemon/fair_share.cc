@@ -17,6 +17,11 @@ double DecayedUsage(double old_device_seconds, int64_t running_devices, int64_t 
   return old_device_seconds * kept + devices * steady * (1 - kept);
 }
 
+double SpanUsage(int64_t start_ms, int64_t end_ms, int64_t devices, int64_t now_ms, int64_t half_life_ms) {
+  const double used = DecayedUsage(0, devices, end_ms - start_ms, half_life_ms);
+  return DecayedUsage(used, 0, now_ms - std::max(start_ms, end_ms), half_life_ms);
+}
+
 void AccrueUsage(std::map<std::string, TeamUsage>* usage, const std::map<std::string, int64_t>& running_now,
                  int64_t elapsed_ms, int64_t half_life_ms) {
   for (auto& [team, u] : *usage) {

@@ -49,6 +49,11 @@ struct FairShareInput {
 double DecayedUsage(double old_device_seconds, int64_t running_devices, int64_t elapsed_ms,
                     int64_t half_life_ms);
 
+// What `devices` running from `start_ms` to `end_ms` add to a usage read at `now_ms` (each
+// device-second decayed since, as DecayedUsage sums it): ftd rebuilds the teams' usage from the
+// attempts' spans when it starts.
+double SpanUsage(int64_t start_ms, int64_t end_ms, int64_t devices, int64_t now_ms, int64_t half_life_ms);
+
 // Advances every team's usage by `elapsed_ms` at the devices it recorded as
 // running, then records `running_now` (by team; a team absent runs none).
 // Teams with no usage left and nothing running are dropped.

@@ -33,17 +33,22 @@
 #include <filesystem>
 #include <thread>
 
+#include "common/ids.h"
 #include "common/logging.h"
+#include "common/money.h"
 #include "daemon/daemon.h"
 #include "daemon/grpc_service.h"
 #include "daemon/http_api.h"
 #include "daemon/http_server.h"
+#include "daemon/tokens_file.h"
 #include "daemon/webhook_sender.h"
 #include "proto/credentials.h"
 
 namespace {
 std::atomic<bool> g_stop{false};
 extern "C" void OnSignal(int) { g_stop = true; }
+std::atomic<bool> g_reload{false};
+extern "C" void OnHangup(int) { g_reload = true; }
 
 // The dashboard's directory: --web-dir, else the source tree's, else the installed one ("" = none).
 std::string FindWebDir(const std::string& flag, const char* argv0) {
@@ -67,7 +72,9 @@ struct Flags {
   bool log_json = false;
   std::string http = "127.0.0.1:7071", web_dir, http_view_token;
   std::vector<std::string> http_allowed_hosts;
-  ft::HttpServerOptions http_limits;  // its deadlines and connection caps (the --http-* flags)
+  std::vector<std::string> pool_prices;  // --pool-price POOL=PRICE, each
+  std::string tokens_file;               // --tokens-file (read at start and on SIGHUP)
+  ft::HttpServerOptions http_limits;     // its deadlines and connection caps (the --http-* flags)
   bool allow_tokenless_workers = false;
   ft::ServerTls tls;
   ft::WebhookSenderOptions webhooks;
@@ -116,6 +123,12 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "a team's usage counts half after this long (fair share between teams)");
   app.add_option("--min-runtime-ms", f.options.min_runtime_ms,
                  "a job running for less than this is never preempted for another");
+  app.add_option("--tokens-file", f.tokens_file,
+                 "users as token,user,team,role lines (chmod 600), read at start and again on SIGHUP "
+                 "(docs/OPERATIONS.md, Users, teams and roles)");
+  app.add_option("--pool-price", f.pool_prices,
+                 "POOL=PRICE: what a device-hour in that pool costs, over its workers' own --price "
+                 "(repeatable; jobs', teams' and pools' costs are device-seconds at these prices)");
   app.add_option("--tls-cert", f.tls.cert_file,
                  "serve gRPC and the dashboard (HTTPS) over TLS with this PEM certificate chain");
   app.add_option("--tls-key", f.tls.key_file, "the PEM private key of --tls-cert");
@@ -211,6 +224,43 @@ int LockDataDir(const std::string& data_dir) {
   return 0;  // fd stays open (and locked) until the process exits
 }
 
+// SIGHUP: the tokens file again (its users replace the old ones at once; a bad file changes nothing).
+void ReloadTokensFile(const std::string& path, ft::TokensFile* file) {
+  if (path.empty()) {
+    FT_LOG(INFO) << "ftd: SIGHUP: no --tokens-file to reload";
+    return;
+  }
+  auto users = file->Load(path);
+  if (users.ok()) {
+    FT_LOG(INFO) << "ftd: SIGHUP: " << *users << " users from " << path;
+  } else {
+    FT_LOG(ERROR) << "ftd: SIGHUP: the tokens file was not reloaded, the previous users stay: "
+                  << users.status().message();
+  }
+}
+
+// --pool-price POOL=PRICE flags into `out`; false (after saying which and how to fix it) for a bad one.
+bool ParsePoolPrices(const std::vector<std::string>& flags, std::map<std::string, double>* out) {
+  for (const std::string& flag : flags) {
+    const size_t eq = flag.find('=');
+    const std::string pool = flag.substr(0, eq);
+    char* end = nullptr;
+    const double price = eq == std::string::npos ? -1 : std::strtod(flag.c_str() + eq + 1, &end);
+    ft::Status bad = ft::CheckPoolName(pool, "--pool-price " + flag);
+    if (bad.ok() && (end == nullptr || end == flag.c_str() + eq + 1 || *end != '\0')) {
+      bad = ft::Status::InvalidArgument("--pool-price '" + flag +
+                                        "': expected POOL=PRICE, e.g. spot-a100=1.29");
+    }
+    if (bad.ok()) bad = ft::CheckPrice(price, "--pool-price " + flag);
+    if (!bad.ok()) {
+      std::fprintf(stderr, "ftd: %s\n", bad.message().c_str());
+      return false;
+    }
+    (*out)[pool] = price;
+  }
+  return true;
+}
+
 // --allowed-root directories made canonical; false (after saying which) when one is not a directory.
 bool CanonicalizeRoots(std::vector<std::string>* roots) {
   for (std::string& root : *roots) {
@@ -278,8 +328,8 @@ int StartHttp(const Flags& f, const char* argv0, ft::Daemon* daemon, HttpSide* o
   std::vector<std::string> hosts = f.http_allowed_hosts;
   hosts.push_back(HostOf(f.http));
   out->api = std::make_unique<ft::HttpApi>(
-      daemon,
-      ft::HttpApiOptions{f.auth.client_token, f.http_view_token, web_dir, !f.tls.cert_file.empty(), hosts});
+      daemon, ft::HttpApiOptions{f.auth.client_token, f.http_view_token, web_dir, !f.tls.cert_file.empty(),
+                                 hosts, f.auth.tokens_file});
   ft::HttpServerOptions http_options = f.http_limits;
   http_options.address = f.http;
   http_options.tls_cert_file = f.tls.cert_file;
@@ -296,7 +346,8 @@ int StartHttp(const Flags& f, const char* argv0, ft::Daemon* daemon, HttpSide* o
               out->server->port());
   std::fflush(stdout);
   auto users = daemon->store().HasUsers();
-  const bool has_users = users.ok() && *users;  // users close an ftd without tokens (docs/OPERATIONS.md)
+  // Users close an ftd without tokens (docs/OPERATIONS.md).
+  const bool has_users = (users.ok() && *users) || (f.auth.tokens_file && !f.auth.tokens_file->empty());
   if (!IsLoopback(h) && f.http_view_token.empty() && f.auth.client_token.empty() && !has_users) {
     FT_LOG(WARN) << "ftd: the dashboard on " << h
                  << " has no view token or client token: anyone who can reach this address can read jobs, "
@@ -335,6 +386,17 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (!CanonicalizeRoots(&f.options.allowed_roots)) return 2;
+  if (!ParsePoolPrices(f.pool_prices, &f.options.pool_prices)) return 2;
+  ft::TokensFile tokens_file;
+  if (!f.tokens_file.empty()) {
+    auto users = tokens_file.Load(f.tokens_file);
+    if (!users.ok()) {
+      std::fprintf(stderr, "ftd: --tokens-file: %s\n", users.status().message().c_str());
+      return 2;
+    }
+    FT_LOG(INFO) << "ftd: " << *users << " users from " << f.tokens_file;
+    f.auth.tokens_file = &tokens_file;
+  }
   ft::SystemClock clock;
   ft::Daemon daemon(std::move(*store), &clock, f.options);
   if (!daemon.startup_status().ok()) {
@@ -358,9 +420,11 @@ int main(int argc, char** argv) {
   }
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
+  std::signal(SIGHUP, OnHangup);
   // The daemon's periodic duties live in one visible tick.
   while (!g_stop) {
     const auto start = std::chrono::steady_clock::now();
+    if (g_reload.exchange(false)) ReloadTokensFile(f.tokens_file, &tokens_file);
     daemon.Tick();
     std::this_thread::sleep_until(start + std::chrono::milliseconds(f.tick_ms));
   }

@@ -114,6 +114,7 @@ JobGoodput ComputeGoodput(const JobRow& job, const std::vector<AttemptRow>& atte
                      SurvivesThrough(a, checkpoints), now_ms, &first_step_end_ms);
     g.attempts.push_back(s);
     g.device.Add(s);
+    g.cost.Add(CostSplit::Priced(s, a.price));
     if (a.notice_ms > 0 && a.outcome != AttemptOutcomeCode::kRunning) {
       ++g.notices;
       g.notices_caught += a.steps_lost == 0 ? 1 : 0;

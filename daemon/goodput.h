@@ -40,6 +40,7 @@ namespace ft {
 struct JobGoodput {
   GoodputSplit device;                 // every attempt's
   std::vector<GoodputSplit> attempts;  // by attempt, in number order
+  CostSplit cost;                      // every attempt's split at its price (AttemptRow::price)
   double queue_s = 0;                  // wall seconds queued
   // Per preempted attempt with a next attempt that has trained a step: seconds to recover.
   std::vector<double> recovery_s;

@@ -389,7 +389,7 @@ class JobsService : public pb::Jobs::CallbackService {
   JobsService(Daemon* daemon, AuthOptions auth)
       : daemon_(daemon),
         auth_(std::move(auth)),
-        authenticator_(&daemon->store(), auth_.client_token, auth_.view_token),
+        authenticator_(&daemon->store(), auth_.client_token, auth_.view_token, auth_.tokens_file),
         streams_(std::make_shared<StreamCounter>(auth_.max_streams_per_client)) {}
 
   // Runs fn(call) for an authenticated caller: UNAUTHENTICATED without one, PERMISSION_DENIED
@@ -508,10 +508,12 @@ class JobsService : public pb::Jobs::CallbackService {
                                     pb::Team* reply) override {
     return Unary(ctx, reply, [&](Call& call) -> StatusOr<pb::Team> {
       FT_RETURN_IF_ERROR(call.Check(Action::kManageTeams));
-      FT_RETURN_IF_ERROR(daemon_->SetTeam(
-          call.actor(), req->name(),
-          req->has_quota_devices() ? std::optional<int64_t>(req->quota_devices()) : std::nullopt,
-          req->has_weight() ? std::optional<double>(req->weight()) : std::nullopt));
+      TeamChange change;
+      if (req->has_quota_devices()) change.quota_devices = req->quota_devices();
+      if (req->has_weight()) change.weight = req->weight();
+      if (req->has_max_queued()) change.max_queued = req->max_queued();
+      if (req->has_budget()) change.budget = req->budget();
+      FT_RETURN_IF_ERROR(daemon_->SetTeam(call.actor(), req->name(), change));
       FT_ASSIGN_OR_RETURN(std::vector<TeamInfo> teams, daemon_->ListTeams());
       for (const TeamInfo& t : teams)
         if (t.name == req->name()) return ToProtoTeam(t);
@@ -622,6 +624,9 @@ class JobsService : public pb::Jobs::CallbackService {
     out.set_queued_jobs(t.queued_jobs);
     out.set_usage_device_seconds(t.usage_device_seconds);
     out.set_fair_share(t.fair_share);
+    out.set_max_queued(t.max_queued);
+    out.set_spend(t.spend);
+    if (t.budget) out.set_budget(*t.budget);
     return out;
   }
   static pb::Webhook ToProtoWebhook(const WebhookRow& h, int64_t pending) {

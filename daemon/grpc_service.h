@@ -11,6 +11,7 @@
 #include <string>
 
 #include "daemon/daemon.h"
+#include "daemon/tokens_file.h"
 #include "proto/ftune.grpc.pb.h"
 
 namespace ft {
@@ -19,7 +20,8 @@ struct AuthOptions {
   std::string
       client_token;        // an admin named "admin"; with users, required of Jobs callers (see Authenticator)
   std::string view_token;  // a viewer of every team (ftd --http-view-token)
-  std::string worker_token;  // required from workers when non-empty
+  std::string worker_token;                 // required from workers when non-empty
+  const TokensFile* tokens_file = nullptr;  // ftd --tokens-file's users (outlives the services)
   // Watch and Logs streams one client (its address, without the port) may hold open at once; one
   // more is refused with RESOURCE_EXHAUSTED naming the cap (each costs ftd a buffer, Logs a thread).
   int max_streams_per_client = 64;

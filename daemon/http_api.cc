@@ -176,7 +176,7 @@ std::string CookieValue(const std::string& header, const std::string& name) {
 HttpApi::HttpApi(Daemon* daemon, HttpApiOptions options)
     : daemon_(daemon),
       options_(std::move(options)),
-      auth_(&daemon->store(), options_.client_token, options_.view_token) {
+      auth_(&daemon->store(), options_.client_token, options_.view_token, options_.tokens_file) {
   // In match order: the dashboard's catch-all "/{file}" comes last.
   for (auto group : {&HttpApi::JobEndpoints, &HttpApi::ServiceEndpoints, &HttpApi::DashboardEndpoints}) {
     for (Endpoint& e : (this->*group)()) endpoints_.push_back(std::move(e));
@@ -801,8 +801,11 @@ HttpResponse HttpApi::ListTeams(const Params&) {
                    {"running_devices", t.running_devices},
                    {"borrowed_devices", t.borrowed_devices},
                    {"queued_jobs", t.queued_jobs},
+                   {"max_queued", t.max_queued},
                    {"usage_device_seconds", t.usage_device_seconds},
-                   {"fair_share", t.fair_share}});
+                   {"fair_share", t.fair_share},
+                   {"spend", t.spend},
+                   {"budget", t.budget ? json(*t.budget) : json(nullptr)}});
   }
   return Json({{"teams", std::move(out)}});
 }

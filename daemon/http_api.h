@@ -86,6 +86,7 @@ struct HttpApiOptions {
   // Host names served besides IP addresses and localhost (ftd's --http host
   // and --http-allowed-host); a port in a name is ignored.
   std::vector<std::string> allowed_hosts;
+  const TokensFile* tokens_file = nullptr;  // ftd --tokens-file's users (outlives the API)
 };
 
 class HttpApi {

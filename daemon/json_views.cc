@@ -43,8 +43,17 @@ json SplitJson(const pb::GoodputSplit& s) {
           {"lost_s", Number(s.lost_s())}};
 }
 
+json CostJson(const pb::CostSplit& c) {
+  return {{"productive", Number(c.productive())},
+          {"checkpoint", Number(c.checkpoint())},
+          {"restart", Number(c.restart())},
+          {"lost", Number(c.lost())},
+          {"total", Number(c.total())}};
+}
+
 json GoodputJson(const pb::Goodput& g) {
   json out = SplitJson(g.device());
+  out["cost"] = CostJson(g.cost());
   out["goodput"] = Number(g.goodput());
   out["queue_s"] = Number(g.queue_s());
   out["recovery_s"] = Spark({g.recovery_s().begin(), g.recovery_s().end()});
@@ -92,11 +101,12 @@ json JobSummaryJson(const pb::Job& job, const std::vector<double>& loss_spark) {
 json JobDetailJson(const pb::Job& job, const std::vector<AttemptRow>& attempts,
                    const std::vector<double>& loss_spark, int64_t predicted_bytes) {
   json out = JobSummaryJson(job, loss_spark);
-  std::map<int64_t, const pb::GoodputSplit*> split_of;  // attempt number → its goodput split
-  for (const pb::Attempt& a : job.attempts()) split_of[a.number()] = &a.goodput();
+  std::map<int64_t, const pb::Attempt*> proto_of;  // attempt number → its goodput split and cost
+  for (const pb::Attempt& a : job.attempts()) proto_of[a.number()] = &a;
   json list = json::array();
   for (const AttemptRow& a : attempts) {
-    auto split = split_of.find(a.number);
+    auto found = proto_of.find(a.number);
+    const pb::Attempt& p = found == proto_of.end() ? pb::Attempt::default_instance() : *found->second;
     json ranks = json::array();
     for (size_t r = 0; r < a.ranks.size(); ++r) {
       ranks.push_back({{"rank", r}, {"worker_id", a.ranks[r].worker_id}, {"device", a.ranks[r].device}});
@@ -116,8 +126,9 @@ json JobDetailJson(const pb::Job& job, const std::vector<AttemptRow>& attempts,
         {"accumulation", a.accumulation},
         {"world", a.world},
         {"ranks", std::move(ranks)},
-        {"goodput",
-         SplitJson(split == split_of.end() ? pb::GoodputSplit::default_instance() : *split->second)},
+        {"goodput", SplitJson(p.goodput())},
+        {"price", a.price},
+        {"cost", CostJson(p.cost())},
     });
   }
   out["attempts_list"] = std::move(list);
@@ -206,6 +217,7 @@ json WorkerJson(const pb::WorkerInfo& w) {
           {"host_total_bytes", w.host_total_bytes()},
           {"host_free_bytes", w.host_free_bytes()},
           {"pool", w.pool()},
+          {"price", w.price()},
           {"goodput", SplitJson(w.goodput())},
           {"devices", std::move(devices)}};
 }
@@ -227,7 +239,13 @@ json PoolJson(const std::string& name, const Store::AttemptTotals& history, int6
             {"checkpoint_s", d.checkpoint_s},
             {"restart_s", d.restart_s},
             {"lost_s", d.lost_s},
-            {"goodput", d.goodput()}}}};
+            {"goodput", d.goodput()}}},
+          {"cost",
+           {{"productive", history.cost.productive},
+            {"checkpoint", history.cost.checkpoint},
+            {"restart", history.cost.restart},
+            {"lost", history.cost.lost},
+            {"total", history.cost.total()}}}};
 }
 
 json PoolsJson(const std::map<std::string, Store::AttemptTotals>& history,

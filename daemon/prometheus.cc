@@ -25,16 +25,41 @@ void Family(std::string* out, const std::string& name, const std::string& type, 
   *out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
 }
 
-// One sample per goodput category of `split`; `head` is the metric name and the labels before
-// category, e.g. `ftune_pool_goodput_seconds_total{pool="spot",`.
-void GoodputSamples(std::string* out, const std::string& head, const GoodputSplit& split) {
-  for (const auto& [category, seconds] :
-       std::vector<std::pair<const char*, double>>{{"productive", split.productive_s},
-                                                   {"checkpoint", split.checkpoint_s},
-                                                   {"restart", split.restart_s},
-                                                   {"lost", split.lost_s}}) {
-    *out += head + "category=\"" + category + "\"} " + Num(seconds) + "\n";
+// One sample per goodput category; `head` is the metric name and the labels before category, e.g.
+// `ftune_pool_goodput_seconds_total{pool="spot",`.
+void CategorySamples(std::string* out, const std::string& head, double productive, double checkpoint,
+                     double restart, double lost) {
+  for (const auto& [category, value] : std::vector<std::pair<const char*, double>>{
+           {"productive", productive}, {"checkpoint", checkpoint}, {"restart", restart}, {"lost", lost}}) {
+    *out += head + "category=\"" + category + "\"} " + Num(value) + "\n";
   }
+}
+void GoodputSamples(std::string* out, const std::string& head, const GoodputSplit& s) {
+  CategorySamples(out, head, s.productive_s, s.checkpoint_s, s.restart_s, s.lost_s);
+}
+
+// Money (daemon_money.cc): each pool's ended attempts' cost by category, each team's spend and budget.
+Status MoneySamples(std::string* out, Daemon& daemon,
+                    const std::map<std::string, Store::AttemptTotals>& pools) {
+  Family(out, "ftune_pool_cost_total", "counter",
+         "What the attempts ended in a worker pool cost (device-seconds at each attempt's price per "
+         "device-hour), by goodput category.");
+  for (const auto& [pool, history] : pools) {
+    const CostSplit& c = history.cost;
+    CategorySamples(out, "ftune_pool_cost_total{pool=\"" + pool + "\",", c.productive, c.checkpoint,
+                    c.restart, c.lost);
+  }
+  FT_ASSIGN_OR_RETURN(const std::vector<TeamInfo> teams, daemon.ListTeams());
+  Family(out, "ftune_team_spend", "gauge",
+         "What a team's jobs' attempts cost so far (running ones up to now).");
+  for (const TeamInfo& t : teams)
+    *out += "ftune_team_spend{team=\"" + PrometheusLabelValue(t.name) + "\"} " + Num(t.spend) + "\n";
+  Family(out, "ftune_team_budget", "gauge",
+         "A team's budget (teams with one): no new job once spend reaches it.");
+  for (const TeamInfo& t : teams)
+    if (t.budget)
+      *out += "ftune_team_budget{team=\"" + PrometheusLabelValue(t.name) + "\"} " + Num(*t.budget) + "\n";
+  return Status::OK();
 }
 
 // The newest objective metrics of each job that has not ended, one gauge sample per name.
@@ -177,6 +202,7 @@ StatusOr<std::string> RenderPrometheus(Daemon& daemon) {
   for (const auto& [pool, history] : pools) {
     GoodputSamples(&out, "ftune_pool_goodput_seconds_total{pool=\"" + pool + "\",", history.device);
   }
+  FT_RETURN_IF_ERROR(MoneySamples(&out, daemon, pools));
   FT_RETURN_IF_ERROR(ObjectiveSamples(&out, daemon));
   WebhookSamples(&out, daemon);
   out += PrometheusHistogram("ftune_checkpoint_duration_seconds", "Checkpoint write time, as committed.",

@@ -244,7 +244,17 @@ CREATE TABLE teams (
   updated_ms     INTEGER NOT NULL
 ) WITHOUT ROWID;
 )sql",
-    // 14 (after main's 13; renumbered at merge): webhooks (daemon/webhooks.h). The events table is
+    // 13: money. A worker's price per device-hour as it reported it (ft-worker --price; 0: none);
+    // an attempt's, per device-hour, fixed at its start (the mean over its ranks' workers of ftd's
+    // price for the worker's pool, else the worker's own), so its cost is its device-seconds times
+    // it; and a team's budget in the same currency (NULL: none). Also a team's cap on queued jobs (-1: none).
+    R"sql(
+ALTER TABLE workers ADD COLUMN price REAL NOT NULL DEFAULT 0;
+ALTER TABLE attempts ADD COLUMN price REAL NOT NULL DEFAULT 0;
+ALTER TABLE teams ADD COLUMN budget REAL;
+ALTER TABLE teams ADD COLUMN max_queued INTEGER NOT NULL DEFAULT -1;
+)sql",
+    // 14: webhooks (daemon/webhooks.h). The events table is
     // their outbox: each webhook's cursor is the last event seq it has considered, advanced in the
     // transaction that inserts its delivery rows, so every matching event is queued exactly once
     // across ftd restarts. A delivery row holds the JSON body as first built (the signature and
@@ -293,7 +303,7 @@ constexpr char kJobColumns[] =
 constexpr char kUserColumns[] = "name, team, role, token_id, token_salt, token_hash, created_ms";
 constexpr char kAttemptColumns[] =
     "job_id, number, epoch, worker_id, outcome, reason, started_ms, ended_ms, start_step, end_step, "
-    "steps_lost, micro_batch, accumulation, world, ranks, lost, notice_ms, pool";
+    "steps_lost, micro_batch, accumulation, world, ranks, lost, notice_ms, pool, price";
 constexpr char kCheckpointColumns[] =
     "job_id, epoch, step, dir, manifest_sha256, write_seconds, committed_ms";
 constexpr char kEventColumns[] = "seq, time_ms, job_id, worker_id, kind, message, step";
@@ -495,6 +505,7 @@ AttemptRow ReadAttempt(const Query& q) {
   a.lost = q.Int(c++) != 0;
   a.notice_ms = q.Int(c++);
   a.pool = q.Text(c++);
+  a.price = q.Real(c++);
   return a;
 }
 
@@ -938,7 +949,7 @@ Status Store::UpdateJob(const JobRow& j) {
 StatusOr<AttemptRow> Store::StartAttempt(const std::string& job_id, const std::string& worker_id,
                                          int64_t start_step, int64_t micro_batch, int64_t accumulation,
                                          int64_t world, int64_t now_ms, const std::vector<RankSlot>& ranks,
-                                         const std::string& pool) {
+                                         const std::string& pool, double price) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::string op = "start attempt of " + job_id;
   AttemptRow a{.job_id = job_id,
@@ -952,6 +963,7 @@ StatusOr<AttemptRow> Store::StartAttempt(const std::string& job_id, const std::s
                .world = world,
                .ranks = ranks.size() > 1 ? ranks : std::vector<RankSlot>{}};
   a.pool = pool;
+  a.price = price;
   FT_RETURN_IF_ERROR(Write(op, [&]() -> Status {
     FT_RETURN_IF_ERROR(RequireJob(job_id, op));
     FT_ASSIGN_OR_RETURN(
@@ -963,11 +975,11 @@ StatusOr<AttemptRow> Store::StartAttempt(const std::string& job_id, const std::s
     a.number = last.Int(0) + 1;
     a.epoch = last.Int(1) + 1;
     FT_ASSIGN_OR_RETURN(Query q, Prepare(std::string("INSERT INTO attempts (") + kAttemptColumns +
-                                             ") VALUES (" + Placeholders(18) + ")",
+                                             ") VALUES (" + Placeholders(19) + ")",
                                          op));
     q.Bind(a.job_id, a.number, a.epoch, a.worker_id, Code(a.outcome), a.reason, a.started_ms, a.ended_ms,
            a.start_step, a.end_step, a.steps_lost, a.micro_batch, a.accumulation, a.world, JoinRanks(a),
-           int64_t{a.lost ? 1 : 0}, a.notice_ms, a.pool);
+           int64_t{a.lost ? 1 : 0}, a.notice_ms, a.pool, a.price);
     return q.Run();
   }));
   return a;
@@ -1014,7 +1026,9 @@ StatusOr<std::map<std::string, Store::AttemptTotals>> Store::EndedAttemptTotals(
                            ", SUM(MAX(started_ms, CASE WHEN seen_ms > 0 AND seen_ms < ended_ms "
                            "THEN seen_ms ELSE ended_ms END) - started_ms), SUM(outcome = 3), COUNT(*), "
                            "TOTAL(productive_s), TOTAL(checkpoint_s), TOTAL(restart_s), "
-                           "TOTAL(lost_s) FROM attempts WHERE outcome != 1 GROUP BY " +
+                           "TOTAL(lost_s), TOTAL(productive_s * price), TOTAL(checkpoint_s * price), "
+                           "TOTAL(restart_s * price), TOTAL(lost_s * price) FROM attempts WHERE outcome != 1 "
+                           "GROUP BY " +
                            key,
                        "attempt totals by " + key));
   std::map<std::string, AttemptTotals> out;
@@ -1022,10 +1036,42 @@ StatusOr<std::map<std::string, Store::AttemptTotals>> Store::EndedAttemptTotals(
     bool row = false;
     FT_RETURN_IF_ERROR(q.Next(&row));
     if (!row) return out;
-    out[q.Text(0)] = AttemptTotals{.seconds = static_cast<double>(q.Int(1)) / 1000.0,
-                                   .preemptions = q.Int(2),
-                                   .attempts = q.Int(3),
-                                   .device = {q.Real(4), q.Real(5), q.Real(6), q.Real(7)}};
+    out[q.Text(0)] =
+        AttemptTotals{.seconds = static_cast<double>(q.Int(1)) / 1000.0,
+                      .preemptions = q.Int(2),
+                      .attempts = q.Int(3),
+                      .device = {q.Real(4), q.Real(5), q.Real(6), q.Real(7)},
+                      .cost = CostSplit::Priced({q.Real(8), q.Real(9), q.Real(10), q.Real(11)}, 1.0)};
+  }
+}
+
+StatusOr<std::vector<Store::UsageSpan>> Store::UsageSpans(int64_t ended_after_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  static_assert(static_cast<int>(AttemptOutcomeCode::kRunning) == 1);
+  FT_ASSIGN_OR_RETURN(Query q,
+                      Prepare("SELECT j.team, a.started_ms, CASE WHEN a.outcome = 1 THEN 0 ELSE "
+                              "a.ended_ms END, MAX(1, a.world) FROM attempts a JOIN jobs j ON j.id = "
+                              "a.job_id WHERE a.outcome = 1 OR a.ended_ms > ?",
+                              "usage spans"));
+  q.Bind(ended_after_ms);
+  return Collect(q, [](const Query& r) {
+    return UsageSpan{.team = r.Text(0), .started_ms = r.Int(1), .ended_ms = r.Int(2), .devices = r.Int(3)};
+  });
+}
+
+StatusOr<std::map<std::string, double>> Store::EndedSpendByTeam() {
+  std::lock_guard<std::mutex> lock(mu_);
+  static_assert(static_cast<int>(AttemptOutcomeCode::kRunning) == 1);
+  FT_ASSIGN_OR_RETURN(Query q, Prepare("SELECT j.team, TOTAL(MAX(0, a.ended_ms - a.started_ms) * a.world * "
+                                       "a.price) / 3600000.0 FROM attempts a JOIN jobs j ON j.id = a.job_id "
+                                       "WHERE a.outcome != 1 AND a.price > 0 GROUP BY j.team",
+                                       "spend by team"));
+  std::map<std::string, double> out;
+  for (;;) {
+    bool row = false;
+    FT_RETURN_IF_ERROR(q.Next(&row));
+    if (!row) return out;
+    out[q.Text(0)] = q.Real(1);
   }
 }
 
@@ -1090,14 +1136,17 @@ Status Store::UpsertWorker(const WorkerRow& w) {
       op,
       [&]() -> Status {
         FT_ASSIGN_OR_RETURN(
-            Query q, Prepare("INSERT INTO workers (id, hostname, version, last_seen_ms, slot_end_ms, "
-                             "alive, pool) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
-                             "hostname = excluded.hostname, version = excluded.version, "
-                             "last_seen_ms = excluded.last_seen_ms, slot_end_ms = "
-                             "excluded.slot_end_ms, alive = excluded.alive, pool = excluded.pool",
-                             op));
+            Query q,
+            Prepare(
+                "INSERT INTO workers (id, hostname, version, last_seen_ms, slot_end_ms, "
+                "alive, pool, price) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+                "hostname = excluded.hostname, version = excluded.version, "
+                "last_seen_ms = excluded.last_seen_ms, slot_end_ms = "
+                "excluded.slot_end_ms, alive = excluded.alive, pool = excluded.pool, price = excluded.price",
+                op));
         FT_RETURN_IF_ERROR(
-            q.Bind(w.id, w.hostname, w.version, w.last_seen_ms, w.slot_end_ms, int{w.alive}, w.pool).Run());
+            q.Bind(w.id, w.hostname, w.version, w.last_seen_ms, w.slot_end_ms, int{w.alive}, w.pool, w.price)
+                .Run());
         FT_ASSIGN_OR_RETURN(Query del, Prepare("DELETE FROM devices WHERE worker_id = ?", op));
         FT_RETURN_IF_ERROR(del.Bind(w.id).Run());
         for (const DeviceRow& d : w.devices) {
@@ -1168,12 +1217,13 @@ Status Store::RecordProgress(const ProgressRow& p) {
 StatusOr<std::vector<WorkerRow>> Store::ListWorkers() {
   std::lock_guard<std::mutex> lock(mu_);
   // One statement, so workers and devices come from one snapshot.
-  FT_ASSIGN_OR_RETURN(Query q,
-                      Prepare("SELECT w.id, w.hostname, w.version, w.last_seen_ms, w.slot_end_ms, "
-                              "w.alive, d.idx, d.kind, d.name, d.total_bytes, d.free_bytes, "
-                              "d.used_bytes, w.pool FROM workers w LEFT JOIN devices d ON d.worker_id = w.id "
-                              "ORDER BY w.id, d.idx",
-                              "list workers"));
+  FT_ASSIGN_OR_RETURN(
+      Query q,
+      Prepare("SELECT w.id, w.hostname, w.version, w.last_seen_ms, w.slot_end_ms, "
+              "w.alive, d.idx, d.kind, d.name, d.total_bytes, d.free_bytes, "
+              "d.used_bytes, w.pool, w.price FROM workers w LEFT JOIN devices d ON d.worker_id = w.id "
+              "ORDER BY w.id, d.idx",
+              "list workers"));
   std::vector<WorkerRow> workers;
   for (;;) {
     bool row = false;
@@ -1186,7 +1236,8 @@ StatusOr<std::vector<WorkerRow>> Store::ListWorkers() {
                                   .last_seen_ms = q.Int(3),
                                   .slot_end_ms = q.Int(4),
                                   .alive = q.Int(5) != 0,
-                                  .pool = q.Text(12)});
+                                  .pool = q.Text(12),
+                                  .price = q.Real(13)});
     }
     if (q.IsNull(6)) continue;  // a worker without devices
     workers.back().devices.push_back(DeviceRow{.index = static_cast<int32_t>(q.Int(6)),
@@ -1552,12 +1603,20 @@ Status Store::SetTeam(const TeamRow& t) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::string op = "set team " + t.name;
   return Write(op, [&]() -> Status {
-    FT_ASSIGN_OR_RETURN(Query q, Prepare("INSERT INTO teams (name, quota_devices, weight, updated_ms) VALUES "
-                                         "(?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET quota_devices = "
-                                         "excluded.quota_devices, weight = excluded.weight, updated_ms = "
-                                         "excluded.updated_ms",
-                                         op));
-    return q.Bind(t.name, t.quota_devices, t.weight, t.updated_ms).Run();
+    FT_ASSIGN_OR_RETURN(Query q,
+                        Prepare("INSERT INTO teams (name, quota_devices, weight, max_queued, budget, "
+                                "updated_ms) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
+                                "quota_devices = excluded.quota_devices, weight = excluded.weight, "
+                                "max_queued = excluded.max_queued, budget = excluded.budget, "
+                                "updated_ms = excluded.updated_ms",
+                                op));
+    q.Bind(t.name, t.quota_devices, t.weight, t.max_queued);
+    if (t.budget) {
+      q.Bind(*t.budget);
+    } else {
+      q.Bind(nullptr);
+    }
+    return q.Bind(t.updated_ms).Run();
   });
 }
 
@@ -1565,9 +1624,15 @@ StatusOr<std::vector<TeamRow>> Store::ListTeams() {
   std::lock_guard<std::mutex> lock(mu_);
   FT_ASSIGN_OR_RETURN(
       Query q,
-      Prepare("SELECT name, quota_devices, weight, updated_ms FROM teams ORDER BY name", "list teams"));
+      Prepare("SELECT name, quota_devices, weight, max_queued, budget, updated_ms FROM teams ORDER BY name",
+              "list teams"));
   return Collect(q, [](const Query& r) {
-    return TeamRow{.name = r.Text(0), .quota_devices = r.Int(1), .weight = r.Real(2), .updated_ms = r.Int(3)};
+    return TeamRow{.name = r.Text(0),
+                   .quota_devices = r.Int(1),
+                   .weight = r.Real(2),
+                   .max_queued = r.Int(3),
+                   .budget = r.IsNull(4) ? std::nullopt : std::optional<double>(r.Real(4)),
+                   .updated_ms = r.Int(5)};
   });
 }
 

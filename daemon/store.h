@@ -109,8 +109,10 @@ struct UserRow {
 // A team's share of the cluster (schema 12; daemon/fair_share.h uses it).
 struct TeamRow {
   std::string name;
-  int64_t quota_devices = -1;  // devices its jobs may run on at once (nominal quota); -1: no quota
-  double weight = 1;           // its fair-share weight
+  int64_t quota_devices = -1;    // devices its jobs may run on at once (nominal quota); -1: no quota
+  double weight = 1;             // its fair-share weight
+  int64_t max_queued = -1;       // jobs it may have queued at once; -1: no cap
+  std::optional<double> budget;  // what its jobs may cost in all (the prices' currency); nullopt: no budget
   int64_t updated_ms = 0;
 };
 
@@ -145,6 +147,8 @@ struct RankSlot {
 };
 
 // An attempt's device-seconds by goodput category (daemon/goodput.h says what each holds).
+// Money: a price per device-hour (ft-worker --price, ftd --pool-price) in one currency, whichever the
+// operator chose (the docs and ftctl say "$"). 0: not priced.
 struct GoodputSplit {
   double productive_s = 0, checkpoint_s = 0, restart_s = 0, lost_s = 0;  // device-seconds
   double total_s() const { return productive_s + checkpoint_s + restart_s + lost_s; }
@@ -155,6 +159,25 @@ struct GoodputSplit {
     checkpoint_s += o.checkpoint_s;
     restart_s += o.restart_s;
     lost_s += o.lost_s;
+  }
+};
+
+// What device time cost, split as its GoodputSplit (the same categories, in money).
+struct CostSplit {
+  double productive = 0, checkpoint = 0, restart = 0, lost = 0;
+  double total() const { return productive + checkpoint + restart + lost; }
+  double overhead() const { return checkpoint + restart; }  // checkpoints and restarts
+  // `device` (device-seconds) at `price` per device-hour.
+  static CostSplit Priced(const GoodputSplit& device, double price) {
+    const double per_s = price / 3600.0;
+    return {device.productive_s * per_s, device.checkpoint_s * per_s, device.restart_s * per_s,
+            device.lost_s * per_s};
+  }
+  void Add(const CostSplit& o) {
+    productive += o.productive;
+    checkpoint += o.checkpoint;
+    restart += o.restart;
+    lost += o.lost;
   }
 };
 
@@ -174,6 +197,13 @@ struct AttemptRow {
   bool lost = false;      // ended by ftd for a loss (lease, lost rank), not by the attempt's own report
   int64_t notice_ms = 0;  // when a cloud preemption notice reached its worker (0 = none)
   std::string pool = "default";  // the pool of its (rank 0's) worker when it started
+  double price = 0;              // per device-hour, fixed at its start (the mean over its ranks)
+  // Its device-seconds up to `now_ms` (its end once it ended): (end - start) x ranks.
+  double DeviceSeconds(int64_t now_ms) const {
+    const int64_t end = outcome == AttemptOutcomeCode::kRunning ? now_ms : ended_ms;
+    return static_cast<double>(std::max<int64_t>(0, end - started_ms)) / 1000.0 *
+           static_cast<double>(std::max<int64_t>(1, world));
+  }
   // A multi-rank attempt: where each rank runs, by rank (rank 0's worker is
   // worker_id). Empty: one rank, on worker_id.
   std::vector<RankSlot> ranks;
@@ -202,6 +232,7 @@ struct WorkerRow {
   bool alive = false;
   std::vector<DeviceRow> devices;
   std::string pool = "default";  // ft-worker --pool
+  double price = 0;              // per device-hour, as the worker reported it (ft-worker --price; 0: none)
 };
 
 struct CheckpointRow {
@@ -330,7 +361,7 @@ class Store {
   StatusOr<AttemptRow> StartAttempt(const std::string& job_id, const std::string& worker_id,
                                     int64_t start_step, int64_t micro_batch, int64_t accumulation,
                                     int64_t world, int64_t now_ms, const std::vector<RankSlot>& ranks = {},
-                                    const std::string& pool = "default");
+                                    const std::string& pool = "default", double price = 0);
   // NotFound when the job has no attempt with this epoch. `lost`: ftd ended it for a loss
   // (AttemptRow::lost); `notice_ms`: a preemption notice came first (AttemptRow::notice_ms);
   // `goodput`: its split (kept for the pool and worker totals; nullptr = not known); `seen_ms`:
@@ -351,16 +382,29 @@ class Store {
     int64_t preemptions = 0;
     int64_t attempts = 0;
     GoodputSplit device;
+    CostSplit cost;  // the same split at each attempt's price
     void Add(const AttemptTotals& o) {
       seconds += o.seconds;
       preemptions += o.preemptions;
       attempts += o.attempts;
       device.Add(o.device);
+      cost.Add(o.cost);
     }
   };
   // Grouped by the attempt's pool, or by its (rank 0's) worker.
   enum class AttemptGroup { kPool, kWorker };
   StatusOr<std::map<std::string, AttemptTotals>> EndedAttemptTotals(AttemptGroup by);
+  // The device time of the attempts that ran after `ended_after_ms` (running ones too), by the team
+  // of their job: the teams' fair-share usage is rebuilt from them when ftd starts.
+  struct UsageSpan {
+    std::string team;
+    int64_t started_ms = 0, ended_ms = 0;  // ended_ms 0: running
+    int64_t devices = 1;
+  };
+  StatusOr<std::vector<UsageSpan>> UsageSpans(int64_t ended_after_ms);
+  // What the ended attempts of each team's jobs cost (device-seconds x price), by team ('': jobs of
+  // no team).
+  StatusOr<std::map<std::string, double>> EndedSpendByTeam();
 
   // ---- checkpoints
   // Idempotent: committing the same (job, epoch, step) again replaces the row. NotFound for an unknown job.

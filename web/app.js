@@ -1,5 +1,5 @@
 // The dashboard's entry point: routes the URL hash to a page (#/jobs,
-// #/jobs/ID, #/compare?jobs=ID,ID, #/workers), disposing the previous page (its stream and timers)
+// #/jobs/ID, #/compare?jobs=ID,ID, #/workers, #/teams), disposing the previous page (its stream and timers)
 // first. window.ftune exposes the current page's charts and render timing for
 // tests and curious users: ftune.renderedMs[page] is the time (ms since
 // navigation start) at which the page first showed its data.
@@ -7,6 +7,7 @@
 import { mountCompare } from './compare.js';
 import { mountJob } from './job.js';
 import { mountJobs } from './jobs.js';
+import { mountTeams } from './teams.js';
 import { mountWorkers } from './workers.js';
 import { el } from './format.js';
 
@@ -47,10 +48,14 @@ function route() {
   } else if (parts[0] === 'workers' && parts.length === 1) {
     page = 'workers';
     dispose = mountWorkers(main, query, app);
+  } else if (parts[0] === 'teams' && parts.length === 1) {
+    page = 'teams';
+    dispose = mountTeams(main, query, app);
   } else {
     page = 'none';
     main.replaceChildren(el('p', { class: 'status error' }, `No page '${hash}'. `,
-      el('a', { href: '#/jobs' }, 'Jobs'), ' or ', el('a', { href: '#/workers' }, 'Workers'), '.'));
+      el('a', { href: '#/jobs' }, 'Jobs'), ', ', el('a', { href: '#/workers' }, 'Workers'), ' or ',
+      el('a', { href: '#/teams' }, 'Teams'), '.'));
   }
   app.page = page;
   for (const link of document.querySelectorAll('[data-nav]')) {

@@ -6,8 +6,9 @@
 // techniques' copies (whether prefetching hides them), device memory (used, the planner's prediction and the device
 // total on one chart), goodput (where the device time went, as a stacked bar,
 // and each preemption's recovery time, also drawn as a band on the loss
-// chart's timeline), the plan, attempts, the event list, the job's YAML, a
-// live log tail and a cancel button.
+// chart's timeline), the plan, who submitted it and its team (a link to the Teams page), attempts,
+// the event list (whose messages name who submitted or cancelled), the job's YAML, a live log tail
+// and a cancel button.
 //
 // Live: the stream's job/event/metric messages for this job update the stores
 // below (deduplicated, so replays and the initial load may overlap); memory
@@ -17,6 +18,7 @@
 import { ApiError, getJSON, postJSON, openStream } from './api.js';
 import { axisFormats, eventMarkers, integerIncrs, lineChart, objectiveMetric, timeChart } from './charts.js';
 import { el, setText, FINISHED, ago, bytes, clock, duration, number } from './format.js';
+import { teamHref } from './teams.js';
 
 const REDRAW_MS = 300;
 const POLL_MS = 2000;
@@ -265,7 +267,7 @@ export function mountJob(root, id, app) {
       ['predicted memory', store.predicted ? bytes(store.predicted) : 'unknown'],
       ['priority', job.priority],
       ['submitted by', job.submitted_by || '–'],
-      ['team', job.team || '–'],
+      ['team', job.team ? el('a', { href: teamHref(job.team) }, job.team) : '–'],
       ['attempts', `${job.attempts} (${job.preemptions} preempted, ${job.failures} failed)`],
       ['worker', job.worker_id || '–'],
       ['created', clock(job.created_ms)],
@@ -273,7 +275,7 @@ export function mountJob(root, id, app) {
       ['output', job.output_dir || '–'],
     ];
     ui.summary.replaceChildren(...rows.flatMap(([k, v]) =>
-      [el('dt', {}, k), el('dd', { 'data-field': k.replace(/ /g, '-') }, String(v))]));
+      [el('dt', {}, k), el('dd', { 'data-field': k.replace(/ /g, '-') }, v instanceof Node ? v : String(v))]));
     if (job.attempts_list) {
       ui.attempts.replaceChildren(...job.attempts_list.slice().reverse().map((a) =>
         el('tr', { class: `o-${a.outcome}` },
@@ -335,6 +337,7 @@ export function mountJob(root, id, app) {
     setText(view.line, total > 0
       ? `goodput ${(100 * g.goodput).toFixed(1)}% of ${seconds(total)} device time · queued ${seconds(g.queue_s)}`
       : `no device time yet · queued ${seconds(g.queue_s)}`);
+    setText(view.cost, costLine(g.cost));
     const list = recoveries();
     const sorted = list.map((r) => r.seconds).sort((a, b) => a - b);
     setText(view.recoverySummary, sorted.length
@@ -596,6 +599,7 @@ function goodputView() {
     bar: el('div', { class: 'gp-bar', id: 'goodput-bar' }),
     legend: el('ul', { class: 'gp-legend' }),
     line: el('p', { class: 'gp-line', 'data-field': 'goodput' }),
+    cost: el('p', { class: 'note', 'data-field': 'cost' }),
     recoverySummary: el('p', { class: 'note', 'data-field': 'recoveries' }),
     recoveryList: el('ul', { class: 'gp-recoveries' }),
   };
@@ -607,9 +611,17 @@ function goodputView() {
       el('span', { class: 'swatch', style: `background: ${colour}` }), `${name} `, view.values[key]));
   }
   view.panel = el('section', { class: 'panel', id: 'goodput' },
-    el('h2', {}, 'Goodput: where the device time went'), view.line, view.bar, view.legend,
+    el('h2', {}, 'Goodput: where the device time went'), view.line, view.cost, view.bar, view.legend,
     view.recoverySummary, view.recoveryList);
   return view;
+}
+
+// What the device time cost, by category (docs/OPERATIONS.md, "Money"); "" when not priced.
+function costLine(c) {
+  if (!c || !(c.total > 0)) return '';
+  const money = (x) => x.toLocaleString('en-US', { style: 'currency', currency: 'USD' });
+  return `cost ${money(c.total)}: productive ${money(c.productive)}, lost ${money(c.lost)}, ` +
+    `overhead ${money(c.checkpoint + c.restart)} (checkpoints and restarts)`;
 }
 
 // 4.25 → "4.3 s", 4523 → "4523 s (1h 15m)".

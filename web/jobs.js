@@ -1,5 +1,6 @@
 // The jobs page (#/jobs): every job with its state, progress, loss sparkline,
-// attempts, ETA, priority, worker, and who submitted it (user · team); filters by state and text; counts per
+// attempts, ETA, priority, worker, and who submitted it (user · team, a link to the team's row on
+// the Teams page); filters by state and text; counts per
 // state; a tick box per job and a Compare button that opens the ticked jobs'
 // loss curves on one chart (compare.js). Filters and ticks live in the URL. Loads the list once, then applies live `job` messages from the stream
 // to the affected rows only, at most four times a second, so it stays smooth
@@ -7,6 +8,7 @@
 
 import { getJSON, openStream } from './api.js';
 import { compareHash } from './compare.js';
+import { teamHref } from './teams.js';
 import { el, setText, STATES, duration, number, sparkline, updateSparkline } from './format.js';
 
 const FLUSH_MS = 250;
@@ -129,7 +131,11 @@ export function mountJobs(root, query, app) {
     const cells = {
       state: el('span', { class: 'badge' }),
       name: el('a', { href: `#/jobs/${job.id}`, class: 'name' }),
-      id: el('span', { class: 'id' }),
+      // "j-000042 · alice · nlp": the id (when the name shows instead), who submitted it and its
+      // team, one link to the team's row on the Teams page (one element: 1,000 rows lay out faster).
+      // A job's team never changes, so the link is set here; without a team it is plain text.
+      id: el('a', job.team ? { class: 'id owner', href: teamHref(job.team), title: `team ${job.team} on the Teams page` }
+        : { class: 'id' }),
       reason: el('div', { class: 'reason' }),
       bar: el('div', { class: 'bar-fill' }),
       steps: el('span', { class: 'steps' }),
@@ -159,9 +165,7 @@ export function mountJobs(root, query, app) {
     setText(c.state, job.state);
     c.state.className = `badge s-${job.state}`;
     setText(c.name, job.name || job.id);
-    // The owner shares the id's span (no element of its own: 1,000 rows lay out faster).
-    const owner = job.submitted_by ? `${job.submitted_by}${job.team ? ` · ${job.team}` : ''}` : '';
-    setText(c.id, [job.name ? job.id : '', owner].filter(Boolean).join(' · '));
+    setText(c.id, [job.name ? job.id : '', job.submitted_by, job.team].filter(Boolean).join(' · '));
     setText(c.reason, job.reason || '');
     const total = job.total_steps || 0;
     const pct = total ? Math.min(100, (100 * job.steps_done) / total) : 0;

@@ -115,6 +115,7 @@ StatusOr<std::unique_ptr<Attempt>> Attempt::Start(AttemptSpec spec, AttemptListe
     argv.insert(argv.end(), {"--world", std::to_string(s.world), "--rank", std::to_string(s.rank),
                              "--rendezvous", s.rendezvous});
     if (!s.dist_host.empty()) argv.insert(argv.end(), {"--dist-host", s.dist_host});
+    if (!s.dist_backend.empty()) argv.insert(argv.end(), {"--dist-backend", s.dist_backend});
   }
   FT_ASSIGN_OR_RETURN(a->child_, ChildProcess::Spawn(argv, s.env));
   FT_LOG(INFO) << "attempt " << s.job_id << " e" << s.epoch << ": ft-train pid " << a->child_->pid()

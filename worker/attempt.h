@@ -75,6 +75,7 @@ struct AttemptSpec {
   int rank = 0;
   std::string rendezvous;        // HOST:PORT rank 0 serves
   std::string dist_host;         // where the other ranks reach this one ("" = ft-train's default)
+  std::string dist_backend;      // ft-train --dist-backend: nccl between GPUs ("" = its default, gloo)
   std::vector<std::string> env;  // NAME=VALUE added to the trainer's environment
   // ft-train --allowed-root: ftd's roots (and the worker's own); empty = not confined.
   std::vector<std::string> allowed_roots;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "common/logging.h"
@@ -154,6 +155,25 @@ const std::vector<Device>& DeviceMonitor::Current(const std::vector<pid_t>& trai
   if (fresh.ok() && !fresh->empty()) devices_ = *fresh;
   if (!fresh.ok()) FT_LOG(WARN) << "device refresh: " << fresh.status().ToString();
   return devices_;
+}
+
+RankLaunch RankLaunchOn(const std::vector<Device>& devices, int device_index, const char* cuda_visible,
+                        const char* omp_threads, unsigned cores) {
+  if (!devices.empty() && devices[0].kind == DeviceKind::kCuda) {
+    std::string visible = std::to_string(device_index);
+    if (cuda_visible != nullptr && *cuda_visible != '\0') {
+      std::stringstream list(cuda_visible);
+      std::string entry;
+      for (int i = 0; std::getline(list, entry, ','); ++i) {
+        if (i == device_index) visible = entry;
+      }
+    }
+    return {{"CUDA_VISIBLE_DEVICES=" + visible}, "nccl"};
+  }
+  if (omp_threads != nullptr) return {};
+  const std::string threads =
+      std::to_string(std::max<size_t>(1, std::max(1u, cores) / std::max<size_t>(1, devices.size())));
+  return {{"OMP_NUM_THREADS=" + threads, "OPENBLAS_NUM_THREADS=" + threads}, ""};
 }
 
 }  // namespace ft::worker

@@ -58,6 +58,19 @@ StatusOr<HostMemory> ReadHostMemory();
 // no override) or a GPU query fails after GPUs were found.
 StatusOr<std::vector<Device>> DiscoverDevices(const DeviceOptions& options);
 
+// How one rank of a multi-rank attempt starts on device `device_index` of `devices`: on a GPU, its
+// CUDA_VISIBLE_DEVICES (the index counts the GPUs this worker sees: under the worker's own
+// `cuda_visible` list, that list's entry) and NCCL between the ranks (ft-train --dist-backend nccl:
+// each rank learns the NCCL id through the rendezvous rank 0 serves); on a CPU device, its share of
+// the `cores` as OpenMP/OpenBLAS threads (none set when the operator set `omp_threads` for the
+// worker: its trainers inherit that) and Gloo, ft-train's default ("").
+struct RankLaunch {
+  std::vector<std::string> env;  // NAME=VALUE added to the trainer's environment
+  std::string dist_backend;      // ft-train --dist-backend ("" = its default, gloo)
+};
+RankLaunch RankLaunchOn(const std::vector<Device>& devices, int device_index, const char* cuda_visible,
+                        const char* omp_threads, unsigned cores);
+
 // The CPU device `index` of options.cpu_devices. `trainers_resident_bytes`:
 // the running trainers' resident memory (all of them), used only with
 // cpu_memory_bytes. Errors as DiscoverDevices.

@@ -5,7 +5,7 @@
 //   ft-worker --daemon HOST:PORT [--token T] [--id ID] [--ft-train PATH] [--work-dir DIR]
 //             [--cpu-memory 8GiB] [--cpu-devices N] [--slot-end T|+20s|+5m] [--aws-metadata-url URL]
 //             [--gcp-metadata-url URL] [--notice-poll-ms N] [--stop-grace S]
-//             [--address ADDR] [--rendezvous-ports FIRST-LAST] [--pool NAME]
+//             [--address ADDR] [--rendezvous-ports FIRST-LAST] [--pool NAME] [--price USD]
 //
 // Multi-rank jobs: ftd places a job's ranks on the devices of one worker or
 // of several, and hands each rank the rendezvous its rank 0 serves on a port
@@ -38,6 +38,7 @@
 #include "common/clock.h"
 #include "common/ids.h"
 #include "common/logging.h"
+#include "common/money.h"
 #include "engine/job/planner.h"
 #include "proto/credentials.h"
 #include "worker/notices.h"
@@ -70,6 +71,7 @@ struct Flags {
   std::string address;
   std::string rendezvous_ports = "29400-29499";
   std::string pool = std::string(ft::kDefaultPool);
+  double price = 0;
   std::string slot_end;
   std::string aws_url;
   std::string gcp_url;
@@ -203,6 +205,8 @@ bool MakeOptions(const Flags& f, ft::worker::WorkerOptions* w, ft::worker::Sessi
   w->address = f.address.empty() ? w->hostname : f.address;
   if (ft::Status pool = ft::CheckPoolName(f.pool, "--pool"); !pool.ok()) return bad(pool.message());
   w->pool = f.pool;
+  if (ft::Status price = ft::CheckPrice(f.price, "--price"); !price.ok()) return bad(price.message());
+  w->price = f.price;
   {
     int first = 0, last = 0;
     char extra = 0;
@@ -248,6 +252,9 @@ void AddFlags(CLI::App* app, Flags* f) {
   app->add_option("--pool", f->pool,
                   "the pool this node belongs to (instance type, zone, spot or on-demand): ftd keeps the "
                   "mean time between preemptions and goodput per pool (default: default)");
+  app->add_option("--price", f->price,
+                  "what a device-hour on this node costs (for jobs' and teams' costs; ftd's --pool-price "
+                  "for its pool takes precedence; default 0: not priced)");
   app->add_option("--slot-end", f->slot_end, "end of this node's slot: Unix seconds, or +20s / +5m / +2h");
   app->add_option("--aws-metadata-url", f->aws_url, "poll AWS spot interruption notices at this base URL");
   app->add_option("--gcp-metadata-url", f->gcp_url, "poll GCP preemption notices at this base URL");

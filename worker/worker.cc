@@ -145,6 +145,7 @@ pb::Register Worker::MakeRegister() {
   r.set_rendezvous_port_first(options_.rendezvous_port_first);
   r.set_rendezvous_port_count(options_.rendezvous_port_count);
   r.set_pool(options_.pool);
+  r.set_price(options_.price);
   r.set_instance(instance_);
   std::lock_guard<std::mutex> lock(mu_);
   journaled_in_register_.clear();
@@ -280,7 +281,9 @@ StatusOr<AttemptSpec> Worker::PrepareAttempt(const pb::StartAttempt& s) {
     spec.rank = s.rank();
     spec.rendezvous = s.rendezvous();
     spec.dist_host = s.dist_host();
-    spec.env = RankEnvironment(s.device_index());
+    RankLaunch launch = LaunchOfRank(s.device_index());
+    spec.env = std::move(launch.env);
+    spec.dist_backend = std::move(launch.dist_backend);
   }
   FT_RETURN_IF_ERROR(WriteFileDurably(spec.job_file, s.spec_yaml()));
   // output.dir travels once, in the job's YAML (ftd resolved it to an absolute path).
@@ -290,28 +293,11 @@ StatusOr<AttemptSpec> Worker::PrepareAttempt(const pb::StartAttempt& s) {
   return spec;
 }
 
-std::vector<std::string> Worker::RankEnvironment(int device_index) {
+RankLaunch Worker::LaunchOfRank(int device_index) {
   const std::vector<pid_t> trainers = TrainerPids(Running());  // while any runs, GPUs are not re-queried
   std::lock_guard<std::mutex> lock(devices_mu_);
-  const std::vector<Device>& devices = devices_.Current(trainers);
-  if (!devices.empty() && devices[0].kind == DeviceKind::kCuda) {
-    // Device indices count the GPUs this worker sees: under its own CUDA_VISIBLE_DEVICES, that list's entry.
-    std::string visible = std::to_string(device_index);
-    if (const char* mine = std::getenv("CUDA_VISIBLE_DEVICES"); mine != nullptr && *mine != '\0') {
-      std::stringstream list(mine);
-      std::string entry;
-      for (int i = 0; std::getline(list, entry, ','); ++i) {
-        if (i == device_index) visible = entry;
-      }
-    }
-    return {"CUDA_VISIBLE_DEVICES=" + visible};
-  }
-  // CPU devices share the cores: each rank gets its share of the threads (unless the
-  // operator set OMP_NUM_THREADS for the worker: its trainers inherit that).
-  if (std::getenv("OMP_NUM_THREADS") != nullptr) return {};
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const std::string threads = std::to_string(std::max(1, cores / std::max<int>(1, devices.size())));
-  return {"OMP_NUM_THREADS=" + threads, "OPENBLAS_NUM_THREADS=" + threads};
+  return RankLaunchOn(devices_.Current(trainers), device_index, std::getenv("CUDA_VISIBLE_DEVICES"),
+                      std::getenv("OMP_NUM_THREADS"), std::thread::hardware_concurrency());
 }
 
 void Worker::HandleStart(const pb::StartAttempt& s) {

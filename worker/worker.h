@@ -72,6 +72,7 @@ struct WorkerOptions {
   int rendezvous_port_first = 0;                 // ports a rank 0 here may serve its rendezvous on
   int rendezvous_port_count = 0;                 // 0 = none: no rank 0 of a multi-rank job here
   std::string pool;                              // ft-worker --pool ("" = the default pool)
+  double price = 0;                              // ft-worker --price (per device-hour; 0 = none)
 };
 
 class Worker : public SessionDelegate, public AttemptListener {
@@ -140,11 +141,10 @@ class Worker : public SessionDelegate, public AttemptListener {
   // and waits (bounded) until they are gone, so two trainers never share an output dir.
   void SupersedeOlder(const std::string& job_id, int64_t epoch);
   StatusOr<AttemptSpec> PrepareAttempt(const ftune::v1::StartAttempt& s);
-  // The environment of one rank of a multi-rank attempt on device
-  // `device_index`: CUDA_VISIBLE_DEVICES on GPUs; on CPU devices, which share
-  // the cores, each rank's share of the threads (unless the worker's own
-  // environment sets OMP_NUM_THREADS).
-  std::vector<std::string> RankEnvironment(int device_index);
+  // How one rank of a multi-rank attempt starts on device `device_index`
+  // (RankLaunchOn, devices.h: NCCL and CUDA_VISIBLE_DEVICES on GPUs, Gloo and
+  // a share of the threads on CPU devices), under the worker's environment.
+  RankLaunch LaunchOfRank(int device_index);
   // Reports the StartAttempt `s` ended at once (PREEMPTED) with `reason`.
   void Reject(const ftune::v1::StartAttempt& s, const std::string& reason);
   // Running attempts (shared pointers, so callers need no lock).

@@ -76,6 +76,12 @@ StatusOr<std::unique_ptr<Collective>> ConnectGloo(const RendezvousSpec& spec);
 // all arrive.
 StatusOr<std::unique_ptr<Collective>> ConnectNccl(const RendezvousSpec& spec);
 
+// What ConnectNccl does before it needs a GPU: the attempt's NCCL unique id (ncclUniqueId's bytes),
+// made by rank 0 and published in the rendezvous store it serves (the one Gloo's ranks use), read
+// there by every other rank; rank 0 returns once each has read it. Unimplemented in a build without
+// NCCL (or, for world > 1, without Gloo's store); Unavailable when a rank does not arrive.
+StatusOr<std::string> ExchangeNcclUniqueId(const RendezvousSpec& spec);
+
 // InvalidArgument unless 0 <= spec.rank < spec.world.
 Status CheckRank(const RendezvousSpec& spec);
 

@@ -180,6 +180,12 @@ StatusOr<ncclUniqueId> ExchangeId(const RendezvousSpec& spec) {
 
 }  // namespace
 
+StatusOr<std::string> ExchangeNcclUniqueId(const RendezvousSpec& spec) {
+  FT_RETURN_IF_ERROR(CheckRank(spec));
+  FT_ASSIGN_OR_RETURN(ncclUniqueId id, ExchangeId(spec));
+  return std::string(reinterpret_cast<const char*>(&id), sizeof(id));
+}
+
 StatusOr<std::unique_ptr<Collective>> ConnectNccl(const RendezvousSpec& spec) {
   FT_RETURN_IF_ERROR(CheckRank(spec));
   int devices = 0;

@@ -11,6 +11,8 @@
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <filesystem>
@@ -26,6 +28,7 @@
 #include "daemon/grpc_service.h"
 #include "daemon/http_api.h"
 #include "daemon/http_server.h"
+#include "daemon/tokens_file.h"
 #include "engine/job/hf_config.h"
 #include "engine/model/model_config.h"
 #include "proto/ftune.grpc.pb.h"
@@ -337,7 +340,7 @@ TEST_F(AuthorizationTest, OnlyAnAdminSetsATeamsQuotaAndEveryIdentityReadsTheTeam
   pb::ListEventsReply events;
   ASSERT_TRUE(GrpcEvents(kClientToken, "", &events).ok());
   EXPECT_THAT(events.events().rbegin()->message(),
-              HasSubstr("team team-a: a quota of 2 devices, weight 3 by admin"));
+              HasSubstr("team team-a: a quota of 2 devices, weight 3, no queue cap, no budget by admin"));
 }
 
 TEST_F(AuthorizationTest, AnAdminCanDoEverythingOnEveryTeam) {
@@ -441,6 +444,68 @@ TEST_F(SingleTokenTest, TheClientTokenAloneIsAnAdminNamedAdminAndNoTokenIsRefuse
   EXPECT_EQ(Http(kClientToken, "POST", "/api/jobs/" + reply.job().id() + "/cancel").status, 200);
 }
 
+// ---------------------------------------------------------------- ftd --tokens-file
+
+const std::string kAliceToken = "alice-token-0123456789abcdef";
+const std::string kBobToken = "bob-token-0123456789abcdef";
+
+// Writes `text` to `path` with `mode`.
+void WriteTokens(const std::string& path, const std::string& text, mode_t mode = 0600) {
+  std::ofstream(path, std::ios::trunc) << text;
+  ASSERT_EQ(chmod(path.c_str(), mode), 0);
+}
+
+// Users from a file: a load replaces them as a whole (a removed token stops resolving), and a load
+// that fails keeps the previous ones and names the file, the line and the field; a file others may
+// read is refused.
+TEST(TokensFileTest, ALoadReplacesTheUsersAndABadFileKeepsThePreviousOnes) {
+  const std::string dir = testing_support::FreshDir("tokens-file");
+  const std::string path = dir + "/tokens";
+  TokensFile file;
+  WriteTokens(path, "# token,user,team,role\n" + kAliceToken +
+                        ",alice,nlp,member\n\nroot-token-0123456789,ops,,admin\n");
+  auto loaded1 = file.Load(path);
+  ASSERT_TRUE(loaded1.ok()) << loaded1.status().ToString();
+  ASSERT_EQ(*loaded1, 2u);
+  std::optional<Identity> alice = file.Resolve(kAliceToken);
+  ASSERT_TRUE(alice.has_value());
+  EXPECT_EQ(alice->user, "alice");
+  EXPECT_EQ(alice->team, "nlp");
+  EXPECT_EQ(alice->role, Role::kMember);
+  EXPECT_TRUE(file.Resolve("root-token-0123456789")->every_team) << "an admin of no team";
+  EXPECT_FALSE(file.Resolve(kAliceToken + "x").has_value());
+
+  const std::map<std::string, std::string> bad = {
+      {kBobToken + ",bob,nlp\n", ":1: expected token,user,team,role (4 fields), found 3"},
+      {"short,bob,nlp,member\n", ":1: token: use 16 to 256 characters"},
+      {"# x\n" + kBobToken + ",bob,nlp,owner\n", ":2: "},
+      {kBobToken + ",bob smith,nlp,member\n", ":1: user 'bob smith'"},
+      {kBobToken + ",bob,,member\n", ":1: team ''"},
+      {kBobToken + ",bob,nlp,member\n" + kAliceToken + ",bob,nlp,viewer\n", ":2: user bob appears twice"},
+      {kBobToken + ",bob,nlp,member\n" + kBobToken + ",carol,nlp,viewer\n", ":2: this token is also another"},
+  };
+  for (const auto& [text, error] : bad) {
+    WriteTokens(path, text);
+    auto refused = file.Load(path);
+    ASSERT_FALSE(refused.ok()) << text;
+    EXPECT_THAT(refused.status().message(), HasSubstr(path + error)) << text;
+    EXPECT_TRUE(file.Resolve(kAliceToken).has_value()) << "the previous users stay: " << text;
+  }
+  WriteTokens(path, kBobToken + ",bob,vision,viewer\n", 0644);
+  auto readable = file.Load(path);
+  ASSERT_FALSE(readable.ok());
+  EXPECT_THAT(readable.status().message(),
+              HasSubstr("mode 0644 lets its group or others read it: chmod 600"));
+  EXPECT_FALSE(file.Load(dir + "/missing").ok());
+
+  WriteTokens(path, kBobToken + ",bob,vision,viewer\n");
+  auto loaded2 = file.Load(path);
+  ASSERT_TRUE(loaded2.ok()) << loaded2.status().ToString();
+  ASSERT_EQ(*loaded2, 1u);
+  EXPECT_FALSE(file.Resolve(kAliceToken).has_value()) << "removed from the file: refused at once";
+  EXPECT_EQ(file.Resolve(kBobToken)->role, Role::kViewer);
+}
+
 // ---------------------------------------------------------------- ftctl admin against a real ftd
 
 // ftctl with `args` (tests/support/process.h's SpawnFtctl).
@@ -455,20 +520,25 @@ std::string PrintedToken(const std::string& log) {
   return std::regex_search(log, m, std::regex("(ftu_[0-9a-f]+_[0-9a-f]+)")) ? m[1].str() : "";
 }
 
+// The gRPC address ftd says it listens on, once it has (waiting up to 30 s); "" when it did not.
+std::string ListeningAddress(const Proc& ftd) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  std::smatch m;
+  std::string log;
+  while (!std::regex_search(log = ftd.Log(), m, std::regex("listening on (\\S+)"))) {
+    if (std::chrono::steady_clock::now() > deadline) return "";
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return m[1].str();
+}
+
 TEST(FtctlAdminTest, AddListRotateAndRemoveUsersThroughFtctl) {
   const std::string dir = testing_support::FreshDir("ftctl-admin");
   ScopedProc ftd(Spawn({FTD_BIN, "--listen", "127.0.0.1:0", "--data-dir", dir + "/data", "--http", "",
                         "--client-token", "root", "--worker-token", "w"},
                        {.log = dir + "/ftd.log", .truncate_log = true}));
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  std::smatch m;
-  std::string log;
-  while (!std::regex_search(log = ftd->Log(), m, std::regex("listening on (\\S+)")) &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_FALSE(m.empty()) << log;
-  const std::string address = m[1].str();
+  const std::string address = ListeningAddress(ftd.get());
+  ASSERT_FALSE(address.empty()) << ftd->Log();
 
   Proc add =
       Ftctl(dir, address, {"--token", "root", "admin", "user", "add", "alice", "--team", "nlp"}, "add");
@@ -547,6 +617,45 @@ TEST(FtctlAdminTest, AddListRotateAndRemoveUsersThroughFtctl) {
   EXPECT_THAT(hook_remove.Log(), HasSubstr("removed webhook " + hook_id));
   EXPECT_THAT(ftd->Log(), Not(HasSubstr(secret)));
   EXPECT_THAT(ftd->Log(), Not(HasSubstr("/T0/B0/x"))) << "a receiver's URL may be a secret";
+}
+
+// ftd --tokens-file on a real ftd: its users act as themselves; the file rewritten and SIGHUP sent,
+// a removed user's token is refused and a new one works, without a restart; a file others may read
+// stops ftd at start with the fix.
+TEST(FtctlAdminTest, ATokensFileIsReloadedOnSighup) {
+  const std::string dir = testing_support::FreshDir("tokens-sighup");
+  const std::string tokens = dir + "/tokens";
+  WriteTokens(tokens, kAliceToken + ",alice,nlp,member\n", 0644);
+  const std::vector<std::string> args = {
+      FTD_BIN, "--listen",       "127.0.0.1:0", "--data-dir",    dir + "/data", "--http",
+      "",      "--worker-token", "w",           "--tokens-file", tokens};
+  Proc readable = Spawn(args, {.log = dir + "/readable.log", .truncate_log = true});
+  EXPECT_EQ(readable.Wait(), 2);
+  EXPECT_THAT(readable.Log(), HasSubstr("chmod 600 " + tokens));
+  ASSERT_EQ(chmod(tokens.c_str(), 0600), 0);
+  ScopedProc ftd(Spawn(args, {.log = dir + "/ftd.log", .truncate_log = true}));
+  const std::string address = ListeningAddress(ftd.get());
+  ASSERT_FALSE(address.empty()) << ftd->Log();
+  const auto ls = [&](const std::string& token, const std::string& name) {
+    Proc p = Ftctl(dir, address, {"--token", token, "ls"}, name);
+    const int rc = p.Wait();  // before the log: it is complete once the process has exited
+    return std::make_pair(rc, p.Log());
+  };
+  EXPECT_EQ(ls(kAliceToken, "alice").first, 0);
+  EXPECT_EQ(ls(kBobToken, "bob-before").first, 2);
+  WriteTokens(tokens, kBobToken + ",bob,vision,viewer\n");
+  ftd->Signal(SIGHUP);
+  // The reload happens at ftd's next tick: wait for its word in the log, not for a time.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (ftd->Log().find("SIGHUP: 1 users from") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  auto [alice_rc, alice_log] = ls(kAliceToken, "alice-after");
+  EXPECT_EQ(alice_rc, 2);
+  EXPECT_THAT(alice_log, HasSubstr("UNAUTHENTICATED"));
+  EXPECT_EQ(ls(kBobToken, "bob").first, 0);
+  EXPECT_THAT(ftd->Log(), Not(HasSubstr(kBobToken))) << "tokens are never logged";
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <numbers>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -90,30 +92,37 @@ class DaemonTest : public testing::Test {
     o.allowed_roots = std::move(allowed_roots);
     if (lease_ms_ > 0) o.lease_ms = lease_ms_;
     if (min_runtime_ms_ >= 0) o.min_runtime_ms = min_runtime_ms_;
+    o.pool_prices = pool_prices_;
     o.tick_ms = tick_ms_;
     if (stall_min_ms_ >= 0) o.stall_min_ms = stall_min_ms_;
     daemon_ = std::make_unique<Daemon>(std::move(*store), &clock_, o);
   }
-  std::string Submit(int priority = 0, const std::string& extra = "", const std::string& train_extra = "",
-                     const Actor& by = {}) {
+  // The test's job, writing `out_dir`.
+  pb::SubmitRequest Request(const std::string& out_dir, int priority = 0, const std::string& extra = "",
+                            const std::string& train_extra = "") {
     pb::SubmitRequest req;
     req.set_spec_yaml(
         "name: t\nmodel: {path: model, dtype: fp32}\nadapter: {type: lora, r: 4, alpha: 8}\n"
         "data: {train: data.jsonl, format: tokens, seq_len: 64}\n"
         "train: {max_steps: 10, global_batch_size: 4" +
-        train_extra + "}\nresources: {priority: " + std::to_string(priority) +
-        "}\noutput: {dir: " + OutputDir() + "}\n" + extra);
+        train_extra + "}\nresources: {priority: " + std::to_string(priority) + "}\noutput: {dir: " + out_dir +
+        "}\n" + extra);
     req.set_spec_dir(dir_ + "/job");
-    auto r = daemon_->Submit(req, by);
+    return req;
+  }
+  std::string Submit(int priority = 0, const std::string& extra = "", const std::string& train_extra = "",
+                     const Actor& by = {}) {
+    auto r = daemon_->Submit(Request(OutputDir(), priority, extra, train_extra), by);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     return r->job().id();
   }
   void Register(const std::string& id, FakeSink* sink, int64_t memory = int64_t{8} << 30,
                 int64_t slot_end = 0, std::vector<std::pair<std::string, int64_t>> running = {},
-                std::vector<pb::AttemptExited> exited = {}, const std::string& pool = "") {
+                std::vector<pb::AttemptExited> exited = {}, const std::string& pool = "", double price = 0) {
     pb::Register reg;
     reg.set_worker_id(id);
     reg.set_pool(pool);
+    reg.set_price(price);
     reg.set_slot_end_ms(slot_end);
     pb::Device* d = reg.add_devices();
     d->set_kind("cpu");
@@ -175,11 +184,12 @@ class DaemonTest : public testing::Test {
   }
 
   std::string dir_;
-  int64_t lease_ms_ = 0;         // 0: DaemonOptions' default
-  int64_t min_runtime_ms_ = -1;  // -1: DaemonOptions' default
-  int64_t tick_ms_ = 0;          // DaemonOptions::tick_ms (0: no tick is late)
-  int64_t stall_min_ms_ = -1;    // -1: DaemonOptions' default
-  int submits_ = 0;              // jobs submitted so far (OutputDir)
+  int64_t lease_ms_ = 0;                       // 0: DaemonOptions' default
+  int64_t min_runtime_ms_ = -1;                // -1: DaemonOptions' default
+  std::map<std::string, double> pool_prices_;  // ftd --pool-price
+  int64_t tick_ms_ = 0;                        // DaemonOptions::tick_ms (0: no tick is late)
+  int submits_ = 0;                            // jobs submitted so far (OutputDir)
+  int64_t stall_min_ms_ = -1;                  // -1: DaemonOptions' default
   FakeClock clock_;
   std::unique_ptr<Daemon> daemon_;
 };
@@ -997,8 +1007,8 @@ TEST_F(DaemonTest, AnUrgentJobPreemptsTheLowestClassThroughACheckpointStopAndTak
 TEST_F(DaemonTest, ATeamBelowItsQuotaReclaimsTheDeviceAnotherTeamBorrowed) {
   min_runtime_ms_ = 0;
   Reopen();
-  ASSERT_TRUE(daemon_->SetTeam({"admin", ""}, "vision", 1, std::nullopt).ok());
-  ASSERT_TRUE(daemon_->SetTeam({"admin", ""}, "nlp", 1, std::nullopt).ok());
+  ASSERT_TRUE(daemon_->SetTeam({"admin", ""}, "vision", {.quota_devices = 1}).ok());
+  ASSERT_TRUE(daemon_->SetTeam({"admin", ""}, "nlp", {.quota_devices = 1}).ok());
   FakeSink w1, w2;
   Register("w1", &w1);
   Register("w2", &w2);
@@ -1030,6 +1040,111 @@ TEST_F(DaemonTest, ATeamBelowItsQuotaReclaimsTheDeviceAnotherTeamBorrowed) {
   daemon_->Tick();
   EXPECT_EQ(victim_worker.Last(pb::DaemonCommand::kStart)->start().job_id(), mine);
   EXPECT_EQ(Job(victim).state(), pb::QUEUED);
+}
+
+// Money (issue #44): an attempt is priced when it starts at its worker's price per device-hour
+// (ftd's --pool-price for the worker's pool over the worker's own --price); a job's cost is its
+// attempts' device-seconds at those prices, split like its goodput; a team's spend is its jobs'
+// (running ones up to now) and comes back from SQLite after a restart. Once the spend reaches the
+// team's budget its users' submits are refused, naming the spend, the budget and the fix; another
+// team is not affected, and a raised budget admits them again.
+TEST_F(DaemonTest, AttemptsArePricedWhenTheyStartAndATeamPastItsBudgetCannotSubmit) {
+  pool_prices_ = {{"ondemand", 3.0}};
+  Reopen();
+  const Actor nina{"nina", "nlp"}, victor{"victor", "vision"};
+  ASSERT_TRUE(daemon_->SetTeam({"admin", ""}, "nlp", {.budget = 2.0}).ok());
+  const std::string a = Submit(0, "", "", nina);
+  const std::string b = Submit(0, "", "", nina);
+  FakeSink w1, w2;
+  Register("w1", &w1, int64_t{8} << 30, 0, {}, {}, "spot", 1.5);      // its own price
+  Register("w2", &w2, int64_t{8} << 30, 0, {}, {}, "ondemand", 1.0);  // the pool's price wins
+  daemon_->Tick();
+  ASSERT_EQ(w1.Count(pb::DaemonCommand::kStart) + w2.Count(pb::DaemonCommand::kStart), 2);
+  const std::string on_w1 = w1.Last(pb::DaemonCommand::kStart)->start().job_id();
+  const std::string on_w2 = on_w1 == a ? b : a;
+  const auto pass = [&](int64_t ms) {
+    clock_.Advance(ms);
+    Heartbeat("w1", &w1, on_w1, 1, 0);
+    Heartbeat("w2", &w2, on_w2, 1, 0);
+  };
+  pass(1'200'000);  // 20 minutes: $0.50 on w1, $1.00 on w2
+  EXPECT_DOUBLE_EQ(Job(on_w1).attempts(0).price(), 1.5);
+  EXPECT_DOUBLE_EQ(Job(on_w2).attempts(0).price(), 3.0);
+  EXPECT_NEAR(Job(on_w1).goodput().cost().total(), 0.5, 1e-9);
+  EXPECT_NEAR(Job(on_w2).goodput().cost().total(), 1.0, 1e-9);
+  EXPECT_NEAR(Job(on_w2).goodput().cost().restart(), 1.0, 1e-9) << "no step yet: all of it starting";
+  const auto nlp_team = [&]() {
+    auto teams = daemon_->ListTeams();
+    EXPECT_TRUE(teams.ok()) << teams.status().ToString();
+    for (const TeamInfo& t : *teams)
+      if (t.name == "nlp") return t;
+    return TeamInfo{};
+  };
+  EXPECT_NEAR(nlp_team().spend, 1.5, 1e-9);
+  EXPECT_EQ(nlp_team().budget, std::optional<double>(2.0));
+  Submit(0, "", "", nina);  // $1.50 of $2.00: admitted
+  pass(600'000);            // 10 minutes more: $2.25
+  const pb::SubmitRequest req = Request("out-budget");
+  auto refused = daemon_->Submit(req, nina);
+  ASSERT_TRUE(refused.status().code() == Status::Code::kFailedPrecondition) << refused.status().ToString();
+  EXPECT_THAT(refused.status().message(), HasSubstr("team nlp has spent $2.25 of its budget of $2.00"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("ftctl admin team set nlp --budget"));
+  Submit(0, "", "", victor);  // vision has no budget
+  Exit("w1", &w1, on_w1, 1, pb::ATTEMPT_FINISHED, 10);
+  Exit("w2", &w2, on_w2, 1, pb::ATTEMPT_FINISHED, 10);
+  EXPECT_NEAR(daemon_->attempt_history()["spot"].cost.total(), 0.75, 1e-9) << "the pool's cost";
+  Reopen();  // ftd restarts: the ended attempts' costs come from the attempts table
+  EXPECT_NEAR(nlp_team().spend, 2.25, 1e-9);
+  EXPECT_NEAR(Job(on_w1).goodput().cost().total(), 0.75, 1e-9);
+  EXPECT_NEAR(Job(on_w2).goodput().cost().total(), 1.5, 1e-9);
+  EXPECT_TRUE(daemon_->Submit(req, nina).status().code() == Status::Code::kFailedPrecondition)
+      << "still past the budget";
+  ASSERT_TRUE(daemon_->SetTeam({"admin", ""}, "nlp", {.budget = 5.0}).ok());
+  EXPECT_TRUE(daemon_->Submit(req, nina).ok()) << "the raised budget admits it";
+}
+
+// A team's cap on queued jobs (ftctl admin team set --max-queued): a submit past it is refused with
+// the cap and the fix, other teams are not affected, and a queued job that ends makes room.
+TEST_F(DaemonTest, ATeamsCapOnQueuedJobsRefusesTheSubmitPastIt) {
+  const Actor nina{"nina", "nlp"}, victor{"victor", "vision"};
+  ASSERT_TRUE(daemon_->SetTeam({"admin", ""}, "nlp", {.max_queued = 2}).ok());
+  const std::string first = Submit(0, "", "", nina);
+  Submit(0, "", "", nina);
+  const pb::SubmitRequest req = Request("out-capped");
+  auto refused = daemon_->Submit(req, nina);
+  ASSERT_TRUE(refused.status().code() == Status::Code::kFailedPrecondition) << refused.status().ToString();
+  EXPECT_THAT(refused.status().message(), HasSubstr("team nlp has 2 jobs queued, its cap"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("--max-queued"));
+  Submit(0, "", "", victor);
+  ASSERT_TRUE(daemon_->Cancel(first, nina).ok());
+  EXPECT_TRUE(daemon_->Submit(req, nina).ok()) << "the cancelled job made room";
+}
+
+// The teams' fair-share usage survives a restart of ftd: it is rebuilt from the attempts' spans in
+// SQLite (each device-second decayed since), so a team that used the cluster is not treated as new.
+TEST_F(DaemonTest, TeamUsageIsRebuiltFromTheAttemptsWhenFtdRestarts) {
+  const Actor nina{"nina", "nlp"};
+  const std::string id = Submit(0, "", "", nina);
+  FakeSink w;
+  Register("w", &w);
+  daemon_->Tick();
+  ASSERT_EQ(w.Count(pb::DaemonCommand::kStart), 1);
+  clock_.Advance(1'800'000);
+  Heartbeat("w", &w, id, 1, 0);
+  Exit("w", &w, id, 1, pb::ATTEMPT_FINISHED, 10);
+  clock_.Advance(600'000);
+  const auto usage = [&]() {
+    auto teams = daemon_->ListTeams();
+    EXPECT_TRUE(teams.ok());
+    for (const TeamInfo& t : *teams)
+      if (t.name == "nlp") return t.usage_device_seconds;
+    return -1.0;
+  };
+  const double before = usage();
+  // 1,800 device-seconds with a 1 h half life, read 10 minutes after they ended.
+  EXPECT_NEAR(before, 3600 / std::numbers::ln2 * (1 - std::exp2(-0.5)) * std::exp2(-1.0 / 6), 1e-6);
+  Reopen();
+  EXPECT_NEAR(usage(), before, 1e-6 * before);
 }
 
 TEST_F(DaemonTest, RestartReattachesRunningAttemptsWithoutDuplicates) {

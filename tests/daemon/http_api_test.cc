@@ -1218,16 +1218,28 @@ TEST_F(HttpApiTest, PrometheusMetricsPassPromtool) {
   Reply m = Get("/metrics");
   ASSERT_EQ(m.status, 200);
   EXPECT_THAT(m.headers["Content-Type"], HasSubstr("version=0.0.4"));
-  for (const char* line :
-       {"ftune_jobs{state=\"running\"} 1", "ftune_jobs{state=\"queued\"} 1", "ftune_attempts_total 1",
-        "ftune_preemptions_total 0", "ftune_failures_total 0", "ftune_workers{state=\"alive\"} 1",
-        "ftune_workers{state=\"lost\"} 0",
-        "ftune_device_memory_bytes{worker=\"w1\",device=\"0\",kind=\"used\"} 3221225472",
-        "ftune_device_memory_bytes{worker=\"w1\",device=\"0\",kind=\"total\"} 8589934592",
-        "# TYPE ftune_checkpoint_duration_seconds histogram", "# TYPE ftune_recovery_seconds histogram",
-        "# TYPE ftune_goodput_seconds_total counter", "ftune_goodput_seconds_total{category=\"lost\"} 0",
-        "ftune_pool_mtbf_seconds{pool=\"default\"} 3600", "ftune_scheduler_tick_seconds_count 1",
-        "# TYPE ftune_worker_message_seconds histogram", "# TYPE ftune_job_objective_metric gauge"}) {
+  for (const char* line : {"ftune_jobs{state=\"running\"} 1",
+                           "ftune_jobs{state=\"queued\"} 1",
+                           "ftune_attempts_total 1",
+                           "ftune_preemptions_total 0",
+                           "ftune_failures_total 0",
+                           "ftune_workers{state=\"alive\"} 1",
+                           "ftune_workers{state=\"lost\"} 0",
+                           "ftune_device_memory_bytes{worker=\"w1\",device=\"0\",kind=\"used\"} 3221225472",
+                           "ftune_device_memory_bytes{worker=\"w1\",device=\"0\",kind=\"total\"} 8589934592",
+                           "# TYPE ftune_checkpoint_duration_seconds histogram",
+                           "# TYPE ftune_recovery_seconds histogram",
+                           "# TYPE ftune_goodput_seconds_total counter",
+                           "ftune_goodput_seconds_total{category=\"lost\"} 0",
+                           "ftune_pool_mtbf_seconds{pool=\"default\"} 3600",
+                           "ftune_scheduler_tick_seconds_count 1",
+                           "# TYPE ftune_worker_message_seconds histogram",
+                           "# TYPE ftune_job_objective_metric gauge",
+                           "# TYPE ftune_pool_cost_total counter",
+                           "ftune_pool_cost_total{pool=\"default\",category=\"lost\"} 0",
+                           "# TYPE ftune_team_spend gauge",
+                           "ftune_team_spend{team=\"\"} 0",
+                           "# TYPE ftune_team_budget gauge"}) {
     EXPECT_THAT(m.body, HasSubstr(line));
   }
   // The running DPO job's newest step, one gauge per name (a NaN as NaN); the dropped names nowhere.

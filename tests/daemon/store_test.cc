@@ -702,7 +702,7 @@ TEST_F(StoreTest, CloseAndReopenKeepsEverything) {
   ASSERT_OK(store_->AddMetrics({MetricRow{.job_id = a.id, .epoch = 1, .step = 1, .loss = 2.5}}));
 
   Reopen();
-  EXPECT_EQ(store_->schema_version(), 13);
+  EXPECT_EQ(store_->schema_version(), 14);
   ASSERT_OK_AND_ASSIGN(auto jobs, store_->ListJobs({}));
   EXPECT_EQ(Ids(jobs), (std::vector<std::string>{a.id, b.id}));
   ASSERT_OK_AND_ASSIGN(JobRow got_b, store_->GetJob(b.id));
@@ -1087,18 +1087,18 @@ TEST_F(StoreTest, VersionZeroDatabaseIsMigratedToTheLatest) {
   {
     auto store = OpenStore(old_path);
     ASSERT_NE(store, nullptr);
-    EXPECT_EQ(store->schema_version(), 13);
+    EXPECT_EQ(store->schema_version(), 14);
     ASSERT_OK_AND_ASSIGN(JobRow j, store->CreateJob(NewJob("x"), nullptr));
     EXPECT_EQ(j.id, "j-000001");
   }
-  EXPECT_EQ(RawPragma(old_path, "user_version"), "13");
+  EXPECT_EQ(RawPragma(old_path, "user_version"), "14");
   EXPECT_EQ(RawPragma(old_path, "journal_mode"), "wal");
   EXPECT_EQ(RawPragma(old_path, "integrity_check"), "ok");
 
   // Reopening at the latest version runs no migration (it would fail: tables exist).
   auto again = OpenStore(old_path);
   ASSERT_NE(again, nullptr);
-  EXPECT_EQ(again->schema_version(), 13);
+  EXPECT_EQ(again->schema_version(), 14);
   again.reset();
 
   // A database from a newer ftd is refused, naming the path.
@@ -1275,6 +1275,50 @@ TEST_F(StoreTest, ATeamsQuotaAndWeightAreReplacedInPlaceAndSurviveAReopen) {
   EXPECT_EQ(teams[1].quota_devices, 8);
   EXPECT_DOUBLE_EQ(teams[1].weight, 0.5);
   EXPECT_EQ(teams[1].updated_ms, 3);
+}
+
+// Money and team limits (schema 13): an attempt keeps its price, a worker the price it reported, a
+// team its cap on queued jobs and its budget (or none); EndedSpendByTeam sums the ended attempts'
+// device-seconds (world x wall) at their prices by their job's team, and EndedAttemptTotals the
+// same split by category; UsageSpans lists the attempts that ran after a time, running ones too.
+TEST_F(StoreTest, PricesBudgetsAndUsageSpansSurviveAReopen) {
+  JobRow nlp_job = NewJob("a");
+  nlp_job.team = "nlp";
+  ASSERT_OK_AND_ASSIGN(JobRow a, store_->CreateJob(nlp_job, nullptr));
+  ASSERT_OK_AND_ASSIGN(AttemptRow a1, store_->StartAttempt(a.id, "w1", 0, 1, 1, 2, 1'000,
+                                                           {{"w1", 0}, {"w2", 0}}, "spot", 3.6));
+  EXPECT_DOUBLE_EQ(a1.price, 3.6);
+  const GoodputSplit split{.productive_s = 10, .checkpoint_s = 2, .restart_s = 4, .lost_s = 4};
+  ASSERT_OK(store_->EndAttempt(a.id, a1.epoch, AttemptOutcomeCode::kPreempted, "x", 5, 0, 11'000, false, 0,
+                               &split));  // 10 s x 2 ranks x $3.60/h = $0.02
+  ASSERT_OK_AND_ASSIGN(AttemptRow a2, store_->StartAttempt(a.id, "w1", 5, 1, 1, 1, 20'000, {}, "spot", 7.2));
+  ASSERT_OK(store_->UpsertWorker(WorkerRow{.id = "w1", .pool = "spot", .price = 1.25}));
+  ASSERT_OK(store_->SetTeam(TeamRow{.name = "nlp", .max_queued = 5, .budget = 100, .updated_ms = 1}));
+  ASSERT_OK(store_->SetTeam(TeamRow{.name = "vision", .updated_ms = 1}));
+  Reopen();
+  ASSERT_OK_AND_ASSIGN(auto attempts, store_->ListAttempts(a.id));
+  EXPECT_DOUBLE_EQ(attempts[0].price, 3.6);
+  EXPECT_DOUBLE_EQ(attempts[1].price, 7.2);
+  ASSERT_OK_AND_ASSIGN(auto workers, store_->ListWorkers());
+  EXPECT_DOUBLE_EQ(workers[0].price, 1.25);
+  ASSERT_OK_AND_ASSIGN(auto teams, store_->ListTeams());
+  EXPECT_EQ(teams[0].max_queued, 5);
+  EXPECT_EQ(teams[0].budget, std::optional<double>(100));
+  EXPECT_EQ(teams[1].max_queued, -1);
+  EXPECT_FALSE(teams[1].budget.has_value());
+  ASSERT_OK_AND_ASSIGN(auto spend, store_->EndedSpendByTeam());
+  EXPECT_NEAR(spend["nlp"], 0.02, 1e-12) << "the running attempt is not in it";
+  ASSERT_OK_AND_ASSIGN(auto by_pool, store_->EndedAttemptTotals(Store::AttemptGroup::kPool));
+  EXPECT_NEAR(by_pool["spot"].cost.productive, 0.01, 1e-12);
+  EXPECT_NEAR(by_pool["spot"].cost.total(), 0.02, 1e-12);
+  ASSERT_OK_AND_ASSIGN(auto spans, store_->UsageSpans(5'000));
+  ASSERT_EQ(spans.size(), 2u);
+  EXPECT_EQ(spans[0].team, "nlp");
+  EXPECT_EQ(spans[0].devices + spans[1].devices, 3);
+  ASSERT_OK_AND_ASSIGN(auto recent, store_->UsageSpans(15'000));
+  ASSERT_EQ(recent.size(), 1u) << "only the running one ran after 15 s";
+  EXPECT_EQ(recent[0].ended_ms, 0);
+  EXPECT_EQ(recent[0].started_ms, 20'000);
 }
 
 // Webhooks' outbox (schema 14): a new webhook starts at the newest event; a delivery is queued

@@ -211,8 +211,20 @@ output: {dir: out-${name}}
   }
 
   ftctl(...args) {
-    const argv = ['--addr', this.address, ...(this.token ? ['--token', this.token] : []), ...args];
+    return this.ftctlAs(this.token, ...args);
+  }
+
+  // ftctl with another token, e.g. a user's from `ftctl admin user add` (see addUser).
+  ftctlAs(token, ...args) {
+    const argv = ['--addr', this.address, ...(token ? ['--token', token] : []), ...args];
     return execFileSync(this.bins.ftctl, argv, { encoding: 'utf8' }).trim();
+  }
+
+  // Adds a user with the client token (an admin's); returns the user's token.
+  addUser(name, team, role = 'member') {
+    const reply = JSON.parse(this.ftctl('--json', 'admin', 'user', 'add', name, '--team', team, '--role', role));
+    if (!reply.token) throw new Error(`ftctl admin user add ${name} printed no token: ${JSON.stringify(reply)}`);
+    return reply.token;
   }
 
   // GET a JSON resource from ftd's HTTP API (the test's own view of the truth).

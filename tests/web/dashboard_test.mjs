@@ -13,9 +13,14 @@
 //      the job ends cancelled,
 //   7. the goodput panel (issue #31) shows the device time split as a stacked
 //      bar whose seconds are /api/jobs/ID's goodput, live while running and
-//      exactly once the job ended, and the kill's recovery on the timeline,
+//      exactly once the job ended, and the kill's recovery on the timeline; and
+//      its cost (issue #44: the workers' --price) as /api/jobs/ID's goodput.cost,
 //   8. the workers page's Pool panel (issue #31) counts the kill's preemption
-//      and shows the mean time between preemptions M that /api/workers reports.
+//      and shows the mean time between preemptions M that /api/workers reports,
+//   9. the Teams page (issue #44): a team's quota and weight set with ftctl while the page is open,
+//      then a member's two jobs (one running, one queued), appear live as /api/teams reports them,
+//      with the activity naming who acted; the jobs list links the job's team to its row, and the
+//      job page shows the submitter, the team and the "submitted by" event.
 // Screenshots of every stage are written under --out and their paths printed.
 //
 //   node dashboard_test.mjs --ftd BIN --worker BIN --ftctl BIN --train BIN
@@ -44,8 +49,8 @@ async function main() {
   await cluster.startDaemon();
   console.log(`ftd: gRPC ${cluster.address}, dashboard ${cluster.url}`);
   const pools = { w1: 'spot-a', w2: 'spot-b' };  // a pool each: M and goodput are kept per pool
-  cluster.startWorker('w1', ['--pool', pools.w1]);
-  cluster.startWorker('w2', ['--pool', pools.w2]);
+  cluster.startWorker('w1', ['--pool', pools.w1, '--price', '360']);  // $360 a device-hour (10 cents a second): the job's cost
+  cluster.startWorker('w2', ['--pool', pools.w2, '--price', '360']);
   const id = cluster.ftctl('submit', cluster.writeJob('web', { steps: 20000, every_steps: 200, eval_every: 25, mixture: true,
     train_extra: 'optimizer: paged_adamw, activation_checkpointing: offload' })).split(/\s/)[0];
   check(/^j-\d+$/.test(id), `ftctl submitted job ${id}`);
@@ -216,6 +221,11 @@ async function main() {
   check(shown.line.includes(`goodput ${(100 * apiFinal.goodput).toFixed(1)}%`),
     `the panel says "${shown.line}" (API goodput ${apiFinal.goodput.toFixed(4)}, queued ${apiFinal.queue_s} s)`);
   check(/^1 recovery .*p50 .*max /.test(shown.recoveries), `the panel sums up the recoveries: "${shown.recoveries}"`);
+  const usd = (x) => x.toLocaleString('en-US', { style: 'currency', currency: 'USD' });
+  check(apiFinal.cost.total > 0 && Math.abs(apiFinal.cost.total - (deviceTotal * 360) / 3600) < 1e-9 &&
+    shown.cost.startsWith(`cost ${usd(apiFinal.cost.total)}: productive ${usd(apiFinal.cost.productive)}, ` +
+      `lost ${usd(apiFinal.cost.lost)}`),
+  `the panel shows the job's cost, its device time at $360 a device-hour: "${shown.cost}"`);
   await test.shotOf(page, '#goodput', '6-goodput-panel');
 
   // The workers page: both workers, the killed one greyed out as lost.
@@ -275,7 +285,112 @@ async function main() {
   check(/prior: no preemption yet/.test(otherMtbf), `the ${pools[other]} row keeps the prior M ("${otherMtbf}")`);
   await test.shotOf(page, '#pool', '7-pool-panel');
 
+  const teamsStart = Date.now();
+  await teamsStage(page);
+  console.log(`the Teams stage took ${((Date.now() - teamsStart) / 1000).toFixed(1)} s`);
+
   check(pageErrors.length === 0, `no JavaScript errors in the page${pageErrors.length ? `: ${pageErrors.join('; ')}` : ''}`);
+}
+
+// 9. The Teams page. The one live worker is idle (the first job ended), so a team with a quota of
+// one device runs one of its two jobs and queues the other.
+async function teamsStage(page) {
+  const alice = cluster.addUser('alice', 'nlp');
+  await page.goto(`${cluster.url}#/teams`);
+  await page.waitForSelector('body[data-rendered="teams"]', { timeout: 15000 });
+  await page.waitForSelector('#live.up', { timeout: 15000 });  // the stream is open: no event is missed
+  await page.evaluate(() => {
+    window.__teamsDocument = true;
+  });
+  cluster.ftctl('admin', 'team', 'set', 'nlp', '--quota', '1', '--weight', '2');
+  const jobs = ['nlp-a', 'nlp-b'].map((name) =>
+    cluster.ftctlAs(alice, 'submit', cluster.writeJob(name, { steps: 20000, every_steps: 1000 })).split(/\s/)[0]);
+  // Every team /api/teams lists has its row, showing what the API says, once nlp runs one job and
+  // queues the other (the admin's first job, of no team, has its usage too).
+  const { teams, rows } = await cluster.waitFor('the Teams page to show every team as /api/teams does', async () => {
+    const listed = (await cluster.api('api/teams')).teams;
+    const nlp = listed.find((t) => t.name === 'nlp');
+    if (!nlp || nlp.running_devices !== 1 || nlp.queued_jobs !== 1) return null;
+    const shown = await page.evaluate(readTeamRows);
+    return shown.length === listed.length && listed.every((t, i) => rowShows(shown[i], t)) ?
+      { teams: listed, rows: shown } : null;
+  }, 30000);
+  const api = teams.find((t) => t.name === 'nlp');
+  check(api.quota_devices === 1 && api.weight === 2 && api.borrowed_devices === 0,
+    `/api/teams: nlp has quota ${api.quota_devices}, weight ${api.weight}, ${api.running_devices} device running ` +
+    `(${api.borrowed_devices} borrowed), ${api.queued_jobs} job queued, fair share ${api.fair_share}`);
+  teams.forEach((t, i) => {
+    const row = rows[i];
+    check(true, `the ${row.team} row shows quota ${row.quota}, weight ${row.weight}, share ${row.share} (the bar's ` +
+      `tick at ${row.tick}%), running ${row.running}, queued ${row.queued}, spend "${row.spend}"`);
+    // The page's usage is from its own read: a running device adds a second each second until the next one (5 s).
+    const slack = t.running_devices * 6 + 0.01 * t.usage_device_seconds;
+    check(Math.abs(row.seconds - t.usage_device_seconds) <= slack &&
+      Math.abs(parseFloat(row.usage) - row.seconds / 3600) <= 0.005 * (row.seconds / 3600),
+    `the ${row.team} row's usage is ${row.usage} device-hours (${row.seconds.toFixed(1)} device-s; API ` +
+      `${t.usage_device_seconds.toFixed(1)})`);
+  });
+  check(await page.evaluate(() => window.__teamsDocument === true), 'the Teams page updated without a reload');
+  const activity = await test.pageWaitFor(page, 'the activity to name the admin and alice',
+    () => [...document.querySelectorAll('#activity tr')].map((tr) => tr.textContent),
+    (a) => a.some((t) => t.includes('team nlp: a quota of 1 devices, weight 2, no queue cap, no budget by admin')) &&
+      a.filter((t) => t.includes('submitted by alice (team nlp)')).length === 2, 15000);
+  check(true, `the activity lists ${activity.length} events naming who acted`);
+  await shot(page, '8-teams');
+
+  // The jobs list: the submitter beside the id, the team a link to its row on the Teams page.
+  await page.goto(`${cluster.url}#/jobs`);
+  const jobRow = `tr[data-job-id="${jobs[0]}"]`;
+  await page.waitForSelector(`${jobRow} a.id[href]`, { timeout: 15000 });
+  const owner = await page.textContent(`${jobRow} .id`);
+  check(owner === `${jobs[0]} · alice · nlp`, `the jobs list names the submitter and team ("${owner}")`);
+  await page.click(`${jobRow} a.id[href]`);
+  await page.waitForSelector('body[data-rendered="teams"] tr.picked[data-team="nlp"]', { timeout: 15000 });
+  check(true, "the job's team links to its row on the Teams page");
+
+  // The job page: submitter and team, and the event that names the submitter.
+  await page.goto(`${cluster.url}#/jobs/${jobs[0]}`);
+  const summary = await test.pageWaitFor(page, 'the job page to show its submitter, team and events', () => ({
+    by: document.querySelector('[data-field="submitted-by"]')?.textContent,
+    team: document.querySelector('[data-field="team"] a')?.getAttribute('href'),
+    events: [...document.querySelectorAll('#main tr.k-queued')].map((tr) => tr.lastElementChild.textContent),
+  }), (x) => x.by === 'alice' && x.team && x.events.length > 0, 15000);
+  check(summary.team === '#/teams?team=nlp', `the job page shows submitted by ${summary.by}, team ${summary.team}`);
+  check(summary.events.some((t) => t.includes('submitted by alice (team nlp)')),
+    `the job's event list names the submitter ("${summary.events[0]}")`);
+}
+
+// The Teams page's rows, in order, as text (run in the page).
+function readTeamRows() {
+  return [...document.querySelectorAll('tr[data-team]')].map((row) => {
+    const f = (field) => row.querySelector(`[data-field="${field}"]`);
+    const text = (field) => f(field).textContent;
+    return {
+      name: row.dataset.team, team: text('team'), quota: text('quota'), weight: text('weight'), share: text('share'),
+      usage: text('usage'), seconds: Number(f('usage').dataset.seconds), running: text('running'),
+      queued: text('queued'), spend: text('spend'),
+      tick: parseFloat(row.querySelector('.share-tick').style.left),  // a percentage
+    };
+  });
+}
+
+// Whether a row shows team t of /api/teams (its usage apart, and a running team's spend but for its
+// form: they move between reads).
+function rowShows(row, t) {
+  const money = (x) => x.toLocaleString('en-US', { style: 'currency', currency: 'USD' });
+  const budget = Number.isFinite(t.budget) ? ` of ${money(t.budget)} budget` : '';
+  const spend = !Number.isFinite(t.spend) ? '—' : `${money(t.spend)}${budget}`;
+  if (row && spend !== '—' && t.running_devices > 0) {
+    if (!/^\$[\d,]+\.\d\d/.test(row.spend) || !row.spend.endsWith(budget)) return false;
+    row = { ...row, spend };
+  }
+  const want = {
+    name: t.name, team: t.name || '(no team)', quota: t.quota_devices < 0 ? 'none' : `${t.quota_devices}`,
+    weight: `${t.weight}`, share: `${(100 * t.fair_share).toFixed(1)}%`, tick: round1(100 * t.fair_share),
+    running: `${t.running_devices}${t.borrowed_devices ? ` (${t.borrowed_devices} borrowed)` : ''}`,
+    queued: `${t.queued_jobs}${t.max_queued >= 0 ? ` of ${t.max_queued}` : ''}`, spend,
+  };
+  return row && Object.keys(want).every((k) => row[k] === want[k]);
 }
 
 function round1(x) {
@@ -292,6 +407,7 @@ function readGoodputPanel() {
     legend: of('#goodput .gp-legend li', (n) => Number(n.querySelector('.num').dataset.seconds)),
     line: document.querySelector('#goodput [data-field="goodput"]').textContent,
     recoveries: document.querySelector('#goodput [data-field="recoveries"]').textContent,
+    cost: document.querySelector('#goodput [data-field="cost"]').textContent,
   };
 }
 

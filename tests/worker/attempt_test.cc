@@ -269,6 +269,34 @@ TEST_F(AttemptTest, AbortReportsPreemptedWithTheReason) {
   EXPECT_GE(r.exit_.step, 1);
 }
 
+// One rank of a multi-rank attempt is started with its world, rank, rendezvous, address and the
+// backend its worker chose (--dist-backend nccl on GPUs), and the environment of its device.
+TEST_F(AttemptTest, ARankIsStartedWithItsRendezvousAndBackend) {
+  const std::string script = root_ + "/args-trainer.sh", args = root_ + "/args.txt";
+  std::ofstream(script) << "#!/bin/sh\necho \"$@\" CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES > " << args
+                        << ".tmp\nmv " << args << ".tmp " << args << "\nexit 3\n";
+  fs::permissions(script, fs::perms::owner_all);
+  AttemptSpec spec = Job("ranked", 20);
+  spec.ft_train = script;
+  spec.world = 2;
+  spec.rank = 1;
+  spec.rendezvous = "10.0.0.1:29400";
+  spec.dist_host = "10.0.0.2";
+  spec.dist_backend = "nccl";
+  spec.env = {"CUDA_VISIBLE_DEVICES=6"};
+  Recorder r;
+  auto attempt = Attempt::Start(spec, &r);
+  ASSERT_TRUE(attempt.ok()) << attempt.status().ToString();
+  ASSERT_TRUE(r.WaitForExit(std::chrono::seconds(30))) << r.log_;
+  std::string line;
+  std::getline(std::ifstream(args), line);
+  EXPECT_NE(
+      line.find("--world 2 --rank 1 --rendezvous 10.0.0.1:29400 --dist-host 10.0.0.2 --dist-backend nccl"),
+      std::string::npos)
+      << line;
+  EXPECT_NE(line.find("CUDA_VISIBLE_DEVICES=6"), std::string::npos) << line;
+}
+
 // A "trainer" that ignores SIGTERM and the control channel and has a child of
 // its own (a grandchild of the worker) that would keep the output pipe open:
 // the stop's deadline passes, then kill_grace_s, then the whole process group

@@ -98,6 +98,25 @@ int64_t TreeBytes(pid_t pid) {
   return bytes.ok() ? *bytes : -1;
 }
 
+// A rank of a multi-rank attempt on a GPU talks NCCL and sees its GPU alone (the worker's own
+// CUDA_VISIBLE_DEVICES list mapped); on CPU devices it talks Gloo and gets its share of the cores,
+// unless the operator set OMP_NUM_THREADS for the worker.
+TEST(DevicesTest, ARankOnAGpuTalksNcclAndSeesItsGpuAloneOnACpuGlooAndItsShareOfTheCores) {
+  const std::vector<Device> gpus = {{.index = 0, .kind = DeviceKind::kCuda},
+                                    {.index = 1, .kind = DeviceKind::kCuda}};
+  RankLaunch on_gpu = RankLaunchOn(gpus, 1, nullptr, nullptr, 16);
+  EXPECT_EQ(on_gpu.dist_backend, "nccl");
+  EXPECT_EQ(on_gpu.env, std::vector<std::string>{"CUDA_VISIBLE_DEVICES=1"});
+  EXPECT_EQ(RankLaunchOn(gpus, 1, "4,6", nullptr, 16).env,
+            std::vector<std::string>{"CUDA_VISIBLE_DEVICES=6"});
+  const std::vector<Device> cpus = {{.index = 0}, {.index = 1}, {.index = 2}, {.index = 3}};
+  RankLaunch on_cpu = RankLaunchOn(cpus, 2, nullptr, nullptr, 16);
+  EXPECT_EQ(on_cpu.dist_backend, "") << "ft-train's default: gloo";
+  EXPECT_EQ(on_cpu.env, (std::vector<std::string>{"OMP_NUM_THREADS=4", "OPENBLAS_NUM_THREADS=4"}));
+  EXPECT_TRUE(RankLaunchOn(cpus, 2, nullptr, "3", 16).env.empty())
+      << "the operator's OMP_NUM_THREADS is inherited";
+}
+
 TEST(DevicesTest, CpuDeviceWithOverriddenMemory) {
   DeviceOptions options;
   options.cpu_memory_bytes = int64_t{8} << 30;
