@@ -117,6 +117,15 @@ StatusOr<pb::Team> JobsClient::SetTeam(const pb::SetTeamRequest& req) {
 StatusOr<pb::ListTeamsReply> JobsClient::ListTeams() {
   FT_UNARY_(ListTeams, pb::ListTeamsRequest, pb::ListTeamsReply, (void)0);
 }
+StatusOr<pb::AddWebhookReply> JobsClient::AddWebhook(const pb::AddWebhookRequest& req) {
+  FT_UNARY_(AddWebhook, pb::AddWebhookRequest, pb::AddWebhookReply, req_ = req);
+}
+StatusOr<pb::Webhook> JobsClient::RemoveWebhook(const std::string& id) {
+  FT_UNARY_(RemoveWebhook, pb::RemoveWebhookRequest, pb::Webhook, req_.set_id(id));
+}
+StatusOr<pb::ListWebhooksReply> JobsClient::ListWebhooks() {
+  FT_UNARY_(ListWebhooks, pb::ListWebhooksRequest, pb::ListWebhooksReply, (void)0);
+}
 #undef FT_UNARY_
 
 Status JobsClient::Watch(const std::string& job_id, int64_t after_seq,

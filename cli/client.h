@@ -58,6 +58,10 @@ class JobsClient {
   // any identity.
   StatusOr<ftune::v1::Team> SetTeam(const ftune::v1::SetTeamRequest& req);
   StatusOr<ftune::v1::ListTeamsReply> ListTeams();
+  // Webhooks, admin only. AddWebhook's reply holds the signing secret, which ftd never shows again.
+  StatusOr<ftune::v1::AddWebhookReply> AddWebhook(const ftune::v1::AddWebhookRequest& req);
+  StatusOr<ftune::v1::Webhook> RemoveWebhook(const std::string& id);
+  StatusOr<ftune::v1::ListWebhooksReply> ListWebhooks();
 
  private:
   void Prepare(grpc::ClientContext* ctx, bool deadline = true) const;

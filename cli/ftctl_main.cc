@@ -5,6 +5,7 @@
 //   ftd + one local worker, state under the data dir
 //   ftctl admin user add NAME --team T [--role member|viewer|admin] | remove NAME | token NAME | ls
 //   ftctl admin team set NAME [--quota N] [--weight W] [--max-queued N] [--budget AMOUNT|none] | ls
+//   ftctl admin webhook add URL --events K,K [--team T | --user U] [--secret S] | ls | remove ID
 //   (an admin's token: users in teams, docs/OPERATIONS.md)
 //
 // Address and token: --addr/--token, else FTUNE_ADDR/FTUNE_TOKEN, else
@@ -524,6 +525,82 @@ int Admin(ft::JobsClient& client, const AdminArgs& a, bool json) {
   return kOk;
 }
 
+// ftctl admin webhook add URL --events K,K [--team T | --user U] [--secret S] | ls | remove ID (admin only).
+struct WebhookArgs {
+  CLI::App* add = nullptr;
+  CLI::App* ls = nullptr;
+  CLI::App* remove = nullptr;
+  std::string url, team, user, secret, id;
+  std::vector<std::string> events;
+  bool parsed() const { return add->parsed() || ls->parsed() || remove->parsed(); }
+};
+
+void AddWebhookCommands(CLI::App& admin, WebhookArgs* w) {
+  auto* hook = admin.add_subcommand("webhook", "where ftd posts job events a person needs (signed JSON)");
+  hook->require_subcommand(1);
+  w->add = hook->add_subcommand("add", "add a webhook; prints its id and, when ftd made it, its secret once");
+  w->add->add_option("url", w->url, "http:// or https:// URL the events are posted to")->required();
+  w->add->add_option("--events", w->events, "comma-separated: succeeded,failed,preempted,cancelled,stalled")
+      ->required()
+      ->delimiter(',');
+  w->add->add_option("--team", w->team, "only this team's jobs (default: every job)");
+  w->add->add_option("--user", w->user, "only the jobs this user submits");
+  w->add->add_option("--secret", w->secret,
+                     "the signing key (16-256 characters; default: ftd makes one and prints it once)");
+  w->ls = hook->add_subcommand("ls", "list webhooks and their pending deliveries (never their secrets)");
+  w->remove = hook->add_subcommand("remove", "remove a webhook; its pending deliveries are dropped");
+  w->remove->add_option("id", w->id)->required();
+}
+
+int PrintWebhookAdded(const ft::StatusOr<pb::AddWebhookReply>& r, bool secret_given, bool json) {
+  if (!r.ok()) return Fail(r.status());
+  if (json) {
+    std::printf("%s\n", Json(*r).c_str());
+    return kOk;
+  }
+  std::printf("webhook %s added\n", Safe(r->webhook().id()).c_str());
+  if (!secret_given) {
+    std::printf("its signing secret (shown once; receivers check X-Ftune-Signature with it):\n%s\n",
+                r->secret().c_str());
+  }
+  return kOk;
+}
+
+int Webhooks(ft::JobsClient& client, const WebhookArgs& w, bool json) {
+  if (w.add->parsed()) {
+    pb::AddWebhookRequest req;
+    req.set_url(w.url);
+    for (const std::string& kind : w.events) req.add_events(kind);
+    req.set_team(w.team);
+    req.set_user(w.user);
+    req.set_secret(w.secret);
+    return PrintWebhookAdded(client.AddWebhook(req), !w.secret.empty(), json);
+  }
+  if (w.remove->parsed()) {
+    auto r = client.RemoveWebhook(w.id);
+    if (!r.ok()) return Fail(r.status());
+    std::printf("removed webhook %s\n", Safe(r->id()).c_str());
+    return kOk;
+  }
+  auto r = client.ListWebhooks();
+  if (!r.ok()) return Fail(r.status());
+  if (json) {
+    std::printf("%s\n", Json(*r).c_str());
+    return kOk;
+  }
+  std::printf("%-12s %-36s %-16s %7s  %s\n", "ID", "EVENTS", "SCOPE", "PENDING", "URL");
+  for (const pb::Webhook& h : r->webhooks()) {
+    std::string events;
+    for (const std::string& e : h.events()) events += (events.empty() ? "" : ",") + e;
+    const std::string scope = !h.team().empty()   ? "team " + h.team()
+                              : !h.user().empty() ? "user " + h.user()
+                                                  : "every job";
+    std::printf("%-12s %-36s %-16s %7lld  %s\n", Safe(h.id()).c_str(), Safe(events).c_str(),
+                Safe(scope).c_str(), static_cast<long long>(h.pending_deliveries()), Safe(h.url()).c_str());
+  }
+  return kOk;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -572,6 +649,8 @@ int main(int argc, char** argv) {
   up->add_option("--cpu-memory", cpu_memory, "memory the local worker offers");
   AdminArgs admin;
   AddAdminCommands(app, &admin);
+  WebhookArgs webhook;
+  AddWebhookCommands(*app.get_subcommand("admin"), &webhook);
   CLI11_PARSE(app, argc, argv);
 
   if (*up) return ft::RunEmbedded({data_dir, listen, http, cpu_memory});
@@ -596,6 +675,7 @@ int main(int argc, char** argv) {
   if (*workers) return Workers(client, json);
   if (*events) return Events(client, id, json);
   if (admin.team_set->parsed() || admin.team_ls->parsed()) return Teams(client, admin, json);
+  if (webhook.parsed()) return Webhooks(client, webhook, json);
   if (admin.add->parsed() || admin.remove->parsed() || admin.token->parsed() || admin.ls->parsed()) {
     return Admin(client, admin, json);
   }

@@ -22,7 +22,7 @@ struct ActionRule {
   const char* why;  // said when the role is not enough
 };
 
-constexpr std::array<ActionRule, 8> kRules = {{
+constexpr std::array<ActionRule, 9> kRules = {{
     {Action::kSubmit, "submit", Role::kMember, false, "viewers may only read"},
     {Action::kReadJob, "read", Role::kViewer, true, ""},
     {Action::kCancel, "cancel", Role::kMember, true, "viewers may only read"},
@@ -32,6 +32,7 @@ constexpr std::array<ActionRule, 8> kRules = {{
     {Action::kReadTeams, "read the teams of", Role::kViewer, false, ""},
     {Action::kManageTeams, "set the quotas and weights of the teams of", Role::kAdmin, false,
      "only admins set quotas and weights"},
+    {Action::kManageWebhooks, "manage the webhooks of", Role::kAdmin, false, "only admins manage webhooks"},
 }};
 
 const ActionRule& RuleOf(Action action) {

@@ -53,6 +53,8 @@ enum class Action {
   kManageUsers,  // add, remove, rotate the token of, list users
   kReadTeams,    // the teams' quotas, weights and usage
   kManageTeams,  // set a team's quota and weight
+  // Add, remove and list webhooks (their URLs may hold the receivers' secrets).
+  kManageWebhooks,
 };
 const char* ActionName(Action action);
 

@@ -896,6 +896,7 @@ void Daemon::Tick() {
       ExpireLeases();
       ExpireGangs();
       StopForSlotEnds();
+      CheckStalls();
       ScheduleQueued();
     }
     ReleaseAndPublish(lock);

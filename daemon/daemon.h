@@ -82,6 +82,7 @@
 #include "daemon/output_dirs.h"
 #include "daemon/scheduler.h"
 #include "daemon/store.h"
+#include "daemon/webhooks.h"
 #include "proto/ftune.pb.h"
 
 namespace ft {
@@ -98,6 +99,11 @@ struct DaemonOptions {
   // price its workers report (ft-worker --price). Every attempt's cost, and so every job's, team's
   // and pool's, is its device-seconds at the price in effect when it started (common/money.h).
   std::map<std::string, double> pool_prices;
+  // Stalls (daemon_stalls.cc): a running job whose newest step is older than stall_factor times
+  // its measured step interval, and at least stall_min_ms, is evented `stalled` once (ftd
+  // --stall-factor, --stall-min-ms).
+  double stall_factor = 10;
+  int64_t stall_min_ms = 300'000;
   int64_t checkpoint_margin_ms = 5'000;  // slot end: stop at end − (1.5 × checkpoint time + margin)
   int64_t requeue_backoff_ms = 1'000;    // after a preemption; doubled per failure
   std::string data_dir;                  // logs/<job>.log live here
@@ -258,6 +264,22 @@ class Daemon {
   Status SetTeam(const Actor& by, const std::string& name, const TeamChange& change);
   // Every team with a policy, usage, or a queued or running job, by name.
   StatusOr<std::vector<TeamInfo>> ListTeams();
+
+  // ---- webhooks (daemon_webhooks.cc, daemon/webhooks.h; the caller checks that `by` may manage
+  // them; daemon/webhook_sender.h delivers)
+  // Adds `hook` (its url, events, team or user, and secret: "" = a random one); returns it as
+  // stored, with its id and secret (shown once). A webhook_added event names `by`.
+  // InvalidArgument naming the field for a bad URL, kind, team or user, or both a team and a user.
+  StatusOr<WebhookRow> AddWebhook(const Actor& by, WebhookRow hook);
+  // NotFound for an unknown id. Its pending deliveries go; a webhook_removed event names `by`.
+  Status RemoveWebhook(const Actor& by, const std::string& id);
+  // Every webhook, secrets blanked, and *pending (may be null): its deliveries not yet made.
+  StatusOr<std::vector<WebhookRow>> ListWebhooks(std::map<std::string, int64_t>* pending = nullptr);
+  // An event of `job_id` ("" = none) from outside the daemon (a webhook delivery given up):
+  // stored and published like the daemon's own.
+  void RecordEvent(const std::string& job_id, const std::string& kind, const std::string& message,
+                   int64_t step);
+  WebhookCounters& webhook_counters() { return webhook_counters_; }
   // DATA_DIR/logs/<job_id>.log; InvalidArgument (common/ids.h) for a malformed
   // id, so no caller can make it name a file elsewhere.
   StatusOr<std::string> LogPath(const std::string& job_id) const;
@@ -673,6 +695,23 @@ class Daemon {
   // When the previous tick started and ended (monotonic; 0 before the first): CreditTickLateness.
   std::atomic<int64_t> last_tick_start_mono_{0}, last_tick_end_mono_{0};
   std::set<std::string> log_write_failing_;  // GUARDED_BY(mu_) jobs whose last log append failed
+
+  // Stalls (daemon_stalls.cc): each running job's step progress as its heartbeats report it.
+  struct StallWatch {
+    int64_t epoch = 0;
+    int64_t first_step = -1, first_mono = 0;  // the attempt's first step seen, and when
+    int64_t last_step = -1, last_mono = 0;    // its newest step, and when it was first seen
+    bool stalled = false;                     // evented; again only after a step
+  };
+  std::map<std::string, StallWatch> stall_watch_;    // GUARDED_BY(mu_) running job id →
+  std::map<std::string, int64_t> step_interval_ms_;  // GUARDED_BY(mu_) job id → its last measured ms per step
+  // A heartbeat's progress of the current attempt (job, epoch): its step and when it advanced.
+  void WatchProgress(const std::string& job_id, int64_t epoch, int64_t step);
+  // The tick's check: events `stalled` for each running job past its bound (see DaemonOptions).
+  void CheckStalls();
+  // The job's expected ms per step: this attempt's so far, else its previous attempt's; 0: unknown.
+  int64_t StepIntervalMs(const std::string& job_id, const StallWatch& w) const;
+  WebhookCounters webhook_counters_;
 
   // Group commit: concurrent submits are written in one transaction (one
   // fsync) by whichever is first in the queue (LevelDB's writer queue).

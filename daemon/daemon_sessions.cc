@@ -392,6 +392,7 @@ void Daemon::OnHeartbeat(const std::string& worker_id, Session& s, const pb::Hea
     Check(store_->RecordProgress({p.job_id(), p.epoch(), p.step(), p.total_steps(), p.loss(),
                                   p.tokens_per_s(), clock_->WallMs()}),
           "progress");
+    WatchProgress(p.job_id(), p.epoch(), p.step());
   }
   ArmQuiet(s, hb);
 }

@@ -41,6 +41,7 @@
 #include "daemon/http_api.h"
 #include "daemon/http_server.h"
 #include "daemon/tokens_file.h"
+#include "daemon/webhook_sender.h"
 #include "proto/credentials.h"
 
 namespace {
@@ -76,7 +77,31 @@ struct Flags {
   ft::HttpServerOptions http_limits;     // its deadlines and connection caps (the --http-* flags)
   bool allow_tokenless_workers = false;
   ft::ServerTls tls;
+  ft::WebhookSenderOptions webhooks;
 };
+
+// Webhooks (daemon/webhook_sender.h) and stalls (daemon_stalls.cc).
+void AddWebhookFlags(CLI::App& app, Flags& f) {
+  app.add_option("--stall-factor", f.options.stall_factor,
+                 "a running job with no step for this many times its measured step interval is `stalled` "
+                 "(default 10)");
+  app.add_option("--stall-min-ms", f.options.stall_min_ms,
+                 "and at least this long (default 300000: checkpoints and evaluations are not stalls)");
+  app.add_option("--public-url", f.webhooks.dashboard_url,
+                 "the dashboard's address as people reach it: webhook bodies link each job's page there");
+  app.add_option("--webhook-timeout-ms", f.webhooks.timeout_ms,
+                 "one webhook request, from resolving its host to the answer (default 10000)");
+  app.add_option("--webhook-backoff-ms", f.webhooks.backoff_ms,
+                 "a failed delivery is retried after this, doubled per failure (default 1000)");
+  app.add_option("--webhook-max-backoff-ms", f.webhooks.max_backoff_ms, "up to this (default 600000)");
+  app.add_option("--webhook-max-attempts", f.webhooks.max_attempts,
+                 "a delivery is given up after this many attempts: an event and a counter (default 15)");
+  app.add_option("--webhook-poll-ms", f.webhooks.poll_ms,
+                 "how often new events are read for webhooks (default 500)");
+  app.add_option(
+      "--webhook-ca", f.webhooks.ca_file,
+      "PEM CA bundle https:// webhook receivers are checked against (default: the system's CA store)");
+}
 
 void AddFlags(CLI::App& app, Flags& f) {
   f.auth.client_token = std::getenv("FTUNE_TOKEN") ? std::getenv("FTUNE_TOKEN") : "";
@@ -337,6 +362,7 @@ int main(int argc, char** argv) {
   CLI::App app{"ftd: ftune's control daemon"};
   Flags f;
   AddFlags(app, f);
+  AddWebhookFlags(app, f);
   CLI11_PARSE(app, argc, argv);
   auto level = ft::log::ParseLevel(f.log_level);
   if (!level.ok()) {
@@ -382,6 +408,16 @@ int main(int argc, char** argv) {
   if (int rc = StartGrpc(f, &daemon, &grpc_side); rc != 0) return rc;
   HttpSide http_side;
   if (int rc = StartHttp(f, argv[0], &daemon, &http_side); rc != 0) return rc;
+  ft::WebhookSender webhooks(
+      &daemon.store(), &clock, f.webhooks,
+      [&daemon](const std::string& job, const std::string& kind, const std::string& message, int64_t step) {
+        daemon.RecordEvent(job, kind, message, step);
+      },
+      &daemon.webhook_counters());
+  if (ft::Status s = webhooks.Start(); !s.ok()) {
+    std::fprintf(stderr, "ftd: %s\n", s.ToString().c_str());
+    return 2;
+  }
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
   std::signal(SIGHUP, OnHangup);
@@ -393,6 +429,7 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_until(start + std::chrono::milliseconds(f.tick_ms));
   }
   FT_LOG(INFO) << "ftd: shutting down";
+  webhooks.Stop();  // deliveries in flight are made again after a restart
   if (http_side.server) http_side.server->Stop();
   grpc_side.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;

@@ -1,5 +1,6 @@
 #include "daemon/grpc_service.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -529,6 +530,54 @@ class JobsService : public pb::Jobs::CallbackService {
       return out;
     });
   }
+  grpc::ServerUnaryReactor* AddWebhook(grpc::CallbackServerContext* ctx, const pb::AddWebhookRequest* req,
+                                       pb::AddWebhookReply* reply) override {
+    return Unary(
+        ctx, reply,
+        [&](Call& call) -> StatusOr<pb::AddWebhookReply> {
+          FT_RETURN_IF_ERROR(call.Check(Action::kManageWebhooks));
+          std::string events;
+          for (const std::string& e : req->events()) events += (events.empty() ? "" : ",") + e;
+          FT_ASSIGN_OR_RETURN(WebhookRow hook,
+                              daemon_->AddWebhook(call.actor(), WebhookRow{.url = req->url(),
+                                                                           .events = events,
+                                                                           .team = req->team(),
+                                                                           .user = req->user(),
+                                                                           .secret = req->secret()}));
+          pb::AddWebhookReply out;
+          out.set_secret(hook.secret);
+          *out.mutable_webhook() = ToProtoWebhook(hook, 0);
+          return out;
+        },
+        true);
+  }
+  grpc::ServerUnaryReactor* RemoveWebhook(grpc::CallbackServerContext* ctx,
+                                          const pb::RemoveWebhookRequest* req, pb::Webhook* reply) override {
+    return Unary(
+        ctx, reply,
+        [&](Call& call) -> StatusOr<pb::Webhook> {
+          FT_RETURN_IF_ERROR(call.Check(Action::kManageWebhooks));
+          FT_ASSIGN_OR_RETURN(std::vector<WebhookRow> hooks, daemon_->ListWebhooks());
+          for (const WebhookRow& h : hooks) {
+            if (h.id != req->id()) continue;
+            FT_RETURN_IF_ERROR(daemon_->RemoveWebhook(call.actor(), h.id));
+            return ToProtoWebhook(h, 0);
+          }
+          return Status::NotFound("no webhook " + req->id() + " (ftctl admin webhook ls lists them)");
+        },
+        true);
+  }
+  grpc::ServerUnaryReactor* ListWebhooks(grpc::CallbackServerContext* ctx, const pb::ListWebhooksRequest*,
+                                         pb::ListWebhooksReply* reply) override {
+    return Unary(ctx, reply, [&](Call& call) -> StatusOr<pb::ListWebhooksReply> {
+      FT_RETURN_IF_ERROR(call.Check(Action::kManageWebhooks));
+      std::map<std::string, int64_t> pending;
+      FT_ASSIGN_OR_RETURN(std::vector<WebhookRow> hooks, daemon_->ListWebhooks(&pending));
+      pb::ListWebhooksReply out;
+      for (const WebhookRow& h : hooks) *out.add_webhooks() = ToProtoWebhook(h, pending[h.id]);
+      return out;
+    });
+  }
   grpc::ServerWriteReactor<pb::JobUpdate>* Watch(grpc::CallbackServerContext* ctx,
                                                  const pb::WatchRequest* req) override {
     std::optional<Identity> who = authenticator_.Resolve(BearerToken(ctx));
@@ -578,6 +627,18 @@ class JobsService : public pb::Jobs::CallbackService {
     out.set_max_queued(t.max_queued);
     out.set_spend(t.spend);
     if (t.budget) out.set_budget(*t.budget);
+    return out;
+  }
+  static pb::Webhook ToProtoWebhook(const WebhookRow& h, int64_t pending) {
+    pb::Webhook out;
+    out.set_id(h.id);
+    out.set_url(h.url);
+    for (const std::string& kind : SplitWebhookKinds(h.events)) out.add_events(kind);
+    out.set_team(h.team);
+    out.set_user(h.user);
+    out.set_created_by(h.created_by);
+    out.set_created_ms(h.created_ms);
+    out.set_pending_deliveries(pending);
     return out;
   }
   static pb::User ToProtoUser(const UserInfo& u) {

@@ -123,6 +123,21 @@ std::string PrometheusHistogram(const std::string& name, const std::string& help
   return out;
 }
 
+namespace {
+
+// ftune_webhook_deliveries_total{result} (daemon/webhook_sender.h).
+void WebhookSamples(std::string* out, Daemon& daemon) {
+  const WebhookCounters& c = daemon.webhook_counters();
+  Family(out, "ftune_webhook_deliveries_total", "counter",
+         "Webhook delivery attempts since ftd started: delivered (2xx), failed (retried or given up), and "
+         "deliveries given up after the last attempt (each also an event on the job).");
+  *out += "ftune_webhook_deliveries_total{result=\"delivered\"} " + std::to_string(c.delivered.load()) + "\n";
+  *out += "ftune_webhook_deliveries_total{result=\"failed\"} " + std::to_string(c.failed.load()) + "\n";
+  *out += "ftune_webhook_deliveries_total{result=\"given_up\"} " + std::to_string(c.given_up.load()) + "\n";
+}
+
+}  // namespace
+
 StatusOr<std::string> RenderPrometheus(Daemon& daemon) {
   FT_ASSIGN_OR_RETURN(StoreTotals totals, daemon.store().Totals());
   FT_ASSIGN_OR_RETURN(pb::ListWorkersReply workers, daemon.ListWorkers());
@@ -189,6 +204,7 @@ StatusOr<std::string> RenderPrometheus(Daemon& daemon) {
   }
   FT_RETURN_IF_ERROR(MoneySamples(&out, daemon, pools));
   FT_RETURN_IF_ERROR(ObjectiveSamples(&out, daemon));
+  WebhookSamples(&out, daemon);
   out += PrometheusHistogram("ftune_checkpoint_duration_seconds", "Checkpoint write time, as committed.",
                              daemon.checkpoint_seconds(), 0.01, 1000);
   out += PrometheusHistogram("ftune_recovery_seconds",

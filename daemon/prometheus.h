@@ -7,6 +7,7 @@
 //   ftune_device_memory_bytes{worker,device,kind="used"|"total"}  gauge, from the newest heartbeat
 //   ftune_daemon_errors_total{what}              counter, per DaemonError (daemon/daemon.h)
 //   ftune_daemon_stall_seconds_total             counter, ftd's stalls credited to the leases
+//   ftune_webhook_deliveries_total{result}       counter, webhook attempts delivered | failed, and given_up
 //   ftune_job_objective_metric{job,name}         gauge, the newest step's objective metrics (DPO's
 //                                                rewards) of each job that has not ended
 //   ftune_checkpoint_duration_seconds, ftune_recovery_seconds,

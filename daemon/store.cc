@@ -254,6 +254,34 @@ ALTER TABLE attempts ADD COLUMN price REAL NOT NULL DEFAULT 0;
 ALTER TABLE teams ADD COLUMN budget REAL;
 ALTER TABLE teams ADD COLUMN max_queued INTEGER NOT NULL DEFAULT -1;
 )sql",
+    // 14: webhooks (daemon/webhooks.h). The events table is
+    // their outbox: each webhook's cursor is the last event seq it has considered, advanced in the
+    // transaction that inserts its delivery rows, so every matching event is queued exactly once
+    // across ftd restarts. A delivery row holds the JSON body as first built (the signature and
+    // the receiver's dedup id cover it unchanged across retries) until it is delivered or given up.
+    R"sql(
+CREATE TABLE webhooks (
+  id          TEXT PRIMARY KEY,   -- 'wh-' + 8 random hex characters
+  url         TEXT NOT NULL,
+  events      TEXT NOT NULL,      -- the subscribed kinds, comma-separated
+  team        TEXT NOT NULL,      -- '' = any team
+  user        TEXT NOT NULL,      -- '' = any submitter
+  secret      TEXT NOT NULL,      -- the HMAC-SHA256 key of its signature header
+  created_by  TEXT NOT NULL,
+  created_ms  INTEGER NOT NULL,
+  cursor      INTEGER NOT NULL    -- events with seq <= cursor are queued or were not subscribed
+) WITHOUT ROWID;
+CREATE TABLE webhook_deliveries (
+  webhook_id  TEXT NOT NULL,
+  event_seq   INTEGER NOT NULL,
+  body        TEXT NOT NULL,
+  attempts    INTEGER NOT NULL,   -- made so far
+  next_ms     INTEGER NOT NULL,   -- wall clock: when it is due
+  last_error  TEXT NOT NULL,
+  PRIMARY KEY (webhook_id, event_seq)
+) WITHOUT ROWID;
+CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_ms);
+)sql",
 };
 
 constexpr int kLatestVersion = static_cast<int>(std::size(kMigrations));
@@ -1772,6 +1800,153 @@ Status Store::ReopenAfterReplacedFiles() {
   }
   wal_saved_ = false;
   return sticky_;  // OK, or Init's refusal of a read-only directory (then Recover as for any other)
+}
+
+// ---- webhooks
+
+namespace {
+
+constexpr char kWebhookColumns[] = "id, url, events, team, user, secret, created_by, created_ms, cursor";
+constexpr char kDeliveryColumns[] = "webhook_id, event_seq, body, attempts, next_ms, last_error";
+
+WebhookRow ReadWebhook(const Query& q) {
+  return WebhookRow{.id = q.Text(0),
+                    .url = q.Text(1),
+                    .events = q.Text(2),
+                    .team = q.Text(3),
+                    .user = q.Text(4),
+                    .secret = q.Text(5),
+                    .created_by = q.Text(6),
+                    .created_ms = q.Int(7),
+                    .cursor = q.Int(8)};
+}
+
+WebhookDeliveryRow ReadDelivery(const Query& q) {
+  return WebhookDeliveryRow{.webhook_id = q.Text(0),
+                            .event_seq = q.Int(1),
+                            .body = q.Text(2),
+                            .attempts = q.Int(3),
+                            .next_ms = q.Int(4),
+                            .last_error = q.Text(5)};
+}
+
+}  // namespace
+
+StatusOr<WebhookRow> Store::AddWebhook(WebhookRow w) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string op = "add webhook " + w.id;
+  FT_RETURN_IF_ERROR(Write(op, [&]() -> Status {
+    FT_ASSIGN_OR_RETURN(std::string newest, QueryText("SELECT COALESCE(MAX(seq), 0) FROM events", op));
+    w.cursor = std::stoll(newest.empty() ? "0" : newest);
+    FT_ASSIGN_OR_RETURN(Query q, Prepare(std::string("INSERT OR IGNORE INTO webhooks (") + kWebhookColumns +
+                                             ") VALUES (" + Placeholders(9) + ")",
+                                         op));
+    FT_RETURN_IF_ERROR(
+        q.Bind(w.id, w.url, w.events, w.team, w.user, w.secret, w.created_by, w.created_ms, w.cursor).Run());
+    return q.Changes() == 1 ? Status::OK() : Status::FailedPrecondition("webhook " + w.id + " exists");
+  }));
+  return w;
+}
+
+Status Store::RemoveWebhook(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string op = "remove webhook " + id;
+  return Write(op, [&]() -> Status {
+    FT_ASSIGN_OR_RETURN(Query q, Prepare("DELETE FROM webhooks WHERE id = ?", op));
+    FT_RETURN_IF_ERROR(q.Bind(id).Run());
+    if (q.Changes() != 1)
+      return Status::NotFound("no webhook " + id + " (ftctl admin webhook ls lists them)");
+    FT_ASSIGN_OR_RETURN(Query d, Prepare("DELETE FROM webhook_deliveries WHERE webhook_id = ?", op));
+    return d.Bind(id).Run();
+  });
+}
+
+StatusOr<std::vector<WebhookRow>> Store::ListWebhooks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  FT_ASSIGN_OR_RETURN(
+      Query q,
+      Prepare(std::string("SELECT ") + kWebhookColumns + " FROM webhooks ORDER BY id", "list webhooks"));
+  return Collect(q, ReadWebhook);
+}
+
+Status Store::QueueWebhookDeliveries(const std::vector<WebhookDeliveryRow>& rows,
+                                     const std::map<std::string, int64_t>& cursors) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string op = "queue " + std::to_string(rows.size()) + " webhook deliveries";
+  return Write(
+      op,
+      [&]() -> Status {
+        for (const WebhookDeliveryRow& d : rows) {
+          FT_ASSIGN_OR_RETURN(
+              Query q, Prepare(std::string("INSERT OR IGNORE INTO webhook_deliveries (") + kDeliveryColumns +
+                                   ") SELECT ?, ?, ?, ?, ?, ? WHERE EXISTS "
+                                   "(SELECT 1 FROM webhooks WHERE id = ?)",
+                               op));
+          FT_RETURN_IF_ERROR(
+              q.Bind(d.webhook_id, d.event_seq, d.body, d.attempts, d.next_ms, d.last_error, d.webhook_id)
+                  .Run());
+        }
+        for (const auto& [id, cursor] : cursors) {
+          FT_ASSIGN_OR_RETURN(Query q,
+                              Prepare("UPDATE webhooks SET cursor = MAX(cursor, ?) WHERE id = ?", op));
+          FT_RETURN_IF_ERROR(q.Bind(cursor, id).Run());
+        }
+        return Status::OK();
+      },
+      Durability::kRelaxed);
+}
+
+StatusOr<std::vector<WebhookDeliveryRow>> Store::DueWebhookDeliveries(int64_t now_ms, int64_t limit,
+                                                                      const std::string& webhook_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string select = std::string("SELECT ") + kDeliveryColumns + " FROM webhook_deliveries WHERE ";
+  if (!webhook_id.empty()) {  // the primary key's order: the webhook's oldest due first
+    FT_ASSIGN_OR_RETURN(Query q,
+                        Prepare(select + "webhook_id = ? AND next_ms <= ? ORDER BY event_seq LIMIT ?",
+                                "list due deliveries of webhook " + webhook_id));
+    return Collect(q.Bind(webhook_id, now_ms, SqlLimit(limit)), ReadDelivery);
+  }
+  FT_ASSIGN_OR_RETURN(
+      Query q, Prepare(select + "next_ms <= ? ORDER BY event_seq LIMIT ?", "list due webhook deliveries"));
+  return Collect(q.Bind(now_ms, SqlLimit(limit)), ReadDelivery);
+}
+
+Status Store::RetryWebhookDelivery(const WebhookDeliveryRow& d) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string op = "retry webhook delivery " + d.webhook_id + "." + std::to_string(d.event_seq);
+  return Write(
+      op,
+      [&]() -> Status {
+        FT_ASSIGN_OR_RETURN(Query q,
+                            Prepare("UPDATE webhook_deliveries SET attempts = ?, next_ms = ?, last_error "
+                                    "= ? WHERE webhook_id = ? AND event_seq = ?",
+                                    op));
+        return q.Bind(d.attempts, d.next_ms, d.last_error, d.webhook_id, d.event_seq).Run();
+      },
+      Durability::kRelaxed);
+}
+
+Status Store::FinishWebhookDelivery(const std::string& webhook_id, int64_t event_seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string op = "finish webhook delivery " + webhook_id + "." + std::to_string(event_seq);
+  return Write(
+      op,
+      [&]() -> Status {
+        FT_ASSIGN_OR_RETURN(
+            Query q, Prepare("DELETE FROM webhook_deliveries WHERE webhook_id = ? AND event_seq = ?", op));
+        return q.Bind(webhook_id, event_seq).Run();
+      },
+      Durability::kRelaxed);
+}
+
+StatusOr<std::map<std::string, int64_t>> Store::PendingWebhookDeliveries() {
+  std::lock_guard<std::mutex> lock(mu_);
+  FT_ASSIGN_OR_RETURN(Query q,
+                      Prepare("SELECT webhook_id, COUNT(*) FROM webhook_deliveries GROUP BY webhook_id",
+                              "count webhook deliveries"));
+  FT_ASSIGN_OR_RETURN(auto pairs,
+                      Collect(q, [](const Query& r) { return std::make_pair(r.Text(0), r.Int(1)); }));
+  return std::map<std::string, int64_t>(pairs.begin(), pairs.end());
 }
 
 }  // namespace ft

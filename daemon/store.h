@@ -116,6 +116,29 @@ struct TeamRow {
   int64_t updated_ms = 0;
 };
 
+// A webhook (daemon/webhooks.h; schema 14): where ftd posts the events it subscribes to.
+struct WebhookRow {
+  std::string id;      // "wh-" + 8 random hex characters
+  std::string url;     // http:// or https://
+  std::string events;  // subscribed kinds, comma-separated ("succeeded,failed")
+  std::string team;    // only this team's jobs ("" = any team)
+  std::string user;    // only the jobs this user submitted ("" = anyone's)
+  std::string secret;  // the key of its signature header; never shown after it is made
+  std::string created_by;
+  int64_t created_ms = 0;
+  int64_t cursor = 0;  // events up to this seq were considered (queued when they matched)
+};
+
+// One event's delivery to one webhook, pending until delivered or given up.
+struct WebhookDeliveryRow {
+  std::string webhook_id;
+  int64_t event_seq = 0;
+  std::string body;  // the JSON posted, fixed when queued (the signature covers it)
+  int64_t attempts = 0;
+  int64_t next_ms = 0;  // wall clock: due from then
+  std::string last_error;
+};
+
 // Where one rank of a multi-rank attempt runs: a worker and its device index.
 struct RankSlot {
   std::string worker_id;
@@ -472,6 +495,30 @@ class Store {
   // Whether any user exists: read once, then kept (AddUser and RemoveUser update it), since
   // every HTTP request and gRPC call asks.
   StatusOr<bool> HasUsers();
+
+  // ---- webhooks (schema 14; daemon/webhooks.h). Changes are synced; a delivery's bookkeeping
+  // (RetryWebhookDelivery, FinishWebhookDelivery) is relaxed: lost in a power cut, a delivery
+  // is made again (at least once).
+  // Inserts `w` with its cursor at the newest event (a webhook hears what happens from now on);
+  // returns the row as stored. FailedPrecondition when its id is taken.
+  StatusOr<WebhookRow> AddWebhook(WebhookRow w);
+  Status RemoveWebhook(const std::string& id);       // NotFound; its pending deliveries go with it
+  StatusOr<std::vector<WebhookRow>> ListWebhooks();  // by id
+  // One transaction: inserts `rows` (a delivery already queued is left as it is) and moves each
+  // webhook's cursor forward to cursors[id] (never back; an unknown webhook is skipped, and so
+  // are its rows).
+  Status QueueWebhookDeliveries(const std::vector<WebhookDeliveryRow>& rows,
+                                const std::map<std::string, int64_t>& cursors);
+  // Deliveries due at `now_ms` (next_ms <= now_ms), by event seq; at most `limit` (0 = all); only
+  // `webhook_id`'s unless it is "".
+  StatusOr<std::vector<WebhookDeliveryRow>> DueWebhookDeliveries(int64_t now_ms, int64_t limit,
+                                                                 const std::string& webhook_id = "");
+  // A failed attempt: its attempts, when it is due again and why it failed.
+  Status RetryWebhookDelivery(const WebhookDeliveryRow& d);
+  // Delivered, or given up: the row goes (NotFound is no error: the webhook was removed).
+  Status FinishWebhookDelivery(const std::string& webhook_id, int64_t event_seq);
+  // Pending deliveries per webhook id (webhooks with none are absent).
+  StatusOr<std::map<std::string, int64_t>> PendingWebhookDeliveries();
 
   // Every job's id and output_dir (the daemon's index of output dirs: one
   // job per directory), in one query reading those two columns.

@@ -581,6 +581,42 @@ TEST(FtctlAdminTest, AddListRotateAndRemoveUsersThroughFtctl) {
   EXPECT_EQ(team_ls.Wait(), 0) << team_ls.Log();
   EXPECT_THAT(team_ls.Log(), HasSubstr("QUOTA"));
   EXPECT_THAT(team_ls.Log(), testing::ContainsRegex("nlp +4 +2 "));
+
+  // Webhooks (issue #44): admins only; the secret ftd makes is printed once, never listed or logged.
+  Proc member =
+      Ftctl(dir, address, {"--token", "root", "admin", "user", "add", "bea", "--team", "nlp"}, "bea");
+  ASSERT_EQ(member.Wait(), 0) << member.Log();
+  const std::string fresh_member = PrintedToken(member.Log());
+  Proc hook_add = Ftctl(dir, address,
+                        {"--token", "root", "admin", "webhook", "add", "https://hooks.example.com/T0/B0/x",
+                         "--events", "stalled,failed", "--team", "nlp"},
+                        "hook-add");
+  ASSERT_EQ(hook_add.Wait(), 0) << hook_add.Log();
+  std::smatch hook;
+  const std::string hook_log = hook_add.Log();
+  ASSERT_TRUE(std::regex_search(hook_log, hook,
+                                std::regex("webhook (wh-[0-9a-f]{8}) added[\\s\\S]*\\n([0-9a-f]{64})\\n")))
+      << hook_log;
+  const std::string hook_id = hook[1].str(), secret = hook[2].str();
+  Proc hook_ls = Ftctl(dir, address, {"--token", "root", "admin", "webhook", "ls"}, "hook-ls");
+  EXPECT_EQ(hook_ls.Wait(), 0) << hook_ls.Log();
+  EXPECT_THAT(hook_ls.Log(), testing::ContainsRegex(hook_id + " +failed,stalled +team nlp +0 "));
+  EXPECT_THAT(hook_ls.Log(), Not(HasSubstr(secret)));
+  Proc bad_kind =
+      Ftctl(dir, address,
+            {"--token", "root", "admin", "webhook", "add", "http://127.0.0.1:9/", "--events", "finished"},
+            "hook-bad");
+  EXPECT_EQ(bad_kind.Wait(), 2);
+  EXPECT_THAT(bad_kind.Log(), HasSubstr("unknown kind 'finished'"));
+  Proc hook_member = Ftctl(dir, address, {"--token", fresh_member, "admin", "webhook", "ls"}, "hook-member");
+  EXPECT_EQ(hook_member.Wait(), 2);
+  EXPECT_THAT(hook_member.Log(), HasSubstr("only admins manage webhooks"));
+  Proc hook_remove =
+      Ftctl(dir, address, {"--token", "root", "admin", "webhook", "remove", hook_id}, "hook-remove");
+  EXPECT_EQ(hook_remove.Wait(), 0) << hook_remove.Log();
+  EXPECT_THAT(hook_remove.Log(), HasSubstr("removed webhook " + hook_id));
+  EXPECT_THAT(ftd->Log(), Not(HasSubstr(secret)));
+  EXPECT_THAT(ftd->Log(), Not(HasSubstr("/T0/B0/x"))) << "a receiver's URL may be a secret";
 }
 
 // ftd --tokens-file on a real ftd: its users act as themselves; the file rewritten and SIGHUP sent,

@@ -6,18 +6,24 @@
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <numbers>
 #include <set>
 #include <thread>
 #include <tuple>
 
 #include "common/file_util.h"
+#include "daemon/webhook_sender.h"
 #include "engine/io/hf_model.h"
 #include "engine/job/checkpoint_interval.h"
 #include "engine/job/completion.h"
@@ -25,6 +31,7 @@
 #include "engine/train/checkpoint.h"
 #include "engine/train/trainer.h"
 #include "tests/support/temp_dir.h"
+#include "tests/support/webhook_receiver.h"
 
 namespace ft {
 namespace {
@@ -87,6 +94,7 @@ class DaemonTest : public testing::Test {
     if (min_runtime_ms_ >= 0) o.min_runtime_ms = min_runtime_ms_;
     o.pool_prices = pool_prices_;
     o.tick_ms = tick_ms_;
+    if (stall_min_ms_ >= 0) o.stall_min_ms = stall_min_ms_;
     daemon_ = std::make_unique<Daemon>(std::move(*store), &clock_, o);
   }
   // The test's job, writing `out_dir`.
@@ -181,6 +189,7 @@ class DaemonTest : public testing::Test {
   std::map<std::string, double> pool_prices_;  // ftd --pool-price
   int64_t tick_ms_ = 0;                        // DaemonOptions::tick_ms (0: no tick is late)
   int submits_ = 0;                            // jobs submitted so far (OutputDir)
+  int64_t stall_min_ms_ = -1;                  // -1: DaemonOptions' default
   FakeClock clock_;
   std::unique_ptr<Daemon> daemon_;
 };
@@ -1791,6 +1800,295 @@ TEST_F(DaemonTest, AQuietHeartbeatAfterTheWorkerWasLostAnnouncesItBack) {
   clock_.Advance(500);
   daemon_->OnWorkerMessage("w", &w, same);
   EXPECT_EQ(daemon_->quiet_heartbeats(), 2);
+}
+
+// ---- webhooks (issue #44, point 5): scope and filter, stalls, dead receivers, retries. The sender
+// runs on the real clock (its retries wait real milliseconds); the daemon on the fake one.
+
+// A webhook sender on the daemon's store, polling every 20 ms.
+std::unique_ptr<WebhookSender> StartSender(Daemon& daemon, const Clock& clock, WebhookSenderOptions o = {}) {
+  o.poll_ms = 20;
+  auto sender = std::make_unique<WebhookSender>(
+      &daemon.store(), &clock, o,
+      [&daemon](const std::string& job, const std::string& kind, const std::string& message, int64_t step) {
+        daemon.RecordEvent(job, kind, message, step);
+      },
+      &daemon.webhook_counters());
+  EXPECT_TRUE(sender->Start().ok());
+  return sender;
+}
+
+// Whether the sender has considered every event stored so far and has no delivery left to make.
+bool OutboxDrained(Daemon& daemon) {
+  auto events = daemon.store().ListEvents("", 0, 0);
+  auto hooks = daemon.store().ListWebhooks();
+  auto pending = daemon.store().PendingWebhookDeliveries();
+  if (!events.ok() || !hooks.ok() || !pending.ok() || !pending->empty()) return false;
+  const int64_t newest = events->empty() ? 0 : events->back().seq;
+  return std::all_of(hooks->begin(), hooks->end(), [&](const WebhookRow& h) { return h.cursor >= newest; });
+}
+
+WebhookRow Hook(const std::string& url, const std::string& events, const std::string& team = "",
+                const std::string& user = "") {
+  return WebhookRow{
+      .url = url, .events = events, .team = team, .user = user, .secret = "test-secret-0123456789"};
+}
+
+// The body's field `key` ("" when absent).
+std::string Field(const testing_support::WebhookPost& p, const std::string& key) {
+  const nlohmann::json j = nlohmann::json::parse(p.body, nullptr, false);
+  return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : "";
+}
+
+TEST_F(DaemonTest, AWebhookFiresOnlyForItsTeamsOrUsersJobsAndTheKindsItSubscribes) {
+  testing_support::WebhookReceiver receiver;
+  const Actor admin{"root", ""};
+  ASSERT_TRUE(daemon_->AddWebhook(admin, Hook(receiver.url("/red"), "succeeded,failed", "red")).ok());
+  ASSERT_TRUE(daemon_->AddWebhook(admin, Hook(receiver.url("/blue"), "succeeded", "blue")).ok());
+  ASSERT_TRUE(daemon_->AddWebhook(admin, Hook(receiver.url("/bob"), "failed", "", "bob")).ok());
+  ASSERT_TRUE(daemon_->AddWebhook(admin, Hook(receiver.url("/all"), "cancelled")).ok());
+  EXPECT_FALSE(daemon_->AddWebhook(admin, Hook(receiver.url(), "succeeded", "red", "bob")).ok())
+      << "two scopes";
+  EXPECT_FALSE(daemon_->AddWebhook(admin, Hook("ftp://x/", "succeeded")).ok());
+  EXPECT_FALSE(daemon_->AddWebhook(admin, Hook(receiver.url(), "finished")).ok());
+  const std::string a = Submit(0, "", "", {"alice", "red"});
+  const std::string b = Submit(0, "", "", {"bob", "blue"});
+  const std::string c = Submit(0, "", "", {"carol", "red"});
+  FakeSink w1, w2, w3;
+  Register("w1", &w1);
+  Register("w2", &w2);
+  Register("w3", &w3);
+  daemon_->Tick();
+  ASSERT_EQ(Job(a).state(), pb::RUNNING);
+  ASSERT_EQ(Job(b).state(), pb::RUNNING);
+  const std::pair<std::string, FakeSink*> workers[] = {{"w1", &w1}, {"w2", &w2}, {"w3", &w3}};
+  for (const auto& [worker, sink] : workers) {
+    const pb::StartAttempt& s = sink->Last(pb::DaemonCommand::kStart)->start();
+    if (s.job_id() == a) Exit(worker, sink, a, 1, pb::ATTEMPT_FINISHED, 10);
+    if (s.job_id() == b) Exit(worker, sink, b, 1, pb::ATTEMPT_BAD_INPUT, 1);
+  }
+  ASSERT_TRUE(daemon_->Cancel(c, admin).ok());
+  SystemClock real;
+  auto sender = StartSender(*daemon_, real);
+  ASSERT_TRUE(receiver.WaitFor([&](auto&) { return OutboxDrained(*daemon_); }, 20'000));
+  std::multiset<std::string> got;
+  for (const auto& p : receiver.posts()) {
+    got.insert(p.target + " " + Field(p, "job_id") + " " + Field(p, "kind"));
+    EXPECT_TRUE(testing_support::ValidWebhookSignature("test-secret-0123456789", p.body, p.signature));
+    EXPECT_EQ(Field(p, "id"), p.event_id);
+    EXPECT_THAT(Field(p, "text"), HasSubstr("ftune: job " + Field(p, "job_id")));
+  }
+  EXPECT_EQ(got, (std::multiset<std::string>{"/red " + a + " succeeded", "/bob " + b + " failed",
+                                             "/all " + c + " cancelled"}));
+  auto events = daemon_->ListEvents(pb::ListEventsRequest());
+  ASSERT_TRUE(events.ok());
+  int added = 0;
+  for (const pb::Event& e : events->events()) added += e.kind() == "webhook_added";
+  EXPECT_EQ(added, 4) << "each change is an event naming the user";
+}
+
+TEST_F(DaemonTest, AJobWhoseStepsStopWhileItsWorkerHeartbeatsIsStalledOnceAndItsWebhookFires) {
+  stall_min_ms_ = 5'000;
+  Reopen();
+  testing_support::WebhookReceiver receiver;
+  ASSERT_TRUE(daemon_->AddWebhook({"root", ""}, Hook(receiver.url(), "stalled")).ok());
+  const std::string id = Submit();
+  FakeSink w;
+  Register("w", &w);
+  daemon_->Tick();
+  ASSERT_EQ(Job(id).state(), pb::RUNNING);
+  const auto beat = [&](int64_t step, int seconds) {  // one heartbeat a second, each ticking
+    for (int i = 0; i < seconds; ++i) {
+      clock_.Advance(1'000);
+      Heartbeat("w", &w, id, 1, step);
+      daemon_->Tick();
+    }
+  };
+  for (int64_t step = 0; step <= 5; ++step) beat(step, 1);  // one step a second: bound max(5 s, 10 x 1 s)
+  const auto stalls = [&] {
+    auto events = daemon_->ListEvents(pb::ListEventsRequest());
+    EXPECT_TRUE(events.ok());
+    int n = 0;
+    for (const pb::Event& e : events->events()) n += e.kind() == "stalled";
+    return n;
+  };
+  beat(5, 9);
+  EXPECT_EQ(stalls(), 0) << "9 s without a step is within 10 x the step interval";
+  beat(5, 2);
+  EXPECT_EQ(stalls(), 1);
+  beat(5, 30);
+  EXPECT_EQ(stalls(), 1) << "evented once per stall";
+  EXPECT_EQ(Job(id).state(), pb::RUNNING) << "its worker kept the lease";
+  beat(6, 1);  // progress again, then a second stall
+  beat(6, 11);
+  EXPECT_EQ(stalls(), 2);
+  SystemClock real;
+  auto sender = StartSender(*daemon_, real);
+  ASSERT_TRUE(receiver.WaitFor([&](auto&) { return OutboxDrained(*daemon_); }, 20'000));
+  const auto posts = receiver.posts();
+  ASSERT_EQ(posts.size(), 2u);
+  for (const auto& p : posts) {
+    EXPECT_EQ(Field(p, "kind"), "stalled");
+    EXPECT_EQ(Field(p, "job_id"), id);
+    EXPECT_THAT(Field(p, "message"), HasSubstr("no step for"));
+  }
+}
+
+TEST_F(DaemonTest, DeadWebhookReceiversNeverDelayTheTickAndJobsArePlaced) {
+  testing_support::SilentPort silent;
+  const std::string kinds = "succeeded,failed,preempted,cancelled,stalled";
+  ASSERT_TRUE(
+      daemon_->AddWebhook({}, Hook("http://127.0.0.1:" + std::to_string(silent.port()) + "/", kinds)).ok());
+  ASSERT_TRUE(
+      daemon_
+          ->AddWebhook(
+              {}, Hook("http://127.0.0.1:" + std::to_string(testing_support::RefusingPort()) + "/", kinds))
+          .ok());
+  testing_support::WebhookReceiver healthy;  // beside them
+  ASSERT_TRUE(daemon_->AddWebhook({}, Hook(healthy.url(), "succeeded")).ok());
+  std::vector<std::unique_ptr<FakeSink>> sinks;
+  for (int i = 0; i < 4; ++i) {
+    sinks.push_back(std::make_unique<FakeSink>());
+    Register("w" + std::to_string(i), sinks.back().get());
+  }
+  // Each round: a job submitted, placed by a tick, and finished (a `succeeded` for every webhook).
+  const auto rounds = [&](int n) {
+    std::vector<double> ms;
+    for (int r = 0; r < n; ++r) {
+      const std::string id = Submit();
+      clock_.Advance(200);
+      const auto start = std::chrono::steady_clock::now();
+      daemon_->Tick();
+      ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+      const pb::Job j = Job(id);
+      EXPECT_EQ(j.state(), pb::RUNNING) << "round " << r;
+      if (j.state() != pb::RUNNING) continue;
+      FakeSink* sink = sinks[std::stoi(j.worker_id().substr(1))].get();
+      Exit(j.worker_id(), sink, id, 1, pb::ATTEMPT_FINISHED, 10);
+    }
+    return ms;
+  };
+  // Blocks of rounds without a sender and with one, in turn (so the machine's load weighs on both
+  // alike), then with one until a request to the silent receiver has timed out: ticks ran while
+  // one hung.
+  std::vector<double> alone, dead;
+  const auto add = [](std::vector<double>* to, const std::vector<double>& more) {
+    to->insert(to->end(), more.begin(), more.end());
+  };
+  SystemClock real;
+  const WebhookSenderOptions o{.timeout_ms = 1'000, .backoff_ms = 50, .max_backoff_ms = 100};
+  for (int block = 0; block < 6; ++block) {
+    add(&alone, rounds(5));
+    auto sender = StartSender(*daemon_, real, o);
+    add(&dead, rounds(5));
+  }
+  auto sender = StartSender(*daemon_, real, o);
+  const auto silent_timed_out = [&] {
+    auto rows = daemon_->store().DueWebhookDeliveries(std::numeric_limits<int64_t>::max(), 0);
+    return rows.ok() && std::any_of(rows->begin(), rows->end(), [](const WebhookDeliveryRow& d) {
+             return d.last_error.find("timed out after 1000 ms") != std::string::npos;
+           });
+  };
+  while (!silent_timed_out()) add(&dead, rounds(5));
+  std::sort(alone.begin(), alone.end());
+  std::sort(dead.begin(), dead.end());
+  const double alone_median = alone[alone.size() / 2], dead_median = dead[dead.size() / 2];
+  std::printf(
+      "tick median: %.2f ms without webhooks (%zu ticks), %.2f ms with two dead receivers (%zu); max %.2f "
+      "ms\n",
+      alone_median, alone.size(), dead_median, dead.size(), dead.back());
+  EXPECT_LT(dead_median, 3 * alone_median + 5) << "ticks slowed by dead receivers";
+  EXPECT_LT(dead.back(), 900) << "a tick waited for the silent receiver (its requests take 1000 ms)";
+  // The live receiver gets every one of its deliveries (a stopped sender's one in flight may come
+  // twice): a dead one holds back only its own.
+  const size_t jobs = alone.size() + dead.size();
+  const auto distinct = [](const std::vector<testing_support::WebhookPost>& posts) {
+    std::set<std::string> ids;
+    for (const auto& p : posts) ids.insert(p.event_id);
+    return ids.size();
+  };
+  EXPECT_TRUE(healthy.WaitFor([&](const auto& posts) { return distinct(posts) == jobs; }, 20'000))
+      << distinct(healthy.posts()) << " of " << jobs;
+}
+
+TEST_F(DaemonTest, AWebhookAnswering500IsRetriedWithBackoffAndGivenUpAfterItsLastAttempt) {
+  // The first two posts of each delivery answer 500, then 200; the other receiver always 500.
+  testing_support::WebhookReceiver flaky([](const auto&, int n) { return n <= 2 ? 500 : 200; });
+  testing_support::WebhookReceiver broken([](const auto&, int) { return 500; });
+  ASSERT_TRUE(daemon_->AddWebhook({}, Hook(flaky.url(), "succeeded")).ok());
+  ASSERT_TRUE(daemon_->AddWebhook({}, Hook(broken.url(), "succeeded")).ok());
+  const std::string id = Submit();
+  FakeSink w;
+  Register("w", &w);
+  daemon_->Tick();
+  Exit("w", &w, id, 1, pb::ATTEMPT_FINISHED, 10);
+  ASSERT_EQ(Job(id).state(), pb::SUCCEEDED);
+  SystemClock real;
+  auto sender = StartSender(*daemon_, real, {.backoff_ms = 20, .max_backoff_ms = 40, .max_attempts = 4});
+  ASSERT_TRUE(flaky.WaitFor([&](auto&) { return OutboxDrained(*daemon_); }, 20'000));
+  ASSERT_EQ(flaky.posts().size(), 3u) << "two 500s, then delivered";
+  EXPECT_EQ(flaky.Count(flaky.posts()[0].event_id), 3) << "one delivery id across its retries";
+  EXPECT_EQ(flaky.posts()[0].body, flaky.posts()[2].body) << "the same signed body";
+  EXPECT_EQ(broken.posts().size(), 4u) << "max_attempts";
+  EXPECT_EQ(daemon_->webhook_counters().delivered.load(), 1);
+  EXPECT_EQ(daemon_->webhook_counters().given_up.load(), 1);
+  EXPECT_EQ(daemon_->webhook_counters().failed.load(), 2 + 4);
+  auto events = daemon_->ListEvents(pb::ListEventsRequest());
+  ASSERT_TRUE(events.ok());
+  std::string given_up;
+  for (const pb::Event& e : events->events())
+    if (e.kind() == "webhook_given_up") given_up = e.job_id() + ": " + e.message();
+  EXPECT_THAT(given_up, HasSubstr(id + ": webhook wh-"));
+  EXPECT_THAT(given_up, HasSubstr("after 4 attempts; last: HTTP 500"));
+}
+
+// https:// receivers: the certificate must chain to the trusted CAs (here --webhook-ca's bundle,
+// else the system's store) and name the URL's host.
+TEST_F(DaemonTest, AnHttpsWebhookIsDeliveredOnlyToAReceiverWhoseCertificateVerifiesForItsHost) {
+  const std::string certs = dir_ + "/certs";
+  fs::create_directories(certs);
+  const std::string make =
+      "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 "
+      "-subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 -keyout " +
+      certs + "/key.pem -out " + certs + "/cert.pem >" + certs + "/openssl.log 2>&1";
+  ASSERT_EQ(std::system(make.c_str()), 0) << make;
+  testing_support::WebhookReceiver receiver(nullptr, certs + "/cert.pem", certs + "/key.pem");
+  ASSERT_TRUE(daemon_->AddWebhook({}, Hook(receiver.url("/ip"), "succeeded")).ok());
+  ASSERT_TRUE(daemon_->AddWebhook({}, Hook(receiver.url("/name", "localhost"), "succeeded")).ok());
+  const std::string id = Submit();
+  FakeSink w;
+  Register("w", &w);
+  daemon_->Tick();
+  Exit("w", &w, id, 1, pb::ATTEMPT_FINISHED, 10);
+  SystemClock real;
+  auto trusting = StartSender(*daemon_, real, {.backoff_ms = 60'000, .ca_file = certs + "/cert.pem"});
+  const auto failed_handshakes = [&] {
+    auto rows = daemon_->store().DueWebhookDeliveries(std::numeric_limits<int64_t>::max(), 0);
+    int n = 0;
+    for (const WebhookDeliveryRow& d : rows.ok() ? *rows : std::vector<WebhookDeliveryRow>{})
+      n += d.last_error.find("TLS handshake with") != std::string::npos;
+    return n;
+  };
+  const auto pending = [&] {
+    auto rows = daemon_->store().DueWebhookDeliveries(std::numeric_limits<int64_t>::max(), 0);
+    return rows.ok() ? rows->size() : size_t{0};
+  };
+  // Delivered to 127.0.0.1 (its row gone), refused for localhost (its row waits for a retry).
+  ASSERT_TRUE(receiver.WaitFor(
+      [&](const auto& posts) { return posts.size() == 1 && failed_handshakes() == 1 && pending() == 1; },
+      20'000));
+  EXPECT_EQ(receiver.posts()[0].target, "/ip") << "the certificate names 127.0.0.1, not localhost";
+  trusting.reset();
+  // The system's store does not trust the test's own certificate.
+  ASSERT_TRUE(daemon_->AddWebhook({}, Hook(receiver.url("/system"), "succeeded")).ok());
+  const std::string other = Submit();
+  daemon_->Tick();
+  Exit("w", &w, other, 1, pb::ATTEMPT_FINISHED, 10);
+  auto system = StartSender(*daemon_, real, {.backoff_ms = 60'000});
+  // The new job's three deliveries and the first job's one to localhost: none verifies.
+  ASSERT_TRUE(receiver.WaitFor([&](const auto&) { return failed_handshakes() == 4; }, 20'000));
+  EXPECT_EQ(receiver.posts().size(), 1u);
 }
 
 }  // namespace

@@ -702,7 +702,7 @@ TEST_F(StoreTest, CloseAndReopenKeepsEverything) {
   ASSERT_OK(store_->AddMetrics({MetricRow{.job_id = a.id, .epoch = 1, .step = 1, .loss = 2.5}}));
 
   Reopen();
-  EXPECT_EQ(store_->schema_version(), 13);
+  EXPECT_EQ(store_->schema_version(), 14);
   ASSERT_OK_AND_ASSIGN(auto jobs, store_->ListJobs({}));
   EXPECT_EQ(Ids(jobs), (std::vector<std::string>{a.id, b.id}));
   ASSERT_OK_AND_ASSIGN(JobRow got_b, store_->GetJob(b.id));
@@ -1087,18 +1087,18 @@ TEST_F(StoreTest, VersionZeroDatabaseIsMigratedToTheLatest) {
   {
     auto store = OpenStore(old_path);
     ASSERT_NE(store, nullptr);
-    EXPECT_EQ(store->schema_version(), 13);
+    EXPECT_EQ(store->schema_version(), 14);
     ASSERT_OK_AND_ASSIGN(JobRow j, store->CreateJob(NewJob("x"), nullptr));
     EXPECT_EQ(j.id, "j-000001");
   }
-  EXPECT_EQ(RawPragma(old_path, "user_version"), "13");
+  EXPECT_EQ(RawPragma(old_path, "user_version"), "14");
   EXPECT_EQ(RawPragma(old_path, "journal_mode"), "wal");
   EXPECT_EQ(RawPragma(old_path, "integrity_check"), "ok");
 
   // Reopening at the latest version runs no migration (it would fail: tables exist).
   auto again = OpenStore(old_path);
   ASSERT_NE(again, nullptr);
-  EXPECT_EQ(again->schema_version(), 13);
+  EXPECT_EQ(again->schema_version(), 14);
   again.reset();
 
   // A database from a newer ftd is refused, naming the path.
@@ -1319,6 +1319,46 @@ TEST_F(StoreTest, PricesBudgetsAndUsageSpansSurviveAReopen) {
   ASSERT_EQ(recent.size(), 1u) << "only the running one ran after 15 s";
   EXPECT_EQ(recent[0].ended_ms, 0);
   EXPECT_EQ(recent[0].started_ms, 20'000);
+}
+
+// Webhooks' outbox (schema 14): a new webhook starts at the newest event; a delivery is queued
+// once however often it is offered, its cursor only moves forward, and a removed webhook takes
+// its deliveries with it and gets no more.
+TEST_F(StoreTest, AWebhookDeliveryIsQueuedOnceAndItsCursorOnlyMovesForward) {
+  ASSERT_OK_AND_ASSIGN(JobRow job, store_->CreateJob(NewJob("a"), nullptr));  // its "queued" event
+  ASSERT_OK_AND_ASSIGN(auto events, store_->ListEvents("", 0, 0));
+  ASSERT_OK_AND_ASSIGN(
+      WebhookRow hook,
+      store_->AddWebhook(WebhookRow{.id = "wh-1", .url = "http://x/", .events = "failed", .secret = "s"}));
+  EXPECT_EQ(hook.cursor, events.back().seq);
+  EXPECT_EQ(store_->AddWebhook(WebhookRow{.id = "wh-1"}).status().code(), Status::Code::kFailedPrecondition);
+  const WebhookDeliveryRow d{.webhook_id = "wh-1", .event_seq = 7, .body = "{}", .next_ms = 100};
+  ASSERT_OK(store_->QueueWebhookDeliveries({d}, {{"wh-1", 9}}));
+  ASSERT_OK(store_->QueueWebhookDeliveries({d}, {{"wh-1", 8}}));  // offered again, an older cursor
+  Reopen();
+  ASSERT_OK_AND_ASSIGN(auto hooks, store_->ListWebhooks());
+  ASSERT_EQ(hooks.size(), 1u);
+  EXPECT_EQ(hooks[0].cursor, 9);
+  EXPECT_EQ(hooks[0].secret, "s");
+  ASSERT_OK_AND_ASSIGN(auto due, store_->DueWebhookDeliveries(99, 0));
+  EXPECT_TRUE(due.empty());
+  ASSERT_OK_AND_ASSIGN(due, store_->DueWebhookDeliveries(100, 0));
+  ASSERT_EQ(due.size(), 1u);
+  due[0].attempts = 1;
+  due[0].next_ms = 500;
+  due[0].last_error = "HTTP 500";
+  ASSERT_OK(store_->RetryWebhookDelivery(due[0]));
+  ASSERT_OK_AND_ASSIGN(due, store_->DueWebhookDeliveries(500, 0));
+  ASSERT_EQ(due.size(), 1u);
+  EXPECT_EQ(due[0].last_error, "HTTP 500");
+  ASSERT_OK_AND_ASSIGN(auto pending, store_->PendingWebhookDeliveries());
+  EXPECT_EQ(pending, (std::map<std::string, int64_t>{{"wh-1", 1}}));
+  ASSERT_OK(store_->RemoveWebhook("wh-1"));
+  EXPECT_TRUE(store_->RemoveWebhook("wh-1").IsNotFound());
+  ASSERT_OK(store_->QueueWebhookDeliveries({d}, {{"wh-1", 10}}));  // a removed webhook gets nothing
+  ASSERT_OK_AND_ASSIGN(pending, store_->PendingWebhookDeliveries());
+  EXPECT_TRUE(pending.empty());
+  (void)job;
 }
 
 TEST_F(StoreTest, TheAttemptKeyIsMadeOnceAndSurvivesAReopen) {

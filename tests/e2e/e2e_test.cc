@@ -12,9 +12,11 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include "tests/e2e/cluster.h"
+#include "tests/support/webhook_receiver.h"
 #include "worker/http_get.h"
 
 namespace ft::e2e {
@@ -246,16 +248,60 @@ TEST(E2E, SubmitWithOverridesRunsTheMergedJobAcrossAResume) {
   EXPECT_EQ(Adapter(j.output_dir()), Adapter(c.RunReference(same)));
 }
 
+// A job whose data is not JSON: ft-train exits with bad input at its start, the job fails at once.
+std::string BadInputJob(Cluster& c) {
+  const std::string job = c.WriteJob("bad-input", 10, 10);
+  std::ofstream(c.dir() + "/job/not-json.jsonl") << "this is not json\n";
+  std::string text = Slurp(job);
+  text = std::regex_replace(text, std::regex("train: data.jsonl"), "train: not-json.jsonl");
+  std::ofstream(job) << text;
+  return job;
+}
+
+// The delivery ids a webhook owes for these jobs' events of these kinds ("wh-....<seq>").
+std::set<std::string> OwedDeliveries(Cluster& c, const std::string& hook,
+                                     const std::vector<std::string>& jobs,
+                                     const std::set<std::string>& kinds) {
+  std::set<std::string> ids;
+  for (const std::string& job : jobs) {
+    auto events = c.client().Events(job, 0);
+    if (!events.ok()) continue;
+    for (const pb::Event& e : events->events())
+      if (kinds.count(e.kind())) ids.insert(hook + "." + std::to_string(e.seq()));
+  }
+  return ids;
+}
+
+// Also webhooks across the kill (issue #44): a receiver that holds its first post of the failed
+// job's delivery unanswered, so that delivery is in flight when ftd dies; it is made again, and
+// every subscribed event reaches the receiver, signed, exactly once after dedup by its id.
 TEST(E2E, DaemonKilledMidRunRestartsWithoutDuplicatesAndKeepsHistory) {
   Cluster c("restart");
+  using testing_support::WebhookPost;
+  using testing_support::WebhookReceiver;
+  WebhookReceiver receiver([](const WebhookPost& p, int n) {
+    return p.body.find("\"kind\":\"failed\"") != std::string::npos && n == 1 ? WebhookReceiver::kHold : 200;
+  });
+  const std::string secret = "e2e-webhook-secret-0123";
+  pb::AddWebhookRequest add;
+  add.set_url(receiver.url());
+  for (const char* kind : {"succeeded", "failed", "preempted"}) add.add_events(kind);
+  add.set_secret(secret);
+  auto hook = c.client().AddWebhook(add);
+  ASSERT_TRUE(hook.ok()) << hook.status().ToString();
+  const std::string bad = c.Submit(BadInputJob(c));  // runs first, fails at once
   const std::string job = c.WriteJob("restart", 400, 10);
   c.StartWorker("w1");
   const std::string id = c.Submit(job);
   pb::Job j = c.WaitFor(
       id, [](const pb::Job& j) { return j.steps_done() >= 30; }, 60'000);
   ASSERT_EQ(j.state(), pb::RUNNING);
+  ASSERT_EQ(c.client().Get(bad)->state(), pb::FAILED);
+  ASSERT_TRUE(receiver.WaitFor([](const auto& posts) { return !posts.empty(); }, 30'000))
+      << "the failed job's delivery is in flight";
   c.daemon().Signal(SIGKILL);
   c.daemon().Wait();
+  receiver.Release();  // answers the held post: ftd is gone and never hears it
   c.StartDaemon();
   j = c.WaitFor(id, Done, 120'000);
   ASSERT_EQ(j.state(), pb::SUCCEEDED) << j.reason();
@@ -266,6 +312,23 @@ TEST(E2E, DaemonKilledMidRunRestartsWithoutDuplicatesAndKeepsHistory) {
   for (const auto& e : events->events()) kinds.push_back(e.kind());
   EXPECT_EQ(kinds.front(), "queued") << "history from before the restart is intact";
   EXPECT_THAT(kinds, ::testing::Contains("reattached"));
+  const std::set<std::string> owed =
+      OwedDeliveries(c, hook->webhook().id(), {bad, id}, {"succeeded", "failed", "preempted"});
+  ASSERT_EQ(owed.size(), 2u) << "the bad job's failed, the other's succeeded";
+  ASSERT_TRUE(receiver.WaitFor(
+      [&](const std::vector<WebhookPost>& posts) {
+        std::set<std::string> seen;
+        for (const WebhookPost& p : posts) seen.insert(p.event_id);
+        return seen == owed;
+      },
+      30'000))
+      << "every subscribed event, and no other";
+  for (const WebhookPost& p : receiver.posts()) {
+    EXPECT_TRUE(testing_support::ValidWebhookSignature(secret, p.body, p.signature)) << p.body;
+  }
+  const std::set<std::string> failed = OwedDeliveries(c, hook->webhook().id(), {bad}, {"failed"});
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_EQ(receiver.Count(*failed.begin()), 2) << "in flight at the kill, so delivered again";
   EXPECT_EQ(Adapter(j.output_dir()), Adapter(c.RunReference(job)));
 }
 
