@@ -299,8 +299,10 @@ int Status(ft::JobsClient& client, const std::string& id, bool json) {
   std::printf("submitted by %s, team %s\n", j->submitted_by().empty() ? "-" : Safe(j->submitted_by()).c_str(),
               j->team().empty() ? "-" : Safe(j->team()).c_str());
   PrintObjective(*j);
-  std::printf("attempts  %d, preemptions %lld, failures %lld\n", j->attempts_size(),
-              static_cast<long long>(j->preemptions()), static_cast<long long>(j->failures()));
+  std::printf("attempts  %d, preemptions %lld (%lld by the scheduler), failures %lld\n", j->attempts_size(),
+              static_cast<long long>(j->preemptions()),
+              static_cast<long long>(j->goodput().scheduler_preemptions()),
+              static_cast<long long>(j->failures()));
   PrintGoodput(j->goodput());
   for (const pb::Attempt& a : j->attempts()) {
     const pb::GoodputSplit& g = a.goodput();

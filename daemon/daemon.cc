@@ -533,6 +533,7 @@ Status Daemon::AddGoodput(const JobRow& job, pb::Job* out) {
   p->set_queue_s(g.queue_s);
   p->set_notices(g.notices);
   p->set_notices_caught(g.notices_caught);
+  p->set_scheduler_preemptions(g.scheduler_preemptions);
   for (double r : g.recovery_s) p->add_recovery_s(r);
   for (int64_t a : g.recovery_after) p->add_recovery_after(a);
   for (int i = 0; i < out->attempts_size() && i < static_cast<int>(g.attempts.size()); ++i) {

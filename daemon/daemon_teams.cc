@@ -126,7 +126,10 @@ std::string Daemon::TeamOf(const std::string& job_id) const {
 }
 
 Daemon::RunningMeta Daemon::RunningMeta::Of(const AttemptRow& a, bool borrowed) {
-  RunningMeta meta{.borrowed = borrowed, .started_wall_ms = a.started_ms, .price = a.price};
+  RunningMeta meta{.borrowed = borrowed,
+                   .started_wall_ms = a.started_ms,
+                   .preempted_for = a.preempted_for,
+                   .price = a.price};
   for (const RankSlot& r : a.ranks) meta.devices_on[r.worker_id] += 1;
   if (a.ranks.empty()) meta.devices_on[a.worker_id] = 1;  // a one-rank attempt keeps no ranks
   return meta;
@@ -181,6 +184,10 @@ bool Daemon::StoppedForAnotherJob(const std::string& job_id) const {
 void Daemon::Preempt(const Preemption& p) {
   auto meta = running_meta_.find(p.victim_job_id);
   if (meta == running_meta_.end() || !meta->second.preempted_for.empty()) return;
+  // Kept with the attempt: its preemption is the scheduler's, also for an ftd that restarts meanwhile.
+  if (auto epoch = running_epoch_.find(p.victim_job_id); epoch != running_epoch_.end()) {
+    Check(store_->MarkPreemptedFor(p.victim_job_id, epoch->second, p.for_job_id), "mark a preempted attempt");
+  }
   meta->second.preempted_for = p.for_job_id;
   const std::string why =
       p.why == Preemption::Why::kPriority

@@ -115,6 +115,7 @@ JobGoodput ComputeGoodput(const JobRow& job, const std::vector<AttemptRow>& atte
     g.attempts.push_back(s);
     g.device.Add(s);
     g.cost.Add(CostSplit::Priced(s, a.price));
+    if (a.outcome == AttemptOutcomeCode::kPreempted && !a.preempted_for.empty()) ++g.scheduler_preemptions;
     if (a.notice_ms > 0 && a.outcome != AttemptOutcomeCode::kRunning) {
       ++g.notices;
       g.notices_caught += a.steps_lost == 0 ? 1 : 0;

@@ -48,6 +48,8 @@ struct JobGoodput {
   // Attempts a cloud preemption notice reached, and of them those that lost no step (the
   // checkpoint made it in time).
   int64_t notices = 0, notices_caught = 0;
+  // Attempts the scheduler stopped for another job (AttemptRow::preempted_for), of the preempted.
+  int64_t scheduler_preemptions = 0;
   // productive ÷ device total (1 when there is no device time yet).
   double goodput() const { return device.goodput(); }
 };

@@ -60,6 +60,7 @@ json GoodputJson(const pb::Goodput& g) {
   out["recovery_after"] = std::vector<int64_t>(g.recovery_after().begin(), g.recovery_after().end());
   out["notices"] = g.notices();
   out["notices_caught"] = g.notices_caught();
+  out["scheduler_preemptions"] = g.scheduler_preemptions();
   return out;
 }
 

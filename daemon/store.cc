@@ -282,6 +282,12 @@ CREATE TABLE webhook_deliveries (
 ) WITHOUT ROWID;
 CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_ms);
 )sql",
+    // 15: the job a running attempt was asked to stop for by the scheduler ('' = none): its
+    // preemption is the scheduler's, not the pool's (checkpoint.every auto's M counts only the
+    // pool's), and ftd still knows it after a restart.
+    R"sql(
+ALTER TABLE attempts ADD COLUMN preempted_for TEXT NOT NULL DEFAULT '';
+)sql",
 };
 
 constexpr int kLatestVersion = static_cast<int>(std::size(kMigrations));
@@ -303,7 +309,7 @@ constexpr char kJobColumns[] =
 constexpr char kUserColumns[] = "name, team, role, token_id, token_salt, token_hash, created_ms";
 constexpr char kAttemptColumns[] =
     "job_id, number, epoch, worker_id, outcome, reason, started_ms, ended_ms, start_step, end_step, "
-    "steps_lost, micro_batch, accumulation, world, ranks, lost, notice_ms, pool, price";
+    "steps_lost, micro_batch, accumulation, world, ranks, lost, notice_ms, pool, price, preempted_for";
 constexpr char kCheckpointColumns[] =
     "job_id, epoch, step, dir, manifest_sha256, write_seconds, committed_ms";
 constexpr char kEventColumns[] = "seq, time_ms, job_id, worker_id, kind, message, step";
@@ -506,6 +512,7 @@ AttemptRow ReadAttempt(const Query& q) {
   a.notice_ms = q.Int(c++);
   a.pool = q.Text(c++);
   a.price = q.Real(c++);
+  a.preempted_for = q.Text(c++);
   return a;
 }
 
@@ -975,11 +982,11 @@ StatusOr<AttemptRow> Store::StartAttempt(const std::string& job_id, const std::s
     a.number = last.Int(0) + 1;
     a.epoch = last.Int(1) + 1;
     FT_ASSIGN_OR_RETURN(Query q, Prepare(std::string("INSERT INTO attempts (") + kAttemptColumns +
-                                             ") VALUES (" + Placeholders(19) + ")",
+                                             ") VALUES (" + Placeholders(20) + ")",
                                          op));
     q.Bind(a.job_id, a.number, a.epoch, a.worker_id, Code(a.outcome), a.reason, a.started_ms, a.ended_ms,
            a.start_step, a.end_step, a.steps_lost, a.micro_batch, a.accumulation, a.world, JoinRanks(a),
-           int64_t{a.lost ? 1 : 0}, a.notice_ms, a.pool, a.price);
+           int64_t{a.lost ? 1 : 0}, a.notice_ms, a.pool, a.price, a.preempted_for);
     return q.Run();
   }));
   return a;
@@ -1008,6 +1015,19 @@ Status Store::EndAttempt(const std::string& job_id, int64_t epoch, AttemptOutcom
   });
 }
 
+Status Store::MarkPreemptedFor(const std::string& job_id, int64_t epoch, const std::string& for_job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string op =
+      "mark attempt " + std::to_string(epoch) + " of " + job_id + " preempted for " + for_job;
+  return Write(op, [&]() -> Status {
+    FT_ASSIGN_OR_RETURN(Query q,
+                        Prepare("UPDATE attempts SET preempted_for = ? WHERE job_id = ? AND epoch = ?", op));
+    FT_RETURN_IF_ERROR(q.Bind(for_job, job_id, epoch).Run());
+    if (q.Changes() == 1) return Status::OK();
+    return Status::NotFound("job " + job_id + " has no attempt with epoch " + std::to_string(epoch));
+  });
+}
+
 StatusOr<std::vector<AttemptRow>> Store::ListAttempts(const std::string& job_id) {
   std::lock_guard<std::mutex> lock(mu_);
   FT_ASSIGN_OR_RETURN(Query q, Prepare(std::string("SELECT ") + kAttemptColumns +
@@ -1024,7 +1044,8 @@ StatusOr<std::map<std::string, Store::AttemptTotals>> Store::EndedAttemptTotals(
   FT_ASSIGN_OR_RETURN(
       Query q, Prepare("SELECT " + key +
                            ", SUM(MAX(started_ms, CASE WHEN seen_ms > 0 AND seen_ms < ended_ms "
-                           "THEN seen_ms ELSE ended_ms END) - started_ms), SUM(outcome = 3), COUNT(*), "
+                           "THEN seen_ms ELSE ended_ms END) - started_ms), SUM(outcome = 3 AND preempted_for "
+                           "= ''), COUNT(*), "
                            "TOTAL(productive_s), TOTAL(checkpoint_s), TOTAL(restart_s), "
                            "TOTAL(lost_s), TOTAL(productive_s * price), TOTAL(checkpoint_s * price), "
                            "TOTAL(restart_s * price), TOTAL(lost_s * price) FROM attempts WHERE outcome != 1 "

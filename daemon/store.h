@@ -198,6 +198,7 @@ struct AttemptRow {
   int64_t notice_ms = 0;  // when a cloud preemption notice reached its worker (0 = none)
   std::string pool = "default";  // the pool of its (rank 0's) worker when it started
   double price = 0;              // per device-hour, fixed at its start (the mean over its ranks)
+  std::string preempted_for;     // the job the scheduler asked it to stop for ("" = none)
   // Its device-seconds up to `now_ms` (its end once it ended): (end - start) x ranks.
   double DeviceSeconds(int64_t now_ms) const {
     const int64_t end = outcome == AttemptOutcomeCode::kRunning ? now_ms : ended_ms;
@@ -370,13 +371,16 @@ class Store {
                     const std::string& reason, int64_t end_step, int64_t steps_lost, int64_t now_ms,
                     bool lost = false, int64_t notice_ms = 0, const GoodputSplit* goodput = nullptr,
                     int64_t seen_ms = 0);
+  // Records that the scheduler asked the attempt to stop for job `for_job` (AttemptRow::preempted_for).
+  // NotFound for an unknown attempt.
+  Status MarkPreemptedFor(const std::string& job_id, int64_t epoch, const std::string& for_job);
   StatusOr<std::vector<AttemptRow>> ListAttempts(const std::string& job_id);
   // Attempts with outcome RUNNING (any job), e.g. to reattach after a restart.
   StatusOr<std::vector<AttemptRow>> RunningAttempts();
   // Over ended attempts: their wall seconds summed (a lost attempt's up to its last sign of life:
-  // after that its node was gone), how many ended preempted (checkpoint.every auto's M,
-  // engine/job/checkpoint_interval.h), and their goodput splits summed (attempts that
-  // ended before ftd kept splits count as none).
+  // after that its node was gone), how many ended preempted, the scheduler's stops apart (checkpoint.every
+  // auto's M, engine/job/checkpoint_interval.h), and their goodput splits summed (attempts that ended before
+  // ftd kept splits count as none).
   struct AttemptTotals {
     double seconds = 0;
     int64_t preemptions = 0;

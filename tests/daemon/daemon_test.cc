@@ -1032,6 +1032,11 @@ TEST_F(DaemonTest, AnUrgentJobPreemptsTheLowestClassThroughACheckpointStopAndTak
   EXPECT_EQ(w.Last(pb::DaemonCommand::kStart)->start().job_id(), urgent);
   // A scheduler preemption is not the pool's: the next start's M counts none.
   EXPECT_THAT(daemon_->ListEvents({})->events().rbegin()->message(), HasSubstr("from 0 in"));
+  EXPECT_EQ(Job(low).preemptions(), 1);
+  EXPECT_EQ(Job(low).goodput().scheduler_preemptions(), 1) << "counted apart from node losses";
+  Reopen();  // the attempt keeps whom it was stopped for: the pool's history from SQLite agrees
+  EXPECT_EQ(daemon_->attempt_history()["default"].preemptions, 0);
+  EXPECT_EQ(Job(low).goodput().scheduler_preemptions(), 1);
 }
 
 TEST_F(DaemonTest, ATeamBelowItsQuotaReclaimsTheDeviceAnotherTeamBorrowed) {

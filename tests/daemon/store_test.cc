@@ -702,7 +702,7 @@ TEST_F(StoreTest, CloseAndReopenKeepsEverything) {
   ASSERT_OK(store_->AddMetrics({MetricRow{.job_id = a.id, .epoch = 1, .step = 1, .loss = 2.5}}));
 
   Reopen();
-  EXPECT_EQ(store_->schema_version(), 14);
+  EXPECT_EQ(store_->schema_version(), 15);
   ASSERT_OK_AND_ASSIGN(auto jobs, store_->ListJobs({}));
   EXPECT_EQ(Ids(jobs), (std::vector<std::string>{a.id, b.id}));
   ASSERT_OK_AND_ASSIGN(JobRow got_b, store_->GetJob(b.id));
@@ -1087,18 +1087,18 @@ TEST_F(StoreTest, VersionZeroDatabaseIsMigratedToTheLatest) {
   {
     auto store = OpenStore(old_path);
     ASSERT_NE(store, nullptr);
-    EXPECT_EQ(store->schema_version(), 14);
+    EXPECT_EQ(store->schema_version(), 15);
     ASSERT_OK_AND_ASSIGN(JobRow j, store->CreateJob(NewJob("x"), nullptr));
     EXPECT_EQ(j.id, "j-000001");
   }
-  EXPECT_EQ(RawPragma(old_path, "user_version"), "14");
+  EXPECT_EQ(RawPragma(old_path, "user_version"), "15");
   EXPECT_EQ(RawPragma(old_path, "journal_mode"), "wal");
   EXPECT_EQ(RawPragma(old_path, "integrity_check"), "ok");
 
   // Reopening at the latest version runs no migration (it would fail: tables exist).
   auto again = OpenStore(old_path);
   ASSERT_NE(again, nullptr);
-  EXPECT_EQ(again->schema_version(), 14);
+  EXPECT_EQ(again->schema_version(), 15);
   again.reset();
 
   // A database from a newer ftd is refused, naming the path.
@@ -1277,7 +1277,8 @@ TEST_F(StoreTest, ATeamsQuotaAndWeightAreReplacedInPlaceAndSurviveAReopen) {
   EXPECT_EQ(teams[1].updated_ms, 3);
 }
 
-// Money and team limits (schema 13): an attempt keeps its price, a worker the price it reported, a
+// Money and team limits (schema 13): an attempt keeps its price (and, schema 15, the job the
+// scheduler stopped it for), a worker the price it reported, a
 // team its cap on queued jobs and its budget (or none); EndedSpendByTeam sums the ended attempts'
 // device-seconds (world x wall) at their prices by their job's team, and EndedAttemptTotals the
 // same split by category; UsageSpans lists the attempts that ran after a time, running ones too.
@@ -1293,12 +1294,16 @@ TEST_F(StoreTest, PricesBudgetsAndUsageSpansSurviveAReopen) {
                                &split));  // 10 s x 2 ranks x $3.60/h = $0.02
   ASSERT_OK_AND_ASSIGN(AttemptRow a2, store_->StartAttempt(a.id, "w1", 5, 1, 1, 1, 20'000, {}, "spot", 7.2));
   ASSERT_OK(store_->UpsertWorker(WorkerRow{.id = "w1", .pool = "spot", .price = 1.25}));
+  ASSERT_OK(store_->MarkPreemptedFor(a.id, a2.epoch, "j-000009"));
+  EXPECT_TRUE(store_->MarkPreemptedFor(a.id, 99, "j-000009").IsNotFound());
   ASSERT_OK(store_->SetTeam(TeamRow{.name = "nlp", .max_queued = 5, .budget = 100, .updated_ms = 1}));
   ASSERT_OK(store_->SetTeam(TeamRow{.name = "vision", .updated_ms = 1}));
   Reopen();
   ASSERT_OK_AND_ASSIGN(auto attempts, store_->ListAttempts(a.id));
   EXPECT_DOUBLE_EQ(attempts[0].price, 3.6);
   EXPECT_DOUBLE_EQ(attempts[1].price, 7.2);
+  EXPECT_EQ(attempts[0].preempted_for, "");
+  EXPECT_EQ(attempts[1].preempted_for, "j-000009") << "whom the scheduler stopped it for";
   ASSERT_OK_AND_ASSIGN(auto workers, store_->ListWorkers());
   EXPECT_DOUBLE_EQ(workers[0].price, 1.25);
   ASSERT_OK_AND_ASSIGN(auto teams, store_->ListTeams());
