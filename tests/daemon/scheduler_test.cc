@@ -234,8 +234,8 @@ TEST(SchedulerTest, APassThatPlacesTenThousandJobsOfAHundredTeamsStaysFast) {
   for (const Placement& p : r.placements) per_team[views[std::stoi(p.job_id.substr(1))].team] += 1;
   EXPECT_EQ(per_team.size(), 100u);
   for (const auto& [team, placed] : per_team) EXPECT_EQ(placed, 100) << team;
-  // In the normal tree: the sanitizer trees build the daemon at -O0 (under TSan on a loaded 2-core
-  // machine these passes took 2.6 and 3.3 s).
+    // In the normal tree: the sanitizer trees build the daemon at -O0 (under TSan on a loaded 2-core
+    // machine these passes took 2.6 and 3.3 s).
 #if !defined(FT_SANITIZED)
   EXPECT_LT(seconds, 2.0);
 #endif

@@ -1,18 +1,15 @@
 // The NCCL collective with one rank on one GPU (label gpu: skips without a
 // GPU, or in a build without NCCL; FT_REQUIRE_GPU=1 makes a missing GPU a
 // failure): every operation of engine/dist/collective.h through NCCL and
-// back to host memory. And, on any machine with a build that has NCCL, the
-// part of a multi-rank start that needs no GPU: the ranks' exchange of the
-// unique id through the rendezvous rank 0 serves.
+// back to host memory. (The exchange of NCCL's unique id, which needs no GPU,
+// is checked on every machine in collective_test.cc.)
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "engine/dist/collective.h"
-#include "tests/support/loopback_ranks.h"
 
 namespace ft {
 namespace {
@@ -53,30 +50,6 @@ TEST(NcclTest, OneRankRunsEveryCollective) {
   ASSERT_TRUE(nccl.AllGather(mine.data(), 777, all.data()).ok());
   EXPECT_EQ(all, mine);
   EXPECT_TRUE(nccl.Barrier().ok());
-}
-
-// Three ranks (threads) of one attempt get the same unique id, rank 0's, through its rendezvous
-// store. This is what ft-train's ranks do before NCCL needs a GPU.
-TEST(NcclTest, EveryRankGetsRankZerosUniqueIdThroughTheRendezvous) {
-  setenv("NCCL_SOCKET_IFNAME", "lo", 0);  // NCCL's bootstrap address: loopback is enough here
-  const int port = testing_support::FreeLoopbackPort();
-  constexpr int kWorld = 3;
-  std::vector<StatusOr<std::string>> ids(kWorld, Status::Unavailable("not run"));
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < kWorld; ++r) {
-    ranks.emplace_back([&, r] {
-      ids[static_cast<size_t>(r)] = ExchangeNcclUniqueId(testing_support::LoopbackSpec(r, kWorld, port));
-    });
-  }
-  for (std::thread& t : ranks) t.join();
-  if (ids[0].status().code() == Status::Code::kUnimplemented) GTEST_SKIP() << ids[0].status().ToString();
-  for (int r = 0; r < kWorld; ++r) {
-    ASSERT_TRUE(ids[static_cast<size_t>(r)].ok())
-        << "rank " << r << ": " << ids[static_cast<size_t>(r)].status().ToString();
-    EXPECT_EQ(*ids[static_cast<size_t>(r)], *ids[0]) << "rank " << r;
-  }
-  EXPECT_EQ(ids[0]->size(), 128u) << "ncclUniqueId's bytes";
-  EXPECT_NE(*ids[0], std::string(128, '\0'));
 }
 
 }  // namespace
