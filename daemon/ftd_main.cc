@@ -373,6 +373,11 @@ int main(int argc, char** argv) {
   // A file-size limit fails the write (EFBIG: the store turns sticky-failed and
   // /ready says 503, nothing acknowledged is lost) instead of killing ftd.
   std::signal(SIGXFSZ, SIG_IGN);
+  // Before anything announces that ftd listens: a SIGTERM that comes while it still starts (the
+  // webhook sender loads the system's CAs) ends it cleanly once the loop begins, instead of killing it.
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGHUP, OnHangup);
   if (int rc = CheckWorkerToken(f); rc != 0) return rc;
   std::error_code mkdir_error;
   std::filesystem::create_directories(f.data_dir, mkdir_error);
@@ -418,9 +423,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ftd: %s\n", s.ToString().c_str());
     return 2;
   }
-  std::signal(SIGTERM, OnSignal);
-  std::signal(SIGINT, OnSignal);
-  std::signal(SIGHUP, OnHangup);
   // The daemon's periodic duties live in one visible tick.
   while (!g_stop) {
     const auto start = std::chrono::steady_clock::now();
