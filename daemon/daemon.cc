@@ -635,8 +635,7 @@ StatusOr<pb::ListWorkersReply> Daemon::ListWorkers() {
     pb::WorkerInfo* info = reply.add_workers();
     info->set_id(w.id);
     info->set_pool(w.pool);
-    auto pool_price = options_.pool_prices.find(w.pool);
-    info->set_price(pool_price != options_.pool_prices.end() ? pool_price->second : w.price);
+    info->set_price(PriceIn(w.pool, w.price));
     if (auto t = worker_totals_.find(w.id); t != worker_totals_.end()) {
       SetSplit(t->second.device, info->mutable_goodput());
     }

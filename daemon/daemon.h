@@ -487,10 +487,11 @@ class Daemon {
   static Status CheckTeamChange(const std::string& name, const TeamChange& c);
   // team_usage_ from the attempts in the store (ftd's start, a reload after the store recovered).
   Status RebuildTeamUsage();
-  // Money (common/money.h): a device-hour's price on the worker of `s` (ftd's price for its pool,
-  // else its own); what `team`'s jobs cost so far (ended attempts, and running ones up to now).
-  double PriceOf(const Session& s) const;
-  double TeamSpend(const std::string& team) const;
+  // Money (common/money.h): a device-hour's price on a worker of `pool` that reported `own_price`
+  // (ftd's price for the pool, else its own); what each team's jobs cost so far (ended attempts,
+  // and running ones up to now), in one pass over the running jobs.
+  double PriceIn(const std::string& pool, double own_price) const;
+  std::map<std::string, double> SpendByTeam() const;
   std::optional<RunningView> RunningViewOf(const std::string& worker_id, const Session& s) const;
   void Preempt(const Preemption& p);
   bool StoppedForAnotherJob(const std::string& job_id) const;

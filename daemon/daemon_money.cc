@@ -7,6 +7,9 @@
 // limits on submits).
 #include <algorithm>
 #include <cstdio>
+#include <map>
+#include <optional>
+#include <string>
 
 #include "daemon/daemon.h"
 
@@ -22,19 +25,18 @@ std::string Money(double amount) {
 
 }  // namespace
 
-double Daemon::PriceOf(const Session& s) const {
-  auto pool = options_.pool_prices.find(s.pool);
-  return pool != options_.pool_prices.end() ? pool->second : s.price;
+double Daemon::PriceIn(const std::string& pool, double own_price) const {
+  auto priced = options_.pool_prices.find(pool);
+  return priced != options_.pool_prices.end() ? priced->second : own_price;
 }
 
-double Daemon::TeamSpend(const std::string& team) const {
-  auto ended = ended_spend_.find(team);
-  double spend = ended != ended_spend_.end() ? ended->second : 0;
+std::map<std::string, double> Daemon::SpendByTeam() const {
+  std::map<std::string, double> spend = ended_spend_;
   const int64_t now = clock_->WallMs();
   for (const auto& [job_id, meta] : running_meta_) {
-    if (meta.price <= 0 || TeamOf(job_id) != team) continue;
+    if (meta.price <= 0) continue;
     const double seconds = static_cast<double>(std::max<int64_t>(0, now - meta.started_wall_ms)) / 1000.0;
-    spend += seconds * static_cast<double>(meta.devices()) * meta.price / 3600.0;
+    spend[TeamOf(job_id)] += seconds * static_cast<double>(meta.devices()) * meta.price / 3600.0;
   }
   return spend;
 }
@@ -42,7 +44,7 @@ double Daemon::TeamSpend(const std::string& team) const {
 std::vector<Daemon::PendingSubmit*> Daemon::AdmitTeamLimits(const std::vector<PendingSubmit*>& batch) {
   std::vector<PendingSubmit*> admitted;
   std::map<std::string, int64_t> queued;  // per capped team in the batch: its queued jobs, counted once
-  std::map<std::string, double> spend;    // per team with a budget in the batch
+  std::optional<std::map<std::string, double>> spend;  // every team's, once a budget is checked
   for (PendingSubmit* p : batch) {
     const std::string& team = p->row.team;
     auto limits = team_limits_.find(team);
@@ -65,11 +67,11 @@ std::vector<Daemon::PendingSubmit*> Daemon::AdmitTeamLimits(const std::vector<Pe
       n->second += 1;
     }
     if (l.budget) {
-      auto [spent, fresh] = spend.try_emplace(team, 0.0);
-      if (fresh) spent->second = TeamSpend(team);
-      if (spent->second >= *l.budget) {
+      if (!spend) spend = SpendByTeam();
+      const double spent = (*spend)[team];
+      if (spent >= *l.budget) {
         p->status = Status::FailedPrecondition(
-            "team " + team + " has spent " + Money(spent->second) + " of its budget of " + Money(*l.budget) +
+            "team " + team + " has spent " + Money(spent) + " of its budget of " + Money(*l.budget) +
             ": no new job until an admin raises it (ftctl admin team set " + team +
             " --budget AMOUNT, or --budget none)");
         continue;

@@ -165,10 +165,14 @@ void Daemon::StartOn(const JobRow& job, const Placement& p) {
   const bool gang = p.ranks.size() > 1;
   const std::string pool = sessions_[p.worker_id].pool;  // rank 0's worker's
   // Its price per device-hour: the mean over its ranks of their workers' (common/money.h).
-  double price = PriceOf(sessions_[p.worker_id]);
+  const auto price_on = [&](const std::string& worker) {
+    const Session& s = sessions_[worker];
+    return PriceIn(s.pool, s.price);
+  };
+  double price = price_on(p.worker_id);
   if (gang) {
     price = 0;
-    for (const RankSlot& r : p.ranks) price += PriceOf(sessions_[r.worker_id]);
+    for (const RankSlot& r : p.ranks) price += price_on(r.worker_id);
     price /= static_cast<double>(p.ranks.size());
   }
   auto attempt =

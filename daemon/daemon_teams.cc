@@ -91,7 +91,7 @@ StatusOr<std::vector<TeamInfo>> Daemon::ListTeams() {
     team(name).budget = limits.budget;
     team(name).max_queued = limits.max_queued;
   }
-  for (const auto& [name, spent] : ended_spend_) team(name).spend = spent;
+  for (const auto& [name, spent] : SpendByTeam()) team(name).spend = spent;
   for (const auto& [name, devices] : running) team(name).running_devices = devices;
   for (const auto& [job_id, meta] : running_meta_)
     if (meta.borrowed) team(TeamOf(job_id)).borrowed_devices += meta.devices();
@@ -104,7 +104,6 @@ StatusOr<std::vector<TeamInfo>> Daemon::ListTeams() {
   std::vector<TeamInfo> out;
   for (auto& [name, t] : teams) {
     t.fair_share = fair.Share(fair.Index(name));
-    t.spend = TeamSpend(name);
     out.push_back(std::move(t));
   }
   return out;
