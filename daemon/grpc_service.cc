@@ -13,6 +13,7 @@
 #include "common/ids.h"
 #include "common/logging.h"
 #include "common/secret.h"
+#include "common/split.h"
 #include "common/untrusted_text.h"
 #include "daemon/authorization.h"
 #include "daemon/grpc_status.h"
@@ -633,7 +634,7 @@ class JobsService : public pb::Jobs::CallbackService {
     pb::Webhook out;
     out.set_id(h.id);
     out.set_url(h.url);
-    for (const std::string& kind : SplitWebhookKinds(h.events)) out.add_events(kind);
+    for (const std::string& kind : SplitOn(h.events, ',')) out.add_events(kind);
     out.set_team(h.team);
     out.set_user(h.user);
     out.set_created_by(h.created_by);

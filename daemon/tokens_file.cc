@@ -10,6 +10,7 @@
 
 #include "common/file_util.h"
 #include "common/secret.h"
+#include "common/split.h"
 
 namespace ft {
 
@@ -25,18 +26,9 @@ bool IsTokenChar(char c) {
          std::string_view("._~+/=-").find(c) != std::string_view::npos;
 }
 
-std::vector<std::string> SplitFields(const std::string& line) {
-  std::vector<std::string> fields;
-  std::stringstream in(line);
-  std::string field;
-  while (std::getline(in, field, ',')) fields.push_back(field);
-  if (!line.empty() && line.back() == ',') fields.emplace_back();
-  return fields;
-}
-
 // The user a line names, or why not (without the file:line prefix).
 StatusOr<std::pair<std::string, Identity>> ParseLine(const std::string& line) {
-  const std::vector<std::string> f = SplitFields(line);
+  const std::vector<std::string> f = SplitOn(line, ',');
   if (f.size() != 4) {
     return Status::InvalidArgument("expected token,user,team,role (4 fields), found " +
                                    std::to_string(f.size()));

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/secret.h"
+#include "common/split.h"
 #include "proto/names.h"
 
 namespace ft {
@@ -34,7 +35,7 @@ std::string KnownKinds() {
 
 // Whether `list` (comma-separated) holds `name`.
 bool ListHas(const std::string& list, const std::string& name) {
-  const std::vector<std::string> names = SplitWebhookKinds(list);
+  const std::vector<std::string> names = SplitOn(list, ',');
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
@@ -56,19 +57,9 @@ bool BadUrlCharacter(char c) {
 
 }  // namespace
 
-std::vector<std::string> SplitWebhookKinds(const std::string& list) {
-  std::vector<std::string> out;
-  for (size_t start = 0; !list.empty() && start <= list.size();) {
-    const size_t comma = std::min(list.find(',', start), list.size());
-    out.push_back(list.substr(start, comma - start));
-    start = comma + 1;
-  }
-  return out;
-}
-
 StatusOr<std::vector<std::string>> ParseWebhookKinds(const std::string& list) {
   const auto& table = WebhookKindTable();
-  for (const std::string& name : list.empty() ? std::vector<std::string>{""} : SplitWebhookKinds(list)) {
+  for (const std::string& name : list.empty() ? std::vector<std::string>{""} : SplitOn(list, ',')) {
     if (std::none_of(table.begin(), table.end(), [&](const WebhookKind& k) { return name == k.name; })) {
       return Status::InvalidArgument("--events: unknown kind '" + name.substr(0, 64) + "': use " +
                                      KnownKinds() + ", comma-separated");

@@ -39,9 +39,6 @@ struct WebhookKind {
 };
 const std::vector<WebhookKind>& WebhookKindTable();
 
-// The names of a comma-separated list, as written ("a,,b" → "a", "", "b"; "" → none).
-std::vector<std::string> SplitWebhookKinds(const std::string& list);
-
 // The subscribed kinds of a comma-separated list ("succeeded,failed"), in table order, each once.
 // InvalidArgument naming the unknown kind and the known ones, or an empty list.
 StatusOr<std::vector<std::string>> ParseWebhookKinds(const std::string& list);
