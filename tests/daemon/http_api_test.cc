@@ -982,21 +982,24 @@ TEST_F(HttpApiTest, StreamReplaysEventsAfterLastEventId) {
 }
 
 TEST_F(HttpApiTest, SlowStreamClientIsDroppedWithoutBlockingTheDaemon) {
-  Serve({}, {.stream_max_bytes = 256 << 10});
+  // A batch of 1,000 points is about 250 KB of events, all posted before the
+  // server's thread may write any on a loaded machine: the cap is 4 batches.
+  Serve({}, {.stream_max_bytes = 1 << 20});
   SseReader slow(port_);
   int small = 4096;
   setsockopt(slow.socket().native_handle(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
   ASSERT_TRUE(slow.Get("/api/stream"));
   ASSERT_TRUE(slow.ReadUntil("retry:", std::chrono::seconds(5)));
   SseReader fast(port_);
+  fast.KeepDraining();  // reads as the bytes come, even while this thread publishes
   ASSERT_TRUE(fast.Get("/api/stream"));
   ASSERT_TRUE(fast.ReadUntil("retry:", std::chrono::seconds(5)));
   ASSERT_TRUE(Eventually([&] { return server_->open_streams() == 2; }));
   // The slow client never reads again; the daemon keeps publishing at full
-  // speed, and the fast client keeps up (it reads each batch's last point).
+  // speed, and the fast client keeps up (it gets each batch's last point).
   const auto start = std::chrono::steady_clock::now();
   int batch = 0;
-  for (; batch < 40 && server_->open_streams() > 1; ++batch) {
+  for (; batch < 80 && server_->open_streams() > 1; ++batch) {
     SendMetrics(1000 + batch * 1000, 1999 + batch * 1000);
     ASSERT_TRUE(
         fast.ReadUntil("\"step\":" + std::to_string(1999 + batch * 1000) + ",", std::chrono::seconds(10)))

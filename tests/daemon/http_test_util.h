@@ -19,8 +19,11 @@
 #include <boost/beast/ssl.hpp>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -164,9 +167,41 @@ class SseReader {
     boost::asio::write(socket_, boost::asio::buffer(SseRequest(target, header_lines)), ec);
     return !ec;
   }
+  ~SseReader() { StopDraining(); }
+  // A client that keeps up: a thread reads everything as it arrives, so the
+  // server never sees a backlog from it however loaded the machine is (the
+  // test thread would otherwise read only between its own steps).
+  // ReadUntil then waits for the thread's text.
+  void KeepDraining() {
+    timeval tv{0, 100'000};  // short blocking reads, so a stop is seen
+    setsockopt(socket_.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    drainer_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!stop_ && !closed_) {
+        lock.unlock();
+        char buf[65536];
+        const ssize_t n = recv(socket_.native_handle(), buf, sizeof(buf), 0);
+        lock.lock();
+        if (n > 0) text_.append(buf, static_cast<size_t>(n));
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) closed_ = true;
+        if (n != 0) changed_.notify_all();
+        if (closed_) changed_.notify_all();
+      }
+    });
+  }
   // Reads until the text so far contains `needle` (true) or `timeout` passes (false).
   bool ReadUntil(const std::string& needle, std::chrono::milliseconds timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
+    if (drainer_.joinable()) {
+      std::unique_lock<std::mutex> lock(mu_);
+      size_t from = 0;  // only new text is searched again
+      const auto found = [&] {
+        if (text_.find(needle, from) != std::string::npos) return true;
+        from = text_.size() >= needle.size() ? text_.size() - needle.size() + 1 : 0;
+        return false;
+      };
+      return changed_.wait_until(lock, deadline, [&] { return found() || closed_; }) && found();
+    }
     timeval tv{0, 100'000};  // short blocking reads, so the deadline is checked
     setsockopt(socket_.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     size_t from = 0;  // only new text is searched again (streams may carry megabytes)
@@ -198,9 +233,22 @@ class SseReader {
  private:
   boost::asio::io_context ioc_;
   boost::asio::ip::tcp::socket socket_;
+  void StopDraining() {
+    if (!drainer_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    drainer_.join();  // its reads time out within 100 ms (SO_RCVTIMEO)
+  }
+
   bool connected_ = false;
   bool closed_ = false;
   std::string text_;
+  std::mutex mu_;  // guards text_, closed_ and stop_ while drainer_ runs
+  std::condition_variable changed_;
+  bool stop_ = false;
+  std::thread drainer_;
 };
 
 // Reads an SSE stream over TLS (asynchronous reads run for at most the deadline).
