@@ -149,7 +149,8 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
     trainable += L * layer_norms + embed + D + (c.tie_word_embeddings ? 0 : embed);
     largest_param = std::max(largest_param, embed);
   }
-  m.adapter = r.full ? 0 : trainable * kF32;
+  // LoRA under bf16/fp16: the fp32 masters and the 16-bit copies the GEMMs read.
+  m.adapter = r.full ? 0 : trainable * (kF32 + (low ? 2 : 0));
   m.gradients = trainable * kF32;
   m.trainable_values = trainable;
   m.host_gradient_sum = r.exact_gradient_sum ? trainable * (kExactSumBytesPerValue + kF32) : 0;

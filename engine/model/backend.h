@@ -71,6 +71,7 @@ const char* ActDTypeName(ActDType t);  // "fp32", "bf16", "fp16"
 struct Act {
   void* data = nullptr;
   ActDType dtype = ActDType::kF32;
+  Act() = default;            // none (data nullptr)
   Act(float* p) : data(p) {}  // NOLINT(google-explicit-constructor): fp32 is the common case
   Act(void* p, ActDType t) : data(p), dtype(t) {}
   // The tensor from element `i` on.
@@ -271,6 +272,16 @@ class Backend {
   // = grad_scale * (softmax - onehot). Read loss_sum with CopyToHost.
   virtual void CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t V,
                             float grad_scale, float* dlogits, double* loss_sum, float softcap) = 0;
+  // A typed linear's last step, y[rows, n] (bf16 or fp16) from its fp32 result c (x·Wᵀ, + bias):
+  // c + alpha · xa·Bᵀ (LoRA: xa [rows, r] and B [n, r] in y's type; r = 0: none), then, with a
+  // residual (nullable, y's type), that sum rounded to y's type plus the residual; stored in y
+  // rounded to nearest even. The values of Gemm(y's type as operands, xa, Bᵀ, alpha, beta 1, c),
+  // Round (with a residual) and Axpy(residual), then Convert(c, y), up to the order of the
+  // product's fp32 sums: what the CPU does, where a GPU runs one kernel that reads c once (instead
+  // of a GEMM pass over c and two or three elementwise ones). c is left unspecified; y may alias
+  // the residual.
+  virtual void LinearOutput(int64_t rows, int64_t n, int64_t r, float alpha, ConstAct xa, ConstAct b,
+                            float* c, const ConstAct* residual, Act y) = 0;
   // out[layout.n] = cpu::DequantizeNf4Blob of the NF4 blob (kernels/cpu/nf4.h)
   // at `blob`, a tensor's codes and scales in this backend's memory, bit for
   // bit: how a QLoRA model's frozen weights, kept at about half a byte per
@@ -303,9 +314,12 @@ class Backend {
   // Σ over `tensors` of Σ x², in double: each tensor's sum in a fixed order, the sums added in the
   // list's order starting from the first's (the global grad norm). Waits once, for the total.
   virtual double SumSquares(const std::vector<FloatRange>& tensors) = 0;
-  // One AdamW update (cpu::AdamW's definition) on device param/grad/m/v.
+  // One AdamW update (cpu::AdamW's definition) on device param/grad/m/v. `copy` (none when its
+  // data is nullptr): the updated param is also stored there in its dtype, rounded to nearest
+  // even (the 16-bit copy the GEMMs read of a trainable tensor: the same values a Convert after
+  // the update gives, in the update's own pass on a GPU).
   virtual void AdamW(const cpu::AdamWParams& hp, int64_t n, float* param, const float* grad, float* m,
-                     float* v) = 0;
+                     float* v, Act copy) = 0;
 
  protected:
   // Device memory primitives behind Alloc/AllocBytes and DeviceBuffer.

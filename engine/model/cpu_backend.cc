@@ -214,6 +214,20 @@ class CpuBackend final : public Backend {
   }
   void RoundToBf16(float* x, int64_t n) override { cpu::RoundToBf16(x, n); }
   void RoundToFp16(float* x, int64_t n) override { cpu::RoundToFp16(x, n); }
+  // The composition LinearOutput's definition names (backend.h).
+  void LinearOutput(int64_t rows, int64_t n, int64_t r, float alpha, ConstAct xa, ConstAct b, float* c,
+                    const ConstAct* residual, Act y) override {
+    FT_CHECK(y.dtype != ActDType::kF32);
+    const bool f16 = y.dtype == ActDType::kF16;
+    if (r > 0)
+      Gemm(f16 ? GemmOperands::kF16 : GemmOperands::kBF16, false, true, rows, n, r, alpha, xa, r, b, r, 1.0f,
+           c, n);
+    if (residual != nullptr) {
+      f16 ? RoundToFp16(c, rows * n) : RoundToBf16(c, rows * n);
+      Axpy(rows * n, 1.0f, *residual, c);
+    }
+    Convert(ConstAct(c), rows * n, y);
+  }
   void Convert(ConstAct x, int64_t n, Act out) override {
     if (x.dtype == out.dtype) {
       Copy(out.data, x.data, n * ActDTypeBytes(x.dtype));
@@ -261,9 +275,10 @@ class CpuBackend final : public Backend {
     for (const FloatRange& t : tensors) sum += cpu::SumSquares<float>(t.data, t.n);
     return sum;
   }
-  void AdamW(const cpu::AdamWParams& hp, int64_t n, float* param, const float* grad, float* m,
-             float* v) override {
+  void AdamW(const cpu::AdamWParams& hp, int64_t n, float* param, const float* grad, float* m, float* v,
+             Act copy) override {
     cpu::AdamW<float>(hp, n, param, grad, m, v);
+    if (copy.data != nullptr) Convert(ConstAct(param), n, copy);
   }
 
  protected:

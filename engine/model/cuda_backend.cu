@@ -37,6 +37,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <initializer_list>
@@ -183,6 +184,7 @@ class CudaBackend final : public Backend {
     att_ws_ = DeviceBuffer();
     row_loss_ = DeviceBuffer();
     ss_ws_ = DeviceBuffer();
+    ss_list_ = DeviceBuffer();
     blas_.reset();
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
@@ -203,9 +205,6 @@ class CudaBackend final : public Backend {
     FT_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking),
                                   "cudaStreamCreate (copy stream)"));
     FT_ASSIGN_OR_RETURN(blas_, cuda::BlasLt::Create());
-    ss_ws_ = AllocBytes(cuda::SumSquaresWorkspaceDoubles() * static_cast<int64_t>(sizeof(double)) +
-                            static_cast<int64_t>(sizeof(double)),
-                        MemCategory::kWorkspace);
     return Synchronize();
   }
 
@@ -530,6 +529,22 @@ class CudaBackend final : public Backend {
     RoundInPlaceKernel<T><<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(x, n);
     Record(LaunchStatus(name));
   }
+  void LinearOutput(int64_t rows, int64_t n, int64_t r, float alpha, ConstAct xa, ConstAct b, float* c,
+                    const ConstAct* residual, Act y) override {
+    if (!status_.ok()) return;
+    if (r > 0 && !SameStorage("LinearOutput", {xa.dtype, b.dtype, y.dtype})) return;
+    if (residual != nullptr && !SameStorage("LinearOutput", {residual->dtype, y.dtype})) return;
+    FT_TIME_OP(cuda_op::kLinearOutput);
+    WithStorage(y.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      if constexpr (std::is_same_v<T, float>) {
+        Record(Status::InvalidArgument("LinearOutput stores a 16-bit y; got fp32"));
+      } else {
+        Record(cuda::LinearOutput<T>(rows, n, r, alpha, xa.as<T>(), b.as<T>(), c,
+                                     residual != nullptr ? residual->as<T>() : nullptr, y.as<T>(), stream_));
+      }
+    });
+  }
   void Convert(ConstAct x, int64_t n, Act out) override {
     if (!status_.ok() || n <= 0) return;
     if (x.dtype == out.dtype) {
@@ -567,25 +582,48 @@ class CudaBackend final : public Backend {
                           float* dx) override {
     LaunchDropout(key, d, rows, in, dx, true);
   }
-  // One device total, each tensor's sum added to it in order (the first's starts it): one read.
+  // Every tensor's total in one multi-tensor pass (two launches), read at once and added in the
+  // list's order from the first: the sum the per-tensor kernels chained on the device gave. The
+  // device list of tensors is uploaded only when it changes (the optimizer passes the same each step).
   double SumSquares(const std::vector<FloatRange>& tensors) override {
     if (!status_.ok() || tensors.empty()) return 0.0;
-    double* ws = ss_ws_.as<double>();
-    double* out = ws + cuda::SumSquaresWorkspaceDoubles();
-    for (size_t i = 0; i < tensors.size() && status_.ok(); ++i) {
-      FT_TIME_OP(cuda_op::kSumSquares);
-      Record(cuda::SumSquares<float>(tensors[i].data, tensors[i].n, ws, out, i > 0, stream_));
+    const auto count = static_cast<int64_t>(tensors.size());
+    if (!SameRanges(tensors, ss_list_host_)) {
+      std::vector<cuda::TensorSpan<float>> spans;
+      for (const FloatRange& t : tensors) spans.push_back({t.data, t.n});
+      const auto bytes = static_cast<int64_t>(spans.size() * sizeof(spans[0]));
+      Workspace(ss_list_, bytes);
+      CopyToDevice(ss_list_.data(), spans.data(), bytes);
+      ss_list_host_ = tensors;
     }
-    double host = 0.0;
-    CopyToHost(&host, out, sizeof(double));
-    return host;
+    auto* ws = reinterpret_cast<double*>(
+        Workspace(ss_ws_, (cuda::SumSquaresListWorkspaceDoubles(count) + count) * int64_t{sizeof(double)}));
+    if (!status_.ok()) return 0.0;
+    double* totals = ws + cuda::SumSquaresListWorkspaceDoubles(count);
+    {
+      FT_TIME_OP(cuda_op::kSumSquares);
+      Record(cuda::SumSquaresList<float>(ss_list_.as<cuda::TensorSpan<float>>(), count, ws, totals, stream_));
+    }
+    std::vector<double> host(tensors.size(), 0.0);
+    CopyToHost(host.data(), totals, count * int64_t{sizeof(double)});
+    double sum = host[0];
+    for (size_t i = 1; i < host.size(); ++i) sum += host[i];
+    return sum;
   }
-  void AdamW(const cpu::AdamWParams& hp, int64_t n, float* param, const float* grad, float* m,
-             float* v) override {
+  static bool SameRanges(const std::vector<FloatRange>& a, const std::vector<FloatRange>& b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const FloatRange& x, const FloatRange& y) {
+      return x.data == y.data && x.n == y.n;
+    });
+  }
+  // The 16-bit copy is stored by the update's own kernel (no pass of its own).
+  void AdamW(const cpu::AdamWParams& hp, int64_t n, float* param, const float* grad, float* m, float* v,
+             Act copy) override {
     if (!status_.ok() || n <= 0) return;
     FT_TIME_OP(cuda_op::kAdamW);
-    Record(cuda::AdamW<float>(hp, n, param, grad, m, v, static_cast<float*>(nullptr), nullptr, nullptr,
-                              stream_));
+    WithStorage(copy.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      Record(cuda::AdamW<T>(hp, n, param, grad, m, v, copy.as<T>(), nullptr, nullptr, stream_));
+    });
   }
 
  protected:
@@ -728,8 +766,9 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::BlasLt> blas_;
   Status status_;
   CudaOpTimes times_;
-  DeviceBuffer rms_ws_, att_ws_, row_loss_, ss_ws_, a16_ws_, b16_ws_;
-  DeviceBuffer stage_ws_[2];  // the fp32 GEMM's 16-bit operands, widened (StagedOperand)
+  DeviceBuffer rms_ws_, att_ws_, row_loss_, ss_ws_, ss_list_, a16_ws_, b16_ws_;
+  std::vector<FloatRange> ss_list_host_;  // what ss_list_ holds (SumSquares' tensors)
+  DeviceBuffer stage_ws_[2];              // the fp32 GEMM's 16-bit operands, widened (StagedOperand)
 };
 
 }  // namespace

@@ -18,8 +18,10 @@ namespace {
 constexpr int64_t kReserveBytes = int64_t{1} << 40;
 constexpr int64_t kMinReserveBytes = int64_t{1} << 26;
 constexpr int64_t kAlign = 256;
-// kernels/cuda's workspace shapes (norm.cu kRowsPerChunk, elementwise.cu kBlocks).
+// kernels/cuda's workspace shapes (norm.cu kRowsPerChunk, elementwise.cu kBlocks and its list groups).
 constexpr int64_t kRmsRowsPerChunk = 64;
+constexpr int64_t kSumSquaresBlocks = 512, kMaxListGroup = 65535;
+constexpr int64_t kTensorSpanBytes = 16;  // cuda::TensorSpan<float>: a pointer and an int64
 
 // Published dense peaks (vendor data sheets); the link is PCIe one way.
 const std::vector<GpuSpec> kGpus = {
@@ -73,6 +75,8 @@ CudaCostBackend::~CudaCostBackend() {
   row_loss_ = DeviceBuffer();
   a16_ws_ = DeviceBuffer();
   b16_ws_ = DeviceBuffer();
+  ss_ws_ = DeviceBuffer();
+  ss_list_ = DeviceBuffer();
   for (DeviceBuffer& b : stage_ws_) b = DeviceBuffer();
   munmap(base_, static_cast<size_t>(reserved_));
 }
@@ -313,20 +317,48 @@ void CudaCostBackend::Convert(ConstAct x, int64_t n, Act out) {
   }
   Record(op::kConvert, 1, 0, D(n) * D(Bytes(x.dtype) + Bytes(out.dtype)));
 }
+// One kernel: c read, y written (and the residual read), each row's xa and B (cached) read; the
+// product's 2r FLOPs an element on the fp32 cores.
+void CudaCostBackend::LinearOutput(int64_t rows, int64_t n, int64_t r, float, ConstAct xa, ConstAct, float*,
+                                   const ConstAct* residual, Act y) {
+  if (rows * n <= 0) return;
+  const double es = D(Bytes(y.dtype)), per = 4 + es + (residual != nullptr ? es : 0);
+  Record(op::kLinearOutput, 1, 2 * D(r) * D(rows * n),
+         D(rows * n) * per + D(rows + n) * D(r) * D(Bytes(xa.dtype)));
+}
 void CudaCostBackend::Dropout(const DropoutKey&, ConstAct x, int64_t rows, int64_t in, float*) {
   if (rows * in > 0) Record(op::kDropout, 1, D(rows * in), D(rows * in) * D(Bytes(x.dtype) + 4));
 }
 void CudaCostBackend::DropoutBackwardAdd(const DropoutKey&, const float*, int64_t rows, int64_t in, float*) {
   if (rows * in > 0) Record(op::kDropout, 1, 2 * D(rows * in), 12 * D(rows * in));
 }
+// One multi-tensor pass (kernels/cuda SumSquaresList: two launches per group of 65535 tensors), its
+// list uploaded when it changes, every tensor's total read at once.
 double CudaCostBackend::SumSquares(const std::vector<FloatRange>& tensors) {
   if (tensors.empty()) return 0.0;
-  for (const FloatRange& t : tensors) Record(op::kSumSquares, 2, 2 * D(t.n), 4 * D(t.n));
-  Link(op::kCopyToHost, sizeof(double), false);  // the total, read at once
+  const auto count = static_cast<int64_t>(tensors.size());
+  const bool same =
+      std::equal(tensors.begin(), tensors.end(), ss_list_host_.begin(), ss_list_host_.end(),
+                 [](const FloatRange& a, const FloatRange& b) { return a.data == b.data && a.n == b.n; });
+  if (!same) {
+    Workspace(ss_list_, count * kTensorSpanBytes);
+    Link(op::kCopyToDevice, count * kTensorSpanBytes, true);
+    ss_list_host_ = tensors;
+  }
+  const int64_t groups = (count + kMaxListGroup - 1) / kMaxListGroup,
+                partials = std::min(count, kMaxListGroup) * kSumSquaresBlocks;
+  Workspace(ss_ws_, (partials + count) * 8);
+  double n = 0;
+  for (const FloatRange& t : tensors) n += D(t.n);
+  // x read once; each tensor's partials written and read, its total written.
+  Record(op::kSumSquares, 2 * groups, 2 * n, 4 * n + 16 * D(count * kSumSquaresBlocks) + 8 * D(count));
+  Link(op::kCopyToHost, count * 8, false);  // the totals, read at once
   return 0.0;
 }
-void CudaCostBackend::AdamW(const cpu::AdamWParams&, int64_t n, float*, const float*, float*, float*) {
-  if (n > 0) Record(op::kAdamW, 1, 15 * D(n), 28 * D(n));
+void CudaCostBackend::AdamW(const cpu::AdamWParams&, int64_t n, float*, const float*, float*, float*,
+                            Act copy) {
+  const double copy_bytes = copy.data != nullptr ? D(Bytes(copy.dtype)) : 0;
+  if (n > 0) Record(op::kAdamW, 1, 15 * D(n), (28 + copy_bytes) * D(n));
 }
 
 }  // namespace ft

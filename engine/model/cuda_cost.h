@@ -119,12 +119,14 @@ class CudaCostBackend final : public Backend {
   void RoundToBf16(float* x, int64_t n) override;
   void RoundToFp16(float* x, int64_t n) override;
   void Convert(ConstAct x, int64_t n, Act out) override;
+  void LinearOutput(int64_t rows, int64_t n, int64_t r, float alpha, ConstAct xa, ConstAct b, float* c,
+                    const ConstAct* residual, Act y) override;
   void Dropout(const DropoutKey& key, ConstAct x, int64_t rows, int64_t in, float* out) override;
   void DropoutBackwardAdd(const DropoutKey& key, const float* d, int64_t rows, int64_t in,
                           float* dx) override;
   double SumSquares(const std::vector<FloatRange>& tensors) override;
-  void AdamW(const cpu::AdamWParams& hp, int64_t n, float* param, const float* grad, float* m,
-             float* v) override;
+  void AdamW(const cpu::AdamWParams& hp, int64_t n, float* param, const float* grad, float* m, float* v,
+             Act copy) override;
 
  protected:
   void* RawAlloc(int64_t bytes) override;
@@ -145,8 +147,9 @@ class CudaCostBackend final : public Backend {
   char* base_ = nullptr;  // the reserved range
   int64_t reserved_ = 0, used_ = 0;
   CostLedger ledger_;
-  DeviceBuffer rms_ws_, att_ws_, row_loss_, a16_ws_, b16_ws_;
+  DeviceBuffer rms_ws_, att_ws_, row_loss_, a16_ws_, b16_ws_, ss_ws_, ss_list_;
   DeviceBuffer stage_ws_[2];
+  std::vector<FloatRange> ss_list_host_;  // CudaBackend's cached device list of SumSquares' tensors
 };
 
 }  // namespace ft

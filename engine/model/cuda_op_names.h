@@ -42,6 +42,7 @@ inline constexpr char kBiasGrad[] = "bias grad";
 inline constexpr char kRoundBf16[] = "bf16 rounding";
 inline constexpr char kRoundF16[] = "fp16 rounding";
 inline constexpr char kConvert[] = "convert (typed storage)";
+inline constexpr char kLinearOutput[] = "linear output (+lora, round)";
 inline constexpr char kDropout[] = "dropout";
 inline constexpr char kSumSquares[] = "sum of squares";
 inline constexpr char kAdamW[] = "adamw";

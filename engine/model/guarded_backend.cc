@@ -207,14 +207,19 @@ class GuardedCpuBackend final : public Backend {
     Open o(this);
     inner_->DropoutBackwardAdd(key, d, rows, in, dx);
   }
+  void LinearOutput(int64_t rows, int64_t n, int64_t r, float alpha, ConstAct xa, ConstAct b, float* c,
+                    const ConstAct* residual, Act y) override {
+    Open o(this);
+    inner_->LinearOutput(rows, n, r, alpha, xa, b, c, residual, y);
+  }
   double SumSquares(const std::vector<FloatRange>& tensors) override {
     Open o(this);
     return inner_->SumSquares(tensors);
   }
-  void AdamW(const cpu::AdamWParams& hp, int64_t n, float* param, const float* grad, float* m,
-             float* v) override {
+  void AdamW(const cpu::AdamWParams& hp, int64_t n, float* param, const float* grad, float* m, float* v,
+             Act copy) override {
     Open o(this);
-    inner_->AdamW(hp, n, param, grad, m, v);
+    inner_->AdamW(hp, n, param, grad, m, v, copy);
   }
 
  protected:

@@ -180,6 +180,13 @@ Status Model::EnableLora(const LoraSpec& spec) {
       lw->b = backend_->Alloc(lin.out * spec.r, MemCategory::kAdapter);
       lw->da = backend_->Alloc(spec.r * lin.in, MemCategory::kGradients);
       lw->db = backend_->Alloc(lin.out * spec.r, MemCategory::kGradients);
+      if (act_dtype_ != ActDType::kF32) {  // B's copy starts as its zeros; A's is made by the Upload below
+        const int64_t es = ActDTypeBytes(act_dtype_);
+        lw->a16 = backend_->AllocBytes(lw->a.size() * es, MemCategory::kAdapter);
+        lw->b16 = backend_->AllocBytes(lw->b.size() * es, MemCategory::kAdapter);
+        lora_copies_[lw->a.data()] = A(lw->a16);
+        lora_copies_[lw->b.data()] = A(lw->b16);
+      }
       // PEFT: kaiming_uniform_(a=sqrt(5)) on A gives U(-1/sqrt(in), 1/sqrt(in)); B = 0.
       const float bound = 1.0f / std::sqrt(static_cast<float>(lin.in));
       const uint64_t module_key = static_cast<uint64_t>(l) * kNumModules + static_cast<uint64_t>(m);
@@ -421,6 +428,9 @@ std::vector<float> Model::Download(const float* tensor, int64_t n) const {
 
 void Model::Upload(float* tensor, const float* host, int64_t n) {
   backend_->CopyToDevice(tensor, host, n * static_cast<int64_t>(sizeof(float)));
+  if (auto copy = lora_copies_.find(tensor); copy != lora_copies_.end()) {
+    backend_->Convert(ConstAct(tensor), n, copy->second);
+  }
   // The caller may free `host` next: wait for the copy (a no-op on the CPU).
   FT_CHECK(backend_->Synchronize().ok());
 }
@@ -491,8 +501,13 @@ std::vector<TrainableParam> Model::TrainableParams() {
       LoraWeights& lw = *lin.lora;
       const std::string base =
           "base_model.model." + LayerPrefix(l) + ModulePath(config_, static_cast<ModuleKind>(m));
-      out.push_back({base + ".lora_A.weight", {lw.r, lw.in}, lw.a.data(), lw.da.data(), lw.a.size(), true});
-      out.push_back({base + ".lora_B.weight", {lw.out, lw.r}, lw.b.data(), lw.db.data(), lw.b.size(), true});
+      const auto add = [&](const char* suffix, std::vector<int64_t> shape, DeviceBuffer& w,
+                           DeviceBuffer& grad, DeviceBuffer& copy) {
+        out.push_back({base + suffix, std::move(shape), w.data(), grad.data(), w.size(), true,
+                       copy.empty() ? Act() : A(copy)});
+      };
+      add(".lora_A.weight", {lw.r, lw.in}, lw.a, lw.da, lw.a16);
+      add(".lora_B.weight", {lw.out, lw.r}, lw.b, lw.db, lw.b16);
     }
   }
   return out;
@@ -771,7 +786,8 @@ GemmOperands Model::LinearOperands() const {
 }
 
 // Typed storage: the products accumulate in fp32 (y32, xa32) and are
-// stored in the activation dtype once, rounded, as a bf16 matmul's output is.
+// stored in the activation dtype once, rounded, as a bf16 matmul's output is:
+// LoRA's product, the rounding and the residual in one backend op (LinearOutput).
 void Model::LinearForward(int l, ModuleKind m, ConstAct x, int64_t rows, Act y, Act xa,
                           const ConstAct* residual) {
   Linear& lin = layers_[l][m];
@@ -780,22 +796,26 @@ void Model::LinearForward(int l, ModuleKind m, ConstAct x, int64_t rows, Act y, 
   backend_->Gemm(LinearOperands(), false, true, rows, lin.out, lin.in, 1.0f, x, lin.in, LinearWeight(l, m),
                  lin.in, 0.0f, y32, lin.out);
   if (!lin.bias.empty()) backend_->AddBias(y32, lin.bias.data(), rows, lin.out);
-  if (lin.lora && !adapter_off_) {
-    LoraWeights& lw = *lin.lora;
+  LoraWeights* lw = lin.lora && !adapter_off_ ? lin.lora.get() : nullptr;
+  if (lw != nullptr) {
     const ConstAct xd = DropoutInput(l, m, x, rows, lin.in, acts_->drop.data());
     float* xa32 = typed ? acts_->xa32.data() : xa.as<float>();
-    backend_->Gemm(LinearOperands(), false, true, rows, lw.r, lw.in, 1.0f, xd, lw.in, lw.a.data(), lw.in,
-                   0.0f, xa32, lw.r);
-    if (typed) backend_->Convert(ConstAct(xa32), rows * lw.r, xa);
-    backend_->Gemm(LinearOperands(), false, true, rows, lw.out, lw.r, lw.scale, xa, lw.r, lw.b.data(), lw.r,
-                   1.0f, y32, lw.out);
+    backend_->Gemm(LinearOperands(), false, true, rows, lw->r, lw->in, 1.0f, xd, lw->in,
+                   LoraOperand(lw->a, lw->a16), lw->in, 0.0f, xa32, lw->r);
+    if (typed) backend_->Convert(ConstAct(xa32), rows * lw->r, xa);
   }
-  // The residual is added to the linear's rounded output, and the sum rounded (torch: x + bf16 matmul).
-  if (residual) {
-    Round(y32, rows * lin.out);
-    backend_->Axpy(rows * lin.out, 1.0f, *residual, y32);
+  if (typed) {
+    const ConstAct none(static_cast<const float*>(nullptr));
+    backend_->LinearOutput(rows, lin.out, lw != nullptr ? lw->r : 0, lw != nullptr ? lw->scale : 0.0f,
+                           lw != nullptr ? ConstAct(xa) : none,
+                           lw != nullptr ? LoraOperand(lw->b, lw->b16) : none, y32, residual, y);
+    return;
   }
-  if (typed) backend_->Convert(ConstAct(y32), rows * lin.out, y);
+  if (lw != nullptr) {
+    backend_->Gemm(LinearOperands(), false, true, rows, lw->out, lw->r, lw->scale, xa, lw->r, lw->b.data(),
+                   lw->r, 1.0f, y32, lw->out);
+  }
+  if (residual) backend_->Axpy(rows * lin.out, 1.0f, *residual, y32);  // fp32: nothing to round
 }
 
 void Model::ColumnBlocks(void* whole, int64_t es, int64_t rows,
@@ -811,6 +831,10 @@ void Model::ColumnBlocks(void* whole, int64_t es, int64_t rows,
     }
     at += cols * es;
   }
+}
+
+ConstAct Model::LoraOperand(const DeviceBuffer& master, const DeviceBuffer& copy) const {
+  return copy.empty() ? ConstAct(master.data()) : ConstAct(copy.data(), act_dtype_);
 }
 
 ConstAct Model::RoundedOperand(const float* x, int64_t n, DeviceBuffer& buf) {
@@ -841,8 +865,8 @@ void Model::LinearBackward(int l, ModuleKind m, ConstAct x, ConstAct xa, float* 
   if (!lin.lora || adapter_off_) return;
   LoraWeights& lw = *lin.lora;
   float* dxa32 = acts_->dxa.data();
-  backend_->Gemm(LinearOperands(), false, false, rows, lw.r, lw.out, 1.0f, dy_op, lw.out, lw.b.data(), lw.r,
-                 0.0f, dxa32, lw.r);
+  backend_->Gemm(LinearOperands(), false, false, rows, lw.r, lw.out, 1.0f, dy_op, lw.out,
+                 LoraOperand(lw.b, lw.b16), lw.r, 0.0f, dxa32, lw.r);
   const ConstAct dxa = typed ? RoundedOperand(dxa32, rows * lw.r, acts_->xa32) : ConstAct(dxa32);
   backend_->Gemm(LinearOperands(), true, false, lw.out, lw.r, rows, lw.scale, dy_op, lw.out, xa, lw.r, 1.0f,
                  lw.db.data(), lw.r);
@@ -850,14 +874,14 @@ void Model::LinearBackward(int l, ModuleKind m, ConstAct x, ConstAct xa, float* 
   backend_->Gemm(LinearOperands(), true, false, lw.r, lw.in, rows, lw.scale, dxa, lw.r, xd, lw.in, 1.0f,
                  lw.da.data(), lw.in);
   if (lora_spec_.dropout <= 0) {
-    backend_->Gemm(LinearOperands(), false, false, rows, lw.in, lw.r, lw.scale, dxa, lw.r, lw.a.data(), lw.in,
-                   1.0f, dx, lw.in);
+    backend_->Gemm(LinearOperands(), false, false, rows, lw.in, lw.r, lw.scale, dxa, lw.r,
+                   LoraOperand(lw.a, lw.a16), lw.in, 1.0f, dx, lw.in);
     return;
   }
   // Through the dropout: d(drop(x))/dx is the same keep mask and scale.
   float* tmp = acts_->drop.data();
-  backend_->Gemm(LinearOperands(), false, false, rows, lw.in, lw.r, lw.scale, dxa, lw.r, lw.a.data(), lw.in,
-                 0.0f, tmp, lw.in);
+  backend_->Gemm(LinearOperands(), false, false, rows, lw.in, lw.r, lw.scale, dxa, lw.r,
+                 LoraOperand(lw.a, lw.a16), lw.in, 0.0f, tmp, lw.in);
   backend_->DropoutBackwardAdd(DropoutKeyFor(l, m), tmp, rows, lw.in, dx);
 }
 
@@ -1301,6 +1325,7 @@ void Model::MergeLora() {
       lin.lora.reset();
     }
   }
+  lora_copies_.clear();
   lora_enabled_ = false;
   acts_.reset();
   for (DeviceBuffer& stage : stage_) stage = DeviceBuffer();

@@ -59,8 +59,11 @@ struct LoraSpec {
 struct LoraWeights {
   int64_t r = 0, in = 0, out = 0;
   float scale = 1;
-  DeviceBuffer a;   // (r, in)   trainable, fp32 master
-  DeviceBuffer b;   // (out, r)  trainable, zero at init
+  DeviceBuffer a;  // (r, in)   trainable, fp32 master
+  DeviceBuffer b;  // (out, r)  trainable, zero at init
+  // Under bf16/fp16: a and b in the compute dtype, what the GEMMs read (TrainableParam::copy), so
+  // that no GEMM converts them; empty under fp32.
+  DeviceBuffer a16, b16;
   DeviceBuffer da;  // (r, in)
   DeviceBuffer db;  // (out, r)
 };
@@ -127,6 +130,10 @@ struct TrainableParam {
   float* grad = nullptr;
   int64_t numel = 0;
   bool weight_decay = true;  // HF Trainer: no decay for biases and norm weights
+  // LoRA under bf16/fp16: the copy of data in the compute dtype that the GEMMs read (rounded to
+  // nearest even), refreshed by each writer of data: the optimizer's update (Backend::AdamW's
+  // copy) and Model::Upload. None (data nullptr) otherwise.
+  Act copy;
 };
 
 // One micro-batch: `batch` rows of `seq` tokens, right-padded.
@@ -455,6 +462,10 @@ class Model {
   // Replaces lin's 16-bit codes by floats (full training, merging).
   void WidenLinear(Linear& lin);
   LoraSpec lora_spec_;
+  // LoRA's 16-bit copies (LoraWeights::a16, b16) keyed by their fp32 master, for Upload to refresh.
+  std::map<const float*, Act> lora_copies_;
+  // What a LoRA GEMM reads of a master: its 16-bit copy under bf16/fp16, else the master.
+  ConstAct LoraOperand(const DeviceBuffer& master, const DeviceBuffer& copy) const;
 
   DeviceBuffer rope_cos_, rope_sin_;              // (rope_len_, hd/2)
   DeviceBuffer rope_local_cos_, rope_local_sin_;  // the sliding layers' (rope_local_theta), or empty

@@ -163,14 +163,15 @@ Status AdamWOptimizer::ClipAndStep(double grad_norm, double lr, double grad_mult
     cpu::AdamWParams hp{
         lr,       config_.beta1, config_.beta2, config_.eps, p.weight_decay ? config_.weight_decay : 0.0,
         updates()};
+    const Act copy = p.copy.data != nullptr ? p.copy.At(lo) : Act();
     if (!paged_) {
-      backend_->AdamW(hp, count, p.data + lo, p.grad + lo, m_[i].data(), v_[i].data());
+      backend_->AdamW(hp, count, p.data + lo, p.grad + lo, m_[i].data(), v_[i].data(), copy);
       continue;
     }
     backend_->WaitForCopies();  // this piece's page is in; the other page's page-out is done
     if (k + 1 < mine.size()) page_in(k + 1);
     float* page = pages_[k % 2].data();
-    backend_->AdamW(hp, count, p.data + lo, p.grad + lo, page, page + count);
+    backend_->AdamW(hp, count, p.data + lo, p.grad + lo, page, page + count, copy);
     backend_->CopyToHostAsync(m_[i].data(), page, count * f);
     backend_->CopyToHostAsync(v_[i].data(), page + count, count * f);
   }
@@ -184,7 +185,9 @@ Status AdamWOptimizer::ClipAndStep(double grad_norm, double lr, double grad_mult
     return Status::Unavailable("gathering the updated parameters from every rank failed");
   }
   for (size_t i = 0; i < params_.size(); ++i) {
-    backend_->CopyToDevice(params_[i].data, all.data() + offset_[i], params_[i].numel * f);
+    const TrainableParam& p = params_[i];
+    backend_->CopyToDevice(p.data, all.data() + offset_[i], p.numel * f);
+    if (p.copy.data != nullptr) backend_->Convert(ConstAct(p.data), p.numel, p.copy);  // the others' ranges
   }
   return backend_->Synchronize();
 }

@@ -7,7 +7,11 @@
 // each block reduces its threads in BlockSum's fixed tree into workspace[block],
 // and one block adds the kBlocks partials the same way. The order depends on
 // nothing but n, so the result is bit-identical from run to run (it is not
-// the CPU's order: the two agree to fp64 rounding).
+// the CPU's order: the two agree to fp64 rounding). SumSquaresList does the
+// same for a list of tensors in two launches: block (x, y) is tensor y's
+// block x, then block y adds tensor y's partials; each total is the one
+// SumSquares gives that tensor alone, bit for bit.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cuda/cuda_check.h"
@@ -23,8 +27,9 @@ using internal::Store;
 constexpr int kBlocks = 512;
 constexpr int kThreads = 256;
 
+// Block blockIdx.x's share of Σ x² (every thread of the block calls it).
 template <typename T>
-__global__ void SumSquaresPartialKernel(const T* x, int64_t n, double* partial) {
+__device__ double BlockSumSquares(const T* x, int64_t n) {
   __shared__ double scratch[32];
   double acc = 0.0;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -32,7 +37,12 @@ __global__ void SumSquaresPartialKernel(const T* x, int64_t n, double* partial) 
     const double v = Load(x[i]);
     acc += v * v;
   }
-  acc = internal::BlockSum(acc, scratch);
+  return internal::BlockSum(acc, scratch);
+}
+
+template <typename T>
+__global__ void SumSquaresPartialKernel(const T* x, int64_t n, double* partial) {
+  const double acc = BlockSumSquares(x, n);
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
@@ -41,6 +51,21 @@ __global__ void SumSquaresFinalKernel(const double* partial, double* out, bool a
   __shared__ double scratch[32];
   const double total = internal::BlockSum(partial[threadIdx.x], scratch);
   if (threadIdx.x == 0) *out = accumulate ? *out + total : total;
+}
+
+// Grid (kBlocks, tensors): tensor blockIdx.y's partials, as SumSquaresPartialKernel's.
+template <typename T>
+__global__ void SumSquaresListPartialKernel(const TensorSpan<T>* list, double* partial) {
+  const TensorSpan<T> t = list[blockIdx.y];
+  const double acc = BlockSumSquares(t.data, t.n);
+  if (threadIdx.x == 0) partial[blockIdx.y * int64_t{kBlocks} + blockIdx.x] = acc;
+}
+
+// One block of kBlocks threads per tensor, as SumSquaresFinalKernel's.
+__global__ void SumSquaresListTotalsKernel(const double* partial, double* totals) {
+  __shared__ double scratch[32];
+  const double total = internal::BlockSum(partial[blockIdx.x * int64_t{kBlocks} + threadIdx.x], scratch);
+  if (threadIdx.x == 0) totals[blockIdx.x] = total;
 }
 
 __global__ void ClipMultiplierKernel(const double* sum_squares, float max_norm, const float* inv_loss_scale,
@@ -97,6 +122,25 @@ Status SumSquares(const T* x, int64_t n, double* workspace, double* out, bool ac
   return internal::LaunchStatus("SumSquaresFinalKernel");
 }
 
+// The grid's y dimension holds at most 65535 tensors: longer lists go in groups.
+constexpr int64_t kMaxListGroup = 65535;
+
+int64_t SumSquaresListWorkspaceDoubles(int64_t count) { return std::min(count, kMaxListGroup) * kBlocks; }
+
+template <typename T>
+Status SumSquaresList(const TensorSpan<T>* list, int64_t count, double* workspace, double* totals,
+                      cudaStream_t stream) {
+  FT_CHECK(count >= 0 && list != nullptr && workspace != nullptr && totals != nullptr);
+  for (int64_t first = 0; first < count; first += kMaxListGroup) {
+    const auto group = static_cast<unsigned>(std::min(count - first, kMaxListGroup));
+    SumSquaresListPartialKernel<T><<<dim3(kBlocks, group), kThreads, 0, stream>>>(list + first, workspace);
+    FT_RETURN_IF_ERROR(internal::LaunchStatus("SumSquaresListPartialKernel"));
+    SumSquaresListTotalsKernel<<<group, kBlocks, 0, stream>>>(workspace, totals + first);
+    FT_RETURN_IF_ERROR(internal::LaunchStatus("SumSquaresListTotalsKernel"));
+  }
+  return Status::OK();
+}
+
 Status ClipMultiplier(const double* sum_squares, float max_norm, const float* inv_loss_scale,
                       float* multiplier, cudaStream_t stream) {
   ClipMultiplierKernel<<<1, 1, 0, stream>>>(sum_squares, max_norm, inv_loss_scale, multiplier);
@@ -134,9 +178,10 @@ Status Convert(const TIn* x, int64_t n, TOut* out, cudaStream_t stream) {
   return internal::LaunchStatus("ConvertKernel");
 }
 
-#define FT_INSTANTIATE_ELEMENTWISE(T)                                                     \
-  template Status SumSquares<T>(const T*, int64_t, double*, double*, bool, cudaStream_t); \
-  template Status Axpy<T, T>(int64_t, float, const T*, T*, cudaStream_t);                 \
+#define FT_INSTANTIATE_ELEMENTWISE(T)                                                               \
+  template Status SumSquares<T>(const T*, int64_t, double*, double*, bool, cudaStream_t);           \
+  template Status SumSquaresList<T>(const TensorSpan<T>*, int64_t, double*, double*, cudaStream_t); \
+  template Status Axpy<T, T>(int64_t, float, const T*, T*, cudaStream_t);                           \
   template Status Scale<T>(int64_t, float, T*, cudaStream_t);
 FT_INSTANTIATE_ELEMENTWISE(float)
 FT_INSTANTIATE_ELEMENTWISE(bf16)

@@ -185,6 +185,19 @@ template <typename TCopy>
 Status AdamW(const AdamWParams& hp, int64_t n, float* param, const float* grad, float* m, float* v,
              TCopy* param_copy, const float* grad_multiplier, const int* skip, cudaStream_t stream);
 
+// ---- Linear output ------------------------------------------------------------------
+
+// The largest LoRA rank LinearOutput takes (its row of xa in 48 KiB of shared memory).
+inline constexpr int64_t kMaxLoraRank = 12288;
+// y[i, j] = T(c[i, j] + alpha · Σ_k xa[i, k] · b[j, k]) for y [rows, n], c [rows, n] fp32, xa
+// [rows, r] and b [n, r] in T (r = 0: no product; xa and b may be null); with `residual`
+// (nullable, [rows, n] in T, may alias y) the sum is rounded to T and the residual added before
+// the final rounding. Sums over k in order in fp32; rounding to nearest even (Backend::LinearOutput).
+// InvalidArgument for a rank over kMaxLoraRank or more than 2^31 - 1 blocks.
+template <typename T>
+Status LinearOutput(int64_t rows, int64_t n, int64_t r, float alpha, const T* xa, const T* b, const float* c,
+                    const T* residual, T* y, cudaStream_t stream);
+
 // ---- Reductions and elementwise ----------------------------------------------------
 
 // Doubles of workspace SumSquares needs (a constant).
@@ -195,6 +208,21 @@ int64_t SumSquaresWorkspaceDoubles();
 template <typename T>
 Status SumSquares(const T* x, int64_t n, double* workspace, double* out, bool accumulate,
                   cudaStream_t stream);
+// One tensor of a multi-tensor op's list (the list itself lives in device memory).
+template <typename T>
+struct TensorSpan {
+  const T* data;
+  int64_t n;
+};
+// Doubles of workspace SumSquaresList needs for `count` tensors.
+int64_t SumSquaresListWorkspaceDoubles(int64_t count);
+// totals[i] = Σ x² of list[i] for the `count` tensors of the device array `list`: each the value
+// SumSquares gives that tensor alone, bit for bit, in two launches for the whole list (per group
+// of 65535 tensors) instead of two per tensor. Adding the totals in order from totals[0] gives what
+// SumSquares with accumulate over the list gives.
+template <typename T>
+Status SumSquaresList(const TensorSpan<T>* list, int64_t count, double* workspace, double* totals,
+                      cudaStream_t stream);
 // *multiplier = (inv_loss_scale ? *inv_loss_scale : 1) * min(1, max_norm / (norm + 1e-6))
 // with norm = sqrt(*sum_squares) of the UNSCALED gradient, i.e.
 // sqrt(*sum_squares) * inv_loss_scale (torch's clip_grad_norm_; max_norm <= 0

@@ -6,9 +6,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <new>
 #include <vector>
+
+#include "kernels/cpu/dtype.h"
 
 namespace ft {
 namespace {
@@ -128,6 +132,62 @@ TEST(Backend, LowPrecisionOperandGemmRoundsTheOperandsFirst) {
   be.RoundToFp16(x16.data(), static_cast<int64_t>(x16.size()));
   be.RoundToBf16(xb.data(), static_cast<int64_t>(xb.size()));
   EXPECT_NE(x16, xb);
+}
+
+// A typed linear's last step (LinearOutput) against fp64 arithmetic written here: c + alpha ·
+// xa·Bᵀ, rounded to the storage type, plus the residual, rounded again; without a residual rounded
+// once; without LoRA (r = 0) a conversion. Every result within half an ulp of the 16-bit type of
+// the exact value (the fp32 sums' error is far below it), so it is that value's rounding unless
+// the exact value lies within fp32 noise of a tie (these inputs are not).
+TEST(Backend, LinearOutputAddsLorasProductRoundsAndAddsTheResidual) {
+  Backend& be = *CpuBackendInstance();
+  const int64_t rows = 6, n = 10, r = 4;
+  const float alpha = 1.5f;
+  for (const ActDType t : {ActDType::kBF16, ActDType::kF16}) {
+    SCOPED_TRACE(ActDTypeName(t));
+    const auto round = [&](double v) {
+      const float f = static_cast<float>(v);
+      return t == ActDType::kBF16 ? cpu::Bf16ToFloat(cpu::FloatToBf16(f))
+                                  : cpu::HalfToFloat(cpu::FloatToHalf(f));
+    };
+    const auto codes = [&](const std::vector<float>& v) {
+      std::vector<uint16_t> out(v.size());
+      be.Convert(ConstAct(v.data()), static_cast<int64_t>(v.size()), Act(out.data(), t));
+      return out;
+    };
+    const auto widen = [&](const std::vector<uint16_t>& v) {
+      std::vector<float> out(v.size());
+      be.Convert(ConstAct(v.data(), t), static_cast<int64_t>(v.size()), Act(out.data()));
+      return out;
+    };
+    std::vector<float> xa(rows * r), b(n * r), c0(rows * n), res(rows * n);
+    for (size_t i = 0; i < xa.size(); ++i) xa[i] = round(0.3 * std::sin(1.0 + static_cast<double>(i)));
+    for (size_t i = 0; i < b.size(); ++i) b[i] = round(0.2 * std::cos(2.0 + static_cast<double>(i)));
+    for (size_t i = 0; i < c0.size(); ++i)
+      c0[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
+    for (size_t i = 0; i < res.size(); ++i) res[i] = round(std::cos(0.11 * static_cast<double>(i)));
+    const std::vector<uint16_t> xa16 = codes(xa), b16 = codes(b), res16 = codes(res);
+    for (const bool with_residual : {false, true}) {
+      for (const int64_t rank : {r, int64_t{0}}) {
+        std::vector<float> c = c0;
+        std::vector<uint16_t> y = with_residual ? res16 : std::vector<uint16_t>(rows * n);
+        const ConstAct residual(y.data(), t);  // aliasing y, as the model's o and down projections do
+        be.LinearOutput(rows, n, rank, alpha, ConstAct(xa16.data(), t), ConstAct(b16.data(), t), c.data(),
+                        with_residual ? &residual : nullptr, Act(y.data(), t));
+        const std::vector<float> got = widen(y);
+        for (int64_t i = 0; i < rows; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            double v = c0[i * n + j];
+            for (int64_t k = 0; k < rank; ++k) v += alpha * static_cast<double>(xa[i * r + k]) * b[j * r + k];
+            const double want =
+                with_residual ? round(round(v) + static_cast<double>(res[i * n + j])) : round(v);
+            EXPECT_EQ(got[i * n + j], want)
+                << "row " << i << " col " << j << " rank " << rank << (with_residual ? " with residual" : "");
+          }
+        }
+      }
+    }
+  }
 }
 
 // NF4 dequantized straight to a 16-bit operand gives the codes of the fp32 dequantization

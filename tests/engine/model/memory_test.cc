@@ -5,12 +5,14 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "engine/io/hf_model.h"
 #include "engine/job/planner.h"
 #include "engine/model/model.h"
 #include "engine/model/rng.h"
 #include "engine/train/optimizer.h"
+#include "kernels/cpu/dtype.h"
 
 namespace ft {
 namespace {
@@ -275,6 +277,70 @@ TEST(MemoryTechniquesTest, TypedWeightsComputeWhatRoundedFloatWeightsDo) {
     }
     EXPECT_EQ(losses[0], losses[1]) << (dtype == ComputeDType::kBF16 ? "bf16" : "fp16");
   }
+}
+
+// LoRA under bf16/fp16 (issue #46): the GEMMs read 16-bit copies of A and B that the masters' writers
+// keep, instead of converting the masters at every use. After EnableLora, an Upload, and optimizer
+// steps (plain, paged, and sharded: the other rank's range arrives through the all-gather), every
+// copy is its master rounded to nearest even; the planner counts the copies' bytes.
+TEST(LoraCopiesTest, EveryWriteOfAMasterRefreshesItsSixteenBitCopy) {
+  for (ComputeDType dtype : {ComputeDType::kBF16, ComputeDType::kF16}) {
+    for (const std::string mode : {"plain", "paged", "sharded"}) {
+      SCOPED_TRACE(std::string(dtype == ComputeDType::kBF16 ? "bf16 " : "fp16 ") + mode);
+      ModelOptions o;
+      o.dtype = dtype;
+      Model model(SmallLlama(), o);
+      RandomInitModel(&model, 3);
+      LoraSpec lora;
+      lora.r = 4;
+      lora.target_modules = {"q_proj", "v_proj", "down_proj"};
+      ASSERT_TRUE(model.EnableLora(lora).ok());
+      const auto expect_copies_follow = [&](const char* after) {
+        for (const TrainableParam& p : model.TrainableParams()) {
+          ASSERT_NE(p.copy.data, nullptr) << p.name;
+          ASSERT_EQ(p.copy.dtype, model.activation_dtype());
+          const std::vector<float> master = model.Download(p.data, p.numel);
+          std::vector<uint16_t> copy(static_cast<size_t>(p.numel));
+          model.backend().CopyToHost(copy.data(), p.copy.data, p.numel * 2);
+          for (int64_t i = 0; i < p.numel; ++i) {
+            const uint16_t want =
+                dtype == ComputeDType::kBF16 ? cpu::FloatToBf16(master[i]) : cpu::FloatToHalf(master[i]);
+            ASSERT_EQ(copy[i], want) << p.name << "[" << i << "] after " << after;
+          }
+        }
+      };
+      expect_copies_follow("EnableLora");
+      for (TrainableParam& p : model.TrainableParams()) {
+        std::vector<float> v(p.numel);
+        for (int64_t i = 0; i < p.numel; ++i) v[i] = 0.01f * (UniformFloat(HashKeys(9, i, p.numel)) - 0.5f);
+        model.Upload(p.data, v.data(), p.numel);
+      }
+      expect_copies_follow("Upload");
+      OptimizerSharding shard;
+      if (mode == "sharded") {  // rank 0 of 2: the other rank's updated range is a pattern of its own
+        shard = {0, 2, [](const void* mine, int64_t bytes, void* out) {
+                   std::memcpy(out, mine, static_cast<size_t>(bytes));
+                   float* other = static_cast<float*>(out) + bytes / 4;
+                   for (int64_t i = 0; i < bytes / 4; ++i)
+                     other[i] = 0.001f * static_cast<float>(i % 97) + 1e-5f;
+                   return true;
+                 }};
+      }
+      AdamWOptimizer opt(model.TrainableParams(), {}, model.shared_backend(), mode == "paged", shard);
+      for (int step = 0; step < 2; ++step) {
+        model.ZeroGrads();
+        model.ForwardBackward(FullBatch(2, 32, SmallLlama().vocab_size), 1.0f / 64);
+        ASSERT_TRUE(opt.ClipAndStep(opt.GradNorm(), 1e-2).ok());
+        expect_copies_follow("an optimizer step");
+      }
+    }
+  }
+  MemCase s;
+  s.dtype = ComputeDType::kBF16;
+  const MemCase f32;
+  EXPECT_EQ(PredictMemory(RequestFor(s), s.micro).adapter,
+            PredictMemory(RequestFor(f32), f32.micro).adapter * 3 / 2)
+      << "fp32 masters and their bf16 copies";
 }
 
 TEST(PlannerTest, PredictsTheMeasuredPeakWithinTenPercentOverAGrid) {

@@ -233,6 +233,30 @@ void CheckAxpyDropoutAndGemm(TypedOps& ops, Twin& x) {
   ops.Check(c3, "gemm 16-bit in fp32");
 }
 
+// A linear's last step (LinearOutput): LoRA's product (r 16, and none), the rounding and a
+// residual aliasing y, one kernel on CUDA against the CPU's GEMM, Round, Axpy and Convert; the
+// output's storage type's precision (the product's fp32 sums run in another order).
+void CheckLinearOutput(TypedOps& ops) {
+  const ActDType t = ops.t();
+  const int64_t r = 16;
+  Twin xa = ops.Typed(rows * r, 20), b = ops.Typed(I * r, 21, 0.1f), y = ops.Make(rows * I, t),
+       in_place = ops.Typed(rows * I, 22), plain = ops.Make(rows * I, t);
+  for (bool g : {false, true}) {
+    for (const int64_t rank : {r, int64_t{0}}) {
+      Twin c = ops.Floats(rows * I, 23);  // consumed by each call
+      const ConstAct residual = in_place.On(g);
+      Act out = rank > 0 ? in_place.On(g) : plain.On(g);
+      ops.On(g).LinearOutput(rows, I, rank, 2.0f, xa.On(g), b.On(g), c.On(g).as<float>(),
+                             rank > 0 ? &residual : nullptr, out);
+    }
+    Twin c = ops.Floats(rows * I, 24);
+    ops.On(g).LinearOutput(rows, I, r, 2.0f, xa.On(g), b.On(g), c.On(g).as<float>(), nullptr, y.On(g));
+  }
+  ops.Check(y, "linear output (lora)");
+  ops.Check(in_place, "linear output (lora, residual in place)");
+  EXPECT_TRUE(ops.Same(plain)) << "linear output without a product or residual is a conversion";
+}
+
 class TypedOpsCuda : public ::testing::TestWithParam<ActDType> {};
 
 TEST_P(TypedOpsCuda, MatchTheCpuReference) {
@@ -246,6 +270,7 @@ TEST_P(TypedOpsCuda, MatchTheCpuReference) {
   CheckAttention(ops, q);
   CheckSwiGluAndEmbedding(ops);
   CheckAxpyDropoutAndGemm(ops, x);
+  CheckLinearOutput(ops);
 }
 
 INSTANTIATE_TEST_SUITE_P(Storage, TypedOpsCuda, ::testing::Values(ActDType::kBF16, ActDType::kF16),

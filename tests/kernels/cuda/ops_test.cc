@@ -2,6 +2,8 @@
 // shapes, fp32 and bf16 (fp16 where the op takes it).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <memory>
 #include <numeric>
 
 #include "kernels/cpu/nf4.h"
@@ -348,6 +350,41 @@ TEST_F(CudaOpsTest, SumSquaresIsDeterministicAndMatchesCpu) {
     FT_ASSERT_OK(SumSquares<float>(dx.get(), n, ws.get(), out.get(), true, stream_));
     EXPECT_NEAR(out.Download()[0], 2 * ref, 1e-12 * ref);
   }
+}
+
+// The multi-tensor form (one pass over the optimizer's gradients): each total is the per-tensor
+// kernel's bit for bit, and the totals added in order give its chained sum, over tensors of every
+// size from empty to larger than the grid (1000003 values), bf16 too.
+TEST_F(CudaOpsTest, SumSquaresListGivesEachTensorsSumBitForBit) {
+  const std::vector<int64_t> sizes = {7, 0, 1000003, 1, 131072, 4096, 65, 512 * 256 + 3};
+  std::vector<std::unique_ptr<DeviceBuffer<float>>> tensors;
+  std::vector<TensorSpan<float>> spans;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    tensors.push_back(std::make_unique<DeviceBuffer<float>>(Random(sizes[i])));
+    spans.push_back({tensors.back()->get(), sizes[i]});
+  }
+  const auto count = static_cast<int64_t>(spans.size());
+  std::vector<uint8_t> span_bytes(spans.size() * sizeof(spans[0]));
+  std::memcpy(span_bytes.data(), spans.data(), span_bytes.size());
+  DeviceBuffer<uint8_t> list(span_bytes);
+  DeviceBuffer<double> ws(SumSquaresListWorkspaceDoubles(count)), totals(count);
+  ws.Poison();
+  totals.Poison();
+  FT_ASSERT_OK(SumSquaresList<float>(reinterpret_cast<const TensorSpan<float>*>(list.get()), count, ws.get(),
+                                     totals.get(), stream_));
+  const std::vector<double> got = totals.Download();
+  DeviceBuffer<double> one_ws(SumSquaresWorkspaceDoubles()), one(1), chained(1);
+  double added = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    FT_ASSERT_OK(SumSquares<float>(spans[i].data, spans[i].n, one_ws.get(), one.get(), false, stream_));
+    FT_ASSERT_OK(SumSquares<float>(spans[i].data, spans[i].n, one_ws.get(), chained.get(), i > 0, stream_));
+    const double want = one.Download()[0];
+    EXPECT_EQ(std::memcmp(&got[i], &want, sizeof(double)), 0)
+        << "tensor " << i << ": " << got[i] << " vs " << want;
+    added = i == 0 ? got[0] : added + got[i];
+  }
+  const double want_total = chained.Download()[0];
+  EXPECT_EQ(std::memcmp(&added, &want_total, sizeof(double)), 0) << added << " vs " << want_total;
 }
 
 TEST_F(CudaOpsTest, ClipMultiplierFollowsClipGradNorm) {
