@@ -30,12 +30,21 @@ MicroBatch FullMicroBatch(int64_t batch, int64_t seq) {
   return mb;
 }
 
-// One optimizer step as Trainer::Step issues it on the backend: the micro-batches' forward and
-// backward (each folded into the exact sum through a host copy when the job sums exactly), the
-// summed gradients back on the device, the norm, the clip and AdamW.
+// One optimizer step as Trainer::Step issues it on the backend (one rank): the micro-batches'
+// forward and backward (each folded into the exact sum through a host copy when the job sums
+// exactly over several micro-batches), the summed gradients back on the device (one micro-batch:
+// their -0s made +0 on the device, Trainer::OneTermGradientSum), the norm, the clip and AdamW.
 Status OneStep(const JobSpec& spec, Model& model, AdamWOptimizer& optimizer, const MicroBatch& mb,
-               int64_t accumulation) {
-  const bool exact = ExactGradientSum(spec);
+               int64_t accumulation, const DeviceBuffer& zeros) {
+  const bool exact = ExactGradientSum(spec) && accumulation > 1;
+  if (ExactGradientSum(spec) && accumulation == 1) {
+    model.ZeroGrads();
+    model.ForwardBackward(mb, 1.0f / static_cast<float>(mb.rows()));
+    for (const TrainableParam& p : model.TrainableParams())
+      model.backend().AddBias(p.grad, zeros.data(), 1, p.numel);
+    FT_RETURN_IF_ERROR(optimizer.ClipAndStep(optimizer.GradNorm(), spec.train.lr));
+    return model.backend().Synchronize();
+  }
   std::vector<TrainableParam> params = model.TrainableParams();
   std::vector<float> host;
   model.ZeroGrads();
@@ -86,9 +95,13 @@ StatusOr<StepCost> PredictCudaStep(const JobSpec& spec, const ModelConfig& confi
   AdamWOptimizer optimizer(model.TrainableParams(), JobOptimizerConfig(spec), backend,
                            spec.train.optimizer == OptimizerKind::kPagedAdamW);
   const MicroBatch mb = FullMicroBatch(micro_batch, spec.data.seq_len);
-  FT_RETURN_IF_ERROR(OneStep(spec, model, optimizer, mb, accumulation));  // warm-up: workspaces, tables
+  int64_t largest = 0;
+  for (const TrainableParam& p : model.TrainableParams()) largest = std::max(largest, p.numel);
+  const DeviceBuffer zeros = backend->Alloc(largest, MemCategory::kWorkspace);  // the trainer's zeros_
+  FT_RETURN_IF_ERROR(
+      OneStep(spec, model, optimizer, mb, accumulation, zeros));  // warm-up: workspaces, tables
   backend->ClearLedger();
-  FT_RETURN_IF_ERROR(OneStep(spec, model, optimizer, mb, accumulation));
+  FT_RETURN_IF_ERROR(OneStep(spec, model, optimizer, mb, accumulation, zeros));
   StepCost cost;
   cost.ops = backend->ledger();
   cost.tokens = micro_batch * spec.data.seq_len * accumulation;

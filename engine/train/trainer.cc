@@ -448,7 +448,7 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
     FT_ASSIGN_OR_RETURN(MicroBatch mb, data_->MakeBatch(first, plan_.micro_batch, shuffle, seed));
     FT_ASSIGN_OR_RETURN(const std::vector<double> micro_sums, objective_->MicroStep(*model_, mb, grad_scale));
     loss.Add(micro_sums.data());
-    if (grad_sum_) FoldGradients();
+    if (grad_sum_ && !OneTermGradientSum()) FoldGradients();
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - micro_start).count();
     micro_seconds_ = micro_seconds_ == 0 ? t : 0.8 * micro_seconds_ + 0.2 * t;
   }
@@ -539,6 +539,19 @@ void Trainer::CopyGradients(bool to_host) {
   }
 }
 
+bool Trainer::OneTermGradientSum() const {
+  return grad_sum_ != nullptr && ranks_->world() == 1 && plan_.accumulation == 1;
+}
+
+void Trainer::MakeZerosPositive() {
+  int64_t largest = 0;
+  for (const TrainableParam& p : optimizer_->params()) largest = std::max(largest, p.numel);
+  if (zeros_.size() < largest) zeros_ = model_->backend().Alloc(largest, MemCategory::kWorkspace);
+  // x + (+0) is x, and +0 for x = -0 (IEEE round to nearest).
+  for (const TrainableParam& p : optimizer_->params())
+    model_->backend().AddBias(p.grad, zeros_.data(), 1, p.numel);
+}
+
 void Trainer::FoldGradients() {
   CopyGradients(/*to_host=*/true);
   grad_sum_->Add(grad_host_.data());
@@ -548,6 +561,10 @@ void Trainer::FoldGradients() {
 Status Trainer::SumGradients(ExactSum<double>* loss, double* loss_sum) {
   FT_RETURN_IF_ERROR(loss->AllReduce(ranks_.get()).WithContext(spec_.file + ": loss"));
   loss->Round(loss_sum);
+  if (OneTermGradientSum()) {
+    MakeZerosPositive();
+    return Status::OK();
+  }
   if (grad_sum_) {
     FT_RETURN_IF_ERROR(grad_sum_->AllReduce(ranks_.get()).WithContext(spec_.file + ": gradients"));
     grad_sum_->Round(grad_host_.data());

@@ -155,6 +155,29 @@ TEST(ExactSumTest, ANaNOrInfinityOnOneRankIsNaNOnEveryRank) {
   }
 }
 
+// The trainer's one-term step (one rank, one micro-batch: Trainer::OneTermGradientSum) keeps the
+// gradients on the device instead of folding them: it relies on the sum of one vector being that
+// vector bit for bit, every float (subnormals, the largest, both signs, every magnitude of
+// Vectors) lying on the sum's grid, with -0 the only value that comes back changed (to +0).
+TEST(ExactSumTest, TheSumOfOneVectorIsItsBitsWithMinusZeroMadePositive) {
+  std::vector<float> x = Vectors(7)[3];
+  x.insert(x.end(),
+           {-0.0f, 0.0f, std::numeric_limits<float>::denorm_min(), -std::numeric_limits<float>::denorm_min(),
+            std::numeric_limits<float>::min(), std::numeric_limits<float>::max(),
+            -std::numeric_limits<float>::max(), 1.0f, -3.0e-38f, 6.5e37f});
+  ExactSum<float> s(static_cast<int64_t>(x.size()));
+  s.Add(x.data());
+  std::vector<float> out(x.size());
+  s.Round(out.data());
+  int minus_zeros = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float want = x[i] == 0.0f ? 0.0f : x[i];  // +0 for either zero
+    minus_zeros += std::signbit(x[i]) && x[i] == 0.0f;
+    EXPECT_EQ(std::memcmp(&out[i], &want, sizeof(float)), 0) << i << ": " << x[i] << " came back " << out[i];
+  }
+  EXPECT_GE(minus_zeros, 1);
+}
+
 TEST(ExactSumTest, ASumPastFloatsRangeIsInfinite) {
   const float big = std::numeric_limits<float>::max();
   ExactSum<float> s(2);
