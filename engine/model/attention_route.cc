@@ -25,14 +25,15 @@ std::string GiB(int64_t bytes) {
 Status LibraryRefusal(const AttentionRouteFacts& f) {
   if (!f.cudnn_loaded) return Status::FailedPrecondition("cuDNN is not available: " + f.cudnn_missing);
   if (f.cudnn_version < kCudnnMinVersion || f.cudnn_version >= 100000) {
-    return Status::FailedPrecondition("cuDNN " + Version(f.cudnn_version) + " is loaded; the route needs 9.x from " +
-                                      Version(kCudnnMinVersion) +
+    return Status::FailedPrecondition("cuDNN " + Version(f.cudnn_version) +
+                                      " is loaded; the route needs 9.x from " + Version(kCudnnMinVersion) +
                                       " (ragged documents with grouped-query heads)");
   }
   if (f.cudnn_version == 91000 || f.cudnn_version == 91001) {
-    return Status::FailedPrecondition("cuDNN " + Version(f.cudnn_version) +
-                                      " has known bf16/fp16 SDPA bugs (NVIDIA's frontend refuses it): use 9.10.2 "
-                                      "or newer");
+    return Status::FailedPrecondition(
+        "cuDNN " + Version(f.cudnn_version) +
+        " has known bf16/fp16 SDPA bugs (NVIDIA's frontend refuses it): use 9.10.2 "
+        "or newer");
   }
   if (f.sm / 10 != 9) {
     return Status::FailedPrecondition(
@@ -56,7 +57,8 @@ Status ShapeRefusal(const AttentionRouteFacts& f) {
   }
   if (s.softcap > 0) {
     return Status::Unimplemented(
-        "the cuDNN route takes no soft-capped scores (Gemma 2's attn_logit_softcapping): cuDNN's fused engines "
+        "the cuDNN route takes no soft-capped scores (Gemma 2's attn_logit_softcapping): cuDNN's fused "
+        "engines "
         "do not fuse the tanh");
   }
   if (s.window > 0) {
@@ -90,10 +92,11 @@ Status CudnnAttentionRefusal(const AttentionRouteFacts& f) {
   const int64_t need = CudnnDeterministicWorkspaceBytes(f);
   if (need > f.workspace_budget_bytes) {
     return Status::ResourceExhausted(
-        "cuDNN's deterministic backward needs " + GiB(need) + " of dP scratch (" + std::to_string(f.documents) +
-        (f.segments ? " documents" : " rows") + " x " + std::to_string(f.shape.q_heads) + " heads x " +
-        std::to_string(f.max_doc_len) + "^2 x 2 bytes), over its " + GiB(f.workspace_budget_bytes) +
-        " budget; use a smaller micro-batch" + (f.segments ? " or fewer, more even documents per row" : ""));
+        "cuDNN's deterministic backward needs " + GiB(need) + " of dP scratch (" +
+        std::to_string(f.documents) + (f.segments ? " documents" : " rows") + " x " +
+        std::to_string(f.shape.q_heads) + " heads x " + std::to_string(f.max_doc_len) +
+        "^2 x 2 bytes), over its " + GiB(f.workspace_budget_bytes) + " budget; use a smaller micro-batch" +
+        (f.segments ? " or fewer, more even documents per row" : ""));
   }
   return Status::OK();
 }
@@ -107,14 +110,12 @@ bool CudnnMeasuredFaster(std::string_view gpu) {
 
 StatusOr<AttentionRoute> ChooseAttentionRoute(AttentionRouteRequest request, const AttentionRouteFacts& f) {
   switch (request) {
-    case AttentionRouteRequest::kOurs:
-      return AttentionRoute::kOurs;
+    case AttentionRouteRequest::kOurs: return AttentionRoute::kOurs;
     case AttentionRouteRequest::kCudnn:
       FT_RETURN_IF_ERROR(
           CudnnAttentionRefusal(f).WithContext("train.attention: cudnn (train.attention: flash runs ours)"));
       return AttentionRoute::kCudnn;
-    case AttentionRouteRequest::kAuto:
-      break;
+    case AttentionRouteRequest::kAuto: break;
   }
   if (CudnnMeasuredFaster(f.gpu) && CudnnAttentionRefusal(f).ok()) return AttentionRoute::kCudnn;
   return AttentionRoute::kOurs;

@@ -1,7 +1,5 @@
 // cuDNN's SDPA route (attention_cudnn.h): the documents kernel, the dtype
 // conversions of the backward, and the forward and backward graphs.
-#include "kernels/cuda/attention_cudnn.h"
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -10,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/cuda_check.h"
 
 #ifdef FT_HAVE_CUDNN
@@ -29,9 +28,9 @@ constexpr int kDocThreads = 1024;
 // entries. starts[N+1] is scratch; seq_len[d], and offsets in elements
 // q_off / kv_off (token * width) and st_off (into lse [batch, hq, seq]) for
 // d in [0, N], entries past the count being empty at the end; info = {count, longest}.
-__global__ void DocumentsKernel(const int32_t* seg, int64_t rows, int64_t seq, int64_t q_width, int64_t kv_width,
-                                int64_t hq, int32_t* starts, int32_t* seq_len, int32_t* q_off, int32_t* kv_off,
-                                int32_t* st_off, int32_t* info) {
+__global__ void DocumentsKernel(const int32_t* seg, int64_t rows, int64_t seq, int64_t q_width,
+                                int64_t kv_width, int64_t hq, int32_t* starts, int32_t* seq_len,
+                                int32_t* q_off, int32_t* kv_off, int32_t* st_off, int32_t* info) {
   __shared__ int32_t scan[kDocThreads];
   __shared__ int32_t longest;
   const int64_t n = rows * seq;
@@ -116,8 +115,26 @@ constexpr cudnnDataType_t DataType() {
 }
 
 // The uids of one graph's user tensors, in the variant pack's order.
-enum Slot { kQ, kK, kV, kO, kStats, kSeqLen, kQOff, kKvOff, kStOff, kScale, kNegInf,
-            kDO, kDQ, kDK, kDV, kSoftmaxSum, kOne, kSlots };
+enum Slot {
+  kQ,
+  kK,
+  kV,
+  kO,
+  kStats,
+  kSeqLen,
+  kQOff,
+  kKvOff,
+  kStOff,
+  kScale,
+  kNegInf,
+  kDO,
+  kDQ,
+  kDK,
+  kDV,
+  kSoftmaxSum,
+  kOne,
+  kSlots
+};
 
 // The shapes of one call in cuDNN's terms.
 struct Dims {
@@ -150,7 +167,8 @@ Common AddCommon(Graph& g, const Dims& x, std::vector<int64_t>* uids) {
   c.k_t = g.Add(Ragged(x, x.hk, &c.kv_off, true));
   c.v = g.Add(Ragged(x, x.hk, &c.kv_off, false));
   c.o = g.Add(Ragged(x, x.hq, &c.q_off, false));
-  c.stats = g.Add({{x.b, x.hq, x.s, 1}, {x.hq * x.seq, x.seq, 1, 1}, CUDNN_DATA_FLOAT, false, false, &c.st_off});
+  c.stats =
+      g.Add({{x.b, x.hq, x.s, 1}, {x.hq * x.seq, x.seq, 1, 1}, CUDNN_DATA_FLOAT, false, false, &c.st_off});
   c.scale = g.Add({one, one, CUDNN_DATA_FLOAT, false, true});
   c.neg_inf = g.Add({one, one, CUDNN_DATA_FLOAT, false, true});
   uids->assign(kSlots, 0);
@@ -285,7 +303,8 @@ std::unique_ptr<Graph> BackwardGraph(const cudnn::Api* api, const Dims& x, std::
   ds = Binary(g, CUDNN_POINTWISE_MUL, ds, p, ss);
   ds = Binary(g, CUDNN_POINTWISE_MUL, ds, c.scale, ss);
   GroupedMatmul(g, x, x.hk, Transposed(g, x, ds), c.q, d_k, c);
-  Tensor k = g.Add({{x.b, x.hk, x.s, x.d}, {x.s * x.hk * x.d, x.d, x.hk * x.d, 1}, x.io, true, false, &c.kv_off});
+  Tensor k =
+      g.Add({{x.b, x.hk, x.s, x.d}, {x.s * x.hk * x.d, x.d, x.hk * x.d, 1}, x.io, true, false, &c.kv_off});
   g.Reshape(c.k_t, k);
   g.Matmul(ds, k, d_q, &c.seq_len, nullptr, &c.seq_len);  // straight into dQ: no atomic fp32 accumulator
   return graph;
@@ -329,7 +348,6 @@ StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create() {
   return std::unique_ptr<CudnnAttention>(new CudnnAttention(std::move(impl)));
 }
 
-
 StatusOr<CudnnDocuments> CudnnAttention::Prepare(const AttentionShape& s, const int32_t* segments,
                                                  cudaStream_t stream) {
   Impl& m = *impl_;
@@ -344,8 +362,9 @@ StatusOr<CudnnDocuments> CudnnAttention::Prepare(const AttentionShape& s, const 
   FT_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "attention_cudnn documents kernel"));
   CudnnDocuments d{s.batch, s.seq, s.batch, s.seq};
   if (segments != nullptr) {
-    FT_RETURN_IF_ERROR(CudaStatus(
-        cudaMemcpyAsync(m.info_host, info, 2 * sizeof(int32_t), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync"));
+    FT_RETURN_IF_ERROR(
+        CudaStatus(cudaMemcpyAsync(m.info_host, info, 2 * sizeof(int32_t), cudaMemcpyDeviceToHost, stream),
+                   "cudaMemcpyAsync"));
     FT_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize (documents)"));
     d.count = m.info_host[0];
     d.max_len = m.info_host[1];
@@ -423,8 +442,8 @@ void BindCommon(CudnnAttention::Impl& m, const std::vector<int64_t>& uids, Call*
 }
 
 template <typename T>
-Status CudnnAttention::Forward(const AttentionShape& s, const T* q, const T* k, const T* v, T* out, float* lse,
-                               cudaStream_t stream) {
+Status CudnnAttention::Forward(const AttentionShape& s, const T* q, const T* k, const T* v, T* out,
+                               float* lse, cudaStream_t stream) {
   Impl& m = *impl_;
   const Dims x = DimsOf<T>(s, m.last);
   const Impl::Entry* found = nullptr;
@@ -476,7 +495,8 @@ Status CudnnAttention::Backward(const AttentionShape& s, const T* q, const T* k,
 struct CudnnAttention::Impl {};
 
 int64_t CudnnAttention::LoadedVersion(std::string* why) {
-  if (why != nullptr) *why = "this build has no cuDNN headers (cudnn_graph.h; set FT_CUDNN_ROOT when configuring)";
+  if (why != nullptr)
+    *why = "this build has no cuDNN headers (cudnn_graph.h; set FT_CUDNN_ROOT when configuring)";
   return 0;
 }
 
@@ -490,7 +510,8 @@ StatusOr<CudnnDocuments> CudnnAttention::Prepare(const AttentionShape&, const in
   return Create().status();
 }
 template <typename T>
-Status CudnnAttention::Forward(const AttentionShape&, const T*, const T*, const T*, T*, float*, cudaStream_t) {
+Status CudnnAttention::Forward(const AttentionShape&, const T*, const T*, const T*, T*, float*,
+                               cudaStream_t) {
   return Create().status();
 }
 template <typename T>
@@ -504,15 +525,15 @@ Status CudnnAttention::Backward(const AttentionShape&, const T*, const T*, const
 CudnnAttention::CudnnAttention(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CudnnAttention::~CudnnAttention() = default;
 
-template Status CudnnAttention::Forward<bf16>(const AttentionShape&, const bf16*, const bf16*, const bf16*, bf16*,
-                                              float*, cudaStream_t);
-template Status CudnnAttention::Forward<fp16>(const AttentionShape&, const fp16*, const fp16*, const fp16*, fp16*,
-                                              float*, cudaStream_t);
+template Status CudnnAttention::Forward<bf16>(const AttentionShape&, const bf16*, const bf16*, const bf16*,
+                                              bf16*, float*, cudaStream_t);
+template Status CudnnAttention::Forward<fp16>(const AttentionShape&, const fp16*, const fp16*, const fp16*,
+                                              fp16*, float*, cudaStream_t);
 template Status CudnnAttention::Backward<bf16>(const AttentionShape&, const bf16*, const bf16*, const bf16*,
-                                               const bf16*, const float*, const float*, float*, float*, float*,
-                                               cudaStream_t);
+                                               const bf16*, const float*, const float*, float*, float*,
+                                               float*, cudaStream_t);
 template Status CudnnAttention::Backward<fp16>(const AttentionShape&, const fp16*, const fp16*, const fp16*,
-                                               const fp16*, const float*, const float*, float*, float*, float*,
-                                               cudaStream_t);
+                                               const fp16*, const float*, const float*, float*, float*,
+                                               float*, cudaStream_t);
 
 }  // namespace ft::cuda

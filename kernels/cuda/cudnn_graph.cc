@@ -45,7 +45,8 @@ Api Load(std::string* why) {
   all &= Resolve(lib, "cudnnBackendFinalize", &api.Finalize, why);
   all &= Resolve(lib, "cudnnBackendExecute", &api.Execute, why);
   if (all && api.GetVersion() / 10000 != 9) {
-    *why = "libcudnn is version " + std::to_string(api.GetVersion()) + "; this build speaks cuDNN 9's backend API";
+    *why = "libcudnn is version " + std::to_string(api.GetVersion()) +
+           "; this build speaks cuDNN 9's backend API";
     all = false;
   }
   if (!all) api.GetVersion = nullptr;  // the library stays loaded: dlclose of cuDNN is not safe to rely on
@@ -83,12 +84,13 @@ Descriptor::~Descriptor() {
 Descriptor& Graph::New(cudnnBackendDescriptorType_t type) {
   owned_.push_back(std::make_unique<Descriptor>(type));
   if (status_.ok() && !owned_.back()->ok())
-    status_ = Status::Internal("cudnnBackendCreateDescriptor(" + std::to_string(static_cast<int>(type)) + ") failed");
+    status_ = Status::Internal("cudnnBackendCreateDescriptor(" + std::to_string(static_cast<int>(type)) +
+                               ") failed");
   return *owned_.back();
 }
 
-void Graph::Set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
-                int64_t count, const void* value, const char* what) {
+void Graph::Set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
+                cudnnBackendAttributeType_t type, int64_t count, const void* value, const char* what) {
   if (!status_.ok()) return;
   status_ = Check(api_->SetAttribute(d, name, type, count, value), what);
 }
@@ -109,7 +111,8 @@ Tensor Graph::Add(const TensorSpec& spec) {
   Set(t.get(), CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &out.uid, "tensor uid");
   Set(t.get(), CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment, "tensor alignment");
   Set(t.get(), CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &spec.is_virtual, "tensor virtual");
-  if (spec.by_value) Set(t.get(), CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &spec.by_value, "by value");
+  if (spec.by_value)
+    Set(t.get(), CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &spec.by_value, "by value");
   if (spec.ragged != nullptr) {
     Set(t.get(), CUDNN_ATTR_TENSOR_RAGGED_OFFSET_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &spec.ragged->desc,
         "tensor ragged offset");
@@ -134,7 +137,8 @@ void Graph::Pointwise(cudnnPointwiseMode_t mode, Tensor x, const Tensor* b, cons
   Finalize(pw.get(), "pointwise");
   Descriptor& op = New(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
   const cudnnBackendDescriptor_t pwd = pw.get();
-  Set(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pwd, "pw op");
+  Set(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pwd,
+      "pw op");
   Set(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x.desc, "pw x");
   if (b != nullptr)
     Set(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b->desc, "pw b");
@@ -150,7 +154,8 @@ void Graph::Matmul(Tensor a, Tensor b, Tensor c, const Tensor* m_override, const
   Descriptor& mm = New(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
   const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
   Set(mm.get(), CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp, "matmul compute type");
-  if (m_override != nullptr || n_override != nullptr) {  // rows and columns past a sequence's length read as 0
+  if (m_override != nullptr ||
+      n_override != nullptr) {  // rows and columns past a sequence's length read as 0
     const double padding = 0.0;
     Set(mm.get(), CUDNN_ATTR_MATMUL_PADDING_VALUE, CUDNN_TYPE_DOUBLE, 1, &padding, "matmul padding");
   }
@@ -166,7 +171,8 @@ void Graph::Matmul(Tensor a, Tensor b, Tensor c, const Tensor* m_override, const
       {CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC, n_override},
       {CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC, k_override}};
   for (const auto& [name, tensor] : overrides) {
-    if (tensor != nullptr) Set(op.get(), name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &tensor->desc, "matmul override");
+    if (tensor != nullptr)
+      Set(op.get(), name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &tensor->desc, "matmul override");
   }
   Finalize(op.get(), "matmul operation");
   ops_.push_back(op.get());
@@ -181,8 +187,10 @@ void Graph::Reduction(cudnnReduceTensorOp_t reduce, Tensor x, Tensor y) {
   Descriptor& op = New(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
   const cudnnBackendDescriptor_t rd = r.get();
   Set(op.get(), CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &rd, "reduction desc");
-  Set(op.get(), CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x.desc, "reduction x");
-  Set(op.get(), CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y.desc, "reduction y");
+  Set(op.get(), CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x.desc,
+      "reduction x");
+  Set(op.get(), CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y.desc,
+      "reduction y");
   Finalize(op.get(), "reduction operation");
   ops_.push_back(op.get());
 }
@@ -202,9 +210,9 @@ StatusOr<bool> Nondeterministic(const Api* api, cudnnBackendDescriptor_t config)
   Descriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
   cudnnBackendDescriptor_t e = engine.get();
   int64_t n = 0;
-  FT_RETURN_IF_ERROR(Check(
-      api->GetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &e),
-      "engine config's engine"));
+  FT_RETURN_IF_ERROR(
+      Check(api->GetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &e),
+            "engine config's engine"));
   cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
   FT_RETURN_IF_ERROR(Check(api->GetAttribute(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
                                              CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n, notes),
@@ -262,30 +270,34 @@ StatusOr<std::unique_ptr<Plan>> Plan::Build(std::unique_ptr<Graph> graph, cudnnH
       continue;  // this engine does not take the graph: try the next
     }
     int64_t n = 0;
-    FT_RETURN_IF_ERROR(Check(api->GetAttribute(pd, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
-                                               &n, &plan->workspace_bytes_),
+    FT_RETURN_IF_ERROR(Check(api->GetAttribute(pd, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64,
+                                               1, &n, &plan->workspace_bytes_),
                              "plan workspace size"));
     plan->plan_ = std::move(p);
     plan->graph_ = std::move(graph);
     return plan;
   }
-  return Status::FailedPrecondition(
-      saw_nondeterministic ? "cuDNN offers only non-deterministic engines for this SDPA graph"
-                           : "no cuDNN engine finalizes this SDPA graph (" + std::to_string(count) + " tried)");
+  return Status::FailedPrecondition(saw_nondeterministic
+                                        ? "cuDNN offers only non-deterministic engines for this SDPA graph"
+                                        : "no cuDNN engine finalizes this SDPA graph (" +
+                                              std::to_string(count) + " tried)");
 }
 
-Status Plan::Execute(cudnnHandle_t handle, const std::vector<int64_t>& uids, const std::vector<void*>& pointers,
-                     void* workspace) const {
+Status Plan::Execute(cudnnHandle_t handle, const std::vector<int64_t>& uids,
+                     const std::vector<void*>& pointers, void* workspace) const {
   const Api* api = graph_->api();
   Descriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
   const cudnnBackendDescriptor_t vp = pack.get();
   const auto n = static_cast<int64_t>(uids.size());
-  FT_RETURN_IF_ERROR(Check(api->SetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n,
-                                             uids.data()), "variant pack ids"));
-  FT_RETURN_IF_ERROR(Check(api->SetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n,
-                                             pointers.data()), "variant pack pointers"));
-  FT_RETURN_IF_ERROR(Check(api->SetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1,
-                                             &workspace), "variant pack workspace"));
+  FT_RETURN_IF_ERROR(
+      Check(api->SetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids.data()),
+            "variant pack ids"));
+  FT_RETURN_IF_ERROR(Check(
+      api->SetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, pointers.data()),
+      "variant pack pointers"));
+  FT_RETURN_IF_ERROR(
+      Check(api->SetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace),
+            "variant pack workspace"));
   FT_RETURN_IF_ERROR(Check(api->Finalize(vp), "variant pack"));
   return Check(api->Execute(handle, plan_->get(), vp), "cudnnBackendExecute (SDPA)");
 }

@@ -155,7 +155,8 @@ TEST(JobChoicesTest, FullFineTuneCombinationsAreRefusedWithFileLine) {
     EXPECT_THAT(spec.status().message(), HasSubstr(c.message));
   }
   // Each choice apart is accepted: fsdp with one rank, cpu_offload with LoRA, a full fine-tune alone.
-  EXPECT_TRUE(ParseJobSpec(Job("", "", "  attention: cudnn\n", "resources:\n  device: cuda\n"), "job.yaml").ok());
+  EXPECT_TRUE(
+      ParseJobSpec(Job("", "", "  attention: cudnn\n", "resources:\n  device: cuda\n"), "job.yaml").ok());
   EXPECT_TRUE(
       ParseJobSpec(Job("", "  type: full\n", "", "distributed:\n  strategy: fsdp\n"), "job.yaml").ok());
   EXPECT_TRUE(ParseJobSpec(Job("", "", "  cpu_offload: true\n", "resources:\n  gpus: 2\n"), "job.yaml").ok());

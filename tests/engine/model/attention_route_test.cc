@@ -36,7 +36,8 @@ std::string CudnnRefusal(const AttentionRouteFacts& f) {
     EXPECT_EQ(*route, AttentionRoute::kCudnn);
     return "";
   }
-  EXPECT_EQ(route.status().message().rfind("train.attention: cudnn (train.attention: flash runs ours): ", 0), 0u)
+  EXPECT_EQ(route.status().message().rfind("train.attention: cudnn (train.attention: flash runs ours): ", 0),
+            0u)
       << route.status().ToString();
   return route.status().message();
 }
