@@ -3,9 +3,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cstring>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cuda/attention_cudnn.h"
@@ -18,6 +21,8 @@
 namespace ft::cuda {
 
 using internal::CudaStatus;
+
+#ifdef FT_HAVE_CUDNN
 
 namespace {
 
@@ -71,6 +76,16 @@ __global__ void DocumentsKernel(const int32_t* seg, int64_t rows, int64_t seq, i
   }
 }
 
+// The shapes the graphs express; attention_route.h refuses the rest before a
+// call gets here, with the same words, and this guards a direct caller.
+Status Expressible(const AttentionShape& s) {
+  if (s.softcap > 0) return Status::Unimplemented("the cuDNN route takes no soft-capped scores");
+  if (s.window > 0) return Status::Unimplemented("the cuDNN route does not express sliding windows");
+  if (s.past() != 0)
+    return Status::Unimplemented("the cuDNN route runs training attention only: no KV cache");
+  return Status::OK();
+}
+
 int64_t NextPow2(int64_t x) {
   int64_t p = 1;
   while (p < x) p *= 2;
@@ -98,12 +113,6 @@ struct Scratch {
     if (ptr != nullptr) cudaFree(ptr);
   }
 };
-
-}  // namespace
-
-#ifdef FT_HAVE_CUDNN
-
-namespace {
 
 using cudnn::Graph;
 using cudnn::Tensor;
@@ -350,6 +359,7 @@ StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create() {
 
 StatusOr<CudnnDocuments> CudnnAttention::Prepare(const AttentionShape& s, const int32_t* segments,
                                                  cudaStream_t stream) {
+  FT_RETURN_IF_ERROR(Expressible(s));
   Impl& m = *impl_;
   const int64_t n = s.batch * s.seq;
   m.last_tokens = n;
