@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Packs the Debian libraries the engine needs beyond what a GPU machine has
 # (PCRE2 and ICU for the tokenizers, CLI11 for ft-train, Gloo with its
-# runtime libraries for the multi-rank tests) into
+# runtime libraries for the multi-rank tests, and cuDNN 9's headers for the
+# cuDNN attention route, whose pip wheel on the GPU machine may ship its
+# libraries without them: cudnn*.h of the toolkit here, under cudnn/include) into
 # .carry/ftdeps.tar.xz, for bench/gpu/run.sh to unpack under /tmp/ftdeps and
 # build ft-train and the engine tests against. The GPU machine has no network
 # and none of our Debian packages; it does have nvcc, CMake, yaml-cpp,
@@ -33,6 +35,14 @@ for pc in libpcre2-8 icu-uc; do
   sed "s|^prefix=.*|prefix=$prefix/usr|; s|^prefix = .*|prefix = $prefix/usr|" "$work/x/$lib/pkgconfig/$pc.pc" \
     > "$keep/$lib/pkgconfig/$pc.pc"
 done
+# cuDNN's headers (the API is stable across 9.x; the library itself is the GPU machine's wheel, dlopen'ed).
+cudnn_headers=$(ls /usr/local/cuda-13.0/include/cudnn*.h /usr/local/cuda/include/cudnn*.h 2> /dev/null | head -1 || true)
+if [ -n "$cudnn_headers" ]; then
+  mkdir -p "$keep/cudnn/include"
+  cp -a "$(dirname "$cudnn_headers")"/cudnn*.h "$keep/cudnn/include/"
+else
+  echo "no cudnn*.h under /usr/local/cuda*/include: the archive has no cuDNN headers" >&2
+fi
 mkdir -p "$root/.carry"
 tar -C "$work/keep" -cJf "$root/.carry/ftdeps.tar.xz" "${prefix#/}"
 ls -la "$root/.carry/ftdeps.tar.xz"

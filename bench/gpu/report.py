@@ -13,8 +13,10 @@
                   OPTIMES.txt
       prints the tables and writes OUT.md with the device, the date, the CUDA
       test status, the whole-model parity, cross-device resume and generation lines, the
-      user's job beside PyTorch+PEFT, and the kernel ratios ftune / torch
-      (throughput: > 1 means ftune is faster). Rows one side lacks say so.
+      user's job beside PyTorch+PEFT, and the kernels: ftune's, cuDNN's attention
+      route (OURS.jsonl's "impl": "cudnn" lines) and torch's side by side, with
+      ftune / torch and cuDNN / torch (throughput: > 1 means faster than torch).
+      Rows one side lacks say so.
   report.py cost PLAN.txt OPTIMES.txt STEPS
       the cost model's prediction (`ft-train plan --gpu`: calls and roofline
       ms per category for one step) beside FT_CUDA_OP_TIMES' measurement of
@@ -122,6 +124,21 @@ def kept_section(path, title):
     return text[start + 1:end + 1 if end >= 0 else len(text)].rstrip() + "\n\n"
 
 
+def kernel_table(keys, ours, cudnn, theirs):
+    """The kernels' table: ours, cuDNN's route (attention only) and torch per case, and each
+    route's throughput over torch's (> 1: faster than torch)."""
+    fmt = lambda r, f: "—" if r is None or f not in r else f"{r[f]:.2f}" if isinstance(r[f], float) else str(r[f])
+    ratio = lambda a, b: f"{b['ms'] / a['ms']:.2f}x" if a and b else "—"
+    rows = ["| op | case | ftune ms | ftune TF/s | cuDNN ms | cuDNN TF/s | torch ms | torch TF/s | "
+            "ftune/torch | cuDNN/torch |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for key in keys:
+        a, c, b = ours.get(key), cudnn.get(key), theirs.get(key)
+        rows.append(f"| {key[0]} | {key[1]} | {fmt(a, 'ms')} | {fmt(a, 'tflops')} | {fmt(c, 'ms')} | "
+                    f"{fmt(c, 'tflops')} | {fmt(b, 'ms')} | {fmt(b, 'tflops')} | {ratio(a, b)} | {ratio(c, b)} |")
+    return "\n".join(rows)
+
+
 def table(argv):
     ours_path, torch_path, tests_status, device, out_path = argv[:5]
     parity_path, resume_path, resume_status, user_path, gen_path, gen_status, optimes_path = \
@@ -133,24 +150,24 @@ def table(argv):
             return []
     parity, resume, gen = lines(parity_path), lines(resume_path), lines(gen_path)
     optimes = lines(optimes_path)
-    ours = {(r["op"], r["case"]): r for r in load(ours_path)}
+    kernel_recs = load(ours_path)
+    ours = {(r["op"], r["case"]): r for r in kernel_recs if r.get("impl", "ftune") == "ftune"}
+    cudnn_recs = [r for r in kernel_recs if r.get("impl") == "cudnn"]
+    cudnn = {(r["op"], r["case"]): r for r in cudnn_recs if r["op"] in ("attn_fwd", "attn_bwd")}
     torch_recs = load(torch_path)
     info = next((r for r in torch_recs if r["op"] == "info"), {})
     theirs = {(r["op"], r["case"]): r for r in torch_recs if r["op"] != "info"}
     keys = [k for k in ours] + [k for k in theirs if k not in ours and k[0] in ("attn_fwd", "attn_bwd", "gemm")]
-    fmt = lambda r, f: "—" if r is None or f not in r else f"{r[f]:.2f}" if isinstance(r[f], float) else str(r[f])
-    rows = ["| op | case | ftune ms | ftune TF/s | torch ms | torch TF/s | ftune/torch throughput |",
-            "|---|---|---|---|---|---|---|"]
-    for key in keys:
-        a, b = ours.get(key), theirs.get(key)
-        ratio = f"{b['ms'] / a['ms']:.2f}x" if a and b else "—"
-        rows.append(f"| {key[0]} | {key[1]} | {fmt(a, 'ms')} | {fmt(a, 'tflops')} | {fmt(b, 'ms')} | "
-                    f"{fmt(b, 'tflops')} | {ratio} |")
+    table = kernel_table(keys, ours, cudnn, theirs)
+    cudnn_info = next((r for r in cudnn_recs if r["op"] == "info"), None)
+    cudnn_lines = ([f"- cuDNN {cudnn_info['version'] // 10000}.{cudnn_info['version'] // 100 % 100}."
+                    f"{cudnn_info['version'] % 100} loaded (kernels/cuda/attention_cudnn.h)"] if cudnn_info else []) + \
+        [f"- cuDNN route, {r['case']}: {r['error']}" for r in cudnn_recs if r["op"] == "error"]
     ceil = [r for r in torch_recs if r["op"] == "copy" or "(ceiling)" in r.get("case", "")]
     ceil_lines = [f"- {r['case']}: {r['ms']:.3f} ms" + (f", {r['gbps']} GB/s" if "gbps" in r else "") +
                   (f", {r['tflops']} TF/s" if "tflops" in r else "") for r in ceil]
-    table = "\n".join(rows)
     print(table)
+    print("\n".join(cudnn_lines))
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cost_model = kept_section(out_path, "The cost model")
     doc = f"""# Performance (GPU)
@@ -203,8 +220,29 @@ run. FLOPs: GEMM 2MNK; causal attention forward 2·2·B·Hq·T²·hd/2, backward
 
 {table}
 
+{chr(10).join(cudnn_lines) if cudnn_lines else "- cuDNN route: not run (no cudnn lines in ours.jsonl)"}
+
 Device ceilings measured in the same run (PyTorch):
 {chr(10).join(ceil_lines) if ceil_lines else '- (not measured)'}
+
+How to read the attention rows: three implementations of the same causal
+attention on the same inputs. "ftune" is ours (below); "cuDNN" is cuDNN 9's
+fused SDPA through our route (kernels/cuda/attention_cudnn.h, what
+`train.attention: cudnn` runs), timed as the backend calls it: its per-call
+Prepare (lengths and offsets; with documents, a read-back and a stream
+synchronisation) and, in the backward, dout rounded to bf16 and the
+gradients widened to fp32 are inside its time, and its backward is the
+deterministic one; both ftune's and cuDNN's backward take dout and write
+dq/dk/dv in fp32, the engine's convention. "torch" is PyTorch's
+scaled_dot_product_attention (its flash kernel, bf16 gradients). A "docs N"
+case packs N equal documents per row: ftune and cuDNN mask them by segment
+ids (cuDNN as ragged batch entries), torch runs them as B·N separate
+sequences, the fastest exact form it has for equal lengths; FLOPs count each
+document's triangle only. The two ratio columns are each route's throughput
+over torch's; ftune against cuDNN is the ratio of their TF/s columns. The
+route whose backward is faster at every case of a GPU becomes `auto`'s
+choice there only when it is recorded in engine/model/attention_route.cc
+(kCudnnFasterOn) with this table.
 
 How to read it: attention runs on the tensor cores (kernels/cuda/
 attention_tc_*.cu: FlashAttention-2's scheme on mma.sync m16n8k16, bf16

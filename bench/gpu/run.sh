@@ -6,7 +6,9 @@
 #    this GPU's architecture, GoogleTest from a source tree carried with the
 #    repository (.carry/googletest, or FT_GTEST_SOURCE_DIR);
 # 2. runs the CUDA op tests (ctest -L gpu, with FT_REQUIRE_GPU=1 so a missing
-#    GPU fails instead of skipping);
+#    GPU fails instead of skipping), cuDNN's attention route against ours and
+#    the CPU among them (FT_REQUIRE_CUDNN=1 when the build found cuDNN: the
+#    PyTorch's nvidia-cudnn wheel, FT_CUDNN_ROOT);
 #    ctest -L gpu includes the whole model on CUDA against the CPU backend
 #    (tests/engine/model/cuda_parity_test.cc: LoRA and QLoRA, Llama and Qwen2 shapes,
 #    fp32 and bf16, and training state moved between the devices) and the
@@ -14,8 +16,8 @@
 #    technique bit-identical to the CUDA baseline, device/host peaks and the
 #    ops' wait for copies, printed);
 #    then ft-train generate on a tiny model, CPU against CUDA;
-# 3. benchmarks ftune's kernels (ft_gpu_kernel_bench) and PyTorch
-#    (torch_peer.py) on the cases of cases.txt, side by side on the same GPU;
+# 3. benchmarks ftune's kernels and cuDNN's attention route (ft_gpu_kernel_bench)
+#    and PyTorch (torch_peer.py) on the cases of cases.txt, side by side on the same GPU;
 # 4. the user's job: ft-train run of a QLoRA job on a Llama-3-8B-shaped random
 #    model (qlora-8b.yaml; tokens/s, peak memory, the planner's prediction),
 #    again with the memory techniques on (cpu_offload, paged_adamw, activation
@@ -97,19 +99,44 @@ device=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,no
 arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d '.')
 log "device: $device (sm_$arch); nvcc: $(nvcc --version | tail -1)"
 
+# cuDNN for the cuDNN attention route (kernels/cuda/attention_cudnn.h): the
+# nvidia-cudnn wheel of this machine's PyTorch (lib/libcudnn.so.9, dlopen'ed
+# through FT_CUDNN_ROOT; include/ when the wheel has it, else the headers
+# carry-deps.sh packed under /tmp/ftdeps/cudnn/include, else the toolkit's).
+cudnn_root=$(python3 -c 'import nvidia.cudnn as m; print(list(m.__path__)[0])' 2> /dev/null || true)
+cudnn_args=()
+if [ -n "$cudnn_root" ] && [ -f "$cudnn_root/lib/libcudnn.so.9" ]; then
+  if [ ! -f "$cudnn_root/include/cudnn_graph.h" ] && [ -f /tmp/ftdeps/cudnn/include/cudnn_graph.h ]; then
+    mkdir -p "$build/cudnn-root"  # the wheel's lib/ beside the carried include/
+    ln -sfn "$cudnn_root/lib" "$build/cudnn-root/lib"
+    ln -sfn /tmp/ftdeps/cudnn/include "$build/cudnn-root/include"
+    cudnn_root=$build/cudnn-root
+  fi
+  export FT_CUDNN_ROOT=$cudnn_root
+  export LD_LIBRARY_PATH=$cudnn_root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  cudnn_args=(-DFT_CUDNN_ROOT="$cudnn_root")
+  log "cuDNN: $cudnn_root ($(ls "$cudnn_root"/lib/libcudnn.so.9* | head -1))"
+else
+  log "cuDNN: python3 finds no nvidia-cudnn wheel with lib/libcudnn.so.9: the cuDNN route's test skips, its bench rows say why"
+fi
+
 # ---- 1. build ---------------------------------------------------------------
 generator=()
 command -v ninja > /dev/null && generator=(-G Ninja)
 log "configure $build"
 if ! cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DFT_ENGINE_ONLY=ON -DFT_CUDA=ON \
-  -DFT_CUDA_ARCHITECTURES="$arch" -DFT_CUDA_RESOURCE_USAGE=ON -DFT_GTEST_SOURCE_DIR="$gtest" ${FT_CMAKE_ARGS:-} \
+  -DFT_CUDA_ARCHITECTURES="$arch" -DFT_CUDA_RESOURCE_USAGE=ON -DFT_GTEST_SOURCE_DIR="$gtest" "${cudnn_args[@]}" ${FT_CMAKE_ARGS:-} \
   > "$work/configure.log" 2>&1; then
   tail -30 "$work/configure.log"
   exit 1
 fi
 grep "ftune:" "$work/configure.log"
+# Built with cuDNN's headers and its library found: the route's test must run, not skip.
+if grep -q "ftune: cuDNN route with" "$work/configure.log" && [ -n "${FT_CUDNN_ROOT:-}" ]; then
+  export FT_REQUIRE_CUDNN=1
+fi
 targets=(cuda_device_info_test kernels_cuda_ops_test kernels_cuda_attention_test kernels_cuda_typed_activations_test
-  ft_gpu_kernel_bench)
+  kernels_cuda_attention_cudnn_test ft_gpu_kernel_bench)
 have_train=0
 # engine/CMakeLists.txt says when it leaves ft-train out (no tokenizer libraries).
 if ! grep -q "building engine/model only" "$work/configure.log"; then

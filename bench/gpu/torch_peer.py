@@ -4,7 +4,14 @@
 Attention: torch.nn.functional.scaled_dot_product_attention(is_causal=True) on
 bf16 q/k/v viewed as [B, H, T, hd] from the model's [B, T, H, hd] layout; GQA
 through enable_gqa=True where this torch has it, else k/v repeated to Hq heads
-before timing. Backward: torch.autograd.grad of the forward's output with a
+before timing. Packed cases ("docs N": N documents of T/N tokens per row,
+each causal and blind to the others): the rows are viewed as B*N sequences
+of T/N tokens ([B, T, H, hd] -> [B*N, T/N, H, hd], a free view) with
+is_causal=True: for documents of equal length that is exactly the
+block-diagonal causal mask, and the fastest way SDPA has to run it (its
+flash kernel; an explicit [T, T] block-diagonal mask would send it to the
+memory-efficient or math kernel and compute the masked blocks too). FLOPs
+count each document's triangle, as kernel_bench.cc does. Backward: torch.autograd.grad of the forward's output with a
 random upstream gradient. GEMM: x @ w.T in bf16. Each time is the median of
 CUDA-event-timed runs after warm-up, on random (never zero) inputs; FLOPs as in
 kernel_bench.cc. Also measures the two ceilings of the device (METHOD.md): a
@@ -45,8 +52,9 @@ def emit(op, case, ms, flops=None, extra=None):
     print(json.dumps(rec), flush=True)
 
 
-def bench_attention(case, B, T, Hq, Hkv, hd):
+def bench_attention(case, B, T, Hq, Hkv, hd, docs=1):
     dev, dt = "cuda", torch.bfloat16
+    B, T = B * docs, T // docs  # packed rows: each document a sequence (see the module's doc)
     q = (torch.rand(B, T, Hq, hd, device=dev, dtype=dt) * 2 - 1).transpose(1, 2).detach().requires_grad_()
     k = (torch.rand(B, T, Hkv, hd, device=dev, dtype=dt) * 2 - 1).transpose(1, 2)
     v = (torch.rand(B, T, Hkv, hd, device=dev, dtype=dt) * 2 - 1).transpose(1, 2)
@@ -101,11 +109,14 @@ def main():
         if not fields:
             continue
         case = " ".join(fields)
-        nums = [int(x) for x in fields[1:]]
         if fields[0] == "attn":
-            bench_attention(case, *nums)
+            nums = [int(x) for x in fields[1:6]]
+            extra = fields[6:]
+            if extra and (len(extra) != 2 or extra[0] != "docs" or nums[1] % int(extra[1])):
+                raise SystemExit(f"bad case (want attn B T Hq Hkv hd [docs N], N dividing T): {line}")
+            bench_attention(case, *nums, docs=int(extra[1]) if extra else 1)
         elif fields[0] == "gemm":
-            bench_gemm(case, *nums)
+            bench_gemm(case, *[int(x) for x in fields[1:]])
         else:
             raise SystemExit(f"unknown case: {line}")
     return 0

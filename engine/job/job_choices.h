@@ -136,13 +136,19 @@ struct EnumTraits<ActivationCheckpointing> {
   };
 };
 
-// train.attention
-enum class AttentionKind { kFlash, kNaive };
+// train.attention (flash, cudnn and auto: engine/model/attention_route.h's request)
+enum class AttentionKind { kFlash, kCudnn, kAuto, kNaive };
 template <>
 struct EnumTraits<AttentionKind> {
   static constexpr std::string_view kWhat = "train.attention";
   static constexpr EnumEntry<AttentionKind> kTable[] = {
-      {"flash", AttentionKind::kFlash, "tiled attention that never holds the score matrix"},
+      {"flash", AttentionKind::kFlash, "tiled attention that never holds the score matrix (our kernels)"},
+      {"cudnn", AttentionKind::kCudnn,
+       "cuDNN's fused SDPA on a CUDA device (bf16/fp16, Hopper); refused with the reason where it cannot "
+       "give "
+       "a deterministic backward or the model's masks"},
+      {"auto", AttentionKind::kAuto,
+       "flash, or cudnn on a GPU where bench/gpu/run.sh measured it faster (none is measured yet)"},
       {"naive", AttentionKind::kNaive, "the full score matrix (the reference)"},
   };
 };

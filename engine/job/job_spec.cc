@@ -578,6 +578,18 @@ constexpr RefusedCombination kRefusedCombinations[] = {
      "distributed", "strategy",
      "distributed.strategy: fsdp shards the frozen base weights and the optimizer of LoRA/QLoRA; "
      "a full fine-tune is not sharded yet: use strategy: ddp (or resources.gpus: 1)"},
+    {[](const JobSpec& s) {
+       return s.train.attention == AttentionKind::kCudnn && s.resources.device == DeviceRequest::kCpu;
+     },
+     "train", "attention",
+     "train.attention: cudnn runs cuDNN's attention on a CUDA device, but resources.device is cpu; "
+     "use attention: flash (or auto), or device: cuda"},
+    {[](const JobSpec& s) {
+       return s.train.attention == AttentionKind::kCudnn && s.model.dtype == ComputeDType::kF32;
+     },
+     "train", "attention",
+     "train.attention: cudnn takes bf16 or fp16 tensors, but model.dtype is fp32; "
+     "use dtype: bf16, or attention: flash"},
 };
 
 Status CheckCombinations(const YamlMap& root, const JobSpec& spec) {

@@ -44,6 +44,12 @@ StatusOr<std::shared_ptr<Backend>> CreateBackend(DeviceKind kind) {
 #endif
 }
 
+Status Backend::SetAttentionRoute(AttentionRouteRequest request) {
+  if (request != AttentionRouteRequest::kCudnn) return Status::OK();
+  return Status::FailedPrecondition("train.attention: cudnn runs on the CUDA backend, not on " + Describe() +
+                                    "; use attention: flash (or auto)");
+}
+
 DeviceBuffer Backend::Alloc(int64_t n_floats, MemCategory category, MemoryTracker* tracker) {
   FT_CHECK(n_floats >= 0);
   return AllocBytes(n_floats * static_cast<int64_t>(sizeof(float)), category, tracker);

@@ -52,6 +52,7 @@
 #include "common/device_kind.h"
 #include "common/status.h"
 #include "engine/model/activation.h"
+#include "engine/model/attention_route.h"
 #include "engine/model/memory.h"
 #include "kernels/cpu/nf4.h"
 #include "kernels/cpu/ops.h"
@@ -179,6 +180,13 @@ class Backend {
   virtual DeviceKind kind() const = 0;
   // "cpu", or "cuda:0 (NVIDIA H100 80GB HBM3)".
   virtual std::string Describe() const = 0;
+  // Which flash attention AttentionForward/Backward run from now on
+  // (job.yaml's train.attention; engine/model/attention_route.h). OK, or
+  // FailedPrecondition naming why this backend cannot honour `request`: the
+  // CPU backends have only their own attention, so kCudnn is refused there
+  // (kAuto and kOurs run it). The CUDA backend checks each call's facts and
+  // refuses one that cuDNN cannot take, with the reason (a sticky error).
+  virtual Status SetAttentionRoute(AttentionRouteRequest request);
 
   // ---- Memory -------------------------------------------------------------
   // Zeroed floats (n >= 0) or bytes of device memory, counted under

@@ -50,6 +50,7 @@
 #include "engine/model/backend.h"
 #include "engine/model/cuda_op_names.h"
 #include "engine/model/cuda_op_times.h"
+#include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_info.h"
 #include "kernels/cuda/ops.h"
@@ -186,6 +187,7 @@ class CudaBackend final : public Backend {
     ss_ws_ = DeviceBuffer();
     ss_list_ = DeviceBuffer();
     blas_.reset();
+    cudnn_.reset();
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
@@ -388,11 +390,80 @@ class CudaBackend final : public Backend {
   static cuda::AttentionMath Math(GemmOperands operands) {
     return operands == GemmOperands::kBF16 ? cuda::AttentionMath::kBf16 : cuda::AttentionMath::kFp32;
   }
+  Status SetAttentionRoute(AttentionRouteRequest request) override {
+    attention_request_ = request;
+    int major = 0, minor = 0;
+    FT_RETURN_IF_ERROR(CudaStatus(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_),
+                                  "cudaDeviceGetAttribute"));
+    FT_RETURN_IF_ERROR(CudaStatus(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_),
+                                  "cudaDeviceGetAttribute"));
+    sm_ = major * 10 + minor;
+    if (request == AttentionRouteRequest::kOurs || cudnn_ != nullptr) return Status::OK();
+    if (request == AttentionRouteRequest::kAuto && !CudnnMeasuredFaster(name_)) return Status::OK();
+    FT_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+    auto created = cuda::CudnnAttention::Create();
+    if (created.ok()) {
+      cudnn_ = std::move(*created);
+    } else {
+      cudnn_missing_ = created.status().message();
+    }
+    // An explicit cudnn whose library is missing is refused now, not at the first step.
+    if (request == AttentionRouteRequest::kCudnn && cudnn_ == nullptr)
+      return created.status().WithContext("train.attention: cudnn");
+    return Status::OK();
+  }
+  // Whether this call runs cuDNN's route (attention_route.h decides; its
+  // refusal of an explicit cudnn is recorded). Prepares cuDNN's documents when it does.
+  bool CudnnRoute(const cpu::AttentionShape& s, ActDType storage, const int32_t* segments) {
+    if (attention_request_ == AttentionRouteRequest::kOurs || !status_.ok()) return false;
+    AttentionRouteFacts f;
+    f.cudnn_loaded = cudnn_ != nullptr;
+    f.cudnn_missing = cudnn_missing_;
+    f.cudnn_version = cuda::CudnnAttention::LoadedVersion(nullptr);
+    f.sm = sm_;
+    f.gpu = name_;
+    f.shape = s;
+    f.storage = storage == ActDType::kF32    ? AttentionStorage::kF32
+                : storage == ActDType::kBF16 ? AttentionStorage::kBF16
+                                             : AttentionStorage::kF16;
+    f.segments = segments != nullptr;
+    f.documents = s.batch;
+    f.max_doc_len = s.seq;
+    if (cudnn_ != nullptr && ShapeFitsCudnn(f)) {
+      auto docs = cudnn_->Prepare(s, segments, stream_);
+      if (!docs.ok()) {
+        Record(docs.status());
+        return false;
+      }
+      f.documents = docs->batch;
+      f.max_doc_len = docs->seq;
+      f.workspace_budget_bytes = cudnn_->workspace_budget_bytes;
+    }
+    auto route = ChooseAttentionRoute(attention_request_, f);
+    if (!route.ok()) {
+      Record(route.status());
+      return false;
+    }
+    return *route == AttentionRoute::kCudnn;
+  }
+  // Whether cuDNN would take the call apart from its documents (so Prepare's cost is paid only then).
+  static bool ShapeFitsCudnn(AttentionRouteFacts f) {
+    f.documents = 0;
+    return CudnnAttentionRefusal(f).ok();
+  }
   void AttentionForward(GemmOperands operands, const cpu::AttentionShape& s, ConstAct q, ConstAct k,
                         ConstAct v, const int32_t* segments, Act out, float* lse,
                         bool /*naive: flash only*/) override {
     if (!SameStorage("AttentionForward", {q.dtype, k.dtype, v.dtype, out.dtype})) return;
     FT_TIME_OP(cuda_op::kAttentionForward);
+    if (CudnnRoute(s, q.dtype, segments)) {
+      WithHalfStorage(q.dtype, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        Record(cudnn_->Forward(s, q.as<T>(), k.as<T>(), v.as<T>(), out.as<T>(), lse, stream_));
+      });
+      return;
+    }
+    if (!status_.ok()) return;
     WithStorage(q.dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
       Record(cuda::AttentionForward(s, q.as<T>(), k.as<T>(), v.as<T>(), segments, out.as<T>(), lse, stream_,
@@ -404,6 +475,15 @@ class CudaBackend final : public Backend {
                          const float* dout, float* dq, float* dk, float* dv) override {
     if (!SameStorage("AttentionBackward", {q.dtype, k.dtype, v.dtype, out.dtype})) return;
     FT_TIME_OP(cuda_op::kAttentionBackward);
+    if (CudnnRoute(s, q.dtype, segments)) {
+      WithHalfStorage(q.dtype, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        Record(cudnn_->Backward(s, q.as<T>(), k.as<T>(), v.as<T>(), out.as<T>(), lse, dout, dq, dk, dv,
+                                stream_));
+      });
+      return;
+    }
+    if (!status_.ok()) return;
     float* ws = Workspace(att_ws_, cuda::AttentionBackwardWorkspaceFloats(s) * 4);
     if (!status_.ok()) return;
     WithStorage(q.dtype, [&](auto tag) {
@@ -708,6 +788,15 @@ class CudaBackend final : public Backend {
   struct StorageTag {
     using type = T;
   };
+  // The 16-bit storage types only (cuDNN's route; attention_route.h refuses fp32 before it).
+  template <typename F>
+  static void WithHalfStorage(ActDType t, F&& f) {
+    if (t == ActDType::kF16) {
+      f(StorageTag<cuda::fp16>{});
+    } else {
+      f(StorageTag<cuda::bf16>{});
+    }
+  }
   template <typename F>
   static void WithStorage(ActDType t, F&& f) {
     switch (t) {
@@ -769,6 +858,11 @@ class CudaBackend final : public Backend {
   DeviceBuffer rms_ws_, att_ws_, row_loss_, ss_ws_, ss_list_, a16_ws_, b16_ws_;
   std::vector<FloatRange> ss_list_host_;  // what ss_list_ holds (SumSquares' tensors)
   DeviceBuffer stage_ws_[2];              // the fp32 GEMM's 16-bit operands, widened (StagedOperand)
+  // Attention's route (SetAttentionRoute): cuDNN's, when asked for and loaded, else why not.
+  AttentionRouteRequest attention_request_ = AttentionRouteRequest::kOurs;
+  std::unique_ptr<cuda::CudnnAttention> cudnn_;
+  std::string cudnn_missing_ = "not requested";
+  int sm_ = 0;  // compute capability, major * 10 + minor
 };
 
 }  // namespace

@@ -72,6 +72,16 @@ Status RequireFiniteWeights(const JobSpec& spec, const CheckpointContents& c) {
 
 }  // namespace
 
+AttentionRouteRequest AttentionRequest(AttentionKind kind) {
+  switch (kind) {
+    case AttentionKind::kCudnn: return AttentionRouteRequest::kCudnn;
+    case AttentionKind::kAuto: return AttentionRouteRequest::kAuto;
+    case AttentionKind::kFlash:
+    case AttentionKind::kNaive: break;
+  }
+  return AttentionRouteRequest::kOurs;
+}
+
 ModelOptions JobModelOptions(const JobSpec& spec, std::shared_ptr<Backend> backend) {
   ModelOptions options;
   options.dtype = spec.model.dtype;
@@ -249,6 +259,7 @@ Status Trainer::BuildModel(const ModelConfig& config, std::shared_ptr<Backend> b
   const std::string& f = spec.file;
   const int world = ranks_->world();
   const bool fsdp = world > 1 && spec.distributed.strategy == DistributedStrategy::kFsdp;
+  FT_RETURN_IF_ERROR(backend->SetAttentionRoute(AttentionRequest(spec.train.attention)).WithContext(f));
   ModelOptions options = JobModelOptions(spec, backend);
   Collective* collective = ranks_.get();
   auto all_gather = GatherOn(collective);

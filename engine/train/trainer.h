@@ -352,6 +352,8 @@ class Trainer {
 // hyperparameters: what a trainer builds, and what the cost model
 // (engine/train/step_cost.h) runs.
 ModelOptions JobModelOptions(const JobSpec& spec, std::shared_ptr<Backend> backend);
+// train.attention as the backend's route request (flash and naive: ours).
+AttentionRouteRequest AttentionRequest(AttentionKind kind);
 OptimizerConfig JobOptimizerConfig(const JobSpec& spec);
 
 // Chooses micro-batch and accumulation for `spec` (micro × accumulation ×

@@ -141,6 +141,11 @@ TEST(JobChoicesTest, FullFineTuneCombinationsAreRefusedWithFileLine) {
       {Job("", "  type: full\n", "", "resources:\n  gpus: 2\ndistributed:\n  strategy: fsdp\n"),
        "job.yaml:14:13",
        "distributed.strategy: fsdp shards the frozen base weights and the optimizer of LoRA"},
+      {Job("", "", "  attention: cudnn\n", "resources:\n  device: cpu\n"), "job.yaml:7:14",
+       "train.attention: cudnn runs cuDNN's attention on a CUDA device, but resources.device is cpu; "
+       "use attention: flash (or auto), or device: cuda"},
+      {Job("  dtype: fp32\n", "", "  attention: cudnn\n"), "job.yaml:8:14",
+       "train.attention: cudnn takes bf16 or fp16 tensors, but model.dtype is fp32"},
   };
   for (const Case& c : cases) {
     StatusOr<JobSpec> spec = ParseJobSpec(c.yaml, "job.yaml");
@@ -150,6 +155,8 @@ TEST(JobChoicesTest, FullFineTuneCombinationsAreRefusedWithFileLine) {
     EXPECT_THAT(spec.status().message(), HasSubstr(c.message));
   }
   // Each choice apart is accepted: fsdp with one rank, cpu_offload with LoRA, a full fine-tune alone.
+  EXPECT_TRUE(
+      ParseJobSpec(Job("", "", "  attention: cudnn\n", "resources:\n  device: cuda\n"), "job.yaml").ok());
   EXPECT_TRUE(
       ParseJobSpec(Job("", "  type: full\n", "", "distributed:\n  strategy: fsdp\n"), "job.yaml").ok());
   EXPECT_TRUE(ParseJobSpec(Job("", "", "  cpu_offload: true\n", "resources:\n  gpus: 2\n"), "job.yaml").ok());

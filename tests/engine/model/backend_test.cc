@@ -31,6 +31,22 @@ TEST(Backend, CpuAlwaysExists) {
   EXPECT_EQ(cpu->get(), CpuBackendInstance().get());
 }
 
+// The CPU backends run their own attention: flash and auto are theirs, an explicit cudnn is refused with the
+// fix.
+TEST(Backend, CpuRefusesTheCudnnAttentionRoute) {
+  auto cpu = CreateBackend(DeviceKind::kCpu);
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_TRUE((*cpu)->SetAttentionRoute(AttentionRouteRequest::kOurs).ok());
+  EXPECT_TRUE((*cpu)->SetAttentionRoute(AttentionRouteRequest::kAuto).ok());
+  const Status cudnn = (*cpu)->SetAttentionRoute(AttentionRouteRequest::kCudnn);
+  EXPECT_EQ(cudnn.code(), Status::Code::kFailedPrecondition);
+  EXPECT_NE(cudnn.message().find("train.attention: cudnn runs on the CUDA backend, not on "),
+            std::string::npos)
+      << cudnn.ToString();
+  EXPECT_NE(cudnn.message().find("; use attention: flash (or auto)"), std::string::npos);
+  EXPECT_TRUE((*cpu)->SetAttentionRoute(AttentionRouteRequest::kOurs).ok());
+}
+
 TEST(Backend, CudaWithoutDeviceIsAClearError) {
   auto cuda = CreateBackend(DeviceKind::kCuda);
   if (cuda.ok()) {
