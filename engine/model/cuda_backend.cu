@@ -187,8 +187,8 @@ class CudaBackend final : public Backend {
     ss_ws_ = DeviceBuffer();
     ss_list_ = DeviceBuffer();
     blas_.reset();
-    cudnn_.reset();
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    cudnn_.reset();  // after the stream's work that may still use its workspace
     if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     for (cudaEvent_t e : timing_events_) cudaEventDestroy(e);
