@@ -144,9 +144,8 @@ struct EnumTraits<AttentionKind> {
   static constexpr EnumEntry<AttentionKind> kTable[] = {
       {"flash", AttentionKind::kFlash, "tiled attention that never holds the score matrix (our kernels)"},
       {"cudnn", AttentionKind::kCudnn,
-       "cuDNN's fused SDPA on a CUDA device (bf16/fp16, Hopper); refused with the reason where it cannot "
-       "give "
-       "a deterministic backward or the model's masks"},
+       "cuDNN's fused SDPA on a CUDA device (bf16/fp16, Hopper); refused with the reason where it "
+       "cannot give a deterministic backward or the model's masks"},
       {"auto", AttentionKind::kAuto,
        "flash, or cudnn on a GPU where bench/gpu/run.sh measured it faster (none is measured yet)"},
       {"naive", AttentionKind::kNaive, "the full score matrix (the reference)"},
