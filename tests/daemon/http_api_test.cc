@@ -991,8 +991,8 @@ TEST_F(HttpApiTest, SlowStreamClientIsDroppedWithoutBlockingTheDaemon) {
   ASSERT_TRUE(slow.Get("/api/stream"));
   ASSERT_TRUE(slow.ReadUntil("retry:", std::chrono::seconds(5)));
   SseReader fast(port_);
-  fast.KeepDraining();  // reads as the bytes come, even while this thread publishes
   ASSERT_TRUE(fast.Get("/api/stream"));
+  fast.KeepDraining();  // reads as the bytes come, even while this thread publishes
   ASSERT_TRUE(fast.ReadUntil("retry:", std::chrono::seconds(5)));
   ASSERT_TRUE(Eventually([&] { return server_->open_streams() == 2; }));
   // The slow client never reads again; the daemon keeps publishing at full

@@ -171,7 +171,7 @@ class SseReader {
   // A client that keeps up: a thread reads everything as it arrives, so the
   // server never sees a backlog from it however loaded the machine is (the
   // test thread would otherwise read only between its own steps).
-  // ReadUntil then waits for the thread's text.
+  // ReadUntil then waits for the thread's text. Call it after Get: the socket is then only read.
   void KeepDraining() {
     timeval tv{0, 100'000};  // short blocking reads, so a stop is seen
     setsockopt(socket_.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
