@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "engine/model/attention_route.h"
 #include "engine/model/model.h"
 
 namespace ft {
@@ -48,6 +49,20 @@ int64_t Nf4Bytes(int64_t n, int64_t block, bool double_quant) {
   return Align(Align((n + 1) / 2, 16) + scales, 16) + (double_quant ? (blocks + 255) / 256 * kF32 : 0);
 }
 
+// cuDNN's attention route (kernels/cuda/attention_cudnn.h) for one micro-batch of `rows` rows: its
+// deterministic backward's dP scratch, by the route's own estimate for whole rows (packed rows: their
+// documents, counted and sized in powers of two, take up to 8 times that), never more than the
+// budget past which the route refuses the call; and its 16-bit copies of dout, dq, dk and dv.
+int64_t CudnnAttentionBytes(const PlanRequest& r, int64_t rows) {
+  const ModelConfig& c = r.model;
+  AttentionRouteFacts f;
+  f.shape.q_heads = c.num_heads;
+  f.documents = rows / std::max<int64_t>(r.seq_len, 1);
+  f.max_doc_len = r.seq_len;
+  const int64_t scratch = CudnnDeterministicWorkspaceBytes(f) * (r.packed ? 8 : 1);
+  return std::min(scratch, f.workspace_budget_bytes) + rows * (2 * c.q_dim() + 2 * c.kv_dim()) * 2;
+}
+
 // Device workspace bytes of one micro-batch of `rows` rows (engine/model/model.cc's backward
 // workspaces, loss head, RoPE tables, NF4 scratch; CUDA's extra staging and partials);
 // `max_linear`: the largest linear's element count.
@@ -86,7 +101,8 @@ int64_t WorkspaceBytes(const PlanRequest& r, int64_t rows, int64_t max_linear) {
                         : 0)
          // CUDA: the attention backward's row deltas, a full fine-tune's RMSNorm weight-gradient partials
          // (kernels/cuda/norm.cu: one row of D per 64 rows).
-         + (cuda ? rows * H * kF32 + (r.full ? (rows + 63) / 64 * D * kF32 : 0) : 0);
+         + (cuda ? rows * H * kF32 + (r.full ? (rows + 63) / 64 * D * kF32 : 0) : 0) +
+         (cuda && r.cudnn_attention ? CudnnAttentionBytes(r, rows) : 0);
 }
 
 }  // namespace
@@ -282,6 +298,8 @@ PlanRequest PlanRequestFromJob(const JobSpec& spec, const ModelConfig& model, De
   r.fsdp = spec.distributed.strategy == DistributedStrategy::kFsdp;
   r.global_batch = spec.train.global_batch_size;
   r.world = world;
+  r.cudnn_attention = spec.train.attention == AttentionKind::kCudnn;
+  r.packed = spec.data.packing;
   return r;
 }
 

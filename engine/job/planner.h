@@ -44,7 +44,11 @@ struct PlanRequest {
   bool fsdp = false;
   int64_t global_batch = 1;
   int64_t world = 1;
-  int64_t loss_chunk_rows = 0;                          // 0 = the engine's default budget
+  int64_t loss_chunk_rows = 0;  // 0 = the engine's default budget
+  // train.attention: cudnn on CUDA: cuDNN's deterministic backward's dP scratch and its 16-bit
+  // gradient copies (engine/model/attention_route.h); `packed`: data.packing (documents per row).
+  bool cudnn_attention = false;
+  bool packed = false;
   bool operator==(const PlanRequest&) const = default;  // every field: what the plan depends on
 };
 

@@ -405,6 +405,39 @@ TEST(PlannerTest, PredictsEachFamilysMeasuredPeakWithinTenPercent) {
   }
 }
 
+// train.attention: cudnn on CUDA: the planner adds cuDNN's deterministic backward's dP scratch
+// (attention_route.h's estimate: sequences x query heads x seq² x 2 bytes; packed rows' documents up to
+// 8 times that; never past the budget at which the route refuses) and its 16-bit dout/dq/dk/dv.
+TEST(PlannerTest, CudnnAttentionAddsItsBackwardScratchOnCudaOnly) {
+  PlanRequest r;
+  r.model = SmallLlama();
+  r.device = DeviceKind::kCuda;
+  r.dtype = ComputeDType::kBF16;
+  r.seq_len = 256;
+  r.lora_targets = ModuleNames(r.model);
+  const int64_t micro = 2, rows = micro * r.seq_len, heads = r.model.num_heads;
+  const int64_t copies = rows * (2 * r.model.q_dim() + 2 * r.model.kv_dim()) * 2;
+  const int64_t base = PredictMemory(r, micro).workspace;
+  r.cudnn_attention = true;
+  EXPECT_EQ(PredictMemory(r, micro).workspace - base, micro * heads * 256 * 256 * 2 + copies);
+  r.packed = true;
+  EXPECT_EQ(PredictMemory(r, micro).workspace - base, 8 * micro * heads * 256 * 256 * 2 + copies);
+  r.packed = false;
+  r.seq_len = 16384;  // 2 x 4 x 16384² x 2 = 4 GiB: the route refuses past 2 GiB, so no more is planned
+  const int64_t long_base = [&] {
+    PlanRequest flash = r;
+    flash.cudnn_attention = false;
+    return PredictMemory(flash, micro).workspace;
+  }();
+  EXPECT_EQ(PredictMemory(r, micro).workspace - long_base,
+            (int64_t{2} << 30) + micro * r.seq_len * (2 * r.model.q_dim() + 2 * r.model.kv_dim()) * 2);
+  r.seq_len = 256;
+  r.device = DeviceKind::kCpu;
+  const int64_t cpu = PredictMemory(r, micro).workspace;
+  r.cudnn_attention = false;
+  EXPECT_EQ(PredictMemory(r, micro).workspace, cpu) << "the CPU never runs cuDNN";
+}
+
 TEST(PlannerTest, PicksTheLargestFittingMicroBatchAndKeepsTheGlobalBatch) {
   PlanRequest r = RequestFor(MemCase{});
   r.global_batch = 16;
