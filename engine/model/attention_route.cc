@@ -32,8 +32,7 @@ Status LibraryRefusal(const AttentionRouteFacts& f) {
   if (f.cudnn_version == 91000 || f.cudnn_version == 91001) {
     return Status::FailedPrecondition(
         "cuDNN " + Version(f.cudnn_version) +
-        " has known bf16/fp16 SDPA bugs (NVIDIA's frontend refuses it): use 9.10.2 "
-        "or newer");
+        " has known bf16/fp16 SDPA bugs (NVIDIA's frontend refuses it): use 9.10.2 or newer");
   }
   if (f.sm / 10 != 9) {
     return Status::FailedPrecondition(
@@ -57,9 +56,8 @@ Status ShapeRefusal(const AttentionRouteFacts& f) {
   }
   if (s.softcap > 0) {
     return Status::Unimplemented(
-        "the cuDNN route takes no soft-capped scores (Gemma 2's attn_logit_softcapping): cuDNN's fused "
-        "engines "
-        "do not fuse the tanh");
+        "the cuDNN route takes no soft-capped scores (Gemma 2's attn_logit_softcapping): cuDNN's "
+        "fused engines do not fuse the tanh");
   }
   if (s.window > 0) {
     return Status::Unimplemented("the cuDNN route does not express sliding windows (window " +
