@@ -102,6 +102,9 @@ struct FloatRange {
   const float* data = nullptr;
   int64_t n = 0;
 };
+// The same span of memory (spelled out: CUDA sources compile as C++17).
+inline bool operator==(const FloatRange& a, const FloatRange& b) { return a.data == b.data && a.n == b.n; }
+inline bool operator!=(const FloatRange& a, const FloatRange& b) { return !(a == b); }
 
 // A tracked allocation of a backend's memory (floats, or raw bytes for
 // integer inputs and NF4 codes). Zero-initialised, move-only; returns its

@@ -37,7 +37,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <initializer_list>
@@ -668,7 +667,7 @@ class CudaBackend final : public Backend {
   double SumSquares(const std::vector<FloatRange>& tensors) override {
     if (!status_.ok() || tensors.empty()) return 0.0;
     const auto count = static_cast<int64_t>(tensors.size());
-    if (!SameRanges(tensors, ss_list_host_)) {
+    if (tensors != ss_list_host_) {
       std::vector<cuda::TensorSpan<float>> spans;
       for (const FloatRange& t : tensors) spans.push_back({t.data, t.n});
       const auto bytes = static_cast<int64_t>(spans.size() * sizeof(spans[0]));
@@ -689,11 +688,6 @@ class CudaBackend final : public Backend {
     double sum = host[0];
     for (size_t i = 1; i < host.size(); ++i) sum += host[i];
     return sum;
-  }
-  static bool SameRanges(const std::vector<FloatRange>& a, const std::vector<FloatRange>& b) {
-    return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const FloatRange& x, const FloatRange& y) {
-      return x.data == y.data && x.n == y.n;
-    });
   }
   // The 16-bit copy is stored by the update's own kernel (no pass of its own).
   void AdamW(const cpu::AdamWParams& hp, int64_t n, float* param, const float* grad, float* m, float* v,

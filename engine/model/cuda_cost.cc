@@ -337,10 +337,7 @@ void CudaCostBackend::DropoutBackwardAdd(const DropoutKey&, const float*, int64_
 double CudaCostBackend::SumSquares(const std::vector<FloatRange>& tensors) {
   if (tensors.empty()) return 0.0;
   const auto count = static_cast<int64_t>(tensors.size());
-  const bool same =
-      std::equal(tensors.begin(), tensors.end(), ss_list_host_.begin(), ss_list_host_.end(),
-                 [](const FloatRange& a, const FloatRange& b) { return a.data == b.data && a.n == b.n; });
-  if (!same) {
+  if (tensors != ss_list_host_) {
     Workspace(ss_list_, count * kTensorSpanBytes);
     Link(op::kCopyToDevice, count * kTensorSpanBytes, true);
     ss_list_host_ = tensors;
