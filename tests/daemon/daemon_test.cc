@@ -30,6 +30,7 @@
 #include "engine/job/job_spec.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/trainer.h"
+#include "tests/support/certificate.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/webhook_receiver.h"
 
@@ -2052,12 +2053,7 @@ TEST_F(DaemonTest, AWebhookAnswering500IsRetriedWithBackoffAndGivenUpAfterItsLas
 // else the system's store) and name the URL's host.
 TEST_F(DaemonTest, AnHttpsWebhookIsDeliveredOnlyToAReceiverWhoseCertificateVerifiesForItsHost) {
   const std::string certs = dir_ + "/certs";
-  fs::create_directories(certs);
-  const std::string make =
-      "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 "
-      "-subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 -keyout " +
-      certs + "/key.pem -out " + certs + "/cert.pem >" + certs + "/openssl.log 2>&1";
-  ASSERT_EQ(std::system(make.c_str()), 0) << make;
+  ASSERT_EQ(testing_support::MakeSelfSignedCertificate(certs, "127.0.0.1", "IP:127.0.0.1"), "");
   testing_support::WebhookReceiver receiver(nullptr, certs + "/cert.pem", certs + "/key.pem");
   ASSERT_TRUE(daemon_->AddWebhook({}, Hook(receiver.url("/ip"), "succeeded")).ok());
   ASSERT_TRUE(daemon_->AddWebhook({}, Hook(receiver.url("/name", "localhost"), "succeeded")).ok());

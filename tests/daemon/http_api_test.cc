@@ -33,6 +33,7 @@
 #include "engine/io/hf_model.h"
 #include "tests/daemon/http_test_util.h"
 #include "tests/daemon/tiny_job.h"
+#include "tests/support/certificate.h"
 #include "tests/support/temp_dir.h"
 
 namespace ft {
@@ -1334,12 +1335,7 @@ class HttpsTest : public HttpApiTest {
   // A self-signed certificate for 127.0.0.1 in dir_/<name>/{cert,key}.pem; returns the cert's path.
   std::string MakeCertificate(const std::string& name) {
     const std::string d = dir_ + "/" + name;
-    fs::create_directories(d);
-    const std::string cmd =
-        "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 "
-        "-subj /CN=localhost -addext subjectAltName=IP:127.0.0.1,DNS:localhost -keyout " +
-        d + "/key.pem -out " + d + "/cert.pem >" + d + "/openssl.log 2>&1";
-    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    EXPECT_EQ(testing_support::MakeSelfSignedCertificate(d, "localhost", "IP:127.0.0.1,DNS:localhost"), "");
     return d + "/cert.pem";
   }
 
