@@ -229,16 +229,21 @@ Tensor Binary(Graph& g, cudnnPointwiseMode_t mode, Tensor a, Tensor b, std::vect
   return y;
 }
 
+// scale * q k^T over [b, hq, s, s] (fp32), before any mask: both graphs' scores.
+Tensor ScaledScores(Graph& g, const Dims& x, const Common& c) {
+  const std::vector<int64_t> ss = {x.b, x.hq, x.s, x.s};
+  Tensor s = g.Virtual(ss);
+  g.Matmul(c.q, c.k_t, s, &c.seq_len, &c.seq_len, nullptr);
+  return Binary(g, CUDNN_POINTWISE_MUL, s, c.scale, ss);
+}
+
 // S = scale * q k^T (masked); stats = max + log sum exp(S); out = softmax(S) v.
 std::unique_ptr<Graph> ForwardGraph(const cudnn::Api* api, const Dims& x, std::vector<int64_t>* uids) {
   auto graph = std::make_unique<Graph>(api);
   Graph& g = *graph;
   const Common c = AddCommon(g, x, uids);
   const std::vector<int64_t> ss = {x.b, x.hq, x.s, x.s}, row = {x.b, x.hq, x.s, 1};
-  Tensor s = g.Virtual(ss);
-  g.Matmul(c.q, c.k_t, s, &c.seq_len, &c.seq_len, nullptr);
-  s = Binary(g, CUDNN_POINTWISE_MUL, s, c.scale, ss);
-  s = Masks(g, x, c, s, true, true);
+  Tensor s = Masks(g, x, c, ScaledScores(g, x, c), true, true);
   Tensor max = g.Virtual(row);
   g.Reduction(CUDNN_REDUCE_TENSOR_MAX, s, max);
   Tensor e = Binary(g, CUDNN_POINTWISE_SUB, s, max, ss);
@@ -297,10 +302,7 @@ std::unique_ptr<Graph> BackwardGraph(const cudnn::Api* api, const Dims& x, std::
   Tensor dsum = g.Virtual(row);
   g.Reduction(CUDNN_REDUCE_TENSOR_ADD, dot, dsum);
   g.Pointwise(CUDNN_POINTWISE_MUL, dsum, &one, nullptr, softmax_sum);
-  Tensor s = g.Virtual(ss);
-  g.Matmul(c.q, c.k_t, s, &c.seq_len, &c.seq_len, nullptr);
-  s = Binary(g, CUDNN_POINTWISE_MUL, s, c.scale, ss);
-  s = Masks(g, x, c, s, true, false);
+  Tensor s = Masks(g, x, c, ScaledScores(g, x, c), true, false);
   s = Binary(g, CUDNN_POINTWISE_SUB, s, c.stats, ss);
   s = Masks(g, x, c, s, false, true);
   Tensor p = g.Virtual(ss);
