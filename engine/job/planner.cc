@@ -81,11 +81,13 @@ int64_t WorkspaceBytes(const PlanRequest& r, int64_t rows, int64_t max_linear) {
   const int64_t fused_out = c.fused_projections ? std::max(Q + 2 * KV, 2 * I) : 0;
   const int64_t widest_out = std::max(widest, rows * fused_out);
   const int64_t rope_tables = c.rope_local_theta > 0 ? 2 : 1;  // Gemma 3's sliding layers have their own
-  return rows * (4 * D + 2 * Q + 2 * KV + 3 * I) * kF32  // grad, dh, dn, dxf; dq, datt; dk, dv; dg, du, dact
-         + (c.qk_norm ? rows * (Q + KV) * kF32 : 0)      // dqp, dkp: through the q/k norms
-         + (c.gemma ? rows * D * kF32 : 0)               // dpre: through a sandwich norm
-         + rows * lora_r * kF32                          // dxa
-         + (r.lora_dropout > 0 ? widest * kF32 : 0)      // dropped-out input
+  return rows * (3 * D + 2 * Q + 2 * KV + I) * kF32            // dh, dn, dxf; dq, datt; dk, dv; dact
+         + rows * (D + 2 * I) * act                         // stored as PyTorch's bf16 tensors: grad; dg, du
+         + (low ? rows * D * act : 0)                       // d(h) stored beside its fp32 sum
+         + (c.qk_norm ? rows * (Q + KV) * kF32 : 0)         // dqp, dkp: through the q/k norms
+         + (c.gemma ? rows * D * kF32 : 0)                  // dpre: through a sandwich norm
+         + rows * lora_r * kF32                             // dxa
+         + (r.lora_dropout > 0 ? widest * kF32 : 0)         // dropped-out input
          + (low ? (widest_out + rows * lora_r) * kF32 : 0)  // fp32 linear / LoRA results before storing
          + rows * fused_out * (act + kF32)                  // a fused output before its split; its gradient
          + std::min(rows, chunk) * V * kF32                 // logits chunk

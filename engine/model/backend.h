@@ -23,9 +23,13 @@
 //     ComputeDType::kBF16 (kF16) the model keeps the tensors it saves for the
 //     backward (and the layer inputs, the KV cache) as 16-bit codes, half the
 //     bytes; an op reads them exactly, computes in fp32 and stores its typed
-//     output rounded to nearest even. Gradient workspaces of one layer stay
-//     fp32, rounded by the model (RoundToBf16/RoundToFp16) where PyTorch's
-//     bf16 tensors would be. Every backend stores the same types (the CPU one
+//     output rounded to nearest even. The gradients where PyTorch keeps bf16
+//     tensors (a layer's input and output gradients, SwiGLU's, each
+//     linear's output gradient) are stored in the
+//     activations' dtype too, and the ops that read them take them typed;
+//     what GEMMs accumulate into (a linear's input gradient, the sums of
+//     branches) stays an fp32 workspace, stored 16-bit once (Convert) where
+//     PyTorch's tensor is. Every backend stores the same types (the CPU one
 //     included), so a CPU run has the bytes and rounding points of a GPU one.
 //   - Ordering: ops and copies run in the order they are called (one stream
 //     per backend). Ops return without waiting; CopyToHost and Synchronize
@@ -242,7 +246,9 @@ class Backend {
   // ---- Ops (definitions in kernels/cpu/ops.h) ------------------------------
   // Act / ConstAct arguments may be stored in any ActDType; those of one op
   // that the definition pairs (x and y of a norm, q k v out of attention,
-  // gate up h of SwiGLU) share one. Every other pointer is fp32.
+  // gate up h of SwiGLU) share one. A typed gradient argument (dy, dh,
+  // dgate, dup) is fp32 or stored as its op's activations are. Every other
+  // pointer is fp32.
   // C[M,N] = alpha * op(A) op(B) + beta * C (cpu::Gemm's convention), with
   // A and B taken as `operands` says; C is fp32 storage either way.
   virtual void Gemm(GemmOperands operands, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
@@ -251,7 +257,7 @@ class Backend {
   virtual void RmsNormForward(ConstAct x, const float* w, int64_t rows, int64_t D, float eps, Act y,
                               float* rstd) = 0;
   // dx overwritten; dw (nullable) accumulated.
-  virtual void RmsNormBackward(ConstAct x, const float* w, const float* rstd, const float* dy, int64_t rows,
+  virtual void RmsNormBackward(ConstAct x, const float* w, const float* rstd, ConstAct dy, int64_t rows,
                                int64_t D, float* dx, float* dw) = 0;
   // positions: device int32 [rows]; cos/sin tables device [max_pos, hd/2].
   // rotary: the dims of each head that turn (cpu::RopeApply's partial rotary; hd for all).
@@ -269,10 +275,11 @@ class Backend {
   virtual void AttentionBackward(GemmOperands operands, const cpu::AttentionShape& s, ConstAct q, ConstAct k,
                                  ConstAct v, const int32_t* segments, ConstAct out, const float* lse,
                                  const float* dout, float* dq, float* dk, float* dv) = 0;
-  // h = act(gate) * up (SwiGLU, GeGLU-tanh), and its backward.
+  // h = act(gate) * up (SwiGLU, GeGLU-tanh), and its backward (dh, dgate and dup share a dtype:
+  // 16-bit ones are computed in fp32 and stored rounded to nearest even).
   virtual void GluForward(Activation act, ConstAct gate, ConstAct up, int64_t n, Act h) = 0;
-  virtual void GluBackward(Activation act, ConstAct gate, ConstAct up, const float* dh, int64_t n,
-                           float* dgate, float* dup) = 0;
+  virtual void GluBackward(Activation act, ConstAct gate, ConstAct up, ConstAct dh, int64_t n, Act dgate,
+                           Act dup) = 0;
   // ids: device int32 [rows]. The table is fp32 (out any type) or stored in out's type.
   virtual void EmbeddingForward(ConstAct table, const int32_t* ids, int64_t rows, int64_t D, Act out) = 0;
   virtual void EmbeddingBackward(const float* dout, const int32_t* ids, int64_t rows, int64_t D,
@@ -308,7 +315,7 @@ class Backend {
   // y[rows, n] += bias[n] per row.
   virtual void AddBias(float* y, const float* bias, int64_t rows, int64_t n) = 0;
   // dbias[n] += Σ_rows dy[r, n], rows in order.
-  virtual void BiasGrad(const float* dy, int64_t rows, int64_t n, float* dbias) = 0;
+  virtual void BiasGrad(ConstAct dy, int64_t rows, int64_t n, float* dbias) = 0;
   // bf16 and fp16 emulation in place (cpu::RoundToBf16, cpu::RoundToFp16).
   virtual void RoundToBf16(float* x, int64_t n) = 0;
   virtual void RoundToFp16(float* x, int64_t n) = 0;

@@ -24,6 +24,17 @@ void WithStorage(ActDType t, F&& f) {
   }
 }
 
+// Calls f(S{}, G{}) with S the storage type of `t` and G a gradient's, `g`: fp32, or the same 16
+// bits as the activations it goes with (the only pairs the ops take: backend.h).
+template <typename F>
+void WithStorageAndGradient(ActDType t, ActDType g, F&& f) {
+  FT_CHECK(g == ActDType::kF32 || g == t);
+  WithStorage(t, [&](auto tag) {
+    if (g == ActDType::kF32) return f(tag, float{});
+    f(tag, tag);
+  });
+}
+
 // x[rows, cols] (row stride ld) as floats, packed (row stride cols): widened
 // from 16-bit storage, and fp32 values rounded to bf16 or fp16 when `to` says.
 std::vector<float> OperandCopy(GemmOperands to, ConstAct x, int64_t rows, int64_t cols, int64_t ld) {
@@ -106,11 +117,12 @@ class CpuBackend final : public Backend {
       cpu::RmsNormForward<float, S>(x.as<S>(), w, rows, D, eps, y.as<S>(), rstd);
     });
   }
-  void RmsNormBackward(ConstAct x, const float* w, const float* rstd, const float* dy, int64_t rows,
-                       int64_t D, float* dx, float* dw) override {
-    WithStorage(x.dtype, [&](auto tag) {
+  void RmsNormBackward(ConstAct x, const float* w, const float* rstd, ConstAct dy, int64_t rows, int64_t D,
+                       float* dx, float* dw) override {
+    WithStorageAndGradient(x.dtype, dy.dtype, [&](auto tag, auto grad_tag) {
       using S = decltype(tag);
-      cpu::RmsNormBackward<float, S>(x.as<S>(), w, rstd, dy, rows, D, dx, dw);
+      using G = decltype(grad_tag);
+      cpu::RmsNormBackward<float, S, G>(x.as<S>(), w, rstd, dy.as<G>(), rows, D, dx, dw);
     });
   }
   void RopeApply(Act x, int64_t rows, int64_t heads, int64_t hd, int64_t rotary, const int32_t* positions,
@@ -151,14 +163,15 @@ class CpuBackend final : public Backend {
                                 : cpu::GeluTanhGluForward<S>)(gate.as<S>(), up.as<S>(), n, h.as<S>());
     });
   }
-  void GluBackward(Activation act, ConstAct gate, ConstAct up, const float* dh, int64_t n, float* dgate,
-                   float* dup) override {
-    FT_CHECK(gate.dtype == up.dtype);
-    WithStorage(gate.dtype, [&](auto tag) {
+  void GluBackward(Activation act, ConstAct gate, ConstAct up, ConstAct dh, int64_t n, Act dgate,
+                   Act dup) override {
+    FT_CHECK(gate.dtype == up.dtype && dh.dtype == dgate.dtype && dgate.dtype == dup.dtype);
+    WithStorageAndGradient(gate.dtype, dh.dtype, [&](auto tag, auto grad_tag) {
       using S = decltype(tag);
-      (act == Activation::kSilu
-           ? cpu::SwiGluBackward<float, S>
-           : cpu::GeluTanhGluBackward<float, S>)(gate.as<S>(), up.as<S>(), dh, n, dgate, dup);
+      using G = decltype(grad_tag);
+      (act == Activation::kSilu ? cpu::SwiGluBackward<float, S, G>
+                                : cpu::GeluTanhGluBackward<float, S, G>)(gate.as<S>(), up.as<S>(), dh.as<G>(),
+                                                                         n, dgate.as<G>(), dup.as<G>());
     });
   }
   void EmbeddingForward(ConstAct table, const int32_t* ids, int64_t rows, int64_t D, Act out) override {
@@ -207,10 +220,14 @@ class CpuBackend final : public Backend {
       for (int64_t j = 0; j < n; ++j) y[r * n + j] += bias[j];
     }
   }
-  void BiasGrad(const float* dy, int64_t rows, int64_t n, float* dbias) override {
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t j = 0; j < n; ++j) dbias[j] += dy[r * n + j];
-    }
+  void BiasGrad(ConstAct dy, int64_t rows, int64_t n, float* dbias) override {
+    WithStorage(dy.dtype, [&](auto tag) {
+      using S = decltype(tag);
+      const S* g = dy.as<S>();
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < n; ++j) dbias[j] += cpu::Load(g[r * n + j]);
+      }
+    });
   }
   void RoundToBf16(float* x, int64_t n) override { cpu::RoundToBf16(x, n); }
   void RoundToFp16(float* x, int64_t n) override { cpu::RoundToFp16(x, n); }

@@ -52,6 +52,7 @@
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_info.h"
+#include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace ft {
@@ -88,12 +89,13 @@ __global__ void AddBiasKernel(float* y, const float* bias, int64_t rows, int64_t
   }
 }
 
-// One thread per column, rows in order (the CPU's order for each column).
-__global__ void BiasGradKernel(const float* dy, int64_t rows, int64_t n, float* dbias) {
+// One thread per column, rows in order (the CPU's order for each column); dy fp32 or 16-bit.
+template <typename G>
+__global__ void BiasGradKernel(const G* dy, int64_t rows, int64_t n, float* dbias) {
   for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < n;
        j += int64_t{gridDim.x} * blockDim.x) {
     float acc = dbias[j];
-    for (int64_t r = 0; r < rows; ++r) acc = __fadd_rn(acc, dy[r * n + j]);
+    for (int64_t r = 0; r < rows; ++r) acc = __fadd_rn(acc, cuda::internal::Load(dy[r * n + j]));
     dbias[j] = acc;
   }
 }
@@ -364,16 +366,20 @@ class CudaBackend final : public Backend {
       Record(cuda::RmsNormForward(x.as<T>(), w, rows, D, eps, y.as<T>(), rstd, stream_));
     });
   }
-  void RmsNormBackward(ConstAct x, const float* w, const float* rstd, const float* dy, int64_t rows,
-                       int64_t D, float* dx, float* dw) override {
-    if (!status_.ok()) return;
+  void RmsNormBackward(ConstAct x, const float* w, const float* rstd, ConstAct dy, int64_t rows, int64_t D,
+                       float* dx, float* dw) override {
+    if (!GradientStorage("RmsNormBackward", x.dtype, dy.dtype)) return;
     FT_TIME_OP(cuda_op::kRmsNormBackward);
     float* ws = nullptr;
     if (dw != nullptr) ws = Workspace(rms_ws_, cuda::RmsNormBackwardWorkspaceFloats(rows, D) * 4);
     if (!status_.ok()) return;
     WithStorage(x.dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
-      Record(cuda::RmsNormBackward(x.as<T>(), w, rstd, dy, rows, D, dx, dw, ws, stream_));
+      if (dy.dtype == ActDType::kF32) {
+        Record(cuda::RmsNormBackward(x.as<T>(), w, rstd, dy.as<float>(), rows, D, dx, dw, ws, stream_));
+      } else {
+        Record(cuda::RmsNormBackward(x.as<T>(), w, rstd, dy.as<T>(), rows, D, dx, dw, ws, stream_));
+      }
     });
   }
   void RopeApply(Act x, int64_t rows, int64_t heads, int64_t hd, int64_t rotary, const int32_t* positions,
@@ -501,16 +507,26 @@ class CudaBackend final : public Backend {
                                                                            h.as<T>(), stream_));
     });
   }
-  void GluBackward(Activation act, ConstAct gate, ConstAct up, const float* dh, int64_t n, float* dgate,
-                   float* dup) override {
-    if (!SameStorage("GluBackward", {gate.dtype, up.dtype})) return;
+  void GluBackward(Activation act, ConstAct gate, ConstAct up, ConstAct dh, int64_t n, Act dgate,
+                   Act dup) override {
+    if (!SameStorage("GluBackward", {gate.dtype, up.dtype}) ||
+        !SameStorage("GluBackward", {dh.dtype, dgate.dtype, dup.dtype}) ||
+        !GradientStorage("GluBackward", gate.dtype, dh.dtype)) {
+      return;
+    }
     const bool silu = act == Activation::kSilu;
     FT_TIME_OP(silu ? cuda_op::kSwiGluBackward : cuda_op::kGeluGluBackward);
     WithStorage(gate.dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
-      Record(
-          (silu ? cuda::SwiGluBackward<T, float>
-                : cuda::GeluTanhGluBackward<T, float>)(gate.as<T>(), up.as<T>(), dh, n, dgate, dup, stream_));
+      if (dh.dtype == ActDType::kF32) {
+        Record((silu ? cuda::SwiGluBackward<T, float>
+                     : cuda::GeluTanhGluBackward<T, float>)(gate.as<T>(), up.as<T>(), dh.as<float>(), n,
+                                                            dgate.as<float>(), dup.as<float>(), stream_));
+      } else {
+        Record((silu ? cuda::SwiGluBackward<T, T>
+                     : cuda::GeluTanhGluBackward<T, T>)(gate.as<T>(), up.as<T>(), dh.as<T>(), n,
+                                                        dgate.as<T>(), dup.as<T>(), stream_));
+      }
     });
   }
   void EmbeddingForward(ConstAct table, const int32_t* ids, int64_t rows, int64_t D, Act out) override {
@@ -593,10 +609,13 @@ class CudaBackend final : public Backend {
     AddBiasKernel<<<BlocksFor(rows * n, kThreads), kThreads, 0, stream_>>>(y, bias, rows, n);
     Record(LaunchStatus("AddBiasKernel"));
   }
-  void BiasGrad(const float* dy, int64_t rows, int64_t n, float* dbias) override {
+  void BiasGrad(ConstAct dy, int64_t rows, int64_t n, float* dbias) override {
     if (!status_.ok() || n <= 0) return;
     FT_TIME_OP(cuda_op::kBiasGrad);
-    BiasGradKernel<<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(dy, rows, n, dbias);
+    WithStorage(dy.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      BiasGradKernel<<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(dy.as<T>(), rows, n, dbias);
+    });
     Record(LaunchStatus("BiasGradKernel"));
   }
   void RoundToBf16(float* x, int64_t n) override { RoundInPlace<cuda::bf16>(x, n, cuda_op::kRoundBf16); }
@@ -776,6 +795,14 @@ class CudaBackend final : public Backend {
       }
     }
     return true;
+  }
+  // A gradient `g` that goes with activations of `t`: fp32, or stored as they are (backend.h).
+  bool GradientStorage(const char* op, ActDType t, ActDType g) {
+    if (!status_.ok()) return false;
+    if (g == ActDType::kF32 || g == t) return true;
+    Record(Status::InvalidArgument(std::string(op) + ": a gradient is fp32 or stored as its activations (" +
+                                   ActDTypeName(t) + "), got " + ActDTypeName(g)));
+    return false;
   }
   // Calls f(StorageTag<T>{}) with T the CUDA type of storage `t`: float, bf16 or fp16.
   template <typename T>

@@ -189,15 +189,15 @@ void CudaCostBackend::RmsNormForward(ConstAct x, const float*, int64_t rows, int
          D(rows * dim) * D(Bytes(x.dtype) + Bytes(y.dtype)) + 4 * D(dim + rows));
 }
 
-void CudaCostBackend::RmsNormBackward(ConstAct x, const float*, const float*, const float*, int64_t rows,
+void CudaCostBackend::RmsNormBackward(ConstAct x, const float*, const float*, ConstAct dy, int64_t rows,
                                       int64_t dim, float*, float* dw) {
   const int64_t chunks = (rows + kRmsRowsPerChunk - 1) / kRmsRowsPerChunk;
   if (dw != nullptr) Workspace(rms_ws_, chunks * dim * 4);
-  // dx: read x, dy, w, rstd, write dx; dw: partials over x, dy, then their reduction.
-  const double x_bytes = D(rows * dim) * D(Bytes(x.dtype));
-  double bytes = x_bytes + 4 * D(2 * rows * dim + dim + rows), flops = 6 * D(rows * dim);
+  // dx: read x, dy, w, rstd, write dx (fp32); dw: partials over x, dy, then their reduction.
+  const double x_dy_bytes = D(rows * dim) * D(Bytes(x.dtype) + Bytes(dy.dtype));
+  double bytes = x_dy_bytes + 4 * D(rows * dim + dim + rows), flops = 6 * D(rows * dim);
   if (dw != nullptr)
-    bytes += x_bytes + 4 * D(rows * dim + rows + 2 * chunks * dim + 2 * dim), flops += 3 * D(rows * dim);
+    bytes += x_dy_bytes + 4 * D(rows + 2 * chunks * dim + 2 * dim), flops += 3 * D(rows * dim);
   Record(op::kRmsNormBackward, dw != nullptr ? 3 : 1, flops, bytes);
 }
 
@@ -257,11 +257,12 @@ void CudaCostBackend::GluForward(Activation act, ConstAct gate, ConstAct up, int
          D(n) * D(Bytes(gate.dtype) + Bytes(up.dtype) + Bytes(h.dtype)));
 }
 
-void CudaCostBackend::GluBackward(Activation act, ConstAct gate, ConstAct up, const float*, int64_t n, float*,
-                                  float*) {
+void CudaCostBackend::GluBackward(Activation act, ConstAct gate, ConstAct up, ConstAct dh, int64_t n, Act,
+                                  Act) {
   const bool silu = act == Activation::kSilu;
+  // gate, up and dh read; dgate and dup written in dh's storage.
   Record(silu ? op::kSwiGluBackward : op::kGeluGluBackward, 1, (silu ? 12 : 24) * D(n),
-         D(n) * D(Bytes(gate.dtype) + Bytes(up.dtype) + 12));
+         D(n) * D(Bytes(gate.dtype) + Bytes(up.dtype) + 3 * Bytes(dh.dtype)));
 }
 
 void CudaCostBackend::EmbeddingForward(ConstAct table, const int32_t*, int64_t rows, int64_t dim, Act out) {
@@ -300,8 +301,8 @@ void CudaCostBackend::SoftCap(int64_t n, float, float*) {
 void CudaCostBackend::AddBias(float*, const float*, int64_t rows, int64_t n) {
   if (rows * n > 0) Record(op::kBiasAdd, 1, D(rows * n), 8 * D(rows * n) + 4 * D(n));
 }
-void CudaCostBackend::BiasGrad(const float*, int64_t rows, int64_t n, float*) {
-  if (n > 0) Record(op::kBiasGrad, 1, D(rows * n), 4 * D(rows * n) + 8 * D(n));
+void CudaCostBackend::BiasGrad(ConstAct dy, int64_t rows, int64_t n, float*) {
+  if (n > 0) Record(op::kBiasGrad, 1, D(rows * n), D(rows * n) * D(Bytes(dy.dtype)) + 8 * D(n));
 }
 void CudaCostBackend::RoundToBf16(float*, int64_t n) {
   if (n > 0) Record(op::kRoundBf16, 1, 0, 8 * D(n));

@@ -93,8 +93,8 @@ class CudaCostBackend final : public Backend {
             ConstAct A, int64_t lda, ConstAct B, int64_t ldb, float beta, float* C, int64_t ldc) override;
   void RmsNormForward(ConstAct x, const float* w, int64_t rows, int64_t D, float eps, Act y,
                       float* rstd) override;
-  void RmsNormBackward(ConstAct x, const float* w, const float* rstd, const float* dy, int64_t rows,
-                       int64_t D, float* dx, float* dw) override;
+  void RmsNormBackward(ConstAct x, const float* w, const float* rstd, ConstAct dy, int64_t rows, int64_t D,
+                       float* dx, float* dw) override;
   void RopeApply(Act x, int64_t rows, int64_t heads, int64_t hd, int64_t rotary, const int32_t* positions,
                  const float* cos_table, const float* sin_table, bool inverse) override;
   void AttentionForward(GemmOperands operands, const cpu::AttentionShape& s, ConstAct q, ConstAct k,
@@ -103,8 +103,8 @@ class CudaCostBackend final : public Backend {
                          ConstAct v, const int32_t* segments, ConstAct out, const float* lse,
                          const float* dout, float* dq, float* dk, float* dv) override;
   void GluForward(Activation act, ConstAct gate, ConstAct up, int64_t n, Act h) override;
-  void GluBackward(Activation act, ConstAct gate, ConstAct up, const float* dh, int64_t n, float* dgate,
-                   float* dup) override;
+  void GluBackward(Activation act, ConstAct gate, ConstAct up, ConstAct dh, int64_t n, Act dgate,
+                   Act dup) override;
   void EmbeddingForward(ConstAct table, const int32_t* ids, int64_t rows, int64_t D, Act out) override;
   void EmbeddingBackward(const float* dout, const int32_t* ids, int64_t rows, int64_t D,
                          float* dtable) override;
@@ -115,7 +115,7 @@ class CudaCostBackend final : public Backend {
   void Scale(int64_t n, float alpha, float* x) override;
   void SoftCap(int64_t n, float cap, float* x) override;
   void AddBias(float* y, const float* bias, int64_t rows, int64_t n) override;
-  void BiasGrad(const float* dy, int64_t rows, int64_t n, float* dbias) override;
+  void BiasGrad(ConstAct dy, int64_t rows, int64_t n, float* dbias) override;
   void RoundToBf16(float* x, int64_t n) override;
   void RoundToFp16(float* x, int64_t n) override;
   void Convert(ConstAct x, int64_t n, Act out) override;

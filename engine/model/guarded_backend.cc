@@ -117,8 +117,8 @@ class GuardedCpuBackend final : public Backend {
     Open o(this);
     inner_->RmsNormForward(x, w, rows, D, eps, y, rstd);
   }
-  void RmsNormBackward(ConstAct x, const float* w, const float* rstd, const float* dy, int64_t rows,
-                       int64_t D, float* dx, float* dw) override {
+  void RmsNormBackward(ConstAct x, const float* w, const float* rstd, ConstAct dy, int64_t rows, int64_t D,
+                       float* dx, float* dw) override {
     Open o(this);
     inner_->RmsNormBackward(x, w, rstd, dy, rows, D, dx, dw);
   }
@@ -142,8 +142,8 @@ class GuardedCpuBackend final : public Backend {
     Open o(this);
     inner_->GluForward(act, gate, up, n, h);
   }
-  void GluBackward(Activation act, ConstAct gate, ConstAct up, const float* dh, int64_t n, float* dgate,
-                   float* dup) override {
+  void GluBackward(Activation act, ConstAct gate, ConstAct up, ConstAct dh, int64_t n, Act dgate,
+                   Act dup) override {
     Open o(this);
     inner_->GluBackward(act, gate, up, dh, n, dgate, dup);
   }
@@ -182,7 +182,7 @@ class GuardedCpuBackend final : public Backend {
     Open o(this);
     inner_->AddBias(y, bias, rows, n);
   }
-  void BiasGrad(const float* dy, int64_t rows, int64_t n, float* dbias) override {
+  void BiasGrad(ConstAct dy, int64_t rows, int64_t n, float* dbias) override {
     Open o(this);
     inner_->BiasGrad(dy, rows, n, dbias);
   }

@@ -45,14 +45,17 @@ struct Model::Activations {
   std::vector<DeviceBuffer> host_in;
   std::vector<LayerActs> layers;  // L, or 1 with activation checkpointing
   DeviceBuffer xf, rstdf;         // final norm (xf typed)
-  // Backward workspace (fp32); dqp and dkp (q/k norms only): the projections' output gradients.
-  // dpre (Gemma): a sandwich norm's input gradient.
-  DeviceBuffer grad, dh, dn, dq, dk, dv, datt, dg, du, dact, dxa, drop, logits, dxf, dqp, dkp, dpre;
-  // Typed storage: a linear's fp32 result (rows, widest output) and LoRA's
-  // x·Aᵀ (rows, r) before they are stored in the activation dtype.
+  // Backward workspace: fp32, but grad (a layer's output/input gradient), dh16 (d(h) stored) and
+  // SwiGLU's dg, du, which are typed (Model::LayerBackward). dqp and dkp (q/k norms only): the
+  // projections' output gradients. dpre (Gemma): a sandwich norm's input gradient.
+  DeviceBuffer grad, dh, dh16, dn, dq, dk, dv, datt, dg, du, dact, dxa, drop, logits, dxf, dqp, dkp, dpre;
+  // Typed storage: a linear's fp32 result (rows, widest output) and LoRA's x·Aᵀ (rows, r) before
+  // they are stored in the activation dtype; in the backward, y32 holds a gradient stored for the
+  // next op alone, and xa32 LoRA's dxa rounded.
   DeviceBuffer y32, xa32;
   // Fused projections (Phi-3): qkv_proj's or gate_up_proj's output before its columns are split
-  // into q, k, v / gate, up (typed), and the fp32 gradient joined from theirs.
+  // into q, k, v / gate, up (typed), and the gradient joined from theirs (fp32 for qkv, typed
+  // for gate_up).
   DeviceBuffer fused, dfused;
   // DPO's head per sequence (SequenceHead): one double of Σ cross-entropy per batch row.
   DeviceBuffer seq_loss;
@@ -614,8 +617,10 @@ void Model::EnsureActivations(int64_t rows, int64_t batch) {
   }
   a->xf = AllocAct(rows * D, act);
   a->rstdf = backend_->Alloc(rows, act);
-  a->grad = backend_->Alloc(rows * D, ws);
+  // Gradients stored as PyTorch's bf16 tensors are (typed): grad, dh16, dg, du; the rest fp32.
+  a->grad = AllocAct(rows * D, ws);
   a->dh = backend_->Alloc(rows * D, ws);
+  if (act_dtype_ != ActDType::kF32) a->dh16 = AllocAct(rows * D, ws);
   a->dn = backend_->Alloc(rows * D, ws);
   a->dq = backend_->Alloc(rows * Q, ws);
   a->dk = backend_->Alloc(rows * KV, ws);
@@ -626,8 +631,8 @@ void Model::EnsureActivations(int64_t rows, int64_t batch) {
   }
   if (c.gemma) a->dpre = backend_->Alloc(rows * D, ws);
   a->datt = backend_->Alloc(rows * Q, ws);
-  a->dg = backend_->Alloc(rows * I, ws);
-  a->du = backend_->Alloc(rows * I, ws);
+  a->dg = AllocAct(rows * I, ws);
+  a->du = AllocAct(rows * I, ws);
   a->dact = backend_->Alloc(rows * I, ws);
   a->dxf = backend_->Alloc(rows * D, ws);
   if (r > 0) {
@@ -837,38 +842,35 @@ ConstAct Model::LoraOperand(const DeviceBuffer& master, const DeviceBuffer& copy
   return copy.empty() ? ConstAct(master.data()) : ConstAct(copy.data(), act_dtype_);
 }
 
-ConstAct Model::RoundedOperand(const float* x, int64_t n, DeviceBuffer& buf) {
+ConstAct Model::Rounded(const float* x, int64_t n, DeviceBuffer& buf) {
+  if (act_dtype_ == ActDType::kF32) return ConstAct(x);
   const Act out(buf.data(), act_dtype_);
   backend_->Convert(ConstAct(x), n, out);
   return out;
 }
 
-// Under bf16/fp16 every GEMM of the backward rounds its fp32 gradient operands to the operand type
-// (backend.h): dy and LoRA's dxa are rounded once each instead, into 16-bit copies the GEMMs read
-// (the same values; the conversions a GEMM would make three and two times). The copies live in the
-// forward's fp32 result buffers (y32, xa32), which the backward does not use. `round_dy`: dy is
-// where PyTorch's gradient is a bf16 tensor; only the GEMMs read it but the bias gradient, which
-// then reads it rounded in place (the GEMMs' copy is rounded either way).
-void Model::LinearBackward(int l, ModuleKind m, ConstAct x, ConstAct xa, float* dy, int64_t rows, float* dx,
-                           bool accumulate_dx, bool round_dy) {
+// Under bf16/fp16 dy comes stored in the activation dtype, where PyTorch's gradient is a bf16
+// tensor: the GEMMs and the bias gradient read it as it is. LoRA's dxa, an fp32 GEMM result, is
+// rounded once into a 16-bit copy (in the forward's xa32, which the backward does not use) for its
+// two GEMMs.
+void Model::LinearBackward(int l, ModuleKind m, ConstAct x, ConstAct xa, ConstAct dy, int64_t rows, float* dx,
+                           bool accumulate_dx) {
   Linear& lin = layers_[l][m];
-  const bool typed = act_dtype_ != ActDType::kF32;
-  if (round_dy && full_training_ && !lin.bias.empty()) Round(dy, rows * lin.out);
-  const ConstAct dy_op = typed ? RoundedOperand(dy, rows * lin.out, acts_->y32) : ConstAct(dy);
-  backend_->Gemm(LinearOperands(), false, false, rows, lin.in, lin.out, 1.0f, dy_op, lin.out,
-                 LinearWeight(l, m), lin.in, accumulate_dx ? 1.0f : 0.0f, dx, lin.in);
+  FT_CHECK(dy.dtype == act_dtype_);
+  backend_->Gemm(LinearOperands(), false, false, rows, lin.in, lin.out, 1.0f, dy, lin.out, LinearWeight(l, m),
+                 lin.in, accumulate_dx ? 1.0f : 0.0f, dx, lin.in);
   if (full_training_) {
-    backend_->Gemm(LinearOperands(), true, false, lin.out, lin.in, rows, 1.0f, dy_op, lin.out, x, lin.in,
-                   1.0f, lin.dw.data(), lin.in);
+    backend_->Gemm(LinearOperands(), true, false, lin.out, lin.in, rows, 1.0f, dy, lin.out, x, lin.in, 1.0f,
+                   lin.dw.data(), lin.in);
     if (!lin.bias.empty()) backend_->BiasGrad(dy, rows, lin.out, lin.dbias.data());
   }
   if (!lin.lora || adapter_off_) return;
   LoraWeights& lw = *lin.lora;
   float* dxa32 = acts_->dxa.data();
-  backend_->Gemm(LinearOperands(), false, false, rows, lw.r, lw.out, 1.0f, dy_op, lw.out,
+  backend_->Gemm(LinearOperands(), false, false, rows, lw.r, lw.out, 1.0f, dy, lw.out,
                  LoraOperand(lw.b, lw.b16), lw.r, 0.0f, dxa32, lw.r);
-  const ConstAct dxa = typed ? RoundedOperand(dxa32, rows * lw.r, acts_->xa32) : ConstAct(dxa32);
-  backend_->Gemm(LinearOperands(), true, false, lw.out, lw.r, rows, lw.scale, dy_op, lw.out, xa, lw.r, 1.0f,
+  const ConstAct dxa = Rounded(dxa32, rows * lw.r, acts_->xa32);
+  backend_->Gemm(LinearOperands(), true, false, lw.out, lw.r, rows, lw.scale, dy, lw.out, xa, lw.r, 1.0f,
                  lw.db.data(), lw.r);
   const ConstAct xd = DropoutInput(l, m, x, rows, lw.in, acts_->drop.data());
   backend_->Gemm(LinearOperands(), true, false, lw.r, lw.in, rows, lw.scale, dxa, lw.r, xd, lw.in, 1.0f,
@@ -958,54 +960,67 @@ void Model::LayerForward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs& 
   }
 }
 
-void Model::LayerBackward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs& a, float* dx) {
+// The gradients PyTorch keeps as bf16 tensors are stored in the activation dtype (Rounded: one
+// conversion each, into y32 when only the next op reads it); what GEMMs accumulate into and the
+// residual sums are fp32 workspaces. Under fp32 every Rounded is the workspace itself.
+ConstAct Model::ThroughPostNorm(ConstAct pre, DeviceBuffer& norm, DeviceBuffer& dnorm,
+                                const DeviceBuffer& rstd, ConstAct dy, int64_t rows) {
+  Activations& w = *acts_;
+  const int64_t D = config_.hidden_size;
+  backend_->RmsNormBackward(pre, NormWeight(norm), rstd.data(), dy, rows, D, w.dpre.data(),
+                            full_training_ ? dnorm.data() : nullptr);
+  return Rounded(w.dpre.data(), rows * D, w.y32);
+}
+
+void Model::LayerBackward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs& a, Act g) {
+  const int64_t rows = mb.rows();
+  const ConstAct dh = MlpBackward(l, a, g, rows);
+  AttentionBlockBackward(l, mb, x_in, a, dh, rows, g);
+}
+
+// MLP block: out = h + down(act(gate(n2)) * up(n2)), n2 = norm(h) (Gemma: out = h + norm(down(..))).
+// g holds d(out); returns d(h).
+ConstAct Model::MlpBackward(int l, LayerActs& a, ConstAct g, int64_t rows) {
   const ModelConfig& c = config_;
   DecoderLayer& layer = layers_[l];
   Activations& w = *acts_;
-  const int64_t rows = mb.rows(), D = c.hidden_size, I = c.intermediate_size;
+  const int64_t D = c.hidden_size, I = c.intermediate_size;
+  auto xa = [&](ModuleKind m) { return A(a.xa[static_cast<int>(m)]); };
+  const ConstAct ddown =
+      c.gemma ? ThroughPostNorm(A(a.d), layer.post_mlp_norm, layer.dpost_mlp_norm, a.rstdd, g, rows) : g;
+  LinearBackward(l, ModuleKind::kDown, A(a.act), xa(ModuleKind::kDown), ddown, rows, w.dact.data(), false);
+  const ConstAct dact = Rounded(w.dact.data(), rows * I, w.y32);
+  backend_->GluBackward(c.hidden_act, A(a.g), A(a.u), dact, rows * I, A(w.dg), A(w.du));
+  if (c.fused_projections) {
+    ColumnBlocks(w.dfused.data(), ActDTypeBytes(act_dtype_), rows, {{w.dg.data(), I}, {w.du.data(), I}},
+                 false);
+    LinearBackward(l, ModuleKind::kGate, A(a.n2), xa(ModuleKind::kGate), A(w.dfused), rows, w.dn.data(),
+                   false);
+  } else {
+    LinearBackward(l, ModuleKind::kGate, A(a.n2), xa(ModuleKind::kGate), A(w.dg), rows, w.dn.data(), false);
+    LinearBackward(l, ModuleKind::kUp, A(a.n2), xa(ModuleKind::kUp), A(w.du), rows, w.dn.data(), true);
+  }
+  const ConstAct dn = Rounded(w.dn.data(), rows * D, w.y32);
+  backend_->RmsNormBackward(A(a.h), NormWeight(layer.mlp_norm), a.rstd2.data(), dn, rows, D, w.dh.data(),
+                            full_training_ ? layer.dmlp_norm.data() : nullptr);
+  backend_->Axpy(rows * D, 1.0f, g, w.dh.data());
+  return Rounded(w.dh.data(), rows * D, w.dh16);
+}
+
+// Attention block: h = x + o(attn(rope(q(n1)), rope(k(n1)), v(n1))), n1 = norm(x) (Gemma: the
+// output normed before the residual). dh holds d(h); d(x) is stored into g.
+void Model::AttentionBlockBackward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs& a, ConstAct dh,
+                                   int64_t rows, Act g) {
+  const ModelConfig& c = config_;
+  DecoderLayer& layer = layers_[l];
+  Activations& w = *acts_;
+  const int64_t D = c.hidden_size;
   auto xa = [&](ModuleKind m) { return A(a.xa[static_cast<int>(m)]); };
   const auto [rope_cos, rope_sin] = RopeTables(l);
-  // Gemma's sandwich norms: the gradient of a branch's output back through its norm (into dpre).
-  auto through_post_norm = [&](ConstAct pre, DeviceBuffer& norm, DeviceBuffer& dnorm,
-                               const DeviceBuffer& rstd, const float* dy) {
-    backend_->RmsNormBackward(pre, NormWeight(norm), rstd.data(), dy, rows, D, w.dpre.data(),
-                              full_training_ ? dnorm.data() : nullptr);
-    Round(w.dpre.data(), rows * D);
-    return w.dpre.data();
-  };
-
-  // The gradients are fp32 workspace, rounded where a bf16 tensor of PyTorch's would be.
-  // MLP block: out = h + down(act(gate(n2)) * up(n2)), n2 = norm(h) (Gemma: out = h + norm(down(..))).
-  // dx holds d(out).
-  float* ddown =
-      c.gemma ? through_post_norm(A(a.d), layer.post_mlp_norm, layer.dpost_mlp_norm, a.rstdd, dx) : dx;
-  LinearBackward(l, ModuleKind::kDown, A(a.act), xa(ModuleKind::kDown), ddown, rows, w.dact.data(), false);
-  Round(w.dact.data(), rows * I);
-  backend_->GluBackward(c.hidden_act, A(a.g), A(a.u), w.dact.data(), rows * I, w.dg.data(), w.du.data());
-  // dg and du rounded by their linears' backward (round_dy), as dq, dk and dv below.
-  if (c.fused_projections) {
-    ColumnBlocks(w.dfused.data(), sizeof(float), rows, {{w.dg.data(), I}, {w.du.data(), I}}, false);
-    LinearBackward(l, ModuleKind::kGate, A(a.n2), xa(ModuleKind::kGate), w.dfused.data(), rows, w.dn.data(),
-                   false, true);
-  } else {
-    LinearBackward(l, ModuleKind::kGate, A(a.n2), xa(ModuleKind::kGate), w.dg.data(), rows, w.dn.data(),
-                   false, true);
-    LinearBackward(l, ModuleKind::kUp, A(a.n2), xa(ModuleKind::kUp), w.du.data(), rows, w.dn.data(), true,
-                   true);
-  }
-  Round(w.dn.data(), rows * D);
-  backend_->RmsNormBackward(A(a.h), NormWeight(layer.mlp_norm), a.rstd2.data(), w.dn.data(), rows, D,
-                            w.dh.data(), full_training_ ? layer.dmlp_norm.data() : nullptr);
-  backend_->Axpy(rows * D, 1.0f, dx, w.dh.data());
-  Round(w.dh.data(), rows * D);
-
-  // Attention block: h = x + o(attn(rope(q(n1)), rope(k(n1)), v(n1))), n1 = norm(x) (Gemma: the
-  // output normed before the residual).
-  float* dout =
-      c.gemma ? through_post_norm(A(a.o), layer.post_attn_norm, layer.dpost_attn_norm, a.rstdo, w.dh.data())
-              : w.dh.data();
+  const ConstAct dout =
+      c.gemma ? ThroughPostNorm(A(a.o), layer.post_attn_norm, layer.dpost_attn_norm, a.rstdo, dh, rows) : dh;
   LinearBackward(l, ModuleKind::kO, A(a.att), xa(ModuleKind::kO), dout, rows, w.datt.data(), false);
-  Round(w.datt.data(), rows * c.q_dim());
+  Round(w.datt.data(), rows * c.q_dim());  // the attention backward reads fp32 gradients
   const cpu::AttentionShape shape = AttentionShapeOf(mb, l);
   const int32_t* seg = acts_->has_segments ? acts_->segments.as<int32_t>() : nullptr;
   backend_->AttentionBackward(LinearOperands(), shape, A(a.q), A(a.k), A(a.v), seg, A(a.att), a.lse.data(),
@@ -1017,31 +1032,36 @@ void Model::LayerBackward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs&
   float* dq = w.dq.data();  // the gradient of the q projection's output
   float* dk = w.dk.data();
   if (c.qk_norm) {  // back through the per-head norms (their weights' gradients under full training)
-    Round(dq, rows * c.q_dim());
-    Round(dk, rows * c.kv_dim());
-    backend_->RmsNormBackward(A(a.qp), NormWeight(layer.q_norm), a.rstdq.data(), dq, rows * c.num_heads,
-                              c.head_dim, w.dqp.data(), full_training_ ? layer.dq_norm.data() : nullptr);
-    backend_->RmsNormBackward(A(a.kp), NormWeight(layer.k_norm), a.rstdk.data(), dk, rows * c.num_kv_heads,
-                              c.head_dim, w.dkp.data(), full_training_ ? layer.dk_norm.data() : nullptr);
+    backend_->RmsNormBackward(A(a.qp), NormWeight(layer.q_norm), a.rstdq.data(),
+                              Rounded(dq, rows * c.q_dim(), w.y32), rows * c.num_heads, c.head_dim,
+                              w.dqp.data(), full_training_ ? layer.dq_norm.data() : nullptr);
+    backend_->RmsNormBackward(A(a.kp), NormWeight(layer.k_norm), a.rstdk.data(),
+                              Rounded(dk, rows * c.kv_dim(), w.y32), rows * c.num_kv_heads, c.head_dim,
+                              w.dkp.data(), full_training_ ? layer.dk_norm.data() : nullptr);
     dq = w.dqp.data();
     dk = w.dkp.data();
   }
   if (c.fused_projections) {
     ColumnBlocks(w.dfused.data(), sizeof(float), rows,
                  {{dq, c.q_dim()}, {dk, c.kv_dim()}, {w.dv.data(), c.kv_dim()}}, false);
-    LinearBackward(l, ModuleKind::kQ, A(a.n1), xa(ModuleKind::kQ), w.dfused.data(), rows, w.dn.data(), false,
-                   true);
+    LinearBackward(l, ModuleKind::kQ, A(a.n1), xa(ModuleKind::kQ),
+                   Rounded(w.dfused.data(), rows * (c.q_dim() + 2 * c.kv_dim()), w.y32), rows, w.dn.data(),
+                   false);
   } else {
-    LinearBackward(l, ModuleKind::kQ, A(a.n1), xa(ModuleKind::kQ), dq, rows, w.dn.data(), false, true);
-    LinearBackward(l, ModuleKind::kK, A(a.n1), xa(ModuleKind::kK), dk, rows, w.dn.data(), true, true);
-    LinearBackward(l, ModuleKind::kV, A(a.n1), xa(ModuleKind::kV), w.dv.data(), rows, w.dn.data(), true,
-                   true);
+    LinearBackward(l, ModuleKind::kQ, A(a.n1), xa(ModuleKind::kQ), Rounded(dq, rows * c.q_dim(), w.y32), rows,
+                   w.dn.data(), false);
+    LinearBackward(l, ModuleKind::kK, A(a.n1), xa(ModuleKind::kK), Rounded(dk, rows * c.kv_dim(), w.y32),
+                   rows, w.dn.data(), true);
+    LinearBackward(l, ModuleKind::kV, A(a.n1), xa(ModuleKind::kV),
+                   Rounded(w.dv.data(), rows * c.kv_dim(), w.y32), rows, w.dn.data(), true);
   }
-  Round(w.dn.data(), rows * D);
-  backend_->RmsNormBackward(x_in, NormWeight(layer.attn_norm), a.rstd1.data(), w.dn.data(), rows, D, dx,
+  // d(x) = norm's backward + d(h), summed in fp32 (in dn's workspace once dn is stored) and stored.
+  const ConstAct dn = Rounded(w.dn.data(), rows * D, w.y32);
+  float* dx = act_dtype_ == ActDType::kF32 ? g.as<float>() : w.dn.data();
+  backend_->RmsNormBackward(x_in, NormWeight(layer.attn_norm), a.rstd1.data(), dn, rows, D, dx,
                             full_training_ ? layer.dattn_norm.data() : nullptr);
-  backend_->Axpy(rows * D, 1.0f, w.dh.data(), dx);
-  Round(dx, rows * D);
+  backend_->Axpy(rows * D, 1.0f, dh, dx);
+  if (act_dtype_ != ActDType::kF32) backend_->Convert(ConstAct(dx), rows * D, g);
 }
 
 LossResult Model::HeadForwardBackward(const MicroBatch& mb, ConstAct x_last, float grad_scale, bool backward,
@@ -1090,13 +1110,16 @@ void Model::UploadHeadRows(const MicroBatch& mb, const std::vector<int32_t>& pic
   backend_->CopyToDevice(acts_->head_targets.data(), head_targets_host_.data(), bytes);
 }
 
+// grad (the last layer's output gradient) from dxf: both stored as PyTorch's bf16 tensors are.
 void Model::FinalNormBackward(ConstAct x_last, int64_t rows) {
   Activations& w = *acts_;
   const int64_t D = config_.hidden_size;
-  Round(w.dxf.data(), rows * D);
-  backend_->RmsNormBackward(x_last, NormWeight(final_norm_), w.rstdf.data(), w.dxf.data(), rows, D,
-                            w.grad.data(), full_training_ ? dfinal_norm_.data() : nullptr);
-  Round(w.grad.data(), rows * D);
+  const bool typed = act_dtype_ != ActDType::kF32;
+  float* dx = typed ? w.dn.data() : w.grad.data();
+  backend_->RmsNormBackward(x_last, NormWeight(final_norm_), w.rstdf.data(),
+                            Rounded(w.dxf.data(), rows * D, w.y32), rows, D, dx,
+                            full_training_ ? dfinal_norm_.data() : nullptr);
+  if (typed) backend_->Convert(ConstAct(dx), rows * D, A(w.grad));
 }
 
 void Model::HeadChunks(int64_t first, int64_t count, bool gather, float grad_scale, bool backward,
@@ -1299,12 +1322,14 @@ void Model::BackwardLayers(const MicroBatch& mb) {
       // Recompute this layer's saved tensors from its input; its output slot is free by now.
       LayerForward(l, mb, LayerInput(l), *a, LayerInput(l + 1));
     }
-    LayerBackward(l, mb, LayerInput(l), *a, w.grad.data());
+    LayerBackward(l, mb, LayerInput(l), *a, A(w.grad));
   }
-  if (full_training_) {
-    if (config_.gemma) backend_->Scale(mb.rows() * config_.hidden_size, EmbedScale(), w.grad.data());
-    backend_->EmbeddingBackward(w.grad.data(), w.ids.as<int32_t>(), mb.rows(), config_.hidden_size,
-                                dembed_.data());
+  if (full_training_) {  // the embeddings' gradient, from the stored one widened (in dn's workspace)
+    const int64_t n = mb.rows() * config_.hidden_size;
+    float* grad = w.grad.data();
+    if (act_dtype_ != ActDType::kF32) backend_->Convert(A(w.grad), n, Act(grad = w.dn.data()));
+    if (config_.gemma) backend_->Scale(n, EmbedScale(), grad);
+    backend_->EmbeddingBackward(grad, w.ids.as<int32_t>(), mb.rows(), config_.hidden_size, dembed_.data());
   }
 }
 

@@ -361,7 +361,15 @@ class Model {
   // `for_backward`: a backward follows (offloaded layer inputs are copied out for it).
   ConstAct ForwardLayers(const MicroBatch& mb, bool for_backward);
   void LayerForward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs& a, Act x_out);
-  void LayerBackward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs& a, float* dx);
+  // g: the gradient of the layer's output in, of its input out (stored in the activation dtype).
+  void LayerBackward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs& a, Act g);
+  // The two blocks of LayerBackward; MlpBackward leaves d(h) in w.dh16 (w.dh under fp32).
+  ConstAct MlpBackward(int l, LayerActs& a, ConstAct g, int64_t rows);
+  void AttentionBlockBackward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs& a, ConstAct dh,
+                              int64_t rows, Act g);
+  // Gemma's sandwich norms: the gradient of a branch's output `dy` back through its norm, stored.
+  ConstAct ThroughPostNorm(ConstAct pre, DeviceBuffer& norm, DeviceBuffer& dnorm, const DeviceBuffer& rstd,
+                           ConstAct dy, int64_t rows);
   LossResult HeadForwardBackward(const MicroBatch& mb, ConstAct x_last, float grad_scale, bool backward,
                                  std::vector<float>* logits);
   // The loss head per batch row (DPO). PrepareSequenceHead: the final norm, the targeted rows
@@ -384,13 +392,16 @@ class Model {
   // y = x Wᵀ (+ bias) (+ LoRA), plus *residual when given; xa receives LoRA's x·Aᵀ.
   void LinearForward(int l, ModuleKind m, ConstAct x, int64_t rows, Act y, Act xa,
                      const ConstAct* residual = nullptr);
-  void LinearBackward(int l, ModuleKind m, ConstAct x, ConstAct xa, float* dy, int64_t rows, float* dx,
-                      bool accumulate_dx, bool round_dy = false);
+  // dy: the output's gradient as PyTorch's tensor holds it (the activation dtype); dx (fp32) is
+  // overwritten or accumulated into.
+  void LinearBackward(int l, ModuleKind m, ConstAct x, ConstAct xa, ConstAct dy, int64_t rows, float* dx,
+                      bool accumulate_dx);
   GemmOperands LinearOperands() const;
   DropoutKey DropoutKeyFor(int l, ModuleKind m) const;
   ConstAct DropoutInput(int l, ModuleKind m, ConstAct x, int64_t rows, int64_t in, float* buf);
-  // x[n] (fp32) rounded into `buf` as the activation dtype: a GEMM operand rounded once for its uses.
-  ConstAct RoundedOperand(const float* x, int64_t n, DeviceBuffer& buf);
+  // x[n] (fp32) stored into `buf` in the activation dtype, rounded to nearest even (under fp32: x
+  // itself): a gradient where PyTorch keeps a bf16 tensor, or a GEMM operand rounded once for its uses.
+  ConstAct Rounded(const float* x, int64_t n, DeviceBuffer& buf);
   const MicroBatch* current_batch_ = nullptr;  // the micro-batch being processed (for dropout keys)
   KvCache* decode_cache_ = nullptr;            // Decode in progress: attention appends to and reads it
   bool eval_mode_ = false;                     // EvalForward in progress: no dropout

@@ -59,15 +59,15 @@ void GluForward(const S* gate, const S* up, int64_t n, S* h) {
   for (int64_t i = 0; i < n; ++i) Store(Act::Value(Load(gate[i])) * Load(up[i]), h + i);
 }
 
-template <typename Act, typename T, typename S>
-void GluBackward(const S* gate, const S* up, const T* dh, int64_t n, T* dgate, T* dup) {
+template <typename Act, typename T, typename S, typename G>
+void GluBackward(const S* gate, const S* up, const G* dh, int64_t n, G* dgate, G* dup) {
   FT_CHECK(n >= 0);
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     // Read everything before writing: dgate/dup may alias gate/up.
-    const T g = Load(gate[i]), u = Load(up[i]), d = dh[i];
-    dgate[i] = d * u * Act::Derivative(g);
-    dup[i] = d * Act::Value(g);
+    const T g = Load(gate[i]), u = Load(up[i]), d = Load(dh[i]);
+    Store(d * u * Act::Derivative(g), dgate + i);
+    Store(d * Act::Value(g), dup + i);
   }
 }
 
@@ -77,28 +77,33 @@ template <typename S>
 void SwiGluForward(const S* gate, const S* up, int64_t n, S* h) {
   GluForward<Silu>(gate, up, n, h);
 }
-template <typename T, typename S>
-void SwiGluBackward(const S* gate, const S* up, const T* dh, int64_t n, T* dgate, T* dup) {
-  GluBackward<Silu>(gate, up, dh, n, dgate, dup);
+template <typename T, typename S, typename G>
+void SwiGluBackward(const S* gate, const S* up, const G* dh, int64_t n, G* dgate, G* dup) {
+  GluBackward<Silu, T>(gate, up, dh, n, dgate, dup);
 }
 template <typename S>
 void GeluTanhGluForward(const S* gate, const S* up, int64_t n, S* h) {
   GluForward<GeluTanh>(gate, up, n, h);
 }
-template <typename T, typename S>
-void GeluTanhGluBackward(const S* gate, const S* up, const T* dh, int64_t n, T* dgate, T* dup) {
-  GluBackward<GeluTanh>(gate, up, dh, n, dgate, dup);
+template <typename T, typename S, typename G>
+void GeluTanhGluBackward(const S* gate, const S* up, const G* dh, int64_t n, G* dgate, G* dup) {
+  GluBackward<GeluTanh, T>(gate, up, dh, n, dgate, dup);
 }
 
-#define FT_INSTANTIATE_SWIGLU(T, S)                                                  \
-  template void SwiGluForward<S>(const S*, const S*, int64_t, S*);                   \
-  template void SwiGluBackward<T, S>(const S*, const S*, const T*, int64_t, T*, T*); \
-  template void GeluTanhGluForward<S>(const S*, const S*, int64_t, S*);              \
-  template void GeluTanhGluBackward<T, S>(const S*, const S*, const T*, int64_t, T*, T*);
+#define FT_INSTANTIATE_GLU_BACKWARD(T, S, G)                                            \
+  template void SwiGluBackward<T, S, G>(const S*, const S*, const G*, int64_t, G*, G*); \
+  template void GeluTanhGluBackward<T, S, G>(const S*, const S*, const G*, int64_t, G*, G*);
+#define FT_INSTANTIATE_SWIGLU(T, S)                                     \
+  template void SwiGluForward<S>(const S*, const S*, int64_t, S*);      \
+  template void GeluTanhGluForward<S>(const S*, const S*, int64_t, S*); \
+  FT_INSTANTIATE_GLU_BACKWARD(T, S, T)
 FT_INSTANTIATE_SWIGLU(float, float)
 FT_INSTANTIATE_SWIGLU(double, double)
 FT_INSTANTIATE_SWIGLU(float, Bf16)
 FT_INSTANTIATE_SWIGLU(float, Half)
+FT_INSTANTIATE_GLU_BACKWARD(float, Bf16, Bf16)
+FT_INSTANTIATE_GLU_BACKWARD(float, Half, Half)
 #undef FT_INSTANTIATE_SWIGLU
+#undef FT_INSTANTIATE_GLU_BACKWARD
 
 }  // namespace ft::cpu

@@ -38,8 +38,9 @@ void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
 template <typename T, typename S = T>
 void RmsNormForward(const S* x, const T* w, int64_t rows, int64_t D, T eps, S* y, T* rstd);
 // dx = gradient w.r.t. x (overwritten); dw += gradient w.r.t. w when dw != nullptr.
-template <typename T, typename S = T>
-void RmsNormBackward(const S* x, const T* w, const T* rstd, const T* dy, int64_t rows, int64_t D, T* dx,
+// dy is stored in G: T, or with T = float S (a gradient kept in the activations' 16 bits).
+template <typename T, typename S = T, typename G = T>
+void RmsNormBackward(const S* x, const T* w, const T* rstd, const G* dy, int64_t rows, int64_t D, T* dx,
                      T* dw);
 
 // Rotary embedding in place on x[rows, heads * hd], HF rotate_half pairing
@@ -95,14 +96,16 @@ void AttentionBackward(const AttentionShape& s, const S* q, const S* k, const S*
 template <typename S>
 void SwiGluForward(const S* gate, const S* up, int64_t n, S* h);
 // dgate, dup overwritten (may alias gate/up only if the caller no longer needs them).
-template <typename T, typename S = T>
-void SwiGluBackward(const S* gate, const S* up, const T* dh, int64_t n, T* dgate, T* dup);
+// dh, dgate and dup are stored in G: T, or with T = float S (16-bit gradients, the
+// float results stored rounded to nearest even).
+template <typename T, typename S = T, typename G = T>
+void SwiGluBackward(const S* gate, const S* up, const G* dh, int64_t n, G* dgate, G* dup);
 // h = gelu_tanh(gate) * up (GeGLU, Gemma's "gelu_pytorch_tanh": PyTorch's GELU with
 // approximate="tanh"); the same contract as SwiGluForward/Backward.
 template <typename S>
 void GeluTanhGluForward(const S* gate, const S* up, int64_t n, S* h);
-template <typename T, typename S = T>
-void GeluTanhGluBackward(const S* gate, const S* up, const T* dh, int64_t n, T* dgate, T* dup);
+template <typename T, typename S = T, typename G = T>
+void GeluTanhGluBackward(const S* gate, const S* up, const G* dh, int64_t n, G* dgate, G* dup);
 
 // Cross-entropy over logits[rows, V] with targets[rows] (-100 = ignored).
 // Returns the SUM of -log softmax(logits)[target] over non-ignored rows (in

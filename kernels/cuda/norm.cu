@@ -39,13 +39,13 @@ __global__ void RmsNormForwardKernel(const T* x, const P* w, int64_t D, float ep
 }
 
 // dx_j = rs (dy_j w_j - x_j c), c = rs² (Σ_k dy_k w_k x_k) / D.
-template <typename T, typename P>
-__global__ void RmsNormBackwardDxKernel(const T* x, const P* w, const float* rstd, const P* dy, int64_t D,
+template <typename T, typename P, typename G>
+__global__ void RmsNormBackwardDxKernel(const T* x, const P* w, const float* rstd, const G* dy, int64_t D,
                                         P* dx) {
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
   const T* xr = x + r * D;
-  const P* dyr = dy + r * D;
+  const G* dyr = dy + r * D;
   float dot = 0.0f;
   for (int64_t j = threadIdx.x; j < D; j += blockDim.x) dot += Load(dyr[j]) * Load(w[j]) * Load(xr[j]);
   dot = internal::BlockSum(dot, scratch);
@@ -59,8 +59,8 @@ __global__ void RmsNormBackwardDxKernel(const T* x, const P* w, const float* rst
 
 // Pass 1: partial[chunk, j] = Σ_{rows of chunk, in order} dy[r,j] x[r,j] rstd[r].
 // grid (column blocks, chunks).
-template <typename T, typename P>
-__global__ void RmsNormWeightPartialKernel(const T* x, const float* rstd, const P* dy, int64_t rows,
+template <typename T, typename G>
+__global__ void RmsNormWeightPartialKernel(const T* x, const float* rstd, const G* dy, int64_t rows,
                                            int64_t D, float* partial) {
   const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (j >= D) return;
@@ -95,33 +95,39 @@ Status RmsNormForward(const T* x, const P* w, int64_t rows, int64_t D, float eps
 
 int64_t RmsNormBackwardWorkspaceFloats(int64_t rows, int64_t D) { return Chunks(rows) * D; }
 
-template <typename T, typename P>
-Status RmsNormBackward(const T* x, const P* w, const float* rstd, const P* dy, int64_t rows, int64_t D, P* dx,
+template <typename T, typename P, typename G>
+Status RmsNormBackward(const T* x, const P* w, const float* rstd, const G* dy, int64_t rows, int64_t D, P* dx,
                        float* dw, float* workspace, cudaStream_t stream) {
   FT_CHECK(rows >= 0 && D > 0);
   if (rows == 0) return Status::OK();
-  RmsNormBackwardDxKernel<T, P>
+  RmsNormBackwardDxKernel<T, P, G>
       <<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(x, w, rstd, dy, D, dx);
   FT_RETURN_IF_ERROR(internal::LaunchStatus("RmsNormBackwardDxKernel"));
   if (dw == nullptr) return Status::OK();
   FT_CHECK(workspace != nullptr);
   const unsigned column_blocks = internal::BlocksFor(D, kColumnThreads);
   const dim3 grid(column_blocks, static_cast<unsigned>(Chunks(rows)));
-  RmsNormWeightPartialKernel<T, P><<<grid, kColumnThreads, 0, stream>>>(x, rstd, dy, rows, D, workspace);
+  RmsNormWeightPartialKernel<T, G><<<grid, kColumnThreads, 0, stream>>>(x, rstd, dy, rows, D, workspace);
   FT_RETURN_IF_ERROR(internal::LaunchStatus("RmsNormWeightPartialKernel"));
   RmsNormWeightReduceKernel<<<column_blocks, kColumnThreads, 0, stream>>>(workspace, Chunks(rows), D, dw);
   return internal::LaunchStatus("RmsNormWeightReduceKernel");
 }
 
-#define FT_INSTANTIATE_NORM(T, P)                                                                         \
-  template Status RmsNormForward<T, P>(const T*, const P*, int64_t, int64_t, float, T*, float*,           \
-                                       cudaStream_t);                                                     \
-  template Status RmsNormBackward<T, P>(const T*, const P*, const float*, const P*, int64_t, int64_t, P*, \
-                                        float*, float*, cudaStream_t);
+#define FT_INSTANTIATE_NORM_BACKWARD(T, P, G)                                                                \
+  template Status RmsNormBackward<T, P, G>(const T*, const P*, const float*, const G*, int64_t, int64_t, P*, \
+                                           float*, float*, cudaStream_t);
+#define FT_INSTANTIATE_NORM(T, P)                                                               \
+  template Status RmsNormForward<T, P>(const T*, const P*, int64_t, int64_t, float, T*, float*, \
+                                       cudaStream_t);                                           \
+  FT_INSTANTIATE_NORM_BACKWARD(T, P, P)
 FT_INSTANTIATE_NORM(float, float)
 FT_INSTANTIATE_NORM(bf16, bf16)
 FT_INSTANTIATE_NORM(bf16, float)
 FT_INSTANTIATE_NORM(fp16, float)
+// A gradient stored in the activations' 16 bits (engine/model/backend.h).
+FT_INSTANTIATE_NORM_BACKWARD(bf16, float, bf16)
+FT_INSTANTIATE_NORM_BACKWARD(fp16, float, fp16)
 #undef FT_INSTANTIATE_NORM
+#undef FT_INSTANTIATE_NORM_BACKWARD
 
 }  // namespace ft::cuda

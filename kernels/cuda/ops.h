@@ -113,9 +113,10 @@ Status RmsNormForward(const T* x, const P* w, int64_t rows, int64_t D, float eps
 // Floats of workspace RmsNormBackward needs for dw (0 when dw is not wanted).
 int64_t RmsNormBackwardWorkspaceFloats(int64_t rows, int64_t D);
 // dx overwritten; dw[D] (fp32, nullable) += Σ_rows dy * x * rstd, summed in a
-// fixed order through `workspace`. w, dy and dx in P.
-template <typename T, typename P>
-Status RmsNormBackward(const T* x, const P* w, const float* rstd, const P* dy, int64_t rows, int64_t D, P* dx,
+// fixed order through `workspace`. w and dx in P; dy in G (P, or T when the
+// gradient is kept in the activations' 16 bits with P = float).
+template <typename T, typename P, typename G = P>
+Status RmsNormBackward(const T* x, const P* w, const float* rstd, const G* dy, int64_t rows, int64_t D, P* dx,
                        float* dw, float* workspace, cudaStream_t stream);
 
 // ---- RoPE ------------------------------------------------------------------------
@@ -133,7 +134,8 @@ Status RopeApply(T* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* p
 // h = silu(gate) * up over n elements (T = float, bf16 or fp16).
 template <typename T>
 Status SwiGluForward(const T* gate, const T* up, int64_t n, T* h, cudaStream_t stream);
-// dgate, dup overwritten (may alias gate/up when P = T). dh, dgate, dup in P.
+// dgate, dup overwritten (may alias gate/up when P = T). dh, dgate, dup in P
+// (float, or T: 16-bit gradients, stored rounded to nearest even).
 template <typename T, typename P>
 Status SwiGluBackward(const T* gate, const T* up, const P* dh, int64_t n, P* dgate, P* dup,
                       cudaStream_t stream);

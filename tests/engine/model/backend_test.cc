@@ -103,6 +103,51 @@ TEST(Backend, CpuCopiesAndOps) {
   EXPECT_TRUE(be.Synchronize().ok());
 }
 
+// A gradient stored as the activations are (bf16 here) reads as its widened values: RMSNorm's
+// and the bias's backward give what they give from those values in fp32, and SwiGLU's backward
+// stores what it computes from them, rounded. A gradient in another 16-bit type is a caller bug.
+TEST(Backend, GradientsStoredAsTheActivationsReadAndWriteTheirValues) {
+  Backend& be = *CpuBackendInstance();
+  const int64_t rows = 3, D = 8, n = rows * D;
+  std::vector<float> x(n), dy(n), w(D, 1.25f);
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = 0.3f * static_cast<float>(i % 7) - 0.9f;
+    dy[i] = 0.01f * static_cast<float>(i * i % 13) - 0.05f;
+  }
+  cpu::RoundToBf16(x.data(), n);
+  cpu::RoundToBf16(dy.data(), n);  // representable: the stored copy holds exactly these values
+  std::vector<uint16_t> x16(n), dy16(n);
+  cpu::NarrowTo16(true, x.data(), n, x16.data());
+  cpu::NarrowTo16(true, dy.data(), n, dy16.data());
+  const ConstAct xs(x16.data(), ActDType::kBF16), dys(dy16.data(), ActDType::kBF16);
+  std::vector<float> rstd(rows), y(n), dx(n), dx_ref(n), dw(D, 0.0f), dw_ref(D, 0.0f), db(D, 0.0f),
+      db_ref(D, 0.0f);
+  std::vector<uint16_t> y16(n);
+  be.RmsNormForward(xs, w.data(), rows, D, 1e-5f, Act(y16.data(), ActDType::kBF16), rstd.data());
+  be.RmsNormBackward(xs, w.data(), rstd.data(), dys, rows, D, dx.data(), dw.data());
+  be.RmsNormBackward(xs, w.data(), rstd.data(), dy.data(), rows, D, dx_ref.data(), dw_ref.data());
+  EXPECT_EQ(dx, dx_ref);
+  EXPECT_EQ(dw, dw_ref);
+  be.BiasGrad(dys, rows, D, db.data());
+  be.BiasGrad(dy.data(), rows, D, db_ref.data());
+  EXPECT_EQ(db, db_ref);
+
+  std::vector<uint16_t> dg16(n), du16(n);
+  std::vector<float> dg(n), du(n), dg_ref(n), du_ref(n);
+  be.GluBackward(Activation::kSilu, xs, xs, dys, n, Act(dg16.data(), ActDType::kBF16),
+                 Act(du16.data(), ActDType::kBF16));
+  be.GluBackward(Activation::kSilu, xs, xs, dy.data(), n, dg_ref.data(), du_ref.data());
+  cpu::WidenFrom16(true, dg16.data(), n, dg.data());
+  cpu::WidenFrom16(true, du16.data(), n, du.data());
+  cpu::RoundToBf16(dg_ref.data(), n);
+  cpu::RoundToBf16(du_ref.data(), n);
+  EXPECT_EQ(dg, dg_ref);
+  EXPECT_EQ(du, du_ref);
+  EXPECT_DEATH(be.RmsNormBackward(xs, w.data(), rstd.data(), ConstAct(dy16.data(), ActDType::kF16), rows, D,
+                                  dx.data(), nullptr),
+               "");
+}
+
 // GemmOperands::kBF16 (kF16) is the fp32 GEMM of the operands rounded to
 // bf16 (fp16): the same as rounding them first, different from fp32 on
 // inputs the format cannot hold, identical on inputs it can; strided

@@ -122,13 +122,20 @@ void CheckConvertAndRmsNorm(TypedOps& ops, Twin& x) {
 
   Twin w = ops.Floats(D, 3), y = ops.Make(rows * D, t), rstd = ops.Make(rows, ActDType::kF32),
        dy = ops.Floats(rows * D, 4), dx = ops.Make(rows * D, ActDType::kF32);
+  // The gradient stored as the activations are (backend.h), with the weight's gradient.
+  Twin dy16 = ops.Typed(rows * D, 5), dx16 = ops.Make(rows * D, ActDType::kF32),
+       dw = ops.Make(D, ActDType::kF32);
   for (bool g : {false, true}) {
     ops.On(g).RmsNormForward(x.On(g), w.On(g).as<float>(), rows, D, 1e-5f, y.On(g), rstd.On(g).as<float>());
     ops.On(g).RmsNormBackward(x.On(g), w.On(g).as<float>(), rstd.On(g).as<float>(), dy.On(g).as<float>(),
                               rows, D, dx.On(g).as<float>(), nullptr);
+    ops.On(g).RmsNormBackward(x.On(g), w.On(g).as<float>(), rstd.On(g).as<float>(), dy16.On(g), rows, D,
+                              dx16.On(g).as<float>(), dw.On(g).as<float>());
   }
   ops.Check(y, "rmsnorm y");
   ops.Check(dx, "rmsnorm dx");
+  ops.Check(dx16, "rmsnorm dx from a 16-bit dy");
+  ops.Check(dw, "rmsnorm dw from a 16-bit dy");
 }
 
 // RoPE in place on the typed q.
@@ -179,16 +186,21 @@ void CheckSwiGluAndEmbedding(TypedOps& ops) {
   Twin gate = ops.Typed(rows * I, 11, 3.0f), up = ops.Typed(rows * I, 12), h = ops.Make(rows * I, t),
        dh = ops.Floats(rows * I, 13), dg = ops.Make(rows * I, ActDType::kF32),
        du = ops.Make(rows * I, ActDType::kF32);
+  // The gradients stored as the activations are (backend.h): dh read, dgate and dup written in t.
+  Twin dh16 = ops.Typed(rows * I, 20), dg16 = ops.Make(rows * I, t), du16 = ops.Make(rows * I, t);
   for (const Activation act : {Activation::kSilu, Activation::kGeluTanh}) {
     for (bool g : {false, true}) {
       ops.On(g).GluForward(act, gate.On(g), up.On(g), rows * I, h.On(g));
       ops.On(g).GluBackward(act, gate.On(g), up.On(g), dh.On(g).as<float>(), rows * I, dg.On(g).as<float>(),
                             du.On(g).as<float>());
+      ops.On(g).GluBackward(act, gate.On(g), up.On(g), dh16.On(g), rows * I, dg16.On(g), du16.On(g));
     }
     const std::string name = ActivationName(act);
     ops.Check(h, (name + " glu h").c_str());
     ops.Check(dg, (name + " glu dgate").c_str());
     ops.Check(du, (name + " glu dup").c_str());
+    ops.Check(dg16, (name + " glu dgate stored").c_str());
+    ops.Check(du16, (name + " glu dup stored").c_str());
   }
 
   const int64_t vocab = 50;

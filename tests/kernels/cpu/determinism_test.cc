@@ -50,7 +50,7 @@ void RunDense(Outputs<T>& o) {
 
   std::vector<T> h(rows * D), dgate(rows * D), dup(rows * D);
   SwiGluForward(x.data(), dy.data(), rows * D, h.data());
-  SwiGluBackward(x.data(), dy.data(), y.data(), rows * D, dgate.data(), dup.data());
+  SwiGluBackward<T>(x.data(), dy.data(), y.data(), rows * D, dgate.data(), dup.data());
   o.Add("swiglu", h);
   o.Add("swiglu dgate", dgate);
 

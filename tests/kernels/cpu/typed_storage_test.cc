@@ -2,7 +2,9 @@
 // activations in bf16 or half must give, bit for bit, what the float op gives
 // on the widened inputs followed by rounding its stored outputs — the bf16
 // emulation the engine ran before, and what the goldens were checked with.
-// The float path itself is unchanged (the other kernel tests).
+// The float path itself is unchanged (the other kernel tests). The same holds
+// for a gradient stored in S (a backward's dy or dh): read exactly, the
+// float op's result, and stored rounded when the op writes gradients in S.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -65,8 +67,8 @@ TYPED_TEST(TypedStorageTest, RmsNormForwardAndBackward) {
   using S = TypeParam;
   const int64_t rows = 7, D = 96;
   const std::vector<S> x = RandomStored<S>(rows * D, 1);
-  const std::vector<float> xf = Widened(x), w = Widened(RandomStored<S>(D, 2)),
-                           dy = Widened(RandomStored<S>(rows * D, 3));
+  const std::vector<S> dy_stored = RandomStored<S>(rows * D, 3);
+  const std::vector<float> xf = Widened(x), w = Widened(RandomStored<S>(D, 2)), dy = Widened(dy_stored);
   std::vector<S> y(rows * D);
   std::vector<float> yf(rows * D), rstd(rows), rstd_f(rows);
   RmsNormForward<float, S>(x.data(), w.data(), rows, D, 1e-5f, y.data(), rstd.data());
@@ -78,6 +80,11 @@ TYPED_TEST(TypedStorageTest, RmsNormForwardAndBackward) {
   RmsNormBackward<float>(xf.data(), w.data(), rstd.data(), dy.data(), rows, D, dx_f.data(), dw_f.data());
   ExpectSameFloats(dx, dx_f, "rmsnorm dx");
   ExpectSameFloats(dw, dw_f, "rmsnorm dw");
+  std::vector<float> dx_g(rows * D), dw_g(D, 0.5f);  // dy stored in S: the same values, read exactly
+  RmsNormBackward<float, S, S>(x.data(), w.data(), rstd.data(), dy_stored.data(), rows, D, dx_g.data(),
+                               dw_g.data());
+  ExpectSameFloats(dx_g, dx_f, "rmsnorm dx from a stored dy");
+  ExpectSameFloats(dw_g, dw_f, "rmsnorm dw from a stored dy");
 }
 
 TYPED_TEST(TypedStorageTest, RopeInPlace) {
@@ -133,7 +140,8 @@ TYPED_TEST(TypedStorageTest, SwiGluEmbeddingAxpyAndConvert) {
   using S = TypeParam;
   const int64_t n = 1000;
   const std::vector<S> g = RandomStored<S>(n, 11, 3.0f), u = RandomStored<S>(n, 12);
-  const std::vector<float> gf = Widened(g), uf = Widened(u), dh = Widened(RandomStored<S>(n, 13));
+  const std::vector<S> dh_stored = RandomStored<S>(n, 13);
+  const std::vector<float> gf = Widened(g), uf = Widened(u), dh = Widened(dh_stored);
   std::vector<S> h(n);
   std::vector<float> hf(n);
   SwiGluForward<S>(g.data(), u.data(), n, h.data());
@@ -144,6 +152,14 @@ TYPED_TEST(TypedStorageTest, SwiGluEmbeddingAxpyAndConvert) {
   SwiGluBackward<float>(gf.data(), uf.data(), dh.data(), n, dg_f.data(), du_f.data());
   ExpectSameFloats(dg, dg_f, "swiglu dgate");
   ExpectSameFloats(du, du_f, "swiglu dup");
+  std::vector<S> dg_s(n), du_s(n), dg_gelu(n), du_gelu(n);  // gradients stored in S: rounded
+  SwiGluBackward<float, S, S>(g.data(), u.data(), dh_stored.data(), n, dg_s.data(), du_s.data());
+  ExpectSameBits(dg_s, dg_f, "swiglu dgate stored");
+  ExpectSameBits(du_s, du_f, "swiglu dup stored");
+  GeluTanhGluBackward<float, S, S>(g.data(), u.data(), dh_stored.data(), n, dg_gelu.data(), du_gelu.data());
+  GeluTanhGluBackward<float>(gf.data(), uf.data(), dh.data(), n, dg_f.data(), du_f.data());
+  ExpectSameBits(dg_gelu, dg_f, "gelu-tanh glu dgate stored");
+  ExpectSameBits(du_gelu, du_f, "gelu-tanh glu dup stored");
 
   const int64_t vocab = 11, D = 40, rows = 6;
   const std::vector<float> table = Widened(RandomStored<float>(vocab * D, 14));  // full float precision
