@@ -98,22 +98,29 @@ Status LoadHfWeights(const std::string& dir, Model* model) {
     if (!sharded) where = holder;
   }
   std::set<std::string> used;
-  for (NamedTensor& t : model->NamedWeights()) {
-    auto it = where.find(t.name);
-    if (it == where.end()) {
-      return Status::NotFound((fs::path(dir) / files.front()).string() + ": tensor '" + t.name +
-                              "' is missing (does config.json match these weights?)");
+  const auto set_every_weight = [&]() -> Status {
+    for (NamedTensor& t : model->NamedWeights()) {
+      auto it = where.find(t.name);
+      if (it == where.end()) {
+        return Status::NotFound((fs::path(dir) / files.front()).string() + ": tensor '" + t.name +
+                                "' is missing (does config.json match these weights?)");
+      }
+      auto file_it = opened.find(it->second);
+      if (file_it == opened.end())
+        return Status::NotFound(index.string() + ": shard '" + it->second + "' not loaded");
+      // One tensor in host floats, then set (its copy to the device runs while the next is read).
+      std::vector<float> values(static_cast<size_t>(t.numel()));
+      FT_RETURN_IF_ERROR(file_it->second->ReadFloat(t.name, t.shape, values.data()));
+      model->SetWeight(t, values.data());
+      used.insert(t.name);
     }
-    auto file_it = opened.find(it->second);
-    if (file_it == opened.end())
-      return Status::NotFound(index.string() + ": shard '" + it->second + "' not loaded");
-    // Stage one tensor in host floats, then upload it (or keep only its NF4 codes).
-    const int64_t n = t.numel();
-    std::vector<float> staging(static_cast<size_t>(n));
-    FT_RETURN_IF_ERROR(file_it->second->ReadFloat(t.name, t.shape, staging.data()));
-    model->SetWeight(t, staging.data());
-    used.insert(t.name);
-  }
+    return Status::OK();
+  };
+  // The load ends (its copies waited for, its staging freed) whether or not every tensor was set.
+  const Status set = set_every_weight();
+  const Status finished = model->FinishLoading();
+  FT_RETURN_IF_ERROR(set);
+  FT_RETURN_IF_ERROR(finished.WithContext(dir + ": copying the weights to " + model->backend().Describe()));
   for (const auto& [name, file] : where) {
     if (!used.count(name))
       FT_LOG(WARN) << dir << "/" << file << ": ignoring tensor '" << name << "' not used by the model";
@@ -210,6 +217,8 @@ void RandomInitModel(Model* model, uint64_t seed) {
     RandomWeightValues(t, seed, tensor_index++, 0, t.numel(), NormInitValue(model->config()), values.data());
     model->SetWeight(t, values.data());
   }
+  // No Status to return (tests, benchmarks): a backend failure crashes, as SetWeight's own waits did.
+  FT_CHECK(model->FinishLoading().ok());
 }
 
 Status WriteRandomHfModel(const std::string& dir, const ModelConfig& config, DType dtype, uint64_t seed) {

@@ -22,7 +22,9 @@ namespace ft {
 // present with the right shape; dtypes F32/F16/BF16/F64 are converted.
 // InvalidArgument naming the index and the tensor when the index names a
 // tensor twice or two shards hold the same tensor (ambiguous: JSON and a
-// name map would keep one silently).
+// name map would keep one silently). The load is finished when it returns
+// (Model::FinishLoading), with an error too: the backend's failure, if any,
+// with the directory as context.
 Status LoadHfWeights(const std::string& dir, Model* model);
 
 // The files LoadHfWeights reads from `dir`: model.safetensors, or
@@ -41,7 +43,8 @@ Status SaveHfModel(const std::string& dir, Model& model, DType dtype);
 Status CopyTokenizerFiles(const std::string& from_dir, const std::string& to_dir);
 
 // Random weights (seeded, deterministic): linears and embeddings
-// N(0, 1/fan_in) (fan_in = the last dimension), norms 1, biases 0.
+// N(0, 1/fan_in) (fan_in = the last dimension), norms 1, biases 0. Ends the
+// load (Model::FinishLoading; a backend failure there crashes).
 void RandomInitModel(Model* model, uint64_t seed);
 
 // The HF model directory RandomInitModel then SaveHfModel would write for

@@ -126,7 +126,11 @@ Model::Model(ModelConfig config, ModelOptions options)
   }
 }
 
-Model::~Model() = default;
+Model::~Model() {
+  // A load left unfinished (an error part-way): no copy may still read a slot or write a
+  // buffer once they are freed. The status is the loader's to report.
+  if (loading()) static_cast<void>(FinishLoading());
+}
 
 std::vector<NamedTensor> Model::NamedWeights() {
   const int64_t D = config_.hidden_size, V = config_.vocab_size;
@@ -270,8 +274,8 @@ void Model::SetLinearWeight(Linear* lin, const float* values) {
   }
   DeviceBuffer& dst = FrozenStorage(*lin);
   FT_CHECK(options_.nf4 || weight_format_ || dst.host());  // device float weights are NamedTensor::data
-  std::vector<uint8_t> staging;  // the storage on the host, when it lives on the device
-  uint8_t* out = dst.host() ? dst.as<uint8_t>() : (staging.resize(dst.bytes()), staging.data());
+  // Storage in host memory is written in place; device storage through a staging slot.
+  uint8_t* out = dst.host() ? dst.as<uint8_t>() : LoadSlot(dst.bytes());
   if (options_.nf4) {
     cpu::PackNf4Blob(q, lin->nf4_layout, out);
   } else if (weight_format_) {
@@ -279,13 +283,40 @@ void Model::SetLinearWeight(Linear* lin, const float* values) {
   } else {
     std::memcpy(out, values, static_cast<size_t>(dst.bytes()));
   }
-  if (!dst.host()) {
-    backend_->CopyToDevice(dst.data(), staging.data(), dst.bytes());
-    FT_CHECK(backend_->Synchronize().ok());  // `staging` is freed next
+  if (!dst.host()) CopyLoadSlot(dst.data(), dst.bytes());
+}
+
+uint8_t* Model::LoadSlot(int64_t bytes) {
+  const int i = load_.next;
+  if (load_.busy[i]) {
+    // The backend's only host wait: it covers the copy stream, so both slots are free after it.
+    static_cast<void>(backend_->Synchronize());  // a failure sticks: FinishLoading returns it
+    load_.busy[0] = load_.busy[1] = false;
   }
+  if (load_.slot[i].bytes() < bytes) {
+    load_.slot[i] = DeviceBuffer();  // the smaller one first: the host holds one of them at a time
+    load_.slot[i] = backend_->AllocHost(bytes, MemCategory::kWorkspace);
+  }
+  return load_.slot[i].as<uint8_t>();
+}
+
+void Model::CopyLoadSlot(void* dst, int64_t bytes) {
+  const int i = load_.next;
+  backend_->CopyToDeviceAsync(dst, load_.slot[i].data(), bytes);
+  load_.busy[i] = true;
+  load_.next = 1 - i;
+}
+
+Status Model::FinishLoading() {
+  if (!loading()) return Status::OK();
+  backend_->WaitForCopies();                    // ops called from here on read the loaded weights
+  const Status done = backend_->Synchronize();  // and the host: no copy reads a slot any more
+  load_ = LoadStaging();
+  return done;
 }
 
 StatusOr<std::vector<float>> Model::LinearValues(const Linear& lin) const {
+  FT_CHECK(!loading());  // a load's copies may still be running: FinishLoading first
   if (lin.w16.empty() && !lin.w.host()) {
     return Status::FailedPrecondition("an NF4 linear has no values to save; merge the adapter first");
   }
@@ -308,17 +339,21 @@ void Model::SetWeight(const NamedTensor& t, const float* values) {
   norm_eff_stale_ = true;
   if (t.linear) {
     SetLinearWeight(t.linear, values);
-  } else if (t.codes) {
-    std::vector<uint16_t> codes(static_cast<size_t>(n));
-    cpu::NarrowTo16(act_dtype_ == ActDType::kBF16, values, n, codes.data());
-    backend_->CopyToDevice(t.codes->data(), codes.data(), n * 2);
-    FT_CHECK(backend_->Synchronize().ok());  // `codes` is freed next
-  } else {
-    Upload(t.data, values, n);
+    return;
   }
+  // Embeddings or head as 16-bit codes, or an fp32 tensor (a base weight: no LoRA copy to refresh).
+  const int64_t bytes = n * (t.codes ? 2 : static_cast<int64_t>(sizeof(float)));
+  uint8_t* staged = LoadSlot(bytes);
+  if (t.codes) {
+    cpu::NarrowTo16(act_dtype_ == ActDType::kBF16, values, n, reinterpret_cast<uint16_t*>(staged));
+  } else {
+    std::memcpy(staged, values, static_cast<size_t>(bytes));
+  }
+  CopyLoadSlot(t.codes ? t.codes->data() : static_cast<void*>(t.data), bytes);
 }
 
 StatusOr<std::vector<float>> Model::WeightValues(const NamedTensor& t) const {
+  FT_CHECK(!loading());  // a load's copies may still be running: FinishLoading first
   const int64_t n = t.numel();
   if (t.linear) return LinearValues(*t.linear);
   if (!t.codes) return Download(t.data, n);

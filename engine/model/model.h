@@ -253,7 +253,7 @@ class Model {
   // With options.nf4, or a bf16/fp16 dtype (typed storage), linear base
   // weights have no float buffer: loaders pass each one's (host) values
   // here; they are quantized to NF4 (or rounded to 16 bits, to nearest even)
-  // on the host and uploaded to the backend.
+  // on the host and uploaded to the backend as SetWeight says.
   void SetLinearWeight(Linear* lin, const float* values);
   // With options.nf4: gives every linear without one its NF4 storage at the
   // layout QuantizeNf4 would give it (cpu::Nf4BlobLayoutFor), its values left
@@ -266,8 +266,22 @@ class Model {
   // A named weight's values from the host (quantized, rounded to 16 bits or
   // copied as its storage says), and back on the host (exact for 16-bit
   // storage; FailedPrecondition for NF4, as LinearValues).
+  // Loading: SetWeight prepares the storage's bytes in a page-locked staging
+  // slot (Backend::AllocHost; two, used in turn, counted under kWorkspace by
+  // the host tracker) and copies them on the backend's copy stream, so the
+  // copy of one tensor runs while the caller reads and quantizes the next;
+  // storage kept in host memory (cpu_offload, sharding) is written in place.
+  // `values` may be reused as soon as SetWeight returns. The copies may still
+  // be running then: call FinishLoading after the last SetWeight, before the
+  // model runs or its weights are read.
   void SetWeight(const NamedTensor& t, const float* values);
   StatusOr<std::vector<float>> WeightValues(const NamedTensor& t) const;
+  // Ends a load: waits for every copy SetWeight started (ops called later see
+  // the weights) and frees the staging, so none of it stays through training.
+  // OK, also when no load is under way; otherwise the backend's first failure
+  // (Synchronize's), and the weights are not all on the device.
+  // LoadHfWeights and RandomInitModel call it; so does the destructor.
+  Status FinishLoading();
 
   // Host <-> backend copies of n floats of a model tensor (NamedTensor::data,
   // TrainableParam::data/grad). Download waits for the copy; after Upload the
@@ -424,6 +438,24 @@ class Model {
   ConstAct LinearWeight(int l, ModuleKind m);
   // Frozen storage of `bytes`: in host memory under cpu_offload, else on the device.
   DeviceBuffer AllocFrozen(int64_t bytes);
+  // Loading's staging (SetWeight): two page-locked host slots, each as large
+  // as the largest tensor staged in it so far, filled in turn; busy: a copy
+  // issued from it may still be reading it.
+  struct LoadStaging {
+    DeviceBuffer slot[2];
+    bool busy[2] = {false, false};
+    int next = 0;  // the slot the next tensor goes through
+  };
+  LoadStaging load_;
+  // The next slot, at least `bytes` large, for the host to fill: when its last
+  // copy may still be running, first waits for the backend (both slots are
+  // free after). A failed wait is the backend's sticky error, which
+  // FinishLoading returns.
+  uint8_t* LoadSlot(int64_t bytes);
+  // Copies `bytes` of the slot LoadSlot returned to `dst` (device memory) on the
+  // copy stream, and moves on to the other slot.
+  void CopyLoadSlot(void* dst, int64_t bytes);
+  bool loading() const { return !load_.slot[0].empty() || !load_.slot[1].empty(); }
   // The frozen storage of a linear (w, w16 or nf4: the one in use).
   static DeviceBuffer& FrozenStorage(Linear& lin);
   // cpu_offload: layer l's host-resident frozen storage copied into stage

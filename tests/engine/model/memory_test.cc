@@ -3,16 +3,20 @@
 // the math, and the planner predicts the measured peak within 10%.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
 
 #include "engine/io/hf_model.h"
+#include "engine/io/safetensors.h"
 #include "engine/job/planner.h"
 #include "engine/model/model.h"
 #include "engine/model/rng.h"
 #include "engine/train/optimizer.h"
 #include "kernels/cpu/dtype.h"
+#include "kernels/cpu/nf4.h"
+#include "kernels/cpu/ops.h"
 
 namespace ft {
 namespace {
@@ -467,6 +471,120 @@ TEST(PlannerTest, ParsesSizes) {
   EXPECT_EQ(*ParseBytes("16G"), int64_t{16} << 30);
   EXPECT_TRUE(ParseBytes("lots").status().IsInvalidArgument());
   EXPECT_TRUE(ParseBytes("3 parsecs").status().IsInvalidArgument());
+}
+
+// What loading must leave in a tensor's storage for the file's `values`, and the storage itself
+// (nullptr for an fp32 tensor on the device, read through WeightValues): the NF4 blob
+// QuantizeNf4 packs, or the values as 16-bit codes (rounded to nearest even) or fp32, as bytes.
+struct StoredWeight {
+  const DeviceBuffer* storage = nullptr;  // a linear's frozen storage, or the 16-bit codes
+  std::vector<uint8_t> want;              // its bytes
+  int64_t bytes = 0;                      // what the tensor takes, wherever it lives
+};
+StoredWeight ExpectedStorage(const Model& model, const NamedTensor& t, const std::vector<float>& values) {
+  StoredWeight w;
+  const int64_t n = t.numel();
+  const Linear* lin = t.linear;
+  w.storage = lin ? (!lin->nf4.empty() ? &lin->nf4 : !lin->w16.empty() ? &lin->w16 : &lin->w) : t.codes;
+  if (lin && !lin->nf4.empty()) {
+    const cpu::Nf4Tensor q = cpu::QuantizeNf4(values.data(), n, model.options().nf4_config);
+    const cpu::Nf4Layout layout = cpu::Nf4BlobLayout(q);
+    w.want.resize(static_cast<size_t>(layout.bytes));
+    cpu::PackNf4Blob(q, layout, w.want.data());
+  } else if (w.storage && w.storage->bytes() == n * 2) {  // 16-bit codes of the compute dtype
+    w.want.resize(static_cast<size_t>(n * 2));
+    cpu::NarrowTo16(model.activation_dtype() == ActDType::kBF16, values.data(), n,
+                    reinterpret_cast<uint16_t*>(w.want.data()));
+  } else {
+    w.want.resize(values.size() * sizeof(float));
+    std::memcpy(w.want.data(), values.data(), w.want.size());
+  }
+  w.bytes = static_cast<int64_t>(w.want.size());
+  return w;
+}
+
+// The bytes `w` is stored in after loading: its storage's, copied off the device when there.
+std::vector<uint8_t> StoredBytes(Model& model, const NamedTensor& t, const StoredWeight& w) {
+  std::vector<uint8_t> got(static_cast<size_t>(w.bytes));
+  if (!w.storage) {  // an fp32 tensor on the device
+    const std::vector<float> v = model.Download(t.data, t.numel());
+    std::memcpy(got.data(), v.data(), got.size());
+  } else if (w.storage->host()) {
+    std::memcpy(got.data(), w.storage->data(), got.size());
+  } else {
+    model.backend().CopyToHost(got.data(), w.storage->data(), w.bytes);
+  }
+  return got;
+}
+
+// Loading (issue #46) moves every device-resident weight through the copy stream from page-locked
+// staging, counted as host workspace while the load runs and freed when it ends; the stored
+// bytes are what the synchronous upload stored (fp32 as read, 16-bit codes rounded to nearest
+// even, NF4 blobs as QuantizeNf4 packs them), and 16-bit weights read back exactly. Frozen
+// storage in host memory (cpu_offload, FSDP's load) is written in place, not copied. On the
+// guarded backend (FT_GUARDED_DEVICE_MEMORY) copies land at the load's end at the latest: a slot
+// refilled while its copy was pending shows up as a wrong weight.
+TEST(LoadingTest, WeightsGoThroughTheCopyStreamAndAreStoredAsBefore) {
+  const ModelConfig c = SmallLlama();
+  const std::string dir = testing::TempDir() + "/loading-test-model";
+  ASSERT_TRUE(WriteRandomHfModel(dir, c, DType::kF32, 11).ok());
+  auto file = SafetensorsFile::Open(dir + "/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  struct Case {
+    const char* name;
+    ComputeDType dtype;
+    bool nf4 = false, cpu_offload = false;
+    int world = 1;
+  };
+  const Case cases[] = {{"fp32", ComputeDType::kF32},
+                        {"bf16 codes", ComputeDType::kBF16},
+                        {"fp16 codes", ComputeDType::kF16},
+                        {"nf4, bf16", ComputeDType::kBF16, true},
+                        {"nf4, fp32", ComputeDType::kF32, true},
+                        {"bf16 codes, cpu_offload", ComputeDType::kBF16, false, true},
+                        {"nf4, sharded load (world 2)", ComputeDType::kBF16, true, false, 2}};
+  MemoryTracker& host = HostMemoryTracker();
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    ModelOptions o;
+    o.dtype = k.dtype;
+    o.nf4 = k.nf4;
+    o.cpu_offload = k.cpu_offload;
+    o.shard.world = k.world;  // loading alone: no gather runs
+    Model model(c, o);
+    const int64_t workspace = host.current(MemCategory::kWorkspace);
+    host.ResetPeaks();
+    const int64_t copied = model.backend().copy_stats().to_device_bytes;
+    ASSERT_TRUE(LoadHfWeights(dir, &model).ok());
+    EXPECT_EQ(host.current(MemCategory::kWorkspace), workspace) << "the staging outlived the load";
+    int64_t on_device = 0, largest = 0, checked = 0;
+    for (NamedTensor& t : model.NamedWeights()) {
+      std::vector<float> values(static_cast<size_t>(t.numel()));
+      ASSERT_TRUE((*file)->ReadFloat(t.name, t.shape, values.data()).ok()) << t.name;
+      const StoredWeight w = ExpectedStorage(model, t, values);
+      if (!w.storage || !w.storage->host()) {
+        on_device += w.bytes;
+        largest = std::max(largest, w.bytes);
+      }
+      EXPECT_TRUE(StoredBytes(model, t, w) == w.want) << t.name << ": not the bytes loading stores";
+      if (!t.linear || t.linear->nf4.empty()) {  // read back as the values stored (NF4 cannot be)
+        auto back = model.WeightValues(t);
+        ASSERT_TRUE(back.ok()) << t.name;
+        std::vector<float> want = values;
+        if (w.bytes == t.numel() * 2) {
+          (model.activation_dtype() == ActDType::kBF16 ? cpu::RoundToBf16 : cpu::RoundToFp16)(want.data(),
+                                                                                              t.numel());
+        }
+        EXPECT_EQ(std::memcmp(back->data(), want.data(), want.size() * sizeof(float)), 0) << t.name;
+      }
+      ++checked;
+    }
+    EXPECT_GT(checked, 3 * c.num_layers);
+    EXPECT_EQ(model.backend().copy_stats().to_device_bytes - copied, on_device)
+        << "every device-resident weight goes through the copy stream, once";
+    EXPECT_GE(host.peak(MemCategory::kWorkspace) - workspace, largest)
+        << "the staging is counted as host workspace while the load runs";
+  }
 }
 
 }  // namespace
