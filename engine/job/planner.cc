@@ -81,12 +81,16 @@ int64_t WorkspaceBytes(const PlanRequest& r, int64_t rows, int64_t max_linear) {
   const int64_t fused_out = c.fused_projections ? std::max(Q + 2 * KV, 2 * I) : 0;
   const int64_t widest_out = std::max(widest, rows * fused_out);
   const int64_t rope_tables = c.rope_local_theta > 0 ? 2 : 1;  // Gemma 3's sliding layers have their own
-  return rows * (3 * D + 2 * Q + 2 * KV + I) * kF32            // dh, dn, dxf; dq, datt; dk, dv; dact
-         + rows * (D + 2 * I) * act                         // stored as PyTorch's bf16 tensors: grad; dg, du
-         + (low ? rows * D * act : 0)                       // d(h) stored beside its fp32 sum
-         + (c.qk_norm ? rows * (Q + KV) * kF32 : 0)         // dqp, dkp: through the q/k norms
-         + (c.gemma ? rows * D * kF32 : 0)                  // dpre: through a sandwich norm
-         + rows * lora_r * kF32                             // dxa
+  // One block's gradients at a time (Model::AllocBackwardPhase): the MLP's dact (fp32) with dg and
+  // du (typed: over dact; fp32: beside it), or the attention's datt, dq, dk, dv (dqp, dkp), fp32.
+  const int64_t mlp_phase = low ? std::max(rows * I * kF32, 2 * rows * I * act) : 3 * rows * I * kF32;
+  const int64_t attention_phase = rows * (2 * Q + 2 * KV + (c.qk_norm ? Q + KV : 0)) * kF32;
+  return rows * 3 * D * kF32                     // dh, dn, dxf
+         + std::max(mlp_phase, attention_phase)  // one block's gradients
+         + rows * D * act                        // the layers' gradient, stored as PyTorch's bf16 tensor is
+         + (low ? rows * D * act : 0)            // d(h) stored beside its fp32 sum
+         + (c.gemma ? rows * D * kF32 : 0)       // dpre: through a sandwich norm
+         + rows * lora_r * kF32                  // dxa
          + (r.lora_dropout > 0 ? widest * kF32 : 0)         // dropped-out input
          + (low ? (widest_out + rows * lora_r) * kF32 : 0)  // fp32 linear / LoRA results before storing
          + rows * fused_out * (act + kF32)                  // a fused output before its split; its gradient

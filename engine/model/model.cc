@@ -48,7 +48,14 @@ struct Model::Activations {
   // Backward workspace: fp32, but grad (a layer's output/input gradient), dh16 (d(h) stored) and
   // SwiGLU's dg, du, which are typed (Model::LayerBackward). dqp and dkp (q/k norms only): the
   // projections' output gradients. dpre (Gemma): a sandwich norm's input gradient.
-  DeviceBuffer grad, dh, dh16, dn, dq, dk, dv, datt, dg, du, dact, dxa, drop, logits, dxf, dqp, dkp, dpre;
+  DeviceBuffer grad, dh, dh16, dn, dxa, drop, logits, dxf, dpre;
+  // One block's gradients, in `phase` (Model::AllocBackwardPhase): the MLP's dact (fp32), then
+  // dg and du (typed: over dact once it is stored; fp32: beside it), and the attention's datt,
+  // dq, dk, dv, dqp, dkp (fp32) over them once the MLP block is done.
+  DeviceBuffer phase;
+  float *dact = nullptr, *datt = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr, *dqp = nullptr,
+        *dkp = nullptr;
+  void *dg = nullptr, *du = nullptr;
   // Typed storage: a linear's fp32 result (rows, widest output) and LoRA's x·Aᵀ (rows, r) before
   // they are stored in the activation dtype; in the backward, y32 holds a gradient stored for the
   // next op alone, and xa32 LoRA's dxa rounded.
@@ -657,18 +664,8 @@ void Model::EnsureActivations(int64_t rows, int64_t batch) {
   a->dh = backend_->Alloc(rows * D, ws);
   if (act_dtype_ != ActDType::kF32) a->dh16 = AllocAct(rows * D, ws);
   a->dn = backend_->Alloc(rows * D, ws);
-  a->dq = backend_->Alloc(rows * Q, ws);
-  a->dk = backend_->Alloc(rows * KV, ws);
-  a->dv = backend_->Alloc(rows * KV, ws);
-  if (c.qk_norm) {
-    a->dqp = backend_->Alloc(rows * Q, ws);
-    a->dkp = backend_->Alloc(rows * KV, ws);
-  }
   if (c.gemma) a->dpre = backend_->Alloc(rows * D, ws);
-  a->datt = backend_->Alloc(rows * Q, ws);
-  a->dg = AllocAct(rows * I, ws);
-  a->du = AllocAct(rows * I, ws);
-  a->dact = backend_->Alloc(rows * I, ws);
+  AllocBackwardPhase(a.get(), rows);
   a->dxf = backend_->Alloc(rows * D, ws);
   if (r > 0) {
     a->dxa = backend_->Alloc(rows * r, ws);
@@ -695,6 +692,33 @@ void Model::EnsureActivations(int64_t rows, int64_t batch) {
   }
   a->loss_sum = backend_->AllocBytes(sizeof(double), ws);
   acts_ = std::move(a);
+}
+
+void Model::AllocBackwardPhase(Activations* a, int64_t rows) {
+  const ModelConfig& c = config_;
+  const int64_t I = c.intermediate_size, Q = c.q_dim(), KV = c.kv_dim();
+  const int64_t es = ActDTypeBytes(act_dtype_);
+  // Blocks start 256 bytes apart at least, as separate allocations would (vectorised kernels, GEMMs).
+  const auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+  // The MLP's dact, dg, du (typed: dg and du over dact, which is stored before they are written)
+  // and the attention's datt, dq, dk, dv (dqp, dkp), in bytes; the phase holds the larger.
+  const int64_t dact = aligned(rows * I * 4), d16 = aligned(rows * I * es);
+  const int64_t mlp = act_dtype_ == ActDType::kF32 ? 3 * dact : std::max(dact, 2 * d16);
+  std::vector<std::pair<float**, int64_t>> attention_blocks = {
+      {&a->datt, Q}, {&a->dq, Q}, {&a->dk, KV}, {&a->dv, KV}};
+  if (c.qk_norm) attention_blocks.insert(attention_blocks.end(), {{&a->dqp, Q}, {&a->dkp, KV}});
+  int64_t attention = 0;
+  for (const auto& block : attention_blocks) attention += aligned(rows * block.second * 4);
+  a->phase = backend_->AllocBytes(std::max(mlp, attention), MemCategory::kWorkspace);
+  char* base = a->phase.as<char>();
+  a->dact = reinterpret_cast<float*>(base);
+  a->dg = base + (act_dtype_ == ActDType::kF32 ? dact : 0);
+  a->du = base + (act_dtype_ == ActDType::kF32 ? 2 * dact : d16);
+  int64_t at = 0;
+  for (const auto& [block, cols] : attention_blocks) {
+    *block = reinterpret_cast<float*>(base + at);
+    at += aligned(rows * cols * 4);
+  }
 }
 
 void Model::UploadBatch(const MicroBatch& mb) {
@@ -1023,17 +1047,19 @@ ConstAct Model::MlpBackward(int l, LayerActs& a, ConstAct g, int64_t rows) {
   auto xa = [&](ModuleKind m) { return A(a.xa[static_cast<int>(m)]); };
   const ConstAct ddown =
       c.gemma ? ThroughPostNorm(A(a.d), layer.post_mlp_norm, layer.dpost_mlp_norm, a.rstdd, g, rows) : g;
-  LinearBackward(l, ModuleKind::kDown, A(a.act), xa(ModuleKind::kDown), ddown, rows, w.dact.data(), false);
-  const ConstAct dact = Rounded(w.dact.data(), rows * I, w.y32);
-  backend_->GluBackward(c.hidden_act, A(a.g), A(a.u), dact, rows * I, A(w.dg), A(w.du));
+  LinearBackward(l, ModuleKind::kDown, A(a.act), xa(ModuleKind::kDown), ddown, rows, w.dact, false);
+  const ConstAct dact = Rounded(w.dact, rows * I, w.y32);
+  backend_->GluBackward(c.hidden_act, A(a.g), A(a.u), dact, rows * I, Act(w.dg, act_dtype_),
+                        Act(w.du, act_dtype_));
   if (c.fused_projections) {
-    ColumnBlocks(w.dfused.data(), ActDTypeBytes(act_dtype_), rows, {{w.dg.data(), I}, {w.du.data(), I}},
-                 false);
+    ColumnBlocks(w.dfused.data(), ActDTypeBytes(act_dtype_), rows, {{w.dg, I}, {w.du, I}}, false);
     LinearBackward(l, ModuleKind::kGate, A(a.n2), xa(ModuleKind::kGate), A(w.dfused), rows, w.dn.data(),
                    false);
   } else {
-    LinearBackward(l, ModuleKind::kGate, A(a.n2), xa(ModuleKind::kGate), A(w.dg), rows, w.dn.data(), false);
-    LinearBackward(l, ModuleKind::kUp, A(a.n2), xa(ModuleKind::kUp), A(w.du), rows, w.dn.data(), true);
+    LinearBackward(l, ModuleKind::kGate, A(a.n2), xa(ModuleKind::kGate), Act(w.dg, act_dtype_), rows,
+                   w.dn.data(), false);
+    LinearBackward(l, ModuleKind::kUp, A(a.n2), xa(ModuleKind::kUp), Act(w.du, act_dtype_), rows, w.dn.data(),
+                   true);
   }
   const ConstAct dn = Rounded(w.dn.data(), rows * D, w.y32);
   backend_->RmsNormBackward(A(a.h), NormWeight(layer.mlp_norm), a.rstd2.data(), dn, rows, D, w.dh.data(),
@@ -1054,31 +1080,31 @@ void Model::AttentionBlockBackward(int l, const MicroBatch& mb, ConstAct x_in, L
   const auto [rope_cos, rope_sin] = RopeTables(l);
   const ConstAct dout =
       c.gemma ? ThroughPostNorm(A(a.o), layer.post_attn_norm, layer.dpost_attn_norm, a.rstdo, dh, rows) : dh;
-  LinearBackward(l, ModuleKind::kO, A(a.att), xa(ModuleKind::kO), dout, rows, w.datt.data(), false);
-  Round(w.datt.data(), rows * c.q_dim());  // the attention backward reads fp32 gradients
+  LinearBackward(l, ModuleKind::kO, A(a.att), xa(ModuleKind::kO), dout, rows, w.datt, false);
+  Round(w.datt, rows * c.q_dim());  // the attention backward reads fp32 gradients
   const cpu::AttentionShape shape = AttentionShapeOf(mb, l);
   const int32_t* seg = acts_->has_segments ? acts_->segments.as<int32_t>() : nullptr;
   backend_->AttentionBackward(LinearOperands(), shape, A(a.q), A(a.k), A(a.v), seg, A(a.att), a.lse.data(),
-                              w.datt.data(), w.dq.data(), w.dk.data(), w.dv.data());
-  backend_->RopeApply(w.dq.data(), rows, c.num_heads, c.head_dim, c.rotary_dim(),
-                      acts_->positions.as<int32_t>(), rope_cos, rope_sin, true);
-  backend_->RopeApply(w.dk.data(), rows, c.num_kv_heads, c.head_dim, c.rotary_dim(),
-                      acts_->positions.as<int32_t>(), rope_cos, rope_sin, true);
-  float* dq = w.dq.data();  // the gradient of the q projection's output
-  float* dk = w.dk.data();
+                              w.datt, w.dq, w.dk, w.dv);
+  backend_->RopeApply(w.dq, rows, c.num_heads, c.head_dim, c.rotary_dim(), acts_->positions.as<int32_t>(),
+                      rope_cos, rope_sin, true);
+  backend_->RopeApply(w.dk, rows, c.num_kv_heads, c.head_dim, c.rotary_dim(), acts_->positions.as<int32_t>(),
+                      rope_cos, rope_sin, true);
+  float* dq = w.dq;  // the gradient of the q projection's output
+  float* dk = w.dk;
   if (c.qk_norm) {  // back through the per-head norms (their weights' gradients under full training)
     backend_->RmsNormBackward(A(a.qp), NormWeight(layer.q_norm), a.rstdq.data(),
-                              Rounded(dq, rows * c.q_dim(), w.y32), rows * c.num_heads, c.head_dim,
-                              w.dqp.data(), full_training_ ? layer.dq_norm.data() : nullptr);
+                              Rounded(dq, rows * c.q_dim(), w.y32), rows * c.num_heads, c.head_dim, w.dqp,
+                              full_training_ ? layer.dq_norm.data() : nullptr);
     backend_->RmsNormBackward(A(a.kp), NormWeight(layer.k_norm), a.rstdk.data(),
-                              Rounded(dk, rows * c.kv_dim(), w.y32), rows * c.num_kv_heads, c.head_dim,
-                              w.dkp.data(), full_training_ ? layer.dk_norm.data() : nullptr);
-    dq = w.dqp.data();
-    dk = w.dkp.data();
+                              Rounded(dk, rows * c.kv_dim(), w.y32), rows * c.num_kv_heads, c.head_dim, w.dkp,
+                              full_training_ ? layer.dk_norm.data() : nullptr);
+    dq = w.dqp;
+    dk = w.dkp;
   }
   if (c.fused_projections) {
     ColumnBlocks(w.dfused.data(), sizeof(float), rows,
-                 {{dq, c.q_dim()}, {dk, c.kv_dim()}, {w.dv.data(), c.kv_dim()}}, false);
+                 {{dq, c.q_dim()}, {dk, c.kv_dim()}, {w.dv, c.kv_dim()}}, false);
     LinearBackward(l, ModuleKind::kQ, A(a.n1), xa(ModuleKind::kQ),
                    Rounded(w.dfused.data(), rows * (c.q_dim() + 2 * c.kv_dim()), w.y32), rows, w.dn.data(),
                    false);
@@ -1087,8 +1113,8 @@ void Model::AttentionBlockBackward(int l, const MicroBatch& mb, ConstAct x_in, L
                    w.dn.data(), false);
     LinearBackward(l, ModuleKind::kK, A(a.n1), xa(ModuleKind::kK), Rounded(dk, rows * c.kv_dim(), w.y32),
                    rows, w.dn.data(), true);
-    LinearBackward(l, ModuleKind::kV, A(a.n1), xa(ModuleKind::kV),
-                   Rounded(w.dv.data(), rows * c.kv_dim(), w.y32), rows, w.dn.data(), true);
+    LinearBackward(l, ModuleKind::kV, A(a.n1), xa(ModuleKind::kV), Rounded(w.dv, rows * c.kv_dim(), w.y32),
+                   rows, w.dn.data(), true);
   }
   // d(x) = norm's backward + d(h), summed in fp32 (in dn's workspace once dn is stored) and stored.
   const ConstAct dn = Rounded(w.dn.data(), rows * D, w.y32);

@@ -377,6 +377,8 @@ class Model {
   void LayerForward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs& a, Act x_out);
   // g: the gradient of the layer's output in, of its input out (stored in the activation dtype).
   void LayerBackward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs& a, Act g);
+  // The backward's per-block gradient buffers, placed in one allocation (Activations::phase).
+  void AllocBackwardPhase(Activations* a, int64_t rows);
   // The two blocks of LayerBackward; MlpBackward leaves d(h) in w.dh16 (w.dh under fp32).
   ConstAct MlpBackward(int l, LayerActs& a, ConstAct g, int64_t rows);
   void AttentionBlockBackward(int l, const MicroBatch& mb, ConstAct x_in, LayerActs& a, ConstAct dh,

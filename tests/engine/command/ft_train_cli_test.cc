@@ -465,14 +465,14 @@ TEST_F(FtTrainCliTest, AFixedMicroBatchThatDoesNotFitIsRefusedWithThePlanAndTheF
   };
   CliResult plan = ft_train("plan", dir_ + "/plan.txt");
   EXPECT_EQ(plan.exit_code, 1) << plan.err;
-  EXPECT_THAT(plan.err, HasSubstr("does NOT fit: micro_batch_size 8 needs 145.6 MiB"));
+  EXPECT_THAT(plan.err, HasSubstr("does NOT fit: micro_batch_size 8 needs 133.6 MiB"));
   CliResult run = ft_train("run", dir_ + "/run.txt");
   EXPECT_EQ(run.exit_code, 1) << run.err;
   EXPECT_THAT(run.err,
               HasSubstr("ft-train: ResourceExhausted: " + dir_ +
-                        "/job.yaml: train.micro_batch_size: micro-batch 8 needs 145.6 MiB (weights "));
+                        "/job.yaml: train.micro_batch_size: micro-batch 8 needs 133.6 MiB (weights "));
   EXPECT_THAT(run.err, HasSubstr("but the device offers 64.0 MiB; set micro_batch_size: 2 (the largest that "
-                                 "fits, 37.0 MiB) or micro_batch_size: auto"));
+                                 "fits, 34.0 MiB) or micro_batch_size: auto"));
   EXPECT_FALSE(fs::exists(dir_ + "/out/metrics.jsonl")) << "refused before training";
   // The suggested fix runs.
   CliResult fixed =
