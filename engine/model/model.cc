@@ -272,6 +272,7 @@ void Model::ReserveNf4Weights() {
 }
 
 void Model::SetLinearWeight(Linear* lin, const float* values) {
+  dequantized_ = kNoneDequantized;  // the values may be new
   const int64_t n = lin->in * lin->out;
   cpu::Nf4Tensor q;
   if (options_.nf4) {
@@ -426,6 +427,7 @@ void Model::StageLayer(int l) {
 }
 
 void Model::ShardFrozenWeights() {
+  dequantized_ = kNoneDequantized;
   const int world = options_.shard.world, rank = options_.shard.rank;
   FT_CHECK(world > 1 && !sharded_ && !full_training_ && options_.shard.all_gather);
   EnsureStages();
@@ -504,9 +506,13 @@ ConstAct Model::LinearWeight(int l, ModuleKind m) {
   // GEMM reads the codes in place.
   if (codes16) return ConstAct(storage, *weight_format_);
   // NF4: dequantized straight to the operand type (LinearOperands takes the activation dtype's),
-  // rounded to it on the way (as the fp32 values rounded to the compute dtype were).
+  // rounded to it on the way (as the fp32 values rounded to the compute dtype were). Unless the
+  // scratch holds this weight already: a checkpointed layer's recompute ends with down_proj, the
+  // first weight its backward uses.
   const Act out(dequant_.data(), act_dtype_);
-  backend_->DequantizeNf4(lin.nf4_layout, storage, out);
+  const std::pair<int, int> key{l, static_cast<int>(m)};
+  if (dequantized_ != key) backend_->DequantizeNf4(lin.nf4_layout, storage, out);
+  dequantized_ = key;
   return out;
 }
 
@@ -1395,6 +1401,7 @@ void Model::BackwardLayers(const MicroBatch& mb) {
 }
 
 void Model::MergeLora() {
+  dequantized_ = kNoneDequantized;
   for (auto& layer : layers_) {
     for (auto& lin : layer.proj) {
       BringToDevice(lin);  // a merged model is a plain one: every weight on the device

@@ -490,6 +490,10 @@ class Model {
   bool lora_enabled_ = false;
   bool full_training_ = false;
   DeviceBuffer dequant_;  // scratch for one NF4 linear weight dequantized (in act_dtype_)
+  // The (layer, module) whose weight dequant_ holds (frozen: its values stay until a load, a
+  // sharding or a merge rewrites NF4 storage, which reset it).
+  static constexpr std::pair<int, int> kNoneDequantized{-1, -1};
+  std::pair<int, int> dequantized_ = kNoneDequantized;
   // cpu_offload: two device stages of one layer's frozen storage, the byte
   // offset of each module's storage in a stage, and the layer each holds.
   DeviceBuffer stage_[2];
