@@ -100,9 +100,10 @@ int64_t WorkspaceBytes(const PlanRequest& r, int64_t rows, int64_t max_linear) {
          + rope_tables * 2 * r.seq_len * (c.rotary_dim() / 2) * kF32  // RoPE cos/sin
          + (r.nf4 ? max_linear * (low ? 2 : kF32) : 0)  // one NF4 linear dequantised to its GEMM operand type
          // CUDA under bf16/fp16 (engine/model/cuda_backend.cu): the 16-bit copies of fp32 GEMM operands
-         // (a full fine-tune's weight, a gradient; kept for LoRA too, whose frozen weights need none
-         // now: an upper bound). Its typed ops read 16-bit activations in place: no fp32 staging but
-         // a full fine-tune's loss head (fp32 weights) widening its 16-bit input, forward and backward.
+         // (a full fine-tune's weight, the loss head's gradient; kept for LoRA too, whose frozen weights
+         // and stored gradients need none now: an upper bound). Its typed ops read 16-bit activations in
+         // place: no fp32 staging but a full fine-tune's loss head (fp32 weights) widening its 16-bit input,
+         // forward and backward.
          + (cuda && low ? (max_linear + widest_out) * 2 + (r.full ? 2 * std::min(rows, chunk) * D * kF32 : 0)
                         : 0)
          // CUDA: the attention backward's row deltas, a full fine-tune's RMSNorm weight-gradient partials
@@ -117,7 +118,8 @@ MemoryBreakdown PredictMemory(const PlanRequest& r, int64_t micro) {
   const ModelConfig& c = r.model;
   const bool cuda = r.device == DeviceKind::kCuda;
   // Activations are stored in the compute dtype on every backend (typed storage: 2 bytes under
-  // bf16/fp16); norms and biases as fp32, and so are the gradient workspaces.
+  // bf16/fp16); norms and biases as fp32, and so are the gradient workspaces GEMMs accumulate into
+  // (the gradients PyTorch keeps as bf16 tensors are stored in the compute dtype: WorkspaceBytes).
   const bool low = r.dtype != ComputeDType::kF32;
   const int64_t act = low ? 2 : kF32;
   // Frozen linear weights are stored in the compute dtype on every backend (Linear::w16), and

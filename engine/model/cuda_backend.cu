@@ -11,7 +11,7 @@
 //
 // Typed storage: bf16/fp16 activations are read and written in place by
 // every op (kernels/cuda's <T, P> instantiations beside the fp32 weights and
-// gradients), each value computed in fp32 and rounded once where it is
+// fp32 or 16-bit gradients), each value computed in fp32 and rounded once where it is
 // stored; only the fp32 GEMM (the loss head) widens a 16-bit operand into a
 // staging copy, and the 16-bit GEMMs round an fp32 operand into one.
 //

@@ -45,20 +45,20 @@ struct Model::Activations {
   std::vector<DeviceBuffer> host_in;
   std::vector<LayerActs> layers;  // L, or 1 with activation checkpointing
   DeviceBuffer xf, rstdf;         // final norm (xf typed)
-  // Backward workspace: fp32, but grad (a layer's output/input gradient), dh16 (d(h) stored) and
-  // SwiGLU's dg, du, which are typed (Model::LayerBackward). dqp and dkp (q/k norms only): the
-  // projections' output gradients. dpre (Gemma): a sandwich norm's input gradient.
+  // Backward workspace: fp32, but grad (a layer's output/input gradient) and dh16 (d(h) stored),
+  // which are typed (Model::LayerBackward). dpre (Gemma): a sandwich norm's input gradient.
   DeviceBuffer grad, dh, dh16, dn, dxa, drop, logits, dxf, dpre;
   // One block's gradients, in `phase` (Model::AllocBackwardPhase): the MLP's dact (fp32), then
-  // dg and du (typed: over dact once it is stored; fp32: beside it), and the attention's datt,
-  // dq, dk, dv, dqp, dkp (fp32) over them once the MLP block is done.
+  // SwiGLU's dg and du (typed: over dact once it is stored; fp32: beside it), and the attention's
+  // datt, dq, dk, dv, dqp and dkp (q/k norms only: the projections' output gradients; fp32) over
+  // them once the MLP block is done.
   DeviceBuffer phase;
   float *dact = nullptr, *datt = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr, *dqp = nullptr,
         *dkp = nullptr;
   void *dg = nullptr, *du = nullptr;
   // Typed storage: a linear's fp32 result (rows, widest output) and LoRA's x·Aᵀ (rows, r) before
   // they are stored in the activation dtype; in the backward, y32 holds a gradient stored for the
-  // next op alone, and xa32 LoRA's dxa rounded.
+  // next call alone (an op, or a LinearBackward), and xa32 LoRA's dxa rounded.
   DeviceBuffer y32, xa32;
   // Fused projections (Phi-3): qkv_proj's or gate_up_proj's output before its columns are split
   // into q, k, v / gate, up (typed), and the gradient joined from theirs (fp32 for qkv, typed

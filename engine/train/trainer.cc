@@ -444,6 +444,7 @@ Status Trainer::Step(StepMetrics* m, bool* interrupted) {
   const int64_t normaliser = objective_->Normaliser(*data_, cursor_, global, shuffle, seed);
   const std::vector<std::string> sum_names = objective_->SumNames();
   model_->ZeroGrads();
+  WaitForFold();  // a step abandoned mid-way (StopMidStep) may have left one running
   if (grad_sum_) grad_sum_->Clear();
   ExactSum<double> loss(static_cast<int64_t>(sum_names.size()));  // every reduced scalar, order-independently
   // Under fp16 the loss gradient is multiplied by the loss scale so that small gradients
@@ -564,12 +565,18 @@ void Trainer::MakeZerosPositive() {
 }
 
 void Trainer::FoldGradients() {
+  WaitForFold();  // the last micro-batch's fold has read grad_host_
   CopyGradients(/*to_host=*/true);
-  grad_sum_->Add(grad_host_.data());
   model_->ZeroGrads();
+  fold_ = std::async(std::launch::async, [this] { grad_sum_->Add(grad_host_.data()); });
+}
+
+void Trainer::WaitForFold() {
+  if (fold_.valid()) fold_.get();
 }
 
 Status Trainer::SumGradients(ExactSum<double>* loss, double* loss_sum) {
+  WaitForFold();
   FT_RETURN_IF_ERROR(loss->AllReduce(ranks_.get()).WithContext(spec_.file + ": loss"));
   loss->Round(loss_sum);
   if (OneTermGradientSum()) {

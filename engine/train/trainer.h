@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -218,6 +219,9 @@ class Trainer {
   std::unique_ptr<Collective> ranks_;          // the job's ranks (SingleRank when alone)
   std::unique_ptr<ExactSum<float>> grad_sum_;  // train.gradient_sum exact: the step's gradients
   std::vector<float> grad_host_;               // every gradient, flat, in host memory
+  // FoldGradients' fold of grad_host_ into grad_sum_, running on its own thread while the next
+  // micro-batch computes; declared after both (a std::async future's destructor waits for it).
+  std::future<void> fold_;
   // Whether a stop request asks this one rank to abandon its step after `done` micro-batches
   // (the rest would not fit in the request's deadline).
   bool StopMidStep(int64_t done);
@@ -227,8 +231,13 @@ class Trainer {
   StatusOr<std::unique_ptr<ReferenceLogProbs>> StoredReference(const Dataset& data, const std::string& path);
   // Every gradient to grad_host_ (to_host) or back from it.
   void CopyGradients(bool to_host);
-  // train.gradient_sum exact: this micro-batch's gradients into grad_sum_, and zeroed.
+  // train.gradient_sum exact: this micro-batch's gradients copied to the host and zeroed on the
+  // device; their fold into grad_sum_ (ExactSum::Add: 20 ns a value a core, 0.4 s for an 8B
+  // model's r 16 adapter on 2 cores) runs on another thread while the next micro-batch computes.
+  // The sum is the same whenever the fold runs (ExactSum is order-independent); WaitForFold is
+  // called before anything else reads or writes grad_host_ or grad_sum_.
   void FoldGradients();
+  void WaitForFold();
   // Exact sums of a one-term step (one rank, one micro-batch): the sum of one gradient is that
   // gradient (every float lies on ExactSum's grid) except that a -0 sums to +0 (and an infinity
   // to NaN: the step then fails or is skipped as it would have). The gradients stay on the

@@ -370,7 +370,8 @@ TEST(SchedulerTest, ATeamBelowItsQuotaReclaimsByPreemptingAnotherTeamsBorrowedJo
   EXPECT_EQ(WaitText(r, "c1"), "waits: every worker is busy");
   std::vector<WorkerView> small = {workers[0], RunningOn("w1", "c-borrowed", "c", 0, true, 60 * kMinute),
                                    workers[2]};
-  small[1].devices[0].total_bytes = 1 << 20;  // a1 does not fit there even once c's job stopped
+  // a1 (the tiny preset's job, about 1 MiB planned) does not fit there even once c's job stopped.
+  small[1].devices[0].total_bytes = small[1].devices[0].free_bytes = 1 << 16;
   r = Schedule({&queued}, small, kNow, {}, teams);
   EXPECT_TRUE(r.preemptions.empty()) << "c's borrowed job makes no room, and b's nominal one is never taken";
 }

@@ -217,7 +217,8 @@ void CheckSwiGluAndEmbedding(TypedOps& ops) {
   EXPECT_TRUE(ops.Same(e16)) << "embedding from a 16-bit table";
 }
 
-// Axpy of the typed x into fp32; dropout of it (exact: one product); GEMMs:
+// Axpy of the typed x into fp32; dropout of it (exact: one product); the bias gradient of it as a
+// stored dy (exact: the same adds in the same order); GEMMs:
 // typed x typed in the compute dtype's mode, typed x fp32 (rounded), typed in an fp32 GEMM.
 void CheckAxpyDropoutAndGemm(TypedOps& ops, Twin& x) {
   Twin acc = ops.Floats(rows * D, 17), dropped = ops.Make(rows * D, ActDType::kF32);
@@ -228,6 +229,9 @@ void CheckAxpyDropoutAndGemm(TypedOps& ops, Twin& x) {
   }
   ops.Check(acc, "axpy");
   EXPECT_TRUE(ops.Same(dropped)) << "dropout";
+  Twin dbias = ops.Floats(D, 25);  // x as a 16-bit dy: each column's rows added in order, as the CPU
+  for (bool g : {false, true}) ops.On(g).BiasGrad(x.On(g), rows, D, dbias.On(g).as<float>());
+  EXPECT_TRUE(ops.Same(dbias)) << "bias gradient of a stored dy";
 
   const GemmOperands mode = ops.t() == ActDType::kBF16 ? GemmOperands::kBF16 : GemmOperands::kF16;
   Twin b16 = ops.Typed(I * D, 18), b32 = ops.Floats(I * D, 19), c1 = ops.Make(rows * I, ActDType::kF32),
