@@ -361,7 +361,9 @@ void Trainer::BuildOptimizer(std::shared_ptr<Backend> backend) {
   int64_t trainable = 0;
   for (const TrainableParam& p : model_->TrainableParams()) trainable += p.numel;
   if (ExactGradientSum(spec)) grad_sum_ = std::make_unique<ExactSum<float>>(trainable);
-  if (grad_sum_ || world > 1) grad_host_.assign(static_cast<size_t>(trainable), 0.0f);
+  if (grad_sum_ || world > 1) {
+    grad_host_ = backend->AllocHost(trainable * static_cast<int64_t>(sizeof(float)), MemCategory::kGradients);
+  }
 }
 
 std::function<bool()> Trainer::StopRequested() const {
@@ -590,8 +592,8 @@ Status Trainer::SumGradients(ExactSum<double>* loss, double* loss_sum) {
     // One flat host buffer for every gradient: one all-reduce per step (DDP's bucket is the whole
     // set: LoRA gradients are small), through host memory whatever the backend.
     CopyGradients(/*to_host=*/true);
-    FT_RETURN_IF_ERROR(ranks_->AllReduceSum(grad_host_.data(), static_cast<int64_t>(grad_host_.size()))
-                           .WithContext(spec_.file + ": gradients"));
+    FT_RETURN_IF_ERROR(
+        ranks_->AllReduceSum(grad_host_.data(), grad_host_.size()).WithContext(spec_.file + ": gradients"));
   } else {
     return Status::OK();  // one rank, fp32 sums: the gradients are where backward left them
   }

@@ -218,7 +218,9 @@ class Trainer {
   int64_t total_steps_ = 0;
   std::unique_ptr<Collective> ranks_;          // the job's ranks (SingleRank when alone)
   std::unique_ptr<ExactSum<float>> grad_sum_;  // train.gradient_sum exact: the step's gradients
-  std::vector<float> grad_host_;               // every gradient, flat, in host memory
+  // Every gradient, flat, in host memory: page-locked (Backend::AllocHost, counted as host
+  // gradients), so a micro-batch's copies run at the link's speed with no staging on a GPU.
+  DeviceBuffer grad_host_;
   // FoldGradients' fold of grad_host_ into grad_sum_, running on its own thread while the next
   // micro-batch computes; declared after both (a std::async future's destructor waits for it).
   std::future<void> fold_;
