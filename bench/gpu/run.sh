@@ -237,8 +237,12 @@ if want user && [ $have_train = 1 ]; then
   log "ft-train run (resources.device: cuda), $steps steps"
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$work/smi_mem.txt" &
   smi=$!
+  run_start=$(date '+%Y-%m-%d %H:%M:%S.%3N')
   FT_CUDA_OP_TIMES=1 timed "ft-train run" timeout 240 "$ft_train" run "$u/job.yaml" > "$work/user_run.log" 2>&1 ||
     bench_ok=0
+  # Time to train: from the start to "training on" (the 8B model read, quantized and copied from
+  # page-locked staging on the copy stream), what a resume after a preemption waits for.
+  log "ft-train started $run_start, ready to train $(grep -m1 'training on' "$work/user_run.log" | cut -c1-23)"
   grep -oE "^OPTIME .*" "$work/user_run.log" > "$work/optimes.txt" || true
   kill $smi 2> /dev/null
   log "measured ÷ roofline per op category (cost model of ft-train plan --gpu $gpu_key)"
