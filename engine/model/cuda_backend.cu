@@ -373,13 +373,10 @@ class CudaBackend final : public Backend {
     float* ws = nullptr;
     if (dw != nullptr) ws = Workspace(rms_ws_, cuda::RmsNormBackwardWorkspaceFloats(rows, D) * 4);
     if (!status_.ok()) return;
-    WithStorage(x.dtype, [&](auto tag) {
+    WithStorageAndGradient(x.dtype, dy.dtype, [&](auto tag, auto grad_tag) {
       using T = typename decltype(tag)::type;
-      if (dy.dtype == ActDType::kF32) {
-        Record(cuda::RmsNormBackward(x.as<T>(), w, rstd, dy.as<float>(), rows, D, dx, dw, ws, stream_));
-      } else {
-        Record(cuda::RmsNormBackward(x.as<T>(), w, rstd, dy.as<T>(), rows, D, dx, dw, ws, stream_));
-      }
+      using G = typename decltype(grad_tag)::type;
+      Record(cuda::RmsNormBackward(x.as<T>(), w, rstd, dy.as<G>(), rows, D, dx, dw, ws, stream_));
     });
   }
   void RopeApply(Act x, int64_t rows, int64_t heads, int64_t hd, int64_t rotary, const int32_t* positions,
@@ -516,17 +513,12 @@ class CudaBackend final : public Backend {
     }
     const bool silu = act == Activation::kSilu;
     FT_TIME_OP(silu ? cuda_op::kSwiGluBackward : cuda_op::kGeluGluBackward);
-    WithStorage(gate.dtype, [&](auto tag) {
+    WithStorageAndGradient(gate.dtype, dh.dtype, [&](auto tag, auto grad_tag) {
       using T = typename decltype(tag)::type;
-      if (dh.dtype == ActDType::kF32) {
-        Record((silu ? cuda::SwiGluBackward<T, float>
-                     : cuda::GeluTanhGluBackward<T, float>)(gate.as<T>(), up.as<T>(), dh.as<float>(), n,
-                                                            dgate.as<float>(), dup.as<float>(), stream_));
-      } else {
-        Record((silu ? cuda::SwiGluBackward<T, T>
-                     : cuda::GeluTanhGluBackward<T, T>)(gate.as<T>(), up.as<T>(), dh.as<T>(), n,
-                                                        dgate.as<T>(), dup.as<T>(), stream_));
-      }
+      using G = typename decltype(grad_tag)::type;
+      Record((silu ? cuda::SwiGluBackward<T, G>
+                   : cuda::GeluTanhGluBackward<T, G>)(gate.as<T>(), up.as<T>(), dh.as<G>(), n, dgate.as<G>(),
+                                                      dup.as<G>(), stream_));
     });
   }
   void EmbeddingForward(ConstAct table, const int32_t* ids, int64_t rows, int64_t D, Act out) override {
@@ -825,6 +817,15 @@ class CudaBackend final : public Backend {
       case ActDType::kBF16: f(StorageTag<cuda::bf16>{}); return;
       case ActDType::kF16: f(StorageTag<cuda::fp16>{}); return;
     }
+  }
+  // Calls f(StorageTag<T>{}, StorageTag<G>{}): T of storage `t`, G a gradient's, `g` (fp32, or T:
+  // the only pairs GradientStorage lets through).
+  template <typename F>
+  static void WithStorageAndGradient(ActDType t, ActDType g, F&& f) {
+    WithStorage(t, [&](auto tag) {
+      if (g == ActDType::kF32) return f(tag, StorageTag<float>{});
+      f(tag, tag);
+    });
   }
   // A GEMM operand [rows, cols] (row stride *ld) as fp32: itself, or widened
   // packed into staging workspace (then *ld = cols).

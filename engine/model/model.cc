@@ -1393,8 +1393,9 @@ void Model::BackwardLayers(const MicroBatch& mb) {
   }
   if (full_training_) {  // the embeddings' gradient, from the stored one widened (in dn's workspace)
     const int64_t n = mb.rows() * config_.hidden_size;
-    float* grad = w.grad.data();
-    if (act_dtype_ != ActDType::kF32) backend_->Convert(A(w.grad), n, Act(grad = w.dn.data()));
+    const bool typed = act_dtype_ != ActDType::kF32;
+    float* grad = typed ? w.dn.data() : w.grad.data();
+    if (typed) backend_->Convert(A(w.grad), n, Act(grad));
     if (config_.gemma) backend_->Scale(n, EmbedScale(), grad);
     backend_->EmbeddingBackward(grad, w.ids.as<int32_t>(), mb.rows(), config_.hidden_size, dembed_.data());
   }
